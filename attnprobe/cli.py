@@ -1,0 +1,71 @@
+"""The `attnprobe` command: thin click commands over library functions.
+
+Every user mistake arrives as an AttnprobeError and leaves as one line on stderr with exit code 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import click
+
+from .errors import AttnprobeError
+from .models import DEFAULT_MODEL, DTYPES
+
+
+def _one_line_errors(command):
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except AttnprobeError as error:
+            click.echo(f"attnprobe: error: {error}", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+model_option = click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True,
+                            help="Bundled alias, .gguf path, local checkpoint directory or hub id.")
+dtype_option = click.option("--dtype", type=click.Choice(list(DTYPES)), default="float32", show_default=True)
+remote_code_option = click.option("--trust-remote-code", is_flag=True, help="Allow a hub model's own Python code to run.")
+
+
+@click.group()
+@click.version_option(package_name="attnprobe")
+def main():
+    """Extract, verify and probe attention in causal language models."""
+
+
+@main.command()
+@_one_line_errors
+def models():
+    """List the bundled model aliases and whether each is installed."""
+    from .models import bundled_status
+
+    for row in bundled_status():
+        state = "installed" if row["installed"] else f"not installed ({row['install']})"
+        click.echo(f"{row['alias']:<14} {state:<12}  {row['description']}")
+
+
+@main.command()
+@model_option
+@click.option("--text", "texts", multiple=True, help="A text to check (repeatable); default: built-in probe sentences.")
+@dtype_option
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the per-layer table as JSON.")
+@remote_code_option
+@_one_line_errors
+def verify(model_spec, texts, dtype, json_path, trust_remote_code):
+    """Recompute every attention layer from scratch and compare with the model.
+
+    Exit 0 when every layer is within tolerance, 1 when any is not, 2 when the family has no
+    from-scratch recomputation.
+    """
+    from .verify import DEFAULT_TEXTS, format_table, verify_spec
+
+    table = verify_spec(model_spec, list(texts) or DEFAULT_TEXTS, dtype=dtype, trust_remote_code=trust_remote_code)
+    click.echo(format_table(table))
+    if json_path:
+        table.to_json(json_path, orient="records", indent=1)
+    sys.exit(0 if table["passed"].all() else 1)

