@@ -62,18 +62,19 @@ def attention_weights(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,  # (H,) per-head sink logits (gpt-oss)
 ) -> torch.Tensor:
-    """Exact attention weights in float32, (B, H, R, S)."""
-    key = _expand_kv(key, query.shape[1]).float()
-    scores = torch.matmul(query.float(), key.transpose(-1, -2)) * scaling  # (B, H, R, S)
+    """Exact attention weights in float32 (float64 for a float64 model), (B, H, R, S)."""
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    key = _expand_kv(key, query.shape[1]).to(dtype)
+    scores = torch.matmul(query.to(dtype), key.transpose(-1, -2)) * scaling  # (B, H, R, S)
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)  # Gemma 2 logit soft-capping
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.to(dtype)
     if sinks is None:
         weights = torch.softmax(scores, dim=-1)
     else:
         # A sink is one extra logit per head that takes probability mass and has no value.
-        sink = sinks.float().reshape(1, -1, 1, 1).expand(*scores.shape[:3], 1)  # (B, H, R, 1)
+        sink = sinks.to(dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:3], 1)  # (B, H, R, 1)
         weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     # A row with every key masked (a pad query outside a sliding window) gives 0/0; make it 0 so
     # that 0 x value stays finite, as torch's fused SDPA does.

