@@ -1,9 +1,14 @@
 """attnprobe: attention extraction, from-scratch verification and bias probing for causal LMs."""
 
-from . import capture
+__version__ = "0.1.0"
+
+from . import capture  # registers the "attnprobe" attention function with transformers
 from .capture import Captured, encode, run_with_capture
 from .errors import AttnprobeError
 from .models import DEFAULT_MODEL, ModelInfo, ProbeModel, load_model
+from .runner import Run, run_suite
+from .suite import Suite, load_suite
+from .verify import verify
 
 __all__ = [
     "AttnprobeError",
@@ -11,8 +16,13 @@ __all__ = [
     "DEFAULT_MODEL",
     "ModelInfo",
     "ProbeModel",
+    "Run",
+    "Suite",
     "capture",
     "encode",
     "load_model",
+    "load_suite",
+    "run_suite",
     "run_with_capture",
+    "verify",
 ]

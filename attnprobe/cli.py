@@ -69,3 +69,33 @@ def verify(model_spec, texts, dtype, json_path, trust_remote_code):
     if json_path:
         table.to_json(json_path, orient="records", indent=1)
     sys.exit(0 if table["passed"].all() else 1)
+
+
+@main.command()
+@click.argument("suite", type=click.Path(dir_okay=False))
+@click.option("--model", "model_spec", default=None, help="Model spec; default: the suite's `model`, else smollm2-135m.")
+@click.option("--out", type=click.Path(file_okay=False), help="Run directory; default reports/<suite>/<model>/.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), help="Run only about N prompts (whole items, spread over templates).")
+@dtype_option
+@click.option("--resume/--fresh", default=True, show_default=True, help="Continue a killed run, or start over.")
+@click.option("--chunk-size", type=click.IntRange(min=1), default=512, show_default=True, help="Prompts per chunk written to disk.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar; default: on a terminal only.")
+@remote_code_option
+@_one_line_errors
+def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, progress, trust_remote_code):
+    """Run a probe suite (e.g. probes/gender.yaml) and write its tables to the run directory."""
+    import time
+
+    from .runner import run_suite
+
+    started = time.perf_counter()
+    result = run_suite(suite, model=model_spec, out=out, batch_size=batch_size, limit=limit, dtype=dtype,
+                       resume=resume, chunk_size=chunk_size, progress=progress, trust_remote_code=trust_remote_code)
+    seconds = time.perf_counter() - started
+    manifest = result.manifest
+    for line in manifest["skipped"]:
+        click.echo(f"skipped: {line}", err=True)
+    n = manifest["n_prompts"]
+    click.echo(f"{n} prompts on {manifest['model']['spec']} in {seconds:.1f} s ({n / seconds:.1f} prompts/s, "
+               f"including model load) -> {result.directory}")

@@ -174,31 +174,11 @@ def load_model(
     from transformers import AutoModelForCausalLM  # heavy import, keep it local
 
     torch_dtype = _parse_dtype(dtype)
-    source_sha = None
-    name = spec
-    if spec in BUNDLED:
-        gguf_path = _bundled_gguf(BUNDLED[spec])
-        folder, source_sha = _cached_gguf_dir(gguf_path)
-        source, local = str(folder), True
-    elif spec.endswith(".gguf"):
-        gguf_path = Path(spec).expanduser()
-        if not gguf_path.is_file():
-            raise ModelSpecError(f"GGUF file not found: {spec}; give an existing path or one of the {_aliases_hint()}")
-        folder, source_sha = _cached_gguf_dir(gguf_path)
-        source, local, name = str(folder), True, gguf_path.stem
-    elif Path(spec).expanduser().is_dir():
-        folder = Path(spec).expanduser()
-        _check_weight_files(folder, allow_pickle)
-        source, local, name = str(folder), True, folder.name
-    elif _looks_like_hub_id(spec):
-        source, local, name = spec, False, spec.split("/")[-1]
-    else:
-        raise ModelSpecError(f"unknown model spec '{spec}': not an alias, a .gguf file, a directory or a hub id; {_aliases_hint()}")
-
+    source, local, name, source_sha = _resolve(spec, allow_pickle)
     kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
     if not allow_pickle:
         kwargs["use_safetensors"] = True
-    offline = local or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    offline = local or _hub_offline()
     try:
         tokenizer = _load_tokenizer(source, offline, trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(source, local_files_only=offline, **kwargs)
@@ -213,6 +193,58 @@ def load_model(
         raise
     model.to(device).eval()
     return _wrap(model, tokenizer, spec, name, source_sha, capture)
+
+
+def _resolve(spec: str, allow_pickle: bool, convert: bool = True) -> tuple[str, bool, str, str | None]:
+    """(where to load from, whether it is local, short name, GGUF SHA-256 or None).
+
+    GGUF files are converted to the safetensors cache unless `convert=False`, in which case a
+    GGUF source is returned as `path/to/file.gguf` (for reading only the tokenizer and config).
+    """
+    if spec in BUNDLED or spec.endswith(".gguf"):
+        gguf_path = _bundled_gguf(BUNDLED[spec]) if spec in BUNDLED else Path(spec).expanduser()
+        if not gguf_path.is_file():
+            raise ModelSpecError(f"GGUF file not found: {spec}; give an existing path or one of the {_aliases_hint()}")
+        name = spec if spec in BUNDLED else gguf_path.stem
+        if convert:
+            folder, sha = _cached_gguf_dir(gguf_path)
+            return str(folder), True, name, sha
+        return str(gguf_path), True, name, None
+    folder = Path(spec).expanduser()
+    if folder.is_dir():
+        _check_weight_files(folder, allow_pickle)
+        return str(folder), True, folder.name, None
+    if _looks_like_hub_id(spec):
+        return spec, False, spec.split("/")[-1], None
+    raise ModelSpecError(f"unknown model spec '{spec}': not an alias, a .gguf file, a directory or a hub id; {_aliases_hint()}")
+
+
+def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
+    """(tokenizer, context length) without loading weights: what suite validation needs."""
+    from transformers import AutoConfig
+
+    source, local, _, _ = _resolve(spec, allow_pickle=True, convert=False)
+    offline = local or _hub_offline()
+    cached = _cached_dir(Path(source)) if source.endswith(".gguf") else None
+    try:
+        if cached is not None and not (cached / "config.json").is_file():  # not converted yet: read the GGUF
+            folder, name = str(Path(source).parent), Path(source).name
+            tokenizer = _load_tokenizer(folder, True, False, gguf_file=name)
+            config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        else:
+            source = str(cached or source)
+            tokenizer = _load_tokenizer(source, offline, trust_remote_code)
+            config = AutoConfig.from_pretrained(source, local_files_only=offline, trust_remote_code=trust_remote_code)
+    except OSError:
+        raise ModelSpecError(f"cannot read the tokenizer of '{spec}'; {_aliases_hint()}") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    tokenizer.padding_side = "right"
+    return tokenizer, getattr(config.get_text_config(), "max_position_embeddings", None)
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
 
 
 def from_pretrained_objects(model, tokenizer, name: str = "model", capture: bool = True) -> ProbeModel:
@@ -274,19 +306,26 @@ def _check_weight_files(folder: Path, allow_pickle: bool) -> None:
         raise ModelSpecError(f"{folder} holds no model weights (*.safetensors); give a checkpoint directory or one of the {_aliases_hint()}")
 
 
-def _load_tokenizer(source: str, offline: bool, trust_remote_code: bool):
+def _load_tokenizer(source: str, offline: bool, trust_remote_code: bool, **kwargs):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(source, local_files_only=offline, trust_remote_code=trust_remote_code)
+    return AutoTokenizer.from_pretrained(source, local_files_only=offline, trust_remote_code=trust_remote_code, **kwargs)
+
+
+def _cached_dir(gguf_path: Path, sha: str | None = None) -> Path:
+    """Where the converted weights of `gguf_path` live (or will)."""
+    import transformers
+
+    sha = sha or _file_sha256(gguf_path)
+    return cache_dir() / "converted" / f"{sha[:20]}-transformers-{transformers.__version__}"
 
 
 def _cached_gguf_dir(gguf_path: Path) -> tuple[Path, str]:
     """Return a safetensors checkpoint directory for `gguf_path`, converting it once."""
-    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     sha = _file_sha256(gguf_path)
-    target = cache_dir() / "converted" / f"{sha[:20]}-transformers-{transformers.__version__}"
+    target = _cached_dir(gguf_path, sha)
     if (target / "config.json").is_file():
         return target, sha
     target.parent.mkdir(parents=True, exist_ok=True)

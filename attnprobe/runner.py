@@ -1,0 +1,430 @@
+"""Run a suite on a model: length-sorted batches, row capture, chunks streamed to disk, resume.
+
+The run directory holds the contract other tools read:
+  prompts.csv        one row per prompt: ids, text, slot values, metadata, spans (char and token)
+  attention.parquet  prompt_id, layer, head, source, target, weight
+  logprobs.csv       prompt_id, cut, candidate, candidate_label, logprob
+  manifest.json      suite hash, model spec and weights hash, versions, dtype, seed, times, settings
+  chunks/            the finished chunks; a chunk counts only once its `.done` marker exists, so a run
+                     killed at any moment resumes from the last complete chunk.
+The batch plan depends only on the suite, tokenizer and settings, so a resumed run recomputes the
+same batches and ends with results identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from . import __version__
+from .capture import run_with_capture
+from .errors import AttnprobeError
+from .models import DEFAULT_MODEL, ProbeModel, load_model, load_tokenizer
+from .suite import Prompt, Suite, SuiteError, load_suite, token_spans
+
+SEED = 0  # nothing in a run is random; recorded so statistics that resample can say what they used
+
+
+class RunError(AttnprobeError):
+    """A run directory that cannot be used as asked."""
+
+
+@dataclass(frozen=True)
+class Encoded:
+    prompt: Prompt
+    ids: tuple[int, ...]
+    spans: dict[str, tuple[int, int]]  # token ranges [start, end) in the unpadded prompt
+
+
+# ------------------------------------------------------------------------------ preparation
+
+
+def select_prompts(prompts: tuple[Prompt, ...], limit: int | None) -> list[Prompt]:
+    """The first `limit` prompts taken as whole items (all contrast variants), one item per template
+    in turn, so a small run still spans every template. Original prompt ids are kept."""
+    if limit is None or limit >= len(prompts):
+        return list(prompts)
+    items: dict[str, dict[str, list[Prompt]]] = {}
+    for prompt in prompts:
+        items.setdefault(prompt.template_id, {}).setdefault(prompt.item_id, []).append(prompt)
+    queues = [list(by_item.values()) for by_item in items.values()]
+    chosen: list[Prompt] = []
+    for round_ in range(max(len(q) for q in queues)):
+        for queue in queues:
+            if round_ < len(queue):
+                if chosen and len(chosen) + len(queue[round_]) > limit:
+                    return sorted(chosen, key=lambda p: p.prompt_id)
+                chosen.extend(queue[round_])
+    return sorted(chosen, key=lambda p: p.prompt_id)
+
+
+def encode_prompts(suite: Suite, prompts: list[Prompt], tokenizer, max_positions: int | None) -> list[Encoded]:
+    """Tokenise once and map spans to tokens; every problem is a `file:line:` SuiteError."""
+    encodings = tokenizer([p.text for p in prompts], return_offsets_mapping=True, add_special_tokens=True)
+    encoded = []
+    for prompt, ids, offsets in zip(prompts, encodings["input_ids"], encodings["offset_mapping"]):
+        if max_positions is not None and len(ids) > max_positions:
+            raise SuiteError(f"{prompt.origin}: prompt {prompt.prompt_id} has {len(ids)} tokens, more than the model's "
+                             f"context of {max_positions}; shorten the template or its slot values")
+        spans = token_spans([tuple(o) for o in offsets], prompt.spans)
+        for name, (start, _) in spans.items():
+            if start < 0:
+                raise SuiteError(f"{prompt.origin}: span '{name}' covers no token in {prompt.text!r}; give the slot visible text")
+        for cut in prompt.candidates:
+            if spans[cut][0] == 0:
+                raise SuiteError(f"{prompt.origin}: next_token cut at '{cut}' leaves no tokens before it in {prompt.text!r}")
+        encoded.append(Encoded(prompt, tuple(ids), spans))
+    return encoded
+
+
+def candidate_ids(suite: Suite, prompts: list[Prompt], tokenizer) -> dict[str, tuple[int, ...]]:
+    """Token ids of every candidate string, tokenised as a continuation (no special tokens)."""
+    origins = {m.cut: m.origin for m in suite.next_token}
+    table = {}
+    for prompt in prompts:
+        for cut, candidates in prompt.candidates.items():
+            for text, _ in candidates:
+                if text not in table:
+                    ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+                    if not ids:
+                        raise SuiteError(f"{origins.get(cut, prompt.origin)}: candidate {text!r} tokenises to nothing; "
+                                         "give a visible word such as \" she\"")
+                    table[text] = ids
+    return table
+
+
+def plan_batches(encoded: list[Encoded], batch_size: int) -> list[list[int]]:
+    """Indices into `encoded`, sorted by token length (then prompt id) and cut into batches."""
+    order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i].ids), encoded[i].prompt.prompt_id))
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+# ------------------------------------------------------------------------------ one batch
+
+
+def _pad(sequences: list[tuple[int, ...]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    T = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), T), dtype=torch.long)
+    for b, seq in enumerate(sequences):
+        ids[b, : len(seq)] = torch.tensor(seq)
+        mask[b, : len(seq)] = 1
+    return ids, mask
+
+
+def _aggregate(w: torch.Tensor, how: str, dim: int) -> torch.Tensor:
+    if how == "mean":
+        return w.mean(dim)
+    if how == "sum":
+        return w.sum(dim)
+    if how == "max":
+        return w.amax(dim)
+    return w.select(dim, 0 if how == "first" else -1)
+
+
+def measure_batch(pm: ProbeModel, suite: Suite, batch: list[Encoded], cand_ids: dict) -> tuple[dict, dict]:
+    """Attention and log-probability rows (as column arrays) for one batch."""
+    pad_id = pm.tokenizer.pad_token_id
+    ids, mask = _pad([e.ids for e in batch], pad_id)
+
+    # Rows to capture: the tokens of every source span, per prompt; padded by repeating the first.
+    rows_per_prompt = []
+    for e in batch:
+        wanted = sorted({t for m in suite.attention if m.source in e.spans for t in range(*e.spans[m.source])})
+        rows_per_prompt.append(wanted or [0])
+    R = max(len(r) for r in rows_per_prompt)
+    rows = torch.tensor([r + [r[0]] * (R - len(r)) for r in rows_per_prompt])  # (B, R)
+
+    # Next-token logits: at the token before each cut.
+    positions = sorted({e.spans[cut][0] - 1 for e in batch for cut in e.prompt.candidates})
+    captured = run_with_capture(pm, ids, mask, rows=rows, layers=None if suite.attention else [],
+                                logit_positions=torch.tensor(positions) if positions else None)
+
+    attention = {"prompt_id": [], "layer": [], "head": [], "source": [], "target": [], "weight": []}
+    if suite.attention:
+        W = torch.stack([captured.weights[layer] for layer in sorted(captured.weights)])  # (L, B, H, R, S)
+        L, _, H = W.shape[:3]
+        layer_col = np.repeat(np.arange(L, dtype=np.int16), H)
+        head_col = np.tile(np.arange(H, dtype=np.int16), L)
+        for b, e in enumerate(batch):
+            for m in suite.attention:
+                if m.source not in e.spans:
+                    continue
+                src = [rows_per_prompt[b].index(t) for t in range(*e.spans[m.source])]
+                for target in m.targets:
+                    if target not in e.spans:
+                        continue
+                    t0, t1 = e.spans[target]
+                    w = W[:, b, :, src, t0:t1]  # (L, H, source tokens, target tokens)
+                    value = _aggregate(_aggregate(w, m.target_agg, -1), m.source_agg, -1)  # (L, H)
+                    attention["prompt_id"].append(np.full(L * H, e.prompt.prompt_id, dtype=np.int32))
+                    attention["layer"].append(layer_col)
+                    attention["head"].append(head_col)
+                    attention["source"].append(np.full(L * H, m.source, dtype=object))
+                    attention["target"].append(np.full(L * H, target, dtype=object))
+                    attention["weight"].append(value.reshape(-1).numpy().astype(np.float32))
+    attention = {k: np.concatenate(v) if v else np.array([]) for k, v in attention.items()}
+    return attention, _logprobs(pm, batch, captured.logits, positions, cand_ids)
+
+
+def _logprobs(pm, batch, logits, positions, cand_ids) -> dict:
+    out = {"prompt_id": [], "cut": [], "candidate": [], "candidate_label": [], "logprob": []}
+    if logits is None:
+        return out
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (B, P, V)
+    continuations = []  # candidates of several tokens need their own forward pass
+    for b, e in enumerate(batch):
+        for cut, candidates in e.prompt.candidates.items():
+            p = positions.index(e.spans[cut][0] - 1)
+            for text, label in candidates:
+                tokens = cand_ids[text]
+                value = logp[b, p, tokens[0]].item()
+                if len(tokens) > 1:
+                    continuations.append((len(out["logprob"]), e.ids[: e.spans[cut][0]], tokens))
+                for key, item in zip(out, (e.prompt.prompt_id, cut, text, label, value)):
+                    out[key].append(item)
+    if continuations:
+        _add_continuations(pm, out["logprob"], continuations)
+    return out
+
+
+@torch.inference_mode()
+def _add_continuations(pm, logprobs: list, continuations: list) -> None:
+    """log p(c1..cn | prefix) = sum_i log p(c_i | prefix, c_<i); the first term is already in place."""
+    ids, mask = _pad([prefix + tokens for _, prefix, tokens in continuations], pm.tokenizer.pad_token_id)
+    logp = torch.log_softmax(pm.model(input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device)).logits.float(), -1)
+    for b, (slot, prefix, tokens) in enumerate(continuations):
+        logprobs[slot] += sum(logp[b, len(prefix) + i - 1, tokens[i]].item() for i in range(1, len(tokens)))
+
+
+# ------------------------------------------------------------------------------ run directory
+
+
+class Run:
+    """A run directory, read lazily into DataFrames."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        if not (self.directory / "manifest.json").is_file():
+            raise RunError(f"{self.directory}: no manifest.json; not an attnprobe run directory")
+
+    @cached_property
+    def manifest(self) -> dict:
+        return json.loads((self.directory / "manifest.json").read_text())
+
+    @cached_property
+    def prompts(self) -> pd.DataFrame:
+        return pd.read_csv(self.directory / "prompts.csv", keep_default_na=False, na_values=[""])
+
+    @cached_property
+    def attention(self) -> pd.DataFrame:
+        return pd.read_parquet(self.directory / "attention.parquet")
+
+    @cached_property
+    def logprobs(self) -> pd.DataFrame:
+        return pd.read_csv(self.directory / "logprobs.csv", keep_default_na=False, na_values=[""])
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return f"Run({self.directory}, suite={m['suite']['name']}, model={m['model']['spec']}, prompts={m['n_prompts']})"
+
+
+def prompts_table(encoded: list[Encoded]) -> pd.DataFrame:
+    records = []
+    for e in encoded:
+        p = e.prompt
+        record = {"prompt_id": p.prompt_id, "item_id": p.item_id, "template_id": p.template_id, "text": p.text,
+                  "n_tokens": len(e.ids), **p.slots, **p.meta}
+        for name, (c0, c1) in p.spans.items():
+            t0, t1 = e.spans[name]
+            record.update({f"{name}_char_start": c0, f"{name}_char_end": c1, f"{name}_tok_start": t0, f"{name}_tok_end": t1})
+        records.append(record)
+    table = pd.DataFrame.from_records(records)
+    span_columns = [c for c in table.columns if c.endswith(("_char_start", "_char_end", "_tok_start", "_tok_end"))]
+    table[span_columns] = table[span_columns].astype("Int64")  # spans a template lacks stay empty
+    return table
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _versions() -> dict:
+    import transformers
+
+    return {"attnprobe": __version__, "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "pandas": pd.__version__, "numpy": np.__version__}
+
+
+def _weights_sha(pm: ProbeModel) -> str | None:
+    if pm.info.source_sha256:
+        return pm.info.source_sha256
+    folder = Path(str(getattr(pm.model, "name_or_path", "")))
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        with file.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def run_suite(
+    suite: str | Path | Suite,
+    model: str | ProbeModel | None = None,
+    out: str | Path | None = None,
+    batch_size: int = 32,
+    limit: int | None = None,
+    dtype: str = "float32",
+    resume: bool = True,
+    chunk_size: int = 512,
+    progress: bool | None = None,
+    trust_remote_code: bool = False,
+    log=None,
+) -> Run:
+    """Run `suite` and return the Run. Validation (suite, tokens, candidates, context) happens before
+    the model's weights load; a finished chunk is never recomputed when `resume` is on."""
+    suite = suite if isinstance(suite, Suite) else load_suite(suite)
+    log = log or (lambda message: print(message, file=sys.stderr))
+    if batch_size < 1 or chunk_size < 1:
+        raise RunError("batch size and chunk size must be at least 1")
+    spec = model.info.spec if isinstance(model, ProbeModel) else (model or suite.model or DEFAULT_MODEL)
+    if isinstance(model, ProbeModel):
+        tokenizer, max_positions = model.tokenizer, model.info.max_positions
+    else:
+        tokenizer, max_positions = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    prompts = select_prompts(suite.prompts, limit)
+    encoded = encode_prompts(suite, prompts, tokenizer, max_positions)
+    cand_ids = candidate_ids(suite, prompts, tokenizer)
+    batches = plan_batches(encoded, batch_size)
+    chunks = [batches[i:i + max(1, chunk_size // batch_size)] for i in range(0, len(batches), max(1, chunk_size // batch_size))]
+
+    model_name = model.info.name if isinstance(model, ProbeModel) else Path(spec).stem if spec.endswith(".gguf") else spec.replace("/", "_")
+    directory = Path(out) if out else Path("reports") / suite.name / model_name
+    settings = {"suite_sha256": suite.sha256, "model": spec, "dtype": dtype, "batch_size": batch_size,
+                "chunk_size": chunk_size, "limit": limit, "attnprobe": __version__}
+    fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+    _prepare_directory(directory, fingerprint, resume)
+
+    pm = model if isinstance(model, ProbeModel) else load_model(spec, dtype=dtype, trust_remote_code=trust_remote_code)
+    manifest = {
+        "fingerprint": fingerprint,
+        "status": "running",
+        "suite": {"name": suite.name, "path": suite.path, "sha256": suite.sha256, "description": suite.description,
+                  "contrast": suite.contrast},
+        "model": {"spec": spec, "name": model_name, "family": pm.info.family, "weights_sha256": _weights_sha(pm),
+                  "n_layers": pm.info.n_layers, "n_heads": pm.info.n_heads, "n_kv_heads": pm.info.n_kv_heads},
+        "dtype": str(pm.dtype).removeprefix("torch."),
+        "seed": SEED,
+        "settings": settings,
+        "versions": _versions(),
+        "n_prompts": len(encoded),
+        "n_chunks": len(chunks),
+        "skipped": list(suite.skipped),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    _atomic_write(directory / "manifest.json", lambda p: p.write_text(json.dumps(manifest, indent=1)))
+    _atomic_write(directory / "prompts.csv", lambda p: prompts_table(encoded).to_csv(p, index=False))
+
+    chunk_dir = directory / "chunks"
+    chunk_dir.mkdir(exist_ok=True)
+    done = {k for k in range(len(chunks)) if (chunk_dir / f"{k:05d}.done").is_file()}
+    if done:
+        log(f"resuming {directory}: {len(done)} of {len(chunks)} chunks already complete")
+    started = time.perf_counter()
+    bar = _progress(len(encoded), sum(len(b) for k in done for b in chunks[k]), progress)
+    for k, chunk in enumerate(chunks):
+        if k in done:
+            continue
+        attention_parts, logprob_parts = [], []
+        for batch in chunk:
+            attention, logprobs = measure_batch(pm, suite, [encoded[i] for i in batch], cand_ids)
+            attention_parts.append(pd.DataFrame(attention))
+            logprob_parts.append(pd.DataFrame(logprobs))
+            bar.update(len(batch))
+        _write_chunk(chunk_dir, k, attention_parts, logprob_parts)
+    bar.close()
+    _assemble(directory, len(chunks))
+    manifest.update(status="complete", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    compute_seconds_this_session=round(time.perf_counter() - started, 3))
+    _atomic_write(directory / "manifest.json", lambda p: p.write_text(json.dumps(manifest, indent=1)))
+    return Run(directory)
+
+
+def _prepare_directory(directory: Path, fingerprint: str, resume: bool) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunError(f"cannot create output directory {directory}: {exc.strerror}; choose another with --out") from None
+    manifest = directory / "manifest.json"
+    if manifest.is_file():
+        previous = json.loads(manifest.read_text()).get("fingerprint")
+        if not resume or previous != fingerprint:
+            if resume:
+                raise RunError(f"{directory} holds a run with other settings (suite, model, dtype, batch or chunk size, "
+                               "limit); rerun with --fresh to replace it, or choose --out")
+            for name in ("chunks", "attention.parquet", "logprobs.csv", "prompts.csv", "manifest.json"):
+                target = directory / name
+                shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+
+
+def _write_chunk(chunk_dir: Path, k: int, attention_parts: list, logprob_parts: list) -> None:
+    attention = pd.concat(attention_parts, ignore_index=True)
+    attention = attention.sort_values(["prompt_id", "source", "target", "layer", "head"], kind="stable", ignore_index=True)
+    logprobs = pd.concat(logprob_parts, ignore_index=True).sort_values(["prompt_id", "cut"], kind="stable", ignore_index=True)
+    _atomic_write(chunk_dir / f"{k:05d}.attention.parquet", lambda p: attention.to_parquet(p, index=False))
+    _atomic_write(chunk_dir / f"{k:05d}.logprobs.parquet", lambda p: logprobs.to_parquet(p, index=False))
+    # the marker comes last: a chunk without it is recomputed on resume
+    _atomic_write(chunk_dir / f"{k:05d}.done", lambda p: p.write_text(json.dumps({"rows": len(attention)})))
+
+
+def _assemble(directory: Path, n_chunks: int) -> None:
+    """Stream chunk files into attention.parquet (one chunk in memory at a time) and logprobs.csv."""
+    chunk_dir = directory / "chunks"
+
+    def write_attention(path):
+        writer = None
+        for k in range(n_chunks):
+            table = pq.read_table(chunk_dir / f"{k:05d}.attention.parquet")
+            if table.num_rows == 0:
+                continue
+            writer = writer or pq.ParquetWriter(path, table.schema)
+            writer.write_table(table)
+        if writer is None:
+            pq.write_table(pa.table({c: [] for c in ("prompt_id", "layer", "head", "source", "target", "weight")}), path)
+        else:
+            writer.close()
+
+    _atomic_write(directory / "attention.parquet", write_attention)
+    logprobs = [pd.read_parquet(chunk_dir / f"{k:05d}.logprobs.parquet") for k in range(n_chunks)]
+    table = pd.concat(logprobs, ignore_index=True) if logprobs else pd.DataFrame()
+    if len(table):
+        table = table.sort_values(["prompt_id", "cut"], kind="stable", ignore_index=True)
+    _atomic_write(directory / "logprobs.csv", lambda p: table.to_csv(p, index=False))
+
+
+def _progress(total: int, initial: int, enabled: bool | None):
+    from tqdm import tqdm
+
+    if enabled is None:
+        enabled = sys.stderr.isatty() and not os.environ.get("CI")
+    return tqdm(total=total, initial=initial, disable=not enabled, unit="prompt", desc="attnprobe run",
+                dynamic_ncols=True, smoothing=0.1)
