@@ -81,9 +81,10 @@ def verify(model_spec, texts, dtype, json_path, trust_remote_code):
 @click.option("--resume/--fresh", default=True, show_default=True, help="Continue a killed run, or start over.")
 @click.option("--chunk-size", type=click.IntRange(min=1), default=512, show_default=True, help="Prompts per chunk written to disk.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar; default: on a terminal only.")
+@click.option("--report/--no-report", "with_report", default=True, show_default=True, help="Write statistics and report.html.")
 @remote_code_option
 @_one_line_errors
-def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, progress, trust_remote_code):
+def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, progress, with_report, trust_remote_code):
     """Run a probe suite (e.g. probes/gender.yaml) and write its tables to the run directory."""
     import time
 
@@ -99,3 +100,21 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
     n = manifest["n_prompts"]
     click.echo(f"{n} prompts on {manifest['model']['spec']} in {seconds:.1f} s ({n / seconds:.1f} prompts/s, "
                f"including model load) -> {result.directory}")
+    if with_report:
+        from .report import headline, load_tables, write_report
+
+        started = time.perf_counter()
+        path = write_report(result.directory)
+        click.echo(f"report ({time.perf_counter() - started:.1f} s): {path}")
+        click.echo(headline(result, load_tables(result)))
+
+
+@main.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
+@click.option("--out", type=click.Path(dir_okay=False), help="HTML file; default RUN_DIR/report.html, or reports/compare.html for several runs.")
+@_one_line_errors
+def report(run_dirs, out):
+    """Write statistics (CSV), figures and report.html for one run, or several side by side."""
+    from .report import write_report
+
+    click.echo(f"report: {write_report(list(run_dirs), out)}")

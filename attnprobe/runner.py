@@ -54,14 +54,19 @@ class Encoded:
 
 
 def select_prompts(prompts: tuple[Prompt, ...], limit: int | None) -> list[Prompt]:
-    """The first `limit` prompts taken as whole items (all contrast variants), one item per template
-    in turn, so a small run still spans every template. Original prompt ids are kept."""
+    """About `limit` prompts taken as whole items (all contrast variants), one item per template in
+    turn, so a small run still spans every template; within a template items come in a fixed
+    pseudo-random order (by a hash of the item id), so they spread over slot values such as
+    occupations. Original prompt ids are kept."""
     if limit is None or limit >= len(prompts):
         return list(prompts)
     items: dict[str, dict[str, list[Prompt]]] = {}
     for prompt in prompts:
         items.setdefault(prompt.template_id, {}).setdefault(prompt.item_id, []).append(prompt)
-    queues = [list(by_item.values()) for by_item in items.values()]
+    def spread(item_id: str) -> str:
+        return hashlib.sha256(item_id.encode()).hexdigest()
+
+    queues = [[by_item[k] for k in sorted(by_item, key=spread)] for by_item in items.values()]
     chosen: list[Prompt] = []
     for round_ in range(max(len(q) for q in queues)):
         for queue in queues:
@@ -363,6 +368,7 @@ def run_suite(
         _write_chunk(chunk_dir, k, attention_parts, logprob_parts)
     bar.close()
     _assemble(directory, len(chunks))
+    _atomic_write(directory / "examples.json", lambda p: p.write_text(json.dumps(example_attention(pm, encoded, suite.contrast))))
     manifest.update(status="complete", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     compute_seconds_this_session=round(time.perf_counter() - started, 3))
     _atomic_write(directory / "manifest.json", lambda p: p.write_text(json.dumps(manifest, indent=1)))
@@ -419,6 +425,28 @@ def _assemble(directory: Path, n_chunks: int) -> None:
     if len(table):
         table = table.sort_values(["prompt_id", "cut"], kind="stable", ignore_index=True)
     _atomic_write(directory / "logprobs.csv", lambda p: table.to_csv(p, index=False))
+
+
+def example_attention(pm: ProbeModel, encoded: list[Encoded], contrast: str | None, n_items: int = 2) -> list[dict]:
+    """Full attention (every layer, head, row) of a few prompts, for the report's attention view:
+    every variant of the first item of the first and of the last template."""
+    templates = list(dict.fromkeys(e.prompt.template_id for e in encoded))
+    wanted_templates = list(dict.fromkeys([templates[0], templates[-1]]))[:n_items]
+    chosen = []
+    for template in wanted_templates:
+        first_item = next(e.prompt.item_id for e in encoded if e.prompt.template_id == template)
+        chosen += [e for e in encoded if e.prompt.item_id == first_item]
+    examples = []
+    for e in chosen:
+        ids = torch.tensor([e.ids])
+        captured = run_with_capture(pm, ids, torch.ones_like(ids))
+        weights = torch.stack([captured.weights[layer][0] for layer in sorted(captured.weights)])  # (L, H, T, T)
+        examples.append({
+            "prompt_id": e.prompt.prompt_id, "text": e.prompt.text, "label": str(e.prompt.meta.get(f"{contrast}_label", "")),
+            "tokens": [pm.tokenizer.decode([i]) for i in e.ids], "spans": e.spans,
+            "weights": np.round(weights.numpy(), 4).tolist(),
+        })
+    return examples
 
 
 def _progress(total: int, initial: int, enabled: bool | None):

@@ -1,0 +1,161 @@
+"""Benchmarks of attnprobe on this machine: one process, the same prompts, medians of repeats.
+
+    python benchmarks/run.py [--prompts 320] [--repeats 5] [--out benchmarks/results]
+
+Measured, on the shipped gender suite and the bundled smollm2-135m:
+  eager_loop     one prompt at a time, eager attention, output_attentions=True (what tutorials do)
+  sdpa_floor     batched SDPA forward, no capture, logits for the last position only
+  capture_rows   batched forward through attnprobe's function, recording the pronoun rows of all layers
+  run_end_to_end attnprobe.run_suite: capture, aggregation, writing chunks and tables
+  memory         peak resident memory of `attnprobe run` at 1x and 10x prompts (separate processes)
+  load           load_model("smollm2-135m"): cold (empty cache, GGUF dequantised) and cached
+Ratios are computed between figures measured in this one run. Writes results.json and results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import attnprobe
+from attnprobe.runner import encode_prompts, plan_batches, select_prompts, _pad
+from attnprobe.suite import load_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "probes" / "gender.yaml"
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def batches_of(pm, n_prompts: int, batch_size: int):
+    suite = load_suite(SUITE)
+    encoded = encode_prompts(suite, select_prompts(suite.prompts, n_prompts), pm.tokenizer, None)
+    out = []
+    for batch in plan_batches(encoded, batch_size):
+        ids, mask = _pad([encoded[i].ids for i in batch], pm.tokenizer.pad_token_id)
+        rows = torch.tensor([[encoded[i].spans["pronoun"][0]] for i in batch])
+        out.append((ids, mask, rows))
+    return encoded, out
+
+
+def bench_forward(pm, n_prompts: int, repeats: int, batch_size: int = 32) -> dict:
+    encoded, batches = batches_of(pm, n_prompts, batch_size)
+    model = pm.model
+    n = len(encoded)
+
+    @torch.inference_mode()
+    def sdpa_floor():
+        for ids, mask, _ in batches:
+            model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
+
+    def capture_rows():
+        for ids, mask, rows in batches:
+            attnprobe.run_with_capture(model, ids, mask, rows=rows, logit_positions=torch.tensor([0]))
+
+    @torch.inference_mode()
+    def eager_loop():
+        for e in encoded:
+            model(input_ids=torch.tensor([e.ids]), output_attentions=True, use_cache=False)
+
+    model.set_attn_implementation("sdpa")
+    sdpa_floor()  # warm-up
+    t_floor = median_time(sdpa_floor, repeats)
+    model.set_attn_implementation("attnprobe")
+    capture_rows()
+    t_capture = median_time(capture_rows, repeats)
+    model.set_attn_implementation("eager")
+    t_eager = median_time(eager_loop, max(1, repeats // 2))
+    model.set_attn_implementation("attnprobe")
+    return {
+        "n_prompts": n,
+        "batch_size": batch_size,
+        "eager_loop_prompts_per_s": n / t_eager,
+        "sdpa_floor_prompts_per_s": n / t_floor,
+        "capture_rows_prompts_per_s": n / t_capture,
+        "capture_over_floor": t_floor / t_capture,
+    }
+
+
+def bench_run(pm, n_prompts: int, repeats: int) -> dict:
+    times = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as out:
+            start = time.perf_counter()
+            run = attnprobe.run_suite(SUITE, model=pm, out=out, limit=n_prompts, progress=False, log=lambda m: None)
+            times.append(time.perf_counter() - start)
+            n = run.manifest["n_prompts"]
+    return {"n_prompts": n, "run_end_to_end_prompts_per_s": n / statistics.median(times)}
+
+
+def peak_memory_of_run(limit: int) -> float:
+    """Peak RSS (MiB) of a fresh process that loads the model and runs `limit` prompts."""
+    code = (
+        "import resource, tempfile, attnprobe\n"
+        f"pm = attnprobe.load_model('smollm2-135m')\n"
+        "with tempfile.TemporaryDirectory() as out:\n"
+        f"    attnprobe.run_suite({str(SUITE)!r}, model=pm, out=out, limit={limit}, progress=False, log=lambda m: None)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def load_time(cache: str | None, repeats: int) -> float:
+    env = dict(os.environ)
+    code = "import time, attnprobe\nt = time.perf_counter()\nattnprobe.load_model('smollm2-135m')\nprint(time.perf_counter() - t)\n"
+    times = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as fresh:
+            env["ATTNPROBE_CACHE"] = cache or fresh
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+            times.append(float(out.stdout.strip().splitlines()[-1]))
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=320)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args()
+
+    results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}}
+    pm = attnprobe.load_model("smollm2-135m")
+    results["forward"] = bench_forward(pm, args.prompts, args.repeats)
+    results["run"] = bench_run(pm, args.prompts, max(1, args.repeats // 2))
+    results["run"]["run_over_eager_loop"] = results["run"]["run_end_to_end_prompts_per_s"] / results["forward"]["eager_loop_prompts_per_s"]
+    results["run"]["run_over_floor"] = results["run"]["run_end_to_end_prompts_per_s"] / results["forward"]["sdpa_floor_prompts_per_s"]
+    one, ten = peak_memory_of_run(300), peak_memory_of_run(3000)
+    results["memory"] = {"peak_rss_mib_300_prompts": one, "peak_rss_mib_3000_prompts": ten, "growth": ten / one - 1}
+    from attnprobe.models import cache_dir
+
+    results["load"] = {"cold_s": load_time(None, 1), "cached_s": load_time(str(cache_dir()), args.repeats)}
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    lines = ["| measure | value |", "|---|---|"]
+    for section, values in results.items():
+        for key, value in values.items():
+            lines.append(f"| {section}.{key} | {value:.3f} |" if isinstance(value, float) else f"| {section}.{key} | {value} |")
+    (args.out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
