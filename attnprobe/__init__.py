@@ -9,6 +9,7 @@ from .models import DEFAULT_MODEL, ModelInfo, ProbeModel, load_model
 from .runner import Run, run_suite
 from .suite import Suite, load_suite
 from .verify import verify
+from .views import head_view
 
 __all__ = [
     "AttnprobeError",
@@ -20,6 +21,7 @@ __all__ = [
     "Suite",
     "capture",
     "encode",
+    "head_view",
     "load_model",
     "load_suite",
     "run_suite",

@@ -36,6 +36,9 @@ remote_code_option = click.option("--trust-remote-code", is_flag=True, help="All
 @click.version_option(package_name="attnprobe")
 def main():
     """Extract, verify and probe attention in causal language models."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bar is enough; keep CI logs readable
 
 
 @main.command()

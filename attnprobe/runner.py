@@ -243,6 +243,49 @@ class Run:
     def logprobs(self) -> pd.DataFrame:
         return pd.read_csv(self.directory / "logprobs.csv", keep_default_na=False, na_values=[""])
 
+    # Statistics, computed on first use and cached as CSV in the run directory (see attnprobe.stats).
+    @property
+    def head_stats(self) -> pd.DataFrame:
+        return self._tables()["head_stats"]
+
+    @property
+    def layer_stats(self) -> pd.DataFrame:
+        return self._tables()["layer_stats"]
+
+    @property
+    def behavior(self) -> pd.DataFrame:
+        return self._tables()["behavior"]
+
+    def _tables(self) -> dict:
+        from .report import load_tables
+
+        if "_stats" not in self.__dict__:
+            self.__dict__["_stats"] = load_tables(self)
+        return self.__dict__["_stats"]
+
+    def plot_heads(self, target: str | None = None, value: str = "d_z"):
+        """Layer x head heatmap of the bias effect (non-significant heads masked); a matplotlib Figure."""
+        from .report.plots import head_heatmap
+
+        heads = self.head_stats
+        return head_heatmap(heads, target or heads["target"].iloc[0], value)
+
+    def report(self) -> Path:
+        """Write report.html (and the CSV tables and figures) into the run directory."""
+        from .report import write_report
+
+        return write_report(self.directory)
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        from .report import headline
+
+        m = self.manifest
+        return (f"<div><b>attnprobe run</b> {escape(m['suite']['name'])} on {escape(m['model']['spec'])}: "
+                f"{m['n_prompts']} prompts, {escape(m['dtype'])}, <code>{escape(str(self.directory))}</code>"
+                f"<p>{escape(headline(self, self._tables()))}</p></div>")
+
     def __repr__(self) -> str:
         m = self.manifest
         return f"Run({self.directory}, suite={m['suite']['name']}, model={m['model']['spec']}, prompts={m['n_prompts']})"

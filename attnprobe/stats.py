@@ -185,8 +185,9 @@ def head_stats(run, cluster: str | None = "occupation", n_boot: int = N_BOOT, n_
 
 def _bls_correlations(d: pd.DataFrame, item_info: pd.DataFrame, n_boot: int, seed: int) -> pd.DataFrame:
     """Per head: r between the per-occupation mean effect and BLS percent female."""
-    if "occupation_bls_pct_female" not in item_info:
-        return pd.DataFrame(index=range(d.shape[1]))
+    if "occupation_bls_pct_female" not in item_info:  # no labour statistics in this suite: NaN columns
+        names = [f"bls_{kind}_{part}" for kind in ("pearson", "spearman") for part in ("r", "ci_low", "ci_high")]
+        return pd.DataFrame(np.nan, index=range(d.shape[1]), columns=names)
     per_occupation = d.groupby(item_info["occupation"].to_numpy()).mean()  # (occupations, heads)
     bls = item_info.groupby("occupation")["occupation_bls_pct_female"].first().reindex(per_occupation.index).to_numpy()
     x, y = bls, per_occupation.to_numpy()  # (O,), (O, heads)
@@ -228,13 +229,17 @@ def behavior(run, n_boot: int = N_BOOT, seed: int = 0) -> tuple[pd.DataFrame, pd
         return pd.DataFrame(), pd.DataFrame()
     y = (wide[FEMALE] - wide[MALE]).rename("log_ratio").reset_index()
     y = y.join(_items(run), on="item_id")
-    per_occupation = (y.groupby(["template_id", "occupation"])
-                      .agg(log_ratio=("log_ratio", "mean"), n=("log_ratio", "size"),
-                           bls_pct_female=("occupation_bls_pct_female", "first")).reset_index())
-    overall = (y.groupby("occupation").agg(log_ratio=("log_ratio", "mean"), n=("log_ratio", "size"),
-                                           bls_pct_female=("occupation_bls_pct_female", "first")).reset_index())
-    overall.insert(0, "template_id", "all")
-    per_occupation = pd.concat([overall, per_occupation], ignore_index=True)
+    unit = "occupation" if "occupation" in y else "item_id"  # suites without occupations: one row per item
+    if "occupation_bls_pct_female" not in y:
+        y["occupation_bls_pct_female"] = np.nan
+
+    def per_unit(frame):
+        return frame.groupby(unit).agg(log_ratio=("log_ratio", "mean"), n=("log_ratio", "size"),
+                                       bls_pct_female=("occupation_bls_pct_female", "first")).reset_index()
+
+    parts = [per_unit(y).assign(template_id="all")]
+    parts += [per_unit(group).assign(template_id=template) for template, group in y.groupby("template_id", sort=True)]
+    per_occupation = pd.concat(parts, ignore_index=True)[["template_id", unit, "log_ratio", "n", "bls_pct_female"]]
     summary = []
     for scope, group in per_occupation.groupby("template_id", sort=False):
         row = {"scope": scope, "n_items": int(group["n"].sum()), "n_occupations": len(group),

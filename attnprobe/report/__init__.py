@@ -80,7 +80,8 @@ def _run_context(run: Run, tables: dict) -> dict:
     heatmaps = [_figure(plots.head_heatmap(heads, target), figures_dir, f"heads_{target}", f"layer x head d_z, pronoun -> {target}")
                 for target in heads["target"].unique()]
     behavior_figures = []
-    if len(tables["behavior"]):
+    by_occupation = tables["behavior_by_occupation"]
+    if len(by_occupation) and "occupation" in by_occupation and by_occupation["bls_pct_female"].notna().any():
         behavior_figures = [
             _figure(plots.behavior_scatter(tables["behavior_by_occupation"], tables["behavior"]), figures_dir, "behavior_vs_bls",
                     "per-occupation log p(she)/p(he) against BLS percent female"),

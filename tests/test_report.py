@@ -1,0 +1,134 @@
+"""The report: CSV tables, figures, self-contained HTML that renders in a real browser, escaping."""
+
+import base64
+import io
+import re
+import shutil
+import subprocess
+import tempfile
+import textwrap
+
+import matplotlib.image as mpimg
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+import attnprobe
+from attnprobe.cli import main
+from attnprobe.report import write_report
+
+pytestmark = pytest.mark.slow
+CHROMIUM = shutil.which("chromium")
+HEAD_COLUMNS = ["layer", "head", "source", "target", "n_items", "n_clusters", "mean_female", "mean_male", "effect",
+                "ci_low", "ci_high", "d_z", "share_positive", "p", "q", "bls_pearson_r", "bls_pearson_ci_low",
+                "bls_pearson_ci_high", "bls_spearman_r", "bls_spearman_ci_low", "bls_spearman_ci_high", "cluster", "power_note"]
+
+
+@pytest.fixture(scope="module")
+def reported(smollm, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gender")
+    run = attnprobe.run_suite("probes/gender.yaml", model=smollm, out=out, limit=150, progress=False)
+    return run, write_report(out)
+
+
+def chromium(*args, url):
+    """Headless Chromium with networking off; returns (stdout, stderr)."""
+    profile = tempfile.mkdtemp()
+    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--proxy-server=127.0.0.1:9", "--enable-logging=stderr", "--v=0", f"--user-data-dir={profile}", *args, url]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    shutil.rmtree(profile, ignore_errors=True)
+    return result.stdout, result.stderr
+
+
+def test_tables_and_figures_are_written(reported):
+    run, path = reported
+    heads = pd.read_csv(run.directory / "head_stats.csv")
+    assert list(heads.columns) == HEAD_COLUMNS and len(heads) == 2 * 30 * 9
+    assert heads["q"].between(0, 1).all() and (heads["ci_low"] <= heads["effect"] + 1e-12).all()
+    behavior = pd.read_csv(run.directory / "behavior.csv")
+    assert behavior["scope"].iloc[0] == "all" and len(behavior) == 1 + 14
+    assert len(pd.read_csv(run.directory / "layer_stats.csv")) == 2 * 30
+    for name in ("heads_occupation", "heads_participant", "behavior_vs_bls", "behavior_by_template"):
+        assert (run.directory / "figures" / f"{name}.png").stat().st_size > 5000
+        assert (run.directory / "figures" / f"{name}.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_html_is_self_contained(reported):
+    _, path = reported
+    html = path.read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing fetched from a network
+    assert "<link" not in html
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    assert len(images) == 4
+    for data in images:
+        pixels = mpimg.imread(io.BytesIO(base64.b64decode(data)), format="png")
+        assert pixels.shape[0] > 200 and pixels.shape[1] > 200
+    assert "Across " in html and "Pearson r = " in html and "Methods and caveats" in html
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed: `apt-get install -y chromium` (make test installs it)")
+def test_report_renders_in_chromium_without_network(reported, tmp_path):
+    _, path = reported
+    dom, log = chromium("--dump-dom", "--virtual-time-budget=5000", url=path.as_uri())
+    assert "Uncaught" not in log and "ERROR:CONSOLE" not in log, log[-2000:]
+    view = dom[dom.index('class="attention-view"'):]
+    assert view.count("<line") > 20 and view.count('class="tok pronoun"') == 2  # drawn, pronoun marked
+    assert dom.count("<option") >= 30 + 9 + 1  # layer, head and prompt pickers filled
+    shot = tmp_path / "shot.png"
+    chromium(f"--screenshot={shot}", "--window-size=1200,2600", url=path.as_uri())
+    pixels = mpimg.imread(shot)
+    assert pixels.shape[:2] == (2600, 1200)
+    assert (pixels[..., :3] < 0.9).any(axis=2).mean() > 0.05  # plenty drawn, not a blank page
+
+
+def test_user_text_is_escaped(smollm, tmp_path):
+    suite = tmp_path / "xss.yaml"
+    suite.write_text(textwrap.dedent("""\
+        name: xss
+        contrast: pronoun
+        slots:
+          occupation: [nurse, "<b onmouseover=alert(2)>chef</b>"]
+          pronoun:
+            forms: [nom]
+            values:
+              - {label: female, nom: she}
+              - {label: male, nom: he}
+        templates:
+          - {id: "<i>t</i>", text: "<script>alert(1)</script> The {occupation} said that {pronoun.nom} left."}
+        attention:
+          - {source: pronoun, targets: occupation}
+        next_token:
+          - {cut: pronoun, candidates: pronoun}
+        """))
+    attnprobe.run_suite(suite, model=smollm, out=tmp_path / "run", progress=False)
+    html = write_report(tmp_path / "run").read_text()
+    assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<b onmouseover" not in html and "<i>t</i>" not in html
+    assert html.count("<script") == 2  # the examples' JSON block and the view's code, nothing else
+    if CHROMIUM:
+        dom, log = chromium("--dump-dom", "--virtual-time-budget=3000", url=(tmp_path / "run" / "report.html").as_uri())
+        assert dom.count("<script") == 2 and "onmouseover=" not in dom.replace("&lt;b onmouseover=", "")
+
+
+def test_cli_report_compares_runs(reported, smollm, tmp_path):
+    run, _ = reported
+    other = attnprobe.run_suite("probes/gender.yaml", model=smollm, out=tmp_path / "other", limit=30, progress=False)
+    out = tmp_path / "compare.html"
+    result = CliRunner().invoke(main, ["report", str(run.directory), str(other.directory), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    html = out.read_text()
+    assert "Models side by side" in html and html.count("<section>") == 2
+
+
+def test_notebook_api(reported, smollm):
+    run, _ = reported
+    assert {"effect", "q"} <= set(run.head_stats.columns) and run.behavior["scope"].iloc[0] == "all"
+    fig = run.plot_heads("participant")
+    assert fig.axes[0].get_title().startswith("pronoun -> participant")
+    assert run._repr_html_().startswith("<div><b>attnprobe run</b> gender on smollm2-135m: 150 prompts")
+    html = attnprobe.head_view(smollm, "The nurse said that she", html_action="return")
+    assert '" nurse"' in html.data or "nurse" in html.data
+    with pytest.raises(attnprobe.AttnprobeError, match="one text at a time"):
+        attnprobe.head_view(smollm, ["a", "b"])
