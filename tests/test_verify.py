@@ -12,10 +12,9 @@ from transformers import AutoModelForCausalLM
 
 import attnprobe
 from attnprobe import reference as ref
-from attnprobe import verify as verify_module
 from attnprobe.cli import main
 from attnprobe.models import from_pretrained_objects
-from attnprobe.verify import UnsupportedFamily, verify
+from attnprobe.verify import RECIPES, UnsupportedFamily, verify
 
 from conftest import INTERFACE_FAMILIES, TINY_CONFIGS, VOCAB, build_tiny
 
@@ -57,14 +56,14 @@ def test_non_interface_family_is_unsupported_not_passed(tiny_tokenizer):
 
 
 def _scale_off(monkeypatch):
-    original = verify_module.RECIPES["llama"]
+    original = RECIPES["llama"]
 
     def wrong(*args):
         projected = original(*args)
         projected.scale *= math.sqrt(2)
         return projected
 
-    monkeypatch.setitem(verify_module.RECIPES, "llama", wrong)
+    monkeypatch.setitem(RECIPES, "llama", wrong)
 
 
 def _rope_backwards(monkeypatch):
