@@ -1,6 +1,7 @@
 """The `attnprobe` command: thin click commands over library functions.
 
-Every user mistake arrives as an AttnprobeError and leaves as one line on stderr with exit code 2.
+Every user mistake arrives as an AttnprobeError and leaves as one line on stderr with exit code 2
+(130 for an interrupted run).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def _one_line_errors(command):
             return command(*args, **kwargs)
         except AttnprobeError as error:
             click.echo(f"attnprobe: error: {error}", err=True)
-            sys.exit(2)
+            sys.exit(error.exit_code)
 
     return wrapper
 

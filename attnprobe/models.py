@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -175,6 +176,7 @@ def load_model(
 
     torch_dtype = _parse_dtype(dtype)
     source, local, name, source_sha = _resolve(spec, allow_pickle)
+    _refuse_remote_code(source, local, trust_remote_code)
     kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
     if not allow_pickle:
         kwargs["use_safetensors"] = True
@@ -190,7 +192,7 @@ def load_model(
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
             raise ModelSpecError(f"'{spec}' needs custom code from its repository; rerun with --trust-remote-code if you trust it") from None
-        raise
+        raise ModelSpecError(f"cannot load '{spec}': {str(exc).strip().splitlines()[0]}") from None
     model.to(device).eval()
     return _wrap(model, tokenizer, spec, name, source_sha, capture)
 
@@ -219,11 +221,26 @@ def _resolve(spec: str, allow_pickle: bool, convert: bool = True) -> tuple[str, 
     raise ModelSpecError(f"unknown model spec '{spec}': not an alias, a .gguf file, a directory or a hub id; {_aliases_hint()}")
 
 
+def _refuse_remote_code(source: str, local: bool, trust_remote_code: bool) -> None:
+    """A local checkpoint whose config maps to its own Python files runs that code when loaded."""
+    config = Path(source) / "config.json"
+    if trust_remote_code or not local or not config.is_file():
+        return
+    try:
+        auto_map = json.loads(config.read_text()).get("auto_map")
+    except (ValueError, AttributeError):
+        raise ModelSpecError(f"{config} is not a valid JSON object; fix or replace the checkpoint") from None
+    if auto_map:
+        raise ModelSpecError(f"{source} ships its own model code ({', '.join(sorted(auto_map))} in config.json auto_map); "
+                             "rerun with --trust-remote-code only if you trust it")
+
+
 def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
     """(tokenizer, context length) without loading weights: what suite validation needs."""
     from transformers import AutoConfig
 
     source, local, _, _ = _resolve(spec, allow_pickle=True, convert=False)
+    _refuse_remote_code(source, local, trust_remote_code)
     offline = local or _hub_offline()
     cached = _cached_dir(Path(source)) if source.endswith(".gguf") else None
     try:
@@ -235,8 +252,8 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
             source = str(cached or source)
             tokenizer = _load_tokenizer(source, offline, trust_remote_code)
             config = AutoConfig.from_pretrained(source, local_files_only=offline, trust_remote_code=trust_remote_code)
-    except OSError:
-        raise ModelSpecError(f"cannot read the tokenizer of '{spec}'; {_aliases_hint()}") from None
+    except (OSError, ValueError) as exc:
+        raise ModelSpecError(f"cannot read the tokenizer of '{spec}' ({str(exc).strip().splitlines()[0]}); {_aliases_hint()}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     tokenizer.padding_side = "right"

@@ -13,13 +13,16 @@ same batches and ends with results identical to an uninterrupted one.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import platform
 import shutil
+import signal
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -32,9 +35,10 @@ import torch
 
 from . import __version__
 from .capture import run_with_capture
-from .errors import AttnprobeError
+from .errors import AttnprobeError, RunInterrupted
 from .models import DEFAULT_MODEL, ProbeModel, load_model, load_tokenizer
 from .suite import Prompt, Suite, SuiteError, load_suite, token_spans
+from .tables import write_csv
 
 SEED = 0  # nothing in a run is random; recorded so statistics that resample can say what they used
 
@@ -308,9 +312,16 @@ def prompts_table(encoded: list[Encoded]) -> pd.DataFrame:
 
 
 def _atomic_write(path: Path, write) -> None:
+    """Write to a temporary sibling, then rename: a reader never sees a half-written file. A failed
+    write (disk full, permissions) leaves what was there before and says how to go on."""
     tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise RunError(f"cannot write {path}: {exc.strerror or exc}; results written so far are kept: "
+                       "free space or fix permissions, then rerun the same command to resume") from None
 
 
 def _versions() -> dict:
@@ -370,59 +381,128 @@ def run_suite(
     settings = {"suite_sha256": suite.sha256, "model": spec, "dtype": dtype, "batch_size": batch_size,
                 "chunk_size": chunk_size, "limit": limit, "attnprobe": __version__}
     fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-    _prepare_directory(directory, fingerprint, resume)
-
-    pm = model if isinstance(model, ProbeModel) else load_model(spec, dtype=dtype, trust_remote_code=trust_remote_code)
-    manifest = {
-        "fingerprint": fingerprint,
-        "status": "running",
-        "suite": {"name": suite.name, "path": suite.path, "sha256": suite.sha256, "description": suite.description,
-                  "contrast": suite.contrast},
-        "model": {"spec": spec, "name": model_name, "family": pm.info.family, "weights_sha256": _weights_sha(pm),
-                  "n_layers": pm.info.n_layers, "n_heads": pm.info.n_heads, "n_kv_heads": pm.info.n_kv_heads},
-        "dtype": str(pm.dtype).removeprefix("torch."),
-        "seed": SEED,
-        "settings": settings,
-        "versions": _versions(),
-        "n_prompts": len(encoded),
-        "n_chunks": len(chunks),
-        "skipped": list(suite.skipped),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    _atomic_write(directory / "manifest.json", lambda p: p.write_text(json.dumps(manifest, indent=1)))
-    _atomic_write(directory / "prompts.csv", lambda p: prompts_table(encoded).to_csv(p, index=False))
-
-    chunk_dir = directory / "chunks"
-    chunk_dir.mkdir(exist_ok=True)
-    done = {k for k in range(len(chunks)) if (chunk_dir / f"{k:05d}.done").is_file()}
-    if done:
-        log(f"resuming {directory}: {len(done)} of {len(chunks)} chunks already complete")
-    started = time.perf_counter()
-    bar = _progress(len(encoded), sum(len(b) for k in done for b in chunks[k]), progress)
-    for k, chunk in enumerate(chunks):
-        if k in done:
-            continue
-        attention_parts, logprob_parts = [], []
-        for batch in chunk:
-            attention, logprobs = measure_batch(pm, suite, [encoded[i] for i in batch], cand_ids)
-            attention_parts.append(pd.DataFrame(attention))
-            logprob_parts.append(pd.DataFrame(logprobs))
-            bar.update(len(batch))
-        _write_chunk(chunk_dir, k, attention_parts, logprob_parts)
-    bar.close()
-    _assemble(directory, len(chunks))
-    _atomic_write(directory / "examples.json", lambda p: p.write_text(json.dumps(example_attention(pm, encoded, suite.contrast))))
-    manifest.update(status="complete", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    compute_seconds_this_session=round(time.perf_counter() - started, 3))
-    _atomic_write(directory / "manifest.json", lambda p: p.write_text(json.dumps(manifest, indent=1)))
-    return Run(directory)
-
-
-def _prepare_directory(directory: Path, fingerprint: str, resume: bool) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RunError(f"cannot create output directory {directory}: {exc.strerror}; choose another with --out") from None
+    with _exclusive(directory):
+        _prepare_directory(directory, fingerprint, resume)
+        pm = model if isinstance(model, ProbeModel) else load_model(spec, dtype=dtype, trust_remote_code=trust_remote_code)
+        manifest = {
+            "fingerprint": fingerprint,
+            "status": "running",
+            "suite": {"name": suite.name, "path": suite.path, "sha256": suite.sha256, "description": suite.description,
+                      "contrast": suite.contrast},
+            "model": {"spec": spec, "name": model_name, "family": pm.info.family, "weights_sha256": _weights_sha(pm),
+                      "n_layers": pm.info.n_layers, "n_heads": pm.info.n_heads, "n_kv_heads": pm.info.n_kv_heads},
+            "dtype": str(pm.dtype).removeprefix("torch."),
+            "seed": SEED,
+            "settings": settings,
+            "versions": _versions(),
+            "n_prompts": len(encoded),
+            "n_chunks": len(chunks),
+            "skipped": list(suite.skipped),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        _write_manifest(directory, manifest)
+        _atomic_write(directory / "prompts.csv", lambda p: write_csv(prompts_table(encoded), p))
+
+        chunk_dir = directory / "chunks"
+        chunk_dir.mkdir(exist_ok=True)
+        done = _complete_chunks(chunk_dir, len(chunks), log)
+        if done:
+            log(f"resuming {directory}: {len(done)} of {len(chunks)} chunks already complete")
+        started = time.perf_counter()
+        bar = _progress(len(encoded), sum(len(b) for k in done for b in chunks[k]), progress)
+        with _deferred_interrupt(log) as interrupted:
+            for k, chunk in enumerate(chunks):
+                if k in done:
+                    continue
+                attention_parts, logprob_parts = [], []
+                for batch in chunk:
+                    attention, logprobs = measure_batch(pm, suite, [encoded[i] for i in batch], cand_ids)
+                    attention_parts.append(pd.DataFrame(attention))
+                    logprob_parts.append(pd.DataFrame(logprobs))
+                    bar.update(len(batch))
+                _write_chunk(chunk_dir, k, attention_parts, logprob_parts)
+                if interrupted():
+                    bar.close()
+                    manifest.update(status="interrupted", interrupted=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+                    _write_manifest(directory, manifest)
+                    raise RunInterrupted(f"interrupted after chunk {k + 1} of {len(chunks)}; the finished chunks are kept "
+                                         f"in {chunk_dir}: rerun the same command to resume")
+        bar.close()
+        _assemble(directory, len(chunks))
+        _atomic_write(directory / "examples.json", lambda p: p.write_text(json.dumps(example_attention(pm, encoded, suite.contrast))))
+        manifest.update(status="complete", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        compute_seconds_this_session=round(time.perf_counter() - started, 3))
+        _write_manifest(directory, manifest)
+    return Run(directory)
+
+
+def _write_manifest(directory: Path, manifest: dict) -> None:
+    _atomic_write(directory / "manifest.json", lambda p: p.write_text(json.dumps(manifest, indent=1)))
+
+
+@contextmanager
+def _exclusive(directory: Path):
+    """Hold an exclusive lock on the run directory (released by the OS even if we are killed)."""
+    handle = open(directory / ".lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise RunError(f"another attnprobe run is writing {directory}; wait for it to finish or choose --out") from None
+    try:
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+@contextmanager
+def _deferred_interrupt(log):
+    """The first Ctrl-C asks the loop to stop after the current chunk; a second one stops at once."""
+    requested = []
+
+    def handler(signum, frame):
+        if requested:
+            raise KeyboardInterrupt
+        requested.append(signum)
+        log("interrupt: finishing the current chunk, then stopping (Ctrl-C again to stop at once)")
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: no handler, Ctrl-C behaves as usual
+        yield lambda: False
+        return
+    try:
+        yield lambda: bool(requested)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _complete_chunks(chunk_dir: Path, n_chunks: int, log) -> set[int]:
+    """Chunks with a marker whose files read back whole; a damaged chunk loses its marker and is redone."""
+    done = set()
+    for k in range(n_chunks):
+        marker = chunk_dir / f"{k:05d}.done"
+        if not marker.is_file():
+            continue
+        try:
+            rows = json.loads(marker.read_text())["rows"]
+            if pq.read_metadata(chunk_dir / f"{k:05d}.attention.parquet").num_rows != rows:
+                raise ValueError(f"expected {rows} rows")
+            pq.read_metadata(chunk_dir / f"{k:05d}.logprobs.parquet")
+        except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+            log(f"chunk {k} in {chunk_dir} is damaged ({exc}); recomputing it")
+            marker.unlink()
+            continue
+        done.add(k)
+    return done
+
+
+def _prepare_directory(directory: Path, fingerprint: str, resume: bool) -> None:
     manifest = directory / "manifest.json"
     if manifest.is_file():
         previous = json.loads(manifest.read_text()).get("fingerprint")
@@ -467,7 +547,7 @@ def _assemble(directory: Path, n_chunks: int) -> None:
     table = pd.concat(logprobs, ignore_index=True) if logprobs else pd.DataFrame()
     if len(table):
         table = table.sort_values(["prompt_id", "cut"], kind="stable", ignore_index=True)
-    _atomic_write(directory / "logprobs.csv", lambda p: table.to_csv(p, index=False))
+    _atomic_write(directory / "logprobs.csv", lambda p: write_csv(table, p))
 
 
 def example_attention(pm: ProbeModel, encoded: list[Encoded], contrast: str | None, n_items: int = 2) -> list[dict]:

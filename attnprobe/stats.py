@@ -255,4 +255,4 @@ def analyse(run, **kwargs) -> dict[str, pd.DataFrame]:
     heads = head_stats(run, **kwargs)
     summary, per_occupation = behavior(run, n_boot=kwargs.get("n_boot", N_BOOT), seed=kwargs.get("seed", 0))
     return {"head_stats": heads, "layer_stats": layer_stats(heads), "behavior": summary,
-            "behavior_by_occupation": per_occupation}
+            "behavior_by_occupation": per_occupation, "condition_means": condition_means(run)}

@@ -241,8 +241,8 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
 
 
 def _required_str(ctx, node, key) -> str:
-    if key not in node:
-        ctx.fail(node, None, f"missing `{key}:`; add it")
+    if node.get(key) is None:
+        ctx.fail(node, key if key in node else None, f"missing `{key}:`; add it")
     return _optional_str(ctx, node, key)
 
 

@@ -218,8 +218,10 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor, lengths: torch.Tensor, relative:
     return worst
 
 
-def verify(model: ProbeModel, texts: list[str] | None = None) -> pd.DataFrame:
-    """One row per layer: max |d weights| and |d output| of both paths against the reference."""
+def verify(model: ProbeModel | str, texts: list[str] | None = None) -> pd.DataFrame:
+    """One row per layer: max |d weights| and |d output| of both paths against the reference.
+    `model` is a loaded ProbeModel or a model spec (loaded in float32)."""
+    model = load_model(model) if isinstance(model, str) else model
     hf = model.model
     config = hf.config.get_text_config()
     family = config.model_type

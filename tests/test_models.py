@@ -60,19 +60,6 @@ def test_local_directory_loads_with_facts_and_capture(tmp_path, smollm):
         assert torch.equal(pm.model.state_dict()[name], tensor)
 
 
-@pytest.mark.slow
-def test_pickled_checkpoint_is_refused_without_flag(tmp_path, smollm):
-    _save_tiny_with_tokenizer(tmp_path, smollm)
-    weights = tmp_path / "model.safetensors"
-    from safetensors.torch import load_file
-
-    torch.save(load_file(weights), tmp_path / "pytorch_model.bin")
-    weights.unlink()
-    with pytest.raises(ModelSpecError, match="only pickled weights .*pytorch_model.bin.*--allow-pickle"):
-        attnprobe.load_model(str(tmp_path))
-    assert attnprobe.load_model(str(tmp_path), allow_pickle=True).info.n_layers == 2
-
-
 def test_directory_without_weights(tmp_path):
     with pytest.raises(ModelSpecError, match="holds no model weights"):
         attnprobe.load_model(str(tmp_path))

@@ -83,35 +83,6 @@ def test_report_renders_in_chromium_without_network(reported, tmp_path):
     assert (pixels[..., :3] < 0.9).any(axis=2).mean() > 0.05  # plenty drawn, not a blank page
 
 
-def test_user_text_is_escaped(smollm, tmp_path):
-    suite = tmp_path / "xss.yaml"
-    suite.write_text(textwrap.dedent("""\
-        name: xss
-        contrast: pronoun
-        slots:
-          occupation: [nurse, "<b onmouseover=alert(2)>chef</b>"]
-          pronoun:
-            forms: [nom]
-            values:
-              - {label: female, nom: she}
-              - {label: male, nom: he}
-        templates:
-          - {id: "<i>t</i>", text: "<script>alert(1)</script> The {occupation} said that {pronoun.nom} left."}
-        attention:
-          - {source: pronoun, targets: occupation}
-        next_token:
-          - {cut: pronoun, candidates: pronoun}
-        """))
-    attnprobe.run_suite(suite, model=smollm, out=tmp_path / "run", progress=False)
-    html = write_report(tmp_path / "run").read_text()
-    assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
-    assert "<b onmouseover" not in html and "<i>t</i>" not in html
-    assert html.count("<script") == 2  # the examples' JSON block and the view's code, nothing else
-    if CHROMIUM:
-        dom, log = chromium("--dump-dom", "--virtual-time-budget=3000", url=(tmp_path / "run" / "report.html").as_uri())
-        assert dom.count("<script") == 2 and "onmouseover=" not in dom.replace("&lt;b onmouseover=", "")
-
-
 def test_cli_report_compares_runs(reported, smollm, tmp_path):
     run, _ = reported
     other = attnprobe.run_suite("probes/gender.yaml", model=smollm, out=tmp_path / "other", limit=30, progress=False)

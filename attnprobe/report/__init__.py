@@ -1,7 +1,7 @@
 """The report of one or more runs: CSV tables, figures (PNG and SVG) and one self-contained HTML file.
 
 `write_report(run_dir)` writes head_stats.csv, layer_stats.csv, behavior.csv,
-behavior_by_occupation.csv and figures/ into the run directory, and report.html beside them.
+behavior_by_occupation.csv, condition_means.csv and figures/ into the run directory, and report.html beside them.
 With several run directories the HTML puts the models side by side (written to `out`).
 Numbers come from `attnprobe.stats`; this package only lays them out.
 """
@@ -20,9 +20,10 @@ import pandas as pd
 from .. import __version__, stats
 from ..errors import AttnprobeError
 from ..runner import Run
+from ..tables import write_csv
 from . import plots
 
-TABLES = ("head_stats", "layer_stats", "behavior", "behavior_by_occupation")
+TABLES = ("head_stats", "layer_stats", "behavior", "behavior_by_occupation", "condition_means")
 
 
 def load_tables(run: Run, refresh: bool = False) -> dict[str, pd.DataFrame]:
@@ -33,7 +34,7 @@ def load_tables(run: Run, refresh: bool = False) -> dict[str, pd.DataFrame]:
         return {name: pd.read_csv(path, keep_default_na=False, na_values=[""]) for name, path in paths.items()}
     tables = stats.analyse(run)
     for name, table in tables.items():
-        table.to_csv(paths[name], index=False)
+        write_csv(table, paths[name])
     return tables
 
 
