@@ -7,6 +7,7 @@ Every user mistake arrives as an AttnprobeError and leaves as one line on stderr
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 import click
@@ -86,17 +87,27 @@ def verify(model_spec, texts, dtype, json_path, trust_remote_code):
 @click.option("--chunk-size", type=click.IntRange(min=1), default=512, show_default=True, help="Prompts per chunk written to disk.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar; default: on a terminal only.")
 @click.option("--report/--no-report", "with_report", default=True, show_default=True, help="Write statistics and report.html.")
+@click.option("--max-batch-tokens", type=click.IntRange(min=1), help="Cap padded tokens per batch (batch size x longest prompt).")
+@click.option("--shard", "shard_text", help="K/N: compute every N-th chunk starting at K (one process or GPU rank each); "
+              "'auto' reads RANK and WORLD_SIZE as set by torchrun / accelerate launch. Join with `attnprobe merge`.")
+@click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda:0 (with --shard auto: cuda:LOCAL_RANK).")
+@click.option("--device-map", type=click.Choice(["auto"]), help="Spread a model too large for one device over all devices.")
 @remote_code_option
 @_one_line_errors
-def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, progress, with_report, trust_remote_code):
+def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, progress, with_report, max_batch_tokens,
+        shard_text, device, device_map, trust_remote_code):
     """Run a probe suite (e.g. probes/gender.yaml) and write its tables to the run directory."""
     import time
 
     from .runner import run_suite
 
     started = time.perf_counter()
+    shard = _parse_shard(shard_text)
+    if shard_text == "auto" and device.startswith("cuda") and ":" not in device:
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     result = run_suite(suite, model=model_spec, out=out, batch_size=batch_size, limit=limit, dtype=dtype,
-                       resume=resume, chunk_size=chunk_size, progress=progress, trust_remote_code=trust_remote_code)
+                       resume=resume, chunk_size=chunk_size, progress=progress, trust_remote_code=trust_remote_code,
+                       max_batch_tokens=max_batch_tokens, shard=shard, device=device, device_map=device_map)
     seconds = time.perf_counter() - started
     manifest = result.manifest
     for line in manifest["skipped"]:
@@ -104,6 +115,9 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
     n = manifest["n_prompts"]
     click.echo(f"{n} prompts on {manifest['model']['spec']} in {seconds:.1f} s ({n / seconds:.1f} prompts/s, "
                f"including model load) -> {result.directory}")
+    if shard:
+        click.echo(f"shard {shard[0]} of {shard[1]} done; join all shards with: attnprobe merge OUT_DIR SHARD_DIR ...")
+        return
     if with_report:
         from .report import headline, load_tables, write_report
 
@@ -122,3 +136,34 @@ def report(run_dirs, out):
     from .report import write_report
 
     click.echo(f"report: {write_report(list(run_dirs), out)}")
+
+
+def _parse_shard(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    if text == "auto":
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            raise AttnprobeError("--shard auto needs RANK and WORLD_SIZE (set by torchrun or accelerate launch); give K/N instead")
+        return int(os.environ["RANK"]) + 1, int(os.environ["WORLD_SIZE"])
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise AttnprobeError(f"--shard {text!r}: write K/N, e.g. 1/4 (or 'auto' under torchrun)") from None
+    return k, n
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
+@click.option("--report/--no-report", "with_report", default=True, show_default=True)
+@_one_line_errors
+def merge(out, shard_dirs, with_report):
+    """Join the directories of a sharded run into OUT, identical to an unsharded run."""
+    from .runner import merge_shards
+
+    result = merge_shards(list(shard_dirs), out)
+    click.echo(f"merged {len(shard_dirs)} shards, {result.manifest['n_prompts']} prompts -> {result.directory}")
+    if with_report:
+        from .report import write_report
+
+        click.echo(f"report: {write_report(result.directory)}")

@@ -164,6 +164,7 @@ def load_model(
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
     capture: bool = True,
+    device_map: str | None = None,
 ) -> ProbeModel:
     """Load `spec` for probing.
 
@@ -171,6 +172,7 @@ def load_model(
     function (or to eager attention for families that bypass the interface) so that
     `attnprobe.capture` can record weights. Pickled checkpoints are refused unless
     `allow_pickle=True`; remote code runs only with `trust_remote_code=True`.
+    `device_map="auto"` spreads a model too large for one device over the devices accelerate finds.
     """
     from transformers import AutoModelForCausalLM  # heavy import, keep it local
 
@@ -178,6 +180,8 @@ def load_model(
     source, local, name, source_sha = _resolve(spec, allow_pickle)
     _refuse_remote_code(source, local, trust_remote_code)
     kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    if device_map is not None:
+        kwargs["device_map"] = device_map
     if not allow_pickle:
         kwargs["use_safetensors"] = True
     offline = local or _hub_offline()
@@ -193,7 +197,9 @@ def load_model(
         if "trust_remote_code" in str(exc):
             raise ModelSpecError(f"'{spec}' needs custom code from its repository; rerun with --trust-remote-code if you trust it") from None
         raise ModelSpecError(f"cannot load '{spec}': {str(exc).strip().splitlines()[0]}") from None
-    model.to(device).eval()
+    if device_map is None:
+        model.to(device)
+    model.eval()
     return _wrap(model, tokenizer, spec, name, source_sha, capture)
 
 

@@ -116,10 +116,30 @@ def candidate_ids(suite: Suite, prompts: list[Prompt], tokenizer) -> dict[str, t
     return table
 
 
-def plan_batches(encoded: list[Encoded], batch_size: int) -> list[list[int]]:
-    """Indices into `encoded`, sorted by token length (then prompt id) and cut into batches."""
+def plan_batches(encoded: list[Encoded], batch_size: int, max_batch_tokens: int | None = None) -> list[list[int]]:
+    """Indices into `encoded`, sorted by token length (then prompt id) and cut into batches of at
+    most `batch_size` prompts and, if given, at most `max_batch_tokens` padded tokens."""
     order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i].ids), encoded[i].prompt.prompt_id))
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    batches, current = [], []
+    for i in order:
+        longest = len(encoded[i].ids)  # sorted: the newest prompt is the longest of its batch
+        too_many_tokens = max_batch_tokens is not None and current and (len(current) + 1) * longest > max_batch_tokens
+        if len(current) == batch_size or too_many_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    return batches + ([current] if current else [])
+
+
+def plan_chunks(batches: list[list[int]], chunk_size: int) -> list[list[list[int]]]:
+    """Consecutive batches grouped into chunks of at least `chunk_size` prompts (the last may be smaller)."""
+    chunks, current = [], []
+    for batch in batches:
+        current.append(batch)
+        if sum(len(b) for b in current) >= chunk_size:
+            chunks.append(current)
+            current = []
+    return chunks + ([current] if current else [])
 
 
 # ------------------------------------------------------------------------------ one batch
@@ -358,9 +378,16 @@ def run_suite(
     progress: bool | None = None,
     trust_remote_code: bool = False,
     log=None,
+    max_batch_tokens: int | None = None,
+    shard: tuple[int, int] | None = None,
+    device: str = "cpu",
+    device_map: str | None = None,
 ) -> Run:
     """Run `suite` and return the Run. Validation (suite, tokens, candidates, context) happens before
-    the model's weights load; a finished chunk is never recomputed when `resume` is on."""
+    the model's weights load; a finished chunk is never recomputed when `resume` is on.
+
+    `shard=(k, n)` computes only chunks k-1, k-1+n, ... (one shard per process or GPU rank) into
+    its own directory; `merge_shards` joins the n directories into the unsharded result."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
     log = log or (lambda message: print(message, file=sys.stderr))
     if batch_size < 1 or chunk_size < 1:
@@ -373,24 +400,30 @@ def run_suite(
     prompts = select_prompts(suite.prompts, limit)
     encoded = encode_prompts(suite, prompts, tokenizer, max_positions)
     cand_ids = candidate_ids(suite, prompts, tokenizer)
-    batches = plan_batches(encoded, batch_size)
-    chunks = [batches[i:i + max(1, chunk_size // batch_size)] for i in range(0, len(batches), max(1, chunk_size // batch_size))]
+    chunks = plan_chunks(plan_batches(encoded, batch_size, max_batch_tokens), chunk_size)
+    if shard is not None and not (len(shard) == 2 and 1 <= shard[0] <= shard[1]):
+        raise RunError(f"shard must be K/N with 1 <= K <= N, got {shard}")
+    mine = [k for k in range(len(chunks)) if shard is None or k % shard[1] == shard[0] - 1]
 
     model_name = model.info.name if isinstance(model, ProbeModel) else Path(spec).stem if spec.endswith(".gguf") else spec.replace("/", "_")
     directory = Path(out) if out else Path("reports") / suite.name / model_name
+    if shard is not None and not out:
+        directory = directory / f"shard-{shard[0]}-of-{shard[1]}"
     settings = {"suite_sha256": suite.sha256, "model": spec, "dtype": dtype, "batch_size": batch_size,
-                "chunk_size": chunk_size, "limit": limit, "attnprobe": __version__}
-    fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+                "chunk_size": chunk_size, "limit": limit, "max_batch_tokens": max_batch_tokens, "attnprobe": __version__}
+    fingerprint = _fingerprint(settings, shard)
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RunError(f"cannot create output directory {directory}: {exc.strerror}; choose another with --out") from None
     with _exclusive(directory):
         _prepare_directory(directory, fingerprint, resume)
-        pm = model if isinstance(model, ProbeModel) else load_model(spec, dtype=dtype, trust_remote_code=trust_remote_code)
+        pm = model if isinstance(model, ProbeModel) else load_model(
+            spec, dtype=dtype, device=device, device_map=device_map, trust_remote_code=trust_remote_code)
         manifest = {
             "fingerprint": fingerprint,
             "status": "running",
+            "shard": list(shard) if shard else None,
             "suite": {"name": suite.name, "path": suite.path, "sha256": suite.sha256, "description": suite.description,
                       "contrast": suite.contrast},
             "model": {"spec": spec, "name": model_name, "family": pm.info.family, "weights_sha256": _weights_sha(pm),
@@ -413,9 +446,10 @@ def run_suite(
         if done:
             log(f"resuming {directory}: {len(done)} of {len(chunks)} chunks already complete")
         started = time.perf_counter()
-        bar = _progress(len(encoded), sum(len(b) for k in done for b in chunks[k]), progress)
+        bar = _progress(sum(len(b) for k in mine for b in chunks[k]), sum(len(b) for k in done for b in chunks[k]), progress)
         with _deferred_interrupt(log) as interrupted:
-            for k, chunk in enumerate(chunks):
+            for k in mine:
+                chunk = chunks[k]
                 if k in done:
                     continue
                 attention_parts, logprob_parts = [], []
@@ -432,12 +466,60 @@ def run_suite(
                     raise RunInterrupted(f"interrupted after chunk {k + 1} of {len(chunks)}; the finished chunks are kept "
                                          f"in {chunk_dir}: rerun the same command to resume")
         bar.close()
-        _assemble(directory, len(chunks))
-        _atomic_write(directory / "examples.json", lambda p: p.write_text(json.dumps(example_attention(pm, encoded, suite.contrast))))
-        manifest.update(status="complete", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        if shard is None:
+            _assemble(directory, len(chunks))
+        if shard is None or shard[0] == 1:
+            _atomic_write(directory / "examples.json", lambda p: p.write_text(json.dumps(example_attention(pm, encoded, suite.contrast))))
+        manifest.update(status="complete" if shard is None else "shard complete", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                         compute_seconds_this_session=round(time.perf_counter() - started, 3))
         _write_manifest(directory, manifest)
     return Run(directory)
+
+
+def _fingerprint(settings: dict, shard) -> str:
+    """What a resumed run must share with the run it continues."""
+    keyed = dict(settings, shard=list(shard)) if shard else settings
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
+
+
+def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Run:
+    """Join the directories of a sharded run (`--shard K/N`, all N of them) into one run directory
+    identical to an unsharded run with the same settings."""
+    shard_dirs = [Path(d) for d in shard_dirs]
+    manifests = []
+    for d in shard_dirs:
+        path = d / "manifest.json"
+        if not path.is_file():
+            raise RunError(f"{d}: no manifest.json; give the directories written by `attnprobe run --shard K/N`")
+        manifests.append(json.loads(path.read_text()))
+    for d, m in zip(shard_dirs, manifests):
+        if not m.get("shard") or m.get("status") != "shard complete":
+            raise RunError(f"{d} is not a finished shard (status: {m.get('status')}); finish it by rerunning its command")
+    n = manifests[0]["shard"][1]
+    ks = sorted(m["shard"][0] for m in manifests)
+    if ks != list(range(1, n + 1)) or any(m["shard"][1] != n for m in manifests):
+        raise RunError(f"shards {ks} of {n} given; give each of the {n} shard directories exactly once")
+    if len({json.dumps(m["settings"], sort_keys=True) for m in manifests}) != 1:
+        raise RunError("the shards were run with different settings (suite, model, dtype, batch, chunk or limit)")
+    by_k = {m["shard"][0]: (d, m) for d, m in zip(shard_dirs, manifests)}
+    out = Path(out)
+    (out / "chunks").mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        n_chunks = manifests[0]["n_chunks"]
+        for k in range(n_chunks):
+            source_dir = by_k[k % n + 1][0] / "chunks"
+            if k not in _complete_chunks(source_dir, n_chunks, lambda m: None):
+                raise RunError(f"{source_dir} lacks chunk {k} (or it is damaged); rerun that shard's command to finish it")
+            for suffix in ("attention.parquet", "logprobs.parquet", "done"):
+                shutil.copyfile(source_dir / f"{k:05d}.{suffix}", out / "chunks" / f"{k:05d}.{suffix}")
+        first_dir, first = by_k[1]
+        for name in ("prompts.csv", "examples.json"):
+            shutil.copyfile(first_dir / name, out / name)
+        _assemble(out, n_chunks)
+        merged = dict(first, shard=None, status="complete", merged_from=[str(d) for d in shard_dirs],
+                      fingerprint=_fingerprint(first["settings"], None), finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        _write_manifest(out, merged)
+    return Run(out)
 
 
 def _write_manifest(directory: Path, manifest: dict) -> None:

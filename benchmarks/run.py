@@ -7,6 +7,9 @@ Measured, on the shipped gender suite and the bundled smollm2-135m:
   sdpa_floor     batched SDPA forward, no capture, logits for the last position only
   capture_rows   batched forward through attnprobe's function, recording the pronoun rows of all layers
   run_end_to_end attnprobe.run_suite: capture, aggregation, writing chunks and tables
+                 (statistics and report rendering timed separately)
+  bfloat16       run_end_to_end with the model in bfloat16 (softmax and recorded weights in float32),
+                 and its agreement with float32: max |d weight|, Spearman of head effect rankings
   memory         peak resident memory of `attnprobe run` at 1x and 10x prompts (separate processes)
   load           load_model("smollm2-135m"): cold (empty cache, GGUF dequantised) and cached
 Ratios are computed between figures measured in this one run. Writes results.json and results.md.
@@ -24,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 import attnprobe
@@ -92,15 +96,46 @@ def bench_forward(pm, n_prompts: int, repeats: int, batch_size: int = 32) -> dic
     }
 
 
-def bench_run(pm, n_prompts: int, repeats: int) -> dict:
+def timed_runs(pm, n_prompts: int, repeats: int, keep: Path) -> tuple[float, int]:
+    """Median seconds of `run_suite` over repeats; the last run is kept in `keep`."""
     times = []
-    for _ in range(repeats):
-        with tempfile.TemporaryDirectory() as out:
-            start = time.perf_counter()
-            run = attnprobe.run_suite(SUITE, model=pm, out=out, limit=n_prompts, progress=False, log=lambda m: None)
-            times.append(time.perf_counter() - start)
-            n = run.manifest["n_prompts"]
-    return {"n_prompts": n, "run_end_to_end_prompts_per_s": n / statistics.median(times)}
+    for i in range(repeats):
+        out = keep if i == repeats - 1 else Path(tempfile.mkdtemp())
+        start = time.perf_counter()
+        run = attnprobe.run_suite(SUITE, model=pm, out=out, limit=n_prompts, progress=False, log=lambda m: None, resume=False)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), run.manifest["n_prompts"]
+
+
+def bench_run(pm, pm_bf16, n_prompts: int, repeats: int, scratch: Path) -> dict:
+    from scipy.stats import spearmanr
+
+    from attnprobe import stats
+    from attnprobe.report import write_report
+
+    seconds, n = timed_runs(pm, n_prompts, repeats, scratch / "float32")
+    seconds_bf16, _ = timed_runs(pm_bf16, n_prompts, repeats, scratch / "bfloat16")
+    start = time.perf_counter()
+    write_report(scratch / "float32")
+    report_seconds = time.perf_counter() - start
+    a = pd.read_parquet(scratch / "float32" / "attention.parquet")
+    b = pd.read_parquet(scratch / "bfloat16" / "attention.parquet")
+    keys = ["prompt_id", "layer", "head", "source", "target"]
+    joined = a.merge(b, on=keys, suffixes=("_32", "_16"))
+    assert len(joined) == len(a) == len(b)
+    heads32 = stats.head_stats(attnprobe.Run(scratch / "float32"), n_boot=200, n_perm=200)
+    heads16 = stats.head_stats(attnprobe.Run(scratch / "bfloat16"), n_boot=200, n_perm=200)
+    rank = min(spearmanr(heads32[heads32.target == t]["effect"], heads16[heads16.target == t]["effect"]).statistic
+               for t in heads32["target"].unique())
+    return {
+        "n_prompts": n,
+        "run_end_to_end_prompts_per_s": n / seconds,
+        "bfloat16_prompts_per_s": n / seconds_bf16,
+        "bfloat16_over_float32": seconds / seconds_bf16,
+        "bfloat16_max_abs_dweight": float((joined["weight_32"] - joined["weight_16"]).abs().max()),
+        "bfloat16_head_effect_spearman_min": float(rank),
+        "statistics_and_report_s": report_seconds,
+    }
 
 
 def peak_memory_of_run(limit: int) -> float:
@@ -138,7 +173,9 @@ def main():
     results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}}
     pm = attnprobe.load_model("smollm2-135m")
     results["forward"] = bench_forward(pm, args.prompts, args.repeats)
-    results["run"] = bench_run(pm, args.prompts, max(1, args.repeats // 2))
+    pm_bf16 = attnprobe.load_model("smollm2-135m", dtype="bfloat16")
+    with tempfile.TemporaryDirectory() as scratch:
+        results["run"] = bench_run(pm, pm_bf16, args.prompts, max(1, args.repeats // 2), Path(scratch))
     results["run"]["run_over_eager_loop"] = results["run"]["run_end_to_end_prompts_per_s"] / results["forward"]["eager_loop_prompts_per_s"]
     results["run"]["run_over_floor"] = results["run"]["run_end_to_end_prompts_per_s"] / results["forward"]["sdpa_floor_prompts_per_s"]
     one, ten = peak_memory_of_run(300), peak_memory_of_run(3000)
