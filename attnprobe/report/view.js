@@ -18,8 +18,28 @@
     o.textContent = text;
   }
 
+  // weights arrive as little-endian uint16 (weight x 65535), base64-encoded, shape [L, H, T, T]
+  function decode(ex) {
+    var bytes = atob(ex.weights_u16_base64), L = ex.shape[0], H = ex.shape[1], T = ex.shape[2], i = 0, out = [];
+    for (var l = 0; l < L; l++) {
+      var heads = [];
+      for (var h = 0; h < H; h++) {
+        var rows = [];
+        for (var q = 0; q < T; q++) {
+          var row = [];
+          for (var k = 0; k < T; k++, i += 2) row.push((bytes.charCodeAt(i) | (bytes.charCodeAt(i + 1) << 8)) / 65535);
+          rows.push(row);
+        }
+        heads.push(rows);
+      }
+      out.push(heads);
+    }
+    ex.weights = out;
+    return ex;
+  }
+
   function setup(root) {
-    var examples = JSON.parse(document.getElementById(root.getAttribute("data-source")).textContent);
+    var examples = JSON.parse(document.getElementById(root.getAttribute("data-source")).textContent).map(decode);
     if (!examples.length) { root.textContent = "no example prompts in this run"; return; }
     var controls = el("div", { "class": "view-controls" }, root);
     var pick = el("select", { "aria-label": "prompt" }, controls);
