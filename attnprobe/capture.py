@@ -46,6 +46,8 @@ class _Plan:
 
 
 _active_plan: contextvars.ContextVar[_Plan | None] = contextvars.ContextVar("attnprobe_plan", default=None)
+# An editor rewrites per-head outputs (head interventions, see interventions.py).
+_active_editor: contextvars.ContextVar = contextvars.ContextVar("attnprobe_editor", default=None)
 
 
 def _expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -127,6 +129,9 @@ def attnprobe_attention(
         output = torch.matmul(weights.to(value.dtype), _expand_kv(value, H))  # (B, H, T, D)
 
     layer = getattr(module, "layer_idx", None)
+    editor = _active_editor.get()
+    if editor is not None:
+        output = editor(layer, query, key, value, attention_mask, scaling, softcap, s_aux, causal, output)  # (B, H, T, D)
     if plan is not None and plan.wants(layer):
         rows = torch.arange(T, device=query.device).expand(B, T) if plan.rows is None else plan.rows.to(query.device)
         R = rows.shape[1]
@@ -156,6 +161,17 @@ def recording(rows: torch.Tensor | None = None, layers=None):
         yield plan
     finally:
         _active_plan.reset(token)
+
+
+@contextmanager
+def editing(editor):
+    """Within the block, `editor(layer, query, key, value, mask, scaling, softcap, sinks, causal, output)`
+    may replace each layer's per-head output (B, H, T, D)."""
+    token = _active_editor.set(editor)
+    try:
+        yield editor
+    finally:
+        _active_editor.reset(token)
 
 
 @dataclass

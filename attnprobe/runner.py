@@ -472,10 +472,46 @@ def run_suite(
             _assemble(directory, len(chunks))
         if shard is None or shard[0] == 1:
             _atomic_write(directory / "examples.json", lambda p: p.write_text(json.dumps(example_attention(pm, encoded, suite.contrast))))
+        if shard is None and suite.head_effects is not None:
+            manifest["head_effects"] = _run_head_effects(pm, suite, encoded, directory, progress, log)
         manifest.update(status="complete" if shard is None else "shard complete", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                         compute_seconds_this_session=round(time.perf_counter() - started, 3))
         _write_manifest(directory, manifest)
     return Run(directory)
+
+
+def _run_head_effects(pm, suite, encoded, directory: Path, progress, log) -> dict:
+    """Head interventions for every item of the suite's head_effects measure (written at the end,
+    recomputed whole if the run is killed during this phase)."""
+    from .interventions import effect_items, head_means, item_effects
+
+    if (directory / "head_effects_items.parquet").is_file() and (directory / "head_effects_totals.csv").is_file():
+        return json.loads((directory / "manifest.json").read_text()).get("head_effects", {})
+    started = time.perf_counter()
+    items, dropped = effect_items(pm, suite, encoded)
+    for line in dropped:
+        log(f"head_effects: dropped {line}")
+    L, H = pm.info.n_layers, pm.info.n_heads
+    means = head_means(pm, [item["x"] for item in items], L) if items else {}
+    measure = suite.head_effects
+    rows, totals = [], []
+    bar = _progress(len(items), 0, progress)
+    for item in items:
+        effects = item_effects(pm, item["x"], item["x_cf"], item["positive"], item["negative"], L, H, means,
+                               top_k=None if measure.exact == "all" else measure.exact)
+        totals.append({"item_id": item["item_id"], "template_id": item["template_id"], "occupation": item["occupation"],
+                       "y": effects["y"], "y_cf": effects["y_cf"], "te": effects["te"]})
+        frame = pd.DataFrame({"item_id": item["item_id"], "layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L)})
+        for mode in ("pattern", "zero", "mean", "attribution"):
+            frame[mode] = effects[mode].reshape(-1).numpy() if mode in effects else np.nan
+        rows.append(frame)
+        bar.update(1)
+    bar.close()
+    table = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["item_id", "layer", "head"])
+    _atomic_write(directory / "head_effects_items.parquet", lambda p: table.to_parquet(p, index=False))
+    _atomic_write(directory / "head_effects_totals.csv", lambda p: write_csv(pd.DataFrame(totals), p))
+    return {"n_items": len(items), "dropped": dropped, "seconds": round(time.perf_counter() - started, 3),
+            "counterfactual": {measure.slot: measure.replacement}, "exact": measure.exact}
 
 
 def _fingerprint(settings: dict, shard) -> str:

@@ -114,6 +114,22 @@ class NextTokenMeasure:
 
 
 @dataclass(frozen=True)
+class HeadEffectsMeasure:
+    """Head interventions (see interventions.py): y = log p(positive) - log p(negative) at `cut`,
+    counterfactual x' = x with `slot` replaced by `replacement`."""
+
+    cut: str
+    slot: str
+    replacement: str
+    positive: str = "female"
+    negative: str = "male"
+    templates: tuple[str, ...] | None = None  # None: every template that has the cut and the slot
+    max_items: int | None = None  # at most this many items, spread over templates and slot values
+    exact: str | int = "all"  # exact patching for all heads, or for the top-k heads by attribution
+    origin: str = ""
+
+
+@dataclass(frozen=True)
 class Prompt:
     """One filled sentence with its named character spans [start, end)."""
 
@@ -141,6 +157,7 @@ class Suite:
     attention: tuple[AttentionMeasure, ...]
     next_token: tuple[NextTokenMeasure, ...]
     skipped: tuple[str, ...]  # one line per measure/template pair left out, with the reason
+    head_effects: HeadEffectsMeasure | None
     path: str
     sha256: str  # of the YAML and every data file it reads
 
@@ -149,7 +166,7 @@ class Suite:
 
 
 _TOP_KEYS = {"name", "description", "model", "contrast", "slots", "templates", "sentences", "attention",
-             "next_token", "max_prompts"}
+             "next_token", "head_effects", "max_prompts"}
 _SLOT_REF = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\}")
 _WHERE = re.compile(r"^\s*([A-Za-z_][\w]*)(?:\.([A-Za-z_]\w*))?\s*(==|!=|<=|>=|<|>)\s*(.+?)\s*$")
 
@@ -224,6 +241,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
     attention = _load_attention(ctx, doc.get("attention"))
     next_token = _load_next_token(ctx, doc.get("next_token"), slots)
     prompts, skipped = _attach_measures(ctx, doc, prompts, attention, next_token, slots)
+    head_effects = _load_head_effects(ctx, doc, slots, templates, next_token)
     return Suite(
         name=name,
         description=str(doc.get("description", "")),
@@ -235,6 +253,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
         attention=attention,
         next_token=next_token,
         skipped=tuple(skipped),
+        head_effects=head_effects,
         path=str(path),
         sha256=ctx.digest.hexdigest(),
     )
@@ -686,6 +705,45 @@ def _load_next_token(ctx, node, slots) -> tuple[NextTokenMeasure, ...]:
             ctx.fail(item, "candidates", "`candidates` must be a slot name or a non-empty list of strings")
         measures.append(NextTokenMeasure(cut, candidates, origin=f"{ctx.path}:{_line(item, 'candidates')}"))
     return tuple(measures)
+
+
+def _load_head_effects(ctx, doc, slots, templates, next_token) -> HeadEffectsMeasure | None:
+    node = doc.get("head_effects")
+    if node is None:
+        return None
+    if not isinstance(node, dict):
+        ctx.fail(doc, "head_effects", "`head_effects` is a mapping with cut, counterfactual, positive, negative")
+    allowed = {"cut", "counterfactual", "positive", "negative", "templates", "max_items", "exact"}
+    unknown = set(node) - allowed
+    if unknown:
+        ctx.fail(node, sorted(unknown)[0], f"unknown key '{sorted(unknown)[0]}' in head_effects; allowed: {', '.join(sorted(allowed))}")
+    cut = _required_str(ctx, node, "cut")
+    if cut not in {m.cut for m in next_token}:
+        ctx.fail(node, "cut", f"head_effects cut '{cut}' needs a next_token measure with the same cut (its candidates define y)")
+    counterfactual = node.get("counterfactual")
+    if not isinstance(counterfactual, dict) or len(counterfactual) != 1:
+        ctx.fail(node, "counterfactual", "`counterfactual` names one slot and its replacement, e.g. {occupation: woman}")
+    (slot, replacement), = counterfactual.items()
+    if slot not in slots:
+        ctx.fail(node, "counterfactual", f"counterfactual slot '{slot}' is not defined under slots: ({', '.join(slots)})")
+    if not isinstance(replacement, str) or not replacement.strip():
+        ctx.fail(node, "counterfactual", "the replacement must be non-empty text, e.g. woman")
+    chosen = node.get("templates")
+    if chosen is not None:
+        if not isinstance(chosen, list) or not chosen:
+            ctx.fail(node, "templates", "`templates` lists template ids")
+        known = {t.id for t in templates}
+        for template_id in chosen:
+            if template_id not in known:
+                ctx.fail(node, "templates", f"unknown template id '{template_id}'")
+    max_items = node.get("max_items")
+    if max_items is not None and (not isinstance(max_items, int) or isinstance(max_items, bool) or max_items < 1):
+        ctx.fail(node, "max_items", "max_items must be a positive integer")
+    exact = node.get("exact", "all")
+    if exact != "all" and (not isinstance(exact, int) or isinstance(exact, bool) or exact < 1):
+        ctx.fail(node, "exact", "exact is 'all' or the number k of top heads (by attribution) to patch exactly")
+    return HeadEffectsMeasure(cut, slot, replacement, str(node.get("positive", "female")), str(node.get("negative", "male")),
+                              tuple(chosen) if chosen else None, max_items, exact, origin=f"{ctx.path}:{_line(doc, 'head_effects')}")
 
 
 def _attach_measures(ctx, doc, prompts, attention, next_token, slots):

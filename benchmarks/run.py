@@ -139,13 +139,17 @@ def bench_run(pm, pm_bf16, n_prompts: int, repeats: int, scratch: Path) -> dict:
 
 
 def peak_memory_of_run(limit: int) -> float:
-    """Peak RSS (MiB) of a fresh process that loads the model and runs `limit` prompts."""
+    """Peak RSS (MiB) of a fresh process that loads the model and runs `limit` prompts.
+
+    Read from VmHWM in /proc/self/status: getrusage's ru_maxrss survives fork and exec on Linux and
+    would report this (parent) process's peak instead."""
     code = (
-        "import resource, tempfile, attnprobe\n"
+        "import tempfile, attnprobe\n"
         f"pm = attnprobe.load_model('smollm2-135m')\n"
         "with tempfile.TemporaryDirectory() as out:\n"
         f"    attnprobe.run_suite({str(SUITE)!r}, model=pm, out=out, limit={limit}, progress=False, log=lambda m: None)\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
+        "print(int(hwm.split()[1]) / 1024)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(result.stdout.strip().splitlines()[-1])
@@ -168,9 +172,15 @@ def main():
     parser.add_argument("--prompts", type=int, default=320)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--only", choices=["memory"], help="Run one section (results merged into the existing JSON).")
     args = parser.parse_args()
 
     results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}}
+    if args.only == "memory":
+        previous = json.loads((args.out / "results.json").read_text()) if (args.out / "results.json").is_file() else {}
+        one, ten = peak_memory_of_run(300), peak_memory_of_run(3000)
+        previous["memory"] = {"peak_rss_mib_300_prompts": one, "peak_rss_mib_3000_prompts": ten, "growth": ten / one - 1}
+        return write(previous, args.out)
     pm = attnprobe.load_model("smollm2-135m")
     results["forward"] = bench_forward(pm, args.prompts, args.repeats)
     pm_bf16 = attnprobe.load_model("smollm2-135m", dtype="bfloat16")
@@ -184,13 +194,17 @@ def main():
 
     results["load"] = {"cold_s": load_time(None, 1), "cached_s": load_time(str(cache_dir()), args.repeats)}
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    write(results, args.out)
+
+
+def write(results: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
     lines = ["| measure | value |", "|---|---|"]
     for section, values in results.items():
         for key, value in values.items():
             lines.append(f"| {section}.{key} | {value:.3f} |" if isinstance(value, float) else f"| {section}.{key} | {value} |")
-    (args.out / "results.md").write_text("\n".join(lines) + "\n")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

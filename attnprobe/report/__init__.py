@@ -28,7 +28,8 @@ TABLES = ("head_stats", "layer_stats", "behavior", "behavior_by_occupation", "co
 
 def load_tables(run: Run, refresh: bool = False) -> dict[str, pd.DataFrame]:
     """The statistics tables of a run, computed once and cached as CSV in the run directory."""
-    paths = {name: run.directory / f"{name}.csv" for name in TABLES}
+    names = TABLES + (("head_effects", "head_effects_summary") if (run.directory / "head_effects_items.parquet").is_file() else ())
+    paths = {name: run.directory / f"{name}.csv" for name in names}
     fresh = all(p.is_file() and p.stat().st_mtime >= (run.directory / "attention.parquet").stat().st_mtime for p in paths.values())
     if fresh and not refresh:
         return {name: pd.read_csv(path, keep_default_na=False, na_values=[""]) for name, path in paths.items()}
@@ -103,7 +104,9 @@ def _run_context(run: Run, tables: dict) -> dict:
         texts = {t.id: t.text for t in suite.templates}
     except AttnprobeError:  # the suite file moved or changed: the report still renders, without template texts
         texts = {}
+    effects = _effects_context(tables, heads, figures_dir, manifest)
     return {
+        "effects": effects,
         "model": manifest["model"]["spec"], "suite": manifest["suite"]["name"], "family": manifest["model"]["family"],
         "description": manifest["suite"].get("description", ""), "n_prompts": manifest["n_prompts"],
         "n_items": int(run.prompts["item_id"].nunique()), "n_layers": manifest["model"]["n_layers"],
@@ -119,6 +122,23 @@ def _run_context(run: Run, tables: dict) -> dict:
         "examples": examples, "skipped": manifest.get("skipped", []),
         "templates": [{"id": t, "text": texts.get(t, "")} for t in templates["id"]],
     }
+
+
+def _effects_context(tables: dict, heads: pd.DataFrame, figures_dir: Path, manifest: dict) -> dict | None:
+    """The "heads that carry the bias" section, when the run has head interventions."""
+    if "head_effects" not in tables:
+        return None
+    effects, summary = tables["head_effects"], tables["head_effects_summary"].iloc[0]
+    figures = [_figure(plots.head_heatmap(effects.assign(target="effect"), "effect", value="mean_ie",
+                                          title="indirect effect (pattern swap), heads with q < 0.05"),
+                       figures_dir, "head_effects", "layer x head mean indirect effect")]
+    if "occupation" in set(heads["target"]):
+        figures.append(_figure(plots.head_heatmap(heads, "occupation"), figures_dir, "heads_occupation_beside_effects",
+                               "attention bias, pronoun -> occupation"))
+    top = effects.reindex(effects["mean_ie"].abs().sort_values(ascending=False).index).head(int(summary["top_k"]))
+    info = manifest.get("head_effects", {})
+    return {"summary": summary.to_dict(), "figures": figures, "top": top.to_dict("records"),
+            "counterfactual": info.get("counterfactual", {}), "seconds": info.get("seconds"), "dropped": info.get("dropped", [])}
 
 
 def write_report(run_dirs, out: str | Path | None = None) -> Path:

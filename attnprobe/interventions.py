@@ -1,0 +1,213 @@
+"""Head interventions: which heads carry a behaviour, not only where they look.
+
+Behaviour per item: y(x) = log p(positive | x) - log p(negative | x) at the cut, e.g.
+log p(she) - log p(he) after "The nurse said that". A counterfactual x' changes one slot
+("The woman said that") and must tokenise to the same length. Per item:
+
+  total effect     TE   = y(x') - y(x)
+  pattern swap     IE_h = y(x with head h's attention weights taken from x') - y(x)
+                          (the natural indirect effect through head h's pattern, Vig et al. 2020)
+  zero ablation    y(x with head h's output set to 0) - y(x)
+  mean ablation    y(x with head h's output set to its mean over the suite's items) - y(x)
+  attribution      (A'_h - A_h) . dy/dA_h, a first-order estimate of IE_h from one forward and one
+                   backward pass (attribution patching)
+
+The edits run inside attnprobe's registered attention function (a forward hook cannot change a
+pattern): `capture.editing(editor)` installs an editor that rewrites chosen heads of chosen batch
+rows. All heads of all layers are patched in one batch: row 1 + i carries the edit of head i.
+
+Shapes: B batch, L layers, H heads, T tokens, D head dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .capture import _expand_kv, _rows_of_mask, attention_weights, editing, run_with_capture
+
+
+@dataclass
+class HeadEditor:
+    """Rewrites the per-head attention output of selected (batch row, layer, head) triples."""
+
+    mode: str  # "pattern", "zero", "mean", "attribution" or "collect"
+    heads: torch.Tensor | None = None  # (B, L, H) bool: which heads each batch row edits
+    donor: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, H, T, S) weights from x'
+    alpha: float = 1.0  # pattern = (1 - alpha) own + alpha donor
+    means: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (H, D) mean head output
+    weights: dict[int, torch.Tensor] = field(default_factory=dict)  # attribution: layer -> (B, H, T, S), with grad
+    sums: dict[int, torch.Tensor] = field(default_factory=dict)  # collect: layer -> (H, D) summed outputs
+    count: int = 0  # collect: number of (item, position) pairs summed
+
+    def __call__(self, layer, query, key, value, attention_mask, scaling, softcap, sinks, causal, output):
+        B, H, T, D = query.shape
+        S = key.shape[2]
+        rows = torch.arange(T, device=query.device).expand(B, T)
+        mask = _rows_of_mask(attention_mask, rows, B, S, causal)  # (B, 1, T, S)
+        values = _expand_kv(value, H)  # (B, H, S, D)
+        if self.mode == "collect":  # sums of each head's output over real query positions
+            real = torch.ones(B, T, dtype=torch.bool, device=query.device) if mask is None else mask[:, 0].diagonal(dim1=1, dim2=2)
+            dtype = torch.promote_types(output.dtype, torch.float32)
+            self.sums[layer] = self.sums.get(layer, 0) + (output.to(dtype) * real[:, None, :, None]).sum((0, 2))  # (H, D)
+            self.count += int(real.sum()) if layer == 0 else 0
+            return output
+        if self.mode == "attribution":  # explicit weights that keep their gradient
+            weights = attention_weights(query, key, mask, scaling, softcap, sinks)  # (B, H, T, S)
+            weights.retain_grad()
+            self.weights[layer] = weights
+            return torch.matmul(weights.to(value.dtype), values)
+        edit = self.heads[:, layer].to(query.device)  # (B, H)
+        if not edit.any():
+            return output
+        if self.mode == "zero":
+            replacement = torch.zeros_like(output)
+        elif self.mode == "mean":
+            replacement = self.means[layer].to(output.dtype)[None, :, None, :].expand_as(output)
+        else:  # pattern
+            own = attention_weights(query, key, mask, scaling, softcap, sinks)  # (B, H, T, S)
+            pattern = (1 - self.alpha) * own + self.alpha * self.donor[layer].to(own.dtype)
+            replacement = torch.matmul(pattern.to(value.dtype), values)  # (B, H, T, D)
+        return torch.where(edit[:, :, None, None], replacement, output)
+
+
+def behaviour(logits: torch.Tensor, positive: int, negative: int) -> torch.Tensor:
+    """y = log p(positive) - log p(negative) from next-token logits (..., V)."""
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    return logp[..., positive] - logp[..., negative]
+
+
+def _last_logits(model, ids: torch.Tensor, editor: HeadEditor | None = None) -> torch.Tensor:
+    """Next-token logits after the last token of each row of ids (B, T), all of equal length."""
+    mask = torch.ones_like(ids)
+    if editor is None:
+        return run_with_capture(model, ids, mask, layers=[], logit_positions=torch.tensor([ids.shape[1] - 1])).logits[:, 0]
+    with editing(editor):
+        return run_with_capture(model, ids, mask, layers=[], logit_positions=torch.tensor([ids.shape[1] - 1])).logits[:, 0]
+
+
+def one_hot_heads(n_layers: int, n_heads: int) -> torch.Tensor:
+    """(1 + L H, L, H): row 0 edits nothing, row 1 + l H + h edits head (l, h) alone."""
+    heads = torch.zeros(1 + n_layers * n_heads, n_layers, n_heads, dtype=torch.bool)
+    index = torch.arange(n_layers * n_heads)
+    heads[1 + index, index // n_heads, index % n_heads] = True
+    return heads
+
+
+def head_means(model, prompts: list[torch.Tensor], n_layers: int, batch_size: int = 32) -> dict[int, torch.Tensor]:
+    """Mean per-head attention output over every real position of every prompt: layer -> (H, D)."""
+    editor = HeadEditor(mode="collect")
+    for start in range(0, len(prompts), batch_size):
+        batch = prompts[start:start + batch_size]
+        T = max(len(p) for p in batch)
+        ids = torch.zeros(len(batch), T, dtype=torch.long)
+        mask = torch.zeros(len(batch), T, dtype=torch.long)
+        for b, p in enumerate(batch):  # right padding: pad queries are left out of the sums
+            ids[b, : len(p)], mask[b, : len(p)] = p, 1
+        with editing(editor):
+            run_with_capture(model, ids, mask, layers=[], logit_positions=torch.tensor([0]))
+    return {layer: editor.sums[layer] / editor.count for layer in range(n_layers)}
+
+
+def item_effects(model, x: torch.Tensor, x_cf: torch.Tensor, positive: int, negative: int, n_layers: int,
+                 n_heads: int, means: dict | None = None, modes=("pattern", "zero", "mean"), top_k: int | None = None) -> dict:
+    """Effects of every head for one item. x, x_cf: (T,) token ids of equal length.
+
+    Returns y, y_cf, te, `attribution` (L, H) and per mode an (L, H) tensor of y(edited) - y(x);
+    with `top_k`, exact patching runs only for the k heads with the largest |attribution| (NaN elsewhere)."""
+    ids = torch.stack([x, x_cf])  # (2, T)
+    y, y_cf = behaviour(_last_logits(model, ids), positive, negative).tolist()
+    donor = run_with_capture(model, x_cf[None], torch.ones(1, len(x_cf), dtype=torch.long)).weights  # layer -> (1, H, T, T)
+    result = {"y": y, "y_cf": y_cf, "te": y_cf - y, "attribution": attribution(model, x, donor, positive, negative, n_layers)}
+    heads = one_hot_heads(n_layers, n_heads)
+    if top_k is not None:
+        keep = result["attribution"].abs().flatten().topk(min(top_k, n_layers * n_heads)).indices
+        heads = heads[torch.cat([torch.zeros(1, dtype=torch.long), 1 + keep])]  # (1 + k, L, H)
+    batch = x[None].expand(len(heads), -1)
+    for mode in modes:
+        if mode == "mean" and not means:
+            continue
+        editor = HeadEditor(mode=mode, heads=heads, donor=donor, means=means or {})
+        ys = behaviour(_last_logits(model, batch, editor), positive, negative)  # (rows,)
+        effect = torch.full((n_layers * n_heads,), float("nan"), dtype=ys.dtype)
+        effect[heads[1:].flatten(1).float().argmax(1)] = ys[1:] - ys[0]
+        result[mode] = effect.view(n_layers, n_heads)
+    return result
+
+
+def attribution(model, x: torch.Tensor, donor: dict, positive: int, negative: int, n_layers: int) -> torch.Tensor:
+    """First-order estimate of every head's pattern-swap effect: sum over (query, key) of
+    (A'_h - A_h) * dy/dA_h, from one forward and one backward pass. Returns (L, H)."""
+    editor = HeadEditor(mode="attribution")
+    ids = x[None]
+    model_module = model if isinstance(model, torch.nn.Module) else model.model
+    with torch.enable_grad(), editing(editor):
+        out = model_module(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
+        y = behaviour(out.logits[0, -1], positive, negative)
+        y.backward()
+    estimates = []
+    for layer in range(n_layers):
+        weights = editor.weights[layer]  # (1, H, T, T)
+        delta = donor[layer].to(weights.dtype) - weights.detach()
+        estimates.append((delta * weights.grad).sum((0, 2, 3)))  # (H,)
+    model_module.zero_grad(set_to_none=True)
+    return torch.stack(estimates).detach()
+
+
+# ------------------------------------------------------------------------------ a suite's items
+
+
+def effect_items(pm, suite, encoded) -> tuple[list[dict], list[str]]:
+    """The (x, x') pairs of a suite's head_effects measure, and the items dropped with the reason.
+
+    One pair per item (prompts that differ only in the contrast slot share the prefix before the
+    cut). x is the prompt's tokens before the cut; x' is the same sentence with the counterfactual
+    slot replaced (capitalised like the original), tokenised and cut the same way."""
+    import hashlib
+
+    from .errors import AttnprobeError
+    from .suite import token_spans
+
+    measure = suite.head_effects
+    tok = pm.tokenizer
+    items, dropped, seen = [], [], set()
+    for e in sorted(encoded, key=lambda e: hashlib.sha256(e.prompt.item_id.encode()).hexdigest()):
+        p = e.prompt
+        if p.item_id in seen or measure.cut not in p.spans or measure.slot not in p.spans:
+            continue
+        if measure.templates and p.template_id not in measure.templates:
+            continue
+        seen.add(p.item_id)
+        labels = {label: text for text, label in p.candidates.get(measure.cut, ())}
+        if measure.positive not in labels or measure.negative not in labels:
+            raise AttnprobeError(f"{measure.origin}: candidates at '{measure.cut}' have no label '{measure.positive}' "
+                                 f"or '{measure.negative}' (labels: {', '.join(labels)})")
+        ids = {}
+        for which in ("positive", "negative"):
+            token_ids = tok(labels[getattr(measure, which)], add_special_tokens=False)["input_ids"]
+            if len(token_ids) != 1:
+                raise AttnprobeError(f"{measure.origin}: candidate {labels[getattr(measure, which)]!r} is {len(token_ids)} "
+                                     "tokens; head effects need single-token candidates")
+            ids[which] = token_ids[0]
+        s0, s1 = p.spans[measure.slot]
+        if s0 >= p.spans[measure.cut][0]:
+            dropped.append(f"{p.item_id}: the {measure.slot} comes after the cut")
+            continue
+        original = p.text[s0:s1]
+        replacement = measure.replacement[:1].upper() + measure.replacement[1:] if original[:1].isupper() else measure.replacement
+        text_cf = p.text[:s0] + replacement + p.text[s1:]
+        shift = len(replacement) - len(original)
+        spans_cf = {measure.cut: tuple(c + shift for c in p.spans[measure.cut])}
+        enc = tok(text_cf, return_offsets_mapping=True)
+        cut_cf = token_spans([tuple(o) for o in enc["offset_mapping"]], spans_cf)[measure.cut][0]
+        x = torch.tensor(e.ids[: e.spans[measure.cut][0]])
+        x_cf = torch.tensor(enc["input_ids"][:cut_cf])
+        if len(x) != len(x_cf):
+            dropped.append(f"{p.item_id}: x has {len(x)} tokens but x' ({replacement!r} for {original!r}) has {len(x_cf)}")
+            continue
+        items.append({"item_id": p.item_id, "template_id": p.template_id, "occupation": p.slots.get("occupation", original),
+                      "x": x, "x_cf": x_cf, "positive": ids["positive"], "negative": ids["negative"]})
+        if measure.max_items and len(items) >= measure.max_items:
+            break
+    return items, dropped
