@@ -92,10 +92,12 @@ def verify(model_spec, texts, dtype, json_path, trust_remote_code):
               "'auto' reads RANK and WORLD_SIZE as set by torchrun / accelerate launch. Join with `attnprobe merge`.")
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda:0 (with --shard auto: cuda:LOCAL_RANK).")
 @click.option("--device-map", type=click.Choice(["auto"]), help="Spread a model too large for one device over all devices.")
+@click.option("--head-effects/--no-head-effects", default=True, show_default=True,
+              help="Run the suite's head_effects measure (head interventions; minutes per 10 items on a CPU).")
 @remote_code_option
 @_one_line_errors
 def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, progress, with_report, max_batch_tokens,
-        shard_text, device, device_map, trust_remote_code):
+        shard_text, device, device_map, head_effects, trust_remote_code):
     """Run a probe suite (e.g. probes/gender.yaml) and write its tables to the run directory."""
     import time
 
@@ -107,7 +109,8 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     result = run_suite(suite, model=model_spec, out=out, batch_size=batch_size, limit=limit, dtype=dtype,
                        resume=resume, chunk_size=chunk_size, progress=progress, trust_remote_code=trust_remote_code,
-                       max_batch_tokens=max_batch_tokens, shard=shard, device=device, device_map=device_map)
+                       max_batch_tokens=max_batch_tokens, shard=shard, device=device, device_map=device_map,
+                       head_effects=head_effects)
     seconds = time.perf_counter() - started
     manifest = result.manifest
     for line in manifest["skipped"]:

@@ -383,12 +383,14 @@ def run_suite(
     shard: tuple[int, int] | None = None,
     device: str = "cpu",
     device_map: str | None = None,
+    head_effects: bool = True,
 ) -> Run:
     """Run `suite` and return the Run. Validation (suite, tokens, candidates, context) happens before
     the model's weights load; a finished chunk is never recomputed when `resume` is on.
 
     `shard=(k, n)` computes only chunks k-1, k-1+n, ... (one shard per process or GPU rank) into
-    its own directory; `merge_shards` joins the n directories into the unsharded result."""
+    its own directory; `merge_shards` joins the n directories into the unsharded result. The
+    suite's head_effects measure runs in unsharded runs unless `head_effects=False`."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
     log = log or (lambda message: print(message, file=sys.stderr))
     if batch_size < 1 or chunk_size < 1:
@@ -409,7 +411,7 @@ def run_suite(
 
     model_name = model.info.name if isinstance(model, ProbeModel) else Path(spec).stem if spec.endswith(".gguf") else spec.replace("/", "_")
     directory = Path(out) if out else Path("reports") / suite.name / model_name
-    if shard is not None and not out:
+    if shard is not None:  # every rank may be given the same --out
         directory = directory / f"shard-{shard[0]}-of-{shard[1]}"
     settings = {"suite_sha256": suite.sha256, "model": spec, "dtype": dtype, "batch_size": batch_size,
                 "chunk_size": chunk_size, "limit": limit, "max_batch_tokens": max_batch_tokens, "attnprobe": __version__}
@@ -472,7 +474,7 @@ def run_suite(
             _assemble(directory, len(chunks))
         if shard is None or shard[0] == 1:
             _atomic_write(directory / "examples.json", lambda p: p.write_text(json.dumps(example_attention(pm, encoded, suite.contrast))))
-        if shard is None and suite.head_effects is not None:
+        if shard is None and suite.head_effects is not None and head_effects:
             manifest["head_effects"] = _run_head_effects(pm, suite, encoded, directory, progress, log)
         manifest.update(status="complete" if shard is None else "shard complete", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                         compute_seconds_this_session=round(time.perf_counter() - started, 3))

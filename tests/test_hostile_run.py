@@ -18,7 +18,7 @@ from attnprobe.runner import RunError
 
 pytestmark = pytest.mark.slow
 GENDER = "probes/gender.yaml"
-SETTINGS = dict(limit=60, batch_size=4, chunk_size=8, progress=False)
+SETTINGS = dict(limit=60, batch_size=4, chunk_size=8, progress=False, head_effects=False)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_two_runs_in_one_directory_are_refused(smollm, tmp_path):
 def test_ctrl_c_finishes_the_chunk_writes_the_manifest_and_exits_130(whole, tmp_path):
     repo = Path(__file__).resolve().parents[1]
     args = [sys.executable, "-m", "attnprobe", "run", str(repo / GENDER), "--limit", "60", "--batch-size", "4",
-            "--chunk-size", "8", "--out", str(tmp_path), "--no-report"]
+            "--chunk-size", "8", "--out", str(tmp_path), "--no-report", "--no-head-effects"]
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not list((tmp_path / "chunks").glob("*.done")) and time.time() < deadline and process.poll() is None:

@@ -27,7 +27,7 @@ HEAD_COLUMNS = ["layer", "head", "source", "target", "n_items", "n_clusters", "m
 @pytest.fixture(scope="module")
 def reported(smollm, tmp_path_factory):
     out = tmp_path_factory.mktemp("gender")
-    run = attnprobe.run_suite("probes/gender.yaml", model=smollm, out=out, limit=150, progress=False)
+    run = attnprobe.run_suite("probes/gender.yaml", model=smollm, out=out, limit=150, progress=False, head_effects=False)
     return run, write_report(out)
 
 
@@ -85,7 +85,7 @@ def test_report_renders_in_chromium_without_network(reported, tmp_path):
 
 def test_cli_report_compares_runs(reported, smollm, tmp_path):
     run, _ = reported
-    other = attnprobe.run_suite("probes/gender.yaml", model=smollm, out=tmp_path / "other", limit=30, progress=False)
+    other = attnprobe.run_suite("probes/gender.yaml", model=smollm, out=tmp_path / "other", limit=30, progress=False, head_effects=False)
     out = tmp_path / "compare.html"
     result = CliRunner().invoke(main, ["report", str(run.directory), str(other.directory), "--out", str(out)])
     assert result.exit_code == 0, result.output

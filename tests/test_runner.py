@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def small_run(smollm, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    return attnprobe.run_suite(GENDER, model=smollm, out=out, limit=90, batch_size=8, chunk_size=32, progress=False)
+    return attnprobe.run_suite(GENDER, model=smollm, out=out, limit=90, batch_size=8, chunk_size=32, progress=False, head_effects=False)
 
 
 def test_outputs_follow_the_contract(small_run, smollm):
@@ -115,7 +115,7 @@ def test_prompt_longer_than_context_is_refused_before_running(smollm, tmp_path):
                          num_attention_heads=2, max_position_embeddings=6)
     tiny = from_pretrained_objects(AutoModelForCausalLM.from_config(config), smollm.tokenizer, "tiny")
     with pytest.raises(SuiteError, match=r"gender.yaml:\d+: prompt \d+ has \d+ tokens, more than the model's context of 6"):
-        attnprobe.run_suite(GENDER, model=tiny, out=tmp_path / "x", limit=3, progress=False)
+        attnprobe.run_suite(GENDER, model=tiny, out=tmp_path / "x", limit=3, progress=False, head_effects=False)
     assert not (tmp_path / "x").exists()  # nothing written, nothing run
 
 
@@ -145,7 +145,7 @@ def _cli(*args, cwd):
 
 def test_sigkill_then_resume_gives_identical_outputs(tmp_path):
     repo = Path(__file__).resolve().parents[1]
-    args = ["run", str(repo / GENDER), "--limit", "240", "--batch-size", "8", "--chunk-size", "16"]
+    args = ["run", str(repo / GENDER), "--limit", "240", "--batch-size", "8", "--chunk-size", "16", "--no-head-effects"]
     reference = _cli(*args, "--out", str(tmp_path / "whole"), cwd=tmp_path)
     assert reference.wait(timeout=600) == 0, reference.stderr.read()
 
@@ -172,16 +172,16 @@ def test_sigkill_then_resume_gives_identical_outputs(tmp_path):
 
 
 def test_resume_with_other_settings_is_refused_and_fresh_replaces(smollm, tmp_path):
-    attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, limit=6, progress=False)
+    attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, limit=6, progress=False, head_effects=False)
     with pytest.raises(RunError, match="holds a run with other settings .* rerun with --fresh"):
-        attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, limit=9, progress=False)
-    run = attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, limit=9, resume=False, progress=False)
+        attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, limit=9, progress=False, head_effects=False)
+    run = attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, limit=9, resume=False, progress=False, head_effects=False)
     assert len(run.prompts) == 9
 
 
 def test_cli_run_reports_and_bad_suite_is_one_line(tmp_path):
     runner = CliRunner()
-    result = runner.invoke(main, ["run", GENDER, "--limit", "12", "--out", str(tmp_path / "o"), "--no-progress"])
+    result = runner.invoke(main, ["run", GENDER, "--limit", "12", "--out", str(tmp_path / "o"), "--no-progress", "--no-head-effects"])
     assert result.exit_code == 0, result.output
     assert "12 prompts on smollm2-135m" in result.output and "prompts/s" in result.output
     bad = tmp_path / "bad.yaml"
