@@ -116,8 +116,13 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
     for line in manifest["skipped"]:
         click.echo(f"skipped: {line}", err=True)
     n = manifest["n_prompts"]
-    click.echo(f"{n} prompts on {manifest['model']['spec']} in {seconds:.1f} s ({n / seconds:.1f} prompts/s, "
+    effects = manifest.get("head_effects")
+    prompt_seconds = seconds - (effects["seconds"] if effects else 0.0)
+    click.echo(f"{n} prompts on {manifest['model']['spec']} in {prompt_seconds:.1f} s ({n / prompt_seconds:.1f} prompts/s, "
                f"including model load) -> {result.directory}")
+    if effects:
+        click.echo(f"head effects: {effects['n_items']} items in {effects['seconds']:.1f} s "
+                   f"({len(effects['dropped'])} dropped: x and x' tokenise to different lengths; listed in manifest.json)")
     if shard:
         click.echo(f"shard {shard[0]} of {shard[1]} done; join all shards with: attnprobe merge OUT_DIR SHARD_DIR ...")
         return

@@ -130,7 +130,8 @@ def _effects_context(tables: dict, heads: pd.DataFrame, figures_dir: Path, manif
         return None
     effects, summary = tables["head_effects"], tables["head_effects_summary"].iloc[0]
     figures = [_figure(plots.head_heatmap(effects.assign(target="effect"), "effect", value="mean_ie",
-                                          title="indirect effect (pattern swap), heads with q < 0.05"),
+                                          title="indirect effect (pattern swap), heads with q < 0.05",
+                                          label="change of log p(she) - log p(he)"),
                        figures_dir, "head_effects", "layer x head mean indirect effect")]
     if "occupation" in set(heads["target"]):
         figures.append(_figure(plots.head_heatmap(heads, "occupation"), figures_dir, "heads_occupation_beside_effects",

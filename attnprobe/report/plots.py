@@ -14,7 +14,7 @@ import seaborn as sns
 Q_LEVEL = 0.05
 
 
-def head_heatmap(heads: pd.DataFrame, target: str, value: str = "d_z", title: str | None = None):
+def head_heatmap(heads: pd.DataFrame, target: str, value: str = "d_z", title: str | None = None, label: str | None = None):
     """Layer x head heatmap of `value` for one target; heads with q >= 0.05 are masked (blank)."""
     sub = heads[heads["target"] == target]
     grid = sub.pivot(index="layer", columns="head", values=value)
@@ -22,7 +22,7 @@ def head_heatmap(heads: pd.DataFrame, target: str, value: str = "d_z", title: st
     limit = float(np.nanmax(np.abs(grid.to_numpy()))) or 1.0
     fig, ax = plt.subplots(figsize=(1.2 + 0.45 * grid.shape[1], 1.0 + 0.22 * grid.shape[0]))
     sns.heatmap(grid, mask=~significant, cmap="RdBu_r", center=0, vmin=-limit, vmax=limit, ax=ax,
-                cbar_kws={"label": f"{value} (she - he)"}, linewidths=0.3, linecolor="#eeeeee")
+                cbar_kws={"label": label or f"{value} (she - he)"}, linewidths=0.3, linecolor="#eeeeee")
     ax.set_facecolor("#f4f4f4")  # masked (non-significant) cells show as light grey
     ax.set_title(title or f"pronoun -> {target}: {value}, heads with q < {Q_LEVEL}")
     ax.set_xlabel("head")
