@@ -32,6 +32,7 @@ model_option = click.option("--model", "model_spec", default=DEFAULT_MODEL, show
                             help="Bundled alias, .gguf path, local checkpoint directory or hub id.")
 dtype_option = click.option("--dtype", type=click.Choice(list(DTYPES)), default="float32", show_default=True)
 remote_code_option = click.option("--trust-remote-code", is_flag=True, help="Allow a hub model's own Python code to run.")
+pickle_option = click.option("--allow-pickle", is_flag=True, help="Allow pickled weights (*.bin), which can run code when loaded.")
 
 
 @click.group()
@@ -60,8 +61,9 @@ def models():
 @dtype_option
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the per-layer table as JSON.")
 @remote_code_option
+@pickle_option
 @_one_line_errors
-def verify(model_spec, texts, dtype, json_path, trust_remote_code):
+def verify(model_spec, texts, dtype, json_path, trust_remote_code, allow_pickle):
     """Recompute every attention layer from scratch and compare with the model.
 
     Exit 0 when every layer is within tolerance, 1 when any is not, 2 when the family has no
@@ -69,7 +71,8 @@ def verify(model_spec, texts, dtype, json_path, trust_remote_code):
     """
     from .verify import DEFAULT_TEXTS, format_table, verify_spec
 
-    table = verify_spec(model_spec, list(texts) or DEFAULT_TEXTS, dtype=dtype, trust_remote_code=trust_remote_code)
+    table = verify_spec(model_spec, list(texts) or DEFAULT_TEXTS, dtype=dtype, trust_remote_code=trust_remote_code,
+                        allow_pickle=allow_pickle)
     click.echo(format_table(table))
     if json_path:
         table.to_json(json_path, orient="records", indent=1)
@@ -95,9 +98,10 @@ def verify(model_spec, texts, dtype, json_path, trust_remote_code):
 @click.option("--head-effects/--no-head-effects", default=True, show_default=True,
               help="Run the suite's head_effects measure (head interventions; minutes per 10 items on a CPU).")
 @remote_code_option
+@pickle_option
 @_one_line_errors
 def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, progress, with_report, max_batch_tokens,
-        shard_text, device, device_map, head_effects, trust_remote_code):
+        shard_text, device, device_map, head_effects, trust_remote_code, allow_pickle):
     """Run a probe suite (e.g. probes/gender.yaml) and write its tables to the run directory."""
     import time
 
@@ -110,7 +114,7 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
     result = run_suite(suite, model=model_spec, out=out, batch_size=batch_size, limit=limit, dtype=dtype,
                        resume=resume, chunk_size=chunk_size, progress=progress, trust_remote_code=trust_remote_code,
                        max_batch_tokens=max_batch_tokens, shard=shard, device=device, device_map=device_map,
-                       head_effects=head_effects)
+                       head_effects=head_effects, allow_pickle=allow_pickle)
     seconds = time.perf_counter() - started
     manifest = result.manifest
     for line in manifest["skipped"]:

@@ -384,6 +384,7 @@ def run_suite(
     device: str = "cpu",
     device_map: str | None = None,
     head_effects: bool = True,
+    allow_pickle: bool = False,
 ) -> Run:
     """Run `suite` and return the Run. Validation (suite, tokens, candidates, context) happens before
     the model's weights load; a finished chunk is never recomputed when `resume` is on.
@@ -423,7 +424,8 @@ def run_suite(
     with _exclusive(directory):
         _prepare_directory(directory, fingerprint, resume)
         pm = model if isinstance(model, ProbeModel) else load_model(
-            spec, dtype=dtype, device=device, device_map=device_map, trust_remote_code=trust_remote_code)
+            spec, dtype=dtype, device=device, device_map=device_map, trust_remote_code=trust_remote_code,
+            allow_pickle=allow_pickle)
         manifest = {
             "fingerprint": fingerprint,
             "status": "running",

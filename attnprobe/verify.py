@@ -265,9 +265,10 @@ def verify(model: ProbeModel | str, texts: list[str] | None = None) -> pd.DataFr
     return table
 
 
-def verify_spec(spec: str, texts: list[str], dtype: str = "float32", trust_remote_code: bool = False) -> pd.DataFrame:
+def verify_spec(spec: str, texts: list[str], dtype: str = "float32", trust_remote_code: bool = False,
+                allow_pickle: bool = False) -> pd.DataFrame:
     """Load `spec` in `dtype` and verify it (what `attnprobe verify` runs)."""
-    return verify(load_model(spec, dtype=dtype, trust_remote_code=trust_remote_code), texts)
+    return verify(load_model(spec, dtype=dtype, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle), texts)
 
 
 def format_table(table: pd.DataFrame) -> str:

@@ -18,7 +18,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_pickled_checkpoint_is_refused_without_flag(tmp_path, smollm):
-    _save_tiny_with_tokenizer(tmp_path, smollm)
+    # a tiny Llama with the bundled tokenizer's vocabulary, so real text runs through it
+    config = transformers.LlamaConfig(vocab_size=len(smollm.tokenizer), hidden_size=16, intermediate_size=32,
+                                      num_hidden_layers=2, num_attention_heads=2)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    smollm.tokenizer.save_pretrained(tmp_path)
     weights = tmp_path / "model.safetensors"
     from safetensors.torch import load_file
 
@@ -27,6 +31,11 @@ def test_pickled_checkpoint_is_refused_without_flag(tmp_path, smollm):
     with pytest.raises(ModelSpecError, match="only pickled weights .*pytorch_model.bin.*--allow-pickle"):
         attnprobe.load_model(str(tmp_path))
     assert attnprobe.load_model(str(tmp_path), allow_pickle=True).info.n_layers == 2
+    runner = CliRunner()
+    refused = runner.invoke(main, ["verify", "--model", str(tmp_path), "--text", "The nurse said"])
+    assert refused.exit_code == 2 and "--allow-pickle" in refused.output
+    allowed = runner.invoke(main, ["verify", "--model", str(tmp_path), "--text", "The nurse said", "--allow-pickle"])
+    assert allowed.exit_code == 0, allowed.output
 
 
 def test_checkpoint_with_its_own_code_is_refused(tmp_path, smollm):
