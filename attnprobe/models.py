@@ -171,7 +171,7 @@ def load_model(
     With `capture=True` (default) the model's attention is switched to attnprobe's registered
     function (or to eager attention for families that bypass the interface) so that
     `attnprobe.capture` can record weights. Pickled checkpoints are refused unless
-    `allow_pickle=True`; remote code runs only with `trust_remote_code=True`.
+    `allow_pickle`; remote code runs only when `trust_remote_code` is set.
     `device_map="auto"` spreads a model too large for one device over the devices accelerate finds.
     """
     from transformers import AutoModelForCausalLM  # heavy import, keep it local

@@ -66,6 +66,15 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_seq)
 
 
+def _safe_load_with_lines(text: str):
+    """yaml.safe_load, keeping line numbers: _LineLoader is a SafeLoader, so no Python objects."""
+    loader = _LineLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def _line(node, key=None) -> int:
     if key is not None and isinstance(node, _Map) and key in node.key_lines:
         return node.key_lines[key]
@@ -201,7 +210,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
     ctx = _Context(path)
     try:
         raw_text = path.read_text(encoding="utf-8")
-        doc = yaml.load(raw_text, Loader=_LineLoader)  # a SafeLoader subclass: no arbitrary objects
+        doc = _safe_load_with_lines(raw_text)
     except UnicodeDecodeError:
         raise SuiteError(f"{path}:1: not UTF-8 text; save the suite as UTF-8") from None
     except yaml.YAMLError as exc:
