@@ -183,6 +183,17 @@ class Captured:
     logits: torch.Tensor | None  # (B, P, V) at `logit_positions`, or None
 
 
+def pad_right(sequences, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id sequences -> input_ids and attention_mask (B, T), padded on the right."""
+    T = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), T), dtype=torch.long)
+    for b, seq in enumerate(sequences):
+        ids[b, : len(seq)] = torch.as_tensor(seq)
+        mask[b, : len(seq)] = 1
+    return ids, mask
+
+
 def encode(tokenizer, texts: list[str]) -> dict[str, torch.Tensor]:
     """Tokenise a batch with right padding: input_ids and attention_mask, (B, T)."""
     tokenizer.padding_side = "right"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .capture import _expand_kv, _rows_of_mask, attention_weights, editing, run_with_capture
+from .capture import _expand_kv, _rows_of_mask, attention_weights, editing, pad_right, run_with_capture
 
 
 @dataclass
@@ -99,12 +99,7 @@ def head_means(model, prompts: list[torch.Tensor], n_layers: int, batch_size: in
     """Mean per-head attention output over every real position of every prompt: layer -> (H, D)."""
     editor = HeadEditor(mode="collect")
     for start in range(0, len(prompts), batch_size):
-        batch = prompts[start:start + batch_size]
-        T = max(len(p) for p in batch)
-        ids = torch.zeros(len(batch), T, dtype=torch.long)
-        mask = torch.zeros(len(batch), T, dtype=torch.long)
-        for b, p in enumerate(batch):  # right padding: pad queries are left out of the sums
-            ids[b, : len(p)], mask[b, : len(p)] = p, 1
+        ids, mask = pad_right(prompts[start:start + batch_size], 0)  # pad queries are left out of the sums
         with editing(editor):
             run_with_capture(model, ids, mask, layers=[], logit_positions=torch.tensor([0]))
     return {layer: editor.sums[layer] / editor.count for layer in range(n_layers)}
@@ -164,15 +159,13 @@ def effect_items(pm, suite, encoded) -> tuple[list[dict], list[str]]:
     One pair per item (prompts that differ only in the contrast slot share the prefix before the
     cut). x is the prompt's tokens before the cut; x' is the same sentence with the counterfactual
     slot replaced (capitalised like the original), tokenised and cut the same way."""
-    import hashlib
-
     from .errors import AttnprobeError
-    from .suite import token_spans
+    from .suite import spread_key, token_spans
 
     measure = suite.head_effects
     tok = pm.tokenizer
     items, dropped, seen = [], [], set()
-    for e in sorted(encoded, key=lambda e: hashlib.sha256(e.prompt.item_id.encode()).hexdigest()):
+    for e in sorted(encoded, key=lambda e: spread_key(e.prompt.item_id)):
         p = e.prompt
         if p.item_id in seen or measure.cut not in p.spans or measure.slot not in p.spans:
             continue

@@ -142,11 +142,13 @@ def _bundled_gguf(b: Bundled) -> Path:
         raise ModelSpecError(f"model '{b.alias}' is incomplete ({exc}); reinstall it with: {b.pip}") from None
 
 
-def _file_sha256(path: Path) -> str:
+def files_sha256(paths) -> str:
+    """SHA-256 of the files' bytes in order (one file: its usual SHA-256), read in 4 MiB blocks."""
     digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
+    for path in paths:
+        with Path(path).open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(block)
     return digest.hexdigest()
 
 
@@ -339,7 +341,7 @@ def _cached_dir(gguf_path: Path, sha: str | None = None) -> Path:
     """Where the converted weights of `gguf_path` live (or will)."""
     import transformers
 
-    sha = sha or _file_sha256(gguf_path)
+    sha = sha or files_sha256([gguf_path])
     return cache_dir() / "converted" / f"{sha[:20]}-transformers-{transformers.__version__}"
 
 
@@ -347,7 +349,7 @@ def _cached_gguf_dir(gguf_path: Path) -> tuple[Path, str]:
     """Return a safetensors checkpoint directory for `gguf_path`, converting it once."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    sha = _file_sha256(gguf_path)
+    sha = files_sha256([gguf_path])
     target = _cached_dir(gguf_path, sha)
     if (target / "config.json").is_file():
         return target, sha

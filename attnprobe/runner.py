@@ -35,10 +35,10 @@ import pyarrow.parquet as pq
 import torch
 
 from . import __version__
-from .capture import run_with_capture
+from .capture import pad_right, run_with_capture
 from .errors import AttnprobeError, RunInterrupted
-from .models import DEFAULT_MODEL, ProbeModel, load_model, load_tokenizer
-from .suite import Prompt, Suite, SuiteError, load_suite, token_spans
+from .models import DEFAULT_MODEL, ProbeModel, files_sha256, load_model, load_tokenizer
+from .suite import Prompt, Suite, SuiteError, load_suite, spread_key, token_spans
 from .tables import write_csv
 
 SEED = 0  # nothing in a run is random; recorded so statistics that resample can say what they used
@@ -68,10 +68,7 @@ def select_prompts(prompts: tuple[Prompt, ...], limit: int | None) -> list[Promp
     items: dict[str, dict[str, list[Prompt]]] = {}
     for prompt in prompts:
         items.setdefault(prompt.template_id, {}).setdefault(prompt.item_id, []).append(prompt)
-    def spread(item_id: str) -> str:
-        return hashlib.sha256(item_id.encode()).hexdigest()
-
-    queues = [[by_item[k] for k in sorted(by_item, key=spread)] for by_item in items.values()]
+    queues = [[by_item[k] for k in sorted(by_item, key=spread_key)] for by_item in items.values()]
     chosen: list[Prompt] = []
     for round_ in range(max(len(q) for q in queues)):
         for queue in queues:
@@ -146,16 +143,6 @@ def plan_chunks(batches: list[list[int]], chunk_size: int) -> list[list[list[int
 # ------------------------------------------------------------------------------ one batch
 
 
-def _pad(sequences: list[tuple[int, ...]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    T = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), T), dtype=torch.long)
-    for b, seq in enumerate(sequences):
-        ids[b, : len(seq)] = torch.tensor(seq)
-        mask[b, : len(seq)] = 1
-    return ids, mask
-
-
 def _aggregate(w: torch.Tensor, how: str, dim: int) -> torch.Tensor:
     if how == "mean":
         return w.mean(dim)
@@ -169,7 +156,7 @@ def _aggregate(w: torch.Tensor, how: str, dim: int) -> torch.Tensor:
 def measure_batch(pm: ProbeModel, suite: Suite, batch: list[Encoded], cand_ids: dict) -> tuple[dict, dict]:
     """Attention and log-probability rows (as column arrays) for one batch."""
     pad_id = pm.tokenizer.pad_token_id
-    ids, mask = _pad([e.ids for e in batch], pad_id)
+    ids, mask = pad_right([e.ids for e in batch], pad_id)
 
     # Rows to capture: the tokens of every source span, per prompt; padded by repeating the first.
     rows_per_prompt = []
@@ -235,7 +222,7 @@ def _logprobs(pm, batch, logits, positions, cand_ids) -> dict:
 @torch.inference_mode()
 def _add_continuations(pm, logprobs: list, continuations: list) -> None:
     """log p(c1..cn | prefix) = sum_i log p(c_i | prefix, c_<i); the first term is already in place."""
-    ids, mask = _pad([prefix + tokens for _, prefix, tokens in continuations], pm.tokenizer.pad_token_id)
+    ids, mask = pad_right([prefix + tokens for _, prefix, tokens in continuations], pm.tokenizer.pad_token_id)
     logp = torch.log_softmax(pm.model(input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device)).logits.float(), -1)
     for b, (slot, prefix, tokens) in enumerate(continuations):
         logprobs[slot] += sum(logp[b, len(prefix) + i - 1, tokens[i]].item() for i in range(1, len(tokens)))
@@ -357,14 +344,7 @@ def _weights_sha(pm: ProbeModel) -> str | None:
         return pm.info.source_sha256
     folder = Path(str(getattr(pm.model, "name_or_path", "")))
     files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
-    if not files:
-        return None
-    digest = hashlib.sha256()
-    for file in files:
-        with file.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                digest.update(block)
-    return digest.hexdigest()
+    return files_sha256(files) if files else None
 
 
 def run_suite(
@@ -683,7 +663,7 @@ def example_attention(pm: ProbeModel, encoded: list[Encoded], contrast: str | No
     for template in wanted_templates:
         first_item = next(e.prompt.item_id for e in encoded if e.prompt.template_id == template)
         chosen += [e for e in encoded if e.prompt.item_id == first_item]
-    ids, mask = _pad([e.ids for e in chosen], pm.tokenizer.pad_token_id)
+    ids, mask = pad_right([e.ids for e in chosen], pm.tokenizer.pad_token_id)
     captured = run_with_capture(pm, ids, mask)  # one batch, every row
     weights = torch.stack([captured.weights[layer] for layer in sorted(captured.weights)], dim=1)  # (B, L, H, T, T)
     examples = []

@@ -235,8 +235,9 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         ctx.fail(doc, "max_prompts", "max_prompts must be a positive integer")
 
-    templates = _load_templates(ctx, doc.get("templates"), slots)
-    sentence_sets = _load_sentence_sets(ctx, doc.get("sentences"), {t.id for t in templates})
+    templates = _load_templates(ctx, _as_list(ctx, doc, "templates", "templates {id, text}"), slots)
+    sentence_sets = _load_sentence_sets(ctx, _as_list(ctx, doc, "sentences", "sentence files {id, file, spans}"),
+                                        {t.id for t in templates})
     if not templates and not sentence_sets:
         ctx.fail(doc, None, "the suite has no templates and no sentences; add a `templates:` list")
     _check_size(ctx, doc, templates, slots, sentence_sets, limit)
@@ -247,8 +248,8 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
     for sentence_set in sentence_sets:
         prompts.extend(_sentence_prompts(ctx, sentence_set, len(prompts)))
 
-    attention = _load_attention(ctx, doc.get("attention"))
-    next_token = _load_next_token(ctx, doc.get("next_token"), slots)
+    attention = _load_attention(ctx, _as_list(ctx, doc, "attention", "measures {source, targets}"))
+    next_token = _load_next_token(ctx, _as_list(ctx, doc, "next_token", "measures {cut, candidates}"), slots)
     prompts, skipped = _attach_measures(ctx, doc, prompts, attention, next_token, slots)
     head_effects = _load_head_effects(ctx, doc, slots, templates, next_token)
     return Suite(
@@ -284,13 +285,14 @@ def _optional_str(ctx, node, key) -> str | None:
 
 
 def _as_list(ctx, node, key, what) -> _Seq:
+    """`node[key]` as a non-empty list (an absent key is an empty list); errors point at the key."""
     value = node.get(key)
     if value is None:
         return _Seq()
     if not isinstance(value, list):
         ctx.fail(node, key, f"`{key}` must be a list of {what}")
     if len(value) == 0:
-        ctx.fail(node, key, f"`{key}` is an empty list; give at least one {what} or remove the key")
+        ctx.fail(node, key, f"`{key}` is an empty list; give at least one entry ({what}) or remove the key")
     return value
 
 
@@ -402,11 +404,7 @@ def _number_or_text(value: str):
 # ------------------------------------------------------------------------------ templates
 
 
-def _load_templates(ctx, node, slots) -> list[Template]:
-    if node is None:
-        return []
-    if not isinstance(node, list) or not node:
-        ctx.fail(node if isinstance(node, (_Map, _Seq)) else _Map(), None, "`templates` must be a non-empty list")
+def _load_templates(ctx, node: _Seq, slots) -> list[Template]:
     templates, ids = [], {}
     for i, item in enumerate(node):
         if not isinstance(item, dict):
@@ -569,11 +567,7 @@ def _fill(text: str, chosen: dict[str, SlotValue]) -> tuple[str, dict[str, tuple
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 
 
-def _load_sentence_sets(ctx, node, template_ids) -> list[dict]:
-    if node is None:
-        return []
-    if not isinstance(node, list) or not node:
-        ctx.fail(_Map(), None, "`sentences` must be a non-empty list of {id, file, spans}")
+def _load_sentence_sets(ctx, node: _Seq, template_ids) -> list[dict]:
     sets = []
     for i, item in enumerate(node):
         if not isinstance(item, dict):
@@ -663,11 +657,7 @@ def _sentence_prompts(ctx, sentence_set, first_id) -> list[Prompt]:
 # ------------------------------------------------------------------------------ measures
 
 
-def _load_attention(ctx, node) -> tuple[AttentionMeasure, ...]:
-    if node is None:
-        return ()
-    if not isinstance(node, list) or not node:
-        ctx.fail(_Map(), None, "`attention` must be a non-empty list of {source, targets}")
+def _load_attention(ctx, node: _Seq) -> tuple[AttentionMeasure, ...]:
     measures = []
     for i, item in enumerate(node):
         if not isinstance(item, dict):
@@ -691,11 +681,7 @@ def _load_attention(ctx, node) -> tuple[AttentionMeasure, ...]:
     return tuple(measures)
 
 
-def _load_next_token(ctx, node, slots) -> tuple[NextTokenMeasure, ...]:
-    if node is None:
-        return ()
-    if not isinstance(node, list) or not node:
-        ctx.fail(_Map(), None, "`next_token` must be a non-empty list of {cut, candidates}")
+def _load_next_token(ctx, node: _Seq, slots) -> tuple[NextTokenMeasure, ...]:
     measures = []
     for i, item in enumerate(node):
         if not isinstance(item, dict):
@@ -815,6 +801,11 @@ def _candidates_for(prompt: Prompt, measure: NextTokenMeasure, slots) -> tuple[t
 
 
 # ------------------------------------------------------------------------------ token spans
+
+
+def spread_key(item_id: str) -> str:
+    """A fixed pseudo-random order of items (by hash), so a subset spreads over slot values."""
+    return hashlib.sha256(item_id.encode()).hexdigest()
 
 
 def token_spans(offsets: list[tuple[int, int]], spans: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:

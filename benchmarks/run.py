@@ -31,7 +31,8 @@ import pandas as pd
 import torch
 
 import attnprobe
-from attnprobe.runner import encode_prompts, plan_batches, select_prompts, _pad
+from attnprobe.capture import pad_right
+from attnprobe.runner import encode_prompts, plan_batches, select_prompts
 from attnprobe.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +53,7 @@ def batches_of(pm, n_prompts: int, batch_size: int):
     encoded = encode_prompts(suite, select_prompts(suite.prompts, n_prompts), pm.tokenizer, None)
     out = []
     for batch in plan_batches(encoded, batch_size):
-        ids, mask = _pad([encoded[i].ids for i in batch], pm.tokenizer.pad_token_id)
+        ids, mask = pad_right([encoded[i].ids for i in batch], pm.tokenizer.pad_token_id)
         rows = torch.tensor([[encoded[i].spans["pronoun"][0]] for i in batch])
         out.append((ids, mask, rows))
     return encoded, out
