@@ -4,8 +4,10 @@
 
 Measured, on the shipped gender suite and the bundled smollm2-135m:
   eager_loop     one prompt at a time, eager attention, output_attentions=True (what tutorials do)
-  sdpa_floor     batched SDPA forward, no capture, logits for the last position only
-  capture_rows   batched forward through attnprobe's function, recording the pronoun rows of all layers
+  sdpa_floor     batched SDPA forward of the whole prompts, no capture, logits for the last position only
+                 (also on only the tokens a run forwards: up to the last token a measure reads)
+  capture_rows   batched forward of those tokens through attnprobe's function, recording the pronoun
+                 rows of all layers
   run_end_to_end attnprobe.run_suite: capture, aggregation, writing chunks and tables
                  (statistics and report rendering timed separately)
   bfloat16       run_end_to_end with the model in bfloat16 (softmax and recorded weights in float32),
@@ -32,7 +34,7 @@ import torch
 
 import attnprobe
 from attnprobe.capture import pad_right
-from attnprobe.runner import encode_prompts, plan_batches, select_prompts
+from attnprobe.runner import encode_prompts, select_prompts
 from attnprobe.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,29 +50,34 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def batches_of(pm, n_prompts: int, batch_size: int):
-    suite = load_suite(SUITE)
-    encoded = encode_prompts(suite, select_prompts(suite.prompts, n_prompts), pm.tokenizer, None)
+def batches_of(encoded, batch_size: int, pad_id: int, forwarded: bool) -> list:
+    """Length-sorted padded batches of whole prompts or of the tokens a run forwards (runner.forward_length)."""
+    length = (lambda e: e.n_forward) if forwarded else (lambda e: len(e.ids))
+    ordered = sorted(encoded, key=length)
     out = []
-    for batch in plan_batches(encoded, batch_size):
-        ids, mask = pad_right([encoded[i].ids for i in batch], pm.tokenizer.pad_token_id)
-        rows = torch.tensor([[encoded[i].spans["pronoun"][0]] for i in batch])
+    for start in range(0, len(ordered), batch_size):
+        batch = ordered[start:start + batch_size]
+        ids, mask = pad_right([e.ids[: length(e)] for e in batch], pad_id)
+        rows = torch.tensor([[e.spans["pronoun"][0]] for e in batch])
         out.append((ids, mask, rows))
-    return encoded, out
+    return out
 
 
 def bench_forward(pm, n_prompts: int, repeats: int, batch_size: int = 32) -> dict:
-    encoded, batches = batches_of(pm, n_prompts, batch_size)
+    suite = load_suite(SUITE)
+    encoded = encode_prompts(suite, select_prompts(suite.prompts, n_prompts), pm.tokenizer, None)
+    whole = batches_of(encoded, batch_size, pm.tokenizer.pad_token_id, forwarded=False)
+    forwarded = batches_of(encoded, batch_size, pm.tokenizer.pad_token_id, forwarded=True)
     model = pm.model
     n = len(encoded)
 
     @torch.inference_mode()
-    def sdpa_floor():
+    def sdpa_floor(batches):
         for ids, mask, _ in batches:
             model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
 
     def capture_rows():
-        for ids, mask, rows in batches:
+        for ids, mask, rows in forwarded:
             attnprobe.run_with_capture(model, ids, mask, rows=rows, logit_positions=torch.tensor([0]))
 
     @torch.inference_mode()
@@ -79,8 +86,9 @@ def bench_forward(pm, n_prompts: int, repeats: int, batch_size: int = 32) -> dic
             model(input_ids=torch.tensor([e.ids]), output_attentions=True, use_cache=False)
 
     model.set_attn_implementation("sdpa")
-    sdpa_floor()  # warm-up
-    t_floor = median_time(sdpa_floor, repeats)
+    sdpa_floor(whole)  # warm-up
+    t_floor = median_time(lambda: sdpa_floor(whole), repeats)
+    t_floor_forwarded = median_time(lambda: sdpa_floor(forwarded), repeats)
     model.set_attn_implementation("attnprobe")
     capture_rows()
     t_capture = median_time(capture_rows, repeats)
@@ -90,10 +98,13 @@ def bench_forward(pm, n_prompts: int, repeats: int, batch_size: int = 32) -> dic
     return {
         "n_prompts": n,
         "batch_size": batch_size,
+        "tokens_per_prompt": sum(len(e.ids) for e in encoded) / n,
+        "forwarded_tokens_per_prompt": sum(e.n_forward for e in encoded) / n,
         "eager_loop_prompts_per_s": n / t_eager,
         "sdpa_floor_prompts_per_s": n / t_floor,
+        "sdpa_floor_forwarded_tokens_prompts_per_s": n / t_floor_forwarded,
         "capture_rows_prompts_per_s": n / t_capture,
-        "capture_over_floor": t_floor / t_capture,
+        "capture_over_floor_forwarded_tokens": t_floor_forwarded / t_capture,
     }
 
 
@@ -189,6 +200,8 @@ def main():
         results["run"] = bench_run(pm, pm_bf16, args.prompts, max(1, args.repeats // 2), Path(scratch))
     results["run"]["run_over_eager_loop"] = results["run"]["run_end_to_end_prompts_per_s"] / results["forward"]["eager_loop_prompts_per_s"]
     results["run"]["run_over_floor"] = results["run"]["run_end_to_end_prompts_per_s"] / results["forward"]["sdpa_floor_prompts_per_s"]
+    results["run"]["run_over_floor_forwarded_tokens"] = (
+        results["run"]["run_end_to_end_prompts_per_s"] / results["forward"]["sdpa_floor_forwarded_tokens_prompts_per_s"])
     one, ten = peak_memory_of_run(300), peak_memory_of_run(3000)
     results["memory"] = {"peak_rss_mib_300_prompts": one, "peak_rss_mib_3000_prompts": ten, "growth": ten / one - 1}
     from attnprobe.models import cache_dir

@@ -189,3 +189,32 @@ def test_cli_run_reports_and_bad_suite_is_one_line(tmp_path):
     result = runner.invoke(main, ["run", str(bad)])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert result.output.strip() == f"attnprobe: error: {bad}:3: unknown slot '{{job}}'; defined slots: none"
+
+
+def test_forward_stops_after_the_last_token_a_measure_reads(smollm, tmp_path):
+    """Causal models: tokens after the last span read and the last cut change no result, so they are not forwarded."""
+    from attnprobe.runner import encode_prompts
+    from attnprobe.suite import load_suite
+
+    suite = tmp_path / "s.yaml"
+    suite.write_text(textwrap.dedent("""\
+        name: cut
+        slots:
+          job: [nurse, carpenter]
+          pronoun: [she, he]
+        templates:
+          - {id: a, text: "The {job} said that {pronoun} would leave early today."}
+        attention:
+          - {source: pronoun, targets: [job]}
+          - {source: job, targets: [pronoun]}
+        """))
+    loaded = load_suite(suite)
+    for e in encode_prompts(loaded, list(loaded.prompts), smollm.tokenizer, None):
+        assert e.n_forward == e.spans["pronoun"][1] < len(e.ids)
+    run = attnprobe.run_suite(suite, model=smollm, out=tmp_path / "out", progress=False)
+    weights = run.attention.groupby(["source", "target"])["weight"]
+    assert weights.max()[("job", "pronoun")] == 0.0  # a query never sees a later key
+    assert weights.min()[("pronoun", "job")] > 0.0
+    gender = load_suite(GENDER)
+    e = encode_prompts(gender, list(gender.prompts[:1]), smollm.tokenizer, None)[0]
+    assert e.n_forward == e.spans["pronoun"][1]  # gender: up to the pronoun (its row); the cut is before it

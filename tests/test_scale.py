@@ -16,10 +16,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_token_budget_batches():
-    encoded = [Encoded(Prompt(i, str(i), "t", "x", {}, {}, {}), tuple(range(n)), {}) for i, n in enumerate([3, 9, 4, 9, 10, 2])]
+    encoded = [Encoded(Prompt(i, str(i), "t", "x", {}, {}, {}), tuple(range(n + 5)), {}, n) for i, n in enumerate([3, 9, 4, 9, 10, 2])]
     batches = plan_batches(encoded, batch_size=4, max_batch_tokens=20)
-    lengths = [[len(encoded[i].ids) for i in b] for b in batches]
-    assert lengths == [[2, 3, 4], [9, 9], [10]]  # sorted; each batch's size x longest <= 20
+    lengths = [[len(encoded[i].forward_ids) for i in b] for b in batches]
+    assert lengths == [[2, 3, 4], [9, 9], [10]]  # sorted by forwarded length; each batch's size x longest <= 20
     assert all(len(b) * max(l) <= 20 for b, l in zip(batches, lengths))
     assert [sum(len(b) for b in chunk) for chunk in plan_chunks(batches, 4)] == [5, 1]
 
