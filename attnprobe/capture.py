@@ -64,7 +64,13 @@ def attention_weights(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,  # (H,) per-head sink logits (gpt-oss)
 ) -> torch.Tensor:
-    """Exact attention weights in float32 (float64 for a float64 model), (B, H, R, S)."""
+    """Exact attention weights in float32 (float64 for a float64 model), (B, H, R, S), also when the
+    caller runs under torch.autocast (which would otherwise do the q.k products in bfloat16)."""
+    with torch.autocast(query.device.type, enabled=False):
+        return _attention_weights(query, key, mask, scaling, softcap, sinks)
+
+
+def _attention_weights(query, key, mask, scaling, softcap, sinks) -> torch.Tensor:
     dtype = torch.promote_types(query.dtype, torch.float32)
     key = _expand_kv(key, query.shape[1]).to(dtype)
     scores = torch.matmul(query.to(dtype), key.transpose(-1, -2)) * scaling  # (B, H, R, S)

@@ -83,6 +83,18 @@ def test_bfloat16_model_records_float32_weights():
     assert torch.allclose(captured.weights[0][0].sum(-1), torch.ones(()), atol=1e-6)
 
 
+def test_weights_stay_float32_under_autocast():
+    """Under torch.autocast the q.k products of the recorded rows still run in float32."""
+    from attnprobe.capture import attention_weights
+
+    generator = torch.Generator().manual_seed(0)
+    query, key = torch.randn(2, 4, 3, 16, generator=generator) * 4, torch.randn(2, 2, 7, 16, generator=generator) * 4
+    plain = attention_weights(query, key, None, 0.25)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = attention_weights(query, key, None, 0.25)
+    assert autocast.dtype == torch.float32 and torch.equal(autocast, plain)
+
+
 def test_rows_outside_the_batch_are_refused():
     model = build_tiny("llama")
     ids, mask = padded_batch([5, 3])
