@@ -9,9 +9,11 @@ Measured, on the shipped gender suite and the bundled smollm2-135m:
   capture_rows   batched forward of those tokens through attnprobe's function, recording the pronoun
                  rows of all layers
   run_end_to_end attnprobe.run_suite: capture, aggregation, writing chunks and tables
-                 (statistics and report rendering timed separately)
+                 (statistics and report rendering timed separately; head effects off, timed below)
   bfloat16       run_end_to_end with the model in bfloat16 (softmax and recorded weights in float32),
                  and its agreement with float32: max |d weight|, Spearman of head effect rankings
+  bfloat16_rows  max |d weight| of the raw recorded rows: bfloat16 model, and float32 model under autocast
+  head_effects   seconds per item of the suite's head interventions (not part of run_end_to_end)
   memory         peak resident memory of `attnprobe run` at 1x and 10x prompts (separate processes)
   load           load_model("smollm2-135m"): cold (empty cache, GGUF dequantised) and cached
 Ratios are computed between figures measured in this one run. Writes results.json and results.md.
@@ -114,7 +116,8 @@ def timed_runs(pm, n_prompts: int, repeats: int, keep: Path) -> tuple[float, int
     for i in range(repeats):
         out = keep if i == repeats - 1 else Path(tempfile.mkdtemp())
         start = time.perf_counter()
-        run = attnprobe.run_suite(SUITE, model=pm, out=out, limit=n_prompts, progress=False, log=lambda m: None, resume=False)
+        run = attnprobe.run_suite(SUITE, model=pm, out=out, limit=n_prompts, progress=False, log=lambda m: None,
+                                  resume=False, head_effects=False)
         times.append(time.perf_counter() - start)
     return statistics.median(times), run.manifest["n_prompts"]
 
@@ -150,6 +153,54 @@ def bench_run(pm, pm_bf16, n_prompts: int, repeats: int, scratch: Path) -> dict:
     }
 
 
+def bench_bfloat16_rows(pm, pm_bf16, n_prompts: int, repeats: int) -> dict:
+    """Where the bfloat16 error comes from: the recorded pronoun rows (every layer and head, before
+    any aggregation) of a bfloat16 model, and of the float32 model under torch.autocast (matmuls in
+    bfloat16, residual stream, norms and softmax in float32), against float32."""
+    suite = load_suite(SUITE)
+    encoded = encode_prompts(suite, select_prompts(suite.prompts, n_prompts), pm.tokenizer, None)
+    batches = batches_of(encoded, 32, pm.tokenizer.pad_token_id, forwarded=True)
+
+    def rows(model, autocast=False):
+        out = []
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            for ids, mask, r in batches:
+                captured = attnprobe.run_with_capture(model, ids, mask, rows=r, logit_positions=torch.tensor([0]))
+                out.append(torch.stack([captured.weights[layer] for layer in sorted(captured.weights)]))
+        return out
+
+    def max_diff(a, b):
+        return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+    reference, bf16, autocast = rows(pm), rows(pm_bf16), rows(pm, autocast=True)
+    t32 = median_time(lambda: rows(pm), repeats)
+    t16 = median_time(lambda: rows(pm_bf16), repeats)
+    t_auto = median_time(lambda: rows(pm, autocast=True), repeats)
+    return {
+        "bfloat16_weights_rows_max_abs_dweight": max_diff(reference, bf16),
+        "bfloat16_weights_rows_speedup": t32 / t16,
+        "autocast_rows_max_abs_dweight": max_diff(reference, autocast),
+        "autocast_rows_speedup": t32 / t_auto,
+    }
+
+
+def bench_head_effects(pm, n_items: int = 3) -> dict:
+    """Seconds per item of the gender suite's head_effects measure (all 270 heads exact, 3 modes, attribution)."""
+    from attnprobe.interventions import effect_items, head_means, item_effects
+
+    suite = load_suite(SUITE)
+    encoded = encode_prompts(suite, select_prompts(suite.prompts, 320), pm.tokenizer, None)
+    items = effect_items(pm, suite, encoded)[0][:n_items]
+    L, H = pm.info.n_layers, pm.info.n_heads
+    means = head_means(pm, [item["x"] for item in items], L)
+    times = []
+    for item in items:
+        start = time.perf_counter()
+        item_effects(pm, item["x"], item["x_cf"], item["positive"], item["negative"], L, H, means)
+        times.append(time.perf_counter() - start)
+    return {"n_items": len(items), "seconds_per_item": statistics.median(times)}
+
+
 def peak_memory_of_run(limit: int) -> float:
     """Peak RSS (MiB) of a fresh process that loads the model and runs `limit` prompts.
 
@@ -159,7 +210,7 @@ def peak_memory_of_run(limit: int) -> float:
         "import tempfile, attnprobe\n"
         f"pm = attnprobe.load_model('smollm2-135m')\n"
         "with tempfile.TemporaryDirectory() as out:\n"
-        f"    attnprobe.run_suite({str(SUITE)!r}, model=pm, out=out, limit={limit}, progress=False, log=lambda m: None)\n"
+        f"    attnprobe.run_suite({str(SUITE)!r}, model=pm, out=out, limit={limit}, progress=False, log=lambda m: None, head_effects=False)\n"
         "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
         "print(int(hwm.split()[1]) / 1024)\n"
     )
@@ -196,6 +247,8 @@ def main():
     pm = attnprobe.load_model("smollm2-135m")
     results["forward"] = bench_forward(pm, args.prompts, args.repeats)
     pm_bf16 = attnprobe.load_model("smollm2-135m", dtype="bfloat16")
+    results["bfloat16_rows"] = bench_bfloat16_rows(pm, pm_bf16, args.prompts, args.repeats)
+    results["head_effects"] = bench_head_effects(pm)
     with tempfile.TemporaryDirectory() as scratch:
         results["run"] = bench_run(pm, pm_bf16, args.prompts, max(1, args.repeats // 2), Path(scratch))
     results["run"]["run_over_eager_loop"] = results["run"]["run_end_to_end_prompts_per_s"] / results["forward"]["eager_loop_prompts_per_s"]
