@@ -410,7 +410,8 @@ def run_suite(
     if shard is not None:  # every rank may be given the same --out
         directory = directory / f"shard-{shard[0]}-of-{shard[1]}"
     settings = {"suite_sha256": suite.sha256, "model": spec, "dtype": dtype, "batch_size": batch_size,
-                "chunk_size": chunk_size, "limit": limit, "max_batch_tokens": max_batch_tokens, "attnprobe": __version__}
+                "chunk_size": chunk_size, "limit": limit, "max_batch_tokens": max_batch_tokens, "attnprobe": __version__,
+                "plan_sha256": plan_sha256(chunks, encoded)}
     fingerprint = _fingerprint(settings, shard)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -513,6 +514,14 @@ def _run_head_effects(pm, suite, encoded, directory: Path, progress, log) -> dic
             "counterfactual": {measure.slot: measure.replacement}, "exact": measure.exact}
 
 
+def plan_sha256(chunks: list[list[list[int]]], encoded: list[Encoded]) -> str:
+    """What every chunk forwards (prompt ids and forwarded token ids, batch by batch): a resumed run
+    or a shard continues only a run that planned the very same batches, which another tokenizer or
+    another attnprobe version may not."""
+    plan = [[[(encoded[i].prompt.prompt_id, encoded[i].forward_ids) for i in batch] for batch in chunk] for chunk in chunks]
+    return hashlib.sha256(json.dumps(plan).encode()).hexdigest()
+
+
 def _fingerprint(settings: dict, shard) -> str:
     """What a resumed run must share with the run it continues."""
     keyed = dict(settings, shard=list(shard)) if shard else settings
@@ -537,7 +546,7 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Run:
     if ks != list(range(1, n + 1)) or any(m["shard"][1] != n for m in manifests):
         raise RunError(f"shards {ks} of {n} given; give each of the {n} shard directories exactly once")
     if len({json.dumps(m["settings"], sort_keys=True) for m in manifests}) != 1:
-        raise RunError("the shards were run with different settings (suite, model, dtype, batch, chunk or limit)")
+        raise RunError("the shards were run with different settings (suite, model, dtype, batch, chunk, limit or tokenisation)")
     by_k = {m["shard"][0]: (d, m) for d, m in zip(shard_dirs, manifests)}
     out = Path(out)
     (out / "chunks").mkdir(parents=True, exist_ok=True)
@@ -628,7 +637,7 @@ def _prepare_directory(directory: Path, fingerprint: str, resume: bool) -> None:
         if not resume or previous != fingerprint:
             if resume:
                 raise RunError(f"{directory} holds a run with other settings (suite, model, dtype, batch or chunk size, "
-                               "limit); rerun with --fresh to replace it, or choose --out")
+                               "limit, tokenisation); rerun with --fresh to replace it, or choose --out")
             for name in ("chunks", "attention.parquet", "logprobs.csv", "prompts.csv", "manifest.json"):
                 target = directory / name
                 shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)

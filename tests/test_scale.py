@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from attnprobe.cli import main
-from attnprobe.runner import Encoded, plan_batches, plan_chunks
+from attnprobe.runner import Encoded, plan_batches, plan_chunks, plan_sha256
 from attnprobe.suite import Prompt
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,12 +24,39 @@ def test_token_budget_batches():
     assert [sum(len(b) for b in chunk) for chunk in plan_chunks(batches, 4)] == [5, 1]
 
 
+def test_the_fingerprint_holds_the_batch_plan():
+    """A run resumes (or a shard merges) only with one that forwarded the same tokens in the same batches."""
+    def encoded(n_forward):
+        return [Encoded(Prompt(i, str(i), "t", "x", {}, {}, {}), tuple(range(9)), {}, n) for i, n in enumerate(n_forward)]
+
+    a, b = encoded([3, 5, 4]), encoded([3, 6, 4])
+    chunks = plan_chunks(plan_batches(a, batch_size=2), 2)
+    assert plan_sha256(chunks, a) == plan_sha256(chunks, encoded([3, 5, 4]))
+    assert plan_sha256(chunks, a) != plan_sha256(chunks, b)  # same prompts, another forwarded length
+    assert plan_sha256(chunks, a) != plan_sha256(plan_chunks(plan_batches(a, batch_size=3), 2), a)
+
+
+ARGS = ["run", str(REPO / "probes" / "gender.yaml"), "--limit", "120", "--batch-size", "8", "--chunk-size", "16", "--no-report", "--no-head-effects"]
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """The unsharded run the sharded ones must reproduce."""
+    out = tmp_path_factory.mktemp("whole")
+    result = subprocess.run([sys.executable, "-m", "attnprobe", *ARGS, "--out", str(out)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    for name in ("prompts.csv", "logprobs.csv"):
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+    pd.testing.assert_frame_equal(pd.read_parquet(a / "attention.parquet"), pd.read_parquet(b / "attention.parquet"), check_exact=True)
+
+
 @pytest.mark.slow
-def test_two_process_sharded_run_merges_to_the_single_process_run(tmp_path):
-    args = ["run", str(REPO / "probes" / "gender.yaml"), "--limit", "120", "--batch-size", "8", "--chunk-size", "16", "--no-report", "--no-head-effects"]
-    whole = subprocess.run([sys.executable, "-m", "attnprobe", *args, "--out", str(tmp_path / "whole")], capture_output=True, text=True)
-    assert whole.returncode == 0, whole.stderr
-    shards = [subprocess.Popen([sys.executable, "-m", "attnprobe", *args, "--shard", f"{k}/2", "--out", str(tmp_path / "shards")],
+def test_two_process_sharded_run_merges_to_the_single_process_run(whole, tmp_path):
+    shards = [subprocess.Popen([sys.executable, "-m", "attnprobe", *ARGS, "--shard", f"{k}/2", "--out", str(tmp_path / "shards")],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in (1, 2)]
     for process in shards:  # both run at once, as two ranks would
         _, stderr = process.communicate(timeout=600)
@@ -38,9 +65,19 @@ def test_two_process_sharded_run_merges_to_the_single_process_run(tmp_path):
     assert not (s1 / "attention.parquet").exists()  # a shard holds chunks only
     result = CliRunner().invoke(main, ["merge", str(tmp_path / "merged"), str(s2), str(s1), "--no-report"])
     assert result.exit_code == 0, result.output
-    for name in ("prompts.csv", "logprobs.csv"):
-        assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "merged" / name).read_bytes()
-    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "whole" / "attention.parquet"),
-                                  pd.read_parquet(tmp_path / "merged" / "attention.parquet"), check_exact=True)
+    assert_same_run(whole, tmp_path / "merged")
     incomplete = CliRunner().invoke(main, ["merge", str(tmp_path / "m2"), str(s1)])
     assert incomplete.exit_code == 2 and "shards [1] of 2 given" in incomplete.output
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_take_their_shards(whole, tmp_path):
+    """The documented multi-GPU launch, on 2 CPU processes: torchrun sets RANK/WORLD_SIZE, --shard auto reads them."""
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "attnprobe"]
+    result = subprocess.run([*launch, *ARGS, "--shard", "auto", "--out", str(tmp_path / "ranks")], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    shards = sorted(str(p) for p in (tmp_path / "ranks").glob("shard-*-of-2"))
+    assert len(shards) == 2
+    merged = CliRunner().invoke(main, ["merge", str(tmp_path / "merged"), *shards, "--no-report"])
+    assert merged.exit_code == 0, merged.output
+    assert_same_run(whole, tmp_path / "merged")
