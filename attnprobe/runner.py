@@ -168,8 +168,9 @@ def _aggregate(w: torch.Tensor, how: str, dim: int) -> torch.Tensor:
     return w.select(dim, 0 if how == "first" else -1)
 
 
-def measure_batch(pm: ProbeModel, suite: Suite, batch: list[Encoded], cand_ids: dict) -> tuple[dict, dict]:
-    """Attention and log-probability rows (as column arrays) for one batch."""
+def measure_batch(pm: ProbeModel, suite: Suite, batch: list[Encoded], cand_ids: dict) -> tuple[list, dict]:
+    """Attention blocks (prompt_id, source, target, L*H weights) and log-probability rows (as
+    column lists) for one batch."""
     pad_id = pm.tokenizer.pad_token_id
     ids, mask = pad_right([e.forward_ids for e in batch], pad_id)
 
@@ -186,12 +187,9 @@ def measure_batch(pm: ProbeModel, suite: Suite, batch: list[Encoded], cand_ids: 
     captured = run_with_capture(pm, ids, mask, rows=rows, layers=None if suite.attention else [],
                                 logit_positions=torch.tensor(positions) if positions else None)
 
-    attention = {"prompt_id": [], "layer": [], "head": [], "source": [], "target": [], "weight": []}
+    blocks = []  # (prompt_id, source, target, (L*H,) weights, layer-major)
     if suite.attention:
         W = torch.stack([captured.weights[layer] for layer in sorted(captured.weights)])  # (L, B, H, R, S)
-        L, _, H = W.shape[:3]
-        layer_col = np.repeat(np.arange(L, dtype=np.int16), H)
-        head_col = np.tile(np.arange(H, dtype=np.int16), L)
         for b, e in enumerate(batch):
             for m in suite.attention:
                 if m.source not in e.spans:
@@ -203,14 +201,8 @@ def measure_batch(pm: ProbeModel, suite: Suite, batch: list[Encoded], cand_ids: 
                     t0, t1 = e.spans[target]
                     w = W[:, b, :, src, t0:t1]  # (L, H, source tokens, target tokens)
                     value = _aggregate(_aggregate(w, m.target_agg, -1), m.source_agg, -1)  # (L, H)
-                    attention["prompt_id"].append(np.full(L * H, e.prompt.prompt_id, dtype=np.int32))
-                    attention["layer"].append(layer_col)
-                    attention["head"].append(head_col)
-                    attention["source"].append(np.full(L * H, m.source, dtype=object))
-                    attention["target"].append(np.full(L * H, target, dtype=object))
-                    attention["weight"].append(value.reshape(-1).numpy().astype(np.float32))
-    attention = {k: np.concatenate(v) if v else np.array([]) for k, v in attention.items()}
-    return attention, _logprobs(pm, batch, captured.logits, positions, cand_ids)
+                    blocks.append((e.prompt.prompt_id, m.source, target, value.reshape(-1).numpy().astype(np.float32)))
+    return blocks, _logprobs(pm, batch, captured.logits, positions, cand_ids)
 
 
 def _logprobs(pm, batch, logits, positions, cand_ids) -> dict:
@@ -454,13 +446,13 @@ def run_suite(
                 chunk = chunks[k]
                 if k in done:
                     continue
-                attention_parts, logprob_parts = [], []
+                blocks, logprob_parts = [], []
                 for batch in chunk:
                     attention, logprobs = measure_batch(pm, suite, [encoded[i] for i in batch], cand_ids)
-                    attention_parts.append(pd.DataFrame(attention))
+                    blocks += attention
                     logprob_parts.append(pd.DataFrame(logprobs))
                     bar.update(len(batch))
-                _write_chunk(chunk_dir, k, attention_parts, logprob_parts)
+                _write_chunk(chunk_dir, k, attention_table(blocks, pm.info.n_layers, pm.info.n_heads), logprob_parts)
                 if interrupted():
                     bar.close()
                     manifest.update(status="interrupted", interrupted=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -643,14 +635,38 @@ def _prepare_directory(directory: Path, fingerprint: str, resume: bool) -> None:
                 shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
 
 
-def _write_chunk(chunk_dir: Path, k: int, attention_parts: list, logprob_parts: list) -> None:
-    attention = pd.concat(attention_parts, ignore_index=True)
-    attention = attention.sort_values(["prompt_id", "source", "target", "layer", "head"], kind="stable", ignore_index=True)
+ATTENTION_SCHEMA = pa.schema([("prompt_id", pa.int32()), ("layer", pa.int16()), ("head", pa.int16()),
+                              ("source", pa.large_string()), ("target", pa.large_string()), ("weight", pa.float32())])
+
+
+def attention_table(blocks: list, n_layers: int, n_heads: int) -> pa.Table:
+    """The long attention table of a chunk, sorted by prompt, source, target, layer, head. Each block
+    is one (prompt, source, target) with its L*H weights already in (layer, head) order, so sorting
+    the blocks sorts the rows: no sort over millions of rows with string keys."""
+    blocks = sorted(blocks, key=lambda block: block[:3])  # stable: repeated keys keep measure order
+    n, per_block = len(blocks), n_layers * n_heads
+    if n == 0:
+        return ATTENTION_SCHEMA.empty_table()
+
+    def labels(i):
+        return pa.array(np.repeat(np.array([block[i] for block in blocks], dtype=object), per_block), pa.large_string())
+
+    return pa.table({
+        "prompt_id": np.repeat(np.array([block[0] for block in blocks], dtype=np.int32), per_block),
+        "layer": np.tile(np.repeat(np.arange(n_layers, dtype=np.int16), n_heads), n),
+        "head": np.tile(np.arange(n_heads, dtype=np.int16), n * n_layers),
+        "source": labels(1),
+        "target": labels(2),
+        "weight": np.concatenate([block[3] for block in blocks]),
+    }, schema=ATTENTION_SCHEMA)
+
+
+def _write_chunk(chunk_dir: Path, k: int, attention: pa.Table, logprob_parts: list) -> None:
     logprobs = pd.concat(logprob_parts, ignore_index=True).sort_values(["prompt_id", "cut"], kind="stable", ignore_index=True)
-    _atomic_write(chunk_dir / f"{k:05d}.attention.parquet", lambda p: attention.to_parquet(p, index=False))
+    _atomic_write(chunk_dir / f"{k:05d}.attention.parquet", lambda p: pq.write_table(attention, p))
     _atomic_write(chunk_dir / f"{k:05d}.logprobs.parquet", lambda p: logprobs.to_parquet(p, index=False))
     # the marker comes last: a chunk without it is recomputed on resume
-    _atomic_write(chunk_dir / f"{k:05d}.done", lambda p: p.write_text(json.dumps({"rows": len(attention)})))
+    _atomic_write(chunk_dir / f"{k:05d}.done", lambda p: p.write_text(json.dumps({"rows": attention.num_rows})))
 
 
 def _assemble(directory: Path, n_chunks: int) -> None:
@@ -658,17 +674,9 @@ def _assemble(directory: Path, n_chunks: int) -> None:
     chunk_dir = directory / "chunks"
 
     def write_attention(path):
-        writer = None
-        for k in range(n_chunks):
-            table = pq.read_table(chunk_dir / f"{k:05d}.attention.parquet")
-            if table.num_rows == 0:
-                continue
-            writer = writer or pq.ParquetWriter(path, table.schema)
-            writer.write_table(table)
-        if writer is None:
-            pq.write_table(pa.table({c: [] for c in ("prompt_id", "layer", "head", "source", "target", "weight")}), path)
-        else:
-            writer.close()
+        with pq.ParquetWriter(path, ATTENTION_SCHEMA) as writer:
+            for k in range(n_chunks):
+                writer.write_table(pq.read_table(chunk_dir / f"{k:05d}.attention.parquet", schema=ATTENTION_SCHEMA))
 
     _atomic_write(directory / "attention.parquet", write_attention)
     logprobs = [pd.read_parquet(chunk_dir / f"{k:05d}.logprobs.parquet") for k in range(n_chunks)]

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 import attnprobe
@@ -40,21 +41,21 @@ def test_output_directory_that_cannot_be_created(smollm, tmp_path):
 
 def test_disk_full_keeps_finished_chunks_and_resumes(smollm, whole, tmp_path, monkeypatch):
     calls = {"n": 0}
-    original = pd.DataFrame.to_parquet
+    original = pq.write_table  # under both pyarrow's and pandas' parquet writers
 
-    def fill_up(self, path, *args, **kwargs):
+    def fill_up(table, where, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] > 6:  # three chunks (two files each) fit, then the disk is full
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return original(self, path, *args, **kwargs)
+        return original(table, where, *args, **kwargs)
 
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", fill_up)
+    monkeypatch.setattr(pq, "write_table", fill_up)
     with pytest.raises(RunError, match=r"cannot write .*00003.attention.parquet: No space left on device; results written so far are kept"):
         attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, **SETTINGS)
     chunks = tmp_path / "chunks"
     assert sorted(p.name for p in chunks.glob("*.done")) == ["00000.done", "00001.done", "00002.done"]
     assert not list(chunks.glob(".*.tmp"))  # no half-written file left behind
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", original)
+    monkeypatch.setattr(pq, "write_table", original)
     messages = []
     attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, log=messages.append, **SETTINGS)
     assert messages == [f"resuming {tmp_path}: 3 of 8 chunks already complete"]
