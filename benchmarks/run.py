@@ -16,7 +16,9 @@ Measured, on the shipped gender suite and the bundled smollm2-135m:
   head_effects   seconds per item of the suite's head interventions (not part of run_end_to_end)
   memory         peak resident memory of `attnprobe run` at 1x and 10x prompts (separate processes)
   load           load_model("smollm2-135m"): cold (empty cache, GGUF dequantised) and cached
-Ratios are computed between figures measured in this one run. Writes results.json and results.md.
+The throughput figures (eager_loop to bfloat16) are timed in turn within every repeat, so a slow
+spell of a shared machine hits all alike; ratios are between figures of this one run.
+Writes results.json and results.md.
 """
 
 from __future__ import annotations
@@ -43,13 +45,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "probes" / "gender.yaml"
 
 
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def interleaved(fns: list, repeats: int) -> list[float]:
+    """Median seconds of each function, timed in turn within every repeat (after one warm-up round)."""
+    times = [[] for _ in fns]
+    for repeat in range(repeats + 1):
+        for fn, spent in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            if repeat:
+                spent.append(time.perf_counter() - start)
+    return [statistics.median(spent) for spent in times]
 
 
 def batches_of(encoded, batch_size: int, pad_id: int, forwarded: bool) -> list:
@@ -65,7 +70,9 @@ def batches_of(encoded, batch_size: int, pad_id: int, forwarded: bool) -> list:
     return out
 
 
-def bench_forward(pm, n_prompts: int, repeats: int, batch_size: int = 32) -> dict:
+def bench_throughput(pm, pm_bf16, n_prompts: int, repeats: int, scratch: Path, batch_size: int = 32) -> dict:
+    """(a), (b), (b'), row capture, (c) and (d), timed in turn within every repeat (after one warm-up
+    round): a slow spell of this shared machine hits all of them alike, so their ratios hold."""
     suite = load_suite(SUITE)
     encoded = encode_prompts(suite, select_prompts(suite.prompts, n_prompts), pm.tokenizer, None)
     whole = batches_of(encoded, batch_size, pm.tokenizer.pad_token_id, forwarded=False)
@@ -73,30 +80,35 @@ def bench_forward(pm, n_prompts: int, repeats: int, batch_size: int = 32) -> dic
     model = pm.model
     n = len(encoded)
 
+    def attention(implementation: str) -> None:
+        model.set_attn_implementation(implementation)
+
+    @torch.inference_mode()
+    def eager_loop():
+        attention("eager")
+        for e in encoded:
+            model(input_ids=torch.tensor([e.ids]), output_attentions=True, use_cache=False)
+
     @torch.inference_mode()
     def sdpa_floor(batches):
+        attention("sdpa")
         for ids, mask, _ in batches:
             model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
 
     def capture_rows():
+        attention("attnprobe")
         for ids, mask, rows in forwarded:
             attnprobe.run_with_capture(model, ids, mask, rows=rows, logit_positions=torch.tensor([0]))
 
-    @torch.inference_mode()
-    def eager_loop():
-        for e in encoded:
-            model(input_ids=torch.tensor([e.ids]), output_attentions=True, use_cache=False)
+    def run(probe_model, name):  # the last repeat's directory is kept for the agreement figures
+        attention("attnprobe")
+        attnprobe.run_suite(SUITE, model=probe_model, out=scratch / name, limit=n_prompts, progress=False,
+                            log=lambda m: None, resume=False, head_effects=False)
 
-    model.set_attn_implementation("sdpa")
-    sdpa_floor(whole)  # warm-up
-    t_floor = median_time(lambda: sdpa_floor(whole), repeats)
-    t_floor_forwarded = median_time(lambda: sdpa_floor(forwarded), repeats)
-    model.set_attn_implementation("attnprobe")
-    capture_rows()
-    t_capture = median_time(capture_rows, repeats)
-    model.set_attn_implementation("eager")
-    t_eager = median_time(eager_loop, max(1, repeats // 2))
-    model.set_attn_implementation("attnprobe")
+    t_eager, t_floor, t_floor_forwarded, t_capture, t_run, t_bf16 = interleaved([
+        eager_loop, lambda: sdpa_floor(whole), lambda: sdpa_floor(forwarded), capture_rows,
+        lambda: run(pm, "float32"), lambda: run(pm_bf16, "bfloat16"),
+    ], repeats)
     return {
         "n_prompts": n,
         "batch_size": batch_size,
@@ -107,29 +119,22 @@ def bench_forward(pm, n_prompts: int, repeats: int, batch_size: int = 32) -> dic
         "sdpa_floor_forwarded_tokens_prompts_per_s": n / t_floor_forwarded,
         "capture_rows_prompts_per_s": n / t_capture,
         "capture_over_floor_forwarded_tokens": t_floor_forwarded / t_capture,
+        "run_end_to_end_prompts_per_s": n / t_run,
+        "run_over_eager_loop": t_eager / t_run,
+        "run_over_floor": t_floor / t_run,
+        "run_over_floor_forwarded_tokens": t_floor_forwarded / t_run,
+        "bfloat16_prompts_per_s": n / t_bf16,
+        "bfloat16_over_float32": t_run / t_bf16,
     }
 
 
-def timed_runs(pm, n_prompts: int, repeats: int, keep: Path) -> tuple[float, int]:
-    """Median seconds of `run_suite` over repeats; the last run is kept in `keep`."""
-    times = []
-    for i in range(repeats):
-        out = keep if i == repeats - 1 else Path(tempfile.mkdtemp())
-        start = time.perf_counter()
-        run = attnprobe.run_suite(SUITE, model=pm, out=out, limit=n_prompts, progress=False, log=lambda m: None,
-                                  resume=False, head_effects=False)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), run.manifest["n_prompts"]
-
-
-def bench_run(pm, pm_bf16, n_prompts: int, repeats: int, scratch: Path) -> dict:
+def bench_agreement(scratch: Path) -> dict:
+    """bfloat16 against float32 on the kept runs; statistics and report rendering timed."""
     from scipy.stats import spearmanr
 
     from attnprobe import stats
     from attnprobe.report import write_report
 
-    seconds, n = timed_runs(pm, n_prompts, repeats, scratch / "float32")
-    seconds_bf16, _ = timed_runs(pm_bf16, n_prompts, repeats, scratch / "bfloat16")
     start = time.perf_counter()
     write_report(scratch / "float32")
     report_seconds = time.perf_counter() - start
@@ -143,10 +148,6 @@ def bench_run(pm, pm_bf16, n_prompts: int, repeats: int, scratch: Path) -> dict:
     rank = min(spearmanr(heads32[heads32.target == t]["effect"], heads16[heads16.target == t]["effect"]).statistic
                for t in heads32["target"].unique())
     return {
-        "n_prompts": n,
-        "run_end_to_end_prompts_per_s": n / seconds,
-        "bfloat16_prompts_per_s": n / seconds_bf16,
-        "bfloat16_over_float32": seconds / seconds_bf16,
         "bfloat16_max_abs_dweight": float((joined["weight_32"] - joined["weight_16"]).abs().max()),
         "bfloat16_head_effect_spearman_min": float(rank),
         "statistics_and_report_s": report_seconds,
@@ -173,9 +174,7 @@ def bench_bfloat16_rows(pm, pm_bf16, n_prompts: int, repeats: int) -> dict:
         return max((x - y).abs().max().item() for x, y in zip(a, b))
 
     reference, bf16, autocast = rows(pm), rows(pm_bf16), rows(pm, autocast=True)
-    t32 = median_time(lambda: rows(pm), repeats)
-    t16 = median_time(lambda: rows(pm_bf16), repeats)
-    t_auto = median_time(lambda: rows(pm, autocast=True), repeats)
+    t32, t16, t_auto = interleaved([lambda: rows(pm), lambda: rows(pm_bf16), lambda: rows(pm, autocast=True)], repeats)
     return {
         "bfloat16_weights_rows_max_abs_dweight": max_diff(reference, bf16),
         "bfloat16_weights_rows_speedup": t32 / t16,
@@ -245,16 +244,12 @@ def main():
         previous["memory"] = {"peak_rss_mib_300_prompts": one, "peak_rss_mib_3000_prompts": ten, "growth": ten / one - 1}
         return write(previous, args.out)
     pm = attnprobe.load_model("smollm2-135m")
-    results["forward"] = bench_forward(pm, args.prompts, args.repeats)
     pm_bf16 = attnprobe.load_model("smollm2-135m", dtype="bfloat16")
+    with tempfile.TemporaryDirectory() as scratch:
+        results["throughput"] = bench_throughput(pm, pm_bf16, args.prompts, args.repeats, Path(scratch))
+        results["agreement"] = bench_agreement(Path(scratch))
     results["bfloat16_rows"] = bench_bfloat16_rows(pm, pm_bf16, args.prompts, args.repeats)
     results["head_effects"] = bench_head_effects(pm)
-    with tempfile.TemporaryDirectory() as scratch:
-        results["run"] = bench_run(pm, pm_bf16, args.prompts, max(1, args.repeats // 2), Path(scratch))
-    results["run"]["run_over_eager_loop"] = results["run"]["run_end_to_end_prompts_per_s"] / results["forward"]["eager_loop_prompts_per_s"]
-    results["run"]["run_over_floor"] = results["run"]["run_end_to_end_prompts_per_s"] / results["forward"]["sdpa_floor_prompts_per_s"]
-    results["run"]["run_over_floor_forwarded_tokens"] = (
-        results["run"]["run_end_to_end_prompts_per_s"] / results["forward"]["sdpa_floor_forwarded_tokens_prompts_per_s"])
     one, ten = peak_memory_of_run(300), peak_memory_of_run(3000)
     results["memory"] = {"peak_rss_mib_300_prompts": one, "peak_rss_mib_3000_prompts": ten, "growth": ten / one - 1}
     from attnprobe.models import cache_dir
