@@ -70,11 +70,15 @@ def batches_of(encoded, batch_size: int, pad_id: int, forwarded: bool) -> list:
     return out
 
 
-def bench_throughput(pm, pm_bf16, n_prompts: int, repeats: int, scratch: Path, batch_size: int = 32) -> dict:
+def gender_prompts(tokenizer, n_prompts: int):
+    """The suite and about `n_prompts` of its prompts, encoded as `attnprobe run --limit` selects them."""
+    suite = load_suite(SUITE)
+    return suite, encode_prompts(suite, select_prompts(suite.prompts, n_prompts), tokenizer, None)
+
+
+def bench_throughput(pm, pm_bf16, encoded, repeats: int, scratch: Path, batch_size: int = 32) -> dict:
     """(a), (b), (b'), row capture, (c) and (d), timed in turn within every repeat (after one warm-up
     round): a slow spell of this shared machine hits all of them alike, so their ratios hold."""
-    suite = load_suite(SUITE)
-    encoded = encode_prompts(suite, select_prompts(suite.prompts, n_prompts), pm.tokenizer, None)
     whole = batches_of(encoded, batch_size, pm.tokenizer.pad_token_id, forwarded=False)
     forwarded = batches_of(encoded, batch_size, pm.tokenizer.pad_token_id, forwarded=True)
     model = pm.model
@@ -100,9 +104,9 @@ def bench_throughput(pm, pm_bf16, n_prompts: int, repeats: int, scratch: Path, b
         for ids, mask, rows in forwarded:
             attnprobe.run_with_capture(model, ids, mask, rows=rows, logit_positions=torch.tensor([0]))
 
-    def run(probe_model, name):  # the last repeat's directory is kept for the agreement figures
+    def run(probe_model, name):  # limit=n selects the same prompts; the last repeat's directory is kept
         attention("attnprobe")
-        attnprobe.run_suite(SUITE, model=probe_model, out=scratch / name, limit=n_prompts, progress=False,
+        attnprobe.run_suite(SUITE, model=probe_model, out=scratch / name, limit=n, progress=False,
                             log=lambda m: None, resume=False, head_effects=False)
 
     t_eager, t_floor, t_floor_forwarded, t_capture, t_run, t_bf16 = interleaved([
@@ -154,12 +158,10 @@ def bench_agreement(scratch: Path) -> dict:
     }
 
 
-def bench_bfloat16_rows(pm, pm_bf16, n_prompts: int, repeats: int) -> dict:
+def bench_bfloat16_rows(pm, pm_bf16, encoded, repeats: int) -> dict:
     """Where the bfloat16 error comes from: the recorded pronoun rows (every layer and head, before
     any aggregation) of a bfloat16 model, and of the float32 model under torch.autocast (matmuls in
     bfloat16, residual stream, norms and softmax in float32), against float32."""
-    suite = load_suite(SUITE)
-    encoded = encode_prompts(suite, select_prompts(suite.prompts, n_prompts), pm.tokenizer, None)
     batches = batches_of(encoded, 32, pm.tokenizer.pad_token_id, forwarded=True)
 
     def rows(model, autocast=False):
@@ -183,12 +185,10 @@ def bench_bfloat16_rows(pm, pm_bf16, n_prompts: int, repeats: int) -> dict:
     }
 
 
-def bench_head_effects(pm, n_items: int = 3) -> dict:
+def bench_head_effects(pm, suite, encoded, n_items: int = 3) -> dict:
     """Seconds per item of the gender suite's head_effects measure (all 270 heads exact, 3 modes, attribution)."""
     from attnprobe.interventions import effect_items, head_means, item_effects
 
-    suite = load_suite(SUITE)
-    encoded = encode_prompts(suite, select_prompts(suite.prompts, 320), pm.tokenizer, None)
     items = effect_items(pm, suite, encoded)[0][:n_items]
     L, H = pm.info.n_layers, pm.info.n_heads
     means = head_means(pm, [item["x"] for item in items], L)
@@ -198,6 +198,11 @@ def bench_head_effects(pm, n_items: int = 3) -> dict:
         item_effects(pm, item["x"], item["x_cf"], item["positive"], item["negative"], L, H, means)
         times.append(time.perf_counter() - start)
     return {"n_items": len(items), "seconds_per_item": statistics.median(times)}
+
+
+def bench_memory() -> dict:
+    one, ten = peak_memory_of_run(300), peak_memory_of_run(3000)
+    return {"peak_rss_mib_300_prompts": one, "peak_rss_mib_3000_prompts": ten, "growth": ten / one - 1}
 
 
 def peak_memory_of_run(limit: int) -> float:
@@ -240,18 +245,17 @@ def main():
     results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}}
     if args.only == "memory":
         previous = json.loads((args.out / "results.json").read_text()) if (args.out / "results.json").is_file() else {}
-        one, ten = peak_memory_of_run(300), peak_memory_of_run(3000)
-        previous["memory"] = {"peak_rss_mib_300_prompts": one, "peak_rss_mib_3000_prompts": ten, "growth": ten / one - 1}
+        previous["memory"] = bench_memory()
         return write(previous, args.out)
     pm = attnprobe.load_model("smollm2-135m")
     pm_bf16 = attnprobe.load_model("smollm2-135m", dtype="bfloat16")
+    suite, encoded = gender_prompts(pm.tokenizer, args.prompts)
     with tempfile.TemporaryDirectory() as scratch:
-        results["throughput"] = bench_throughput(pm, pm_bf16, args.prompts, args.repeats, Path(scratch))
+        results["throughput"] = bench_throughput(pm, pm_bf16, encoded, args.repeats, Path(scratch))
         results["agreement"] = bench_agreement(Path(scratch))
-    results["bfloat16_rows"] = bench_bfloat16_rows(pm, pm_bf16, args.prompts, args.repeats)
-    results["head_effects"] = bench_head_effects(pm)
-    one, ten = peak_memory_of_run(300), peak_memory_of_run(3000)
-    results["memory"] = {"peak_rss_mib_300_prompts": one, "peak_rss_mib_3000_prompts": ten, "growth": ten / one - 1}
+    results["bfloat16_rows"] = bench_bfloat16_rows(pm, pm_bf16, encoded, args.repeats)
+    results["head_effects"] = bench_head_effects(pm, suite, encoded)
+    results["memory"] = bench_memory()
     from attnprobe.models import cache_dir
 
     results["load"] = {"cold_s": load_time(None, 1), "cached_s": load_time(str(cache_dir()), args.repeats)}
