@@ -1,29 +1,36 @@
 """attnprobe: attention extraction, from-scratch verification and bias probing for causal LMs."""
 
-__version__ = "0.1.0"
-
 from . import capture  # registers the "attnprobe" attention function with transformers
 from .capture import Captured, encode, run_with_capture
-from .errors import AttnprobeError
+from .api import Run, merge_shards, run_suite
+from .errors import AttnprobeError, CaptureError, ModelSpecError, RunError, RunInterrupted, SuiteError, UnsupportedFamily
 from .models import DEFAULT_MODEL, ModelInfo, ProbeModel, load_model
-from .runner import Run, run_suite
 from .suite import Suite, load_suite
 from .verify import verify
+from .version import __version__
 from .views import head_view
 
 __all__ = [
     "AttnprobeError",
+    "CaptureError",
     "Captured",
     "DEFAULT_MODEL",
     "ModelInfo",
+    "ModelSpecError",
     "ProbeModel",
     "Run",
+    "RunError",
+    "RunInterrupted",
     "Suite",
+    "SuiteError",
+    "UnsupportedFamily",
+    "__version__",
     "capture",
     "encode",
     "head_view",
     "load_model",
     "load_suite",
+    "merge_shards",
     "run_suite",
     "run_with_capture",
     "verify",

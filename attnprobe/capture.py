@@ -50,7 +50,7 @@ _active_plan: contextvars.ContextVar[_Plan | None] = contextvars.ContextVar("att
 _active_editor: contextvars.ContextVar = contextvars.ContextVar("attnprobe_editor", default=None)
 
 
-def _expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+def expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(B, Hkv, S, D) -> (B, H, S, D): query head h reads key/value head h // (H / Hkv)."""
     n_kv = x.shape[1]
     return x if n_kv == n_heads else x.repeat_interleave(n_heads // n_kv, dim=1)
@@ -72,7 +72,7 @@ def attention_weights(
 
 def _attention_weights(query, key, mask, scaling, softcap, sinks) -> torch.Tensor:
     dtype = torch.promote_types(query.dtype, torch.float32)
-    key = _expand_kv(key, query.shape[1]).to(dtype)
+    key = expand_kv(key, query.shape[1]).to(dtype)
     scores = torch.matmul(query.to(dtype), key.transpose(-1, -2)) * scaling  # (B, H, R, S)
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)  # Gemma 2 logit soft-capping
@@ -89,7 +89,7 @@ def _attention_weights(query, key, mask, scaling, softcap, sinks) -> torch.Tenso
     return weights.nan_to_num(0.0)
 
 
-def _rows_of_mask(mask: torch.Tensor | None, rows: torch.Tensor, B: int, S: int, causal: bool) -> torch.Tensor | None:
+def rows_of_mask(mask: torch.Tensor | None, rows: torch.Tensor, B: int, S: int, causal: bool) -> torch.Tensor | None:
     """The mask restricted to the captured rows: (B, 1 or H, R, S)."""
     if mask is None:
         if not causal:
@@ -122,8 +122,8 @@ def attnprobe_attention(
     if softcap is None and s_aux is None:
         output = F.scaled_dot_product_attention(
             query,
-            _expand_kv(key, H),
-            _expand_kv(value, H),
+            expand_kv(key, H),
+            expand_kv(value, H),
             attn_mask=attention_mask,
             dropout_p=dropout,
             scale=scaling,
@@ -131,8 +131,8 @@ def attnprobe_attention(
         )  # (B, H, T, D)
     else:  # exact math: SDPA has no soft-capping or sinks
         all_rows = torch.arange(T, device=query.device).expand(B, T)
-        weights = attention_weights(query, key, _rows_of_mask(attention_mask, all_rows, B, S, causal), scaling, softcap, s_aux)
-        output = torch.matmul(weights.to(value.dtype), _expand_kv(value, H))  # (B, H, T, D)
+        weights = attention_weights(query, key, rows_of_mask(attention_mask, all_rows, B, S, causal), scaling, softcap, s_aux)
+        output = torch.matmul(weights.to(value.dtype), expand_kv(value, H))  # (B, H, T, D)
 
     layer = getattr(module, "layer_idx", None)
     editor = _active_editor.get()
@@ -142,7 +142,7 @@ def attnprobe_attention(
         rows = torch.arange(T, device=query.device).expand(B, T) if plan.rows is None else plan.rows.to(query.device)
         R = rows.shape[1]
         q_rows = query.gather(2, rows[:, None, :, None].expand(B, H, R, D))  # (B, H, R, D)
-        mask_rows = _rows_of_mask(attention_mask, rows, B, S, causal)
+        mask_rows = rows_of_mask(attention_mask, rows, B, S, causal)
         plan.weights[layer] = attention_weights(q_rows, key, mask_rows, scaling, softcap, s_aux).detach()
 
     return output.transpose(1, 2).contiguous(), None  # (B, T, H, D)

@@ -1,12 +1,11 @@
 """The `attnprobe` command: thin click commands over library functions.
 
-Every user mistake arrives as an AttnprobeError and leaves as one line on stderr with exit code 2
-(130 for an interrupted run).
+Every user mistake arrives as an AttnprobeError and leaves through the one handler on the group
+(`Group.invoke`) as one line on stderr with the error's exit code (2; 130 for an interrupted run).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 
@@ -16,16 +15,38 @@ from .errors import AttnprobeError
 from .models import DEFAULT_MODEL, DTYPES
 
 
-def _one_line_errors(command):
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
+class OneLineErrors(click.Group):
+    """A click group whose commands turn an AttnprobeError into one line and an exit code."""
+
+    def invoke(self, ctx):
         try:
-            return command(*args, **kwargs)
+            return super().invoke(ctx)
         except AttnprobeError as error:
             click.echo(f"attnprobe: error: {error}", err=True)
             sys.exit(error.exit_code)
 
-    return wrapper
+
+class ShardType(click.ParamType):
+    """K/N (1 <= K <= N), or 'auto': RANK and WORLD_SIZE as set by torchrun or accelerate launch."""
+
+    name = "K/N|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        if value == "auto":
+            try:
+                return int(os.environ["RANK"]) + 1, int(os.environ["WORLD_SIZE"])
+            except (KeyError, ValueError):
+                self.fail("'auto' needs integer RANK and WORLD_SIZE (set by torchrun or accelerate launch); give K/N instead",
+                          param, ctx)
+        try:
+            k, n = (int(part) for part in str(value).split("/"))
+        except ValueError:
+            self.fail(f"{value!r}: write K/N, e.g. 1/4 (or 'auto' under torchrun)", param, ctx)
+        if not 1 <= k <= n:
+            self.fail(f"{value!r}: K/N needs 1 <= K <= N", param, ctx)
+        return k, n
 
 
 model_option = click.option("--model", "model_spec", default=DEFAULT_MODEL, show_default=True,
@@ -35,7 +56,7 @@ remote_code_option = click.option("--trust-remote-code", is_flag=True, help="All
 pickle_option = click.option("--allow-pickle", is_flag=True, help="Allow pickled weights (*.bin), which can run code when loaded.")
 
 
-@click.group()
+@click.group(cls=OneLineErrors)
 @click.version_option(package_name="attnprobe")
 def main():
     """Extract, verify and probe attention in causal language models."""
@@ -45,7 +66,6 @@ def main():
 
 
 @main.command()
-@_one_line_errors
 def models():
     """List the bundled model aliases and whether each is installed."""
     from .models import bundled_status
@@ -62,7 +82,6 @@ def models():
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the per-layer table as JSON.")
 @remote_code_option
 @pickle_option
-@_one_line_errors
 def verify(model_spec, texts, dtype, json_path, trust_remote_code, allow_pickle):
     """Recompute every attention layer from scratch and compare with the model.
 
@@ -91,7 +110,7 @@ def verify(model_spec, texts, dtype, json_path, trust_remote_code, allow_pickle)
 @click.option("--progress/--no-progress", default=None, help="Progress bar; default: on a terminal only.")
 @click.option("--report/--no-report", "with_report", default=True, show_default=True, help="Write statistics and report.html.")
 @click.option("--max-batch-tokens", type=click.IntRange(min=1), help="Cap padded tokens per batch (batch size x longest prompt).")
-@click.option("--shard", "shard_text", help="K/N: compute every N-th chunk starting at K (one process or GPU rank each); "
+@click.option("--shard", type=ShardType(), help="K/N: compute every N-th chunk starting at K (one process or GPU rank each); "
               "'auto' reads RANK and WORLD_SIZE as set by torchrun / accelerate launch. Join with `attnprobe merge`.")
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda:0 (with --shard auto: cuda:LOCAL_RANK).")
 @click.option("--device-map", type=click.Choice(["auto"]), help="Spread a model too large for one device over all devices.")
@@ -99,17 +118,15 @@ def verify(model_spec, texts, dtype, json_path, trust_remote_code, allow_pickle)
               help="Run the suite's head_effects measure (head interventions; minutes per 10 items on a CPU).")
 @remote_code_option
 @pickle_option
-@_one_line_errors
 def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, progress, with_report, max_batch_tokens,
-        shard_text, device, device_map, head_effects, trust_remote_code, allow_pickle):
+        shard, device, device_map, head_effects, trust_remote_code, allow_pickle):
     """Run a probe suite (e.g. probes/gender.yaml) and write its tables to the run directory."""
     import time
 
-    from .runner import run_suite
+    from .api import run_suite
 
     started = time.perf_counter()
-    shard = _parse_shard(shard_text)
-    if shard_text == "auto" and device.startswith("cuda") and ":" not in device:
+    if shard is not None and device.startswith("cuda") and ":" not in device:
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     result = run_suite(suite, model=model_spec, out=out, batch_size=batch_size, limit=limit, dtype=dtype,
                        resume=resume, chunk_size=chunk_size, progress=progress, trust_remote_code=trust_remote_code,
@@ -142,7 +159,6 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
 @main.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
 @click.option("--out", type=click.Path(dir_okay=False), help="HTML file; default RUN_DIR/report.html, or reports/compare.html for several runs.")
-@_one_line_errors
 def report(run_dirs, out):
     """Write statistics (CSV), figures and report.html for one run, or several side by side."""
     from .report import write_report
@@ -150,28 +166,13 @@ def report(run_dirs, out):
     click.echo(f"report: {write_report(list(run_dirs), out)}")
 
 
-def _parse_shard(text: str | None) -> tuple[int, int] | None:
-    if text is None:
-        return None
-    if text == "auto":
-        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-            raise AttnprobeError("--shard auto needs RANK and WORLD_SIZE (set by torchrun or accelerate launch); give K/N instead")
-        return int(os.environ["RANK"]) + 1, int(os.environ["WORLD_SIZE"])
-    try:
-        k, n = (int(part) for part in text.split("/"))
-    except ValueError:
-        raise AttnprobeError(f"--shard {text!r}: write K/N, e.g. 1/4 (or 'auto' under torchrun)") from None
-    return k, n
-
-
 @main.command()
 @click.argument("out", type=click.Path(file_okay=False))
 @click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
 @click.option("--report/--no-report", "with_report", default=True, show_default=True)
-@_one_line_errors
 def merge(out, shard_dirs, with_report):
     """Join the directories of a sharded run into OUT, identical to an unsharded run."""
-    from .runner import merge_shards
+    from .api import merge_shards
 
     result = merge_shards(list(shard_dirs), out)
     click.echo(f"merged {len(shard_dirs)} shards, {result.manifest['n_prompts']} prompts -> {result.directory}")

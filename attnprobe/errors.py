@@ -1,6 +1,7 @@
-"""The one exception family that carries user-facing messages.
+"""Every error class of attnprobe: the one exception family that carries user-facing messages.
 
-The CLI prints `str(error)` on one line and exits non-zero; no traceback for a user mistake.
+The CLI prints `str(error)` on one line and exits with `error.exit_code`; no traceback for a
+user mistake. Raise the most specific subclass; catch `AttnprobeError`.
 """
 
 
@@ -15,6 +16,10 @@ class AttnprobeError(Exception):
         super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"))
 
 
+class SuiteError(AttnprobeError):
+    """A suite that cannot be run; the message is `file:line: what is wrong; how to fix it`."""
+
+
 class ModelSpecError(AttnprobeError):
     """A model spec that cannot be resolved or loaded."""
 
@@ -23,7 +28,15 @@ class CaptureError(AttnprobeError):
     """A capture request that does not fit the model or the batch."""
 
 
+class RunError(AttnprobeError):
+    """A run directory that cannot be used as asked."""
+
+
 class RunInterrupted(AttnprobeError):
     """Ctrl-C during a run: the current chunk was finished and everything so far is kept."""
 
     exit_code = 130
+
+
+class UnsupportedFamily(AttnprobeError):
+    """verify: no from-scratch recomputation exists for this model family."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .capture import _expand_kv, _rows_of_mask, attention_weights, editing, pad_right, run_with_capture
+from .capture import attention_weights, editing, expand_kv, pad_right, rows_of_mask, run_with_capture
 
 
 @dataclass
@@ -45,8 +45,8 @@ class HeadEditor:
         B, H, T, D = query.shape
         S = key.shape[2]
         rows = torch.arange(T, device=query.device).expand(B, T)
-        mask = _rows_of_mask(attention_mask, rows, B, S, causal)  # (B, 1, T, S)
-        values = _expand_kv(value, H)  # (B, H, S, D)
+        mask = rows_of_mask(attention_mask, rows, B, S, causal)  # (B, 1, T, S)
+        values = expand_kv(value, H)  # (B, H, S, D)
         if self.mode == "collect":  # sums of each head's output over real query positions
             real = torch.ones(B, T, dtype=torch.bool, device=query.device) if mask is None else mask[:, 0].diagonal(dim1=1, dim2=2)
             dtype = torch.promote_types(output.dtype, torch.float32)
@@ -148,59 +148,3 @@ def attribution(model, x: torch.Tensor, donor: dict, positive: int, negative: in
         estimates.append((delta * weights.grad).sum((0, 2, 3)))  # (H,)
     model_module.zero_grad(set_to_none=True)
     return torch.stack(estimates).detach()
-
-
-# ------------------------------------------------------------------------------ a suite's items
-
-
-def effect_items(pm, suite, encoded) -> tuple[list[dict], list[str]]:
-    """The (x, x') pairs of a suite's head_effects measure, and the items dropped with the reason.
-
-    One pair per item (prompts that differ only in the contrast slot share the prefix before the
-    cut). x is the prompt's tokens before the cut; x' is the same sentence with the counterfactual
-    slot replaced (capitalised like the original), tokenised and cut the same way."""
-    from .errors import AttnprobeError
-    from .suite import spread_key, token_spans
-
-    measure = suite.head_effects
-    tok = pm.tokenizer
-    items, dropped, seen = [], [], set()
-    for e in sorted(encoded, key=lambda e: spread_key(e.prompt.item_id)):
-        p = e.prompt
-        if p.item_id in seen or measure.cut not in p.spans or measure.slot not in p.spans:
-            continue
-        if measure.templates and p.template_id not in measure.templates:
-            continue
-        seen.add(p.item_id)
-        labels = {label: text for text, label in p.candidates.get(measure.cut, ())}
-        if measure.positive not in labels or measure.negative not in labels:
-            raise AttnprobeError(f"{measure.origin}: candidates at '{measure.cut}' have no label '{measure.positive}' "
-                                 f"or '{measure.negative}' (labels: {', '.join(labels)})")
-        ids = {}
-        for which in ("positive", "negative"):
-            token_ids = tok(labels[getattr(measure, which)], add_special_tokens=False)["input_ids"]
-            if len(token_ids) != 1:
-                raise AttnprobeError(f"{measure.origin}: candidate {labels[getattr(measure, which)]!r} is {len(token_ids)} "
-                                     "tokens; head effects need single-token candidates")
-            ids[which] = token_ids[0]
-        s0, s1 = p.spans[measure.slot]
-        if s0 >= p.spans[measure.cut][0]:
-            dropped.append(f"{p.item_id}: the {measure.slot} comes after the cut")
-            continue
-        original = p.text[s0:s1]
-        replacement = measure.replacement[:1].upper() + measure.replacement[1:] if original[:1].isupper() else measure.replacement
-        text_cf = p.text[:s0] + replacement + p.text[s1:]
-        shift = len(replacement) - len(original)
-        spans_cf = {measure.cut: tuple(c + shift for c in p.spans[measure.cut])}
-        enc = tok(text_cf, return_offsets_mapping=True)
-        cut_cf = token_spans([tuple(o) for o in enc["offset_mapping"]], spans_cf)[measure.cut][0]
-        x = torch.tensor(e.ids[: e.spans[measure.cut][0]])
-        x_cf = torch.tensor(enc["input_ids"][:cut_cf])
-        if len(x) != len(x_cf):
-            dropped.append(f"{p.item_id}: x has {len(x)} tokens but x' ({replacement!r} for {original!r}) has {len(x_cf)}")
-            continue
-        items.append({"item_id": p.item_id, "template_id": p.template_id, "occupation": p.slots.get("occupation", original),
-                      "x": x, "x_cf": x_cf, "positive": ids["positive"], "negative": ids["negative"]})
-        if measure.max_items and len(items) >= measure.max_items:
-            break
-    return items, dropped

@@ -244,7 +244,8 @@ def _refuse_remote_code(source: str, local: bool, trust_remote_code: bool) -> No
 
 
 def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
-    """(tokenizer, context length) without loading weights: what suite validation needs."""
+    """(tokenizer, context length, whether attention goes through attnprobe's function) without
+    loading weights: what suite validation needs."""
     from transformers import AutoConfig
 
     source, local, _, _ = _resolve(spec, allow_pickle=True, convert=False)
@@ -265,7 +266,16 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     tokenizer.padding_side = "right"
-    return tokenizer, getattr(config.get_text_config(), "max_position_embeddings", None)
+    return tokenizer, getattr(config.get_text_config(), "max_position_embeddings", None), routes_attention(config)
+
+
+def routes_attention(config) -> bool:
+    """Whether the causal-LM class of `config` sends attention through transformers' attention
+    interface (and so through attnprobe's function); False for eager-only families such as GPT-Neo."""
+    from transformers import AutoModelForCausalLM
+
+    model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    return bool(getattr(model_class, "_supports_attention_backend", True))
 
 
 def _hub_offline() -> bool:

@@ -259,8 +259,8 @@ def head_effects(run, heads: pd.DataFrame | None = None, cluster: str | None = "
     effect, the share of it carried by the top-k heads (ranked by mean IE in the direction of the
     total effect), and rank agreement of attribution with exact patching and of |IE| with the
     attention-bias |d_z| of the same head (pronoun -> occupation)."""
-    items = pd.read_parquet(run.directory / "head_effects_items.parquet")
-    totals = pd.read_csv(run.directory / "head_effects_totals.csv", keep_default_na=False, na_values=[""]).set_index("item_id")
+    items = run.head_effect_items
+    totals = run.head_effect_totals.set_index("item_id")
     clusters = totals[cluster].to_numpy() if cluster in totals else None
     te = totals["te"].to_numpy()
     te_low, te_high = bootstrap_mean_ci(te, clusters, n_boot, seed)
@@ -300,6 +300,6 @@ def analyse(run, **kwargs) -> dict[str, pd.DataFrame]:
     summary, per_occupation = behavior(run, n_boot=kwargs.get("n_boot", N_BOOT), seed=kwargs.get("seed", 0))
     tables = {"head_stats": heads, "layer_stats": layer_stats(heads), "behavior": summary,
               "behavior_by_occupation": per_occupation, "condition_means": condition_means(run)}
-    if (run.directory / "head_effects_items.parquet").is_file():
+    if run.has_head_effects:
         tables["head_effects"], tables["head_effects_summary"] = head_effects(run, heads, **kwargs)
     return tables

@@ -21,7 +21,7 @@ import torch
 
 from . import reference as ref
 from .capture import ATTN_IMPLEMENTATION, encode, run_with_capture
-from .errors import AttnprobeError
+from .errors import AttnprobeError, UnsupportedFamily
 from .models import ProbeModel, load_model
 
 DEFAULT_TEXTS = [
@@ -42,10 +42,6 @@ TOLERANCES = {
     torch.float32: {"eager": (1e-5, 1e-5), "capture": (1e-5, 1e-5)},
     torch.float64: {"eager": (1e-5, 1e-5), "capture": (1e-10, 1e-10)},
 }
-
-
-class UnsupportedFamily(AttnprobeError):
-    """The model family has no from-scratch recomputation: never reported as passed."""
 
 
 @dataclass

@@ -38,7 +38,7 @@ import torch
 
 import attnprobe
 from attnprobe.capture import pad_right
-from attnprobe.runner import encode_prompts, select_prompts
+from attnprobe.run.plan import encode_prompts, select_prompts
 from attnprobe.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def interleaved(fns: list, repeats: int) -> list[float]:
 
 
 def batches_of(encoded, batch_size: int, pad_id: int, forwarded: bool) -> list:
-    """Length-sorted padded batches of whole prompts or of the tokens a run forwards (runner.forward_length)."""
+    """Length-sorted padded batches of whole prompts or of the tokens a run forwards (run.plan.forward_length)."""
     length = (lambda e: e.n_forward) if forwarded else (lambda e: len(e.ids))
     ordered = sorted(encoded, key=length)
     out = []
@@ -187,9 +187,9 @@ def bench_bfloat16_rows(pm, pm_bf16, encoded, repeats: int) -> dict:
 
 def bench_head_effects(pm, suite, encoded, n_items: int = 3) -> dict:
     """Seconds per item of the gender suite's head_effects measure (all 270 heads exact, 3 modes, attribution)."""
-    from attnprobe.interventions import effect_items, head_means, item_effects
+    from attnprobe.interventions import head_means, item_effects
 
-    items = effect_items(pm, suite, encoded)[0][:n_items]
+    items = suite.head_effects.items(pm.tokenizer, encoded)[0][:n_items]
     L, H = pm.info.n_layers, pm.info.n_heads
     means = head_means(pm, [item["x"] for item in items], L)
     times = []

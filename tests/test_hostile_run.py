@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import attnprobe
-from attnprobe import runner
-from attnprobe.runner import RunError
+from attnprobe.run import storage
+from attnprobe.errors import RunError
 
 pytestmark = pytest.mark.slow
 GENDER = "probes/gender.yaml"
@@ -78,7 +78,7 @@ def test_corrupted_and_truncated_chunks_are_recomputed(smollm, whole, tmp_path):
 
 
 def test_two_runs_in_one_directory_are_refused(smollm, tmp_path):
-    with runner._exclusive(tmp_path):  # another run holds the directory
+    with storage.exclusive(tmp_path):  # another run holds the directory
         with pytest.raises(RunError, match=f"another attnprobe run is writing {tmp_path}; wait for it to finish or choose --out"):
             attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, **SETTINGS)
     assert not (tmp_path / "manifest.json").exists()  # the refused run wrote nothing

@@ -2,7 +2,7 @@
 
 import pytest
 
-from attnprobe.runner import encode_prompts
+from attnprobe.run.plan import encode_prompts
 from attnprobe.suite import load_suite
 
 pytestmark = pytest.mark.slow

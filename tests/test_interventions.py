@@ -114,6 +114,8 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
           - {cut: pronoun, candidates: pronoun}
         head_effects:
           cut: pronoun
+          positive: female
+          negative: male
           counterfactual: {occupation: woman}
         """))
     run = attnprobe.run_suite(suite, model=smollm, out=tmp_path / "run", progress=False, log=lambda m: None)

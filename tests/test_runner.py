@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 import attnprobe
 from attnprobe.cli import main
 from attnprobe.models import from_pretrained_objects
-from attnprobe.runner import RunError
+from attnprobe.errors import RunError
 from attnprobe.suite import SuiteError
 
 GENDER = "probes/gender.yaml"
@@ -193,7 +193,7 @@ def test_cli_run_reports_and_bad_suite_is_one_line(tmp_path):
 
 def test_forward_stops_after_the_last_token_a_measure_reads(smollm, tmp_path):
     """Causal models: tokens after the last span read and the last cut change no result, so they are not forwarded."""
-    from attnprobe.runner import encode_prompts
+    from attnprobe.run.plan import encode_prompts
     from attnprobe.suite import load_suite
 
     suite = tmp_path / "s.yaml"

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from attnprobe.cli import main
-from attnprobe.runner import Encoded, plan_batches, plan_chunks, plan_sha256
+from attnprobe.run.plan import Encoded, plan_batches, plan_chunks, plan_sha256
 from attnprobe.suite import Prompt
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats as sps
 
 from attnprobe import stats
-from attnprobe.runner import Run
+from attnprobe import Run
 
 
 def test_bh_on_a_known_vector():

@@ -17,25 +17,28 @@ import jinja2
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from .. import __version__, stats
-from ..errors import AttnprobeError
-from ..runner import Run
+from .. import stats
+from ..run.reader import RunFiles
+from ..run.storage import atomic_write
 from ..tables import write_csv
+from ..version import __version__
 from . import plots
 
 TABLES = ("head_stats", "layer_stats", "behavior", "behavior_by_occupation", "condition_means")
 
 
-def load_tables(run: Run, refresh: bool = False) -> dict[str, pd.DataFrame]:
-    """The statistics tables of a run, computed once and cached as CSV in the run directory."""
-    names = TABLES + (("head_effects", "head_effects_summary") if (run.directory / "head_effects_items.parquet").is_file() else ())
+def load_tables(run: RunFiles, refresh: bool = False, write: bool = True) -> dict[str, pd.DataFrame]:
+    """The statistics tables of a run, computed once and cached as CSV in the run directory (with
+    `write=False`, computed in memory when the cache is missing or stale, and nothing written)."""
+    names = TABLES + (("head_effects", "head_effects_summary") if run.has_head_effects else ())
     paths = {name: run.directory / f"{name}.csv" for name in names}
     fresh = all(p.is_file() and p.stat().st_mtime >= (run.directory / "attention.parquet").stat().st_mtime for p in paths.values())
     if fresh and not refresh:
         return {name: pd.read_csv(path, keep_default_na=False, na_values=[""]) for name, path in paths.items()}
     tables = stats.analyse(run)
-    for name, table in tables.items():
-        write_csv(table, paths[name])
+    if write:
+        for name, table in tables.items():
+            atomic_write(paths[name], lambda path, table=table: write_csv(table, path))
     return tables
 
 
@@ -50,7 +53,7 @@ def _figure(fig, directory: Path, name: str, alt: str) -> dict:
     return {"png": base64.b64encode(buffer.getvalue()).decode(), "alt": alt}
 
 
-def headline(run: Run, tables: dict) -> str:
+def headline(run: RunFiles, tables: dict) -> str:
     """One sentence with the run's main numbers."""
     manifest = run.manifest
     parts = []
@@ -73,7 +76,7 @@ def headline(run: Run, tables: dict) -> str:
     return "; ".join(parts) + "." if parts else "No paired items in this run."
 
 
-def _run_context(run: Run, tables: dict) -> dict:
+def _run_context(run: RunFiles, tables: dict) -> dict:
     import json
 
     manifest = run.manifest
@@ -97,13 +100,7 @@ def _run_context(run: Run, tables: dict) -> dict:
     overall = b[b["scope"] == "all"].iloc[0] if len(b) else None
     examples = json.loads((run.directory / "examples.json").read_text()) if (run.directory / "examples.json").is_file() else []
     templates = run.prompts.drop_duplicates("template_id")[["template_id"]].rename(columns={"template_id": "id"})
-    from ..suite import load_suite  # the template texts, for the record
-
-    try:
-        suite = load_suite(manifest["suite"]["path"])
-        texts = {t.id: t.text for t in suite.templates}
-    except AttnprobeError:  # the suite file moved or changed: the report still renders, without template texts
-        texts = {}
+    texts = manifest["suite"].get("templates", {})  # recorded by the run: the suite file is not re-read
     effects = _effects_context(tables, heads, figures_dir, manifest)
     return {
         "effects": effects,
@@ -145,7 +142,7 @@ def _effects_context(tables: dict, heads: pd.DataFrame, figures_dir: Path, manif
 def write_report(run_dirs, out: str | Path | None = None) -> Path:
     """Write report.html for one run (into its directory) or a side-by-side report of several."""
     run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
-    runs = [Run(d) for d in run_dirs]
+    runs = [RunFiles(d) for d in run_dirs]
     contexts = [_run_context(run, load_tables(run)) for run in runs]
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template = environment.from_string(files(__package__).joinpath("report.html.j2").read_text())

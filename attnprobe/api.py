@@ -1,0 +1,67 @@
+"""The notebook face: `run_suite` and `Run`, a run directory with its statistics, figures and report.
+
+`Run` reads the run's files (attnprobe.run.reader) and computes statistics on first use
+(attnprobe.stats), reusing the report's cached tables when they are current; reading never writes
+a file. `run.report()` writes the tables, figures and report.html.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+import pandas as pd
+
+from . import run as run_package
+from .report import headline, load_tables, write_report
+from .report.plots import head_heatmap
+from .run.reader import RunFiles
+from .run.storage import merge_shards as _merge_into
+
+
+class Run(RunFiles):
+    """A run directory: its tables as DataFrames, statistics, figures and report."""
+
+    @property
+    def head_stats(self) -> pd.DataFrame:
+        return self._tables()["head_stats"]
+
+    @property
+    def layer_stats(self) -> pd.DataFrame:
+        return self._tables()["layer_stats"]
+
+    @property
+    def behavior(self) -> pd.DataFrame:
+        return self._tables()["behavior"]
+
+    def _tables(self) -> dict:
+        if "_stats" not in self.__dict__:
+            self.__dict__["_stats"] = load_tables(self, write=False)
+        return self.__dict__["_stats"]
+
+    def plot_heads(self, target: str | None = None, value: str = "d_z"):
+        """Layer x head heatmap of the bias effect (non-significant heads masked); a matplotlib Figure."""
+        heads = self.head_stats
+        return head_heatmap(heads, target or heads["target"].iloc[0], value)
+
+    def report(self) -> Path:
+        """Write report.html (and the CSV tables and figures) into the run directory."""
+        return write_report(self.directory)
+
+    def _repr_html_(self) -> str:
+        m = self.manifest
+        return (f"<div><b>attnprobe run</b> {escape(m['suite']['name'])} on {escape(m['model']['spec'])}: "
+                f"{m['n_prompts']} prompts, {escape(m['dtype'])}, <code>{escape(str(self.directory))}</code>"
+                f"<p>{escape(headline(self, self._tables()))}</p></div>")
+
+
+def run_suite(suite, model=None, **options) -> Run:
+    """Run a suite (a path or a loaded Suite) on a model and return the Run; the options are those
+    of `attnprobe.run.run_suite` (out, batch_size, limit, dtype, resume, chunk_size, ...)."""
+    return Run(run_package.run_suite(suite, model, **options))
+
+
+def merge_shards(shard_dirs, out) -> Run:
+    """Join the directories of a sharded run (`--shard K/N`, all N of them) into one run directory
+    identical to an unsharded run with the same settings."""
+    return Run(_merge_into(shard_dirs, out))

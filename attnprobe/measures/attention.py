@@ -1,0 +1,120 @@
+"""The attention measure: how much the tokens of a source span attend to each target span.
+
+Per prompt, layer and head: `source_agg` over the source span's tokens (as query rows) of
+`target_agg` over the target span's tokens (as keys) of the attention weights. One forward
+captures only the source rows (see capture.py); the values land in the long table
+(prompt_id, layer, head, source, target, weight) of ATTENTION_SCHEMA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ..yamllines import required_str
+
+SOURCE_AGGREGATIONS = ("mean", "sum", "first", "last")
+TARGET_AGGREGATIONS = ("sum", "mean", "max")
+ATTENTION_SCHEMA = pa.schema([("prompt_id", pa.int32()), ("layer", pa.int16()), ("head", pa.int16()),
+                              ("source", pa.large_string()), ("target", pa.large_string()), ("weight", pa.float32())])
+
+
+@dataclass(frozen=True)
+class AttentionMeasure:
+    source: str
+    targets: tuple[str, ...]
+    source_agg: str = "mean"
+    target_agg: str = "sum"
+
+    KEY = "attention"
+
+    @property
+    def spans(self) -> tuple[str, ...]:
+        return (self.source, *self.targets)
+
+    def missing(self, span: str) -> str:
+        what = f"attention {self.source} -> {', '.join(self.targets)}" if span == self.source else f"attention {self.source} -> {span}"
+        return f"{what}: not measured where span '{span}' is absent"
+
+    @staticmethod
+    def parse(ctx, node) -> tuple[AttentionMeasure, ...]:
+        measures = []
+        for i, item in enumerate(node):
+            if not isinstance(item, dict):
+                ctx.fail(node, i, "each attention measure is a mapping with `source:` and `targets:`")
+            unknown = set(item) - {"source", "targets", "source_agg", "target_agg"}
+            if unknown:
+                ctx.fail(item, sorted(unknown)[0], f"unknown key '{sorted(unknown)[0]}'; allowed: source, targets, source_agg, target_agg")
+            source = required_str(ctx, item, "source")
+            targets = item.get("targets")
+            if isinstance(targets, str):
+                targets = [targets]
+            if not isinstance(targets, list) or not targets:
+                ctx.fail(item, "targets", "`targets` must list one or more span names")
+            source_agg = item.get("source_agg", "mean")
+            target_agg = item.get("target_agg", "sum")
+            if source_agg not in SOURCE_AGGREGATIONS:
+                ctx.fail(item, "source_agg", f"source_agg must be one of {', '.join(SOURCE_AGGREGATIONS)}")
+            if target_agg not in TARGET_AGGREGATIONS:
+                ctx.fail(item, "target_agg", f"target_agg must be one of {', '.join(TARGET_AGGREGATIONS)}")
+            measures.append(AttentionMeasure(source, tuple(str(t) for t in targets), source_agg, target_agg))
+        return tuple(measures)
+
+
+def source_rows(measures, spans: dict[str, tuple[int, int]]) -> list[int]:
+    """The query rows one prompt needs: every token of every source span it has."""
+    return sorted({t for m in measures if m.source in spans for t in range(*spans[m.source])})
+
+
+def _aggregate(w: torch.Tensor, how: str, dim: int) -> torch.Tensor:
+    if how == "mean":
+        return w.mean(dim)
+    if how == "sum":
+        return w.sum(dim)
+    if how == "max":
+        return w.amax(dim)
+    return w.select(dim, 0 if how == "first" else -1)
+
+
+def blocks(measures, batch, rows_per_prompt: list[list[int]], W: torch.Tensor) -> list:
+    """(prompt_id, source, target, (L*H,) weights, layer-major) per prompt and measured pair.
+    W: (L, B, H, R, S) the captured rows of every layer; rows_per_prompt[b] names row r of W."""
+    out = []
+    for b, e in enumerate(batch):
+        for m in measures:
+            if m.source not in e.spans:
+                continue
+            src = [rows_per_prompt[b].index(t) for t in range(*e.spans[m.source])]
+            for target in m.targets:
+                if target not in e.spans:
+                    continue
+                t0, t1 = e.spans[target]
+                w = W[:, b, :, src, t0:t1]  # (L, H, source tokens, target tokens)
+                value = _aggregate(_aggregate(w, m.target_agg, -1), m.source_agg, -1)  # (L, H)
+                out.append((e.prompt.prompt_id, m.source, target, value.reshape(-1).numpy().astype(np.float32)))
+    return out
+
+
+def attention_table(blocks: list, n_layers: int, n_heads: int) -> pa.Table:
+    """The long attention table of a chunk, sorted by prompt, source, target, layer, head. Each block
+    is one (prompt, source, target) with its L*H weights already in (layer, head) order, so sorting
+    the blocks sorts the rows: no sort over millions of rows with string keys."""
+    blocks = sorted(blocks, key=lambda block: block[:3])  # stable: repeated keys keep measure order
+    n, per_block = len(blocks), n_layers * n_heads
+    if n == 0:
+        return ATTENTION_SCHEMA.empty_table()
+
+    def labels(i):
+        return pa.array(np.repeat(np.array([block[i] for block in blocks], dtype=object), per_block), pa.large_string())
+
+    return pa.table({
+        "prompt_id": np.repeat(np.array([block[0] for block in blocks], dtype=np.int32), per_block),
+        "layer": np.tile(np.repeat(np.arange(n_layers, dtype=np.int16), n_heads), n),
+        "head": np.tile(np.arange(n_heads, dtype=np.int16), n * n_layers),
+        "source": labels(1),
+        "target": labels(2),
+        "weight": np.concatenate([block[3] for block in blocks]),
+    }, schema=ATTENTION_SCHEMA)

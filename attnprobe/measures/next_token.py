@@ -1,0 +1,128 @@
+"""The next-token measure: log-probabilities of candidate continuations where a span begins.
+
+The prompt is cut right before the span `cut`; each candidate (an explicit string, or the values
+of a slot in the form and case shown at the cut, with the space before it) is scored as
+log p(candidate | prefix), summed over its tokens. Rows land in logprobs.csv:
+(prompt_id, cut, candidate, candidate_label, logprob).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..capture import pad_right
+from ..errors import SuiteError
+from ..yamllines import line_of, required_str
+
+LOGPROB_COLUMNS = ("prompt_id", "cut", "candidate", "candidate_label", "logprob")
+
+
+@dataclass(frozen=True)
+class NextTokenMeasure:
+    cut: str  # the span before whose first token the prompt is cut
+    candidates: tuple[str, ...] | str  # explicit strings, or the name of a slot to take them from
+    origin: str = ""  # file:line, for error messages
+
+    KEY = "next_token"
+
+    @property
+    def spans(self) -> tuple[str, ...]:
+        return (self.cut,)
+
+    def missing(self, span: str) -> str:
+        return f"next_token at '{self.cut}': not measured where span '{span}' is absent"
+
+    @staticmethod
+    def parse(ctx, node, slots) -> tuple[NextTokenMeasure, ...]:
+        measures = []
+        for i, item in enumerate(node):
+            if not isinstance(item, dict):
+                ctx.fail(node, i, "each next_token measure is a mapping with `cut:` and `candidates:`")
+            cut = required_str(ctx, item, "cut")
+            candidates = item.get("candidates")
+            if isinstance(candidates, str):
+                if candidates not in slots:
+                    ctx.fail(item, "candidates", f"candidates '{candidates}' is not a slot; give a slot name or a list like [\" he\", \" she\"]")
+            elif isinstance(candidates, list) and candidates:
+                for j, candidate in enumerate(candidates):
+                    if not isinstance(candidate, str) or candidate == "":
+                        ctx.fail(candidates, j, f"candidate {j + 1} is empty; give the word with its leading space, e.g. \" she\"")
+                candidates = tuple(candidates)
+            else:
+                ctx.fail(item, "candidates", "`candidates` must be a slot name or a non-empty list of strings")
+            measures.append(NextTokenMeasure(cut, candidates, origin=f"{ctx.path}:{line_of(item, 'candidates')}"))
+        return tuple(measures)
+
+    def candidates_for(self, prompt, slots) -> tuple[tuple[str, str], ...]:
+        """(text, label) pairs. From a slot: each value in the form and case used at the cut, with the
+        space that precedes the span in this prompt (so " she" after "said that", "She" at the start)."""
+        if not isinstance(self.candidates, str):
+            return tuple((c, c.strip()) for c in self.candidates)
+        start, end = prompt.spans[self.cut]
+        shown = prompt.text[start:end]
+        space = prompt.text[max(0, start - 1):start] if start > 0 and prompt.text[start - 1].isspace() else ""
+        slot = slots[self.candidates]
+        form = prompt.span_forms.get(self.cut)  # the form shown at the cut, e.g. nom for "she"
+        form = form if form in slot.form_names else slot.form_names[0]
+        out = []
+        for value in slot.values:
+            word = value.forms[form]
+            if shown[:1].isupper():
+                word = word[:1].upper() + word[1:]
+            label = str(value.meta.get("label", "/".join(value.forms.values())))
+            out.append((space + word, label))
+        return tuple(dict.fromkeys(out))
+
+
+def candidate_ids(measures, prompts, tokenizer) -> dict[str, tuple[int, ...]]:
+    """Token ids of every candidate string, tokenised as a continuation (no special tokens)."""
+    origins = {m.cut: m.origin for m in measures}
+    table = {}
+    for prompt in prompts:
+        for cut, candidates in prompt.candidates.items():
+            for text, _ in candidates:
+                if text not in table:
+                    ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+                    if not ids:
+                        raise SuiteError(f"{origins.get(cut, prompt.origin)}: candidate {text!r} tokenises to nothing; "
+                                         "give a visible word such as \" she\"")
+                    table[text] = ids
+    return table
+
+
+def logit_positions(batch) -> list[int]:
+    """The positions whose next-token logits a batch needs: the token before each cut."""
+    return sorted({e.spans[cut][0] - 1 for e in batch for cut in e.prompt.candidates})
+
+
+def logprobs(pm, batch, logits, positions, cand_ids) -> dict:
+    """Rows of logprobs.csv for one batch, as column lists. logits: (B, P, V) at `positions`."""
+    out = {name: [] for name in LOGPROB_COLUMNS}
+    if logits is None:
+        return out
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (B, P, V)
+    continuations = []  # candidates of several tokens need their own forward pass
+    for b, e in enumerate(batch):
+        for cut, candidates in e.prompt.candidates.items():
+            p = positions.index(e.spans[cut][0] - 1)
+            for text, label in candidates:
+                tokens = cand_ids[text]
+                value = logp[b, p, tokens[0]].item()
+                if len(tokens) > 1:
+                    continuations.append((len(out["logprob"]), e.ids[: e.spans[cut][0]], tokens))
+                for key, item in zip(out, (e.prompt.prompt_id, cut, text, label, value)):
+                    out[key].append(item)
+    if continuations:
+        _add_continuations(pm, out["logprob"], continuations)
+    return out
+
+
+@torch.inference_mode()
+def _add_continuations(pm, logprobs: list, continuations: list) -> None:
+    """log p(c1..cn | prefix) = sum_i log p(c_i | prefix, c_<i); the first term is already in place."""
+    ids, mask = pad_right([prefix + tokens for _, prefix, tokens in continuations], pm.tokenizer.pad_token_id)
+    logp = torch.log_softmax(pm.model(input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device)).logits.float(), -1)
+    for b, (slot, prefix, tokens) in enumerate(continuations):
+        logprobs[slot] += sum(logp[b, len(prefix) + i - 1, tokens[i]].item() for i in range(1, len(tokens)))

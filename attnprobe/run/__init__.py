@@ -1,0 +1,168 @@
+"""Running a suite on a model: plan (pure), execute (the batch kernel), store (the run directory).
+
+`run_suite` validates the suite against the tokenizer, plans the batches, checks every measure
+(head effects included) before any weights load, then computes the chunks this process owns and
+writes them through `storage`; it returns the run directory. Reading a run: `reader.RunFiles`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import RunError, RunInterrupted
+from ..measures import head_effects as head_effects_measure
+from ..measures.attention import attention_table
+from ..measures.next_token import candidate_ids
+from ..models import DEFAULT_MODEL, ProbeModel, load_model, load_tokenizer
+from ..suite import Suite, load_suite
+from ..tables import write_csv
+from ..version import __version__
+from . import storage
+from .execute import deferred_interrupt, example_attention, measure_batch, progress_bar
+from .plan import encode_prompts, fingerprint, plan_batches, plan_chunks, plan_sha256, select_prompts
+
+SEED = 0  # nothing in a run is random; recorded so statistics that resample can say what they used
+
+__all__ = ["SEED", "model_name", "run_suite"]
+
+
+def model_name(spec: str) -> str:
+    """The directory name of a model spec: a path's last part (without .gguf), a hub id with '_' for '/'."""
+    path = Path(spec)
+    if spec.endswith(".gguf"):
+        return path.stem
+    if path.exists():
+        return path.resolve().name or "model"
+    return spec.replace("/", "_")
+
+
+def run_suite(
+    suite: str | Path | Suite,
+    model: str | ProbeModel | None = None,
+    out: str | Path | None = None,
+    batch_size: int = 32,
+    limit: int | None = None,
+    dtype: str = "float32",
+    resume: bool = True,
+    chunk_size: int = 512,
+    progress: bool | None = None,
+    trust_remote_code: bool = False,
+    log=None,
+    max_batch_tokens: int | None = None,
+    shard: tuple[int, int] | None = None,
+    device: str = "cpu",
+    device_map: str | None = None,
+    head_effects: bool = True,
+    allow_pickle: bool = False,
+) -> Path:
+    """Run `suite` and return its run directory. Validation (suite, tokens, candidates, context,
+    head-effects items) happens before the model's weights load; a finished chunk is never
+    recomputed when `resume` is on.
+
+    `shard=(k, n)` computes only chunks k-1, k-1+n, ... (one shard per process or GPU rank) into
+    its own directory; `storage.merge_shards` joins the n directories into the unsharded result.
+    The suite's head_effects measure runs in unsharded runs unless `head_effects=False`."""
+    suite = suite if isinstance(suite, Suite) else load_suite(suite)
+    log = log or (lambda message: print(message, file=sys.stderr))
+    if batch_size < 1 or chunk_size < 1:
+        raise RunError("batch size and chunk size must be at least 1")
+    if shard is not None and not (len(shard) == 2 and 1 <= shard[0] <= shard[1]):
+        raise RunError(f"shard must be K/N with 1 <= K <= N, got {shard}")
+    spec = model.info.spec if isinstance(model, ProbeModel) else (model or suite.model or DEFAULT_MODEL)
+    if isinstance(model, ProbeModel):
+        tokenizer, max_positions, routes = model.tokenizer, model.info.max_positions, model.info.uses_interface
+        dtype = str(model.dtype).removeprefix("torch.")  # a loaded model runs in its own dtype
+    else:
+        tokenizer, max_positions, routes = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    prompts = select_prompts(suite.prompts, limit)
+    encoded = encode_prompts(suite, prompts, tokenizer, max_positions)
+    cand_ids = candidate_ids(suite.next_token, prompts, tokenizer)
+    chunks = plan_chunks(plan_batches(encoded, batch_size, max_batch_tokens), chunk_size)
+    mine = [k for k in range(len(chunks)) if shard is None or k % shard[1] == shard[0] - 1]
+    effects = suite.head_effects if head_effects and shard is None else None
+    if effects is not None:  # every head-effects problem surfaces now, before any weights load
+        effects.check_family(routes, spec)
+        effect_items, dropped = effects.items(tokenizer, encoded)
+
+    name = model.info.name if isinstance(model, ProbeModel) else model_name(spec)
+    directory = Path(out) if out else Path("reports") / suite.name / name
+    if shard is not None:  # every rank may be given the same --out
+        directory = directory / f"shard-{shard[0]}-of-{shard[1]}"
+    settings = {"suite_sha256": suite.sha256, "model": spec, "dtype": dtype, "batch_size": batch_size,
+                "chunk_size": chunk_size, "limit": limit, "max_batch_tokens": max_batch_tokens, "attnprobe": __version__,
+                "plan_sha256": plan_sha256(chunks, encoded)}
+    expected = fingerprint(settings, shard)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunError(f"cannot create output directory {directory}: {exc.strerror}; choose another with --out") from None
+    with storage.exclusive(directory):
+        previous = storage.prepare_directory(directory, expected, resume) or {}
+        pm = model if isinstance(model, ProbeModel) else load_model(
+            spec, dtype=dtype, device=device, device_map=device_map, trust_remote_code=trust_remote_code,
+            allow_pickle=allow_pickle)
+        manifest = {
+            "fingerprint": expected,
+            "status": "running",
+            "shard": list(shard) if shard else None,
+            "suite": {"name": suite.name, "path": suite.path, "sha256": suite.sha256, "description": suite.description,
+                      "contrast": suite.contrast, "templates": {t.id: t.text for t in suite.templates}},
+            "model": {"spec": spec, "name": name, "family": pm.info.family, "weights_sha256": storage.weights_sha(pm),
+                      "n_layers": pm.info.n_layers, "n_heads": pm.info.n_heads, "n_kv_heads": pm.info.n_kv_heads},
+            "dtype": str(pm.dtype).removeprefix("torch."),
+            "seed": SEED,
+            "settings": settings,
+            "versions": storage.versions(),
+            "n_prompts": len(encoded),
+            "n_chunks": len(chunks),
+            "skipped": list(suite.skipped),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        if "head_effects" in previous and storage.has_head_effects(directory):  # a re-run keeps what it computed
+            manifest["head_effects"] = previous["head_effects"]
+        storage.write_manifest(directory, manifest)
+        storage.atomic_write(directory / "prompts.csv", lambda p: write_csv(storage.prompts_table(encoded), p))
+
+        chunk_dir = directory / "chunks"
+        chunk_dir.mkdir(exist_ok=True)
+        done = storage.complete_chunks(chunk_dir, len(chunks), log)
+        if done:
+            log(f"resuming {directory}: {len(done)} of {len(chunks)} chunks already complete")
+        started = time.perf_counter()
+        bar = progress_bar(sum(len(b) for k in mine for b in chunks[k]), sum(len(b) for k in done for b in chunks[k]), progress)
+        with deferred_interrupt(log) as interrupted:
+            for k in mine:
+                if k in done:
+                    continue
+                blocks, logprob_parts = [], []
+                for batch in chunks[k]:
+                    attention, logprobs = measure_batch(pm, suite, [encoded[i] for i in batch], cand_ids)
+                    blocks += attention
+                    logprob_parts.append(pd.DataFrame(logprobs))
+                    bar.update(len(batch))
+                storage.write_chunk(chunk_dir, k, attention_table(blocks, pm.info.n_layers, pm.info.n_heads), logprob_parts)
+                if interrupted():
+                    bar.close()
+                    manifest.update(status="interrupted", interrupted=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+                    storage.write_manifest(directory, manifest)
+                    raise RunInterrupted(f"interrupted after chunk {k + 1} of {len(chunks)}; the finished chunks are kept "
+                                         f"in {chunk_dir}: rerun the same command to resume")
+        bar.close()
+        if shard is None:
+            storage.assemble(directory, len(chunks))
+        if shard is None or shard[0] == 1:
+            examples = example_attention(pm, encoded, suite.contrast)
+            storage.atomic_write(directory / "examples.json", lambda p: p.write_text(json.dumps(examples)))
+        if effects is not None and "head_effects" not in manifest:
+            bar = progress_bar(len(effect_items), 0, progress, unit="item", desc="head effects")
+            table, totals, manifest["head_effects"] = head_effects_measure.compute(pm, effects, effect_items, dropped, bar)
+            storage.write_head_effects(directory, table, totals)
+        manifest.update(status="complete" if shard is None else "shard complete", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        compute_seconds_this_session=round(time.perf_counter() - started, 3))
+        storage.write_manifest(directory, manifest)
+    return directory

@@ -1,0 +1,121 @@
+"""Planning a run, pure functions only: which prompts, their tokens and spans, how far each is
+forwarded, the length-sorted batches, the chunks, and the hashes a resumed run or a shard must share.
+
+The plan depends only on the suite, the tokenizer and the settings, so a resumed run recomputes the
+same batches and ends with results identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from ..errors import SuiteError
+from ..suite import Prompt, Suite, spread_key, token_spans
+
+
+@dataclass(frozen=True)
+class Encoded:
+    prompt: Prompt
+    ids: tuple[int, ...]
+    spans: dict[str, tuple[int, int]]  # token ranges [start, end) in the unpadded prompt
+    n_forward: int  # leading tokens the run forwards (see forward_length)
+
+    @property
+    def forward_ids(self) -> tuple[int, ...]:
+        return self.ids[: self.n_forward]
+
+
+def select_prompts(prompts: tuple[Prompt, ...], limit: int | None) -> list[Prompt]:
+    """About `limit` prompts taken as whole items (all contrast variants), one item per template in
+    turn, so a small run still spans every template; within a template items come in a fixed
+    pseudo-random order (by a hash of the item id), so they spread over slot values such as
+    occupations. Original prompt ids are kept."""
+    if limit is None or limit >= len(prompts):
+        return list(prompts)
+    items: dict[str, dict[str, list[Prompt]]] = {}
+    for prompt in prompts:
+        items.setdefault(prompt.template_id, {}).setdefault(prompt.item_id, []).append(prompt)
+    queues = [[by_item[k] for k in sorted(by_item, key=spread_key)] for by_item in items.values()]
+    chosen: list[Prompt] = []
+    for round_ in range(max(len(q) for q in queues)):
+        for queue in queues:
+            if round_ < len(queue):
+                if chosen and len(chosen) + len(queue[round_]) > limit:
+                    return sorted(chosen, key=lambda p: p.prompt_id)
+                chosen.extend(queue[round_])
+    return sorted(chosen, key=lambda p: p.prompt_id)
+
+
+def encode_prompts(suite: Suite, prompts: list[Prompt], tokenizer, max_positions: int | None) -> list[Encoded]:
+    """Tokenise once and map spans to tokens; every problem is a `file:line:` SuiteError."""
+    encodings = tokenizer([p.text for p in prompts], return_offsets_mapping=True, add_special_tokens=True)
+    encoded = []
+    for prompt, ids, offsets in zip(prompts, encodings["input_ids"], encodings["offset_mapping"]):
+        if max_positions is not None and len(ids) > max_positions:
+            raise SuiteError(f"{prompt.origin}: prompt {prompt.prompt_id} has {len(ids)} tokens, more than the model's "
+                             f"context of {max_positions}; shorten the template or its slot values")
+        spans = token_spans([tuple(o) for o in offsets], prompt.spans)
+        for name, (start, _) in spans.items():
+            if start < 0:
+                raise SuiteError(f"{prompt.origin}: span '{name}' covers no token in {prompt.text!r}; give the slot visible text")
+        for cut in prompt.candidates:
+            if spans[cut][0] == 0:
+                raise SuiteError(f"{prompt.origin}: next_token cut at '{cut}' leaves no tokens before it in {prompt.text!r}")
+        encoded.append(Encoded(prompt, tuple(ids), spans, forward_length(suite, prompt, spans)))
+    return encoded
+
+
+def forward_length(suite: Suite, prompt: Prompt, spans: dict[str, tuple[int, int]]) -> int:
+    """How many leading tokens of a prompt a run must forward. The models are causal: the attention
+    row of a query and the logits at a position depend only on the tokens up to that position. So
+    everything after the last span an attention measure reads (source or target) and after the last
+    next-token cut is left out without changing any result (the gender suite: 63% of its tokens)."""
+    ends = [spans[name][1] for m in suite.attention for name in m.spans if name in spans]
+    ends += [spans[cut][0] for cut in prompt.candidates]
+    return max(ends, default=1)
+
+
+def plan_batches(encoded: list[Encoded], batch_size: int, max_batch_tokens: int | None = None) -> list[list[int]]:
+    """Indices into `encoded`, sorted by forwarded length (then prompt id) and cut into batches of at
+    most `batch_size` prompts and, if given, at most `max_batch_tokens` padded tokens."""
+    order = sorted(range(len(encoded)), key=lambda i: (encoded[i].n_forward, encoded[i].prompt.prompt_id))
+    batches, current = [], []
+    for i in order:
+        longest = encoded[i].n_forward  # sorted: the newest prompt is the longest of its batch
+        too_many_tokens = max_batch_tokens is not None and current and (len(current) + 1) * longest > max_batch_tokens
+        if len(current) == batch_size or too_many_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    return batches + ([current] if current else [])
+
+
+def plan_chunks(batches: list[list[int]], chunk_size: int) -> list[list[list[int]]]:
+    """Consecutive batches grouped into chunks of at least `chunk_size` prompts (the last may be smaller)."""
+    chunks, current = [], []
+    for batch in batches:
+        current.append(batch)
+        if sum(len(b) for b in current) >= chunk_size:
+            chunks.append(current)
+            current = []
+    return chunks + ([current] if current else [])
+
+
+# ------------------------------------------------------------------------------ one batch
+
+
+def plan_sha256(chunks: list[list[list[int]]], encoded: list[Encoded]) -> str:
+    """What every chunk forwards (prompt ids and forwarded token ids, batch by batch): a resumed run
+    or a shard continues only a run that planned the very same batches, which another tokenizer or
+    another attnprobe version may not."""
+    plan = [[[(encoded[i].prompt.prompt_id, encoded[i].forward_ids) for i in batch] for batch in chunk] for chunk in chunks]
+    return hashlib.sha256(json.dumps(plan).encode()).hexdigest()
+
+
+def fingerprint(settings: dict, shard) -> str:
+    """What a resumed run must share with the run it continues."""
+    keyed = dict(settings, shard=list(shard)) if shard else settings
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
+

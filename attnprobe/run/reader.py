@@ -1,0 +1,55 @@
+"""Reading a run directory: the manifest and the run's tables as DataFrames, read lazily. Reads
+only; statistics and figures live downstream (attnprobe.stats, attnprobe.report, attnprobe.api)."""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import RunError
+
+
+class RunFiles:
+    """A run directory, read lazily into DataFrames."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        if not (self.directory / "manifest.json").is_file():
+            raise RunError(f"{self.directory}: no manifest.json; not an attnprobe run directory")
+
+    @cached_property
+    def manifest(self) -> dict:
+        return json.loads((self.directory / "manifest.json").read_text())
+
+    @cached_property
+    def prompts(self) -> pd.DataFrame:
+        return pd.read_csv(self.directory / "prompts.csv", keep_default_na=False, na_values=[""])
+
+    @cached_property
+    def attention(self) -> pd.DataFrame:
+        return pd.read_parquet(self.directory / "attention.parquet")
+
+    @cached_property
+    def logprobs(self) -> pd.DataFrame:
+        return pd.read_csv(self.directory / "logprobs.csv", keep_default_na=False, na_values=[""])
+
+    @property
+    def has_head_effects(self) -> bool:
+        return (self.directory / "head_effects_items.parquet").is_file()
+
+    @cached_property
+    def head_effect_items(self) -> pd.DataFrame:
+        """Per item and head: the effect of each intervention (see attnprobe.interventions)."""
+        return pd.read_parquet(self.directory / "head_effects_items.parquet")
+
+    @cached_property
+    def head_effect_totals(self) -> pd.DataFrame:
+        """Per item: y, y' and the total effect of the counterfactual."""
+        return pd.read_csv(self.directory / "head_effects_totals.csv", keep_default_na=False, na_values=[""])
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return f"{type(self).__name__}({self.directory}, suite={m['suite']['name']}, model={m['model']['spec']}, prompts={m['n_prompts']})"

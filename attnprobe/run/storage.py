@@ -1,0 +1,242 @@
+"""The run directory: every file a run writes, how it is written, locked, resumed and merged.
+
+  prompts.csv        one row per prompt: ids, text, slot values, metadata, spans (char and token)
+  attention.parquet  prompt_id, layer, head, source, target, weight
+  logprobs.csv       prompt_id, cut, candidate, candidate_label, logprob
+  examples.json      full attention of a few prompts, for the report's attention view
+  head_effects_*     per item and head, and per item totals, of the head_effects measure
+  manifest.json      suite hash, model spec and weights hash, versions, dtype, seed, times, settings
+  chunks/            the finished chunks; a chunk counts only once its `.done` marker exists, so a run
+                     killed at any moment resumes from the last complete chunk.
+Every write is atomic (a temporary sibling, then a rename). `--fresh` removes exactly ARTEFACTS
+and the report's DERIVED files, never anything else.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import platform
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from ..errors import RunError
+from ..measures.attention import ATTENTION_SCHEMA
+from ..models import ProbeModel, files_sha256
+from ..tables import write_csv
+from ..version import __version__
+from .plan import Encoded, fingerprint
+
+ARTEFACTS = ("chunks", "attention.parquet", "logprobs.csv", "prompts.csv", "examples.json",
+             "head_effects_items.parquet", "head_effects_totals.csv", "manifest.json")
+# written from a run by the report (statistics tables, figures, the page)
+DERIVED = ("head_stats.csv", "layer_stats.csv", "behavior.csv", "behavior_by_occupation.csv", "condition_means.csv",
+           "head_effects.csv", "head_effects_summary.csv", "figures", "report.html")
+
+
+def prompts_table(encoded: list[Encoded]) -> pd.DataFrame:
+    records = []
+    for e in encoded:
+        p = e.prompt
+        record = {"prompt_id": p.prompt_id, "item_id": p.item_id, "template_id": p.template_id, "text": p.text,
+                  "n_tokens": len(e.ids), **p.slots, **p.meta}
+        for name, (c0, c1) in p.spans.items():
+            t0, t1 = e.spans[name]
+            record.update({f"{name}_char_start": c0, f"{name}_char_end": c1, f"{name}_tok_start": t0, f"{name}_tok_end": t1})
+        records.append(record)
+    table = pd.DataFrame.from_records(records)
+    span_columns = [c for c in table.columns if c.endswith(("_char_start", "_char_end", "_tok_start", "_tok_end"))]
+    table[span_columns] = table[span_columns].astype("Int64")  # spans a template lacks stay empty
+    return table
+
+
+def atomic_write(path: Path, write) -> None:
+    """Write to a temporary sibling, then rename: a reader never sees a half-written file. A failed
+    write (disk full, permissions) leaves what was there before and says how to go on."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise RunError(f"cannot write {path}: {exc.strerror or exc}; results written so far are kept: "
+                       "free space or fix permissions, then rerun the same command to resume") from None
+
+
+def versions() -> dict:
+    import transformers
+
+    return {"attnprobe": __version__, "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "pandas": pd.__version__, "numpy": np.__version__}
+
+
+def weights_sha(pm: ProbeModel) -> str | None:
+    if pm.info.source_sha256:
+        return pm.info.source_sha256
+    folder = Path(str(getattr(pm.model, "name_or_path", "")))
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    return files_sha256(files) if files else None
+
+
+
+
+def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
+    """Join the directories of a sharded run (`--shard K/N`, all N of them) into one run directory
+    identical to an unsharded run with the same settings."""
+    shard_dirs = [Path(d) for d in shard_dirs]
+    manifests = []
+    for d in shard_dirs:
+        path = d / "manifest.json"
+        if not path.is_file():
+            raise RunError(f"{d}: no manifest.json; give the directories written by `attnprobe run --shard K/N`")
+        manifests.append(read_manifest(path))
+    for d, m in zip(shard_dirs, manifests):
+        if not m.get("shard") or m.get("status") != "shard complete":
+            raise RunError(f"{d} is not a finished shard (status: {m.get('status')}); finish it by rerunning its command")
+    n = manifests[0]["shard"][1]
+    ks = sorted(m["shard"][0] for m in manifests)
+    if ks != list(range(1, n + 1)) or any(m["shard"][1] != n for m in manifests):
+        raise RunError(f"shards {ks} of {n} given; give each of the {n} shard directories exactly once")
+    if len({json.dumps(m["settings"], sort_keys=True) for m in manifests}) != 1:
+        raise RunError("the shards were run with different settings (suite, model, dtype, batch, chunk, limit or tokenisation)")
+    by_k = {m["shard"][0]: (d, m) for d, m in zip(shard_dirs, manifests)}
+    out = Path(out)
+    (out / "chunks").mkdir(parents=True, exist_ok=True)
+    with exclusive(out):
+        n_chunks = manifests[0]["n_chunks"]
+        for k in range(n_chunks):
+            source_dir = by_k[k % n + 1][0] / "chunks"
+            if k not in complete_chunks(source_dir, n_chunks, lambda m: None):
+                raise RunError(f"{source_dir} lacks chunk {k} (or it is damaged); rerun that shard's command to finish it")
+            for suffix in ("attention.parquet", "logprobs.parquet", "done"):
+                shutil.copyfile(source_dir / f"{k:05d}.{suffix}", out / "chunks" / f"{k:05d}.{suffix}")
+        first_dir, first = by_k[1]
+        for name in ("prompts.csv", "examples.json"):
+            shutil.copyfile(first_dir / name, out / name)
+        assemble(out, n_chunks)
+        merged = dict(first, shard=None, status="complete", merged_from=[str(d) for d in shard_dirs],
+                      fingerprint=fingerprint(first["settings"], None), finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        write_manifest(out, merged)
+    return out
+
+
+def write_manifest(directory: Path, manifest: dict) -> None:
+    atomic_write(directory / "manifest.json", lambda p: p.write_text(json.dumps(manifest, indent=1)))
+
+
+@contextmanager
+def exclusive(directory: Path):
+    """Hold an exclusive lock on the run directory (released by the OS even if we are killed)."""
+    handle = open(directory / ".lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise RunError(f"another attnprobe run is writing {directory}; wait for it to finish or choose --out") from None
+    try:
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+
+
+def complete_chunks(chunk_dir: Path, n_chunks: int, log) -> set[int]:
+    """Chunks with a marker whose files read back whole; a damaged chunk loses its marker and is redone."""
+    done = set()
+    for k in range(n_chunks):
+        marker = chunk_dir / f"{k:05d}.done"
+        if not marker.is_file():
+            continue
+        try:
+            rows = json.loads(marker.read_text())["rows"]
+            if pq.read_metadata(chunk_dir / f"{k:05d}.attention.parquet").num_rows != rows:
+                raise ValueError(f"expected {rows} rows")
+            pq.read_metadata(chunk_dir / f"{k:05d}.logprobs.parquet")
+        except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+            log(f"chunk {k} in {chunk_dir} is damaged ({exc}); recomputing it")
+            marker.unlink()
+            continue
+        done.add(k)
+    return done
+
+
+def prepare_directory(directory: Path, expected: str, resume: bool) -> dict | None:
+    """Make `directory` ready for a run with this fingerprint; return the manifest to continue (the
+    same fingerprint and `resume`), else None. Starting over deletes only what attnprobe writes
+    (ARTEFACTS and DERIVED), and only where manifest.json is an attnprobe manifest."""
+    path = directory / "manifest.json"
+    if not path.is_file():
+        return None
+    previous = read_manifest(path)
+    if resume and previous.get("fingerprint") == expected:
+        return previous
+    if resume:
+        raise RunError(f"{directory} holds a run with other settings (suite, model, dtype, batch or chunk size, "
+                       "limit, tokenisation); rerun with --fresh to replace it, or choose --out")
+    for name in ARTEFACTS + DERIVED:
+        target = directory / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+    return None
+
+
+def read_manifest(path: Path) -> dict:
+    """An attnprobe manifest, or a RunError saying the file belongs to something else."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RunError(f"{path}: cannot read it as an attnprobe manifest ({exc}); choose another --out") from None
+    if not isinstance(manifest, dict) or not {"fingerprint", "settings", "versions"} <= set(manifest):
+        raise RunError(f"{path} was not written by attnprobe; nothing was deleted: choose another --out")
+    return manifest
+
+
+
+
+def write_chunk(chunk_dir: Path, k: int, attention: pa.Table, logprob_parts: list) -> None:
+    logprobs = pd.concat(logprob_parts, ignore_index=True).sort_values(["prompt_id", "cut"], kind="stable", ignore_index=True)
+    atomic_write(chunk_dir / f"{k:05d}.attention.parquet", lambda p: pq.write_table(attention, p))
+    atomic_write(chunk_dir / f"{k:05d}.logprobs.parquet", lambda p: logprobs.to_parquet(p, index=False))
+    # the marker comes last: a chunk without it is recomputed on resume
+    atomic_write(chunk_dir / f"{k:05d}.done", lambda p: p.write_text(json.dumps({"rows": attention.num_rows})))
+
+
+def assemble(directory: Path, n_chunks: int) -> None:
+    """Stream chunk files into attention.parquet (one chunk in memory at a time) and logprobs.csv."""
+    chunk_dir = directory / "chunks"
+
+    def write_attention(path):
+        with pq.ParquetWriter(path, ATTENTION_SCHEMA) as writer:
+            for k in range(n_chunks):
+                writer.write_table(pq.read_table(chunk_dir / f"{k:05d}.attention.parquet", schema=ATTENTION_SCHEMA))
+
+    atomic_write(directory / "attention.parquet", write_attention)
+    logprobs = [pd.read_parquet(chunk_dir / f"{k:05d}.logprobs.parquet") for k in range(n_chunks)]
+    table = pd.concat(logprobs, ignore_index=True) if logprobs else pd.DataFrame()
+    if len(table):
+        table = table.sort_values(["prompt_id", "cut"], kind="stable", ignore_index=True)
+    atomic_write(directory / "logprobs.csv", lambda p: write_csv(table, p))
+
+
+
+
+HEAD_EFFECTS_FILES = ("head_effects_items.parquet", "head_effects_totals.csv")
+
+
+def has_head_effects(directory: Path) -> bool:
+    return all((directory / name).is_file() for name in HEAD_EFFECTS_FILES)
+
+
+def write_head_effects(directory: Path, items: pd.DataFrame, totals: pd.DataFrame) -> None:
+    atomic_write(directory / HEAD_EFFECTS_FILES[0], lambda p: items.to_parquet(p, index=False))
+    atomic_write(directory / HEAD_EFFECTS_FILES[1], lambda p: write_csv(totals, p))

@@ -1,0 +1,129 @@
+"""Probe suites: the YAML schema, validation with file and line, expansion into prompts.
+
+A suite (documented in probes/README.md) names slots, templates that use them, optional explicit
+sentence files with bracketed spans, and the measures to take. `load_suite` validates everything
+that can be checked without a model and expands the prompts once; `token_spans` maps character
+spans to token ranges once a tokenizer is known. Only `yaml.safe_load`-level constructs are
+accepted. The rooms: attnprobe.yamllines (YAML with lines, the error context), types (the typed objects),
+slots, templates (typed conditions, expansion), sentences; measures parse in attnprobe.measures.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from ..errors import SuiteError
+from ..measures import AttentionMeasure, HeadEffectsMeasure, NextTokenMeasure
+from .sentences import load_sentence_sets, sentence_prompts
+from .slots import load_slots
+from .templates import check_size, expand, load_templates
+from ..spans import spread_key, token_spans
+from .types import Condition, Prompt, Slot, SlotValue, Suite, Template
+from ..yamllines import Context, Map, as_list, optional_str, required_str, safe_load_with_lines
+
+DEFAULT_MAX_PROMPTS = 1_000_000
+_TOP_KEYS = {"name", "description", "model", "contrast", "slots", "templates", "sentences", "attention",
+             "next_token", "head_effects", "max_prompts"}
+
+__all__ = ["Condition", "Prompt", "Slot", "SlotValue", "Suite", "SuiteError", "Template", "load_suite", "spread_key",
+           "token_spans", "AttentionMeasure", "HeadEffectsMeasure", "NextTokenMeasure"]
+
+
+def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
+    """Read, validate and expand a suite file. Raises SuiteError with `file:line: ...`."""
+    path = Path(path)
+    if not path.is_file():
+        raise SuiteError(f"{path}: suite file not found; give the path of a .yaml suite (e.g. probes/gender.yaml)")
+    ctx = Context(path)
+    try:
+        raw_text = path.read_text(encoding="utf-8")
+        doc = safe_load_with_lines(raw_text)
+    except UnicodeDecodeError:
+        raise SuiteError(f"{path}:1: not UTF-8 text; save the suite as UTF-8") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SuiteError(f"{path}:{line}: invalid YAML ({problem}); check indentation and quoting") from None
+    ctx.digest.update(raw_text.encode())
+    if not isinstance(doc, Map):
+        raise SuiteError(f"{path}:1: a suite is a YAML mapping with at least `name` and `templates` or `sentences`")
+    for key in doc:
+        if key not in _TOP_KEYS:
+            ctx.fail(doc, key, f"unknown key '{key}'; allowed: {', '.join(sorted(_TOP_KEYS))}")
+    name = required_str(ctx, doc, "name")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        ctx.fail(doc, "name", f"name '{name}' must be letters, digits, '_', '-' or '.' (it names the output directory)")
+    slots = load_slots(ctx, doc.get("slots") or Map(), doc)
+    contrast = optional_str(ctx, doc, "contrast")
+    if contrast is not None and contrast not in slots:
+        ctx.fail(doc, "contrast", f"contrast slot '{contrast}' is not defined under slots: ({', '.join(slots) or 'none'})")
+    limit = doc.get("max_prompts", DEFAULT_MAX_PROMPTS) if max_prompts is None else max_prompts
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        ctx.fail(doc, "max_prompts", "max_prompts must be a positive integer")
+
+    templates = load_templates(ctx, as_list(ctx, doc, "templates", "templates {id, text}"), slots)
+    sentence_sets = load_sentence_sets(ctx, as_list(ctx, doc, "sentences", "sentence files {id, file, spans}"),
+                                        {t.id for t in templates})
+    if not templates and not sentence_sets:
+        ctx.fail(doc, None, "the suite has no templates and no sentences; add a `templates:` list")
+    check_size(ctx, doc, templates, slots, sentence_sets, limit)
+
+    prompts: list[Prompt] = []
+    for template in templates:
+        prompts.extend(expand(ctx, template, slots, contrast, len(prompts)))
+    for sentence_set in sentence_sets:
+        prompts.extend(sentence_prompts(ctx, sentence_set, len(prompts)))
+
+    attention = AttentionMeasure.parse(ctx, as_list(ctx, doc, "attention", "measures {source, targets}"))
+    next_token = NextTokenMeasure.parse(ctx, as_list(ctx, doc, "next_token", "measures {cut, candidates}"), slots)
+    prompts, skipped = _attach_measures(ctx, doc, prompts, attention, next_token, slots)
+    head_effects = HeadEffectsMeasure.parse(ctx, doc, slots, templates, next_token)
+    return Suite(
+        name=name,
+        description=str(doc.get("description", "")),
+        model=optional_str(ctx, doc, "model"),
+        contrast=contrast,
+        slots=slots,
+        templates=tuple(templates),
+        prompts=tuple(prompts),
+        attention=attention,
+        next_token=next_token,
+        skipped=tuple(skipped),
+        head_effects=head_effects,
+        path=str(path),
+        sha256=ctx.digest.hexdigest(),
+    )
+
+
+def _attach_measures(ctx, doc, prompts, attention, next_token, slots):
+    """Check every measure names spans that exist, derive candidates, and list what is skipped."""
+    span_names = set().union(*(p.spans for p in prompts)) if prompts else set()
+    for measure in (*attention, *next_token):
+        for name in measure.spans:
+            if name not in span_names:
+                ctx.fail(doc, measure.KEY, f"span '{name}' does not occur in any template or sentence (spans: {', '.join(sorted(span_names))})")
+    # What is left out, grouped: one line per measure and missing span, naming the templates.
+    first_of_template = {}
+    for prompt in prompts:
+        first_of_template.setdefault(prompt.template_id, prompt)
+    lacking: dict[str, list[str]] = {}
+    for template_id, example in first_of_template.items():
+        for m in (*attention, *next_token):
+            for name in m.spans:
+                if name not in example.spans:
+                    lacking.setdefault(m.missing(name), []).append(template_id)
+        for m in next_token:
+            if m.cut in example.spans and example.spans[m.cut][0] == 0:
+                lacking.setdefault(f"next_token at '{m.cut}': not measured where the span starts the text", []).append(template_id)
+    skipped = [f"{reason} ({len(ids)} template(s): {', '.join(ids)})" for reason, ids in lacking.items()]
+    result = []
+    for prompt in prompts:
+        candidates = {m.cut: m.candidates_for(prompt, slots) for m in next_token
+                      if m.cut in prompt.spans and prompt.spans[m.cut][0] != 0}
+        result.append(replace(prompt, candidates=candidates))
+    return result, skipped

@@ -1,0 +1,93 @@
+"""The suite's typed objects (slots, conditions, templates, prompts, the suite) and span helpers.
+
+Everything here is plain data built once by the loader (`attnprobe.suite.load_suite`); the
+measures a suite declares are typed in `attnprobe.measures`.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SlotValue:
+    forms: dict[str, str]  # form name -> text; a plain value has the single form "value"
+    meta: dict[str, object]  # other columns or keys, e.g. bls_pct_female, label
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    values: tuple[SlotValue, ...]
+    form_names: tuple[str, ...]  # ("value",) for plain slots
+
+
+_COMPARE = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge}
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A template's `where` filter, parsed once: `slot op other_slot` (the two slots' text) or
+    `slot.field op literal`. A numeric literal compares numerically (the field is checked to be
+    numeric for every value of the slot when the suite loads); a text literal with == or != only."""
+
+    text: str  # as written, for messages
+    slot: str
+    field: str | None
+    op: str
+    other_slot: str | None = None
+    literal: float | str | None = None
+
+    def holds(self, chosen: dict[str, SlotValue]) -> bool:
+        value = chosen[self.slot].meta[self.field] if self.field else "/".join(chosen[self.slot].forms.values())
+        if self.other_slot is not None:
+            return _COMPARE[self.op](value, "/".join(chosen[self.other_slot].forms.values()))
+        if isinstance(self.literal, float):
+            return _COMPARE[self.op](float(value), self.literal)
+        return _COMPARE[self.op](str(value), self.literal)
+
+
+@dataclass(frozen=True)
+class Template:
+    id: str
+    text: str
+    where: tuple[Condition, ...] = ()
+    line: int = 0
+
+@dataclass(frozen=True)
+class Prompt:
+    """One filled sentence with its named character spans [start, end)."""
+
+    prompt_id: int
+    item_id: str  # equal for prompts that differ only in the contrast slot
+    template_id: str
+    text: str
+    slots: dict[str, str]
+    meta: dict[str, object]
+    spans: dict[str, tuple[int, int]]
+    candidates: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)  # cut -> ((text, label), ...)
+    origin: str = ""  # file:line of its template or sentence, for error messages
+    span_forms: dict[str, str] = field(default_factory=dict)  # span -> slot form used there (e.g. acc)
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    model: str | None
+    contrast: str | None
+    slots: dict[str, Slot]
+    templates: tuple[Template, ...]
+    prompts: tuple[Prompt, ...]
+    attention: tuple  # AttentionMeasure, ... (attnprobe.measures)
+    next_token: tuple  # NextTokenMeasure, ...
+    skipped: tuple[str, ...]  # one line per measure/template pair left out, with the reason
+    head_effects: object | None  # HeadEffectsMeasure
+    path: str
+    sha256: str  # of the YAML and every data file it reads
+
+    @property
+    def measures(self) -> tuple:
+        """Every measure of the suite, in the order the run computes them."""
+        return (*self.attention, *self.next_token, *((self.head_effects,) if self.head_effects else ()))

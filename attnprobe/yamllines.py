@@ -1,0 +1,127 @@
+"""YAML with line numbers, and the error context every suite parser reports through.
+
+`safe_load_with_lines` is `yaml.safe_load` (a SafeLoader subclass: no Python objects) whose
+mappings and lists remember the line of every key and item, so that any parser can say
+`file:line: what is wrong; how to fix it` through `Context.fail`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import yaml
+
+from .errors import SuiteError
+
+
+class Map(dict):
+    line: int = 0
+    key_lines: dict
+
+
+class Seq(list):
+    line: int = 0
+    item_lines: list
+
+
+class LineLoader(yaml.SafeLoader):
+    """SafeLoader that remembers the line of every mapping, key and list item."""
+
+
+def _construct_map(loader, node):
+    loader.flatten_mapping(node)
+    result = Map((loader.construct_object(k, deep=True), loader.construct_object(v, deep=True)) for k, v in node.value)
+    result.line = node.start_mark.line + 1
+    result.key_lines = {loader.construct_object(k, deep=True): k.start_mark.line + 1 for k, _ in node.value}
+    return result
+
+
+def _construct_seq(loader, node):
+    result = Seq(loader.construct_object(item, deep=True) for item in node.value)
+    result.line = node.start_mark.line + 1
+    result.item_lines = [item.start_mark.line + 1 for item in node.value]
+    return result
+
+
+LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
+LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_seq)
+
+
+def safe_load_with_lines(text: str):
+    """yaml.safe_load, keeping line numbers: LineLoader is a SafeLoader, so no Python objects."""
+    loader = LineLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def line_of(node, key=None) -> int:
+    if key is not None and isinstance(node, Map) and key in node.key_lines:
+        return node.key_lines[key]
+    if key is not None and isinstance(node, Seq) and isinstance(key, int) and key < len(node.item_lines):
+        return node.item_lines[key]
+    return getattr(node, "line", 1)
+
+
+class Context:
+    """Where errors point: the suite file, plus the data files read."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.digest = hashlib.sha256()
+
+    def fail(self, node, key, message: str):
+        raise SuiteError(f"{self.path}:{line_of(node, key)}: {message}")
+
+    def read_data(self, node, key, relative: str) -> tuple[Path, str]:
+        path = (self.path.parent / str(relative)).resolve()
+        if not path.is_file():
+            self.fail(node, key, f"data file '{relative}' not found (looked in {path.parent}); give a path relative to the suite file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            self.fail(node, key, f"data file '{relative}' is not UTF-8 text; save it as UTF-8")
+        self.digest.update(path.name.encode() + b"\0" + text.encode())
+        return path, text
+
+
+def required_str(ctx, node, key) -> str:
+    if node.get(key) is None:
+        ctx.fail(node, key if key in node else None, f"missing `{key}:`; add it")
+    return optional_str(ctx, node, key)
+
+
+def optional_str(ctx, node, key) -> str | None:
+    value = node.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool) or str(value).strip() == "":
+        ctx.fail(node, key, f"`{key}` must be a non-empty string")
+    return str(value)
+
+
+def as_list(ctx, node, key, what) -> Seq:
+    """`node[key]` as a non-empty list (an absent key is an empty list); errors point at the key."""
+    value = node.get(key)
+    if value is None:
+        return Seq()
+    if not isinstance(value, list):
+        ctx.fail(node, key, f"`{key}` must be a list of {what}")
+    if len(value) == 0:
+        ctx.fail(node, key, f"`{key}` is an empty list; give at least one entry ({what}) or remove the key")
+    return value
+
+
+
+def number_or_text(value: str):
+    """Table cells that read as numbers become int or float; everything else stays text."""
+    for kind in (int, float):
+        try:
+            number = kind(value)
+        except ValueError:
+            continue
+        return number if kind is int or math.isfinite(number) else value
+    return value
