@@ -1,5 +1,6 @@
-"""`python -m attnprobe` runs the command line."""
+"""`python -m attnprobe`: the command line."""
 
 from .cli import main
 
-main()
+if __name__ == "__main__":
+    main()

@@ -133,6 +133,10 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
         assert abs(behaviour(logits, she, he).item() - totals.loc[item, column]) <= 1e-4
     items = pd.read_parquet(run.directory / "head_effects_items.parquet")
     assert len(items) == info["n_items"] * 30 * 9 and items[["pattern", "zero", "mean", "attribution"]].notna().all().all()
+    # a completed re-run (make demo twice) keeps the head effects and their summary, recomputing nothing
+    before = (run.directory / "head_effects_items.parquet").stat().st_mtime_ns
+    again = attnprobe.run_suite(suite, model=smollm, out=tmp_path / "run", progress=False, log=lambda m: None)
+    assert again.manifest["head_effects"] == info and (run.directory / "head_effects_items.parquet").stat().st_mtime_ns == before
     html = write_report(run.directory).read_text()
     assert "Heads that carry the bias" in html and "of it;" in html
     summary = pd.read_csv(run.directory / "head_effects_summary.csv").iloc[0]

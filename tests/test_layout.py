@@ -1,0 +1,125 @@
+"""The package's layout: every module imports on its own, no import cycle, small documented rooms."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "attnprobe"
+MODULES = sorted(
+    ".".join(("attnprobe", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
+    for path in PACKAGE.rglob("*.py")
+)
+MAX_LINES = 400
+
+
+def _module_path(name: str) -> Path:
+    parts = name.split(".")[1:]
+    candidate = PACKAGE.joinpath(*parts)
+    return candidate / "__init__.py" if candidate.is_dir() else candidate.with_suffix(".py")
+
+
+def _imports(name: str) -> set[str]:
+    """The attnprobe modules `name` imports (at any depth of its code), resolved to module names."""
+    path = _module_path(name)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + 1]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module
+            # `from . import x` / `from .pkg import mod` name modules; otherwise the stem itself
+            targets = [f"{stem}.{alias.name}" if f"{stem}.{alias.name}" in MODULES else stem for alias in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t in MODULES and t != name}
+    return found
+
+
+# One interpreter loads the third-party libraries once (by importing attnprobe, then forgetting every
+# attnprobe module), then forks a child per module: each child starts with no attnprobe module
+# loaded and imports only its one module (a cold start costs 10 s of torch and transformers).
+FORK_EACH = """
+import importlib, os, sys, traceback
+import attnprobe
+for loaded in [m for m in sys.modules if m == "attnprobe" or m.startswith("attnprobe.")]:
+    del sys.modules[loaded]
+failed = []
+for name in sys.argv[1:]:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            importlib.import_module(name)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    if os.waitpid(pid, 0)[1] != 0:
+        failed.append(name)
+print("failed:", " ".join(failed))
+"""
+
+
+def test_every_module_imports_on_its_own():
+    result = subprocess.run([sys.executable, "-c", FORK_EACH, *MODULES], capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip() == "failed:", result.stdout + result.stderr[-3000:]
+    broken = subprocess.run([sys.executable, "-c", FORK_EACH, "attnprobe.no_such_module"], capture_output=True, text=True)
+    assert broken.stdout.strip() == "failed: attnprobe.no_such_module"  # the check can fail
+
+
+def test_no_import_cycle_between_modules():
+    graph = {name: _imports(name) for name in MODULES}
+    assert graph["attnprobe.run"] >= {"attnprobe.run.plan", "attnprobe.run.storage"}  # the parser sees edges
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+
+    def visit(node, path):
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for name in MODULES:
+        if name not in state:
+            visit(name, [name])
+
+
+def test_rooms_are_small_and_say_what_they_own():
+    for name in MODULES:
+        path = _module_path(name)
+        text = path.read_text()
+        assert len(text.splitlines()) <= MAX_LINES, f"{path} has {len(text.splitlines())} lines (at most {MAX_LINES})"
+        assert ast.get_docstring(ast.parse(text)), f"{path} opens without a docstring saying what it owns"
+
+
+def test_downstream_rooms_do_not_reach_upstream():
+    """Data flows suite -> run -> stats -> report: stats imports no run, report, suite or model code;
+    the run reads no statistics or report; no module imports the package face for its version."""
+    graph = {name: _imports(name) for name in MODULES}
+    assert not {m for m in graph["attnprobe.stats"] if m != "attnprobe.stats"}
+    for name in MODULES:
+        if name.startswith("attnprobe.run"):
+            assert not any(m.startswith(("attnprobe.report", "attnprobe.stats", "attnprobe.api")) for m in graph[name]), name
+        if name != "attnprobe":
+            assert "attnprobe" not in graph[name], f"{name} imports the package face"
+
+
+def test_every_error_class_lives_in_errors():
+    for name in MODULES:
+        if name == "attnprobe.errors":
+            continue
+        tree = ast.parse(_module_path(name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                assert not node.name.endswith("Error"), f"{name} defines {node.name}; error classes live in errors.py"

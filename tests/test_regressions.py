@@ -1,0 +1,135 @@
+"""Regression tests for bugs named in issue 14: each failed before the layout split."""
+
+import json
+import re
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import attnprobe
+from attnprobe.errors import RunError, SuiteError
+from attnprobe.run import model_name, storage
+from attnprobe.suite import load_suite
+
+from conftest import TINY_CONFIGS
+
+TABLE = "occupation\tbls_pct_female\tsector\ninspector\t6.4\tpublic\nmachinist\t6.7\tprivate\nnurse\t88.5\tpublic\npainter\t5.7\tprivate\ncashier\t71\tprivate\n"
+
+
+def suite_file(tmp_path, where, extra=""):
+    (tmp_path / "jobs.tsv").write_text(TABLE)
+    path = tmp_path / "suite.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: where
+        contrast: pronoun
+        slots:
+          occupation: {{table: jobs.tsv, column: occupation}}
+          pronoun:
+            forms: [nom]
+            values: [{{label: female, nom: she}}, {{label: male, nom: he}}]
+        templates:
+          - id: said
+            text: "The {{occupation}} said that {{pronoun.nom}} left."
+            where: "{where}"
+        next_token:
+          - {{cut: pronoun, candidates: pronoun}}
+        """) + textwrap.dedent(extra))
+    return path
+
+
+def occupations(suite):
+    return sorted({p.slots["occupation"] for p in suite.prompts})
+
+
+def test_numeric_where_compares_numbers_not_strings(tmp_path):
+    # as strings, '9.42' > '50' and '6.4' > '50' were true: inspector, machinist and painter passed
+    assert occupations(load_suite(suite_file(tmp_path, "occupation.bls_pct_female > 50"))) == ["cashier", "nurse"]
+    assert occupations(load_suite(suite_file(tmp_path, "occupation.bls_pct_female <= 6.7"))) == ["inspector", "machinist", "painter"]
+    assert occupations(load_suite(suite_file(tmp_path, "occupation.bls_pct_female == 71"))) == ["cashier"]  # int cell vs literal
+    assert occupations(load_suite(suite_file(tmp_path, "occupation.sector == public"))) == ["inspector", "nurse"]
+
+
+@pytest.mark.parametrize("where, message", [
+    ("occupation.nope > 50", "slot 'occupation' has no field 'nope' (for 'inspector'; fields: bls_pct_female, sector)"),
+    ("occupation.sector > 50", "'occupation.sector' is not a number for 'inspector'"),
+    ("occupation.sector < public", "'public' is text; compare text with == or != only"),
+])
+def test_bad_where_is_a_file_line_error(tmp_path, where, message):
+    with pytest.raises(SuiteError) as error:
+        load_suite(suite_file(tmp_path, where))
+    assert str(error.value).startswith(f"{tmp_path / 'suite.yaml'}:11: condition '{where}'") and message in str(error.value)
+
+
+def test_fresh_removes_every_artefact_of_the_old_run_and_nothing_else(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"fingerprint": "old", "settings": {}, "versions": {}}))
+    for name in ("prompts.csv", "head_effects_items.parquet", "head_effects_totals.csv", "head_stats.csv", "report.html"):
+        (tmp_path / name).write_text("old")
+    (tmp_path / "chunks").mkdir()
+    (tmp_path / "chunks" / "00000.done").write_text("{}")
+    (tmp_path / "notes.txt").write_text("mine")
+    assert storage.prepare_directory(tmp_path, "new", resume=False) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_fresh_refuses_another_tools_manifest(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"name": "someone else's"}))
+    (tmp_path / "prompts.csv").write_text("theirs")
+    with pytest.raises(RunError, match="was not written by attnprobe; nothing was deleted"):
+        storage.prepare_directory(tmp_path, "new", resume=False)
+    assert (tmp_path / "prompts.csv").read_text() == "theirs"
+
+
+def test_output_name_of_a_local_checkpoint(tmp_path, monkeypatch):
+    (tmp_path / "ckpt").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert model_name("./ckpt") == "ckpt" and model_name("ckpt/") == "ckpt"  # was '._ckpt'
+    assert model_name("org/model") == "org_model" and model_name("/x/SmolLM2.Q4.gguf") == "SmolLM2.Q4"
+
+
+EFFECTS = """\
+    head_effects:
+      cut: pronoun
+      positive: {positive}
+      negative: male
+      counterfactual: {{occupation: woman}}
+    """
+
+
+def _no_weights(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights were loaded before the configuration error")
+    monkeypatch.setattr(attnprobe.run, "load_model", refuse)
+
+
+@pytest.mark.parametrize("positive, message", [
+    ("feminine", "have no label 'feminine' or 'male' (labels: female, male)"),
+])
+def test_head_effects_configuration_errors_come_before_weights(tmp_path, monkeypatch, positive, message):
+    _no_weights(monkeypatch)
+    suite = suite_file(tmp_path, "occupation != x", EFFECTS.format(positive=positive))
+    with pytest.raises(SuiteError, match=re.escape(message)):
+        attnprobe.run_suite(suite, out=tmp_path / "run", progress=False, log=lambda m: None)
+    assert not (tmp_path / "run").exists()
+
+
+def test_multi_token_candidate_is_refused_before_weights(tmp_path, monkeypatch):
+    _no_weights(monkeypatch)
+    suite = suite_file(tmp_path, "occupation != x", EFFECTS.format(positive="female"))
+    text = suite.read_text().replace("{label: female, nom: she}", "{label: female, nom: shezzqx}")
+    suite.write_text(text)
+    with pytest.raises(SuiteError, match="' shezzqx' is 4 tokens; head effects need single-token candidates"):
+        attnprobe.run_suite(suite, out=tmp_path / "run", progress=False, log=lambda m: None)
+
+
+def test_eager_only_family_is_refused_before_weights(tmp_path, monkeypatch, smollm):
+    config = TINY_CONFIGS["gpt_neo"].__class__.from_dict(TINY_CONFIGS["gpt_neo"].to_dict())
+    config.vocab_size = len(smollm.tokenizer)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "neo")
+    smollm.tokenizer.save_pretrained(tmp_path / "neo")
+    _no_weights(monkeypatch)
+    suite = suite_file(tmp_path, "occupation != x", EFFECTS.format(positive="female"))
+    with pytest.raises(SuiteError, match="bypasses it \\(eager-only family\\); run it with --no-head-effects"):
+        attnprobe.run_suite(suite, model=str(tmp_path / "neo"), out=tmp_path / "run", progress=False, log=lambda m: None)
