@@ -137,7 +137,8 @@ def attnprobe_attention(
     layer = getattr(module, "layer_idx", None)
     editor = _active_editor.get()
     if editor is not None:
-        output = editor(layer, query, key, value, attention_mask, scaling, softcap, s_aux, causal, output)  # (B, H, T, D)
+        site = AttentionSite(layer, query, key, value, attention_mask, scaling, softcap, s_aux, causal, output)
+        output = editor(site)  # (B, H, T, D)
     if plan is not None and plan.wants(layer):
         rows = torch.arange(T, device=query.device).expand(B, T) if plan.rows is None else plan.rows.to(query.device)
         R = rows.shape[1]
@@ -169,10 +170,40 @@ def recording(rows: torch.Tensor | None = None, layers=None):
         _active_plan.reset(token)
 
 
+@dataclass(frozen=True)
+class AttentionSite:
+    """What an editor sees at one attention layer: its inputs, its settings and its per-head output."""
+
+    layer: int | None
+    query: torch.Tensor  # (B, H, T, D)
+    key: torch.Tensor  # (B, Hkv, S, D)
+    value: torch.Tensor  # (B, Hkv, S, D)
+    mask: torch.Tensor | None  # (B, 1, T, S) bool, or None when plainly causal
+    scaling: float
+    softcap: float | None
+    sinks: torch.Tensor | None
+    causal: bool
+    output: torch.Tensor  # (B, H, T, D) per-head context, before the output projection
+
+    def full_mask(self) -> torch.Tensor | None:
+        """The mask of every query row: (B, 1, T, S), or None where nothing is masked."""
+        B, _, T, _ = self.query.shape
+        rows = torch.arange(T, device=self.query.device).expand(B, T)
+        return rows_of_mask(self.mask, rows, B, self.key.shape[2], self.causal)
+
+    def weights(self) -> torch.Tensor:
+        """The attention weights of every head and query row, recomputed: (B, H, T, S)."""
+        return attention_weights(self.query, self.key, self.full_mask(), self.scaling, self.softcap, self.sinks)
+
+    def values(self) -> torch.Tensor:
+        """Values with one head per query head: (B, H, S, D)."""
+        return expand_kv(self.value, self.query.shape[1])
+
+
 @contextmanager
 def editing(editor):
-    """Within the block, `editor(layer, query, key, value, mask, scaling, softcap, sinks, causal, output)`
-    may replace each layer's per-head output (B, H, T, D)."""
+    """Within the block, `editor(site: AttentionSite)` may replace each layer's per-head output
+    (B, H, T, D); see attnprobe.interventions."""
     token = _active_editor.set(editor)
     try:
         yield editor

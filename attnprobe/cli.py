@@ -16,13 +16,19 @@ from .models import DEFAULT_MODEL, DTYPES
 
 
 class OneLineErrors(click.Group):
-    """A click group whose commands turn an AttnprobeError into one line and an exit code."""
+    """A click group whose commands turn an AttnprobeError, or a bad option of a command, into one
+    line on stderr and an exit code."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except AttnprobeError as error:
             click.echo(f"attnprobe: error: {error}", err=True)
+            sys.exit(error.exit_code)
+        except click.UsageError as error:
+            command = f" {error.ctx.info_name}" if error.ctx is not None and error.ctx.parent is not None else ""
+            message = " ".join(error.format_message().split()).rstrip(".")
+            click.echo(f"attnprobe: error: {message}; see `attnprobe{command} --help`", err=True)
             sys.exit(error.exit_code)
 
 

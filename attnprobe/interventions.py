@@ -13,8 +13,11 @@ log p(she) - log p(he) after "The nurse said that". A counterfactual x' changes 
                    backward pass (attribution patching)
 
 The edits run inside attnprobe's registered attention function (a forward hook cannot change a
-pattern): `capture.editing(editor)` installs an editor that rewrites chosen heads of chosen batch
-rows. All heads of all layers are patched in one batch: row 1 + i carries the edit of head i.
+pattern): `capture.editing(editor)` installs an editor, called with one `AttentionSite` per layer,
+that returns the per-head output. One small editor per operation: PatternSwap, ZeroAblation and
+MeanAblation rewrite chosen heads of chosen batch rows; AttributionWeights keeps gradients of the
+weights; OutputSums collects mean head outputs. All heads of all layers are patched in one batch:
+row 1 + i carries the edit of head i. This module chooses no items and writes no files.
 
 Shapes: B batch, L layers, H heads, T tokens, D head dim.
 """
@@ -25,51 +28,87 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .capture import attention_weights, editing, expand_kv, pad_right, rows_of_mask, run_with_capture
+from .capture import AttentionSite, editing, pad_right, run_with_capture
 
 
 @dataclass
-class HeadEditor:
-    """Rewrites the per-head attention output of selected (batch row, layer, head) triples."""
+class HeadsEdit:
+    """Base of the editors that replace the output of chosen heads in chosen batch rows."""
 
-    mode: str  # "pattern", "zero", "mean", "attribution" or "collect"
-    heads: torch.Tensor | None = None  # (B, L, H) bool: which heads each batch row edits
-    donor: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, H, T, S) weights from x'
-    alpha: float = 1.0  # pattern = (1 - alpha) own + alpha donor
-    means: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (H, D) mean head output
-    weights: dict[int, torch.Tensor] = field(default_factory=dict)  # attribution: layer -> (B, H, T, S), with grad
-    sums: dict[int, torch.Tensor] = field(default_factory=dict)  # collect: layer -> (H, D) summed outputs
-    count: int = 0  # collect: number of (item, position) pairs summed
+    heads: torch.Tensor  # (B, L, H) bool: which heads each batch row edits
 
-    def __call__(self, layer, query, key, value, attention_mask, scaling, softcap, sinks, causal, output):
-        B, H, T, D = query.shape
-        S = key.shape[2]
-        rows = torch.arange(T, device=query.device).expand(B, T)
-        mask = rows_of_mask(attention_mask, rows, B, S, causal)  # (B, 1, T, S)
-        values = expand_kv(value, H)  # (B, H, S, D)
-        if self.mode == "collect":  # sums of each head's output over real query positions
-            real = torch.ones(B, T, dtype=torch.bool, device=query.device) if mask is None else mask[:, 0].diagonal(dim1=1, dim2=2)
-            dtype = torch.promote_types(output.dtype, torch.float32)
-            self.sums[layer] = self.sums.get(layer, 0) + (output.to(dtype) * real[:, None, :, None]).sum((0, 2))  # (H, D)
-            self.count += int(real.sum()) if layer == 0 else 0
-            return output
-        if self.mode == "attribution":  # explicit weights that keep their gradient
-            weights = attention_weights(query, key, mask, scaling, softcap, sinks)  # (B, H, T, S)
-            weights.retain_grad()
-            self.weights[layer] = weights
-            return torch.matmul(weights.to(value.dtype), values)
-        edit = self.heads[:, layer].to(query.device)  # (B, H)
+    def __call__(self, site: AttentionSite) -> torch.Tensor:
+        edit = self.heads[:, site.layer].to(site.query.device)  # (B, H)
         if not edit.any():
-            return output
-        if self.mode == "zero":
-            replacement = torch.zeros_like(output)
-        elif self.mode == "mean":
-            replacement = self.means[layer].to(output.dtype)[None, :, None, :].expand_as(output)
-        else:  # pattern
-            own = attention_weights(query, key, mask, scaling, softcap, sinks)  # (B, H, T, S)
-            pattern = (1 - self.alpha) * own + self.alpha * self.donor[layer].to(own.dtype)
-            replacement = torch.matmul(pattern.to(value.dtype), values)  # (B, H, T, D)
-        return torch.where(edit[:, :, None, None], replacement, output)
+            return site.output
+        return torch.where(edit[:, :, None, None], self.replacement(site), site.output)
+
+    def replacement(self, site: AttentionSite) -> torch.Tensor:  # (B, H, T, D)
+        raise NotImplementedError
+
+
+@dataclass
+class PatternSwap(HeadsEdit):
+    """Head output computed with the attention pattern (1 - alpha) A + alpha A' (A' from the donor x')."""
+
+    donor: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, H, T, S) weights from x'
+    alpha: float = 1.0
+
+    def replacement(self, site):
+        own = site.weights()  # (B, H, T, S)
+        pattern = (1 - self.alpha) * own + self.alpha * self.donor[site.layer].to(own.dtype)
+        return torch.matmul(pattern.to(site.value.dtype), site.values())  # (B, H, T, D)
+
+
+@dataclass
+class ZeroAblation(HeadsEdit):
+    """Head output set to 0."""
+
+    def replacement(self, site):
+        return torch.zeros_like(site.output)
+
+
+@dataclass
+class MeanAblation(HeadsEdit):
+    """Head output set to its mean over the suite's items (see `head_means`)."""
+
+    means: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (H, D)
+
+    def replacement(self, site):
+        return self.means[site.layer].to(site.output.dtype)[None, :, None, :].expand_as(site.output)
+
+
+@dataclass
+class AttributionWeights:
+    """Recomputes the output from explicit attention weights that keep their gradient (layer -> (B, H, T, S))."""
+
+    weights: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def __call__(self, site: AttentionSite) -> torch.Tensor:
+        weights = site.weights()  # (B, H, T, S)
+        weights.retain_grad()
+        self.weights[site.layer] = weights
+        return torch.matmul(weights.to(site.value.dtype), site.values())
+
+
+@dataclass
+class OutputSums:
+    """Sums each head's output over the real query positions (changes nothing): layer -> (H, D)."""
+
+    sums: dict[int, torch.Tensor] = field(default_factory=dict)
+    count: int = 0  # (item, position) pairs summed
+
+    def __call__(self, site: AttentionSite) -> torch.Tensor:
+        B, _, T, _ = site.query.shape
+        mask = site.full_mask()
+        real = torch.ones(B, T, dtype=torch.bool, device=site.query.device) if mask is None else mask[:, 0].diagonal(dim1=1, dim2=2)
+        dtype = torch.promote_types(site.output.dtype, torch.float32)
+        self.sums[site.layer] = self.sums.get(site.layer, 0) + (site.output.to(dtype) * real[:, None, :, None]).sum((0, 2))
+        self.count += int(real.sum()) if site.layer == 0 else 0
+        return site.output
+
+
+EDITS = {"pattern": PatternSwap, "zero": ZeroAblation, "mean": MeanAblation}
 
 
 def behaviour(logits: torch.Tensor, positive: int, negative: int) -> torch.Tensor:
@@ -78,7 +117,7 @@ def behaviour(logits: torch.Tensor, positive: int, negative: int) -> torch.Tenso
     return logp[..., positive] - logp[..., negative]
 
 
-def _last_logits(model, ids: torch.Tensor, editor: HeadEditor | None = None) -> torch.Tensor:
+def _last_logits(model, ids: torch.Tensor, editor=None) -> torch.Tensor:
     """Next-token logits after the last token of each row of ids (B, T), all of equal length."""
     mask = torch.ones_like(ids)
     if editor is None:
@@ -97,7 +136,7 @@ def one_hot_heads(n_layers: int, n_heads: int) -> torch.Tensor:
 
 def head_means(model, prompts: list[torch.Tensor], n_layers: int, batch_size: int = 32) -> dict[int, torch.Tensor]:
     """Mean per-head attention output over every real position of every prompt: layer -> (H, D)."""
-    editor = HeadEditor(mode="collect")
+    editor = OutputSums()
     for start in range(0, len(prompts), batch_size):
         ids, mask = pad_right(prompts[start:start + batch_size], 0)  # pad queries are left out of the sums
         with editing(editor):
@@ -123,7 +162,7 @@ def item_effects(model, x: torch.Tensor, x_cf: torch.Tensor, positive: int, nega
     for mode in modes:
         if mode == "mean" and not means:
             continue
-        editor = HeadEditor(mode=mode, heads=heads, donor=donor, means=means or {})
+        editor = EDITS[mode](heads, **({"donor": donor} if mode == "pattern" else {"means": means} if mode == "mean" else {}))
         ys = behaviour(_last_logits(model, batch, editor), positive, negative)  # (rows,)
         effect = torch.full((n_layers * n_heads,), float("nan"), dtype=ys.dtype)
         effect[heads[1:].flatten(1).float().argmax(1)] = ys[1:] - ys[0]
@@ -134,7 +173,7 @@ def item_effects(model, x: torch.Tensor, x_cf: torch.Tensor, positive: int, nega
 def attribution(model, x: torch.Tensor, donor: dict, positive: int, negative: int, n_layers: int) -> torch.Tensor:
     """First-order estimate of every head's pattern-swap effect: sum over (query, key) of
     (A'_h - A_h) * dy/dA_h, from one forward and one backward pass. Returns (L, H)."""
-    editor = HeadEditor(mode="attribution")
+    editor = AttributionWeights()
     ids = x[None]
     model_module = model if isinstance(model, torch.nn.Module) else model.model
     with torch.enable_grad(), editing(editor):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnprobe.capture import editing, run_with_capture
-from attnprobe.interventions import HeadEditor, attribution, behaviour, item_effects, one_hot_heads, head_means
+from attnprobe.interventions import PatternSwap, ZeroAblation, attribution, behaviour, head_means, item_effects, one_hot_heads
 
 from conftest import build_tiny
 
@@ -38,7 +38,7 @@ def test_ablating_every_head_of_the_last_layer_equals_zeroing_its_attention_outp
     x = ids(1)[None]
     heads = torch.zeros(1, 2, 4, dtype=torch.bool)
     heads[0, 1] = True  # every head of layer 1 (the last)
-    ablated = last_logits(model, x, HeadEditor(mode="zero", heads=heads))
+    ablated = last_logits(model, x, ZeroAblation(heads))
     attention = model.model.layers[1].self_attn
     handle = attention.register_forward_hook(lambda module, args, output: (torch.zeros_like(output[0]), output[1]))
     try:
@@ -70,8 +70,8 @@ def test_attribution_matches_finite_differences():
     # central differences along A + eps (A' - A). transformers' RMSNorm runs in float32 even in a
     # float64 model, so y carries ~1e-7 noise: eps = 1e-3 keeps that and the O(eps^2) error near 1e-5.
     eps = 1e-3
-    up = behaviour(last_logits(model, batch, HeadEditor(mode="pattern", heads=heads, donor=donor, alpha=eps)), POS, NEG)
-    down = behaviour(last_logits(model, batch, HeadEditor(mode="pattern", heads=heads, donor=donor, alpha=-eps)), POS, NEG)
+    up = behaviour(last_logits(model, batch, PatternSwap(heads, donor=donor, alpha=eps)), POS, NEG)
+    down = behaviour(last_logits(model, batch, PatternSwap(heads, donor=donor, alpha=-eps)), POS, NEG)
     finite = ((up[1:] - down[1:]) / (2 * eps)).view(2, 4)
     assert (finite - estimate).abs().max() <= 1e-3 * estimate.abs().max()
     assert estimate.abs().max() > 1e-3  # a real signal, not zeros agreeing with zeros

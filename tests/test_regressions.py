@@ -133,3 +133,18 @@ def test_eager_only_family_is_refused_before_weights(tmp_path, monkeypatch, smol
     suite = suite_file(tmp_path, "occupation != x", EFFECTS.format(positive="female"))
     with pytest.raises(SuiteError, match="bypasses it \\(eager-only family\\); run it with --no-head-effects"):
         attnprobe.run_suite(suite, model=str(tmp_path / "neo"), out=tmp_path / "run", progress=False, log=lambda m: None)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shard", "3/2"], "Invalid value for '--shard': '3/2': K/N needs 1 <= K <= N; see `attnprobe run --help`"),
+    (["--shard", "x"], "Invalid value for '--shard': 'x': write K/N, e.g. 1/4"),
+    (["--batch-size", "0"], "Invalid value for '--batch-size'"),
+])
+def test_bad_options_are_one_line_before_anything_runs(tmp_path, args, message):
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    result = CliRunner().invoke(main, ["run", "probes/gender.yaml", "--out", str(tmp_path / "o"), *args])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert result.output.startswith("attnprobe: error: ") and message in result.output and not (tmp_path / "o").exists()
