@@ -108,9 +108,6 @@ class OutputSums:
         return site.output
 
 
-EDITS = {"pattern": PatternSwap, "zero": ZeroAblation, "mean": MeanAblation}
-
-
 def behaviour(logits: torch.Tensor, positive: int, negative: int) -> torch.Tensor:
     """y = log p(positive) - log p(negative) from next-token logits (..., V)."""
     logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
@@ -159,10 +156,11 @@ def item_effects(model, x: torch.Tensor, x_cf: torch.Tensor, positive: int, nega
         keep = result["attribution"].abs().flatten().topk(min(top_k, n_layers * n_heads)).indices
         heads = heads[torch.cat([torch.zeros(1, dtype=torch.long), 1 + keep])]  # (1 + k, L, H)
     batch = x[None].expand(len(heads), -1)
+    editors = {"pattern": PatternSwap(heads, donor=donor), "zero": ZeroAblation(heads), "mean": MeanAblation(heads, means=means or {})}
     for mode in modes:
         if mode == "mean" and not means:
             continue
-        editor = EDITS[mode](heads, **({"donor": donor} if mode == "pattern" else {"means": means} if mode == "mean" else {}))
+        editor = editors[mode]
         ys = behaviour(_last_logits(model, batch, editor), positive, negative)  # (rows,)
         effect = torch.full((n_layers * n_heads,), float("nan"), dtype=ys.dtype)
         effect[heads[1:].flatten(1).float().argmax(1)] = ys[1:] - ys[0]

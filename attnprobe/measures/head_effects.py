@@ -39,8 +39,6 @@ class HeadEffectsMeasure:
     exact: str | int = "all"  # exact patching for all heads, or for the top-k heads by attribution
     origin: str = ""
 
-    KEY = "head_effects"
-
     @staticmethod
     def parse(ctx, doc, slots, templates, next_token) -> HeadEffectsMeasure | None:
         node = doc.get("head_effects")
@@ -83,10 +81,6 @@ class HeadEffectsMeasure:
                                   tuple(chosen) if chosen else None, max_items, exact, origin=f"{ctx.path}:{line_of(doc, 'head_effects')}")
 
 
-
-    @property
-    def spans(self) -> tuple[str, ...]:
-        return ()  # reads the cut and the slot where both exist; items without them are not chosen
 
     def check_family(self, routes_attention: bool, spec: str) -> None:
         """Interventions run inside attnprobe's attention function: refuse a family that bypasses it."""

@@ -19,18 +19,16 @@ import pandas as pd
 
 from .. import stats
 from ..run.reader import RunFiles
-from ..run.storage import atomic_write
+from ..run.storage import HEAD_EFFECT_TABLES, STATS_TABLES, atomic_write
 from ..tables import write_csv
 from ..version import __version__
 from . import plots
-
-TABLES = ("head_stats", "layer_stats", "behavior", "behavior_by_occupation", "condition_means")
 
 
 def load_tables(run: RunFiles, refresh: bool = False, write: bool = True) -> dict[str, pd.DataFrame]:
     """The statistics tables of a run, computed once and cached as CSV in the run directory (with
     `write=False`, computed in memory when the cache is missing or stale, and nothing written)."""
-    names = TABLES + (("head_effects", "head_effects_summary") if run.has_head_effects else ())
+    names = STATS_TABLES + (HEAD_EFFECT_TABLES if run.has_head_effects else ())
     paths = {name: run.directory / f"{name}.csv" for name in names}
     fresh = all(p.is_file() and p.stat().st_mtime >= (run.directory / "attention.parquet").stat().st_mtime for p in paths.values())
     if fresh and not refresh:

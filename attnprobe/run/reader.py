@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import RunError
+from .storage import HEAD_EFFECTS_FILES, has_head_effects
 
 
 class RunFiles:
@@ -24,9 +25,13 @@ class RunFiles:
     def manifest(self) -> dict:
         return json.loads((self.directory / "manifest.json").read_text())
 
+    def _csv(self, name: str) -> pd.DataFrame:
+        """A CSV of the run; only empty cells are missing values (a slot value "NA" stays text)."""
+        return pd.read_csv(self.directory / name, keep_default_na=False, na_values=[""])
+
     @cached_property
     def prompts(self) -> pd.DataFrame:
-        return pd.read_csv(self.directory / "prompts.csv", keep_default_na=False, na_values=[""])
+        return self._csv("prompts.csv")
 
     @cached_property
     def attention(self) -> pd.DataFrame:
@@ -34,21 +39,21 @@ class RunFiles:
 
     @cached_property
     def logprobs(self) -> pd.DataFrame:
-        return pd.read_csv(self.directory / "logprobs.csv", keep_default_na=False, na_values=[""])
+        return self._csv("logprobs.csv")
 
     @property
     def has_head_effects(self) -> bool:
-        return (self.directory / "head_effects_items.parquet").is_file()
+        return has_head_effects(self.directory)
 
     @cached_property
     def head_effect_items(self) -> pd.DataFrame:
         """Per item and head: the effect of each intervention (see attnprobe.interventions)."""
-        return pd.read_parquet(self.directory / "head_effects_items.parquet")
+        return pd.read_parquet(self.directory / HEAD_EFFECTS_FILES[0])
 
     @cached_property
     def head_effect_totals(self) -> pd.DataFrame:
         """Per item: y, y' and the total effect of the counterfactual."""
-        return pd.read_csv(self.directory / "head_effects_totals.csv", keep_default_na=False, na_values=[""])
+        return self._csv(HEAD_EFFECTS_FILES[1])
 
     def __repr__(self) -> str:
         m = self.manifest

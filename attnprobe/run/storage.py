@@ -38,9 +38,10 @@ from .plan import Encoded, fingerprint
 
 ARTEFACTS = ("chunks", "attention.parquet", "logprobs.csv", "prompts.csv", "examples.json",
              "head_effects_items.parquet", "head_effects_totals.csv", "manifest.json")
-# written from a run by the report (statistics tables, figures, the page)
-DERIVED = ("head_stats.csv", "layer_stats.csv", "behavior.csv", "behavior_by_occupation.csv", "condition_means.csv",
-           "head_effects.csv", "head_effects_summary.csv", "figures", "report.html")
+# written from a run by the report: statistics tables (as <name>.csv), figures, the page
+STATS_TABLES = ("head_stats", "layer_stats", "behavior", "behavior_by_occupation", "condition_means")
+HEAD_EFFECT_TABLES = ("head_effects", "head_effects_summary")
+DERIVED = tuple(f"{name}.csv" for name in STATS_TABLES + HEAD_EFFECT_TABLES) + ("figures", "report.html")
 
 
 def prompts_table(encoded: list[Encoded]) -> pd.DataFrame:

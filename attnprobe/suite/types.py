@@ -86,8 +86,3 @@ class Suite:
     head_effects: object | None  # HeadEffectsMeasure
     path: str
     sha256: str  # of the YAML and every data file it reads
-
-    @property
-    def measures(self) -> tuple:
-        """Every measure of the suite, in the order the run computes them."""
-        return (*self.attention, *self.next_token, *((self.head_effects,) if self.head_effects else ()))
