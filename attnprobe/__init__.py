@@ -3,7 +3,7 @@
 from . import capture  # registers the "attnprobe" attention function with transformers
 from .capture import Captured, encode, run_with_capture
 from .api import Run, merge_shards, run_suite
-from .errors import AttnprobeError, CaptureError, ModelSpecError, RunError, RunInterrupted, SuiteError, UnsupportedFamily
+from .errors import AnalysisError, AttnprobeError, CaptureError, ModelSpecError, RunError, RunInterrupted, SuiteError, UnsupportedFamily
 from .models import DEFAULT_MODEL, ModelInfo, ProbeModel, load_model
 from .suite import Suite, load_suite
 from .verify import verify
@@ -11,6 +11,7 @@ from .version import __version__
 from .views import head_view
 
 __all__ = [
+    "AnalysisError",
     "AttnprobeError",
     "CaptureError",
     "Captured",

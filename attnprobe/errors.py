@@ -40,3 +40,7 @@ class RunInterrupted(AttnprobeError):
 
 class UnsupportedFamily(AttnprobeError):
     """verify: no from-scratch recomputation exists for this model family."""
+
+
+class AnalysisError(AttnprobeError):
+    """A run whose tables cannot be analysed as declared (e.g. two prompts of one item share a label)."""

@@ -1,5 +1,6 @@
-"""Statistics against hand-computed values on small synthetic run directories."""
+"""Statistics against hand-computed and scipy values, and their error rates on simulated designs."""
 
+import itertools
 import json
 
 import numpy as np
@@ -7,109 +8,236 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from attnprobe import stats
-from attnprobe import Run
+from attnprobe import AnalysisError, Run, stats
+
+GENDER = {"contrast": "pronoun_label", "positive": "female", "negative": "male", "labels": ["female", "male"],
+          "clusters": ["occupation"], "covariate": "occupation_bls_pct_female", "unit": "occupation",
+          "names": {"occupation": "occupation", "occupation_bls_pct_female": "occupation.bls_pct_female"}}
 
 
-def test_bh_on_a_known_vector():
-    p = np.array([0.01, 0.04, 0.03, 0.005])
-    # sorted 0.005, 0.01, 0.03, 0.04 -> x4/rank: 0.02, 0.02, 0.04, 0.04 (already monotone)
-    assert np.allclose(stats.bh_qvalues(p), [0.02, 0.04, 0.04, 0.02])
-    p = np.array([0.04, 0.041, 0.2, 0.001])  # needs the running minimum from the top: 0.004, 0.0547, 0.0547, 0.2
-    assert np.allclose(stats.bh_qvalues(p), [0.041 * 4 / 3, 0.041 * 4 / 3, 0.2, 0.004])
-    rng = np.random.default_rng(1)
-    p = rng.uniform(size=50)
+def test_bh_on_a_known_vector_and_nan():
+    assert np.allclose(stats.bh_qvalues(np.array([0.01, 0.04, 0.03, 0.005])), [0.02, 0.04, 0.04, 0.02])
+    p = np.random.default_rng(0).uniform(size=50)
     assert np.allclose(stats.bh_qvalues(p), sps.false_discovery_control(p))
+    q = stats.bh_qvalues(np.array([0.01, np.nan, 0.04]))  # NaN stays NaN and does not count as a test
+    assert np.isnan(q[1]) and np.allclose(q[[0, 2]], [0.02, 0.04])
 
 
-def test_exact_sign_flip_pvalues():
-    # 3 items: 8 sign patterns; |sum| of 1, 2, 3 reaches 6 only with all + or all -: p = 2/8
-    assert stats.sign_flip_pvalues(np.array([1.0, 2.0, 3.0])) == pytest.approx([0.25])
-    # |sum| >= 2 for [1, -2, 3]: patterns with |s| in {6, 4, 2, 2, 4, 6, 0, 0} -> 6 of 8
-    assert stats.sign_flip_pvalues(np.array([1.0, -2.0, 3.0])) == pytest.approx([0.75])
-    # clusters: items (1, 1) form one unit of sum 2; units 2, 2, 3 -> |sum| 7 only twice of 8
-    assert stats.sign_flip_pvalues(np.array([1.0, 1.0, 2.0, 3.0]), clusters=np.array(["a", "a", "b", "c"])) == pytest.approx([0.25])
+def test_one_way_cluster_t_equals_scipy_t_test_on_cluster_means():
+    rng = np.random.default_rng(1)
+    d = rng.normal(0.3, 1, size=20)
+    result = stats.cluster_mean_test(d, np.ones(20), [np.arange(20)])
+    t = sps.ttest_1samp(d, 0)
+    assert result["p"][0] == pytest.approx(t.pvalue) and result["t"][0] == pytest.approx(t.statistic)
+    ci = t.confidence_interval()
+    assert (result["ci_low"][0], result["ci_high"][0]) == pytest.approx((ci.low, ci.high))
 
 
-def test_monte_carlo_sign_flip_is_calibrated_and_detects_effects():
-    rng = np.random.default_rng(0)
-    null = rng.normal(size=(40, 300))  # 300 null tests of 40 items
-    p = stats.sign_flip_pvalues(null, n_perm=500)
-    assert 0.02 <= (p < 0.05).mean() <= 0.09  # about 5% false positives
-    assert stats.sign_flip_pvalues(rng.normal(1.0, 1.0, size=40), n_perm=500)[0] == pytest.approx(1 / 501)
+def test_two_way_cluster_variance_by_hand():
+    rng = np.random.default_rng(2)
+    a, b = np.repeat(np.arange(5), 4), np.tile(np.arange(4), 5)  # 5 x 4 crossed cells
+    d = rng.normal(size=20) + a * 0.3 + b * 0.5
+    e = (d - d.mean()) / 20  # scores of the equally weighted mean
+
+    def cr1(labels):
+        groups = np.unique(labels)
+        return len(groups) / (len(groups) - 1) * sum(e[labels == g].sum() ** 2 for g in groups)
+
+    v = max(cr1(a) + cr1(b) - cr1(a * 10 + b), cr1(a), cr1(b))
+    result = stats.cluster_mean_test(d, np.ones(20), [a, b])
+    assert result["se"][0] == pytest.approx(np.sqrt(v)) and result["df"] == 3
+    assert result["p"][0] == pytest.approx(2 * sps.t.sf(abs(d.mean() / np.sqrt(v)), 3))
 
 
-def test_bootstrap_ci_coverage_on_simulated_data():
-    rng = np.random.default_rng(0)
-    samples = rng.normal(0.3, 1.0, size=(40, 400))  # 400 simulated studies, 40 items each
-    low, high = stats.bootstrap_mean_ci(samples, n_boot=1000)
-    coverage = ((low <= 0.3) & (0.3 <= high)).mean()
-    assert 0.90 <= coverage <= 0.98  # percentile bootstrap at n = 40 slightly under-covers 95%
+def test_nan_columns_get_nan_p_not_zero():
+    d = np.array([[0.1, np.nan], [0.2, np.nan], [0.3, np.nan]])
+    result = stats.cluster_mean_test(d, np.ones(3), [np.arange(3)])
+    assert np.isfinite(result["p"][0]) and np.isnan(result["p"][1]) and np.isnan(result["mean"][1])
+    slope = stats.slope_permutation_test(np.arange(5.0), np.array([[1, np.nan], [2, 1], [2, np.nan], [4, np.nan], [5, 2]]))
+    assert np.isnan(slope["p"][1]) and slope["p"][0] > 0  # two units left: no test, not p = 0
 
 
-def test_correlation_matches_scipy():
+def test_slope_permutation_exact_by_hand():
+    x, y = np.array([10.0, 40, 60, 90, 20]), np.array([0.1, 0.2, 0.35, 0.4, 0.05])
+    result = stats.slope_permutation_test(x, y, n_perm=2000, n_boot=200)
+    slopes = [np.polyfit(x[list(order)], y, 1)[0] for order in itertools.permutations(range(5))]
+    observed = np.polyfit(x, y, 1)[0]
+    assert result["exact"] and result["n_draws"] == 120 and result["min_p"] == pytest.approx(1 / 120)
+    assert result["slope"][0] == pytest.approx(observed) and result["r"][0] == pytest.approx(sps.pearsonr(x, y)[0])
+    assert result["p"][0] == pytest.approx(np.mean(np.abs(slopes) >= abs(observed) - 1e-12))
+
+
+def test_permutations_resolve_below_the_smallest_bh_threshold():
+    assert stats.n_permutations(270) == 108_000 and 1 / (1 + stats.n_permutations(270)) < 0.05 / 270 / 10
+    big = stats.slope_permutation_test(np.arange(30.0), np.arange(30.0) + 0.0, n_perm=stats.n_permutations(270), n_boot=10)
+    assert big["p"][0] == pytest.approx(1 / 108_001)  # a perfect slope sits at the floor, 20x under 0.05/270
+
+
+def test_two_way_clustering_holds_type_one_error_where_one_way_does_not():
+    """Crossed occupation x template data under the null, with template effects: occupation-only
+    clustering rejects far too often; the two-way test stays at the nominal 5%."""
     rng = np.random.default_rng(3)
-    x = rng.normal(size=60)
-    y = 0.5 * x + rng.normal(size=60)
-    result = stats.correlation_with_ci(x, y, n_boot=500)
-    r, p = sps.pearsonr(x, y)
-    assert result["pearson_r"] == pytest.approx(r) and result["pearson_p"] == pytest.approx(p)
-    assert result["spearman_r"] == pytest.approx(sps.spearmanr(x, y).statistic)
-    assert result["pearson_ci_low"] < r < result["pearson_ci_high"]
+    n_occ, n_tpl, sims = 60, 14, 4000
+    occ, tpl = np.repeat(np.arange(n_occ), n_tpl), np.tile(np.arange(n_tpl), n_occ)
+    d = rng.normal(size=(n_occ, 1, sims)) + rng.normal(size=(1, n_tpl, sims)) + rng.normal(size=(n_occ, n_tpl, sims))
+    d = d.reshape(n_occ * n_tpl, sims)
+    one_way = (stats.cluster_mean_test(d, np.ones(len(d)), [occ])["p"] < 0.05).mean()
+    two_way = (stats.cluster_mean_test(d, np.ones(len(d)), [occ, tpl])["p"] < 0.05).mean()
+    assert one_way > 0.3 and two_way <= 0.06, (one_way, two_way)
 
 
-def make_run(directory, n_occupations=4):
-    """A real run directory: 1 template, n occupations, she/he, 2 layers x 2 heads, one target."""
+def test_interaction_finds_planted_heads_at_the_stated_fdr():
+    """200 simulated designs, 40 heads each, an interaction planted in 3: BH at 0.05 over the
+    interaction p-values keeps the average false discovery proportion at 0.05 and finds the 3
+    (1,000 simulations x 4 seeds gave 0.042-0.049)."""
+    rng = np.random.default_rng(4)
+    units, heads, sims = 30, 40, 200
+    x = rng.uniform(0, 100, size=units)
+    y = rng.normal(size=(units, sims, heads)) + 5.0  # a large lexical difference everywhere
+    y[:, :, :3] += 0.04 * (x - 50)[:, None, None]  # the planted interaction in heads 0-2
+    p = stats.slope_permutation_test(x, y.reshape(units, -1), n_perm=stats.n_permutations(heads), n_boot=2)["p"]
+    q = np.array([stats.bh_qvalues(row) for row in p.reshape(sims, heads)])
+    found = q < 0.05
+    false = found[:, 3:].sum(1) / np.maximum(found.sum(1), 1)
+    # BH's expected FDP is 0.05 x 37/40 = 0.046; 200 simulations estimate it to within 2 standard errors
+    assert false.mean() <= 0.05 + 2 * false.std() / np.sqrt(sims) and found[:, :3].mean() > 0.95
+    assert (p.reshape(sims, heads)[:, 3:] < 0.05).mean() == pytest.approx(0.05, abs=0.01)  # calibrated null p
+
+
+def make_run(directory, n_occupations=4, analysis=GENDER, templates=("t",), extra=()):
+    """A real run directory: templates x n occupations, she/he, 2 layers x 2 heads, one target.
+    Head (0, 0) attends from she with 0.5 + 0.1 (i + 1) and from he with 0.5: d = 0.1 (i + 1)."""
     prompts, attention, logprobs = [], [], []
     bls = [10.0, 40.0, 60.0, 90.0, 20.0, 30.0][:n_occupations]
     pid = 0
-    for i in range(n_occupations):
-        for label in ("female", "male"):
-            prompts.append({"prompt_id": pid, "item_id": f"t|o{i}", "template_id": "t", "text": f"x{i}",
-                            "occupation": f"o{i}", "occupation_bls_pct_female": bls[i], "pronoun_label": label})
-            for layer in range(2):
-                for head in range(2):
-                    # head (0, 0): female 0.5 + 0.1 (i + 1), male 0.5 -> d = 0.1, 0.2, 0.3, 0.4
-                    weight = 0.5 + (0.1 * (i + 1) if (layer, head, label) == (0, 0, "female") else 0.0)
-                    attention.append({"prompt_id": pid, "layer": layer, "head": head, "source": "pronoun",
-                                      "target": "occupation", "weight": weight})
-            for cand, lab, value in ((" she", "female", -2.0 + 0.01 * bls[i]), (" he", "male", -2.0)):
-                logprobs.append({"prompt_id": pid, "cut": "pronoun", "candidate": cand, "candidate_label": lab, "logprob": value})
-            pid += 1
+    for t in templates:
+        for i in range(n_occupations):
+            for label in ("female", "male", *extra):
+                prompts.append({"prompt_id": pid, "item_id": f"{t}|o{i}", "template_id": t, "text": f"x{i}",
+                                "occupation": f"o{i}", "occupation_bls_pct_female": bls[i], "pronoun_label": label})
+                for layer in range(2):
+                    for head in range(2):
+                        weight = 0.5 + (0.1 * (i + 1) if (layer, head, label) == (0, 0, "female") else 0.0)
+                        weight += 0.2 if t == "u" and (layer, head) == (1, 0) and label == "female" else 0.0
+                        attention.append({"prompt_id": pid, "layer": layer, "head": head, "source": "pronoun",
+                                          "target": "occupation", "weight": weight})
+                for cand, lab, value in ((" she", "female", -2.0 + 0.01 * bls[i]), (" he", "male", -2.0)):
+                    logprobs.append({"prompt_id": pid, "cut": "pronoun", "candidate": cand, "candidate_label": lab, "logprob": value})
+                pid += 1
     pd.DataFrame(prompts).to_csv(directory / "prompts.csv", index=False)
     pd.DataFrame(attention).to_parquet(directory / "attention.parquet", index=False)
     pd.DataFrame(logprobs).to_csv(directory / "logprobs.csv", index=False)
-    (directory / "manifest.json").write_text(json.dumps({"suite": {"name": "s", "contrast": "pronoun"}, "n_prompts": pid}))
+    manifest = {"suite": {"name": "s", "contrast": "pronoun"}, "n_prompts": pid}
+    if analysis is not None:
+        manifest["analysis"] = analysis
+    (directory / "manifest.json").write_text(json.dumps(manifest))
     return Run(directory)
 
 
 def test_head_stats_by_hand(tmp_path):
     heads = stats.head_stats(make_run(tmp_path), n_boot=200)
-    assert len(heads) == 4
+    assert len(heads) == 4 and set(heads.scope) == {"all"}
     h = heads[(heads.layer == 0) & (heads["head"] == 0)].iloc[0]
-    d = np.array([0.1, 0.2, 0.3, 0.4])
-    assert h.effect == pytest.approx(0.25) and h.d_z == pytest.approx(d.mean() / d.std(ddof=1))
-    assert h.share_positive == 1.0 and h.n_items == 4 and h.n_clusters == 4
-    assert h.p == pytest.approx(2 / 16)  # exact: 4 clusters, all positive
+    d, bls = np.array([0.1, 0.2, 0.3, 0.4]), np.array([10.0, 40, 60, 90])
+    assert h.difference == pytest.approx(0.25) and h.d_z == pytest.approx(d.mean() / d.std(ddof=1))
+    assert h.difference_p == pytest.approx(sps.ttest_1samp(d, 0).pvalue)  # 4 occupation clusters of one item
     assert h.mean_female == pytest.approx(0.75) and h.mean_male == pytest.approx(0.5)
-    assert h.bls_pearson_r == pytest.approx(np.corrcoef([10, 40, 60, 90], d)[0, 1])
-    assert h.power_note.startswith("fewer than 30 items")
+    assert h.n_items == 4 and h.n_clusters == "4" and h.clusters == "occupation"
+    assert h.interaction_r == pytest.approx(np.corrcoef(bls, d)[0, 1])
+    assert h.interaction_slope == pytest.approx(np.polyfit(bls, d, 1)[0])
+    assert h.interaction_p == pytest.approx(2 / 24)  # exact: 24 orders, only identity and its mirror-free best
+    assert "no single test can pass BH" in h.interaction_power_note and "p is approximate" in h.difference_power_note
     null = heads[(heads.layer == 1) & (heads["head"] == 1)].iloc[0]
-    assert null.effect == 0 and null.p == 1.0 and null.share_positive == 0
-    assert np.allclose(heads["q"], stats.bh_qvalues(heads["p"].to_numpy()))
+    assert null.difference == 0 and null.difference_p == 1.0 and np.isnan(null.interaction_r)
+    assert np.allclose(heads["difference_q"], stats.bh_qvalues(heads["difference_p"].to_numpy()), equal_nan=True)
+
+
+def test_templates_weigh_the_same_and_groups_are_scopes(tmp_path):
+    analysis = dict(GENDER, clusters=["occupation", "template_id"], groups={"second": ["u"]})
+    heads = stats.head_stats(make_run(tmp_path, templates=("t", "u"), analysis=analysis), n_boot=50)
+    h = heads.set_index(["scope", "layer", "head"])
+    assert h.loc[("all", 1, 0), "difference"] == pytest.approx(0.1)  # 0 in t, 0.2 in u: templates weigh the same
+    assert h.loc[("second", 1, 0), "difference"] == pytest.approx(0.2) and h.loc[("second", 1, 0), "clusters"] == "occupation"
+    assert h.loc[("all", 1, 0), "clusters"] == "occupation x template" and h.loc[("all", 1, 0), "n_clusters"] == "4 x 2"
+
+
+def test_duplicate_labels_are_refused(tmp_path):
+    run = make_run(tmp_path)
+    prompts = pd.read_csv(tmp_path / "prompts.csv")
+    prompts.loc[prompts.pronoun_label == "male", "pronoun_label"] = "female"
+    prompts.to_csv(tmp_path / "prompts.csv", index=False)
+    with pytest.raises(AnalysisError, match="two prompts labelled 'female'"):
+        stats.head_stats(Run(tmp_path))
+    assert len(run.prompts)  # the run itself is untouched
+
+
+def test_a_run_without_an_analysis_uses_two_labels_and_not_three(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert stats.head_stats(make_run(tmp_path / "a", analysis=None))["difference"].notna().all()
+    three = make_run(tmp_path / "b", analysis=None, extra=("neutral",))
+    assert stats.head_stats(three).empty and stats.behavior(three)[0].empty  # nothing declared: descriptive only
+    assert len(stats.condition_means(three)) == 4 * 3  # heads x labels (no unit declared)
 
 
 def test_behavior_by_hand(tmp_path):
-    summary, per_occupation = stats.behavior(make_run(tmp_path), n_boot=200)
+    summary, per_unit = stats.behavior(make_run(tmp_path), n_boot=200)
     overall = summary[summary.scope == "all"].iloc[0]
     # log p(she) - log p(he) = 0.01 x BLS exactly: r = 1
-    assert overall.pearson_r == pytest.approx(1.0) and overall.n_items == 4 and overall.n_occupations == 4
+    assert overall.pearson_r == pytest.approx(1.0) and overall.n_items == 4 and overall.n_units == 4
     assert overall.mean_log_ratio == pytest.approx(0.01 * np.mean([10, 40, 60, 90]))
+    assert overall.comparison == "she vs he" and overall.slope == pytest.approx(0.01)
+    assert overall.slope_p == pytest.approx(2 / 24)
     assert set(summary.scope) == {"all", "t"}
-    assert per_occupation.set_index(["template_id", "occupation"]).loc[("all", "o1"), "log_ratio"] == pytest.approx(0.4)
+    assert per_unit.set_index(["scope", "unit"]).loc[("all", "o1"), "log_ratio"] == pytest.approx(0.4)
+
+
+def test_behavior_sums_an_ambiguous_form(tmp_path):
+    make_run(tmp_path)
+    logprobs = pd.read_csv(tmp_path / "logprobs.csv")
+    extra = logprobs[logprobs.candidate_label == "male"].assign(candidate=" his", logprob=-3.0)
+    pd.concat([logprobs, extra]).to_csv(tmp_path / "logprobs.csv", index=False)
+    summary, _ = stats.behavior(Run(tmp_path), n_boot=50)
+    overall = summary[summary.scope == "all"].iloc[0]
+    expected = np.mean([-2.0 + 0.01 * b - np.logaddexp(-2.0, -3.0) for b in (10, 40, 60, 90)])
+    assert overall.mean_log_ratio == pytest.approx(expected) and overall.comparison == "she vs he+his"
 
 
 def test_layer_stats(tmp_path):
     layers = stats.layer_stats(stats.head_stats(make_run(tmp_path), n_boot=100))
     first = layers[layers.layer == 0].iloc[0]
-    assert first.mean_effect == pytest.approx(0.25 / 2) and first.n_heads == 2 and first.n_significant == 0
+    assert first.mean_difference == pytest.approx(0.25 / 2) and first.n_heads == 2 and first.n_interaction_q05 == 0
+
+
+def test_planted_interaction_in_a_run_directory(tmp_path):
+    """30 occupations x 4 templates, 30 heads; she attends more than he in every head (lexical),
+    and in heads (0, 1), (2, 3), (4, 0) the difference grows with the covariate (interaction)."""
+    rng = np.random.default_rng(5)
+    n_occ, n_tpl, L, H = 30, 4, 6, 5
+    bls = rng.uniform(0, 100, size=n_occ)
+    planted = {(0, 1), (2, 3), (4, 0)}
+    prompts, attention = [], []
+    template_effect = rng.normal(0, 0.02, size=(n_tpl, L, H))
+    for t in range(n_tpl):
+        for o in range(n_occ):
+            noise = rng.normal(0, 0.02, size=(L, H))
+            for label in ("female", "male"):
+                pid = len(prompts)
+                prompts.append({"prompt_id": pid, "item_id": f"t{t}|o{o}", "template_id": f"t{t}", "text": "x",
+                                "occupation": f"o{o}", "occupation_bls_pct_female": bls[o], "pronoun_label": label})
+                for layer, head in itertools.product(range(L), range(H)):
+                    weight = 0.3
+                    if label == "female":
+                        weight += 0.2 + template_effect[t, layer, head] + noise[layer, head]
+                        weight += 0.002 * (bls[o] - 50) if (layer, head) in planted else 0.0
+                    attention.append({"prompt_id": pid, "layer": layer, "head": head, "source": "pronoun",
+                                      "target": "occupation", "weight": weight})
+    pd.DataFrame(prompts).to_csv(tmp_path / "prompts.csv", index=False)
+    pd.DataFrame(attention).to_parquet(tmp_path / "attention.parquet", index=False)
+    pd.DataFrame(columns=["prompt_id", "cut", "candidate", "candidate_label", "logprob"]).to_csv(tmp_path / "logprobs.csv", index=False)
+    analysis = dict(GENDER, clusters=["occupation", "template_id"])
+    (tmp_path / "manifest.json").write_text(json.dumps({"suite": {"name": "s"}, "analysis": analysis, "n_prompts": len(prompts)}))
+    heads = stats.head_stats(Run(tmp_path), n_boot=100)
+    found = {(r.layer, r.head) for r in heads[heads.interaction_q < 0.05].itertuples()}
+    assert found == planted and (heads.difference_q < 0.05).all()
+    assert set(heads.interaction_test) == {"occupation.bls_pct_female permuted across 30 occupations (12000 permutations)"}  # 20 x 30 heads / 0.05

@@ -112,6 +112,7 @@ def run_suite(
             "shard": list(shard) if shard else None,
             "suite": {"name": suite.name, "path": suite.path, "sha256": suite.sha256, "description": suite.description,
                       "contrast": suite.contrast, "templates": {t.id: t.text for t in suite.templates}},
+            "analysis": suite.analysis.to_dict(),
             "model": {"spec": spec, "name": name, "family": pm.info.family, "weights_sha256": storage.weights_sha(pm),
                       "n_layers": pm.info.n_layers, "n_heads": pm.info.n_heads, "n_kv_heads": pm.info.n_kv_heads},
             "dtype": str(pm.dtype).removeprefix("torch."),

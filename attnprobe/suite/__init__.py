@@ -18,6 +18,7 @@ import yaml
 
 from ..errors import SuiteError
 from ..measures import AttentionMeasure, HeadEffectsMeasure, NextTokenMeasure
+from .analysis import parse_analysis
 from .sentences import load_sentence_sets, sentence_prompts
 from .slots import load_slots
 from .templates import check_size, expand, load_templates
@@ -26,7 +27,7 @@ from .types import Condition, Prompt, Slot, SlotValue, Suite, Template
 from ..yamllines import Context, Map, as_list, optional_str, required_str, safe_load_with_lines
 
 DEFAULT_MAX_PROMPTS = 1_000_000
-_TOP_KEYS = {"name", "description", "model", "contrast", "slots", "templates", "sentences", "attention",
+_TOP_KEYS = {"analysis", "name", "description", "model", "contrast", "slots", "templates", "sentences", "attention",
              "next_token", "head_effects", "max_prompts"}
 
 __all__ = ["Condition", "Prompt", "Slot", "SlotValue", "Suite", "SuiteError", "Template", "load_suite", "spread_key",
@@ -83,6 +84,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
     next_token = NextTokenMeasure.parse(ctx, as_list(ctx, doc, "next_token", "measures {cut, candidates}"), slots)
     prompts, skipped = _attach_measures(ctx, doc, prompts, attention, next_token, slots)
     head_effects = HeadEffectsMeasure.parse(ctx, doc, slots, templates, next_token)
+    analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
     return Suite(
         name=name,
         description=str(doc.get("description", "")),
@@ -95,6 +97,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
         next_token=next_token,
         skipped=tuple(skipped),
         head_effects=head_effects,
+        analysis=analysis,
         path=str(path),
         sha256=ctx.digest.hexdigest(),
     )

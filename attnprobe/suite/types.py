@@ -84,5 +84,6 @@ class Suite:
     next_token: tuple  # NextTokenMeasure, ...
     skipped: tuple[str, ...]  # one line per measure/template pair left out, with the reason
     head_effects: object | None  # HeadEffectsMeasure
+    analysis: object  # attnprobe.analysis.Analysis: what the statistics compare
     path: str
     sha256: str  # of the YAML and every data file it reads

@@ -1,0 +1,69 @@
+"""What a suite's statistics compare: the declared analysis, as plain data.
+
+A suite says which prompts form a pair and which two labels it compares (the contrast), which
+units make observations dependent (the clusters, e.g. occupation and template), the covariate a
+bias interaction is measured against (e.g. the occupation's share of women, owned by the unit
+`occupation`) and named groups of templates (e.g. single-entity and two-entity). The suite loader
+parses and checks it (attnprobe.suite.analysis), the run records it in the manifest, and the
+statistics and the report read it back with `Analysis.from_manifest`. Every name here is a column
+of prompts.csv, so nothing after the run knows which suite, language or bias it is looking at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+# prompts.csv columns that the declaration's words `template` and `item` stand for
+TEMPLATE, ITEM = "template_id", "item_id"
+
+
+@dataclass(frozen=True)
+class Analysis:
+    contrast: str | None = None  # column with each prompt's contrast label, e.g. pronoun_label
+    positive: str | None = None  # d = a(positive prompt) - a(negative prompt) of one item
+    negative: str | None = None
+    labels: tuple[str, ...] = ()  # every contrast label the suite has, in order
+    clusters: tuple[str, ...] = (ITEM,)  # one or two columns; observations dependent within each
+    covariate: str | None = None  # numeric column, constant within `unit`
+    unit: str | None = None  # column the covariate belongs to; permuted across in the interaction test
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # group name -> template ids
+    names: dict[str, str] = field(default_factory=dict)  # column -> the name the suite used (for text)
+
+    @property
+    def paired(self) -> bool:
+        """True when two labels are compared (otherwise only descriptive tables are made)."""
+        return bool(self.contrast and self.positive and self.negative)
+
+    def name(self, column: str | None) -> str:
+        """The suite's word for a column: occupation for occupation, template for template_id."""
+        return self.names.get(column, {TEMPLATE: "template", ITEM: "item"}.get(column, str(column)))
+
+    @property
+    def cluster_text(self) -> str:
+        """How the tables state the unit of inference, e.g. "occupation x template"."""
+        return " x ".join(self.name(c) for c in self.clusters)
+
+    @property
+    def difference_text(self) -> str:
+        return f"{self.positive} - {self.negative}" if self.paired else "none"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> Analysis:
+        raw = dict(raw)
+        raw["labels"] = tuple(raw.get("labels", ()))
+        raw["clusters"] = tuple(raw.get("clusters", (ITEM,)))
+        raw["groups"] = {k: tuple(v) for k, v in raw.get("groups", {}).items()}
+        return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
+
+    @classmethod
+    def from_manifest(cls, manifest: dict, prompt_columns) -> Analysis:
+        """The run's recorded analysis; for a run made before analyses were recorded, the contrast
+        column alone, compared only when it holds exactly two labels (decided by the caller)."""
+        if "analysis" in manifest:
+            return cls.from_dict(manifest["analysis"])
+        contrast = (manifest.get("suite") or {}).get("contrast")
+        column = next((c for c in (f"{contrast}_label", contrast) if c and c in prompt_columns), None)
+        return cls(contrast=column)

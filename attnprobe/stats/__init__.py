@@ -1,0 +1,32 @@
+"""Statistics of a run: pandas in, pandas out, driven by the suite's declared analysis.
+
+Rooms: inference (the tests: cluster-robust t, covariate permutation, BH, bootstrap), design
+(paired differences averaged into cells; templates weighted equally), heads (attention: the
+interaction with the covariate and the plain difference), behavior (next-token log-ratios),
+effects (head interventions). `analyse` returns every table the report writes, keyed by CSV name.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .behavior import behavior, log_ratios
+from .effects import head_effects
+from .heads import condition_means, head_stats, layer_stats, run_analysis
+from .inference import (ALPHA, N_BOOT, N_PERM, bh_qvalues, cluster_mean_test, correlation_with_ci, n_permutations,
+                        slope_permutation_test)
+
+__all__ = ["ALPHA", "N_BOOT", "N_PERM", "analyse", "behavior", "bh_qvalues", "cluster_mean_test", "condition_means",
+           "correlation_with_ci", "head_effects", "head_stats", "layer_stats", "log_ratios", "n_permutations",
+           "run_analysis", "slope_permutation_test"]
+
+
+def analyse(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """Every table the report needs, keyed by the CSV name it is written as."""
+    heads = head_stats(run, n_boot=n_boot, n_perm=n_perm, seed=seed)
+    summary, per_unit = behavior(run, n_boot=n_boot, n_perm=n_perm, seed=seed)
+    tables = {"head_stats": heads, "layer_stats": layer_stats(heads), "behavior": summary,
+              "behavior_by_unit": per_unit, "condition_means": condition_means(run)}
+    if run.has_head_effects:
+        tables["head_effects"], tables["head_effects_summary"] = head_effects(run, heads)
+    return tables

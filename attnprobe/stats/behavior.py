@@ -1,0 +1,75 @@
+"""What the model predicts: the next-token log-ratio of the two compared labels, and its interaction.
+
+Per item and cut: y = log p(positive) - log p(negative), where log p(label) is the log of the
+summed probability of the label's candidates at the cut (one candidate, unless the suite scores an
+ambiguous form such as " her" against the sum of its alternatives " him" + " his"; the
+`comparison` column says which words each row compares). Per scope (all templates weighted
+equally, each declared group, each template): the mean y with a cluster-robust CI, and with a
+covariate, Pearson and Spearman r of the per-unit mean y on it (bootstrap CI over units) and a
+permutation p for the slope.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.special import logsumexp
+
+from ..analysis import ITEM, TEMPLATE
+from .design import Design, items_table, scopes
+from .heads import run_analysis
+from .inference import N_BOOT, cluster_mean_test, correlation_with_ci, n_permutations, power_note, slope_permutation_test
+
+
+def log_ratios(run, analysis) -> pd.DataFrame:
+    """Rows (item_id, cut, template_id, y, comparison)."""
+    lp = run.logprobs.merge(run.prompts[["prompt_id", ITEM, TEMPLATE]], on="prompt_id")
+    lp = lp[lp["candidate_label"].astype(str).isin([analysis.positive, analysis.negative])]
+    lp = lp.drop_duplicates([ITEM, "cut", "candidate"])  # prompts of one item share the prefix
+    lp = lp.assign(candidate_label=lp["candidate_label"].astype(str))
+    per_label = lp.groupby([ITEM, TEMPLATE, "cut", "candidate_label"]).agg(
+        logp=("logprob", lambda v: float(logsumexp(v))), words=("candidate", lambda v: "+".join(w.strip() for w in v)))
+    wide = per_label.unstack("candidate_label")
+    if (("logp", analysis.positive) not in wide) or (("logp", analysis.negative) not in wide):
+        return pd.DataFrame(columns=[ITEM, "cut", TEMPLATE, "y", "comparison"])
+    out = pd.DataFrame({"y": wide[("logp", analysis.positive)] - wide[("logp", analysis.negative)],
+                        "comparison": wide[("words", analysis.positive)] + " vs " + wide[("words", analysis.negative)]})
+    return out.dropna(subset=["y"]).reset_index()
+
+
+def behavior(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(summary: one row per cut and scope, per unit: the unit means behind each correlation)."""
+    analysis = run_analysis(run)
+    if not analysis.paired or run.logprobs.empty:
+        return pd.DataFrame(columns=["cut", "scope"]), pd.DataFrame(columns=["cut", "scope", "unit"])
+    y = log_ratios(run, analysis)
+    items = items_table(run.prompts, analysis)
+    summary, per_unit = [], []
+    for cut, at_cut in y.groupby("cut", sort=False):
+        templates = list(dict.fromkeys(at_cut[TEMPLATE]))
+        scoped = [(name, "pooled" if name == "all" else "group", ids) for name, ids in scopes(analysis, templates).items()]
+        scoped += [(t, "template", [t]) for t in templates]
+        for scope, kind, ids in scoped:
+            rows = at_cut[at_cut[TEMPLATE].isin(ids)]
+            design = Design.build(rows[ITEM], items, analysis)
+            cells = design.cell_means(rows[["y"]].to_numpy())
+            test = cluster_mean_test(cells, design.cells["weight"].to_numpy(), design.clusters)
+            row = {"cut": cut, "scope": scope, "kind": kind, "comparison": " | ".join(sorted(set(rows["comparison"]))),
+                   "n_items": len(rows), "clusters": design.cluster_text, "n_clusters": " x ".join(map(str, test["n_clusters"])),
+                   "mean_log_ratio": test["mean"][0], "mean_ci_low": test["ci_low"][0], "mean_ci_high": test["ci_high"][0],
+                   "mean_p": test["p"][0], "mean_test": f"cluster-robust t, CR1 by {design.cluster_text}, df {test['df']}"}
+            notes = [power_note(test["n_clusters"], design.cluster_text)]
+            if analysis.covariate:
+                units, x, unit_y = design.unit_means(cells, analysis.unit, analysis.covariate)
+                slope = slope_permutation_test(x, unit_y, n_perm or n_permutations(1), 0, seed)
+                row.update(n_units=len(units), **correlation_with_ci(x, unit_y[:, 0], n_boot, seed))
+                row.update(slope=slope["slope"][0], slope_p=slope["p"][0],
+                           slope_test=f"{analysis.name(analysis.covariate)} permuted across {len(units)} {analysis.name(analysis.unit)}s")
+                notes.append(power_note([len(units)], analysis.name(analysis.unit), slope["min_p"]))
+                counts = pd.Series(design.cell_of_item).map(design.cells[analysis.unit]).value_counts()
+                per_unit.append(pd.DataFrame({"cut": cut, "scope": scope, "unit": units, "log_ratio": unit_y[:, 0],
+                                              "n": counts.reindex(units).to_numpy(), "covariate": x}))
+            row["power_note"] = "; ".join(n for n in notes if n)
+            summary.append(row)
+    per_unit_table = pd.concat(per_unit, ignore_index=True) if per_unit else pd.DataFrame(columns=["cut", "scope", "unit"])
+    return pd.DataFrame(summary), per_unit_table
