@@ -39,10 +39,15 @@ class Run(RunFiles):
             self.__dict__["_stats"] = load_tables(self, write=False)
         return self.__dict__["_stats"]
 
-    def plot_heads(self, target: str | None = None, value: str = "d_z"):
-        """Layer x head heatmap of the bias effect (non-significant heads masked); a matplotlib Figure."""
-        heads = self.head_stats
-        return head_heatmap(heads, target or heads["target"].iloc[0], value)
+    def plot_heads(self, target: str | None = None, statistic: str | None = None):
+        """Layer x head heatmap (all templates; heads with q >= 0.05 masked); a matplotlib Figure.
+        `statistic`: "interaction" (r with the covariate; the default when the suite has one) or
+        "difference" (d_z of the paired difference)."""
+        heads = self.head_stats[self.head_stats["scope"] == "all"]
+        statistic = statistic or ("interaction" if "interaction_r" in heads else "difference")
+        value, q = ("interaction_r", "interaction_q") if statistic == "interaction" else ("d_z", "difference_q")
+        target = target or heads["target"].iloc[0]
+        return head_heatmap(heads, target, value, q, title=f"{target}: {statistic}", label=value)
 
     def report(self) -> Path:
         """Write report.html (and the CSV tables and figures) into the run directory."""

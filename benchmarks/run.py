@@ -149,7 +149,8 @@ def bench_agreement(scratch: Path) -> dict:
     assert len(joined) == len(a) == len(b)
     heads32 = stats.head_stats(attnprobe.Run(scratch / "float32"), n_boot=200, n_perm=200)
     heads16 = stats.head_stats(attnprobe.Run(scratch / "bfloat16"), n_boot=200, n_perm=200)
-    rank = min(spearmanr(heads32[heads32.target == t]["effect"], heads16[heads16.target == t]["effect"]).statistic
+    heads32, heads16 = heads32[heads32.scope == "all"], heads16[heads16.scope == "all"]
+    rank = min(spearmanr(heads32[heads32.target == t]["difference"], heads16[heads16.target == t]["difference"]).statistic
                for t in heads32["target"].unique())
     return {
         "bfloat16_max_abs_dweight": float((joined["weight_32"] - joined["weight_16"]).abs().max()),

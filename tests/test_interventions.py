@@ -138,6 +138,6 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
     again = attnprobe.run_suite(suite, model=smollm, out=tmp_path / "run", progress=False, log=lambda m: None)
     assert again.manifest["head_effects"] == info and (run.directory / "head_effects_items.parquet").stat().st_mtime_ns == before
     html = write_report(run.directory).read_text()
-    assert "Heads that carry the bias" in html and "of it;" in html
+    assert "Head interventions" in html and "of it;" in html
     summary = pd.read_csv(run.directory / "head_effects_summary.csv").iloc[0]
     assert -1 <= summary["spearman_attribution_exact"] <= 1 and summary["top_heads"].count("L") == 5

@@ -19,9 +19,11 @@ from attnprobe.report import write_report
 
 pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium")
-HEAD_COLUMNS = ["layer", "head", "source", "target", "n_items", "n_clusters", "mean_female", "mean_male", "effect",
-                "ci_low", "ci_high", "d_z", "share_positive", "p", "q", "bls_pearson_r", "bls_pearson_ci_low",
-                "bls_pearson_ci_high", "bls_spearman_r", "bls_spearman_ci_low", "bls_spearman_ci_high", "cluster", "power_note"]
+HEAD_COLUMNS = ["scope", "source", "target", "layer", "head", "n_items", "n_cells", "clusters", "n_clusters", "mean_female",
+                "mean_male", "difference", "difference_ci_low", "difference_ci_high", "d_z", "difference_p", "difference_q",
+                "difference_templates_same_sign", "difference_test", "difference_power_note", "interaction_slope",
+                "interaction_r", "interaction_r_ci_low", "interaction_r_ci_high", "interaction_p", "interaction_q",
+                "interaction_i2_templates", "interaction_templates_same_sign", "interaction_test", "interaction_power_note"]
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +47,16 @@ def chromium(*args, url):
 def test_tables_and_figures_are_written(reported):
     run, path = reported
     heads = pd.read_csv(run.directory / "head_stats.csv")
-    assert list(heads.columns) == HEAD_COLUMNS and len(heads) == 2 * 30 * 9
-    assert heads["q"].between(0, 1).all() and (heads["ci_low"] <= heads["effect"] + 1e-12).all()
+    # scopes: all and both groups for the occupation; all and two-entity for the participant
+    assert list(heads.columns) == HEAD_COLUMNS and len(heads) == (3 + 2) * 30 * 9
+    assert heads["interaction_q"].between(0, 1).all() and (heads["difference_ci_low"] <= heads["difference"] + 1e-12).all()
+    assert set(heads["clusters"]) == {"occupation x template"}
     behavior = pd.read_csv(run.directory / "behavior.csv")
-    assert behavior["scope"].iloc[0] == "all" and len(behavior) == 1 + 14
-    assert len(pd.read_csv(run.directory / "layer_stats.csv")) == 2 * 30
-    for name in ("heads_occupation", "heads_participant", "behavior_vs_bls", "behavior_by_template"):
+    assert list(behavior["scope"][:3]) == ["all", "single-entity", "two-entity"] and len(behavior) == 3 + 14
+    templates = behavior.set_index("scope")["comparison"]
+    assert templates["said_would"] == "she vs he" and templates["left_keys"] == "her vs him+his"
+    assert len(pd.read_csv(run.directory / "layer_stats.csv")) == 5 * 30
+    for name in ("interaction_occupation", "difference_participant", "behavior_vs_covariate", "behavior_by_template"):
         assert (run.directory / "figures" / f"{name}.png").stat().st_size > 5000
         assert (run.directory / "figures" / f"{name}.svg").read_text().lstrip().startswith("<?xml")
 
@@ -61,11 +67,13 @@ def test_html_is_self_contained(reported):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing fetched from a network
     assert "<link" not in html
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
-    assert len(images) == 4
+    assert len(images) == 6  # interaction and difference for two targets, two behaviour figures
     for data in images:
         pixels = mpimg.imread(io.BytesIO(base64.b64decode(data)), format="png")
         assert pixels.shape[0] > 200 and pixels.shape[1] > 200
     assert "Across " in html and "Pearson r = " in html and "Methods and caveats" in html
+    headline = re.search(r'<p class="headline">([^<]*)', html).group(1)
+    assert headline.index("Pearson r") < headline.index("changes with") < headline.index("token difference, not bias")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed: `apt-get install -y chromium` (make test installs it)")
@@ -95,9 +103,9 @@ def test_cli_report_compares_runs(reported, smollm, tmp_path):
 
 def test_notebook_api(reported, smollm):
     run, _ = reported
-    assert {"effect", "q"} <= set(run.head_stats.columns) and run.behavior["scope"].iloc[0] == "all"
+    assert {"interaction_r", "difference_q"} <= set(run.head_stats.columns) and run.behavior["scope"].iloc[0] == "all"
     fig = run.plot_heads("participant")
-    assert fig.axes[0].get_title().startswith("pronoun -> participant")
+    assert fig.axes[0].get_title().startswith("participant: interaction")
     assert run._repr_html_().startswith("<div><b>attnprobe run</b> gender on smollm2-135m: 150 prompts")
     html = attnprobe.head_view(smollm, "The nurse said that she", html_action="return")
     assert '" nurse"' in html.data or "nurse" in html.data

@@ -40,7 +40,10 @@ def test_outputs_follow_the_contract(small_run, smollm):
     expected_rows = L * H * (len(prompts) + two_entity.sum())  # occupation always, participant where present
     assert len(attention) == expected_rows
     assert attention.groupby(["prompt_id", "target"]).size().eq(L * H).all()
-    assert set(logprobs["candidate_label"]) == {"female", "male", "neutral"} and len(logprobs) == 3 * len(prompts)
+    assert set(logprobs["candidate_label"]) == {"female", "male", "neutral"}
+    # three candidates per prompt; five where " her" is both acc and poss (her vs him + his, them + their)
+    ambiguous = prompts["template_id"].isin(["left_keys", "thanked_praised", "thanked_gift"])
+    assert len(logprobs) == 3 * len(prompts) + 2 * ambiguous.sum()
     for row in prompts.itertuples():
         assert row.text[row.pronoun_char_start:row.pronoun_char_end].lower() in {"she", "he", "they", "her", "him", "his", "them", "their"}
     m = small_run.manifest

@@ -84,7 +84,7 @@ ERRORS = [
     (GOOD.replace("{pronoun.nom} left", "{pronoun.gen} left"), 12, "slot 'pronoun' has no form 'gen'"),
     (GOOD.replace("saw {pronoun.acc}", "saw {pronoun.acc"), 14, "is not a slot reference"),
     (GOOD.replace('where: "occupation != other"', 'where: "occupation ~ other"'), 13, "cannot read condition"),
-    (GOOD.replace("templates:", "templates: 3\nx:"), 12, "unknown key 'x'; allowed: attention"),
+    (GOOD.replace("templates:", "templates: 3\nx:"), 12, "unknown key 'x'; allowed: analysis, attention"),
     (GOOD.replace("  - {id: one,", "  - {id: [one,"), 12, "invalid YAML (expected ',' or ']', but got '}')"),
     (GOOD.replace("name: tiny", "name: a/b"), 1, "name 'a/b' must be letters"),
     (GOOD.replace("nom: she, acc: her}", "nom: she}"), 9, "value 1 of slot 'pronoun' lacks form 'acc'"),

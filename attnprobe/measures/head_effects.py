@@ -128,7 +128,12 @@ class HeadEffectsMeasure:
 
     def _label_ids(self, tokenizer, prompt) -> dict[str, int]:
         """The single token id of the positive and of the negative candidate of this prompt."""
-        labels = {label: text for text, label in prompt.candidates.get(self.cut, ())}
+        labels: dict[str, str] = {}
+        for text, label in prompt.candidates.get(self.cut, ()):
+            if label in labels and label in (self.positive, self.negative):
+                raise SuiteError(f"{self.origin}: template {prompt.template_id} compares several words for '{label}' "
+                                 f"({labels[label]!r}, {text!r}: an ambiguous form); list templates whose form is unambiguous")
+            labels[label] = text
         if self.positive not in labels or self.negative not in labels:
             raise SuiteError(f"{self.origin}: candidates at '{self.cut}' have no label '{self.positive}' "
                              f"or '{self.negative}' (labels: {', '.join(labels)}); set positive/negative to two of them")

@@ -24,6 +24,7 @@ class NextTokenMeasure:
     cut: str  # the span before whose first token the prompt is cut
     candidates: tuple[str, ...] | str  # explicit strings, or the name of a slot to take them from
     origin: str = ""  # file:line, for error messages
+    ambiguous: str = "sum"  # a form shared by two cases (" her": acc and poss): sum | exclude
 
     KEY = "next_token"
 
@@ -35,7 +36,7 @@ class NextTokenMeasure:
         return f"next_token at '{self.cut}': not measured where span '{span}' is absent"
 
     @staticmethod
-    def parse(ctx, node, slots) -> tuple[NextTokenMeasure, ...]:
+    def parse(ctx, node, slots, span_names=()) -> tuple[NextTokenMeasure, ...]:
         measures = []
         for i, item in enumerate(node):
             if not isinstance(item, dict):
@@ -43,8 +44,9 @@ class NextTokenMeasure:
             cut = required_str(ctx, item, "cut")
             candidates = item.get("candidates")
             if isinstance(candidates, str):
-                if candidates not in slots:
-                    ctx.fail(item, "candidates", f"candidates '{candidates}' is not a slot; give a slot name or a list like [\" he\", \" she\"]")
+                if candidates not in slots and candidates not in span_names:
+                    ctx.fail(item, "candidates", f"candidates '{candidates}' is not a slot or span; give a slot name, a span "
+                             "name (the words of that span in the item's prompts) or a list like [\" he\", \" she\"]")
             elif isinstance(candidates, list) and candidates:
                 for j, candidate in enumerate(candidates):
                     if not isinstance(candidate, str) or candidate == "":
@@ -52,27 +54,63 @@ class NextTokenMeasure:
                 candidates = tuple(candidates)
             else:
                 ctx.fail(item, "candidates", "`candidates` must be a slot name or a non-empty list of strings")
-            measures.append(NextTokenMeasure(cut, candidates, origin=f"{ctx.path}:{line_of(item, 'candidates')}"))
+            for key in item:
+                if key not in ("cut", "candidates", "ambiguous"):
+                    ctx.fail(item, key, f"unknown key '{key}' in a next_token measure; allowed: ambiguous, candidates, cut")
+            ambiguous = item.get("ambiguous", "sum")
+            if ambiguous not in ("sum", "exclude"):
+                ctx.fail(item, "ambiguous", "`ambiguous` is sum (score a shared form against the sum of the other "
+                         "labels' forms of those cases) or exclude (leave such prompts out)")
+            measures.append(NextTokenMeasure(cut, candidates, origin=f"{ctx.path}:{line_of(item, 'candidates')}",
+                                             ambiguous=ambiguous))
         return tuple(measures)
 
-    def candidates_for(self, prompt, slots) -> tuple[tuple[str, str], ...]:
-        """(text, label) pairs. From a slot: each value in the form and case used at the cut, with the
-        space that precedes the span in this prompt (so " she" after "said that", "She" at the start)."""
-        if not isinstance(self.candidates, str):
-            return tuple((c, c.strip()) for c in self.candidates)
-        start, end = prompt.spans[self.cut]
-        shown = prompt.text[start:end]
-        space = prompt.text[max(0, start - 1):start] if start > 0 and prompt.text[start - 1].isspace() else ""
+    def compared_forms(self, prompt, slots) -> tuple[str, ...]:
+        """The slot forms compared at this prompt's cut: the form shown there (e.g. acc), plus every
+        form that any value spells the same way in it (" her" is acc and poss: (acc, poss))."""
         slot = slots[self.candidates]
         form = prompt.span_forms.get(self.cut)  # the form shown at the cut, e.g. nom for "she"
         form = form if form in slot.form_names else slot.form_names[0]
+        shared = {other for value in slot.values for other in slot.form_names if value.forms[other] == value.forms[form]}
+        return tuple(f for f in slot.form_names if f in shared)
+
+    def candidates_from_item(self, prompt, siblings, label_of) -> tuple[tuple[str, str], ...]:
+        """For a span that is not a slot (sentence files): the words each prompt of the item has in
+        that span, with the space before it, labelled by that prompt's contrast label (e.g. the pro
+        and anti pronouns of a pair, which share the prefix before the cut)."""
         out = []
-        for value in slot.values:
-            word = value.forms[form]
-            if shown[:1].isupper():
-                word = word[:1].upper() + word[1:]
+        for sibling in siblings:
+            if self.candidates not in sibling.spans:
+                continue
+            start, end = sibling.spans[self.candidates]
+            space = sibling.text[start - 1] if start > 0 and sibling.text[start - 1].isspace() else ""
+            out.append((space + sibling.text[start:end], str(label_of(sibling))))
+        return tuple(dict.fromkeys(out))
+
+    def candidates_for(self, prompt, slots) -> tuple[tuple[str, str], ...]:
+        """(text, label) pairs. From a slot: each value in the form and case used at the cut, with the
+        space that precedes the span in this prompt (so " she" after "said that", "She" at the start).
+        Where a form is ambiguous (" her" is acc and poss), every label gets its words of all the
+        cases involved (" him", " his"), whose probabilities the statistics sum; or, with
+        `ambiguous: exclude`, the prompt gets no candidates."""
+        if not isinstance(self.candidates, str):
+            return tuple((c, c.strip()) for c in self.candidates)
+        if self.candidates not in slots:
+            raise ValueError("candidates from a span are given by candidates_from_item")
+        start, end = prompt.spans[self.cut]
+        shown = prompt.text[start:end]
+        space = prompt.text[max(0, start - 1):start] if start > 0 and prompt.text[start - 1].isspace() else ""
+        forms = self.compared_forms(prompt, slots)
+        if len(forms) > 1 and self.ambiguous == "exclude":
+            return ()
+        out = []
+        for value in slots[self.candidates].values:
             label = str(value.meta.get("label", "/".join(value.forms.values())))
-            out.append((space + word, label))
+            for form in forms:
+                word = value.forms[form]
+                if shown[:1].isupper():
+                    word = word[:1].upper() + word[1:]
+                out.append((space + word, label))
         return tuple(dict.fromkeys(out))
 
 

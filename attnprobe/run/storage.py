@@ -39,9 +39,10 @@ from .plan import Encoded, fingerprint
 ARTEFACTS = ("chunks", "attention.parquet", "logprobs.csv", "prompts.csv", "examples.json",
              "head_effects_items.parquet", "head_effects_totals.csv", "manifest.json")
 # written from a run by the report: statistics tables (as <name>.csv), figures, the page
+TABLES_KEY = "tables.json"  # which statistics version and analysis the cached tables were made with
 STATS_TABLES = ("head_stats", "layer_stats", "behavior", "behavior_by_unit", "condition_means")
 HEAD_EFFECT_TABLES = ("head_effects", "head_effects_summary")
-DERIVED = tuple(f"{name}.csv" for name in STATS_TABLES + HEAD_EFFECT_TABLES) + ("behavior_by_occupation.csv", "figures", "report.html")  # the first name of behavior_by_unit
+DERIVED = tuple(f"{name}.csv" for name in STATS_TABLES + HEAD_EFFECT_TABLES) + ("behavior_by_occupation.csv", TABLES_KEY, "figures", "report.html")  # the first name of behavior_by_unit
 
 
 def prompts_table(encoded: list[Encoded]) -> pd.DataFrame:

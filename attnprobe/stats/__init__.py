@@ -16,7 +16,9 @@ from .heads import condition_means, head_stats, layer_stats, run_analysis
 from .inference import (ALPHA, N_BOOT, N_PERM, bh_qvalues, cluster_mean_test, correlation_with_ci, n_permutations,
                         slope_permutation_test)
 
-__all__ = ["ALPHA", "N_BOOT", "N_PERM", "analyse", "behavior", "bh_qvalues", "cluster_mean_test", "condition_means",
+TABLES_VERSION = 2  # bump when a table's columns or meaning change: cached tables are recomputed
+
+__all__ = ["TABLES_VERSION", "ALPHA", "N_BOOT", "N_PERM", "analyse", "behavior", "bh_qvalues", "cluster_mean_test", "condition_means",
            "correlation_with_ci", "head_effects", "head_stats", "layer_stats", "log_ratios", "n_permutations",
            "run_analysis", "slope_permutation_test"]
 

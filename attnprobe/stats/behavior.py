@@ -69,7 +69,7 @@ def behavior(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0
                 counts = pd.Series(design.cell_of_item).map(design.cells[analysis.unit]).value_counts()
                 per_unit.append(pd.DataFrame({"cut": cut, "scope": scope, "unit": units, "log_ratio": unit_y[:, 0],
                                               "n": counts.reindex(units).to_numpy(), "covariate": x}))
-            row["power_note"] = "; ".join(n for n in notes if n)
+            row["power_note"] = "; ".join(dict.fromkeys(n for n in notes if n))
             summary.append(row)
     per_unit_table = pd.concat(per_unit, ignore_index=True) if per_unit else pd.DataFrame(columns=["cut", "scope", "unit"])
     return pd.DataFrame(summary), per_unit_table

@@ -30,7 +30,7 @@ def head_effects(run, heads: pd.DataFrame | None = None, top_k: int = 5) -> tupl
     total = cluster_mean_test(design.cell_means(totals[["te"]].to_numpy()), w, design.clusters)
     ie = run.head_effect_items.pivot_table(index=ITEM, columns=["layer", "head"], values="pattern", dropna=False)
     ie = ie.reindex(totals.index)
-    computed = ie.notna().all(0).to_numpy()  # with exact: k, only some heads were patched on every item
+    computed = ie.notna().all(axis=0).to_numpy()  # with exact: k, only some heads were patched on every item
     test = cluster_mean_test(design.cell_means(ie.to_numpy()), w, design.clusters)
     table = ie.columns.to_frame(index=False)
     table["n_items"] = len(totals)

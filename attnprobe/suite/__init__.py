@@ -18,7 +18,7 @@ import yaml
 
 from ..errors import SuiteError
 from ..measures import AttentionMeasure, HeadEffectsMeasure, NextTokenMeasure
-from .analysis import parse_analysis
+from .analysis import parse_analysis, value_of
 from .sentences import load_sentence_sets, sentence_prompts
 from .slots import load_slots
 from .templates import check_size, expand, load_templates
@@ -81,10 +81,11 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
         prompts.extend(sentence_prompts(ctx, sentence_set, len(prompts)))
 
     attention = AttentionMeasure.parse(ctx, as_list(ctx, doc, "attention", "measures {source, targets}"))
-    next_token = NextTokenMeasure.parse(ctx, as_list(ctx, doc, "next_token", "measures {cut, candidates}"), slots)
-    prompts, skipped = _attach_measures(ctx, doc, prompts, attention, next_token, slots)
-    head_effects = HeadEffectsMeasure.parse(ctx, doc, slots, templates, next_token)
+    span_names = set().union(*(p.spans for p in prompts)) if prompts else set()
+    next_token = NextTokenMeasure.parse(ctx, as_list(ctx, doc, "next_token", "measures {cut, candidates}"), slots, span_names)
     analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
+    prompts, skipped = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
+    head_effects = HeadEffectsMeasure.parse(ctx, doc, slots, templates, next_token)
     return Suite(
         name=name,
         description=str(doc.get("description", "")),
@@ -103,7 +104,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
     )
 
 
-def _attach_measures(ctx, doc, prompts, attention, next_token, slots):
+def _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis):
     """Check every measure names spans that exist, derive candidates, and list what is skipped."""
     span_names = set().union(*(p.spans for p in prompts)) if prompts else set()
     for measure in (*attention, *next_token):
@@ -123,10 +124,28 @@ def _attach_measures(ctx, doc, prompts, attention, next_token, slots):
         for m in next_token:
             if m.cut in example.spans and example.spans[m.cut][0] == 0:
                 lacking.setdefault(f"next_token at '{m.cut}': not measured where the span starts the text", []).append(template_id)
+            elif m.cut in example.spans and m.candidates in slots and len(forms := m.compared_forms(example, slots)) > 1:
+                how = "excluded" if m.ambiguous == "exclude" else "scored against the sum of each label's words"
+                lacking.setdefault(f"next_token at '{m.cut}': a form is both {' and '.join(forms)}; {how}", []).append(template_id)
     skipped = [f"{reason} ({len(ids)} template(s): {', '.join(ids)})" for reason, ids in lacking.items()]
+    items: dict[str, list[Prompt]] = {}
+    for prompt in prompts:
+        items.setdefault(prompt.item_id, []).append(prompt)
+
+    def label_of(p: Prompt) -> str:  # a candidate word's label: its prompt's contrast label, else the word
+        if analysis.contrast and value_of(p, analysis.contrast) is not None:
+            return str(value_of(p, analysis.contrast))
+        return p.text[slice(*p.spans[m.candidates])].strip()
+
     result = []
     for prompt in prompts:
-        candidates = {m.cut: m.candidates_for(prompt, slots) for m in next_token
-                      if m.cut in prompt.spans and prompt.spans[m.cut][0] != 0}
-        result.append(replace(prompt, candidates=candidates))
+        candidates = {}
+        for m in next_token:
+            if m.cut not in prompt.spans or prompt.spans[m.cut][0] == 0:
+                continue
+            if isinstance(m.candidates, str) and m.candidates not in slots:  # a sentence span: the item's own words
+                candidates[m.cut] = m.candidates_from_item(prompt, items[prompt.item_id], label_of)
+            else:
+                candidates[m.cut] = m.candidates_for(prompt, slots)
+        result.append(replace(prompt, candidates={cut: c for cut, c in candidates.items() if c}))
     return result, skipped

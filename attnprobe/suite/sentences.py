@@ -1,6 +1,8 @@
 """Explicit sentence files (TSV, CSV or JSONL with a `text` column) whose spans are [bracketed].
 
-Other columns become prompt metadata; each row is its own item unless the suite pairs rows.
+Other columns become prompt metadata. Each row is its own item, unless the entry names a `pair`
+column: rows with equal values there form one item (e.g. the pro- and anti-stereotypical versions
+of one sentence), compared through the suite's analysis contrast (a column such as `version`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ def load_sentence_sets(ctx, node: Seq, template_ids) -> list[dict]:
     for i, item in enumerate(node):
         if not isinstance(item, dict):
             ctx.fail(node, i, "each `sentences` entry is a mapping with `id:`, `file:` and `spans:`")
+        for key in item:
+            if key not in ("id", "file", "spans", "pair"):
+                ctx.fail(item, key, f"unknown key '{key}' in a sentences entry; allowed: file, id, pair, spans")
         set_id = required_str(ctx, item, "id")
         if set_id in template_ids or any(s["id"] == set_id for s in sets):
             ctx.fail(item, "id", f"duplicate id '{set_id}'; template and sentence ids must be unique")
@@ -36,7 +41,10 @@ def load_sentence_sets(ctx, node: Seq, template_ids) -> list[dict]:
         rows = _read_rows(path, text)
         if not rows:
             ctx.fail(item, "file", f"{path.name} holds no sentences")
-        sets.append({"id": set_id, "names": list(names), "path": path, "rows": rows, "n_rows": len(rows)})
+        pair = item.get("pair")
+        if pair is not None and (not isinstance(pair, str) or pair not in rows[0][1]):
+            ctx.fail(item, "pair", f"`pair` must name a column of {path.name} (columns: {', '.join(rows[0][1])})")
+        sets.append({"id": set_id, "names": list(names), "path": path, "rows": rows, "n_rows": len(rows), "pair": pair})
     return sets
 
 
@@ -94,7 +102,7 @@ def sentence_prompts(ctx, sentence_set, first_id) -> list[Prompt]:
         meta = {k: number_or_text(str(v)) for k, v in record.items() if k != "text"}
         prompts.append(Prompt(
             prompt_id=first_id + len(prompts),
-            item_id=f"{sentence_set['id']}|{number}",
+            item_id=f"{sentence_set['id']}|{record[sentence_set['pair']] if sentence_set['pair'] else number}",
             template_id=sentence_set["id"],
             text="".join(text),
             slots={name: marked_text for name, marked_text in zip(names, found)},

@@ -1,0 +1,140 @@
+"""What the report says about one run: the headline sentence and the values its template lays out.
+
+Words come from the run's declared analysis (the contrast labels, the covariate, the units), so a
+suite about any contrast reads right. Order of importance: behaviour (with its CI), then the heads
+whose difference changes with the covariate (the interaction), then the plain difference between
+the two labels, which is a token difference and is labelled as one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+
+from ..run.reader import RunFiles
+from ..stats import ALPHA, run_analysis
+from . import plots
+from .figures import figure
+
+
+def _pooled(behavior: pd.DataFrame):
+    rows = behavior[behavior["scope"] == "all"] if len(behavior) else behavior
+    return rows.iloc[0] if len(rows) else None
+
+
+def _fmt(value, digits=2) -> str:
+    return "nan" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def headline(run: RunFiles, tables: dict) -> str:
+    """One sentence with the run's main numbers: behaviour, interaction heads, then the lexical difference."""
+    analysis = run_analysis(run)
+    if not analysis.paired:
+        labels = ", ".join(analysis.labels) or "none"
+        return (f"This suite compares no two labels (contrast labels: {labels}); declare analysis.positive and "
+                "analysis.negative for paired statistics. Descriptive means are in condition_means.csv.")
+    model, pos, neg = run.manifest["model"]["spec"], analysis.positive, analysis.negative
+    parts = []
+    b = _pooled(tables["behavior"])
+    if b is not None and analysis.covariate:
+        parts.append(f"Across {int(b['n_units'])} {analysis.name(analysis.unit)}s, {model}'s log p({pos}) - log p({neg}) at "
+                     f"'{b['cut']}' {'rises' if b['pearson_r'] > 0 else 'falls'} with {analysis.name(analysis.covariate)} "
+                     f"(Pearson r = {_fmt(b['pearson_r'])}, 95% CI [{_fmt(b['pearson_ci_low'])}, {_fmt(b['pearson_ci_high'])}], "
+                     f"permutation p = {b['slope_p']:.2g})")
+    elif b is not None:
+        parts.append(f"{model}'s mean log p({pos}) - log p({neg}) at '{b['cut']}' is {_fmt(b['mean_log_ratio'], 3)} "
+                     f"(95% CI [{_fmt(b['mean_ci_low'], 3)}, {_fmt(b['mean_ci_high'], 3)}], clusters: {b['clusters']})")
+    heads = tables["head_stats"]
+    heads = heads[heads["scope"] == "all"] if len(heads) else heads
+    for target, group in heads.groupby("target", sort=False):
+        if analysis.covariate:
+            hits = group[group["interaction_q"] < ALPHA]
+            if len(hits):
+                top = hits.loc[hits["interaction_r"].abs().idxmax()]
+                parts.append(f"in {len(hits)} of {len(group)} heads the {pos} - {neg} attention to the {target} changes with "
+                             f"{analysis.name(analysis.covariate)} (q < {ALPHA}), most strongly L{int(top['layer'])}H{int(top['head'])} "
+                             f"(r = {_fmt(top['interaction_r'])} [{_fmt(top['interaction_r_ci_low'])}, {_fmt(top['interaction_r_ci_high'])}])")
+            else:
+                note = group["interaction_power_note"].iloc[0]
+                parts.append(f"no head's {pos} - {neg} attention to the {target} changes with {analysis.name(analysis.covariate)} "
+                             f"at q < {ALPHA}" + (f" ({note})" if note else ""))
+        lexical = int((group["difference_q"] < ALPHA).sum())
+        kind = "a token difference, not bias" if analysis.covariate else "the paired difference"
+        parts.append(f"{lexical} of {len(group)} heads attend to the {target} differently from {pos} and {neg} prompts ({kind})")
+    return "; ".join(parts) + "." if parts else "No paired items in this run."
+
+
+def run_context(run: RunFiles, tables: dict) -> dict:
+    manifest = run.manifest
+    analysis = run_analysis(run)
+    all_heads = tables["head_stats"]
+    heads = all_heads[all_heads["scope"] == "all"] if len(all_heads) else all_heads
+    figures_dir = run.directory / "figures"
+    pos, neg = analysis.positive, analysis.negative
+    heatmaps = []
+    for target in heads["target"].unique() if len(heads) else []:
+        if analysis.covariate:
+            heatmaps.append(figure(plots.head_heatmap(heads, target, "interaction_r", "interaction_q",
+                                                      title=f"{target}: r of {pos} - {neg}\nwith {analysis.name(analysis.covariate)}",
+                                                      label="interaction r"), figures_dir, f"interaction_{target}",
+                                   f"layer x head interaction r, source -> {target}"))
+        lexical = "lexical difference\n(token identity, not bias)" if analysis.covariate else "paired difference"
+        heatmaps.append(figure(plots.head_heatmap(heads, target, "d_z", "difference_q", title=f"{target}: {lexical}",
+                                                  label=f"d_z ({pos} - {neg})"), figures_dir, f"difference_{target}",
+                               f"layer x head d_z of the {pos} - {neg} difference, source -> {target}"))
+    behavior, per_unit = tables["behavior"], tables["behavior_by_unit"]
+    behavior_figures = []
+    if analysis.covariate and len(per_unit):
+        xlabel = analysis.name(analysis.covariate)
+        behavior_figures = [
+            figure(plots.behavior_scatter(per_unit, behavior, xlabel, f"log p({pos}) - log p({neg})"), figures_dir,
+                   "behavior_vs_covariate", f"per-{analysis.name(analysis.unit)} log-ratio against {xlabel}"),
+            figure(plots.template_breakdown(behavior, xlabel), figures_dir, "behavior_by_template", "behaviour r by template"),
+        ]
+    rank = "interaction_r" if analysis.covariate else "d_z"
+    q_column = "interaction_q" if analysis.covariate else "difference_q"
+    significant = heads[heads[q_column] < ALPHA] if len(heads) else heads
+    top = significant.reindex(significant[rank].abs().sort_values(ascending=False).index).head(12) if len(heads) else heads
+    strongest = top.iloc[0] if len(top) else None
+    b = _pooled(behavior)
+    examples = json.loads((run.directory / "examples.json").read_text()) if (run.directory / "examples.json").is_file() else []
+    texts = manifest["suite"].get("templates", {})  # recorded by the run: the suite file is not re-read
+    return {
+        "analysis": analysis, "pos": pos, "neg": neg, "covariate": analysis.name(analysis.covariate) if analysis.covariate else None,
+        "unit": analysis.name(analysis.unit) if analysis.unit else None, "effects": _effects_context(tables, heads, figures_dir, manifest, analysis),
+        "model": manifest["model"]["spec"], "suite": manifest["suite"]["name"], "family": manifest["model"]["family"],
+        "description": manifest["suite"].get("description", ""), "n_prompts": manifest["n_prompts"],
+        "n_items": int(run.prompts["item_id"].nunique()), "n_layers": manifest["model"]["n_layers"],
+        "n_heads_per_layer": manifest["model"]["n_heads"], "n_heads": manifest["model"]["n_layers"] * manifest["model"]["n_heads"],
+        "dtype": manifest["dtype"], "suite_sha": manifest["suite"]["sha256"], "finished": manifest.get("finished", ""),
+        "headline": headline(run, tables), "heatmaps": heatmaps, "behavior_figures": behavior_figures,
+        "top_heads": top.to_dict("records"), "behavior": behavior.to_dict("records"), "behavior_pooled": b.to_dict() if b is not None else None,
+        "n_interaction": significant.groupby("target").size().to_dict() if analysis.covariate and len(heads) else {},
+        "n_difference": heads[heads["difference_q"] < ALPHA].groupby("target").size().to_dict() if len(heads) else {},
+        "strongest": f"L{int(strongest['layer'])}H{int(strongest['head'])} -> {strongest['target']}, {rank} = {strongest[rank]:.2f}" if strongest is not None else "-",
+        "view_start": f"{int(strongest['layer'])},{int(strongest['head'])}" if strongest is not None else "0,0",
+        "examples": examples, "skipped": manifest.get("skipped", []),
+        "templates": [{"id": t, "text": texts.get(t, "")} for t in dict.fromkeys(run.prompts["template_id"])],
+        "groups": analysis.groups,
+    }
+
+
+def _effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: dict, analysis) -> dict | None:
+    """The head-interventions section, when the run has them."""
+    if "head_effects" not in tables:
+        return None
+    effects, summary = tables["head_effects"], tables["head_effects_summary"].iloc[0]
+    figures = [figure(plots.head_heatmap(effects.assign(target="effect"), "effect", "mean_ie", "q",
+                                         title=f"indirect effect (pattern swap), heads with q < {ALPHA}",
+                                         label=f"change of log p({analysis.positive}) - log p({analysis.negative})"),
+                      figures_dir, "head_effects", "layer x head mean indirect effect")]
+    info = manifest.get("head_effects", {})
+    slot = next(iter(info.get("counterfactual", {})), None)
+    if len(heads) and slot in set(heads["target"]):
+        figures.append(figure(plots.head_heatmap(heads, slot, "d_z", "difference_q", title=f"{slot}: attention difference d_z", label="d_z"),
+                              figures_dir, f"difference_{slot}_beside_effects", f"attention difference, source -> {slot}"))
+    top = effects.reindex(effects["mean_ie"].abs().sort_values(ascending=False).index).head(int(summary["top_k"]))
+    return {"summary": summary.to_dict(), "figures": figures, "top": top.to_dict("records"),
+            "counterfactual": info.get("counterfactual", {}), "seconds": info.get("seconds"), "dropped": info.get("dropped", [])}

@@ -1,0 +1,112 @@
+"""Any suite runs end to end: other labels, no covariate, nothing declared, paired sentence files.
+
+Each runs the real CLI (`attnprobe run`, which writes the report) on a tiny random Llama saved
+with the bundled tokenizer, and reads the tables and report it wrote.
+"""
+
+import re
+import textwrap
+
+import pandas as pd
+import pytest
+import transformers
+from click.testing import CliRunner
+
+from attnprobe.cli import main
+
+pytestmark = pytest.mark.slow
+
+SIZES = """\
+name: sizes
+slots:
+  animal:
+    values: [{value: dog, weight: 30}, {value: cat, weight: 4}, {value: horse, weight: 500},
+             {value: mouse, weight: 0.02}, {value: bird, weight: 0.1}, {value: sheep, weight: 80}]
+  size: {values: [{value: large, label: big}, {value: tiny, label: small}%s]}
+contrast: size
+templates:
+  - {id: saw, text: "I saw a {size} {animal} near the house, and it ran."}
+  - {id: found, text: "We found a {size} {animal} in the garden, and it slept."}
+%s
+attention:
+  - {source: animal, targets: [size]}
+next_token:
+  - {cut: size, candidates: size}
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(smollm, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    config = transformers.LlamaConfig(vocab_size=len(smollm.tokenizer), hidden_size=16, intermediate_size=32,
+                                      num_hidden_layers=2, num_attention_heads=2)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    smollm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def run_cli(suite_path, model_dir, out):
+    result = CliRunner().invoke(main, ["run", str(suite_path), "--model", str(model_dir), "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    html = (out / "report.html").read_text()
+    return html, re.search(r'<p class="headline">([^<]*)', html).group(1)
+
+
+def test_labels_other_than_female_male_with_a_covariate(tiny_dir, tmp_path):
+    suite = tmp_path / "sizes.yaml"
+    suite.write_text(SIZES % ("", "analysis: {covariate: animal.weight}"))
+    html, headline = run_cli(suite, tiny_dir, tmp_path / "out")
+    heads = pd.read_csv(tmp_path / "out" / "head_stats.csv")
+    assert {"mean_big", "mean_small", "interaction_r"} <= set(heads.columns) and len(heads) == 2 * 2
+    assert set(heads["clusters"]) == {"animal x template"} and set(heads["n_clusters"]) == {"6 x 2"}
+    assert "log p(big) - log p(small)" in headline and "animal.weight" in headline and "not bias" in headline
+    behavior = pd.read_csv(tmp_path / "out" / "behavior.csv")
+    assert set(behavior["comparison"]) == {"large vs tiny"} and behavior["n_units"].iloc[0] == 6
+    text = re.sub(r"data:image/png;base64,[^\"]+", "", html).lower()  # words, not the images' base64
+    assert "female" not in text and "bls" not in text and "occupation" not in text
+
+
+def test_a_suite_without_a_covariate(tiny_dir, tmp_path):
+    suite = tmp_path / "sizes.yaml"
+    suite.write_text(SIZES % ("", ""))
+    _, headline = run_cli(suite, tiny_dir, tmp_path / "out")
+    heads = pd.read_csv(tmp_path / "out" / "head_stats.csv")
+    assert "interaction_r" not in heads and heads["difference_p"].notna().all()
+    assert "mean log p(big) - log p(small)" in headline and "the paired difference" in headline
+
+
+def test_three_labels_and_nothing_declared_is_descriptive(tiny_dir, tmp_path):
+    suite = tmp_path / "sizes.yaml"
+    suite.write_text(SIZES % (", {value: medium, label: middle}", ""))
+    _, headline = run_cli(suite, tiny_dir, tmp_path / "out")
+    assert "compares no two labels (contrast labels: big, small, middle)" in headline
+    assert pd.read_csv(tmp_path / "out" / "head_stats.csv").empty
+    assert len(pd.read_csv(tmp_path / "out" / "condition_means.csv")) == 4 * 3 * 6  # heads x labels x animals
+
+
+def test_paired_sentence_suite(tiny_dir, tmp_path):
+    """The shipped pro/anti coreference suite: rows paired by `pair`, compared by `version`."""
+    html, headline = run_cli("probes/coref.yaml", tiny_dir, tmp_path / "out")
+    heads = pd.read_csv(tmp_path / "out" / "head_stats.csv")
+    assert set(heads["target"]) == {"referent", "other"} and set(heads["n_items"]) == {128}
+    assert set(heads["clusters"]) == {"referent x frame"} and set(heads["n_clusters"]) == {"16 x 8"}
+    assert "log p(pro) - log p(anti)" in headline
+    behavior = pd.read_csv(tmp_path / "out" / "behavior.csv").set_index("scope")
+    assert set(behavior.loc["all", "comparison"].split(" | ")) == {"he vs she", "she vs he"}
+
+
+def test_analysis_errors_are_one_line_before_the_model(tmp_path):
+    cases = [
+        ("analysis: {covariate: animal.height}", "'animal.height' is not a slot, slot.field or sentence column"),
+        ("analysis: {positive: big, negative: huge}", "label 'huge' is not a label of the contrast 'size'"),
+        ("analysis: {clusters: [animal, template, item]}", "names one or two units"),
+        ("analysis: {groups: {g: [nope]}}", "group 'g' names unknown template(s) nope"),
+        ("analysis: {covariate: animal, positive: big, negative: small}", "covariate 'animal' must be numeric"),
+    ]
+    for declaration, message in cases:
+        suite = tmp_path / "bad.yaml"
+        suite.write_text(SIZES % ("", declaration))
+        result = CliRunner().invoke(main, ["run", str(suite), "--model", "/nonexistent/model", "--out", str(tmp_path / "o")])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1 and f"{suite}:" in result.output
