@@ -23,7 +23,8 @@ HEAD_COLUMNS = ["scope", "source", "target", "layer", "head", "n_items", "n_cell
                 "mean_male", "difference", "difference_ci_low", "difference_ci_high", "d_z", "difference_p", "difference_q",
                 "difference_templates_same_sign", "difference_test", "difference_power_note", "interaction_slope",
                 "interaction_r", "interaction_r_ci_low", "interaction_r_ci_high", "interaction_p", "interaction_q",
-                "interaction_i2_templates", "interaction_templates_same_sign", "interaction_test", "interaction_power_note"]
+                "interaction_i2_templates", "interaction_templates_same_sign", "interaction_r_half_a", "interaction_r_half_b",
+                "interaction_test", "interaction_power_note"]
 
 
 @pytest.fixture(scope="module")

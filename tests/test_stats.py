@@ -240,4 +240,7 @@ def test_planted_interaction_in_a_run_directory(tmp_path):
     heads = stats.head_stats(Run(tmp_path), n_boot=100)
     found = {(r.layer, r.head) for r in heads[heads.interaction_q < 0.05].itertuples()}
     assert found == planted and (heads.difference_q < 0.05).all()
+    held = stats.held_out_interaction(heads, k=3)  # chosen on one half of the occupations, tested on the other
+    assert held["n_same_sign"] == held["n_selected"] == 6 and held["mean_held_out_r"] > 0.5
+    assert list(stats.split_halves(np.array([5.0, 1, 3, 2]))) == [False, True, True, False]
     assert set(heads.interaction_test) == {"occupation.bls_pct_female permuted across 30 occupations (12000 permutations)"}  # 20 x 30 heads / 0.05

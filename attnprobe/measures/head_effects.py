@@ -120,7 +120,7 @@ class HeadEffectsMeasure:
             if len(x) != len(x_cf):
                 dropped.append(f"{p.item_id}: x has {len(x)} tokens but x' ({replacement!r} for {original!r}) has {len(x_cf)}")
                 continue
-            items.append({"item_id": p.item_id, "template_id": p.template_id, "occupation": p.slots.get(self.slot, original),
+            items.append({"item_id": p.item_id, "template_id": p.template_id, "original": p.slots.get(self.slot, original),
                           "x": x, "x_cf": x_cf, "positive": ids["positive"], "negative": ids["negative"]})
             if self.max_items and len(items) >= self.max_items:
                 break
@@ -159,7 +159,7 @@ def compute(pm, measure: HeadEffectsMeasure, items: list[dict], dropped: list[st
     for item in items:
         effects = item_effects(pm, item["x"], item["x_cf"], item["positive"], item["negative"], L, H, means,
                                top_k=None if measure.exact == "all" else measure.exact)
-        totals.append({"item_id": item["item_id"], "template_id": item["template_id"], "occupation": item["occupation"],
+        totals.append({"item_id": item["item_id"], "template_id": item["template_id"], measure.slot: item["original"],
                        "y": effects["y"], "y_cf": effects["y_cf"], "te": effects["te"]})
         frame = pd.DataFrame({"item_id": item["item_id"], "layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L)})
         for mode in INTERVENTIONS:

@@ -14,7 +14,7 @@ import math
 import pandas as pd
 
 from ..run.reader import RunFiles
-from ..stats import ALPHA, run_analysis
+from ..stats import ALPHA, held_out_interaction, run_analysis
 from . import plots
 from .figures import figure
 
@@ -42,7 +42,7 @@ def headline(run: RunFiles, tables: dict) -> str:
         parts.append(f"Across {int(b['n_units'])} {analysis.name(analysis.unit)}s, {model}'s log p({pos}) - log p({neg}) at "
                      f"'{b['cut']}' {'rises' if b['pearson_r'] > 0 else 'falls'} with {analysis.name(analysis.covariate)} "
                      f"(Pearson r = {_fmt(b['pearson_r'])}, 95% CI [{_fmt(b['pearson_ci_low'])}, {_fmt(b['pearson_ci_high'])}], "
-                     f"permutation p = {b['slope_p']:.2g})")
+                     f"permutation p {'<=' if b['slope_p'] <= b['slope_min_p'] else '='} {b['slope_p']:.2g})")
     elif b is not None:
         parts.append(f"{model}'s mean log p({pos}) - log p({neg}) at '{b['cut']}' is {_fmt(b['mean_log_ratio'], 3)} "
                      f"(95% CI [{_fmt(b['mean_ci_low'], 3)}, {_fmt(b['mean_ci_high'], 3)}], clusters: {b['clusters']})")
@@ -51,15 +51,18 @@ def headline(run: RunFiles, tables: dict) -> str:
     for target, group in heads.groupby("target", sort=False):
         if analysis.covariate:
             hits = group[group["interaction_q"] < ALPHA]
+            held = held_out_interaction(group)
+            check = (f"; held out, the top {held['k']} heads chosen on one half of the {analysis.name(analysis.unit)}s keep "
+                     f"their sign on the other in {held['n_same_sign']} of {held['n_selected']} (mean r there {_fmt(held['mean_held_out_r'])})")
             if len(hits):
                 top = hits.loc[hits["interaction_r"].abs().idxmax()]
                 parts.append(f"in {len(hits)} of {len(group)} heads the {pos} - {neg} attention to the {target} changes with "
                              f"{analysis.name(analysis.covariate)} (q < {ALPHA}), most strongly L{int(top['layer'])}H{int(top['head'])} "
-                             f"(r = {_fmt(top['interaction_r'])} [{_fmt(top['interaction_r_ci_low'])}, {_fmt(top['interaction_r_ci_high'])}])")
+                             f"(r = {_fmt(top['interaction_r'])} [{_fmt(top['interaction_r_ci_low'])}, {_fmt(top['interaction_r_ci_high'])}]){check}")
             else:
                 note = group["interaction_power_note"].iloc[0]
                 parts.append(f"no head's {pos} - {neg} attention to the {target} changes with {analysis.name(analysis.covariate)} "
-                             f"at q < {ALPHA}" + (f" ({note})" if note else ""))
+                             f"at q < {ALPHA}" + (f" ({note})" if note else "") + check)
         lexical = int((group["difference_q"] < ALPHA).sum())
         kind = "a token difference, not bias" if analysis.covariate else "the paired difference"
         parts.append(f"{lexical} of {len(group)} heads attend to the {target} differently from {pos} and {neg} prompts ({kind})")

@@ -12,15 +12,15 @@ import pandas as pd
 
 from .behavior import behavior, log_ratios
 from .effects import head_effects
-from .heads import condition_means, head_stats, layer_stats, run_analysis
+from .heads import condition_means, head_stats, held_out_interaction, layer_stats, run_analysis
 from .inference import (ALPHA, N_BOOT, N_PERM, bh_qvalues, cluster_mean_test, correlation_with_ci, n_permutations,
-                        slope_permutation_test)
+                        slope_permutation_test, split_halves)
 
-TABLES_VERSION = 2  # bump when a table's columns or meaning change: cached tables are recomputed
+TABLES_VERSION = 3  # bump when a table's columns or meaning change: cached tables are recomputed
 
 __all__ = ["TABLES_VERSION", "ALPHA", "N_BOOT", "N_PERM", "analyse", "behavior", "bh_qvalues", "cluster_mean_test", "condition_means",
-           "correlation_with_ci", "head_effects", "head_stats", "layer_stats", "log_ratios", "n_permutations",
-           "run_analysis", "slope_permutation_test"]
+           "correlation_with_ci", "head_effects", "head_stats", "held_out_interaction", "layer_stats", "log_ratios", "n_permutations",
+           "run_analysis", "slope_permutation_test", "split_halves"]
 
 
 def analyse(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0) -> dict[str, pd.DataFrame]:

@@ -18,7 +18,9 @@ from scipy.special import logsumexp
 from ..analysis import ITEM, TEMPLATE
 from .design import Design, items_table, scopes
 from .heads import run_analysis
-from .inference import N_BOOT, cluster_mean_test, correlation_with_ci, n_permutations, power_note, slope_permutation_test
+from .inference import N_BOOT, cluster_mean_test, correlation_with_ci, power_note, slope_permutation_test
+
+SLOPE_PERMUTATIONS = 20_000  # one test per row: p resolves to 5e-5
 
 
 def log_ratios(run, analysis) -> pd.DataFrame:
@@ -61,9 +63,9 @@ def behavior(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0
             notes = [power_note(test["n_clusters"], design.cluster_text)]
             if analysis.covariate:
                 units, x, unit_y = design.unit_means(cells, analysis.unit, analysis.covariate)
-                slope = slope_permutation_test(x, unit_y, n_perm or n_permutations(1), 0, seed)
+                slope = slope_permutation_test(x, unit_y, n_perm or SLOPE_PERMUTATIONS, 0, seed)
                 row.update(n_units=len(units), **correlation_with_ci(x, unit_y[:, 0], n_boot, seed))
-                row.update(slope=slope["slope"][0], slope_p=slope["p"][0],
+                row.update(slope=slope["slope"][0], slope_p=slope["p"][0], slope_min_p=slope["min_p"],
                            slope_test=f"{analysis.name(analysis.covariate)} permuted across {len(units)} {analysis.name(analysis.unit)}s")
                 notes.append(power_note([len(units)], analysis.name(analysis.unit), slope["min_p"]))
                 counts = pd.Series(design.cell_of_item).map(design.cells[analysis.unit]).value_counts()

@@ -9,7 +9,8 @@ For each (scope, source, target, layer, head), on the cells of the design (stats
   and Pearson r of the per-unit mean d (e.g. per occupation, templates weighted equally) on the
   covariate (e.g. BLS percent female), p from permuting the covariate across units (template
   effects are shared by every unit, so they cancel in the slope), BH over the heads; with I^2 and
-  the share of templates whose own slope has the pooled sign, for heterogeneity across templates.
+  the share of templates whose own slope has the pooled sign, for heterogeneity across templates;
+  and r on two fixed halves of the units (split along the covariate) for held-out selection.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import pandas as pd
 
 from ..analysis import ITEM, TEMPLATE, Analysis
 from .design import Design, items_table, paired, resolve, scopes
-from .inference import ALPHA, N_BOOT, bh_qvalues, cluster_mean_test, n_permutations, power_note, slope_permutation_test
+from .inference import (ALPHA, N_BOOT, bh_qvalues, cluster_mean_test, n_permutations, pearson_columns, power_note,
+                        slope_permutation_test, split_halves)
 
 KEYS = ["source", "target", "layer", "head"]
 
@@ -80,12 +82,14 @@ def _interaction(design: Design, cells: np.ndarray, analysis: Analysis, n_boot: 
     draws = n_perm or n_permutations(k)
     test = slope_permutation_test(x, y, draws, n_boot, seed)
     i2, same_sign = template_heterogeneity(design, cells, analysis.covariate, test["slope"])
+    half = split_halves(x)  # for held-out selection: choose heads on one half of the units, test on the other
     unit = analysis.name(analysis.unit)
     return {
         "interaction_slope": test["slope"], "interaction_r": test["r"],
         "interaction_r_ci_low": test["r_ci_low"], "interaction_r_ci_high": test["r_ci_high"],
         "interaction_p": test["p"], "interaction_q": bh_qvalues(test["p"]),
         "interaction_i2_templates": i2, "interaction_templates_same_sign": same_sign,
+        "interaction_r_half_a": pearson_columns(x[half], y[half]), "interaction_r_half_b": pearson_columns(x[~half], y[~half]),
         "interaction_test": f"{analysis.name(analysis.covariate)} permuted across {len(units)} {unit}s "
                             f"({'all ' if test['exact'] else ''}{test['n_draws']} permutations)",
         "interaction_power_note": power_note([len(units)], unit, test["min_p"], k),
@@ -118,6 +122,19 @@ def template_heterogeneity(design: Design, cells: np.ndarray, covariate: str, po
         q = (w * (B - mean) ** 2).sum(0)
         i2 = np.clip((q - (len(B) - 1)) / q, 0, 1)
     return i2, (np.sign(B) == np.sign(pooled)).mean(0)
+
+
+def held_out_interaction(heads: pd.DataFrame, k: int = 5) -> dict:
+    """Selection on one half of the units, test on the other, both ways round: of the k heads with
+    the largest |r| on one half, how many keep their sign on the other, and their mean r there
+    (signed by the selection). Honest where "the strongest head" is chosen and reported on the same data."""
+    same, signed = 0, []
+    for pick, test in (("interaction_r_half_a", "interaction_r_half_b"), ("interaction_r_half_b", "interaction_r_half_a")):
+        top = heads.reindex(heads[pick].abs().sort_values(ascending=False).index).head(k)
+        direction = np.sign(top[pick].to_numpy())
+        same += int((direction == np.sign(top[test].to_numpy())).sum())
+        signed += list(direction * top[test].to_numpy())
+    return {"k": k, "n_selected": 2 * min(k, len(heads)), "n_same_sign": same, "mean_held_out_r": float(np.nanmean(signed)) if signed else np.nan}
 
 
 def layer_stats(heads: pd.DataFrame) -> pd.DataFrame:

@@ -97,6 +97,19 @@ def _rowwise_r(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return (a * b).sum(-1) / np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
 
 
+def split_halves(x: np.ndarray) -> np.ndarray:
+    """A fixed split of units into two halves that both span the covariate: sorted by x, alternately
+    assigned. True marks half A. Used to select heads on one half and test them on the other."""
+    half = np.zeros(len(x), dtype=bool)
+    half[np.argsort(x, kind="stable")[::2]] = True
+    return half
+
+
+def pearson_columns(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pearson r of x (n,) with every column of y (n, k); NaN where undefined."""
+    return _rowwise_r(np.asarray(x, float)[None], np.asarray(y, float).T)
+
+
 def _permutations(n_units: int, n_perm: int, rng) -> tuple[np.ndarray, bool]:
     """(P, n) index permutations: all of them when n! <= n_perm (exact test), else random ones."""
     if math.factorial(n_units) <= n_perm:
