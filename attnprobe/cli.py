@@ -142,6 +142,8 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
     manifest = result.manifest
     for line in manifest["skipped"]:
         click.echo(f"skipped: {line}", err=True)
+    for line in manifest.get("notes", []):
+        click.echo(f"note: {line}", err=True)
     n = manifest["n_prompts"]
     effects = manifest.get("head_effects")
     prompt_seconds = seconds - (effects["seconds"] if effects else 0.0)

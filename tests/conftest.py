@@ -93,3 +93,16 @@ def padded_batch(lengths: list[int], seed: int = 1) -> tuple[torch.Tensor, torch
 def smollm():
     """The bundled SmolLM2-135M (dequantised once, then loaded from the safetensors cache)."""
     return attnprobe.load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(smollm, tmp_path_factory):
+    """A tiny random Llama (2 layers x 2 heads) saved with the bundled tokenizer, so real suites run
+    through the real CLI in seconds."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    config = T.LlamaConfig(vocab_size=len(smollm.tokenizer), hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=2, num_attention_heads=2)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    smollm.tokenizer.save_pretrained(folder)
+    return folder

@@ -9,7 +9,6 @@ import textwrap
 
 import pandas as pd
 import pytest
-import transformers
 from click.testing import CliRunner
 
 from attnprobe.cli import main
@@ -35,16 +34,6 @@ next_token:
 """
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(smollm, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny")
-    config = transformers.LlamaConfig(vocab_size=len(smollm.tokenizer), hidden_size=16, intermediate_size=32,
-                                      num_hidden_layers=2, num_attention_heads=2)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    smollm.tokenizer.save_pretrained(folder)
-    return folder
-
-
 def run_cli(suite_path, model_dir, out):
     result = CliRunner().invoke(main, ["run", str(suite_path), "--model", str(model_dir), "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
@@ -53,10 +42,10 @@ def run_cli(suite_path, model_dir, out):
     return html, re.search(r'<p class="headline">([^<]*)', html).group(1)
 
 
-def test_labels_other_than_female_male_with_a_covariate(tiny_dir, tmp_path):
+def test_labels_other_than_female_male_with_a_covariate(tiny_llama_dir, tmp_path):
     suite = tmp_path / "sizes.yaml"
     suite.write_text(SIZES % ("", "analysis: {covariate: animal.weight}"))
-    html, headline = run_cli(suite, tiny_dir, tmp_path / "out")
+    html, headline = run_cli(suite, tiny_llama_dir, tmp_path / "out")
     heads = pd.read_csv(tmp_path / "out" / "head_stats.csv")
     assert {"mean_big", "mean_small", "interaction_r"} <= set(heads.columns) and len(heads) == 2 * 2
     assert set(heads["clusters"]) == {"animal x template"} and set(heads["n_clusters"]) == {"6 x 2"}
@@ -67,27 +56,27 @@ def test_labels_other_than_female_male_with_a_covariate(tiny_dir, tmp_path):
     assert "female" not in text and "bls" not in text and "occupation" not in text
 
 
-def test_a_suite_without_a_covariate(tiny_dir, tmp_path):
+def test_a_suite_without_a_covariate(tiny_llama_dir, tmp_path):
     suite = tmp_path / "sizes.yaml"
     suite.write_text(SIZES % ("", ""))
-    _, headline = run_cli(suite, tiny_dir, tmp_path / "out")
+    _, headline = run_cli(suite, tiny_llama_dir, tmp_path / "out")
     heads = pd.read_csv(tmp_path / "out" / "head_stats.csv")
     assert "interaction_r" not in heads and heads["difference_p"].notna().all()
     assert "mean log p(big) - log p(small)" in headline and "the paired difference" in headline
 
 
-def test_three_labels_and_nothing_declared_is_descriptive(tiny_dir, tmp_path):
+def test_three_labels_and_nothing_declared_is_descriptive(tiny_llama_dir, tmp_path):
     suite = tmp_path / "sizes.yaml"
     suite.write_text(SIZES % (", {value: medium, label: middle}", ""))
-    _, headline = run_cli(suite, tiny_dir, tmp_path / "out")
+    _, headline = run_cli(suite, tiny_llama_dir, tmp_path / "out")
     assert "compares no two labels (contrast labels: big, small, middle)" in headline
     assert pd.read_csv(tmp_path / "out" / "head_stats.csv").empty
     assert len(pd.read_csv(tmp_path / "out" / "condition_means.csv")) == 4 * 3 * 6  # heads x labels x animals
 
 
-def test_paired_sentence_suite(tiny_dir, tmp_path):
+def test_paired_sentence_suite(tiny_llama_dir, tmp_path):
     """The shipped pro/anti coreference suite: rows paired by `pair`, compared by `version`."""
-    html, headline = run_cli("probes/coref.yaml", tiny_dir, tmp_path / "out")
+    html, headline = run_cli("probes/coref.yaml", tiny_llama_dir, tmp_path / "out")
     heads = pd.read_csv(tmp_path / "out" / "head_stats.csv")
     assert set(heads["target"]) == {"referent", "other"} and set(heads["n_items"]) == {128}
     assert set(heads["clusters"]) == {"referent x frame"} and set(heads["n_clusters"]) == {"16 x 8"}

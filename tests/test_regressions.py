@@ -4,6 +4,7 @@ import json
 import re
 import textwrap
 
+import pandas as pd
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -148,3 +149,45 @@ def test_bad_options_are_one_line_before_anything_runs(tmp_path, args, message):
     result = CliRunner().invoke(main, ["run", "probes/gender.yaml", "--out", str(tmp_path / "o"), *args])
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
     assert result.output.startswith("attnprobe: error: ") and message in result.output and not (tmp_path / "o").exists()
+
+
+EFFECT_SUITE = """\
+name: fx
+slots:
+  occupation: {values: [nurse, engineer, teacher, doctor, lawyer, farmer, baker, pilot, chef, judge]}
+  pronoun: {values: [{label: female, value: she}, {label: male, value: he}]}
+contrast: pronoun
+templates:
+  - {id: said, text: "The {occupation} said that {pronoun} left."}
+attention: [{source: pronoun, targets: occupation}]
+next_token: [{cut: pronoun, candidates: pronoun}]
+head_effects: {cut: pronoun, positive: female, negative: male, counterfactual: {occupation: woman}}
+"""
+
+
+def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_path):
+    """Head effects are stored in chunks of items like the rest: a lost chunk is recomputed alone,
+    and two shards merged give exactly the unsharded tables."""
+    from attnprobe.run import EFFECT_CHUNK_ITEMS
+
+    suite = tmp_path / "fx.yaml"
+    suite.write_text(EFFECT_SUITE)
+    quiet = {"model": str(tiny_llama_dir), "progress": False, "log": lambda m: None}
+    whole = attnprobe.run_suite(suite, out=tmp_path / "whole", **quiet)
+    items = pd.read_parquet(whole.directory / "head_effects_items.parquet")
+    n_items = whole.manifest["head_effects"]["n_items"]
+    assert n_items > EFFECT_CHUNK_ITEMS and whole.manifest["n_effect_chunks"] == -(-n_items // EFFECT_CHUNK_ITEMS)
+
+    chunks = whole.directory / "chunks"
+    kept = (chunks / "effects-00000.items.parquet").stat().st_mtime_ns
+    (chunks / "effects-00001.done").unlink()  # as if killed while chunk 1 was being written
+    again = attnprobe.run_suite(suite, out=tmp_path / "whole", **quiet)
+    assert (chunks / "effects-00000.items.parquet").stat().st_mtime_ns == kept  # not recomputed
+    pd.testing.assert_frame_equal(pd.read_parquet(again.directory / "head_effects_items.parquet"), items)
+
+    for k in (1, 2):
+        attnprobe.run_suite(suite, out=tmp_path / "sharded", shard=(k, 2), **quiet)
+    merged = attnprobe.merge_shards([tmp_path / "sharded" / f"shard-{k}-of-2" for k in (1, 2)], tmp_path / "merged")
+    pd.testing.assert_frame_equal(pd.read_parquet(merged.directory / "head_effects_items.parquet"), items)
+    assert merged.manifest["head_effects"]["n_items"] == n_items and merged.has_head_effects
+    assert (merged.directory / "head_effects_totals.csv").read_text() == (whole.directory / "head_effects_totals.csv").read_text()

@@ -100,6 +100,8 @@ def test_cli_report_compares_runs(reported, smollm, tmp_path):
     assert result.exit_code == 0, result.output
     html = out.read_text()
     assert "Models side by side" in html and html.count("<section>") == 2
+    table = html[html.index("Models side by side"):html.index("<section>")]
+    assert "interaction heads: occupation" in table and "difference heads: participant" in table and table.count("<td>r = ") == 2
 
 
 def test_notebook_api(reported, smollm):

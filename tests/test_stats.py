@@ -244,3 +244,26 @@ def test_planted_interaction_in_a_run_directory(tmp_path):
     assert held["n_same_sign"] == held["n_selected"] == 6 and held["mean_held_out_r"] > 0.5
     assert list(stats.split_halves(np.array([5.0, 1, 3, 2]))) == [False, True, True, False]
     assert set(heads.interaction_test) == {"occupation.bls_pct_female permuted across 30 occupations (12000 permutations)"}  # 20 x 30 heads / 0.05
+
+
+def test_template_heterogeneity_by_hand():
+    """I^2 from Cochran's Q over the per-template OLS slopes, each weighted by 1 / its variance."""
+    from attnprobe.stats.design import Design
+    from attnprobe.stats.heads import template_heterogeneity
+
+    rng = np.random.default_rng(6)
+    x = np.tile(np.linspace(0, 100, 10), 3)
+    templates = np.repeat(["a", "b", "c"], 10)
+    y = np.where(templates == "c", 0.03, 0.01) * x + rng.normal(0, 0.2, size=30)
+    cells = pd.DataFrame({"template_id": templates, "covariate": x})
+    design = Design(np.arange(30), cells, [templates], 30, "template")
+    slopes, variances = [], []
+    for t in "abc":
+        xs, ys = x[templates == t], y[templates == t]
+        b, a = np.polyfit(xs, ys, 1)
+        slopes.append(b)
+        variances.append(((ys - a - b * xs) ** 2).sum() / 8 / ((xs - xs.mean()) ** 2).sum())
+    w = 1 / np.array(variances)
+    q = (w * (np.array(slopes) - (w * slopes).sum() / w.sum()) ** 2).sum()
+    i2, same = template_heterogeneity(design, y[:, None], "covariate", np.array([0.02]))
+    assert i2[0] == pytest.approx(max(0, (q - 2) / q)) and i2[0] > 0.9 and same[0] == 1.0

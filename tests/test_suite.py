@@ -149,3 +149,35 @@ def test_shipped_gender_suite():
     assert labels == {"female", "male", "neutral"}
     items = {p.item_id for p in suite.prompts}
     assert len(items) >= 2000  # paired items per pronoun contrast, far above the 30 a head test needs
+
+
+def test_ambiguous_forms_are_summed_or_excluded(tmp_path):
+    """" her" is accusative and possessive: by default every label gets its words of both cases
+    (her vs him + his); with `ambiguous: exclude` those prompts get no candidates and are listed."""
+    text = textwrap.dedent("""\
+        name: amb
+        slots:
+          occupation: [nurse, engineer]
+          pronoun:
+            forms: [nom, acc, poss]
+            values:
+              - {label: female, nom: she, acc: her, poss: her}
+              - {label: male, nom: he, acc: him, poss: his}
+        contrast: pronoun
+        templates:
+          - {id: nom, text: "The {occupation} said that {pronoun.nom} left."}
+          - {id: acc, text: "We thanked the {occupation} and praised {pronoun.acc} warmly."}
+        next_token:
+          - {cut: pronoun, candidates: pronoun%s}
+        """)
+    (tmp_path / "sum.yaml").write_text(text % "")
+    summed = load_suite(tmp_path / "sum.yaml")
+    by_template = {p.template_id: p.candidates["pronoun"] for p in summed.prompts}
+    assert by_template["nom"] == ((" she", "female"), (" he", "male"))
+    assert by_template["acc"] == ((" her", "female"), (" him", "male"), (" his", "male"))
+    assert summed.notes == ("next_token at 'pronoun': a form is both acc and poss; scored against the sum of each "
+                            "label's words (1 template(s): acc)",) and not summed.skipped
+    (tmp_path / "exclude.yaml").write_text(text % ", ambiguous: exclude")
+    excluded = load_suite(tmp_path / "exclude.yaml")
+    assert all("pronoun" not in p.candidates for p in excluded.prompts if p.template_id == "acc")
+    assert excluded.skipped == ("next_token at 'pronoun': a form is both acc and poss; excluded (1 template(s): acc)",)

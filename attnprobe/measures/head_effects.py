@@ -10,7 +10,7 @@ writes what it returns.
 
 from __future__ import annotations
 
-import time
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,14 +147,20 @@ class HeadEffectsMeasure:
         return ids
 
 
-def compute(pm, measure: HeadEffectsMeasure, items: list[dict], dropped: list[str], bar) -> tuple:
-    """Run the interventions of every item: (per item and head table, per item totals, summary for
-    the manifest). `bar` is a progress bar counting items."""
-    from ..interventions import head_means, item_effects
+def item_means(pm, items: list[dict]) -> dict:
+    """Each head's mean output over the x of every item (for mean ablation): computed from all items,
+    so every chunk and shard ablates with the same means."""
+    from ..interventions import head_means
 
-    started = time.perf_counter()
+    return head_means(pm, [item["x"] for item in items], pm.info.n_layers) if items else {}
+
+
+def compute(pm, measure: HeadEffectsMeasure, items: list[dict], means: dict, bar) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Run the interventions of some items: (per item and head table, per item totals). `bar`
+    counts items."""
+    from ..interventions import item_effects
+
     L, H = pm.info.n_layers, pm.info.n_heads
-    means = head_means(pm, [item["x"] for item in items], L) if items else {}
     rows, totals = [], []
     for item in items:
         effects = item_effects(pm, item["x"], item["x_cf"], item["positive"], item["negative"], L, H, means,
@@ -163,11 +169,22 @@ def compute(pm, measure: HeadEffectsMeasure, items: list[dict], dropped: list[st
                        "y": effects["y"], "y_cf": effects["y_cf"], "te": effects["te"]})
         frame = pd.DataFrame({"item_id": item["item_id"], "layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L)})
         for mode in INTERVENTIONS:
-            frame[mode] = effects[mode].reshape(-1).numpy() if mode in effects else np.nan
+            frame[mode] = effects[mode].reshape(-1).numpy().astype("float64") if mode in effects else np.nan
         rows.append(frame)
         bar.update(1)
-    bar.close()
-    table = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["item_id", "layer", "head"])
-    summary = {"n_items": len(items), "dropped": dropped, "seconds": round(time.perf_counter() - started, 3),
-               "counterfactual": {measure.slot: measure.replacement}, "exact": measure.exact}
-    return table, pd.DataFrame(totals), summary
+    table = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["item_id", "layer", "head", *INTERVENTIONS])
+    return table, pd.DataFrame(totals)
+
+
+def summary(measure: HeadEffectsMeasure, items: list[dict], dropped: list[str], seconds: float) -> dict:
+    """What the manifest records about the head effects of a run."""
+    return {"n_items": len(items), "dropped": dropped, "seconds": round(seconds, 3),
+            "counterfactual": {measure.slot: measure.replacement}, "exact": measure.exact}
+
+
+def plan_sha256(items: list[dict]) -> str:
+    """A hash of the head-effects plan (item ids and their x, x' token ids): chunks of another plan are redone."""
+    digest = hashlib.sha256()
+    for item in items:
+        digest.update(f"{item['item_id']}|{item['x'].tolist()}|{item['x_cf'].tolist()}|{item['positive']}|{item['negative']};".encode())
+    return digest.hexdigest()

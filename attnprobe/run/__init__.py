@@ -27,6 +27,7 @@ from .execute import deferred_interrupt, example_attention, measure_batch, progr
 from .plan import encode_prompts, fingerprint, plan_batches, plan_chunks, plan_sha256, select_prompts
 
 SEED = 0  # nothing in a run is random; recorded so statistics that resample can say what they used
+EFFECT_CHUNK_ITEMS = 4  # head-effects items per chunk: at most this many items are redone after a kill
 
 __all__ = ["SEED", "model_name", "run_suite"]
 
@@ -84,10 +85,14 @@ def run_suite(
     cand_ids = candidate_ids(suite.next_token, prompts, tokenizer)
     chunks = plan_chunks(plan_batches(encoded, batch_size, max_batch_tokens), chunk_size)
     mine = [k for k in range(len(chunks)) if shard is None or k % shard[1] == shard[0] - 1]
-    effects = suite.head_effects if head_effects and shard is None else None
+    effects = suite.head_effects if head_effects else None
+    effect_items, dropped, effect_chunks = [], [], []
     if effects is not None:  # every head-effects problem surfaces now, before any weights load
         effects.check_family(routes, spec)
         effect_items, dropped = effects.items(tokenizer, encoded)
+        effect_chunks = [effect_items[i:i + EFFECT_CHUNK_ITEMS] for i in range(0, len(effect_items), EFFECT_CHUNK_ITEMS)]
+    effects_plan = head_effects_measure.plan_sha256(effect_items) if effects is not None else None
+    mine_effects = [k for k in range(len(effect_chunks)) if shard is None or k % shard[1] == shard[0] - 1]
 
     name = model.info.name if isinstance(model, ProbeModel) else model_name(spec)
     directory = Path(out) if out else Path("reports") / suite.name / name
@@ -121,11 +126,15 @@ def run_suite(
             "versions": storage.versions(),
             "n_prompts": len(encoded),
             "n_chunks": len(chunks),
+            "n_effect_chunks": len(effect_chunks),
+            "effects_plan": effects_plan,
             "skipped": list(suite.skipped),
+            "notes": list(suite.notes),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        if "head_effects" in previous and storage.has_head_effects(directory):  # a re-run keeps what it computed
-            manifest["head_effects"] = previous["head_effects"]
+        same_effects = effects is None or previous.get("effects_plan") == effects_plan
+        if "head_effects" in previous and same_effects and storage.has_head_effects(directory):  # a re-run keeps them
+            manifest.update(head_effects=previous["head_effects"], effects_plan=previous.get("effects_plan"))
         storage.write_manifest(directory, manifest)
         storage.atomic_write(directory / "prompts.csv", lambda p: write_csv(storage.prompts_table(encoded), p))
 
@@ -149,21 +158,52 @@ def run_suite(
                 storage.write_chunk(chunk_dir, k, attention_table(blocks, pm.info.n_layers, pm.info.n_heads), logprob_parts)
                 if interrupted():
                     bar.close()
-                    manifest.update(status="interrupted", interrupted=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-                    storage.write_manifest(directory, manifest)
-                    raise RunInterrupted(f"interrupted after chunk {k + 1} of {len(chunks)}; the finished chunks are kept "
-                                         f"in {chunk_dir}: rerun the same command to resume")
+                    _stop(directory, manifest, f"chunk {k + 1} of {len(chunks)}")
         bar.close()
         if shard is None:
             storage.assemble(directory, len(chunks))
         if shard is None or shard[0] == 1:
             examples = example_attention(pm, encoded, suite.contrast)
             storage.atomic_write(directory / "examples.json", lambda p: p.write_text(json.dumps(examples)))
-        if effects is not None and "head_effects" not in manifest:
-            bar = progress_bar(len(effect_items), 0, progress, unit="item", desc="head effects")
-            table, totals, manifest["head_effects"] = head_effects_measure.compute(pm, effects, effect_items, dropped, bar)
-            storage.write_head_effects(directory, table, totals)
+        if effects is not None:
+            seconds = _run_head_effects(pm, effects, effect_chunks, mine_effects, effects_plan, directory, manifest, progress, log)
+            if seconds or "head_effects" not in manifest:  # a completed re-run keeps the recorded summary
+                manifest["head_effects"] = head_effects_measure.summary(effects, effect_items, dropped, seconds)
+            if shard is None and (seconds or not storage.has_head_effects(directory)):
+                storage.assemble_head_effects(directory, len(effect_chunks))
         manifest.update(status="complete" if shard is None else "shard complete", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                         compute_seconds_this_session=round(time.perf_counter() - started, 3))
         storage.write_manifest(directory, manifest)
     return directory
+
+
+def _run_head_effects(pm, effects, chunks, mine, plan, directory, manifest, progress, log) -> float:
+    """Compute this process's head-effects chunks that are not done yet, one chunk of items at a
+    time, each written before the next starts (Ctrl-C finishes the chunk, then stops); returns the
+    seconds spent (0 when every chunk was already done)."""
+    chunk_dir = directory / "chunks"
+    done = storage.complete_chunks(chunk_dir, len(chunks), log, "effects-", plan)
+    todo = [k for k in mine if k not in done]
+    if not todo:
+        return 0.0
+    started = time.perf_counter()
+    means = head_effects_measure.item_means(pm, [item for chunk in chunks for item in chunk])
+    bar = progress_bar(sum(len(chunks[k]) for k in mine), sum(len(chunks[k]) for k in mine if k in done), progress,
+                       unit="item", desc="head effects")
+    with deferred_interrupt(log) as interrupted:
+        for k in todo:
+            table, totals = head_effects_measure.compute(pm, effects, chunks[k], means, bar)
+            storage.write_effect_chunk(chunk_dir, k, table, totals, plan)
+            if interrupted():
+                bar.close()
+                _stop(directory, manifest, f"head-effects chunk {k + 1} of {len(chunks)}")
+    bar.close()
+    return time.perf_counter() - started
+
+
+def _stop(directory: Path, manifest: dict, where: str) -> None:
+    """After Ctrl-C: record the interruption and stop; every finished chunk is kept."""
+    manifest.update(status="interrupted", interrupted=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    storage.write_manifest(directory, manifest)
+    raise RunInterrupted(f"interrupted after {where}; the finished chunks are kept in {directory / 'chunks'}: "
+                         "rerun the same command to resume")

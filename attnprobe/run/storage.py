@@ -119,16 +119,29 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
             source_dir = by_k[k % n + 1][0] / "chunks"
             if k not in complete_chunks(source_dir, n_chunks, lambda m: None):
                 raise RunError(f"{source_dir} lacks chunk {k} (or it is damaged); rerun that shard's command to finish it")
-            for suffix in ("attention.parquet", "logprobs.parquet", "done"):
-                shutil.copyfile(source_dir / f"{k:05d}.{suffix}", out / "chunks" / f"{k:05d}.{suffix}")
+            _copy_chunk(source_dir, out / "chunks", k, "")
         first_dir, first = by_k[1]
+        n_effects = first.get("n_effect_chunks", 0)
+        for k in range(n_effects):
+            source_dir = by_k[k % n + 1][0] / "chunks"
+            if k not in complete_chunks(source_dir, n_effects, lambda m: None, "effects-", first.get("effects_plan")):
+                raise RunError(f"{source_dir} lacks head-effects chunk {k}; rerun that shard's command to finish it")
+            _copy_chunk(source_dir, out / "chunks", k, "effects-")
         for name in ("prompts.csv", "examples.json"):
             shutil.copyfile(first_dir / name, out / name)
         assemble(out, n_chunks)
         merged = dict(first, shard=None, status="complete", merged_from=[str(d) for d in shard_dirs],
                       fingerprint=fingerprint(first["settings"], None), finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        if n_effects:
+            assemble_head_effects(out, n_effects)
+            merged["head_effects"] = dict(first["head_effects"], seconds=round(sum(m["head_effects"]["seconds"] for m in manifests), 3))
         write_manifest(out, merged)
     return out
+
+
+def _copy_chunk(source: Path, target: Path, k: int, kind: str) -> None:
+    for suffix in (*CHUNK_FILES[kind], "done"):
+        shutil.copyfile(source / f"{kind}{k:05d}.{suffix}", target / f"{kind}{k:05d}.{suffix}")
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:
@@ -153,20 +166,29 @@ def exclusive(directory: Path):
 
 
 
-def complete_chunks(chunk_dir: Path, n_chunks: int, log) -> set[int]:
-    """Chunks with a marker whose files read back whole; a damaged chunk loses its marker and is redone."""
+# Chunk files per kind: the main measures, and head effects (chunks of items, named effects-<k>).
+CHUNK_FILES = {"": ("attention.parquet", "logprobs.parquet"), "effects-": ("items.parquet", "totals.parquet")}
+
+
+def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: str | None = None) -> set[int]:
+    """Chunks with a marker whose files read back whole (and, for head effects, were made for this
+    plan of items); a damaged or foreign chunk loses its marker and is redone."""
     done = set()
+    first, *others = CHUNK_FILES[kind]
     for k in range(n_chunks):
-        marker = chunk_dir / f"{k:05d}.done"
+        marker = chunk_dir / f"{kind}{k:05d}.done"
         if not marker.is_file():
             continue
         try:
-            rows = json.loads(marker.read_text())["rows"]
-            if pq.read_metadata(chunk_dir / f"{k:05d}.attention.parquet").num_rows != rows:
-                raise ValueError(f"expected {rows} rows")
-            pq.read_metadata(chunk_dir / f"{k:05d}.logprobs.parquet")
-        except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
-            log(f"chunk {k} in {chunk_dir} is damaged ({exc}); recomputing it")
+            info = json.loads(marker.read_text())
+            if plan is not None and info.get("plan") != plan:
+                raise ValueError("made for another plan of items")
+            if pq.read_metadata(chunk_dir / f"{kind}{k:05d}.{first}").num_rows != info["rows"]:
+                raise ValueError(f"expected {info['rows']} rows")
+            for name in others:
+                pq.read_metadata(chunk_dir / f"{kind}{k:05d}.{name}")
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+            log(f"chunk {kind}{k} in {chunk_dir} is damaged or stale ({exc}); recomputing it")
             marker.unlink()
             continue
         done.add(k)
@@ -211,6 +233,20 @@ def write_chunk(chunk_dir: Path, k: int, attention: pa.Table, logprob_parts: lis
     atomic_write(chunk_dir / f"{k:05d}.logprobs.parquet", lambda p: logprobs.to_parquet(p, index=False))
     # the marker comes last: a chunk without it is recomputed on resume
     atomic_write(chunk_dir / f"{k:05d}.done", lambda p: p.write_text(json.dumps({"rows": attention.num_rows})))
+
+
+def write_effect_chunk(chunk_dir: Path, k: int, items: pd.DataFrame, totals: pd.DataFrame, plan: str) -> None:
+    atomic_write(chunk_dir / f"effects-{k:05d}.items.parquet", lambda p: items.to_parquet(p, index=False))
+    atomic_write(chunk_dir / f"effects-{k:05d}.totals.parquet", lambda p: totals.to_parquet(p, index=False))
+    atomic_write(chunk_dir / f"effects-{k:05d}.done", lambda p: p.write_text(json.dumps({"rows": len(items), "plan": plan})))
+
+
+def assemble_head_effects(directory: Path, n_chunks: int) -> None:
+    """Join the head-effects chunks into head_effects_items.parquet and head_effects_totals.csv."""
+    chunk_dir = directory / "chunks"
+    parts = [[pd.read_parquet(chunk_dir / f"effects-{k:05d}.{name}") for k in range(n_chunks)] for name in CHUNK_FILES["effects-"]]
+    items, totals = (pd.concat(p, ignore_index=True) if p else pd.DataFrame() for p in parts)
+    write_head_effects(directory, items, totals)
 
 
 def assemble(directory: Path, n_chunks: int) -> None:

@@ -134,7 +134,7 @@ def held_out_interaction(heads: pd.DataFrame, k: int = 5) -> dict:
         direction = np.sign(top[pick].to_numpy())
         same += int((direction == np.sign(top[test].to_numpy())).sum())
         signed += list(direction * top[test].to_numpy())
-    return {"k": k, "n_selected": 2 * min(k, len(heads)), "n_same_sign": same, "mean_held_out_r": float(np.nanmean(signed)) if signed else np.nan}
+    return {"k": k, "n_selected": 2 * min(k, len(heads)), "n_same_sign": same, "mean_held_out_r": float(np.nanmean(signed)) if np.isfinite(signed).any() else np.nan}
 
 
 def layer_stats(heads: pd.DataFrame) -> pd.DataFrame:

@@ -84,7 +84,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
     span_names = set().union(*(p.spans for p in prompts)) if prompts else set()
     next_token = NextTokenMeasure.parse(ctx, as_list(ctx, doc, "next_token", "measures {cut, candidates}"), slots, span_names)
     analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
-    prompts, skipped = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
+    prompts, skipped, notes = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
     head_effects = HeadEffectsMeasure.parse(ctx, doc, slots, templates, next_token)
     return Suite(
         name=name,
@@ -97,6 +97,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
         attention=attention,
         next_token=next_token,
         skipped=tuple(skipped),
+        notes=tuple(notes),
         head_effects=head_effects,
         analysis=analysis,
         path=str(path),
@@ -115,7 +116,8 @@ def _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis):
     first_of_template = {}
     for prompt in prompts:
         first_of_template.setdefault(prompt.template_id, prompt)
-    lacking: dict[str, list[str]] = {}
+    lacking: dict[str, list[str]] = {}  # reason -> templates left out
+    noted: dict[str, list[str]] = {}  # measured, but worth saying
     for template_id, example in first_of_template.items():
         for m in (*attention, *next_token):
             for name in m.spans:
@@ -125,9 +127,11 @@ def _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis):
             if m.cut in example.spans and example.spans[m.cut][0] == 0:
                 lacking.setdefault(f"next_token at '{m.cut}': not measured where the span starts the text", []).append(template_id)
             elif m.cut in example.spans and m.candidates in slots and len(forms := m.compared_forms(example, slots)) > 1:
+                where = lacking if m.ambiguous == "exclude" else noted
                 how = "excluded" if m.ambiguous == "exclude" else "scored against the sum of each label's words"
-                lacking.setdefault(f"next_token at '{m.cut}': a form is both {' and '.join(forms)}; {how}", []).append(template_id)
-    skipped = [f"{reason} ({len(ids)} template(s): {', '.join(ids)})" for reason, ids in lacking.items()]
+                where.setdefault(f"next_token at '{m.cut}': a form is both {' and '.join(forms)}; {how}", []).append(template_id)
+    skipped, notes = ([f"{reason} ({len(ids)} template(s): {', '.join(ids)})" for reason, ids in found.items()]
+                      for found in (lacking, noted))
     items: dict[str, list[Prompt]] = {}
     for prompt in prompts:
         items.setdefault(prompt.item_id, []).append(prompt)
@@ -148,4 +152,4 @@ def _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis):
             else:
                 candidates[m.cut] = m.candidates_for(prompt, slots)
         result.append(replace(prompt, candidates={cut: c for cut, c in candidates.items() if c}))
-    return result, skipped
+    return result, skipped, notes

@@ -83,6 +83,7 @@ class Suite:
     attention: tuple  # AttentionMeasure, ... (attnprobe.measures)
     next_token: tuple  # NextTokenMeasure, ...
     skipped: tuple[str, ...]  # one line per measure/template pair left out, with the reason
+    notes: tuple[str, ...]  # measured, but worth saying (e.g. an ambiguous form scored as a sum)
     head_effects: object | None  # HeadEffectsMeasure
     analysis: object  # attnprobe.analysis.Analysis: what the statistics compare
     path: str
