@@ -99,3 +99,17 @@ def test_analysis_errors_are_one_line_before_the_model(tmp_path):
         result = CliRunner().invoke(main, ["run", str(suite), "--model", "/nonexistent/model", "--out", str(tmp_path / "o")])
         assert result.exit_code == 2 and message in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1 and f"{suite}:" in result.output
+
+
+@pytest.mark.parametrize("measures", [
+    "attention:\n  - {source: animal, targets: [size]}\n",  # no next_token
+    'next_token:\n  - {cut: animal, candidates: [" dog", " cat"]}\n',  # no attention; candidates not labelled by the contrast
+])
+def test_suites_with_one_kind_of_measure_report(tiny_llama_dir, tmp_path, measures):
+    suite = tmp_path / "one.yaml"
+    suite.write_text("name: one\nslots:\n  animal: [dog, cat, horse, mouse]\n"
+                     "  size: {values: [{value: large, label: big}, {value: tiny, label: small}]}\n"
+                     "contrast: size\ntemplates:\n  - {id: saw, text: \"I saw a {size} {animal} near the house.\"}\n" + measures)
+    run_cli(suite, tiny_llama_dir, tmp_path / "out")
+    again = CliRunner().invoke(main, ["report", str(tmp_path / "out")])  # from the cached tables
+    assert again.exit_code == 0 and "Traceback" not in again.output, again.output

@@ -16,7 +16,7 @@ import jinja2
 import pandas as pd
 
 from .. import stats
-from ..run.reader import RunFiles
+from ..run.reader import RunFiles, read_csv
 from ..run.storage import HEAD_EFFECT_TABLES, STATS_TABLES, TABLES_KEY, atomic_write
 from ..tables import write_csv
 from ..version import __version__
@@ -49,7 +49,7 @@ def load_tables(run: RunFiles, refresh: bool = False, write: bool = True) -> dic
 
 def _read_table(path: Path, text_columns: list[str]) -> pd.DataFrame:
     """A cached table as it was computed: numbers stay numbers, empty text cells stay empty strings."""
-    table = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    table = read_csv(path)
     text = [c for c in text_columns if c in table]
     table[text] = table[text].astype(object).fillna("").astype(str)
     return table

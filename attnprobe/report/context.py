@@ -66,7 +66,10 @@ def headline(run: RunFiles, tables: dict) -> str:
         lexical = int((group["difference_q"] < ALPHA).sum())
         kind = "a token difference, not bias" if analysis.covariate else "the paired difference"
         parts.append(f"{lexical} of {len(group)} heads attend to the {target} differently from {pos} and {neg} prompts ({kind})")
-    return "; ".join(parts) + "." if parts else "No paired items in this run."
+    if not parts:
+        return (f"Nothing here compares {pos} with {neg}: no attention measure has paired prompts and no next-token "
+                f"candidates carry those labels; the raw tables are attention.parquet and logprobs.csv.")
+    return "; ".join(parts) + "."
 
 
 def run_context(run: RunFiles, tables: dict) -> dict:

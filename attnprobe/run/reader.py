@@ -13,6 +13,15 @@ from ..errors import RunError
 from .storage import HEAD_EFFECTS_FILES, has_head_effects
 
 
+def read_csv(path: Path) -> pd.DataFrame:
+    """A CSV written by attnprobe: only empty cells are missing values; an empty file (a table a
+    suite's measures never filled) is an empty DataFrame."""
+    try:
+        return pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+
+
 class RunFiles:
     """A run directory, read lazily into DataFrames."""
 
@@ -27,7 +36,7 @@ class RunFiles:
 
     def _csv(self, name: str) -> pd.DataFrame:
         """A CSV of the run; only empty cells are missing values (a slot value "NA" stays text)."""
-        return pd.read_csv(self.directory / name, keep_default_na=False, na_values=[""])
+        return read_csv(self.directory / name)
 
     @cached_property
     def prompts(self) -> pd.DataFrame:
