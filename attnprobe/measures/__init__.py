@@ -3,7 +3,10 @@
 Each kind owns its YAML parsing (`parse`, called once by the suite loader), its tokenizer-level
 checks that run before any weights load, its computation and its output schema; the per-prompt
 kinds (attention, next_token) also name the spans they read (`spans`) and why a template is left
-out (`missing`):
+out (`missing`). The per-batch kinds are read from one forward pass through one protocol, which
+the run loops over (BATCH_KINDS): `request(suite, batch)` -> (capture keywords, state),
+`read(pm, suite, batch, captured, state, context)` -> this batch's part, `chunk_table(parts, pm)`
+-> the chunk file `<k>.<NAME>.parquet`. Head effects run per item, in their own chunks.
 
   attention     weights from source spans to target spans     -> attention.parquet
   next_token    log-probabilities of candidates at a cut      -> logprobs.csv
@@ -12,8 +15,11 @@ out (`missing`):
 
 from __future__ import annotations
 
+from . import attention, next_token
 from .attention import AttentionMeasure
 from .head_effects import HeadEffectsMeasure
 from .next_token import NextTokenMeasure
 
-__all__ = ["AttentionMeasure", "HeadEffectsMeasure", "NextTokenMeasure"]
+BATCH_KINDS = (attention, next_token)  # the first names the chunk's row count
+
+__all__ = ["AttentionMeasure", "BATCH_KINDS", "HeadEffectsMeasure", "NextTokenMeasure"]

@@ -64,6 +64,30 @@ class AttentionMeasure:
         return tuple(measures)
 
 
+NAME = "attention"  # its chunk files: <k>.attention.parquet
+
+
+def request(suite, batch) -> tuple[dict, list[list[int]]]:
+    """What this kind needs from the batch's forward pass (run_with_capture keywords), and the
+    rows each prompt asked for: every token of every source span, padded by repeating the first."""
+    rows_per_prompt = [source_rows(suite.attention, e.spans) or [0] for e in batch]
+    R = max(len(r) for r in rows_per_prompt)
+    rows = torch.tensor([r + [r[0]] * (R - len(r)) for r in rows_per_prompt])  # (B, R)
+    return {"rows": rows, "layers": None if suite.attention else []}, rows_per_prompt
+
+
+def read(pm, suite, batch, captured, rows_per_prompt, context) -> list:
+    """This batch's blocks (see `blocks`) from the captured weights."""
+    if not suite.attention:
+        return []
+    W = torch.stack([captured.weights[layer] for layer in sorted(captured.weights)])  # (L, B, H, R, S)
+    return blocks(suite.attention, batch, rows_per_prompt, W)
+
+
+def chunk_table(parts: list[list], pm) -> pa.Table:
+    return attention_table([block for part in parts for block in part], pm.info.n_layers, pm.info.n_heads)
+
+
 def source_rows(measures, spans: dict[str, tuple[int, int]]) -> list[int]:
     """The query rows one prompt needs: every token of every source span it has."""
     return sorted({t for m in measures if m.source in spans for t in range(*spans[m.source])})

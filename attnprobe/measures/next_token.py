@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pandas as pd
 import torch
 
 from ..capture import pad_right
@@ -128,6 +129,23 @@ def candidate_ids(measures, prompts, tokenizer) -> dict[str, tuple[int, ...]]:
                                          "give a visible word such as \" she\"")
                     table[text] = ids
     return table
+
+
+NAME = "logprobs"  # its chunk files: <k>.logprobs.parquet
+
+
+def request(suite, batch) -> tuple[dict, list[int]]:
+    """What this kind needs from the batch's forward pass: the logits before every cut."""
+    positions = logit_positions(batch)
+    return {"logit_positions": torch.tensor(positions) if positions else None}, positions
+
+
+def read(pm, suite, batch, captured, positions, context) -> pd.DataFrame:
+    return pd.DataFrame(logprobs(pm, batch, captured.logits, positions, context["candidate_ids"]))
+
+
+def chunk_table(parts: list[pd.DataFrame], pm) -> pd.DataFrame:
+    return pd.concat(parts, ignore_index=True).sort_values(["prompt_id", "cut"], kind="stable", ignore_index=True)
 
 
 def logit_positions(batch) -> list[int]:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..errors import RunError, RunInterrupted
 from ..measures import head_effects as head_effects_measure
-from ..measures.attention import attention_table
+from ..measures import BATCH_KINDS
 from ..measures.next_token import candidate_ids
 from ..models import DEFAULT_MODEL, ProbeModel, load_model, load_tokenizer
 from ..suite import Suite, load_suite
@@ -82,7 +82,7 @@ def run_suite(
         tokenizer, max_positions, routes = load_tokenizer(spec, trust_remote_code=trust_remote_code)
     prompts = select_prompts(suite.prompts, limit)
     encoded = encode_prompts(suite, prompts, tokenizer, max_positions)
-    cand_ids = candidate_ids(suite.next_token, prompts, tokenizer)
+    context = {"candidate_ids": candidate_ids(suite.next_token, prompts, tokenizer)}  # what every batch reads
     chunks = plan_chunks(plan_batches(encoded, batch_size, max_batch_tokens), chunk_size)
     mine = [k for k in range(len(chunks)) if shard is None or k % shard[1] == shard[0] - 1]
     effects = suite.head_effects if head_effects else None
@@ -149,13 +149,12 @@ def run_suite(
             for k in mine:
                 if k in done:
                     continue
-                blocks, logprob_parts = [], []
+                parts = {kind.NAME: [] for kind in BATCH_KINDS}
                 for batch in chunks[k]:
-                    attention, logprobs = measure_batch(pm, suite, [encoded[i] for i in batch], cand_ids)
-                    blocks += attention
-                    logprob_parts.append(pd.DataFrame(logprobs))
+                    for name, part in measure_batch(pm, suite, [encoded[i] for i in batch], context).items():
+                        parts[name].append(part)
                     bar.update(len(batch))
-                storage.write_chunk(chunk_dir, k, attention_table(blocks, pm.info.n_layers, pm.info.n_heads), logprob_parts)
+                storage.write_chunk(chunk_dir, k, {kind.NAME: kind.chunk_table(parts[kind.NAME], pm) for kind in BATCH_KINDS})
                 if interrupted():
                     bar.close()
                     _stop(directory, manifest, f"chunk {k + 1} of {len(chunks)}")

@@ -13,31 +13,23 @@ from contextlib import contextmanager
 import torch
 
 from ..capture import pad_right, run_with_capture
-from ..measures import attention as attention_measure
-from ..measures import next_token as next_token_measure
+from ..measures import BATCH_KINDS
 from ..models import ProbeModel
 from ..suite import Suite
 from .plan import Encoded
 
 
-def measure_batch(pm: ProbeModel, suite: Suite, batch: list[Encoded], cand_ids: dict) -> tuple[list, dict]:
-    """Attention blocks (prompt_id, source, target, L*H weights) and log-probability rows (as
-    column lists) for one batch, from a single forward pass."""
+def measure_batch(pm: ProbeModel, suite: Suite, batch: list[Encoded], context: dict) -> dict:
+    """Every per-batch measure kind's part for one batch ({kind name: part}), from a single
+    forward pass that captures what all of them asked for."""
     ids, mask = pad_right([e.forward_ids for e in batch], pm.tokenizer.pad_token_id)
-
-    # Rows to capture: the tokens of every source span, per prompt; padded by repeating the first.
-    rows_per_prompt = [attention_measure.source_rows(suite.attention, e.spans) or [0] for e in batch]
-    R = max(len(r) for r in rows_per_prompt)
-    rows = torch.tensor([r + [r[0]] * (R - len(r)) for r in rows_per_prompt])  # (B, R)
-    positions = next_token_measure.logit_positions(batch)
-    captured = run_with_capture(pm, ids, mask, rows=rows, layers=None if suite.attention else [],
-                                logit_positions=torch.tensor(positions) if positions else None)
-
-    blocks = []
-    if suite.attention:
-        W = torch.stack([captured.weights[layer] for layer in sorted(captured.weights)])  # (L, B, H, R, S)
-        blocks = attention_measure.blocks(suite.attention, batch, rows_per_prompt, W)
-    return blocks, next_token_measure.logprobs(pm, batch, captured.logits, positions, cand_ids)
+    asked, states = {}, {}
+    for kind in BATCH_KINDS:
+        keywords, states[kind.NAME] = kind.request(suite, batch)
+        assert not set(keywords) & set(asked), f"{kind.NAME} asks for capture arguments another kind sets"
+        asked.update(keywords)
+    captured = run_with_capture(pm, ids, mask, **asked)
+    return {kind.NAME: kind.read(pm, suite, batch, captured, states[kind.NAME], context) for kind in BATCH_KINDS}
 
 
 def example_attention(pm: ProbeModel, encoded: list[Encoded], contrast: str | None, n_items: int = 2) -> list[dict]:

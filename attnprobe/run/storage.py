@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 import torch
 
 from ..errors import RunError
+from ..measures import BATCH_KINDS
 from ..measures.attention import ATTENTION_SCHEMA
 from ..models import ProbeModel, files_sha256
 from ..tables import write_csv
@@ -167,7 +168,7 @@ def exclusive(directory: Path):
 
 
 # Chunk files per kind: the main measures, and head effects (chunks of items, named effects-<k>).
-CHUNK_FILES = {"": ("attention.parquet", "logprobs.parquet"), "effects-": ("items.parquet", "totals.parquet")}
+CHUNK_FILES = {"": tuple(f"{kind.NAME}.parquet" for kind in BATCH_KINDS), "effects-": ("items.parquet", "totals.parquet")}
 
 
 def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: str | None = None) -> set[int]:
@@ -227,12 +228,14 @@ def read_manifest(path: Path) -> dict:
 
 
 
-def write_chunk(chunk_dir: Path, k: int, attention: pa.Table, logprob_parts: list) -> None:
-    logprobs = pd.concat(logprob_parts, ignore_index=True).sort_values(["prompt_id", "cut"], kind="stable", ignore_index=True)
-    atomic_write(chunk_dir / f"{k:05d}.attention.parquet", lambda p: pq.write_table(attention, p))
-    atomic_write(chunk_dir / f"{k:05d}.logprobs.parquet", lambda p: logprobs.to_parquet(p, index=False))
+def write_chunk(chunk_dir: Path, k: int, tables: dict) -> None:
+    """One chunk: a file per measure kind (a pyarrow Table or a DataFrame), then the marker."""
+    for name, table in tables.items():
+        write = (lambda p, t=table: pq.write_table(t, p)) if isinstance(table, pa.Table) else (lambda p, t=table: t.to_parquet(p, index=False))
+        atomic_write(chunk_dir / f"{k:05d}.{name}.parquet", write)
+    rows = len(next(iter(tables.values())))
     # the marker comes last: a chunk without it is recomputed on resume
-    atomic_write(chunk_dir / f"{k:05d}.done", lambda p: p.write_text(json.dumps({"rows": attention.num_rows})))
+    atomic_write(chunk_dir / f"{k:05d}.done", lambda p: p.write_text(json.dumps({"rows": rows})))
 
 
 def write_effect_chunk(chunk_dir: Path, k: int, items: pd.DataFrame, totals: pd.DataFrame, plan: str) -> None:
