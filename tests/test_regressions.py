@@ -191,3 +191,43 @@ def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_pa
     pd.testing.assert_frame_equal(pd.read_parquet(merged.directory / "head_effects_items.parquet"), items)
     assert merged.manifest["head_effects"]["n_items"] == n_items and merged.has_head_effects
     assert (merged.directory / "head_effects_totals.csv").read_text() == (whole.directory / "head_effects_totals.csv").read_text()
+
+
+NAMES_SUITE = """\
+name: {name}
+slots:
+  {slot}: [nurse, engineer]
+  pronoun: {{values: [{{label: female, value: she{meta}}}, {{label: male, value: he}}]}}
+contrast: pronoun
+templates:
+  - {{id: t, text: "The {{{slot}}} said that {{pronoun}} left."}}
+next_token:
+  - {{cut: pronoun, candidates: pronoun}}
+{extra}"""
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"slot": "text"}, "slot name 'text' is reserved"),
+    ({"slot": "prompt_id"}, "slot name 'prompt_id' is reserved"),
+    ({"slot": "pronoun_2"}, "slot name 'pronoun_2' is reserved"),
+    ({"slot": "job_tok_start"}, "slot name 'job_tok_start' is reserved"),
+    ({"name": "'..'"}, "not only dots"),
+    ({"extra": '  - {cut: pronoun, candidates: [" x"]}\n'}, "a second next_token measure at 'pronoun'"),
+    ({"slot": "pronoun_text", "meta": ", text: x"}, "metadata 'pronoun_text' would overwrite"),  # pronoun.text vs slot
+])
+def test_names_that_would_overwrite_run_columns_are_refused(tmp_path, fields, message):
+    """Issue 18: a slot, span or metadata name equal to a column the run writes used to overwrite it
+    and join attention to the wrong prompts, with exit 0; now refused before anything runs."""
+    (tmp_path / "s.yaml").write_text(NAMES_SUITE.format(**{"name": "s", "slot": "job", "meta": "", "extra": "", **fields}))
+    with pytest.raises(SuiteError, match=re.escape(message)):
+        load_suite(tmp_path / "s.yaml")
+    (tmp_path / "ok.yaml").write_text(NAMES_SUITE.format(name="s", slot="job", meta="", extra=""))
+    assert len(load_suite(tmp_path / "ok.yaml").prompts) == 4  # the same suite with ordinary names loads
+
+
+def test_sentence_columns_that_would_overwrite_run_columns_are_refused(tmp_path):
+    (tmp_path / "s.tsv").write_text("text\tprompt_id\n[The nurse] said [she] left.\t7\n")
+    (tmp_path / "s.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [occupation, pronoun]}\n"
+                                     "attention:\n  - {source: pronoun, targets: occupation}\n")
+    with pytest.raises(SuiteError, match=r"s\.tsv:2: column 'prompt_id' is a column every run writes"):
+        load_suite(tmp_path / "s.yaml")

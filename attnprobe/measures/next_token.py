@@ -62,6 +62,8 @@ class NextTokenMeasure:
             if ambiguous not in ("sum", "exclude"):
                 ctx.fail(item, "ambiguous", "`ambiguous` is sum (score a shared form against the sum of the other "
                          "labels' forms of those cases) or exclude (leave such prompts out)")
+            if any(m.cut == cut for m in measures):
+                ctx.fail(item, "cut", f"a second next_token measure at '{cut}'; give one measure per cut (its rows would replace the first's)")
             measures.append(NextTokenMeasure(cut, candidates, origin=f"{ctx.path}:{line_of(item, 'candidates')}",
                                              ambiguous=ambiguous))
         return tuple(measures)

@@ -57,8 +57,8 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
         if key not in _TOP_KEYS:
             ctx.fail(doc, key, f"unknown key '{key}'; allowed: {', '.join(sorted(_TOP_KEYS))}")
     name = required_str(ctx, doc, "name")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        ctx.fail(doc, "name", f"name '{name}' must be letters, digits, '_', '-' or '.' (it names the output directory)")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or set(name) == {"."}:
+        ctx.fail(doc, "name", f"name '{name}' must be letters, digits, '_', '-' or '.', not only dots (it names the output directory)")
     slots = load_slots(ctx, doc.get("slots") or Map(), doc)
     contrast = optional_str(ctx, doc, "contrast")
     if contrast is not None and contrast not in slots:
@@ -81,6 +81,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
         prompts.extend(sentence_prompts(ctx, sentence_set, len(prompts)))
 
     attention = AttentionMeasure.parse(ctx, as_list(ctx, doc, "attention", "measures {source, targets}"))
+    _refuse_reserved_names(ctx, doc, slots, prompts, sentence_sets)
     span_names = set().union(*(p.spans for p in prompts)) if prompts else set()
     next_token = NextTokenMeasure.parse(ctx, as_list(ctx, doc, "next_token", "measures {cut, candidates}"), slots, span_names)
     analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
@@ -103,6 +104,31 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
         path=str(path),
         sha256=ctx.digest.hexdigest(),
     )
+
+
+RESERVED_COLUMNS = ("prompt_id", "item_id", "template_id", "text", "n_tokens")  # prompts.csv columns of every run
+SPAN_COLUMNS = ("_char_start", "_char_end", "_tok_start", "_tok_end")  # per span: <span><suffix>
+
+
+def _refuse_reserved_names(ctx, doc, slots, prompts, sentence_sets) -> None:
+    """Slot names, span names and metadata keys become prompts.csv columns: a name that equals a
+    column the run writes, or another name's column, would overwrite it and join results to the wrong
+    prompts. Refused here, before anything runs."""
+    for name in slots:
+        if name in RESERVED_COLUMNS or name.endswith(SPAN_COLUMNS) or re.fullmatch(rf"({'|'.join(map(re.escape, slots))})_\d+", name):
+            ctx.fail(doc["slots"], name, f"slot name '{name}' is reserved (it names a column every run writes, or a second "
+                     "occurrence of another slot); rename the slot")
+    for sentence_set in sentence_sets:
+        for number, record in sentence_set["rows"]:
+            for column in record:
+                if column != "text" and (column in RESERVED_COLUMNS or column.endswith(SPAN_COLUMNS) or column in sentence_set["names"]):
+                    raise SuiteError(f"{sentence_set['path']}:{number}: column '{column}' is a column every run writes or "
+                                     "the name of a span; rename the column")
+    for prompt in prompts:
+        clash = set(prompt.meta) & (set(RESERVED_COLUMNS) | set(prompt.slots))
+        if clash:
+            raise SuiteError(f"{prompt.origin}: metadata '{sorted(clash)[0]}' would overwrite a column of prompts.csv "
+                             "(a run column or a slot); rename it")
 
 
 def _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis):
