@@ -231,3 +231,19 @@ def test_sentence_columns_that_would_overwrite_run_columns_are_refused(tmp_path)
                                      "attention:\n  - {source: pronoun, targets: occupation}\n")
     with pytest.raises(SuiteError, match=r"s\.tsv:2: column 'prompt_id' is a column every run writes"):
         load_suite(tmp_path / "s.yaml")
+
+
+def test_a_run_off_a_terminal_logs_each_chunk(tiny_llama_dir, tmp_path):
+    """Issue 17: with stderr not a terminal (notebooks, nohup, SLURM, CI) a run used to print nothing
+    for minutes; now one line per finished chunk of prompts and of head-effects items."""
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    (tmp_path / "fx.yaml").write_text(EFFECT_SUITE)
+    result = CliRunner().invoke(main, ["run", str(tmp_path / "fx.yaml"), "--model", str(tiny_llama_dir),
+                                       "--out", str(tmp_path / "out"), "--chunk-size", "8", "--batch-size", "4"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"attnprobe run: chunk 1 of 3 done, 8 of 20 prompts, \d+ s, about \d+ s left", result.output)
+    assert "attnprobe run: chunk 3 of 3 done, 20 of 20 prompts" in result.output
+    assert re.search(r"head effects: chunk 1 of \d+ done, 4 of \d+ items", result.output)

@@ -23,7 +23,7 @@ from ..suite import Suite, load_suite
 from ..tables import write_csv
 from ..version import __version__
 from . import storage
-from .execute import deferred_interrupt, example_attention, measure_batch, progress_bar
+from .execute import Progress, deferred_interrupt, example_attention, measure_batch
 from .plan import encode_prompts, fingerprint, plan_batches, plan_chunks, plan_sha256, select_prompts
 
 SEED = 0  # nothing in a run is random; recorded so statistics that resample can say what they used
@@ -144,7 +144,7 @@ def run_suite(
         if done:
             log(f"resuming {directory}: {len(done)} of {len(chunks)} chunks already complete")
         started = time.perf_counter()
-        bar = progress_bar(sum(len(b) for k in mine for b in chunks[k]), sum(len(b) for k in done for b in chunks[k]), progress)
+        bar = Progress(sum(len(b) for k in mine for b in chunks[k]), sum(len(b) for k in done for b in chunks[k]), progress, log)
         with deferred_interrupt(log) as interrupted:
             for k in mine:
                 if k in done:
@@ -155,6 +155,7 @@ def run_suite(
                         parts[name].append(part)
                     bar.update(len(batch))
                 storage.write_chunk(chunk_dir, k, {kind.NAME: kind.chunk_table(parts[kind.NAME], pm) for kind in BATCH_KINDS})
+                bar.chunk_done(k, len(chunks))
                 if interrupted():
                     bar.close()
                     _stop(directory, manifest, f"chunk {k + 1} of {len(chunks)}")
@@ -187,12 +188,13 @@ def _run_head_effects(pm, effects, chunks, mine, plan, directory, manifest, prog
         return 0.0
     started = time.perf_counter()
     means = head_effects_measure.item_means(pm, [item for chunk in chunks for item in chunk])
-    bar = progress_bar(sum(len(chunks[k]) for k in mine), sum(len(chunks[k]) for k in mine if k in done), progress,
-                       unit="item", desc="head effects")
+    bar = Progress(sum(len(chunks[k]) for k in mine), sum(len(chunks[k]) for k in mine if k in done), progress, log,
+                   unit="item", desc="head effects")
     with deferred_interrupt(log) as interrupted:
         for k in todo:
             table, totals = head_effects_measure.compute(pm, effects, chunks[k], means, bar)
             storage.write_effect_chunk(chunk_dir, k, table, totals, plan)
+            bar.chunk_done(k, len(chunks))
             if interrupted():
                 bar.close()
                 _stop(directory, manifest, f"head-effects chunk {k + 1} of {len(chunks)}")

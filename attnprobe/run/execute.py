@@ -8,6 +8,7 @@ import base64
 import os
 import signal
 import sys
+import time
 from contextlib import contextmanager
 
 import torch
@@ -79,9 +80,32 @@ def deferred_interrupt(log):
         signal.signal(signal.SIGINT, previous)
 
 
-def progress_bar(total: int, initial: int, enabled: bool | None, unit: str = "prompt", desc: str = "attnprobe run"):
-    from tqdm import tqdm
+class Progress:
+    """Progress of one phase: a tqdm bar on a terminal; off one (a notebook's stderr, nohup, SLURM,
+    CI) one log line per finished chunk with the count, the time and an estimate of what is left;
+    nothing with progress=False."""
 
-    if enabled is None:
-        enabled = sys.stderr.isatty() and not os.environ.get("CI")
-    return tqdm(total=total, initial=initial, disable=not enabled, unit=unit, desc=desc, dynamic_ncols=True, smoothing=0.1)
+    def __init__(self, total: int, initial: int, enabled: bool | None, log, unit: str = "prompt", desc: str = "attnprobe run"):
+        from tqdm import tqdm
+
+        terminal = sys.stderr.isatty() and not os.environ.get("CI")
+        self.bar = tqdm(total=total, initial=initial, disable=not (terminal if enabled is None else enabled), unit=unit,
+                        desc=desc, dynamic_ncols=True, smoothing=0.1)
+        self.lines = enabled is None and not terminal
+        self.log, self.total, self.done, self.first, self.unit, self.desc = log, total, initial, initial, unit, desc
+        self.started = time.perf_counter()
+
+    def update(self, n: int) -> None:
+        self.bar.update(n)
+        self.done += n
+
+    def chunk_done(self, k: int, n_chunks: int) -> None:
+        if not self.lines:
+            return
+        seconds = time.perf_counter() - self.started
+        rate = (self.done - self.first) / seconds if seconds > 0 else 0.0
+        left = f", about {(self.total - self.done) / rate:.0f} s left" if rate > 0 and self.done < self.total else ""
+        self.log(f"{self.desc}: chunk {k + 1} of {n_chunks} done, {self.done} of {self.total} {self.unit}s, {seconds:.0f} s{left}")
+
+    def close(self) -> None:
+        self.bar.close()
