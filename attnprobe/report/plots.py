@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt  # no backend switch: Jupyter's inline backend shows figures, scripts get Agg
 import numpy as np
 import pandas as pd
 import seaborn as sns
