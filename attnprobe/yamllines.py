@@ -49,13 +49,39 @@ LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _cons
 LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_seq)
 
 
+MAX_NODES = 1_000_000  # a suite's YAML, with every alias expanded, has at most this many nodes
+
+
 def safe_load_with_lines(text: str):
-    """yaml.safe_load, keeping line numbers: LineLoader is a SafeLoader, so no Python objects."""
+    """yaml.safe_load, keeping line numbers: LineLoader is a SafeLoader, so no Python objects.
+    Aliases are counted as expanded before anything is built: a 700-byte alias bomb is refused at once."""
     loader = LineLoader(text)
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node, {})
+        if size > MAX_NODES:
+            raise yaml.constructor.ConstructorError(None, None, f"more than {MAX_NODES:,} values once its aliases are "
+                                                    "expanded (an alias bomb?); write the values out", node.start_mark)
+        return loader.construct_document(node)
     finally:
         loader.dispose()
+
+
+def _expanded_size(node, memo: dict) -> int:
+    """Nodes in the document with aliases expanded, counted once per distinct node (cheap for bombs)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = MAX_NODES + 1  # a node met again while being counted is a recursive alias: too big
+    if isinstance(node, yaml.MappingNode):
+        total = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        total = 1 + sum(_expanded_size(item, memo) for item in node.value)
+    else:
+        total = 1
+    memo[id(node)] = min(total, MAX_NODES + 1)
+    return memo[id(node)]
 
 
 def line_of(node, key=None) -> int:
@@ -77,7 +103,12 @@ class Context:
         raise SuiteError(f"{self.path}:{line_of(node, key)}: {message}")
 
     def read_data(self, node, key, relative: str) -> tuple[Path, str]:
-        path = (self.path.parent / str(relative)).resolve()
+        """A data file named relative to the suite: it must lie in the suite's directory or below it
+        (a suite cannot read /proc/self/environ or ~/.ssh), be a regular file and be UTF-8 text."""
+        root = self.path.parent.resolve()
+        path = (root / str(relative)).resolve()
+        if not path.is_relative_to(root):
+            self.fail(node, key, f"data file '{relative}' lies outside the suite's directory {root}; copy it next to the suite")
         if not path.is_file():
             self.fail(node, key, f"data file '{relative}' not found (looked in {path.parent}); give a path relative to the suite file")
         try:

@@ -3,6 +3,7 @@
 import json
 import re
 import textwrap
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -247,3 +248,45 @@ def test_a_run_off_a_terminal_logs_each_chunk(tiny_llama_dir, tmp_path):
     assert re.search(r"attnprobe run: chunk 1 of 3 done, 8 of 20 prompts, \d+ s, about \d+ s left", result.output)
     assert "attnprobe run: chunk 3 of 3 done, 20 of 20 prompts" in result.output
     assert re.search(r"head effects: chunk 1 of \d+ done, 4 of \d+ items", result.output)
+
+
+def _load_error(path: Path, text: str) -> str:
+    path.write_text(text)
+    with pytest.raises(SuiteError) as error:
+        load_suite(path)
+    return str(error.value)
+
+
+def test_hostile_yaml_is_refused_quickly(tmp_path):
+    """Issue 18: a 700-byte alias bomb ran for minutes; deep nesting gave a RecursionError traceback."""
+    import time
+
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(8)) + "name: s\ndescription: *i\n"
+    started = time.perf_counter()
+    message = _load_error(tmp_path / "bomb.yaml", bomb)
+    assert time.perf_counter() - started < 1.0 and len(bomb) < 800
+    assert "an alias bomb?" in message and message.startswith(f"{tmp_path / 'bomb.yaml'}:")
+    assert "nested too deeply" in _load_error(tmp_path / "deep.yaml", "name: s\ndescription: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert "`description` must be" in _load_error(tmp_path / "d.yaml", "name: s\ndescription: [a, b]\ntemplates: []\n")
+
+
+def test_data_files_stay_under_the_suite_directory(tmp_path):
+    """Issue 18: a data path could read any file (/proc/self/environ was printed in the error)."""
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "secret.tsv").write_text("occupation\nnurse\n")
+    for relative in ("../secret.tsv", "/proc/self/environ"):
+        message = _load_error(tmp_path / "suite" / "s.yaml", f"name: s\nslots:\n  occupation: {{table: '{relative}'}}\n"
+                              "templates:\n  - {id: t, text: 'The {occupation} left.'}\n")
+        assert "lies outside the suite's directory" in message and "nurse" not in message and "PATH=" not in message
+
+
+def test_sentence_files_keep_quotes_and_span_names_are_names(tmp_path):
+    (tmp_path / "s.tsv").write_text('text\n"Hi," said [the nurse], and [she] left.\n')
+    (tmp_path / "s.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [occupation, pronoun]}\n")
+    prompt = load_suite(tmp_path / "s.yaml").prompts[0]
+    assert prompt.text == '"Hi," said the nurse, and she left.' and prompt.text[slice(*prompt.spans["pronoun"])] == "she"
+    (tmp_path / "t.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [a/b, '=c']}\n")
+    with pytest.raises(SuiteError, match=r"span name 'a/b' must be letters, digits and '_'"):
+        load_suite(tmp_path / "t.yaml")

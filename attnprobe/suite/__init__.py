@@ -45,6 +45,8 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
         doc = safe_load_with_lines(raw_text)
     except UnicodeDecodeError:
         raise SuiteError(f"{path}:1: not UTF-8 text; save the suite as UTF-8") from None
+    except RecursionError:
+        raise SuiteError(f"{path}:1: nested too deeply; a suite is a few levels of mappings and lists") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else 1
@@ -59,6 +61,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
     name = required_str(ctx, doc, "name")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or set(name) == {"."}:
         ctx.fail(doc, "name", f"name '{name}' must be letters, digits, '_', '-' or '.', not only dots (it names the output directory)")
+    description = optional_str(ctx, doc, "description") or ""
     slots = load_slots(ctx, doc.get("slots") or Map(), doc)
     contrast = optional_str(ctx, doc, "contrast")
     if contrast is not None and contrast not in slots:
@@ -89,7 +92,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
     head_effects = HeadEffectsMeasure.parse(ctx, doc, slots, templates, next_token)
     return Suite(
         name=name,
-        description=str(doc.get("description", "")),
+        description=description,
         model=optional_str(ctx, doc, "model"),
         contrast=contrast,
         slots=slots,

@@ -37,6 +37,9 @@ def load_sentence_sets(ctx, node: Seq, template_ids) -> list[dict]:
             ctx.fail(item, "spans", "`spans` must list the names of the bracketed spans in order, e.g. [occupation, pronoun]")
         if len(set(names)) != len(names):
             ctx.fail(item, "spans", "span names must be unique")
+        for name in names:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                ctx.fail(item, "spans", f"span name {name!r} must be letters, digits and '_' (it names prompts.csv columns)")
         path, text = ctx.read_data(item, "file", file_name)
         rows = _read_rows(path, text)
         if not rows:
@@ -67,12 +70,14 @@ def _read_rows(path: Path, text: str) -> list[tuple[int, dict]]:
     lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip() and not line.startswith("#")]
     if not lines:
         return []
-    header = next(csv.reader([lines[0][1]], delimiter=delimiter))
+    # TSV cells are taken as written (a quote is text: "Hi," she said); CSV cells may be quoted
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    header = next(csv.reader([lines[0][1]], delimiter=delimiter, quoting=quoting))
     if "text" not in header:
         raise SuiteError(f"{path}:{lines[0][0]}: the header needs a 'text' column (columns: {', '.join(header)})")
     rows = []
     for number, line in lines[1:]:
-        cells = next(csv.reader([line], delimiter=delimiter))
+        cells = next(csv.reader([line], delimiter=delimiter, quoting=quoting))
         if len(cells) != len(header):
             raise SuiteError(f"{path}:{number}: {len(cells)} cells but the header has {len(header)}; fix the row")
         rows.append((number, dict(zip(header, cells))))
