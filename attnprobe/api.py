@@ -34,6 +34,24 @@ class Run(RunFiles):
     def behavior(self) -> pd.DataFrame:
         return self._tables()["behavior"]
 
+    @property
+    def behavior_by_unit(self) -> pd.DataFrame:
+        """The per-unit (e.g. per-occupation) means behind each behaviour correlation."""
+        return self._tables()["behavior_by_unit"]
+
+    @property
+    def condition_means(self) -> pd.DataFrame:
+        return self._tables()["condition_means"]
+
+    @property
+    def head_effects(self) -> pd.DataFrame | None:
+        """Per head: the intervention statistics (None when the run has no head effects)."""
+        return self._tables().get("head_effects")
+
+    @property
+    def head_effects_summary(self) -> pd.DataFrame | None:
+        return self._tables().get("head_effects_summary")
+
     def _tables(self) -> dict:
         if "_stats" not in self.__dict__:
             self.__dict__["_stats"] = load_tables(self, write=False)

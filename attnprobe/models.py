@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -365,6 +366,7 @@ def _cached_gguf_dir(gguf_path: Path) -> tuple[Path, str]:
         return target, sha
     target.parent.mkdir(parents=True, exist_ok=True)
     folder, name = str(gguf_path.parent), gguf_path.name
+    print(f"attnprobe: dequantising {name} once to float32 (about 20-60 s); later loads read {target}", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     # The weights are already dequantised to float32: drop the GGUF quantizer and its config entry

@@ -290,3 +290,14 @@ def test_sentence_files_keep_quotes_and_span_names_are_names(tmp_path):
     (tmp_path / "t.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [a/b, '=c']}\n")
     with pytest.raises(SuiteError, match=r"span name 'a/b' must be letters, digits and '_'"):
         load_suite(tmp_path / "t.yaml")
+
+
+def test_a_template_repeating_one_slot_expands_in_linear_time(tmp_path):
+    """Issue 18: 20,000 occurrences of one slot were quadratic (a search for a free span name)."""
+    import time
+
+    (tmp_path / "s.yaml").write_text("name: s\nslots:\n  x: [a]\ntemplates:\n  - {id: t, text: '" + "{x} " * 20_000 + "'}\n")
+    started = time.perf_counter()
+    prompt = load_suite(tmp_path / "s.yaml").prompts[0]
+    assert time.perf_counter() - started < 2.0
+    assert prompt.spans["x"] == (0, 1) and prompt.spans["x_2"] == (2, 3) and prompt.spans["x_20000"] == (39998, 39999)

@@ -107,6 +107,8 @@ def test_cli_report_compares_runs(reported, smollm, tmp_path):
 def test_notebook_api(reported, smollm):
     run, _ = reported
     assert {"interaction_r", "difference_q"} <= set(run.head_stats.columns) and run.behavior["scope"].iloc[0] == "all"
+    assert set(run.behavior_by_unit["scope"]) >= {"all"} and {"label", "mean", "n"} <= set(run.condition_means.columns)
+    assert run.head_effects is None and run.head_effects_summary is None  # this run skipped head effects
     fig = run.plot_heads("participant")
     assert fig.axes[0].get_title().startswith("participant: interaction")
     assert run._repr_html_().startswith("<div><b>attnprobe run</b> gender on smollm2-135m: 150 prompts")

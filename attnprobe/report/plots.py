@@ -11,17 +11,19 @@ Q_LEVEL = 0.05
 
 
 def head_heatmap(heads: pd.DataFrame, target: str, value: str, q: str, title: str, label: str):
-    """Layer x head heatmap of `value` for one target; heads with `q` >= 0.05 are masked (blank)."""
+    """Layer x head heatmap of `value` for one target, every head coloured; a dot marks q < 0.05
+    (a masked cell would look like a value near zero)."""
     sub = heads[heads["target"] == target]
     grid = sub.pivot(index="layer", columns="head", values=value)
-    significant = sub.pivot(index="layer", columns="head", values=q) < Q_LEVEL
+    significant = (sub.pivot(index="layer", columns="head", values=q) < Q_LEVEL).reindex_like(grid).fillna(False)
     finite = np.abs(grid.to_numpy())[np.isfinite(grid.to_numpy())]
     limit = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
     fig, ax = plt.subplots(figsize=(1.2 + 0.45 * grid.shape[1], 1.0 + 0.22 * grid.shape[0]))
-    sns.heatmap(grid, mask=~significant, cmap="RdBu_r", center=0, vmin=-limit, vmax=limit, ax=ax,
-                cbar_kws={"label": label}, linewidths=0.3, linecolor="#eeeeee")
-    ax.set_facecolor("#f4f4f4")  # masked (non-significant) cells show as light grey
-    ax.set_title(f"{title}\nheads with q < {Q_LEVEL}", fontsize=9)
+    sns.heatmap(grid, cmap="RdBu_r", center=0, vmin=-limit, vmax=limit, ax=ax, cbar_kws={"label": label},
+                linewidths=0.3, linecolor="#eeeeee")
+    rows, columns = np.nonzero(significant.to_numpy(dtype=bool))
+    ax.scatter(columns + 0.5, rows + 0.5, s=5, color="black", marker="o", linewidths=0)
+    ax.set_title(f"{title}\ndots: q < {Q_LEVEL} (BH)", fontsize=9)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     fig.tight_layout()

@@ -158,6 +158,7 @@ def expand(ctx, template: Template, slots, contrast, first_id) -> list[Prompt]:
 def _fill(text: str, chosen: dict[str, SlotValue]) -> tuple[str, dict[str, tuple[int, int]], dict[str, str]]:
     """The filled text, each slot occurrence's character span, and the form used in each span."""
     out, spans, span_forms, position = [], {}, {}, 0
+    occurrences: dict[str, int] = {}  # per slot: how many times it has appeared so far
     for literal, token in _unescape_outside_slots(text):
         out.append(literal)
         position += len(literal)
@@ -169,10 +170,8 @@ def _fill(text: str, chosen: dict[str, SlotValue]) -> tuple[str, dict[str, tuple
         value = chosen[name].forms[form]
         if raw_name[0].isupper():
             value = value[:1].upper() + value[1:]
-        span_name = name
-        suffix = 2
-        while span_name in spans:
-            span_name, suffix = f"{name}_{suffix}", suffix + 1
+        occurrences[name] = occurrences.get(name, 0) + 1
+        span_name = name if occurrences[name] == 1 else f"{name}_{occurrences[name]}"  # linear, not a search
         spans[span_name] = (position, position + len(value))
         span_forms[span_name] = form
         out.append(value)
