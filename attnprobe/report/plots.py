@@ -22,7 +22,7 @@ def head_heatmap(heads: pd.DataFrame, target: str, value: str, q: str, title: st
     sns.heatmap(grid, cmap="RdBu_r", center=0, vmin=-limit, vmax=limit, ax=ax, cbar_kws={"label": label},
                 linewidths=0.3, linecolor="#eeeeee")
     rows, columns = np.nonzero(significant.to_numpy(dtype=bool))
-    ax.scatter(columns + 0.5, rows + 0.5, s=5, color="black", marker="o", linewidths=0)
+    ax.scatter(columns + 0.5, rows + 0.5, s=9, color="white", edgecolors="black", marker="o", linewidths=0.5)  # seen on any colour
     ax.set_title(f"{title}\ndots: q < {Q_LEVEL} (BH)", fontsize=9)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
