@@ -57,7 +57,7 @@ def test_tables_and_figures_are_written(reported):
     templates = behavior.set_index("scope")["comparison"]
     assert templates["said_would"] == "she vs he" and templates["left_keys"] == "her vs him+his"
     assert len(pd.read_csv(run.directory / "layer_stats.csv")) == 5 * 30
-    for name in ("interaction_occupation", "difference_participant", "behavior_vs_covariate", "behavior_by_template"):
+    for name in ("interaction_occupation", "difference_participant", "layer_profile", "behavior_vs_covariate", "behavior_by_template"):
         assert (run.directory / "figures" / f"{name}.png").stat().st_size > 5000
         assert (run.directory / "figures" / f"{name}.svg").read_text().lstrip().startswith("<?xml")
 
@@ -68,7 +68,7 @@ def test_html_is_self_contained(reported):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing fetched from a network
     assert "<link" not in html
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
-    assert len(images) == 6  # interaction and difference for two targets, two behaviour figures
+    assert len(images) == 7  # interaction and difference for two targets, the layer profile, two behaviour figures
     for data in images:
         pixels = mpimg.imread(io.BytesIO(base64.b64decode(data)), format="png")
         assert pixels.shape[0] > 200 and pixels.shape[1] > 200

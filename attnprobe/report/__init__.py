@@ -20,6 +20,7 @@ from ..run.reader import RunFiles, read_csv
 from ..run.storage import HEAD_EFFECT_TABLES, STATS_TABLES, TABLES_KEY, atomic_write
 from ..tables import write_csv
 from ..version import __version__
+from . import plots
 from .context import headline, run_context
 
 __all__ = ["headline", "load_tables", "write_report"]
@@ -59,10 +60,13 @@ def write_report(run_dirs, out: str | Path | None = None) -> Path:
     """Write report.html for one run (into its directory) or a side-by-side report of several."""
     run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
     runs = [RunFiles(d) for d in run_dirs]
-    contexts = [run_context(run, load_tables(run)) for run in runs]
+    tables = [load_tables(run) for run in runs]
+    heads = [t["head_stats"][t["head_stats"]["scope"] == "all"] for t in tables if len(t["head_stats"])]
+    limits = {"d_z": plots.largest_abs(pd.concat([h["d_z"] for h in heads]))} if heads else {}  # one scale for all runs
+    contexts = [run_context(run, t, limits) for run, t in zip(runs, tables)]
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template = environment.from_string(files(__package__).joinpath("report.html.j2").read_text())
-    targets = list(dict.fromkeys(t for run in runs for t in load_tables(run)["head_stats"].get("target", pd.Series(dtype=str))))
+    targets = list(dict.fromkeys(t for table in tables for t in table["head_stats"].get("target", pd.Series(dtype=str))))
     html = template.render(
         title=" vs ".join(c["model"] for c in contexts) + f" / {contexts[0]['suite']}",
         runs=contexts, targets=targets, version=__version__, n_boot=stats.N_BOOT, alpha=stats.ALPHA,

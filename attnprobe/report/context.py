@@ -72,7 +72,10 @@ def headline(run: RunFiles, tables: dict) -> str:
     return "; ".join(parts) + "."
 
 
-def run_context(run: RunFiles, tables: dict) -> dict:
+def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict:
+    """The template's values for one run; `limits` (statistic -> colour range) is shared by the
+    runs of one report so that equal colours mean equal values."""
+    limits = limits or {}
     manifest = run.manifest
     analysis = run_analysis(run)
     all_heads = tables["head_stats"]
@@ -84,12 +87,16 @@ def run_context(run: RunFiles, tables: dict) -> dict:
         if analysis.covariate:
             heatmaps.append(figure(plots.head_heatmap(heads, target, "interaction_r", "interaction_q",
                                                       title=f"{target}: r of {pos} - {neg}\nwith {analysis.name(analysis.covariate)}",
-                                                      label="interaction r"), figures_dir, f"interaction_{target}",
+                                                      label="interaction r", limit=1.0), figures_dir, f"interaction_{target}",
                                    f"layer x head interaction r, source -> {target}"))
         lexical = "lexical difference\n(token identity, not bias)" if analysis.covariate else "paired difference"
         heatmaps.append(figure(plots.head_heatmap(heads, target, "d_z", "difference_q", title=f"{target}: {lexical}",
-                                                  label=f"d_z ({pos} - {neg})"), figures_dir, f"difference_{target}",
+                                                  label=f"d_z ({pos} - {neg})", limit=limits.get("d_z")), figures_dir, f"difference_{target}",
                                f"layer x head d_z of the {pos} - {neg} difference, source -> {target}"))
+    if len(tables["layer_stats"]):
+        columns = {"n_interaction_q05": "interaction", "n_difference_q05": "difference"}
+        heatmaps.append(figure(plots.layer_profile(tables["layer_stats"], columns, "where in depth: heads with q < 0.05 per layer"),
+                               figures_dir, "layer_profile", "heads with q < 0.05 per layer"))
     behavior, per_unit = tables["behavior"], tables["behavior_by_unit"]
     behavior_figures = []
     if analysis.covariate and len(per_unit):

@@ -10,14 +10,14 @@ import seaborn as sns
 Q_LEVEL = 0.05
 
 
-def head_heatmap(heads: pd.DataFrame, target: str, value: str, q: str, title: str, label: str):
+def head_heatmap(heads: pd.DataFrame, target: str, value: str, q: str, title: str, label: str, limit: float | None = None):
     """Layer x head heatmap of `value` for one target, every head coloured; a dot marks q < 0.05
-    (a masked cell would look like a value near zero)."""
+    (a masked cell would look like a value near zero). `limit`: the colour range +-limit (shared
+    by compared runs; correlations use 1); default the largest |value| shown."""
     sub = heads[heads["target"] == target]
     grid = sub.pivot(index="layer", columns="head", values=value)
     significant = (sub.pivot(index="layer", columns="head", values=q) < Q_LEVEL).reindex_like(grid).fillna(False)
-    finite = np.abs(grid.to_numpy())[np.isfinite(grid.to_numpy())]
-    limit = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    limit = limit or largest_abs(sub[value])
     fig, ax = plt.subplots(figsize=(1.2 + 0.45 * grid.shape[1], 1.0 + 0.22 * grid.shape[0]))
     sns.heatmap(grid, cmap="RdBu_r", center=0, vmin=-limit, vmax=limit, ax=ax, cbar_kws={"label": label},
                 linewidths=0.3, linecolor="#eeeeee")
@@ -26,6 +26,29 @@ def head_heatmap(heads: pd.DataFrame, target: str, value: str, q: str, title: st
     ax.set_title(f"{title}\ndots: q < {Q_LEVEL} (BH)", fontsize=9)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
+    fig.tight_layout()
+    return fig
+
+
+def largest_abs(values) -> float:
+    """The largest finite |value| (1 when there is none): a symmetric colour range."""
+    finite = np.abs(np.asarray(values, dtype=float))
+    finite = finite[np.isfinite(finite)]
+    return float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+
+
+def layer_profile(layers: pd.DataFrame, columns: dict[str, str], title: str):
+    """Per layer, for each target: heads with q < 0.05 (one line per statistic and target)."""
+    data = layers[layers["scope"] == "all"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    for target, group in data.groupby("target", sort=False):
+        for column, name in columns.items():
+            if column in group:
+                ax.plot(group["layer"], group[column], marker="o", markersize=3, label=f"{name}: {target}")
+    ax.set_xlabel("layer")
+    ax.set_ylabel(f"heads with q < {Q_LEVEL}")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
