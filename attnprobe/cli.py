@@ -104,6 +104,57 @@ def verify(model_spec, texts, dtype, json_path, trust_remote_code, allow_pickle)
     sys.exit(0 if table["passed"].all() else 1)
 
 
+# Reference speeds for `check`, measured by `make demo` (SmolLM2-135M, float32, 2 CPU cores; README)
+REFERENCE = {"prompts_per_s": 50.0, "seconds_per_effect_item": 10.0, "model": "smollm2-135m"}
+
+
+@main.command()
+@click.argument("suite", type=click.Path(dir_okay=False))
+@click.option("--model", "model_spec", default=None, help="Tokenizer to count tokens with; default: the suite's `model`.")
+@click.option("--limit", type=click.IntRange(min=1), help="As `run --limit`.")
+@remote_code_option
+def check(suite, model_spec, limit, trust_remote_code):
+    """Validate a suite and say what a run would do (prompts, items, analysis, measures, tokens,
+    a time estimate) without loading any model weights."""
+    from .models import DEFAULT_MODEL, load_tokenizer
+    from .run.plan import encode_prompts, select_prompts
+    from .suite import load_suite
+
+    loaded = load_suite(suite)
+    spec = model_spec or loaded.model or DEFAULT_MODEL
+    tokenizer, max_positions, _ = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    prompts = select_prompts(loaded.prompts, limit)
+    encoded = encode_prompts(loaded, prompts, tokenizer, max_positions)
+    a = loaded.analysis
+    click.echo(f"suite {loaded.name} ({loaded.path}): {len({p.template_id for p in prompts})} templates or sentence sets, "
+               f"{len(prompts)} prompts, {len({p.item_id for p in prompts})} items")
+    if a.paired:
+        covariate = f"; covariate {a.name(a.covariate)} across {a.name(a.unit)}s" if a.covariate else "; no covariate"
+        click.echo(f"analysis: {a.positive} - {a.negative} by {a.name(a.contrast)}; clusters {a.cluster_text}{covariate}"
+                   + "".join(f"; group {g} ({len(ids)})" for g, ids in a.groups.items()))
+    else:
+        click.echo(f"analysis: no two labels compared (labels: {', '.join(a.labels) or 'none'}): descriptive tables only")
+    for m in loaded.attention:
+        click.echo(f"attention: {m.source} -> {', '.join(m.targets)} ({m.source_agg} over source, {m.target_agg} over target)")
+    for m in loaded.next_token:
+        click.echo(f"next_token: at {m.cut}, candidates {m.candidates if isinstance(m.candidates, str) else list(m.candidates)}")
+    effects_items = []
+    if loaded.head_effects is not None:
+        effects_items, dropped = loaded.head_effects.items(tokenizer, encoded)
+        click.echo(f"head_effects: {len(effects_items)} items ({len(dropped)} dropped: x and x' differ in length)")
+    for line in loaded.skipped:
+        click.echo(f"skipped: {line}")
+    for line in loaded.notes:
+        click.echo(f"note: {line}")
+    tokens = sum(len(e.forward_ids) for e in encoded)
+    click.echo(f"tokens ({spec} tokenizer): {tokens / max(1, len(encoded)):.2f} forwarded per prompt, "
+               f"longest prompt {max((len(e.ids) for e in encoded), default=0)}")
+    minutes = len(prompts) / REFERENCE["prompts_per_s"] / 60 + len(effects_items) * REFERENCE["seconds_per_effect_item"] / 60
+    click.echo(f"estimate: about {minutes:.1f} min for {REFERENCE['model']} on 2 CPU cores (prompts at "
+               f"{REFERENCE['prompts_per_s']:.0f}/s, head effects at {REFERENCE['seconds_per_effect_item']:.0f} s/item); "
+               "larger models take longer in proportion to their size")
+
+
 @main.command()
 @click.argument("suite", type=click.Path(dir_okay=False))
 @click.option("--model", "model_spec", default=None, help="Model spec; default: the suite's `model`, else smollm2-135m.")

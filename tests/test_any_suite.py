@@ -113,3 +113,18 @@ def test_suites_with_one_kind_of_measure_report(tiny_llama_dir, tmp_path, measur
     run_cli(suite, tiny_llama_dir, tmp_path / "out")
     again = CliRunner().invoke(main, ["report", str(tmp_path / "out")])  # from the cached tables
     assert again.exit_code == 0 and "Traceback" not in again.output, again.output
+
+
+def test_check_says_what_a_run_would_do_without_weights(monkeypatch):
+    import attnprobe.models
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("check must not load model weights")
+
+    monkeypatch.setattr(attnprobe.models, "load_model", no_weights)
+    result = CliRunner().invoke(main, ["check", "probes/gender.yaml"])
+    assert result.exit_code == 0, result.output
+    assert "6840 prompts, 2280 items" in result.output and "female - male by pronoun" in result.output
+    assert "head_effects: 48 items" in result.output and re.search(r"estimate: about \d+\.\d min", result.output)
+    bad = CliRunner().invoke(main, ["check", "probes/nope.yaml"])
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "suite file not found" in bad.output
