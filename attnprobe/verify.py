@@ -21,7 +21,7 @@ import torch
 
 from . import reference as ref
 from .capture import ATTN_IMPLEMENTATION, encode, run_with_capture
-from .errors import AttnprobeError, UnsupportedFamily
+from .errors import UnsupportedFamily
 from .models import ProbeModel, load_model
 
 DEFAULT_TEXTS = [

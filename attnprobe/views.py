@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from .capture import run_with_capture
 from .errors import AttnprobeError
 from .models import ProbeModel

@@ -5,7 +5,6 @@ with the bundled tokenizer, and reads the tables and report it wrote.
 """
 
 import re
-import textwrap
 
 import pandas as pd
 import pytest

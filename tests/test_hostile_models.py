@@ -1,7 +1,6 @@
 """Model files: only safetensors or GGUF load by default; no remote code unless asked."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch

@@ -1,7 +1,6 @@
 """Outputs are safe to open: spreadsheets see text, browsers see text."""
 
 import re
-import shutil
 import textwrap
 
 import pandas as pd

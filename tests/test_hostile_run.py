@@ -45,7 +45,7 @@ def test_disk_full_keeps_finished_chunks_and_resumes(smollm, whole, tmp_path, mo
 
     def fill_up(table, where, *args, **kwargs):
         calls["n"] += 1
-        if calls["n"] > 6:  # three chunks (two files each) fit, then the disk is full
+        if calls["n"] > 1 + 6:  # prompts.parquet and three chunks (two files each) fit, then the disk is full
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return original(table, where, *args, **kwargs)
 

@@ -301,3 +301,30 @@ def test_a_template_repeating_one_slot_expands_in_linear_time(tmp_path):
     prompt = load_suite(tmp_path / "s.yaml").prompts[0]
     assert time.perf_counter() - started < 2.0
     assert prompt.spans["x"] == (0, 1) and prompt.spans["x_2"] == (2, 3) and prompt.spans["x_20000"] == (39998, 39999)
+
+
+def test_tables_round_trip_as_computed(tiny_llama_dir, tmp_path):
+    """Issue 17: tables came back from CSV with spreadsheet quote prefixes ('-...) and dtypes that
+    depended on the cache. Parquet is now what readers read; the CSV stays a safe export."""
+    from attnprobe.run import plan
+    from attnprobe.suite import load_suite as load
+
+    (tmp_path / "s.yaml").write_text("name: s\nslots:\n  x: ['-minus', '=sum(1)', plain]\n"
+                                     "  p: {values: [{label: a, value: she}, {label: b, value: he}]}\ncontrast: p\n"
+                                     "templates:\n  - {id: t, text: 'The {x} said that {p} left.'}\n"
+                                     "attention: [{source: p, targets: x}]\n")
+    run = attnprobe.run_suite(tmp_path / "s.yaml", model=str(tiny_llama_dir), out=tmp_path / "out", progress=False, log=lambda m: None)
+    suite = load(tmp_path / "s.yaml")
+    tokenizer = transformers_tokenizer(tiny_llama_dir)
+    expected = storage.prompts_table(plan.encode_prompts(suite, list(suite.prompts), tokenizer, 10_000))
+    pd.testing.assert_frame_equal(attnprobe.Run(run.directory).prompts, expected)
+    assert "'-minus" in (run.directory / "prompts.csv").read_text()  # the spreadsheet export is neutralised
+    first = attnprobe.Run(run.directory).condition_means  # computed
+    attnprobe.Run(run.directory).report()
+    pd.testing.assert_frame_equal(attnprobe.Run(run.directory).condition_means, first)  # from the cache, same dtypes
+
+
+def transformers_tokenizer(folder):
+    from attnprobe.models import load_tokenizer
+
+    return load_tokenizer(str(folder))[0]

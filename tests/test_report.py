@@ -6,7 +6,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import textwrap
 
 import matplotlib.image as mpimg
 import pandas as pd

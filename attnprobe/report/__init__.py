@@ -16,9 +16,9 @@ import jinja2
 import pandas as pd
 
 from .. import stats
-from ..run.reader import RunFiles, read_csv
-from ..run.storage import HEAD_EFFECT_TABLES, STATS_TABLES, TABLES_KEY, atomic_write
-from ..tables import write_csv
+from ..run.reader import RunFiles
+from ..run.storage import HEAD_EFFECT_TABLES, STATS_TABLES, TABLES_KEY, atomic_write, write_table
+from ..tables import read_table
 from ..version import __version__
 from . import plots
 from .context import headline, run_context
@@ -30,30 +30,21 @@ def load_tables(run: RunFiles, refresh: bool = False, write: bool = True) -> dic
     """The statistics tables of a run, computed once and cached as CSV in the run directory (with
     `write=False`, computed in memory when the cache is missing or stale, and nothing written)."""
     names = STATS_TABLES + (HEAD_EFFECT_TABLES if run.has_head_effects else ())
-    paths = {name: run.directory / f"{name}.csv" for name in names}
+    paths = {name: run.directory / f"{name}.parquet" for name in names}
     stamp = {"stats": stats.TABLES_VERSION, "analysis": run.manifest.get("analysis")}
     key = run.directory / TABLES_KEY
     cached = json.loads(key.read_text()) if key.is_file() else {}
     fresh = cached.get("stamp") == json.loads(json.dumps(stamp)) and all(
         p.is_file() and p.stat().st_mtime >= (run.directory / "attention.parquet").stat().st_mtime for p in paths.values())
     if fresh and not refresh:
-        return {name: _read_table(path, cached.get("text_columns", {}).get(name, [])) for name, path in paths.items()}
+        return {name: read_table(run.directory, name) for name in names}
     tables = stats.analyse(run)
     if write:
         for name, table in tables.items():
-            atomic_write(paths[name], lambda path, table=table: write_csv(table, path))
-        text_columns = {name: [c for c in t.columns if not pd.api.types.is_numeric_dtype(t[c])] for name, t in tables.items()}
-        payload = json.dumps({"stamp": stamp, "text_columns": text_columns}, indent=1)
+            write_table(run.directory, name, table)
+        payload = json.dumps({"stamp": stamp}, indent=1)
         atomic_write(key, lambda path: path.write_text(payload))  # last: the tables above are complete
     return tables
-
-
-def _read_table(path: Path, text_columns: list[str]) -> pd.DataFrame:
-    """A cached table as it was computed: numbers stay numbers, empty text cells stay empty strings."""
-    table = read_csv(path)
-    text = [c for c in text_columns if c in table]
-    table[text] = table[text].astype(object).fillna("").astype(str)
-    return table
 
 
 def write_report(run_dirs, out: str | Path | None = None) -> Path:

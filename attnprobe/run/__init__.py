@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
 
 from ..errors import RunError, RunInterrupted
 from ..measures import head_effects as head_effects_measure
@@ -20,7 +19,6 @@ from ..measures import BATCH_KINDS
 from ..measures.next_token import candidate_ids
 from ..models import DEFAULT_MODEL, ProbeModel, load_model, load_tokenizer
 from ..suite import Suite, load_suite
-from ..tables import write_csv
 from ..version import __version__
 from . import storage
 from .execute import Progress, deferred_interrupt, example_attention, measure_batch
@@ -136,7 +134,7 @@ def run_suite(
         if "head_effects" in previous and same_effects and storage.has_head_effects(directory):  # a re-run keeps them
             manifest.update(head_effects=previous["head_effects"], effects_plan=previous.get("effects_plan"))
         storage.write_manifest(directory, manifest)
-        storage.atomic_write(directory / "prompts.csv", lambda p: write_csv(storage.prompts_table(encoded), p))
+        storage.write_table(directory, "prompts", storage.prompts_table(encoded))
 
         chunk_dir = directory / "chunks"
         chunk_dir.mkdir(exist_ok=True)

@@ -10,16 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import RunError
+from ..tables import read_table
 from .storage import HEAD_EFFECTS_FILES, has_head_effects
-
-
-def read_csv(path: Path) -> pd.DataFrame:
-    """A CSV written by attnprobe: only empty cells are missing values; an empty file (a table a
-    suite's measures never filled) is an empty DataFrame."""
-    try:
-        return pd.read_csv(path, keep_default_na=False, na_values=[""])
-    except pd.errors.EmptyDataError:
-        return pd.DataFrame()
 
 
 class RunFiles:
@@ -34,13 +26,9 @@ class RunFiles:
     def manifest(self) -> dict:
         return json.loads((self.directory / "manifest.json").read_text())
 
-    def _csv(self, name: str) -> pd.DataFrame:
-        """A CSV of the run; only empty cells are missing values (a slot value "NA" stays text)."""
-        return read_csv(self.directory / name)
-
     @cached_property
     def prompts(self) -> pd.DataFrame:
-        return self._csv("prompts.csv")
+        return read_table(self.directory, "prompts")
 
     @cached_property
     def attention(self) -> pd.DataFrame:
@@ -48,7 +36,7 @@ class RunFiles:
 
     @cached_property
     def logprobs(self) -> pd.DataFrame:
-        return self._csv("logprobs.csv")
+        return read_table(self.directory, "logprobs")
 
     @property
     def has_head_effects(self) -> bool:
@@ -62,7 +50,7 @@ class RunFiles:
     @cached_property
     def head_effect_totals(self) -> pd.DataFrame:
         """Per item: y, y' and the total effect of the counterfactual."""
-        return self._csv(HEAD_EFFECTS_FILES[1])
+        return read_table(self.directory, "head_effects_totals")
 
     def __repr__(self) -> str:
         m = self.manifest

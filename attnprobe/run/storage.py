@@ -33,17 +33,18 @@ from ..errors import RunError
 from ..measures import BATCH_KINDS
 from ..measures.attention import ATTENTION_SCHEMA
 from ..models import ProbeModel, files_sha256
-from ..tables import write_csv
+from ..tables import write_csv, write_parquet
 from ..version import __version__
 from .plan import Encoded, fingerprint
 
-ARTEFACTS = ("chunks", "attention.parquet", "logprobs.csv", "prompts.csv", "examples.json",
-             "head_effects_items.parquet", "head_effects_totals.csv", "manifest.json")
+ARTEFACTS = ("chunks", "attention.parquet", "logprobs.csv", "logprobs.parquet", "prompts.csv", "prompts.parquet",
+             "examples.json", "head_effects_items.parquet", "head_effects_totals.csv", "head_effects_totals.parquet",
+             "manifest.json")
 # written from a run by the report: statistics tables (as <name>.csv), figures, the page
 TABLES_KEY = "tables.json"  # which statistics version and analysis the cached tables were made with
 STATS_TABLES = ("head_stats", "layer_stats", "behavior", "behavior_by_unit", "condition_means")
 HEAD_EFFECT_TABLES = ("head_effects", "head_effects_summary")
-DERIVED = tuple(f"{name}.csv" for name in STATS_TABLES + HEAD_EFFECT_TABLES) + ("behavior_by_occupation.csv", TABLES_KEY, "figures", "report.html")  # the first name of behavior_by_unit
+DERIVED = tuple(f"{name}.{ext}" for name in STATS_TABLES + HEAD_EFFECT_TABLES for ext in ("csv", "parquet")) + ("behavior_by_occupation.csv", TABLES_KEY, "figures", "report.html")  # the first name of behavior_by_unit
 
 
 def prompts_table(encoded: list[Encoded]) -> pd.DataFrame:
@@ -73,6 +74,12 @@ def atomic_write(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
         raise RunError(f"cannot write {path}: {exc.strerror or exc}; results written so far are kept: "
                        "free space or fix permissions, then rerun the same command to resume") from None
+
+
+def write_table(directory: Path, name: str, table: pd.DataFrame) -> None:
+    """`<name>.csv` (spreadsheet export), then `<name>.parquet` (the typed table readers use)."""
+    atomic_write(directory / f"{name}.csv", lambda p: write_csv(table, p))
+    atomic_write(directory / f"{name}.parquet", lambda p: write_parquet(table, p))
 
 
 def versions() -> dict:
@@ -128,7 +135,7 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
             if k not in complete_chunks(source_dir, n_effects, lambda m: None, "effects-", first.get("effects_plan")):
                 raise RunError(f"{source_dir} lacks head-effects chunk {k}; rerun that shard's command to finish it")
             _copy_chunk(source_dir, out / "chunks", k, "effects-")
-        for name in ("prompts.csv", "examples.json"):
+        for name in ("prompts.csv", "prompts.parquet", "examples.json"):
             shutil.copyfile(first_dir / name, out / name)
         assemble(out, n_chunks)
         merged = dict(first, shard=None, status="complete", merged_from=[str(d) for d in shard_dirs],
@@ -266,18 +273,19 @@ def assemble(directory: Path, n_chunks: int) -> None:
     table = pd.concat(logprobs, ignore_index=True) if logprobs else pd.DataFrame()
     if len(table):
         table = table.sort_values(["prompt_id", "cut"], kind="stable", ignore_index=True)
-    atomic_write(directory / "logprobs.csv", lambda p: write_csv(table, p))
+    write_table(directory, "logprobs", table)
 
 
 
 
-HEAD_EFFECTS_FILES = ("head_effects_items.parquet", "head_effects_totals.csv")
+HEAD_EFFECTS_FILES = ("head_effects_items.parquet", "head_effects_totals.parquet")
 
 
 def has_head_effects(directory: Path) -> bool:
-    return all((directory / name).is_file() for name in HEAD_EFFECTS_FILES)
+    totals = any((directory / f"head_effects_totals.{ext}").is_file() for ext in ("parquet", "csv"))  # csv: older runs
+    return (directory / HEAD_EFFECTS_FILES[0]).is_file() and totals
 
 
 def write_head_effects(directory: Path, items: pd.DataFrame, totals: pd.DataFrame) -> None:
     atomic_write(directory / HEAD_EFFECTS_FILES[0], lambda p: items.to_parquet(p, index=False))
-    atomic_write(directory / HEAD_EFFECTS_FILES[1], lambda p: write_csv(totals, p))
+    write_table(directory, "head_effects_totals", totals)

@@ -11,7 +11,6 @@ permutation p for the slope.
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 from scipy.special import logsumexp
 
