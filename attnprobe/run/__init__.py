@@ -65,7 +65,8 @@ def run_suite(
 
     `shard=(k, n)` computes only chunks k-1, k-1+n, ... (one shard per process or GPU rank) into
     its own directory; `storage.merge_shards` joins the n directories into the unsharded result.
-    The suite's head_effects measure runs in unsharded runs unless `head_effects=False`."""
+    The suite's head_effects measure runs (in chunks of items, split over shards the same way)
+    unless `head_effects=False`."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
     log = log or (lambda message: print(message, file=sys.stderr))
     if batch_size < 1 or chunk_size < 1:
