@@ -141,7 +141,10 @@ def check(suite, model_spec, limit, trust_remote_code):
     effects_items = []
     if loaded.head_effects is not None:
         effects_items, dropped = loaded.head_effects.items(tokenizer, encoded)
-        click.echo(f"head_effects: {len(effects_items)} items ({len(dropped)} dropped: x and x' differ in length)")
+        pairs = sum(len(i["counterfactuals"]) for i in effects_items)
+        click.echo(f"head_effects: {len(effects_items)} items x {len(loaded.head_effects.replacements)} counterfactuals = {pairs} pairs "
+                   f"({len(dropped)} dropped: the words after the slot tokenise differently), exact patching of "
+                   f"{'every head' if loaded.head_effects.exact == 'all' else f'{loaded.head_effects.exact} heads'}")
     for line in loaded.skipped:
         click.echo(f"skipped: {line}")
     for line in loaded.notes:
@@ -201,8 +204,8 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
     click.echo(f"{n} prompts on {manifest['model']['spec']} in {prompt_seconds:.1f} s ({n / prompt_seconds:.1f} prompts/s, "
                f"including model load) -> {result.directory}")
     if effects:
-        click.echo(f"head effects: {effects['n_items']} items in {effects['seconds']:.1f} s "
-                   f"({len(effects['dropped'])} dropped: x and x' tokenise to different lengths; listed in manifest.json)")
+        click.echo(f"head effects: {effects['n_items']} items, {effects.get('n_pairs', effects['n_items'])} (item, counterfactual) pairs "
+                   f"in {effects['seconds']:.1f} s ({len(effects['dropped'])} dropped, listed in manifest.json)")
     if shard:
         click.echo(f"shard {shard[0]} of {shard[1]} done; join all shards with: attnprobe merge OUT_DIR SHARD_DIR ...")
         return

@@ -1,187 +1,288 @@
-"""Head interventions: which heads carry a behaviour, not only where they look.
+"""Activation patching: which heads and layers carry a behaviour from x' to x.
 
-Behaviour per item: y(x) = log p(positive | x) - log p(negative | x) at the cut, e.g.
-log p(she) - log p(he) after "The nurse said that". A counterfactual x' changes one slot
-("The woman said that") and must tokenise to the same length. Per item:
+Behaviour: y(x) = log p(positive set | x) - log p(negative set | x) at the cut (a set's probability
+is the sum over its words), e.g. log p(she) - log p(he) after "The nurse said that". A
+counterfactual x' changes one slot ("The woman said that"). Patching runs at the positions the two
+share: the slot's last token and everything after it, aligned from the end, so x and x' may
+tokenise to different lengths. Per item, in log-odds units:
 
-  total effect     TE   = y(x') - y(x)
-  pattern swap     IE_h = y(x with head h's attention weights taken from x') - y(x)
-                          (the natural indirect effect through head h's pattern, Vig et al. 2020)
-  zero ablation    y(x with head h's output set to 0) - y(x)
-  mean ablation    y(x with head h's output set to its mean over the suite's items) - y(x)
-  attribution      (A'_h - A_h) . dy/dA_h, a first-order estimate of IE_h from one forward and one
-                   backward pass (attribution patching)
+  total effect      TE = y(x') - y(x)
+  patch in          y(x with some activations taken from x') - y(x): what they carry (denoising)
+  patch out         y(x') - y(x' with those activations taken from x): what is lost without them (noising)
 
-The edits run inside attnprobe's registered attention function (a forward hook cannot change a
-pattern): `capture.editing(editor)` installs an editor, called with one `AttentionSite` per layer,
-that returns the per-head output. One small editor per operation: PatternSwap, ZeroAblation and
-MeanAblation rewrite chosen heads of chosen batch rows; AttributionWeights keeps gradients of the
-weights; OutputSums collects mean head outputs. All heads of all layers are patched in one batch:
-row 1 + i carries the edit of head i. This module chooses no items and writes no files.
+The activations: a head's output (its per-head context z, before the output projection: the
+whole head), a head's attention pattern alone (weights from x' applied to x's values; x and x' of
+equal length only), a layer's attention output (all its heads) and a layer's MLP output, and
+joint sets of heads. Attribution estimates each head's patch-in effect to first order from one
+forward and one backward pass: (z' - z) . dy/dz for the output, (A' - A) . dy/dA for the pattern.
 
-Shapes: B batch, L layers, H heads, T tokens, D head dim.
+Edits run inside attnprobe's registered attention function (`capture.editing`) and, for MLPs, in
+forward hooks. Every patched variant of an item is one row of a batch; `Rows` says what each row
+patches. This module chooses no items and writes no files. Shapes: B rows, L layers, H heads,
+T tokens, P patched positions, D head dim, E model width.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
-from .capture import AttentionSite, editing, pad_right, run_with_capture
+from .capture import AttentionSite, editing, run_with_capture
+
+MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn")  # a decoder layer's MLP, by family
+MAX_ROWS = 160  # patched variants per forward pass (memory: rows x tokens x model width)
+
+
+def behaviour(logits: torch.Tensor, positive, negative) -> torch.Tensor:
+    """y = log p(positive) - log p(negative) from next-token logits (..., V); each side is a token
+    id or a list of ids whose probabilities add up (e.g. " him" + " his" against " her")."""
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    side = lambda ids: torch.logsumexp(logp[..., torch.as_tensor(ids).reshape(-1)], dim=-1)  # noqa: E731
+    return side(positive) - side(negative)
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The model's decoder layers: the module list with one entry per hidden layer."""
+    model = model if isinstance(model, torch.nn.Module) else model.model
+    n = model.config.num_hidden_layers
+    return next((list(m) for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), [])
+
+
+def mlp_modules(model) -> list[torch.nn.Module] | None:
+    """Each decoder layer's MLP (by the names families use), or None when a layer has none of them."""
+    found = [next((getattr(layer, n) for n in MLP_NAMES if isinstance(getattr(layer, n, None), torch.nn.Module)), None)
+             for layer in decoder_layers(model)]
+    return found if found and all(m is not None for m in found) else None
 
 
 @dataclass
-class HeadsEdit:
-    """Base of the editors that replace the output of chosen heads in chosen batch rows."""
+class Activations:
+    """One run's patchable activations: per-head outputs, attention weights and MLP outputs."""
 
-    heads: torch.Tensor  # (B, L, H) bool: which heads each batch row edits
+    outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, H, T, D)
+    weights: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, H, T, T)
+    mlp: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, T, E)
 
-    def __call__(self, site: AttentionSite) -> torch.Tensor:
-        edit = self.heads[:, site.layer].to(site.query.device)  # (B, H)
-        if not edit.any():
-            return site.output
-        return torch.where(edit[:, :, None, None], self.replacement(site), site.output)
-
-    def replacement(self, site: AttentionSite) -> torch.Tensor:  # (B, H, T, D)
-        raise NotImplementedError
-
-
-@dataclass
-class PatternSwap(HeadsEdit):
-    """Head output computed with the attention pattern (1 - alpha) A + alpha A' (A' from the donor x')."""
-
-    donor: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, H, T, S) weights from x'
-    alpha: float = 1.0
-
-    def replacement(self, site):
-        own = site.weights()  # (B, H, T, S)
-        pattern = (1 - self.alpha) * own + self.alpha * self.donor[site.layer].to(own.dtype)
-        return torch.matmul(pattern.to(site.value.dtype), site.values())  # (B, H, T, D)
-
-
-@dataclass
-class ZeroAblation(HeadsEdit):
-    """Head output set to 0."""
-
-    def replacement(self, site):
-        return torch.zeros_like(site.output)
-
-
-@dataclass
-class MeanAblation(HeadsEdit):
-    """Head output set to its mean over the suite's items (see `head_means`)."""
-
-    means: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (H, D)
-
-    def replacement(self, site):
-        return self.means[site.layer].to(site.output.dtype)[None, :, None, :].expand_as(site.output)
-
-
-@dataclass
-class AttributionWeights:
-    """Recomputes the output from explicit attention weights that keep their gradient (layer -> (B, H, T, S))."""
-
-    weights: dict[int, torch.Tensor] = field(default_factory=dict)
-
-    def __call__(self, site: AttentionSite) -> torch.Tensor:
-        weights = site.weights()  # (B, H, T, S)
-        weights.retain_grad()
-        self.weights[site.layer] = weights
-        return torch.matmul(weights.to(site.value.dtype), site.values())
-
-
-@dataclass
-class OutputSums:
-    """Sums each head's output over the real query positions (changes nothing): layer -> (H, D)."""
-
-    sums: dict[int, torch.Tensor] = field(default_factory=dict)
-    count: int = 0  # (item, position) pairs summed
-
-    def __call__(self, site: AttentionSite) -> torch.Tensor:
-        B, _, T, _ = site.query.shape
-        mask = site.full_mask()
-        real = torch.ones(B, T, dtype=torch.bool, device=site.query.device) if mask is None else mask[:, 0].diagonal(dim1=1, dim2=2)
-        dtype = torch.promote_types(site.output.dtype, torch.float32)
-        self.sums[site.layer] = self.sums.get(site.layer, 0) + (site.output.to(dtype) * real[:, None, :, None]).sum((0, 2))
-        self.count += int(real.sum()) if site.layer == 0 else 0
+    def __call__(self, site: AttentionSite) -> torch.Tensor:  # an editor that records and changes nothing
+        self.outputs[site.layer] = site.output.detach()
+        self.weights[site.layer] = site.weights().detach()
         return site.output
 
 
-def behaviour(logits: torch.Tensor, positive: int, negative: int) -> torch.Tensor:
-    """y = log p(positive) - log p(negative) from next-token logits (..., V)."""
-    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-    return logp[..., positive] - logp[..., negative]
+@dataclass
+class Rows:
+    """What each batch row patches: head outputs and head patterns (B, L, H), MLP outputs (B, L)."""
+
+    output: torch.Tensor
+    pattern: torch.Tensor
+    mlp: torch.Tensor
+
+    @classmethod
+    def empty(cls, n: int, L: int, H: int) -> Rows:
+        return cls(torch.zeros(n, L, H, dtype=torch.bool), torch.zeros(n, L, H, dtype=torch.bool), torch.zeros(n, L, dtype=torch.bool))
+
+    def __len__(self) -> int:
+        return len(self.output)
+
+    def slice(self, start: int, stop: int) -> Rows:
+        return Rows(self.output[start:stop], self.pattern[start:stop], self.mlp[start:stop])
 
 
-def _last_logits(model, ids: torch.Tensor, editor=None) -> torch.Tensor:
-    """Next-token logits after the last token of each row of ids (B, T), all of equal length."""
+@dataclass
+class Patch:
+    """Editor: in the rows and heads `rows` selects, replace the head's output (or its pattern) at
+    positions `at` by the donor's at the aligned positions `donor_at`."""
+
+    rows: Rows
+    donor: Activations
+    at: torch.Tensor  # (P,) positions in the patched run
+    donor_at: torch.Tensor  # (P,) the same positions in the donor run
+
+    def __call__(self, site: AttentionSite) -> torch.Tensor:
+        output_rows, pattern_rows = self.rows.output[:, site.layer], self.rows.pattern[:, site.layer]  # (B, H)
+        if not (output_rows.any() or pattern_rows.any()):
+            return site.output
+        out = site.output.clone()
+        here = out[:, :, self.at]  # (B, H, P, D)
+        if output_rows.any():
+            donor = self.donor.outputs[site.layer][:, :, self.donor_at].to(out.dtype)  # (1, H, P, D)
+            here = torch.where(output_rows[:, :, None, None].to(out.device), donor, here)
+        if pattern_rows.any():  # x and x' have equal length: the donor's weights index x's keys
+            weights = self.donor.weights[site.layer][:, :, self.donor_at]  # (1, H, P, S)
+            mixed = torch.matmul(weights.to(site.value.dtype), site.values())  # (B, H, P, D)
+            here = torch.where(pattern_rows[:, :, None, None].to(out.device), mixed, here)
+        out[:, :, self.at] = here
+        return out
+
+
+@contextmanager
+def mlp_hooks(modules, rows: torch.Tensor | None = None, donor: Activations | None = None, at=None, donor_at=None,
+              record: Activations | None = None):
+    """Forward hooks on each layer's MLP: record its output into `record`, or replace it in the rows
+    `rows` (B, L) selects at positions `at` by `donor`'s at `donor_at`."""
+    def hook(layer):
+        def replace(module, args, output):
+            out = output[0] if isinstance(output, tuple) else output  # (B, T, E); MoE blocks add router logits
+            if record is not None:
+                record.mlp[layer] = out.detach()
+                return output
+            chosen = rows[:, layer].to(out.device)
+            if not chosen.any():
+                return output
+            out = out.clone()
+            out[:, at] = torch.where(chosen[:, None, None], donor.mlp[layer][:, donor_at].to(out.dtype), out[:, at])
+            return (out, *output[1:]) if isinstance(output, tuple) else out
+        return replace
+
+    handles = [m.register_forward_hook(hook(layer)) for layer, m in enumerate(modules or [])]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token logits after the last token of each row of ids (B, T)."""
     mask = torch.ones_like(ids)
-    if editor is None:
-        return run_with_capture(model, ids, mask, layers=[], logit_positions=torch.tensor([ids.shape[1] - 1])).logits[:, 0]
-    with editing(editor):
-        return run_with_capture(model, ids, mask, layers=[], logit_positions=torch.tensor([ids.shape[1] - 1])).logits[:, 0]
+    return run_with_capture(model, ids, mask, layers=[], logit_positions=torch.tensor([ids.shape[1] - 1])).logits[:, 0]
+
+
+def record(model, ids: torch.Tensor, positive, negative) -> tuple[float, Activations]:
+    """y and every patchable activation of one sequence ids (T,)."""
+    acts = Activations()
+    with editing(acts), mlp_hooks(mlp_modules(model), record=acts):
+        logits = _logits(model, ids[None])
+    return float(behaviour(logits[0], positive, negative)), acts
+
+
+def patched_behaviour(model, ids: torch.Tensor, rows: Rows, donor: Activations, at, donor_at, positive, negative) -> torch.Tensor:
+    """y of ids (T,) under each row's patch: (B,). Runs MAX_ROWS rows per forward pass."""
+    ys = []
+    for start in range(0, len(rows), MAX_ROWS):
+        part = rows.slice(start, start + MAX_ROWS)
+        editor = Patch(part, donor, at, donor_at)
+        with editing(editor), mlp_hooks(mlp_modules(model), part.mlp, donor, at, donor_at):
+            ys.append(behaviour(_logits(model, ids[None].expand(len(part), -1)), positive, negative))
+    return torch.cat(ys)
 
 
 def one_hot_heads(n_layers: int, n_heads: int) -> torch.Tensor:
-    """(1 + L H, L, H): row 0 edits nothing, row 1 + l H + h edits head (l, h) alone."""
-    heads = torch.zeros(1 + n_layers * n_heads, n_layers, n_heads, dtype=torch.bool)
+    """(L H, L, H): row l H + h selects head (l, h) alone."""
+    heads = torch.zeros(n_layers * n_heads, n_layers, n_heads, dtype=torch.bool)
     index = torch.arange(n_layers * n_heads)
-    heads[1 + index, index // n_heads, index % n_heads] = True
+    heads[index, index // n_heads, index % n_heads] = True
     return heads
 
 
-def head_means(model, prompts: list[torch.Tensor], n_layers: int, batch_size: int = 32) -> dict[int, torch.Tensor]:
-    """Mean per-head attention output over every real position of every prompt: layer -> (H, D)."""
-    editor = OutputSums()
-    for start in range(0, len(prompts), batch_size):
-        ids, mask = pad_right(prompts[start:start + batch_size], 0)  # pad queries are left out of the sums
-        with editing(editor):
-            run_with_capture(model, ids, mask, layers=[], logit_positions=torch.tensor([0]))
-    return {layer: editor.sums[layer] / editor.count for layer in range(n_layers)}
+def effects(model, x: torch.Tensor, x_cf: torch.Tensor, at: torch.Tensor, at_cf: torch.Tensor, positive, negative,
+            singles: torch.Tensor, sets: dict[str, torch.Tensor] | None = None, layers: bool = True, every: bool = True) -> dict:
+    """Patching effects of one item. x, x_cf: (T,), (T',) token ids; at, at_cf: (P,) aligned positions.
 
+    `singles` (L, H) bool: heads patched one at a time (output in and out, pattern in); `sets`:
+    name -> (L, H) bool head sets patched jointly (in and out), with all heads jointly and the
+    attribution unless `every` is off; `layers`: each layer's attention and MLP output (in and out). Returns y, y_cf, te, per head (L, H) output_in, output_out,
+    pattern_in (NaN where not patched), attribution_output, attribution_pattern; per layer (L,)
+    attention_in/out, mlp_in/out; per set set_in/out; and all_heads_pattern_in."""
+    L, H = singles.shape
+    same_length = len(x) == len(x_cf)
+    mlps = mlp_modules(model) if layers else None
+    y, own = record(model, x, positive, negative)
+    y_cf, donor = record(model, x_cf, positive, negative)
+    result = {"y": y, "y_cf": y_cf, "te": y_cf - y}
+    if every:
+        result.update(attribution(model, x, donor, at, at_cf, positive, negative, L, same_length))
+        sets = {"all_heads": torch.ones(L, H, dtype=torch.bool), **(sets or {})}
+    sets = sets or {}
+    chosen = one_hot_heads(L, H)[singles.flatten()]  # (n, L, H)
+    layer_heads = torch.eye(L, dtype=torch.bool)[:, :, None].expand(L, L, H)  # row l: every head of layer l
 
-def item_effects(model, x: torch.Tensor, x_cf: torch.Tensor, positive: int, negative: int, n_layers: int,
-                 n_heads: int, means: dict | None = None, modes=("pattern", "zero", "mean"), top_k: int | None = None) -> dict:
-    """Effects of every head for one item. x, x_cf: (T,) token ids of equal length.
+    def build(direction: str) -> tuple[Rows, dict[str, slice]]:
+        blocks = {"base": Rows.empty(1, L, H), "output": Rows.empty(len(chosen), L, H)}
+        blocks["output"].output[:] = chosen
+        if direction == "in" and same_length and len(chosen):
+            blocks["pattern"] = Rows.empty(len(chosen), L, H)
+            blocks["pattern"].pattern[:] = chosen
+        if direction == "in" and same_length and every:
+            blocks["all_heads_pattern"] = Rows.empty(1, L, H)
+            blocks["all_heads_pattern"].pattern[:] = True
+        if layers:
+            blocks["attention"] = Rows.empty(L, L, H)
+            blocks["attention"].output[:] = layer_heads
+            if mlps is not None:
+                blocks["mlp"] = Rows.empty(L, L, H)
+                blocks["mlp"].mlp[:] = torch.eye(L, dtype=torch.bool)
+        for name, heads in sets.items():
+            blocks[f"set:{name}"] = Rows.empty(1, L, H)
+            blocks[f"set:{name}"].output[:] = heads
+        where, start = {}, 0
+        for name, block in blocks.items():
+            where[name] = slice(start, start + len(block))
+            start += len(block)
+        rows = Rows(*(torch.cat([getattr(b, f) for b in blocks.values()]) for f in ("output", "pattern", "mlp")))
+        return rows, where
 
-    Returns y, y_cf, te, `attribution` (L, H) and per mode an (L, H) tensor of y(edited) - y(x);
-    with `top_k`, exact patching runs only for the k heads with the largest |attribution| (NaN elsewhere)."""
-    ids = torch.stack([x, x_cf])  # (2, T)
-    y, y_cf = behaviour(_last_logits(model, ids), positive, negative).tolist()
-    donor = run_with_capture(model, x_cf[None], torch.ones(1, len(x_cf), dtype=torch.long)).weights  # layer -> (1, H, T, T)
-    result = {"y": y, "y_cf": y_cf, "te": y_cf - y, "attribution": attribution(model, x, donor, positive, negative, n_layers)}
-    heads = one_hot_heads(n_layers, n_heads)
-    if top_k is not None:
-        keep = result["attribution"].abs().flatten().topk(min(top_k, n_layers * n_heads)).indices
-        heads = heads[torch.cat([torch.zeros(1, dtype=torch.long), 1 + keep])]  # (1 + k, L, H)
-    batch = x[None].expand(len(heads), -1)
-    editors = {"pattern": PatternSwap(heads, donor=donor), "zero": ZeroAblation(heads), "mean": MeanAblation(heads, means=means or {})}
-    for mode in modes:
-        if mode == "mean" and not means:
-            continue
-        editor = editors[mode]
-        ys = behaviour(_last_logits(model, batch, editor), positive, negative)  # (rows,)
-        effect = torch.full((n_layers * n_heads,), float("nan"), dtype=ys.dtype)
-        effect[heads[1:].flatten(1).float().argmax(1)] = ys[1:] - ys[0]
-        result[mode] = effect.view(n_layers, n_heads)
+    nan_heads = lambda: torch.full((L, H), float("nan"), dtype=torch.float64)  # noqa: E731
+    for direction, base, donor_acts, base_at, donor_at in (("in", x, donor, at, at_cf), ("out", x_cf, own, at_cf, at)):
+        rows, where = build(direction)
+        ys = patched_behaviour(model, base, rows, donor_acts, base_at, donor_at, positive, negative).double()
+        # patch in: how far the patch moves y(x) toward y(x'); patch out: how much of y(x') it removes
+        delta = ys - ys[0] if direction == "in" else ys[0] - ys
+        for kind in ("output", "pattern"):
+            if kind in where:
+                heads = nan_heads()
+                heads[singles] = delta[where[kind]]
+                result[f"{kind}_{direction}"] = heads
+        for kind in ("attention", "mlp"):
+            result[f"{kind}_{direction}"] = delta[where[kind]] if kind in where else torch.full((L,), float("nan"), dtype=torch.float64)
+        for name in sets:
+            result[f"{name}_{direction}"] = float(delta[where[f"set:{name}"]][0])
+        if "all_heads_pattern" in where:
+            result["all_heads_pattern_in"] = float(delta[where["all_heads_pattern"]][0])
+    for key in ("pattern_in", "attribution_output", "attribution_pattern"):
+        result.setdefault(key, nan_heads())
+    result.setdefault("all_heads_pattern_in", float("nan"))
     return result
 
 
-def attribution(model, x: torch.Tensor, donor: dict, positive: int, negative: int, n_layers: int) -> torch.Tensor:
-    """First-order estimate of every head's pattern-swap effect: sum over (query, key) of
-    (A'_h - A_h) * dy/dA_h, from one forward and one backward pass. Returns (L, H)."""
-    editor = AttributionWeights()
+@dataclass
+class _Gradients:
+    """Editor for attribution: recomputes each head's output from weights that keep their gradient."""
+
+    weights: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, H, T, T)
+    outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, H, T, D)
+
+    def __call__(self, site: AttentionSite) -> torch.Tensor:
+        weights = site.weights()
+        weights.retain_grad()
+        output = torch.matmul(weights.to(site.value.dtype), site.values())
+        output.retain_grad()
+        self.weights[site.layer], self.outputs[site.layer] = weights, output
+        return output
+
+
+def attribution(model, x, donor: Activations, at, at_cf, positive, negative, n_layers: int,
+                same_length: bool) -> dict:
+    """First-order estimates of every head's patch-in effect, from one forward and one backward
+    pass of x: (z' - z) . dy/dz over the aligned positions (output) and (A' - A) . dy/dA (pattern,
+    equal lengths only; NaN otherwise). Returns attribution_output and attribution_pattern (L, H)."""
+    grads = _Gradients()
+    module = model if isinstance(model, torch.nn.Module) else model.model
     ids = x[None]
-    model_module = model if isinstance(model, torch.nn.Module) else model.model
-    with torch.enable_grad(), editing(editor):
-        out = model_module(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
-        y = behaviour(out.logits[0, -1], positive, negative)
-        y.backward()
-    estimates = []
+    with torch.enable_grad(), editing(grads):
+        out = module(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
+        behaviour(out.logits[0, -1], positive, negative).backward()
+    output, pattern = [], []
     for layer in range(n_layers):
-        weights = editor.weights[layer]  # (1, H, T, T)
-        delta = donor[layer].to(weights.dtype) - weights.detach()
-        estimates.append((delta * weights.grad).sum((0, 2, 3)))  # (H,)
-    model_module.zero_grad(set_to_none=True)
-    return torch.stack(estimates).detach()
+        z, w = grads.outputs[layer], grads.weights[layer]
+        dz = donor.outputs[layer][:, :, at_cf].to(z.dtype) - z.detach()[:, :, at]  # (1, H, P, D)
+        output.append((dz * z.grad[:, :, at]).sum((0, 2, 3)))
+        if same_length:
+            dw = donor.weights[layer][:, :, at_cf].to(w.dtype) - w.detach()[:, :, at]  # (1, H, P, S)
+            pattern.append((dw * w.grad[:, :, at]).sum((0, 2, 3)))
+        else:
+            pattern.append(torch.full_like(output[-1], float("nan")))
+    module.zero_grad(set_to_none=True)
+    return {"attribution_output": torch.stack(output).detach().double(), "attribution_pattern": torch.stack(pattern).detach().double()}

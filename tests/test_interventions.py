@@ -1,12 +1,11 @@
-"""Head interventions on tiny random models: the machinery checked exactly."""
+"""Activation patching on tiny random models: the machinery checked exactly and against plain HF eager."""
 
 import pytest
 import torch
 
-from attnprobe.capture import editing, run_with_capture
-from attnprobe.interventions import PatternSwap, ZeroAblation, attribution, behaviour, head_means, item_effects, one_hot_heads
+from attnprobe.interventions import behaviour, decoder_layers, effects, mlp_modules
 
-from conftest import build_tiny
+from conftest import build_tiny, eager_twin
 
 POS, NEG = 7, 11
 
@@ -15,77 +14,173 @@ def ids(seed, T=7):
     return torch.randint(3, 100, (T,), generator=torch.Generator().manual_seed(seed))
 
 
-def last_logits(model, x, editor=None):
-    mask = torch.ones(x.shape, dtype=torch.long)
-    if editor is None:
-        return run_with_capture(model, x, mask, layers=[], logit_positions=torch.tensor([x.shape[1] - 1])).logits[:, 0]
-    with editing(editor):
-        return run_with_capture(model, x, mask, layers=[], logit_positions=torch.tensor([x.shape[1] - 1])).logits[:, 0]
+def pair(seed=0, slot_cf=3):
+    """x = 3 prefix tokens, a 1-token slot, 3 suffix tokens; x' the same with a slot of `slot_cf`
+    tokens. Returns x, x', and the aligned positions (the slot's last token and after) in each."""
+    prefix, suffix = ids(seed, 3), ids(seed + 1, 3)
+    x = torch.cat([prefix, ids(seed + 2, 1), suffix])
+    x_cf = torch.cat([prefix, ids(seed + 3, slot_cf), suffix])
+    return x, x_cf, torch.arange(3, len(x)), torch.arange(len(x_cf) - 4, len(x_cf))
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2"])
-def test_patching_a_head_with_its_own_pattern_changes_nothing(family):
+def all_heads(L=2, H=4):
+    return torch.ones(L, H, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "qwen3"])
+def test_patching_x_into_itself_changes_nothing(family):
     model = build_tiny(family, dtype=torch.float64)
-    x = ids(0)
-    effects = item_effects(model, x, x.clone(), POS, NEG, 2, 4, means=None)
-    assert abs(effects["te"]) <= 1e-12  # x and x' run as two rows of one batch
-    assert effects["pattern"].abs().max() <= 1e-6
-    assert effects["attribution"].abs().max() <= 1e-12  # A' - A = 0
+    x, _, at, _ = pair()
+    result = effects(model, x, x.clone(), at, at, POS, NEG, all_heads())
+    assert abs(result["te"]) <= 1e-12
+    for key in ("output_in", "output_out", "pattern_in", "attention_in", "attention_out", "mlp_in", "mlp_out"):
+        assert result[key].abs().max() <= 1e-6, key
+    assert abs(result["all_heads_in"]) <= 1e-6 and abs(result["all_heads_pattern_in"]) <= 1e-6
+    assert result["attribution_output"].abs().max() <= 1e-12 and result["attribution_pattern"].abs().max() <= 1e-12
 
 
-def test_ablating_every_head_of_the_last_layer_equals_zeroing_its_attention_output():
-    model = build_tiny("llama")
-    x = ids(1)[None]
-    heads = torch.zeros(1, 2, 4, dtype=torch.bool)
-    heads[0, 1] = True  # every head of layer 1 (the last)
-    ablated = last_logits(model, x, ZeroAblation(heads))
-    attention = model.model.layers[1].self_attn
-    handle = attention.register_forward_hook(lambda module, args, output: (torch.zeros_like(output[0]), output[1]))
+def _attention_outputs(model, ids_, layers_, replace=None, at=None):
+    """Run ids (T,) with forward hooks on every attention module: record each layer's output
+    (after the output projection), or replace it at positions `at` by `replace[layer]`."""
+    recorded = {}
+
+    def hook(layer):
+        def fn(module, args, output):
+            out = output[0]
+            if replace is not None and layer in replace:
+                out = out.clone()
+                out[:, at] = replace[layer]
+                return (out, *output[1:])
+            recorded[layer] = out.detach()
+        return fn
+
+    handles = [layer.self_attn.register_forward_hook(hook(i)) for i, layer in enumerate(layers_)]
     try:
-        zeroed = last_logits(model, x)
+        with torch.no_grad():
+            logits = model(input_ids=ids_[None]).logits[0, -1]
     finally:
-        handle.remove()
-    assert (ablated - zeroed).abs().max() <= 1e-5
-    assert (ablated - last_logits(model, x)).abs().max() > 1e-3  # the ablation did something
+        for h in handles:
+            h.remove()
+    return behaviour(logits, POS, NEG).item(), recorded
 
 
-def test_mean_ablation_uses_the_suite_mean():
-    model = build_tiny("qwen2", dtype=torch.float64)
-    prompts = [ids(s) for s in range(3)]
-    means = head_means(model, prompts, 2)
-    assert means[0].shape == (4, 8)
-    # with one prompt of one token, a head's mean output is that token's output: replacing it changes nothing
-    single = [ids(5, T=1)]
-    effects = item_effects(model, single[0], single[0].clone(), POS, NEG, 2, 4, means=head_means(model, single, 2))
-    assert effects["mean"].abs().max() <= 1e-9
-
-
-def test_attribution_matches_finite_differences():
+@pytest.mark.parametrize("slot_cf", [1, 3])  # x' of the same length, and two tokens longer (aligned from the end)
+def test_patching_every_head_output_equals_patching_the_attention_layer_outputs(slot_cf):
     model = build_tiny("llama", dtype=torch.float64)
-    x, x_cf = ids(2), ids(3)
-    donor = run_with_capture(model, x_cf[None], torch.ones(1, 7, dtype=torch.long)).weights
-    estimate = attribution(model, x, donor, POS, NEG, 2)  # (L, H)
-    heads = one_hot_heads(2, 4)
-    batch = x[None].expand(len(heads), -1)
-    # central differences along A + eps (A' - A). transformers' RMSNorm runs in float32 even in a
-    # float64 model, so y carries ~1e-7 noise: eps = 1e-3 keeps that and the O(eps^2) error near 1e-5.
-    eps = 1e-3
-    up = behaviour(last_logits(model, batch, PatternSwap(heads, donor=donor, alpha=eps)), POS, NEG)
-    down = behaviour(last_logits(model, batch, PatternSwap(heads, donor=donor, alpha=-eps)), POS, NEG)
-    finite = ((up[1:] - down[1:]) / (2 * eps)).view(2, 4)
-    assert (finite - estimate).abs().max() <= 1e-3 * estimate.abs().max()
-    assert estimate.abs().max() > 1e-3  # a real signal, not zeros agreeing with zeros
+    x, x_cf, at, at_cf = pair(slot_cf=slot_cf)
+    result = effects(model, x, x_cf, at, at_cf, POS, NEG, all_heads())
+    layers_ = decoder_layers(model)
+    y, _ = _attention_outputs(model, x, layers_)
+    y_cf, donor = _attention_outputs(model, x_cf, layers_)
+    assert abs(y - result["y"]) <= 1e-6 and abs(y_cf - result["y_cf"]) <= 1e-6
+    every, _ = _attention_outputs(model, x, layers_, {l: donor[l][:, at_cf] for l in range(2)}, at)
+    assert abs((every - y) - result["all_heads_in"]) <= 1e-5
+    for layer in range(2):  # one layer's attention output alone
+        one, _ = _attention_outputs(model, x, layers_, {layer: donor[layer][:, at_cf]}, at)
+        assert abs((one - y) - result["attention_in"][layer].item()) <= 1e-5
+    assert abs(result["all_heads_in"]) > 1e-3  # a real effect, not zeros agreeing with zeros
+    if slot_cf != 1:
+        assert result["pattern_in"].isnan().all()  # the pattern channel needs equal lengths
 
 
-def test_top_k_patches_only_the_heads_attribution_ranks_first():
-    model = build_tiny("llama", dtype=torch.float64)
-    effects = item_effects(model, ids(2), ids(3), POS, NEG, 2, 4, means=None, top_k=3)
-    computed = ~torch.isnan(effects["pattern"])
-    assert computed.sum() == 3
-    top = effects["attribution"].abs().flatten().topk(3).indices
-    assert set(computed.flatten().nonzero().flatten().tolist()) == set(top.tolist())
-    full = item_effects(model, ids(2), ids(3), POS, NEG, 2, 4, means=None)
-    assert torch.allclose(effects["pattern"][computed], full["pattern"][computed], atol=1e-9)
+def test_head_output_patching_agrees_with_plain_hf_eager_hooks():
+    """An independent implementation: transformers' eager attention, and a pre-hook on each layer's
+    output projection that overwrites one head's slice of its input (the per-head context)."""
+    model = build_tiny("qwen2")
+    twin = eager_twin(model)
+    x, x_cf, at, at_cf = pair(seed=4, slot_cf=2)
+    result = effects(model, x, x_cf, at, at_cf, POS, NEG, all_heads())
+    D = 8
+
+    def run(ids_, replace=None):
+        recorded = {}
+
+        def hook(layer):
+            def fn(module, args):
+                (z,) = args  # (1, T, H * D)
+                if replace is None:
+                    recorded[layer] = z.detach().clone()
+                    return None
+                if layer not in replace:
+                    return None
+                head, values, where = replace[layer]
+                z = z.clone()
+                z[:, where, head * D:(head + 1) * D] = values
+                return (z,)
+            return fn
+
+        handles = [layer.self_attn.o_proj.register_forward_pre_hook(hook(i)) for i, layer in enumerate(decoder_layers(twin))]
+        try:
+            with torch.no_grad():
+                y = behaviour(twin(input_ids=ids_[None]).logits[0, -1], POS, NEG).item()
+        finally:
+            for h in handles:
+                h.remove()
+        return y, recorded
+
+    y, own = run(x)
+    y_cf, donor = run(x_cf)
+    for layer in range(2):
+        for head in range(4):
+            sl = slice(head * D, (head + 1) * D)
+            patched_in, _ = run(x, {layer: (head, donor[layer][:, at_cf, sl], at)})
+            patched_out, _ = run(x_cf, {layer: (head, own[layer][:, at, sl], at_cf)})
+            assert abs((patched_in - y) - result["output_in"][layer, head].item()) <= 1e-5
+            assert abs((y_cf - patched_out) - result["output_out"][layer, head].item()) <= 1e-5
+    assert result["output_in"].abs().max() > 1e-3
+
+
+def _linear_in_last_layer(model):
+    """y becomes linear in the last layer's head outputs: no final norm, no last MLP (and y, a
+    difference of two log-probabilities of single tokens, is a logit difference)."""
+    model.model.norm = torch.nn.Identity()
+    torch.nn.init.zeros_(mlp_modules(model)[-1].down_proj.weight)
+    return model
+
+
+def test_joint_patch_equals_the_sum_of_singles_where_the_model_is_linear_in_the_set():
+    model = _linear_in_last_layer(build_tiny("llama", dtype=torch.float64))
+    x, x_cf, at, at_cf = pair(seed=5)
+    last, first = torch.zeros(2, 4, dtype=torch.bool), torch.zeros(2, 4, dtype=torch.bool)
+    last[1], first[0] = True, True
+    result = effects(model, x, x_cf, at, at_cf, POS, NEG, all_heads(), sets={"last": last, "first": first})
+    assert abs(result["last_in"] - result["output_in"][1].sum().item()) <= 1e-9
+    assert abs(result["last_out"] - result["output_out"][1].sum().item()) <= 1e-9
+    # attribution is exact where y is linear in the head output
+    assert (result["attribution_output"][1] - result["output_in"][1]).abs().max() <= 1e-9
+    # the first layer feeds a nonlinear network: there the joint effect is not the sum
+    assert abs(result["first_in"] - result["output_in"][0].sum().item()) > 1e-4
+
+
+def test_mlp_patch_equals_hooking_the_mlp_output():
+    model = build_tiny("gemma3", dtype=torch.float64)
+    x, x_cf, at, at_cf = pair(seed=6, slot_cf=2)
+    result = effects(model, x, x_cf, at, at_cf, POS, NEG, torch.zeros(2, 4, dtype=torch.bool))
+    mlp = mlp_modules(model)[0]
+    donor = {}
+    handle = mlp.register_forward_hook(lambda m, a, out: donor.setdefault("out", out.detach()))
+    with torch.no_grad():
+        model(input_ids=x_cf[None])
+    handle.remove()
+
+    def replace(module, args, out):
+        out = out.clone()
+        out[:, at] = donor["out"][:, at_cf]
+        return out
+
+    handle = mlp.register_forward_hook(replace)
+    with torch.no_grad():
+        patched = behaviour(model(input_ids=x[None]).logits[0, -1], POS, NEG).item()
+    handle.remove()
+    assert abs((patched - result["y"]) - result["mlp_in"][0].item()) <= 1e-6 and abs(result["mlp_in"][0]) > 1e-4
+    assert result["output_in"].isnan().all()  # no singles asked for
+
+
+def test_behaviour_adds_the_probabilities_of_a_set():
+    logits = torch.randn(50, dtype=torch.float64)
+    p = torch.softmax(logits, -1)
+    expected = torch.log(p[3]) - torch.log(p[4] + p[9])
+    assert abs(behaviour(logits, 3, [4, 9]) - expected) <= 1e-12
 
 
 @pytest.mark.slow
@@ -114,30 +209,37 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
           - {cut: pronoun, candidates: pronoun}
         head_effects:
           cut: pronoun
-          positive: female
-          negative: male
-          counterfactual: {occupation: woman}
+          counterfactual: {occupation: [woman, man]}
+          select: 3
         """))
     run = attnprobe.run_suite(suite, model=smollm, out=tmp_path / "run", progress=False, log=lambda m: None)
     info = run.manifest["head_effects"]
-    assert info["n_items"] + len(info["dropped"]) == 4 and info["n_items"] >= 2
-    assert all("tokens but x'" in line for line in info["dropped"])  # named, with the reason
-    totals = pd.read_csv(run.directory / "head_effects_totals.csv").set_index("item_id")
-    item = totals.index[0]
-    occupation = totals.loc[item, "occupation"]
+    assert info["n_items"] == 4 and info["n_pairs"] == 8 and not info["dropped"]  # electrician: 2 tokens, aligned
+    assert (info["positive"], info["negative"]) == ("female", "male")  # from the analysis
+    totals = pd.read_csv(run.directory / "head_effects_totals.csv").set_index(["item_id", "counterfactual"])
     tok = smollm.tokenizer
     she, he = tok(" she")["input_ids"][0], tok(" he")["input_ids"][0]
-    for text, column in ((f"The {occupation} said that", "y"), ("The woman said that", "y_cf")):
-        with torch.no_grad():
-            logits = smollm.model(input_ids=tok(text, return_tensors="pt")["input_ids"]).logits[0, -1]
-        assert abs(behaviour(logits, she, he).item() - totals.loc[item, column]) <= 1e-4
+    for (item, word), row in totals.iterrows():
+        for text, column in ((f"The {row['occupation']} said that", "y"), (f"The {word} said that", "y_cf")):
+            with torch.no_grad():
+                logits = smollm.model(input_ids=tok(text, return_tensors="pt")["input_ids"]).logits[0, -1]
+            assert abs(behaviour(logits, she, he).item() - row[column]) <= 1e-4
+    assert (totals["n_tokens"] != totals["n_tokens_cf"]).sum() == 2  # electrician -> woman, man
+    assert (totals["all_heads_in"] - totals["te"]).abs().max() <= 1e-4  # every path runs through some head
+    assert totals["crossfit_heads"].str.count("L").eq(3).all()
     items = pd.read_parquet(run.directory / "head_effects_items.parquet")
-    assert len(items) == info["n_items"] * 30 * 9 and items[["pattern", "zero", "mean", "attribution"]].notna().all().all()
+    assert len(items) == 8 * 30 * 9 and items[["output_in", "output_out", "attribution_output"]].notna().all().all()
+    assert items["pattern_in"].isna().sum() == 2 * 270  # the two aligned pairs have no pattern channel
+    layers = pd.read_parquet(run.directory / "head_effects_layers.parquet")
+    assert len(layers) == 8 * 30 and layers[["attention_in", "mlp_out"]].notna().all().all()
     # a completed re-run (make demo twice) keeps the head effects and their summary, recomputing nothing
     before = (run.directory / "head_effects_items.parquet").stat().st_mtime_ns
     again = attnprobe.run_suite(suite, model=smollm, out=tmp_path / "run", progress=False, log=lambda m: None)
     assert again.manifest["head_effects"] == info and (run.directory / "head_effects_items.parquet").stat().st_mtime_ns == before
     html = write_report(run.directory).read_text()
-    assert "Head interventions" in html and "of it;" in html
-    summary = pd.read_csv(run.directory / "head_effects_summary.csv").iloc[0]
-    assert -1 <= summary["spearman_attribution_exact"] <= 1 and summary["top_heads"].count("L") == 5
+    assert "activation patching" in html and 'occupation &rarr; "man"' in html
+    summary = pd.read_csv(run.directory / "head_effects_summary.csv").set_index("counterfactual")
+    assert list(summary.index) == ["woman", "man"] and (summary["share_all_heads_in"] - 1).abs().max() <= 1e-4
+    assert summary["spearman_attribution_exact"].between(-1, 1).all() and (summary["te_mean"]["woman"] > 0 > summary["te_mean"]["man"])
+    shares = pd.read_csv(run.directory / "head_effects_layer_shares.csv")
+    assert len(shares) == 2 * 30 * 4 and shares["ci_low"].le(shares["share"]).all()

@@ -167,8 +167,9 @@ head_effects: {cut: pronoun, positive: female, negative: male, counterfactual: {
 
 
 def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_path):
-    """Head effects are stored in chunks of items like the rest: a lost chunk is recomputed alone,
-    and two shards merged give exactly the unsharded tables."""
+    """Head effects are stored in chunks of items like the rest: a lost chunk is recomputed alone;
+    two shards merged give exactly the unsharded first phase, and running the merged directory
+    again adds the selected-heads phase, equal to the unsharded run's."""
     from attnprobe.run import EFFECT_CHUNK_ITEMS
 
     suite = tmp_path / "fx.yaml"
@@ -176,6 +177,7 @@ def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_pa
     quiet = {"model": str(tiny_llama_dir), "progress": False, "log": lambda m: None}
     whole = attnprobe.run_suite(suite, out=tmp_path / "whole", **quiet)
     items = pd.read_parquet(whole.directory / "head_effects_items.parquet")
+    totals = pd.read_parquet(whole.directory / "head_effects_totals.parquet")
     n_items = whole.manifest["head_effects"]["n_items"]
     assert n_items > EFFECT_CHUNK_ITEMS and whole.manifest["n_effect_chunks"] == -(-n_items // EFFECT_CHUNK_ITEMS)
 
@@ -191,7 +193,24 @@ def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_pa
     merged = attnprobe.merge_shards([tmp_path / "sharded" / f"shard-{k}-of-2" for k in (1, 2)], tmp_path / "merged")
     pd.testing.assert_frame_equal(pd.read_parquet(merged.directory / "head_effects_items.parquet"), items)
     assert merged.manifest["head_effects"]["n_items"] == n_items and merged.has_head_effects
-    assert (merged.directory / "head_effects_totals.csv").read_text() == (whole.directory / "head_effects_totals.csv").read_text()
+    assert "crossfit_in" not in pd.read_parquet(merged.directory / "head_effects_totals.parquet")  # needs every item
+    completed = attnprobe.run_suite(suite, out=tmp_path / "merged", **quiet)
+    pd.testing.assert_frame_equal(pd.read_parquet(completed.directory / "head_effects_totals.parquet"), totals)
+    assert completed.manifest["head_effects"]["crossfit_heads"] == whole.manifest["head_effects"]["crossfit_heads"]
+
+
+def test_exact_k_patches_the_same_suite_heads_on_every_item(tiny_llama_dir, tmp_path):
+    suite = tmp_path / "fx.yaml"
+    suite.write_text(EFFECT_SUITE.replace("counterfactual: {occupation: woman}", "counterfactual: {occupation: [woman, man]}, exact: 2, select: 1"))
+    run = attnprobe.run_suite(suite, out=tmp_path / "k", model=str(tiny_llama_dir), progress=False, log=lambda m: None)
+    items = pd.read_parquet(run.directory / "head_effects_items.parquet")
+    patched = items[items["output_in"].notna()]
+    heads = set(map(tuple, patched[["layer", "head"]].to_numpy()))
+    assert len(heads) == 2 and len(patched) == 2 * run.manifest["head_effects"]["n_pairs"]  # the same 2 heads in every pair
+    assert patched[["output_out", "pattern_in"]].notna().all().all() and items["attribution_output"].notna().all()
+    assert run.manifest["head_effects"]["exact_heads"] == " ".join(f"L{l}H{h}" for l, h in sorted(heads))
+    stats = attnprobe.Run(run.directory).head_effects
+    assert stats.groupby("counterfactual")["p"].count().eq(2).all()  # tested: the heads patched on every item
 
 
 NAMES_SUITE = """\

@@ -135,19 +135,32 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
 
 
 def _effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: dict, analysis) -> dict | None:
-    """The head-interventions section, when the run has them."""
+    """The head-effects section, when the run has them: per counterfactual word, the total effect,
+    the shares of it that patches carry, the layers (figure) and the strongest heads."""
     if "head_effects" not in tables:
         return None
-    effects, summary = tables["head_effects"], tables["head_effects_summary"].iloc[0]
-    figures = [figure(plots.head_heatmap(effects.assign(target="effect"), "effect", "mean_ie", "q",
-                                         title=f"indirect effect (pattern swap), heads with q < {ALPHA}",
-                                         label=f"change of log p({analysis.positive}) - log p({analysis.negative})"),
-                      figures_dir, "head_effects", "layer x head mean indirect effect")]
     info = manifest.get("head_effects", {})
-    slot = next(iter(info.get("counterfactual", {})), None)
+    slot, words = next(iter(info.get("counterfactual", {}).items()), (None, []))
+    label = f"change of log p({analysis.positive}) - log p({analysis.negative})"
+    sections = []
+    for summary in tables["head_effects_summary"].to_dict("records"):
+        word = summary["counterfactual"]
+        effects = tables["head_effects"][tables["head_effects"]["counterfactual"] == word]
+        shares = tables["head_effects_layer_shares"][tables["head_effects_layer_shares"]["counterfactual"] == word]
+        name = "".join(c if c.isalnum() else "_" for c in str(word))
+        exact = info.get("exact", "all") == "all"  # else only k heads were patched exactly: colour by attribution
+        figures = [figure(plots.head_heatmap(effects.assign(target=word), word, "mean_output_in" if exact else "mean_attribution_output", "q",
+                                             title=f"{slot} -> {word}: head output patched in" + ("" if exact else " (attribution;\nexact for the suite's heads)"),
+                                             label=label),
+                          figures_dir, f"head_effects_{name}", f"layer x head mean effect of patching each head's output, {slot} -> {word}"),
+                   figure(plots.layer_shares(shares, f"{slot} -> {word}: share of the total effect per layer"),
+                          figures_dir, f"layer_shares_{name}", f"per-layer shares of the total effect, {slot} -> {word}")]
+        ranked = effects.dropna(subset=["mean_output_in"])
+        direction = 1.0 if summary["te_mean"] >= 0 else -1.0
+        top = ranked.assign(score=direction * ranked["mean_output_in"]).sort_values("score", ascending=False).head(5)
+        sections.append({"word": word, "summary": summary, "figures": figures, "top": top.to_dict("records")})
     if len(heads) and slot in set(heads["target"]):
-        figures.append(figure(plots.head_heatmap(heads, slot, "d_z", "difference_q", title=f"{slot}: attention difference d_z", label="d_z"),
-                              figures_dir, f"difference_{slot}_beside_effects", f"attention difference, source -> {slot}"))
-    top = effects.reindex(effects["mean_ie"].abs().sort_values(ascending=False).index).head(int(summary["top_k"]))
-    return {"summary": summary.to_dict(), "figures": figures, "top": top.to_dict("records"),
-            "counterfactual": info.get("counterfactual", {}), "seconds": info.get("seconds"), "dropped": info.get("dropped", [])}
+        sections[0]["figures"].append(figure(plots.head_heatmap(heads, slot, "d_z", "difference_q", title=f"{slot}: attention difference d_z", label="d_z"),
+                                             figures_dir, f"difference_{slot}_beside_effects", f"attention difference, source -> {slot}"))
+    return {"slot": slot, "words": words, "sections": sections, "seconds": info.get("seconds"), "dropped": info.get("dropped", []),
+            "exact": info.get("exact"), "select": info.get("select"), "halves_by": analysis.name(info.get("halves_by"))}

@@ -53,6 +53,23 @@ def layer_profile(layers: pd.DataFrame, columns: dict[str, str], title: str):
     return fig
 
 
+def layer_shares(shares: pd.DataFrame, title: str):
+    """Per layer: the share of the total effect carried by its attention output and by its MLP
+    output, patched in and patched out, with 95% CIs as bands."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    for (component, direction), group in shares.groupby(["component", "direction"], sort=False):
+        style = "-" if direction == "in" else "--"
+        line, = ax.plot(group["layer"], group["share"], style, marker="o", markersize=3, label=f"{component}, patched {direction}")
+        ax.fill_between(group["layer"], group["ci_low"], group["ci_high"], color=line.get_color(), alpha=0.12, linewidth=0)
+    ax.axhline(0, color="#888888", linewidth=0.8)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("share of the total effect")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def behavior_scatter(per_unit: pd.DataFrame, summary: pd.DataFrame, xlabel: str, ylabel: str):
     """Per-unit mean log-ratio against the covariate (all templates, weighted equally), with a fit and CI band."""
     overall = summary[summary["scope"] == "all"].iloc[0]

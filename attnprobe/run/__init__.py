@@ -7,6 +7,7 @@ writes them through `storage`; it returns the run directory. Reading a run: `rea
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -90,7 +91,7 @@ def run_suite(
         effects.check_family(routes, spec)
         effect_items, dropped = effects.items(tokenizer, encoded)
         effect_chunks = [effect_items[i:i + EFFECT_CHUNK_ITEMS] for i in range(0, len(effect_items), EFFECT_CHUNK_ITEMS)]
-    effects_plan = head_effects_measure.plan_sha256(effect_items) if effects is not None else None
+    effects_plan = head_effects_measure.plan_sha256(effect_items, effects) if effects is not None else None
     mine_effects = [k for k in range(len(effect_chunks)) if shard is None or k % shard[1] == shard[0] - 1]
 
     name = model.info.name if isinstance(model, ProbeModel) else model_name(spec)
@@ -165,18 +166,44 @@ def run_suite(
             examples = example_attention(pm, encoded, suite.contrast)
             storage.atomic_write(directory / "examples.json", lambda p: p.write_text(json.dumps(examples)))
         if effects is not None:
-            seconds = _run_head_effects(pm, effects, effect_chunks, mine_effects, effects_plan, directory, manifest, progress, log)
-            if seconds or "head_effects" not in manifest:  # a completed re-run keeps the recorded summary
-                manifest["head_effects"] = head_effects_measure.summary(effects, effect_items, dropped, seconds)
-            if shard is None and (seconds or not storage.has_head_effects(directory)):
-                storage.assemble_head_effects(directory, len(effect_chunks))
+            _head_effects(pm, effects, effect_items, dropped, effect_chunks, mine_effects, effects_plan, directory, manifest,
+                          progress, log, shard)
         manifest.update(status="complete" if shard is None else "shard complete", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                         compute_seconds_this_session=round(time.perf_counter() - started, 3))
         storage.write_manifest(directory, manifest)
     return directory
 
 
-def _run_head_effects(pm, effects, chunks, mine, plan, directory, manifest, progress, log) -> float:
+def _head_effects(pm, effects, items, dropped, chunks, mine, plan, directory, manifest, progress, log, shard) -> None:
+    """Both phases of the head effects (see measures.head_effects): the per-item chunks this process
+    owns, then, once every item is done (unsharded runs, or a merged directory run again), the
+    selected heads; the tables are assembled and the manifest records the summary."""
+    seconds = _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, progress, log)
+    chunk_dir = directory / "chunks"
+    if shard is not None or len(storage.complete_chunks(chunk_dir, len(chunks), log, "effects-", plan)) < len(chunks):
+        if seconds or "head_effects" not in manifest:
+            manifest["head_effects"] = head_effects_measure.summary(effects, items, dropped, seconds)
+        return
+    L, H = pm.info.n_layers, pm.info.n_heads
+    first = storage.read_effect_chunks(directory, len(chunks))
+    selection = head_effects_measure.select(effects, items, first["totals"], first["items"], L, H)
+    selected_plan = hashlib.sha256(f"{plan}|{selection['crossfit']}|{selection['suite']}".encode()).hexdigest()
+    if not storage.complete_chunks(chunk_dir, 1, log, "selected-", selected_plan):
+        log(f"head effects: patching the selected heads ({'cross-fitted sets' if effects.exact == 'all' else f'the suite top {effects.exact} and cross-fitted sets'}) on {len(items)} items")
+        started = time.perf_counter()
+        bar = Progress(len(items), 0, progress, log, unit="item", desc="selected heads")
+        with deferred_interrupt(log):  # one chunk: Ctrl-C lets it finish
+            tables = head_effects_measure.compute_selected(pm, effects, items, selection, bar)
+            storage.write_effect_chunk(chunk_dir, 0, tables, selected_plan, "selected-")
+        bar.close()
+        seconds += time.perf_counter() - started
+    if seconds or not storage.has_head_effects(directory) or "crossfit_heads" not in manifest.get("head_effects", {}):
+        before = manifest.get("head_effects", {}).get("seconds", 0.0)  # e.g. the shards' time in a merged directory
+        manifest["head_effects"] = head_effects_measure.summary(effects, items, dropped, before + seconds, selection, H)
+        storage.assemble_head_effects(directory, len(chunks), selected_plan)
+
+
+def _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, progress, log) -> float:
     """Compute this process's head-effects chunks that are not done yet, one chunk of items at a
     time, each written before the next starts (Ctrl-C finishes the chunk, then stops); returns the
     seconds spent (0 when every chunk was already done)."""
@@ -186,13 +213,12 @@ def _run_head_effects(pm, effects, chunks, mine, plan, directory, manifest, prog
     if not todo:
         return 0.0
     started = time.perf_counter()
-    means = head_effects_measure.item_means(pm, [item for chunk in chunks for item in chunk])
     bar = Progress(sum(len(chunks[k]) for k in mine), sum(len(chunks[k]) for k in mine if k in done), progress, log,
                    unit="item", desc="head effects")
     with deferred_interrupt(log) as interrupted:
         for k in todo:
-            table, totals = head_effects_measure.compute(pm, effects, chunks[k], means, bar)
-            storage.write_effect_chunk(chunk_dir, k, table, totals, plan)
+            tables = head_effects_measure.compute(pm, effects, chunks[k], bar)
+            storage.write_effect_chunk(chunk_dir, k, tables, plan)
             bar.chunk_done(k, len(chunks))
             if interrupted():
                 bar.close()

@@ -44,13 +44,18 @@ class RunFiles:
 
     @cached_property
     def head_effect_items(self) -> pd.DataFrame:
-        """Per item and head: the effect of each intervention (see attnprobe.interventions)."""
+        """Per item, counterfactual and head: patching and attribution effects (see attnprobe.interventions)."""
         return pd.read_parquet(self.directory / HEAD_EFFECTS_FILES[0])
 
     @cached_property
     def head_effect_totals(self) -> pd.DataFrame:
-        """Per item: y, y' and the total effect of the counterfactual."""
+        """Per item and counterfactual: y, y', the total effect and the joint patches."""
         return read_table(self.directory, "head_effects_totals")
+
+    @cached_property
+    def head_effect_layers(self) -> pd.DataFrame:
+        """Per item, counterfactual and layer: the attention and MLP output patches."""
+        return pd.read_parquet(self.directory / HEAD_EFFECTS_FILES[2])
 
     def __repr__(self) -> str:
         m = self.manifest

@@ -38,12 +38,12 @@ from ..version import __version__
 from .plan import Encoded, fingerprint
 
 ARTEFACTS = ("chunks", "attention.parquet", "logprobs.csv", "logprobs.parquet", "prompts.csv", "prompts.parquet",
-             "examples.json", "head_effects_items.parquet", "head_effects_totals.csv", "head_effects_totals.parquet",
-             "manifest.json")
+             "examples.json", "head_effects_items.parquet", "head_effects_layers.parquet", "head_effects_totals.csv",
+             "head_effects_totals.parquet", "manifest.json")
 # written from a run by the report: statistics tables (as <name>.csv), figures, the page
 TABLES_KEY = "tables.json"  # which statistics version and analysis the cached tables were made with
 STATS_TABLES = ("head_stats", "layer_stats", "behavior", "behavior_by_unit", "condition_means")
-HEAD_EFFECT_TABLES = ("head_effects", "head_effects_summary")
+HEAD_EFFECT_TABLES = ("head_effects", "head_effects_layer_shares", "head_effects_summary")
 DERIVED = tuple(f"{name}.{ext}" for name in STATS_TABLES + HEAD_EFFECT_TABLES for ext in ("csv", "parquet")) + ("behavior_by_occupation.csv", TABLES_KEY, "figures", "report.html")  # the first name of behavior_by_unit
 
 
@@ -140,7 +140,7 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
         assemble(out, n_chunks)
         merged = dict(first, shard=None, status="complete", merged_from=[str(d) for d in shard_dirs],
                       fingerprint=fingerprint(first["settings"], None), finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        if n_effects:
+        if n_effects:  # the selected-heads phase needs every item: `attnprobe run` on the merged directory adds it
             assemble_head_effects(out, n_effects)
             merged["head_effects"] = dict(first["head_effects"], seconds=round(sum(m["head_effects"]["seconds"] for m in manifests), 3))
         write_manifest(out, merged)
@@ -174,8 +174,10 @@ def exclusive(directory: Path):
 
 
 
-# Chunk files per kind: the main measures, and head effects (chunks of items, named effects-<k>).
-CHUNK_FILES = {"": tuple(f"{kind.NAME}.parquet" for kind in BATCH_KINDS), "effects-": ("items.parquet", "totals.parquet")}
+# Chunk files per kind: the main measures, head effects (chunks of items, named effects-<k>) and the
+# second, selected-heads phase of head effects (one chunk, selected-00000).
+CHUNK_FILES = {"": tuple(f"{kind.NAME}.parquet" for kind in BATCH_KINDS),
+               "effects-": ("items.parquet", "layers.parquet", "totals.parquet"), "selected-": ("items.parquet", "totals.parquet")}
 
 
 def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: str | None = None) -> set[int]:
@@ -245,18 +247,39 @@ def write_chunk(chunk_dir: Path, k: int, tables: dict) -> None:
     atomic_write(chunk_dir / f"{k:05d}.done", lambda p: p.write_text(json.dumps({"rows": rows})))
 
 
-def write_effect_chunk(chunk_dir: Path, k: int, items: pd.DataFrame, totals: pd.DataFrame, plan: str) -> None:
-    atomic_write(chunk_dir / f"effects-{k:05d}.items.parquet", lambda p: items.to_parquet(p, index=False))
-    atomic_write(chunk_dir / f"effects-{k:05d}.totals.parquet", lambda p: totals.to_parquet(p, index=False))
-    atomic_write(chunk_dir / f"effects-{k:05d}.done", lambda p: p.write_text(json.dumps({"rows": len(items), "plan": plan})))
+def write_effect_chunk(chunk_dir: Path, k: int, tables: dict[str, pd.DataFrame], plan: str, kind: str = "effects-") -> None:
+    """A chunk of head effects (or the selected-heads phase): its tables, then the marker with the plan."""
+    for name in CHUNK_FILES[kind]:
+        table = tables[name.removesuffix(".parquet")]
+        atomic_write(chunk_dir / f"{kind}{k:05d}.{name}", lambda p, t=table: t.to_parquet(p, index=False))
+    rows = len(tables[CHUNK_FILES[kind][0].removesuffix(".parquet")])
+    atomic_write(chunk_dir / f"{kind}{k:05d}.done", lambda p: p.write_text(json.dumps({"rows": rows, "plan": plan})))
 
 
-def assemble_head_effects(directory: Path, n_chunks: int) -> None:
-    """Join the head-effects chunks into head_effects_items.parquet and head_effects_totals.csv."""
+def read_effect_chunks(directory: Path, n_chunks: int, kind: str = "effects-") -> dict[str, pd.DataFrame]:
+    """The tables of head-effects chunks, joined: name -> DataFrame."""
     chunk_dir = directory / "chunks"
-    parts = [[pd.read_parquet(chunk_dir / f"effects-{k:05d}.{name}") for k in range(n_chunks)] for name in CHUNK_FILES["effects-"]]
-    items, totals = (pd.concat(p, ignore_index=True) if p else pd.DataFrame() for p in parts)
-    write_head_effects(directory, items, totals)
+    out = {}
+    for name in CHUNK_FILES[kind]:
+        parts = [pd.read_parquet(chunk_dir / f"{kind}{k:05d}.{name}") for k in range(n_chunks)]
+        out[name.removesuffix(".parquet")] = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    return out
+
+
+def assemble_head_effects(directory: Path, n_chunks: int, selected_plan: str | None = None) -> None:
+    """Join the head-effects chunks into head_effects_items/layers.parquet and head_effects_totals,
+    with the selected-heads phase merged in when it is complete for `selected_plan`: the cross-fitted
+    sets' columns join the totals, the suite's exactly patched heads fill the per-head table."""
+    tables = read_effect_chunks(directory, n_chunks)
+    if selected_plan and 0 in complete_chunks(directory / "chunks", 1, lambda m: None, "selected-", selected_plan):
+        selected = read_effect_chunks(directory, 1, "selected-")
+        keys = ["item_id", "counterfactual"]
+        tables["totals"] = tables["totals"].merge(selected["totals"], on=keys, how="left")
+        head_keys = [*keys, "layer", "head"]
+        items = tables["items"].set_index(head_keys)
+        items.update(selected["items"].set_index(head_keys))
+        tables["items"] = items.reset_index()
+    write_head_effects(directory, tables)
 
 
 def assemble(directory: Path, n_chunks: int) -> None:
@@ -278,14 +301,15 @@ def assemble(directory: Path, n_chunks: int) -> None:
 
 
 
-HEAD_EFFECTS_FILES = ("head_effects_items.parquet", "head_effects_totals.parquet")
+HEAD_EFFECTS_FILES = ("head_effects_items.parquet", "head_effects_totals.parquet", "head_effects_layers.parquet")
 
 
 def has_head_effects(directory: Path) -> bool:
     totals = any((directory / f"head_effects_totals.{ext}").is_file() for ext in ("parquet", "csv"))  # csv: older runs
-    return (directory / HEAD_EFFECTS_FILES[0]).is_file() and totals
+    return (directory / HEAD_EFFECTS_FILES[0]).is_file() and (directory / HEAD_EFFECTS_FILES[2]).is_file() and totals
 
 
-def write_head_effects(directory: Path, items: pd.DataFrame, totals: pd.DataFrame) -> None:
-    atomic_write(directory / HEAD_EFFECTS_FILES[0], lambda p: items.to_parquet(p, index=False))
-    write_table(directory, "head_effects_totals", totals)
+def write_head_effects(directory: Path, tables: dict[str, pd.DataFrame]) -> None:
+    atomic_write(directory / HEAD_EFFECTS_FILES[0], lambda p: tables["items"].to_parquet(p, index=False))
+    atomic_write(directory / HEAD_EFFECTS_FILES[2], lambda p: tables["layers"].to_parquet(p, index=False))
+    write_table(directory, "head_effects_totals", tables["totals"])

@@ -16,7 +16,7 @@ from .heads import condition_means, head_stats, held_out_interaction, layer_stat
 from .inference import (ALPHA, N_BOOT, N_PERM, bh_qvalues, cluster_mean_test, correlation_with_ci, n_permutations,
                         slope_permutation_test, split_halves)
 
-TABLES_VERSION = 3  # bump when a table's columns or meaning change: cached tables are recomputed
+TABLES_VERSION = 4  # bump when a table's columns or meaning change: cached tables are recomputed
 
 __all__ = ["TABLES_VERSION", "ALPHA", "N_BOOT", "N_PERM", "analyse", "behavior", "bh_qvalues", "cluster_mean_test", "condition_means",
            "correlation_with_ci", "head_effects", "head_stats", "held_out_interaction", "layer_stats", "log_ratios", "n_permutations",
@@ -30,5 +30,5 @@ def analyse(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0)
     tables = {"head_stats": heads, "layer_stats": layer_stats(heads), "behavior": summary,
               "behavior_by_unit": per_unit, "condition_means": condition_means(run)}
     if run.has_head_effects:
-        tables["head_effects"], tables["head_effects_summary"] = head_effects(run, heads)
+        tables.update(head_effects(run, heads))
     return tables

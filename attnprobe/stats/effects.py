@@ -1,11 +1,16 @@
-"""Statistics of the head interventions of a run (attnprobe.interventions, measures.head_effects).
+"""Statistics of the head effects of a run (attnprobe.interventions, measures.head_effects).
 
-Per head: the mean indirect effect of the pattern swap with a cluster-robust CI and t p-value
-(the suite's declared clusters, on the design's cells, templates weighted equally), BH q over the
-heads that were patched on every item; mean zero- and mean-ablation and attribution estimates.
-Summary: the total effect with the same CI, the share carried by the top-k heads (ranked by mean IE
-in the direction of the total effect), and rank agreements (attribution vs exact patching; |IE| vs
-|d_z| of the attention difference to the counterfactual slot's span).
+Everything is per counterfactual word (one direction each, e.g. occupation -> woman, -> man,
+-> person), on the design's cells (template x cluster units, templates weighted equally), with the
+suite's declared clusters (two-way when it declares two):
+
+- the total effect TE = y(x') - y(x), with a cluster-robust CI, and Vig et al.'s relative effect
+  mean(exp(TE) - 1) (they report ratios of probability ratios; here y is a log-odds difference);
+- per head: the mean patch-in effect of its output (t test, BH over the heads patched on every
+  item), its patch-out effect, its pattern-alone effect and the attribution estimates;
+- shares of TE (ratio of means, linearised CI): all heads' outputs (100% by construction: every path
+  from the slot to the prediction passes through some head), all heads' patterns, each layer's
+  attention and MLP output, and the cross-fitted set (chosen on the other half of the units).
 """
 
 from __future__ import annotations
@@ -17,48 +22,112 @@ from scipy import stats as sps
 from ..analysis import ITEM
 from .design import Design, items_table
 from .heads import run_analysis
-from .inference import ALPHA, bh_qvalues, cluster_mean_test
+from .inference import ALPHA, bh_qvalues, cluster_mean_test, power_note, ratio_test
+
+SHARES = {"all_heads_in": "all heads' outputs, patched in", "all_heads_out": "all heads' outputs, patched out",
+          "all_heads_pattern_in": "all heads' patterns alone, patched in",
+          "crossfit_in": "cross-fitted top heads' outputs, patched in", "crossfit_out": "cross-fitted top heads' outputs, patched out"}
 
 
-def head_effects(run, heads: pd.DataFrame | None = None, top_k: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per head, summary) of the run's head interventions."""
+def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
+    """Tables head_effects (per word and head), head_effects_layer_shares (per word, layer,
+    component, direction) and head_effects_summary (per word)."""
     analysis = run_analysis(run)
     items = items_table(run.prompts, analysis)
-    totals = run.head_effect_totals.set_index(ITEM)
-    design = Design.build(totals.index, items, analysis)
-    w = design.cells["weight"].to_numpy()
-    total = cluster_mean_test(design.cell_means(totals[["te"]].to_numpy()), w, design.clusters)
-    ie = run.head_effect_items.pivot_table(index=ITEM, columns=["layer", "head"], values="pattern", dropna=False)
-    ie = ie.reindex(totals.index)
-    computed = ie.notna().all(axis=0).to_numpy()  # with exact: k, only some heads were patched on every item
-    test = cluster_mean_test(design.cell_means(ie.to_numpy()), w, design.clusters)
-    table = ie.columns.to_frame(index=False)
-    table["n_items"] = len(totals)
-    table["mean_ie"] = np.where(computed, test["mean"], np.nan)
-    table["ie_ci_low"] = np.where(computed, test["ci_low"], np.nan)
-    table["ie_ci_high"] = np.where(computed, test["ci_high"], np.nan)
-    table["p"] = np.where(computed, test["p"], np.nan)
-    table["q"] = bh_qvalues(table["p"].to_numpy())
-    for mode in ("zero", "mean", "attribution"):
-        table[f"mean_{mode}"] = run.head_effect_items.groupby(["layer", "head"])[mode].mean().reindex(ie.columns).to_numpy()
-    table["clusters"] = design.cluster_text
-    te = float(total["mean"][0])
-    direction = np.sign(te) or 1.0
-    ranked = table[computed].assign(score=lambda t: direction * t["mean_ie"]).sort_values("score", ascending=False)
-    summary = {
-        "n_items": len(totals), "te_mean": te, "te_ci_low": float(total["ci_low"][0]), "te_ci_high": float(total["ci_high"][0]),
-        "clusters": design.cluster_text, "n_clusters": " x ".join(map(str, total["n_clusters"])),
-        "top_k": top_k, "top_heads": " ".join(f"L{int(r.layer)}H{int(r.head)}" for r in ranked.head(top_k).itertuples()),
-        "share_top_k": ranked["mean_ie"].head(top_k).sum() / te if te else np.nan,
-        "n_heads_q05": int((table["q"] < ALPHA).sum()),
-        "spearman_attribution_exact": _spearman(table.loc[computed, "mean_attribution"], table.loc[computed, "mean_ie"]),
-    }
-    slot = next(iter((run.manifest.get("head_effects") or {}).get("counterfactual", {})), None)
+    info = run.manifest.get("head_effects") or {}
+    per_head, per_layer, summaries = [], [], []
+    for word, totals in run.head_effect_totals.groupby("counterfactual", sort=False):
+        totals = totals.set_index(ITEM)
+        design = Design.build(totals.index, items, analysis)
+        w = design.cells["weight"].to_numpy()
+        cells = lambda values: design.cell_means(np.asarray(values, float).reshape(len(totals), -1))  # noqa: E731
+        te_cells = cells(totals["te"])[:, 0]
+        head_table = _heads(run.head_effect_items, word, totals.index, design, cells, w, te_cells)
+        per_head.append(head_table)
+        per_layer.append(_layers(run.head_effect_layers, word, totals.index, cells, w, design, te_cells))
+        summaries.append(_summary(word, totals, design, cells, w, te_cells, head_table, info, items, analysis, heads))
+    return {"head_effects": pd.concat(per_head, ignore_index=True), "head_effects_layer_shares": pd.concat(per_layer, ignore_index=True),
+            "head_effects_summary": pd.DataFrame(summaries)}
+
+
+def _wide(long: pd.DataFrame, word: str, index, columns: list[str], value: str) -> pd.DataFrame:
+    """Items x (columns) of one value for one counterfactual word, rows in `index` order."""
+    rows = long[long["counterfactual"] == word]
+    return rows.pivot_table(index=ITEM, columns=columns, values=value, dropna=False).reindex(index)
+
+
+def _heads(long, word, index, design, cells, w, te_cells) -> pd.DataFrame:
+    out = None
+    for column in ("output_in", "output_out", "pattern_in", "attribution_output", "attribution_pattern"):
+        wide = _wide(long, word, index, ["layer", "head"], column)
+        if out is None:
+            out = wide.columns.to_frame(index=False).assign(counterfactual=word, n_items=len(index))
+        values = wide.to_numpy()
+        complete = np.isfinite(values).all(axis=0)  # with exact: k, only the suite's heads were patched on every item
+        test = cluster_mean_test(cells(values), w, design.clusters)
+        name = column.removeprefix("attribution_")
+        if column.startswith("attribution"):
+            out[f"mean_attribution_{name}"] = test["mean"]
+            continue
+        out[f"mean_{column}"] = np.where(complete, test["mean"], np.nan)
+        out[f"{column}_ci_low"] = np.where(complete, test["ci_low"], np.nan)
+        out[f"{column}_ci_high"] = np.where(complete, test["ci_high"], np.nan)
+        if column == "output_in":
+            out["p"] = np.where(complete, test["p"], np.nan)
+            out["q"] = bh_qvalues(out["p"].to_numpy())
+            # Vig et al. 2020's relative indirect effect, exp(IE) - 1 averaged (items, then cells)
+            out["mean_relative_in"] = np.where(complete, cluster_mean_test(cells(np.expm1(values)), w, design.clusters)["mean"], np.nan)
+    te = float(np.nansum(w * te_cells) / w[np.isfinite(te_cells)].sum())
+    out["share_output_in"] = out["mean_output_in"] / te if te else np.nan
+    out["clusters"] = design.cluster_text
+    return out[["counterfactual", *[c for c in out.columns if c != "counterfactual"]]]
+
+
+def _layers(long, word, index, cells, w, design, te_cells) -> pd.DataFrame:
+    rows = []
+    for column in ("attention_in", "attention_out", "mlp_in", "mlp_out"):
+        wide = _wide(long, word, index, ["layer"], column)
+        share = ratio_test(cells(wide.to_numpy()), te_cells, w, design.clusters)
+        component, direction = column.split("_")
+        rows.append(pd.DataFrame({"counterfactual": word, "layer": wide.columns.to_numpy(), "component": component,
+                                  "direction": direction, "share": share["ratio"], "ci_low": share["ci_low"],
+                                  "ci_high": share["ci_high"], "n_items": np.isfinite(wide.to_numpy()).sum(0)}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def _summary(word, totals, design, cells, w, te_cells, head_table, info, items, analysis, heads) -> dict:
+    te = cluster_mean_test(te_cells, w, design.clusters)
+    out = {"counterfactual": word, "n_items": len(totals), "n_aligned": int((totals["n_tokens"] != totals["n_tokens_cf"]).sum()),
+           "te_mean": float(te["mean"][0]), "te_ci_low": float(te["ci_low"][0]), "te_ci_high": float(te["ci_high"][0]),
+           "te_p": float(te["p"][0]), "te_relative": float(cluster_mean_test(cells(np.expm1(totals["te"])), w, design.clusters)["mean"][0]),
+           "clusters": design.cluster_text, "n_clusters": " x ".join(map(str, te["n_clusters"]))}
+    for column in SHARES:
+        values = totals[column] if column in totals else pd.Series(np.nan, index=totals.index)
+        share = ratio_test(cells(values), te_cells, w, design.clusters)
+        out.update({f"share_{column}": float(share["ratio"][0]), f"share_{column}_ci_low": float(share["ci_low"][0]),
+                    f"share_{column}_ci_high": float(share["ci_high"][0]), f"n_{column}": int(share["n"][0])})
+    halves = (info.get("crossfit_heads") or {}).get(word)
+    out["crossfit_heads"] = " | ".join(halves) if halves else ""
+    tested = head_table["p"].notna()
+    out["n_heads_tested"] = int(tested.sum())
+    out["n_heads_q05"] = int((head_table["q"] < ALPHA).sum())
+    out["exact_heads"] = info.get("exact_heads", "all")
+    out["power_note"] = power_note(te["n_clusters"], design.cluster_text)  # a t test has no p floor; few clusters do limit it
+    exact = head_table.loc[tested, "mean_output_in"]
+    out["spearman_attribution_exact"] = _spearman(head_table.loc[tested, "mean_attribution_output"], exact)
+    slot = next(iter(info.get("counterfactual", {})), None)
     if heads is not None and len(heads) and slot in set(heads["target"]):
         rows = heads[(heads["target"] == slot) & (heads["scope"] == "all")]
-        bias = rows.groupby(["layer", "head"])["d_z"].first().reindex(ie.columns).to_numpy()
-        summary["spearman_ie_attention_difference"] = _spearman(np.abs(table["mean_ie"]), np.abs(bias))
-    return table, pd.DataFrame([summary])
+        d_z = rows.groupby(["layer", "head"])["d_z"].first()
+        aligned = d_z.reindex(pd.MultiIndex.from_frame(head_table[["layer", "head"]])).to_numpy()
+        out["spearman_effect_attention_difference"] = _spearman(np.abs(head_table["mean_output_in"]), np.abs(aligned))
+    dropped = {d["item_id"] for d in info.get("dropped", []) if isinstance(d, dict) and d.get("counterfactual") in (word, None)}
+    out["n_dropped"] = len(dropped)
+    if analysis.covariate and analysis.covariate in items and dropped:
+        covariate = items.set_index(ITEM)[analysis.covariate]
+        out["covariate_kept"] = float(covariate.reindex(totals.index).mean())
+        out["covariate_dropped"] = float(covariate.reindex(sorted(dropped)).mean())
+    return out
 
 
 def _spearman(a, b) -> float:

@@ -90,6 +90,26 @@ def cluster_mean_test(d: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], 
             "n_clusters": n_clusters}
 
 
+def ratio_test(num: np.ndarray, den: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], level: float = 0.95) -> dict:
+    """Ratio of weighted means, sum w num / sum w den, per column of num (n, k) against den (n,)
+    (e.g. the share of a total effect that a patch carries), over the observations where both are
+    finite. CI by linearisation: the ratio's error is that of the mean of u = num - ratio den,
+    divided by the mean of den, with the same cluster-robust variance and df as cluster_mean_test."""
+    num = np.atleast_2d(np.asarray(num, dtype=float).T).T
+    den = np.where(np.isfinite(num), np.asarray(den, dtype=float)[:, None], np.nan)
+    num = np.where(np.isfinite(den), num, np.nan)
+    W = _weights(num, np.asarray(w, dtype=float))
+    mean_den = (W * np.nan_to_num(den)).sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = (W * np.nan_to_num(num)).sum(0) / mean_den
+    u = cluster_mean_test(num - ratio * den, w, clusters, level)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        se = u["se"] / np.abs(mean_den)
+    half = sps.t.ppf(0.5 + level / 2, u["df"]) * se if u["df"] >= 1 else np.full(len(ratio), np.nan)
+    return {"ratio": ratio, "se": se, "ci_low": ratio - half, "ci_high": ratio + half, "df": u["df"],
+            "n_clusters": u["n_clusters"], "n": np.isfinite(num).sum(0)}
+
+
 def _rowwise_r(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a = a - a.mean(-1, keepdims=True)
     b = b - b.mean(-1, keepdims=True)

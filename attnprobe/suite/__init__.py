@@ -89,7 +89,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
     next_token = NextTokenMeasure.parse(ctx, as_list(ctx, doc, "next_token", "measures {cut, candidates}"), slots, span_names)
     analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
     prompts, skipped, notes = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
-    head_effects = HeadEffectsMeasure.parse(ctx, doc, slots, templates, next_token)
+    head_effects = HeadEffectsMeasure.parse(ctx, doc, slots, templates, next_token, analysis)
     return Suite(
         name=name,
         description=description,
