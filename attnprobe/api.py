@@ -45,11 +45,17 @@ class Run(RunFiles):
 
     @property
     def head_effects(self) -> pd.DataFrame | None:
-        """Per head: the intervention statistics (None when the run has no head effects)."""
+        """Per counterfactual word and head: patching statistics (None when the run has no head effects)."""
         return self._tables().get("head_effects")
 
     @property
+    def head_effects_layer_shares(self) -> pd.DataFrame | None:
+        """Per word, layer, component (attention, mlp) and direction (in, out): share of the total effect."""
+        return self._tables().get("head_effects_layer_shares")
+
+    @property
     def head_effects_summary(self) -> pd.DataFrame | None:
+        """Per word: the total effect, shares carried by all heads, their patterns, the cross-fitted set."""
         return self._tables().get("head_effects_summary")
 
     def _tables(self) -> dict:

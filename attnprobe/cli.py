@@ -105,7 +105,8 @@ def verify(model_spec, texts, dtype, json_path, trust_remote_code, allow_pickle)
 
 
 # Reference speeds for `check`, measured by `make demo` (SmolLM2-135M, float32, 2 CPU cores; README)
-REFERENCE = {"prompts_per_s": 50.0, "seconds_per_effect_item": 10.0, "model": "smollm2-135m"}
+# head effects per (item, counterfactual) pair: 3.4 s with exact: 10 (both phases), 9 s with exact: all
+REFERENCE = {"prompts_per_s": 50.0, "seconds_per_pair": {"k": 3.4, "all": 9.0}, "model": "smollm2-135m"}
 
 
 @main.command()
@@ -138,13 +139,14 @@ def check(suite, model_spec, limit, trust_remote_code):
         click.echo(f"attention: {m.source} -> {', '.join(m.targets)} ({m.source_agg} over source, {m.target_agg} over target)")
     for m in loaded.next_token:
         click.echo(f"next_token: at {m.cut}, candidates {m.candidates if isinstance(m.candidates, str) else list(m.candidates)}")
-    effects_items = []
+    effects_items, pair_seconds = [], 0.0
     if loaded.head_effects is not None:
         effects_items, dropped = loaded.head_effects.items(tokenizer, encoded)
         pairs = sum(len(i["counterfactuals"]) for i in effects_items)
         click.echo(f"head_effects: {len(effects_items)} items x {len(loaded.head_effects.replacements)} counterfactuals = {pairs} pairs "
                    f"({len(dropped)} dropped: the words after the slot tokenise differently), exact patching of "
                    f"{'every head' if loaded.head_effects.exact == 'all' else f'{loaded.head_effects.exact} heads'}")
+        pair_seconds = pairs * REFERENCE["seconds_per_pair"]["all" if loaded.head_effects.exact == "all" else "k"]
     for line in loaded.skipped:
         click.echo(f"skipped: {line}")
     for line in loaded.notes:
@@ -152,9 +154,9 @@ def check(suite, model_spec, limit, trust_remote_code):
     tokens = sum(len(e.forward_ids) for e in encoded)
     click.echo(f"tokens ({spec} tokenizer): {tokens / max(1, len(encoded)):.2f} forwarded per prompt, "
                f"longest prompt {max((len(e.ids) for e in encoded), default=0)}")
-    minutes = len(prompts) / REFERENCE["prompts_per_s"] / 60 + len(effects_items) * REFERENCE["seconds_per_effect_item"] / 60
+    minutes = len(prompts) / REFERENCE["prompts_per_s"] / 60 + pair_seconds / 60
     click.echo(f"estimate: about {minutes:.1f} min for {REFERENCE['model']} on 2 CPU cores (prompts at "
-               f"{REFERENCE['prompts_per_s']:.0f}/s, head effects at {REFERENCE['seconds_per_effect_item']:.0f} s/item); "
+               f"{REFERENCE['prompts_per_s']:.0f}/s, head effects {pair_seconds / 60:.1f} min); "
                "larger models take longer in proportion to their size")
 
 
@@ -175,7 +177,7 @@ def check(suite, model_spec, limit, trust_remote_code):
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda:0 (with --shard auto: cuda:LOCAL_RANK).")
 @click.option("--device-map", type=click.Choice(["auto"]), help="Spread a model too large for one device over all devices.")
 @click.option("--head-effects/--no-head-effects", default=True, show_default=True,
-              help="Run the suite's head_effects measure (head interventions; minutes per 10 items on a CPU).")
+              help="Run the suite's head_effects measure (activation patching; minutes per 10 items on a CPU).")
 @remote_code_option
 @pickle_option
 def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, progress, with_report, max_batch_tokens,

@@ -10,7 +10,7 @@ the run loops over (BATCH_KINDS): `request(suite, batch)` -> (capture keywords, 
 
   attention     weights from source spans to target spans     -> attention.parquet
   next_token    log-probabilities of candidates at a cut      -> logprobs.csv
-  head_effects  head interventions on the next-token contrast -> head_effects_*.parquet/csv
+  head_effects  activation patching of the next-token contrast -> head_effects_*.parquet/csv
 """
 
 from __future__ import annotations

@@ -44,8 +44,16 @@ def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFra
         te_cells = cells(totals["te"])[:, 0]
         head_table = _heads(run.head_effect_items, word, totals.index, design, cells, w, te_cells)
         per_head.append(head_table)
-        per_layer.append(_layers(run.head_effect_layers, word, totals.index, cells, w, design, te_cells))
-        summaries.append(_summary(word, totals, design, cells, w, te_cells, head_table, info, items, analysis, heads))
+        layer_table = _layers(run.head_effect_layers, word, totals.index, cells, w, design, te_cells)
+        per_layer.append(layer_table)
+        summary = _summary(word, totals, design, cells, w, te_cells, head_table, info, items, analysis, heads)
+        for component in ("attention", "mlp"):  # the layer whose output, patched in, carries the largest share
+            rows = layer_table[(layer_table["component"] == component) & (layer_table["direction"] == "in")].dropna(subset=["share"])
+            if len(rows):
+                top = rows.loc[rows["share"].idxmax()]
+                summary.update({f"top_{component}_layer": int(top["layer"]), f"top_{component}_share": float(top["share"]),
+                                f"top_{component}_ci_low": float(top["ci_low"]), f"top_{component}_ci_high": float(top["ci_high"])})
+        summaries.append(summary)
     return {"head_effects": pd.concat(per_head, ignore_index=True), "head_effects_layer_shares": pd.concat(per_layer, ignore_index=True),
             "head_effects_summary": pd.DataFrame(summaries)}
 
@@ -63,7 +71,10 @@ def _heads(long, word, index, design, cells, w, te_cells) -> pd.DataFrame:
         if out is None:
             out = wide.columns.to_frame(index=False).assign(counterfactual=word, n_items=len(index))
         values = wide.to_numpy()
-        complete = np.isfinite(values).all(axis=0)  # with exact: k, only the suite's heads were patched on every item
+        # heads patched on every item that has this channel (with exact: k only the suite's heads;
+        # the pattern channel only on items whose x and x' have equal length)
+        counts = np.isfinite(values).sum(axis=0)
+        complete = (counts == counts.max()) & (counts > 0)
         test = cluster_mean_test(cells(values), w, design.clusters)
         name = column.removeprefix("attribution_")
         if column.startswith("attribution"):
@@ -97,7 +108,7 @@ def _layers(long, word, index, cells, w, design, te_cells) -> pd.DataFrame:
 
 def _summary(word, totals, design, cells, w, te_cells, head_table, info, items, analysis, heads) -> dict:
     te = cluster_mean_test(te_cells, w, design.clusters)
-    out = {"counterfactual": word, "n_items": len(totals), "n_aligned": int((totals["n_tokens"] != totals["n_tokens_cf"]).sum()),
+    out = {"counterfactual": word, "n_items": len(totals), "te_nonzero": bool(te["ci_low"][0] > 0 or te["ci_high"][0] < 0), "n_aligned": int((totals["n_tokens"] != totals["n_tokens_cf"]).sum()),
            "te_mean": float(te["mean"][0]), "te_ci_low": float(te["ci_low"][0]), "te_ci_high": float(te["ci_high"][0]),
            "te_p": float(te["p"][0]), "te_relative": float(cluster_mean_test(cells(np.expm1(totals["te"])), w, design.clusters)["mean"][0]),
            "clusters": design.cluster_text, "n_clusters": " x ".join(map(str, te["n_clusters"]))}
