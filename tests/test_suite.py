@@ -1,5 +1,6 @@
 """Suite loading: expansion, spans, and one test per validation error (message checked)."""
 
+import re
 import textwrap
 
 import pytest
@@ -119,7 +120,7 @@ def test_explicit_sentence_errors(tmp_path):
     with pytest.raises(SuiteError, match=r"s.tsv:3: unbalanced or nested brackets"):
         load_suite(write(tmp_path, suite))
     (tmp_path / "s.tsv").write_text("text\n[one] and two\n")
-    with pytest.raises(SuiteError, match=r"s.tsv:2: 1 bracketed spans but `spans:` names 2 \(a, b\)"):
+    with pytest.raises(SuiteError, match=r"s.tsv:2: 1 unnamed bracketed span\(s\) but `spans:` names 2 \(a, b\)"):
         load_suite(write(tmp_path, suite))
 
 
@@ -181,3 +182,73 @@ def test_ambiguous_forms_are_summed_or_excluded(tmp_path):
     excluded = load_suite(tmp_path / "exclude.yaml")
     assert all("pronoun" not in p.candidates for p in excluded.prompts if p.template_id == "acc")
     assert excluded.skipped == ("next_token at 'pronoun': a form is both acc and poss; excluded (1 template(s): acc)",)
+
+
+BENCHMARK = """\
+name: bench
+slots:
+  occupation: {values: [developer, designer, nurse, mechanic]}
+sentences:
+  - id: type1
+    files: {pro: t1-pro.txt, anti: t1-anti.txt}
+    numbered: true
+    spans: [referent, pronoun]
+    mark: {other: occupation}
+analysis: {contrast: version, positive: pro, negative: anti}
+attention: [{source: pronoun, targets: [referent, other]}]
+"""
+
+
+def test_numbered_benchmark_files_pair_by_line_with_named_and_marked_spans(tmp_path):
+    """Published benchmarks' shape: numbered lines, [bracketed] spans, pro and anti files whose line n
+    is one item; the unbracketed second occupation is marked from the occupation slot's words."""
+    (tmp_path / "t1-pro.txt").write_text("1 [The developer] argued with the designer because [he] did not like the design.\n"
+                                         "2 The nurse thanked [the mechanic] because [he] came quickly.\n")
+    (tmp_path / "t1-anti.txt").write_text("1 [The developer] argued with the designer because [she] did not like the design.\n"
+                                          "2 The nurse thanked [the mechanic] because [she] came quickly.\n")
+    suite = load_suite(write(tmp_path, BENCHMARK))
+    assert len(suite.prompts) == 4 and {p.item_id for p in suite.prompts} == {"type1|1", "type1|2"}
+    first = suite.prompts[0]
+    assert first.text == "The developer argued with the designer because he did not like the design."  # no number, no brackets
+    assert first.meta["version"] == "pro" and first.meta["line"] == 1
+    assert {k: first.text[a:b] for k, (a, b) in first.spans.items()} == {"referent": "The developer", "pronoun": "he", "other": "designer"}
+    second = suite.prompts[1]
+    assert second.text[slice(*second.spans["other"])] == "nurse"  # before the referent: the first free occurrence
+    assert suite.analysis.labels == ("pro", "anti")
+
+
+def test_named_inline_spans_may_vary_by_line(tmp_path):
+    (tmp_path / "s.txt").write_text("[occupation: The developer] said [pronoun: he] was late.\n"
+                                    "[pronoun: She] told [occupation: the nurse] that [pronoun: she] was late.\n"
+                                    "# a comment\n"
+                                    "Nothing marked but [the clerk] here.\n")
+    suite = load_suite(write(tmp_path, "name: t\nsentences:\n  - {id: s, file: s.txt, spans: [occupation]}\n"))
+    spans = [{k: p.text[a:b] for k, (a, b) in p.spans.items()} for p in suite.prompts]
+    assert spans == [{"occupation": "The developer", "pronoun": "he"},
+                     {"pronoun": "She", "occupation": "the nurse", "pronoun_2": "she"},
+                     {"occupation": "the clerk"}]
+    (tmp_path / "bad.txt").write_text("[a] and [b]\n")
+    with pytest.raises(SuiteError, match=r"bad.txt:1: 2 unnamed bracketed span\(s\) but the entry lists no `spans:`"):
+        load_suite(write(tmp_path, "name: t\nsentences:\n  - {id: s, file: bad.txt}\n"))
+    (tmp_path / "n.txt").write_text("1 [a: x] fine\nnot numbered\n")
+    with pytest.raises(SuiteError, match=r"n.txt:2: the line does not match the entry's line format"):
+        load_suite(write(tmp_path, "name: t\nsentences:\n  - {id: s, file: n.txt, numbered: true}\n"))
+
+
+def test_templates_with_their_own_values_and_meta_expand_without_the_product():
+    suite = load_suite("probes/winogender-style.yaml")
+    assert len(suite.prompts) == 24 * 3 and len({p.item_id for p in suite.prompts}) == 24
+    nurse = [p for p in suite.prompts if p.template_id == "nurse_p"]
+    assert {p.slots["occupation"] for p in nurse} == {"nurse"} and {p.slots["participant"] for p in nurse} == {"patient"}
+    assert all(p.meta["answer"] == "participant" and p.meta["occupation_bls_pct_female"] == 89.58 for p in nurse)
+    assert suite.analysis.groups["answer=occupation"] == tuple(t.id for t in suite.templates if t.id.endswith("_o"))
+
+
+def test_template_values_errors(tmp_path):
+    base = GOOD.replace('- {id: one, text: "The {occupation} said that {pronoun.nom} left."}',
+                        '- {id: one, text: "The {occupation} said that {pronoun.nom} left.", VALUES}')
+    for values, message in (("values: {pronoun: [xyz]}", "'xyz' is not a value of slot 'pronoun'"),
+                            ("values: {nope: [a]}", "values for 'nope', which this template does not use"),
+                            ("meta: {prompt_id: 3}", "metadata 'prompt_id' would overwrite a column")):
+        with pytest.raises(SuiteError, match=re.escape(message)):
+            load_suite(write(tmp_path, base.replace("VALUES", values)))

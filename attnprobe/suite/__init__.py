@@ -72,7 +72,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
 
     templates = load_templates(ctx, as_list(ctx, doc, "templates", "templates {id, text}"), slots)
     sentence_sets = load_sentence_sets(ctx, as_list(ctx, doc, "sentences", "sentence files {id, file, spans}"),
-                                        {t.id for t in templates})
+                                        {t.id for t in templates}, slots)
     if not templates and not sentence_sets:
         ctx.fail(doc, None, "the suite has no templates and no sentences; add a `templates:` list")
     check_size(ctx, doc, templates, slots, sentence_sets, limit)
@@ -122,10 +122,10 @@ def _refuse_reserved_names(ctx, doc, slots, prompts, sentence_sets) -> None:
             ctx.fail(doc["slots"], name, f"slot name '{name}' is reserved (it names a column every run writes, or a second "
                      "occurrence of another slot); rename the slot")
     for sentence_set in sentence_sets:
-        for number, record in sentence_set["rows"]:
+        for path, number, record in sentence_set["rows"]:
             for column in record:
                 if column != "text" and (column in RESERVED_COLUMNS or column.endswith(SPAN_COLUMNS) or column in sentence_set["names"]):
-                    raise SuiteError(f"{sentence_set['path']}:{number}: column '{column}' is a column every run writes or "
+                    raise SuiteError(f"{path}:{number}: column '{column}' is a column every run writes or "
                                      "the name of a span; rename the column")
     for prompt in prompts:
         clash = set(prompt.meta) & (set(RESERVED_COLUMNS) | set(prompt.slots))

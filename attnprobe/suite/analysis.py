@@ -20,7 +20,7 @@ from ..analysis import ITEM, TEMPLATE, Analysis
 from ..errors import SuiteError
 from ..yamllines import Map, optional_str
 
-_KEYS = {"contrast", "positive", "negative", "clusters", "covariate", "groups"}
+_KEYS = {"contrast", "positive", "negative", "clusters", "covariate", "groups", "group_by"}
 
 
 def value_of(prompt, column: str):
@@ -109,6 +109,16 @@ def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analy
         if unknown:
             ctx.fail(raw_groups, group, f"group '{group}' names unknown template(s) {', '.join(unknown)} (templates: {', '.join(templates)})")
         groups[str(group)] = tuple(ids)
+    if "group_by" in node:  # groups from a column that is constant within each template, e.g. answer
+        column = resolve("group_by", optional_str(ctx, node, "group_by"))
+        if not _constant_within(prompts, column, TEMPLATE):
+            ctx.fail(node, "group_by", f"'{names[column]}' varies within a template; group_by takes a column constant per template")
+        by_value: dict[str, list[str]] = {}
+        for p in prompts:
+            value = value_of(p, column)
+            if value is not None and p.template_id not in by_value.setdefault(f"{names[column]}={value}", []):
+                by_value[f"{names[column]}={value}"].append(p.template_id)
+        groups.update({name: tuple(ids) for name, ids in by_value.items()})
     return Analysis(contrast=contrast, positive=positive, negative=negative, labels=labels, clusters=clusters,
                     covariate=covariate, unit=unit, groups=groups, names=names)
 

@@ -1,8 +1,13 @@
-"""Explicit sentence files (TSV, CSV or JSONL with a `text` column) whose spans are [bracketed].
+"""Explicit sentence files whose spans are [bracketed]: TSV, CSV or JSONL with a `text` column, or
+plain text with one sentence per line (optionally numbered, as published benchmarks are).
 
-Other columns become prompt metadata. Each row is its own item, unless the entry names a `pair`
-column: rows with equal values there form one item (e.g. the pro- and anti-stereotypical versions
-of one sentence), compared through the suite's analysis contrast (a column such as `version`).
+A bracket is named inline (`[occupation: The developer]`) or by position through the entry's
+`spans:` list, so lines may carry different spans. `mark: {span: slot}` marks the first word of a
+slot's values that no bracket covers (a second occupation, without editing the data). Other
+columns become prompt metadata. Each row is its own item, unless the entry names a `pair` column
+(rows with equal values form one item) or lists several `files:` (line n of each file forms one
+item, the file's key going to column `version` or the entry's `column`), compared through the
+suite's analysis contrast.
 """
 
 from __future__ import annotations
@@ -20,39 +25,117 @@ from ..yamllines import Seq, number_or_text, required_str
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 
 
-def load_sentence_sets(ctx, node: Seq, template_ids) -> list[dict]:
+_ENTRY_KEYS = ("column", "file", "files", "id", "mark", "numbered", "pair", "pattern", "spans")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NAMED = re.compile(r"([A-Za-z_][A-Za-z0-9_]*):\s+(.+)", re.S)  # [name: words]
+
+
+def load_sentence_sets(ctx, node: Seq, template_ids, slots=None) -> list[dict]:
     sets = []
     for i, item in enumerate(node):
         if not isinstance(item, dict):
             ctx.fail(node, i, "each `sentences` entry is a mapping with `id:`, `file:` and `spans:`")
         for key in item:
-            if key not in ("id", "file", "spans", "pair"):
-                ctx.fail(item, key, f"unknown key '{key}' in a sentences entry; allowed: file, id, pair, spans")
+            if key not in _ENTRY_KEYS:
+                ctx.fail(item, key, f"unknown key '{key}' in a sentences entry; allowed: {', '.join(_ENTRY_KEYS)}")
         set_id = required_str(ctx, item, "id")
         if set_id in template_ids or any(s["id"] == set_id for s in sets):
             ctx.fail(item, "id", f"duplicate id '{set_id}'; template and sentence ids must be unique")
-        file_name = required_str(ctx, item, "file")
-        names = item.get("spans")
-        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-            ctx.fail(item, "spans", "`spans` must list the names of the bracketed spans in order, e.g. [occupation, pronoun]")
+        names = item.get("spans", [])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            ctx.fail(item, "spans", "`spans` lists the names of the unnamed [bracketed] spans in order, e.g. [occupation, pronoun]")
         if len(set(names)) != len(names):
             ctx.fail(item, "spans", "span names must be unique")
         for name in names:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            if not _NAME.fullmatch(name):
                 ctx.fail(item, "spans", f"span name {name!r} must be letters, digits and '_' (it names prompts.csv columns)")
-        path, text = ctx.read_data(item, "file", file_name)
-        rows = _read_rows(path, text)
-        if not rows:
-            ctx.fail(item, "file", f"{path.name} holds no sentences")
+        reader = _line_reader(ctx, item)
+        files = _files(ctx, item)
+        column = str(item.get("column", "version"))
+        rows = []
+        for key, file_name in files.items():
+            path, text = ctx.read_data(item, "files" if "files" in item else "file", file_name)
+            file_rows = _read_rows(path, text, reader)
+            if not file_rows:
+                ctx.fail(item, "files" if "files" in item else "file", f"{path.name} holds no sentences")
+            for number, record in file_rows:
+                if key is not None:
+                    record[column] = key
+                rows.append((path, number, record))
         pair = item.get("pair")
-        if pair is not None and (not isinstance(pair, str) or pair not in rows[0][1]):
-            ctx.fail(item, "pair", f"`pair` must name a column of {path.name} (columns: {', '.join(rows[0][1])})")
-        sets.append({"id": set_id, "names": list(names), "path": path, "rows": rows, "n_rows": len(rows), "pair": pair})
+        if pair is not None and (not isinstance(pair, str) or pair not in rows[0][2]):
+            ctx.fail(item, "pair", f"`pair` must name a column of the sentence file (columns: {', '.join(rows[0][2])})")
+        if len(files) > 1:
+            pair = "line"  # line n of every file is one item
+        sets.append({"id": set_id, "names": list(names), "path": next(iter(files.values())), "rows": rows, "n_rows": len(rows),
+                     "pair": pair, "mark": _marks(ctx, item, slots or {})})
     return sets
 
 
-def _read_rows(path: Path, text: str) -> list[tuple[int, dict]]:
-    """(line number, record) for each sentence; JSONL objects or TSV/CSV rows with a `text` column."""
+def _files(ctx, item) -> dict:
+    """{key: file}: one file (key None), or `files: {pro: a.txt, anti: b.txt}`."""
+    if ("file" in item) == ("files" in item):
+        ctx.fail(item, None, "a sentences entry names one `file:` or several `files: {pro: a.txt, anti: b.txt}`")
+    if "file" in item:
+        return {None: required_str(ctx, item, "file")}
+    files = item["files"]
+    if not isinstance(files, dict) or len(files) < 2 or not all(isinstance(f, str) for f in files.values()):
+        ctx.fail(item, "files", "`files` maps each version to its file, e.g. {pro: type1-pro.txt, anti: type1-anti.txt}")
+    return {str(k): v for k, v in files.items()}
+
+
+def _line_reader(ctx, item):
+    """How a plain-text line becomes (key, sentence): `numbered: true` strips a leading number (the
+    line's key); `pattern:` a regex with a `text` group (and optionally `key`)."""
+    if item.get("numbered") and "pattern" in item:
+        ctx.fail(item, "pattern", "give `numbered: true` or `pattern:`, not both")
+    if item.get("numbered"):
+        return re.compile(r"\s*(?P<key>\d+)[\s.:)]+(?P<text>.*\S)\s*")
+    if "pattern" in item:
+        try:
+            pattern = re.compile(str(item["pattern"]))
+        except re.error as exc:
+            ctx.fail(item, "pattern", f"invalid regular expression ({exc}); e.g. '^(?P<key>\\d+) (?P<text>.*)$'")
+        if "text" not in pattern.groupindex:
+            ctx.fail(item, "pattern", "the pattern needs a named group (?P<text>...) for the sentence")
+        return pattern
+    return None
+
+
+def _marks(ctx, item, slots) -> dict[str, list[str]]:
+    """`mark: {other: occupation}` -> {other: words of the slot's values, longest first}."""
+    marks = item.get("mark") or {}
+    if not isinstance(marks, dict):
+        ctx.fail(item, "mark", "`mark` maps a span name to a slot whose values mark it, e.g. {other: occupation}")
+    out = {}
+    for name, slot in marks.items():
+        if not _NAME.fullmatch(str(name)):
+            ctx.fail(item, "mark", f"span name {name!r} must be letters, digits and '_'")
+        if slot not in slots:
+            ctx.fail(item, "mark", f"mark '{name}' names slot '{slot}', which is not defined under slots: ({', '.join(slots) or 'none'})")
+        words = {text for value in slots[slot].values for text in value.forms.values()}
+        out[str(name)] = sorted(words, key=len, reverse=True)
+    return out
+
+
+def _read_rows(path: Path, text: str, reader=None) -> list[tuple[int, dict]]:
+    """(line number, record) for each sentence: JSONL objects, TSV/CSV rows with a `text` column,
+    or plain-text lines (.txt or a declared line reader), whose key goes to column `line`."""
+    if reader is not None or path.suffix not in (".jsonl", ".tsv", ".tab", ".csv"):
+        rows = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip() or line.startswith("#"):
+                continue
+            if reader is None:
+                rows.append((number, {"text": line.strip(), "line": number}))
+                continue
+            match = reader.fullmatch(line)
+            if not match:
+                raise SuiteError(f"{path}:{number}: the line does not match the entry's line format (`numbered`: a number, "
+                                 "then the sentence; or its `pattern`); fix the line or the entry")
+            key = match.groupdict().get("key")
+            rows.append((number, {"text": match.group("text"), "line": number_or_text(key) if key else number}))
+        return rows
     if path.suffix == ".jsonl":
         rows = []
         for number, line in enumerate(text.splitlines(), start=1):
@@ -86,34 +169,69 @@ def _read_rows(path: Path, text: str) -> list[tuple[int, dict]]:
 
 def sentence_prompts(ctx, sentence_set, first_id) -> list[Prompt]:
     prompts = []
-    names = sentence_set["names"]
-    for number, record in sentence_set["rows"]:
-        marked = record["text"]
-        where = f"{sentence_set['path']}:{number}"
-        if marked.count("[") != marked.count("]") or _BRACKET.sub("", marked).count("[") or _BRACKET.sub("", marked).count("]"):
-            raise SuiteError(f"{where}: unbalanced or nested brackets; mark each span as [words]")
-        found = _BRACKET.findall(marked)
-        if len(found) != len(names):
-            raise SuiteError(f"{where}: {len(found)} bracketed spans but `spans:` names {len(names)} ({', '.join(names)}); mark each once")
-        text, spans, position, last = [], {}, 0, 0
-        for name, match in zip(names, _BRACKET.finditer(marked)):
-            text.append(marked[last:match.start()])
-            position += match.start() - last
-            spans[name] = (position, position + len(match.group(1)))
-            text.append(match.group(1))
-            position += len(match.group(1))
-            last = match.end()
-        text.append(marked[last:])
+    for path, number, record in sentence_set["rows"]:
+        where = f"{path}:{number}"
+        text, spans, found = _parse_brackets(record["text"], sentence_set["names"], where)
+        for name, words in sentence_set["mark"].items():
+            if name in spans:
+                raise SuiteError(f"{where}: span '{name}' is both bracketed and marked by `mark:`; keep one")
+            hit = _find_word(text, words, spans.values())
+            if hit:
+                spans[name] = hit
+                found[name] = text[hit[0]:hit[1]]
         meta = {k: number_or_text(str(v)) for k, v in record.items() if k != "text"}
+        key = record[sentence_set["pair"]] if sentence_set["pair"] else number
         prompts.append(Prompt(
             prompt_id=first_id + len(prompts),
-            item_id=f"{sentence_set['id']}|{record[sentence_set['pair']] if sentence_set['pair'] else number}",
+            item_id=f"{sentence_set['id']}|{key}",
             template_id=sentence_set["id"],
-            text="".join(text),
-            slots={name: marked_text for name, marked_text in zip(names, found)},
+            text=text,
+            slots=found,
             meta=meta,
             spans=spans,
             origin=where,
         ))
     return prompts
 
+
+def _parse_brackets(marked: str, names: list[str], where: str) -> tuple[str, dict, dict]:
+    """Text without brackets, each span's character range, and its words. `[name: words]` names a
+    span inline; the unnamed brackets of a line take all of `names` in order; a repeated name
+    becomes name_2, ..."""
+    if marked.count("[") != marked.count("]") or _BRACKET.sub("", marked).count("[") or _BRACKET.sub("", marked).count("]"):
+        raise SuiteError(f"{where}: unbalanced or nested brackets; mark each span as [words] or [name: words]")
+    matches = list(_BRACKET.finditer(marked))
+    unnamed = [m for m in matches if not _NAMED.fullmatch(m.group(1))]
+    if (unnamed or not matches) and len(unnamed) != len(names):  # a line may also name every span inline
+        listed = f"`spans:` names {len(names)} ({', '.join(names)})" if names else "the entry lists no `spans:`"
+        raise SuiteError(f"{where}: {len(unnamed)} unnamed bracketed span(s) but {listed}; name them inline as [name: words] or list them")
+    positional = iter(names)
+    text, spans, found, position, last = [], {}, {}, 0, 0
+    for match in matches:
+        named = _NAMED.fullmatch(match.group(1))
+        name, words = (named.group(1), named.group(2)) if named else (next(positional), match.group(1))
+        occurrence, base = 2, name
+        while name in spans:
+            name, occurrence = f"{base}_{occurrence}", occurrence + 1
+        text.append(marked[last:match.start()])
+        position += match.start() - last
+        spans[name] = (position, position + len(words))
+        found[name] = words
+        text.append(words)
+        position += len(words)
+        last = match.end()
+    text.append(marked[last:])
+    return "".join(text), spans, found
+
+
+def _find_word(text: str, words: list[str], taken) -> tuple[int, int] | None:
+    """The first whole-word, case-insensitive occurrence of any of `words` (longest first at a
+    position) that overlaps no span in `taken`."""
+    best = None
+    for word in words:
+        for match in re.finditer(rf"(?<!\w){re.escape(word)}(?!\w)", text, re.I):
+            if not any(s < match.end() and match.start() < e for s, e in taken):
+                if best is None or match.start() < best[0]:
+                    best = (match.start(), match.end())
+                break
+    return best

@@ -23,9 +23,9 @@ def load_templates(ctx, node: Seq, slots) -> list[Template]:
     for i, item in enumerate(node):
         if not isinstance(item, dict):
             ctx.fail(node, i, "each template is a mapping with `id:` and `text:`")
-        unknown = set(item) - {"id", "text", "where"}
+        unknown = set(item) - {"id", "text", "where", "values", "meta"}
         if unknown:
-            ctx.fail(item, sorted(unknown)[0], f"unknown key '{sorted(unknown)[0]}' in a template; allowed: id, text, where")
+            ctx.fail(item, sorted(unknown)[0], f"unknown key '{sorted(unknown)[0]}' in a template; allowed: id, meta, text, values, where")
         template_id = required_str(ctx, item, "id")
         if template_id in ids:
             ctx.fail(item, "id", f"duplicate template id '{template_id}' (first at line {ids[template_id]}); ids must be unique")
@@ -38,8 +38,47 @@ def load_templates(ctx, node: Seq, slots) -> list[Template]:
         if not isinstance(where, list):
             ctx.fail(item, "where", "`where` must be a condition or a list of conditions like 'occupation != participant'")
         conditions = tuple(parse_condition(ctx, item, str(c), slots, slot_names(text)) for c in where)
-        templates.append(Template(template_id, text, conditions, line_of(item, "id")))
+        values = _own_values(ctx, item, slots, slot_names(text))
+        meta = item.get("meta") or {}
+        if not isinstance(meta, dict) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in meta.values()):
+            ctx.fail(item, "meta", "`meta` maps column names to text or numbers, e.g. {answer: participant}")
+        for key in meta:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key)) or key in slots:
+                ctx.fail(item, "meta", f"meta name {key!r} must be letters, digits and '_' and not a slot name")
+        templates.append(Template(template_id, text, conditions, line_of(item, "id"), values,
+                                  tuple((str(k), number_or_text(str(v))) for k, v in meta.items())))
     return templates
+
+
+def _own_values(ctx, item, slots, used) -> tuple:
+    """A template's `values: {slot: [value, ...]}`: a listed value that the slot has (by any form or
+    label) keeps its forms and metadata; a new one is plain text (slots without forms only)."""
+    node = item.get("values")
+    if node is None:
+        return ()
+    if not isinstance(node, dict):
+        ctx.fail(item, "values", "`values` maps slot names to the template's own values, e.g. {occupation: [nurse]}")
+    own = []
+    for name, listed in node.items():
+        if name not in slots or name not in used:
+            ctx.fail(item, "values", f"values for '{name}', which this template does not use")
+        listed = [listed] if isinstance(listed, (str, int, float)) and not isinstance(listed, bool) else listed
+        if not isinstance(listed, list) or not listed:
+            ctx.fail(item, "values", f"values of '{name}' must be a value or a non-empty list")
+        known = {}
+        for value in slots[name].values:
+            for text in (*value.forms.values(), value.meta.get("label")):
+                known.setdefault(str(text), value)
+        chosen = []
+        for value in listed:
+            if str(value) in known:
+                chosen.append(known[str(value)])
+            elif slots[name].form_names == ("value",):
+                chosen.append(SlotValue({"value": str(value)}, {}))
+            else:
+                ctx.fail(item, "values", f"'{value}' is not a value of slot '{name}' (a slot with forms takes its own values by text or label)")
+        own.append((name, tuple(chosen)))
+    return tuple(own)
 
 
 def _unescape_outside_slots(text: str):
@@ -123,7 +162,7 @@ def check_size(ctx, doc, templates, slots, sentence_sets, limit):
     total = sum(s["n_rows"] for s in sentence_sets)
     for template in templates:
         names = list(dict.fromkeys(slot_names(template.text)))
-        total += math.prod(len(slots[n].values) for n in names)
+        total += math.prod(len(template.slot_values(n, slots)) for n in names)
         if total > limit:
             ctx.fail(doc, "templates", f"the suite would expand to more than {limit:,} prompts (before filters); "
                                        "shrink the slot lists or raise `max_prompts`")
@@ -134,13 +173,13 @@ def expand(ctx, template: Template, slots, contrast, first_id) -> list[Prompt]:
     names = list(dict.fromkeys(slot_names(template.text)))
     order = [n for n in names if n != contrast] + ([contrast] if contrast in names else [])
     prompts = []
-    for combination in itertools.product(*(slots[n].values for n in order)):
+    for combination in itertools.product(*(template.slot_values(n, slots) for n in order)):
         chosen = dict(zip(order, combination))
         if not all(c.holds(chosen) for c in template.where):
             continue
         text, spans, span_forms = _fill(template.text, chosen)
         fixed = [f"{n}={'/'.join(chosen[n].forms.values())}" for n in order if n != contrast]
-        meta = {f"{n}_{k}": v for n in order for k, v in chosen[n].meta.items()}
+        meta = {**{f"{n}_{k}": v for n in order for k, v in chosen[n].meta.items()}, **dict(template.meta)}
         prompts.append(Prompt(
             prompt_id=first_id + len(prompts),
             item_id=template.id + ("|" + "|".join(fixed) if fixed else ""),

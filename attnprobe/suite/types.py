@@ -54,6 +54,12 @@ class Template:
     text: str
     where: tuple[Condition, ...] = ()
     line: int = 0
+    values: tuple[tuple[str, tuple[SlotValue, ...]], ...] = ()  # the template's own values of some slots
+    meta: tuple[tuple[str, object], ...] = ()  # metadata of every prompt of the template, e.g. (answer, participant)
+
+    def slot_values(self, name: str, slots) -> tuple[SlotValue, ...]:
+        """The values this template expands slot `name` over: its own, else the slot's."""
+        return dict(self.values).get(name, slots[name].values)
 
 @dataclass(frozen=True)
 class Prompt:
