@@ -74,11 +74,14 @@ def test_three_labels_and_nothing_declared_is_descriptive(tiny_llama_dir, tmp_pa
 
 
 def test_paired_sentence_suite(tiny_llama_dir, tmp_path):
-    """The shipped pro/anti coreference suite: rows paired by `pair`, compared by `version`."""
+    """The shipped pro/anti coreference suite in a benchmark's shape (numbered lines, one file per
+    version, the second occupation marked from the slot's words), compared by `version`."""
     html, headline = run_cli("probes/coref.yaml", tiny_llama_dir, tmp_path / "out")
     heads = pd.read_csv(tmp_path / "out" / "head_stats.csv")
-    assert set(heads["target"]) == {"referent", "other"} and set(heads["n_items"]) == {128}
-    assert set(heads["clusters"]) == {"referent x frame"} and set(heads["n_clusters"]) == {"16 x 8"}
+    pooled = heads[heads["scope"] == "all"]
+    assert set(heads["target"]) == {"referent", "other"} and set(pooled["n_items"]) == {128}
+    assert set(heads.loc[heads["scope"] == "type2", "n_items"]) == {64}  # the declared group
+    assert set(pooled["clusters"]) == {"referent.occupation x template"} and set(pooled["n_clusters"]) == {"16 x 8"}
     assert "log p(pro) - log p(anti)" in headline
     behavior = pd.read_csv(tmp_path / "out" / "behavior.csv").set_index("scope")
     assert set(behavior.loc["all", "comparison"].split(" | ")) == {"he vs she", "she vs he"}

@@ -25,7 +25,7 @@ from ..yamllines import Seq, number_or_text, required_str
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 
 
-_ENTRY_KEYS = ("column", "file", "files", "id", "mark", "numbered", "pair", "pattern", "spans")
+_ENTRY_KEYS = ("column", "file", "files", "id", "lookup", "mark", "numbered", "pair", "pattern", "spans")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAMED = re.compile(r"([A-Za-z_][A-Za-z0-9_]*):\s+(.+)", re.S)  # [name: words]
 
@@ -68,7 +68,7 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None) -> list[dict]:
         if len(files) > 1:
             pair = "line"  # line n of every file is one item
         sets.append({"id": set_id, "names": list(names), "path": next(iter(files.values())), "rows": rows, "n_rows": len(rows),
-                     "pair": pair, "mark": _marks(ctx, item, slots or {})})
+                     "pair": pair, "mark": _marks(ctx, item, slots or {}, "mark"), "lookup": _lookups(ctx, item, slots or {})})
     return sets
 
 
@@ -102,20 +102,28 @@ def _line_reader(ctx, item):
     return None
 
 
-def _marks(ctx, item, slots) -> dict[str, list[str]]:
+def _marks(ctx, item, slots, key) -> dict[str, list[str]]:
     """`mark: {other: occupation}` -> {other: words of the slot's values, longest first}."""
-    marks = item.get("mark") or {}
+    marks = item.get(key) or {}
     if not isinstance(marks, dict):
-        ctx.fail(item, "mark", "`mark` maps a span name to a slot whose values mark it, e.g. {other: occupation}")
+        ctx.fail(item, key, f"`{key}` maps a span name to a slot, e.g. {{other: occupation}}")
     out = {}
     for name, slot in marks.items():
         if not _NAME.fullmatch(str(name)):
-            ctx.fail(item, "mark", f"span name {name!r} must be letters, digits and '_'")
+            ctx.fail(item, key, f"span name {name!r} must be letters, digits and '_'")
         if slot not in slots:
-            ctx.fail(item, "mark", f"mark '{name}' names slot '{slot}', which is not defined under slots: ({', '.join(slots) or 'none'})")
+            ctx.fail(item, key, f"{key} '{name}' names slot '{slot}', which is not defined under slots: ({', '.join(slots) or 'none'})")
         words = {text for value in slots[slot].values for text in value.forms.values()}
         out[str(name)] = sorted(words, key=len, reverse=True)
     return out
+
+
+def _lookups(ctx, item, slots) -> dict[str, tuple[str, dict]]:
+    """`lookup: {referent: occupation}` -> {referent: (slot, {lowercase word: slot value})}: a span's
+    metadata from the slot value its words contain (referent_occupation, referent_bls_pct_female)."""
+    spans = _marks(ctx, item, slots, "lookup")
+    return {name: (str(item["lookup"][name]), {text.lower(): value for value in slots[item["lookup"][name]].values
+                                                for text in value.forms.values()}) for name in spans}
 
 
 def _read_rows(path: Path, text: str, reader=None) -> list[tuple[int, dict]]:
@@ -180,6 +188,13 @@ def sentence_prompts(ctx, sentence_set, first_id) -> list[Prompt]:
                 spans[name] = hit
                 found[name] = text[hit[0]:hit[1]]
         meta = {k: number_or_text(str(v)) for k, v in record.items() if k != "text"}
+        for name, (slot, values) in sentence_set["lookup"].items():
+            if name in found:
+                value = _contained(found[name], values)
+                if value is None:
+                    raise SuiteError(f"{where}: span '{name}' ({found[name]!r}) contains no value of slot '{slot}'; add it to the slot")
+                meta[f"{name}_{slot}"] = "/".join(value.forms.values())
+                meta.update({f"{name}_{k}": v for k, v in value.meta.items()})
         key = record[sentence_set["pair"]] if sentence_set["pair"] else number
         prompts.append(Prompt(
             prompt_id=first_id + len(prompts),
@@ -222,6 +237,12 @@ def _parse_brackets(marked: str, names: list[str], where: str) -> tuple[str, dic
         last = match.end()
     text.append(marked[last:])
     return "".join(text), spans, found
+
+
+def _contained(words: str, values: dict):
+    """The slot value whose text occurs in `words` as a whole word (the longest), or None."""
+    hits = [text for text in values if re.search(rf"(?<!\w){re.escape(text)}(?!\w)", words, re.I)]
+    return values[max(hits, key=len)] if hits else None
 
 
 def _find_word(text: str, words: list[str], taken) -> tuple[int, int] | None:
