@@ -118,7 +118,7 @@ def check(suite, model_spec, limit, trust_remote_code):
     """Validate a suite and say what a run would do (prompts, items, analysis, measures, tokens,
     a time estimate) without loading any model weights."""
     from .models import DEFAULT_MODEL, load_tokenizer
-    from .run.plan import encode_prompts, select_prompts
+    from .run.plan import encode_prompts, select_prompts, sink_notes
     from .suite import load_suite
 
     loaded = load_suite(suite)
@@ -149,7 +149,7 @@ def check(suite, model_spec, limit, trust_remote_code):
         pair_seconds = pairs * REFERENCE["seconds_per_pair"]["all" if loaded.head_effects.exact == "all" else "k"]
     for line in loaded.skipped:
         click.echo(f"skipped: {line}")
-    for line in loaded.notes:
+    for line in [*loaded.notes, *sink_notes(loaded, encoded)]:
         click.echo(f"note: {line}")
     tokens = sum(len(e.forward_ids) for e in encoded)
     click.echo(f"tokens ({spec} tokenizer): {tokens / max(1, len(encoded)):.2f} forwarded per prompt, "

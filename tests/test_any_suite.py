@@ -130,3 +130,52 @@ def test_check_says_what_a_run_would_do_without_weights(monkeypatch):
     assert "head_effects: 48 items" in result.output and re.search(r"estimate: about \d+\.\d min", result.output)
     bad = CliRunner().invoke(main, ["check", "probes/nope.yaml"])
     assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "suite file not found" in bad.output
+
+
+SINK = """\
+name: sink
+first_token: FIRST
+slots:
+  occupation: [Nurses, Engineers, Teachers, Farmers]
+  pronoun: {values: [{label: female, value: she}, {label: male, value: he}]}
+contrast: pronoun
+templates:
+  - {id: lead, text: "{occupation} said that {pronoun} was late."}
+  - {id: inner, text: "The {occupation} said that {pronoun} was late."}
+attention:
+  - {source: pronoun, targets: occupation}
+"""
+
+
+def test_a_target_on_the_first_token_warns_and_the_declared_treatment_applies(tiny_llama_dir, tmp_path):
+    """SmolLM2's tokenizer adds no BOS token: a span at the start of the text sits on position 0,
+    where attention piles up (a sink). keep: a note in check, the manifest and the report; bos:
+    the tokenizer's BOS is prepended and spans move by one; exclude: token 0 leaves every span."""
+    import json
+
+    path = tmp_path / "sink.yaml"
+    path.write_text(SINK.replace("FIRST", "keep"))
+    checked = CliRunner().invoke(main, ["check", str(path), "--model", str(tiny_llama_dir)])
+    assert "note: attention target 'occupation' sits on the first token in 8 prompt(s)" in checked.output
+    html, _ = run_cli(path, tiny_llama_dir, tmp_path / "keep")
+    assert "sits on the first token" in html
+    assert any("sits on the first token" in n for n in json.loads((tmp_path / "keep" / "manifest.json").read_text())["notes"])
+
+    path.write_text(SINK.replace("FIRST", "bos"))
+    run_cli(path, tiny_llama_dir, tmp_path / "bos")
+    prompts = pd.read_parquet(tmp_path / "bos" / "prompts.parquet")
+    assert prompts["occupation_tok_start"].min() == 1
+    manifest = json.loads((tmp_path / "bos" / "manifest.json").read_text())
+    assert not any("first token" in n for n in manifest["notes"])
+
+    path.write_text(SINK.replace("FIRST", "exclude"))
+    run_cli(path, tiny_llama_dir, tmp_path / "exclude")
+    attention = pd.read_parquet(tmp_path / "exclude" / "attention.parquet")
+    prompts = pd.read_parquet(tmp_path / "exclude" / "prompts.parquet").set_index("prompt_id")
+    lead = prompts.index[prompts["template_id"] == "lead"]
+    dropped = lead[prompts.loc[lead, "occupation_tok_end"].isna()]  # one-token occupations at the start
+    kept = lead[prompts.loc[lead, "occupation_tok_end"].notna()]  # longer ones lose token 0 only
+    assert len(dropped) and not attention["prompt_id"].isin(dropped).any()
+    assert (prompts.loc[kept, "occupation_tok_start"] == 1).all()
+    inner = prompts.index[prompts["template_id"] == "inner"]
+    assert set(inner) <= set(attention["prompt_id"])

@@ -128,7 +128,7 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "n_difference": heads[heads["difference_q"] < ALPHA].groupby("target").size().to_dict() if len(heads) else {},
         "strongest": f"L{int(strongest['layer'])}H{int(strongest['head'])} -> {strongest['target']}, {rank} = {strongest[rank]:.2f}" if strongest is not None else "-",
         "view_start": f"{int(strongest['layer'])},{int(strongest['head'])}" if strongest is not None else "0,0",
-        "examples": examples, "skipped": manifest.get("skipped", []),
+        "examples": examples, "skipped": manifest.get("skipped", []), "notes": manifest.get("notes", []),
         "templates": [{"id": t, "text": texts.get(t, "")} for t in dict.fromkeys(run.prompts["template_id"])],
         "groups": analysis.groups,
     }

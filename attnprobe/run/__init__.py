@@ -23,7 +23,7 @@ from ..suite import Suite, load_suite
 from ..version import __version__
 from . import storage
 from .execute import Progress, deferred_interrupt, example_attention, measure_batch
-from .plan import encode_prompts, fingerprint, plan_batches, plan_chunks, plan_sha256, select_prompts
+from .plan import encode_prompts, fingerprint, plan_batches, plan_chunks, plan_sha256, select_prompts, sink_notes
 
 SEED = 0  # nothing in a run is random; recorded so statistics that resample can say what they used
 EFFECT_CHUNK_ITEMS = 4  # head-effects items per chunk: at most this many items are redone after a kill
@@ -129,7 +129,7 @@ def run_suite(
             "n_effect_chunks": len(effect_chunks),
             "effects_plan": effects_plan,
             "skipped": list(suite.skipped),
-            "notes": list(suite.notes),
+            "notes": list(suite.notes) + sink_notes(suite, encoded),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         same_effects = effects is None or previous.get("effects_plan") == effects_plan

@@ -49,10 +49,18 @@ def select_prompts(prompts: tuple[Prompt, ...], limit: int | None) -> list[Promp
 
 
 def encode_prompts(suite: Suite, prompts: list[Prompt], tokenizer, max_positions: int | None) -> list[Encoded]:
-    """Tokenise once and map spans to tokens; every problem is a `file:line:` SuiteError."""
+    """Tokenise once and map spans to tokens; every problem is a `file:line:` SuiteError. The first
+    position, where most models park attention (a sink), is treated as the suite says: `bos`
+    prepends the tokenizer's BOS token where it adds none, `exclude` takes token 0 out of every span
+    (a span of that token alone is not measured), `keep` leaves it (see `sink_notes`)."""
     encodings = tokenizer([p.text for p in prompts], return_offsets_mapping=True, add_special_tokens=True)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if suite.first_token == "bos" and bos is None:
+        raise SuiteError(f"{suite.path}: first_token: bos, but this tokenizer has no BOS token; use first_token: exclude")
     encoded = []
     for prompt, ids, offsets in zip(prompts, encodings["input_ids"], encodings["offset_mapping"]):
+        if suite.first_token == "bos" and (not ids or ids[0] != bos):
+            ids, offsets = [bos, *ids], [(0, 0), *offsets]  # (0, 0): a special token, in no span
         if max_positions is not None and len(ids) > max_positions:
             raise SuiteError(f"{prompt.origin}: prompt {prompt.prompt_id} has {len(ids)} tokens, more than the model's "
                              f"context of {max_positions}; shorten the template or its slot values")
@@ -60,11 +68,27 @@ def encode_prompts(suite: Suite, prompts: list[Prompt], tokenizer, max_positions
         for name, (start, _) in spans.items():
             if start < 0:
                 raise SuiteError(f"{prompt.origin}: span '{name}' covers no token in {prompt.text!r}; give the slot visible text")
+        if suite.first_token == "exclude":
+            spans = {name: (max(start, 1), end) for name, (start, end) in spans.items() if end > 1 or name in prompt.candidates}
         for cut in prompt.candidates:
             if spans[cut][0] == 0:
                 raise SuiteError(f"{prompt.origin}: next_token cut at '{cut}' leaves no tokens before it in {prompt.text!r}")
         encoded.append(Encoded(prompt, tuple(ids), spans, forward_length(suite, prompt, spans)))
     return encoded
+
+
+def sink_notes(suite: Suite, encoded: list[Encoded]) -> list[str]:
+    """A warning for each attention target that sits on the first token (with first_token: keep):
+    models park attention there, so weight on it says little about the span."""
+    counts: dict[str, list] = {}
+    for e in encoded:
+        for m in suite.attention:
+            for target in m.targets:
+                if target in e.spans and e.spans[target][0] == 0:
+                    counts.setdefault(target, []).append(e.prompt)
+    return [f"attention target '{name}' sits on the first token in {len(found)} prompt(s) (e.g. {found[0].origin}: "
+            f"{found[0].text!r}), where most models park attention (a sink); set first_token: bos (prepend the model's "
+            "BOS token) or exclude in the suite" for name, found in counts.items() if suite.first_token == "keep"]
 
 
 def forward_length(suite: Suite, prompt: Prompt, spans: dict[str, tuple[int, int]]) -> int:

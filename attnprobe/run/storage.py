@@ -54,7 +54,7 @@ def prompts_table(encoded: list[Encoded]) -> pd.DataFrame:
         record = {"prompt_id": p.prompt_id, "item_id": p.item_id, "template_id": p.template_id, "text": p.text,
                   "n_tokens": len(e.ids), **p.slots, **p.meta}
         for name, (c0, c1) in p.spans.items():
-            t0, t1 = e.spans[name]
+            t0, t1 = e.spans.get(name, (None, None))  # None: left out (first_token: exclude)
             record.update({f"{name}_char_start": c0, f"{name}_char_end": c1, f"{name}_tok_start": t0, f"{name}_tok_end": t1})
         records.append(record)
     table = pd.DataFrame.from_records(records)

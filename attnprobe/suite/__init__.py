@@ -27,8 +27,9 @@ from .types import Condition, Prompt, Slot, SlotValue, Suite, Template
 from ..yamllines import Context, Map, as_list, optional_str, required_str, safe_load_with_lines
 
 DEFAULT_MAX_PROMPTS = 1_000_000
+FIRST_TOKEN = ("keep", "bos", "exclude")
 _TOP_KEYS = {"analysis", "name", "description", "model", "contrast", "slots", "templates", "sentences", "attention",
-             "next_token", "head_effects", "max_prompts"}
+             "next_token", "head_effects", "max_prompts", "first_token"}
 
 __all__ = ["Condition", "Prompt", "Slot", "SlotValue", "Suite", "SuiteError", "Template", "load_suite", "spread_key",
            "token_spans", "AttentionMeasure", "HeadEffectsMeasure", "NextTokenMeasure"]
@@ -90,7 +91,11 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
     analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
     prompts, skipped, notes = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
     head_effects = HeadEffectsMeasure.parse(ctx, doc, slots, templates, next_token, analysis)
+    first_token = optional_str(ctx, doc, "first_token") or "keep"
+    if first_token not in FIRST_TOKEN:
+        ctx.fail(doc, "first_token", f"first_token is one of {', '.join(FIRST_TOKEN)} (how the first position, an attention sink, is treated)")
     return Suite(
+        first_token=first_token,
         name=name,
         description=description,
         model=optional_str(ctx, doc, "model"),

@@ -94,3 +94,4 @@ class Suite:
     analysis: object  # attnprobe.analysis.Analysis: what the statistics compare
     path: str
     sha256: str  # of the YAML and every data file it reads
+    first_token: str = "keep"  # keep | bos (prepend the tokenizer's BOS) | exclude (never a target): attention sinks
