@@ -28,6 +28,8 @@ class Analysis:
     unit: str | None = None  # column the covariate belongs to; permuted across in the interaction test
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # group name -> template ids
     names: dict[str, str] = field(default_factory=dict)  # column -> the name the suite used (for text)
+    referents: tuple[str, ...] = ()  # two target spans a pronoun may refer to, e.g. (referent, other)
+    answer: str | None = None  # the correct one: one of `referents`, or a column naming it per prompt
 
     @property
     def paired(self) -> bool:
@@ -56,6 +58,7 @@ class Analysis:
         raw["labels"] = tuple(raw.get("labels", ()))
         raw["clusters"] = tuple(raw.get("clusters", (ITEM,)))
         raw["groups"] = {k: tuple(v) for k, v in raw.get("groups", {}).items()}
+        raw["referents"] = tuple(raw.get("referents", ()))
         return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
 
     @classmethod

@@ -83,6 +83,17 @@ def test_paired_sentence_suite(tiny_llama_dir, tmp_path):
     assert set(heads.loc[heads["scope"] == "type2", "n_items"]) == {64}  # the declared group
     assert set(pooled["clusters"]) == {"referent.occupation x template"} and set(pooled["n_clusters"]) == {"16 x 8"}
     assert "log p(pro) - log p(anti)" in headline
+    # referent accuracy, recomputed by hand: every cell holds one item and frames have equal sizes,
+    # so the design's weighted mean is the plain mean over prompts
+    accuracy = pd.read_csv(tmp_path / "out" / "referent_accuracy.csv").set_index(["layer", "head"])
+    attention = pd.read_parquet(tmp_path / "out" / "attention.parquet")
+    prompts = pd.read_parquet(tmp_path / "out" / "prompts.parquet").set_index("prompt_id")
+    one = attention[(attention["layer"] == 1) & (attention["head"] == 0)].pivot(index="prompt_id", columns="target", values="weight")
+    correct = (one["referent"] > one["other"]).astype(float)
+    for label in ("pro", "anti"):
+        assert abs(accuracy.loc[(1, 0), f"accuracy_{label}"] - correct[prompts.loc[one.index, "version"] == label].mean()) <= 1e-12
+    assert abs(accuracy.loc[(1, 0), "gap"] - (accuracy.loc[(1, 0), "accuracy_pro"] - accuracy.loc[(1, 0), "accuracy_anti"])) <= 1e-12
+    assert "Referent accuracy" in html
     behavior = pd.read_csv(tmp_path / "out" / "behavior.csv").set_index("scope")
     assert set(behavior.loc["all", "comparison"].split(" | ")) == {"he vs she", "she vs he"}
 
@@ -179,3 +190,20 @@ def test_a_target_on_the_first_token_warns_and_the_declared_treatment_applies(ti
     assert (prompts.loc[kept, "occupation_tok_start"] == 1).all()
     inner = prompts.index[prompts["template_id"] == "inner"]
     assert set(inner) <= set(attention["prompt_id"])
+
+
+def test_referent_accuracy_reads_the_answer_from_a_column(tiny_llama_dir, tmp_path):
+    """The Winogender-shaped suite: the correct referent is the template's `answer` (occupation or
+    participant); accuracy per head is recomputed by hand for one head."""
+    html, _ = run_cli("probes/winogender-style.yaml", tiny_llama_dir, tmp_path / "out")
+    accuracy = pd.read_csv(tmp_path / "out" / "referent_accuracy.csv").set_index(["layer", "head"])
+    attention = pd.read_parquet(tmp_path / "out" / "attention.parquet")
+    prompts = pd.read_parquet(tmp_path / "out" / "prompts.parquet").set_index("prompt_id")
+    one = attention[(attention["layer"] == 0) & (attention["head"] == 1)].pivot(index="prompt_id", columns="target", values="weight")
+    answer = prompts.loc[one.index, "answer"]
+    chosen = one["occupation"].where(answer == "occupation", one["participant"])
+    other = one["participant"].where(answer == "occupation", one["occupation"])
+    correct = (chosen > other).astype(float) + 0.5 * (chosen == other)
+    # one item per template and 24 templates weighted equally: the weighted mean is the plain mean
+    assert abs(accuracy.loc[(0, 1), "accuracy"] - correct.mean()) <= 1e-12
+    assert set(pd.read_csv(tmp_path / "out" / "head_stats.csv")["scope"]) >= {"answer=occupation", "answer=participant"}

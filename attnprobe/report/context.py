@@ -117,6 +117,7 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
     return {
         "analysis": analysis, "pos": pos, "neg": neg, "covariate": analysis.name(analysis.covariate) if analysis.covariate else None,
         "unit": analysis.name(analysis.unit) if analysis.unit else None, "effects": _effects_context(tables, heads, figures_dir, manifest, analysis),
+        "referents": _referents_context(tables, figures_dir, analysis),
         "model": manifest["model"]["spec"], "suite": manifest["suite"]["name"], "family": manifest["model"]["family"],
         "description": manifest["suite"].get("description", ""), "n_prompts": manifest["n_prompts"],
         "n_items": int(run.prompts["item_id"].nunique()), "n_layers": manifest["model"]["n_layers"],
@@ -164,3 +165,25 @@ def _effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: d
                                              figures_dir, f"difference_{slot}_beside_effects", f"attention difference, source -> {slot}"))
     return {"slot": slot, "words": words, "sections": sections, "seconds": info.get("seconds"), "dropped": info.get("dropped", []),
             "exact": info.get("exact"), "select": info.get("select"), "halves_by": analysis.name(info.get("halves_by"))}
+
+
+def _referents_context(tables: dict, figures_dir, analysis) -> dict | None:
+    """Referent accuracy, when the analysis declares referents: per source, the heads above chance."""
+    table = tables.get("referent_accuracy")
+    if table is None or not len(table):
+        return None
+    first, second = analysis.referents
+    sections = []
+    for source, rows in table.groupby("source", sort=False):
+        shown = rows.assign(target=source, above_chance=rows["accuracy"] - 0.5)
+        fig = figure(plots.head_heatmap(shown, source, "above_chance", "q", title=f"{source}: accuracy - 0.5 ({first} vs {second})",
+                                        label="accuracy - 0.5", limit=0.5), figures_dir, f"referent_accuracy_{source}",
+                     f"layer x head referent accuracy of {source}")
+        top = rows.sort_values("accuracy", ascending=False).head(5)
+        gap = rows["gap_q"] < ALPHA if "gap_q" in rows else pd.Series(False, index=rows.index)
+        sections.append({"source": source, "figure": fig, "top": top.to_dict("records"), "n_heads": len(rows),
+                         "n_above": int(((rows["q"] < ALPHA) & (rows["accuracy"] > 0.5)).sum()),
+                         "n_below": int(((rows["q"] < ALPHA) & (rows["accuracy"] < 0.5)).sum()), "n_gap": int(gap.sum()),
+                         "clusters": rows["clusters"].iloc[0]})
+    return {"first": first, "second": second, "answer": analysis.name(analysis.answer), "sections": sections,
+            "labels": [c.removeprefix("accuracy_") for c in table.columns if c.startswith("accuracy_")], "paired": "gap" in table}

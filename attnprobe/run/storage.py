@@ -42,7 +42,7 @@ ARTEFACTS = ("chunks", "attention.parquet", "logprobs.csv", "logprobs.parquet", 
              "head_effects_totals.parquet", "manifest.json")
 # written from a run by the report: statistics tables (as <name>.csv), figures, the page
 TABLES_KEY = "tables.json"  # which statistics version and analysis the cached tables were made with
-STATS_TABLES = ("head_stats", "layer_stats", "behavior", "behavior_by_unit", "condition_means")
+STATS_TABLES = ("head_stats", "layer_stats", "behavior", "behavior_by_unit", "condition_means", "referent_accuracy")
 HEAD_EFFECT_TABLES = ("head_effects", "head_effects_layer_shares", "head_effects_summary")
 DERIVED = tuple(f"{name}.{ext}" for name in STATS_TABLES + HEAD_EFFECT_TABLES for ext in ("csv", "parquet")) + ("behavior_by_occupation.csv", TABLES_KEY, "figures", "report.html")  # the first name of behavior_by_unit
 

@@ -20,7 +20,7 @@ from ..analysis import ITEM, TEMPLATE, Analysis
 from ..errors import SuiteError
 from ..yamllines import Map, optional_str
 
-_KEYS = {"contrast", "positive", "negative", "clusters", "covariate", "groups", "group_by"}
+_KEYS = {"contrast", "positive", "negative", "clusters", "covariate", "groups", "group_by", "referents", "answer"}
 
 
 def value_of(prompt, column: str):
@@ -119,8 +119,31 @@ def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analy
             if value is not None and p.template_id not in by_value.setdefault(f"{names[column]}={value}", []):
                 by_value[f"{names[column]}={value}"].append(p.template_id)
         groups.update({name: tuple(ids) for name, ids in by_value.items()})
+    referents, answer = _referents(ctx, node, prompts, columns, resolve)
     return Analysis(contrast=contrast, positive=positive, negative=negative, labels=labels, clusters=clusters,
-                    covariate=covariate, unit=unit, groups=groups, names=names)
+                    covariate=covariate, unit=unit, groups=groups, names=names, referents=referents, answer=answer)
+
+
+def _referents(ctx, node, prompts, columns, resolve) -> tuple[tuple[str, ...], str | None]:
+    """`referents: [referent, other]` (two spans) and `answer:` (one of them, or a column whose value
+    names one of them in each prompt): for referent accuracy."""
+    if "referents" not in node and "answer" not in node:
+        return (), None
+    raw = node.get("referents")
+    spans = set().union(*(p.spans for p in prompts))
+    if not isinstance(raw, list) or len(raw) != 2 or not all(isinstance(r, str) and r in spans for r in raw) or raw[0] == raw[1]:
+        ctx.fail(node, "referents" if "referents" in node else "answer",
+                 f"`referents` names the two spans a pronoun may refer to (spans: {', '.join(sorted(spans))})")
+    answer = optional_str(ctx, node, "answer")
+    if answer is None:
+        ctx.fail(node, "referents", "`answer` says which referent is correct: one of them, or a column naming it per prompt")
+    if answer not in raw:
+        column = resolve("answer", answer)
+        wrong = sorted({str(value_of(p, column)) for p in prompts} - set(raw))
+        if wrong:
+            ctx.fail(node, "answer", f"column '{answer}' must name one of {', '.join(raw)} in every prompt (found {', '.join(wrong[:3])})")
+        answer = column
+    return tuple(raw), answer
 
 
 def _default_clusters(slots, prompts, contrast_slot, unit, templates) -> tuple[str, ...]:
