@@ -20,6 +20,7 @@ from .heads import run_analysis
 from .inference import N_BOOT, cluster_mean_test, correlation_with_ci, power_note, slope_permutation_test
 
 SLOPE_PERMUTATIONS = 20_000  # one test per row: p resolves to 5e-5
+MIN_TEMPLATE_ITEMS = 10  # templates with fewer items share one row (a benchmark with 120 one-item templates)
 
 
 def log_ratios(run, analysis) -> pd.DataFrame:
@@ -49,7 +50,11 @@ def behavior(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0
     for cut, at_cut in y.groupby("cut", sort=False):
         templates = list(dict.fromkeys(at_cut[TEMPLATE]))
         scoped = [(name, "pooled" if name == "all" else "group", ids) for name, ids in scopes(analysis, templates).items()]
-        scoped += [(t, "template", [t]) for t in templates]
+        sizes = at_cut.groupby(TEMPLATE)[ITEM].nunique()
+        small = [t for t in templates if sizes[t] < MIN_TEMPLATE_ITEMS]
+        scoped += [(t, "template", [t]) for t in templates if t not in small]
+        if small:
+            scoped.append((f"{len(small)} templates with < {MIN_TEMPLATE_ITEMS} items each", "folded", small))
         for scope, kind, ids in scoped:
             rows = at_cut[at_cut[TEMPLATE].isin(ids)]
             design = Design.build(rows[ITEM], items, analysis)
@@ -70,6 +75,9 @@ def behavior(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0
                 counts = pd.Series(design.cell_of_item).map(design.cells[analysis.unit]).value_counts()
                 per_unit.append(pd.DataFrame({"cut": cut, "scope": scope, "unit": units, "log_ratio": unit_y[:, 0],
                                               "n": counts.reindex(units).to_numpy(), "covariate": x}))
+            if kind == "folded":
+                notes.append(f"templates with fewer than {MIN_TEMPLATE_ITEMS} items are folded into this row: {', '.join(ids[:5])}"
+                             + (f" and {len(ids) - 5} more" if len(ids) > 5 else ""))
             row["power_note"] = "; ".join(dict.fromkeys(n for n in notes if n))
             summary.append(row)
     per_unit_table = pd.concat(per_unit, ignore_index=True) if per_unit else pd.DataFrame(columns=["cut", "scope", "unit"])
