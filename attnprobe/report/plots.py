@@ -90,7 +90,7 @@ def behavior_scatter(per_unit: pd.DataFrame, summary: pd.DataFrame, xlabel: str,
 def template_breakdown(summary: pd.DataFrame, xlabel: str):
     """Per template and group: the behaviour-covariate correlation with its bootstrap CI."""
     data = summary[summary["scope"] != "all"].sort_values(["kind", "pearson_r"])
-    fig, ax = plt.subplots(figsize=(6.5, 0.6 + 0.32 * len(data)))
+    fig, ax = plt.subplots(figsize=(6.5, max(2.2, 0.6 + 0.32 * len(data))))
     y = np.arange(len(data))
     ax.errorbar(data["pearson_r"], y, xerr=[data["pearson_r"] - data["pearson_ci_low"], data["pearson_ci_high"] - data["pearson_r"]],
                 fmt="o", color="#2166ac", ecolor="#92c5de", capsize=2)

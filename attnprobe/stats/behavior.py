@@ -20,7 +20,7 @@ from .heads import run_analysis
 from .inference import N_BOOT, cluster_mean_test, correlation_with_ci, power_note, slope_permutation_test
 
 SLOPE_PERMUTATIONS = 20_000  # one test per row: p resolves to 5e-5
-MIN_TEMPLATE_ITEMS = 10  # templates with fewer items share one row (a benchmark with 120 one-item templates)
+MIN_TEMPLATE_ITEMS = 5  # templates with fewer items share one row (a benchmark with 120 one-item templates)
 
 
 def log_ratios(run, analysis) -> pd.DataFrame:
@@ -52,6 +52,7 @@ def behavior(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0
         scoped = [(name, "pooled" if name == "all" else "group", ids) for name, ids in scopes(analysis, templates).items()]
         sizes = at_cut.groupby(TEMPLATE)[ITEM].nunique()
         small = [t for t in templates if sizes[t] < MIN_TEMPLATE_ITEMS]
+        small = small if len(small) > 1 else []  # a lone small template keeps its row
         scoped += [(t, "template", [t]) for t in templates if t not in small]
         if small:
             scoped.append((f"{len(small)} templates with < {MIN_TEMPLATE_ITEMS} items each", "folded", small))
