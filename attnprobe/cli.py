@@ -7,11 +7,13 @@ Every user mistake arrives as an AttnprobeError and leaves through the one handl
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from pathlib import Path
 
 import click
 
-from .errors import AttnprobeError
+from .errors import AttnprobeError, RunError, RunInterrupted
 from .models import DEFAULT_MODEL, DTYPES
 
 
@@ -23,6 +25,8 @@ class OneLineErrors(click.Group):
         try:
             return super().invoke(ctx)
         except AttnprobeError as error:
+            if isinstance(error, RunInterrupted):  # a further Ctrl-C while exiting changes nothing
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
             click.echo(f"attnprobe: error: {error}", err=True)
             sys.exit(error.exit_code)
         except click.UsageError as error:
@@ -96,12 +100,28 @@ def verify(model_spec, texts, dtype, json_path, trust_remote_code, allow_pickle)
     """
     from .verify import DEFAULT_TEXTS, format_table, verify_spec
 
+    if json_path:  # before the work: a path that cannot be written is refused at once
+        _json_directory(Path(json_path))
     table = verify_spec(model_spec, list(texts) or DEFAULT_TEXTS, dtype=dtype, trust_remote_code=trust_remote_code,
                         allow_pickle=allow_pickle)
     click.echo(format_table(table))
     if json_path:
-        table.to_json(json_path, orient="records", indent=1)
+        _write_json(table, Path(json_path))
     sys.exit(0 if table["passed"].all() else 1)
+
+
+def _json_directory(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunError(f"--json {path}: cannot create {path.parent} ({exc.strerror or exc}); choose a writable path") from None
+
+
+def _write_json(table, path: Path) -> None:
+    try:
+        table.to_json(path, orient="records", indent=1)
+    except OSError as exc:
+        raise RunError(f"--json {path}: cannot write ({exc.strerror or exc}); choose a writable path") from None
 
 
 # Reference speeds for `check`, measured by `make demo` (SmolLM2-135M, float32, 2 CPU cores; README)
@@ -186,10 +206,13 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
     import time
 
     from .api import run_suite
+    from .modelchecks import check_device
 
     started = time.perf_counter()
     if shard is not None and device.startswith("cuda") and ":" not in device:
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    if device_map is None:
+        check_device(device)  # before anything is read or created
     result = run_suite(suite, model=model_spec, out=out, batch_size=batch_size, limit=limit, dtype=dtype,
                        resume=resume, chunk_size=chunk_size, progress=progress, trust_remote_code=trust_remote_code,
                        max_batch_tokens=max_batch_tokens, shard=shard, device=device, device_map=device_map,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import json
 import os
 import shutil
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from .errors import ModelSpecError
+from .modelchecks import check_device, check_shape, check_vocabulary, first_line, refuse_remote_code
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -177,11 +177,13 @@ def load_model(
     `allow_pickle`; remote code runs only when `trust_remote_code` is set.
     `device_map="auto"` spreads a model too large for one device over the devices accelerate finds.
     """
-    from transformers import AutoModelForCausalLM  # heavy import, keep it local
+    from transformers import AutoConfig, AutoModelForCausalLM  # heavy import, keep it local
 
     torch_dtype = _parse_dtype(dtype)
+    if device_map is None:
+        check_device(device)
     source, local, name, source_sha = _resolve(spec, allow_pickle)
-    _refuse_remote_code(source, local, trust_remote_code)
+    refuse_remote_code(source, local, trust_remote_code)
     kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
     if device_map is not None:
         kwargs["device_map"] = device_map
@@ -190,16 +192,24 @@ def load_model(
     offline = local or _hub_offline()
     try:
         tokenizer = _load_tokenizer(source, offline, trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=offline, **kwargs)
+        config = AutoConfig.from_pretrained(source, local_files_only=offline, trust_remote_code=trust_remote_code)
+        check_shape(config, spec)
+        model = AutoModelForCausalLM.from_pretrained(source, config=config, local_files_only=offline, **kwargs)
     except OSError as exc:
         if local:
-            raise ModelSpecError(f"cannot load model from {source}: {str(exc).splitlines()[0]}") from None
+            raise ModelSpecError(f"cannot load model from {source}: {first_line(exc)}") from None
         why = "HF_HUB_OFFLINE is set" if offline else "the hub is unreachable or the id does not exist"
         raise ModelSpecError(f"cannot fetch '{spec}' from the Hugging Face hub ({why}); {_aliases_hint()}") from None
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
             raise ModelSpecError(f"'{spec}' needs custom code from its repository; rerun with --trust-remote-code if you trust it") from None
-        raise ModelSpecError(f"cannot load '{spec}': {str(exc).strip().splitlines()[0]}") from None
+        raise ModelSpecError(f"cannot load '{spec}': {first_line(exc)}") from None
+    except ModelSpecError:
+        raise
+    except Exception as exc:  # damaged files surface as any error type (SafetensorError, ZeroDivisionError, ...)
+        raise ModelSpecError(f"cannot load '{spec}': {type(exc).__name__}: {first_line(exc)}; "
+                             "the checkpoint's files are damaged or inconsistent, replace them") from None
+    check_vocabulary(tokenizer, model, spec)
     if device_map is None:
         model.to(device)
     model.eval()
@@ -230,18 +240,6 @@ def _resolve(spec: str, allow_pickle: bool, convert: bool = True) -> tuple[str, 
     raise ModelSpecError(f"unknown model spec '{spec}': not an alias, a .gguf file, a directory or a hub id; {_aliases_hint()}")
 
 
-def _refuse_remote_code(source: str, local: bool, trust_remote_code: bool) -> None:
-    """A local checkpoint whose config maps to its own Python files runs that code when loaded."""
-    config = Path(source) / "config.json"
-    if trust_remote_code or not local or not config.is_file():
-        return
-    try:
-        auto_map = json.loads(config.read_text()).get("auto_map")
-    except (ValueError, AttributeError):
-        raise ModelSpecError(f"{config} is not a valid JSON object; fix or replace the checkpoint") from None
-    if auto_map:
-        raise ModelSpecError(f"{source} ships its own model code ({', '.join(sorted(auto_map))} in config.json auto_map); "
-                             "rerun with --trust-remote-code only if you trust it")
 
 
 def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
@@ -250,7 +248,7 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
     source, local, _, _ = _resolve(spec, allow_pickle=True, convert=False)
-    _refuse_remote_code(source, local, trust_remote_code)
+    refuse_remote_code(source, local, trust_remote_code)
     offline = local or _hub_offline()
     cached = _cached_dir(Path(source)) if source.endswith(".gguf") else None
     try:
@@ -262,8 +260,10 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
             source = str(cached or source)
             tokenizer = _load_tokenizer(source, offline, trust_remote_code)
             config = AutoConfig.from_pretrained(source, local_files_only=offline, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise ModelSpecError(f"cannot read the tokenizer of '{spec}' ({str(exc).strip().splitlines()[0]}); {_aliases_hint()}") from None
+    except Exception as exc:  # a damaged tokenizer.json or config.json raises anything from json to ZeroDivisionError
+        raise ModelSpecError(f"cannot read the tokenizer or config of '{spec}' ({first_line(exc)}); "
+                             f"fix or replace those files, or use one of the {_aliases_hint()}") from None
+    check_shape(config, spec)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     tokenizer.padding_side = "right"
@@ -277,6 +277,12 @@ def routes_attention(config) -> bool:
 
     model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
     return bool(getattr(model_class, "_supports_attention_backend", True))
+
+
+
+
+
+
 
 
 def _hub_offline() -> bool:

@@ -55,9 +55,10 @@ TINY_CONFIGS = _tiny_configs()
 INTERFACE_FAMILIES = [name for name in TINY_CONFIGS if name != "gpt_neo"]
 
 
-def build_tiny(name: str, attn_implementation: str = "attnprobe", dtype=torch.float32, seed: int = 0):
+def build_tiny(name: str, attn_implementation: str = "attnprobe", dtype=torch.float32, seed: int = 0, vocab_size: int = VOCAB):
     """A random-initialised model; a large init range gives peaked attention so mistakes show."""
     config = copy.deepcopy(TINY_CONFIGS[name])
+    config.vocab_size = vocab_size
     config.initializer_range = 0.3
     config.bos_token_id = config.eos_token_id = config.pad_token_id = 0
     torch.manual_seed(seed)

@@ -62,3 +62,72 @@ def test_trust_remote_code_is_off_unless_asked(tmp_path, smollm, monkeypatch):
     attnprobe.load_model(str(tmp_path))
     attnprobe.load_model(str(tmp_path), trust_remote_code=True)
     assert seen == [(False, True), (True, True)]
+
+
+def _one_line(result, *phrases):
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert len(result.output.strip().splitlines()) == 1 and all(p in result.output for p in phrases), result.output
+
+
+def _damaged(tmp_path, smollm, damage):
+    _save_tiny_with_tokenizer(tmp_path, smollm)
+    damage(tmp_path)
+    return CliRunner().invoke(main, ["verify", "--model", str(tmp_path), "--text", "The nurse said"])
+
+
+def _set_config(key, value):
+    def damage(folder):
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(dict(config, **{key: value})))
+    return damage
+
+
+def _truncate(name, keep):
+    def damage(folder):
+        data = (folder / name).read_bytes()
+        (folder / name).write_bytes(data[:keep])
+    return damage
+
+
+@pytest.mark.parametrize("damage, phrases", [
+    (_truncate("model.safetensors", 5), ("SafetensorError", "damaged or inconsistent, replace them")),
+    (_truncate("tokenizer.json", 20), ("cannot load", "tmp")),
+    (_set_config("num_hidden_layers", 0), ("config.json sets num_hidden_layers = 0", "needs at least one")),
+    (_set_config("num_attention_heads", 0), ("cannot load", "damaged or inconsistent")),
+    (_set_config("hidden_size", "x"), ("cannot load",)),
+], ids=["truncated-weights", "truncated-tokenizer", "zero-layers", "zero-heads", "text-hidden-size"])
+def test_damaged_checkpoints_are_one_line(tmp_path, smollm, damage, phrases):
+    _one_line(_damaged(tmp_path, smollm, damage), *phrases)
+
+
+@pytest.mark.parametrize("device, phrase", [
+    ("bogus", "--device 'bogus' is not a torch device; use cpu, cuda, cuda:N or mps"),
+    ("cuda:x", "is not a torch device"),
+    ("cuda:7", "--device 'cuda:7' is not available on this machine; use --device cpu"),
+])
+def test_a_device_that_does_not_exist_is_refused_before_anything_is_written(tmp_path, device, phrase):
+    if device == "cuda:7" and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has that device")
+    result = CliRunner().invoke(main, ["run", "probes/gender.yaml", "--device", device, "--out", str(tmp_path / "out")])
+    _one_line(result, phrase)
+    assert not (tmp_path / "out").exists()
+
+
+def test_verify_json_into_a_new_or_an_impossible_directory(tmp_path, smollm):
+    _save_tiny_with_tokenizer(tmp_path / "model", smollm)
+    target = tmp_path / "new" / "deeper" / "verify.json"
+    result = CliRunner().invoke(main, ["verify", "--model", str(tmp_path / "model"), "--text", "The nurse said", "--json", str(target)])
+    assert result.exit_code == 0 and len(json.loads(target.read_text())) == 2, result.output
+    (tmp_path / "file").write_text("x")
+    result = CliRunner().invoke(main, ["verify", "--model", str(tmp_path / "model"), "--text", "The nurse said",
+                                       "--json", str(tmp_path / "file" / "v.json")])
+    _one_line(result, "--json", "cannot create", "choose a writable path")
+
+
+def test_a_tokenizer_larger_than_the_embeddings_is_one_line(tmp_path, smollm):
+    from conftest import build_tiny
+
+    build_tiny("llama", attn_implementation="eager").save_pretrained(tmp_path)  # 100 embedding rows
+    smollm.tokenizer.save_pretrained(tmp_path)
+    result = CliRunner().invoke(main, ["verify", "--model", str(tmp_path), "--text", "The nurse said"])
+    _one_line(result, f"the tokenizer has {len(smollm.tokenizer)} tokens but the model embeds only 100")

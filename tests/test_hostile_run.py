@@ -102,3 +102,100 @@ def test_ctrl_c_finishes_the_chunk_writes_the_manifest_and_exits_130(whole, tmp_
     resumed = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0 and f"{done} of 8 chunks already complete" in resumed.stderr
     same_results(whole.directory, tmp_path)
+
+
+def test_a_corrupt_page_under_an_intact_footer_is_recomputed(smollm, whole, tmp_path):
+    attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, **SETTINGS)
+    path = tmp_path / "chunks" / "00003.attention.parquet"
+    data = bytearray(path.read_bytes())
+    data[64] ^= 0xFF  # inside the first data page; the footer (and so the metadata) still reads
+    path.write_bytes(bytes(data))
+    assert pq.read_metadata(path).num_rows == json.loads((tmp_path / "chunks" / "00003.done").read_text())["rows"]
+    messages = []
+    attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, log=messages.append, **SETTINGS)
+    assert any(m.startswith("chunk 3 in") and "differs from what was written" in m for m in messages), messages
+    same_results(whole.directory, tmp_path)
+
+
+def test_a_second_ctrl_c_stops_at_once_and_the_manifest_says_so(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    args = [sys.executable, "-m", "attnprobe", "run", str(repo / GENDER), "--limit", "200", "--batch-size", "2",
+            "--chunk-size", "200", "--out", str(tmp_path), "--no-report", "--no-head-effects"]  # one long chunk
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (tmp_path / "chunks").is_dir() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.02)
+    for _ in range(2):  # the first asks to finish the chunk, the second stops at once
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130 and "Traceback" not in stderr, stderr
+    assert "interrupted after a second Ctrl-C" in stderr.splitlines()[-1]
+    assert json.loads((tmp_path / "manifest.json").read_text())["status"] == "interrupted"
+    assert not list((tmp_path / "chunks").glob("*.done"))  # the chunk in progress was dropped, not half-kept
+
+
+def _report(directory):
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    return CliRunner().invoke(main, ["report", str(directory)])
+
+
+def _one_line(result, *phrases):
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert len(result.output.strip().splitlines()) == 1 and all(p in result.output for p in phrases), result.output
+
+
+def test_report_on_an_unfinished_shard_or_damaged_run_is_one_line(whole, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(whole.directory, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.suffix != ".json"}
+    for status, phrase in (("running", "is not finished (status: running)"), ("interrupted", "rerun the same `attnprobe run`"),
+                           ("failed", "is not finished (status: failed)"), ("shard complete", "attnprobe merge")):
+        (run / "manifest.json").write_text(json.dumps(dict(manifest, status=status)))
+        _one_line(_report(run), phrase)
+    (run / "manifest.json").write_text("{not json")
+    _one_line(_report(run), "cannot read it as an attnprobe manifest")
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert {p: p.read_bytes() for p in before} == before  # nothing was touched by the refusals
+    attention = run / "attention.parquet"
+    attention.write_bytes(attention.read_bytes()[:100])
+    (run / "tables.json").unlink(missing_ok=True)
+    _one_line(_report(run), "attention.parquet is missing or damaged", "rebuilds it from the finished chunks")
+
+
+def test_a_truncated_table_cache_is_recomputed(whole, tmp_path):
+    import shutil
+
+    from attnprobe.report import load_tables
+    from attnprobe.run.reader import RunFiles
+
+    run = tmp_path / "run"
+    shutil.copytree(whole.directory, run)
+    first = load_tables(RunFiles(run))
+    cached = run / "condition_means.parquet"
+    cached.write_bytes(cached.read_bytes()[:-200])  # a report killed, or a full disk, mid-write
+    again = load_tables(RunFiles(run))
+    pd.testing.assert_frame_equal(again["condition_means"], first["condition_means"])
+    pd.testing.assert_frame_equal(pd.read_parquet(cached), first["condition_means"])  # and rewritten whole
+
+
+def test_merge_into_one_of_its_own_shards_is_refused(smollm, tmp_path):
+    small = dict(SETTINGS, limit=16)
+    shards = [attnprobe.run_suite(GENDER, model=smollm, out=tmp_path / "s", shard=(k, 2), **small).directory for k in (1, 2)]
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for target in shards:
+        with pytest.raises(RunError, match=f"{target} is one of the shard directories; merge into a new directory"):
+            attnprobe.merge_shards(shards, target)
+    other = attnprobe.run_suite(GENDER, model=smollm, out=tmp_path / "other", **dict(small, limit=8)).directory
+    before.update({p: p.read_bytes() for p in other.rglob("*") if p.is_file()})
+    with pytest.raises(RunError, match=f"{other} holds a run with other settings; merge into a new directory"):
+        attnprobe.merge_shards(shards, other)
+    assert {p: p.read_bytes() for p in before} == before
+    merged = attnprobe.merge_shards(shards, tmp_path / "merged")
+    assert merged.manifest["status"] == "complete" and len(merged.prompts) == merged.manifest["n_prompts"]

@@ -42,7 +42,7 @@ def test_hub_id_offline_is_one_line(monkeypatch, tmp_path):
 
 
 def _save_tiny_with_tokenizer(folder, smollm):
-    model = build_tiny("llama", attn_implementation="eager")
+    model = build_tiny("llama", attn_implementation="eager", vocab_size=len(smollm.tokenizer))  # every token has a row
     model.save_pretrained(folder)
     smollm.tokenizer.save_pretrained(folder)
     return model

@@ -64,22 +64,37 @@ def test_bad_where_is_a_file_line_error(tmp_path, where, message):
     assert str(error.value).startswith(f"{tmp_path / 'suite.yaml'}:11: condition '{where}'") and message in str(error.value)
 
 
+OLD_RUN = {"fingerprint": "old", "settings": {}, "versions": {}, "suite": {"name": "gender"}}
+
+
 def test_fresh_removes_every_artefact_of_the_old_run_and_nothing_else(tmp_path):
-    (tmp_path / "manifest.json").write_text(json.dumps({"fingerprint": "old", "settings": {}, "versions": {}}))
+    (tmp_path / "manifest.json").write_text(json.dumps(OLD_RUN))
     for name in ("prompts.csv", "head_effects_items.parquet", "head_effects_totals.csv", "head_stats.csv", "report.html"):
         (tmp_path / name).write_text("old")
     (tmp_path / "chunks").mkdir()
-    (tmp_path / "chunks" / "00000.done").write_text("{}")
+    (tmp_path / "figures").mkdir()
+    for name in ("00000.done", "00000.attention.parquet", "effects-00003.items.parquet", "selected-00000.done", ".00001.done.tmp"):
+        (tmp_path / "chunks" / name).write_text("{}")
+    (tmp_path / "figures" / "difference_occupation.png").write_text("png")
     (tmp_path / "notes.txt").write_text("mine")
-    assert storage.prepare_directory(tmp_path, "new", resume=False) is None
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    (tmp_path / "chunks" / "my-notes.txt").write_text("mine too")  # another tool's file among the chunks
+    kept = []
+    assert storage.prepare_directory(tmp_path, "new", resume=False, suite_name="gender", log=kept.append) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chunks", "notes.txt"]
+    assert [p.name for p in (tmp_path / "chunks").iterdir()] == ["my-notes.txt"]
+    assert kept == [f"--fresh kept 1 files attnprobe did not write in {tmp_path}: chunks/my-notes.txt"]
 
 
-def test_fresh_refuses_another_tools_manifest(tmp_path):
+def test_fresh_refuses_another_tools_manifest_and_another_suites_run(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"name": "someone else's"}))
     (tmp_path / "prompts.csv").write_text("theirs")
     with pytest.raises(RunError, match="was not written by attnprobe; nothing was deleted"):
-        storage.prepare_directory(tmp_path, "new", resume=False)
+        storage.prepare_directory(tmp_path, "new", resume=False, suite_name="gender")
+    assert (tmp_path / "prompts.csv").read_text() == "theirs"
+    (tmp_path / "manifest.json").write_text(json.dumps(OLD_RUN))
+    with pytest.raises(RunError, match=f"{tmp_path} holds a run of suite 'gender', not 'coref'; --fresh replaces only a run "
+                                       "of the same suite: choose another --out \\(nothing was deleted\\)"):
+        storage.prepare_directory(tmp_path, "new", resume=False, suite_name="coref")
     assert (tmp_path / "prompts.csv").read_text() == "theirs"
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from .. import stats
 from ..run.reader import RunFiles
-from ..run.storage import HEAD_EFFECT_TABLES, STATS_TABLES, TABLES_KEY, atomic_write, write_table
+from ..run.storage import HEAD_EFFECT_TABLES, STATS_TABLES, TABLES_KEY, atomic_write, digest, write_table
 from ..tables import read_table
 from ..version import __version__
 from . import plots
@@ -29,22 +29,38 @@ __all__ = ["headline", "load_tables", "write_report"]
 def load_tables(run: RunFiles, refresh: bool = False, write: bool = True) -> dict[str, pd.DataFrame]:
     """The statistics tables of a run, computed once and cached as CSV in the run directory (with
     `write=False`, computed in memory when the cache is missing or stale, and nothing written)."""
+    run.require_complete()
     names = STATS_TABLES + (HEAD_EFFECT_TABLES if run.has_head_effects else ())
-    paths = {name: run.directory / f"{name}.parquet" for name in names}
-    stamp = {"stats": stats.TABLES_VERSION, "analysis": run.manifest.get("analysis")}
-    key = run.directory / TABLES_KEY
-    cached = json.loads(key.read_text()) if key.is_file() else {}
-    fresh = cached.get("stamp") == json.loads(json.dumps(stamp)) and all(
-        p.is_file() and p.stat().st_mtime >= (run.directory / "attention.parquet").stat().st_mtime for p in paths.values())
-    if fresh and not refresh:
+    stamp = {"stats": stats.TABLES_VERSION, "analysis": run.manifest.get("analysis"),
+             "attention": _signature(run.directory / "attention.parquet")}
+    if not refresh and _cache_is_valid(run.directory, names, json.loads(json.dumps(stamp))):
         return {name: read_table(run.directory, name) for name in names}
     tables = stats.analyse(run)
     if write:
         for name, table in tables.items():
             write_table(run.directory, name, table)
-        payload = json.dumps({"stamp": stamp}, indent=1)
-        atomic_write(key, lambda path: path.write_text(payload))  # last: the tables above are complete
+        sums = {name: digest(run.directory / f"{name}.parquet") for name in tables}
+        payload = json.dumps({"stamp": stamp, "sha256": sums}, indent=1)
+        atomic_write(run.directory / TABLES_KEY, lambda path: path.write_text(payload))  # last: the tables above are complete
     return tables
+
+
+def _signature(path: Path) -> list:
+    """Size and modification time of the run's attention table: a rerun that rebuilt it changes them."""
+    info = path.stat() if path.is_file() else None
+    return [info.st_size, info.st_mtime_ns] if info else []
+
+
+def _cache_is_valid(directory: Path, names, stamp: dict) -> bool:
+    """Cached tables count when made by this statistics version for this analysis and attention
+    table, and every file is byte for byte what was written (a report cut short by a full disk or a
+    kill leaves a mismatch, and the tables are recomputed)."""
+    try:
+        cached = json.loads((directory / TABLES_KEY).read_text())
+        return cached.get("stamp") == stamp and all(
+            digest(directory / f"{name}.parquet") == cached["sha256"][name] for name in names)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def write_report(run_dirs, out: str | Path | None = None) -> Path:
@@ -65,5 +81,5 @@ def write_report(run_dirs, out: str | Path | None = None) -> Path:
     )
     path = Path(out) if out else (runs[0].directory / "report.html" if len(runs) == 1 else Path("reports") / "compare.html")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(html, encoding="utf-8")
+    atomic_write(path, lambda p: p.write_text(html, encoding="utf-8"))
     return path

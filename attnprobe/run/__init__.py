@@ -11,6 +11,7 @@ import hashlib
 import json
 import sys
 import time
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -22,7 +23,7 @@ from ..models import DEFAULT_MODEL, ProbeModel, load_model, load_tokenizer
 from ..suite import Suite, load_suite
 from ..version import __version__
 from . import storage
-from .execute import Progress, deferred_interrupt, example_attention, measure_batch
+from .execute import Progress, deferred_interrupt, ignored_interrupts, example_attention, measure_batch
 from .plan import encode_prompts, fingerprint, plan_batches, plan_chunks, plan_sha256, select_prompts, sink_notes
 
 SEED = 0  # nothing in a run is random; recorded so statistics that resample can say what they used
@@ -107,7 +108,7 @@ def run_suite(
     except OSError as exc:
         raise RunError(f"cannot create output directory {directory}: {exc.strerror}; choose another with --out") from None
     with storage.exclusive(directory):
-        previous = storage.prepare_directory(directory, expected, resume) or {}
+        previous = storage.prepare_directory(directory, expected, resume, suite.name, log) or {}
         pm = model if isinstance(model, ProbeModel) else load_model(
             spec, dtype=dtype, device=device, device_map=device_map, trust_remote_code=trust_remote_code,
             allow_pickle=allow_pickle)
@@ -136,38 +137,39 @@ def run_suite(
         if "head_effects" in previous and same_effects and storage.has_head_effects(directory):  # a re-run keeps them
             manifest.update(head_effects=previous["head_effects"], effects_plan=previous.get("effects_plan"))
         storage.write_manifest(directory, manifest)
-        storage.write_table(directory, "prompts", storage.prompts_table(encoded))
+        with recorded_end(directory, manifest):
+            storage.write_table(directory, "prompts", storage.prompts_table(encoded))
 
-        chunk_dir = directory / "chunks"
-        chunk_dir.mkdir(exist_ok=True)
-        done = storage.complete_chunks(chunk_dir, len(chunks), log)
-        if done:
-            log(f"resuming {directory}: {len(done)} of {len(chunks)} chunks already complete")
-        started = time.perf_counter()
-        bar = Progress(sum(len(b) for k in mine for b in chunks[k]), sum(len(b) for k in done for b in chunks[k]), progress, log)
-        with deferred_interrupt(log) as interrupted:
-            for k in mine:
-                if k in done:
-                    continue
-                parts = {kind.NAME: [] for kind in BATCH_KINDS}
-                for batch in chunks[k]:
-                    for name, part in measure_batch(pm, suite, [encoded[i] for i in batch], context).items():
-                        parts[name].append(part)
-                    bar.update(len(batch))
-                storage.write_chunk(chunk_dir, k, {kind.NAME: kind.chunk_table(parts[kind.NAME], pm) for kind in BATCH_KINDS})
-                bar.chunk_done(k, len(chunks))
-                if interrupted():
-                    bar.close()
-                    _stop(directory, manifest, f"chunk {k + 1} of {len(chunks)}")
-        bar.close()
-        if shard is None:
-            storage.assemble(directory, len(chunks))
-        if shard is None or shard[0] == 1:
-            examples = example_attention(pm, encoded, suite.contrast)
-            storage.atomic_write(directory / "examples.json", lambda p: p.write_text(json.dumps(examples)))
-        if effects is not None:
-            _head_effects(pm, effects, effect_items, dropped, effect_chunks, mine_effects, effects_plan, directory, manifest,
-                          progress, log, shard)
+            chunk_dir = directory / "chunks"
+            chunk_dir.mkdir(exist_ok=True)
+            done = storage.complete_chunks(chunk_dir, len(chunks), log)
+            if done:
+                log(f"resuming {directory}: {len(done)} of {len(chunks)} chunks already complete")
+            started = time.perf_counter()
+            bar = Progress(sum(len(b) for k in mine for b in chunks[k]), sum(len(b) for k in done for b in chunks[k]), progress, log)
+            with deferred_interrupt(log) as interrupted:
+                for k in mine:
+                    if k in done:
+                        continue
+                    parts = {kind.NAME: [] for kind in BATCH_KINDS}
+                    for batch in chunks[k]:
+                        for name, part in measure_batch(pm, suite, [encoded[i] for i in batch], context).items():
+                            parts[name].append(part)
+                        bar.update(len(batch))
+                    storage.write_chunk(chunk_dir, k, {kind.NAME: kind.chunk_table(parts[kind.NAME], pm) for kind in BATCH_KINDS})
+                    bar.chunk_done(k, len(chunks))
+                    if interrupted():
+                        bar.close()
+                        _stop(directory, manifest, f"chunk {k + 1} of {len(chunks)}")
+            bar.close()
+            if shard is None:
+                storage.assemble(directory, len(chunks))
+            if shard is None or shard[0] == 1:
+                examples = example_attention(pm, encoded, suite.contrast)
+                storage.atomic_write(directory / "examples.json", lambda p: p.write_text(json.dumps(examples)))
+            if effects is not None:
+                _head_effects(pm, effects, effect_items, dropped, effect_chunks, mine_effects, effects_plan, directory, manifest,
+                              progress, log, shard)
         manifest.update(status="complete" if shard is None else "shard complete", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                         compute_seconds_this_session=round(time.perf_counter() - started, 3))
         storage.write_manifest(directory, manifest)
@@ -227,9 +229,27 @@ def _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, pro
     return time.perf_counter() - started
 
 
+@contextmanager
+def recorded_end(directory: Path, manifest: dict):
+    """However the computation ends early, the manifest says so: a second Ctrl-C (which drops the
+    chunk in progress) is recorded as an interruption, any other error as `failed`."""
+    try:
+        yield
+    except RunInterrupted:
+        raise
+    except KeyboardInterrupt:
+        _stop(directory, manifest, "a second Ctrl-C (the chunk in progress was dropped)")
+    except BaseException as exc:
+        manifest.update(status="failed", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        with suppress(Exception):  # the error that stopped us (a full disk, say) may stop this write too
+            storage.write_manifest(directory, manifest)
+        raise
+
+
 def _stop(directory: Path, manifest: dict, where: str) -> None:
     """After Ctrl-C: record the interruption and stop; every finished chunk is kept."""
     manifest.update(status="interrupted", interrupted=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    storage.write_manifest(directory, manifest)
+    with ignored_interrupts():  # a further Ctrl-C cannot cut this write short
+        storage.write_manifest(directory, manifest)
     raise RunInterrupted(f"interrupted after {where}; the finished chunks are kept in {directory / 'chunks'}: "
                          "rerun the same command to resume")

@@ -80,6 +80,20 @@ def deferred_interrupt(log):
         signal.signal(signal.SIGINT, previous)
 
 
+@contextmanager
+def ignored_interrupts():
+    """Ctrl-C does nothing inside (main thread only): for the last write before stopping."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class Progress:
     """Progress of one phase: a tqdm bar on a terminal; off one (a notebook's stderr, nohup, SLURM,
     CI) one log line per finished chunk with the count, the time and an estimate of what is left;

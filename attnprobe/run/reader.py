@@ -3,15 +3,15 @@ only; statistics and figures live downstream (attnprobe.stats, attnprobe.report,
 
 from __future__ import annotations
 
-import json
 from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
 from ..errors import RunError
 from ..tables import read_table
-from .storage import HEAD_EFFECTS_FILES, has_head_effects
+from .storage import HEAD_EFFECTS_FILES, has_head_effects, read_manifest
 
 
 class RunFiles:
@@ -24,19 +24,37 @@ class RunFiles:
 
     @cached_property
     def manifest(self) -> dict:
-        return json.loads((self.directory / "manifest.json").read_text())
+        return read_manifest(self.directory / "manifest.json")
+
+    def require_complete(self) -> None:
+        """Statistics need every prompt: refuse an unfinished run or a lone shard in one line."""
+        status = self.manifest.get("status", "complete")  # runs of 0.1 wrote no status
+        if status == "shard complete":
+            raise RunError(f"{self.directory} is one shard of a run; join all shards with `attnprobe merge OUT SHARD_DIR ...` "
+                           "and report on OUT")
+        if status != "complete":
+            raise RunError(f"the run in {self.directory} is not finished (status: {status}); rerun the same "
+                           "`attnprobe run` command to finish it, then report")
+
+    def _read(self, what: str, read) -> pd.DataFrame:
+        """A table of the run; a missing or damaged file is one line saying how to rebuild it."""
+        try:
+            return read()
+        except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+            raise RunError(f"{self.directory}: {what} is missing or damaged ({type(exc).__name__}: {str(exc)[:120]}); "
+                           "rerun the same `attnprobe run` command, which rebuilds it from the finished chunks") from None
 
     @cached_property
     def prompts(self) -> pd.DataFrame:
-        return read_table(self.directory, "prompts")
+        return self._read("prompts.parquet", lambda: read_table(self.directory, "prompts"))
 
     @cached_property
     def attention(self) -> pd.DataFrame:
-        return pd.read_parquet(self.directory / "attention.parquet")
+        return self._read("attention.parquet", lambda: pd.read_parquet(self.directory / "attention.parquet"))
 
     @cached_property
     def logprobs(self) -> pd.DataFrame:
-        return read_table(self.directory, "logprobs")
+        return self._read("logprobs.parquet", lambda: read_table(self.directory, "logprobs"))
 
     @property
     def has_head_effects(self) -> bool:
@@ -45,17 +63,17 @@ class RunFiles:
     @cached_property
     def head_effect_items(self) -> pd.DataFrame:
         """Per item, counterfactual and head: patching and attribution effects (see attnprobe.interventions)."""
-        return pd.read_parquet(self.directory / HEAD_EFFECTS_FILES[0])
+        return self._read(HEAD_EFFECTS_FILES[0], lambda: pd.read_parquet(self.directory / HEAD_EFFECTS_FILES[0]))
 
     @cached_property
     def head_effect_totals(self) -> pd.DataFrame:
         """Per item and counterfactual: y, y', the total effect and the joint patches."""
-        return read_table(self.directory, "head_effects_totals")
+        return self._read("head_effects_totals.parquet", lambda: read_table(self.directory, "head_effects_totals"))
 
     @cached_property
     def head_effect_layers(self) -> pd.DataFrame:
         """Per item, counterfactual and layer: the attention and MLP output patches."""
-        return pd.read_parquet(self.directory / HEAD_EFFECTS_FILES[2])
+        return self._read(HEAD_EFFECTS_FILES[2], lambda: pd.read_parquet(self.directory / HEAD_EFFECTS_FILES[2]))
 
     def __repr__(self) -> str:
         m = self.manifest

@@ -15,9 +15,11 @@ and the report's DERIVED files, never anything else.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import time
 from contextlib import contextmanager
@@ -120,6 +122,10 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
         raise RunError("the shards were run with different settings (suite, model, dtype, batch, chunk, limit or tokenisation)")
     by_k = {m["shard"][0]: (d, m) for d, m in zip(shard_dirs, manifests)}
     out = Path(out)
+    if any(out.resolve() == d.resolve() for d in shard_dirs):
+        raise RunError(f"{out} is one of the shard directories; merge into a new directory")
+    if (out / "manifest.json").is_file() and read_manifest(out / "manifest.json").get("settings") != manifests[0]["settings"]:
+        raise RunError(f"{out} holds a run with other settings; merge into a new directory")
     (out / "chunks").mkdir(parents=True, exist_ok=True)
     with exclusive(out):
         n_chunks = manifests[0]["n_chunks"]
@@ -181,10 +187,10 @@ CHUNK_FILES = {"": tuple(f"{kind.NAME}.parquet" for kind in BATCH_KINDS),
 
 
 def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: str | None = None) -> set[int]:
-    """Chunks with a marker whose files read back whole (and, for head effects, were made for this
-    plan of items); a damaged or foreign chunk loses its marker and is redone."""
+    """Chunks with a marker whose files are byte for byte what was written (SHA-256 in the marker;
+    markers from before checksums: every page decodes) and, for head effects, were made for this
+    plan of items; a damaged or foreign chunk loses its marker and is redone."""
     done = set()
-    first, *others = CHUNK_FILES[kind]
     for k in range(n_chunks):
         marker = chunk_dir / f"{kind}{k:05d}.done"
         if not marker.is_file():
@@ -193,10 +199,14 @@ def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: s
             info = json.loads(marker.read_text())
             if plan is not None and info.get("plan") != plan:
                 raise ValueError("made for another plan of items")
-            if pq.read_metadata(chunk_dir / f"{kind}{k:05d}.{first}").num_rows != info["rows"]:
+            files = {name: chunk_dir / f"{kind}{k:05d}.{name}" for name in CHUNK_FILES[kind]}
+            for name, path in files.items():
+                if "sha256" not in info:
+                    pq.read_table(path)
+                elif digest(path) != info["sha256"].get(name):
+                    raise ValueError(f"{path.name} differs from what was written")
+            if pq.read_metadata(files[CHUNK_FILES[kind][0]]).num_rows != info["rows"]:
                 raise ValueError(f"expected {info['rows']} rows")
-            for name in others:
-                pq.read_metadata(chunk_dir / f"{kind}{k:05d}.{name}")
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
             log(f"chunk {kind}{k} in {chunk_dir} is damaged or stale ({exc}); recomputing it")
             marker.unlink()
@@ -205,10 +215,15 @@ def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: s
     return done
 
 
-def prepare_directory(directory: Path, expected: str, resume: bool) -> dict | None:
+# what attnprobe writes inside chunks/ and figures/ (anything else there is someone else's)
+OWN_FILES = {"chunks": re.compile(r"(effects-|selected-)?\d{5}\.(done|[a-z_]+\.parquet)|\..+\.tmp"),
+             "figures": re.compile(r"[\w-]+\.(png|svg)")}
+
+
+def prepare_directory(directory: Path, expected: str, resume: bool, suite_name: str, log=print) -> dict | None:
     """Make `directory` ready for a run with this fingerprint; return the manifest to continue (the
-    same fingerprint and `resume`), else None. Starting over deletes only what attnprobe writes
-    (ARTEFACTS and DERIVED), and only where manifest.json is an attnprobe manifest."""
+    same fingerprint and `resume`), else None. Starting over (--fresh) replaces only a run of the
+    same suite, and deletes only what attnprobe writes, where manifest.json is an attnprobe manifest."""
     path = directory / "manifest.json"
     if not path.is_file():
         return None
@@ -218,10 +233,33 @@ def prepare_directory(directory: Path, expected: str, resume: bool) -> dict | No
     if resume:
         raise RunError(f"{directory} holds a run with other settings (suite, model, dtype, batch or chunk size, "
                        "limit, tokenisation); rerun with --fresh to replace it, or choose --out")
+    other = (previous.get("suite") or {}).get("name")
+    if other != suite_name:
+        raise RunError(f"{directory} holds a run of suite '{other}', not '{suite_name}'; --fresh replaces only a run "
+                       "of the same suite: choose another --out (nothing was deleted)")
+    kept = remove_run(directory)
+    if kept:
+        log(f"--fresh kept {len(kept)} files attnprobe did not write in {directory}: {', '.join(kept[:5])}")
+    return None
+
+
+def remove_run(directory: Path) -> list[str]:
+    """Delete the files a run and its report wrote (ARTEFACTS, DERIVED, and in chunks/ and figures/
+    only files named as attnprobe names them); return what was kept."""
+    kept = []
     for name in ARTEFACTS + DERIVED:
         target = directory / name
-        shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
-    return None
+        if target.is_dir() and not target.is_symlink():
+            for child in sorted(target.iterdir()):
+                if child.is_file() and name in OWN_FILES and OWN_FILES[name].fullmatch(child.name):
+                    child.unlink()
+                else:
+                    kept.append(f"{name}/{child.name}")
+            if not any(target.iterdir()):
+                target.rmdir()
+        elif target.is_file() or target.is_symlink():
+            target.unlink()
+    return kept
 
 
 def read_manifest(path: Path) -> dict:
@@ -244,7 +282,8 @@ def write_chunk(chunk_dir: Path, k: int, tables: dict) -> None:
         atomic_write(chunk_dir / f"{k:05d}.{name}.parquet", write)
     rows = len(next(iter(tables.values())))
     # the marker comes last: a chunk without it is recomputed on resume
-    atomic_write(chunk_dir / f"{k:05d}.done", lambda p: p.write_text(json.dumps({"rows": rows})))
+    marker = {"rows": rows, "sha256": _digests(chunk_dir, f"{k:05d}.", CHUNK_FILES[""])}
+    atomic_write(chunk_dir / f"{k:05d}.done", lambda p: p.write_text(json.dumps(marker)))
 
 
 def write_effect_chunk(chunk_dir: Path, k: int, tables: dict[str, pd.DataFrame], plan: str, kind: str = "effects-") -> None:
@@ -253,7 +292,21 @@ def write_effect_chunk(chunk_dir: Path, k: int, tables: dict[str, pd.DataFrame],
         table = tables[name.removesuffix(".parquet")]
         atomic_write(chunk_dir / f"{kind}{k:05d}.{name}", lambda p, t=table: t.to_parquet(p, index=False))
     rows = len(tables[CHUNK_FILES[kind][0].removesuffix(".parquet")])
-    atomic_write(chunk_dir / f"{kind}{k:05d}.done", lambda p: p.write_text(json.dumps({"rows": rows, "plan": plan})))
+    marker = {"rows": rows, "plan": plan, "sha256": _digests(chunk_dir, f"{kind}{k:05d}.", CHUNK_FILES[kind])}
+    atomic_write(chunk_dir / f"{kind}{k:05d}.done", lambda p: p.write_text(json.dumps(marker)))
+
+
+def digest(path: Path) -> str:
+    """SHA-256 of a file, read in blocks."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def _digests(chunk_dir: Path, prefix: str, names) -> dict[str, str]:
+    return {name: digest(chunk_dir / f"{prefix}{name}") for name in names}
 
 
 def read_effect_chunks(directory: Path, n_chunks: int, kind: str = "effects-") -> dict[str, pd.DataFrame]:
