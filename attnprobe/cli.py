@@ -63,6 +63,9 @@ model_option = click.option("--model", "model_spec", default=DEFAULT_MODEL, show
                             help="Bundled alias, .gguf path, local checkpoint directory or hub id.")
 dtype_option = click.option("--dtype", type=click.Choice(list(DTYPES)), default="float32", show_default=True)
 remote_code_option = click.option("--trust-remote-code", is_flag=True, help="Allow a hub model's own Python code to run.")
+data_root_option = click.option("--data-root", "data_roots", multiple=True, type=click.Path(file_okay=False, exists=True),
+                                help="Also read the suite's data files from this directory (repeatable); by default only "
+                                     "the suite's own directory and below.")
 pickle_option = click.option("--allow-pickle", is_flag=True, help="Allow pickled weights (*.bin), which can run code when loaded.")
 
 
@@ -134,14 +137,15 @@ REFERENCE = {"prompts_per_s": 50.0, "seconds_per_pair": {"k": 3.4, "all": 9.0}, 
 @click.option("--model", "model_spec", default=None, help="Tokenizer to count tokens with; default: the suite's `model`.")
 @click.option("--limit", type=click.IntRange(min=1), help="As `run --limit`.")
 @remote_code_option
-def check(suite, model_spec, limit, trust_remote_code):
+@data_root_option
+def check(suite, model_spec, limit, trust_remote_code, data_roots):
     """Validate a suite and say what a run would do (prompts, items, analysis, measures, tokens,
     a time estimate) without loading any model weights."""
     from .models import DEFAULT_MODEL, load_tokenizer
     from .run.plan import encode_prompts, select_prompts, sink_notes
     from .suite import load_suite
 
-    loaded = load_suite(suite)
+    loaded = load_suite(suite, data_roots=data_roots)
     spec = model_spec or loaded.model or DEFAULT_MODEL
     tokenizer, max_positions, _ = load_tokenizer(spec, trust_remote_code=trust_remote_code)
     prompts = select_prompts(loaded.prompts, limit)
@@ -200,8 +204,9 @@ def check(suite, model_spec, limit, trust_remote_code):
               help="Run the suite's head_effects measure (activation patching; minutes per 10 items on a CPU).")
 @remote_code_option
 @pickle_option
+@data_root_option
 def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, progress, with_report, max_batch_tokens,
-        shard, device, device_map, head_effects, trust_remote_code, allow_pickle):
+        shard, device, device_map, head_effects, trust_remote_code, allow_pickle, data_roots):
     """Run a probe suite (e.g. probes/gender.yaml) and write its tables to the run directory."""
     import time
 
@@ -216,7 +221,7 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
     result = run_suite(suite, model=model_spec, out=out, batch_size=batch_size, limit=limit, dtype=dtype,
                        resume=resume, chunk_size=chunk_size, progress=progress, trust_remote_code=trust_remote_code,
                        max_batch_tokens=max_batch_tokens, shard=shard, device=device, device_map=device_map,
-                       head_effects=head_effects, allow_pickle=allow_pickle)
+                       head_effects=head_effects, allow_pickle=allow_pickle, data_roots=data_roots)
     seconds = time.perf_counter() - started
     manifest = result.manifest
     for line in manifest["skipped"]:

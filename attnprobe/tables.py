@@ -3,7 +3,7 @@
 Every table a run or a report writes is written twice: `<name>.parquet` with the values as
 computed (readers and the notebook API read this) and `<name>.csv` for spreadsheets.
 
-A text cell that starts with `=`, `+`, `-`, `@`, a tab or a carriage return can be run as a
+A text cell (or header cell) that starts with `=`, `+`, `-`, `@`, a tab or a carriage return can be run as a
 formula by Excel, LibreOffice or Google Sheets (CSV injection). Such cells get a leading
 apostrophe, which spreadsheets show as text. Only text cells change: numbers (negative
 log-probabilities, effects) are written as numbers.
@@ -25,6 +25,7 @@ def neutralise(value):
 
 def write_csv(table: pd.DataFrame, path) -> None:
     safe = table.copy()
+    safe.columns = [neutralise(c) for c in safe.columns]  # a header cell is read as a formula too
     for column in safe.columns:
         if safe[column].dtype == object or pd.api.types.is_string_dtype(safe[column]):
             safe[column] = safe[column].map(neutralise)

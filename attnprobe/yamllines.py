@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from pathlib import Path
 
 import yaml
@@ -92,31 +93,60 @@ def line_of(node, key=None) -> int:
     return getattr(node, "line", 1)
 
 
-class Context:
-    """Where errors point: the suite file, plus the data files read."""
+MAX_DATA_BYTES = 512 * 2**20  # a data file larger than this is refused before it is read
 
-    def __init__(self, path: Path):
+
+class Context:
+    """Where errors point: the suite file, plus the data files read. `data_roots` are directories
+    besides the suite's own from which data files may be read (the --data-root option)."""
+
+    def __init__(self, path: Path, data_roots=()):
         self.path = path
+        self.roots = [path.parent.resolve(), *(Path(r).expanduser().resolve() for r in data_roots)]
         self.digest = hashlib.sha256()
 
     def fail(self, node, key, message: str):
         raise SuiteError(f"{self.path}:{line_of(node, key)}: {message}")
 
-    def read_data(self, node, key, relative: str) -> tuple[Path, str]:
+    def read_data(self, node, key, relative: str, max_lines: int | None = None) -> tuple[Path, str]:
         """A data file named relative to the suite: it must lie in the suite's directory or below it
-        (a suite cannot read /proc/self/environ or ~/.ssh), be a regular file and be UTF-8 text."""
-        root = self.path.parent.resolve()
-        path = (root / str(relative)).resolve()
-        if not path.is_relative_to(root):
-            self.fail(node, key, f"data file '{relative}' lies outside the suite's directory {root}; copy it next to the suite")
+        (or under a --data-root; a suite cannot read /proc/self/environ or ~/.ssh), be a regular file
+        (not a FIFO or a device), hold at most `max_lines` lines (counted before it is decoded) and
+        be UTF-8 text. Messages name the file, never its content."""
+        path = (self.roots[0] / str(relative)).resolve()
+        shown = repr(str(relative))[1:-1][:200]
+        if not any(path.is_relative_to(root) for root in self.roots):
+            self.fail(node, key, f"data file '{shown}' lies outside the suite's directory {self.roots[0]}; copy it next "
+                                 "to the suite, or allow its directory with --data-root")
+        if not path.exists():
+            self.fail(node, key, f"data file '{shown}' not found (looked in {path.parent}); give a path relative to the suite file")
         if not path.is_file():
-            self.fail(node, key, f"data file '{relative}' not found (looked in {path.parent}); give a path relative to the suite file")
+            self.fail(node, key, f"data file '{shown}' is not a regular file (a directory, FIFO or device); give a text file")
+        size = path.stat().st_size
+        if size > MAX_DATA_BYTES:
+            self.fail(node, key, f"data file '{shown}' has {size / 2**20:.0f} MB, more than {MAX_DATA_BYTES // 2**20} MB; split it")
         try:
-            text = path.read_text(encoding="utf-8")
+            with open(path, "rb") as handle:
+                data = handle.read(size + 1)
+        except OSError as exc:
+            self.fail(node, key, f"cannot read data file '{shown}' ({exc.strerror}); fix its permissions")
+        lines = data.count(b"\n")
+        if max_lines is not None and lines > max_lines + 1:  # + 1: a header line
+            self.fail(node, key, f"data file '{shown}' has {lines:,} lines, more than max_prompts = {max_lines:,}; "
+                                 "raise `max_prompts:` in the suite or split the file")
+        try:
+            text = data.decode("utf-8-sig")  # a spreadsheet's UTF-8 export starts with a byte-order mark
         except UnicodeDecodeError:
-            self.fail(node, key, f"data file '{relative}' is not UTF-8 text; save it as UTF-8")
+            self.fail(node, key, f"data file '{shown}' is not UTF-8 text; save it as UTF-8")
         self.digest.update(path.name.encode() + b"\0" + text.encode())
         return path, text
+
+
+def file_lines(text: str) -> list[str]:
+    """The lines of a data file as an editor numbers them: split at \\n, \\r\\n or \\r only (not at
+    U+2028, U+0085 or a form feed, which str.splitlines also treats as line ends)."""
+    lines = re.split(r"\r\n|\r|\n", text)
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def required_str(ctx, node, key) -> str:

@@ -22,6 +22,8 @@ def test_formula_cells_are_neutralised(tmp_path):
     assert back["text"].tolist()[5:] == ["plain", "a=b"]
     assert back["logprob"].tolist() == table["logprob"].tolist()  # numbers stay numbers
     assert neutralise(-3) == -3 and neutralise(None) is None
+    write_csv(pd.DataFrame({"=cmd|' /C calc'!A0": ["x"], "note": ["y"]}), tmp_path / "h.csv")
+    assert (tmp_path / "h.csv").read_text().splitlines()[0] == "'=cmd|' /C calc'!A0,note"  # header cells too
 
 
 @pytest.mark.slow

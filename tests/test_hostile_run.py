@@ -39,6 +39,13 @@ def test_output_directory_that_cannot_be_created(smollm, tmp_path):
         attnprobe.run_suite(GENDER, model=smollm, out=tmp_path / "file" / "out", **SETTINGS)
 
 
+def test_an_output_directory_that_cannot_be_locked(smollm, tmp_path):
+    (tmp_path / ".lock").mkdir()  # as good as read-only, even for root
+    with pytest.raises(RunError, match=r"cannot lock .*\.lock \(Is a directory\); make the directory writable or choose another --out"):
+        attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, **SETTINGS)
+    assert [p.name for p in tmp_path.iterdir()] == [".lock"]
+
+
 def test_disk_full_keeps_finished_chunks_and_resumes(smollm, whole, tmp_path, monkeypatch):
     calls = {"n": 0}
     original = pq.write_table  # under both pyarrow's and pandas' parquet writers

@@ -9,7 +9,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnprobe.suite import SuiteError, load_suite
+from attnprobe.suite import RESERVED_COLUMNS, SuiteError, load_suite
 
 KEYS = ["name", "description", "model", "contrast", "slots", "templates", "sentences", "attention", "next_token",
         "max_prompts", "values", "table", "column", "forms", "id", "text", "where", "source", "targets", "cut",
@@ -81,6 +81,70 @@ def test_fuzzed_table_files(tmp_path, table):
 def test_fuzzed_sentence_files(tmp_path, sentences):
     (tmp_path / "s.tsv").write_text("text\n" + "\n".join(sentences) + "\n", encoding="utf-8")
     check(tmp_path / "x.yaml", "name: x\nsentences:\n  - {id: s, file: s.tsv, spans: [a, b]}\n")
+
+
+# Sentence files as people export them: colliding column names, quotes, CRLF, a BOM, U+2028 (a line
+# separator to Python's str.splitlines, not to csv), named and unnamed spans, numbered lines.
+COLUMNS = st.sampled_from(["prompt_id", "item_id", "n_tokens", "a_char_start", "a", "b", "version", "pair", "note",
+                           "=cmd", "x y", "", "text"])
+WORDS = st.text(alphabet='ab "\'-.:\u2028\u0085é😀=', max_size=8)  # a cell without the delimiter
+SENTENCE = st.lists(st.one_of(WORDS, WORDS, WORDS, WORDS.map(lambda w: f"[{w}]"), WORDS.map(lambda w: f"[b: {w}]"),
+                              st.sampled_from(["[", "]", ",", "\t", ",", "\t"])), min_size=1, max_size=5).map("".join)
+NEWLINE = st.sampled_from(["\n", "\r\n", "\n", "\r\n", "\r", "\u2028"])
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(columns=st.lists(COLUMNS, max_size=3), rows=st.lists(st.tuples(st.integers(0, 99), SENTENCE, st.lists(WORDS, max_size=3)),
+       min_size=1, max_size=4), newline=NEWLINE, bom=st.booleans(), suffix=st.sampled_from([".tsv", ".csv", ".txt"]),
+       entry=st.sampled_from(["spans: [a]", "spans: [a, c]", "numbered: true", "pattern: '(?P<key>\\d+)[.] (?P<text>.*)'",
+                              "pair: pair", "column: v"]))
+def test_fuzzed_exported_sentence_files(tmp_path, columns, rows, newline, bom, suffix, entry):
+    delimiter = "," if suffix == ".csv" else "\t"
+    suffix = ".txt" if "numbered" in entry or "pattern" in entry else suffix
+    if suffix == ".txt":  # plain lines, numbered or not
+        lines = [f"{n}. {text}" if "numbered" in entry or "pattern" in entry else text for n, text, _ in rows]
+    else:
+        lines = [delimiter.join(["text", *columns])] + [delimiter.join([text, *(cells + [""] * 3)[:len(columns)]]) for _, text, cells in rows]
+    (tmp_path / f"s{suffix}").write_bytes((("\ufeff" if bom else "") + newline.join(lines) + newline).encode("utf-8"))
+    suite = check(tmp_path / "x.yaml", f"name: x\nsentences:\n  - {{id: s, file: s{suffix}, {entry}}}\n")
+    for prompt in suite.prompts if suite else ():
+        span_columns = {f"{n}{end}" for n in prompt.spans for end in ("_char_start", "_char_end", "_tok_start", "_tok_end")}
+        written = [*RESERVED_COLUMNS, *prompt.slots, *prompt.meta, *span_columns]
+        assert len(written) == len(set(written)), written  # no column of prompts.csv is written twice
+        assert "\ufeff" not in prompt.text and not any(c.startswith("\ufeff") for c in prompt.meta)
+
+
+# Data paths as a careless or hostile suite writes them: climbing out, absolute, home, special files.
+SECRET = "SECRET-VALUE-42"
+DATA_PATH = st.one_of(
+    st.sampled_from(["../secret.tsv", "/proc/self/environ", "/dev/zero", "/dev/stdin", "~/.bashrc", "fifo.tsv",
+                     "link.tsv", "dir", "ok.tsv", "./ok.tsv", "sub/../ok.tsv", "sub/../../secret.tsv", "", ".", "ok.tsv\n"]),
+    st.text(alphabet="./~\\%:*?-_ab😀\x01", min_size=1, max_size=24),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(relative=DATA_PATH)
+def test_fuzzed_data_paths(tmp_path, relative):
+    import os
+
+    root = tmp_path / "suite"
+    if not root.is_dir():
+        root.mkdir()
+        (root / "sub").mkdir()
+        (root / "dir").mkdir()
+        (root / "ok.tsv").write_text("a\nnurse\n")
+        (tmp_path / "secret.tsv").write_text(f"a\n{SECRET}\n")
+        os.mkfifo(root / "fifo.tsv")
+        (root / "link.tsv").symlink_to(tmp_path / "secret.tsv")
+    text = yaml.safe_dump({"name": "x", "slots": {"a": {"table": relative}}, "templates": [{"id": "t", "text": "The {a}."}]})
+    suite = check(root / "x.yaml", text)
+    if suite is not None:  # only the file inside the suite's directory can load
+        assert [p.text for p in suite.prompts] == ["The nurse."]
+    else:
+        with pytest.raises(SuiteError) as error:
+            load_suite(root / "x.yaml")
+        assert SECRET not in str(error.value) and "PATH=" not in str(error.value)
 
 
 def test_expansion_bound_refuses_huge_suites_quickly(tmp_path):

@@ -314,6 +314,48 @@ def test_data_files_stay_under_the_suite_directory(tmp_path):
         message = _load_error(tmp_path / "suite" / "s.yaml", f"name: s\nslots:\n  occupation: {{table: '{relative}'}}\n"
                               "templates:\n  - {id: t, text: 'The {occupation} left.'}\n")
         assert "lies outside the suite's directory" in message and "nurse" not in message and "PATH=" not in message
+    suite = tmp_path / "suite" / "s.yaml"  # now naming /proc/self/environ: outside every allowed root
+    with pytest.raises(SuiteError, match="lies outside the suite's directory .* or allow its directory with --data-root"):
+        load_suite(suite, data_roots=[tmp_path])
+    suite.write_text("name: s\nslots:\n  occupation: {table: '../secret.tsv'}\ntemplates:\n  - {id: t, text: 'The {occupation} left.'}\n")
+    assert [p.text for p in load_suite(suite, data_roots=[tmp_path]).prompts] == ["The nurse left."]
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    refused = CliRunner().invoke(main, ["check", str(suite)])
+    assert refused.exit_code == 2 and "--data-root" in refused.output
+    allowed = CliRunner().invoke(main, ["check", str(suite), "--data-root", str(tmp_path)])
+    assert allowed.exit_code == 0 and "1 prompts" in allowed.output, allowed.output
+
+
+def test_special_and_oversized_data_files_are_refused_before_reading(tmp_path):
+    import os
+    import time
+
+    def suite(table):
+        return f"name: s\nslots:\n  occupation: {{table: '{table}'}}\ntemplates:\n  - {{id: t, text: 'The {{occupation}} left.'}}\n"
+
+    os.mkfifo(tmp_path / "fifo.tsv")  # reading a FIFO would wait forever for a writer
+    (tmp_path / "folder.tsv").mkdir()
+    for name in ("fifo.tsv", "folder.tsv"):
+        started = time.perf_counter()
+        message = _load_error(tmp_path / "s.yaml", suite(name))
+        assert f"data file '{name}' is not a regular file" in message and time.perf_counter() - started < 1
+    message = _load_error(tmp_path / "s.yaml", suite("x").replace("'x'", '"bad\\nname.tsv"'))  # a line break in the name
+    assert "data file 'bad\\nname.tsv' not found" in message and "\n" not in message
+    lines = tmp_path / "many.tsv"
+    lines.write_text("text\n" + "[She] left.\n" * 1_200)
+    started = time.perf_counter()
+    message = _load_error(tmp_path / "m.yaml", "name: s\nmax_prompts: 1000\nsentences:\n  - {id: b, file: many.tsv, spans: [pronoun]}\n")
+    assert message.startswith(f"{tmp_path / 'm.yaml'}:4: data file 'many.tsv' has 1,201 lines, more than max_prompts = 1,000")
+    assert "raise `max_prompts:`" in message
+    big = tmp_path / "big.yaml"
+    big.write_text("name: s\ndescription: '" + "x" * (2**20) + "'\n")
+    started = time.perf_counter()
+    with pytest.raises(SuiteError, match=r"big.yaml:1: the suite file has 1.0 MB, more than 1 MB of YAML; move long lists"):
+        load_suite(big)
+    assert time.perf_counter() - started < 0.1
 
 
 def test_sentence_files_keep_quotes_and_span_names_are_names(tmp_path):
@@ -324,6 +366,16 @@ def test_sentence_files_keep_quotes_and_span_names_are_names(tmp_path):
     (tmp_path / "t.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [a/b, '=c']}\n")
     with pytest.raises(SuiteError, match=r"span name 'a/b' must be letters, digits and '_'"):
         load_suite(tmp_path / "t.yaml")
+
+
+def test_spreadsheet_exports_read_as_written(tmp_path):
+    """A byte-order mark before the header, CRLF line ends, and U+2028 inside a sentence (one line to
+    an editor, two to str.splitlines) keep their lines, columns and line numbers."""
+    (tmp_path / "s.tsv").write_bytes("\ufefftext\tnote\r\n[She] left\u2028early.\tx\r\n[He] stayed.\ty\r\n".encode())
+    (tmp_path / "s.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [pronoun]}\n")
+    prompts = load_suite(tmp_path / "s.yaml").prompts
+    assert [p.text for p in prompts] == ["She left\u2028early.", "He stayed."]
+    assert [p.meta["note"] for p in prompts] == ["x", "y"] and prompts[1].origin.endswith("s.tsv:3")
 
 
 def test_a_template_repeating_one_slot_expands_in_linear_time(tmp_path):

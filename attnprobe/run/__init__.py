@@ -60,6 +60,7 @@ def run_suite(
     device_map: str | None = None,
     head_effects: bool = True,
     allow_pickle: bool = False,
+    data_roots=(),
 ) -> Path:
     """Run `suite` and return its run directory. Validation (suite, tokens, candidates, context,
     head-effects items) happens before the model's weights load; a finished chunk is never
@@ -68,8 +69,9 @@ def run_suite(
     `shard=(k, n)` computes only chunks k-1, k-1+n, ... (one shard per process or GPU rank) into
     its own directory; `storage.merge_shards` joins the n directories into the unsharded result.
     The suite's head_effects measure runs (in chunks of items, split over shards the same way)
-    unless `head_effects=False`."""
-    suite = suite if isinstance(suite, Suite) else load_suite(suite)
+    unless `head_effects=False`. `data_roots`: directories besides the suite's own that its data
+    files may come from."""
+    suite = suite if isinstance(suite, Suite) else load_suite(suite, data_roots=data_roots)
     log = log or (lambda message: print(message, file=sys.stderr))
     if batch_size < 1 or chunk_size < 1:
         raise RunError("batch size and chunk size must be at least 1")

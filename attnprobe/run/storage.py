@@ -165,7 +165,10 @@ def write_manifest(directory: Path, manifest: dict) -> None:
 @contextmanager
 def exclusive(directory: Path):
     """Hold an exclusive lock on the run directory (released by the OS even if we are killed)."""
-    handle = open(directory / ".lock", "a+")
+    try:
+        handle = open(directory / ".lock", "a+")
+    except OSError as exc:
+        raise RunError(f"cannot lock {directory / '.lock'} ({exc.strerror}); make the directory writable or choose another --out") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

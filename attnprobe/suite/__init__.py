@@ -27,6 +27,7 @@ from .types import Condition, Prompt, Slot, SlotValue, Suite, Template
 from ..yamllines import Context, Map, as_list, optional_str, required_str, safe_load_with_lines
 
 DEFAULT_MAX_PROMPTS = 1_000_000
+MAX_SUITE_BYTES = 2**20  # PyYAML parses about 0.4 MB/s here: a larger suite would take seconds to read
 FIRST_TOKEN = ("keep", "bos", "exclude")
 _TOP_KEYS = {"analysis", "name", "description", "model", "contrast", "slots", "templates", "sentences", "attention",
              "next_token", "head_effects", "max_prompts", "first_token"}
@@ -35,12 +36,16 @@ __all__ = ["Condition", "Prompt", "Slot", "SlotValue", "Suite", "SuiteError", "T
            "token_spans", "AttentionMeasure", "HeadEffectsMeasure", "NextTokenMeasure"]
 
 
-def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
-    """Read, validate and expand a suite file. Raises SuiteError with `file:line: ...`."""
+def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) -> Suite:
+    """Read, validate and expand a suite file. Raises SuiteError with `file:line: ...`. Data files
+    are read from the suite's directory, or from `data_roots` (directories) when given."""
     path = Path(path)
     if not path.is_file():
         raise SuiteError(f"{path}: suite file not found; give the path of a .yaml suite (e.g. probes/gender.yaml)")
-    ctx = Context(path)
+    if path.stat().st_size > MAX_SUITE_BYTES:
+        raise SuiteError(f"{path}:1: the suite file has {path.stat().st_size / 2**20:.1f} MB, more than "
+                         f"{MAX_SUITE_BYTES // 2**20} MB of YAML; move long lists into data files (`table:` for a slot, `sentences:`)")
+    ctx = Context(path, data_roots)
     try:
         raw_text = path.read_text(encoding="utf-8")
         doc = safe_load_with_lines(raw_text)
@@ -73,7 +78,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None) -> Suite:
 
     templates = load_templates(ctx, as_list(ctx, doc, "templates", "templates {id, text}"), slots)
     sentence_sets = load_sentence_sets(ctx, as_list(ctx, doc, "sentences", "sentence files {id, file, spans}"),
-                                        {t.id for t in templates}, slots)
+                                        {t.id for t in templates}, slots, limit)
     if not templates and not sentence_sets:
         ctx.fail(doc, None, "the suite has no templates and no sentences; add a `templates:` list")
     check_size(ctx, doc, templates, slots, sentence_sets, limit)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..errors import SuiteError
 from .types import Prompt
-from ..yamllines import Seq, number_or_text, required_str
+from ..yamllines import Seq, file_lines, number_or_text, required_str
 
 
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
@@ -30,7 +30,9 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAMED = re.compile(r"([A-Za-z_][A-Za-z0-9_]*):\s+(.+)", re.S)  # [name: words]
 
 
-def load_sentence_sets(ctx, node: Seq, template_ids, slots=None) -> list[dict]:
+def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int | None = None) -> list[dict]:
+    """The `sentences:` entries, each file read whole once (refused before parsing when it has more
+    lines than `max_lines`, the suite's max_prompts)."""
     sets = []
     for i, item in enumerate(node):
         if not isinstance(item, dict):
@@ -54,7 +56,7 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None) -> list[dict]:
         column = str(item.get("column", "version"))
         rows = []
         for key, file_name in files.items():
-            path, text = ctx.read_data(item, "files" if "files" in item else "file", file_name)
+            path, text = ctx.read_data(item, "files" if "files" in item else "file", file_name, max_lines=max_lines)
             file_rows = _read_rows(path, text, reader)
             if not file_rows:
                 ctx.fail(item, "files" if "files" in item else "file", f"{path.name} holds no sentences")
@@ -131,7 +133,7 @@ def _read_rows(path: Path, text: str, reader=None) -> list[tuple[int, dict]]:
     or plain-text lines (.txt or a declared line reader), whose key goes to column `line`."""
     if reader is not None or path.suffix not in (".jsonl", ".tsv", ".tab", ".csv"):
         rows = []
-        for number, line in enumerate(text.splitlines(), start=1):
+        for number, line in enumerate(file_lines(text), start=1):
             if not line.strip() or line.startswith("#"):
                 continue
             if reader is None:
@@ -146,7 +148,7 @@ def _read_rows(path: Path, text: str, reader=None) -> list[tuple[int, dict]]:
         return rows
     if path.suffix == ".jsonl":
         rows = []
-        for number, line in enumerate(text.splitlines(), start=1):
+        for number, line in enumerate(file_lines(text), start=1):
             if not line.strip():
                 continue
             try:
@@ -158,7 +160,7 @@ def _read_rows(path: Path, text: str, reader=None) -> list[tuple[int, dict]]:
             rows.append((number, record))
         return rows
     delimiter = "\t" if path.suffix in (".tsv", ".tab") else ","
-    lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip() and not line.startswith("#")]
+    lines = [(n, line) for n, line in enumerate(file_lines(text), start=1) if line.strip() and not line.startswith("#")]
     if not lines:
         return []
     # TSV cells are taken as written (a quote is text: "Hi," she said); CSV cells may be quoted

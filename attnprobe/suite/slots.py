@@ -7,7 +7,7 @@ import re
 
 from ..errors import SuiteError
 from .types import Slot, SlotValue
-from ..yamllines import Map, line_of, number_or_text
+from ..yamllines import Map, file_lines, line_of, number_or_text
 
 
 def load_slots(ctx, node, doc) -> dict[str, Slot]:
@@ -79,7 +79,7 @@ def _text(ctx, node, key, value, slot) -> str:
 def _table_values(ctx, spec, name, form_names) -> list[SlotValue]:
     path, text = ctx.read_data(spec, "table", spec["table"])
     delimiter = spec.get("delimiter") or ("\t" if path.suffix in (".tsv", ".tab") else ",")
-    rows = list(csv.reader(text.splitlines(), delimiter=delimiter))
+    rows = list(csv.reader(file_lines(text), delimiter=delimiter))
     rows = [r for r in rows if r and not r[0].startswith("#")]  # '#' lines carry provenance
     if not rows:
         ctx.fail(spec, "table", f"table {path.name} is empty; it needs a header row and data rows")
