@@ -58,6 +58,16 @@ class Run(RunFiles):
         """Per word: the total effect, shares carried by all heads, their patterns, the cross-fitted set."""
         return self._tables().get("head_effects_summary")
 
+    @property
+    def referent_accuracy(self) -> pd.DataFrame:
+        """Per source and head: how often the source attends more to the correct referent (empty without referents)."""
+        return self._tables()["referent_accuracy"]
+
+    @property
+    def referent_choice_accuracy(self) -> pd.DataFrame:
+        """The model's own choice in the scored continuation: accuracy, per label, pro - anti gap, margin."""
+        return self._tables()["referent_choice_accuracy"]
+
     def _tables(self) -> dict:
         if "_stats" not in self.__dict__:
             self.__dict__["_stats"] = load_tables(self, write=False)

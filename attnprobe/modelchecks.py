@@ -1,5 +1,5 @@
-"""Checks made before any weights load: the device exists, the config has layers and heads, the
-checkpoint runs no code of its own unless asked; and how a loader's exception becomes one line."""
+"""Checks made before any weights load: the device exists, the config has layers and heads, a GGUF
+file is one, the checkpoint runs no code of its own unless asked; and how a loader's exception becomes one line."""
 
 from __future__ import annotations
 
@@ -53,6 +53,14 @@ def check_vocabulary(tokenizer, model, spec: str) -> None:
     if len(tokenizer) > rows:
         raise ModelSpecError(f"'{spec}': the tokenizer has {len(tokenizer)} tokens but the model embeds only {rows}; "
                              "the tokenizer files belong to another model, replace them")
+
+
+def check_gguf(path: Path) -> None:
+    """Refuse a file that is not GGUF before the (slow) converter reads it."""
+    with open(path, "rb") as handle:
+        if handle.read(4) != b"GGUF":
+            raise ModelSpecError(f"{path} is not a GGUF file (it does not start with the bytes 'GGUF'); "
+                                 "give a .gguf model file or a checkpoint directory")
 
 
 def first_line(exc: BaseException) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from .errors import ModelSpecError
-from .modelchecks import check_device, check_shape, check_vocabulary, first_line, refuse_remote_code
+from .modelchecks import check_device, check_gguf, check_shape, check_vocabulary, first_line, refuse_remote_code
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -226,6 +226,7 @@ def _resolve(spec: str, allow_pickle: bool, convert: bool = True) -> tuple[str, 
         gguf_path = _bundled_gguf(BUNDLED[spec]) if spec in BUNDLED else Path(spec).expanduser()
         if not gguf_path.is_file():
             raise ModelSpecError(f"GGUF file not found: {spec}; give an existing path or one of the {_aliases_hint()}")
+        check_gguf(gguf_path)
         name = spec if spec in BUNDLED else gguf_path.stem
         if convert:
             folder, sha = _cached_gguf_dir(gguf_path)
@@ -373,8 +374,12 @@ def _cached_gguf_dir(gguf_path: Path) -> tuple[Path, str]:
     target.parent.mkdir(parents=True, exist_ok=True)
     folder, name = str(gguf_path.parent), gguf_path.name
     print(f"attnprobe: dequantising {name} once to float32 (about 20-60 s); later loads read {target}", file=sys.stderr)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except Exception as exc:  # a damaged or unsupported file fails anywhere in the GGUF reader
+        raise ModelSpecError(f"cannot read GGUF file {gguf_path}: {type(exc).__name__}: {first_line(exc)}; "
+                             "replace the file, or use a transformers checkpoint directory") from None
     # The weights are already dequantised to float32: drop the GGUF quantizer and its config entry
     # so the checkpoint saves, and later loads, as a plain float32 model.
     model.hf_quantizer = None

@@ -7,9 +7,11 @@ with the bundled tokenizer, and reads the tables and report it wrote.
 import re
 
 import pandas as pd
+import torch
 import pytest
 from click.testing import CliRunner
 
+import attnprobe
 from attnprobe.cli import main
 
 pytestmark = pytest.mark.slow
@@ -207,3 +209,26 @@ def test_referent_accuracy_reads_the_answer_from_a_column(tiny_llama_dir, tmp_pa
     # one item per template and 24 templates weighted equally: the weighted mean is the plain mean
     assert abs(accuracy.loc[(0, 1), "accuracy"] - correct.mean()) <= 1e-12
     assert set(pd.read_csv(tmp_path / "out" / "head_stats.csv")["scope"]) >= {"answer=occupation", "answer=participant"}
+    # the model's own choice: each referent's words after the question, scored by hand with the model
+    pm = attnprobe.load_model(str(tiny_llama_dir))
+    scores = pd.read_parquet(tmp_path / "out" / "referent_choice.parquet")
+    text = prompts.loc[0, "text"]
+    question = f" Here, '{text[prompts.loc[0, 'pronoun_char_start']:prompts.loc[0, 'pronoun_char_end']]}' refers to the"
+    for referent in ("occupation", "participant"):
+        words = " " + text[prompts.loc[0, f"{referent}_char_start"]:prompts.loc[0, f"{referent}_char_end"]]
+        prefix = pm.tokenizer.encode(text + question, add_special_tokens=False)
+        tail = pm.tokenizer.encode(words, add_special_tokens=False)
+        with torch.no_grad():
+            logp = pm.model(torch.tensor([prefix + tail])).logits[0].log_softmax(-1)
+        by_hand = sum(float(logp[len(prefix) - 1 + t, token]) for t, token in enumerate(tail))
+        row = scores[(scores["prompt_id"] == 0) & (scores["referent"] == referent)].iloc[0]
+        assert row["candidate"] == words and abs(row["logprob"] - by_hand) < 1e-4
+    wide = scores.pivot(index="prompt_id", columns="referent", values="logprob")
+    answer = prompts.loc[wide.index, "answer"]
+    chosen = wide["occupation"].where(answer == "occupation", wide["participant"])
+    other = wide["participant"].where(answer == "occupation", wide["occupation"])
+    correct = (chosen > other).astype(float) + 0.5 * (chosen == other)
+    per_item = correct.groupby(prompts.loc[wide.index, "item_id"]).mean()  # the pronouns of one item averaged
+    choice = pd.read_parquet(tmp_path / "out" / "referent_choice_accuracy.parquet")
+    assert len(choice) == 1 and abs(choice["accuracy"].iloc[0] - per_item.mean()) <= 1e-12
+    assert "Asked to continue each sentence with" in html

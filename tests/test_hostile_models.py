@@ -65,8 +65,11 @@ def test_trust_remote_code_is_off_unless_asked(tmp_path, smollm, monkeypatch):
 
 
 def _one_line(result, *phrases):
-    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
-    assert len(result.output.strip().splitlines()) == 1 and all(p in result.output for p in phrases), result.output
+    """Exit 2, no traceback, and one error line, the last (progress lines such as 'dequantising ...' may precede it)."""
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit) and "Traceback" not in result.output, result.output
+    lines = result.output.strip().splitlines()
+    assert [line for line in lines if line.startswith("attnprobe: error:")] == lines[-1:], result.output
+    assert all(p in lines[-1] for p in phrases), result.output
 
 
 def _damaged(tmp_path, smollm, damage):
@@ -131,3 +134,12 @@ def test_a_tokenizer_larger_than_the_embeddings_is_one_line(tmp_path, smollm):
     smollm.tokenizer.save_pretrained(tmp_path)
     result = CliRunner().invoke(main, ["verify", "--model", str(tmp_path), "--text", "The nurse said"])
     _one_line(result, f"the tokenizer has {len(smollm.tokenizer)} tokens but the model embeds only 100")
+
+
+@pytest.mark.parametrize("head, phrase", [(b"\x00" * 64, "is not a GGUF file (it does not start with the bytes 'GGUF')"),
+                                          (b"GGUF" + bytes(range(256)) * 4, "cannot read GGUF file")])
+def test_a_random_or_damaged_gguf_is_one_line(tmp_path, head, phrase, monkeypatch):
+    monkeypatch.setenv("ATTNPROBE_CACHE", str(tmp_path / "cache"))  # no conversion cache outside tmp_path
+    (tmp_path / "m.gguf").write_bytes(head)
+    _one_line(CliRunner().invoke(main, ["verify", "--model", str(tmp_path / "m.gguf")]), phrase)
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # no half conversion left behind

@@ -14,6 +14,8 @@ GENDER = {"contrast": "pronoun_label", "positive": "female", "negative": "male",
           "clusters": ["occupation"], "covariate": "occupation_bls_pct_female", "unit": "occupation",
           "names": {"occupation": "occupation", "occupation_bls_pct_female": "occupation.bls_pct_female"}}
 
+RUN_KEYS = {"fingerprint": "synthetic", "settings": {}, "versions": {}, "status": "complete"}  # what every run manifest holds
+
 
 def test_bh_on_a_known_vector_and_nan():
     assert np.allclose(stats.bh_qvalues(np.array([0.01, 0.04, 0.03, 0.005])), [0.02, 0.04, 0.04, 0.02])
@@ -127,7 +129,7 @@ def make_run(directory, n_occupations=4, analysis=GENDER, templates=("t",), extr
     pd.DataFrame(prompts).to_csv(directory / "prompts.csv", index=False)
     pd.DataFrame(attention).to_parquet(directory / "attention.parquet", index=False)
     pd.DataFrame(logprobs).to_csv(directory / "logprobs.csv", index=False)
-    manifest = {"suite": {"name": "s", "contrast": "pronoun"}, "n_prompts": pid}
+    manifest = {"suite": {"name": "s", "contrast": "pronoun"}, "n_prompts": pid, **RUN_KEYS}
     if analysis is not None:
         manifest["analysis"] = analysis
     (directory / "manifest.json").write_text(json.dumps(manifest))
@@ -236,7 +238,7 @@ def test_planted_interaction_in_a_run_directory(tmp_path):
     pd.DataFrame(attention).to_parquet(tmp_path / "attention.parquet", index=False)
     pd.DataFrame(columns=["prompt_id", "cut", "candidate", "candidate_label", "logprob"]).to_csv(tmp_path / "logprobs.csv", index=False)
     analysis = dict(GENDER, clusters=["occupation", "template_id"])
-    (tmp_path / "manifest.json").write_text(json.dumps({"suite": {"name": "s"}, "analysis": analysis, "n_prompts": len(prompts)}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"suite": {"name": "s"}, "analysis": analysis, "n_prompts": len(prompts), **RUN_KEYS}))
     heads = stats.head_stats(Run(tmp_path), n_boot=100)
     found = {(r.layer, r.head) for r in heads[heads.interaction_q < 0.05].itertuples()}
     assert found == planted and (heads.difference_q < 0.05).all()

@@ -11,6 +11,7 @@ the run loops over (BATCH_KINDS): `request(suite, batch)` -> (capture keywords, 
   attention     weights from source spans to target spans     -> attention.parquet
   next_token    log-probabilities of candidates at a cut      -> logprobs.csv
   head_effects  activation patching of the next-token contrast -> head_effects_*.parquet/csv
+  referent_choice  log p of each referent after a question       -> referent_choice.parquet/csv
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from . import attention, next_token
 from .attention import AttentionMeasure
 from .head_effects import HeadEffectsMeasure
 from .next_token import NextTokenMeasure
+from .referent_choice import ReferentChoiceMeasure
 
 BATCH_KINDS = (attention, next_token)  # the first names the chunk's row count
 
-__all__ = ["AttentionMeasure", "BATCH_KINDS", "HeadEffectsMeasure", "NextTokenMeasure"]
+__all__ = ["AttentionMeasure", "BATCH_KINDS", "HeadEffectsMeasure", "NextTokenMeasure", "ReferentChoiceMeasure"]

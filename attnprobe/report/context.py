@@ -168,10 +168,14 @@ def _effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: d
 
 
 def _referents_context(tables: dict, figures_dir, analysis) -> dict | None:
-    """Referent accuracy, when the analysis declares referents: per source, the heads above chance."""
+    """Referent accuracy, when the analysis declares referents: the model's own choice in a scored
+    continuation (when the suite asks), and per source the heads above chance."""
     table = tables.get("referent_accuracy")
-    if table is None or not len(table):
+    choice = tables.get("referent_choice_accuracy")
+    choice = choice.iloc[0].to_dict() if choice is not None and len(choice) else None
+    if (table is None or not len(table)) and choice is None:
         return None
+    table = table if table is not None else pd.DataFrame(columns=["source"])
     first, second = analysis.referents
     sections = []
     for source, rows in table.groupby("source", sort=False):
@@ -185,5 +189,7 @@ def _referents_context(tables: dict, figures_dir, analysis) -> dict | None:
                          "n_above": int(((rows["q"] < ALPHA) & (rows["accuracy"] > 0.5)).sum()),
                          "n_below": int(((rows["q"] < ALPHA) & (rows["accuracy"] < 0.5)).sum()), "n_gap": int(gap.sum()),
                          "clusters": rows["clusters"].iloc[0]})
-    return {"first": first, "second": second, "answer": analysis.name(analysis.answer), "sections": sections,
-            "labels": [c.removeprefix("accuracy_") for c in table.columns if c.startswith("accuracy_")], "paired": "gap" in table}
+    labels = [c.removeprefix("accuracy_") for c in (table if len(table) else pd.DataFrame(columns=list(choice or ()))).columns
+              if c.startswith("accuracy_")]
+    return {"first": first, "second": second, "answer": analysis.name(analysis.answer), "sections": sections, "choice": choice,
+            "labels": labels, "paired": "gap" in table or "gap" in (choice or {})}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import RunError, RunInterrupted
 from ..measures import head_effects as head_effects_measure
-from ..measures import BATCH_KINDS
+from ..measures import BATCH_KINDS, referent_choice
 from ..measures.next_token import candidate_ids
 from ..models import DEFAULT_MODEL, ProbeModel, load_model, load_tokenizer
 from ..suite import Suite, load_suite
@@ -133,6 +133,7 @@ def run_suite(
             "effects_plan": effects_plan,
             "skipped": list(suite.skipped),
             "notes": list(suite.notes) + sink_notes(suite, encoded),
+            "referent_choice": suite.referent_choice.prompt if suite.referent_choice else None,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         same_effects = effects is None or previous.get("effects_plan") == effects_plan
@@ -169,6 +170,8 @@ def run_suite(
             if shard is None or shard[0] == 1:
                 examples = example_attention(pm, encoded, suite.contrast)
                 storage.atomic_write(directory / "examples.json", lambda p: p.write_text(json.dumps(examples)))
+                if suite.referent_choice is not None and not (previous and (directory / "referent_choice.parquet").is_file()):
+                    _referent_choice(pm, suite, encoded, directory, batch_size, progress, log)
             if effects is not None:
                 _head_effects(pm, effects, effect_items, dropped, effect_chunks, mine_effects, effects_plan, directory, manifest,
                               progress, log, shard)
@@ -176,6 +179,14 @@ def run_suite(
                         compute_seconds_this_session=round(time.perf_counter() - started, 3))
         storage.write_manifest(directory, manifest)
     return directory
+
+
+def _referent_choice(pm, suite, encoded, directory, batch_size, progress, log) -> None:
+    """The scored continuations of every prompt (two short forwards each), written as one table."""
+    bar = Progress(2 * len(encoded), 0, progress, log, desc="referent choice")
+    table = referent_choice.score(pm, suite.referent_choice, encoded, suite.analysis.referents, batch_size, bar.update)
+    bar.close()
+    storage.write_table(directory, "referent_choice", table)
 
 
 def _head_effects(pm, effects, items, dropped, chunks, mine, plan, directory, manifest, progress, log, shard) -> None:

@@ -56,6 +56,14 @@ class RunFiles:
     def logprobs(self) -> pd.DataFrame:
         return self._read("logprobs.parquet", lambda: read_table(self.directory, "logprobs"))
 
+    @cached_property
+    def referent_choice(self) -> pd.DataFrame | None:
+        """Per prompt and referent: log p of the referent's words after the suite's question (None
+        when the suite asks for no referent_choice)."""
+        if not (self.directory / "referent_choice.parquet").is_file():
+            return None
+        return self._read("referent_choice.parquet", lambda: read_table(self.directory, "referent_choice"))
+
     @property
     def has_head_effects(self) -> bool:
         return has_head_effects(self.directory)

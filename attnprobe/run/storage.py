@@ -5,6 +5,7 @@
   logprobs.csv       prompt_id, cut, candidate, candidate_label, logprob
   examples.json      full attention of a few prompts, for the report's attention view
   head_effects_*     per item and head, and per item totals, of the head_effects measure
+  referent_choice.*  per prompt and referent: log p of the referent's words after the suite's question
   manifest.json      suite hash, model spec and weights hash, versions, dtype, seed, times, settings
   chunks/            the finished chunks; a chunk counts only once its `.done` marker exists, so a run
                      killed at any moment resumes from the last complete chunk.
@@ -41,10 +42,11 @@ from .plan import Encoded, fingerprint
 
 ARTEFACTS = ("chunks", "attention.parquet", "logprobs.csv", "logprobs.parquet", "prompts.csv", "prompts.parquet",
              "examples.json", "head_effects_items.parquet", "head_effects_layers.parquet", "head_effects_totals.csv",
-             "head_effects_totals.parquet", "manifest.json")
+             "head_effects_totals.parquet", "referent_choice.csv", "referent_choice.parquet", "manifest.json")
 # written from a run by the report: statistics tables (as <name>.csv), figures, the page
 TABLES_KEY = "tables.json"  # which statistics version and analysis the cached tables were made with
-STATS_TABLES = ("head_stats", "layer_stats", "behavior", "behavior_by_unit", "condition_means", "referent_accuracy")
+STATS_TABLES = ("head_stats", "layer_stats", "behavior", "behavior_by_unit", "condition_means", "referent_accuracy",
+                "referent_choice_accuracy")
 HEAD_EFFECT_TABLES = ("head_effects", "head_effects_layer_shares", "head_effects_summary")
 DERIVED = tuple(f"{name}.{ext}" for name in STATS_TABLES + HEAD_EFFECT_TABLES for ext in ("csv", "parquet")) + ("behavior_by_occupation.csv", TABLES_KEY, "figures", "report.html")  # the first name of behavior_by_unit
 
@@ -141,7 +143,9 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
             if k not in complete_chunks(source_dir, n_effects, lambda m: None, "effects-", first.get("effects_plan")):
                 raise RunError(f"{source_dir} lacks head-effects chunk {k}; rerun that shard's command to finish it")
             _copy_chunk(source_dir, out / "chunks", k, "effects-")
-        for name in ("prompts.csv", "prompts.parquet", "examples.json"):
+        for name in ("prompts.csv", "prompts.parquet", "examples.json", "referent_choice.csv", "referent_choice.parquet"):
+            if name.startswith("referent_choice") and not (first_dir / name).is_file():
+                continue  # computed only by suites that declare it, in shard 1
             shutil.copyfile(first_dir / name, out / name)
         assemble(out, n_chunks)
         merged = dict(first, shard=None, status="complete", merged_from=[str(d) for d in shard_dirs],

@@ -13,15 +13,15 @@ import pandas as pd
 from .behavior import behavior, log_ratios
 from .effects import head_effects
 from .heads import condition_means, head_stats, held_out_interaction, layer_stats, run_analysis
-from .referents import referent_accuracy
+from .referents import referent_accuracy, referent_choice
 from .inference import (ALPHA, N_BOOT, N_PERM, bh_qvalues, cluster_mean_test, correlation_with_ci, n_permutations,
                         slope_permutation_test, split_halves)
 
-TABLES_VERSION = 5  # bump when a table's columns or meaning change: cached tables are recomputed
+TABLES_VERSION = 6  # bump when a table's columns or meaning change: cached tables are recomputed
 
 __all__ = ["TABLES_VERSION", "ALPHA", "N_BOOT", "N_PERM", "analyse", "behavior", "bh_qvalues", "cluster_mean_test", "condition_means",
            "correlation_with_ci", "head_effects", "head_stats", "held_out_interaction", "layer_stats", "log_ratios", "n_permutations",
-           "referent_accuracy", "run_analysis", "slope_permutation_test", "split_halves"]
+           "referent_accuracy", "referent_choice", "run_analysis", "slope_permutation_test", "split_halves"]
 
 
 def analyse(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0) -> dict[str, pd.DataFrame]:
@@ -29,7 +29,8 @@ def analyse(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0)
     heads = head_stats(run, n_boot=n_boot, n_perm=n_perm, seed=seed)
     summary, per_unit = behavior(run, n_boot=n_boot, n_perm=n_perm, seed=seed)
     tables = {"head_stats": heads, "layer_stats": layer_stats(heads), "behavior": summary,
-              "behavior_by_unit": per_unit, "condition_means": condition_means(run), "referent_accuracy": referent_accuracy(run)}
+              "behavior_by_unit": per_unit, "condition_means": condition_means(run), "referent_accuracy": referent_accuracy(run),
+              "referent_choice_accuracy": referent_choice(run)}
     if run.has_head_effects:
         tables.update(head_effects(run, heads))
     return tables

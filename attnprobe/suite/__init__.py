@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import SuiteError
-from ..measures import AttentionMeasure, HeadEffectsMeasure, NextTokenMeasure
+from ..measures import AttentionMeasure, HeadEffectsMeasure, NextTokenMeasure, ReferentChoiceMeasure
 from .analysis import parse_analysis, value_of
 from .sentences import load_sentence_sets, sentence_prompts
 from .slots import load_slots
@@ -30,7 +30,7 @@ DEFAULT_MAX_PROMPTS = 1_000_000
 MAX_SUITE_BYTES = 2**20  # PyYAML parses about 0.4 MB/s here: a larger suite would take seconds to read
 FIRST_TOKEN = ("keep", "bos", "exclude")
 _TOP_KEYS = {"analysis", "name", "description", "model", "contrast", "slots", "templates", "sentences", "attention",
-             "next_token", "head_effects", "max_prompts", "first_token"}
+             "next_token", "head_effects", "max_prompts", "first_token", "referent_choice"}
 
 __all__ = ["Condition", "Prompt", "Slot", "SlotValue", "Suite", "SuiteError", "Template", "load_suite", "spread_key",
            "token_spans", "AttentionMeasure", "HeadEffectsMeasure", "NextTokenMeasure"]
@@ -96,11 +96,13 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
     prompts, skipped, notes = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
     head_effects = HeadEffectsMeasure.parse(ctx, doc, slots, templates, next_token, analysis)
+    referent_choice = ReferentChoiceMeasure.parse(ctx, doc, analysis, span_names)
     first_token = optional_str(ctx, doc, "first_token") or "keep"
     if first_token not in FIRST_TOKEN:
         ctx.fail(doc, "first_token", f"first_token is one of {', '.join(FIRST_TOKEN)} (how the first position, an attention sink, is treated)")
     return Suite(
         first_token=first_token,
+        referent_choice=referent_choice,
         name=name,
         description=description,
         model=optional_str(ctx, doc, "model"),

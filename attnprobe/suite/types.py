@@ -95,3 +95,4 @@ class Suite:
     path: str
     sha256: str  # of the YAML and every data file it reads
     first_token: str = "keep"  # keep | bos (prepend the tokenizer's BOS) | exclude (never a target): attention sinks
+    referent_choice: object | None = None  # ReferentChoiceMeasure: which referent a scored continuation names

@@ -1,0 +1,99 @@
+"""The referent-choice measure: which referent does the model name when asked, in a scored continuation?
+
+For a suite whose analysis declares two `referents` (spans, e.g. the two occupations) and the
+`answer`, each prompt is extended by the suite's question (`prompt:`, with `{span}` filled by that
+span's words in this prompt, e.g. " Here, '{pronoun}' refers to the") and each referent's words
+(its span without a leading article: "The developer" -> " developer") are scored as
+log p(words | sentence + question), summed over their tokens. The statistics (stats/referents.py)
+count the item as correct when the answer scores higher. Rows land in referent_choice.parquet:
+(prompt_id, referent, candidate, logprob, n_tokens).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from ..capture import pad_right
+from ..yamllines import line_of, required_str
+
+COLUMNS = ("prompt_id", "referent", "candidate", "logprob", "n_tokens")
+ARTICLE = re.compile(r"^(the|a|an)\s+", re.IGNORECASE)
+PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+@dataclass(frozen=True)
+class ReferentChoiceMeasure:
+    prompt: str  # appended to each sentence; {span} is that span's words in the prompt
+    origin: str = ""
+
+    KEY = "referent_choice"
+
+    @staticmethod
+    def parse(ctx, doc, analysis, span_names) -> ReferentChoiceMeasure | None:
+        node = doc.get("referent_choice")
+        if node is None:
+            return None
+        if not isinstance(node, dict):
+            ctx.fail(doc, "referent_choice", "`referent_choice` is a mapping with `prompt:`, e.g. {prompt: \" Here, '{pronoun}' refers to the\"}")
+        for key in node:
+            if key != "prompt":
+                ctx.fail(node, key, f"unknown key '{key}' in referent_choice; allowed: prompt")
+        if not analysis.referents:
+            ctx.fail(doc, "referent_choice", "referent_choice scores the two `referents` of the analysis; declare "
+                     "`analysis: {referents: [a, b], answer: ...}`")
+        prompt = required_str(ctx, node, "prompt")
+        for name in PLACEHOLDER.findall(prompt):
+            if name not in span_names:
+                ctx.fail(node, "prompt", f"'{{{name}}}' is not a span (spans: {', '.join(sorted(span_names))})")
+        return ReferentChoiceMeasure(prompt, f"{ctx.path}:{line_of(node, 'prompt')}")
+
+    def question(self, prompt) -> str | None:
+        """The question for one prompt, or None when a span it names is absent there."""
+        words = {name: prompt.text[slice(*span)] for name, span in prompt.spans.items()}
+        if any(name not in words for name in PLACEHOLDER.findall(self.prompt)):
+            return None
+        return PLACEHOLDER.sub(lambda m: words[m.group(1)], self.prompt)
+
+
+def candidate_words(prompt, span: str) -> str | None:
+    """A referent span's words without a leading article, with the space before them."""
+    if span not in prompt.spans:
+        return None
+    words = ARTICLE.sub("", prompt.text[slice(*prompt.spans[span])].strip())
+    return " " + words if words else None
+
+
+@torch.no_grad()
+def score(pm, measure: ReferentChoiceMeasure, encoded, referents, batch_size: int = 16, progress=None) -> pd.DataFrame:
+    """One row per (prompt, referent): the summed log-probability of the referent's words after
+    the sentence and the question."""
+    tokenizer = pm.tokenizer
+    sequences, rows = [], []
+    for e in encoded:
+        question = measure.question(e.prompt)
+        words = {r: candidate_words(e.prompt, r) for r in referents}
+        if question is None or None in words.values():
+            continue
+        prefix = list(e.ids) + tokenizer.encode(question, add_special_tokens=False)
+        for referent, text in words.items():
+            tail = tokenizer.encode(text, add_special_tokens=False)
+            sequences.append((prefix, tail))
+            rows.append({"prompt_id": e.prompt.prompt_id, "referent": referent, "candidate": text, "n_tokens": len(tail)})
+    logprobs = []
+    for start in range(0, len(sequences), batch_size):
+        batch = sequences[start:start + batch_size]
+        ids, mask = pad_right([prefix + tail for prefix, tail in batch], tokenizer.pad_token_id)
+        logits = pm.model(input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device)).logits.float().log_softmax(-1).cpu()
+        for b, (prefix, tail) in enumerate(batch):
+            # token t of the tail is predicted at position len(prefix) + t - 1
+            positions = torch.arange(len(prefix) - 1, len(prefix) - 1 + len(tail))
+            logprobs.append(float(logits[b, positions, torch.as_tensor(tail)].sum()))
+        if progress is not None:
+            progress(len(batch))
+    table = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "logprob"])
+    table.insert(3, "logprob", logprobs)
+    return table[list(COLUMNS)]
