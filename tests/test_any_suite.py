@@ -229,6 +229,9 @@ def test_referent_accuracy_reads_the_answer_from_a_column(tiny_llama_dir, tmp_pa
     other = wide["participant"].where(answer == "occupation", wide["occupation"])
     correct = (chosen > other).astype(float) + 0.5 * (chosen == other)
     per_item = correct.groupby(prompts.loc[wide.index, "item_id"]).mean()  # the pronouns of one item averaged
-    choice = pd.read_parquet(tmp_path / "out" / "referent_choice_accuracy.parquet")
-    assert len(choice) == 1 and abs(choice["accuracy"].iloc[0] - per_item.mean()) <= 1e-12
+    choice = pd.read_parquet(tmp_path / "out" / "referent_choice_accuracy.parquet").set_index("scope")
+    assert list(choice.index) == ["all", "answer=occupation", "answer=participant"]  # all, then the declared groups
+    assert abs(choice.loc["all", "accuracy"] - per_item.mean()) <= 1e-12
+    of_occupation = per_item[prompts.drop_duplicates("item_id").set_index("item_id").loc[per_item.index, "answer"] == "occupation"]
+    assert abs(choice.loc["answer=occupation", "accuracy"] - of_occupation.mean()) <= 1e-12
     assert "Asked to continue each sentence with" in html

@@ -172,6 +172,7 @@ def _referents_context(tables: dict, figures_dir, analysis) -> dict | None:
     continuation (when the suite asks), and per source the heads above chance."""
     table = tables.get("referent_accuracy")
     choice = tables.get("referent_choice_accuracy")
+    choice_groups = choice.iloc[1:].to_dict("records") if choice is not None and len(choice) else []
     choice = choice.iloc[0].to_dict() if choice is not None and len(choice) else None
     if (table is None or not len(table)) and choice is None:
         return None
@@ -191,5 +192,5 @@ def _referents_context(tables: dict, figures_dir, analysis) -> dict | None:
                          "clusters": rows["clusters"].iloc[0]})
     labels = [c.removeprefix("accuracy_") for c in (table if len(table) else pd.DataFrame(columns=list(choice or ()))).columns
               if c.startswith("accuracy_")]
-    return {"first": first, "second": second, "answer": analysis.name(analysis.answer), "sections": sections, "choice": choice,
+    return {"first": first, "second": second, "answer": analysis.name(analysis.answer), "sections": sections, "choice": choice, "choice_groups": choice_groups,
             "labels": labels, "paired": "gap" in table or "gap" in (choice or {})}

@@ -4,7 +4,7 @@ than to the other candidate, per prompt; declared by the analysis (`referents`, 
 Per head: the accuracy over items (items averaged into cells, templates weighted equally) with a
 cluster-robust test against chance (0.5), the accuracy per contrast label, and the gap between the
 positive and the negative label (e.g. pro - anti) as a paired difference per item with the same
-test; BH q over heads. A tie counts one half. The same statistics for the model's own choice in a
+test; BH q over heads. A tie counts one half. Accuracy intervals are clipped to [0, 1]. The same statistics for the model's own choice in a
 scored continuation (`referent_choice`), with the log-probability margin of the answer.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..analysis import ITEM
-from .design import Design, items_table
+from ..analysis import ITEM, TEMPLATE
+from .design import Design, items_table, scopes
 from .heads import run_analysis
 from .inference import bh_qvalues, cluster_mean_test
 
@@ -39,8 +39,9 @@ def referent_accuracy(run) -> pd.DataFrame:
 
 
 def referent_choice(run) -> pd.DataFrame:
-    """The model's own choice in the scored continuation (measures/referent_choice.py): one row with
-    the accuracy as above, plus the mean log-probability margin of the answer over the other referent."""
+    """The model's own choice in the scored continuation (measures/referent_choice.py): a row per
+    scope (all templates, then each declared group) with the accuracy as above, plus the mean
+    log-probability margin of the answer over the other referent."""
     table = run.referent_choice
     analysis = run_analysis(run)
     if table is None or table.empty or not analysis.referents:
@@ -50,11 +51,17 @@ def referent_choice(run) -> pd.DataFrame:
     if wide.empty or first not in wide or second not in wide:
         return pd.DataFrame(columns=["question"])
     correct = _correct(run, analysis, wide[first], wide[second]).assign(question=run.manifest.get("referent_choice", ""))
-    out = _accuracy(correct, ["question"], run, analysis)
-    margin = correct.assign(correct=np.where(correct["answer"] == first, 1, -1) * (wide[first] - wide[second]).to_numpy())
-    tested = _accuracy(margin, ["question"], run, analysis, chance=0.0)
-    out["margin"], out["margin_ci_low"], out["margin_ci_high"] = tested["accuracy"], tested["ci_low"], tested["ci_high"]
-    return out
+    correct["margin"] = np.where(correct["answer"] == first, 1, -1) * (wide[first] - wide[second]).to_numpy()
+    template = run.prompts.set_index("prompt_id").loc[correct["prompt_id"], TEMPLATE].to_numpy()
+    rows = []
+    for scope, templates in scopes(analysis, pd.unique(template)).items():  # all, then each declared group
+        part = correct[np.isin(template, templates)]
+        out = _accuracy(part, ["question"], run, analysis)
+        tested = _accuracy(part.assign(correct=part["margin"]), ["question"], run, analysis, chance=0.0)
+        out["margin"], out["margin_ci_low"], out["margin_ci_high"] = tested["accuracy"], tested["ci_low"], tested["ci_high"]
+        rows.append(out.assign(scope=scope))
+    out = pd.concat(rows, ignore_index=True)
+    return out[["scope", *[c for c in out.columns if c != "scope"]]]
 
 
 def _correct(run, analysis, first_score: pd.Series, second_score: pd.Series) -> pd.DataFrame:
@@ -88,6 +95,8 @@ def _accuracy(correct: pd.DataFrame, by: list[str], run, analysis, chance: float
     table = overall.columns.to_frame(index=False)
     table["accuracy"] = tested["mean"] + chance
     table["ci_low"], table["ci_high"] = tested["ci_low"] + chance, tested["ci_high"] + chance
+    if chance == 0.5:  # an accuracy: the t interval (few clusters) may pass 0 or 1, which no accuracy can
+        table["ci_low"], table["ci_high"] = table["ci_low"].clip(0, 1), table["ci_high"].clip(0, 1)
     table["p"] = tested["p"]
     table["q"] = bh_qvalues(tested["p"])
     per_label = {label: part.pivot_table(index=ITEM, columns=by, values="correct").reindex(columns=overall.columns)
