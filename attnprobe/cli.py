@@ -167,8 +167,10 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
     if loaded.head_effects is not None:
         effects_items, dropped = loaded.head_effects.items(tokenizer, encoded)
         pairs = sum(len(i["counterfactuals"]) for i in effects_items)
-        click.echo(f"head_effects: {len(effects_items)} items x {len(loaded.head_effects.replacements)} counterfactuals = {pairs} pairs "
-                   f"({len(dropped)} dropped: the words after the slot tokenise differently), exact patching of "
+        reasons = sorted({d["reason"] for d in dropped})
+        design = "a pronoun swap" if loaded.head_effects.design == "pair" else f"{loaded.head_effects.slot} replaced"
+        click.echo(f"head_effects ({design}): {len(effects_items)} items x {len(loaded.head_effects.replacements)} counterfactuals = "
+                   f"{pairs} pairs ({len(dropped)} dropped{': ' + '; '.join(reasons[:2]) if reasons else ''}), exact patching of "
                    f"{'every head' if loaded.head_effects.exact == 'all' else f'{loaded.head_effects.exact} heads'}")
         pair_seconds = pairs * REFERENCE["seconds_per_pair"]["all" if loaded.head_effects.exact == "all" else "k"]
     for line in loaded.skipped:

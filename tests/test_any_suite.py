@@ -98,6 +98,25 @@ def test_paired_sentence_suite(tiny_llama_dir, tmp_path):
     assert "Referent accuracy" in html
     behavior = pd.read_csv(tmp_path / "out" / "behavior.csv").set_index("scope")
     assert set(behavior.loc["all", "comparison"].split(" | ")) == {"he vs she", "she vs he"}
+    # the pronoun swap (head_effects counterfactual: pair), recomputed by hand for one item
+    totals = pd.read_parquet(tmp_path / "out" / "head_effects_totals.parquet").set_index("item_id")
+    assert len(totals) == 32 and set(totals["counterfactual"]) == {"anti"} and "A pronoun swap" in html
+    item = totals.index[0]
+    pm = attnprobe.load_model(str(tiny_llama_dir))
+    ys = {}
+    for version in ("pro", "anti"):
+        p = prompts[(prompts["item_id"] == item) & (prompts["version"] == version)].iloc[0]
+        words = {r: p["text"][p[f"{r}_char_start"]:p[f"{r}_char_end"]].removeprefix("The ").removeprefix("the ") for r in ("referent", "other")}
+        question = f" Here, '{p['text'][p['pronoun_char_start']:p['pronoun_char_end']]}' refers to the"
+        ids = pm.tokenizer.encode(p["text"] + question, add_special_tokens=False)
+        with torch.no_grad():
+            last = pm.model(torch.tensor([ids])).logits[0, -1].log_softmax(-1)
+        first = {r: pm.tokenizer.encode(" " + w, add_special_tokens=False)[0] for r, w in words.items()}
+        ys[version] = float(last[first["referent"]] - last[first["other"]])
+    assert abs(totals.loc[item, "y"] - ys["pro"]) < 1e-4 and abs(totals.loc[item, "y_cf"] - ys["anti"]) < 1e-4
+    assert abs(totals.loc[item, "te"] - (ys["anti"] - ys["pro"])) < 1e-4
+    # every head's output patched in from x' gives y(x') exactly: the swapped words reach the end only through heads
+    assert (totals["all_heads_in"] - totals["te"]).abs().max() < 1e-4
 
 
 def test_analysis_errors_are_one_line_before_the_model(tmp_path):
@@ -140,7 +159,7 @@ def test_check_says_what_a_run_would_do_without_weights(monkeypatch):
     result = CliRunner().invoke(main, ["check", "probes/gender.yaml"])
     assert result.exit_code == 0, result.output
     assert "6840 prompts, 2280 items" in result.output and "female - male by pronoun" in result.output
-    assert "head_effects: 48 items" in result.output and re.search(r"estimate: about \d+\.\d min", result.output)
+    assert "head_effects (occupation replaced): 48 items" in result.output and re.search(r"estimate: about \d+\.\d min", result.output)
     bad = CliRunner().invoke(main, ["check", "probes/nope.yaml"])
     assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "suite file not found" in bad.output
 

@@ -414,3 +414,23 @@ def transformers_tokenizer(folder):
     from attnprobe.models import load_tokenizer
 
     return load_tokenizer(str(folder))[0]
+
+
+def test_pronoun_swap_needs_paired_versions_and_a_question(tmp_path):
+    (tmp_path / "pro.txt").write_text("1 The [nurse] hired the mechanic because [she] was busy.\n")
+    (tmp_path / "anti.txt").write_text("1 The [nurse] hired the mechanic because [he] was busy.\n")
+    head = ("name: s\nslots: {occupation: [nurse, mechanic]}\nsentences:\n  - {id: f1, files: {pro: pro.txt, anti: anti.txt}, "
+            "numbered: true, spans: [referent, pronoun], mark: {other: occupation}}\n"
+            "analysis: {contrast: version, positive: pro, negative: anti, referents: [referent, other], answer: referent}\n"
+            "attention:\n  - {source: pronoun, targets: [referent, other]}\n")
+    (tmp_path / "s.yaml").write_text(head + "head_effects: {counterfactual: pair}\n")
+    with pytest.raises(SuiteError, match=r"s.yaml:\d+: counterfactual: pair .* needs .* a `referent_choice:` question"):
+        load_suite(tmp_path / "s.yaml")
+    (tmp_path / "s.yaml").write_text(head + "referent_choice: {prompt: \" '{pronoun}' is the\"}\n"
+                                     "head_effects: {counterfactual: pair, templates: [f2]}\n")
+    with pytest.raises(SuiteError, match="unknown template id 'f2'"):
+        load_suite(tmp_path / "s.yaml")
+    (tmp_path / "s.yaml").write_text(head + "referent_choice: {prompt: \" '{pronoun}' is the\"}\n"
+                                     "head_effects: {counterfactual: pair, templates: [f1], exact: 3}\n")
+    measure = load_suite(tmp_path / "s.yaml").head_effects
+    assert (measure.design, measure.positive, measure.negative, measure.replacements, measure.exact) == ("pair", "pro", "anti", ("anti",), 3)

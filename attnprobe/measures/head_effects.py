@@ -51,12 +51,18 @@ class HeadEffectsMeasure:
     unit: str | None = None  # prompts.csv column whose values split the items into halves (the analysis unit)
     covariate: str | None = None  # the halves both span it
     origin: str = ""
+    design: str = "slot"  # slot: x' replaces a slot's words; pair: x' is the item's other version (pro -> anti)
+    choice: object | None = None  # with design pair: the ReferentChoiceMeasure whose question ends x and x'
+    referents: tuple[str, ...] = ()  # with design pair: y = log p(answer's first token) - log p(the other's)
+    answer: str | None = None
 
     @staticmethod
-    def parse(ctx, doc, slots, templates, next_token, analysis) -> HeadEffectsMeasure | None:
+    def parse(ctx, doc, slots, template_ids, next_token, analysis, choice=None) -> HeadEffectsMeasure | None:
         node = doc.get("head_effects")
         if node is None:
             return None
+        if isinstance(node, dict) and node.get("counterfactual") == "pair":
+            return HeadEffectsMeasure._parse_pair(ctx, doc, node, template_ids, analysis, choice)
         if not isinstance(node, dict):
             ctx.fail(doc, "head_effects", "`head_effects` is a mapping with cut, counterfactual, positive, negative (candidate labels)")
         allowed = {"cut", "counterfactual", "positive", "negative", "templates", "max_items", "exact", "select"}
@@ -76,23 +82,7 @@ class HeadEffectsMeasure:
         words = [words] if isinstance(words, str) else words
         if not isinstance(words, list) or not words or not all(isinstance(w, str) and w.strip() for w in words) or len(set(words)) != len(words):
             ctx.fail(node, "counterfactual", "the replacements are non-empty, distinct words, e.g. [woman, man, person]")
-        chosen = node.get("templates")
-        if chosen is not None:
-            if not isinstance(chosen, list) or not chosen:
-                ctx.fail(node, "templates", "`templates` lists template ids")
-            known = {t.id for t in templates}
-            for template_id in chosen:
-                if template_id not in known:
-                    ctx.fail(node, "templates", f"unknown template id '{template_id}'")
-        counts = {}
-        for key, default in (("max_items", None), ("select", SELECT_DEFAULT)):
-            value = node.get(key, default)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                ctx.fail(node, key, f"{key} must be a positive integer")
-            counts[key] = value
-        exact = node.get("exact", "all")
-        if exact != "all" and (not isinstance(exact, int) or isinstance(exact, bool) or exact < 1):
-            ctx.fail(node, "exact", "exact is 'all' or the number k of heads (the suite's top k by attribution) to patch exactly")
+        chosen, counts, exact = _selection(ctx, node, template_ids)
         labels = {}
         for key in ("positive", "negative"):
             default = getattr(analysis, key)
@@ -106,6 +96,24 @@ class HeadEffectsMeasure:
                                   tuple(chosen) if chosen else None, counts["max_items"], exact, counts["select"],
                                   unit, analysis.covariate if unit == analysis.unit else None,
                                   origin=f"{ctx.path}:{line_of(doc, 'head_effects')}")
+
+    @staticmethod
+    def _parse_pair(ctx, doc, node, template_ids, analysis, choice) -> HeadEffectsMeasure:
+        """`counterfactual: pair`: x is an item's positive version (pro) and x' its negative one (anti),
+        each followed by the referent_choice question; y is the model's referent choice."""
+        allowed = {"counterfactual", "templates", "max_items", "exact", "select"}
+        for key in node:
+            if key not in allowed:
+                ctx.fail(node, key, f"unknown key '{key}' in head_effects with counterfactual: pair; allowed: {', '.join(sorted(allowed))}")
+        if not analysis.paired or choice is None:
+            ctx.fail(node, "counterfactual", "counterfactual: pair patches an item's positive version into its negative one "
+                     "and needs paired versions (analysis positive/negative) and a `referent_choice:` question for y")
+        chosen, counts, exact = _selection(ctx, node, template_ids)
+        unit = analysis.unit or next((c for c in analysis.clusters if c not in ("template_id", "item_id")), None)
+        return HeadEffectsMeasure("", analysis.contrast, (analysis.negative,), analysis.positive, analysis.negative,
+                                  tuple(chosen) if chosen else None, counts["max_items"], exact,
+                                  counts["select"], unit, None, origin=f"{ctx.path}:{line_of(doc, 'head_effects')}",
+                                  design="pair", choice=choice, referents=analysis.referents, answer=analysis.answer)
 
     def check_family(self, routes_attention: bool, spec: str) -> None:
         """Interventions run inside attnprobe's attention function: refuse a family that bypasses it."""
@@ -124,6 +132,8 @@ class HeadEffectsMeasure:
         tokenise differently in x and x'."""
         from ..suite.analysis import value_of
 
+        if self.design == "pair":
+            return self._pair_items(tokenizer, encoded)
         items, dropped, seen = [], [], set()
         for e in sorted(encoded, key=lambda e: spread_key(e.prompt.item_id)):
             p = e.prompt
@@ -167,6 +177,51 @@ class HeadEffectsMeasure:
                 break
         return items, dropped
 
+    def _pair_items(self, tokenizer, encoded) -> tuple[list[dict], list[dict]]:
+        """Items of a paired suite: x = the positive version + the question, x' = the negative version +
+        its question; y compares the first tokens of the two referents' words at the question's end.
+        Patching starts at the first token where x and x' differ; they must have equal length."""
+        from ..suite.analysis import value_of
+        from .referent_choice import candidate_words
+
+        versions: dict[str, dict] = {}
+        for e in encoded:
+            if not self.templates or e.prompt.template_id in self.templates:
+                versions.setdefault(e.prompt.item_id, {})[str(value_of(e.prompt, self.slot))] = e
+        items, dropped = [], []
+        for item_id in sorted(versions, key=spread_key):
+            pair = versions[item_id]
+            if self.positive not in pair or self.negative not in pair:
+                continue
+            e, e_cf = pair[self.positive], pair[self.negative]
+            p = e.prompt
+            questions = [self.choice.question(v.prompt) for v in (e, e_cf)]
+            answer = self.answer if self.answer in self.referents else str(value_of(p, self.answer))
+            other = next((r for r in self.referents if r != answer), None)
+            words = [candidate_words(p, r) for r in (answer, other)]
+            if None in questions or None in words or other is None:
+                dropped.append({"item_id": item_id, "counterfactual": self.negative, "reason": "a referent or the question's span is missing"})
+                continue
+            x, x_cf = (torch.tensor(list(v.ids) + tokenizer.encode(q, add_special_tokens=False)) for v, q in zip((e, e_cf), questions))
+            if len(x) != len(x_cf):
+                dropped.append({"item_id": item_id, "counterfactual": self.negative,
+                                "reason": f"the {self.positive} and {self.negative} versions tokenise to different lengths"})
+                continue
+            differ = (x != x_cf).nonzero()
+            start = int(differ[0]) if len(differ) else len(x) - 1
+            ids = [tokenizer.encode(w, add_special_tokens=False)[0] for w in words]  # first token of each referent's words
+            if ids[0] == ids[1]:
+                dropped.append({"item_id": item_id, "counterfactual": self.negative, "reason": "both referents start with the same token"})
+                continue
+            items.append({"item_id": item_id, "template_id": p.template_id, "original": self.positive,
+                          "unit": str(value_of(p, self.unit)) if self.unit else item_id, "covariate": np.nan, "x": x,
+                          "counterfactuals": [{"word": self.negative, "x_cf": x_cf, "at": torch.arange(start, len(x)),
+                                               "at_cf": torch.arange(start, len(x))}],
+                          "positive": [ids[0]], "negative": [ids[1]]})
+            if self.max_items and len(items) >= self.max_items:
+                break
+        return items, dropped
+
     def _label_ids(self, tokenizer, prompt) -> dict[str, list[int]]:
         """The token ids of the positive and of the negative words at this prompt's cut (several
         words for a label count together, e.g. " him" and " his" against " her")."""
@@ -185,6 +240,28 @@ class HeadEffectsMeasure:
                     raise SuiteError(f"{self.origin}: candidate {text!r} is {len(token_ids)} tokens; head effects need single-token candidates")
                 ids[which].append(token_ids[0])
         return ids
+
+
+def _selection(ctx, node, template_ids) -> tuple[list | None, dict, str | int]:
+    """The keys both designs share: `templates` (ids of templates or sentence sets), `max_items`,
+    `select`, `exact`."""
+    chosen = node.get("templates")
+    if chosen is not None:
+        if not isinstance(chosen, list) or not chosen:
+            ctx.fail(node, "templates", "`templates` lists template ids")
+        for template_id in chosen:
+            if template_id not in template_ids:
+                ctx.fail(node, "templates", f"unknown template id '{template_id}'")
+    counts = {}
+    for key, default in (("max_items", None), ("select", SELECT_DEFAULT)):
+        value = node.get(key, default)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            ctx.fail(node, key, f"{key} must be a positive integer")
+        counts[key] = value
+    exact = node.get("exact", "all")
+    if exact != "all" and (not isinstance(exact, int) or isinstance(exact, bool) or exact < 1):
+        ctx.fail(node, "exact", "exact is 'all' or the number k of heads (the suite's top k by attribution) to patch exactly")
+    return chosen, counts, exact
 
 
 def compute(pm, measure: HeadEffectsMeasure, items: list[dict], bar, singles=None, sets=None, first_phase=True) -> dict[str, pd.DataFrame]:
@@ -295,7 +372,8 @@ def summary(measure: HeadEffectsMeasure, items: list[dict], dropped: list[dict],
     """What the manifest records about the head effects of a run."""
     out = {"n_items": len(items), "n_pairs": sum(len(i["counterfactuals"]) for i in items), "dropped": dropped,
            "seconds": round(seconds, 3), "counterfactual": {measure.slot: list(measure.replacements)}, "exact": measure.exact,
-           "select": measure.select, "halves_by": measure.unit, "positive": measure.positive, "negative": measure.negative}
+           "select": measure.select, "halves_by": measure.unit, "positive": measure.positive, "negative": measure.negative,
+           "design": measure.design}
     if selection is not None:
         heads = lambda flat: " ".join(f"L{i // n_heads}H{i % n_heads}" for i in flat)  # noqa: E731
         out["crossfit_heads"] = {w: [heads(s) for s in sets] for w, sets in selection["crossfit"].items()}

@@ -164,7 +164,9 @@ def _effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: d
         sections[0]["figures"].append(figure(plots.head_heatmap(heads, slot, "d_z", "difference_q", title=f"{slot}: attention difference d_z", label="d_z"),
                                              figures_dir, f"difference_{slot}_beside_effects", f"attention difference, source -> {slot}"))
     return {"slot": slot, "words": words, "sections": sections, "seconds": info.get("seconds"), "dropped": info.get("dropped", []),
-            "exact": info.get("exact"), "select": info.get("select"), "halves_by": analysis.name(info.get("halves_by"))}
+            "exact": info.get("exact"), "select": info.get("select"), "halves_by": analysis.name(info.get("halves_by")),
+            "design": info.get("design", "slot"), "question": manifest.get("referent_choice"),
+            "referents": analysis.referents, "answer": analysis.name(analysis.answer) if analysis.answer else None}
 
 
 def _referents_context(tables: dict, figures_dir, analysis) -> dict | None:

@@ -95,8 +95,9 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     next_token = NextTokenMeasure.parse(ctx, as_list(ctx, doc, "next_token", "measures {cut, candidates}"), slots, span_names)
     analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
     prompts, skipped, notes = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
-    head_effects = HeadEffectsMeasure.parse(ctx, doc, slots, templates, next_token, analysis)
     referent_choice = ReferentChoiceMeasure.parse(ctx, doc, analysis, span_names)
+    template_ids = {t.id for t in templates} | {s["id"] for s in sentence_sets}
+    head_effects = HeadEffectsMeasure.parse(ctx, doc, slots, template_ids, next_token, analysis, referent_choice)
     first_token = optional_str(ctx, doc, "first_token") or "keep"
     if first_token not in FIRST_TOKEN:
         ctx.fail(doc, "first_token", f"first_token is one of {', '.join(FIRST_TOKEN)} (how the first position, an attention sink, is treated)")

@@ -167,7 +167,7 @@ def _read_rows(path: Path, text: str, reader=None) -> list[tuple[int, dict]]:
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     header = next(csv.reader([lines[0][1]], delimiter=delimiter, quoting=quoting))
     if "text" not in header:
-        raise SuiteError(f"{path}:{lines[0][0]}: the header needs a 'text' column (columns: {', '.join(header)})")
+        raise SuiteError(f"{path}:{lines[0][0]}: the header needs a 'text' column (columns: {', '.join(header)[:200]!r})")
     rows = []
     for number, line in lines[1:]:
         cells = next(csv.reader([line], delimiter=delimiter, quoting=quoting))
@@ -194,7 +194,7 @@ def sentence_prompts(ctx, sentence_set, first_id) -> list[Prompt]:
             if name in found:
                 value = _contained(found[name], values)
                 if value is None:
-                    raise SuiteError(f"{where}: span '{name}' ({found[name]!r}) contains no value of slot '{slot}'; add it to the slot")
+                    raise SuiteError(f"{where}: span '{name}' ({found[name][:80]!r}) contains no value of slot '{slot}'; add it to the slot")
                 meta[f"{name}_{slot}"] = "/".join(value.forms.values())
                 meta.update({f"{name}_{k}": v for k, v in value.meta.items()})
         key = record[sentence_set["pair"]] if sentence_set["pair"] else number
