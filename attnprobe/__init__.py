@@ -2,6 +2,7 @@
 
 from . import capture  # registers the "attnprobe" attention function with transformers
 from .capture import Captured, encode, run_with_capture
+from .adhoc import probe, span_tokens, str_tokens
 from .api import Run, merge_shards, run_suite
 from .errors import AnalysisError, AttnprobeError, CaptureError, ModelSpecError, RunError, RunInterrupted, SuiteError, UnsupportedFamily
 from .models import DEFAULT_MODEL, ModelInfo, ProbeModel, load_model
@@ -32,7 +33,10 @@ __all__ = [
     "load_model",
     "load_suite",
     "merge_shards",
+    "probe",
     "run_suite",
     "run_with_capture",
+    "span_tokens",
+    "str_tokens",
     "verify",
 ]

@@ -69,13 +69,21 @@ data_root_option = click.option("--data-root", "data_roots", multiple=True, type
 pickle_option = click.option("--allow-pickle", is_flag=True, help="Allow pickled weights (*.bin), which can run code when loaded.")
 
 
-@click.group(cls=OneLineErrors)
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="attnprobe")
-def main():
+@click.option("-q", "--quiet", is_flag=True, help="Only results and errors: no progress, log lines or notes.")
+@click.option("-v", "--verbose", is_flag=True, help="Also the log lines of transformers (loading, conversion).")
+@click.pass_context
+def main(ctx, quiet, verbose):
     """Extract, verify and probe attention in causal language models."""
     from transformers.utils import logging as hf_logging
 
+    if quiet and verbose:
+        raise click.UsageError("-q and -v contradict each other; give one")
     hf_logging.disable_progress_bar()  # our own progress bar is enough; keep CI logs readable
+    if verbose or quiet:
+        hf_logging.set_verbosity_info() if verbose else hf_logging.set_verbosity_error()
+    ctx.obj = {"quiet": quiet}
 
 
 @main.command()
@@ -220,16 +228,16 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     if device_map is None:
         check_device(device)  # before anything is read or created
+    quiet = click.get_current_context().obj.get("quiet")
     result = run_suite(suite, model=model_spec, out=out, batch_size=batch_size, limit=limit, dtype=dtype,
-                       resume=resume, chunk_size=chunk_size, progress=progress, trust_remote_code=trust_remote_code,
+                       resume=resume, chunk_size=chunk_size, progress=False if quiet else progress,
+                       log=(lambda message: None) if quiet else None, trust_remote_code=trust_remote_code,
                        max_batch_tokens=max_batch_tokens, shard=shard, device=device, device_map=device_map,
                        head_effects=head_effects, allow_pickle=allow_pickle, data_roots=data_roots)
     seconds = time.perf_counter() - started
     manifest = result.manifest
-    for line in manifest["skipped"]:
-        click.echo(f"skipped: {line}", err=True)
-    for line in manifest.get("notes", []):
-        click.echo(f"note: {line}", err=True)
+    for line in [] if quiet else [f"skipped: {s}" for s in manifest["skipped"]] + [f"note: {n}" for n in manifest.get("notes", [])]:
+        click.echo(line, err=True)
     n = manifest["n_prompts"]
     effects = manifest.get("head_effects")
     prompt_seconds = seconds - (effects["seconds"] if effects else 0.0)

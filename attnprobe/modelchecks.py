@@ -3,8 +3,12 @@ file is one, the checkpoint runs no code of its own unless asked; and how a load
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
@@ -61,6 +65,25 @@ def check_gguf(path: Path) -> None:
         if handle.read(4) != b"GGUF":
             raise ModelSpecError(f"{path} is not a GGUF file (it does not start with the bytes 'GGUF'); "
                                  "give a .gguf model file or a checkpoint directory")
+
+
+@functools.cache
+def hub_unreachable(timeout: float = 3.0) -> bool:
+    """No connection to the hub opens within `timeout` seconds (asked once per process): without
+    this check transformers retries for about a minute before failing."""
+    host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return False
+    except OSError:
+        return True
+
+
+def hub_offline_reason() -> str | None:
+    """Why only the local cache of the hub can be read (None when the hub is reachable)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return "HF_HUB_OFFLINE is set"
+    return "the hub is unreachable from this machine" if hub_unreachable() else None
 
 
 def first_line(exc: BaseException) -> str:

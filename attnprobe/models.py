@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from .errors import ModelSpecError
-from .modelchecks import check_device, check_gguf, check_shape, check_vocabulary, first_line, refuse_remote_code
+from .modelchecks import check_device, check_gguf, check_shape, check_vocabulary, first_line, hub_offline_reason, refuse_remote_code
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -198,7 +198,8 @@ def load_model(
     except OSError as exc:
         if local:
             raise ModelSpecError(f"cannot load model from {source}: {first_line(exc)}") from None
-        why = "HF_HUB_OFFLINE is set" if offline else "the hub is unreachable or the id does not exist"
+        reason = hub_offline_reason()
+        why = f"{reason}, and the id is not in the local cache" if reason else "the id does not exist on the hub"
         raise ModelSpecError(f"cannot fetch '{spec}' from the Hugging Face hub ({why}); {_aliases_hint()}") from None
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
@@ -287,7 +288,8 @@ def routes_attention(config) -> bool:
 
 
 def _hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    """HF_HUB_OFFLINE is set, or the hub cannot be reached: read the local cache only."""
+    return hub_offline_reason() is not None
 
 
 def from_pretrained_objects(model, tokenizer, name: str = "model", capture: bool = True) -> ProbeModel:

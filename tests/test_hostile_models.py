@@ -143,3 +143,25 @@ def test_a_random_or_damaged_gguf_is_one_line(tmp_path, head, phrase, monkeypatc
     (tmp_path / "m.gguf").write_bytes(head)
     _one_line(CliRunner().invoke(main, ["verify", "--model", str(tmp_path / "m.gguf")]), phrase)
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # no half conversion left behind
+
+
+def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch, tmp_path):
+    import socket
+    import time
+
+    from attnprobe.modelchecks import hub_unreachable
+
+    def refuse(*args, **kwargs):
+        raise OSError("no route")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty hub cache
+    hub_unreachable.cache_clear()
+    started = time.perf_counter()
+    try:
+        result = CliRunner().invoke(main, ["verify", "--model", "someone/nothing-here"])
+    finally:
+        hub_unreachable.cache_clear()
+    _one_line(result, "cannot fetch 'someone/nothing-here'", "the hub is unreachable from this machine, and the id is not in the local cache")
+    assert time.perf_counter() - started < 10  # transformers alone retries for about a minute

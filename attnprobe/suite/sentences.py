@@ -241,6 +241,13 @@ def _parse_brackets(marked: str, names: list[str], where: str) -> tuple[str, dic
     return "".join(text), spans, found
 
 
+def parse_marked(marked: str, where: str) -> tuple[str, dict, dict]:
+    """A sentence with [brackets] outside any suite (attnprobe.probe): unnamed brackets are named
+    span1, span2, ... in order; `[name: words]` keeps its name."""
+    unnamed = [m for m in _BRACKET.finditer(marked) if not _NAMED.fullmatch(m.group(1))]
+    return _parse_brackets(marked, [f"span{k + 1}" for k in range(len(unnamed))], where)
+
+
 def _contained(words: str, values: dict):
     """The slot value whose text occurs in `words` as a whole word (the longest), or None."""
     hits = [text for text in values if re.search(rf"(?<!\w){re.escape(text)}(?!\w)", words, re.I)]

@@ -1,0 +1,93 @@
+"""A few sentences without a YAML file: `probe` (attention from a bracketed span to every token) and
+the token helpers `str_tokens` and `span_tokens`.
+
+    ap.probe("smollm2-135m", ["The [nurse] said that [she]", "The [pilot] said that [he]"])
+
+returns one row per sentence, layer, head and token: the attention from the source span (the last
+bracketed span unless `source` names one; mean over its tokens, as a suite's attention measure)
+to that token, with the span the token belongs to. Summing `weight` over a span's tokens gives the
+suite's default target aggregation.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from .capture import pad_right, run_with_capture
+from .errors import SuiteError
+from .models import ProbeModel, load_model
+from .spans import token_spans
+from .suite.sentences import parse_marked
+
+
+def _model(model) -> ProbeModel:
+    return model if isinstance(model, ProbeModel) else load_model(model)
+
+
+def _tokenizer(model_or_tokenizer):
+    if isinstance(model_or_tokenizer, ProbeModel):
+        return model_or_tokenizer.tokenizer
+    if isinstance(model_or_tokenizer, str):
+        from .models import load_tokenizer
+
+        return load_tokenizer(model_or_tokenizer)[0]
+    return model_or_tokenizer
+
+
+def str_tokens(model_or_tokenizer, text: str) -> list[str]:
+    """The tokens of `text` as the model sees them (special tokens included), each decoded alone."""
+    tokenizer = _tokenizer(model_or_tokenizer)
+    return [tokenizer.decode([i]) for i in tokenizer(text)["input_ids"]]
+
+
+def span_tokens(model_or_tokenizer, text: str, span: str | tuple[int, int]) -> tuple[int, int]:
+    """Token range [start, end) of `span`: the first occurrence of those words in `text`, or a
+    (char_start, char_end) range; indices into `str_tokens(text)`."""
+    if isinstance(span, str):
+        start = text.find(span)
+        if start < 0:
+            raise SuiteError(f"{span!r} does not occur in {text!r}")
+        span = (start, start + len(span))
+    offsets = [tuple(o) for o in _tokenizer(model_or_tokenizer)(text, return_offsets_mapping=True)["offset_mapping"]]
+    found = token_spans(offsets, {"span": span})["span"]
+    if found == (-1, -1):
+        raise SuiteError(f"characters {span} of {text!r} hold no token")
+    return found
+
+
+@torch.no_grad()
+def probe(model, sentences: list[str], source: str | None = None, batch_size: int = 8) -> pd.DataFrame:
+    """Attention from one bracketed span of each sentence to every token (see the module doc).
+    Brackets are named inline (`[pronoun: she]`) or by order (`span1`, `span2`, ...)."""
+    pm = _model(model)
+    parsed = []
+    for i, marked in enumerate(sentences):
+        text, spans, _ = parse_marked(marked, f"sentence {i + 1}")
+        if not spans:
+            raise SuiteError(f"sentence {i + 1}: mark the source span with [brackets], e.g. 'The nurse said that [she]'")
+        name = source or list(spans)[-1]
+        if name not in spans:
+            raise SuiteError(f"sentence {i + 1}: no span '{name}' (spans: {', '.join(spans)})")
+        parsed.append((text, spans, name))
+    frames = []
+    for start in range(0, len(parsed), batch_size):
+        batch = parsed[start:start + batch_size]
+        encodings = pm.tokenizer([text for text, _, _ in batch], return_offsets_mapping=True)
+        ids, mask = pad_right(encodings["input_ids"], pm.tokenizer.pad_token_id)
+        captured = run_with_capture(pm, ids, mask)
+        W = torch.stack([captured.weights[layer] for layer in sorted(captured.weights)])  # (L, B, H, T, T)
+        for b, (text, spans, name) in enumerate(batch):
+            offsets = [tuple(o) for o in encodings["offset_mapping"][b]]
+            tokens = token_spans(offsets, spans)
+            T = len(offsets)
+            weights = W[:, b, :, tokens[name][0]:tokens[name][1], :T].mean(2)  # (L, H, T): mean over the source's tokens
+            L, H = weights.shape[:2]
+            owner = [next((s for s, (t0, t1) in tokens.items() if t0 <= t < t1), "") for t in range(T)]
+            frames.append(pd.DataFrame({
+                "sentence": start + b, "text": text, "layer": torch.arange(L).repeat_interleave(H * T).numpy(),
+                "head": torch.arange(H).repeat_interleave(T).repeat(L).numpy(), "source": name,
+                "position": torch.arange(T).repeat(L * H).numpy(),
+                "token": [pm.tokenizer.decode([i]) for i in encodings["input_ids"][b]] * (L * H),
+                "span": owner * (L * H), "weight": weights.reshape(-1).float().numpy()}))
+    return pd.concat(frames, ignore_index=True)
