@@ -9,7 +9,7 @@ from .models import DEFAULT_MODEL, ModelInfo, ProbeModel, load_model
 from .suite import Suite, load_suite
 from .verify import verify
 from .version import __version__
-from .views import head_view
+from .views import head_view, model_view
 
 __all__ = [
     "AnalysisError",
@@ -33,6 +33,7 @@ __all__ = [
     "load_model",
     "load_suite",
     "merge_shards",
+    "model_view",
     "probe",
     "run_suite",
     "run_with_capture",

@@ -1,30 +1,80 @@
-"""Attention views for notebooks (bertviz), fed by attnprobe's capture."""
+"""Attention views for notebooks (bertviz), fed by attnprobe's capture.
+
+bertviz draws with require.js and d3 from a CDN. Each view carries a one-line note, hidden while
+bertviz draws, that shows itself when those scripts did not load (a notebook without network),
+so the user reads why instead of looking at a blank widget.
+"""
 
 from __future__ import annotations
 
+import re
+from html import escape
+
 from .capture import run_with_capture
 from .errors import AttnprobeError
-from .models import ProbeModel
+from .models import ProbeModel, load_model
 
-MAX_TOKENS = 256  # bertviz's head view becomes unreadable (and slow) beyond a few hundred tokens
+MAX_TOKENS = 256  # bertviz's views become unreadable (and slow) beyond a few hundred tokens
+OFFLINE_NOTE = ("bertviz could not load its scripts (require.js and d3 from cdnjs.cloudflare.com), so this view stays "
+                "empty without a network connection; attnprobe's HTML report has an attention view that works offline.")
+# Shown after a few seconds unless bertviz has drawn into its root div (or require.js never arrived).
+_NOTE = """<div id="{root}-offline" style="display:none;color:#a00;font:13px sans-serif">{note}</div>
+<script>setTimeout(function () {{
+  var root = document.getElementById("{root}");
+  if (typeof require === "undefined" || !(root && root.querySelector("svg")))
+    document.getElementById("{root}-offline").style.display = "block";
+}}, {wait_ms});</script>"""
 
 
-def head_view(model: ProbeModel, text: str, html_action: str = "view"):
-    """bertviz's head view of one text: every layer and head, all rows.
-
-    bertviz draws with require.js and d3 from a CDN, so it needs a Jupyter front end with network;
-    the HTML report has an offline view of its own. `html_action="return"` returns the HTML object.
-    """
-    from bertviz import head_view as bertviz_head_view
-
+def _inputs(model, text: str):
+    """(per-layer attention (1, H, T, T), tokens) of one text."""
+    pm = model if isinstance(model, ProbeModel) else load_model(model)
     if not isinstance(text, str):
-        raise AttnprobeError("head_view shows one text at a time (bertviz has no batch view); pass a single string")
-    enc = model.tokenizer(text, return_tensors="pt")
+        raise AttnprobeError("bertviz shows one text at a time (it has no batch view); pass a single string, "
+                             "e.g. run.prompts.text[0]")
+    enc = pm.tokenizer(text, return_tensors="pt")
     n_tokens = enc["input_ids"].shape[1]
     if n_tokens > MAX_TOKENS:
-        raise AttnprobeError(f"text has {n_tokens} tokens; head_view is readable up to {MAX_TOKENS}: shorten the text")
-    captured = run_with_capture(model, enc["input_ids"], enc["attention_mask"])
-    attention = tuple(captured.weights[layer][:1] for layer in sorted(captured.weights))  # per layer (1, H, T, T)
-    tokens = [model.tokenizer.decode([i]) for i in enc["input_ids"][0].tolist()]
+        raise AttnprobeError(f"text has {n_tokens} tokens; bertviz is readable up to {MAX_TOKENS}: shorten the text")
+    captured = run_with_capture(pm, enc["input_ids"], enc["attention_mask"])
+    attention = tuple(captured.weights[layer][:1] for layer in sorted(captured.weights))
+    tokens = [pm.tokenizer.decode([i]) for i in enc["input_ids"][0].tolist()]
     assert all(a.shape[-1] == len(tokens) for a in attention)  # bertviz's most common failure, checked early
-    return bertviz_head_view(attention, tokens, html_action=html_action)
+    return attention, tokens
+
+
+def _with_note(html, html_action: str, wait_ms: int):
+    """bertviz's HTML plus the offline note; displayed (`view`) or returned (`return`)."""
+    from IPython.display import HTML, display
+
+    root = re.search(r'id="(bertviz-[0-9a-f]+)"', html.data).group(1)  # bertviz's root div for this view
+    page = HTML(html.data + _NOTE.format(root=root, note=escape(OFFLINE_NOTE), wait_ms=wait_ms))
+    if html_action == "return":
+        return page
+    if html_action != "view":
+        raise AttnprobeError(f"html_action is 'view' or 'return', not {html_action!r}")
+    display(page)
+    return None
+
+
+def head_view(model, text: str, layer: int | None = None, heads: list[int] | None = None,
+              include_layers: list[int] | None = None, html_action: str = "view", wait_ms: int = 4000):
+    """bertviz's head view of one text: the heads of one layer overlaid, toggled by clicking.
+    `model`: a ProbeModel or a model spec; `layer`, `heads`, `include_layers`: bertviz's options
+    (which layer and heads to show first, which layers to offer)."""
+    from bertviz import head_view as bertviz_head_view
+
+    attention, tokens = _inputs(model, text)
+    html = bertviz_head_view(attention, tokens, layer=layer, heads=heads, include_layers=include_layers, html_action="return")
+    return _with_note(html, html_action, wait_ms)
+
+
+def model_view(model, text: str, include_layers: list[int] | None = None, include_heads: list[int] | None = None,
+               display_mode: str = "light", html_action: str = "view", wait_ms: int = 4000):
+    """bertviz's model view of one text: a layers x heads grid of thumbnails, one per head."""
+    from bertviz import model_view as bertviz_model_view
+
+    attention, tokens = _inputs(model, text)
+    html = bertviz_model_view(attention, tokens, include_layers=include_layers, include_heads=include_heads,
+                              display_mode=display_mode, html_action="return")
+    return _with_note(html, html_action, wait_ms)

@@ -117,3 +117,24 @@ def test_notebook_api(reported, smollm):
     assert '" nurse"' in html.data or "nurse" in html.data
     with pytest.raises(attnprobe.AttnprobeError, match="one text at a time"):
         attnprobe.head_view(smollm, ["a", "b"])
+
+
+def test_bertviz_views_take_options_and_say_when_offline(smollm, tmp_path):
+    import json as json_module
+    import re as re_module
+
+    head = attnprobe.head_view(smollm, "The nurse said that she", layer=3, heads=[1, 2], include_layers=[3, 4], html_action="return")
+    params = json_module.loads(re_module.search(r"const params = (.*?); // HACK", head.data, re_module.S).group(1))
+    assert (params["layer"], params["heads"], params["include_layers"]) == (3, [1, 2], [3, 4])
+    grid = attnprobe.model_view("smollm2-135m", "The nurse said that she", include_layers=[0], include_heads=[0, 8],
+                                html_action="return")
+    params = json_module.loads(re_module.search(r"const params = (.*?); // HACK", grid.data, re_module.S).group(1))
+    assert (params["include_layers"], params["include_heads"]) == ([0], [0, 8])
+    for html in (head, grid):
+        assert html.data.count("bertviz could not load its scripts") == 1
+    if CHROMIUM:  # no network: require.js never arrives, and the note shows instead of a blank widget
+        page = tmp_path / "view.html"
+        page.write_text(f"<html><body>{head.data}</body></html>")
+        dom, _ = chromium("--dump-dom", "--virtual-time-budget=8000", url=page.as_uri())
+        note = re_module.search(r'<div id="bertviz-[0-9a-f]+-offline" style="([^"]*)"', dom)
+        assert note and "display: block" in note.group(1), dom[-1500:]
