@@ -51,7 +51,7 @@ def test_hostile_suite_text_in_every_output(smollm, tmp_path):
     html = write_report(tmp_path / "run").read_text()
     assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<b onmouseover" not in html and "<i>t</i>" not in html
-    assert html.count("<script") == 2  # the examples' JSON block and the view's code, nothing else
+    assert html.count("<script") == 3  # the examples JSON block, the view and the table code, nothing else
     assert not re.search(r"<[^>]*\son\w+\s*=", html)  # no inline event handlers at all
     prompts = pd.read_csv(tmp_path / "run" / "prompts.csv")
     assert not prompts["text"].str.startswith(("=", "+", "-", "@")).any()
@@ -59,4 +59,4 @@ def test_hostile_suite_text_in_every_output(smollm, tmp_path):
     assert "'=cmd|' /C calc'!A0" in set(prompts["occupation"])
     if CHROMIUM:
         dom, log = chromium("--dump-dom", "--virtual-time-budget=3000", url=(tmp_path / "run" / "report.html").as_uri())
-        assert dom.count("<script") == 2 and "<b onmouseover" not in dom and "Uncaught" not in log
+        assert dom.count("<script") == 3 and "<b onmouseover" not in dom and "Uncaught" not in log

@@ -2,6 +2,7 @@
 
 import base64
 import io
+import json
 import re
 import shutil
 import subprocess
@@ -57,6 +58,9 @@ def test_tables_and_figures_are_written(reported):
     folded = behavior.set_index("scope").iloc[3]
     assert folded["kind"] == "folded" and "folded into this row" in folded["power_note"]
     assert set(folded["comparison"].split(" | ")) >= {"she vs he", "her vs him+his"}
+    links = re.findall(r'<a href="([^"]+)">', path.read_text())
+    assert {"head_stats.csv", "head_stats.parquet", "attention.parquet", "prompts.csv"} <= set(links)
+    assert all((path.parent / link).is_file() for link in links)  # every table link opens a file
     assert len(pd.read_csv(run.directory / "layer_stats.csv")) == 5 * 30
     for name in ("interaction_occupation", "difference_participant", "layer_profile", "behavior_vs_covariate", "behavior_by_template"):
         assert (run.directory / "figures" / f"{name}.png").stat().st_size > 5000
@@ -138,3 +142,27 @@ def test_bertviz_views_take_options_and_say_when_offline(smollm, tmp_path):
         dom, _ = chromium("--dump-dom", "--virtual-time-budget=8000", url=page.as_uri())
         note = re_module.search(r'<div id="bertviz-[0-9a-f]+-offline" style="([^"]*)"', dom)
         assert note and "display: block" in note.group(1), dom[-1500:]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed: `apt-get install -y chromium` (make test installs it)")
+def test_report_tables_sort_and_filter_in_chromium(tmp_path):
+    from importlib.resources import files
+
+    rows = "".join(f"<tr><td>{v}</td><td>{name}</td></tr>" for v, name in
+                   [("10", "L1H1"), ("2", "L2H2"), ("x", "L3H3"), ("1.5 [0, 3]", "L4H4"), ("-0.5%", "L5H5"), ("7", "L6H6")])
+    script = files("attnprobe.report").joinpath("tables.js").read_text()
+    act = """<script>
+      const th = document.querySelector("th"); th.click();
+      const order = Array.from(document.querySelectorAll("tr")).slice(1).map(r => r.cells[1].textContent);
+      th.click();
+      const reverse = Array.from(document.querySelectorAll("tr")).slice(1).map(r => r.cells[1].textContent);
+      const box = document.querySelector(".table-filter"); box.value = "l2h"; box.dispatchEvent(new Event("input"));
+      const shown = Array.from(document.querySelectorAll("tr")).slice(1).filter(r => r.style.display !== "none").map(r => r.cells[1].textContent);
+      document.body.setAttribute("data-result", JSON.stringify([order, reverse, shown]));
+    </script>"""
+    page = tmp_path / "t.html"
+    page.write_text(f"<html><body><table><tr><th>value</th><th>head</th></tr>{rows}</table><script>{script}</script>{act}</body></html>")
+    dom, log = chromium("--dump-dom", "--virtual-time-budget=2000", url=page.as_uri())
+    result = json.loads(re.search(r'data-result="([^"]*)"', dom).group(1).replace("&quot;", '"'))
+    assert result[0] == ["L5H5", "L4H4", "L2H2", "L6H6", "L1H1", "L3H3"]  # numbers by value, then text
+    assert result[1] == list(reversed(result[0])) and result[2] == ["L2H2"], (result, log[-500:])

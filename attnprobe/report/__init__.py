@@ -9,6 +9,7 @@ Numbers come from `attnprobe.stats`; context.py chooses the words, plots.py draw
 from __future__ import annotations
 
 import json
+import os
 from importlib.resources import files
 from pathlib import Path
 
@@ -63,6 +64,14 @@ def _cache_is_valid(directory: Path, names, stamp: dict) -> bool:
         return False
 
 
+def _table_links(directory: Path, names: list[str], page_dir: Path) -> list[dict]:
+    """Each non-empty statistics table and the run's own tables as links relative to the page."""
+    own = ["prompts", "logprobs", "referent_choice", "head_effects_totals"]
+    found = [(n, ext) for n in [*own, *names] for ext in ("csv", "parquet") if (directory / f"{n}.{ext}").is_file()]
+    found += [("attention", "parquet")] if (directory / "attention.parquet").is_file() else []
+    return [{"name": f"{n}.{ext}", "href": os.path.relpath(directory / f"{n}.{ext}", page_dir)} for n, ext in found]
+
+
 def write_report(run_dirs, out: str | Path | None = None) -> Path:
     """Write report.html for one run (into its directory) or a side-by-side report of several."""
     run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
@@ -71,6 +80,9 @@ def write_report(run_dirs, out: str | Path | None = None) -> Path:
     heads = [t["head_stats"][t["head_stats"]["scope"] == "all"] for t in tables if len(t["head_stats"])]
     limits = {"d_z": plots.largest_abs(pd.concat([h["d_z"] for h in heads]))} if heads else {}  # one scale for all runs
     contexts = [run_context(run, t, limits) for run, t in zip(runs, tables)]
+    path = Path(out) if out else (runs[0].directory / "report.html" if len(runs) == 1 else Path("reports") / "compare.html")
+    for context, run, table in zip(contexts, runs, tables):
+        context["files"] = _table_links(run.directory, [name for name, t in table.items() if len(t)], path.parent)
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template = environment.from_string(files(__package__).joinpath("report.html.j2").read_text())
     targets = list(dict.fromkeys(t for table in tables for t in table["head_stats"].get("target", pd.Series(dtype=str))))
@@ -78,8 +90,8 @@ def write_report(run_dirs, out: str | Path | None = None) -> Path:
         title=" vs ".join(c["model"] for c in contexts) + f" / {contexts[0]['suite']}",
         runs=contexts, targets=targets, version=__version__, n_boot=stats.N_BOOT, alpha=stats.ALPHA,
         view_js=files(__package__).joinpath("view.js").read_text(),
+        tables_js=files(__package__).joinpath("tables.js").read_text(),
     )
-    path = Path(out) if out else (runs[0].directory / "report.html" if len(runs) == 1 else Path("reports") / "compare.html")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda p: p.write_text(html, encoding="utf-8"))
     return path
