@@ -9,7 +9,7 @@ from .models import DEFAULT_MODEL, ModelInfo, ProbeModel, load_model
 from .suite import Suite, load_suite
 from .verify import verify
 from .version import __version__
-from .views import head_view, model_view
+from .views import attention_view, head_view, model_view
 
 __all__ = [
     "AnalysisError",
@@ -27,6 +27,7 @@ __all__ = [
     "SuiteError",
     "UnsupportedFamily",
     "__version__",
+    "attention_view",
     "capture",
     "encode",
     "head_view",

@@ -83,6 +83,16 @@ class Run(RunFiles):
         target = target or heads["target"].iloc[0]
         return head_heatmap(heads, target, value, q, title=f"{target}: {statistic}", label=value)
 
+    def attention_view(self, start: tuple[int, int] | None = None, html_action: str = "view"):
+        """The report's attention view of this run's example prompts, in the notebook (offline)."""
+        from .views import attention_view
+
+        heads = self.head_stats[self.head_stats["scope"] == "all"] if len(self.head_stats) else None
+        if start is None and heads is not None and len(heads):
+            best = heads.loc[heads["d_z"].abs().idxmax()]
+            start = (int(best["layer"]), int(best["head"]))
+        return attention_view(self, start=start or (0, 0), html_action=html_action)
+
     def report(self) -> Path:
         """Write report.html (and the CSV tables and figures) into the run directory."""
         return write_report(self.directory)

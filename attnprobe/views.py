@@ -1,4 +1,5 @@
-"""Attention views for notebooks (bertviz), fed by attnprobe's capture.
+"""Attention views for notebooks: attnprobe's own offline view (the report's, `attention_view`) and
+bertviz's head and model views, fed by attnprobe's capture.
 
 bertviz draws with require.js and d3 from a CDN. Each view carries a one-line note, hidden while
 bertviz draws, that shows itself when those scripts did not load (a notebook without network),
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import re
 from html import escape
+
+import torch
 
 from .capture import run_with_capture
 from .errors import AttnprobeError
@@ -78,3 +81,60 @@ def model_view(model, text: str, include_layers: list[int] | None = None, includ
     html = bertviz_model_view(attention, tokens, include_layers=include_layers, include_heads=include_heads,
                               display_mode=display_mode, html_action="return")
     return _with_note(html, html_action, wait_ms)
+
+
+_VIEW_STYLE = """<style>.view-controls select { margin: 0 0.4em 0.4em 0; } .view-svg { width: 100%; max-width: 560px;
+border: 1px solid #eee; display: block; } .tok { font: 13px monospace; fill: #222; } .tok.pronoun { fill: #b2182b;
+font-weight: bold; }</style>"""
+
+
+def attention_view(source, texts: list[str] | None = None, start: tuple[int, int] = (0, 0), html_action: str = "view"):
+    """The report's attention view (offline, no libraries) in a notebook: lines from each token to
+    the tokens it attends to, one prompt, layer and head at a time, a token's lines on hover.
+    `source` is a Run (its example prompts) or a model (spec or ProbeModel) with `texts`, whose
+    last [bracketed] span is drawn in red."""
+    import json
+    import uuid
+    from importlib.resources import files
+
+    from IPython.display import HTML, display
+
+    if texts is None:
+        from .run.reader import RunFiles
+
+        run = source if isinstance(source, RunFiles) else RunFiles(source)
+        examples = json.loads((run.directory / "examples.json").read_text())
+    else:
+        examples = _examples(source, [texts] if isinstance(texts, str) else list(texts))
+    view_id = f"attnprobe-view-{uuid.uuid4().hex}"
+    data = json.dumps(examples).replace("</", "<\\/")  # no early end of the script block
+    page = HTML(f'{_VIEW_STYLE}<script type="application/json" id="{view_id}-data">{data}</script>'
+                f'<div class="attention-view" data-source="{view_id}-data" data-start="{start[0]},{start[1]}"></div>'
+                f'<script>{files("attnprobe.report").joinpath("view.js").read_text()}</script>')
+    if html_action == "return":
+        return page
+    display(page)
+    return None
+
+
+@torch.no_grad()
+def _examples(model, texts: list[str]) -> list[dict]:
+    """The view's data for plain texts: every layer, head and row of each."""
+    from .run.execute import pack_weights
+    from .spans import token_spans
+    from .suite.sentences import parse_marked
+
+    pm = model if isinstance(model, ProbeModel) else load_model(model)
+    examples = []
+    for i, marked in enumerate(texts):
+        text, spans, _ = parse_marked(marked, f"text {i + 1}")
+        enc = pm.tokenizer(text, return_tensors="pt", return_offsets_mapping=True)
+        tokens = token_spans([tuple(o) for o in enc["offset_mapping"][0].tolist()], spans)
+        if spans:  # the last bracketed span is the one drawn in red
+            tokens["pronoun"] = tokens[list(spans)[-1]]
+        captured = run_with_capture(pm, enc["input_ids"], enc["attention_mask"])
+        weights = torch.stack([captured.weights[layer][0] for layer in sorted(captured.weights)])  # (L, H, T, T)
+        shape, packed = pack_weights(weights)
+        examples.append({"prompt_id": i, "text": text, "label": "", "spans": tokens, "shape": shape, "weights_u16_base64": packed,
+                         "tokens": [pm.tokenizer.decode([t]) for t in enc["input_ids"][0].tolist()]})
+    return examples

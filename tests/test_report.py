@@ -166,3 +166,18 @@ def test_report_tables_sort_and_filter_in_chromium(tmp_path):
     result = json.loads(re.search(r'data-result="([^"]*)"', dom).group(1).replace("&quot;", '"'))
     assert result[0] == ["L5H5", "L4H4", "L2H2", "L6H6", "L1H1", "L3H3"]  # numbers by value, then text
     assert result[1] == list(reversed(result[0])) and result[2] == ["L2H2"], (result, log[-500:])
+
+
+def test_attention_view_in_a_notebook_draws_offline(reported, smollm, tmp_path):
+    run, _ = reported
+    for name, page in (("run", run.attention_view(html_action="return")),
+                       ("texts", attnprobe.attention_view(smollm, ["The [nurse] said that [she]</script>"], start=(3, 1),
+                                                          html_action="return"))):
+        assert page.data.count('class="attention-view"') == 1 and page.data.count("<script") == 2
+        if CHROMIUM:
+            path = tmp_path / f"{name}.html"
+            path.write_text(f"<html><body>{page.data}{page.data}</body></html>")  # two views in one page
+            dom, log = chromium("--dump-dom", "--virtual-time-budget=3000", url=path.as_uri())
+            assert "Uncaught" not in log, log[-1500:]
+            assert dom.count('class="view-svg"') == 2 and dom.count("<line") > 20  # each view drawn once
+            assert dom.count('class="tok pronoun"') >= 2

@@ -39,6 +39,8 @@
   }
 
   function setup(root) {
+    if (root.getAttribute("data-ready")) return; // a notebook runs this script once per view
+    root.setAttribute("data-ready", "1");
     var examples = JSON.parse(document.getElementById(root.getAttribute("data-source")).textContent).map(decode);
     if (!examples.length) { root.textContent = "no example prompts in this run"; return; }
     var controls = el("div", { "class": "view-controls" }, root);

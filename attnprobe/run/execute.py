@@ -33,6 +33,13 @@ def measure_batch(pm: ProbeModel, suite: Suite, batch: list[Encoded], context: d
     return {kind.NAME: kind.read(pm, suite, batch, captured, states[kind.NAME], context) for kind in BATCH_KINDS}
 
 
+def pack_weights(weights: torch.Tensor) -> tuple[list[int], str]:
+    """(L, H, T, T) weights in [0, 1] for the attention view: quantised to uint16 (error <= 8e-6)
+    and base64-encoded, compact and quick to write."""
+    quantised = torch.round(weights.clamp(0, 1) * 65535).to(torch.int32).numpy().astype("<u2")
+    return list(quantised.shape), base64.b64encode(quantised.tobytes()).decode()
+
+
 def example_attention(pm: ProbeModel, encoded: list[Encoded], contrast: str | None, n_items: int = 2) -> list[dict]:
     """Full attention (every layer, head, row) of a few prompts, for the report's attention view:
     every variant of the first item of the first and of the last template."""
@@ -48,12 +55,11 @@ def example_attention(pm: ProbeModel, encoded: list[Encoded], contrast: str | No
     examples = []
     for b, e in enumerate(chosen):
         T = len(e.ids)
-        # weights in [0, 1] quantised to uint16 (error <= 8e-6) and base64-encoded: compact and quick to write
-        quantised = torch.round(weights[b, :, :, :T, :T].clamp(0, 1) * 65535).to(torch.int32).numpy().astype("<u2")
+        shape, packed = pack_weights(weights[b, :, :, :T, :T])
         examples.append({
             "prompt_id": e.prompt.prompt_id, "text": e.prompt.text, "label": str(e.prompt.meta.get(f"{contrast}_label", "")),
             "tokens": [pm.tokenizer.decode([i]) for i in e.ids], "spans": e.spans,
-            "shape": list(quantised.shape), "weights_u16_base64": base64.b64encode(quantised.tobytes()).decode(),
+            "shape": shape, "weights_u16_base64": packed,
         })
     return examples
 
