@@ -135,9 +135,11 @@ def _write_json(table, path: Path) -> None:
         raise RunError(f"--json {path}: cannot write ({exc.strerror or exc}); choose a writable path") from None
 
 
-# Reference speeds for `check`, measured by `make demo` (SmolLM2-135M, float32, 2 CPU cores; README)
-# head effects per (item, counterfactual) pair: 3.4 s with exact: 10 (both phases), 9 s with exact: all
-REFERENCE = {"prompts_per_s": 50.0, "seconds_per_pair": {"k": 3.4, "all": 9.0}, "model": "smollm2-135m"}
+# Reference speeds for `check`, measured by `make demo` and the coref suite (SmolLM2-135M, float32,
+# 2 idle CPU cores, 2026-11-23). Head effects per (item, counterfactual) pair grow with the length T
+# of x: 2.5 s at T = 6.1 (gender, 144 pairs) and 7.1 s at T = 21.8 (coref, 32 pairs) with exact: 10,
+# so 0.71 s + 0.29 s per token; exact: all patches every head, 2.65 x as long (9.0 vs 3.4 s, gender).
+REFERENCE = {"prompts_per_s": 50.0, "pair_seconds": (0.71, 0.293), "all_factor": 2.65, "model": "smollm2-135m"}
 
 
 @main.command()
@@ -180,7 +182,9 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
         click.echo(f"head_effects ({design}): {len(effects_items)} items x {len(loaded.head_effects.replacements)} counterfactuals = "
                    f"{pairs} pairs ({len(dropped)} dropped{': ' + '; '.join(reasons[:2]) if reasons else ''}), exact patching of "
                    f"{'every head' if loaded.head_effects.exact == 'all' else f'{loaded.head_effects.exact} heads'}")
-        pair_seconds = pairs * REFERENCE["seconds_per_pair"]["all" if loaded.head_effects.exact == "all" else "k"]
+        base, per_token = REFERENCE["pair_seconds"]
+        pair_seconds = sum(len(i["counterfactuals"]) * (base + per_token * len(i["x"])) for i in effects_items)
+        pair_seconds *= REFERENCE["all_factor"] if loaded.head_effects.exact == "all" else 1.0
     for line in loaded.skipped:
         click.echo(f"skipped: {line}")
     for line in [*loaded.notes, *sink_notes(loaded, encoded)]:
