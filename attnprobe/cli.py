@@ -257,6 +257,8 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
         from .report import headline, load_tables, write_report
 
         started = time.perf_counter()
+        if not quiet:
+            click.echo("statistics and report ...", err=True)
         path = write_report(result.directory)
         click.echo(f"report ({time.perf_counter() - started:.1f} s): {path}")
         click.echo(headline(result, load_tables(result)))

@@ -53,11 +53,14 @@ def test_quiet_run_prints_only_results(tiny_llama_dir, tmp_path):
     (tmp_path / "s.txt").write_text("[occupation: Nurses] said that [pronoun: they] left.\n" + SENTENCES[1] + "\n")
     (tmp_path / "s.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.txt}\n"
                                      "attention:\n  - {source: pronoun, targets: [occupation]}\n")
-    args = ["run", str(tmp_path / "s.yaml"), "--model", str(tiny_llama_dir), "--no-report", "--no-progress"]
-    loud = CliRunner().invoke(main, args + ["--out", str(tmp_path / "a")])
-    quiet = CliRunner().invoke(main, ["-q", *args, "--out", str(tmp_path / "b")])
+    args = ["run", str(tmp_path / "s.yaml"), "--model", str(tiny_llama_dir)]
+    loud = CliRunner().invoke(main, args + ["--out", str(tmp_path / "a")])  # not a terminal: a log line per phase and chunk
+    quiet = CliRunner().invoke(main, ["-q", *args, "--no-report", "--out", str(tmp_path / "b")])
     assert loud.exit_code == quiet.exit_code == 0, quiet.output
-    assert "note: " in loud.output and "note: " not in quiet.output  # the sink note on a target at token 0
+    for phase in (f"loading {tiny_llama_dir} (float32)", "attnprobe run: chunk 1 of 1 done, 2 of 2 prompts", "note: ",
+                  "statistics and report ...", "report ("):
+        assert phase in loud.output, (phase, loud.output)
+    assert "note: " not in quiet.output and "loading" not in quiet.output  # the sink note on a target at token 0
     assert quiet.output.strip().splitlines()[-1].startswith("2 prompts on")
-    both = CliRunner().invoke(main, ["-q", "-v", *args, "--out", str(tmp_path / "c")])
+    both = CliRunner().invoke(main, ["-q", "-v", *args, "--no-report", "--out", str(tmp_path / "c")])
     assert both.exit_code == 2 and "-q and -v contradict each other" in both.output

@@ -111,6 +111,8 @@ def run_suite(
         raise RunError(f"cannot create output directory {directory}: {exc.strerror}; choose another with --out") from None
     with storage.exclusive(directory):
         previous = storage.prepare_directory(directory, expected, resume, suite.name, log) or {}
+        if not isinstance(model, ProbeModel):
+            log(f"loading {spec} ({dtype})")
         pm = model if isinstance(model, ProbeModel) else load_model(
             spec, dtype=dtype, device=device, device_map=device_map, trust_remote_code=trust_remote_code,
             allow_pickle=allow_pickle)
