@@ -21,7 +21,8 @@ from .spans import token_spans
 from .suite.sentences import parse_marked
 
 
-def _model(model) -> ProbeModel:
+def model_of(model) -> ProbeModel:
+    """A loaded model: a ProbeModel as given, a spec loaded."""
     return model if isinstance(model, ProbeModel) else load_model(model)
 
 
@@ -57,37 +58,44 @@ def span_tokens(model_or_tokenizer, text: str, span: str | tuple[int, int]) -> t
 
 
 @torch.no_grad()
-def probe(model, sentences: list[str], source: str | None = None, batch_size: int = 8) -> pd.DataFrame:
-    """Attention from one bracketed span of each sentence to every token (see the module doc).
-    Brackets are named inline (`[pronoun: she]`) or by order (`span1`, `span2`, ...)."""
-    pm = _model(model)
-    parsed = []
-    for i, marked in enumerate(sentences):
-        text, spans, _ = parse_marked(marked, f"sentence {i + 1}")
-        if not spans:
-            raise SuiteError(f"sentence {i + 1}: mark the source span with [brackets], e.g. 'The nurse said that [she]'")
-        name = source or list(spans)[-1]
-        if name not in spans:
-            raise SuiteError(f"sentence {i + 1}: no span '{name}' (spans: {', '.join(spans)})")
-        parsed.append((text, spans, name))
-    frames = []
+def marked_attention(model, sentences: list[str], batch_size: int = 8):
+    """Per sentence with [bracketed] spans (named inline or span1, span2, ... by order): its text,
+    the spans' token ranges, its tokens and every layer's full attention (L, H, T, T). All
+    sentences are parsed before the model runs, so a bad one fails at once."""
+    pm = model_of(model)
+    parsed = [parse_marked(marked, f"sentence {i + 1}")[:2] for i, marked in enumerate(sentences)]
     for start in range(0, len(parsed), batch_size):
         batch = parsed[start:start + batch_size]
-        encodings = pm.tokenizer([text for text, _, _ in batch], return_offsets_mapping=True)
+        encodings = pm.tokenizer([text for text, _ in batch], return_offsets_mapping=True)
         ids, mask = pad_right(encodings["input_ids"], pm.tokenizer.pad_token_id)
         captured = run_with_capture(pm, ids, mask)
         W = torch.stack([captured.weights[layer] for layer in sorted(captured.weights)])  # (L, B, H, T, T)
-        for b, (text, spans, name) in enumerate(batch):
+        for b, (text, spans) in enumerate(batch):
             offsets = [tuple(o) for o in encodings["offset_mapping"][b]]
-            tokens = token_spans(offsets, spans)
             T = len(offsets)
-            weights = W[:, b, :, tokens[name][0]:tokens[name][1], :T].mean(2)  # (L, H, T): mean over the source's tokens
-            L, H = weights.shape[:2]
-            owner = [next((s for s, (t0, t1) in tokens.items() if t0 <= t < t1), "") for t in range(T)]
-            frames.append(pd.DataFrame({
-                "sentence": start + b, "text": text, "layer": torch.arange(L).repeat_interleave(H * T).numpy(),
-                "head": torch.arange(H).repeat_interleave(T).repeat(L).numpy(), "source": name,
-                "position": torch.arange(T).repeat(L * H).numpy(),
-                "token": [pm.tokenizer.decode([i]) for i in encodings["input_ids"][b]] * (L * H),
-                "span": owner * (L * H), "weight": weights.reshape(-1).float().numpy()}))
+            yield {"text": text, "spans": token_spans(offsets, spans), "weights": W[:, b, :, :T, :T],
+                   "tokens": [pm.tokenizer.decode([i]) for i in encodings["input_ids"][b]]}
+
+
+def probe(model, sentences: list[str], source: str | None = None, batch_size: int = 8) -> pd.DataFrame:
+    """Attention from one bracketed span of each sentence to every token (see the module doc).
+    Brackets are named inline (`[pronoun: she]`) or by order (`span1`, `span2`, ...)."""
+    for i, marked in enumerate(sentences):  # every source checked before the model runs
+        spans = parse_marked(marked, f"sentence {i + 1}")[1]
+        if not spans:
+            raise SuiteError(f"sentence {i + 1}: mark the source span with [brackets], e.g. 'The nurse said that [she]'")
+        if (source or list(spans)[-1]) not in spans:
+            raise SuiteError(f"sentence {i + 1}: no span '{source}' (spans: {', '.join(spans)})")
+    frames = []
+    for n, sentence in enumerate(marked_attention(model, sentences, batch_size)):
+        tokens = sentence["spans"]
+        name = source or list(tokens)[-1]
+        weights = sentence["weights"][:, :, tokens[name][0]:tokens[name][1]].mean(2)  # (L, H, T): mean over the source's tokens
+        L, H, T = weights.shape
+        owner = [next((s for s, (t0, t1) in tokens.items() if t0 <= t < t1), "") for t in range(T)]
+        frames.append(pd.DataFrame({
+            "sentence": n, "text": sentence["text"], "layer": torch.arange(L).repeat_interleave(H * T).numpy(),
+            "head": torch.arange(H).repeat_interleave(T).repeat(L).numpy(), "source": name,
+            "position": torch.arange(T).repeat(L * H).numpy(), "token": sentence["tokens"] * (L * H),
+            "span": owner * (L * H), "weight": weights.reshape(-1).float().numpy()}))
     return pd.concat(frames, ignore_index=True)

@@ -225,13 +225,10 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
     import time
 
     from .api import run_suite
-    from .modelchecks import check_device
 
     started = time.perf_counter()
     if shard is not None and device.startswith("cuda") and ":" not in device:
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
-    if device_map is None:
-        check_device(device)  # before anything is read or created
     quiet = click.get_current_context().obj.get("quiet")
     result = run_suite(suite, model=model_spec, out=out, batch_size=batch_size, limit=limit, dtype=dtype,
                        resume=resume, chunk_size=chunk_size, progress=False if quiet else progress,

@@ -242,8 +242,6 @@ def _resolve(spec: str, allow_pickle: bool, convert: bool = True) -> tuple[str, 
     raise ModelSpecError(f"unknown model spec '{spec}': not an alias, a .gguf file, a directory or a hub id; {_aliases_hint()}")
 
 
-
-
 def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
     """(tokenizer, context length, whether attention goes through attnprobe's function) without
     loading weights: what suite validation needs."""
@@ -279,12 +277,6 @@ def routes_attention(config) -> bool:
 
     model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
     return bool(getattr(model_class, "_supports_attention_backend", True))
-
-
-
-
-
-
 
 
 def _hub_offline() -> bool:

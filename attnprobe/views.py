@@ -11,11 +11,9 @@ from __future__ import annotations
 import re
 from html import escape
 
-import torch
-
+from .adhoc import model_of
 from .capture import run_with_capture
 from .errors import AttnprobeError
-from .models import ProbeModel, load_model
 
 MAX_TOKENS = 256  # bertviz's views become unreadable (and slow) beyond a few hundred tokens
 OFFLINE_NOTE = ("bertviz could not load its scripts (require.js and d3 from cdnjs.cloudflare.com), so this view stays "
@@ -31,7 +29,7 @@ _NOTE = """<div id="{root}-offline" style="display:none;color:#a00;font:13px san
 
 def _inputs(model, text: str):
     """(per-layer attention (1, H, T, T), tokens) of one text."""
-    pm = model if isinstance(model, ProbeModel) else load_model(model)
+    pm = model_of(model)
     if not isinstance(text, str):
         raise AttnprobeError("bertviz shows one text at a time (it has no batch view); pass a single string, "
                              "e.g. run.prompts.text[0]")
@@ -117,24 +115,18 @@ def attention_view(source, texts: list[str] | None = None, start: tuple[int, int
     return None
 
 
-@torch.no_grad()
 def _examples(model, texts: list[str]) -> list[dict]:
-    """The view's data for plain texts: every layer, head and row of each."""
+    """The view's data for plain texts: every layer, head and row of each; the last bracketed span
+    is drawn in red."""
+    from .adhoc import marked_attention
     from .run.execute import pack_weights
-    from .spans import token_spans
-    from .suite.sentences import parse_marked
 
-    pm = model if isinstance(model, ProbeModel) else load_model(model)
     examples = []
-    for i, marked in enumerate(texts):
-        text, spans, _ = parse_marked(marked, f"text {i + 1}")
-        enc = pm.tokenizer(text, return_tensors="pt", return_offsets_mapping=True)
-        tokens = token_spans([tuple(o) for o in enc["offset_mapping"][0].tolist()], spans)
-        if spans:  # the last bracketed span is the one drawn in red
-            tokens["pronoun"] = tokens[list(spans)[-1]]
-        captured = run_with_capture(pm, enc["input_ids"], enc["attention_mask"])
-        weights = torch.stack([captured.weights[layer][0] for layer in sorted(captured.weights)])  # (L, H, T, T)
-        shape, packed = pack_weights(weights)
-        examples.append({"prompt_id": i, "text": text, "label": "", "spans": tokens, "shape": shape, "weights_u16_base64": packed,
-                         "tokens": [pm.tokenizer.decode([t]) for t in enc["input_ids"][0].tolist()]})
+    for i, sentence in enumerate(marked_attention(model, texts)):
+        spans = dict(sentence["spans"])
+        if spans:
+            spans["pronoun"] = spans[list(spans)[-1]]
+        shape, packed = pack_weights(sentence["weights"])
+        examples.append({"prompt_id": i, "text": sentence["text"], "label": "", "spans": spans, "shape": shape,
+                         "weights_u16_base64": packed, "tokens": sentence["tokens"]})
     return examples

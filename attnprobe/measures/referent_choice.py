@@ -87,11 +87,11 @@ def score(pm, measure: ReferentChoiceMeasure, encoded, referents, batch_size: in
     for start in range(0, len(sequences), batch_size):
         batch = sequences[start:start + batch_size]
         ids, mask = pad_right([prefix + tail for prefix, tail in batch], tokenizer.pad_token_id)
-        logits = pm.model(input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device)).logits.float().log_softmax(-1).cpu()
+        logits = pm.model(input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device)).logits
         for b, (prefix, tail) in enumerate(batch):
-            # token t of the tail is predicted at position len(prefix) + t - 1
-            positions = torch.arange(len(prefix) - 1, len(prefix) - 1 + len(tail))
-            logprobs.append(float(logits[b, positions, torch.as_tensor(tail)].sum()))
+            # token t of the tail is predicted at position len(prefix) + t - 1: normalise only those rows
+            predicted = logits[b, len(prefix) - 1:len(prefix) - 1 + len(tail)].float().log_softmax(-1).cpu()
+            logprobs.append(float(predicted[torch.arange(len(tail)), torch.as_tensor(tail)].sum()))
         if progress is not None:
             progress(len(batch))
     table = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "logprob"])

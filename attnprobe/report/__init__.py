@@ -18,7 +18,7 @@ import pandas as pd
 
 from .. import stats
 from ..run.reader import RunFiles
-from ..run.storage import HEAD_EFFECT_TABLES, STATS_TABLES, TABLES_KEY, atomic_write, digest, write_table
+from ..run.storage import ARTEFACTS, HEAD_EFFECT_TABLES, STATS_TABLES, TABLES_KEY, atomic_write, digest, write_table
 from ..tables import read_table
 from ..version import __version__
 from . import plots
@@ -65,11 +65,11 @@ def _cache_is_valid(directory: Path, names, stamp: dict) -> bool:
 
 
 def _table_links(directory: Path, names: list[str], page_dir: Path) -> list[dict]:
-    """Each non-empty statistics table and the run's own tables as links relative to the page."""
-    own = ["prompts", "logprobs", "referent_choice", "head_effects_totals"]
-    found = [(n, ext) for n in [*own, *names] for ext in ("csv", "parquet") if (directory / f"{n}.{ext}").is_file()]
-    found += [("attention", "parquet")] if (directory / "attention.parquet").is_file() else []
-    return [{"name": f"{n}.{ext}", "href": os.path.relpath(directory / f"{n}.{ext}", page_dir)} for n, ext in found]
+    """The run's own tables (its ARTEFACTS) and each non-empty statistics table, as links relative
+    to the page."""
+    own = [name for name in ARTEFACTS if name.endswith((".csv", ".parquet"))]
+    found = [name for name in [*own, *(f"{n}.{ext}" for n in names for ext in ("csv", "parquet"))] if (directory / name).is_file()]
+    return [{"name": name, "href": os.path.relpath(directory / name, page_dir)} for name in found]
 
 
 def write_report(run_dirs, out: str | Path | None = None) -> Path:

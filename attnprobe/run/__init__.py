@@ -19,6 +19,7 @@ from ..errors import RunError, RunInterrupted
 from ..measures import head_effects as head_effects_measure
 from ..measures import BATCH_KINDS, referent_choice
 from ..measures.next_token import candidate_ids
+from ..modelchecks import check_device
 from ..models import DEFAULT_MODEL, ProbeModel, load_model, load_tokenizer
 from ..suite import Suite, load_suite
 from ..version import __version__
@@ -105,6 +106,8 @@ def run_suite(
                 "chunk_size": chunk_size, "limit": limit, "max_batch_tokens": max_batch_tokens, "attnprobe": __version__,
                 "plan_sha256": plan_sha256(chunks, encoded)}
     expected = fingerprint(settings, shard)
+    if device_map is None and not isinstance(model, ProbeModel):
+        check_device(device)  # before the output directory is created
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -101,8 +101,6 @@ def weights_sha(pm: ProbeModel) -> str | None:
     return files_sha256(files) if files else None
 
 
-
-
 def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
     """Join the directories of a sharded run (`--shard K/N`, all N of them) into one run directory
     identical to an unsharded run with the same settings."""
@@ -143,9 +141,8 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
             if k not in complete_chunks(source_dir, n_effects, lambda m: None, "effects-", first.get("effects_plan")):
                 raise RunError(f"{source_dir} lacks head-effects chunk {k}; rerun that shard's command to finish it")
             _copy_chunk(source_dir, out / "chunks", k, "effects-")
-        for name in ("prompts.csv", "prompts.parquet", "examples.json", "referent_choice.csv", "referent_choice.parquet"):
-            if name.startswith("referent_choice") and not (first_dir / name).is_file():
-                continue  # computed only by suites that declare it, in shard 1
+        optional = [n for n in ("referent_choice.csv", "referent_choice.parquet") if (first_dir / n).is_file()]  # shard 1, when declared
+        for name in ("prompts.csv", "prompts.parquet", "examples.json", *optional):
             shutil.copyfile(first_dir / name, out / name)
         assemble(out, n_chunks)
         merged = dict(first, shard=None, status="complete", merged_from=[str(d) for d in shard_dirs],
@@ -183,8 +180,6 @@ def exclusive(directory: Path):
     finally:
         fcntl.flock(handle, fcntl.LOCK_UN)
         handle.close()
-
-
 
 
 # Chunk files per kind: the main measures, head effects (chunks of items, named effects-<k>) and the
@@ -280,8 +275,6 @@ def read_manifest(path: Path) -> dict:
     return manifest
 
 
-
-
 def write_chunk(chunk_dir: Path, k: int, tables: dict) -> None:
     """One chunk: a file per measure kind (a pyarrow Table or a DataFrame), then the marker."""
     for name, table in tables.items():
@@ -357,8 +350,6 @@ def assemble(directory: Path, n_chunks: int) -> None:
     if len(table):
         table = table.sort_values(["prompt_id", "cut"], kind="stable", ignore_index=True)
     write_table(directory, "logprobs", table)
-
-
 
 
 HEAD_EFFECTS_FILES = ("head_effects_items.parquet", "head_effects_totals.parquet", "head_effects_layers.parquet")

@@ -32,7 +32,8 @@ def referent_accuracy(run) -> pd.DataFrame:
     if wide.empty or first not in wide or second not in wide:
         return pd.DataFrame(columns=COLUMNS)
     correct = _correct(run, analysis, wide[first], wide[second])
-    tables = [_accuracy(group, ["layer", "head"], run, analysis).assign(source=source)
+    items = items_table(run.prompts, analysis)
+    tables = [_accuracy(group, ["layer", "head"], items, analysis).assign(source=source)
               for source, group in correct.groupby("source", sort=False)]
     out = pd.concat(tables, ignore_index=True)
     return out[[*COLUMNS, *[c for c in out.columns if c not in COLUMNS]]]
@@ -53,11 +54,11 @@ def referent_choice(run) -> pd.DataFrame:
     correct = _correct(run, analysis, wide[first], wide[second]).assign(question=run.manifest.get("referent_choice", ""))
     correct["margin"] = np.where(correct["answer"] == first, 1, -1) * (wide[first] - wide[second]).to_numpy()
     template = run.prompts.set_index("prompt_id").loc[correct["prompt_id"], TEMPLATE].to_numpy()
-    rows = []
+    items, rows = items_table(run.prompts, analysis), []
     for scope, templates in scopes(analysis, pd.unique(template)).items():  # all, then each declared group
         part = correct[np.isin(template, templates)]
-        out = _accuracy(part, ["question"], run, analysis)
-        tested = _accuracy(part.assign(correct=part["margin"]), ["question"], run, analysis, chance=0.0)
+        out = _accuracy(part, ["question"], items, analysis)
+        tested = _accuracy(part.assign(correct=part["margin"]), ["question"], items, analysis, chance=0.0)
         out["margin"], out["margin_ci_low"], out["margin_ci_high"] = tested["accuracy"], tested["ci_low"], tested["ci_high"]
         rows.append(out.assign(scope=scope))
     out = pd.concat(rows, ignore_index=True)
@@ -79,10 +80,10 @@ def _correct(run, analysis, first_score: pd.Series, second_score: pd.Series) -> 
     return correct
 
 
-def _accuracy(correct: pd.DataFrame, by: list[str], run, analysis, chance: float = 0.5) -> pd.DataFrame:
-    """Per combination of `by`: the mean of `correct` over items (labels averaged within an item),
-    tested against `chance`; the mean per contrast label; the paired positive - negative gap."""
-    items = items_table(run.prompts, analysis)
+def _accuracy(correct: pd.DataFrame, by: list[str], items: pd.DataFrame, analysis, chance: float = 0.5) -> pd.DataFrame:
+    """Per combination of `by`: the mean of `correct` over items (labels averaged within an item;
+    `items`: the run's items_table), tested against `chance`; the mean per contrast label; the
+    paired positive - negative gap."""
 
     def test(values: pd.DataFrame) -> dict:
         """Cluster-robust test of the per-item values (items x heads) on their design's cells."""
