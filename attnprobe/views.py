@@ -81,16 +81,12 @@ def model_view(model, text: str, include_layers: list[int] | None = None, includ
     return _with_note(html, html_action, wait_ms)
 
 
-_VIEW_STYLE = """<style>.view-controls select { margin: 0 0.4em 0.4em 0; } .view-svg { width: 100%; max-width: 560px;
-border: 1px solid #eee; display: block; } .tok { font: 13px monospace; fill: #222; } .tok.pronoun { fill: #b2182b;
-font-weight: bold; }</style>"""
-
-
 def attention_view(source, texts: list[str] | None = None, start: tuple[int, int] = (0, 0), html_action: str = "view"):
-    """The report's attention view (offline, no libraries) in a notebook: lines from each token to
-    the tokens it attends to, one prompt, layer and head at a time, a token's lines on hover.
-    `source` is a Run (its example prompts) or a model (spec or ProbeModel) with `texts`, whose
-    last [bracketed] span is drawn in red."""
+    """The report's attention view (offline, no libraries) in a notebook: the heads of a layer
+    overlaid (toggled by their swatches), a prompt beside a comparison prompt of the same length
+    with their difference, weights on hover, and a layers x heads grid. `source` is a Run (its
+    example prompts) or a model (spec or ProbeModel) with `texts`, whose last [bracketed] span is
+    the source (red); `start` = (layer, head) shown first."""
     import json
     import uuid
     from importlib.resources import files
@@ -106,7 +102,7 @@ def attention_view(source, texts: list[str] | None = None, start: tuple[int, int
         examples = _examples(source, [texts] if isinstance(texts, str) else list(texts))
     view_id = f"attnprobe-view-{uuid.uuid4().hex}"
     data = json.dumps(examples).replace("</", "<\\/")  # no early end of the script block
-    page = HTML(f'{_VIEW_STYLE}<script type="application/json" id="{view_id}-data">{data}</script>'
+    page = HTML(f'<script type="application/json" id="{view_id}-data">{data}</script>'
                 f'<div class="attention-view" data-source="{view_id}-data" data-start="{start[0]},{start[1]}"></div>'
                 f'<script>{files("attnprobe.report").joinpath("view.js").read_text()}</script>')
     if html_action == "return":
@@ -117,16 +113,14 @@ def attention_view(source, texts: list[str] | None = None, start: tuple[int, int
 
 def _examples(model, texts: list[str]) -> list[dict]:
     """The view's data for plain texts: every layer, head and row of each; the last bracketed span
-    is drawn in red."""
+    is the source (red). One item: texts of equal length are compared side by side."""
     from .adhoc import marked_attention
     from .run.execute import pack_weights
 
     examples = []
     for i, sentence in enumerate(marked_attention(model, texts)):
         spans = dict(sentence["spans"])
-        if spans:
-            spans["pronoun"] = spans[list(spans)[-1]]
         shape, packed = pack_weights(sentence["weights"])
-        examples.append({"prompt_id": i, "text": sentence["text"], "label": "", "spans": spans, "shape": shape,
+        examples.append({"prompt_id": i, "item_id": 0, "text": sentence["text"], "label": "", "spans": spans, "shape": shape,
                          "weights_u16_base64": packed, "tokens": sentence["tokens"]})
     return examples

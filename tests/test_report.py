@@ -88,8 +88,10 @@ def test_report_renders_in_chromium_without_network(reported, tmp_path):
     dom, log = chromium("--dump-dom", "--virtual-time-budget=5000", url=path.as_uri())
     assert "Uncaught" not in log and "ERROR:CONSOLE" not in log, log[-2000:]
     view = dom[dom.index('class="attention-view"'):]
-    assert view.count("<line") > 20 and view.count('class="tok pronoun"') == 2  # drawn, pronoun marked
-    assert dom.count("<option") >= 30 + 9 + 1  # layer, head and prompt pickers filled
+    # drawn: the first prompt with the strongest head's target, beside its other variant and their difference,
+    # the pronoun marked on both sides of each panel
+    assert view.count("<line") > 20 and view.count('class="view-panel"') == 3 and view.count('class="tok source"') == 6
+    assert dom.count("<option") >= 30 + 2 + 1 and view.count('class="swatch"') == 9  # layer, view and prompt pickers, head swatches
     shot = tmp_path / "shot.png"
     chromium(f"--screenshot={shot}", "--window-size=1200,2600", url=path.as_uri())
     pixels = mpimg.imread(shot)
@@ -107,6 +109,12 @@ def test_cli_report_compares_runs(reported, smollm, tmp_path):
     assert "Models side by side" in html and html.count("<section>") == 2
     table = html[html.index("Models side by side"):html.index("<section>")]
     assert "interaction heads: occupation" in table and "difference heads: participant" in table and table.count("<td>r = ") == 2
+    spec = run.manifest["model"]["spec"]
+    labels = [f"{spec} ({run.directory.name})", f"{spec} (other)"]  # one model twice: told apart by directory
+    assert all(f'<td class="text">{label}</td>' in table for label in labels), table
+    differences = sorted(p.name for p in (tmp_path / "compare_figures").glob("*.png"))
+    assert len(differences) == 2 and all(name.startswith("difference_") for name in differences)  # one per target
+    assert table.count('alt="per-head interaction_r of') == 2
 
 
 def test_notebook_api(reported, smollm):
@@ -179,5 +187,49 @@ def test_attention_view_in_a_notebook_draws_offline(reported, smollm, tmp_path):
             path.write_text(f"<html><body>{page.data}{page.data}</body></html>")  # two views in one page
             dom, log = chromium("--dump-dom", "--virtual-time-budget=3000", url=path.as_uri())
             assert "Uncaught" not in log, log[-1500:]
-            assert dom.count('class="view-svg"') == 2 and dom.count("<line") > 20  # each view drawn once
-            assert dom.count('class="tok pronoun"') >= 2
+            assert dom.count('aria-label="prompt"') == 2 and dom.count("<line") > 20  # each view set up once
+            assert dom.count('class="tok source"') >= 2
+
+
+VIEW_ACTIONS = """<script>
+  const root = document.querySelector(".attention-view"), r = {};
+  const lines = (panel) => Array.from(root.querySelectorAll(`[data-panel^='${panel}'] line`));
+  const panels = () => root.querySelectorAll(".view-panel").length;
+  const strokes = (panel) => lines(panel).map(l => l.getAttribute("stroke") + l.getAttribute("stroke-opacity")).join();
+  const token = (i) => root.querySelector(`[data-panel^='A:'] text.tok[data-side=query][data-index='${i}']`);
+  const choose = (label, value) => { const s = root.querySelector(`select[aria-label='${label}']`); s.value = value; s.dispatchEvent(new Event("change")); };
+  r.panels = panels(); r.compare = root.querySelector("select[aria-label='compare with']").value;
+  r.lines = lines("A:").length; r.colours = new Set(lines("A:").map(l => l.getAttribute("stroke"))).size;
+  root.querySelector(".swatch[aria-pressed=false]").click();
+  r.linesToggled = lines("A:").length; r.coloursToggled = new Set(lines("A:").map(l => l.getAttribute("stroke"))).size;
+  token(4).dispatchEvent(new MouseEvent("mouseenter"));
+  r.linesHover = lines("A:").length; r.weights = root.querySelectorAll("[data-panel^='A:'] text.weight").length;
+  token(4).dispatchEvent(new MouseEvent("mouseleave"));
+  r.linesLeft = lines("A:").length;
+  const difference = strokes("A - B");
+  choose("prompt", "1");
+  r.switched = root.querySelector(".view-panel h5").textContent; r.differenceChanged = strokes("A - B") !== difference;
+  choose("compare with", ""); r.panelsAlone = panels();
+  choose("view", "grid"); r.thumbs = root.querySelectorAll(".thumb").length;
+  root.querySelector(".thumb[data-layer='7'][data-head='2']").dispatchEvent(new MouseEvent("click", {bubbles: true}));
+  r.opened = [root.querySelector("select[aria-label=layer]").value, root.querySelector(".swatch[aria-pressed=true]").textContent, panels()];
+  document.body.setAttribute("data-result", JSON.stringify(r));
+</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed: `apt-get install -y chromium` (make test installs it)")
+def test_attention_view_toggles_hovers_and_compares_in_chromium(smollm, tmp_path):
+    page = attnprobe.attention_view(smollm, ["The [nurse] said that [she]", "The [nurse] said that [he]"], start=(3, 1),
+                                    html_action="return")
+    path = tmp_path / "view.html"
+    path.write_text(f"<html><head></head><body>{page.data}{VIEW_ACTIONS}</body></html>")
+    dom, log = chromium("--dump-dom", "--virtual-time-budget=3000", url=path.as_uri())
+    assert "Uncaught" not in log, log[-1500:]
+    r = json.loads(re.search(r'data-result="([^"]*)"', dom).group(1).replace("&quot;", '"'))
+    assert r["panels"] == 3 and r["compare"] == "1"  # she beside he, and she - he
+    assert r["colours"] == 1 and r["coloursToggled"] == 2 and r["linesToggled"] > r["lines"]  # a second head, its own colour
+    assert 0 < r["linesHover"] < r["linesToggled"] and r["weights"] == 2 * 5  # 5 keys of the last token, 2 heads
+    assert r["linesLeft"] == r["linesToggled"]
+    assert r["switched"].startswith("A: #1: The nurse said that he") and r["differenceChanged"]  # he - she: the difference flips
+    assert r["panelsAlone"] == 1 and r["thumbs"] == 30 * 9
+    assert r["opened"] == ["7", "head 2", 1], r

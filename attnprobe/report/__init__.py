@@ -22,7 +22,7 @@ from ..run.storage import ARTEFACTS, HEAD_EFFECT_TABLES, STATS_TABLES, TABLES_KE
 from ..tables import read_table
 from ..version import __version__
 from . import plots
-from .context import headline, run_context
+from .context import difference_context, headline, run_context, run_labels
 
 __all__ = ["headline", "load_tables", "write_report"]
 
@@ -81,14 +81,16 @@ def write_report(run_dirs, out: str | Path | None = None) -> Path:
     limits = {"d_z": plots.largest_abs(pd.concat([h["d_z"] for h in heads]))} if heads else {}  # one scale for all runs
     contexts = [run_context(run, t, limits) for run, t in zip(runs, tables)]
     path = Path(out) if out else (runs[0].directory / "report.html" if len(runs) == 1 else Path("reports") / "compare.html")
-    for context, run, table in zip(contexts, runs, tables):
+    for context, run, table, label in zip(contexts, runs, tables, run_labels(contexts)):
         context["files"] = _table_links(run.directory, [name for name, t in table.items() if len(t)], path.parent)
+        context["label"] = label
+    compared = difference_context(contexts, tables, path.parent / f"{path.stem}_figures") if len(runs) > 1 else None
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template = environment.from_string(files(__package__).joinpath("report.html.j2").read_text())
     targets = list(dict.fromkeys(t for table in tables for t in table["head_stats"].get("target", pd.Series(dtype=str))))
     html = template.render(
-        title=" vs ".join(c["model"] for c in contexts) + f" / {contexts[0]['suite']}",
-        runs=contexts, targets=targets, version=__version__, n_boot=stats.N_BOOT, alpha=stats.ALPHA,
+        title=" vs ".join(c["label"] for c in contexts) + f" / {contexts[0]['suite']}",
+        runs=contexts, compared=compared, targets=targets, version=__version__, n_boot=stats.N_BOOT, alpha=stats.ALPHA,
         view_js=files(__package__).joinpath("view.js").read_text(),
         tables_js=files(__package__).joinpath("tables.js").read_text(),
     )

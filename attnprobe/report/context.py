@@ -118,7 +118,7 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "analysis": analysis, "pos": pos, "neg": neg, "covariate": analysis.name(analysis.covariate) if analysis.covariate else None,
         "unit": analysis.name(analysis.unit) if analysis.unit else None, "effects": _effects_context(tables, heads, figures_dir, manifest, analysis),
         "referents": _referents_context(tables, figures_dir, analysis),
-        "model": manifest["model"]["spec"], "suite": manifest["suite"]["name"], "family": manifest["model"]["family"],
+        "model": manifest["model"]["spec"], "directory": run.directory.name, "suite": manifest["suite"]["name"], "family": manifest["model"]["family"],
         "description": manifest["suite"].get("description", ""), "n_prompts": manifest["n_prompts"],
         "n_items": int(run.prompts["item_id"].nunique()), "n_layers": manifest["model"]["n_layers"],
         "n_heads_per_layer": manifest["model"]["n_heads"], "n_heads": manifest["model"]["n_layers"] * manifest["model"]["n_heads"],
@@ -128,7 +128,7 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "n_interaction": significant.groupby("target").size().to_dict() if analysis.covariate and len(heads) else {},
         "n_difference": heads[heads["difference_q"] < ALPHA].groupby("target").size().to_dict() if len(heads) else {},
         "strongest": f"L{int(strongest['layer'])}H{int(strongest['head'])} -> {strongest['target']}, {rank} = {strongest[rank]:.2f}" if strongest is not None else "-",
-        "view_start": f"{int(strongest['layer'])},{int(strongest['head'])}" if strongest is not None else "0,0",
+        "view_start": f"{int(strongest['layer'])},{int(strongest['head'])},{strongest['target']}" if strongest is not None else "0,0",
         "examples": examples, "skipped": manifest.get("skipped", []), "notes": manifest.get("notes", []),
         "templates": [{"id": t, "text": texts.get(t, "")} for t in dict.fromkeys(run.prompts["template_id"])],
         "groups": analysis.groups,
@@ -196,3 +196,45 @@ def _referents_context(tables: dict, figures_dir, analysis) -> dict | None:
               if c.startswith("accuracy_")]
     return {"first": first, "second": second, "answer": analysis.name(analysis.answer), "sections": sections, "choice": choice, "choice_groups": choice_groups,
             "labels": labels, "paired": "gap" in table or "gap" in (choice or {})}
+
+
+def run_labels(contexts: list[dict]) -> list[str]:
+    """A label per compared run: its model, plus whatever tells apart runs of the same model
+    (dtype, suite, else the run directory's name)."""
+    labels = []
+    for context in contexts:
+        same = [c for c in contexts if c["model"] == context["model"]]
+        extra = [key for key in ("dtype", "suite") if len({c[key] for c in same}) > 1]
+        if len(same) > 1 and not extra:
+            extra = ["directory"]
+        labels.append(context["model"] + (f" ({', '.join(str(context[key]) for key in extra)})" if extra else ""))
+    return labels
+
+
+def difference_context(contexts: list[dict], tables: list[dict], figures_dir) -> dict:
+    """Per-head differences between compared runs (each run minus the first) of the statistic
+    that ranks heads, when they share a layers x heads grid and a declared analysis; else why not."""
+    grids = {(c["n_layers"], c["n_heads_per_layer"]) for c in contexts}
+    if len(grids) > 1:
+        shapes = " and ".join(f"{layers} x {heads}" for layers, heads in sorted(grids))
+        return {"figures": [], "note": f"No per-head difference: the runs have different head grids ({shapes} layers x heads); "
+                                       "compare their counts, intervals and layer profiles."}
+    if len({bool(c["covariate"]) for c in contexts}) > 1:
+        return {"figures": [], "note": "No per-head difference: only some of these runs declare a covariate, so they rank heads by different statistics."}
+    statistic = "interaction_r" if contexts[0]["covariate"] else "d_z"
+    base = tables[0]["head_stats"]
+    figures = []
+    for context, table in zip(contexts[1:], tables[1:]):
+        other = table["head_stats"]
+        for target in [t for t in dict.fromkeys(base.get("target", [])) if t in set(other.get("target", []))]:
+            keys = ["layer", "head"]
+            a = base[(base["scope"] == "all") & (base["target"] == target)].set_index(keys)[statistic]
+            b = other[(other["scope"] == "all") & (other["target"] == target)].set_index(keys)[statistic]
+            diff = (b - a).rename(statistic).reset_index().assign(target=target)
+            name = "".join(ch if ch.isalnum() else "_" for ch in f"{context['label']}_{target}")
+            figures.append(figure(plots.head_heatmap(diff, target, statistic, None, title=f"{target}: {statistic},\n{context['label']} - {contexts[0]['label']}",
+                                                     label=f"difference of {statistic}"), figures_dir, f"difference_{name}",
+                                  f"per-head {statistic} of {context['label']} minus {contexts[0]['label']}, source -> {target}"))
+    return {"figures": figures, "note": f"Per head: {statistic} of each run minus that of {contexts[0]['label']} (no test: "
+                                        "a difference of two estimates; read the intervals in each run's table)."}
+

@@ -10,20 +10,20 @@ import seaborn as sns
 Q_LEVEL = 0.05
 
 
-def head_heatmap(heads: pd.DataFrame, target: str, value: str, q: str, title: str, label: str, limit: float | None = None):
+def head_heatmap(heads: pd.DataFrame, target: str, value: str, q: str | None, title: str, label: str, limit: float | None = None):
     """Layer x head heatmap of `value` for one target, every head coloured; a dot marks q < 0.05
-    (a masked cell would look like a value near zero). `limit`: the colour range +-limit (shared
-    by compared runs; correlations use 1); default the largest |value| shown."""
+    (a masked cell would look like a value near zero; `q` None: no test, no dots). `limit`: the
+    colour range +-limit (shared by compared runs; correlations use 1); default the largest |value| shown."""
     sub = heads[heads["target"] == target]
     grid = sub.pivot(index="layer", columns="head", values=value)
-    significant = (sub.pivot(index="layer", columns="head", values=q) < Q_LEVEL).reindex_like(grid).fillna(False)
+    significant = (sub.pivot(index="layer", columns="head", values=q) < Q_LEVEL if q else grid * 0 > 0).reindex_like(grid).fillna(False)
     limit = limit or largest_abs(sub[value])
     fig, ax = plt.subplots(figsize=(1.2 + 0.45 * grid.shape[1], 1.0 + 0.22 * grid.shape[0]))
     sns.heatmap(grid, cmap="RdBu_r", center=0, vmin=-limit, vmax=limit, ax=ax, cbar_kws={"label": label},
                 linewidths=0.3, linecolor="#eeeeee")
     rows, columns = np.nonzero(significant.to_numpy(dtype=bool))
     ax.scatter(columns + 0.5, rows + 0.5, s=9, color="white", edgecolors="black", marker="o", linewidths=0.5)  # seen on any colour
-    ax.set_title(f"{title}\ndots: q < {Q_LEVEL} (BH)", fontsize=9)
+    ax.set_title(f"{title}\ndots: q < {Q_LEVEL} (BH)" if q else title, fontsize=9)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     fig.tight_layout()

@@ -57,7 +57,7 @@ def example_attention(pm: ProbeModel, encoded: list[Encoded], contrast: str | No
         T = len(e.ids)
         shape, packed = pack_weights(weights[b, :, :, :T, :T])
         examples.append({
-            "prompt_id": e.prompt.prompt_id, "text": e.prompt.text, "label": str(e.prompt.meta.get(f"{contrast}_label", "")),
+            "prompt_id": e.prompt.prompt_id, "item_id": e.prompt.item_id, "text": e.prompt.text, "label": str(e.prompt.meta.get(f"{contrast}_label", "")),
             "tokens": [pm.tokenizer.decode([i]) for i in e.ids], "spans": e.spans,
             "shape": shape, "weights_u16_base64": packed,
         })
