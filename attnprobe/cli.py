@@ -256,9 +256,15 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
         started = time.perf_counter()
         if not quiet:
             click.echo("statistics and report ...", err=True)
-        path = write_report(result.directory)
+        path = write_report(result.directory, progress=False if quiet else progress)
         click.echo(f"report ({time.perf_counter() - started:.1f} s): {path}")
         click.echo(headline(result, load_tables(result)))
+
+
+def _phases() -> bool | None:
+    """Progress of the statistics and report phases: off with -q, else a bar on a terminal and
+    log lines elsewhere."""
+    return False if click.get_current_context().obj.get("quiet") else None
 
 
 @main.command()
@@ -268,7 +274,7 @@ def report(run_dirs, out):
     """Write statistics (CSV), figures and report.html for one run, or several side by side."""
     from .report import write_report
 
-    click.echo(f"report: {write_report(list(run_dirs), out)}")
+    click.echo(f"report: {write_report(list(run_dirs), out, progress=_phases())}")
 
 
 @main.command()
@@ -284,4 +290,4 @@ def merge(out, shard_dirs, with_report):
     if with_report:
         from .report import write_report
 
-        click.echo(f"report: {write_report(result.directory)}")
+        click.echo(f"report: {write_report(result.directory, progress=_phases())}")

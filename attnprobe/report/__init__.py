@@ -17,6 +17,7 @@ import jinja2
 import pandas as pd
 
 from .. import stats
+from ..progress import Progress
 from ..run.reader import RunFiles
 from ..run.storage import ARTEFACTS, HEAD_EFFECT_TABLES, STATS_TABLES, TABLES_KEY, atomic_write, digest, write_table
 from ..tables import read_table
@@ -27,16 +28,17 @@ from .context import difference_context, headline, run_context, run_labels
 __all__ = ["headline", "load_tables", "write_report"]
 
 
-def load_tables(run: RunFiles, refresh: bool = False, write: bool = True) -> dict[str, pd.DataFrame]:
+def load_tables(run: RunFiles, refresh: bool = False, write: bool = True, progress: bool | None = False) -> dict[str, pd.DataFrame]:
     """The statistics tables of a run, computed once and cached as CSV in the run directory (with
-    `write=False`, computed in memory when the cache is missing or stale, and nothing written)."""
+    `write=False`, computed in memory when the cache is missing or stale, and nothing written).
+    `progress`: None shows the statistics phase (a bar, or log lines off a terminal)."""
     run.require_complete()
     names = STATS_TABLES + (HEAD_EFFECT_TABLES if run.has_head_effects else ())
     stamp = {"stats": stats.TABLES_VERSION, "analysis": run.manifest.get("analysis"),
              "attention": _signature(run.directory / "attention.parquet")}
     if not refresh and _cache_is_valid(run.directory, names, json.loads(json.dumps(stamp))):
         return {name: read_table(run.directory, name) for name in names}
-    tables = stats.analyse(run)
+    tables = stats.analyse(run, progress=progress)
     if write:
         for name, table in tables.items():
             write_table(run.directory, name, table)
@@ -72,14 +74,19 @@ def _table_links(directory: Path, names: list[str], page_dir: Path) -> list[dict
     return [{"name": name, "href": os.path.relpath(directory / name, page_dir)} for name in found]
 
 
-def write_report(run_dirs, out: str | Path | None = None) -> Path:
-    """Write report.html for one run (into its directory) or a side-by-side report of several."""
+def write_report(run_dirs, out: str | Path | None = None, progress: bool | None = False) -> Path:
+    """Write report.html for one run (into its directory) or a side-by-side report of several.
+    `progress`: None shows the statistics and report phases (bars, or log lines off a terminal)."""
     run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
     runs = [RunFiles(d) for d in run_dirs]
-    tables = [load_tables(run) for run in runs]
+    tables = [load_tables(run, progress=progress) for run in runs]
+    bar = Progress(len(runs) + 1, enabled=progress, unit="part", desc="report")
     heads = [t["head_stats"][t["head_stats"]["scope"] == "all"] for t in tables if len(t["head_stats"])]
     limits = {"d_z": plots.largest_abs(pd.concat([h["d_z"] for h in heads]))} if heads else {}  # one scale for all runs
-    contexts = [run_context(run, t, limits) for run, t in zip(runs, tables)]
+    contexts = []
+    for run, table in zip(runs, tables):
+        contexts.append(run_context(run, table, limits))
+        bar.step(f"figures of {run.directory}")
     path = Path(out) if out else (runs[0].directory / "report.html" if len(runs) == 1 else Path("reports") / "compare.html")
     for context, run, table, label in zip(contexts, runs, tables, run_labels(contexts)):
         context["files"] = _table_links(run.directory, [name for name, t in table.items() if len(t)], path.parent)
@@ -96,4 +103,6 @@ def write_report(run_dirs, out: str | Path | None = None) -> Path:
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda p: p.write_text(html, encoding="utf-8"))
+    bar.step(f"written {path}")
+    bar.close()
     return path

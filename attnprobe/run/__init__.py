@@ -24,7 +24,8 @@ from ..models import DEFAULT_MODEL, ProbeModel, load_model, load_tokenizer
 from ..suite import Suite, load_suite
 from ..version import __version__
 from . import storage
-from .execute import Progress, deferred_interrupt, ignored_interrupts, example_attention, measure_batch
+from ..progress import Progress
+from .execute import deferred_interrupt, ignored_interrupts, example_attention, measure_batch
 from .plan import encode_prompts, fingerprint, plan_batches, plan_chunks, plan_sha256, select_prompts, sink_notes
 
 SEED = 0  # nothing in a run is random; recorded so statistics that resample can say what they used

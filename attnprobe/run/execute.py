@@ -1,14 +1,11 @@
 """Executing a plan: the per-batch kernel (one forward, every measure read from it), the example
-prompts for the attention view, progress, and the deferred Ctrl-C. Returns data; writes nothing.
+prompts for the attention view, and the deferred Ctrl-C. Returns data; writes nothing.
 """
 
 from __future__ import annotations
 
 import base64
-import os
 import signal
-import sys
-import time
 from contextlib import contextmanager
 
 import torch
@@ -98,34 +95,3 @@ def ignored_interrupts():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-class Progress:
-    """Progress of one phase: a tqdm bar on a terminal; off one (a notebook's stderr, nohup, SLURM,
-    CI) one log line per finished chunk with the count, the time and an estimate of what is left;
-    nothing with progress=False."""
-
-    def __init__(self, total: int, initial: int, enabled: bool | None, log, unit: str = "prompt", desc: str = "attnprobe run"):
-        from tqdm import tqdm
-
-        terminal = sys.stderr.isatty() and not os.environ.get("CI")
-        self.bar = tqdm(total=total, initial=initial, disable=not (terminal if enabled is None else enabled), unit=unit,
-                        desc=desc, dynamic_ncols=True, smoothing=0.1)
-        self.lines = enabled is None and not terminal
-        self.log, self.total, self.done, self.first, self.unit, self.desc = log, total, initial, initial, unit, desc
-        self.started = time.perf_counter()
-
-    def update(self, n: int) -> None:
-        self.bar.update(n)
-        self.done += n
-
-    def chunk_done(self, k: int, n_chunks: int) -> None:
-        if not self.lines:
-            return
-        seconds = time.perf_counter() - self.started
-        rate = (self.done - self.first) / seconds if seconds > 0 else 0.0
-        left = f", about {(self.total - self.done) / rate:.0f} s left" if rate > 0 and self.done < self.total else ""
-        self.log(f"{self.desc}: chunk {k + 1} of {n_chunks} done, {self.done} of {self.total} {self.unit}s, {seconds:.0f} s{left}")
-
-    def close(self) -> None:
-        self.bar.close()
