@@ -27,12 +27,22 @@ _NOTE = """<div id="{root}-offline" style="display:none;color:#a00;font:13px san
 }}, {wait_ms});</script>"""
 
 
-def _inputs(model, text: str):
-    """(per-layer attention (1, H, T, T), tokens) of one text."""
-    pm = model_of(model)
+def _inputs(model, text):
+    """(per-layer attention (1, H, T, T), tokens) of one text. `model`: a ProbeModel, a spec, or a
+    run (its model; `text` may then be a prompt id of the run)."""
+    from .run.reader import RunFiles
+
+    if isinstance(model, RunFiles):
+        run, model = model, model.manifest["model"]["spec"]
+        if isinstance(text, int):
+            by_id = run.prompts.set_index("prompt_id")["text"]
+            if text not in by_id.index:
+                raise AttnprobeError(f"run {run.directory} has no prompt {text}; its prompt ids are in run.prompts.prompt_id")
+            text = by_id[text]
     if not isinstance(text, str):
         raise AttnprobeError("bertviz shows one text at a time (it has no batch view); pass a single string, "
-                             "e.g. run.prompts.text[0]")
+                             "e.g. run.prompts.text[0], or with a run a prompt id")
+    pm = model_of(model)
     enc = pm.tokenizer(text, return_tensors="pt")
     n_tokens = enc["input_ids"].shape[1]
     if n_tokens > MAX_TOKENS:
@@ -58,10 +68,10 @@ def _with_note(html, html_action: str, wait_ms: int):
     return None
 
 
-def head_view(model, text: str, layer: int | None = None, heads: list[int] | None = None,
+def head_view(model, text: str | int, layer: int | None = None, heads: list[int] | None = None,
               include_layers: list[int] | None = None, html_action: str = "view", wait_ms: int = 4000):
     """bertviz's head view of one text: the heads of one layer overlaid, toggled by clicking.
-    `model`: a ProbeModel or a model spec; `layer`, `heads`, `include_layers`: bertviz's options
+    `model`: a ProbeModel, a model spec, or a run (then `text` may be one of its prompt ids); `layer`, `heads`, `include_layers`: bertviz's options
     (which layer and heads to show first, which layers to offer)."""
     from bertviz import head_view as bertviz_head_view
 
@@ -70,7 +80,7 @@ def head_view(model, text: str, layer: int | None = None, heads: list[int] | Non
     return _with_note(html, html_action, wait_ms)
 
 
-def model_view(model, text: str, include_layers: list[int] | None = None, include_heads: list[int] | None = None,
+def model_view(model, text: str | int, include_layers: list[int] | None = None, include_heads: list[int] | None = None,
                display_mode: str = "light", html_action: str = "view", wait_ms: int = 4000):
     """bertviz's model view of one text: a layers x heads grid of thumbnails, one per head."""
     from bertviz import model_view as bertviz_model_view

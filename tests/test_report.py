@@ -129,6 +129,11 @@ def test_notebook_api(reported, smollm):
     assert '" nurse"' in html.data or "nurse" in html.data
     with pytest.raises(attnprobe.AttnprobeError, match="one text at a time"):
         attnprobe.head_view(smollm, ["a", "b"])
+    first = run.prompts.iloc[0]  # a run's prompt by id, on the run's own model
+    page = attnprobe.model_view(run, int(first.prompt_id), include_layers=[0], html_action="return")
+    assert f"\" {first.text.split()[1]}\"" in page.data  # its occupation, a token of the view
+    with pytest.raises(attnprobe.AttnprobeError, match="has no prompt 999999"):
+        attnprobe.head_view(run, 999999)
 
 
 def test_bertviz_views_take_options_and_say_when_offline(smollm, tmp_path):
@@ -224,7 +229,7 @@ def test_attention_view_toggles_hovers_and_compares_in_chromium(smollm, tmp_path
     path = tmp_path / "view.html"
     path.write_text(f"<html><head></head><body>{page.data}{VIEW_ACTIONS}</body></html>")
     dom, log = chromium("--dump-dom", "--virtual-time-budget=3000", url=path.as_uri())
-    assert "Uncaught" not in log, log[-1500:]
+    assert "Uncaught" not in log and "net::ERR" not in log, log[-1500:]  # nothing fetched
     r = json.loads(re.search(r'data-result="([^"]*)"', dom).group(1).replace("&quot;", '"'))
     assert r["panels"] == 3 and r["compare"] == "1"  # she beside he, and she - he
     assert r["colours"] == 1 and r["coloursToggled"] == 2 and r["linesToggled"] > r["lines"]  # a second head, its own colour
