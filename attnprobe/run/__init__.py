@@ -115,11 +115,15 @@ def run_suite(
         raise RunError(f"cannot create output directory {directory}: {exc.strerror}; choose another with --out") from None
     with storage.exclusive(directory):
         previous = storage.prepare_directory(directory, expected, resume, suite.name, log) or {}
-        if not isinstance(model, ProbeModel):
-            log(f"loading {spec} ({dtype})")
-        pm = model if isinstance(model, ProbeModel) else load_model(
-            spec, dtype=dtype, device=device, device_map=device_map, trust_remote_code=trust_remote_code,
-            allow_pickle=allow_pickle)
+        with Progress(2, enabled=progress if not isinstance(model, ProbeModel) else False, log=log, unit="step", desc="loading") as bar:
+            if not isinstance(model, ProbeModel):
+                log(f"loading {spec} ({dtype})")
+            pm = model if isinstance(model, ProbeModel) else load_model(
+                spec, dtype=dtype, device=device, device_map=device_map, trust_remote_code=trust_remote_code,
+                allow_pickle=allow_pickle)
+            bar.step("model loaded")
+            weights_sha = storage.weights_sha(pm)
+            bar.step("weights hashed")
         manifest = {
             "fingerprint": expected,
             "status": "running",
@@ -127,7 +131,7 @@ def run_suite(
             "suite": {"name": suite.name, "path": suite.path, "sha256": suite.sha256, "description": suite.description,
                       "contrast": suite.contrast, "templates": {t.id: t.text for t in suite.templates}},
             "analysis": suite.analysis.to_dict(),
-            "model": {"spec": spec, "name": name, "family": pm.info.family, "weights_sha256": storage.weights_sha(pm),
+            "model": {"spec": spec, "name": name, "family": pm.info.family, "weights_sha256": weights_sha,
                       "n_layers": pm.info.n_layers, "n_heads": pm.info.n_heads, "n_kv_heads": pm.info.n_kv_heads},
             "dtype": str(pm.dtype).removeprefix("torch."),
             "seed": SEED,
