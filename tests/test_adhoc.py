@@ -58,7 +58,7 @@ def test_quiet_run_prints_only_results(tiny_llama_dir, tmp_path):
     quiet = CliRunner().invoke(main, ["-q", *args, "--no-report", "--out", str(tmp_path / "b")])
     assert loud.exit_code == quiet.exit_code == 0, quiet.output
     for phase in (f"loading {tiny_llama_dir} (float32)", "loading: weights hashed (2 of 2 steps", "attnprobe run: chunk 1 of 1 done, 2 of 2 prompts", "note: ",
-                  "statistics and report ...", "statistics: head_stats (1 of 7 tables", "statistics: referent_choice_accuracy (7 of 7",
+                  "statistics and report ...", "statistics: head_stats (1 of 6 tables", "statistics: referent_choice_accuracy (6 of 6",
                   "report: figures of ", "report: written ", "report ("):
         assert phase in loud.output, (phase, loud.output)
     assert "note: " not in quiet.output and "loading" not in quiet.output  # the sink note on a target at token 0

@@ -38,7 +38,8 @@ def load_tables(run: RunFiles, refresh: bool = False, write: bool = True, progre
              "attention": _signature(run.directory / "attention.parquet")}
     if not refresh and _cache_is_valid(run.directory, names, json.loads(json.dumps(stamp))):
         return {name: read_table(run.directory, name) for name in names}
-    tables = stats.analyse(run, progress=progress)
+    with Progress(stats.table_steps(run), enabled=progress, unit="table", desc="statistics") as bar:
+        tables = stats.analyse(run, step=bar.step)
     if write:
         for name, table in tables.items():
             write_table(run.directory, name, table)

@@ -24,24 +24,26 @@ __all__ = ["TABLES_VERSION", "ALPHA", "N_BOOT", "N_PERM", "analyse", "behavior",
            "referent_accuracy", "referent_choice", "run_analysis", "slope_permutation_test", "split_halves"]
 
 
-def analyse(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0, progress: bool | None = False) -> dict[str, pd.DataFrame]:
-    """Every table the report needs, keyed by the CSV name it is written as. `progress`: as for
-    a run (None: a bar on a terminal or in a notebook, a log line per table elsewhere)."""
-    from ..progress import Progress
-
-    with Progress(7 + run.has_head_effects, enabled=progress, unit="table", desc="statistics") as bar:
-        heads = head_stats(run, n_boot=n_boot, n_perm=n_perm, seed=seed)
-        bar.step("head_stats")
-        tables = {"head_stats": heads, "layer_stats": layer_stats(heads)}
-        bar.step("layer_stats")
-        tables["behavior"], tables["behavior_by_unit"] = behavior(run, n_boot=n_boot, n_perm=n_perm, seed=seed)
-        bar.update(1)
-        bar.step("behavior and behavior_by_unit")
-        for name, compute in (("condition_means", condition_means), ("referent_accuracy", referent_accuracy),
-                              ("referent_choice_accuracy", referent_choice)):
-            tables[name] = compute(run)
-            bar.step(name)
-        if run.has_head_effects:
-            tables.update(head_effects(run, heads))
-            bar.step("head_effects")
+def analyse(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0, step=None) -> dict[str, pd.DataFrame]:
+    """Every table the report needs, keyed by the CSV name it is written as. `step(name)`, when
+    given, is called as each table is done (the caller's progress; `table_steps` counts the calls)."""
+    step = step or (lambda name: None)
+    heads = head_stats(run, n_boot=n_boot, n_perm=n_perm, seed=seed)
+    step("head_stats")
+    tables = {"head_stats": heads, "layer_stats": layer_stats(heads)}
+    step("layer_stats")
+    tables["behavior"], tables["behavior_by_unit"] = behavior(run, n_boot=n_boot, n_perm=n_perm, seed=seed)
+    step("behavior and behavior_by_unit")
+    for name, compute in (("condition_means", condition_means), ("referent_accuracy", referent_accuracy),
+                          ("referent_choice_accuracy", referent_choice)):
+        tables[name] = compute(run)
+        step(name)
+    if run.has_head_effects:
+        tables.update(head_effects(run, heads))
+        step("head_effects")
     return tables
+
+
+def table_steps(run) -> int:
+    """How many times `analyse` calls `step` for this run."""
+    return 6 + bool(run.has_head_effects)
