@@ -189,6 +189,8 @@ def load_model(
         kwargs["device_map"] = device_map
     if not allow_pickle:
         kwargs["use_safetensors"] = True
+    if torch_dtype == torch.float64:
+        kwargs["experts_implementation"] = "eager"  # mixture-of-experts' grouped-matmul kernel has no float64
     offline = local or _hub_offline()
     try:
         tokenizer = _load_tokenizer(source, offline, trust_remote_code)

@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from . import rope
+
 # --------------------------------------------------------------------------------------------
 # 1. Softmax over keys, with masks
 # --------------------------------------------------------------------------------------------
@@ -65,6 +67,15 @@ def local_mask(T: int, S: int | None = None, window: int = 1, device=None) -> to
     i = torch.arange(T, device=device)[:, None] + (S - T)
     j = torch.arange(S, device=device)[None, :]
     return (i - j).abs() <= window
+
+
+def chunk_mask(T: int, S: int | None = None, chunk: int = 1, device=None) -> torch.Tensor:
+    """(T, S): query i sees key j only within the same block of `chunk` positions (Llama 4's
+    chunked attention). Combine with `causal_mask`."""
+    S = T if S is None else S
+    i = torch.arange(T, device=device)[:, None] + (S - T)
+    j = torch.arange(S, device=device)[None, :]
+    return (i // chunk) == (j // chunk)
 
 
 def padding_mask(lengths: torch.Tensor, S: int) -> torch.Tensor:
@@ -193,56 +204,20 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 def rope_inverse_frequencies(rotary_dim: int, base: float, scheme: str = "default", **params) -> torch.Tensor:
-    """(rotary_dim / 2,) angular speed of each rotated pair: theta_k = base^(-2k / rotary_dim).
-
-    Schemes that stretch the context:
-      linear: every speed divided by `factor` (positions interpolated);
-      llama3: slow pairs (wavelength > original_max_position_embeddings / low_freq_factor) divided
-              by `factor`, fast pairs (wavelength < .../high_freq_factor) kept, and a linear blend
-              between the two in wavelength-ratio space.
-    Computed in float32, as the models do.
-    """
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
-    if scheme == "default":
-        return inv_freq
-    if scheme == "linear":
-        return inv_freq / params["factor"]
-    if scheme == "llama3":
-        factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
-        context = params["original_max_position_embeddings"]
-        wavelength = 2 * math.pi / inv_freq
-        slow = wavelength > context / low
-        fast = wavelength < context / high
-        blend = (context / wavelength - low) / (high - low)  # 0 at the slow edge, 1 at the fast edge
-        mixed = (1 - blend) * inv_freq / factor + blend * inv_freq
-        return torch.where(slow, inv_freq / factor, torch.where(fast, inv_freq, mixed))
-    raise NotImplementedError(f"rope scheme '{scheme}'")
+    """(rotary_dim / 2,) angular speed of each rotated pair, theta_k = base^(-2k / rotary_dim), under
+    a context-stretching scheme (linear, dynamic, yarn, llama3, longrope: see rope.py)."""
+    params = {**params, "rope_theta": base, "rope_type": scheme}
+    return rope.frequencies(params, rotary_dim, params.get("max_position_embeddings", 0), seq_len=0)[0]
 
 
 def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """(..., T, rotary_dim / 2) angle of each pair: position x speed, in float32 as the models do."""
-    return positions.float()[..., None] * inv_freq.float()
+    return rope.angles(positions, inv_freq)
 
 
-def apply_rotary(x: torch.Tensor, angles: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
-    """Rotate pairs of features of x (..., T, D) by `angles` (..., T, R/2); features past R pass through.
-
-    A pair (a, b) becomes (a cos t - b sin t, a sin t + b cos t). Pairs are (k, k + R/2) in the
-    "half" layout of Llama/NeoX checkpoints, or (2k, 2k + 1) when `interleaved` (GPT-J).
-    """
-    R = 2 * angles.shape[-1]
-    rot, rest = x[..., :R], x[..., R:]
-    cos = angles.cos().to(x.dtype)  # cos/sin in float32 first, then the model dtype, as the models do
-    sin = angles.sin().to(x.dtype)
-    if interleaved:
-        a, b = rot[..., 0::2], rot[..., 1::2]  # (..., T, R/2) each
-        turned = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
-    else:
-        a, b = rot[..., : R // 2], rot[..., R // 2 :]
-        # Written as the models write it (x cos + rotate_half(x) sin over the duplicated angles) so
-        # float rounding matches: the first half gets a cos - b sin, the second b cos + a sin.
-        turned = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
-    return torch.cat([turned, rest], dim=-1)
+def apply_rotary(x: torch.Tensor, angles: torch.Tensor, interleaved: bool = False, attention_factor: float = 1.0) -> torch.Tensor:
+    """Rotate pairs of features of x (..., T, D) by `angles` (..., T, R/2); see rope.rotate."""
+    return rope.rotate(x, angles, interleaved, attention_factor)
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -257,6 +232,16 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     if closest < n_heads:
         slopes += powers(2 * closest)[0::2][: n_heads - closest]
     return torch.tensor(slopes)
+
+
+def mpt_alibi_slopes(n_heads: int, max_bias: float = 8.0) -> torch.Tensor:
+    """(H,) MPT's ALiBi slopes: with P the power of two at or above H, 2^(-max_bias m / P) for
+    m = 1..P; when P > H, the odd-numbered slopes come first, then the even ones, and the first H are kept."""
+    P = 2 ** math.ceil(math.log2(n_heads))
+    slopes = 1.0 / torch.pow(2, torch.arange(1, P + 1, dtype=torch.int64).float() * (max_bias / P))
+    if P != n_heads:
+        slopes = torch.cat([slopes[1::2], slopes[::2]])[:n_heads]
+    return slopes
 
 
 def alibi_bias(slopes: torch.Tensor, T: int, S: int | None = None) -> torch.Tensor:

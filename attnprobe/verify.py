@@ -13,14 +13,16 @@ so a bug in either shows. Padding is on the right; only real query rows are comp
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import copy
+import inspect
 
 import pandas as pd
 import torch
 
 from . import reference as ref
 from .capture import ATTN_IMPLEMENTATION, encode, run_with_capture
+from .declared import check_parts, generic
+from .eager_recipes import RECIPES
 from .errors import UnsupportedFamily
 from .models import ProbeModel, load_model
 
@@ -44,137 +46,35 @@ TOLERANCES = {
 }
 
 
-@dataclass
-class Projected:
-    """What one layer's recipe produces before attention: heads, positions and quirks applied."""
-
-    q: torch.Tensor  # (B, H, T, D) after QK-norm and rotary
-    k: torch.Tensor  # (B, Hkv, T, D) after QK-norm and rotary
-    v: torch.Tensor  # (B, Hkv, T, D)
-    scale: float
-    window: int | None  # transformers' sliding_window (query sees itself and window - 1 earlier keys)
-    softcap: float | None
-    out: Callable[[torch.Tensor], torch.Tensor]  # (B, T, H D) -> (B, T, E)
-
-
-def _linear(x, layer) -> torch.Tensor:
-    """x W^T + b of an nn.Linear, written out."""
-    y = x @ layer.weight.T
-    return y if layer.bias is None else y + layer.bias
-
-
-def _conv1d(x, layer) -> torch.Tensor:
-    """GPT-2's Conv1D stores W transposed: x W + b."""
-    return x @ layer.weight + layer.bias
-
-
-def _rope(config, layer: int, head_dim: int, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    params = dict(config.rope_parameters)
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types and layer_types[layer] in params:  # per-layer-type rotary (Gemma 3: local vs global)
-        params = dict(params[layer_types[layer]])
-    rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
-    scheme = params.get("rope_type", "default")
-    if scheme not in ("default", "linear", "llama3"):
-        raise UnsupportedFamily(f"rope scheme '{scheme}' has no from-scratch recomputation yet")
-    inv_freq = ref.rope_inverse_frequencies(rotary_dim, params["rope_theta"], scheme, **params)
-    angles = ref.rope_angles(positions, inv_freq)[:, None]  # (B, 1, T, rotary_dim / 2), shared by heads
-    return ref.apply_rotary(x, angles)
-
-
-def _window(config, layer: int) -> int | None:
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        return config.sliding_window if layer_types[layer] == "sliding_attention" else None
-    if config.model_type == "mistral":
-        return config.sliding_window
-    return None
-
-
-def _llama_like(module, x, layer, config, positions) -> Projected:
-    """Llama, Mistral, Qwen2/3, Gemma 2/3, Phi: separate q/k/v projections, optional QK-norm, RoPE."""
-    H, Hkv = config.num_attention_heads, config.num_key_value_heads
-    D = getattr(config, "head_dim", None) or config.hidden_size // H
-    q = ref.split_heads(_linear(x, module.q_proj), H)  # (B, H, T, D)
-    k = ref.split_heads(_linear(x, module.k_proj), Hkv)  # (B, Hkv, T, D)
-    v = ref.split_heads(_linear(x, module.v_proj), Hkv)
-    family = config.model_type
-    if family == "qwen3":
-        q = ref.rms_norm(q, module.q_norm.weight, config.rms_norm_eps)
-        k = ref.rms_norm(k, module.k_norm.weight, config.rms_norm_eps)
-    elif family in ("gemma3", "gemma3_text"):
-        q = ref.rms_norm(q, module.q_norm.weight, config.rms_norm_eps, offset=1.0)
-        k = ref.rms_norm(k, module.k_norm.weight, config.rms_norm_eps, offset=1.0)
-    elif family == "phi" and config.qk_layernorm:
-        q = ref.layer_norm(q, module.q_layernorm.weight, module.q_layernorm.bias, config.layer_norm_eps)
-        k = ref.layer_norm(k, module.k_layernorm.weight, module.k_layernorm.bias, config.layer_norm_eps)
-    q, k = _rope(config, layer, D, positions, q), _rope(config, layer, D, positions, k)
-    gemma = family in ("gemma2", "gemma3", "gemma3_text")
-    out_proj = module.dense if family == "phi" else module.o_proj
-    return Projected(
-        q, k, v,
-        scale=(config.query_pre_attn_scalar if gemma else D) ** -0.5,
-        window=_window(config, layer),
-        softcap=getattr(config, "attn_logit_softcapping", None) if gemma else None,
-        out=lambda context: _linear(context, out_proj),
-    )
-
-
-def _gpt2(module, x, layer, config, positions) -> Projected:
-    """GPT-2: one Conv1D for q, k, v; learned absolute positions are already in x."""
-    H, E = config.num_attention_heads, config.hidden_size
-    q, k, v = _conv1d(x, module.c_attn).split(E, dim=-1)  # (B, T, E) each
-    scale = (E // H) ** -0.5 if config.scale_attn_weights else 1.0
-    if config.scale_attn_by_inverse_layer_idx:
-        scale /= layer + 1
-    return Projected(ref.split_heads(q, H), ref.split_heads(k, H), ref.split_heads(v, H), scale, None, None,
-                     out=lambda context: _conv1d(context, module.c_proj))
-
-
-def _gpt_neox(module, x, layer, config, positions) -> Projected:
-    """GPT-NeoX: one projection laid out per head as [q | k | v]; partial rotary."""
-    H = config.num_attention_heads
-    D = config.hidden_size // H
-    B, T, _ = x.shape
-    qkv = _linear(x, module.query_key_value).view(B, T, H, 3 * D).transpose(1, 2)  # (B, H, T, 3D)
-    q, k, v = qkv.split(D, dim=-1)  # (B, H, T, D) each
-    q, k = _rope(config, layer, D, positions, q), _rope(config, layer, D, positions, k)
-    return Projected(q, k, v, D**-0.5, None, None, out=lambda context: _linear(context, module.dense))
-
-
-def _opt(module, x, layer, config, positions) -> Projected:
-    """OPT: biased q/k/v projections, learned absolute positions already in x."""
-    H = config.num_attention_heads
-    D = config.hidden_size // H
-    q, k, v = (ref.split_heads(_linear(x, p), H) for p in (module.q_proj, module.k_proj, module.v_proj))
-    return Projected(q, k, v, D**-0.5, None, None, out=lambda context: _linear(context, module.out_proj))
-
-
-RECIPES: dict[str, Callable[..., Projected]] = {
-    "gpt2": _gpt2,
-    "gpt_neox": _gpt_neox,
-    "opt": _opt,
-    **{family: _llama_like for family in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma3_text", "phi")},
-}
-
-
-def recompute_layer(module, x, layer, config, lengths) -> tuple[torch.Tensor, torch.Tensor]:
-    """From-scratch (weights (B, H, T, T), output (B, T, E)) of one attention layer."""
+def recompute_layer(module, x, layer, config, lengths, rotary: bool = True) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """From-scratch (weights (B, H, T, T), output (B, T, E), max |score|) of one attention layer.
+    `rotary`: the model has a rotary embedding (else positions are already in x)."""
     B, T, _ = x.shape
     positions = torch.arange(T, device=x.device).expand(B, T)  # right padding: real tokens at 0..L-1
-    p = RECIPES[config.model_type](module, x, layer, config, positions)
+    recipe = RECIPES.get(config.model_type)
+    p = recipe(module, x, layer, config, positions) if recipe else generic(module, x, layer, config, positions, rotary)
     keep = ref.causal_mask(T, device=x.device) & ref.padding_mask(lengths.to(x.device), T)  # (B, 1, T, T)
     if p.window is not None:
         keep = keep & ref.local_mask(T, window=p.window - 1, device=x.device)
+    if p.chunk is not None:
+        keep = keep & ref.chunk_mask(T, chunk=p.chunk, device=x.device)
+    mask = keep if p.bias is None else torch.where(keep, p.bias.to(p.q.dtype), float("-inf"))  # ALiBi: additive
     context, weights = ref.scaled_dot_product_attention(
-        p.q, p.k, p.v, attn_mask=keep, scale=p.scale, enable_gqa=True, softcap=p.softcap
+        p.q, p.k, p.v, attn_mask=mask, scale=p.scale, enable_gqa=True, softcap=p.softcap, sinks=p.sinks
     )  # (B, H, T, D), (B, H, T, T)
-    return weights, p.out(ref.merge_heads(context))
+    group = p.q.shape[1] // p.k.shape[1]
+    scores = (p.q @ p.k.repeat_interleave(group, dim=1).transpose(-2, -1)) * p.scale
+    return weights, p.out(ref.merge_heads(context)), scores.abs().max().item()
 
 
 def _attention_modules(model) -> list[torch.nn.Module]:
-    found = [m for m in model.modules() if type(m).__name__.endswith("Attention") and hasattr(m, "layer_idx")]
-    return sorted(found, key=lambda m: m.layer_idx)
+    """Each layer's attention module (the innermost, when one wraps another, as GPT-Neo's)."""
+    def index(m):
+        return getattr(m, "layer_idx", getattr(m, "layer_id", None))
+
+    found = [m for m in model.modules() if type(m).__name__.endswith("Attention") and isinstance(index(m), int)]
+    inner = [m for m in found if not any(other is not m and other in set(m.modules()) for other in found)]
+    return sorted(inner, key=index)
 
 
 def _run_recorded(model, modules, run) -> tuple[list, list, object]:
@@ -183,7 +83,7 @@ def _run_recorded(model, modules, run) -> tuple[list, list, object]:
 
     def pre_hook(i):
         def hook(module, args, kwargs):
-            inputs[i] = args[0] if args else kwargs["hidden_states"]
+            inputs[i] = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments  # by name
         return hook
 
     def post_hook(i):
@@ -214,42 +114,68 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor, lengths: torch.Tensor, relative:
     return worst
 
 
+def low_precision_tolerances(dtype: torch.dtype, max_score: float) -> tuple[float, float]:
+    """(weights, relative output) tolerances of a bfloat16 or float16 model against a float32
+    reference of the same layer inputs. With u the format's unit roundoff (eps / 2), q and k each
+    carry about 4u relative error (projection, norm and rotary each round once), so a score s moves
+    by up to ~8u|s|; a softmax moves no weight by more than the largest score change, hence
+    weights: 8u x max|s| (at least 8u). The output rounds the weights, the values and two
+    products once more: 16u relative."""
+    u = torch.finfo(dtype).eps / 2
+    return 8 * u * max(1.0, max_score), 16 * u
+
+
+def _reference_module(module, dtype: torch.dtype):
+    """The layer itself, or for a low-precision model a float32 copy (the reference is float32)."""
+    return module if dtype in TOLERANCES else copy.deepcopy(module).float()
+
+
 def verify(model: ProbeModel | str, texts: list[str] | None = None) -> pd.DataFrame:
     """One row per layer: max |d weights| and |d output| of both paths against the reference.
-    `model` is a loaded ProbeModel or a model spec (loaded in float32)."""
+    `model` is a loaded ProbeModel or a model spec (loaded in float32). Families whose attention
+    bypasses the interface are verified on their eager weights (both columns read them)."""
     model = load_model(model) if isinstance(model, str) else model
     hf = model.model
     config = hf.config.get_text_config()
     family = config.model_type
-    if family not in RECIPES or not getattr(hf, "_supports_attention_backend", False):
-        raise UnsupportedFamily(
-            f"model family '{family}' has no from-scratch recomputation in attnprobe verify "
-            f"(supported: {', '.join(sorted(set(RECIPES)))})"
-        )
+    interface = bool(getattr(hf, "_supports_attention_backend", False))
+    modules = _attention_modules(hf)
+    if not modules:
+        raise UnsupportedFamily(f"model family '{family}' has no attention module attnprobe can hook (none with a layer index)")
+    if family not in RECIPES:
+        check_parts(modules[0], family)
+    rotary = any(name.endswith("rotary_emb") for name, _ in hf.named_modules())
     enc = encode(model.tokenizer, texts or DEFAULT_TEXTS)
     ids, mask = enc["input_ids"].to(model.device), enc["attention_mask"].to(model.device)
     lengths = mask.sum(1).cpu()
-    modules = _attention_modules(hf)
     dtype = model.dtype
-    tolerances = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+    low = dtype not in TOLERANCES
     previous = hf.config._attn_implementation
     rows = {layer: {"family": family, "layer": layer, "model_dtype": str(dtype).removeprefix("torch."),
-                    "n_texts": len(lengths)} for layer in range(len(modules))}
+                    "reference_dtype": "float32" if low else str(dtype).removeprefix("torch."),
+                    "n_texts": len(lengths), "max_tokens": int(lengths.max())} for layer in range(len(modules))}
     try:
         for path in ("eager", "capture"):
-            hf.set_attn_implementation("eager" if path == "eager" else ATTN_IMPLEMENTATION)
+            hf.set_attn_implementation(ATTN_IMPLEMENTATION if path == "capture" and interface else "eager")
             if path == "eager":
                 run = lambda: hf(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False).attentions
             else:
                 run = lambda: run_with_capture(hf, ids, mask).weights
             inputs, outputs, got_weights = _run_recorded(hf, modules, run)
-            tol_w, tol_o = tolerances[path]
             for layer, module in enumerate(modules):
+                x = inputs[layer].get("hidden_states", next(iter(inputs[layer].values())))
                 with torch.no_grad():
-                    weights, output = recompute_layer(module, inputs[layer], layer, config, lengths)
+                    weights, output, max_score = recompute_layer(_reference_module(module, dtype), x.float() if low else x, layer,
+                                                                 config, lengths, rotary)
+                if inputs[layer].get("residual") is not None:  # a module given the residual adds it itself (Bloom)
+                    output = output + inputs[layer]["residual"].to(output.dtype)
                 row = rows[layer]
                 row[f"max_dweights_{path}"] = _max_diff(got_weights[layer].to(weights.dtype), weights, lengths, False)
-                row[f"max_doutput_{path}"] = _max_diff(outputs[layer], output, lengths, relative=True)
+                row[f"max_doutput_{path}"] = _max_diff(outputs[layer].to(output.dtype), output, lengths, relative=True)
+                if low:
+                    tol_w, tol_o = low_precision_tolerances(dtype, max_score)
+                else:
+                    tol_w, tol_o = TOLERANCES[dtype]["capture" if path == "capture" and interface else "eager"]
                 row[f"tol_weights_{path}"], row[f"tol_output_{path}"] = tol_w, tol_o
     finally:
         hf.set_attn_implementation(previous)

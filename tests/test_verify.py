@@ -14,7 +14,7 @@ import attnprobe
 from attnprobe import reference as ref
 from attnprobe.cli import main
 from attnprobe.models import from_pretrained_objects
-from attnprobe.verify import RECIPES, UnsupportedFamily, verify
+from attnprobe.verify import UnsupportedFamily, verify
 
 from conftest import INTERFACE_FAMILIES, TINY_CONFIGS, VOCAB, build_tiny
 
@@ -50,20 +50,11 @@ def test_tiny_family_passes(family, dtype, tiny_tokenizer):
     assert table["max_dweights_eager"].max() <= 1e-5
 
 
-def test_non_interface_family_is_unsupported_not_passed(tiny_tokenizer):
-    with pytest.raises(UnsupportedFamily, match="model family 'gpt_neo' has no from-scratch recomputation"):
-        verify(from_pretrained_objects(build_tiny("gpt_neo"), tiny_tokenizer, "gpt_neo"))
-
-
 def _scale_off(monkeypatch):
-    original = RECIPES["llama"]
+    from attnprobe import declared
 
-    def wrong(*args):
-        projected = original(*args)
-        projected.scale *= math.sqrt(2)
-        return projected
-
-    monkeypatch.setitem(RECIPES, "llama", wrong)
+    original = declared.scale_of
+    monkeypatch.setattr(declared, "scale_of", lambda *args: original(*args) * math.sqrt(2))
 
 
 def _rope_backwards(monkeypatch):
