@@ -271,7 +271,8 @@ def run_with_capture(
         wanted = range(len(out.attentions)) if layers is None else layers
         weights = {}
         for layer in wanted:
-            full = out.attentions[layer].float()  # (B, H, T, S)
+            full = out.attentions[layer]  # (B, H, T, S), float32 at least (float64 models keep float64)
+            full = full if full.dtype in (torch.float32, torch.float64) else full.float()
             if rows is None:
                 weights[layer] = full
             else:

@@ -100,10 +100,12 @@ def models():
 @model_option
 @click.option("--text", "texts", multiple=True, help="A text to check (repeatable); default: built-in probe sentences.")
 @dtype_option
+@click.option("--long", "long_tokens", type=click.IntRange(min=1), help="Also check a text of about N tokens, padded "
+              "against the others: sliding windows and long-context masks act (e.g. 600 for Gemma 3's 512-token window).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the per-layer table as JSON.")
 @remote_code_option
 @pickle_option
-def verify(model_spec, texts, dtype, json_path, trust_remote_code, allow_pickle):
+def verify(model_spec, texts, dtype, long_tokens, json_path, trust_remote_code, allow_pickle):
     """Recompute every attention layer from scratch and compare with the model.
 
     Exit 0 when every layer is within tolerance, 1 when any is not, 2 when the family has no
@@ -114,7 +116,7 @@ def verify(model_spec, texts, dtype, json_path, trust_remote_code, allow_pickle)
     if json_path:  # before the work: a path that cannot be written is refused at once
         _json_directory(Path(json_path))
     table = verify_spec(model_spec, list(texts) or DEFAULT_TEXTS, dtype=dtype, trust_remote_code=trust_remote_code,
-                        allow_pickle=allow_pickle)
+                        allow_pickle=allow_pickle, long_tokens=long_tokens)
     click.echo(format_table(table))
     if json_path:
         _write_json(table, Path(json_path))

@@ -211,15 +211,18 @@ def window_of(module, config, layer: int) -> tuple[int | None, int | None]:
     return getattr(config, "sliding_window", None), None
 
 
+def clip_qkv(q, k, v, clip: float | None):
+    """OLMo's clip_qkv: projections clamped to [-clip, clip]."""
+    return (q, k, v) if not clip else (q.clamp(-clip, clip), k.clamp(-clip, clip), v.clamp(-clip, clip))
+
+
 def generic(module, x, layer, config, positions, rotary: bool) -> Projected:
     """Any family built from the usual parts (see the module docstring). `rotary`: the model has
     a rotary embedding (else positions are absolute, already in x)."""
     check_parts(module, config.model_type)
     H, Hkv, D = heads_of(module, config)
     q, k, v = _projections(module, x, H, Hkv, D)
-    clip = getattr(config, "clip_qkv", None)
-    if clip:  # OLMo: projections clamped to [-clip, clip]
-        q, k, v = q.clamp(-clip, clip), k.clamp(-clip, clip), v.clamp(-clip, clip)
+    q, k, v = clip_qkv(q, k, v, getattr(config, "clip_qkv", None))
     def norms(q, k):
         for q_name, k_name in NORMS:
             if hasattr(module, q_name):

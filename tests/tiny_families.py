@@ -34,15 +34,18 @@ def _set(config, name, value) -> None:
         pass  # a derived property, or validated against another field
 
 
-def tiny_config(name: str):
+def tiny_config(name: str, **overrides):
     """The family's default config shrunk to 2 layers of 4 heads (2 key/value heads), width 32;
-    windows and chunks of 4 tokens so that they act on short texts; mixed layer types kept mixed."""
+    windows and chunks of 4 tokens so that they act on short texts; mixed layer types kept mixed.
+    `overrides` are then set on the text config as given."""
     from transformers import CONFIG_MAPPING
 
     config = CONFIG_MAPPING[name]()
     text = config.get_text_config()
     for key, value in SIZES.items():
         _set(text, key, value)
+    for key, value in overrides.items():
+        setattr(text, key, value)
     layer_types = getattr(text, "layer_types", None)
     if isinstance(layer_types, list) and layer_types:
         distinct = list(dict.fromkeys(layer_types))
@@ -53,11 +56,11 @@ def tiny_config(name: str):
     return config
 
 
-def build(name: str, dtype=torch.float32, seed: int = 0):
+def build(name: str, dtype=torch.float32, seed: int = 0, **overrides):
     """A tiny model of the family (its text model, for multimodal families), in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    config = tiny_config(name)
+    config = tiny_config(name, **overrides)
     text = config.get_text_config()
     torch.manual_seed(seed)
     # eager attention (verify switches the interface families to attnprobe's); eager experts, as
