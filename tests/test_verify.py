@@ -10,11 +10,10 @@ import torch
 from click.testing import CliRunner
 from transformers import AutoModelForCausalLM
 
-import attnprobe
 from attnprobe import reference as ref
 from attnprobe.cli import main
 from attnprobe.models import from_pretrained_objects
-from attnprobe.verify import UnsupportedFamily, verify
+from attnprobe.verify import verify
 
 from conftest import INTERFACE_FAMILIES, TINY_CONFIGS, VOCAB, build_tiny
 
