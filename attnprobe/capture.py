@@ -89,13 +89,15 @@ def _attention_weights(query, key, mask, scaling, softcap, sinks) -> torch.Tenso
     return weights.nan_to_num(0.0)
 
 
-def rows_of_mask(mask: torch.Tensor | None, rows: torch.Tensor, B: int, S: int, causal: bool) -> torch.Tensor | None:
-    """The mask restricted to the captured rows: (B, 1 or H, R, S)."""
+def rows_of_mask(mask: torch.Tensor | None, rows: torch.Tensor, B: int, S: int, causal: bool, T: int | None = None) -> torch.Tensor | None:
+    """The mask restricted to the captured rows: (B, 1 or H, R, S). Without a mask, query row r of
+    T attends to keys up to r + S - T (the last T of S keys are the queries' own, after S - T cached)."""
     if mask is None:
         if not causal:
             return None
         keys = torch.arange(S, device=rows.device)
-        return (keys[None, None, :] <= rows[:, :, None])[:, None]  # (B, 1, R, S), causal
+        offset = 0 if T is None else S - T
+        return (keys[None, None, :] <= rows[:, :, None] + offset)[:, None]  # (B, 1, R, S), causal
     mask = mask.expand(B, -1, -1, -1)
     index = rows[:, None, :, None].expand(B, mask.shape[1], rows.shape[1], S)
     return mask.gather(2, index)
@@ -127,11 +129,11 @@ def attnprobe_attention(
             attn_mask=attention_mask,
             dropout_p=dropout,
             scale=scaling,
-            is_causal=attention_mask is None and causal and T > 1,
+            is_causal=attention_mask is None and causal and T > 1,  # transformers passes no mask only when T == 1 or T == S
         )  # (B, H, T, D)
     else:  # exact math: SDPA has no soft-capping or sinks
         all_rows = torch.arange(T, device=query.device).expand(B, T)
-        weights = attention_weights(query, key, rows_of_mask(attention_mask, all_rows, B, S, causal), scaling, softcap, s_aux)
+        weights = attention_weights(query, key, rows_of_mask(attention_mask, all_rows, B, S, causal, T), scaling, softcap, s_aux)
         output = torch.matmul(weights.to(value.dtype), expand_kv(value, H))  # (B, H, T, D)
 
     layer = getattr(module, "layer_idx", None)
@@ -143,7 +145,7 @@ def attnprobe_attention(
         rows = torch.arange(T, device=query.device).expand(B, T) if plan.rows is None else plan.rows.to(query.device)
         R = rows.shape[1]
         q_rows = query.gather(2, rows[:, None, :, None].expand(B, H, R, D))  # (B, H, R, D)
-        mask_rows = rows_of_mask(attention_mask, rows, B, S, causal)
+        mask_rows = rows_of_mask(attention_mask, rows, B, S, causal, T)
         plan.weights[layer] = attention_weights(q_rows, key, mask_rows, scaling, softcap, s_aux).detach()
 
     return output.transpose(1, 2).contiguous(), None  # (B, T, H, D)
@@ -189,7 +191,7 @@ class AttentionSite:
         """The mask of every query row: (B, 1, T, S), or None where nothing is masked."""
         B, _, T, _ = self.query.shape
         rows = torch.arange(T, device=self.query.device).expand(B, T)
-        return rows_of_mask(self.mask, rows, B, self.key.shape[2], self.causal)
+        return rows_of_mask(self.mask, rows, B, self.key.shape[2], self.causal, T)
 
     def weights(self) -> torch.Tensor:
         """The attention weights of every head and query row, recomputed: (B, H, T, S)."""
@@ -244,7 +246,7 @@ def run_with_capture(
     attention_mask: torch.Tensor | None = None,  # (B, T) 1 = token, 0 = right padding
     rows: torch.Tensor | None = None,  # (B, R) query positions to record; None: all T rows
     layers=None,  # iterable of layer indices; None: all layers
-    logit_positions: torch.Tensor | None = None,  # (P,) positions whose next-token logits to return
+    logit_positions: torch.Tensor | None = None,  # (P,) or per sequence (B, P) positions whose next-token logits to return
 ) -> Captured:
     """One forward pass that records attention weights for the requested rows and layers."""
     if not isinstance(model, torch.nn.Module):  # a ProbeModel
@@ -259,15 +261,21 @@ def run_with_capture(
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
     attention_mask = None if attention_mask is None else attention_mask.to(device)
-    keep = 1 if logit_positions is None else torch.as_tensor(logit_positions, dtype=torch.long, device=device)
+    keep, pick = 1, None
+    if logit_positions is not None:
+        positions = torch.as_tensor(logit_positions, dtype=torch.long, device=device)
+        keep = positions if positions.ndim == 1 else 0
+        if positions.ndim == 2:  # the lm head sees only the (sequence, position) pairs asked for
+            pick = (torch.arange(B, device=device)[:, None].expand_as(positions).flatten(), positions.flatten())
     implementation = model.config._attn_implementation
 
     if implementation == ATTN_IMPLEMENTATION:
-        with recording(rows, layers) as plan:
+        with recording(rows, layers) as plan, picked_logits(model, pick):
             out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep)
         weights = plan.weights
     elif implementation == "eager":
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_attentions=True, logits_to_keep=keep)
+        with picked_logits(model, pick):
+            out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_attentions=True, logits_to_keep=keep)
         wanted = range(len(out.attentions)) if layers is None else layers
         weights = {}
         for layer in wanted:
@@ -283,4 +291,104 @@ def run_with_capture(
             f"model attention is '{implementation}'; load it with attnprobe.load_model or call attnprobe.capture.enable(model)"
         )
     all_rows = torch.arange(T).expand(B, T) if rows is None else rows
-    return Captured(weights=weights, rows=all_rows, logits=None if logit_positions is None else out.logits)
+    logits = None if logit_positions is None else out.logits if pick is None else out.logits.reshape(B, -1, out.logits.shape[-1])
+    return Captured(weights=weights, rows=all_rows, logits=logits)
+
+
+@contextmanager
+def picked_logits(model: torch.nn.Module, pick: tuple[torch.Tensor, torch.Tensor] | None):
+    """Within the block the lm head sees only the hidden states at (row, position) pairs `pick`,
+    as one sequence (1, N, D), so it computes N logit vectors instead of one per position kept."""
+    if pick is None:
+        yield
+        return
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda module, args: (args[0][pick][None], *args[1:]))
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
+
+def pack_trie(sequences: list[tuple[int, ...]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
+    """Token id sequences as one trie: (tokens, depths, parents, where) with one entry per distinct
+    prefix, so a token shared by several sequences' prefixes appears once; a node comes after its
+    parent (-1: a root); where[b][t] is the node of sequence b's position t."""
+    tokens, depths, parents, where, node = [], [], [], [], {}
+    for s in sequences:
+        path, parent = [], -1
+        for t, token in enumerate(s):
+            key = (parent, token)
+            if key not in node:
+                node[key] = len(tokens)
+                tokens.append(token), depths.append(t), parents.append(parent)
+            parent = node[key]
+            path.append(parent)
+        where.append(path)
+    return tokens, depths, parents, where
+
+
+@torch.inference_mode()
+def run_with_shared_prefixes(
+    model: torch.nn.Module,
+    packs: list[list[tuple[int, ...]]],  # rows of token id sequences; each row is forwarded as one trie
+    pad_id: int,
+    rows: torch.Tensor | None = None,  # (B, R) query positions to record, B sequences in pack order; None: all
+    layers=None,
+    logit_positions: torch.Tensor | None = None,  # (P,) or per sequence (B, P) positions whose logits to return
+) -> Captured:
+    """What `run_with_capture(pad_right(sequences))` returns, forwarding every shared prefix once.
+
+    Each pack becomes one row: the trie of its sequences (pack_trie), every distinct prefix's last
+    token once, at its position (the depth) as position id, under a mask that lets a token see its
+    ancestors and itself and nothing else. For a causal model that is exactly the attention of each
+    sequence alone: the same keys and values at the same positions, the same keys visible. Rows are
+    padded on the right; a pad sees only itself. Recorded rows and weights are mapped back to each
+    sequence's own positions (weights over its T padded keys, 0 beyond its length, as under the
+    causal mask); the lm head runs only on the positions asked for."""
+    if not isinstance(model, torch.nn.Module):  # a ProbeModel
+        model = model.model
+    sequences = [s for pack in packs for s in pack]
+    B, T = len(sequences), max(len(s) for s in sequences)
+    device = next(model.parameters()).device
+    rows = torch.arange(T).expand(B, T) if rows is None else torch.as_tensor(rows, dtype=torch.long)
+    tries = [pack_trie(pack) for pack in packs]
+    L = max(len(tokens) for tokens, *_ in tries)
+    ids, _ = pad_right([tokens for tokens, *_ in tries], pad_id)  # (G, L)
+    pos, _ = pad_right([depths for _, depths, *_ in tries], 0)  # (G, L)
+    mask = torch.eye(L, dtype=torch.bool).repeat(len(packs), 1, 1)  # (G, L, L): a node (or pad) sees itself
+    for g, (_, _, parents, _) in enumerate(tries):
+        for i, parent in enumerate(parents):  # ... and what its parent sees (parents come first)
+            if parent >= 0:
+                mask[g, i] |= mask[g, parent]
+    mask = mask.unsqueeze(1)  # (G, 1, L, L) True = attend
+
+    owner = torch.tensor([g for g, pack in enumerate(packs) for _ in pack])  # (B,) the row of each sequence
+    node = torch.zeros(B, T, dtype=torch.long)  # (B, T) the packed node of each position of each sequence
+    for b, path in enumerate(p for *_, where in tries for p in where):
+        node[b, :len(path)] = torch.tensor(path)
+    in_sequence = torch.arange(T)[None, :] < torch.tensor([len(s) for s in sequences])[:, None]  # (B, T)
+    wanted = node.gather(1, rows)  # (B, R) nodes of the requested rows
+    record = [sorted(set(wanted[owner == g].flatten().tolist())) or [0] for g in range(len(packs))]
+    width = max(len(r) for r in record)
+    group_rows = torch.tensor([r + [r[0]] * (width - len(r)) for r in record])  # (G, Rg)
+    row_index = torch.tensor([[record[owner[b]].index(r) for r in wanted[b].tolist()] for b in range(B)])  # (B, R) into Rg
+
+    pick = None
+    if logit_positions is not None:  # the lm head sees only the (sequence, position) pairs asked for
+        positions = torch.as_tensor(logit_positions, dtype=torch.long).clamp(max=T - 1)
+        at = node.gather(1, positions.expand(B, -1))  # (B, P) nodes
+        pick = (owner[:, None].expand_as(at).flatten().to(device), at.flatten().to(device))
+    with recording(group_rows, layers) as plan, picked_logits(model, pick):
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+                    use_cache=False, logits_to_keep=0 if pick else 1)
+
+    weights = {}
+    keys = node.to(device)[:, None, None, :]  # (B, 1, 1, T)
+    for layer, recorded in plan.weights.items():  # (G, H, Rg, L)
+        w = recorded[owner.to(device)]  # (B, H, Rg, L)
+        w = w.gather(2, row_index.to(device)[:, None, :, None].expand(-1, w.shape[1], -1, L))  # (B, H, R, L)
+        w = w.gather(3, keys.expand(-1, w.shape[1], w.shape[2], -1))  # (B, H, R, T)
+        weights[layer] = w * in_sequence.to(device)[:, None, None, :]  # no weight beyond a sequence's own tokens
+    logits = None if pick is None else out.logits.reshape(B, -1, out.logits.shape[-1])  # (B, P, V)
+    return Captured(weights=weights, rows=rows, logits=logits)

@@ -204,7 +204,7 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
 @click.argument("suite", type=click.Path(dir_okay=False))
 @click.option("--model", "model_spec", default=None, help="Model spec; default: the suite's `model`, else smollm2-135m.")
 @click.option("--out", type=click.Path(file_okay=False), help="Run directory; default reports/<suite>/<model>/.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True, help="Prompts per forward pass.")
 @click.option("--limit", type=click.IntRange(min=1), help="Run only about N prompts (whole items, spread over templates).")
 @dtype_option
 @click.option("--resume/--fresh", default=True, show_default=True, help="Continue a killed run, or start over.")
@@ -218,11 +218,13 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
 @click.option("--device-map", type=click.Choice(["auto"]), help="Spread a model too large for one device over all devices.")
 @click.option("--head-effects/--no-head-effects", default=True, show_default=True,
               help="Run the suite's head_effects measure (activation patching; minutes per 10 items on a CPU).")
+@click.option("--share-prefixes/--no-share-prefixes", default=True, show_default=True,
+              help="Forward the tokens prompts share once (packed as a trie); the manifest says when the model does not allow it.")
 @remote_code_option
 @pickle_option
 @data_root_option
 def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, progress, with_report, max_batch_tokens,
-        shard, device, device_map, head_effects, trust_remote_code, allow_pickle, data_roots):
+        shard, device, device_map, head_effects, share_prefixes, trust_remote_code, allow_pickle, data_roots):
     """Run a probe suite (e.g. probes/gender.yaml) and write its tables to the run directory."""
     import time
 
@@ -236,7 +238,7 @@ def run(suite, model_spec, out, batch_size, limit, dtype, resume, chunk_size, pr
                        resume=resume, chunk_size=chunk_size, progress=False if quiet else progress,
                        log=(lambda message: None) if quiet else None, trust_remote_code=trust_remote_code,
                        max_batch_tokens=max_batch_tokens, shard=shard, device=device, device_map=device_map,
-                       head_effects=head_effects, allow_pickle=allow_pickle, data_roots=data_roots)
+                       head_effects=head_effects, allow_pickle=allow_pickle, data_roots=data_roots, share_prefixes=share_prefixes)
     seconds = time.perf_counter() - started
     manifest = result.manifest
     for line in [] if quiet else [f"skipped: {s}" for s in manifest["skipped"]] + [f"note: {n}" for n in manifest.get("notes", [])]:

@@ -245,8 +245,8 @@ def _resolve(spec: str, allow_pickle: bool, convert: bool = True) -> tuple[str, 
 
 
 def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
-    """(tokenizer, context length, whether attention goes through attnprobe's function) without
-    loading weights: what suite validation needs."""
+    """(tokenizer, context length, config) without loading weights: what suite validation and
+    planning need."""
     from transformers import AutoConfig
 
     source, local, _, _ = _resolve(spec, allow_pickle=True, convert=False)
@@ -269,7 +269,7 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     tokenizer.padding_side = "right"
-    return tokenizer, getattr(config.get_text_config(), "max_position_embeddings", None), routes_attention(config)
+    return tokenizer, getattr(config.get_text_config(), "max_position_embeddings", None), config
 
 
 def routes_attention(config) -> bool:

@@ -136,10 +136,14 @@ def candidate_ids(measures, prompts, tokenizer) -> dict[str, tuple[int, ...]]:
 NAME = "logprobs"  # its chunk files: <k>.logprobs.parquet
 
 
-def request(suite, batch) -> tuple[dict, list[int]]:
-    """What this kind needs from the batch's forward pass: the logits before every cut."""
+def request(suite, batch) -> tuple[dict, list[list[int]]]:
+    """What this kind needs from the batch's forward pass: the logits before each prompt's cuts,
+    (B, P) positions padded by repeating the first (the lm head runs only on those)."""
     positions = logit_positions(batch)
-    return {"logit_positions": torch.tensor(positions) if positions else None}, positions
+    P = max(map(len, positions))
+    if not P:
+        return {"logit_positions": None}, positions
+    return {"logit_positions": torch.tensor([p + [p[0] if p else 0] * (P - len(p)) for p in positions])}, positions
 
 
 def read(pm, suite, batch, captured, positions, context) -> pd.DataFrame:
@@ -150,13 +154,13 @@ def chunk_table(parts: list[pd.DataFrame], pm) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True).sort_values(["prompt_id", "cut"], kind="stable", ignore_index=True)
 
 
-def logit_positions(batch) -> list[int]:
-    """The positions whose next-token logits a batch needs: the token before each cut."""
-    return sorted({e.spans[cut][0] - 1 for e in batch for cut in e.prompt.candidates})
+def logit_positions(batch) -> list[list[int]]:
+    """The positions whose next-token logits each prompt of a batch needs: the token before each cut."""
+    return [sorted({e.spans[cut][0] - 1 for cut in e.prompt.candidates}) for e in batch]
 
 
 def logprobs(pm, batch, logits, positions, cand_ids) -> dict:
-    """Rows of logprobs.csv for one batch, as column lists. logits: (B, P, V) at `positions`."""
+    """Rows of logprobs.csv for one batch, as column lists. logits: (B, P, V), prompt b's at `positions[b]`."""
     out = {name: [] for name in LOGPROB_COLUMNS}
     if logits is None:
         return out
@@ -164,7 +168,7 @@ def logprobs(pm, batch, logits, positions, cand_ids) -> dict:
     continuations = []  # candidates of several tokens need their own forward pass
     for b, e in enumerate(batch):
         for cut, candidates in e.prompt.candidates.items():
-            p = positions.index(e.spans[cut][0] - 1)
+            p = positions[b].index(e.spans[cut][0] - 1)
             for text, label in candidates:
                 tokens = cand_ids[text]
                 value = logp[b, p, tokens[0]].item()

@@ -20,13 +20,14 @@ from ..measures import head_effects as head_effects_measure
 from ..measures import BATCH_KINDS, referent_choice
 from ..measures.next_token import candidate_ids
 from ..modelchecks import check_device
-from ..models import DEFAULT_MODEL, ProbeModel, load_model, load_tokenizer
+from ..models import DEFAULT_MODEL, ProbeModel, load_model, load_tokenizer, routes_attention
 from ..suite import Suite, load_suite
 from ..version import __version__
 from . import storage
 from ..progress import Progress
 from .execute import deferred_interrupt, ignored_interrupts, example_attention, measure_batch
-from .plan import encode_prompts, fingerprint, plan_batches, plan_chunks, plan_sha256, select_prompts, sink_notes
+from .plan import (encode_prompts, fingerprint, plan_batches, plan_chunks, plan_sha256, prefix_sharing_blocker, select_prompts,
+                   sharing_summary, sink_notes)
 
 SEED = 0  # nothing in a run is random; recorded so statistics that resample can say what they used
 EFFECT_CHUNK_ITEMS = 4  # head-effects items per chunk: at most this many items are redone after a kill
@@ -48,7 +49,7 @@ def run_suite(
     suite: str | Path | Suite,
     model: str | ProbeModel | None = None,
     out: str | Path | None = None,
-    batch_size: int = 32,
+    batch_size: int = 256,
     limit: int | None = None,
     dtype: str = "float32",
     resume: bool = True,
@@ -63,6 +64,7 @@ def run_suite(
     head_effects: bool = True,
     allow_pickle: bool = False,
     data_roots=(),
+    share_prefixes: bool = True,
 ) -> Path:
     """Run `suite` and return its run directory. Validation (suite, tokens, candidates, context,
     head-effects items) happens before the model's weights load; a finished chunk is never
@@ -72,7 +74,8 @@ def run_suite(
     its own directory; `storage.merge_shards` joins the n directories into the unsharded result.
     The suite's head_effects measure runs (in chunks of items, split over shards the same way)
     unless `head_effects=False`. `data_roots`: directories besides the suite's own that its data
-    files may come from."""
+    files may come from. `share_prefixes`: forward the prompts' shared token prefixes once (packed
+    with their suffixes, see capture.run_with_shared_prefixes) where the model allows it (the manifest's `prefix_sharing` says why not)."""
     suite = suite if isinstance(suite, Suite) else load_suite(suite, data_roots=data_roots)
     log = log or (lambda message: print(message, file=sys.stderr))
     if batch_size < 1 or chunk_size < 1:
@@ -81,14 +84,16 @@ def run_suite(
         raise RunError(f"shard must be K/N with 1 <= K <= N, got {shard}")
     spec = model.info.spec if isinstance(model, ProbeModel) else (model or suite.model or DEFAULT_MODEL)
     if isinstance(model, ProbeModel):
-        tokenizer, max_positions, routes = model.tokenizer, model.info.max_positions, model.info.uses_interface
+        tokenizer, max_positions, config = model.tokenizer, model.info.max_positions, model.model.config
         dtype = str(model.dtype).removeprefix("torch.")  # a loaded model runs in its own dtype
     else:
-        tokenizer, max_positions, routes = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+        tokenizer, max_positions, config = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    routes = routes_attention(config)
     prompts = select_prompts(suite.prompts, limit)
     encoded = encode_prompts(suite, prompts, tokenizer, max_positions)
     context = {"candidate_ids": candidate_ids(suite.next_token, prompts, tokenizer)}  # what every batch reads
-    chunks = plan_chunks(plan_batches(encoded, batch_size, max_batch_tokens), chunk_size)
+    blocker = prefix_sharing_blocker(config, max((e.n_forward for e in encoded), default=0)) if share_prefixes else "switched off"
+    chunks = plan_chunks(plan_batches(encoded, batch_size, max_batch_tokens, share_prefixes=blocker is None), chunk_size)
     mine = [k for k in range(len(chunks)) if shard is None or k % shard[1] == shard[0] - 1]
     effects = suite.head_effects if head_effects else None
     effect_items, dropped, effect_chunks = [], [], []
@@ -105,6 +110,7 @@ def run_suite(
         directory = directory / f"shard-{shard[0]}-of-{shard[1]}"
     settings = {"suite_sha256": suite.sha256, "model": spec, "dtype": dtype, "batch_size": batch_size,
                 "chunk_size": chunk_size, "limit": limit, "max_batch_tokens": max_batch_tokens, "attnprobe": __version__,
+                "share_prefixes": blocker is None,
                 "plan_sha256": plan_sha256(chunks, encoded)}
     expected = fingerprint(settings, shard)
     if device_map is None and not isinstance(model, ProbeModel):
@@ -140,6 +146,7 @@ def run_suite(
             "n_prompts": len(encoded),
             "n_chunks": len(chunks),
             "n_effect_chunks": len(effect_chunks),
+            "prefix_sharing": sharing_summary(chunks, encoded, blocker),
             "effects_plan": effects_plan,
             "skipped": list(suite.skipped),
             "notes": list(suite.notes) + sink_notes(suite, encoded),
@@ -166,7 +173,7 @@ def run_suite(
                         continue
                     parts = {kind.NAME: [] for kind in BATCH_KINDS}
                     for batch in chunks[k]:
-                        for name, part in measure_batch(pm, suite, [encoded[i] for i in batch], context).items():
+                        for name, part in measure_batch(pm, suite, [encoded[i] for i in batch], context, _packs(batch)).items():
                             parts[name].append(part)
                         bar.update(len(batch))
                     storage.write_chunk(chunk_dir, k, {kind.NAME: kind.chunk_table(parts[kind.NAME], pm) for kind in BATCH_KINDS})
@@ -189,6 +196,11 @@ def run_suite(
                         compute_seconds_this_session=round(time.perf_counter() - started, 3))
         storage.write_manifest(directory, manifest)
     return directory
+
+
+def _packs(batch) -> list[int] | None:
+    """The size of each pack of a batch that shares prefixes, None for a batch of whole prompts."""
+    return [len(pack) for pack in batch.packs] if batch.shared else None
 
 
 def _referent_choice(pm, suite, encoded, directory, batch_size, progress, log) -> None:

@@ -10,23 +10,29 @@ from contextlib import contextmanager
 
 import torch
 
-from ..capture import pad_right, run_with_capture
+from ..capture import pad_right, run_with_capture, run_with_shared_prefixes
 from ..measures import BATCH_KINDS
 from ..models import ProbeModel
 from ..suite import Suite
 from .plan import Encoded
 
 
-def measure_batch(pm: ProbeModel, suite: Suite, batch: list[Encoded], context: dict) -> dict:
+def measure_batch(pm: ProbeModel, suite: Suite, batch: list[Encoded], context: dict, packs: list[int] | None = None) -> dict:
     """Every per-batch measure kind's part for one batch ({kind name: part}), from a single
-    forward pass that captures what all of them asked for."""
-    ids, mask = pad_right([e.forward_ids for e in batch], pm.tokenizer.pad_token_id)
+    forward pass that captures what all of them asked for. `packs`: the sizes of the packs of
+    consecutive prompts forwarded as one row each, every shared prefix once (see plan.Batch)."""
     asked, states = {}, {}
     for kind in BATCH_KINDS:
         keywords, states[kind.NAME] = kind.request(suite, batch)
         assert not set(keywords) & set(asked), f"{kind.NAME} asks for capture arguments another kind sets"
         asked.update(keywords)
-    captured = run_with_capture(pm, ids, mask, **asked)
+    if packs:
+        starts = [sum(packs[:k]) for k in range(len(packs))]
+        rows = [[e.forward_ids for e in batch[start:start + size]] for start, size in zip(starts, packs)]
+        captured = run_with_shared_prefixes(pm, rows, pm.tokenizer.pad_token_id, **asked)
+    else:
+        ids, mask = pad_right([e.forward_ids for e in batch], pm.tokenizer.pad_token_id)
+        captured = run_with_capture(pm, ids, mask, **asked)
     return {kind.NAME: kind.read(pm, suite, batch, captured, states[kind.NAME], context) for kind in BATCH_KINDS}
 
 

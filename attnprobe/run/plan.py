@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 
 from ..errors import SuiteError
+from ..models import routes_attention
 from ..suite import Prompt, Suite, spread_key, token_spans
 
 
@@ -101,22 +102,105 @@ def forward_length(suite: Suite, prompt: Prompt, spans: dict[str, tuple[int, int
     return max(ends, default=1)
 
 
-def plan_batches(encoded: list[Encoded], batch_size: int, max_batch_tokens: int | None = None) -> list[list[int]]:
-    """Indices into `encoded`, sorted by forwarded length (then prompt id) and cut into batches of at
-    most `batch_size` prompts and, if given, at most `max_batch_tokens` padded tokens."""
-    order = sorted(range(len(encoded)), key=lambda i: (encoded[i].n_forward, encoded[i].prompt.prompt_id))
+@dataclass(frozen=True)
+class Batch:
+    """Prompts forwarded together (indices into the encoded prompts), in packs: a pack of several
+    prompts is forwarded as one row holding each shared prefix once (capture.run_with_shared_prefixes);
+    a batch of packs of one is the plain forward, one prompt per row."""
+
+    packs: tuple[tuple[int, ...], ...]
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        return tuple(i for pack in self.packs for i in pack)
+
+    @property
+    def shared(self) -> bool:
+        return any(len(pack) > 1 for pack in self.packs)
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def prefix_sharing_blocker(config, longest: int) -> str | None:
+    """Why a run cannot forward the prompts' shared prefixes once through the key/value cache, or
+    None when it can: the family's attention must go through attnprobe's function, every layer must
+    keep a plain key/value cache, and no prompt may reach a sliding window or an attention chunk
+    (the cache would drop keys that the window leaves behind)."""
+    text = config.get_text_config()
+    if not routes_attention(config):
+        return f"'{text.model_type}' attention bypasses attnprobe's attention function"
+    other = sorted(set(getattr(text, "layer_types", None) or ()) - {"full_attention", "sliding_attention"})
+    if other:
+        return f"'{text.model_type}' has {', '.join(other)} layers, which keep no plain key/value cache"
+    for name in ("sliding_window", "attention_chunk_size"):
+        window = getattr(text, name, None)
+        if isinstance(window, int) and longest >= window - 1:
+            return f"prompts of up to {longest} tokens reach its {name.replace('_', ' ')} of {window}"
+    return None
+
+
+PACK_TOKENS = 64  # a pack grows up to this many distinct tokens (or one prompt, if longer)
+
+
+def _common_length(a: tuple, b: tuple) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def plan_batches(encoded: list[Encoded], batch_size: int, max_batch_tokens: int | None = None,
+                 share_prefixes: bool = False) -> list[Batch]:
+    """Batches of at most `batch_size` prompts and, if given, at most `max_batch_tokens` padded
+    tokens. Without `share_prefixes` every prompt is a row of its own, the rows sorted by forwarded
+    length (then prompt id). With it, prompts sorted by their token ids are the leaves of a trie in
+    order, and runs of neighbours form packs of up to PACK_TOKENS distinct tokens (a prompt adds its
+    tokens after the prefix it shares with the previous one), forwarded one pack per row; the packs
+    are sorted by their token count."""
+    if share_prefixes:
+        order = sorted(range(len(encoded)), key=lambda i: (encoded[i].forward_ids, encoded[i].prompt.prompt_id))
+        packs, size, previous = [], {}, ()
+        for i in order:
+            ids = encoded[i].forward_ids
+            new = len(ids) - _common_length(previous, ids)
+            if packs and len(packs[-1]) < batch_size and size[packs[-1][0]] + new <= PACK_TOKENS:
+                packs[-1].append(i)
+                size[packs[-1][0]] += new
+            else:
+                packs.append([i])
+                size[i] = len(ids)
+            previous = ids
+    else:
+        packs, size = [[i] for i in range(len(encoded))], {i: e.n_forward for i, e in enumerate(encoded)}
+    packs.sort(key=lambda pack: (size[pack[0]], encoded[pack[0]].prompt.prompt_id))
     batches, current = [], []
-    for i in order:
-        longest = encoded[i].n_forward  # sorted: the newest prompt is the longest of its batch
+    for pack in packs:
+        longest = size[pack[0]]  # sorted: the newest row is the longest of its batch
+        prompts = sum(map(len, current)) + len(pack)
         too_many_tokens = max_batch_tokens is not None and current and (len(current) + 1) * longest > max_batch_tokens
-        if len(current) == batch_size or too_many_tokens:
-            batches.append(current)
+        if current and (prompts > batch_size or too_many_tokens):
+            batches.append(Batch(tuple(current)))
             current = []
-        current.append(i)
-    return batches + ([current] if current else [])
+        current.append(tuple(pack))
+    return batches + ([Batch(tuple(current))] if current else [])
 
 
-def plan_chunks(batches: list[list[int]], chunk_size: int) -> list[list[list[int]]]:
+def sharing_summary(chunks: list[list[Batch]], encoded: list[Encoded], blocker: str | None) -> dict:
+    """For the manifest: whether prefixes were shared (or why not), and the tokens forwarded either
+    way (unpadded: a shared prefix counts once per group)."""
+    plain = sum(e.n_forward for e in encoded)
+    forwarded = 0
+    for pack in (pack for chunk in chunks for batch in chunk for pack in batch.packs):
+        ids = sorted(encoded[i].forward_ids for i in pack)
+        forwarded += sum(len(b) - _common_length(a, b) for a, b in zip([()] + ids, ids))  # the trie's nodes
+    return {"enabled": blocker is None, "reason": blocker, "tokens_forwarded": forwarded, "tokens_without_sharing": plain}
+
+
+def plan_chunks(batches: list[Batch], chunk_size: int) -> list[list[Batch]]:
     """Consecutive batches grouped into chunks of at least `chunk_size` prompts (the last may be smaller)."""
     chunks, current = [], []
     for batch in batches:
@@ -130,11 +214,12 @@ def plan_chunks(batches: list[list[int]], chunk_size: int) -> list[list[list[int
 # ------------------------------------------------------------------------------ one batch
 
 
-def plan_sha256(chunks: list[list[list[int]]], encoded: list[Encoded]) -> str:
-    """What every chunk forwards (prompt ids and forwarded token ids, batch by batch): a resumed run
-    or a shard continues only a run that planned the very same batches, which another tokenizer or
-    another attnprobe version may not."""
-    plan = [[[(encoded[i].prompt.prompt_id, encoded[i].forward_ids) for i in batch] for batch in chunk] for chunk in chunks]
+def plan_sha256(chunks: list[list[Batch]], encoded: list[Encoded]) -> str:
+    """What every chunk forwards (prompt ids and forwarded token ids, pack by pack and batch by
+    batch): a resumed run or a shard continues only a run that planned the very same batches, which
+    another tokenizer or another attnprobe version may not."""
+    plan = [[[[(encoded[i].prompt.prompt_id, encoded[i].forward_ids) for i in pack] for pack in batch.packs]
+             for batch in chunk] for chunk in chunks]
     return hashlib.sha256(json.dumps(plan).encode()).hexdigest()
 
 
