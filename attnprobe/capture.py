@@ -328,6 +328,21 @@ def pack_trie(sequences: list[tuple[int, ...]]) -> tuple[list[int], list[int], l
     return tokens, depths, parents, where
 
 
+def packed_inputs(tries: list, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Model inputs of packed tries (pack_trie), one row each, padded on the right: token ids and
+    position ids (G, L), and the mask (G, 1, L, L) that lets a node see its ancestors and itself
+    (a pad sees only itself)."""
+    ids, _ = pad_right([tokens for tokens, *_ in tries], pad_id)  # (G, L)
+    pos, _ = pad_right([depths for _, depths, *_ in tries], 0)  # (G, L)
+    L = ids.shape[1]
+    mask = torch.eye(L, dtype=torch.bool).repeat(len(tries), 1, 1)  # (G, L, L): a node (or pad) sees itself
+    for g, (_, _, parents, _) in enumerate(tries):
+        for i, parent in enumerate(parents):  # ... and what its parent sees (parents come first)
+            if parent >= 0:
+                mask[g, i] |= mask[g, parent]
+    return ids, pos, mask.unsqueeze(1)
+
+
 @torch.inference_mode()
 def run_with_shared_prefixes(
     model: torch.nn.Module,
@@ -339,13 +354,11 @@ def run_with_shared_prefixes(
 ) -> Captured:
     """What `run_with_capture(pad_right(sequences))` returns, forwarding every shared prefix once.
 
-    Each pack becomes one row: the trie of its sequences (pack_trie), every distinct prefix's last
-    token once, at its position (the depth) as position id, under a mask that lets a token see its
-    ancestors and itself and nothing else. For a causal model that is exactly the attention of each
-    sequence alone: the same keys and values at the same positions, the same keys visible. Rows are
-    padded on the right; a pad sees only itself. Recorded rows and weights are mapped back to each
-    sequence's own positions (weights over its T padded keys, 0 beyond its length, as under the
-    causal mask); the lm head runs only on the positions asked for."""
+    Each pack becomes one row, the trie of its sequences (pack_trie, packed_inputs): each distinct
+    prefix's last token once, its depth as position id, seeing its ancestors and itself. For a
+    causal model that is exactly each sequence's own attention: the same keys and values at the same
+    positions, the same keys visible. Weights are mapped back to each sequence's positions (over its
+    T padded keys, 0 beyond its length, as under the causal mask); the lm head runs only where asked."""
     if not isinstance(model, torch.nn.Module):  # a ProbeModel
         model = model.model
     sequences = [s for pack in packs for s in pack]
@@ -353,15 +366,8 @@ def run_with_shared_prefixes(
     device = next(model.parameters()).device
     rows = torch.arange(T).expand(B, T) if rows is None else torch.as_tensor(rows, dtype=torch.long)
     tries = [pack_trie(pack) for pack in packs]
-    L = max(len(tokens) for tokens, *_ in tries)
-    ids, _ = pad_right([tokens for tokens, *_ in tries], pad_id)  # (G, L)
-    pos, _ = pad_right([depths for _, depths, *_ in tries], 0)  # (G, L)
-    mask = torch.eye(L, dtype=torch.bool).repeat(len(packs), 1, 1)  # (G, L, L): a node (or pad) sees itself
-    for g, (_, _, parents, _) in enumerate(tries):
-        for i, parent in enumerate(parents):  # ... and what its parent sees (parents come first)
-            if parent >= 0:
-                mask[g, i] |= mask[g, parent]
-    mask = mask.unsqueeze(1)  # (G, 1, L, L) True = attend
+    ids, pos, mask = packed_inputs(tries, pad_id)  # (G, L), (G, L), (G, 1, L, L)
+    L = ids.shape[1]
 
     owner = torch.tensor([g for g, pack in enumerate(packs) for _ in pack])  # (B,) the row of each sequence
     node = torch.zeros(B, T, dtype=torch.long)  # (B, T) the packed node of each position of each sequence

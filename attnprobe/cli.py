@@ -154,12 +154,12 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
     """Validate a suite and say what a run would do (prompts, items, analysis, measures, tokens,
     a time estimate) without loading any model weights."""
     from .models import DEFAULT_MODEL, load_tokenizer
-    from .run.plan import encode_prompts, select_prompts, sink_notes
+    from .run.plan import encode_prompts, plan_batches, prefix_sharing_blocker, select_prompts, sharing_summary, sink_notes
     from .suite import load_suite
 
     loaded = load_suite(suite, data_roots=data_roots)
     spec = model_spec or loaded.model or DEFAULT_MODEL
-    tokenizer, max_positions, _ = load_tokenizer(spec, trust_remote_code=trust_remote_code)
+    tokenizer, max_positions, config = load_tokenizer(spec, trust_remote_code=trust_remote_code)
     prompts = select_prompts(loaded.prompts, limit)
     encoded = encode_prompts(loaded, prompts, tokenizer, max_positions)
     a = loaded.analysis
@@ -177,7 +177,7 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
         click.echo(f"next_token: at {m.cut}, candidates {m.candidates if isinstance(m.candidates, str) else list(m.candidates)}")
     effects_items, pair_seconds = [], 0.0
     if loaded.head_effects is not None:
-        effects_items, dropped = loaded.head_effects.items(tokenizer, encoded)
+        effects_items, dropped = loaded.head_effects.for_prompts(len(encoded), len(loaded.prompts)).items(tokenizer, encoded)
         pairs = sum(len(i["counterfactuals"]) for i in effects_items)
         reasons = sorted({d["reason"] for d in dropped})
         design = "a pronoun swap" if loaded.head_effects.design == "pair" else f"{loaded.head_effects.slot} replaced"
@@ -191,8 +191,11 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
         click.echo(f"skipped: {line}")
     for line in [*loaded.notes, *sink_notes(loaded, encoded)]:
         click.echo(f"note: {line}")
-    tokens = sum(len(e.forward_ids) for e in encoded)
-    click.echo(f"tokens ({spec} tokenizer): {tokens / max(1, len(encoded)):.2f} forwarded per prompt, "
+    n = max(1, len(encoded))
+    blocker = prefix_sharing_blocker(config, max((e.n_forward for e in encoded), default=0))
+    shared = sharing_summary([plan_batches(encoded, 256, share_prefixes=blocker is None)], encoded, blocker)
+    sharing = f"{shared['tokens_forwarded'] / n:.2f} with shared prefixes once" if blocker is None else f"prefixes not shared: {blocker}"
+    click.echo(f"tokens ({spec} tokenizer): {shared['tokens_without_sharing'] / n:.2f} forwarded per prompt ({sharing}), "
                f"longest prompt {max((len(e.ids) for e in encoded), default=0)}")
     minutes = len(prompts) / REFERENCE["prompts_per_s"] / 60 + pair_seconds / 60
     click.echo(f"estimate: about {minutes:.1f} min for {REFERENCE['model']} on 2 CPU cores (prompts at "

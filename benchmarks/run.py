@@ -16,6 +16,12 @@ Measured, on the shipped gender suite and the bundled smollm2-135m:
   head_effects   seconds per item of the suite's head interventions (not part of run_end_to_end)
   memory         peak resident memory of `attnprobe run` at 1x and 10x prompts (separate processes)
   load           load_model("smollm2-135m"): cold (empty cache, GGUF dequantised) and cached
+  sharing        (--only sharing) the full gender suite: attnprobe end to end with prefix sharing
+                 (float32 and bfloat16) and without (batch 32, the path before sharing), against the
+                 plain forward of the forwarded tokens, the forward of the packed tries (each shared
+                 token once), and the matmul peak measured in the same run; on the first --peer-prompts
+                 prompts also TransformerLens run_with_cache (patterns only) and an nnsight trace
+                 saving every layer's attention pattern, where installed (pip install -e '.[bench]')
 The throughput figures (eager_loop to bfloat16) are timed in turn within every repeat, so a slow
 spell of a shared machine hits all alike; ratios are between figures of this one run.
 Writes results.json and results.md.
@@ -45,14 +51,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "probes" / "gender.yaml"
 
 
-def interleaved(fns: list, repeats: int) -> list[float]:
-    """Median seconds of each function, timed in turn within every repeat (after one warm-up round)."""
+def interleaved(fns: list, repeats: int, warm_up: bool = True) -> list[float]:
+    """Median seconds of each function, timed in turn within every repeat (after one warm-up round,
+    unless the functions are long enough to need none)."""
     times = [[] for _ in fns]
-    for repeat in range(repeats + 1):
+    for repeat in range(repeats + warm_up):
         for fn, spent in zip(fns, times):
             start = time.perf_counter()
             fn()
-            if repeat:
+            if repeat or not warm_up:
                 spent.append(time.perf_counter() - start)
     return [statistics.median(spent) for spent in times]
 
@@ -201,6 +208,126 @@ def bench_head_effects(pm, suite, encoded, n_items: int = 3) -> dict:
     return {"n_items": len(items), "seconds_per_item": statistics.median(times)}
 
 
+def matmul_peak(repeats: int = 5) -> float:
+    """GFLOP/s of a large float32 matmul (2048^3) on this machine now: the compute ceiling."""
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    return 2 * 2048**3 / 1e9 / interleaved([lambda: a @ b], repeats)[0]
+
+
+def flop_per_token(pm) -> float:
+    """2 x the parameters a token passes through (all but the embedding), in GFLOP."""
+    embedding = pm.model.get_input_embeddings().weight.numel()
+    return 2 * (sum(p.numel() for p in pm.model.parameters()) - embedding) / 1e9
+
+
+def bench_sharing(pm, pm_bf16, encoded, repeats: int, scratch: Path, peers: list) -> dict:
+    """The run with prefix sharing against the run without it and against both floors, on the same
+    prompts (all of the suite by default), timed in turn in every repeat; then the peers."""
+    from attnprobe.capture import pack_trie, packed_inputs
+    from attnprobe.run.plan import plan_batches, sharing_summary
+
+    model, pad = pm.model, pm.tokenizer.pad_token_id
+    n = len(encoded)
+    forwarded = batches_of(encoded, 32, pad, forwarded=True)
+    packed = []
+    for batch in plan_batches(encoded, 256, share_prefixes=True):
+        ids, pos, mask = packed_inputs([pack_trie([encoded[i].forward_ids for i in pack]) for pack in batch.packs], pad)
+        packed.append((ids, pos, mask))
+    unique = sharing_summary([plan_batches(encoded, 256, share_prefixes=True)], encoded, None)["tokens_forwarded"] / n
+
+    @torch.inference_mode()
+    def floor_forwarded():
+        model.set_attn_implementation("sdpa")
+        for ids, mask, _ in forwarded:
+            model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
+        model.set_attn_implementation("attnprobe")
+
+    @torch.inference_mode()
+    def floor_packed():
+        model.set_attn_implementation("sdpa")
+        for ids, pos, mask in packed:
+            model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=1)
+        model.set_attn_implementation("attnprobe")
+
+    def run(probe_model, name, **options):
+        attnprobe.run_suite(SUITE, model=probe_model, out=scratch / name, limit=n, progress=False, log=lambda m: None,
+                            resume=False, head_effects=False, **options)
+
+    peak_before = matmul_peak()
+    floor_packed(), run(pm, "warm-up", share_prefixes=False, batch_size=32)  # a short warm-up: the rounds take minutes
+    t_floor, t_packed, t_shared, t_plain, t_bf16 = interleaved([
+        floor_forwarded, floor_packed, lambda: run(pm, "shared"),
+        lambda: run(pm, "plain", share_prefixes=False, batch_size=32), lambda: run(pm_bf16, "shared_bf16"),
+    ], repeats, warm_up=False)
+    peak = (peak_before + matmul_peak()) / 2
+    gflop = flop_per_token(pm)
+    forwarded_tokens = sum(e.n_forward for e in encoded) / n
+    share = lambda seconds: n * forwarded_tokens * gflop / seconds / peak  # noqa: E731 (useful work: the forwarded tokens)
+    results = {
+        "n_prompts": n, "forwarded_tokens_per_prompt": forwarded_tokens, "unique_tokens_per_prompt": unique,
+        "gflop_per_token": gflop, "matmul_peak_gflop_s": peak,
+        "compute_floor_forwarded_prompts_per_s": peak / (forwarded_tokens * gflop),
+        "compute_floor_unique_prompts_per_s": peak / (unique * gflop),
+        "plain_forward_prompts_per_s": n / t_floor, "plain_forward_share_of_peak": share(t_floor),
+        "packed_forward_prompts_per_s": n / t_packed, "packed_forward_share_of_peak": share(t_packed),
+        "run_shared_prompts_per_s": n / t_shared, "run_shared_share_of_peak": share(t_shared),
+        "run_plain_prompts_per_s": n / t_plain, "run_plain_share_of_peak": share(t_plain),
+        "run_shared_bfloat16_prompts_per_s": n / t_bf16,
+        "run_shared_over_run_plain": t_plain / t_shared,
+        "run_shared_over_plain_forward": t_floor / t_shared,
+    }
+    print(json.dumps(results), flush=True)  # kept in the log should the peers fail
+    results.update(bench_peers(pm, peers, repeats, scratch))
+    return results
+
+
+def bench_peers(pm, encoded, repeats: int, scratch: Path) -> dict:
+    """attnprobe end to end against TransformerLens and nnsight recording every layer's attention
+    pattern of the same prompts (their forwarded tokens, batches of 32), where they are installed.
+    Both run the model with eager attention, as they need to; each gets its own copy of the model."""
+    import copy
+
+    n, batches = len(encoded), batches_of(encoded, 32, pm.tokenizer.pad_token_id, forwarded=True)
+    fns, names = [lambda: attnprobe.run_suite(SUITE, model=pm, out=scratch / "peers", limit=n, progress=False,
+                                              log=lambda m: None, resume=False, head_effects=False)], ["attnprobe"]
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+
+        twin = copy.deepcopy(pm.model)
+        bridge = TransformerBridge.boot_transformers("HuggingFaceTB/SmolLM2-135M", hf_model=twin, tokenizer=pm.tokenizer)
+
+        @torch.inference_mode()
+        def lens():
+            for ids, mask, _ in batches:
+                bridge.run_with_cache(ids, attention_mask=mask, names_filter=lambda name: name.endswith("hook_pattern"))
+
+        fns.append(lens), names.append("transformer_lens")
+    except ImportError:
+        pass
+    try:
+        from nnsight import LanguageModel
+
+        twin = copy.deepcopy(pm.model)
+        twin.set_attn_implementation("eager")  # nnsight reads the pattern a module returns, which only eager computes
+        traced = LanguageModel(twin, tokenizer=pm.tokenizer)
+
+        @torch.inference_mode()
+        def trace():
+            for ids, mask, _ in batches:
+                saved = []
+                with traced.trace({"input_ids": ids, "attention_mask": mask}):
+                    for layer in traced.model.layers:
+                        saved.append(layer.self_attn.output[1].save())  # (B, H, T, T) under eager attention
+
+        fns.append(trace), names.append("nnsight")
+    except ImportError:
+        pass
+    seconds = dict(zip(names, interleaved(fns, repeats)))
+    out = {"peers_n_prompts": n, **{f"peers_{name}_prompts_per_s": n / t for name, t in seconds.items()}}
+    out.update({f"peers_attnprobe_over_{name}": t / seconds["attnprobe"] for name, t in seconds.items() if name != "attnprobe"})
+    return out
+
+
 def bench_memory() -> dict:
     one, ten = peak_memory_of_run(300), peak_memory_of_run(3000)
     return {"peak_rss_mib_300_prompts": one, "peak_rss_mib_3000_prompts": ten, "growth": ten / one - 1}
@@ -240,14 +367,18 @@ def main():
     parser.add_argument("--prompts", type=int, default=320)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    parser.add_argument("--only", choices=["memory"], help="Run one section (results merged into the existing JSON).")
+    parser.add_argument("--only", choices=["memory", "sharing"], help="Run one section (results merged into the existing JSON).")
+    parser.add_argument("--sharing-prompts", type=int, default=None, help="Prompts of the sharing section (default: all).")
+    parser.add_argument("--peer-prompts", type=int, default=320, help="Prompts on which the peers are timed.")
     args = parser.parse_args()
 
     results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}}
-    if args.only == "memory":
+    if args.only:
         previous = json.loads((args.out / "results.json").read_text()) if (args.out / "results.json").is_file() else {}
-        previous["memory"] = bench_memory()
-        return write(previous, args.out)
+        previous["memory"] = bench_memory() if args.only == "memory" else previous.get("memory")
+        if args.only == "sharing":
+            previous["sharing"] = sharing_section(args)
+        return write({k: v for k, v in previous.items() if v is not None}, args.out)
     pm = attnprobe.load_model("smollm2-135m")
     pm_bf16 = attnprobe.load_model("smollm2-135m", dtype="bfloat16")
     suite, encoded = gender_prompts(pm.tokenizer, args.prompts)
@@ -260,8 +391,17 @@ def main():
     from attnprobe.models import cache_dir
 
     results["load"] = {"cold_s": load_time(None, 1), "cached_s": load_time(str(cache_dir()), args.repeats)}
-
+    results["sharing"] = sharing_section(args)
     write(results, args.out)
+
+
+def sharing_section(args) -> dict:
+    pm = attnprobe.load_model("smollm2-135m")
+    pm_bf16 = attnprobe.load_model("smollm2-135m", dtype="bfloat16")
+    _, encoded = gender_prompts(pm.tokenizer, args.sharing_prompts or 10**9)
+    _, peers = gender_prompts(pm.tokenizer, args.peer_prompts)  # the prompts `--limit` selects, as the run does
+    with tempfile.TemporaryDirectory() as scratch:
+        return bench_sharing(pm, pm_bf16, encoded, args.repeats, Path(scratch), peers)
 
 
 def write(results: dict, out: Path) -> None:

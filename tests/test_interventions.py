@@ -197,7 +197,7 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
         name: effects
         contrast: pronoun
         slots:
-          occupation: [nurse, engineer, teacher, electrician]
+          occupation: [nurse, engineer, electrician]
           pronoun:
             forms: [nom]
             values: [{label: female, nom: she}, {label: male, nom: he}]
@@ -214,7 +214,7 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
         """))
     run = attnprobe.run_suite(suite, model=smollm, out=tmp_path / "run", progress=False, log=lambda m: None)
     info = run.manifest["head_effects"]
-    assert info["n_items"] == 4 and info["n_pairs"] == 8 and not info["dropped"]  # electrician: 2 tokens, aligned
+    assert info["n_items"] == 3 and info["n_pairs"] == 6 and not info["dropped"]  # electrician: 2 tokens, aligned
     assert (info["positive"], info["negative"]) == ("female", "male")  # from the analysis
     totals = pd.read_csv(run.directory / "head_effects_totals.csv").set_index(["item_id", "counterfactual"])
     tok = smollm.tokenizer
@@ -228,10 +228,10 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
     assert (totals["all_heads_in"] - totals["te"]).abs().max() <= 1e-4  # every path runs through some head
     assert totals["crossfit_heads"].str.count("L").eq(3).all()
     items = pd.read_parquet(run.directory / "head_effects_items.parquet")
-    assert len(items) == 8 * 30 * 9 and items[["output_in", "output_out", "attribution_output"]].notna().all().all()
+    assert len(items) == 6 * 30 * 9 and items[["output_in", "output_out", "attribution_output"]].notna().all().all()
     assert items["pattern_in"].isna().sum() == 2 * 270  # the two aligned pairs have no pattern channel
     layers = pd.read_parquet(run.directory / "head_effects_layers.parquet")
-    assert len(layers) == 8 * 30 and layers[["attention_in", "mlp_out"]].notna().all().all()
+    assert len(layers) == 6 * 30 and layers[["attention_in", "mlp_out"]].notna().all().all()
     # a completed re-run (make demo twice) keeps the head effects and their summary, recomputing nothing
     before = (run.directory / "head_effects_items.parquet").stat().st_mtime_ns
     again = attnprobe.run_suite(suite, model=smollm, out=tmp_path / "run", progress=False, log=lambda m: None)

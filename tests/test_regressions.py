@@ -434,3 +434,17 @@ def test_pronoun_swap_needs_paired_versions_and_a_question(tmp_path):
                                      "head_effects: {counterfactual: pair, templates: [f1], exact: 3}\n")
     measure = load_suite(tmp_path / "s.yaml").head_effects
     assert (measure.design, measure.positive, measure.negative, measure.replacements, measure.exact) == ("pair", "pro", "anti", ("anti",), 3)
+
+
+def test_limit_scales_the_head_effects_items_and_the_run_says_how_many(tiny_llama_dir, tmp_path):
+    """--limit 10 of 20 prompts halves max_items (8 -> 4); before the phase the run logs the item
+    count, and after the first chunk the time per item and what is left."""
+    suite = tmp_path / "fx.yaml"
+    suite.write_text(EFFECT_SUITE.replace("counterfactual: {occupation: woman}}", "counterfactual: {occupation: woman}, max_items: 8}"))
+    lines = []
+    run = attnprobe.run_suite(suite, model=str(tiny_llama_dir), out=tmp_path / "run", limit=10, progress=False, log=lines.append)
+    assert run.manifest["n_prompts"] == 10 and run.manifest["head_effects"]["n_items"] == 4
+    assert "head effects: 4 items (4 counterfactual pairs) in 1 chunk; the time per item is known after the first chunk" in lines
+    full = attnprobe.run_suite(suite, model=str(tiny_llama_dir), out=tmp_path / "full", progress=False, log=lines.append)
+    assert full.manifest["head_effects"]["n_items"] == 8
+    assert any(line.startswith("head effects: ") and " s per item, about " in line and "for the other 4 items" in line for line in lines)

@@ -19,7 +19,8 @@ tell before any weights load, and computes; the run writes what it returns.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -114,6 +115,13 @@ class HeadEffectsMeasure:
                                   tuple(chosen) if chosen else None, counts["max_items"], exact,
                                   counts["select"], unit, None, origin=f"{ctx.path}:{line_of(doc, 'head_effects')}",
                                   design="pair", choice=choice, referents=analysis.referents, answer=analysis.answer)
+
+    def for_prompts(self, n_selected: int, n_total: int) -> HeadEffectsMeasure:
+        """The measure for a run of n_selected of the suite's n_total prompts (--limit): max_items
+        shrinks in proportion, so a small run stays small (items come from the selected prompts)."""
+        if not self.max_items or n_selected >= n_total:
+            return self
+        return replace(self, max_items=math.ceil(self.max_items * n_selected / n_total))
 
     def check_family(self, routes_attention: bool, spec: str) -> None:
         """Interventions run inside attnprobe's attention function: refuse a family that bypasses it."""

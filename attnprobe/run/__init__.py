@@ -95,7 +95,7 @@ def run_suite(
     blocker = prefix_sharing_blocker(config, max((e.n_forward for e in encoded), default=0)) if share_prefixes else "switched off"
     chunks = plan_chunks(plan_batches(encoded, batch_size, max_batch_tokens, share_prefixes=blocker is None), chunk_size)
     mine = [k for k in range(len(chunks)) if shard is None or k % shard[1] == shard[0] - 1]
-    effects = suite.head_effects if head_effects else None
+    effects = suite.head_effects.for_prompts(len(encoded), len(suite.prompts)) if head_effects and suite.head_effects else None
     effect_items, dropped, effect_chunks = [], [], []
     if effects is not None:  # every head-effects problem surfaces now, before any weights load
         effects.check_family(routes, spec)
@@ -250,6 +250,9 @@ def _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, pro
     if not todo:
         return 0.0
     started = time.perf_counter()
+    n_items = sum(len(chunks[k]) for k in todo)
+    log(f"head effects: {n_items} items ({sum(len(i['counterfactuals']) for k in todo for i in chunks[k])} counterfactual "
+        f"pairs) in {len(todo)} chunk{'s' * (len(todo) > 1)}; the time per item is known after the first chunk")
     bar = Progress(sum(len(chunks[k]) for k in mine), sum(len(chunks[k]) for k in mine if k in done), progress, log,
                    unit="item", desc="head effects")
     with deferred_interrupt(log) as interrupted:
@@ -257,6 +260,10 @@ def _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, pro
             tables = head_effects_measure.compute(pm, effects, chunks[k], bar)
             storage.write_effect_chunk(chunk_dir, k, tables, plan)
             bar.chunk_done(k, len(chunks))
+            if k == todo[0] and len(todo) > 1:
+                per_item = (time.perf_counter() - started) / len(chunks[k])
+                log(f"head effects: {per_item:.1f} s per item, about {per_item * (n_items - len(chunks[k])) / 60:.1f} min "
+                    f"for the other {n_items - len(chunks[k])} items")
             if interrupted():
                 bar.close()
                 _stop(directory, manifest, f"head-effects chunk {k + 1} of {len(chunks)}")
