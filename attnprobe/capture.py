@@ -89,15 +89,13 @@ def _attention_weights(query, key, mask, scaling, softcap, sinks) -> torch.Tenso
     return weights.nan_to_num(0.0)
 
 
-def rows_of_mask(mask: torch.Tensor | None, rows: torch.Tensor, B: int, S: int, causal: bool, T: int | None = None) -> torch.Tensor | None:
-    """The mask restricted to the captured rows: (B, 1 or H, R, S). Without a mask, query row r of
-    T attends to keys up to r + S - T (the last T of S keys are the queries' own, after S - T cached)."""
+def rows_of_mask(mask: torch.Tensor | None, rows: torch.Tensor, B: int, S: int, causal: bool) -> torch.Tensor | None:
+    """The mask restricted to the captured rows: (B, 1 or H, R, S)."""
     if mask is None:
         if not causal:
             return None
         keys = torch.arange(S, device=rows.device)
-        offset = 0 if T is None else S - T
-        return (keys[None, None, :] <= rows[:, :, None] + offset)[:, None]  # (B, 1, R, S), causal
+        return (keys[None, None, :] <= rows[:, :, None])[:, None]  # (B, 1, R, S), causal
     mask = mask.expand(B, -1, -1, -1)
     index = rows[:, None, :, None].expand(B, mask.shape[1], rows.shape[1], S)
     return mask.gather(2, index)
@@ -129,11 +127,11 @@ def attnprobe_attention(
             attn_mask=attention_mask,
             dropout_p=dropout,
             scale=scaling,
-            is_causal=attention_mask is None and causal and T > 1,  # transformers passes no mask only when T == 1 or T == S
+            is_causal=attention_mask is None and causal and T > 1,
         )  # (B, H, T, D)
     else:  # exact math: SDPA has no soft-capping or sinks
         all_rows = torch.arange(T, device=query.device).expand(B, T)
-        weights = attention_weights(query, key, rows_of_mask(attention_mask, all_rows, B, S, causal, T), scaling, softcap, s_aux)
+        weights = attention_weights(query, key, rows_of_mask(attention_mask, all_rows, B, S, causal), scaling, softcap, s_aux)
         output = torch.matmul(weights.to(value.dtype), expand_kv(value, H))  # (B, H, T, D)
 
     layer = getattr(module, "layer_idx", None)
@@ -145,7 +143,7 @@ def attnprobe_attention(
         rows = torch.arange(T, device=query.device).expand(B, T) if plan.rows is None else plan.rows.to(query.device)
         R = rows.shape[1]
         q_rows = query.gather(2, rows[:, None, :, None].expand(B, H, R, D))  # (B, H, R, D)
-        mask_rows = rows_of_mask(attention_mask, rows, B, S, causal, T)
+        mask_rows = rows_of_mask(attention_mask, rows, B, S, causal)
         plan.weights[layer] = attention_weights(q_rows, key, mask_rows, scaling, softcap, s_aux).detach()
 
     return output.transpose(1, 2).contiguous(), None  # (B, T, H, D)
@@ -191,7 +189,7 @@ class AttentionSite:
         """The mask of every query row: (B, 1, T, S), or None where nothing is masked."""
         B, _, T, _ = self.query.shape
         rows = torch.arange(T, device=self.query.device).expand(B, T)
-        return rows_of_mask(self.mask, rows, B, self.key.shape[2], self.causal, T)
+        return rows_of_mask(self.mask, rows, B, self.key.shape[2], self.causal)
 
     def weights(self) -> torch.Tensor:
         """The attention weights of every head and query row, recomputed: (B, H, T, S)."""
@@ -307,7 +305,6 @@ def picked_logits(model: torch.nn.Module, pick: tuple[torch.Tensor, torch.Tensor
         yield
     finally:
         hook.remove()
-
 
 
 def pack_trie(sequences: list[tuple[int, ...]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:

@@ -15,6 +15,7 @@ import click
 
 from .errors import AttnprobeError, RunError, RunInterrupted
 from .models import DEFAULT_MODEL, DTYPES
+from .run.plan import DEFAULT_BATCH_SIZE
 
 
 class OneLineErrors(click.Group):
@@ -193,7 +194,7 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
         click.echo(f"note: {line}")
     n = max(1, len(encoded))
     blocker = prefix_sharing_blocker(config, max((e.n_forward for e in encoded), default=0))
-    shared = sharing_summary([plan_batches(encoded, 256, share_prefixes=blocker is None)], encoded, blocker)
+    shared = sharing_summary([plan_batches(encoded, DEFAULT_BATCH_SIZE, share_prefixes=blocker is None)], encoded, blocker)
     sharing = f"{shared['tokens_forwarded'] / n:.2f} with shared prefixes once" if blocker is None else f"prefixes not shared: {blocker}"
     click.echo(f"tokens ({spec} tokenizer): {shared['tokens_without_sharing'] / n:.2f} forwarded per prompt ({sharing}), "
                f"longest prompt {max((len(e.ids) for e in encoded), default=0)}")
@@ -207,7 +208,7 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
 @click.argument("suite", type=click.Path(dir_okay=False))
 @click.option("--model", "model_spec", default=None, help="Model spec; default: the suite's `model`, else smollm2-135m.")
 @click.option("--out", type=click.Path(file_okay=False), help="Run directory; default reports/<suite>/<model>/.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True, help="Prompts per forward pass.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULT_BATCH_SIZE, show_default=True, help="Prompts per forward pass.")
 @click.option("--limit", type=click.IntRange(min=1), help="Run only about N prompts (whole items, spread over templates).")
 @dtype_option
 @click.option("--resume/--fresh", default=True, show_default=True, help="Continue a killed run, or start over.")

@@ -224,16 +224,14 @@ def bench_sharing(pm, pm_bf16, encoded, repeats: int, scratch: Path, peers: list
     """The run with prefix sharing against the run without it and against both floors, on the same
     prompts (all of the suite by default), timed in turn in every repeat; then the peers."""
     from attnprobe.capture import pack_trie, packed_inputs
-    from attnprobe.run.plan import plan_batches, sharing_summary
+    from attnprobe.run.plan import DEFAULT_BATCH_SIZE, plan_batches, sharing_summary
 
     model, pad = pm.model, pm.tokenizer.pad_token_id
     n = len(encoded)
     forwarded = batches_of(encoded, 32, pad, forwarded=True)
-    packed = []
-    for batch in plan_batches(encoded, 256, share_prefixes=True):
-        ids, pos, mask = packed_inputs([pack_trie([encoded[i].forward_ids for i in pack]) for pack in batch.packs], pad)
-        packed.append((ids, pos, mask))
-    unique = sharing_summary([plan_batches(encoded, 256, share_prefixes=True)], encoded, None)["tokens_forwarded"] / n
+    batches = plan_batches(encoded, DEFAULT_BATCH_SIZE, share_prefixes=True)
+    packed = [packed_inputs([pack_trie([encoded[i].forward_ids for i in pack]) for pack in batch.packs], pad) for batch in batches]
+    unique = sharing_summary([batches], encoded, None)["tokens_forwarded"] / n
 
     @torch.inference_mode()
     def floor_forwarded():

@@ -13,22 +13,8 @@ from attnprobe.cli import main
 from attnprobe.models import from_pretrained_objects
 from attnprobe.verify import verify
 
-from conftest import INTERFACE_FAMILIES, VOCAB, build_tiny
-
-
-class ModuloTokenizer:
-    """The bundled tokenizer with ids folded into a tiny model's vocabulary (real text, real padding)."""
-
-    pad_token = "<pad>"
-    padding_side = "right"
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-    def __call__(self, texts, **kwargs):
-        enc = self.tokenizer(texts, **kwargs)
-        enc["input_ids"] = enc["input_ids"] % VOCAB
-        return enc
+from conftest import INTERFACE_FAMILIES, build_tiny
+from tiny_families import ModuloTokenizer
 
 
 @pytest.fixture(scope="module")

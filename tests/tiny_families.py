@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-VOCAB = 100
+from conftest import VOCAB
 SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              head_dim=8, vocab_size=VOCAB, max_position_embeddings=128, moe_intermediate_size=32, num_experts=4,
              num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,

@@ -26,8 +26,8 @@ from ..version import __version__
 from . import storage
 from ..progress import Progress
 from .execute import deferred_interrupt, ignored_interrupts, example_attention, measure_batch
-from .plan import (encode_prompts, fingerprint, plan_batches, plan_chunks, plan_sha256, prefix_sharing_blocker, select_prompts,
-                   sharing_summary, sink_notes)
+from .plan import (DEFAULT_BATCH_SIZE, encode_prompts, fingerprint, plan_batches, plan_chunks, plan_sha256,
+                   prefix_sharing_blocker, select_prompts, sharing_summary, sink_notes)
 
 SEED = 0  # nothing in a run is random; recorded so statistics that resample can say what they used
 EFFECT_CHUNK_ITEMS = 4  # head-effects items per chunk: at most this many items are redone after a kill
@@ -49,7 +49,7 @@ def run_suite(
     suite: str | Path | Suite,
     model: str | ProbeModel | None = None,
     out: str | Path | None = None,
-    batch_size: int = 256,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     limit: int | None = None,
     dtype: str = "float32",
     resume: bool = True,

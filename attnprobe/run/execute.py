@@ -27,8 +27,8 @@ def measure_batch(pm: ProbeModel, suite: Suite, batch: list[Encoded], context: d
         assert not set(keywords) & set(asked), f"{kind.NAME} asks for capture arguments another kind sets"
         asked.update(keywords)
     if packs:
-        starts = [sum(packs[:k]) for k in range(len(packs))]
-        rows = [[e.forward_ids for e in batch[start:start + size]] for start, size in zip(starts, packs)]
+        prompts = iter(batch)
+        rows = [[next(prompts).forward_ids for _ in range(size)] for size in packs]
         captured = run_with_shared_prefixes(pm, rows, pm.tokenizer.pad_token_id, **asked)
     else:
         ids, mask = pad_right([e.forward_ids for e in batch], pm.tokenizer.pad_token_id)

@@ -144,6 +144,7 @@ def prefix_sharing_blocker(config, longest: int) -> str | None:
 
 
 PACK_TOKENS = 64  # a pack grows up to this many distinct tokens (or one prompt, if longer)
+DEFAULT_BATCH_SIZE = 256  # prompts per forward pass: a packed forward holds few tokens per prompt
 
 
 def _common_length(a: tuple, b: tuple) -> int:
