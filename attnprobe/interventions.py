@@ -43,11 +43,11 @@ def behaviour(logits: torch.Tensor, positive, negative) -> torch.Tensor:
     return side(positive) - side(negative)
 
 
-def decoder_layers(model) -> list[torch.nn.Module]:
-    """The model's decoder layers: the module list with one entry per hidden layer."""
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The model's decoder layers: the module list with one entry per hidden layer (empty if none)."""
     model = model if isinstance(model, torch.nn.Module) else model.model
     n = model.config.num_hidden_layers
-    return next((list(m) for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), [])
+    return next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), torch.nn.ModuleList())
 
 
 def mlp_modules(model) -> list[torch.nn.Module] | None:

@@ -159,7 +159,7 @@ def test_check_says_what_a_run_would_do_without_weights(monkeypatch):
     result = CliRunner().invoke(main, ["check", "probes/gender.yaml"])
     assert result.exit_code == 0, result.output
     assert "6840 prompts, 2280 items" in result.output and "female - male by pronoun" in result.output
-    assert "head_effects (occupation replaced): 48 items" in result.output and re.search(r"estimate: about \d+\.\d min", result.output)
+    assert "head_effects (occupation replaced): 480 items" in result.output and re.search(r"estimate: about \d+\.\d min", result.output)
     assert "7.72 forwarded per prompt (2.09 with shared prefixes once)" in result.output  # 52,794 and 14,263 tokens
     bad = CliRunner().invoke(main, ["check", "probes/nope.yaml"])
     assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "suite file not found" in bad.output

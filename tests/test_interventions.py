@@ -242,4 +242,7 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
     assert list(summary.index) == ["woman", "man"] and (summary["share_all_heads_in"] - 1).abs().max() <= 1e-4
     assert summary["spearman_attribution_exact"].between(-1, 1).all() and (summary["te_mean"]["woman"] > 0 > summary["te_mean"]["man"])
     shares = pd.read_csv(run.directory / "head_effects_layer_shares.csv")
-    assert len(shares) == 2 * 30 * 4 and shares["ci_low"].le(shares["share"]).all()
+    assert len(shares) == 2 * 30 * 6 and shares["ci_low"].le(shares["share"]).all()  # attention, mlp x in, out, attribution
+    # a layer's attention attribution is the sum of its heads'
+    per_head = items.groupby(["item_id", "counterfactual", "layer"])["attribution_output"].sum()
+    assert (layers.set_index(["item_id", "counterfactual", "layer"])["attention_attribution"] - per_head).abs().max() <= 1e-9

@@ -181,11 +181,12 @@ head_effects: {cut: pronoun, positive: female, negative: male, counterfactual: {
 """
 
 
-def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_path):
+def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_path, monkeypatch):
     """Head effects are stored in chunks of items like the rest: a lost chunk is recomputed alone;
     two shards merged give exactly the unsharded first phase, and running the merged directory
     again adds the selected-heads phase, equal to the unsharded run's."""
-    from attnprobe.run import EFFECT_CHUNK_ITEMS
+    monkeypatch.setattr(attnprobe.run, "EFFECT_CHUNK_ITEMS", 4)
+    EFFECT_CHUNK_ITEMS = 4
 
     suite = tmp_path / "fx.yaml"
     suite.write_text(EFFECT_SUITE)
@@ -219,9 +220,15 @@ def test_exact_k_patches_the_same_suite_heads_on_every_item(tiny_llama_dir, tmp_
     suite.write_text(EFFECT_SUITE.replace("counterfactual: {occupation: woman}", "counterfactual: {occupation: [woman, man]}, exact: 2, select: 1"))
     run = attnprobe.run_suite(suite, out=tmp_path / "k", model=str(tiny_llama_dir), progress=False, log=lambda m: None)
     items = pd.read_parquet(run.directory / "head_effects_items.parquet")
-    patched = items[items["output_in"].notna()]
+    totals = pd.read_parquet(run.directory / "head_effects_totals.parquet")
+    held = set(totals.loc[totals["held_out"], "item_id"])
+    assert len(held) == run.manifest["head_effects"]["held_out"] == 5  # 8 by default, at most half of the 10 items
+    on_held = items[items["item_id"].isin(held)]
+    assert on_held[["output_in", "output_out", "pattern_in"]].notna().all().all()  # every head exact there
+    patched = items[items["output_in"].notna() & ~items["item_id"].isin(held)]
     heads = set(map(tuple, patched[["layer", "head"]].to_numpy()))
-    assert len(heads) == 2 and len(patched) == 2 * run.manifest["head_effects"]["n_pairs"]  # the same 2 heads in every pair
+    grid = run.manifest["model"]["n_layers"] * run.manifest["model"]["n_heads"]
+    assert len(heads) == 2 and len(patched) == 2 * (run.manifest["head_effects"]["n_pairs"] - len(on_held) // grid)  # the same 2 heads
     assert patched[["output_out", "pattern_in"]].notna().all().all() and items["attribution_output"].notna().all()
     assert run.manifest["head_effects"]["exact_heads"] == " ".join(f"L{l}H{h}" for l, h in sorted(heads))
     stats = attnprobe.Run(run.directory).head_effects
@@ -281,7 +288,8 @@ def test_a_run_off_a_terminal_logs_each_chunk(tiny_llama_dir, tmp_path):
     assert result.exit_code == 0, result.output
     assert re.search(r"attnprobe run: chunk 1 of 3 done, 8 of 20 prompts, \d+ s, about \d+ s left", result.output)
     assert "attnprobe run: chunk 3 of 3 done, 20 of 20 prompts" in result.output
-    assert re.search(r"head effects: chunk 1 of \d+ done, 4 of \d+ items", result.output)
+    assert re.search(r"head effects: chunk 1 of 1 done, 10 of 10 items", result.output)
+    assert re.search(r"selected heads: chunk 1 of 1 done, 10 of 10 items", result.output)
 
 
 def _load_error(path: Path, text: str) -> str:
@@ -436,9 +444,10 @@ def test_pronoun_swap_needs_paired_versions_and_a_question(tmp_path):
     assert (measure.design, measure.positive, measure.negative, measure.replacements, measure.exact) == ("pair", "pro", "anti", ("anti",), 3)
 
 
-def test_limit_scales_the_head_effects_items_and_the_run_says_how_many(tiny_llama_dir, tmp_path):
+def test_limit_scales_the_head_effects_items_and_the_run_says_how_many(tiny_llama_dir, tmp_path, monkeypatch):
     """--limit 10 of 20 prompts halves max_items (8 -> 4); before the phase the run logs the item
     count, and after the first chunk the time per item and what is left."""
+    monkeypatch.setattr(attnprobe.run, "EFFECT_CHUNK_ITEMS", 4)
     suite = tmp_path / "fx.yaml"
     suite.write_text(EFFECT_SUITE.replace("counterfactual: {occupation: woman}}", "counterfactual: {occupation: woman}, max_items: 8}"))
     lines = []

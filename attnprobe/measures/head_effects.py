@@ -7,13 +7,13 @@ by one of the declared words (e.g. the occupation by "woman", "man" and "person"
 word. x and x' may tokenise to different lengths: patching aligns the slot's last token and what
 follows it.
 
-Two phases. Per item (in resumable chunks): the total effect, every head's attribution, the
-exactly patched single heads (all of them with `exact: all`), each layer's attention and MLP
-output, and all heads jointly. Then, with every item done: the heads chosen on one half of the
-units (by exact effect, or by attribution with `exact: k`) are patched jointly on the other half
-(cross-fitted), and with `exact: k` the suite's k heads (by attribution over all items) are
-patched one by one on every item. This module chooses the items, checks everything a tokenizer can
-tell before any weights load, and computes; the run writes what it returns.
+Two phases (measures/head_effect_phases.py, computed in batches by patching.py). The screen, per
+item in resumable chunks: the total effect, every head's and layer's attribution, all heads'
+patterns jointly, and on the held-out items (every item with `exact: all`) every head and layer
+patched exactly. Then, with every item screened: the suite's k heads (by attribution over the items
+not held out) patched one by one on every item, and the heads chosen on one half of the units
+patched jointly on the other half (cross-fitted). This module chooses the items, checks everything a
+tokenizer can tell before any weights load, and summarises; the run writes the tables.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
-import pandas as pd
 import torch
 
 from ..errors import SuiteError
@@ -33,6 +32,7 @@ from ..yamllines import line_of, required_str
 HEAD_COLUMNS = ("output_in", "output_out", "pattern_in", "attribution_output", "attribution_pattern")
 LAYER_COLUMNS = ("attention_in", "attention_out", "mlp_in", "mlp_out")
 SELECT_DEFAULT = 5  # heads per cross-fitted set
+HELD_OUT_DEFAULT = 8  # items on which every head is patched exactly, to check attribution against
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class HeadEffectsMeasure:
     choice: object | None = None  # with design pair: the ReferentChoiceMeasure whose question ends x and x'
     referents: tuple[str, ...] = ()  # with design pair: y = log p(answer's first token) - log p(the other's)
     answer: str | None = None
+    held_out: int = HELD_OUT_DEFAULT  # with exact: k, items patched exactly everywhere and left out of choosing the k heads
 
     @staticmethod
     def parse(ctx, doc, slots, template_ids, next_token, analysis, choice=None) -> HeadEffectsMeasure | None:
@@ -66,7 +67,7 @@ class HeadEffectsMeasure:
             return HeadEffectsMeasure._parse_pair(ctx, doc, node, template_ids, analysis, choice)
         if not isinstance(node, dict):
             ctx.fail(doc, "head_effects", "`head_effects` is a mapping with cut, counterfactual, positive, negative (candidate labels)")
-        allowed = {"cut", "counterfactual", "positive", "negative", "templates", "max_items", "exact", "select"}
+        allowed = {"cut", "counterfactual", "positive", "negative", "templates", "max_items", "exact", "select", "held_out"}
         unknown = set(node) - allowed
         if unknown:
             hint = "; zero and mean ablation were replaced by patching in both directions" if unknown & {"ablations"} else ""
@@ -83,7 +84,7 @@ class HeadEffectsMeasure:
         words = [words] if isinstance(words, str) else words
         if not isinstance(words, list) or not words or not all(isinstance(w, str) and w.strip() for w in words) or len(set(words)) != len(words):
             ctx.fail(node, "counterfactual", "the replacements are non-empty, distinct words, e.g. [woman, man, person]")
-        chosen, counts, exact = _selection(ctx, node, template_ids)
+        chosen, counts, exact = _selection(ctx, node, template_ids, analysis)
         labels = {}
         for key in ("positive", "negative"):
             default = getattr(analysis, key)
@@ -96,25 +97,26 @@ class HeadEffectsMeasure:
         return HeadEffectsMeasure(cut, slot, tuple(str(w) for w in words), labels["positive"], labels["negative"],
                                   tuple(chosen) if chosen else None, counts["max_items"], exact, counts["select"],
                                   unit, analysis.covariate if unit == analysis.unit else None,
-                                  origin=f"{ctx.path}:{line_of(doc, 'head_effects')}")
+                                  origin=f"{ctx.path}:{line_of(doc, 'head_effects')}", held_out=counts["held_out"])
 
     @staticmethod
     def _parse_pair(ctx, doc, node, template_ids, analysis, choice) -> HeadEffectsMeasure:
         """`counterfactual: pair`: x is an item's positive version (pro) and x' its negative one (anti),
         each followed by the referent_choice question; y is the model's referent choice."""
-        allowed = {"counterfactual", "templates", "max_items", "exact", "select"}
+        allowed = {"counterfactual", "templates", "max_items", "exact", "select", "held_out"}
         for key in node:
             if key not in allowed:
                 ctx.fail(node, key, f"unknown key '{key}' in head_effects with counterfactual: pair; allowed: {', '.join(sorted(allowed))}")
         if not analysis.paired or choice is None:
             ctx.fail(node, "counterfactual", "counterfactual: pair patches an item's positive version into its negative one "
                      "and needs paired versions (analysis positive/negative) and a `referent_choice:` question for y")
-        chosen, counts, exact = _selection(ctx, node, template_ids)
+        chosen, counts, exact = _selection(ctx, node, template_ids, analysis)
         unit = analysis.unit or next((c for c in analysis.clusters if c not in ("template_id", "item_id")), None)
         return HeadEffectsMeasure("", analysis.contrast, (analysis.negative,), analysis.positive, analysis.negative,
                                   tuple(chosen) if chosen else None, counts["max_items"], exact,
                                   counts["select"], unit, None, origin=f"{ctx.path}:{line_of(doc, 'head_effects')}",
-                                  design="pair", choice=choice, referents=analysis.referents, answer=analysis.answer)
+                                  design="pair", choice=choice, referents=analysis.referents, answer=analysis.answer,
+                                  held_out=counts["held_out"])
 
     def for_prompts(self, n_selected: int, n_total: int) -> HeadEffectsMeasure:
         """The measure for a run of n_selected of the suite's n_total prompts (--limit): max_items
@@ -122,6 +124,13 @@ class HeadEffectsMeasure:
         if not self.max_items or n_selected >= n_total:
             return self
         return replace(self, max_items=math.ceil(self.max_items * n_selected / n_total))
+
+    def held_out_ids(self, items: list[dict]) -> set[str]:
+        """With exact: k, the items patched exactly everywhere: the first `held_out` of the plan (a
+        spread over templates and slot values), at most half of the items; none with exact: all."""
+        if self.exact == "all":
+            return set()
+        return {i["item_id"] for i in items[: min(self.held_out, len(items) // 2)]}
 
     def check_family(self, routes_attention: bool, spec: str) -> None:
         """Interventions run inside attnprobe's attention function: refuse a family that bypasses it."""
@@ -250,21 +259,25 @@ class HeadEffectsMeasure:
         return ids
 
 
-def _selection(ctx, node, template_ids) -> tuple[list | None, dict, str | int]:
-    """The keys both designs share: `templates` (ids of templates or sentence sets), `max_items`,
-    `select`, `exact`."""
+def _selection(ctx, node, template_ids, analysis) -> tuple[list | None, dict, str | int]:
+    """The keys both designs share: `templates` (ids of templates or sentence sets, or names of the
+    analysis's groups), `max_items`, `select`, `held_out`, `exact`."""
     chosen = node.get("templates")
     if chosen is not None:
         if not isinstance(chosen, list) or not chosen:
-            ctx.fail(node, "templates", "`templates` lists template ids")
-        for template_id in chosen:
-            if template_id not in template_ids:
-                ctx.fail(node, "templates", f"unknown template id '{template_id}'")
+            ctx.fail(node, "templates", "`templates` lists template ids or group names")
+        expanded = []
+        for name in chosen:
+            if name not in template_ids and name not in analysis.groups:
+                groups = f" or a group ({', '.join(analysis.groups)})" if analysis.groups else ""
+                ctx.fail(node, "templates", f"unknown template id '{name}'; use a template id{groups}")
+            expanded += [t for t in analysis.groups.get(name, (name,)) if t not in expanded]
+        chosen = expanded
     counts = {}
-    for key, default in (("max_items", None), ("select", SELECT_DEFAULT)):
+    for key, default, least in (("max_items", None, 1), ("select", SELECT_DEFAULT, 1), ("held_out", HELD_OUT_DEFAULT, 0)):
         value = node.get(key, default)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            ctx.fail(node, key, f"{key} must be a positive integer")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+            ctx.fail(node, key, f"{key} must be an integer of at least {least}")
         counts[key] = value
     exact = node.get("exact", "all")
     if exact != "all" and (not isinstance(exact, int) or isinstance(exact, bool) or exact < 1):
@@ -272,115 +285,12 @@ def _selection(ctx, node, template_ids) -> tuple[list | None, dict, str | int]:
     return chosen, counts, exact
 
 
-def compute(pm, measure: HeadEffectsMeasure, items: list[dict], bar, singles=None, sets=None, first_phase=True) -> dict[str, pd.DataFrame]:
-    """Patch some items: tables `items` (per item, counterfactual, layer and head), `layers` (per
-    item, counterfactual and layer) and `totals` (per item and counterfactual). `singles` (L, H)
-    are the heads patched one by one (default: all with exact: all, none otherwise); `sets(item,
-    word)` gives named head sets patched jointly. The first phase adds each layer, all heads and the
-    attribution. `bar` counts items."""
-    from ..interventions import effects
-
-    L, H = pm.info.n_layers, pm.info.n_heads
-    if singles is None:
-        singles = torch.full((L, H), measure.exact == "all")
-    heads, per_layer, totals = [], [], []
-    for item in items:
-        for cf in item["counterfactuals"]:
-            key = {"item_id": item["item_id"], "counterfactual": cf["word"]}
-            r = effects(pm, item["x"], cf["x_cf"], cf["at"], cf["at_cf"], item["positive"], item["negative"], singles,
-                        sets(item, cf["word"]) if sets else None, layers=first_phase, every=first_phase)
-            totals.append({**key, "template_id": item["template_id"], measure.slot: item["original"],
-                           "n_tokens": len(item["x"]), "n_tokens_cf": len(cf["x_cf"]), "y": r["y"], "y_cf": r["y_cf"], "te": r["te"],
-                           **{k: r[k] for k in r if k.endswith(("_in", "_out")) and np.ndim(r[k]) == 0}})
-            frame = pd.DataFrame({**key, "layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L)})
-            for column in HEAD_COLUMNS:
-                frame[column] = r[column].reshape(-1).numpy()
-            heads.append(frame)
-            if first_phase:
-                per_layer.append(pd.DataFrame({**key, "layer": np.arange(L), **{c: r[c].numpy() for c in LAYER_COLUMNS}}))
-        bar.update(1)
-    empty = lambda columns: pd.DataFrame(columns=["item_id", "counterfactual", *columns])  # noqa: E731
-    return {"items": pd.concat(heads, ignore_index=True) if heads else empty(["layer", "head", *HEAD_COLUMNS]),
-            "layers": pd.concat(per_layer, ignore_index=True) if per_layer else empty(["layer", *LAYER_COLUMNS]),
-            "totals": pd.DataFrame(totals)}
-
-
-def halves(items: list[dict]) -> dict[str, int]:
-    """Item id -> half (0 or 1): units (e.g. occupations) sorted by the covariate, or by name,
-    alternately assigned, so both halves span it; every item of a unit lies in one half."""
-    units = pd.DataFrame({"unit": [i["unit"] for i in items], "x": [i["covariate"] for i in items]}).drop_duplicates("unit")
-    units = units.sort_values(["x", "unit"], na_position="last", kind="stable").reset_index(drop=True)
-    half = dict(zip(units["unit"], units.index % 2))
-    return {i["item_id"]: int(half[i["unit"]]) for i in items}
-
-
-def heads_text(mask: torch.Tensor) -> str:
-    return " ".join(f"L{int(l)}H{int(h)}" for l, h in mask.nonzero().tolist())
-
-
-def select(measure: HeadEffectsMeasure, items: list[dict], totals: pd.DataFrame, head_items: pd.DataFrame,
-           n_layers: int, n_heads: int) -> dict:
-    """The head sets of the second phase, from the first phase's tables: per counterfactual word
-    and half, the `select` heads with the largest mean effect in the direction of the total effect
-    on that half (exact patch-in effect with exact: all, else attribution); and with exact: k the
-    suite's k heads (mean over words of the attribution in the direction of each word's effect)."""
-    half = halves(items)
-    score_column = "output_in" if measure.exact == "all" else "attribution_output"
-    frame = head_items.assign(half=head_items["item_id"].map(half))
-    te = totals.assign(half=totals["item_id"].map(half))
-    chosen: dict[str, list[str]] = {}
-    suite_score = np.zeros(n_layers * n_heads)
-    for word, rows in frame.groupby("counterfactual", sort=False):
-        chosen[word] = []
-        for h in (0, 1):
-            part = rows[rows["half"] == h]
-            sign = np.sign(te.loc[(te["counterfactual"] == word) & (te["half"] == h), "te"].mean()) or 1.0
-            means = part.groupby(["layer", "head"])[score_column].mean().reindex(
-                pd.MultiIndex.from_product([range(n_layers), range(n_heads)])).to_numpy()
-            chosen[word].append(_top(sign * means, measure.select, n_layers, n_heads))
-        sign = np.sign(te.loc[te["counterfactual"] == word, "te"].mean()) or 1.0
-        suite_score += sign * rows.groupby(["layer", "head"])["attribution_output"].mean().reindex(
-            pd.MultiIndex.from_product([range(n_layers), range(n_heads)])).to_numpy()
-    suite = _top(suite_score, measure.exact, n_layers, n_heads) if measure.exact != "all" else None
-    return {"halves": half, "crossfit": chosen, "suite": suite}
-
-
-def _top(score: np.ndarray, k: int, n_layers: int, n_heads: int) -> list[int]:
-    """Flat indices l H + h of the k largest finite scores."""
-    score = np.where(np.isfinite(score), score, -np.inf)
-    return sorted(np.argsort(-score, kind="stable")[:min(k, n_layers * n_heads)].tolist())
-
-
-def _mask(flat: list[int], n_layers: int, n_heads: int) -> torch.Tensor:
-    mask = torch.zeros(n_layers * n_heads, dtype=torch.bool)
-    mask[flat] = True
-    return mask.view(n_layers, n_heads)
-
-
-def compute_selected(pm, measure: HeadEffectsMeasure, items: list[dict], selection: dict, bar) -> dict[str, pd.DataFrame]:
-    """Second phase: per item and word, the cross-fitted set (chosen on the other half) patched
-    jointly, and with exact: k the suite's heads one by one."""
-    L, H = pm.info.n_layers, pm.info.n_heads
-    singles = _mask(selection["suite"], L, H) if selection["suite"] is not None else torch.zeros(L, H, dtype=torch.bool)
-
-    def sets(item, word):
-        return {"crossfit": _mask(selection["crossfit"][word][1 - selection["halves"][item["item_id"]]], L, H)}
-
-    tables = compute(pm, measure, items, bar, singles=singles, sets=sets, first_phase=False)
-    tables["items"] = tables["items"][np.tile(singles.flatten().numpy(), len(tables["items"]) // (L * H))]
-    totals = tables["totals"][["item_id", "counterfactual", "crossfit_in", "crossfit_out"]].copy()
-    totals["crossfit_heads"] = [heads_text(_mask(selection["crossfit"][w][1 - selection["halves"][i]], L, H))
-                                for i, w in zip(totals["item_id"], totals["counterfactual"])]
-    return {"items": tables["items"][["item_id", "counterfactual", "layer", "head", "output_in", "output_out", "pattern_in"]],
-            "totals": totals}
-
-
 def summary(measure: HeadEffectsMeasure, items: list[dict], dropped: list[dict], seconds: float, selection: dict | None = None,
             n_heads: int = 0) -> dict:
     """What the manifest records about the head effects of a run."""
     out = {"n_items": len(items), "n_pairs": sum(len(i["counterfactuals"]) for i in items), "dropped": dropped,
            "seconds": round(seconds, 3), "counterfactual": {measure.slot: list(measure.replacements)}, "exact": measure.exact,
-           "select": measure.select, "halves_by": measure.unit, "positive": measure.positive, "negative": measure.negative,
+           "select": measure.select, "held_out": len(measure.held_out_ids(items)), "halves_by": measure.unit, "positive": measure.positive, "negative": measure.negative,
            "design": measure.design}
     if selection is not None:
         heads = lambda flat: " ".join(f"L{i // n_heads}H{i % n_heads}" for i in flat)  # noqa: E731
@@ -392,7 +302,7 @@ def summary(measure: HeadEffectsMeasure, items: list[dict], dropped: list[dict],
 def plan_sha256(items: list[dict], measure: HeadEffectsMeasure | None = None) -> str:
     """A hash of the head-effects plan (item ids, x and x' token ids, aligned positions, labels,
     selection settings): chunks of another plan are redone."""
-    digest = hashlib.sha256(repr((measure.exact, measure.select) if measure else None).encode())
+    digest = hashlib.sha256(repr((measure.exact, measure.select, measure.held_out) if measure else None).encode())
     for item in items:
         cfs = [(c["word"], c["x_cf"].tolist(), int(c["at"][0]), int(c["at_cf"][0])) for c in item["counterfactuals"]]
         digest.update(f"{item['item_id']}|{item['x'].tolist()}|{cfs}|{item['positive']}|{item['negative']}|{item['unit']};".encode())

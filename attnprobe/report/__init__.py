@@ -35,7 +35,8 @@ def load_tables(run: RunFiles, refresh: bool = False, write: bool = True, progre
     run.require_complete()
     names = STATS_TABLES + (HEAD_EFFECT_TABLES if run.has_head_effects else ())
     stamp = {"stats": stats.TABLES_VERSION, "analysis": run.manifest.get("analysis"),
-             "attention": _signature(run.directory / "attention.parquet")}
+             "attention": _signature(run.directory / "attention.parquet"),
+             "head_effects": _signature(run.directory / "head_effects_items.parquet")}
     if not refresh and _cache_is_valid(run.directory, names, json.loads(json.dumps(stamp))):
         return {name: read_table(run.directory, name) for name in names}
     with Progress(stats.table_steps(run), enabled=progress, unit="table", desc="statistics") as bar:
@@ -50,7 +51,7 @@ def load_tables(run: RunFiles, refresh: bool = False, write: bool = True, progre
 
 
 def _signature(path: Path) -> list:
-    """Size and modification time of the run's attention table: a rerun that rebuilt it changes them."""
+    """Size and modification time of a run's table: a rerun that rebuilt it changes them."""
     info = path.stat() if path.is_file() else None
     return [info.st_size, info.st_mtime_ns] if info else []
 

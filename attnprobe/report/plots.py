@@ -58,8 +58,9 @@ def layer_shares(shares: pd.DataFrame, title: str):
     output, patched in and patched out, with 95% CIs as bands."""
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     for (component, direction), group in shares.groupby(["component", "direction"], sort=False):
-        style = "-" if direction == "in" else "--"
-        line, = ax.plot(group["layer"], group["share"], style, marker="o", markersize=3, label=f"{component}, patched {direction}")
+        style = {"in": "-", "out": "--"}.get(direction, ":")
+        name = f"{component}, patched {direction}" if direction in ("in", "out") else f"{component}, {direction} (every item)"
+        line, = ax.plot(group["layer"], group["share"], style, marker="o", markersize=3, label=name)
         ax.fill_between(group["layer"], group["ci_low"], group["ci_high"], color=line.get_color(), alpha=0.12, linewidth=0)
     ax.axhline(0, color="#888888", linewidth=0.8)
     ax.set_xlabel("layer")

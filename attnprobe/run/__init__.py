@@ -16,6 +16,7 @@ from pathlib import Path
 
 
 from ..errors import RunError, RunInterrupted
+from ..measures import head_effect_phases as phases
 from ..measures import head_effects as head_effects_measure
 from ..measures import BATCH_KINDS, referent_choice
 from ..measures.next_token import candidate_ids
@@ -30,7 +31,8 @@ from .plan import (DEFAULT_BATCH_SIZE, encode_prompts, fingerprint, plan_batches
                    prefix_sharing_blocker, select_prompts, sharing_summary, sink_notes)
 
 SEED = 0  # nothing in a run is random; recorded so statistics that resample can say what they used
-EFFECT_CHUNK_ITEMS = 4  # head-effects items per chunk: at most this many items are redone after a kill
+EFFECT_CHUNK_ITEMS = 32  # head-effects items per chunk: at most this many items are redone after a kill
+HELD_OUT_CHUNK_ITEMS = 2  # held-out items (every head patched exactly, ~60x the cost of another) per chunk
 
 __all__ = ["SEED", "model_name", "run_suite"]
 
@@ -100,7 +102,7 @@ def run_suite(
     if effects is not None:  # every head-effects problem surfaces now, before any weights load
         effects.check_family(routes, spec)
         effect_items, dropped = effects.items(tokenizer, encoded)
-        effect_chunks = [effect_items[i:i + EFFECT_CHUNK_ITEMS] for i in range(0, len(effect_items), EFFECT_CHUNK_ITEMS)]
+        effect_chunks = _effect_chunks(effect_items, effects.held_out_ids(effect_items))
     effects_plan = head_effects_measure.plan_sha256(effect_items, effects) if effects is not None else None
     mine_effects = [k for k in range(len(effect_chunks)) if shard is None or k % shard[1] == shard[0] - 1]
 
@@ -211,11 +213,20 @@ def _referent_choice(pm, suite, encoded, directory, batch_size, progress, log) -
     storage.write_table(directory, "referent_choice", table)
 
 
+def _effect_chunks(items: list[dict], held_out: set[str]) -> list[list[dict]]:
+    """The held-out items first, HELD_OUT_CHUNK_ITEMS per chunk, then the others, EFFECT_CHUNK_ITEMS per chunk."""
+    def split(part, size):
+        return [part[i:i + size] for i in range(0, len(part), size)]
+    return (split([i for i in items if i["item_id"] in held_out], HELD_OUT_CHUNK_ITEMS)
+            + split([i for i in items if i["item_id"] not in held_out], EFFECT_CHUNK_ITEMS))
+
+
 def _head_effects(pm, effects, items, dropped, chunks, mine, plan, directory, manifest, progress, log, shard) -> None:
-    """Both phases of the head effects (see measures.head_effects): the per-item chunks this process
-    owns, then, once every item is done (unsharded runs, or a merged directory run again), the
-    selected heads; the tables are assembled and the manifest records the summary."""
-    seconds = _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, progress, log)
+    """Both phases of the head effects (see measures.head_effects): the screen chunks this process
+    owns, then, once every item is screened (unsharded runs, or a merged directory run again), the
+    selected heads, chunk by chunk; the tables are assembled and the manifest records the summary."""
+    held_out = effects.held_out_ids(items)
+    seconds = _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, progress, log, held_out)
     chunk_dir = directory / "chunks"
     if shard is not None or len(storage.complete_chunks(chunk_dir, len(chunks), log, "effects-", plan)) < len(chunks):
         if seconds or "head_effects" not in manifest:
@@ -223,15 +234,23 @@ def _head_effects(pm, effects, items, dropped, chunks, mine, plan, directory, ma
         return
     L, H = pm.info.n_layers, pm.info.n_heads
     first = storage.read_effect_chunks(directory, len(chunks))
-    selection = head_effects_measure.select(effects, items, first["totals"], first["items"], L, H)
+    selection = phases.select(effects, items, first["totals"], first["items"], L, H)
     selected_plan = hashlib.sha256(f"{plan}|{selection['crossfit']}|{selection['suite']}".encode()).hexdigest()
-    if not storage.complete_chunks(chunk_dir, 1, log, "selected-", selected_plan):
-        log(f"head effects: patching the selected heads ({'cross-fitted sets' if effects.exact == 'all' else f'the suite top {effects.exact} and cross-fitted sets'}) on {len(items)} items")
+    done = storage.complete_chunks(chunk_dir, len(chunks), log, "selected-", selected_plan)
+    if len(done) < len(chunks):
+        heads = "cross-fitted sets" if effects.exact == "all" else f"the suite's top {effects.exact} one by one and cross-fitted sets"
+        log(f"head effects: patching the selected heads ({heads}) on {len(items)} items")
         started = time.perf_counter()
-        bar = Progress(len(items), 0, progress, log, unit="item", desc="selected heads")
-        with deferred_interrupt(log):  # one chunk: Ctrl-C lets it finish
-            tables = head_effects_measure.compute_selected(pm, effects, items, selection, bar)
-            storage.write_effect_chunk(chunk_dir, 0, tables, selected_plan, "selected-")
+        bar = Progress(len(items), sum(len(chunks[k]) for k in done), progress, log, unit="item", desc="selected heads")
+        with deferred_interrupt(log) as interrupted:
+            for k in range(len(chunks)):
+                if k in done:
+                    continue
+                storage.write_effect_chunk(chunk_dir, k, phases.selected(pm, effects, chunks[k], selection, bar), selected_plan, "selected-")
+                bar.chunk_done(k, len(chunks))
+                if interrupted():
+                    bar.close()
+                    _stop(directory, manifest, f"selected-heads chunk {k + 1} of {len(chunks)}")
         bar.close()
         seconds += time.perf_counter() - started
     if seconds or not storage.has_head_effects(directory) or "crossfit_heads" not in manifest.get("head_effects", {}):
@@ -240,8 +259,8 @@ def _head_effects(pm, effects, items, dropped, chunks, mine, plan, directory, ma
         storage.assemble_head_effects(directory, len(chunks), selected_plan)
 
 
-def _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, progress, log) -> float:
-    """Compute this process's head-effects chunks that are not done yet, one chunk of items at a
+def _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, progress, log, held_out) -> float:
+    """Screen this process's head-effects chunks that are not done yet, one chunk of items at a
     time, each written before the next starts (Ctrl-C finishes the chunk, then stops); returns the
     seconds spent (0 when every chunk was already done)."""
     chunk_dir = directory / "chunks"
@@ -251,19 +270,23 @@ def _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, pro
         return 0.0
     started = time.perf_counter()
     n_items = sum(len(chunks[k]) for k in todo)
-    log(f"head effects: {n_items} items ({sum(len(i['counterfactuals']) for k in todo for i in chunks[k])} counterfactual "
-        f"pairs) in {len(todo)} chunk{'s' * (len(todo) > 1)}; the time per item is known after the first chunk")
+    n_held = sum(i["item_id"] in held_out for k in todo for i in chunks[k])
+    log(f"head effects: {n_items} items ({sum(len(i['counterfactuals']) for k in todo for i in chunks[k])} counterfactual pairs"
+        f"{f', {n_held} items held out: every head and layer patched exactly' if n_held else ''}) in {len(todo)} "
+        f"chunk{'s' * (len(todo) > 1)}; the time per item is known after the first chunk")
     bar = Progress(sum(len(chunks[k]) for k in mine), sum(len(chunks[k]) for k in mine if k in done), progress, log,
                    unit="item", desc="head effects")
+    told = False
     with deferred_interrupt(log) as interrupted:
         for k in todo:
-            tables = head_effects_measure.compute(pm, effects, chunks[k], bar)
-            storage.write_effect_chunk(chunk_dir, k, tables, plan)
+            chunk_started = time.perf_counter()
+            storage.write_effect_chunk(chunk_dir, k, phases.screen(pm, effects, chunks[k], held_out, bar), plan)
             bar.chunk_done(k, len(chunks))
-            if k == todo[0] and len(todo) > 1:
-                per_item = (time.perf_counter() - started) / len(chunks[k])
-                log(f"head effects: {per_item:.1f} s per item, about {per_item * (n_items - len(chunks[k])) / 60:.1f} min "
-                    f"for the other {n_items - len(chunks[k])} items")
+            later = [j for j in todo if j > k]
+            if not told and later and not any(i["item_id"] in held_out for i in chunks[k]):  # a chunk of screened items only
+                told = True
+                per_item, n_later = (time.perf_counter() - chunk_started) / len(chunks[k]), sum(len(chunks[j]) for j in later)
+                log(f"head effects: {per_item:.2f} s per item, about {per_item * n_later / 60:.1f} min for the other {n_later} items")
             if interrupted():
                 bar.close()
                 _stop(directory, manifest, f"head-effects chunk {k + 1} of {len(chunks)}")

@@ -324,8 +324,8 @@ def assemble_head_effects(directory: Path, n_chunks: int, selected_plan: str | N
     with the selected-heads phase merged in when it is complete for `selected_plan`: the cross-fitted
     sets' columns join the totals, the suite's exactly patched heads fill the per-head table."""
     tables = read_effect_chunks(directory, n_chunks)
-    if selected_plan and 0 in complete_chunks(directory / "chunks", 1, lambda m: None, "selected-", selected_plan):
-        selected = read_effect_chunks(directory, 1, "selected-")
+    if selected_plan and len(complete_chunks(directory / "chunks", n_chunks, lambda m: None, "selected-", selected_plan)) == n_chunks:
+        selected = read_effect_chunks(directory, n_chunks, "selected-")
         keys = ["item_id", "counterfactual"]
         tables["totals"] = tables["totals"].merge(selected["totals"], on=keys, how="left")
         head_keys = [*keys, "layer", "head"]

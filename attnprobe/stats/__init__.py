@@ -17,7 +17,7 @@ from .referents import referent_accuracy, referent_choice
 from .inference import (ALPHA, N_BOOT, N_PERM, bh_qvalues, cluster_mean_test, correlation_with_ci, n_permutations,
                         slope_permutation_test, split_halves)
 
-TABLES_VERSION = 8  # bump when a table's columns or meaning change: cached tables are recomputed
+TABLES_VERSION = 9  # bump when a table's columns or meaning change: cached tables are recomputed
 
 __all__ = ["TABLES_VERSION", "ALPHA", "N_BOOT", "N_PERM", "analyse", "behavior", "bh_qvalues", "cluster_mean_test", "condition_means",
            "correlation_with_ci", "head_effects", "head_stats", "held_out_interaction", "layer_stats", "log_ratios", "n_permutations",

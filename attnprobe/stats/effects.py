@@ -7,10 +7,15 @@ suite's declared clusters (two-way when it declares two):
 - the total effect TE = y(x') - y(x), with a cluster-robust CI, and Vig et al.'s relative effect
   mean(exp(TE) - 1) (they report ratios of probability ratios; here y is a log-odds difference);
 - per head: the mean patch-in effect of its output (t test, BH over the heads patched on every
-  item), its patch-out effect, its pattern-alone effect and the attribution estimates;
+  item), its patch-out effect, its pattern-alone effect and the attribution estimates; on the
+  held-out items (every head patched exactly there) the exact and the attribution means, and the
+  check of attribution against exact: Spearman on those items, Spearman of the ranking the suite's
+  heads were chosen by (attribution on the other items) against exact there, and how many of the
+  suite's k heads are among the k largest exact effects there;
 - shares of TE (ratio of means, linearised CI): all heads' outputs (100% by construction: every path
   from the slot to the prediction passes through some head), all heads' patterns, each layer's
-  attention and MLP output, and the cross-fitted set (chosen on the other half of the units).
+  attention and MLP output (exact on the held-out items, attribution on every item), and the
+  cross-fitted set (chosen on the other half of the units).
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFra
         w = design.cells["weight"].to_numpy()
         cells = lambda values: design.cell_means(np.asarray(values, float).reshape(len(totals), -1))  # noqa: E731
         te_cells = cells(totals["te"])[:, 0]
-        head_table = _heads(run.head_effect_items, word, totals.index, design, cells, w, te_cells)
+        held = totals["held_out"].fillna(False).to_numpy(bool) if "held_out" in totals else np.zeros(len(totals), bool)
+        head_table = _heads(run.head_effect_items, word, totals.index, design, cells, w, te_cells, held)
         per_head.append(head_table)
         layer_table = _layers(run.head_effect_layers, word, totals.index, cells, w, design, te_cells)
         per_layer.append(layer_table)
@@ -64,7 +70,7 @@ def _wide(long: pd.DataFrame, word: str, index, columns: list[str], value: str) 
     return rows.pivot_table(index=ITEM, columns=columns, values=value, dropna=False).reindex(index)
 
 
-def _heads(long, word, index, design, cells, w, te_cells) -> pd.DataFrame:
+def _heads(long, word, index, design, cells, w, te_cells, held) -> pd.DataFrame:
     out = None
     for column in ("output_in", "output_out", "pattern_in", "attribution_output", "attribution_pattern"):
         wide = _wide(long, word, index, ["layer", "head"], column)
@@ -77,6 +83,11 @@ def _heads(long, word, index, design, cells, w, te_cells) -> pd.DataFrame:
         complete = (counts == counts.max()) & (counts > 0)
         test = cluster_mean_test(cells(values), w, design.clusters)
         name = column.removeprefix("attribution_")
+        if column in ("output_in", "attribution_output"):  # the exact/attribution check on the held-out items
+            on = lambda rows: cluster_mean_test(cells(np.where(rows[:, None], values, np.nan)), w, design.clusters)["mean"]  # noqa: E731
+            out[f"heldout_{column}"] = on(held) if held.any() else np.nan
+            if column == "attribution_output":
+                out["choosing_attribution_output"] = on(~held)
         if column.startswith("attribution"):
             out[f"mean_attribution_{name}"] = test["mean"]
             continue
@@ -95,8 +106,12 @@ def _heads(long, word, index, design, cells, w, te_cells) -> pd.DataFrame:
 
 
 def _layers(long, word, index, cells, w, design, te_cells) -> pd.DataFrame:
+    """Per layer, component (attention, mlp) and direction (in, out: exact; attribution: its estimate
+    of the patch-in effect, on every item) the share of TE."""
     rows = []
-    for column in ("attention_in", "attention_out", "mlp_in", "mlp_out"):
+    for column in ("attention_in", "attention_out", "mlp_in", "mlp_out", "attention_attribution", "mlp_attribution"):
+        if column not in long:  # runs from before attribution per layer
+            continue
         wide = _wide(long, word, index, ["layer"], column)
         share = ratio_test(cells(wide.to_numpy()), te_cells, w, design.clusters)
         component, direction = column.split("_")
@@ -124,8 +139,7 @@ def _summary(word, totals, design, cells, w, te_cells, head_table, info, items, 
     out["n_heads_q05"] = int((head_table["q"] < ALPHA).sum())
     out["exact_heads"] = info.get("exact_heads", "all")
     out["power_note"] = power_note(te["n_clusters"], design.cluster_text)  # a t test has no p floor; few clusters do limit it
-    exact = head_table.loc[tested, "mean_output_in"]
-    out["spearman_attribution_exact"] = _spearman(head_table.loc[tested, "mean_attribution_output"], exact)
+    out.update(_attribution_check(head_table, totals, info, te["mean"][0]))
     slot = next(iter(info.get("counterfactual", {})), None)
     if heads is not None and len(heads) and slot in set(heads["target"]):
         rows = heads[(heads["target"] == slot) & (heads["scope"] == "all")]
@@ -138,6 +152,29 @@ def _summary(word, totals, design, cells, w, te_cells, head_table, info, items, 
         covariate = items.set_index(ITEM)[analysis.covariate]
         out["covariate_kept"] = float(covariate.reindex(totals.index).mean())
         out["covariate_dropped"] = float(covariate.reindex(sorted(dropped)).mean())
+    return out
+
+
+def _attribution_check(head_table: pd.DataFrame, totals: pd.DataFrame, info: dict, te: float) -> dict:
+    """Attribution against exact patching. With held-out items (exact: k): on them, Spearman of
+    attribution against exact over every head; Spearman of the ranking the suite's heads were chosen
+    by (attribution on the other items) against exact on the held-out items; and how many of the
+    suite's k heads are among the k largest exact effects there (in the direction of TE). With
+    exact: all, Spearman over every head on every item."""
+    n_held = int(totals["held_out"].fillna(False).astype(bool).sum()) if "held_out" in totals else 0
+    if not n_held:
+        tested = head_table["p"].notna()
+        return {"n_held_out": 0, "spearman_attribution_exact": _spearman(head_table.loc[tested, "mean_attribution_output"],
+                                                                         head_table.loc[tested, "mean_output_in"])}
+    exact = head_table["heldout_output_in"].to_numpy()
+    out = {"n_held_out": n_held, "spearman_attribution_exact": _spearman(head_table["heldout_attribution_output"], exact),
+           "spearman_heldout_ranking": _spearman(head_table["choosing_attribution_output"], exact)}
+    suite = set((info.get("exact_heads") or "").split()) - {"all"}
+    if suite:
+        names = "L" + head_table["layer"].astype(str) + "H" + head_table["head"].astype(str)
+        score = np.where(np.isfinite(exact), (1.0 if te >= 0 else -1.0) * exact, -np.inf)
+        top = set(names.to_numpy()[np.argsort(-score, kind="stable")[:len(suite)]])
+        out["heldout_top_overlap"] = len(top & suite)
     return out
 
 
