@@ -48,6 +48,8 @@ class _Plan:
 _active_plan: contextvars.ContextVar[_Plan | None] = contextvars.ContextVar("attnprobe_plan", default=None)
 # An editor rewrites per-head outputs (head interventions, see interventions.py).
 _active_editor: contextvars.ContextVar = contextvars.ContextVar("attnprobe_editor", default=None)
+# A prefix: (key, value, mask) -> the same with keys and values of earlier positions prepended (patching.py).
+_active_prefix: contextvars.ContextVar = contextvars.ContextVar("attnprobe_prefix", default=None)
 
 
 def expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -113,20 +115,17 @@ def attnprobe_attention(
     s_aux: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
+    causal = getattr(module, "is_causal", True)
+    plan, prefix = _active_plan.get(), _active_prefix.get()
+    if prefix is not None:
+        key, value, attention_mask = prefix(module.layer_idx, key, value, attention_mask)
     B, H, T, D = query.shape
     S = key.shape[2]
     scaling = D**-0.5 if scaling is None else scaling
-    causal = getattr(module, "is_causal", True)
-    plan = _active_plan.get()
 
     if softcap is None and s_aux is None:
         output = F.scaled_dot_product_attention(
-            query,
-            expand_kv(key, H),
-            expand_kv(value, H),
-            attn_mask=attention_mask,
-            dropout_p=dropout,
-            scale=scaling,
+            query, expand_kv(key, H), expand_kv(value, H), attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
             is_causal=attention_mask is None and causal and T > 1,
         )  # (B, H, T, D)
     else:  # exact math: SDPA has no soft-capping or sinks
@@ -201,14 +200,16 @@ class AttentionSite:
 
 
 @contextmanager
-def editing(editor):
+def editing(editor, prefix=None):
     """Within the block, `editor(site: AttentionSite)` may replace each layer's per-head output
-    (B, H, T, D); see attnprobe.interventions."""
-    token = _active_editor.set(editor)
+    (B, H, T, D) (see attnprobe.interventions), and `prefix(layer, key, value, mask)` may prepend
+    recorded keys and values of positions the input leaves out (see attnprobe.patching)."""
+    tokens = _active_editor.set(editor), _active_prefix.set(prefix)
     try:
         yield editor
     finally:
-        _active_editor.reset(token)
+        _active_editor.reset(tokens[0])
+        _active_prefix.reset(tokens[1])
 
 
 @dataclass

@@ -159,7 +159,8 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
     """Validate a suite and say what a run would do (prompts, items, analysis, measures, tokens,
     a time estimate) without loading any model weights."""
     from .models import DEFAULT_MODEL, load_tokenizer
-    from .run.plan import encode_prompts, plan_batches, prefix_sharing_blocker, select_prompts, sharing_summary, sink_notes
+    from .run.plan import encode_prompts, plan_batches, select_prompts, sharing_summary, sink_notes
+    from .sharing import prefix_sharing_blocker
     from .suite import load_suite
 
     loaded = load_suite(suite, data_roots=data_roots)

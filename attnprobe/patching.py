@@ -12,8 +12,8 @@ module is tested against). Here, for a chunk of items:
   computed, so they are skipped: variants are grouped by that layer, the layers below are replaced
   by pass-through stubs and the lowest one receives the recorded hidden state. Patching a head of
   layer l costs (L - l) / L of a forward pass;
-- attribution for every (x, x') pair comes from one forward and one backward pass of each x, the
-  chunk's x together, with the weights' gradients switched off (only activations need them).
+- attribution for every (x, x') pair (attribution.py) comes from one forward and one backward pass
+  of each x, the chunk's x together.
 
 Shapes: N sequences, T padded length, V variants, B rows of one pass, L layers, H heads, D head
 dim, E model width, K label ids.
@@ -28,6 +28,7 @@ import torch
 
 from .capture import editing, pad_right, picked_logits, run_with_capture
 from .interventions import Activations, decoder_layers, mlp_hooks, mlp_modules
+from .sharing import prefix_sharing_blocker
 
 ROW_TOKENS = 4096  # rows x padded length of one patched forward pass
 
@@ -59,6 +60,8 @@ class Bank:
     ids: torch.Tensor  # (N, T)
     lengths: torch.Tensor  # (N,)
     hidden: list[torch.Tensor]  # L x (N, T, E): the hidden state entering each layer
+    keys: list[torch.Tensor]  # L x (N, Hkv, T, D) as the attention function receives them (rotary applied)
+    values: list[torch.Tensor]  # L x (N, Hkv, T, D)
     outputs: list[torch.Tensor]  # L x (N, H, T, D)
     weights: list[torch.Tensor]  # L x (N, H, T, T)
     mlp: list[torch.Tensor] | None  # L x (N, T, E), None without MLP modules
@@ -72,7 +75,11 @@ def record(model, sequences: list[torch.Tensor]) -> Bank:
     layers = decoder_layers(model)
     ids, mask = pad_right([s.tolist() for s in sequences], 0)
     lengths = mask.sum(1)
-    hidden, acts, returned = {}, Activations(), []
+    hidden, keys, values, acts, returned = {}, {}, {}, Activations(), []
+
+    def recorder(site):
+        keys[site.layer], values[site.layer] = site.key.detach(), site.value.detach()
+        return acts(site)
 
     def entering(layer):
         def hook(module, args, kwargs):
@@ -83,13 +90,14 @@ def record(model, sequences: list[torch.Tensor]) -> Bank:
     handles.append(layers[0].register_forward_hook(lambda module, args, output: returned.append(isinstance(output, tuple))))
     mlps = mlp_modules(model)
     try:
-        with editing(acts), mlp_hooks(mlps, record=acts):
+        with editing(recorder), mlp_hooks(mlps, record=acts):
             logits = run_with_capture(model, ids, mask, layers=[], logit_positions=(lengths - 1)[:, None]).logits[:, 0]
     finally:
         for handle in handles:
             handle.remove()
     n = len(layers)
-    return Bank(ids, lengths, [hidden[i] for i in range(n)], [acts.outputs[i] for i in range(n)],
+    return Bank(ids, lengths, [hidden[i] for i in range(n)], [keys[i] for i in range(n)], [values[i] for i in range(n)],
+                [acts.outputs[i] for i in range(n)],
                 [acts.weights[i] for i in range(n)], [acts.mlp[i] for i in range(n)] if mlps else None, logits, returned[0])
 
 
@@ -115,54 +123,93 @@ class Variants:
         return torch.where(touched.any(-1), touched.float().argmax(-1), torch.full_like(self.base, L))
 
 
-def patched(model, bank: Bank, variants: Variants, row_tokens: int = ROW_TOKENS) -> torch.Tensor:
-    """y of every variant, (V,) float64. Variants are grouped by their lowest patched layer and
-    sorted by length; a group runs in passes of at most `row_tokens` rows x tokens."""
+def patched(model, bank: Bank, variants: Variants, share_prefix: bool = True, row_tokens: int = ROW_TOKENS) -> torch.Tensor:
+    """y of every variant, (V,) float64. Variants are grouped by their lowest patched layer, sorted
+    by their first patched position and length, and run in passes of at most `row_tokens` rows x
+    tokens. With `share_prefix` a pass leaves out the positions before its variants' first patched
+    one (clean in every layer) and reads their recorded keys and values instead, where that is exact
+    (sharing.prefix_sharing_blocker: no window the sequences reach)."""
+    module = model if isinstance(model, torch.nn.Module) else model.model
+    share_prefix = share_prefix and prefix_sharing_blocker(module.config, bank.ids.shape[1]) is None
     first = variants.first_layer()
     y = torch.empty(len(first), dtype=torch.float64)
     lengths = bank.lengths[variants.base]
     for layer in first.unique().tolist():
         group = (first == layer).nonzero()[:, 0]
-        group = group[torch.argsort(lengths[group], stable=True)]
+        group = group[torch.argsort(variants.at[group] * (int(lengths.max()) + 1) + lengths[group], stable=True)]
         if layer == len(bank.hidden):  # nothing patched: the clean run's y
             y[group] = behaviour_rows(bank.logits[variants.base[group]], variants.positive[group], variants.negative[group]).double()
             continue
-        start = 0
-        while start < len(group):
-            stop = start + 1
-            while stop < len(group) and (stop + 1 - start) * int(lengths[group[stop]]) <= row_tokens:
-                stop += 1
-            rows = group[start:stop]
-            y[rows] = _forward(model, bank, variants, rows, layer).double()
-            start = stop
+        for rows in _passes(group, lengths, variants.at if share_prefix else torch.zeros_like(lengths), row_tokens):
+            y[rows] = _forward(model, bank, variants, rows, layer, int(variants.at[rows].min()) if share_prefix else 0).double()
     return y
 
 
+def _passes(group: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, row_tokens: int, waste: float = 0.15):
+    """Consecutive runs of `group` (sorted by start, then length), each one pass: at most `row_tokens`
+    rows x computed positions, and at most `waste` of them padding or a prefix computed again."""
+    begin = 0
+    while begin < len(group):
+        stop, useful = begin + 1, int(lengths[group[begin]] - starts[group[begin]])
+        while stop < len(group):
+            row = group[stop]
+            width = int(lengths[group[begin:stop + 1]].max() - starts[group[begin]])
+            grown = useful + int(lengths[row] - starts[row])
+            if (stop + 1 - begin) * width > min(row_tokens, (1 + waste) * grown + 64):
+                break
+            stop, useful = stop + 1, grown
+        yield group[begin:stop]
+        begin = stop
+
+
 @torch.inference_mode()
-def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int) -> torch.Tensor:
-    """One pass of the variants `rows`, all patching nothing below layer `first`."""
+def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int, prefix: int) -> torch.Tensor:
+    """One pass of the variants `rows`, all patching nothing below layer `first` nor before position
+    `prefix`: the pass starts at that layer and at that position."""
+    module = model if isinstance(model, torch.nn.Module) else model.model
     base = v.base[rows]
     lengths = bank.lengths[base]
     T = int(lengths.max())
-    positions = torch.arange(T)[None]
-    where = (positions >= v.at[rows, None]) & (positions < lengths[:, None])  # (B, T) the patched positions
-    donor_index = (positions - v.at[rows, None] + v.donor_at[rows, None]).clamp(0, bank.ids.shape[1] - 1)  # (B, T)
+    positions = torch.arange(prefix, T)[None]  # (1, T - prefix)
+    where = (positions >= v.at[rows, None]) & (positions < lengths[:, None])  # (B, T - prefix) the patched positions
+    donor_index = (positions - v.at[rows, None] + v.donor_at[rows, None]).clamp(0, bank.ids.shape[1] - 1)
     edit = _Edit(bank, v.donor[rows], where, donor_index, v.output[rows], v.pattern[rows])
     mlps = mlp_modules(model) if v.mlp[rows].any() else None  # found before the stubs replace the layers
+    labels = torch.cat([v.positive[rows], v.negative[rows]], 1)
+    vocabulary = labels[labels >= 0].unique()  # y needs only these logits: log p(a) - log p(b) = logit a - logit b
     with ExitStack() as stack:
-        stack.enter_context(skipping(model, first, bank.hidden[first][base, :T], bank.returns_tuple))
-        stack.enter_context(editing(edit))
+        stack.enter_context(skipping(model, first, bank.hidden[first][base, prefix:T], bank.returns_tuple))
+        stack.enter_context(editing(edit, _Prefix(bank, base, prefix) if prefix else None))
         if mlps:
             stack.enter_context(_mlp_patch(mlps, bank, v.donor[rows], where, donor_index, v.mlp[rows]))
-        labels = torch.cat([v.positive[rows], v.negative[rows]], 1)
-        vocabulary = labels[labels >= 0].unique()  # y needs only these logits: log p(a) - log p(b) = logit a - logit b
-        narrowed = stack.enter_context(narrowed_head(model, vocabulary))
-        mask = (positions < lengths[:, None]).long()
-        logits = run_with_capture(model, bank.ids[base, :T], mask, layers=[], logit_positions=(lengths - 1)[:, None]).logits[:, 0]
+        narrowed = stack.enter_context(narrowed_head(module, vocabulary))
+        stack.enter_context(picked_logits(module, (torch.arange(len(rows)), lengths - 1 - prefix)))
+        out = module(input_ids=bank.ids[base, prefix:T], attention_mask=(positions < lengths[:, None]).long(),
+                     position_ids=positions.expand(len(rows), -1), use_cache=False, logits_to_keep=0)
+    logits = out.logits[0]  # (B, vocabulary or vocab)
     if not narrowed:
         return behaviour_rows(logits, v.positive[rows], v.negative[rows])
     narrow = lambda ids: torch.where(ids >= 0, torch.searchsorted(vocabulary, ids.clamp(min=0)), -1)  # noqa: E731
     return behaviour_rows(logits, narrow(v.positive[rows]), narrow(v.negative[rows]))
+
+
+@dataclass
+class _Prefix:
+    """Prepends, at every layer, the recorded keys and values of each row's first `length` positions
+    (its clean prefix) to the keys and values of the positions the pass computes; every query sees
+    the whole prefix."""
+
+    bank: Bank
+    base: torch.Tensor  # (B,)
+    length: int
+
+    def __call__(self, layer: int, key, value, mask):
+        B, _, T, _ = key.shape
+        key = torch.cat([self.bank.keys[layer][self.base, :, : self.length].to(key.dtype), key], 2)
+        value = torch.cat([self.bank.values[layer][self.base, :, : self.length].to(value.dtype), value], 2)
+        own = torch.ones(T, T, dtype=torch.bool).tril()[None, None] if mask is None else mask  # bool (sdpa_mask)
+        seen = torch.ones(B, own.shape[1], T, self.length, dtype=torch.bool, device=key.device)
+        return key, value, torch.cat([seen, own.to(key.device).expand(B, -1, -1, -1)], 3)
 
 
 @contextmanager
@@ -271,95 +318,3 @@ def skipping(model, first: int, hidden: torch.Tensor, returns_tuple: bool):
         handle.remove()
         for i, layer in enumerate(originals):
             layers[i] = layer
-
-
-@dataclass
-class Pairs:
-    """(x, x') pairs for attribution: x's index into the attribution batch, x' in the Bank, and
-    the first aligned position in each."""
-
-    x: torch.Tensor  # (n,) index into the sequences passed to `attribution`
-    donor: torch.Tensor  # (n,) bank index of x'
-    at: torch.Tensor  # (n,)
-    donor_at: torch.Tensor  # (n,)
-    same_length: torch.Tensor  # (n,) bool: the pattern attribution is defined
-
-
-def attribution(model, bank: Bank, xs: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, pairs: Pairs) -> dict:
-    """First-order estimates of every pair's patch-in effects, from one forward and one backward
-    pass of the bank's sequences `xs` (n_x,): per head (z' - z) . dy/dz (output) and (A' - A) . dy/dA
-    (pattern; NaN for pairs of different lengths), per layer (m' - m) . dy/dm (MLP output); sums over
-    the aligned positions. Returns attribution_output, attribution_pattern (n, L, H), attribution_mlp (n, L)."""
-    grads = _Gradients()
-    module = model if isinstance(model, torch.nn.Module) else model.model
-    lengths = bank.lengths[xs]
-    T = int(lengths.max())
-    ids, mask = bank.ids[xs, :T], (torch.arange(T)[None] < lengths[:, None]).long()
-    trainable = [p for p in module.parameters() if p.requires_grad]
-    mlps = mlp_modules(model)
-    handles = [m.register_forward_hook(grads.mlp_hook(i)) for i, m in enumerate(mlps or [])]
-    try:
-        for p in trainable:  # only activations need gradients
-            p.requires_grad_(False)
-        with torch.enable_grad(), editing(grads), picked_logits(module, (torch.arange(len(xs)), lengths - 1)):
-            out = module(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=0)
-            behaviour_rows(out.logits[0], positive, negative).sum().backward()
-    finally:
-        for p in trainable:
-            p.requires_grad_(True)
-        for handle in handles:
-            handle.remove()
-    n, L = len(pairs.x), len(bank.hidden)
-    positions = torch.arange(T)[None]
-    where = (positions >= pairs.at[:, None]) & (positions < lengths[pairs.x, None])  # (n, T)
-    index = (positions - pairs.at[:, None] + pairs.donor_at[:, None]).clamp(0, bank.ids.shape[1] - 1)
-    result = {"attribution_output": [], "attribution_pattern": [], "attribution_mlp": []}
-    for layer in range(L):
-        Z, W = grads.outputs[layer], grads.weights[layer]  # (n_x, H, T, D), (n_x, H, T, T)
-        z, dy_dz, w, dy_dw = Z.detach()[pairs.x], Z.grad[pairs.x], W.detach()[pairs.x], W.grad[pairs.x]
-        H = z.shape[1]
-        donor_z = bank.outputs[layer][pairs.donor].gather(2, index[:, None, :, None].expand(n, H, T, z.shape[-1]))
-        dz = torch.where(where[:, None, :, None], donor_z.to(z.dtype) - z, 0)
-        result["attribution_output"].append((dz * dy_dz).sum((2, 3)))
-        donor_w = bank.weights[layer][pairs.donor]
-        donor_w = donor_w.gather(2, index[:, None, :, None].expand(n, H, T, donor_w.shape[-1]))[..., :T]
-        dw = torch.where(where[:, None, :, None], donor_w.to(w.dtype) - w, 0)
-        pattern = (dw * dy_dw).sum((2, 3))
-        result["attribution_pattern"].append(torch.where(pairs.same_length[:, None], pattern, float("nan")))
-        if mlps:
-            M = grads.mlp[layer]  # (n_x, T, E)
-            donor_m = bank.mlp[layer][pairs.donor].gather(1, index[:, :, None].expand(n, T, M.shape[-1]))
-            dm = torch.where(where[:, :, None], donor_m.to(M.dtype) - M.detach()[pairs.x], 0)
-            result["attribution_mlp"].append((dm * M.grad[pairs.x]).sum((1, 2)))
-        else:
-            result["attribution_mlp"].append(torch.full((n,), float("nan")))
-    return {key: torch.stack(values, 1).detach().double() for key, values in result.items()}
-
-
-class _Gradients:
-    """Editor for attribution: recomputes each head's output from weights that keep their gradient
-    (at the first layer, where nothing requires a gradient yet, the weights become the leaf)."""
-
-    def __init__(self):
-        self.weights, self.outputs, self.mlp = {}, {}, {}
-
-    def __call__(self, site) -> torch.Tensor:
-        weights = site.weights()
-        if not weights.requires_grad:
-            weights.requires_grad_(True)
-        else:
-            weights.retain_grad()
-        output = torch.matmul(weights.to(site.value.dtype), site.values())
-        output.retain_grad()
-        self.weights[site.layer], self.outputs[site.layer] = weights, output
-        return output
-
-    def mlp_hook(self, layer: int):
-        def hook(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output
-            if out.requires_grad:
-                out.retain_grad()
-            else:  # a parallel block's first MLP (GPT-NeoX, GPT-J) does not depend on any attention output
-                out.requires_grad_(True)
-            self.mlp[layer] = out
-        return hook

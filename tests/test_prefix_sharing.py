@@ -10,7 +10,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 import attnprobe
 from attnprobe.capture import pack_trie, pad_right, run_with_capture, run_with_shared_prefixes
-from attnprobe.run.plan import Batch, Encoded, plan_batches, plan_chunks, plan_sha256, prefix_sharing_blocker, sharing_summary
+from attnprobe.run.plan import Batch, Encoded, plan_batches, plan_chunks, plan_sha256, sharing_summary
+from attnprobe.sharing import prefix_sharing_blocker
 
 from conftest import INTERFACE_FAMILIES, TINY_CONFIGS, VOCAB
 

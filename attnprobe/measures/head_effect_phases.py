@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from .. import patching
+from ..attribution import Pairs, estimate
 from .head_effects import HEAD_COLUMNS, LAYER_COLUMNS, HeadEffectsMeasure
 
 LAYER_ATTRIBUTION = ("attention_attribution", "mlp_attribution")
@@ -37,7 +38,7 @@ class _Builder:
         self.blocks.append((key, n, ends, labels, output if output is not None else zeros, pattern if pattern is not None else zeros,
                             mlp if mlp is not None else torch.zeros(n, self.L, dtype=torch.bool)))
 
-    def run(self, pm, bank) -> dict:
+    def run(self, pm, bank, share_prefix: bool) -> dict:
         """y of every block: key -> (n,) float64."""
         if not self.blocks:
             return {}
@@ -45,7 +46,7 @@ class _Builder:
         labels = [l for _, n, _, l, *_ in self.blocks for _ in range(n)]
         variants = patching.Variants(*ends.T, *(torch.cat([b[i] for b in self.blocks]) for i in (4, 5, 6)),
                                      patching.label_ids([l[0] for l in labels]), patching.label_ids([l[1] for l in labels]))
-        y = patching.patched(pm, bank, variants)
+        y = patching.patched(pm, bank, variants, share_prefix)
         out, start = {}, 0
         for key, n, *_ in self.blocks:
             out[key] = y[start:start + n]
@@ -53,16 +54,20 @@ class _Builder:
         return out
 
 
-def _pairs(items: list[dict]) -> tuple[list[torch.Tensor], list[tuple]]:
-    """The chunk's sequences (each x, then its x') and per pair (item, counterfactual, x index, x' index)."""
-    sequences, pairs = [], []
+def _recorded(pm, items: list[dict]) -> tuple[list[tuple], patching.Bank, torch.Tensor]:
+    """The chunk's pairs (item, counterfactual, x index, x' index), its sequences (each x, then its
+    x') recorded once, and the clean y of every sequence."""
+    sequences, pairs, labels = [], [], []
     for item in items:
         x = len(sequences)
         sequences.append(item["x"])
         for cf in item["counterfactuals"]:
             pairs.append((item, cf, x, len(sequences)))
             sequences.append(cf["x_cf"])
-    return sequences, pairs
+        labels += [(item["positive"], item["negative"])] * (1 + len(item["counterfactuals"]))
+    bank = patching.record(pm, sequences)
+    clean = patching.behaviour_rows(bank.logits, *(patching.label_ids([l[i] for l in labels]) for i in (0, 1))).double()
+    return pairs, bank, clean
 
 
 def _directions(cf, x: int, x_cf: int) -> dict[str, tuple]:
@@ -71,21 +76,16 @@ def _directions(cf, x: int, x_cf: int) -> dict[str, tuple]:
     return {"in": (x, x_cf, at, at_cf), "out": (x_cf, x, at_cf, at)}
 
 
-def screen(pm, measure: HeadEffectsMeasure, items: list[dict], held_out: set, bar) -> dict[str, pd.DataFrame]:
+def screen(pm, measure: HeadEffectsMeasure, items: list[dict], held_out: set, bar, share_prefix: bool = True) -> dict[str, pd.DataFrame]:
     """The first phase of a chunk of items: tables items (per pair and head), layers (per pair and
     layer) and totals (per pair). `held_out`: item ids patched exactly, every head and layer."""
     L, H = pm.info.n_layers, pm.info.n_heads
-    sequences, pairs = _pairs(items)
-    bank = patching.record(pm, sequences)
-    labels = [(i["positive"], i["negative"]) for i in items for _ in range(1 + len(i["counterfactuals"]))]
-    clean = patching.behaviour_rows(bank.logits, patching.label_ids([l[0] for l in labels]),
-                                    patching.label_ids([l[1] for l in labels])).double()
-    xs = torch.tensor(sorted({p[2] for p in pairs}))
-    attribution = patching.attribution(pm, bank, xs, patching.label_ids([i["positive"] for i in items]),
-                                       patching.label_ids([i["negative"] for i in items]), patching.Pairs(
-                                           torch.searchsorted(xs, torch.tensor([p[2] for p in pairs])), torch.tensor([p[3] for p in pairs]),
-                                           torch.tensor([int(p[1]["at"][0]) for p in pairs]), torch.tensor([int(p[1]["at_cf"][0]) for p in pairs]),
-                                           torch.tensor([len(p[1]["x_cf"]) == len(p[0]["x"]) for p in pairs])))
+    pairs, bank, clean = _recorded(pm, items)
+    xs = torch.tensor([p[2] for p in pairs]).unique()  # each x once, in item order
+    which = Pairs(torch.searchsorted(xs, torch.tensor([p[2] for p in pairs])), torch.tensor([p[3] for p in pairs]),
+                  torch.tensor([int(cf["at"][0]) for _, cf, *_ in pairs]), torch.tensor([int(cf["at_cf"][0]) for _, cf, *_ in pairs]),
+                  torch.tensor([len(cf["x_cf"]) == len(item["x"]) for item, cf, *_ in pairs]))
+    attribution = estimate(pm, bank, xs, *(patching.label_ids([i[side] for i in items]) for side in ("positive", "negative")), which)
     one_head = torch.eye(L * H, dtype=torch.bool).view(L * H, L, H)
     layer_heads = torch.eye(L, dtype=torch.bool)[:, :, None].expand(L, L, H)
     every = torch.ones(1, L, H, dtype=torch.bool)
@@ -104,7 +104,7 @@ def screen(pm, measure: HeadEffectsMeasure, items: list[dict], held_out: set, ba
                 builder.add((k, "all_heads", direction), ends[direction], label, output=every)
             if same_length:
                 builder.add((k, "pattern", "in"), ends["in"], label, pattern=one_head)
-    ys = builder.run(pm, bank)
+    ys = builder.run(pm, bank, share_prefix)
     heads, per_layer, totals = [], [], []
     nan = lambda n: np.full(n, np.nan)  # noqa: E731
     for k, (item, cf, x, x_cf) in enumerate(pairs):
@@ -139,17 +139,13 @@ def _first(values: np.ndarray | None) -> float:
     return float(values[0]) if values is not None else float("nan")
 
 
-def selected(pm, measure: HeadEffectsMeasure, items: list[dict], selection: dict, bar) -> dict[str, pd.DataFrame]:
+def selected(pm, measure: HeadEffectsMeasure, items: list[dict], selection: dict, bar, share_prefix: bool = True) -> dict[str, pd.DataFrame]:
     """The second phase of a chunk: per pair the suite's heads one by one (output in and out, pattern
     in) and the cross-fitted set jointly; tables items (the suite's heads only) and totals."""
     L, H = pm.info.n_layers, pm.info.n_heads
     singles = _mask(selection["suite"], L, H) if selection["suite"] is not None else torch.zeros(L, H, dtype=torch.bool)
     chosen = torch.eye(L * H, dtype=torch.bool).view(L * H, L, H)[singles.flatten()]
-    sequences, pairs = _pairs(items)
-    bank = patching.record(pm, sequences)
-    labels = [(i["positive"], i["negative"]) for i in items for _ in range(1 + len(i["counterfactuals"]))]
-    clean = patching.behaviour_rows(bank.logits, patching.label_ids([l[0] for l in labels]),
-                                    patching.label_ids([l[1] for l in labels])).double()
+    pairs, bank, clean = _recorded(pm, items)
     builder, sets = _Builder(L, H), []
     for k, (item, cf, x, x_cf) in enumerate(pairs):
         ends, label = _directions(cf, x, x_cf), (item["positive"], item["negative"])
@@ -161,7 +157,7 @@ def selected(pm, measure: HeadEffectsMeasure, items: list[dict], selection: dict
                 builder.add((k, "output", direction), ends[direction], label, output=chosen)
         if len(chosen) and len(cf["x_cf"]) == len(item["x"]):
             builder.add((k, "pattern", "in"), ends["in"], label, pattern=chosen)
-    ys = builder.run(pm, bank)
+    ys = builder.run(pm, bank, share_prefix)
     heads, totals = [], []
     layer, head = singles.nonzero(as_tuple=True)
     for k, (item, cf, x, x_cf) in enumerate(pairs):

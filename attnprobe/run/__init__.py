@@ -27,8 +27,9 @@ from ..version import __version__
 from . import storage
 from ..progress import Progress
 from .execute import deferred_interrupt, ignored_interrupts, example_attention, measure_batch
+from ..sharing import prefix_sharing_blocker
 from .plan import (DEFAULT_BATCH_SIZE, encode_prompts, fingerprint, plan_batches, plan_chunks, plan_sha256,
-                   prefix_sharing_blocker, select_prompts, sharing_summary, sink_notes)
+                   select_prompts, sharing_summary, sink_notes)
 
 SEED = 0  # nothing in a run is random; recorded so statistics that resample can say what they used
 EFFECT_CHUNK_ITEMS = 32  # head-effects items per chunk: at most this many items are redone after a kill
@@ -193,7 +194,7 @@ def run_suite(
                     _referent_choice(pm, suite, encoded, directory, batch_size, progress, log)
             if effects is not None:
                 _head_effects(pm, effects, effect_items, dropped, effect_chunks, mine_effects, effects_plan, directory, manifest,
-                              progress, log, shard)
+                              progress, log, shard, share_prefixes)
         manifest.update(status="complete" if shard is None else "shard complete", finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                         compute_seconds_this_session=round(time.perf_counter() - started, 3))
         storage.write_manifest(directory, manifest)
@@ -221,12 +222,13 @@ def _effect_chunks(items: list[dict], held_out: set[str]) -> list[list[dict]]:
             + split([i for i in items if i["item_id"] not in held_out], EFFECT_CHUNK_ITEMS))
 
 
-def _head_effects(pm, effects, items, dropped, chunks, mine, plan, directory, manifest, progress, log, shard) -> None:
+def _head_effects(pm, effects, items, dropped, chunks, mine, plan, directory, manifest, progress, log, shard, share) -> None:
     """Both phases of the head effects (see measures.head_effects): the screen chunks this process
     owns, then, once every item is screened (unsharded runs, or a merged directory run again), the
-    selected heads, chunk by chunk; the tables are assembled and the manifest records the summary."""
+    selected heads, chunk by chunk; the tables are assembled and the manifest records the summary.
+    `share`: passes leave out the clean prefix of x and x' where that is exact (patching.patched)."""
     held_out = effects.held_out_ids(items)
-    seconds = _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, progress, log, held_out)
+    seconds = _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, progress, log, held_out, share)
     chunk_dir = directory / "chunks"
     if shard is not None or len(storage.complete_chunks(chunk_dir, len(chunks), log, "effects-", plan)) < len(chunks):
         if seconds or "head_effects" not in manifest:
@@ -246,7 +248,7 @@ def _head_effects(pm, effects, items, dropped, chunks, mine, plan, directory, ma
             for k in range(len(chunks)):
                 if k in done:
                     continue
-                storage.write_effect_chunk(chunk_dir, k, phases.selected(pm, effects, chunks[k], selection, bar), selected_plan, "selected-")
+                storage.write_effect_chunk(chunk_dir, k, phases.selected(pm, effects, chunks[k], selection, bar, share), selected_plan, "selected-")
                 bar.chunk_done(k, len(chunks))
                 if interrupted():
                     bar.close()
@@ -259,7 +261,7 @@ def _head_effects(pm, effects, items, dropped, chunks, mine, plan, directory, ma
         storage.assemble_head_effects(directory, len(chunks), selected_plan)
 
 
-def _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, progress, log, held_out) -> float:
+def _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, progress, log, held_out, share) -> float:
     """Screen this process's head-effects chunks that are not done yet, one chunk of items at a
     time, each written before the next starts (Ctrl-C finishes the chunk, then stops); returns the
     seconds spent (0 when every chunk was already done)."""
@@ -274,23 +276,34 @@ def _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, pro
     log(f"head effects: {n_items} items ({sum(len(i['counterfactuals']) for k in todo for i in chunks[k])} counterfactual pairs"
         f"{f', {n_held} items held out: every head and layer patched exactly' if n_held else ''}) in {len(todo)} "
         f"chunk{'s' * (len(todo) > 1)}; the time per item is known after the first chunk")
-    bar = Progress(sum(len(chunks[k]) for k in mine), sum(len(chunks[k]) for k in mine if k in done), progress, log,
-                   unit="item", desc="head effects")
+    held = {k for k in mine if any(i["item_id"] in held_out for i in chunks[k])}
+    bars = {}  # one bar for the held-out chunks, one for the others (an item costs ~60x more held out)
+
+    def bar_of(kind: bool) -> Progress:
+        if kind not in bars:
+            for other in bars.values():
+                other.close()
+            ks = [k for k in mine if (k in held) == kind]
+            bars[kind] = Progress(sum(len(chunks[k]) for k in ks), sum(len(chunks[k]) for k in ks if k in done), progress, log,
+                                  unit="item", desc="held-out items" if kind else "head effects")
+        return bars[kind]
+
     told = False
     with deferred_interrupt(log) as interrupted:
         for k in todo:
-            chunk_started = time.perf_counter()
-            storage.write_effect_chunk(chunk_dir, k, phases.screen(pm, effects, chunks[k], held_out, bar), plan)
+            chunk_started, bar = time.perf_counter(), bar_of(k in held)
+            storage.write_effect_chunk(chunk_dir, k, phases.screen(pm, effects, chunks[k], held_out, bar, share), plan)
             bar.chunk_done(k, len(chunks))
-            later = [j for j in todo if j > k]
-            if not told and later and not any(i["item_id"] in held_out for i in chunks[k]):  # a chunk of screened items only
+            later = [j for j in todo if j > k and j not in held]
+            if not told and later and k not in held:  # the time of a chunk of screened items only
                 told = True
                 per_item, n_later = (time.perf_counter() - chunk_started) / len(chunks[k]), sum(len(chunks[j]) for j in later)
                 log(f"head effects: {per_item:.2f} s per item, about {per_item * n_later / 60:.1f} min for the other {n_later} items")
             if interrupted():
                 bar.close()
                 _stop(directory, manifest, f"head-effects chunk {k + 1} of {len(chunks)}")
-    bar.close()
+    for bar in bars.values():
+        bar.close()
     return time.perf_counter() - started
 
 

@@ -12,7 +12,6 @@ import json
 from dataclasses import dataclass
 
 from ..errors import SuiteError
-from ..models import routes_attention
 from ..suite import Prompt, Suite, spread_key, token_spans
 
 
@@ -123,24 +122,6 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.indices)
-
-
-def prefix_sharing_blocker(config, longest: int) -> str | None:
-    """Why a run cannot forward the prompts' shared prefixes once through the key/value cache, or
-    None when it can: the family's attention must go through attnprobe's function, every layer must
-    keep a plain key/value cache, and no prompt may reach a sliding window or an attention chunk
-    (the cache would drop keys that the window leaves behind)."""
-    text = config.get_text_config()
-    if not routes_attention(config):
-        return f"'{text.model_type}' attention bypasses attnprobe's attention function"
-    other = sorted(set(getattr(text, "layer_types", None) or ()) - {"full_attention", "sliding_attention"})
-    if other:
-        return f"'{text.model_type}' has {', '.join(other)} layers, which keep no plain key/value cache"
-    for name in ("sliding_window", "attention_chunk_size"):
-        window = getattr(text, name, None)
-        if isinstance(window, int) and longest >= window - 1:
-            return f"prompts of up to {longest} tokens reach its {name.replace('_', ' ')} of {window}"
-    return None
 
 
 PACK_TOKENS = 64  # a pack grows up to this many distinct tokens (or one prompt, if longer)
