@@ -13,7 +13,9 @@ Measured, on the shipped gender suite and the bundled smollm2-135m:
   bfloat16       run_end_to_end with the model in bfloat16 (softmax and recorded weights in float32),
                  and its agreement with float32: max |d weight|, Spearman of head effect rankings
   bfloat16_rows  max |d weight| of the raw recorded rows: bfloat16 model, and float32 model under autocast
-  head_effects   seconds per item of the suite's head interventions (not part of run_end_to_end)
+  head_effects   (also --only head_effects) seconds per item of head effects: the one-item reference
+                 patching every head and layer exactly, against the suite's scheme in batches
+                 (attribution for all, the suite's 10 heads exact) and every head exact in batches
   memory         peak resident memory of `attnprobe run` at 1x and 10x prompts (separate processes)
   load           load_model("smollm2-135m"): cold (empty cache, GGUF dequantised) and cached
   sharing        (--only sharing) the full gender suite: attnprobe end to end with prefix sharing
@@ -193,19 +195,57 @@ def bench_bfloat16_rows(pm, pm_bf16, encoded, repeats: int) -> dict:
     }
 
 
-def bench_head_effects(pm, suite, encoded, n_items: int = 3) -> dict:
-    """Seconds per item of the gender suite's head_effects measure (all 270 heads exact, 3 modes, attribution)."""
-    from attnprobe.interventions import head_means, item_effects
+def bench_head_effects(pm, suite, encoded, n_reference: int = 3, n_items: int = 32, repeats: int = 2) -> dict:
+    """Seconds per item of head effects, in one process on the gender suite's first items (x with
+    its three x'): the reference, interventions.effects with every head and layer patched exactly
+    (what every item cost before, exact: all); the suite's scheme in batches (screen: attribution
+    of every head and layer, all heads' patterns; then the suite's 10 heads exact, in and out and
+    pattern, and a cross-fitted set), per item over a chunk of `n_items`; and every head and layer
+    exact in batches (a held-out item). Also the largest difference between the batched and the
+    reference exact effects of the suite's heads (float32)."""
+    from dataclasses import replace
+
+    from attnprobe.interventions import effects
+    from attnprobe.measures import head_effect_phases as phases
+
+    class Quiet:
+        def update(self, n):
+            pass
 
     items = suite.head_effects.items(pm.tokenizer, encoded)[0][:n_items]
     L, H = pm.info.n_layers, pm.info.n_heads
-    means = head_means(pm, [item["x"] for item in items], L)
-    times = []
-    for item in items:
+    measure = suite.head_effects
+    screened = phases.screen(pm, measure, items, set(), Quiet())
+    selection = phases.select(measure, items, screened["totals"], screened["items"], L, H)
+
+    def scheme():
+        tables = phases.screen(pm, measure, items, set(), Quiet())
+        return tables, phases.selected(pm, measure, items, selection, Quiet())
+
+    def every_head(item):
+        return phases.screen(pm, replace(measure, exact="all"), [item], set(), Quiet())
+
+    reference, worst = [], 0.0
+    suite_heads = phases._mask(selection["suite"], L, H)
+    _, chosen = scheme()
+    for item in items[:n_reference]:
         start = time.perf_counter()
-        item_effects(pm, item["x"], item["x_cf"], item["positive"], item["negative"], L, H, means)
-        times.append(time.perf_counter() - start)
-    return {"n_items": len(items), "seconds_per_item": statistics.median(times)}
+        for cf in item["counterfactuals"]:
+            r = effects(pm, item["x"], cf["x_cf"], cf["at"], cf["at_cf"], item["positive"], item["negative"], torch.ones(L, H, dtype=torch.bool))
+            rows = chosen["items"][(chosen["items"]["item_id"] == item["item_id"]) & (chosen["items"]["counterfactual"] == cf["word"])]
+            for column in ("output_in", "output_out", "pattern_in"):
+                got, want = rows[column].to_numpy(), r[column][suite_heads].numpy()
+                finite = ~pd.isna(want)
+                worst = max(worst, float(abs(got[finite] - want[finite]).max(initial=0.0)))
+        reference.append(time.perf_counter() - start)
+    batched = [t / len(items) for t in interleaved([scheme], repeats, warm_up=False)]
+    exact_all = interleaved([lambda: every_head(items[0])], repeats, warm_up=False)
+    per_item_reference = statistics.median(reference)
+    return {"n_reference_items": n_reference, "n_items": len(items), "exact_heads": measure.exact,
+            "reference_all_heads_s_per_item": per_item_reference, "batched_scheme_s_per_item": batched[0],
+            "batched_all_heads_s_per_item": exact_all[0], "saving_scheme_vs_reference": per_item_reference / batched[0],
+            "saving_all_heads_batched_vs_reference": per_item_reference / exact_all[0],
+            "suite_heads_max_abs_difference_float32": worst}
 
 
 def matmul_peak(repeats: int = 5) -> float:
@@ -365,7 +405,7 @@ def main():
     parser.add_argument("--prompts", type=int, default=320)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    parser.add_argument("--only", choices=["memory", "sharing"], help="Run one section (results merged into the existing JSON).")
+    parser.add_argument("--only", choices=["memory", "sharing", "head_effects"], help="Run one section (results merged into the existing JSON).")
     parser.add_argument("--sharing-prompts", type=int, default=None, help="Prompts of the sharing section (default: all).")
     parser.add_argument("--peer-prompts", type=int, default=320, help="Prompts on which the peers are timed.")
     args = parser.parse_args()
@@ -376,6 +416,10 @@ def main():
         previous["memory"] = bench_memory() if args.only == "memory" else previous.get("memory")
         if args.only == "sharing":
             previous["sharing"] = sharing_section(args)
+        if args.only == "head_effects":
+            pm = attnprobe.load_model("smollm2-135m")
+            suite, encoded = gender_prompts(pm.tokenizer, 10**9)
+            previous["head_effects"] = bench_head_effects(pm, suite, encoded, repeats=args.repeats)
         return write({k: v for k, v in previous.items() if v is not None}, args.out)
     pm = attnprobe.load_model("smollm2-135m")
     pm_bf16 = attnprobe.load_model("smollm2-135m", dtype="bfloat16")
