@@ -39,7 +39,8 @@ def estimate(model, bank: Bank, xs: torch.Tensor, positive: torch.Tensor, negati
     module = model if isinstance(model, torch.nn.Module) else model.model
     lengths = bank.lengths[xs]
     T = int(lengths.max())
-    ids, mask = bank.ids[xs, :T], (torch.arange(T)[None] < lengths[:, None]).long()
+    device = bank.hidden[0].device
+    ids, mask = bank.ids[xs, :T].to(device), (torch.arange(T)[None] < lengths[:, None]).long().to(device)
     trainable = [p for p in module.parameters() if p.requires_grad]
     mlps = mlp_modules(model)
     handles = [m.register_forward_hook(grads.mlp_hook(i)) for i, m in enumerate(mlps or [])]
@@ -56,8 +57,8 @@ def estimate(model, bank: Bank, xs: torch.Tensor, positive: torch.Tensor, negati
             handle.remove()
     n, L = len(pairs.x), len(bank.hidden)
     positions = torch.arange(T)[None]
-    where = (positions >= pairs.at[:, None]) & (positions < lengths[pairs.x, None])  # (n, T)
-    index = (positions - pairs.at[:, None] + pairs.donor_at[:, None]).clamp(0, bank.ids.shape[1] - 1)
+    where = ((positions >= pairs.at[:, None]) & (positions < lengths[pairs.x, None])).to(device)  # (n, T)
+    index = (positions - pairs.at[:, None] + pairs.donor_at[:, None]).clamp(0, bank.ids.shape[1] - 1).to(device)
     result = {"attribution_output": [], "attribution_pattern": [], "attribution_mlp": []}
     for layer in range(L):
         Z, W = grads.outputs[layer], grads.weights[layer]  # (n_x, H, T, D), (n_x, H, T, T)
@@ -70,15 +71,15 @@ def estimate(model, bank: Bank, xs: torch.Tensor, positive: torch.Tensor, negati
         donor_w = donor_w.gather(2, index[:, None, :, None].expand(n, H, T, donor_w.shape[-1]))[..., :T]
         dw = torch.where(where[:, None, :, None], donor_w.to(w.dtype) - w, 0)
         pattern = (dw * dy_dw).sum((2, 3))
-        result["attribution_pattern"].append(torch.where(pairs.same_length[:, None], pattern, float("nan")))
+        result["attribution_pattern"].append(torch.where(pairs.same_length[:, None].to(device), pattern, float("nan")))
         if mlps:
             M = grads.mlp[layer]  # (n_x, T, E)
             donor_m = bank.mlp[layer][pairs.donor].gather(1, index[:, :, None].expand(n, T, M.shape[-1]))
             dm = torch.where(where[:, :, None], donor_m.to(M.dtype) - M.detach()[pairs.x], 0)
             result["attribution_mlp"].append((dm * M.grad[pairs.x]).sum((1, 2)))
         else:
-            result["attribution_mlp"].append(torch.full((n,), float("nan")))
-    return {key: torch.stack(values, 1).detach().double() for key, values in result.items()}
+            result["attribution_mlp"].append(torch.full((n,), float("nan"), device=device))
+    return {key: torch.stack(values, 1).detach().double().cpu() for key, values in result.items()}
 
 
 class _Gradients:

@@ -18,7 +18,9 @@ forward and one backward pass: (z' - z) . dy/dz for the output, (A' - A) . dy/dA
 
 Edits run inside attnprobe's registered attention function (`capture.editing`) and, for MLPs, in
 forward hooks. Every patched variant of an item is one row of a batch; `Rows` says what each row
-patches. This module chooses no items and writes no files. Shapes: B rows, L layers, H heads,
+patches. `effects` patches one item with whole forward passes: the plain reference that the batched
+patching of runs (patching.py, attribution.py) is tested and benchmarked against. This module
+chooses no items and writes no files. Shapes: B rows, L layers, H heads,
 T tokens, P patched positions, D head dim, E model width.
 """
 

@@ -138,10 +138,10 @@ def patched(model, bank: Bank, variants: Variants, share_prefix: bool = True, ro
         group = (first == layer).nonzero()[:, 0]
         group = group[torch.argsort(variants.at[group] * (int(lengths.max()) + 1) + lengths[group], stable=True)]
         if layer == len(bank.hidden):  # nothing patched: the clean run's y
-            y[group] = behaviour_rows(bank.logits[variants.base[group]], variants.positive[group], variants.negative[group]).double()
+            y[group] = behaviour_rows(bank.logits[variants.base[group]], variants.positive[group], variants.negative[group]).double().cpu()
             continue
         for rows in _passes(group, lengths, variants.at if share_prefix else torch.zeros_like(lengths), row_tokens):
-            y[rows] = _forward(model, bank, variants, rows, layer, int(variants.at[rows].min()) if share_prefix else 0).double()
+            y[rows] = _forward(model, bank, variants, rows, layer, int(variants.at[rows].min()) if share_prefix else 0).double().cpu()
     return y
 
 
@@ -167,13 +167,14 @@ def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int, pre
     """One pass of the variants `rows`, all patching nothing below layer `first` nor before position
     `prefix`: the pass starts at that layer and at that position."""
     module = model if isinstance(model, torch.nn.Module) else model.model
+    device = bank.hidden[0].device
     base = v.base[rows]
     lengths = bank.lengths[base]
     T = int(lengths.max())
     positions = torch.arange(prefix, T)[None]  # (1, T - prefix)
-    where = (positions >= v.at[rows, None]) & (positions < lengths[:, None])  # (B, T - prefix) the patched positions
-    donor_index = (positions - v.at[rows, None] + v.donor_at[rows, None]).clamp(0, bank.ids.shape[1] - 1)
-    edit = _Edit(bank, v.donor[rows], where, donor_index, v.output[rows], v.pattern[rows])
+    where = ((positions >= v.at[rows, None]) & (positions < lengths[:, None])).to(device)  # (B, T - prefix) the patched positions
+    donor_index = (positions - v.at[rows, None] + v.donor_at[rows, None]).clamp(0, bank.ids.shape[1] - 1).to(device)
+    edit = _Edit(bank, v.donor[rows], where, donor_index, v.output[rows].to(device), v.pattern[rows].to(device))
     mlps = mlp_modules(model) if v.mlp[rows].any() else None  # found before the stubs replace the layers
     labels = torch.cat([v.positive[rows], v.negative[rows]], 1)
     vocabulary = labels[labels >= 0].unique()  # y needs only these logits: log p(a) - log p(b) = logit a - logit b
@@ -181,11 +182,11 @@ def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int, pre
         stack.enter_context(skipping(model, first, bank.hidden[first][base, prefix:T], bank.returns_tuple))
         stack.enter_context(editing(edit, _Prefix(bank, base, prefix) if prefix else None))
         if mlps:
-            stack.enter_context(_mlp_patch(mlps, bank, v.donor[rows], where, donor_index, v.mlp[rows]))
+            stack.enter_context(_mlp_patch(mlps, bank, v.donor[rows], where, donor_index, v.mlp[rows].to(device)))
         narrowed = stack.enter_context(narrowed_head(module, vocabulary))
         stack.enter_context(picked_logits(module, (torch.arange(len(rows)), lengths - 1 - prefix)))
-        out = module(input_ids=bank.ids[base, prefix:T], attention_mask=(positions < lengths[:, None]).long(),
-                     position_ids=positions.expand(len(rows), -1), use_cache=False, logits_to_keep=0)
+        out = module(input_ids=bank.ids[base, prefix:T].to(device), attention_mask=(positions < lengths[:, None]).long().to(device),
+                     position_ids=positions.expand(len(rows), -1).to(device), use_cache=False, logits_to_keep=0)
     logits = out.logits[0]  # (B, vocabulary or vocab)
     if not narrowed:
         return behaviour_rows(logits, v.positive[rows], v.negative[rows])

@@ -66,7 +66,7 @@ def _recorded(pm, items: list[dict]) -> tuple[list[tuple], patching.Bank, torch.
             sequences.append(cf["x_cf"])
         labels += [(item["positive"], item["negative"])] * (1 + len(item["counterfactuals"]))
     bank = patching.record(pm, sequences)
-    clean = patching.behaviour_rows(bank.logits, *(patching.label_ids([l[i] for l in labels]) for i in (0, 1))).double()
+    clean = patching.behaviour_rows(bank.logits, *(patching.label_ids([l[i] for l in labels]) for i in (0, 1))).double().cpu()
     return pairs, bank, clean
 
 
