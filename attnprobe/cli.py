@@ -142,11 +142,7 @@ def _write_json(table, path: Path) -> None:
 # 2 idle CPU cores, 2026-11-23). Head effects per (item, counterfactual) pair grow with the length T
 # of x: 2.5 s at T = 6.1 (gender, 144 pairs) and 7.1 s at T = 21.8 (coref, 32 pairs) with exact: 10,
 # so 0.71 s + 0.29 s per token; exact: all patches every head, 2.65 x as long (9.0 vs 3.4 s, gender).
-# Measured on 2 CPU cores (make demo, 2026-11-23): seconds per (item, counterfactual) pair of 7 tokens
-# for the screen, for every head and layer patched exactly (held-out items, exact: all), per head of
-# exact: k, and for the cross-fitted set.
-REFERENCE = {"prompts_per_s": 190.0, "screen_pair_s": 0.045, "exact_pair_s": 4.3, "head_pair_s": 0.012, "set_pair_s": 0.01,
-             "tokens": 7.0, "model": "smollm2-135m"}
+REFERENCE = {"prompts_per_s": 190.0, "model": "smollm2-135m"}  # make demo on 2 CPU cores, 2026-11-23
 
 
 @main.command()
@@ -191,9 +187,7 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
         click.echo(f"head_effects ({design}): {len(effects_items)} items x {len(loaded.head_effects.replacements)} counterfactuals = "
                    f"{pairs} pairs ({len(dropped)} dropped{': ' + '; '.join(reasons[:2]) if reasons else ''}), exact patching of "
                    + ("every head" if exact == "all" else f"{exact} heads on every item and of every head on {len(held)} held-out items"))
-        per_pair = REFERENCE["screen_pair_s"] + REFERENCE["set_pair_s"] + REFERENCE["head_pair_s"] * (0 if exact == "all" else exact)
-        pair_seconds = sum(len(i["counterfactuals"]) * len(i["x"]) / REFERENCE["tokens"]
-                           * (per_pair + REFERENCE["exact_pair_s"] * (exact == "all" or i["item_id"] in held)) for i in effects_items)
+        pair_seconds = loaded.head_effects.estimate_seconds(effects_items)
     for line in loaded.skipped:
         click.echo(f"skipped: {line}")
     for line in [*loaded.notes, *sink_notes(loaded, encoded)]:

@@ -453,7 +453,8 @@ def test_limit_scales_the_head_effects_items_and_the_run_says_how_many(tiny_llam
     lines = []
     run = attnprobe.run_suite(suite, model=str(tiny_llama_dir), out=tmp_path / "run", limit=10, progress=False, log=lines.append)
     assert run.manifest["n_prompts"] == 10 and run.manifest["head_effects"]["n_items"] == 4
-    assert "head effects: 4 items (4 counterfactual pairs) in 1 chunk; the time per item is known after the first chunk" in lines
+    assert any(re.fullmatch(r"head effects: 4 items \(4 counterfactual pairs\) in 1 chunk; about \d+\.\d min on 2 CPU cores, "
+                            r"the time per item is known after the first chunk", line) for line in lines)
     full = attnprobe.run_suite(suite, model=str(tiny_llama_dir), out=tmp_path / "full", progress=False, log=lines.append)
     assert full.manifest["head_effects"]["n_items"] == 8
     assert any(line.startswith("head effects: ") and " s per item, about " in line and "for the other 4 items" in line for line in lines)

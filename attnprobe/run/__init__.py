@@ -261,6 +261,18 @@ def _head_effects(pm, effects, items, dropped, chunks, mine, plan, directory, ma
         storage.assemble_head_effects(directory, len(chunks), selected_plan)
 
 
+def _estimate(pm, effects, items) -> str:
+    """The expected time of the head effects, from SmolLM2's measured speed on 2 CPU cores scaled by
+    the model's size (on another device: unknown until the first chunk)."""
+    module = pm.model
+    if next(module.parameters()).device.type != "cpu":
+        return "time unknown on this device"
+    embeddings = {id(m.weight): m.weight.numel() for m in (module.get_input_embeddings(), module.get_output_embeddings())
+                  if m is not None}  # tied: one tensor, as parameters() counts it
+    parameters = sum(p.numel() for p in module.parameters()) - sum(embeddings.values())
+    return f"{effects.estimate_seconds(items, max(parameters, 1)) / 60:.1f} min on 2 CPU cores"
+
+
 def _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, progress, log, held_out, share) -> float:
     """Screen this process's head-effects chunks that are not done yet, one chunk of items at a
     time, each written before the next starts (Ctrl-C finishes the chunk, then stops); returns the
@@ -275,7 +287,8 @@ def _run_effect_chunks(pm, effects, chunks, mine, plan, directory, manifest, pro
     n_held = sum(i["item_id"] in held_out for k in todo for i in chunks[k])
     log(f"head effects: {n_items} items ({sum(len(i['counterfactuals']) for k in todo for i in chunks[k])} counterfactual pairs"
         f"{f', {n_held} items held out: every head and layer patched exactly' if n_held else ''}) in {len(todo)} "
-        f"chunk{'s' * (len(todo) > 1)}; the time per item is known after the first chunk")
+        f"chunk{'s' * (len(todo) > 1)}; about {_estimate(pm, effects, [i for k in todo for i in chunks[k]])}, "
+        "the time per item is known after the first chunk")
     held = {k for k in mine if any(i["item_id"] in held_out for i in chunks[k])}
     bars = {}  # one bar for the held-out chunks, one for the others (an item costs ~60x more held out)
 
