@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from .capture import editing, picked_logits
-from .interventions import mlp_modules
-from .patching import Bank, behaviour_rows
+from .interventions import Gradients, behaviour_rows, mlp_modules, mlp_outputs
+from .patching import Bank
 
 
 @dataclass
@@ -35,7 +35,7 @@ def estimate(model, bank: Bank, xs: torch.Tensor, positive: torch.Tensor, negati
     pass of the bank's sequences `xs` (n_x,): per head (z' - z) . dy/dz (output) and (A' - A) . dy/dA
     (pattern; NaN for pairs of different lengths), per layer (m' - m) . dy/dm (MLP output); sums over
     the aligned positions. Returns attribution_output, attribution_pattern (n, L, H), attribution_mlp (n, L)."""
-    grads = _Gradients()
+    grads = Gradients()
     module = model if isinstance(model, torch.nn.Module) else model.model
     lengths = bank.lengths[xs]
     T = int(lengths.max())
@@ -43,18 +43,16 @@ def estimate(model, bank: Bank, xs: torch.Tensor, positive: torch.Tensor, negati
     ids, mask = bank.ids[xs, :T].to(device), (torch.arange(T)[None] < lengths[:, None]).long().to(device)
     trainable = [p for p in module.parameters() if p.requires_grad]
     mlps = mlp_modules(model)
-    handles = [m.register_forward_hook(grads.mlp_hook(i)) for i, m in enumerate(mlps or [])]
     try:
         for p in trainable:  # only activations need gradients
             p.requires_grad_(False)
-        with torch.enable_grad(), editing(grads), picked_logits(module, (torch.arange(len(xs)), lengths - 1)):
+        with torch.enable_grad(), editing(grads), mlp_outputs(mlps, grads.keep_mlp), \
+                picked_logits(module, (torch.arange(len(xs)), lengths - 1)):
             out = module(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=0)
             behaviour_rows(out.logits[0], positive, negative).sum().backward()
     finally:
         for p in trainable:
             p.requires_grad_(True)
-        for handle in handles:
-            handle.remove()
     n, L = len(pairs.x), len(bank.hidden)
     positions = torch.arange(T)[None]
     where = ((positions >= pairs.at[:, None]) & (positions < lengths[pairs.x, None])).to(device)  # (n, T)
@@ -80,32 +78,3 @@ def estimate(model, bank: Bank, xs: torch.Tensor, positive: torch.Tensor, negati
         else:
             result["attribution_mlp"].append(torch.full((n,), float("nan"), device=device))
     return {key: torch.stack(values, 1).detach().double().cpu() for key, values in result.items()}
-
-
-class _Gradients:
-    """Editor for attribution: recomputes each head's output from weights that keep their gradient
-    (at the first layer, where nothing requires a gradient yet, the weights become the leaf)."""
-
-    def __init__(self):
-        self.weights, self.outputs, self.mlp = {}, {}, {}
-
-    def __call__(self, site) -> torch.Tensor:
-        weights = site.weights()
-        if not weights.requires_grad:
-            weights.requires_grad_(True)
-        else:
-            weights.retain_grad()
-        output = torch.matmul(weights.to(site.value.dtype), site.values())
-        output.retain_grad()
-        self.weights[site.layer], self.outputs[site.layer] = weights, output
-        return output
-
-    def mlp_hook(self, layer: int):
-        def hook(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output
-            if out.requires_grad:
-                out.retain_grad()
-            else:  # a parallel block's first MLP (GPT-NeoX, GPT-J) does not depend on any attention output
-                out.requires_grad_(True)
-            self.mlp[layer] = out
-        return hook

@@ -138,11 +138,9 @@ def _write_json(table, path: Path) -> None:
         raise RunError(f"--json {path}: cannot write ({exc.strerror or exc}); choose a writable path") from None
 
 
-# Reference speeds for `check`, measured by `make demo` and the coref suite (SmolLM2-135M, float32,
-# 2 idle CPU cores, 2026-11-23). Head effects per (item, counterfactual) pair grow with the length T
-# of x: 2.5 s at T = 6.1 (gender, 144 pairs) and 7.1 s at T = 21.8 (coref, 32 pairs) with exact: 10,
-# so 0.71 s + 0.29 s per token; exact: all patches every head, 2.65 x as long (9.0 vs 3.4 s, gender).
-REFERENCE = {"prompts_per_s": 190.0, "model": "smollm2-135m"}  # make demo on 2 CPU cores, 2026-11-23
+# The prompts' speed for `check`, measured by `make demo` (SmolLM2-135M, float32, 2 idle CPU cores,
+# 2026-11-23, prefixes shared); head effects: HeadEffectsMeasure.estimate_seconds.
+REFERENCE = {"prompts_per_s": 190.0, "model": "smollm2-135m"}
 
 
 @main.command()

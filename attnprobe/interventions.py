@@ -40,9 +40,29 @@ MAX_ROWS = 160  # patched variants per forward pass (memory: rows x tokens x mod
 def behaviour(logits: torch.Tensor, positive, negative) -> torch.Tensor:
     """y = log p(positive) - log p(negative) from next-token logits (..., V); each side is a token
     id or a list of ids whose probabilities add up (e.g. " him" + " his" against " her")."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    ids = lambda side: label_ids([torch.as_tensor(side).reshape(-1).tolist()]).expand(len(rows), -1)  # noqa: E731
+    return behaviour_rows(rows, ids(positive), ids(negative)).reshape(logits.shape[:-1])
+
+
+def behaviour_rows(logits: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
+    """y per row of logits (B, V), each row with its own label sets: ids (B, K), -1 where a row has
+    fewer than K. Each side is the log of its words' summed probabilities."""
     logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-    side = lambda ids: torch.logsumexp(logp[..., torch.as_tensor(ids).reshape(-1)], dim=-1)  # noqa: E731
+
+    def side(ids):
+        picked = logp.gather(1, ids.clamp(min=0).to(logp.device))
+        return torch.logsumexp(picked.masked_fill((ids < 0).to(logp.device), float("-inf")), dim=-1)
+
     return side(positive) - side(negative)
+
+
+def label_ids(sets: list[list[int]]) -> torch.Tensor:
+    """Label id lists -> (n, K), padded with -1."""
+    out = torch.full((len(sets), max(len(s) for s in sets)), -1, dtype=torch.long)
+    for i, ids in enumerate(sets):
+        out[i, : len(ids)] = torch.as_tensor(ids)
+    return out
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -120,22 +140,16 @@ class Patch:
 
 
 @contextmanager
-def mlp_hooks(modules, rows: torch.Tensor | None = None, donor: Activations | None = None, at=None, donor_at=None,
-              record: Activations | None = None):
-    """Forward hooks on each layer's MLP: record its output into `record`, or replace it in the rows
-    `rows` (B, L) selects at positions `at` by `donor`'s at `donor_at`."""
+def mlp_outputs(modules, change):
+    """Forward hooks on each layer's MLP: `change(layer, out)` sees its output (B, T, E) and returns
+    the output to use instead, or None to keep it (MoE blocks' extra outputs pass through)."""
     def hook(layer):
         def replace(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output  # (B, T, E); MoE blocks add router logits
-            if record is not None:
-                record.mlp[layer] = out.detach()
+            out = output[0] if isinstance(output, tuple) else output  # MoE blocks add router logits
+            new = change(layer, out)
+            if new is None:
                 return output
-            chosen = rows[:, layer].to(out.device)
-            if not chosen.any():
-                return output
-            out = out.clone()
-            out[:, at] = torch.where(chosen[:, None, None], donor.mlp[layer][:, donor_at].to(out.dtype), out[:, at])
-            return (out, *output[1:]) if isinstance(output, tuple) else out
+            return (new, *output[1:]) if isinstance(output, tuple) else new
         return replace
 
     handles = [m.register_forward_hook(hook(layer)) for layer, m in enumerate(modules or [])]
@@ -144,6 +158,26 @@ def mlp_hooks(modules, rows: torch.Tensor | None = None, donor: Activations | No
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextmanager
+def mlp_hooks(modules, rows: torch.Tensor | None = None, donor: Activations | None = None, at=None, donor_at=None,
+              record: Activations | None = None):
+    """Record each layer's MLP output into `record`, or replace it in the rows `rows` (B, L) selects
+    at positions `at` by `donor`'s at `donor_at`."""
+    def change(layer, out):
+        if record is not None:
+            record.mlp[layer] = out.detach()
+            return None
+        chosen = rows[:, layer].to(out.device)
+        if not chosen.any():
+            return None
+        out = out.clone()
+        out[:, at] = torch.where(chosen[:, None, None], donor.mlp[layer][:, donor_at].to(out.dtype), out[:, at])
+        return out
+
+    with mlp_outputs(modules, change):
+        yield
 
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -250,19 +284,34 @@ def effects(model, x: torch.Tensor, x_cf: torch.Tensor, at: torch.Tensor, at_cf:
 
 
 @dataclass
-class _Gradients:
-    """Editor for attribution: recomputes each head's output from weights that keep their gradient."""
+class Gradients:
+    """Editor for attribution: recomputes each head's output from weights that keep their gradient,
+    and (with `mlp_outputs(modules, gradients.keep_mlp)`) keeps each MLP output's gradient. Where
+    nothing requires a gradient yet (the weights' gradients off: the first layer), the tensor becomes
+    the leaf."""
 
-    weights: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, H, T, T)
-    outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, H, T, D)
+    weights: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, H, T, T)
+    outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, H, T, D)
+    mlp: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, T, E)
 
     def __call__(self, site: AttentionSite) -> torch.Tensor:
-        weights = site.weights()
-        weights.retain_grad()
+        weights = _keep_gradient(site.weights())
         output = torch.matmul(weights.to(site.value.dtype), site.values())
         output.retain_grad()
         self.weights[site.layer], self.outputs[site.layer] = weights, output
         return output
+
+    def keep_mlp(self, layer: int, out: torch.Tensor) -> None:
+        self.mlp[layer] = _keep_gradient(out)  # a parallel block's first MLP (GPT-NeoX, GPT-J) depends on no attention
+
+
+def _keep_gradient(x: torch.Tensor) -> torch.Tensor:
+    """x with its gradient kept after backward: retained, or x made a leaf where nothing upstream needs one."""
+    if x.requires_grad:
+        x.retain_grad()
+    else:
+        x.requires_grad_(True)
+    return x
 
 
 def attribution(model, x, donor: Activations, at, at_cf, positive, negative, n_layers: int,
@@ -270,7 +319,7 @@ def attribution(model, x, donor: Activations, at, at_cf, positive, negative, n_l
     """First-order estimates of every head's patch-in effect, from one forward and one backward
     pass of x: (z' - z) . dy/dz over the aligned positions (output) and (A' - A) . dy/dA (pattern,
     equal lengths only; NaN otherwise). Returns attribution_output and attribution_pattern (L, H)."""
-    grads = _Gradients()
+    grads = Gradients()
     module = model if isinstance(model, torch.nn.Module) else model.model
     ids = x[None]
     with torch.enable_grad(), editing(grads):

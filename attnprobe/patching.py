@@ -27,30 +27,10 @@ from dataclasses import dataclass
 import torch
 
 from .capture import editing, pad_right, picked_logits, run_with_capture
-from .interventions import Activations, decoder_layers, mlp_hooks, mlp_modules
+from .interventions import Activations, behaviour_rows, decoder_layers, mlp_hooks, mlp_modules, mlp_outputs
 from .sharing import prefix_sharing_blocker
 
 ROW_TOKENS = 4096  # rows x padded length of one patched forward pass
-
-
-def behaviour_rows(logits: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
-    """y = log p(positive set) - log p(negative set) per row of logits (B, vocab); label ids (B, K),
-    -1 where a row has fewer than K (interventions.behaviour, one set per row)."""
-    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-
-    def side(ids):
-        picked = logp.gather(1, ids.clamp(min=0).to(logp.device))
-        return torch.logsumexp(picked.masked_fill((ids < 0).to(logp.device), float("-inf")), dim=-1)
-
-    return side(positive) - side(negative)
-
-
-def label_ids(sets: list[list[int]]) -> torch.Tensor:
-    """Label id lists -> (n, K), padded with -1."""
-    out = torch.full((len(sets), max(len(s) for s in sets)), -1, dtype=torch.long)
-    for i, ids in enumerate(sets):
-        out[i, : len(ids)] = torch.as_tensor(ids)
-    return out
 
 
 @dataclass
@@ -182,7 +162,7 @@ def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int, pre
         stack.enter_context(skipping(model, first, bank.hidden[first][base, prefix:T], bank.returns_tuple))
         stack.enter_context(editing(edit, _Prefix(bank, base, prefix) if prefix else None))
         if mlps:
-            stack.enter_context(_mlp_patch(mlps, bank, v.donor[rows], where, donor_index, v.mlp[rows].to(device)))
+            stack.enter_context(mlp_outputs(mlps, _mlp_patch(bank, v.donor[rows], where, donor_index, v.mlp[rows].to(device))))
         narrowed = stack.enter_context(narrowed_head(module, vocabulary))
         stack.enter_context(picked_logits(module, (torch.arange(len(rows)), lengths - 1 - prefix)))
         out = module(input_ids=bank.ids[base, prefix:T].to(device), attention_mask=(positions < lengths[:, None]).long().to(device),
@@ -263,25 +243,15 @@ class _Edit:
         return out
 
 
-@contextmanager
-def _mlp_patch(modules, bank: Bank, donor, where, donor_index, rows):
-    """Forward hooks: in the rows `rows` (B, L) selects, the MLP output at the patched positions is the donor's."""
-    def hook(layer):
-        def replace(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output  # (B, T, E)
-            if not rows[:, layer].any():
-                return output
-            new = bank.mlp[layer][donor].gather(1, donor_index[:, :, None].expand(-1, -1, out.shape[-1])).to(out.dtype)
-            out = torch.where(rows[:, layer, None, None] & where[:, :, None], new, out)
-            return (out, *output[1:]) if isinstance(output, tuple) else out
-        return replace
-
-    handles = [m.register_forward_hook(hook(layer)) for layer, m in enumerate(modules)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+def _mlp_patch(bank: Bank, donor, where, donor_index, rows):
+    """For `interventions.mlp_outputs`: in the rows `rows` (B, L) selects, the MLP output at the
+    patched positions is the donor's."""
+    def change(layer, out):  # (B, T, E)
+        if not rows[:, layer].any():
+            return None
+        new = bank.mlp[layer][donor].gather(1, donor_index[:, :, None].expand(-1, -1, out.shape[-1])).to(out.dtype)
+        return torch.where(rows[:, layer, None, None] & where[:, :, None], new, out)
+    return change
 
 
 class _Skipped(torch.nn.Module):

@@ -12,10 +12,11 @@ from .models import routes_attention
 
 
 def prefix_sharing_blocker(config, longest: int) -> str | None:
-    """Why a run cannot forward the prompts' shared prefixes once through the key/value cache, or
-    None when it can: the family's attention must go through attnprobe's function, every layer must
-    keep a plain key/value cache, and no prompt may reach a sliding window or an attention chunk
-    (the cache would drop keys that the window leaves behind)."""
+    """Why keys and values of shared positions cannot be computed once for sequences of up to
+    `longest` tokens, or None when they can: the family's attention must go through attnprobe's
+    function (which packs or prepends them), every layer must be an attention layer with plain keys
+    and values, and no sequence may reach a sliding window or an attention chunk (the mask would then
+    hide keys from some positions that a shared computation shows)."""
     text = config.get_text_config()
     if not routes_attention(config):
         return f"'{text.model_type}' attention bypasses attnprobe's attention function"

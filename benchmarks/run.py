@@ -226,7 +226,7 @@ def bench_head_effects(pm, suite, encoded, n_reference: int = 3, n_items: int = 
         return phases.screen(pm, replace(measure, exact="all"), [item], set(), Quiet())
 
     reference, worst = [], 0.0
-    suite_heads = phases._mask(selection["suite"], L, H)
+    suite_heads = phases.headhead_mask(selection["suite"], L, H)
     _, chosen = scheme()
     for item in items[:n_reference]:
         start = time.perf_counter()

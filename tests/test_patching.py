@@ -51,7 +51,7 @@ def _compare(pm, items, singles, tolerance, every_head=True):
     worst = 0.0
     for item in items:
         for cf in item["counterfactuals"]:
-            sets = {"crossfit": phases._mask(crossfit, L, H)}
+            sets = {"crossfit": phases.head_mask(crossfit, L, H)}
             r = effects(pm, item["x"], cf["x_cf"], cf["at"], cf["at_cf"], item["positive"], item["negative"],
                         torch.ones(L, H, dtype=torch.bool) if every_head else singles, sets, layers=every_head, every=True)
             key = lambda t: (t["item_id"] == item["item_id"]) & (t["counterfactual"] == cf["word"])  # noqa: E731

@@ -21,7 +21,8 @@ import torch
 
 from .. import patching
 from ..attribution import Pairs, estimate
-from .head_effects import HEAD_COLUMNS, LAYER_COLUMNS, HeadEffectsMeasure
+from ..interventions import behaviour_rows, label_ids
+from .head_effects import HEAD_COLUMNS, LAYER_COLUMNS, HeadEffectsMeasure, heads_text
 
 LAYER_ATTRIBUTION = ("attention_attribution", "mlp_attribution")
 
@@ -45,7 +46,7 @@ class _Builder:
         ends = torch.tensor([e for _, n, e, *_ in self.blocks for _ in range(n)])  # (V, 4) base, donor, at, donor_at
         labels = [l for _, n, _, l, *_ in self.blocks for _ in range(n)]
         variants = patching.Variants(*ends.T, *(torch.cat([b[i] for b in self.blocks]) for i in (4, 5, 6)),
-                                     patching.label_ids([l[0] for l in labels]), patching.label_ids([l[1] for l in labels]))
+                                     label_ids([l[0] for l in labels]), label_ids([l[1] for l in labels]))
         y = patching.patched(pm, bank, variants, share_prefix)
         out, start = {}, 0
         for key, n, *_ in self.blocks:
@@ -66,7 +67,7 @@ def _recorded(pm, items: list[dict]) -> tuple[list[tuple], patching.Bank, torch.
             sequences.append(cf["x_cf"])
         labels += [(item["positive"], item["negative"])] * (1 + len(item["counterfactuals"]))
     bank = patching.record(pm, sequences)
-    clean = patching.behaviour_rows(bank.logits, *(patching.label_ids([l[i] for l in labels]) for i in (0, 1))).double().cpu()
+    clean = behaviour_rows(bank.logits, *(label_ids([l[i] for l in labels]) for i in (0, 1))).double().cpu()
     return pairs, bank, clean
 
 
@@ -85,7 +86,7 @@ def screen(pm, measure: HeadEffectsMeasure, items: list[dict], held_out: set, ba
     which = Pairs(torch.searchsorted(xs, torch.tensor([p[2] for p in pairs])), torch.tensor([p[3] for p in pairs]),
                   torch.tensor([int(cf["at"][0]) for _, cf, *_ in pairs]), torch.tensor([int(cf["at_cf"][0]) for _, cf, *_ in pairs]),
                   torch.tensor([len(cf["x_cf"]) == len(item["x"]) for item, cf, *_ in pairs]))
-    attribution = estimate(pm, bank, xs, *(patching.label_ids([i[side] for i in items]) for side in ("positive", "negative")), which)
+    attribution = estimate(pm, bank, xs, *(label_ids([i[side] for i in items]) for side in ("positive", "negative")), which)
     one_head = torch.eye(L * H, dtype=torch.bool).view(L * H, L, H)
     layer_heads = torch.eye(L, dtype=torch.bool)[:, :, None].expand(L, L, H)
     every = torch.ones(1, L, H, dtype=torch.bool)
@@ -143,14 +144,14 @@ def selected(pm, measure: HeadEffectsMeasure, items: list[dict], selection: dict
     """The second phase of a chunk: per pair the suite's heads one by one (output in and out, pattern
     in) and the cross-fitted set jointly; tables items (the suite's heads only) and totals."""
     L, H = pm.info.n_layers, pm.info.n_heads
-    singles = _mask(selection["suite"], L, H) if selection["suite"] is not None else torch.zeros(L, H, dtype=torch.bool)
+    singles = head_mask(selection["suite"], L, H) if selection["suite"] is not None else torch.zeros(L, H, dtype=torch.bool)
     chosen = torch.eye(L * H, dtype=torch.bool).view(L * H, L, H)[singles.flatten()]
     pairs, bank, clean = _recorded(pm, items)
-    builder, sets = _Builder(L, H), []
+    builder, sets = _Builder(L, H), []  # sets: each pair's cross-fitted heads (flat indices)
     for k, (item, cf, x, x_cf) in enumerate(pairs):
         ends, label = _directions(cf, x, x_cf), (item["positive"], item["negative"])
-        crossfit = _mask(selection["crossfit"][cf["word"]][1 - selection["halves"][item["item_id"]]], L, H)
-        sets.append(crossfit)
+        sets.append(selection["crossfit"][cf["word"]][1 - selection["halves"][item["item_id"]]])
+        crossfit = head_mask(sets[-1], L, H)
         for direction in ("in", "out"):
             builder.add((k, "crossfit", direction), ends[direction], label, output=crossfit[None])
             if len(chosen):
@@ -164,7 +165,7 @@ def selected(pm, measure: HeadEffectsMeasure, items: list[dict], selection: dict
         effect = lambda what, direction: _delta(ys.get((k, what, direction)), direction, clean[x], clean[x_cf])  # noqa: E731
         key = {"item_id": item["item_id"], "counterfactual": cf["word"]}
         totals.append({**key, "crossfit_in": _first(effect("crossfit", "in")), "crossfit_out": _first(effect("crossfit", "out")),
-                       "crossfit_heads": heads_text(sets[k])})
+                       "crossfit_heads": heads_text(sets[k], H)})
         columns = {c: effect(*c.split("_")) for c in ("output_in", "output_out", "pattern_in")}
         heads.append(pd.DataFrame({**key, "layer": layer.numpy(), "head": head.numpy(),
                                    **{c: np.full(len(layer), np.nan) if v is None else v for c, v in columns.items()}}))
@@ -180,10 +181,6 @@ def halves(items: list[dict]) -> dict[str, int]:
     units = units.sort_values(["x", "unit"], na_position="last", kind="stable").reset_index(drop=True)
     half = dict(zip(units["unit"], units.index % 2))
     return {i["item_id"]: int(half[i["unit"]]) for i in items}
-
-
-def heads_text(mask: torch.Tensor) -> str:
-    return " ".join(f"L{int(l)}H{int(h)}" for l, h in mask.nonzero().tolist())
 
 
 def select(measure: HeadEffectsMeasure, items: list[dict], totals: pd.DataFrame, head_items: pd.DataFrame,
@@ -221,7 +218,8 @@ def _top(score: np.ndarray, k: int, n_layers: int, n_heads: int) -> list[int]:
     return sorted(np.argsort(-score, kind="stable")[:min(k, n_layers * n_heads)].tolist())
 
 
-def _mask(flat: list[int], n_layers: int, n_heads: int) -> torch.Tensor:
+def head_mask(flat: list[int], n_layers: int, n_heads: int) -> torch.Tensor:
+    """Flat head indices l H + h -> an (L, H) bool mask."""
     mask = torch.zeros(n_layers * n_heads, dtype=torch.bool)
     mask[flat] = True
     return mask.view(n_layers, n_heads)

@@ -306,10 +306,14 @@ def summary(measure: HeadEffectsMeasure, items: list[dict], dropped: list[dict],
            "select": measure.select, "held_out": len(measure.held_out_ids(items)), "halves_by": measure.unit, "positive": measure.positive, "negative": measure.negative,
            "design": measure.design}
     if selection is not None:
-        heads = lambda flat: " ".join(f"L{i // n_heads}H{i % n_heads}" for i in flat)  # noqa: E731
-        out["crossfit_heads"] = {w: [heads(s) for s in sets] for w, sets in selection["crossfit"].items()}
-        out["exact_heads"] = heads(selection["suite"]) if selection["suite"] is not None else "all"
+        out["crossfit_heads"] = {w: [heads_text(s, n_heads) for s in sets] for w, sets in selection["crossfit"].items()}
+        out["exact_heads"] = heads_text(selection["suite"], n_heads) if selection["suite"] is not None else "all"
     return out
+
+
+def heads_text(flat: list[int], n_heads: int) -> str:
+    """Flat head indices l H + h as text: "L10H6 L23H5"."""
+    return " ".join(f"L{i // n_heads}H{i % n_heads}" for i in flat)
 
 
 def plan_sha256(items: list[dict], measure: HeadEffectsMeasure | None = None) -> str:

@@ -52,7 +52,7 @@ def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFra
         per_head.append(head_table)
         layer_table = _layers(run.head_effect_layers, word, totals.index, cells, w, design, te_cells)
         per_layer.append(layer_table)
-        summary = _summary(word, totals, design, cells, w, te_cells, head_table, info, items, analysis, heads)
+        summary = _summary(word, totals, design, cells, w, te_cells, head_table, info, items, analysis, heads, int(held.sum()))
         for component in ("attention", "mlp"):  # the layer whose output, patched in, carries the largest share
             rows = layer_table[(layer_table["component"] == component) & (layer_table["direction"] == "in")].dropna(subset=["share"])
             if len(rows):
@@ -121,7 +121,7 @@ def _layers(long, word, index, cells, w, design, te_cells) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
-def _summary(word, totals, design, cells, w, te_cells, head_table, info, items, analysis, heads) -> dict:
+def _summary(word, totals, design, cells, w, te_cells, head_table, info, items, analysis, heads, n_held) -> dict:
     te = cluster_mean_test(te_cells, w, design.clusters)
     out = {"counterfactual": word, "n_items": len(totals), "te_nonzero": bool(te["ci_low"][0] > 0 or te["ci_high"][0] < 0), "n_aligned": int((totals["n_tokens"] != totals["n_tokens_cf"]).sum()),
            "te_mean": float(te["mean"][0]), "te_ci_low": float(te["ci_low"][0]), "te_ci_high": float(te["ci_high"][0]),
@@ -139,7 +139,7 @@ def _summary(word, totals, design, cells, w, te_cells, head_table, info, items, 
     out["n_heads_q05"] = int((head_table["q"] < ALPHA).sum())
     out["exact_heads"] = info.get("exact_heads", "all")
     out["power_note"] = power_note(te["n_clusters"], design.cluster_text)  # a t test has no p floor; few clusters do limit it
-    out.update(_attribution_check(head_table, totals, info, te["mean"][0]))
+    out.update(_attribution_check(head_table, n_held, info, te["mean"][0]))
     slot = next(iter(info.get("counterfactual", {})), None)
     if heads is not None and len(heads) and slot in set(heads["target"]):
         rows = heads[(heads["target"] == slot) & (heads["scope"] == "all")]
@@ -155,13 +155,12 @@ def _summary(word, totals, design, cells, w, te_cells, head_table, info, items, 
     return out
 
 
-def _attribution_check(head_table: pd.DataFrame, totals: pd.DataFrame, info: dict, te: float) -> dict:
+def _attribution_check(head_table: pd.DataFrame, n_held: int, info: dict, te: float) -> dict:
     """Attribution against exact patching. With held-out items (exact: k): on them, Spearman of
     attribution against exact over every head; Spearman of the ranking the suite's heads were chosen
     by (attribution on the other items) against exact on the held-out items; and how many of the
     suite's k heads are among the k largest exact effects there (in the direction of TE). With
     exact: all, Spearman over every head on every item."""
-    n_held = int(totals["held_out"].fillna(False).astype(bool).sum()) if "held_out" in totals else 0
     if not n_held:
         tested = head_table["p"].notna()
         return {"n_held_out": 0, "spearman_attribution_exact": _spearman(head_table.loc[tested, "mean_attribution_output"],
