@@ -1,10 +1,19 @@
 """attnprobe: attention extraction, from-scratch verification and bias probing for causal LMs."""
 
 from . import capture  # registers the "attnprobe" attention function with transformers
-from .capture import Captured, encode, run_with_capture
 from .adhoc import probe, span_tokens, str_tokens
 from .api import Run, merge_shards, run_suite
-from .errors import AnalysisError, AttnprobeError, CaptureError, ModelSpecError, RunError, RunInterrupted, SuiteError, UnsupportedFamily
+from .capture import Captured, encode, run_with_capture
+from .errors import (
+    AnalysisError,
+    AttnprobeError,
+    CaptureError,
+    ModelSpecError,
+    RunError,
+    RunInterrupted,
+    SuiteError,
+    UnsupportedFamily,
+)
 from .models import DEFAULT_MODEL, ModelInfo, ProbeModel, load_model
 from .suite import Suite, load_suite
 from .verify import verify

@@ -50,7 +50,9 @@ def span_tokens(model_or_tokenizer, text: str, span: str | tuple[int, int]) -> t
         if start < 0:
             raise SuiteError(f"{span!r} does not occur in {text!r}")
         span = (start, start + len(span))
-    offsets = [tuple(o) for o in _tokenizer(model_or_tokenizer)(text, return_offsets_mapping=True)["offset_mapping"]]
+    offsets = [
+        tuple(o) for o in _tokenizer(model_or_tokenizer)(text, return_offsets_mapping=True)["offset_mapping"]
+    ]
     found = token_spans(offsets, {"span": span})["span"]
     if found == (-1, -1):
         raise SuiteError(f"characters {span} of {text!r} hold no token")
@@ -65,7 +67,7 @@ def marked_attention(model, sentences: list[str], batch_size: int = 8):
     pm = model_of(model)
     parsed = [parse_marked(marked, f"sentence {i + 1}")[:2] for i, marked in enumerate(sentences)]
     for start in range(0, len(parsed), batch_size):
-        batch = parsed[start:start + batch_size]
+        batch = parsed[start : start + batch_size]
         encodings = pm.tokenizer([text for text, _ in batch], return_offsets_mapping=True)
         ids, mask = pad_right(encodings["input_ids"], pm.tokenizer.pad_token_id)
         captured = run_with_capture(pm, ids, mask)
@@ -73,8 +75,12 @@ def marked_attention(model, sentences: list[str], batch_size: int = 8):
         for b, (text, spans) in enumerate(batch):
             offsets = [tuple(o) for o in encodings["offset_mapping"][b]]
             T = len(offsets)
-            yield {"text": text, "spans": token_spans(offsets, spans), "weights": W[:, b, :, :T, :T],
-                   "tokens": [pm.tokenizer.decode([i]) for i in encodings["input_ids"][b]]}
+            yield {
+                "text": text,
+                "spans": token_spans(offsets, spans),
+                "weights": W[:, b, :, :T, :T],
+                "tokens": [pm.tokenizer.decode([i]) for i in encodings["input_ids"][b]],
+            }
 
 
 def probe(model, sentences: list[str], source: str | None = None, batch_size: int = 8) -> pd.DataFrame:
@@ -83,19 +89,33 @@ def probe(model, sentences: list[str], source: str | None = None, batch_size: in
     for i, marked in enumerate(sentences):  # every source checked before the model runs
         spans = parse_marked(marked, f"sentence {i + 1}")[1]
         if not spans:
-            raise SuiteError(f"sentence {i + 1}: mark the source span with [brackets], e.g. 'The nurse said that [she]'")
+            raise SuiteError(
+                f"sentence {i + 1}: mark the source span with [brackets], e.g. 'The nurse said that [she]'"
+            )
         if (source or list(spans)[-1]) not in spans:
             raise SuiteError(f"sentence {i + 1}: no span '{source}' (spans: {', '.join(spans)})")
     frames = []
     for n, sentence in enumerate(marked_attention(model, sentences, batch_size)):
         tokens = sentence["spans"]
         name = source or list(tokens)[-1]
-        weights = sentence["weights"][:, :, tokens[name][0]:tokens[name][1]].mean(2)  # (L, H, T): mean over the source's tokens
+        weights = sentence["weights"][:, :, tokens[name][0] : tokens[name][1]].mean(
+            2
+        )  # (L, H, T): mean over the source's tokens
         L, H, T = weights.shape
         owner = [next((s for s, (t0, t1) in tokens.items() if t0 <= t < t1), "") for t in range(T)]
-        frames.append(pd.DataFrame({
-            "sentence": n, "text": sentence["text"], "layer": torch.arange(L).repeat_interleave(H * T).numpy(),
-            "head": torch.arange(H).repeat_interleave(T).repeat(L).numpy(), "source": name,
-            "position": torch.arange(T).repeat(L * H).numpy(), "token": sentence["tokens"] * (L * H),
-            "span": owner * (L * H), "weight": weights.reshape(-1).float().numpy()}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "sentence": n,
+                    "text": sentence["text"],
+                    "layer": torch.arange(L).repeat_interleave(H * T).numpy(),
+                    "head": torch.arange(H).repeat_interleave(T).repeat(L).numpy(),
+                    "source": name,
+                    "position": torch.arange(T).repeat(L * H).numpy(),
+                    "token": sentence["tokens"] * (L * H),
+                    "span": owner * (L * H),
+                    "weight": weights.reshape(-1).float().numpy(),
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True)

@@ -70,3 +70,12 @@ class Analysis:
         contrast = (manifest.get("suite") or {}).get("contrast")
         column = next((c for c in (f"{contrast}_label", contrast) if c and c in prompt_columns), None)
         return cls(contrast=column)
+
+
+def value_of(prompt, column: str):
+    """A prompt's value in a prompts.csv column (None where the prompt has no such column)."""
+    if column == TEMPLATE:
+        return prompt.template_id
+    if column == ITEM:
+        return prompt.item_id
+    return prompt.meta.get(column, prompt.slots.get(column))

@@ -15,8 +15,9 @@ import pandas as pd
 from . import run as run_package
 from .report import headline, load_tables, write_report
 from .report.plots import head_heatmap
+from .run.merge import merge_shards as _merge_into
+from .run.options import RunOptions
 from .run.reader import RunFiles
-from .run.storage import merge_shards as _merge_into
 
 
 class Run(RunFiles):
@@ -60,7 +61,8 @@ class Run(RunFiles):
 
     @property
     def referent_accuracy(self) -> pd.DataFrame:
-        """Per source and head: how often the source attends more to the correct referent (empty without referents)."""
+        """Per source and head: how often the source attends more to the correct referent (empty without
+        referents)."""
         return self._tables()["referent_accuracy"]
 
     @property
@@ -79,7 +81,9 @@ class Run(RunFiles):
         "difference" (d_z of the paired difference)."""
         heads = self.head_stats[self.head_stats["scope"] == "all"]
         statistic = statistic or ("interaction" if "interaction_r" in heads else "difference")
-        value, q = ("interaction_r", "interaction_q") if statistic == "interaction" else ("d_z", "difference_q")
+        value, q = (
+            ("interaction_r", "interaction_q") if statistic == "interaction" else ("d_z", "difference_q")
+        )
         target = target or heads["target"].iloc[0]
         return head_heatmap(heads, target, value, q, title=f"{target}: {statistic}", label=value)
 
@@ -99,15 +103,20 @@ class Run(RunFiles):
 
     def _repr_html_(self) -> str:
         m = self.manifest
-        return (f"<div><b>attnprobe run</b> {escape(m['suite']['name'])} on {escape(m['model']['spec'])}: "
-                f"{m['n_prompts']} prompts, {escape(m['dtype'])}, <code>{escape(str(self.directory))}</code>"
-                f"<p>{escape(headline(self, self._tables()))}</p></div>")
+        return (
+            f"<div><b>attnprobe run</b> {escape(m['suite']['name'])} on {escape(m['model']['spec'])}: "
+            f"{m['n_prompts']} prompts, {escape(m['dtype'])}, <code>{escape(str(self.directory))}</code>"
+            f"<p>{escape(headline(self, self._tables()))}</p></div>"
+        )
 
 
-def run_suite(suite, model=None, **options) -> Run:
-    """Run a suite (a path or a loaded Suite) on a model and return the Run; the options are those
-    of `attnprobe.run.run_suite` (out, batch_size, limit, dtype, resume, chunk_size, ...)."""
-    return Run(run_package.run_suite(suite, model, **options))
+def run_suite(suite, model=None, options: RunOptions | None = None, **settings) -> Run:
+    """Run a suite (a path or a loaded Suite) on a model (a spec or a loaded ProbeModel) and return
+    the Run. `options`: a RunOptions; or give its fields as keywords (out, batch_size, limit, dtype,
+    resume, chunk_size, head_effects, ...), e.g. `run_suite("probes/gender.yaml", limit=200)`."""
+    if options is not None and settings:
+        raise TypeError("give either options or keyword settings, not both")
+    return Run(run_package.run_suite(suite, model, options or RunOptions(**settings)))
 
 
 def merge_shards(shard_dirs, out) -> Run:

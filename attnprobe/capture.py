@@ -46,7 +46,7 @@ class _Plan:
 
 
 _active_plan: contextvars.ContextVar[_Plan | None] = contextvars.ContextVar("attnprobe_plan", default=None)
-# An editor rewrites per-head outputs (head interventions, see interventions.py).
+# An editor rewrites per-head outputs (head interventions, see attnprobe.patching).
 _active_editor: contextvars.ContextVar = contextvars.ContextVar("attnprobe_editor", default=None)
 # A prefix: (key, value, mask) -> the same with keys and values of earlier positions prepended (patching.py).
 _active_prefix: contextvars.ContextVar = contextvars.ContextVar("attnprobe_prefix", default=None)
@@ -79,7 +79,9 @@ def _attention_weights(query, key, mask, scaling, softcap, sinks) -> torch.Tenso
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)  # Gemma 2 logit soft-capping
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.to(dtype)
+        scores = (
+            scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.to(dtype)
+        )
     if sinks is None:
         weights = torch.softmax(scores, dim=-1)
     else:
@@ -91,7 +93,9 @@ def _attention_weights(query, key, mask, scaling, softcap, sinks) -> torch.Tenso
     return weights.nan_to_num(0.0)
 
 
-def rows_of_mask(mask: torch.Tensor | None, rows: torch.Tensor, B: int, S: int, causal: bool) -> torch.Tensor | None:
+def rows_of_mask(
+    mask: torch.Tensor | None, rows: torch.Tensor, B: int, S: int, causal: bool
+) -> torch.Tensor | None:
     """The mask restricted to the captured rows: (B, 1 or H, R, S)."""
     if mask is None:
         if not causal:
@@ -125,21 +129,34 @@ def attnprobe_attention(
 
     if softcap is None and s_aux is None:
         output = F.scaled_dot_product_attention(
-            query, expand_kv(key, H), expand_kv(value, H), attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+            query,
+            expand_kv(key, H),
+            expand_kv(value, H),
+            attn_mask=attention_mask,
+            dropout_p=dropout,
+            scale=scaling,
             is_causal=attention_mask is None and causal and T > 1,
         )  # (B, H, T, D)
     else:  # exact math: SDPA has no soft-capping or sinks
         all_rows = torch.arange(T, device=query.device).expand(B, T)
-        weights = attention_weights(query, key, rows_of_mask(attention_mask, all_rows, B, S, causal), scaling, softcap, s_aux)
+        weights = attention_weights(
+            query, key, rows_of_mask(attention_mask, all_rows, B, S, causal), scaling, softcap, s_aux
+        )
         output = torch.matmul(weights.to(value.dtype), expand_kv(value, H))  # (B, H, T, D)
 
     layer = getattr(module, "layer_idx", None)
     editor = _active_editor.get()
     if editor is not None:
-        site = AttentionSite(layer, query, key, value, attention_mask, scaling, softcap, s_aux, causal, output)
+        site = AttentionSite(
+            layer, query, key, value, attention_mask, scaling, softcap, s_aux, causal, output
+        )
         output = editor(site)  # (B, H, T, D)
     if plan is not None and plan.wants(layer):
-        rows = torch.arange(T, device=query.device).expand(B, T) if plan.rows is None else plan.rows.to(query.device)
+        rows = (
+            torch.arange(T, device=query.device).expand(B, T)
+            if plan.rows is None
+            else plan.rows.to(query.device)
+        )
         R = rows.shape[1]
         q_rows = query.gather(2, rows[:, None, :, None].expand(B, H, R, D))  # (B, H, R, D)
         mask_rows = rows_of_mask(attention_mask, rows, B, S, causal)
@@ -192,7 +209,9 @@ class AttentionSite:
 
     def weights(self) -> torch.Tensor:
         """The attention weights of every head and query row, recomputed: (B, H, T, S)."""
-        return attention_weights(self.query, self.key, self.full_mask(), self.scaling, self.softcap, self.sinks)
+        return attention_weights(
+            self.query, self.key, self.full_mask(), self.scaling, self.softcap, self.sinks
+        )
 
     def values(self) -> torch.Tensor:
         """Values with one head per query head: (B, H, S, D)."""
@@ -202,7 +221,7 @@ class AttentionSite:
 @contextmanager
 def editing(editor, prefix=None):
     """Within the block, `editor(site: AttentionSite)` may replace each layer's per-head output
-    (B, H, T, D) (see attnprobe.interventions), and `prefix(layer, key, value, mask)` may prepend
+    (B, H, T, D) (see attnprobe.patching), and `prefix(layer, key, value, mask)` may prepend
     recorded keys and values of positions the input leaves out (see attnprobe.patching)."""
     tokens = _active_editor.set(editor), _active_prefix.set(prefix)
     try:
@@ -245,7 +264,8 @@ def run_with_capture(
     attention_mask: torch.Tensor | None = None,  # (B, T) 1 = token, 0 = right padding
     rows: torch.Tensor | None = None,  # (B, R) query positions to record; None: all T rows
     layers=None,  # iterable of layer indices; None: all layers
-    logit_positions: torch.Tensor | None = None,  # (P,) or per sequence (B, P) positions whose next-token logits to return
+    # (P,) or per sequence (B, P) positions whose next-token logits to return
+    logit_positions: torch.Tensor | None = None,
 ) -> Captured:
     """One forward pass that records attention weights for the requested rows and layers."""
     if not isinstance(model, torch.nn.Module):  # a ProbeModel
@@ -265,16 +285,27 @@ def run_with_capture(
         positions = torch.as_tensor(logit_positions, dtype=torch.long, device=device)
         keep = positions if positions.ndim == 1 else 0
         if positions.ndim == 2:  # the lm head sees only the (sequence, position) pairs asked for
-            pick = (torch.arange(B, device=device)[:, None].expand_as(positions).flatten(), positions.flatten())
+            pick = (
+                torch.arange(B, device=device)[:, None].expand_as(positions).flatten(),
+                positions.flatten(),
+            )
     implementation = model.config._attn_implementation
 
     if implementation == ATTN_IMPLEMENTATION:
         with recording(rows, layers) as plan, picked_logits(model, pick):
-            out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep)
+            out = model(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep
+            )
         weights = plan.weights
     elif implementation == "eager":
         with picked_logits(model, pick):
-            out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_attentions=True, logits_to_keep=keep)
+            out = model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                use_cache=False,
+                output_attentions=True,
+                logits_to_keep=keep,
+            )
         wanted = range(len(out.attentions)) if layers is None else layers
         weights = {}
         for layer in wanted:
@@ -283,14 +314,23 @@ def run_with_capture(
             if rows is None:
                 weights[layer] = full
             else:
-                index = rows.to(device)[:, None, :, None].expand(B, full.shape[1], rows.shape[1], full.shape[3])
+                index = rows.to(device)[:, None, :, None].expand(
+                    B, full.shape[1], rows.shape[1], full.shape[3]
+                )
                 weights[layer] = full.gather(2, index)  # (B, H, R, S)
     else:
         raise CaptureError(
-            f"model attention is '{implementation}'; load it with attnprobe.load_model or call attnprobe.capture.enable(model)"
+            f"model attention is '{implementation}'; load it with attnprobe.load_model or call "
+            "attnprobe.capture.enable(model)"
         )
     all_rows = torch.arange(T).expand(B, T) if rows is None else rows
-    logits = None if logit_positions is None else out.logits if pick is None else out.logits.reshape(B, -1, out.logits.shape[-1])
+    logits = (
+        None
+        if logit_positions is None
+        else out.logits
+        if pick is None
+        else out.logits.reshape(B, -1, out.logits.shape[-1])
+    )
     return Captured(weights=weights, rows=all_rows, logits=logits)
 
 
@@ -301,98 +341,10 @@ def picked_logits(model: torch.nn.Module, pick: tuple[torch.Tensor, torch.Tensor
     if pick is None:
         yield
         return
-    hook = model.get_output_embeddings().register_forward_pre_hook(lambda module, args: (args[0][pick][None], *args[1:]))
+    hook = model.get_output_embeddings().register_forward_pre_hook(
+        lambda module, args: (args[0][pick][None], *args[1:])
+    )
     try:
         yield
     finally:
         hook.remove()
-
-
-def pack_trie(sequences: list[tuple[int, ...]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
-    """Token id sequences as one trie: (tokens, depths, parents, where) with one entry per distinct
-    prefix, so a token shared by several sequences' prefixes appears once; a node comes after its
-    parent (-1: a root); where[b][t] is the node of sequence b's position t."""
-    tokens, depths, parents, where, node = [], [], [], [], {}
-    for s in sequences:
-        path, parent = [], -1
-        for t, token in enumerate(s):
-            key = (parent, token)
-            if key not in node:
-                node[key] = len(tokens)
-                tokens.append(token), depths.append(t), parents.append(parent)
-            parent = node[key]
-            path.append(parent)
-        where.append(path)
-    return tokens, depths, parents, where
-
-
-def packed_inputs(tries: list, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Model inputs of packed tries (pack_trie), one row each, padded on the right: token ids and
-    position ids (G, L), and the mask (G, 1, L, L) that lets a node see its ancestors and itself
-    (a pad sees only itself)."""
-    ids, _ = pad_right([tokens for tokens, *_ in tries], pad_id)  # (G, L)
-    pos, _ = pad_right([depths for _, depths, *_ in tries], 0)  # (G, L)
-    L = ids.shape[1]
-    mask = torch.eye(L, dtype=torch.bool).repeat(len(tries), 1, 1)  # (G, L, L): a node (or pad) sees itself
-    for g, (_, _, parents, _) in enumerate(tries):
-        for i, parent in enumerate(parents):  # ... and what its parent sees (parents come first)
-            if parent >= 0:
-                mask[g, i] |= mask[g, parent]
-    return ids, pos, mask.unsqueeze(1)
-
-
-@torch.inference_mode()
-def run_with_shared_prefixes(
-    model: torch.nn.Module,
-    packs: list[list[tuple[int, ...]]],  # rows of token id sequences; each row is forwarded as one trie
-    pad_id: int,
-    rows: torch.Tensor | None = None,  # (B, R) query positions to record, B sequences in pack order; None: all
-    layers=None,
-    logit_positions: torch.Tensor | None = None,  # (P,) or per sequence (B, P) positions whose logits to return
-) -> Captured:
-    """What `run_with_capture(pad_right(sequences))` returns, forwarding every shared prefix once.
-
-    Each pack becomes one row, the trie of its sequences (pack_trie, packed_inputs): each distinct
-    prefix's last token once, its depth as position id, seeing its ancestors and itself. For a
-    causal model that is exactly each sequence's own attention: the same keys and values at the same
-    positions, the same keys visible. Weights are mapped back to each sequence's positions (over its
-    T padded keys, 0 beyond its length, as under the causal mask); the lm head runs only where asked."""
-    if not isinstance(model, torch.nn.Module):  # a ProbeModel
-        model = model.model
-    sequences = [s for pack in packs for s in pack]
-    B, T = len(sequences), max(len(s) for s in sequences)
-    device = next(model.parameters()).device
-    rows = torch.arange(T).expand(B, T) if rows is None else torch.as_tensor(rows, dtype=torch.long)
-    tries = [pack_trie(pack) for pack in packs]
-    ids, pos, mask = packed_inputs(tries, pad_id)  # (G, L), (G, L), (G, 1, L, L)
-    L = ids.shape[1]
-
-    owner = torch.tensor([g for g, pack in enumerate(packs) for _ in pack])  # (B,) the row of each sequence
-    node = torch.zeros(B, T, dtype=torch.long)  # (B, T) the packed node of each position of each sequence
-    for b, path in enumerate(p for *_, where in tries for p in where):
-        node[b, :len(path)] = torch.tensor(path)
-    in_sequence = torch.arange(T)[None, :] < torch.tensor([len(s) for s in sequences])[:, None]  # (B, T)
-    wanted = node.gather(1, rows)  # (B, R) nodes of the requested rows
-    record = [sorted(set(wanted[owner == g].flatten().tolist())) or [0] for g in range(len(packs))]
-    width = max(len(r) for r in record)
-    group_rows = torch.tensor([r + [r[0]] * (width - len(r)) for r in record])  # (G, Rg)
-    row_index = torch.tensor([[record[owner[b]].index(r) for r in wanted[b].tolist()] for b in range(B)])  # (B, R) into Rg
-
-    pick = None
-    if logit_positions is not None:  # the lm head sees only the (sequence, position) pairs asked for
-        positions = torch.as_tensor(logit_positions, dtype=torch.long).clamp(max=T - 1)
-        at = node.gather(1, positions.expand(B, -1))  # (B, P) nodes
-        pick = (owner[:, None].expand_as(at).flatten().to(device), at.flatten().to(device))
-    with recording(group_rows, layers) as plan, picked_logits(model, pick):
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
-                    use_cache=False, logits_to_keep=0 if pick else 1)
-
-    weights = {}
-    keys = node.to(device)[:, None, None, :]  # (B, 1, 1, T)
-    for layer, recorded in plan.weights.items():  # (G, H, Rg, L)
-        w = recorded[owner.to(device)]  # (B, H, Rg, L)
-        w = w.gather(2, row_index.to(device)[:, None, :, None].expand(-1, w.shape[1], -1, L))  # (B, H, R, L)
-        w = w.gather(3, keys.expand(-1, w.shape[1], w.shape[2], -1))  # (B, H, R, T)
-        weights[layer] = w * in_sequence.to(device)[:, None, None, :]  # no weight beyond a sequence's own tokens
-    logits = None if pick is None else out.logits.reshape(B, -1, out.logits.shape[-1])  # (B, P, V)
-    return Captured(weights=weights, rows=rows, logits=logits)

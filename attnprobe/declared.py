@@ -35,9 +35,20 @@ FUSED_LAYOUT = {"qkv_proj": "stacked", "c_attn": "stacked", "Wqkv": "stacked", "
 # Facts about families that their modules do not expose as attributes, each read from the family's code:
 HALF_PAIRS = {"gpt_oss"}  # rotary without a rotate_half function, on pairs (k, k + R/2)
 ROTARY_IN_FLOAT32 = {"ernie4_5", "ernie4_5_moe"}  # q, k rotated in float32 and cast back
-ROUNDED_BEFORE_ROTARY = {"cohere", "cohere2", "cohere2_moe"}  # q, k rounded to float32, rotated in the model dtype
+ROUNDED_BEFORE_ROTARY = {
+    "cohere",
+    "cohere2",
+    "cohere2_moe",
+}  # q, k rounded to float32, rotated in the model dtype
 NORM_AFTER_ROTARY = {"nanochat"}  # QK-norm applied to the rotated q and k
-ROTARY_ON_SLIDING_LAYERS_ONLY = {"cohere2", "cohere2_moe", "exaone4", "exaone_moe", "kolibri1", "flint"}  # full layers: no positions
+ROTARY_ON_SLIDING_LAYERS_ONLY = {
+    "cohere2",
+    "cohere2_moe",
+    "exaone4",
+    "exaone_moe",
+    "kolibri1",
+    "flint",
+}  # full layers: no positions
 
 
 @dataclass
@@ -79,22 +90,34 @@ def check_parts(module, family: str) -> None:
     known = PROJECTIONS | set(OUTPUTS) | {n for pair in NORMS for n in pair} | HARMLESS
     unknown = [name for name, _ in module.named_children() if name not in known]
     if unknown:
-        raise UnsupportedFamily(f"'{family}' attention has parts attnprobe does not recompute: {', '.join(unknown)}")
+        raise UnsupportedFamily(
+            f"'{family}' attention has parts attnprobe does not recompute: {', '.join(unknown)}"
+        )
     if not any(hasattr(module, name) for name in OUTPUTS):
-        raise UnsupportedFamily(f"'{family}' attention has no output projection attnprobe knows ({', '.join(OUTPUTS)})")
+        raise UnsupportedFamily(
+            f"'{family}' attention has no output projection attnprobe knows ({', '.join(OUTPUTS)})"
+        )
 
 
 def _projections(module, x, H, Hkv, D):
     """(q (B, T, H D), k (B, T, Hkv D), v (B, T, Hkv D)) from separate or fused projections."""
     if all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj")):
         q, k, v = (apply_linear(getattr(module, n), x) for n in ("q_proj", "k_proj", "v_proj"))
-        if (q.shape[-1], k.shape[-1], v.shape[-1]) != (H * D, Hkv * D, Hkv * D):  # a gate in q, or another value width
-            raise UnsupportedFamily(f"q/k/v projections give {q.shape[-1]}/{k.shape[-1]}/{v.shape[-1]} features where "
-                                    f"{H} x {D} / {Hkv} x {D} / {Hkv} x {D} heads are declared")
+        if (q.shape[-1], k.shape[-1], v.shape[-1]) != (
+            H * D,
+            Hkv * D,
+            Hkv * D,
+        ):  # a gate in q, or another value width
+            raise UnsupportedFamily(
+                f"q/k/v projections give {q.shape[-1]}/{k.shape[-1]}/{v.shape[-1]} features where "
+                f"{H} x {D} / {Hkv} x {D} / {Hkv} x {D} heads are declared"
+            )
         return q, k, v
     name = next((n for n in FUSED_LAYOUT if hasattr(module, n)), None)
     if name is None:
-        raise UnsupportedFamily("attention has neither q/k/v projections nor a fused projection attnprobe knows")
+        raise UnsupportedFamily(
+            "attention has neither q/k/v projections nor a fused projection attnprobe knows"
+        )
     fused = apply_linear(getattr(module, name), x)
     B, T, _ = fused.shape
     if FUSED_LAYOUT[name] == "stacked":
@@ -110,17 +133,23 @@ def _norm(norm, x: torch.Tensor, heads: int, D: int) -> torch.Tensor:
     weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
     eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) or 1e-6
     B, T, _ = x.shape
-    per_head = weight is None or weight.ndim == 2 or weight.numel() == D  # a weightless norm: per head (NanoChat)
+    per_head = (
+        weight is None or weight.ndim == 2 or weight.numel() == D
+    )  # a weightless norm: per head (NanoChat)
     shaped = x.view(B, T, heads, D) if per_head else x
     if "RMSNorm" in kind:
         unit = torch.ones(shaped.shape[-1], dtype=x.dtype, device=x.device)  # a norm without a learned scale
-        normed = ref.rms_norm(shaped, unit if weight is None else weight, eps, offset=1.0 if "Gemma" in kind else 0.0)
+        normed = ref.rms_norm(
+            shaped, unit if weight is None else weight, eps, offset=1.0 if "Gemma" in kind else 0.0
+        )
     elif "LayerNorm" in kind:
         if isinstance(eps, tuple):
             eps = eps[0]
         # torch's LayerNorm computes in the input's dtype; the families' own LayerNorms (Cohere) in float32
         compute = x.dtype if isinstance(norm, torch.nn.LayerNorm) else torch.float32
-        normed = ref.layer_norm(shaped.to(compute), weight.to(compute), None if bias is None else bias.to(compute), eps).to(x.dtype)
+        normed = ref.layer_norm(
+            shaped.to(compute), weight.to(compute), None if bias is None else bias.to(compute), eps
+        ).to(x.dtype)
     else:
         raise UnsupportedFamily(f"QK-norm {kind} is neither an RMSNorm nor a LayerNorm")
     return normed.reshape(B, T, heads * D)
@@ -136,20 +165,30 @@ def pair_layout(module, family: str) -> tuple[bool, float]:
     if rotate_half is None:
         raise UnsupportedFamily(f"{type(module).__name__} declares rotary positions but no rotate_half")
     turned = rotate_half(torch.arange(8.0)).tolist()
-    layouts = {(False, 1.0): [-4.0, -5.0, -6.0, -7.0, 0.0, 1.0, 2.0, 3.0], (False, -1.0): [4.0, 5.0, 6.0, 7.0, 0.0, -1.0, -2.0, -3.0],
-               (True, 1.0): [-1.0, 0.0, -3.0, 2.0, -5.0, 4.0, -7.0, 6.0], (True, -1.0): [1.0, 0.0, 3.0, -2.0, 5.0, -4.0, 7.0, -6.0]}
+    layouts = {
+        (False, 1.0): [-4.0, -5.0, -6.0, -7.0, 0.0, 1.0, 2.0, 3.0],
+        (False, -1.0): [4.0, 5.0, 6.0, 7.0, 0.0, -1.0, -2.0, -3.0],
+        (True, 1.0): [-1.0, 0.0, -3.0, 2.0, -5.0, 4.0, -7.0, 6.0],
+        (True, -1.0): [1.0, 0.0, 3.0, -2.0, 5.0, -4.0, 7.0, -6.0],
+    }
     for layout, expected in layouts.items():
         if turned == expected:
             return layout
-    raise UnsupportedFamily(f"{type(module).__name__}'s rotate_half is neither the half nor the interleaved layout")
+    raise UnsupportedFamily(
+        f"{type(module).__name__}'s rotate_half is neither the half nor the interleaved layout"
+    )
 
 
 def rope_parameters(config, layer: int) -> dict | None:
     """This layer's rotary parameters, or None for a layer without rotary positions."""
     params = getattr(config, "rope_parameters", None)
     layer_types = getattr(config, "layer_types", None)
-    if (config.model_type in ROTARY_ON_SLIDING_LAYERS_ONLY and layer_types and "sliding_attention" in layer_types
-            and layer_types[layer] != "sliding_attention"):
+    if (
+        config.model_type in ROTARY_ON_SLIDING_LAYERS_ONLY
+        and layer_types
+        and "sliding_attention" in layer_types
+        and layer_types[layer] != "sliding_attention"
+    ):
         return None
     if params and layer_types and layer_types[layer] in params:  # per layer type (Gemma 3: local vs global)
         params = params[layer_types[layer]]
@@ -169,12 +208,16 @@ def rotate(q, k, params: dict, config, D: int, positions, interleaved: bool, dir
     factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
     rotary_dim = int(D * factor)
     try:
-        theta, attention = rope.frequencies(params, rotary_dim, getattr(config, "max_position_embeddings", 0),
-                                            int(positions.max()) + 1)
+        theta, attention = rope.frequencies(
+            params, rotary_dim, getattr(config, "max_position_embeddings", 0), int(positions.max()) + 1
+        )
     except NotImplementedError as exc:
         raise UnsupportedFamily(f"{exc} has no from-scratch recomputation yet") from None
     turn = direction * ref.rope_angles(positions, theta)[:, None]  # (B, 1, T, R/2), shared by heads
-    return (ref.apply_rotary(q, turn, interleaved, attention), ref.apply_rotary(k, turn, interleaved, attention))
+    return (
+        ref.apply_rotary(q, turn, interleaved, attention),
+        ref.apply_rotary(k, turn, interleaved, attention),
+    )
 
 
 def scale_of(module, config, D: int) -> float:
@@ -183,13 +226,15 @@ def scale_of(module, config, D: int) -> float:
     if getattr(config, "attention_multiplier", None) is not None:
         scale = float(config.attention_multiplier)
     elif getattr(config, "query_pre_attn_scalar", None):
-        scale = config.query_pre_attn_scalar ** -0.5
+        scale = config.query_pre_attn_scalar**-0.5
     else:
-        scale = D ** -0.5
+        scale = D**-0.5
     declared = getattr(module, "scaling", None)
     if isinstance(declared, (int, float)) and not math.isclose(declared, scale, rel_tol=1e-9):
-        raise UnsupportedFamily(f"{type(module).__name__} scales scores by {declared:g}, which attnprobe cannot derive "
-                                f"from its config (derived {scale:g})")
+        raise UnsupportedFamily(
+            f"{type(module).__name__} scales scores by {declared:g}, which attnprobe cannot derive "
+            f"from its config (derived {scale:g})"
+        )
     return scale
 
 
@@ -223,6 +268,7 @@ def generic(module, x, layer, config, positions, rotary: bool) -> Projected:
     H, Hkv, D = heads_of(module, config)
     q, k, v = _projections(module, x, H, Hkv, D)
     q, k, v = clip_qkv(q, k, v, getattr(config, "clip_qkv", None))
+
     def norms(q, k):
         for q_name, k_name in NORMS:
             if hasattr(module, q_name):
@@ -241,6 +287,14 @@ def generic(module, x, layer, config, positions, rotary: bool) -> Projected:
         q, k = ref.split_heads(q, H), ref.split_heads(k, Hkv)
     window, chunk = window_of(module, config, layer)
     out = getattr(module, next(n for n in OUTPUTS if hasattr(module, n)))
-    return Projected(q, k, v, scale=scale_of(module, config, D), window=window,
-                     softcap=getattr(config, "attn_logit_softcapping", None), out=lambda context: apply_linear(out, context),
-                     chunk=chunk, sinks=getattr(module, "sinks", None))
+    return Projected(
+        q,
+        k,
+        v,
+        scale=scale_of(module, config, D),
+        window=window,
+        softcap=getattr(config, "attn_logit_softcapping", None),
+        out=lambda context: apply_linear(out, context),
+        chunk=chunk,
+        sinks=getattr(module, "sinks", None),
+    )

@@ -22,8 +22,15 @@ def _gpt2(module, x, layer, config, positions) -> Projected:
     scale = (E // H) ** -0.5 if config.scale_attn_weights else 1.0
     if config.scale_attn_by_inverse_layer_idx:
         scale /= layer + 1
-    return Projected(ref.split_heads(q, H), ref.split_heads(k, H), ref.split_heads(v, H), scale, None, None,
-                     out=lambda context: apply_linear(module.c_proj, context))
+    return Projected(
+        ref.split_heads(q, H),
+        ref.split_heads(k, H),
+        ref.split_heads(v, H),
+        scale,
+        None,
+        None,
+        out=lambda context: apply_linear(module.c_proj, context),
+    )
 
 
 def _gpt_neo(module, x, layer, config, positions) -> Projected:
@@ -75,7 +82,9 @@ def _bloom(module, x, layer, config, positions) -> Projected:
     D = config.hidden_size // H
     q, k, v = _per_head_fused(apply_linear(module.query_key_value, x), H, D)
     bias = ref.alibi_bias(ref.alibi_slopes(H), x.shape[1]).to(x.device)
-    return Projected(q, k, v, D**-0.5, None, None, out=lambda context: apply_linear(module.dense, context), bias=bias)
+    return Projected(
+        q, k, v, D**-0.5, None, None, out=lambda context: apply_linear(module.dense, context), bias=bias
+    )
 
 
 def _falcon(module, x, layer, config, positions) -> Projected:
@@ -83,7 +92,9 @@ def _falcon(module, x, layer, config, positions) -> Projected:
     [its queries | k | v]; multi-query: [q | k | v] with one key/value head; else per head
     [q | k | v]); rotary positions (half layout); 1/sqrt(D)."""
     if config.alibi:
-        raise UnsupportedFamily("Falcon with ALiBi has no from-scratch recomputation yet (Falcon with rotary positions has)")
+        raise UnsupportedFamily(
+            "Falcon with ALiBi has no from-scratch recomputation yet (Falcon with rotary positions has)"
+        )
     H = config.num_attention_heads
     D = config.hidden_size // H
     fused = apply_linear(module.query_key_value, x)
@@ -116,8 +127,18 @@ def _mpt(module, x, layer, config, positions) -> Projected:
     if attn.alibi:
         bias = ref.alibi_bias(ref.mpt_alibi_slopes(H, attn.alibi_bias_max), x.shape[1]).to(x.device)
     scale = attn.softmax_scale or D**-0.5
-    return Projected(q, k, v, scale, None, None, out=lambda context: apply_linear(module.out_proj, context), bias=bias)
+    return Projected(
+        q, k, v, scale, None, None, out=lambda context: apply_linear(module.out_proj, context), bias=bias
+    )
 
 
-RECIPES = {"gpt2": _gpt2, "gpt-sw3": _gpt2, "gpt_neo": _gpt_neo, "gptj": _gptj, "codegen": _codegen, "bloom": _bloom,
-           "falcon": _falcon, "mpt": _mpt}
+RECIPES = {
+    "gpt2": _gpt2,
+    "gpt-sw3": _gpt2,
+    "gpt_neo": _gpt_neo,
+    "gptj": _gptj,
+    "codegen": _codegen,
+    "bloom": _bloom,
+    "falcon": _falcon,
+    "mpt": _mpt,
+}

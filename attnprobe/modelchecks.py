@@ -1,5 +1,6 @@
 """Checks made before any weights load: the device exists, the config has layers and heads, a GGUF
-file is one, the checkpoint runs no code of its own unless asked; and how a loader's exception becomes one line."""
+file is one, the checkpoint runs no code of its own unless asked; and how a loader's exception becomes one
+line."""
 
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ def refuse_remote_code(source: str, local: bool, trust_remote_code: bool) -> Non
     except (ValueError, AttributeError):
         raise ModelSpecError(f"{config} is not a valid JSON object; fix or replace the checkpoint") from None
     if auto_map:
-        raise ModelSpecError(f"{source} ships its own model code ({', '.join(sorted(auto_map))} in config.json auto_map); "
-                             "rerun with --trust-remote-code only if you trust it")
+        raise ModelSpecError(
+            f"{source} ships its own model code ({', '.join(sorted(auto_map))} in config.json auto_map); "
+            "rerun with --trust-remote-code only if you trust it"
+        )
 
 
 def check_device(device: str) -> None:
@@ -34,10 +37,15 @@ def check_device(device: str) -> None:
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ModelSpecError(f"--device '{device}' is not a torch device; use cpu, cuda, cuda:N or mps") from None
-    available = {"cpu": lambda: True, "meta": lambda: True,
-                 "cuda": lambda: torch.cuda.is_available() and (parsed.index or 0) < torch.cuda.device_count(),
-                 "mps": lambda: torch.backends.mps.is_available()}
+        raise ModelSpecError(
+            f"--device '{device}' is not a torch device; use cpu, cuda, cuda:N or mps"
+        ) from None
+    available = {
+        "cpu": lambda: True,
+        "meta": lambda: True,
+        "cuda": lambda: torch.cuda.is_available() and (parsed.index or 0) < torch.cuda.device_count(),
+        "mps": lambda: torch.backends.mps.is_available(),
+    }
     if not available.get(parsed.type, lambda: False)():
         raise ModelSpecError(f"--device '{device}' is not available on this machine; use --device cpu")
 
@@ -48,23 +56,29 @@ def check_shape(config, spec: str) -> None:
     for key in ("num_hidden_layers", "num_attention_heads"):
         value = getattr(text, key, None)
         if isinstance(value, int) and value < 1:
-            raise ModelSpecError(f"'{spec}': config.json sets {key} = {value}; a model to probe needs at least one")
+            raise ModelSpecError(
+                f"'{spec}': config.json sets {key} = {value}; a model to probe needs at least one"
+            )
 
 
 def check_vocabulary(tokenizer, model, spec: str) -> None:
     """A tokenizer with ids beyond the embedding table would fail on the first such token."""
     rows = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > rows:
-        raise ModelSpecError(f"'{spec}': the tokenizer has {len(tokenizer)} tokens but the model embeds only {rows}; "
-                             "the tokenizer files belong to another model, replace them")
+        raise ModelSpecError(
+            f"'{spec}': the tokenizer has {len(tokenizer)} tokens but the model embeds only {rows}; "
+            "the tokenizer files belong to another model, replace them"
+        )
 
 
 def check_gguf(path: Path) -> None:
     """Refuse a file that is not GGUF before the (slow) converter reads it."""
     with open(path, "rb") as handle:
         if handle.read(4) != b"GGUF":
-            raise ModelSpecError(f"{path} is not a GGUF file (it does not start with the bytes 'GGUF'); "
-                                 "give a .gguf model file or a checkpoint directory")
+            raise ModelSpecError(
+                f"{path} is not a GGUF file (it does not start with the bytes 'GGUF'); "
+                "give a .gguf model file or a checkpoint directory"
+            )
 
 
 @functools.cache

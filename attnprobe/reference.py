@@ -41,7 +41,9 @@ def _softmax_where(scores: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Softmax over the kept entries only; masked entries and fully masked rows are exactly 0."""
     scores = scores.masked_fill(~keep, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
-    return torch.where(keep, weights, torch.zeros((), dtype=weights.dtype, device=weights.device)).nan_to_num(0.0)
+    return torch.where(keep, weights, torch.zeros((), dtype=weights.dtype, device=weights.device)).nan_to_num(
+        0.0
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -97,7 +99,8 @@ def scaled_dot_product_attention(
     query: torch.Tensor,  # (..., H, T, D)
     key: torch.Tensor,  # (..., Hkv, S, D)
     value: torch.Tensor,  # (..., Hkv, S, Dv)
-    attn_mask: torch.Tensor | None = None,  # broadcastable to (..., H, T, S); bool keep-mask or additive float
+    # broadcastable to (..., H, T, S); bool keep-mask or additive float
+    attn_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
     scale: float | None = None,
@@ -175,8 +178,13 @@ def additive_attention(
 # --------------------------------------------------------------------------------------------
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
-             compute_dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float = 0.0,
+    compute_dtype: torch.dtype | None = torch.float32,
+) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * (offset + weight) over the last axis.
 
     Gemma stores the scale as weight - 1 (offset=1). Transformers' models normalise in float32
@@ -215,7 +223,9 @@ def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor
     return rope.angles(positions, inv_freq)
 
 
-def apply_rotary(x: torch.Tensor, angles: torch.Tensor, interleaved: bool = False, attention_factor: float = 1.0) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor, angles: torch.Tensor, interleaved: bool = False, attention_factor: float = 1.0
+) -> torch.Tensor:
     """Rotate pairs of features of x (..., T, D) by `angles` (..., T, R/2); see rope.rotate."""
     return rope.rotate(x, angles, interleaved, attention_factor)
 
@@ -223,6 +233,7 @@ def apply_rotary(x: torch.Tensor, angles: torch.Tensor, interleaved: bool = Fals
 def alibi_slopes(n_heads: int) -> torch.Tensor:
     """(H,) ALiBi head slopes: the geometric sequence 2^(-8/n), 2^(-16/n), ... for n = H a power of two;
     otherwise the closest power of two's slopes, then every other slope of the next power of two."""
+
     def powers(n: int) -> list[float]:
         start = 2 ** (-8 / n)
         return [start ** (i + 1) for i in range(n)]
@@ -287,7 +298,12 @@ def multi_head_attention(
     q, k, v = qkv.split([n_heads * D, n_kv_heads * D, n_kv_heads * D], dim=-1)
     q, k, v = split_heads(q, n_heads), split_heads(k, n_kv_heads), split_heads(v, n_kv_heads)  # (B, *, T, D)
     context, weights = scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, is_causal=is_causal and attn_mask is None, enable_gqa=n_kv_heads != n_heads
+        q,
+        k,
+        v,
+        attn_mask=attn_mask,
+        is_causal=is_causal and attn_mask is None,
+        enable_gqa=n_kv_heads != n_heads,
     )  # (B, H, T, D)
     out = merge_heads(context) @ w_out.T + (0 if b_out is None else b_out)  # (B, T, E)
     return out, weights

@@ -18,23 +18,38 @@ def default_frequencies(rotary_dim: int, base: float) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
 
 
-def _llama3(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
-            original_max_position_embeddings: int) -> torch.Tensor:
+def _llama3(
+    inv_freq: torch.Tensor,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_position_embeddings: int,
+) -> torch.Tensor:
     """Slow pairs (wavelength > context / low) divided by `factor`, fast pairs (wavelength <
     context / high) kept, a linear blend in between (in context / wavelength)."""
     context = original_max_position_embeddings
     wavelength = 2 * math.pi / inv_freq
     slow, fast = wavelength > context / low_freq_factor, wavelength < context / high_freq_factor
-    blend = (context / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)  # 0 slow edge, 1 fast edge
+    blend = (context / wavelength - low_freq_factor) / (
+        high_freq_factor - low_freq_factor
+    )  # 0 slow edge, 1 fast edge
     mixed = (1 - blend) * inv_freq / factor + blend * inv_freq
     return torch.where(slow, inv_freq / factor, torch.where(fast, inv_freq, mixed))
 
 
-def _yarn(rotary_dim: int, base: float, factor: float, original: int, beta_fast: float, beta_slow: float,
-          truncate: bool) -> torch.Tensor:
+def _yarn(
+    rotary_dim: int,
+    base: float,
+    factor: float,
+    original: int,
+    beta_fast: float,
+    beta_slow: float,
+    truncate: bool,
+) -> torch.Tensor:
     """YaRN (Peng et al. 2023): pairs that turn fewer than beta_slow times over the original
     context are interpolated (theta / factor), pairs that turn more than beta_fast times are kept,
     with a linear ramp over the pair index in between."""
+
     def pair_index(turns: float) -> float:
         # the pair k whose wavelength fits `turns` times into the original context:
         # original / (2 pi base^(2k/R)) = turns  <=>  k = R ln(original / (2 pi turns)) / (2 ln base)
@@ -57,7 +72,9 @@ def _mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def frequencies(params: dict, rotary_dim: int, max_position_embeddings: int, seq_len: int) -> tuple[torch.Tensor, float]:
+def frequencies(
+    params: dict, rotary_dim: int, max_position_embeddings: int, seq_len: int
+) -> tuple[torch.Tensor, float]:
     """(theta (R/2,), attention factor) for a rope_parameters dict and a sequence of `seq_len`
     positions. Schemes: default, linear, dynamic (NTK), yarn, llama3, longrope."""
     scheme = params.get("rope_type", params.get("type", "default"))
@@ -80,15 +97,28 @@ def frequencies(params: dict, rotary_dim: int, max_position_embeddings: int, seq
         attention = params.get("attention_factor")
         if attention is None:
             mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
-            attention = _mscale(factor, mscale) / _mscale(factor, mscale_all) if mscale and mscale_all else _mscale(factor)
-        theta = _yarn(rotary_dim, base, factor, original, params.get("beta_fast") or 32, params.get("beta_slow") or 1,
-                      params.get("truncate", True))
+            attention = (
+                _mscale(factor, mscale) / _mscale(factor, mscale_all)
+                if mscale and mscale_all
+                else _mscale(factor)
+            )
+        theta = _yarn(
+            rotary_dim,
+            base,
+            factor,
+            original,
+            params.get("beta_fast") or 32,
+            params.get("beta_slow") or 1,
+            params.get("truncate", True),
+        )
         return theta, float(attention)
     if scheme == "longrope":  # per-pair factors, the long set once the sequence outgrows the trained context
         attention = params.get("attention_factor")
         if attention is None:
             attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
-        factors = torch.tensor(params["long_factor"] if seq_len > original else params["short_factor"], dtype=torch.float32)
+        factors = torch.tensor(
+            params["long_factor"] if seq_len > original else params["short_factor"], dtype=torch.float32
+        )
         shape = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
         return 1.0 / (factors * base**shape), float(attention)
     raise NotImplementedError(f"rope scheme '{scheme}'")
@@ -99,7 +129,9 @@ def angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     return positions.float()[..., None] * inv_freq.float()
 
 
-def rotate(x: torch.Tensor, turn: torch.Tensor, interleaved: bool = False, attention_factor: float = 1.0) -> torch.Tensor:
+def rotate(
+    x: torch.Tensor, turn: torch.Tensor, interleaved: bool = False, attention_factor: float = 1.0
+) -> torch.Tensor:
     """Rotate pairs of features of x (..., T, D) by `turn` (..., T, R/2); features past R pass through.
 
     A pair (a, b) becomes f (a cos t - b sin t, a sin t + b cos t), f the attention factor. Pairs
@@ -108,7 +140,9 @@ def rotate(x: torch.Tensor, turn: torch.Tensor, interleaved: bool = False, atten
     """
     R = 2 * turn.shape[-1]
     rot, rest = x[..., :R], x[..., R:]
-    cos = (turn.cos() * attention_factor).to(x.dtype)  # in float32 first, then the model dtype, as the models do
+    cos = (turn.cos() * attention_factor).to(
+        x.dtype
+    )  # in float32 first, then the model dtype, as the models do
     sin = (turn.sin() * attention_factor).to(x.dtype)
     if interleaved:
         a, b = rot[..., 0::2], rot[..., 1::2]  # (..., T, R/2) each

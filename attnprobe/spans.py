@@ -1,8 +1,12 @@
-"""Spans and items: character spans to token ranges, and a fixed spread order of items."""
+"""Spans and items: character spans to token ranges, a referent span's words, and a fixed spread
+order of items."""
 
 from __future__ import annotations
 
 import hashlib
+import re
+
+ARTICLE = re.compile(r"^(the|a|an)\s+", re.IGNORECASE)
 
 
 def spread_key(item_id: str) -> str:
@@ -10,7 +14,9 @@ def spread_key(item_id: str) -> str:
     return hashlib.sha256(item_id.encode()).hexdigest()
 
 
-def token_spans(offsets: list[tuple[int, int]], spans: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+def token_spans(
+    offsets: list[tuple[int, int]], spans: dict[str, tuple[int, int]]
+) -> dict[str, tuple[int, int]]:
     """Token range [start, end) of each character span: the tokens that overlap it.
 
     `offsets` are the tokenizer's (char_start, char_end) per token; special tokens have (0, 0)
@@ -22,3 +28,10 @@ def token_spans(offsets: list[tuple[int, int]], spans: dict[str, tuple[int, int]
         result[name] = (hits[0], hits[-1] + 1) if hits else (-1, -1)
     return result
 
+
+def candidate_words(prompt, span: str) -> str | None:
+    """A referent span's words without a leading article, with the space before them."""
+    if span not in prompt.spans:
+        return None
+    words = ARTICLE.sub("", prompt.text[slice(*prompt.spans[span])].strip())
+    return " " + words if words else None

@@ -40,7 +40,9 @@ def parquet_safe(table: pd.DataFrame) -> pd.DataFrame:
         if out[column].dtype == object:
             kinds = {type(v) for v in out[column].dropna()}
             if len(kinds) > 1 or (kinds and not kinds <= {str}):
-                out[column] = out[column].map(lambda v: v if v is None or (isinstance(v, float) and v != v) else str(v))
+                out[column] = out[column].map(
+                    lambda v: v if v is None or (isinstance(v, float) and v != v) else str(v)
+                )
     return out
 
 

@@ -46,19 +46,27 @@ TOLERANCES = {
 }
 
 
-def recompute_layer(module, x, layer, config, lengths, rotary: bool = True) -> tuple[torch.Tensor, torch.Tensor, float]:
+def recompute_layer(
+    module, x, layer, config, lengths, rotary: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """From-scratch (weights (B, H, T, T), output (B, T, E), max |score|) of one attention layer.
     `rotary`: the model has a rotary embedding (else positions are already in x)."""
     B, T, _ = x.shape
     positions = torch.arange(T, device=x.device).expand(B, T)  # right padding: real tokens at 0..L-1
     recipe = RECIPES.get(config.model_type)
-    p = recipe(module, x, layer, config, positions) if recipe else generic(module, x, layer, config, positions, rotary)
+    p = (
+        recipe(module, x, layer, config, positions)
+        if recipe
+        else generic(module, x, layer, config, positions, rotary)
+    )
     keep = ref.causal_mask(T, device=x.device) & ref.padding_mask(lengths.to(x.device), T)  # (B, 1, T, T)
     if p.window is not None:
         keep = keep & ref.local_mask(T, window=p.window - 1, device=x.device)
     if p.chunk is not None:
         keep = keep & ref.chunk_mask(T, chunk=p.chunk, device=x.device)
-    mask = keep if p.bias is None else torch.where(keep, p.bias.to(p.q.dtype), float("-inf"))  # ALiBi: additive
+    mask = (
+        keep if p.bias is None else torch.where(keep, p.bias.to(p.q.dtype), float("-inf"))
+    )  # ALiBi: additive
     context, weights = ref.scaled_dot_product_attention(
         p.q, p.k, p.v, attn_mask=mask, scale=p.scale, enable_gqa=True, softcap=p.softcap, sinks=p.sinks
     )  # (B, H, T, D), (B, H, T, T)
@@ -69,10 +77,13 @@ def recompute_layer(module, x, layer, config, lengths, rotary: bool = True) -> t
 
 def _attention_modules(model) -> list[torch.nn.Module]:
     """Each layer's attention module (the innermost, when one wraps another, as GPT-Neo's)."""
+
     def index(m):
         return getattr(m, "layer_idx", getattr(m, "layer_id", None))
 
-    found = [m for m in model.modules() if type(m).__name__.endswith("Attention") and isinstance(index(m), int)]
+    found = [
+        m for m in model.modules() if type(m).__name__.endswith("Attention") and isinstance(index(m), int)
+    ]
     inner = [m for m in found if not any(other is not m and other in set(m.modules()) for other in found)]
     return sorted(inner, key=index)
 
@@ -84,11 +95,13 @@ def _run_recorded(model, modules, run) -> tuple[list, list, object]:
     def pre_hook(i):
         def hook(module, args, kwargs):
             inputs[i] = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments  # by name
+
         return hook
 
     def post_hook(i):
         def hook(module, args, kwargs, output):
             outputs[i] = output[0] if isinstance(output, tuple) else output
+
         return hook
 
     handles = [m.register_forward_pre_hook(pre_hook(i), with_kwargs=True) for i, m in enumerate(modules)]
@@ -149,7 +162,9 @@ def verify(model: ProbeModel | str, texts: list[str] | None = None) -> pd.DataFr
     interface = bool(getattr(hf, "_supports_attention_backend", False))
     modules = _attention_modules(hf)
     if not modules:
-        raise UnsupportedFamily(f"model family '{family}' has no attention module attnprobe can hook (none with a layer index)")
+        raise UnsupportedFamily(
+            f"model family '{family}' has no attention module attnprobe can hook (none with a layer index)"
+        )
     if family not in RECIPES:
         check_parts(modules[0], family)
     rotary = any(name.endswith("rotary_emb") for name, _ in hf.named_modules())
@@ -159,31 +174,55 @@ def verify(model: ProbeModel | str, texts: list[str] | None = None) -> pd.DataFr
     dtype = model.dtype
     low = dtype not in TOLERANCES
     previous = hf.config._attn_implementation
-    rows = {layer: {"family": family, "layer": layer, "model_dtype": str(dtype).removeprefix("torch."),
-                    "reference_dtype": "float32" if low else str(dtype).removeprefix("torch."),
-                    "n_texts": len(lengths), "max_tokens": int(lengths.max())} for layer in range(len(modules))}
+    rows = {
+        layer: {
+            "family": family,
+            "layer": layer,
+            "model_dtype": str(dtype).removeprefix("torch."),
+            "reference_dtype": "float32" if low else str(dtype).removeprefix("torch."),
+            "n_texts": len(lengths),
+            "max_tokens": int(lengths.max()),
+        }
+        for layer in range(len(modules))
+    }
     try:
         for path in ("eager", "capture"):
             hf.set_attn_implementation(ATTN_IMPLEMENTATION if path == "capture" and interface else "eager")
             if path == "eager":
-                run = lambda: hf(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False).attentions
+                run = lambda: (
+                    hf(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False).attentions
+                )
             else:
                 run = lambda: run_with_capture(hf, ids, mask).weights
             inputs, outputs, got_weights = _run_recorded(hf, modules, run)
             for layer, module in enumerate(modules):
                 x = inputs[layer].get("hidden_states", next(iter(inputs[layer].values())))
                 with torch.no_grad():
-                    weights, output, _ = recompute_layer(_reference_module(module, dtype), x.float() if low else x, layer,
-                                                                 config, lengths, rotary)
-                if inputs[layer].get("residual") is not None:  # a module given the residual adds it itself (Bloom)
+                    weights, output, _ = recompute_layer(
+                        _reference_module(module, dtype),
+                        x.float() if low else x,
+                        layer,
+                        config,
+                        lengths,
+                        rotary,
+                    )
+                if (
+                    inputs[layer].get("residual") is not None
+                ):  # a module given the residual adds it itself (Bloom)
                     output = output + inputs[layer]["residual"].to(output.dtype)
                 row = rows[layer]
-                row[f"max_dweights_{path}"] = _max_diff(got_weights[layer].to(weights.dtype), weights, lengths, False)
-                row[f"max_doutput_{path}"] = _max_diff(outputs[layer].to(output.dtype), output, lengths, relative=True)
+                row[f"max_dweights_{path}"] = _max_diff(
+                    got_weights[layer].to(weights.dtype), weights, lengths, False
+                )
+                row[f"max_doutput_{path}"] = _max_diff(
+                    outputs[layer].to(output.dtype), output, lengths, relative=True
+                )
                 if low:
                     tol_w, tol_o = low_precision_tolerances(dtype)
                 else:
-                    tol_w, tol_o = TOLERANCES[dtype]["capture" if path == "capture" and interface else "eager"]
+                    tol_w, tol_o = TOLERANCES[dtype][
+                        "capture" if path == "capture" and interface else "eager"
+                    ]
                 row[f"tol_weights_{path}"], row[f"tol_output_{path}"] = tol_w, tol_o
     finally:
         hf.set_attn_implementation(previous)
@@ -191,12 +230,19 @@ def verify(model: ProbeModel | str, texts: list[str] | None = None) -> pd.DataFr
     table["passed"] = True
     for path in ("eager", "capture"):
         table["passed"] &= (table[f"max_dweights_{path}"] <= table[f"tol_weights_{path}"]) & (
-            table[f"max_doutput_{path}"] <= table[f"tol_output_{path}"])
+            table[f"max_doutput_{path}"] <= table[f"tol_output_{path}"]
+        )
     return table
 
 
-def verify_spec(spec: str, texts: list[str], dtype: str = "float32", trust_remote_code: bool = False,
-                allow_pickle: bool = False, long_tokens: int | None = None) -> pd.DataFrame:
+def verify_spec(
+    spec: str,
+    texts: list[str],
+    dtype: str = "float32",
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+    long_tokens: int | None = None,
+) -> pd.DataFrame:
     """Load `spec` in `dtype` and verify it (what `attnprobe verify` runs); `long_tokens` adds a
     text of that many tokens to the batch (the others are padded to it)."""
     model = load_model(spec, dtype=dtype, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
@@ -207,11 +253,15 @@ def verify_spec(spec: str, texts: list[str], dtype: str = "float32", trust_remot
 
 def format_table(table: pd.DataFrame) -> str:
     """The per-layer table and a one-line verdict, as `attnprobe verify` prints them."""
-    header = f"{'layer':>5}  {'dweights eager':>14}  {'dweights capture':>16}  {'doutput eager':>13}  {'doutput capture':>15}  {'tol (e / c)':>17}  status"
+    header = (
+        f"{'layer':>5}  {'dweights eager':>14}  {'dweights capture':>16}  {'doutput eager':>13}  "
+        f"{'doutput capture':>15}  {'tol (e / c)':>17}  status"
+    )
     lines = [header]
     for r in table.itertuples():
         lines.append(
-            f"{r.layer:>5}  {r.max_dweights_eager:>14.2e}  {r.max_dweights_capture:>16.2e}  {r.max_doutput_eager:>13.2e}"
+            f"{r.layer:>5}  {r.max_dweights_eager:>14.2e}  {r.max_dweights_capture:>16.2e}  "
+            f"{r.max_doutput_eager:>13.2e}"
             f"  {r.max_doutput_capture:>15.2e}  {r.tol_weights_eager:>8.0e} / {r.tol_weights_capture:>6.0e}"
             f"  {'ok' if r.passed else 'FAIL'}"
         )
@@ -219,16 +269,25 @@ def format_table(table: pd.DataFrame) -> str:
     first = table.iloc[0]
     worst = table[["max_dweights_eager", "max_dweights_capture"]].max()
     verdict = (
-        f"{'PASS' if failed == 0 else 'FAIL'}: {first.family}, {first.model_dtype} against a {first.reference_dtype} reference, "
+        f"{'PASS' if failed == 0 else 'FAIL'}: {first.family}, {first.model_dtype} against a "
+        f"{first.reference_dtype} reference, "
         f"{len(table)} layers, {first.n_texts} texts (padded batch, longest {first.max_tokens} tokens); "
         f"max |dweights| eager {worst.max_dweights_eager:.2e}, capture {worst.max_dweights_capture:.2e}"
         + (f"; {failed} layer(s) out of tolerance" if failed else "")
     )
     notes = []
     if worst.max_dweights_capture == 0.0:
-        notes.append("A difference of exactly 0 means bit-identical: in this dtype the reference performs the same floating-point "
-                     "operations in the same order as the model (the same matmuls on the same inputs, the softmax along the "
-                     "same axis), so nothing rounds differently; a wrong scale, mask or rotation shows as 1e-3 or more.")
+        notes.append(
+            "A difference of exactly 0 means bit-identical: in this dtype the reference performs the same "
+            "floating-point "
+            "operations in the same order as the model (the same matmuls on the same inputs, the softmax "
+            "along the "
+            "same axis), so nothing rounds differently; a wrong scale, mask or rotation shows as 1e-3 or "
+            "more."
+        )
     if first.reference_dtype != first.model_dtype:
-        notes.append(f"Tolerance for {first.model_dtype}: 4 eps of the format (see attnprobe.verify.low_precision_tolerances).")
+        notes.append(
+            f"Tolerance for {first.model_dtype}: 4 eps of the format (see "
+            "attnprobe.verify.low_precision_tolerances)."
+        )
     return "\n".join(lines + [verdict] + notes)

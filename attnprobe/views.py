@@ -16,8 +16,10 @@ from .capture import run_with_capture
 from .errors import AttnprobeError
 
 MAX_TOKENS = 256  # bertviz's views become unreadable (and slow) beyond a few hundred tokens
-OFFLINE_NOTE = ("bertviz could not load its scripts (require.js and d3 from cdnjs.cloudflare.com), so this view stays "
-                "empty without a network connection; attnprobe's HTML report has an attention view that works offline.")
+OFFLINE_NOTE = (
+    "bertviz could not load its scripts (require.js and d3 from cdnjs.cloudflare.com), so this view stays "
+    "empty without a network connection; attnprobe's HTML report has an attention view that works offline."
+)
 # Shown after a few seconds unless bertviz has drawn into its root div (or require.js never arrived).
 _NOTE = """<div id="{root}-offline" style="display:none;color:#a00;font:13px sans-serif">{note}</div>
 <script>setTimeout(function () {{
@@ -37,16 +39,22 @@ def _inputs(model, text):
         if isinstance(text, int):
             by_id = run.prompts.set_index("prompt_id")["text"]
             if text not in by_id.index:
-                raise AttnprobeError(f"run {run.directory} has no prompt {text}; its prompt ids are in run.prompts.prompt_id")
+                raise AttnprobeError(
+                    f"run {run.directory} has no prompt {text}; its prompt ids are in run.prompts.prompt_id"
+                )
             text = by_id[text]
     if not isinstance(text, str):
-        raise AttnprobeError("bertviz shows one text at a time (it has no batch view); pass a single string, "
-                             "e.g. run.prompts.text[0], or with a run a prompt id")
+        raise AttnprobeError(
+            "bertviz shows one text at a time (it has no batch view); pass a single string, "
+            "e.g. run.prompts.text[0], or with a run a prompt id"
+        )
     pm = model_of(model)
     enc = pm.tokenizer(text, return_tensors="pt")
     n_tokens = enc["input_ids"].shape[1]
     if n_tokens > MAX_TOKENS:
-        raise AttnprobeError(f"text has {n_tokens} tokens; bertviz is readable up to {MAX_TOKENS}: shorten the text")
+        raise AttnprobeError(
+            f"text has {n_tokens} tokens; bertviz is readable up to {MAX_TOKENS}: shorten the text"
+        )
     captured = run_with_capture(pm, enc["input_ids"], enc["attention_mask"])
     attention = tuple(captured.weights[layer][:1] for layer in sorted(captured.weights))
     tokens = [pm.tokenizer.decode([i]) for i in enc["input_ids"][0].tolist()]
@@ -68,30 +76,55 @@ def _with_note(html, html_action: str, wait_ms: int):
     return None
 
 
-def head_view(model, text: str | int, layer: int | None = None, heads: list[int] | None = None,
-              include_layers: list[int] | None = None, html_action: str = "view", wait_ms: int = 4000):
+def head_view(
+    model,
+    text: str | int,
+    layer: int | None = None,
+    heads: list[int] | None = None,
+    include_layers: list[int] | None = None,
+    html_action: str = "view",
+    wait_ms: int = 4000,
+):
     """bertviz's head view of one text: the heads of one layer overlaid, toggled by clicking.
-    `model`: a ProbeModel, a model spec, or a run (then `text` may be one of its prompt ids); `layer`, `heads`, `include_layers`: bertviz's options
+    `model`: a ProbeModel, a model spec, or a run (then `text` may be one of its prompt ids); `layer`,
+    `heads`, `include_layers`: bertviz's options
     (which layer and heads to show first, which layers to offer)."""
     from bertviz import head_view as bertviz_head_view
 
     attention, tokens = _inputs(model, text)
-    html = bertviz_head_view(attention, tokens, layer=layer, heads=heads, include_layers=include_layers, html_action="return")
+    html = bertviz_head_view(
+        attention, tokens, layer=layer, heads=heads, include_layers=include_layers, html_action="return"
+    )
     return _with_note(html, html_action, wait_ms)
 
 
-def model_view(model, text: str | int, include_layers: list[int] | None = None, include_heads: list[int] | None = None,
-               display_mode: str = "light", html_action: str = "view", wait_ms: int = 4000):
+def model_view(
+    model,
+    text: str | int,
+    include_layers: list[int] | None = None,
+    include_heads: list[int] | None = None,
+    display_mode: str = "light",
+    html_action: str = "view",
+    wait_ms: int = 4000,
+):
     """bertviz's model view of one text: a layers x heads grid of thumbnails, one per head."""
     from bertviz import model_view as bertviz_model_view
 
     attention, tokens = _inputs(model, text)
-    html = bertviz_model_view(attention, tokens, include_layers=include_layers, include_heads=include_heads,
-                              display_mode=display_mode, html_action="return")
+    html = bertviz_model_view(
+        attention,
+        tokens,
+        include_layers=include_layers,
+        include_heads=include_heads,
+        display_mode=display_mode,
+        html_action="return",
+    )
     return _with_note(html, html_action, wait_ms)
 
 
-def attention_view(source, texts: list[str] | None = None, start: tuple[int, int] = (0, 0), html_action: str = "view"):
+def attention_view(
+    source, texts: list[str] | None = None, start: tuple[int, int] = (0, 0), html_action: str = "view"
+):
     """The report's attention view (offline, no libraries) in a notebook: the heads of a layer
     overlaid (toggled by their swatches), a prompt beside a comparison prompt of the same length
     with their difference, weights on hover, and a layers x heads grid. `source` is a Run (its
@@ -112,9 +145,11 @@ def attention_view(source, texts: list[str] | None = None, start: tuple[int, int
         examples = _examples(source, [texts] if isinstance(texts, str) else list(texts))
     view_id = f"attnprobe-view-{uuid.uuid4().hex}"
     data = json.dumps(examples).replace("</", "<\\/")  # no early end of the script block
-    page = HTML(f'<script type="application/json" id="{view_id}-data">{data}</script>'
-                f'<div class="attention-view" data-source="{view_id}-data" data-start="{start[0]},{start[1]}"></div>'
-                f'<script>{files("attnprobe.report").joinpath("view.js").read_text()}</script>')
+    page = HTML(
+        f'<script type="application/json" id="{view_id}-data">{data}</script>'
+        f'<div class="attention-view" data-source="{view_id}-data" data-start="{start[0]},{start[1]}"></div>'
+        f"<script>{files('attnprobe.report').joinpath('view.js').read_text()}</script>"
+    )
     if html_action == "return":
         return page
     display(page)
@@ -131,6 +166,16 @@ def _examples(model, texts: list[str]) -> list[dict]:
     for i, sentence in enumerate(marked_attention(model, texts)):
         spans = dict(sentence["spans"])
         shape, packed = pack_weights(sentence["weights"])
-        examples.append({"prompt_id": i, "item_id": 0, "text": sentence["text"], "label": "", "spans": spans, "shape": shape,
-                         "weights_u16_base64": packed, "tokens": sentence["tokens"]})
+        examples.append(
+            {
+                "prompt_id": i,
+                "item_id": 0,
+                "text": sentence["text"],
+                "label": "",
+                "spans": spans,
+                "shape": shape,
+                "weights_u16_base64": packed,
+                "tokens": sentence["tokens"],
+            }
+        )
     return examples

@@ -33,7 +33,9 @@ class LineLoader(yaml.SafeLoader):
 
 def _construct_map(loader, node):
     loader.flatten_mapping(node)
-    result = Map((loader.construct_object(k, deep=True), loader.construct_object(v, deep=True)) for k, v in node.value)
+    result = Map(
+        (loader.construct_object(k, deep=True), loader.construct_object(v, deep=True)) for k, v in node.value
+    )
     result.line = node.start_mark.line + 1
     result.key_lines = {loader.construct_object(k, deep=True): k.start_mark.line + 1 for k, _ in node.value}
     return result
@@ -63,8 +65,13 @@ def safe_load_with_lines(text: str):
             return None
         size = _expanded_size(node, {})
         if size > MAX_NODES:
-            raise yaml.constructor.ConstructorError(None, None, f"more than {MAX_NODES:,} values once its aliases are "
-                                                    "expanded (an alias bomb?); write the values out", node.start_mark)
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"more than {MAX_NODES:,} values once its aliases are "
+                "expanded (an alias bomb?); write the values out",
+                node.start_mark,
+            )
         return loader.construct_document(node)
     finally:
         loader.dispose()
@@ -116,15 +123,33 @@ class Context:
         path = (self.roots[0] / str(relative)).resolve()
         shown = repr(str(relative))[1:-1][:200]
         if not any(path.is_relative_to(root) for root in self.roots):
-            self.fail(node, key, f"data file '{shown}' lies outside the suite's directory {self.roots[0]}; copy it next "
-                                 "to the suite, or allow its directory with --data-root")
+            self.fail(
+                node,
+                key,
+                f"data file '{shown}' lies outside the suite's directory {self.roots[0]}; copy it next "
+                "to the suite, or allow its directory with --data-root",
+            )
         if not path.exists():
-            self.fail(node, key, f"data file '{shown}' not found (looked in {path.parent}); give a path relative to the suite file")
+            self.fail(
+                node,
+                key,
+                f"data file '{shown}' not found (looked in {path.parent}); give a path relative to the suite "
+                "file",
+            )
         if not path.is_file():
-            self.fail(node, key, f"data file '{shown}' is not a regular file (a directory, FIFO or device); give a text file")
+            self.fail(
+                node,
+                key,
+                f"data file '{shown}' is not a regular file (a directory, FIFO or device); give a text file",
+            )
         size = path.stat().st_size
         if size > MAX_DATA_BYTES:
-            self.fail(node, key, f"data file '{shown}' has {size / 2**20:.0f} MB, more than {MAX_DATA_BYTES // 2**20} MB; split it")
+            self.fail(
+                node,
+                key,
+                f"data file '{shown}' has {size / 2**20:.0f} MB, more than {MAX_DATA_BYTES // 2**20} MB; "
+                "split it",
+            )
         try:
             with open(path, "rb") as handle:
                 data = handle.read(size + 1)
@@ -132,8 +157,12 @@ class Context:
             self.fail(node, key, f"cannot read data file '{shown}' ({exc.strerror}); fix its permissions")
         lines = data.count(b"\n")
         if max_lines is not None and lines > max_lines + 1:  # + 1: a header line
-            self.fail(node, key, f"data file '{shown}' has {lines:,} lines, more than max_prompts = {max_lines:,}; "
-                                 "raise `max_prompts:` in the suite or split the file")
+            self.fail(
+                node,
+                key,
+                f"data file '{shown}' has {lines:,} lines, more than max_prompts = {max_lines:,}; "
+                "raise `max_prompts:` in the suite or split the file",
+            )
         try:
             text = data.decode("utf-8-sig")  # a spreadsheet's UTF-8 export starts with a byte-order mark
         except UnicodeDecodeError:
@@ -174,7 +203,6 @@ def as_list(ctx, node, key, what) -> Seq:
     if len(value) == 0:
         ctx.fail(node, key, f"`{key}` is an empty list; give at least one entry ({what}) or remove the key")
     return value
-
 
 
 def number_or_text(value: str):

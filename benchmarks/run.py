@@ -67,12 +67,13 @@ def interleaved(fns: list, repeats: int, warm_up: bool = True) -> list[float]:
 
 
 def batches_of(encoded, batch_size: int, pad_id: int, forwarded: bool) -> list:
-    """Length-sorted padded batches of whole prompts or of the tokens a run forwards (run.plan.forward_length)."""
+    """Length-sorted padded batches of whole prompts or of the tokens a run forwards
+    (run.plan.forward_length)."""
     length = (lambda e: e.n_forward) if forwarded else (lambda e: len(e.ids))
     ordered = sorted(encoded, key=length)
     out = []
     for start in range(0, len(ordered), batch_size):
-        batch = ordered[start:start + batch_size]
+        batch = ordered[start : start + batch_size]
         ids, mask = pad_right([e.ids[: length(e)] for e in batch], pad_id)
         rows = torch.tensor([[e.spans["pronoun"][0]] for e in batch])
         out.append((ids, mask, rows))
@@ -115,13 +116,28 @@ def bench_throughput(pm, pm_bf16, encoded, repeats: int, scratch: Path, batch_si
 
     def run(probe_model, name):  # limit=n selects the same prompts; the last repeat's directory is kept
         attention("attnprobe")
-        attnprobe.run_suite(SUITE, model=probe_model, out=scratch / name, limit=n, progress=False,
-                            log=lambda m: None, resume=False, head_effects=False)
+        attnprobe.run_suite(
+            SUITE,
+            model=probe_model,
+            out=scratch / name,
+            limit=n,
+            progress=False,
+            log=lambda m: None,
+            resume=False,
+            head_effects=False,
+        )
 
-    t_eager, t_floor, t_floor_forwarded, t_capture, t_run, t_bf16 = interleaved([
-        eager_loop, lambda: sdpa_floor(whole), lambda: sdpa_floor(forwarded), capture_rows,
-        lambda: run(pm, "float32"), lambda: run(pm_bf16, "bfloat16"),
-    ], repeats)
+    t_eager, t_floor, t_floor_forwarded, t_capture, t_run, t_bf16 = interleaved(
+        [
+            eager_loop,
+            lambda: sdpa_floor(whole),
+            lambda: sdpa_floor(forwarded),
+            capture_rows,
+            lambda: run(pm, "float32"),
+            lambda: run(pm_bf16, "bfloat16"),
+        ],
+        repeats,
+    )
     return {
         "n_prompts": n,
         "batch_size": batch_size,
@@ -159,8 +175,12 @@ def bench_agreement(scratch: Path) -> dict:
     heads32 = stats.head_stats(attnprobe.Run(scratch / "float32"), n_boot=200, n_perm=200)
     heads16 = stats.head_stats(attnprobe.Run(scratch / "bfloat16"), n_boot=200, n_perm=200)
     heads32, heads16 = heads32[heads32.scope == "all"], heads16[heads16.scope == "all"]
-    rank = min(spearmanr(heads32[heads32.target == t]["difference"], heads16[heads16.target == t]["difference"]).statistic
-               for t in heads32["target"].unique())
+    rank = min(
+        spearmanr(
+            heads32[heads32.target == t]["difference"], heads16[heads16.target == t]["difference"]
+        ).statistic
+        for t in heads32["target"].unique()
+    )
     return {
         "bfloat16_max_abs_dweight": float((joined["weight_32"] - joined["weight_16"]).abs().max()),
         "bfloat16_head_effect_spearman_min": float(rank),
@@ -178,7 +198,9 @@ def bench_bfloat16_rows(pm, pm_bf16, encoded, repeats: int) -> dict:
         out = []
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             for ids, mask, r in batches:
-                captured = attnprobe.run_with_capture(model, ids, mask, rows=r, logit_positions=torch.tensor([0]))
+                captured = attnprobe.run_with_capture(
+                    model, ids, mask, rows=r, logit_positions=torch.tensor([0])
+                )
                 out.append(torch.stack([captured.weights[layer] for layer in sorted(captured.weights)]))
         return out
 
@@ -186,7 +208,9 @@ def bench_bfloat16_rows(pm, pm_bf16, encoded, repeats: int) -> dict:
         return max((x - y).abs().max().item() for x, y in zip(a, b))
 
     reference, bf16, autocast = rows(pm), rows(pm_bf16), rows(pm, autocast=True)
-    t32, t16, t_auto = interleaved([lambda: rows(pm), lambda: rows(pm_bf16), lambda: rows(pm, autocast=True)], repeats)
+    t32, t16, t_auto = interleaved(
+        [lambda: rows(pm), lambda: rows(pm_bf16), lambda: rows(pm, autocast=True)], repeats
+    )
     return {
         "bfloat16_weights_rows_max_abs_dweight": max_diff(reference, bf16),
         "bfloat16_weights_rows_speedup": t32 / t16,
@@ -231,8 +255,20 @@ def bench_head_effects(pm, suite, encoded, n_reference: int = 3, n_items: int = 
     for item in items[:n_reference]:
         start = time.perf_counter()
         for cf in item["counterfactuals"]:
-            r = effects(pm, item["x"], cf["x_cf"], cf["at"], cf["at_cf"], item["positive"], item["negative"], torch.ones(L, H, dtype=torch.bool))
-            rows = chosen["items"][(chosen["items"]["item_id"] == item["item_id"]) & (chosen["items"]["counterfactual"] == cf["word"])]
+            r = effects(
+                pm,
+                item["x"],
+                cf["x_cf"],
+                cf["at"],
+                cf["at_cf"],
+                item["positive"],
+                item["negative"],
+                torch.ones(L, H, dtype=torch.bool),
+            )
+            rows = chosen["items"][
+                (chosen["items"]["item_id"] == item["item_id"])
+                & (chosen["items"]["counterfactual"] == cf["word"])
+            ]
             for column in ("output_in", "output_out", "pattern_in"):
                 got, want = rows[column].to_numpy(), r[column][suite_heads].numpy()
                 finite = ~pd.isna(want)
@@ -241,11 +277,17 @@ def bench_head_effects(pm, suite, encoded, n_reference: int = 3, n_items: int = 
     batched = [t / len(items) for t in interleaved([scheme], repeats, warm_up=False)]
     exact_all = interleaved([lambda: every_head(items[0])], repeats, warm_up=False)
     per_item_reference = statistics.median(reference)
-    return {"n_reference_items": n_reference, "n_items": len(items), "exact_heads": measure.exact,
-            "reference_all_heads_s_per_item": per_item_reference, "batched_scheme_s_per_item": batched[0],
-            "batched_all_heads_s_per_item": exact_all[0], "saving_scheme_vs_reference": per_item_reference / batched[0],
-            "saving_all_heads_batched_vs_reference": per_item_reference / exact_all[0],
-            "suite_heads_max_abs_difference_float32": worst}
+    return {
+        "n_reference_items": n_reference,
+        "n_items": len(items),
+        "exact_heads": measure.exact,
+        "reference_all_heads_s_per_item": per_item_reference,
+        "batched_scheme_s_per_item": batched[0],
+        "batched_all_heads_s_per_item": exact_all[0],
+        "saving_scheme_vs_reference": per_item_reference / batched[0],
+        "saving_all_heads_batched_vs_reference": per_item_reference / exact_all[0],
+        "suite_heads_max_abs_difference_float32": worst,
+    }
 
 
 def matmul_peak(repeats: int = 5) -> float:
@@ -263,14 +305,17 @@ def flop_per_token(pm) -> float:
 def bench_sharing(pm, pm_bf16, encoded, repeats: int, scratch: Path, peers: list) -> dict:
     """The run with prefix sharing against the run without it and against both floors, on the same
     prompts (all of the suite by default), timed in turn in every repeat; then the peers."""
-    from attnprobe.capture import pack_trie, packed_inputs
+    from attnprobe.packing import pack_trie, packed_inputs
     from attnprobe.run.plan import DEFAULT_BATCH_SIZE, plan_batches, sharing_summary
 
     model, pad = pm.model, pm.tokenizer.pad_token_id
     n = len(encoded)
     forwarded = batches_of(encoded, 32, pad, forwarded=True)
     batches = plan_batches(encoded, DEFAULT_BATCH_SIZE, share_prefixes=True)
-    packed = [packed_inputs([pack_trie([encoded[i].forward_ids for i in pack]) for pack in batch.packs], pad) for batch in batches]
+    packed = [
+        packed_inputs([pack_trie([encoded[i].forward_ids for i in pack]) for pack in batch.packs], pad)
+        for batch in batches
+    ]
     unique = sharing_summary([batches], encoded, None)["tokens_forwarded"] / n
 
     @torch.inference_mode()
@@ -288,28 +333,54 @@ def bench_sharing(pm, pm_bf16, encoded, repeats: int, scratch: Path, peers: list
         model.set_attn_implementation("attnprobe")
 
     def run(probe_model, name, **options):
-        attnprobe.run_suite(SUITE, model=probe_model, out=scratch / name, limit=n, progress=False, log=lambda m: None,
-                            resume=False, head_effects=False, **options)
+        attnprobe.run_suite(
+            SUITE,
+            model=probe_model,
+            out=scratch / name,
+            limit=n,
+            progress=False,
+            log=lambda m: None,
+            resume=False,
+            head_effects=False,
+            **options,
+        )
 
     peak_before = matmul_peak()
-    floor_packed(), run(pm, "warm-up", share_prefixes=False, batch_size=32)  # a short warm-up: the rounds take minutes
-    t_floor, t_packed, t_shared, t_plain, t_bf16 = interleaved([
-        floor_forwarded, floor_packed, lambda: run(pm, "shared"),
-        lambda: run(pm, "plain", share_prefixes=False, batch_size=32), lambda: run(pm_bf16, "shared_bf16"),
-    ], repeats, warm_up=False)
+    (
+        floor_packed(),
+        run(pm, "warm-up", share_prefixes=False, batch_size=32),
+    )  # a short warm-up: the rounds take minutes
+    t_floor, t_packed, t_shared, t_plain, t_bf16 = interleaved(
+        [
+            floor_forwarded,
+            floor_packed,
+            lambda: run(pm, "shared"),
+            lambda: run(pm, "plain", share_prefixes=False, batch_size=32),
+            lambda: run(pm_bf16, "shared_bf16"),
+        ],
+        repeats,
+        warm_up=False,
+    )
     peak = (peak_before + matmul_peak()) / 2
     gflop = flop_per_token(pm)
     forwarded_tokens = sum(e.n_forward for e in encoded) / n
     share = lambda seconds: n * forwarded_tokens * gflop / seconds / peak  # noqa: E731 (useful work: the forwarded tokens)
     results = {
-        "n_prompts": n, "forwarded_tokens_per_prompt": forwarded_tokens, "unique_tokens_per_prompt": unique,
-        "gflop_per_token": gflop, "matmul_peak_gflop_s": peak,
+        "n_prompts": n,
+        "forwarded_tokens_per_prompt": forwarded_tokens,
+        "unique_tokens_per_prompt": unique,
+        "gflop_per_token": gflop,
+        "matmul_peak_gflop_s": peak,
         "compute_floor_forwarded_prompts_per_s": peak / (forwarded_tokens * gflop),
         "compute_floor_unique_prompts_per_s": peak / (unique * gflop),
-        "plain_forward_prompts_per_s": n / t_floor, "plain_forward_share_of_peak": share(t_floor),
-        "packed_forward_prompts_per_s": n / t_packed, "packed_forward_share_of_peak": share(t_packed),
-        "run_shared_prompts_per_s": n / t_shared, "run_shared_share_of_peak": share(t_shared),
-        "run_plain_prompts_per_s": n / t_plain, "run_plain_share_of_peak": share(t_plain),
+        "plain_forward_prompts_per_s": n / t_floor,
+        "plain_forward_share_of_peak": share(t_floor),
+        "packed_forward_prompts_per_s": n / t_packed,
+        "packed_forward_share_of_peak": share(t_packed),
+        "run_shared_prompts_per_s": n / t_shared,
+        "run_shared_share_of_peak": share(t_shared),
+        "run_plain_prompts_per_s": n / t_plain,
+        "run_plain_share_of_peak": share(t_plain),
         "run_shared_bfloat16_prompts_per_s": n / t_bf16,
         "run_shared_over_run_plain": t_plain / t_shared,
         "run_shared_over_plain_forward": t_floor / t_shared,
@@ -326,18 +397,35 @@ def bench_peers(pm, encoded, repeats: int, scratch: Path) -> dict:
     import copy
 
     n, batches = len(encoded), batches_of(encoded, 32, pm.tokenizer.pad_token_id, forwarded=True)
-    fns, names = [lambda: attnprobe.run_suite(SUITE, model=pm, out=scratch / "peers", limit=n, progress=False,
-                                              log=lambda m: None, resume=False, head_effects=False)], ["attnprobe"]
+    fns, names = (
+        [
+            lambda: attnprobe.run_suite(
+                SUITE,
+                model=pm,
+                out=scratch / "peers",
+                limit=n,
+                progress=False,
+                log=lambda m: None,
+                resume=False,
+                head_effects=False,
+            )
+        ],
+        ["attnprobe"],
+    )
     try:
         from transformer_lens.model_bridge import TransformerBridge
 
         twin = copy.deepcopy(pm.model)
-        bridge = TransformerBridge.boot_transformers("HuggingFaceTB/SmolLM2-135M", hf_model=twin, tokenizer=pm.tokenizer)
+        bridge = TransformerBridge.boot_transformers(
+            "HuggingFaceTB/SmolLM2-135M", hf_model=twin, tokenizer=pm.tokenizer
+        )
 
         @torch.inference_mode()
         def lens():
             for ids, mask, _ in batches:
-                bridge.run_with_cache(ids, attention_mask=mask, names_filter=lambda name: name.endswith("hook_pattern"))
+                bridge.run_with_cache(
+                    ids, attention_mask=mask, names_filter=lambda name: name.endswith("hook_pattern")
+                )
 
         fns.append(lens), names.append("transformer_lens")
     except ImportError:
@@ -346,7 +434,9 @@ def bench_peers(pm, encoded, repeats: int, scratch: Path) -> dict:
         from nnsight import LanguageModel
 
         twin = copy.deepcopy(pm.model)
-        twin.set_attn_implementation("eager")  # nnsight reads the pattern a module returns, which only eager computes
+        twin.set_attn_implementation(
+            "eager"
+        )  # nnsight reads the pattern a module returns, which only eager computes
         traced = LanguageModel(twin, tokenizer=pm.tokenizer)
 
         @torch.inference_mode()
@@ -362,7 +452,13 @@ def bench_peers(pm, encoded, repeats: int, scratch: Path) -> dict:
         pass
     seconds = dict(zip(names, interleaved(fns, repeats)))
     out = {"peers_n_prompts": n, **{f"peers_{name}_prompts_per_s": n / t for name, t in seconds.items()}}
-    out.update({f"peers_attnprobe_over_{name}": t / seconds["attnprobe"] for name, t in seconds.items() if name != "attnprobe"})
+    out.update(
+        {
+            f"peers_attnprobe_over_{name}": t / seconds["attnprobe"]
+            for name, t in seconds.items()
+            if name != "attnprobe"
+        }
+    )
     return out
 
 
@@ -380,7 +476,8 @@ def peak_memory_of_run(limit: int) -> float:
         "import tempfile, attnprobe\n"
         f"pm = attnprobe.load_model('smollm2-135m')\n"
         "with tempfile.TemporaryDirectory() as out:\n"
-        f"    attnprobe.run_suite({str(SUITE)!r}, model=pm, out=out, limit={limit}, progress=False, log=lambda m: None, head_effects=False)\n"
+        f"    attnprobe.run_suite({str(SUITE)!r}, model=pm, out=out, limit={limit}, progress=False, "
+        "log=lambda m: None, head_effects=False)\n"
         "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
         "print(int(hwm.split()[1]) / 1024)\n"
     )
@@ -390,12 +487,17 @@ def peak_memory_of_run(limit: int) -> float:
 
 def load_time(cache: str | None, repeats: int) -> float:
     env = dict(os.environ)
-    code = "import time, attnprobe\nt = time.perf_counter()\nattnprobe.load_model('smollm2-135m')\nprint(time.perf_counter() - t)\n"
+    code = (
+        "import time, attnprobe\nt = time.perf_counter()\n"
+        "attnprobe.load_model('smollm2-135m')\nprint(time.perf_counter() - t)\n"
+    )
     times = []
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as fresh:
             env["ATTNPROBE_CACHE"] = cache or fresh
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+            out = subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+            )
             times.append(float(out.stdout.strip().splitlines()[-1]))
     return statistics.median(times)
 
@@ -405,14 +507,26 @@ def main():
     parser.add_argument("--prompts", type=int, default=320)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    parser.add_argument("--only", choices=["memory", "sharing", "head_effects"], help="Run one section (results merged into the existing JSON).")
-    parser.add_argument("--sharing-prompts", type=int, default=None, help="Prompts of the sharing section (default: all).")
+    parser.add_argument(
+        "--only",
+        choices=["memory", "sharing", "head_effects"],
+        help="Run one section (results merged into the existing JSON).",
+    )
+    parser.add_argument(
+        "--sharing-prompts", type=int, default=None, help="Prompts of the sharing section (default: all)."
+    )
     parser.add_argument("--peer-prompts", type=int, default=320, help="Prompts on which the peers are timed.")
     args = parser.parse_args()
 
-    results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}}
+    results = {
+        "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    }
     if args.only:
-        previous = json.loads((args.out / "results.json").read_text()) if (args.out / "results.json").is_file() else {}
+        previous = (
+            json.loads((args.out / "results.json").read_text())
+            if (args.out / "results.json").is_file()
+            else {}
+        )
         previous["memory"] = bench_memory() if args.only == "memory" else previous.get("memory")
         if args.only == "sharing":
             previous["sharing"] = sharing_section(args)
@@ -430,7 +544,7 @@ def main():
     results["bfloat16_rows"] = bench_bfloat16_rows(pm, pm_bf16, encoded, args.repeats)
     results["head_effects"] = bench_head_effects(pm, suite, encoded)
     results["memory"] = bench_memory()
-    from attnprobe.models import cache_dir
+    from attnprobe.bundled import cache_dir
 
     results["load"] = {"cold_s": load_time(None, 1), "cached_s": load_time(str(cache_dir()), args.repeats)}
     results["sharing"] = sharing_section(args)
@@ -441,7 +555,9 @@ def sharing_section(args) -> dict:
     pm = attnprobe.load_model("smollm2-135m")
     pm_bf16 = attnprobe.load_model("smollm2-135m", dtype="bfloat16")
     _, encoded = gender_prompts(pm.tokenizer, args.sharing_prompts or 10**9)
-    _, peers = gender_prompts(pm.tokenizer, args.peer_prompts)  # the prompts `--limit` selects, as the run does
+    _, peers = gender_prompts(
+        pm.tokenizer, args.peer_prompts
+    )  # the prompts `--limit` selects, as the run does
     with tempfile.TemporaryDirectory() as scratch:
         return bench_sharing(pm, pm_bf16, encoded, args.repeats, Path(scratch), peers)
 
@@ -452,7 +568,11 @@ def write(results: dict, out: Path) -> None:
     lines = ["| measure | value |", "|---|---|"]
     for section, values in results.items():
         for key, value in values.items():
-            lines.append(f"| {section}.{key} | {value:.3f} |" if isinstance(value, float) else f"| {section}.{key} | {value} |")
+            lines.append(
+                f"| {section}.{key} | {value:.3f} |"
+                if isinstance(value, float)
+                else f"| {section}.{key} | {value} |"
+            )
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -15,38 +15,70 @@ VOCAB = 100
 
 
 def _tiny_configs() -> dict:
-    """Two-layer configs that exercise each family's quirks (GQA, partial rotary, windows, soft-capping...)."""
-    small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    """Two-layer configs that exercise each family's quirks (GQA, partial rotary, windows,
+    soft-capping...)."""
+    small = dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
     return {
         "gpt2": T.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64),
         "gpt2_inverse_layer_scale": T.GPT2Config(
-            n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64, scale_attn_by_inverse_layer_idx=True
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            vocab_size=VOCAB,
+            n_positions=64,
+            scale_attn_by_inverse_layer_idx=True,
         ),
         "gpt_neox": T.GPTNeoXConfig(**small, rotary_pct=0.5, max_position_embeddings=64),
         "opt": T.OPTConfig(
-            hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4, word_embed_proj_dim=32,
-            vocab_size=VOCAB, max_position_embeddings=64,
+            hidden_size=32,
+            num_hidden_layers=2,
+            ffn_dim=64,
+            num_attention_heads=4,
+            word_embed_proj_dim=32,
+            vocab_size=VOCAB,
+            max_position_embeddings=64,
         ),
         "llama": T.LlamaConfig(
-            **small, num_key_value_heads=2,
-            rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                             "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+            **small,
+            num_key_value_heads=2,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
         ),
         "mistral": T.MistralConfig(**small, num_key_value_heads=2, sliding_window=4),
         "qwen2": T.Qwen2Config(**small, num_key_value_heads=2),
         "qwen3": T.Qwen3Config(**small, num_key_value_heads=2, head_dim=8),
         "gemma2": T.Gemma2Config(
-            **small, num_key_value_heads=2, head_dim=8, sliding_window=4, attn_logit_softcapping=5.0,
+            **small,
+            num_key_value_heads=2,
+            head_dim=8,
+            sliding_window=4,
+            attn_logit_softcapping=5.0,
             query_pre_attn_scalar=16,
         ),
         "gemma3": T.Gemma3TextConfig(
-            **small, num_key_value_heads=1, head_dim=8, sliding_window=4,
+            **small,
+            num_key_value_heads=1,
+            head_dim=8,
+            sliding_window=4,
             layer_types=["sliding_attention", "full_attention"],
         ),
         "phi": T.PhiConfig(**small, partial_rotary_factor=0.5, qk_layernorm=True),
         "gpt_neo": T.GPTNeoConfig(  # does not route through AttentionInterface: eager fallback
-            vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
-            attention_types=[[["global", "local"], 1]], window_size=4, max_position_embeddings=64,
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=4,
+            attention_types=[[["global", "local"], 1]],
+            window_size=4,
+            max_position_embeddings=64,
         ),
     }
 
@@ -55,7 +87,13 @@ TINY_CONFIGS = _tiny_configs()
 INTERFACE_FAMILIES = [name for name in TINY_CONFIGS if name != "gpt_neo"]
 
 
-def build_tiny(name: str, attn_implementation: str = "attnprobe", dtype=torch.float32, seed: int = 0, vocab_size: int = VOCAB):
+def build_tiny(
+    name: str,
+    attn_implementation: str = "attnprobe",
+    dtype=torch.float32,
+    seed: int = 0,
+    vocab_size: int = VOCAB,
+):
     """A random-initialised model; a large init range gives peaked attention so mistakes show."""
     config = copy.deepcopy(TINY_CONFIGS[name])
     config.vocab_size = vocab_size
@@ -101,8 +139,13 @@ def tiny_llama_dir(smollm, tmp_path_factory):
     """A tiny random Llama (2 layers x 2 heads) saved with the bundled tokenizer, so real suites run
     through the real CLI in seconds."""
     folder = tmp_path_factory.mktemp("tiny-llama")
-    config = T.LlamaConfig(vocab_size=len(smollm.tokenizer), hidden_size=16, intermediate_size=32,
-                           num_hidden_layers=2, num_attention_heads=2)
+    config = T.LlamaConfig(
+        vocab_size=len(smollm.tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     smollm.tokenizer.save_pretrained(folder)

@@ -8,22 +8,34 @@ from attnprobe.errors import SuiteError
 
 pytestmark = pytest.mark.slow
 
-SENTENCES = ["The [occupation: nurse] said that [pronoun: she] would call back.",
-             "The [occupation: mechanic] said that [pronoun: he] was late."]
+SENTENCES = [
+    "The [occupation: nurse] said that [pronoun: she] would call back.",
+    "The [occupation: mechanic] said that [pronoun: he] was late.",
+]
 
 
 def test_probe_equals_the_suite_attention_measure(tiny_llama_dir, tmp_path):
     (tmp_path / "s.txt").write_text("\n".join(SENTENCES) + "\n")
-    (tmp_path / "s.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.txt}\n"
-                                     "attention:\n  - {source: pronoun, targets: [occupation]}\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nsentences:\n  - {id: b, file: s.txt}\n"
+        "attention:\n  - {source: pronoun, targets: [occupation]}\n"
+    )
     pm = ap.load_model(str(tiny_llama_dir))
     run = ap.run_suite(tmp_path / "s.yaml", model=pm, out=tmp_path / "run", progress=False)
     expected = run.attention.set_index(["prompt_id", "layer", "head"])["weight"]
     table = ap.probe(pm, SENTENCES)
     assert set(table["source"]) == {"pronoun"} and set(table["span"]) == {"", "occupation", "pronoun"}
-    summed = table[table["span"] == "occupation"].groupby(["sentence", "layer", "head"])["weight"].sum()  # sum over target tokens
-    pd.testing.assert_series_equal(summed.rename_axis(["prompt_id", "layer", "head"]).astype("float32"),
-                                   expected.astype("float32"), check_names=False, check_index_type=False, atol=1e-6, rtol=0)
+    summed = (
+        table[table["span"] == "occupation"].groupby(["sentence", "layer", "head"])["weight"].sum()
+    )  # sum over target tokens
+    pd.testing.assert_series_equal(
+        summed.rename_axis(["prompt_id", "layer", "head"]).astype("float32"),
+        expected.astype("float32"),
+        check_names=False,
+        check_index_type=False,
+        atol=1e-6,
+        rtol=0,
+    )
     rows = table.groupby(["sentence", "layer", "head"])["weight"].sum()
     assert (rows - 1).abs().max() < 1e-5  # each source token's attention sums to 1 over the tokens
     first = table[(table["sentence"] == 0) & (table["layer"] == 0) & (table["head"] == 0)]
@@ -50,18 +62,35 @@ def test_quiet_run_prints_only_results(tiny_llama_dir, tmp_path):
 
     from attnprobe.cli import main
 
-    (tmp_path / "s.txt").write_text("[occupation: Nurses] said that [pronoun: they] left.\n" + SENTENCES[1] + "\n")
-    (tmp_path / "s.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.txt}\n"
-                                     "attention:\n  - {source: pronoun, targets: [occupation]}\n")
+    (tmp_path / "s.txt").write_text(
+        "[occupation: Nurses] said that [pronoun: they] left.\n" + SENTENCES[1] + "\n"
+    )
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nsentences:\n  - {id: b, file: s.txt}\n"
+        "attention:\n  - {source: pronoun, targets: [occupation]}\n"
+    )
     args = ["run", str(tmp_path / "s.yaml"), "--model", str(tiny_llama_dir)]
-    loud = CliRunner().invoke(main, args + ["--out", str(tmp_path / "a")])  # not a terminal: a log line per phase and chunk
+    loud = CliRunner().invoke(
+        main, args + ["--out", str(tmp_path / "a")]
+    )  # not a terminal: a log line per phase and chunk
     quiet = CliRunner().invoke(main, ["-q", *args, "--no-report", "--out", str(tmp_path / "b")])
     assert loud.exit_code == quiet.exit_code == 0, quiet.output
-    for phase in (f"loading {tiny_llama_dir} (float32)", "loading: weights hashed (2 of 2 steps", "attnprobe run: chunk 1 of 1 done, 2 of 2 prompts", "note: ",
-                  "statistics and report ...", "statistics: head_stats (1 of 6 tables", "statistics: referent_choice_accuracy (6 of 6",
-                  "report: figures of ", "report: written ", "report ("):
+    for phase in (
+        f"loading {tiny_llama_dir} (float32)",
+        "loading: weights hashed (2 of 2 steps",
+        "attnprobe run: chunk 1 of 1 done, 2 of 2 prompts",
+        "note: ",
+        "statistics and report ...",
+        "statistics: head_stats (1 of 6 tables",
+        "statistics: referent_choice_accuracy (6 of 6",
+        "report: figures of ",
+        "report: written ",
+        "report (",
+    ):
         assert phase in loud.output, (phase, loud.output)
-    assert "note: " not in quiet.output and "loading" not in quiet.output  # the sink note on a target at token 0
+    assert (
+        "note: " not in quiet.output and "loading" not in quiet.output
+    )  # the sink note on a target at token 0
     assert quiet.output.strip().splitlines()[-1].startswith("2 prompts on")
     both = CliRunner().invoke(main, ["-q", "-v", *args, "--no-report", "--out", str(tmp_path / "c")])
     assert both.exit_code == 2 and "-q and -v contradict each other" in both.output

@@ -7,8 +7,8 @@ with the bundled tokenizer, and reads the tables and report it wrote.
 import re
 
 import pandas as pd
-import torch
 import pytest
+import torch
 from click.testing import CliRunner
 
 import attnprobe
@@ -36,7 +36,9 @@ next_token:
 
 
 def run_cli(suite_path, model_dir, out):
-    result = CliRunner().invoke(main, ["run", str(suite_path), "--model", str(model_dir), "--out", str(out), "--no-progress"])
+    result = CliRunner().invoke(
+        main, ["run", str(suite_path), "--model", str(model_dir), "--out", str(out), "--no-progress"]
+    )
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
     html = (out / "report.html").read_text()
@@ -83,18 +85,34 @@ def test_paired_sentence_suite(tiny_llama_dir, tmp_path):
     pooled = heads[heads["scope"] == "all"]
     assert set(heads["target"]) == {"referent", "other"} and set(pooled["n_items"]) == {128}
     assert set(heads.loc[heads["scope"] == "type2", "n_items"]) == {64}  # the declared group
-    assert set(pooled["clusters"]) == {"referent.occupation x template"} and set(pooled["n_clusters"]) == {"16 x 8"}
+    assert set(pooled["clusters"]) == {"referent.occupation x template"} and set(pooled["n_clusters"]) == {
+        "16 x 8"
+    }
     assert "log p(pro) - log p(anti)" in headline
     # referent accuracy, recomputed by hand: every cell holds one item and frames have equal sizes,
     # so the design's weighted mean is the plain mean over prompts
     accuracy = pd.read_csv(tmp_path / "out" / "referent_accuracy.csv").set_index(["layer", "head"])
     attention = pd.read_parquet(tmp_path / "out" / "attention.parquet")
     prompts = pd.read_parquet(tmp_path / "out" / "prompts.parquet").set_index("prompt_id")
-    one = attention[(attention["layer"] == 1) & (attention["head"] == 0)].pivot(index="prompt_id", columns="target", values="weight")
+    one = attention[(attention["layer"] == 1) & (attention["head"] == 0)].pivot(
+        index="prompt_id", columns="target", values="weight"
+    )
     correct = (one["referent"] > one["other"]).astype(float)
     for label in ("pro", "anti"):
-        assert abs(accuracy.loc[(1, 0), f"accuracy_{label}"] - correct[prompts.loc[one.index, "version"] == label].mean()) <= 1e-12
-    assert abs(accuracy.loc[(1, 0), "gap"] - (accuracy.loc[(1, 0), "accuracy_pro"] - accuracy.loc[(1, 0), "accuracy_anti"])) <= 1e-12
+        assert (
+            abs(
+                accuracy.loc[(1, 0), f"accuracy_{label}"]
+                - correct[prompts.loc[one.index, "version"] == label].mean()
+            )
+            <= 1e-12
+        )
+    assert (
+        abs(
+            accuracy.loc[(1, 0), "gap"]
+            - (accuracy.loc[(1, 0), "accuracy_pro"] - accuracy.loc[(1, 0), "accuracy_anti"])
+        )
+        <= 1e-12
+    )
     assert "Referent accuracy" in html
     behavior = pd.read_csv(tmp_path / "out" / "behavior.csv").set_index("scope")
     assert set(behavior.loc["all", "comparison"].split(" | ")) == {"he vs she", "she vs he"}
@@ -106,8 +124,11 @@ def test_paired_sentence_suite(tiny_llama_dir, tmp_path):
     ys = {}
     for version in ("pro", "anti"):
         p = prompts[(prompts["item_id"] == item) & (prompts["version"] == version)].iloc[0]
-        words = {r: p["text"][p[f"{r}_char_start"]:p[f"{r}_char_end"]].removeprefix("The ").removeprefix("the ") for r in ("referent", "other")}
-        question = f" Here, '{p['text'][p['pronoun_char_start']:p['pronoun_char_end']]}' refers to the"
+        words = {
+            r: p["text"][p[f"{r}_char_start"] : p[f"{r}_char_end"]].removeprefix("The ").removeprefix("the ")
+            for r in ("referent", "other")
+        }
+        question = f" Here, '{p['text'][p['pronoun_char_start'] : p['pronoun_char_end']]}' refers to the"
         ids = pm.tokenizer.encode(p["text"] + question, add_special_tokens=False)
         with torch.no_grad():
             last = pm.model(torch.tensor([ids])).logits[0, -1].log_softmax(-1)
@@ -115,35 +136,51 @@ def test_paired_sentence_suite(tiny_llama_dir, tmp_path):
         ys[version] = float(last[first["referent"]] - last[first["other"]])
     assert abs(totals.loc[item, "y"] - ys["pro"]) < 1e-4 and abs(totals.loc[item, "y_cf"] - ys["anti"]) < 1e-4
     assert abs(totals.loc[item, "te"] - (ys["anti"] - ys["pro"])) < 1e-4
-    # every head's output patched in from x' gives y(x') exactly: the swapped words reach the end only through heads
+    # every head's output patched in from x' gives y(x') exactly: the swapped words reach the end only
+    # through heads
     assert (totals["all_heads_in"] - totals["te"]).abs().max() < 1e-4
 
 
 def test_analysis_errors_are_one_line_before_the_model(tmp_path):
     cases = [
-        ("analysis: {covariate: animal.height}", "'animal.height' is not a slot, slot.field or sentence column"),
+        (
+            "analysis: {covariate: animal.height}",
+            "'animal.height' is not a slot, slot.field or sentence column",
+        ),
         ("analysis: {positive: big, negative: huge}", "label 'huge' is not a label of the contrast 'size'"),
         ("analysis: {clusters: [animal, template, item]}", "names one or two units"),
         ("analysis: {groups: {g: [nope]}}", "group 'g' names unknown template(s) nope"),
-        ("analysis: {covariate: animal, positive: big, negative: small}", "covariate 'animal' must be numeric"),
+        (
+            "analysis: {covariate: animal, positive: big, negative: small}",
+            "covariate 'animal' must be numeric",
+        ),
     ]
     for declaration, message in cases:
         suite = tmp_path / "bad.yaml"
         suite.write_text(SIZES % ("", declaration))
-        result = CliRunner().invoke(main, ["run", str(suite), "--model", "/nonexistent/model", "--out", str(tmp_path / "o")])
+        result = CliRunner().invoke(
+            main, ["run", str(suite), "--model", "/nonexistent/model", "--out", str(tmp_path / "o")]
+        )
         assert result.exit_code == 2 and message in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1 and f"{suite}:" in result.output
 
 
-@pytest.mark.parametrize("measures", [
-    "attention:\n  - {source: animal, targets: [size]}\n",  # no next_token
-    'next_token:\n  - {cut: animal, candidates: [" dog", " cat"]}\n',  # no attention; candidates not labelled by the contrast
-])
+@pytest.mark.parametrize(
+    "measures",
+    [
+        "attention:\n  - {source: animal, targets: [size]}\n",  # no next_token
+        # no attention; candidates not labelled by the contrast
+        'next_token:\n  - {cut: animal, candidates: [" dog", " cat"]}\n',
+    ],
+)
 def test_suites_with_one_kind_of_measure_report(tiny_llama_dir, tmp_path, measures):
     suite = tmp_path / "one.yaml"
-    suite.write_text("name: one\nslots:\n  animal: [dog, cat, horse, mouse]\n"
-                     "  size: {values: [{value: large, label: big}, {value: tiny, label: small}]}\n"
-                     "contrast: size\ntemplates:\n  - {id: saw, text: \"I saw a {size} {animal} near the house.\"}\n" + measures)
+    suite.write_text(
+        "name: one\nslots:\n  animal: [dog, cat, horse, mouse]\n"
+        "  size: {values: [{value: large, label: big}, {value: tiny, label: small}]}\n"
+        'contrast: size\ntemplates:\n  - {id: saw, text: "I saw a {size} {animal} near the house."}\n'
+        + measures
+    )
     run_cli(suite, tiny_llama_dir, tmp_path / "out")
     again = CliRunner().invoke(main, ["report", str(tmp_path / "out")])  # from the cached tables
     assert again.exit_code == 0 and "Traceback" not in again.output, again.output
@@ -159,10 +196,18 @@ def test_check_says_what_a_run_would_do_without_weights(monkeypatch):
     result = CliRunner().invoke(main, ["check", "probes/gender.yaml"])
     assert result.exit_code == 0, result.output
     assert "6840 prompts, 2280 items" in result.output and "female - male by pronoun" in result.output
-    assert "head_effects (occupation replaced): 480 items" in result.output and re.search(r"estimate: about \d+\.\d min", result.output)
-    assert "7.72 forwarded per prompt (2.09 with shared prefixes once)" in result.output  # 52,794 and 14,263 tokens
+    assert "head_effects (occupation replaced): 480 items" in result.output and re.search(
+        r"estimate: about \d+\.\d min", result.output
+    )
+    assert (
+        "7.72 forwarded per prompt (2.09 with shared prefixes once)" in result.output
+    )  # 52,794 and 14,263 tokens
     bad = CliRunner().invoke(main, ["check", "probes/nope.yaml"])
-    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1 and "suite file not found" in bad.output
+    assert (
+        bad.exit_code == 2
+        and len(bad.output.strip().splitlines()) == 1
+        and "suite file not found" in bad.output
+    )
 
 
 SINK = """\
@@ -192,7 +237,10 @@ def test_a_target_on_the_first_token_warns_and_the_declared_treatment_applies(ti
     assert "note: attention target 'occupation' sits on the first token in 8 prompt(s)" in checked.output
     html, _ = run_cli(path, tiny_llama_dir, tmp_path / "keep")
     assert "sits on the first token" in html
-    assert any("sits on the first token" in n for n in json.loads((tmp_path / "keep" / "manifest.json").read_text())["notes"])
+    assert any(
+        "sits on the first token" in n
+        for n in json.loads((tmp_path / "keep" / "manifest.json").read_text())["notes"]
+    )
 
     path.write_text(SINK.replace("FIRST", "bos"))
     run_cli(path, tiny_llama_dir, tmp_path / "bos")
@@ -221,21 +269,27 @@ def test_referent_accuracy_reads_the_answer_from_a_column(tiny_llama_dir, tmp_pa
     accuracy = pd.read_csv(tmp_path / "out" / "referent_accuracy.csv").set_index(["layer", "head"])
     attention = pd.read_parquet(tmp_path / "out" / "attention.parquet")
     prompts = pd.read_parquet(tmp_path / "out" / "prompts.parquet").set_index("prompt_id")
-    one = attention[(attention["layer"] == 0) & (attention["head"] == 1)].pivot(index="prompt_id", columns="target", values="weight")
+    one = attention[(attention["layer"] == 0) & (attention["head"] == 1)].pivot(
+        index="prompt_id", columns="target", values="weight"
+    )
     answer = prompts.loc[one.index, "answer"]
     chosen = one["occupation"].where(answer == "occupation", one["participant"])
     other = one["participant"].where(answer == "occupation", one["occupation"])
     correct = (chosen > other).astype(float) + 0.5 * (chosen == other)
     # one item per template and 24 templates weighted equally: the weighted mean is the plain mean
     assert abs(accuracy.loc[(0, 1), "accuracy"] - correct.mean()) <= 1e-12
-    assert set(pd.read_csv(tmp_path / "out" / "head_stats.csv")["scope"]) >= {"answer=occupation", "answer=participant"}
+    assert set(pd.read_csv(tmp_path / "out" / "head_stats.csv")["scope"]) >= {
+        "answer=occupation",
+        "answer=participant",
+    }
     # the model's own choice: each referent's words after the question, scored by hand with the model
     pm = attnprobe.load_model(str(tiny_llama_dir))
     scores = pd.read_parquet(tmp_path / "out" / "referent_choice.parquet")
     text = prompts.loc[0, "text"]
-    question = f" Here, '{text[prompts.loc[0, 'pronoun_char_start']:prompts.loc[0, 'pronoun_char_end']]}' refers to the"
+    pronoun = text[prompts.loc[0, "pronoun_char_start"] : prompts.loc[0, "pronoun_char_end"]]
+    question = f" Here, '{pronoun}' refers to the"
     for referent in ("occupation", "participant"):
-        words = " " + text[prompts.loc[0, f"{referent}_char_start"]:prompts.loc[0, f"{referent}_char_end"]]
+        words = " " + text[prompts.loc[0, f"{referent}_char_start"] : prompts.loc[0, f"{referent}_char_end"]]
         prefix = pm.tokenizer.encode(text + question, add_special_tokens=False)
         tail = pm.tokenizer.encode(words, add_special_tokens=False)
         with torch.no_grad():
@@ -250,8 +304,14 @@ def test_referent_accuracy_reads_the_answer_from_a_column(tiny_llama_dir, tmp_pa
     correct = (chosen > other).astype(float) + 0.5 * (chosen == other)
     per_item = correct.groupby(prompts.loc[wide.index, "item_id"]).mean()  # the pronouns of one item averaged
     choice = pd.read_parquet(tmp_path / "out" / "referent_choice_accuracy.parquet").set_index("scope")
-    assert list(choice.index) == ["all", "answer=occupation", "answer=participant"]  # all, then the declared groups
+    assert list(choice.index) == [
+        "all",
+        "answer=occupation",
+        "answer=participant",
+    ]  # all, then the declared groups
     assert abs(choice.loc["all", "accuracy"] - per_item.mean()) <= 1e-12
-    of_occupation = per_item[prompts.drop_duplicates("item_id").set_index("item_id").loc[per_item.index, "answer"] == "occupation"]
+    of_occupation = per_item[
+        prompts.drop_duplicates("item_id").set_index("item_id").loc[per_item.index, "answer"] == "occupation"
+    ]
     assert abs(choice.loc["answer=occupation", "accuracy"] - of_occupation.mean()) <= 1e-12
     assert "Asked to continue each sentence with" in html

@@ -2,11 +2,10 @@
 
 import pytest
 import torch
+from conftest import INTERFACE_FAMILIES, TINY_CONFIGS, build_tiny, eager_twin, padded_batch
 
 from attnprobe.capture import run_with_capture
 from attnprobe.errors import CaptureError
-
-from conftest import INTERFACE_FAMILIES, TINY_CONFIGS, build_tiny, eager_twin, padded_batch
 
 # fp32 eager vs our float32 recomputation differ only by matmul summation order (~1e-7).
 TOL = 1e-5
@@ -88,7 +87,10 @@ def test_weights_stay_float32_under_autocast():
     from attnprobe.capture import attention_weights
 
     generator = torch.Generator().manual_seed(0)
-    query, key = torch.randn(2, 4, 3, 16, generator=generator) * 4, torch.randn(2, 2, 7, 16, generator=generator) * 4
+    query, key = (
+        torch.randn(2, 4, 3, 16, generator=generator) * 4,
+        torch.randn(2, 2, 7, 16, generator=generator) * 4,
+    )
     plain = attention_weights(query, key, None, 0.25)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         autocast = attention_weights(query, key, None, 0.25)

@@ -6,20 +6,24 @@ import pytest
 import torch
 import transformers
 from click.testing import CliRunner
+from test_models import _save_tiny_with_tokenizer  # noqa: E402
 
 import attnprobe
 from attnprobe.cli import main
 from attnprobe.errors import ModelSpecError
-
-from test_models import _save_tiny_with_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 def test_pickled_checkpoint_is_refused_without_flag(tmp_path, smollm):
     # a tiny Llama with the bundled tokenizer's vocabulary, so real text runs through it
-    config = transformers.LlamaConfig(vocab_size=len(smollm.tokenizer), hidden_size=16, intermediate_size=32,
-                                      num_hidden_layers=2, num_attention_heads=2)
+    config = transformers.LlamaConfig(
+        vocab_size=len(smollm.tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+    )
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     smollm.tokenizer.save_pretrained(tmp_path)
     weights = tmp_path / "model.safetensors"
@@ -33,7 +37,9 @@ def test_pickled_checkpoint_is_refused_without_flag(tmp_path, smollm):
     runner = CliRunner()
     refused = runner.invoke(main, ["verify", "--model", str(tmp_path), "--text", "The nurse said"])
     assert refused.exit_code == 2 and "--allow-pickle" in refused.output
-    allowed = runner.invoke(main, ["verify", "--model", str(tmp_path), "--text", "The nurse said", "--allow-pickle"])
+    allowed = runner.invoke(
+        main, ["verify", "--model", str(tmp_path), "--text", "The nurse said", "--allow-pickle"]
+    )
     assert allowed.exit_code == 0, allowed.output
 
 
@@ -45,7 +51,10 @@ def test_checkpoint_with_its_own_code_is_refused(tmp_path, smollm):
     marker = tmp_path / "ran"
     (tmp_path / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
     result = CliRunner().invoke(main, ["verify", "--model", str(tmp_path)])
-    assert result.exit_code == 2 and "ships its own model code (AutoModelForCausalLM in config.json auto_map)" in result.output
+    assert (
+        result.exit_code == 2
+        and "ships its own model code (AutoModelForCausalLM in config.json auto_map)" in result.output
+    )
     assert "--trust-remote-code" in result.output and not marker.exists()
 
 
@@ -65,8 +74,13 @@ def test_trust_remote_code_is_off_unless_asked(tmp_path, smollm, monkeypatch):
 
 
 def _one_line(result, *phrases):
-    """Exit 2, no traceback, and one error line, the last (progress lines such as 'dequantising ...' may precede it)."""
-    assert result.exit_code == 2 and isinstance(result.exception, SystemExit) and "Traceback" not in result.output, result.output
+    """Exit 2, no traceback, and one error line, the last (progress lines such as 'dequantising ...' may
+    precede it)."""
+    assert (
+        result.exit_code == 2
+        and isinstance(result.exception, SystemExit)
+        and "Traceback" not in result.output
+    ), result.output
     lines = result.output.strip().splitlines()
     assert [line for line in lines if line.startswith("attnprobe: error:")] == lines[-1:], result.output
     assert all(p in lines[-1] for p in phrases), result.output
@@ -82,6 +96,7 @@ def _set_config(key, value):
     def damage(folder):
         config = json.loads((folder / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps(dict(config, **{key: value})))
+
     return damage
 
 
@@ -89,29 +104,42 @@ def _truncate(name, keep):
     def damage(folder):
         data = (folder / name).read_bytes()
         (folder / name).write_bytes(data[:keep])
+
     return damage
 
 
-@pytest.mark.parametrize("damage, phrases", [
-    (_truncate("model.safetensors", 5), ("SafetensorError", "damaged or inconsistent, replace them")),
-    (_truncate("tokenizer.json", 20), ("cannot load", "tmp")),
-    (_set_config("num_hidden_layers", 0), ("config.json sets num_hidden_layers = 0", "needs at least one")),
-    (_set_config("num_attention_heads", 0), ("cannot load", "damaged or inconsistent")),
-    (_set_config("hidden_size", "x"), ("cannot load",)),
-], ids=["truncated-weights", "truncated-tokenizer", "zero-layers", "zero-heads", "text-hidden-size"])
+@pytest.mark.parametrize(
+    "damage, phrases",
+    [
+        (_truncate("model.safetensors", 5), ("SafetensorError", "damaged or inconsistent, replace them")),
+        (_truncate("tokenizer.json", 20), ("cannot load", "tmp")),
+        (
+            _set_config("num_hidden_layers", 0),
+            ("config.json sets num_hidden_layers = 0", "needs at least one"),
+        ),
+        (_set_config("num_attention_heads", 0), ("cannot load", "damaged or inconsistent")),
+        (_set_config("hidden_size", "x"), ("cannot load",)),
+    ],
+    ids=["truncated-weights", "truncated-tokenizer", "zero-layers", "zero-heads", "text-hidden-size"],
+)
 def test_damaged_checkpoints_are_one_line(tmp_path, smollm, damage, phrases):
     _one_line(_damaged(tmp_path, smollm, damage), *phrases)
 
 
-@pytest.mark.parametrize("device, phrase", [
-    ("bogus", "--device 'bogus' is not a torch device; use cpu, cuda, cuda:N or mps"),
-    ("cuda:x", "is not a torch device"),
-    ("cuda:7", "--device 'cuda:7' is not available on this machine; use --device cpu"),
-])
+@pytest.mark.parametrize(
+    "device, phrase",
+    [
+        ("bogus", "--device 'bogus' is not a torch device; use cpu, cuda, cuda:N or mps"),
+        ("cuda:x", "is not a torch device"),
+        ("cuda:7", "--device 'cuda:7' is not available on this machine; use --device cpu"),
+    ],
+)
 def test_a_device_that_does_not_exist_is_refused_before_anything_is_written(tmp_path, device, phrase):
     if device == "cuda:7" and torch.cuda.device_count() > 7:
         pytest.skip("this machine has that device")
-    result = CliRunner().invoke(main, ["run", "probes/gender.yaml", "--device", device, "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        main, ["run", "probes/gender.yaml", "--device", device, "--out", str(tmp_path / "out")]
+    )
     _one_line(result, phrase)
     assert not (tmp_path / "out").exists()
 
@@ -119,11 +147,24 @@ def test_a_device_that_does_not_exist_is_refused_before_anything_is_written(tmp_
 def test_verify_json_into_a_new_or_an_impossible_directory(tmp_path, smollm):
     _save_tiny_with_tokenizer(tmp_path / "model", smollm)
     target = tmp_path / "new" / "deeper" / "verify.json"
-    result = CliRunner().invoke(main, ["verify", "--model", str(tmp_path / "model"), "--text", "The nurse said", "--json", str(target)])
+    result = CliRunner().invoke(
+        main,
+        ["verify", "--model", str(tmp_path / "model"), "--text", "The nurse said", "--json", str(target)],
+    )
     assert result.exit_code == 0 and len(json.loads(target.read_text())) == 2, result.output
     (tmp_path / "file").write_text("x")
-    result = CliRunner().invoke(main, ["verify", "--model", str(tmp_path / "model"), "--text", "The nurse said",
-                                       "--json", str(tmp_path / "file" / "v.json")])
+    result = CliRunner().invoke(
+        main,
+        [
+            "verify",
+            "--model",
+            str(tmp_path / "model"),
+            "--text",
+            "The nurse said",
+            "--json",
+            str(tmp_path / "file" / "v.json"),
+        ],
+    )
     _one_line(result, "--json", "cannot create", "choose a writable path")
 
 
@@ -136,8 +177,13 @@ def test_a_tokenizer_larger_than_the_embeddings_is_one_line(tmp_path, smollm):
     _one_line(result, f"the tokenizer has {len(smollm.tokenizer)} tokens but the model embeds only 100")
 
 
-@pytest.mark.parametrize("head, phrase", [(b"\x00" * 64, "is not a GGUF file (it does not start with the bytes 'GGUF')"),
-                                          (b"GGUF" + bytes(range(256)) * 4, "cannot read GGUF file")])
+@pytest.mark.parametrize(
+    "head, phrase",
+    [
+        (b"\x00" * 64, "is not a GGUF file (it does not start with the bytes 'GGUF')"),
+        (b"GGUF" + bytes(range(256)) * 4, "cannot read GGUF file"),
+    ],
+)
 def test_a_random_or_damaged_gguf_is_one_line(tmp_path, head, phrase, monkeypatch):
     monkeypatch.setenv("ATTNPROBE_CACHE", str(tmp_path / "cache"))  # no conversion cache outside tmp_path
     (tmp_path / "m.gguf").write_bytes(head)
@@ -163,5 +209,9 @@ def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch, tmp_path)
         result = CliRunner().invoke(main, ["verify", "--model", "someone/nothing-here"])
     finally:
         hub_unreachable.cache_clear()
-    _one_line(result, "cannot fetch 'someone/nothing-here'", "the hub is unreachable from this machine, and the id is not in the local cache")
+    _one_line(
+        result,
+        "cannot fetch 'someone/nothing-here'",
+        "the hub is unreachable from this machine, and the id is not in the local cache",
+    )
     assert time.perf_counter() - started < 10  # transformers alone retries for about a minute

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import attnprobe
-from attnprobe.run import storage
 from attnprobe.errors import RunError
+from attnprobe.run import storage
 
 pytestmark = pytest.mark.slow
 GENDER = "probes/gender.yaml"
@@ -30,18 +30,26 @@ def whole(smollm, tmp_path_factory):
 def same_results(a: Path, b: Path):
     for name in ("prompts.csv", "logprobs.csv"):
         assert (a / name).read_bytes() == (b / name).read_bytes()
-    pd.testing.assert_frame_equal(pd.read_parquet(a / "attention.parquet"), pd.read_parquet(b / "attention.parquet"), check_exact=True)
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(a / "attention.parquet"), pd.read_parquet(b / "attention.parquet"), check_exact=True
+    )
 
 
 def test_output_directory_that_cannot_be_created(smollm, tmp_path):
     (tmp_path / "file").write_text("x")
-    with pytest.raises(RunError, match=r"cannot create output directory .*file/out: Not a directory; choose another with --out"):
+    with pytest.raises(
+        RunError,
+        match=r"cannot create output directory .*file/out: Not a directory; choose another with --out",
+    ):
         attnprobe.run_suite(GENDER, model=smollm, out=tmp_path / "file" / "out", **SETTINGS)
 
 
 def test_an_output_directory_that_cannot_be_locked(smollm, tmp_path):
     (tmp_path / ".lock").mkdir()  # as good as read-only, even for root
-    with pytest.raises(RunError, match=r"cannot lock .*\.lock \(Is a directory\); make the directory writable or choose another --out"):
+    with pytest.raises(
+        RunError,
+        match=r"cannot lock .*\.lock \(Is a directory\); make the directory writable or choose another --out",
+    ):
         attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, **SETTINGS)
     assert [p.name for p in tmp_path.iterdir()] == [".lock"]
 
@@ -57,7 +65,11 @@ def test_disk_full_keeps_finished_chunks_and_resumes(smollm, whole, tmp_path, mo
         return original(table, where, *args, **kwargs)
 
     monkeypatch.setattr(pq, "write_table", fill_up)
-    with pytest.raises(RunError, match=r"cannot write .*00003.attention.parquet: No space left on device; results written so far are kept"):
+    with pytest.raises(
+        RunError,
+        match=r"cannot write .*00003.attention.parquet: No space left on device; results written so far are "
+        r"kept",
+    ):
         attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, **SETTINGS)
     chunks = tmp_path / "chunks"
     assert sorted(p.name for p in chunks.glob("*.done")) == ["00000.done", "00001.done", "00002.done"]
@@ -86,23 +98,47 @@ def test_corrupted_and_truncated_chunks_are_recomputed(smollm, whole, tmp_path):
 
 def test_two_runs_in_one_directory_are_refused(smollm, tmp_path):
     with storage.exclusive(tmp_path):  # another run holds the directory
-        with pytest.raises(RunError, match=f"another attnprobe run is writing {tmp_path}; wait for it to finish or choose --out"):
+        with pytest.raises(
+            RunError,
+            match=f"another attnprobe run is writing {tmp_path}; wait for it to finish or choose --out",
+        ):
             attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, **SETTINGS)
     assert not (tmp_path / "manifest.json").exists()  # the refused run wrote nothing
 
 
 def test_ctrl_c_finishes_the_chunk_writes_the_manifest_and_exits_130(whole, tmp_path):
     repo = Path(__file__).resolve().parents[1]
-    args = [sys.executable, "-m", "attnprobe", "run", str(repo / GENDER), "--limit", "60", "--batch-size", "4",
-            "--chunk-size", "8", "--out", str(tmp_path), "--no-report", "--no-head-effects"]
+    args = [
+        sys.executable,
+        "-m",
+        "attnprobe",
+        "run",
+        str(repo / GENDER),
+        "--limit",
+        "60",
+        "--batch-size",
+        "4",
+        "--chunk-size",
+        "8",
+        "--out",
+        str(tmp_path),
+        "--no-report",
+        "--no-head-effects",
+    ]
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
-    while not list((tmp_path / "chunks").glob("*.done")) and time.time() < deadline and process.poll() is None:
+    while (
+        not list((tmp_path / "chunks").glob("*.done")) and time.time() < deadline and process.poll() is None
+    ):
         time.sleep(0.02)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 130, stderr
-    assert "Traceback" not in stderr and "interrupted after chunk" in stderr and "rerun the same command to resume" in stderr
+    assert (
+        "Traceback" not in stderr
+        and "interrupted after chunk" in stderr
+        and "rerun the same command to resume" in stderr
+    )
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     done = len(list((tmp_path / "chunks").glob("*.done")))
     assert manifest["status"] == "interrupted" and 1 <= done < 8
@@ -117,17 +153,37 @@ def test_a_corrupt_page_under_an_intact_footer_is_recomputed(smollm, whole, tmp_
     data = bytearray(path.read_bytes())
     data[64] ^= 0xFF  # inside the first data page; the footer (and so the metadata) still reads
     path.write_bytes(bytes(data))
-    assert pq.read_metadata(path).num_rows == json.loads((tmp_path / "chunks" / "00003.done").read_text())["rows"]
+    assert (
+        pq.read_metadata(path).num_rows
+        == json.loads((tmp_path / "chunks" / "00003.done").read_text())["rows"]
+    )
     messages = []
     attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, log=messages.append, **SETTINGS)
-    assert any(m.startswith("chunk 3 in") and "differs from what was written" in m for m in messages), messages
+    assert any(m.startswith("chunk 3 in") and "differs from what was written" in m for m in messages), (
+        messages
+    )
     same_results(whole.directory, tmp_path)
 
 
 def test_a_second_ctrl_c_stops_at_once_and_the_manifest_says_so(tmp_path):
     repo = Path(__file__).resolve().parents[1]
-    args = [sys.executable, "-m", "attnprobe", "run", str(repo / GENDER), "--limit", "200", "--batch-size", "2",
-            "--chunk-size", "200", "--out", str(tmp_path), "--no-report", "--no-head-effects"]  # one long chunk
+    args = [
+        sys.executable,
+        "-m",
+        "attnprobe",
+        "run",
+        str(repo / GENDER),
+        "--limit",
+        "200",
+        "--batch-size",
+        "2",
+        "--chunk-size",
+        "200",
+        "--out",
+        str(tmp_path),
+        "--no-report",
+        "--no-head-effects",
+    ]  # one long chunk
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not (tmp_path / "chunks").is_dir() and time.time() < deadline and process.poll() is None:
@@ -152,7 +208,9 @@ def _report(directory):
 
 def _one_line(result, *phrases):
     assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
-    assert len(result.output.strip().splitlines()) == 1 and all(p in result.output for p in phrases), result.output
+    assert len(result.output.strip().splitlines()) == 1 and all(p in result.output for p in phrases), (
+        result.output
+    )
 
 
 def test_report_on_an_unfinished_shard_or_damaged_run_is_one_line(whole, tmp_path):
@@ -162,8 +220,12 @@ def test_report_on_an_unfinished_shard_or_damaged_run_is_one_line(whole, tmp_pat
     shutil.copytree(whole.directory, run)
     manifest = json.loads((run / "manifest.json").read_text())
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.suffix != ".json"}
-    for status, phrase in (("running", "is not finished (status: running)"), ("interrupted", "rerun the same `attnprobe run`"),
-                           ("failed", "is not finished (status: failed)"), ("shard complete", "attnprobe merge")):
+    for status, phrase in (
+        ("running", "is not finished (status: running)"),
+        ("interrupted", "rerun the same `attnprobe run`"),
+        ("failed", "is not finished (status: failed)"),
+        ("shard complete", "attnprobe merge"),
+    ):
         (run / "manifest.json").write_text(json.dumps(dict(manifest, status=status)))
         _one_line(_report(run), phrase)
     (run / "manifest.json").write_text("{not json")
@@ -194,14 +256,23 @@ def test_a_truncated_table_cache_is_recomputed(whole, tmp_path):
 
 def test_merge_into_one_of_its_own_shards_is_refused(smollm, tmp_path):
     small = dict(SETTINGS, limit=16)
-    shards = [attnprobe.run_suite(GENDER, model=smollm, out=tmp_path / "s", shard=(k, 2), **small).directory for k in (1, 2)]
+    shards = [
+        attnprobe.run_suite(GENDER, model=smollm, out=tmp_path / "s", shard=(k, 2), **small).directory
+        for k in (1, 2)
+    ]
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     for target in shards:
-        with pytest.raises(RunError, match=f"{target} is one of the shard directories; merge into a new directory"):
+        with pytest.raises(
+            RunError, match=f"{target} is one of the shard directories; merge into a new directory"
+        ):
             attnprobe.merge_shards(shards, target)
-    other = attnprobe.run_suite(GENDER, model=smollm, out=tmp_path / "other", **dict(small, limit=8)).directory
+    other = attnprobe.run_suite(
+        GENDER, model=smollm, out=tmp_path / "other", **dict(small, limit=8)
+    ).directory
     before.update({p: p.read_bytes() for p in other.rglob("*") if p.is_file()})
-    with pytest.raises(RunError, match=f"{other} holds a run with other settings; merge into a new directory"):
+    with pytest.raises(
+        RunError, match=f"{other} holds a run with other settings; merge into a new directory"
+    ):
         attnprobe.merge_shards(shards, other)
     assert {p: p.read_bytes() for p in before} == before
     merged = attnprobe.merge_shards(shards, tmp_path / "merged")

@@ -2,10 +2,8 @@
 
 import pytest
 import torch
-
-from attnprobe.interventions import behaviour, decoder_layers, effects, mlp_modules
-
 from conftest import build_tiny, eager_twin
+from reference_patching import behaviour, decoder_layers, effects, mlp_modules
 
 POS, NEG = 7, 11
 
@@ -33,10 +31,21 @@ def test_patching_x_into_itself_changes_nothing(family):
     x, _, at, _ = pair()
     result = effects(model, x, x.clone(), at, at, POS, NEG, all_heads())
     assert abs(result["te"]) <= 1e-12
-    for key in ("output_in", "output_out", "pattern_in", "attention_in", "attention_out", "mlp_in", "mlp_out"):
+    for key in (
+        "output_in",
+        "output_out",
+        "pattern_in",
+        "attention_in",
+        "attention_out",
+        "mlp_in",
+        "mlp_out",
+    ):
         assert result[key].abs().max() <= 1e-6, key
     assert abs(result["all_heads_in"]) <= 1e-6 and abs(result["all_heads_pattern_in"]) <= 1e-6
-    assert result["attribution_output"].abs().max() <= 1e-12 and result["attribution_pattern"].abs().max() <= 1e-12
+    assert (
+        result["attribution_output"].abs().max() <= 1e-12
+        and result["attribution_pattern"].abs().max() <= 1e-12
+    )
 
 
 def _attention_outputs(model, ids_, layers_, replace=None, at=None):
@@ -52,6 +61,7 @@ def _attention_outputs(model, ids_, layers_, replace=None, at=None):
                 out[:, at] = replace[layer]
                 return (out, *output[1:])
             recorded[layer] = out.detach()
+
         return fn
 
     handles = [layer.self_attn.register_forward_hook(hook(i)) for i, layer in enumerate(layers_)]
@@ -64,7 +74,9 @@ def _attention_outputs(model, ids_, layers_, replace=None, at=None):
     return behaviour(logits, POS, NEG).item(), recorded
 
 
-@pytest.mark.parametrize("slot_cf", [1, 3])  # x' of the same length, and two tokens longer (aligned from the end)
+@pytest.mark.parametrize(
+    "slot_cf", [1, 3]
+)  # x' of the same length, and two tokens longer (aligned from the end)
 def test_patching_every_head_output_equals_patching_the_attention_layer_outputs(slot_cf):
     model = build_tiny("llama", dtype=torch.float64)
     x, x_cf, at, at_cf = pair(slot_cf=slot_cf)
@@ -105,11 +117,15 @@ def test_head_output_patching_agrees_with_plain_hf_eager_hooks():
                     return None
                 head, values, where = replace[layer]
                 z = z.clone()
-                z[:, where, head * D:(head + 1) * D] = values
+                z[:, where, head * D : (head + 1) * D] = values
                 return (z,)
+
             return fn
 
-        handles = [layer.self_attn.o_proj.register_forward_pre_hook(hook(i)) for i, layer in enumerate(decoder_layers(twin))]
+        handles = [
+            layer.self_attn.o_proj.register_forward_pre_hook(hook(i))
+            for i, layer in enumerate(decoder_layers(twin))
+        ]
         try:
             with torch.no_grad():
                 y = behaviour(twin(input_ids=ids_[None]).logits[0, -1], POS, NEG).item()
@@ -172,7 +188,9 @@ def test_mlp_patch_equals_hooking_the_mlp_output():
     with torch.no_grad():
         patched = behaviour(model(input_ids=x[None]).logits[0, -1], POS, NEG).item()
     handle.remove()
-    assert abs((patched - result["y"]) - result["mlp_in"][0].item()) <= 1e-6 and abs(result["mlp_in"][0]) > 1e-4
+    assert (
+        abs((patched - result["y"]) - result["mlp_in"][0].item()) <= 1e-6 and abs(result["mlp_in"][0]) > 1e-4
+    )
     assert result["output_in"].isnan().all()  # no singles asked for
 
 
@@ -193,7 +211,8 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
     from attnprobe.report import write_report
 
     suite = tmp_path / "effects.yaml"
-    suite.write_text(textwrap.dedent("""\
+    suite.write_text(
+        textwrap.dedent("""\
         name: effects
         contrast: pronoun
         slots:
@@ -211,15 +230,18 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
           cut: pronoun
           counterfactual: {occupation: [woman, man]}
           select: 3
-        """))
+        """)
+    )
     run = attnprobe.run_suite(suite, model=smollm, out=tmp_path / "run", progress=False, log=lambda m: None)
     info = run.manifest["head_effects"]
-    assert info["n_items"] == 3 and info["n_pairs"] == 6 and not info["dropped"]  # electrician: 2 tokens, aligned
+    assert (
+        info["n_items"] == 3 and info["n_pairs"] == 6 and not info["dropped"]
+    )  # electrician: 2 tokens, aligned
     assert (info["positive"], info["negative"]) == ("female", "male")  # from the analysis
     totals = pd.read_csv(run.directory / "head_effects_totals.csv").set_index(["item_id", "counterfactual"])
     tok = smollm.tokenizer
     she, he = tok(" she")["input_ids"][0], tok(" he")["input_ids"][0]
-    for (item, word), row in totals.iterrows():
+    for (_item, word), row in totals.iterrows():
         for text, column in ((f"The {row['occupation']} said that", "y"), (f"The {word} said that", "y_cf")):
             with torch.no_grad():
                 logits = smollm.model(input_ids=tok(text, return_tensors="pt")["input_ids"]).logits[0, -1]
@@ -228,21 +250,33 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
     assert (totals["all_heads_in"] - totals["te"]).abs().max() <= 1e-4  # every path runs through some head
     assert totals["crossfit_heads"].str.count("L").eq(3).all()
     items = pd.read_parquet(run.directory / "head_effects_items.parquet")
-    assert len(items) == 6 * 30 * 9 and items[["output_in", "output_out", "attribution_output"]].notna().all().all()
+    assert (
+        len(items) == 6 * 30 * 9
+        and items[["output_in", "output_out", "attribution_output"]].notna().all().all()
+    )
     assert items["pattern_in"].isna().sum() == 2 * 270  # the two aligned pairs have no pattern channel
     layers = pd.read_parquet(run.directory / "head_effects_layers.parquet")
     assert len(layers) == 6 * 30 and layers[["attention_in", "mlp_out"]].notna().all().all()
     # a completed re-run (make demo twice) keeps the head effects and their summary, recomputing nothing
     before = (run.directory / "head_effects_items.parquet").stat().st_mtime_ns
     again = attnprobe.run_suite(suite, model=smollm, out=tmp_path / "run", progress=False, log=lambda m: None)
-    assert again.manifest["head_effects"] == info and (run.directory / "head_effects_items.parquet").stat().st_mtime_ns == before
+    assert (
+        again.manifest["head_effects"] == info
+        and (run.directory / "head_effects_items.parquet").stat().st_mtime_ns == before
+    )
     html = write_report(run.directory).read_text()
     assert "activation patching" in html and 'occupation &rarr; "man"' in html
     summary = pd.read_csv(run.directory / "head_effects_summary.csv").set_index("counterfactual")
     assert list(summary.index) == ["woman", "man"] and (summary["share_all_heads_in"] - 1).abs().max() <= 1e-4
-    assert summary["spearman_attribution_exact"].between(-1, 1).all() and (summary["te_mean"]["woman"] > 0 > summary["te_mean"]["man"])
+    assert summary["spearman_attribution_exact"].between(-1, 1).all() and (
+        summary["te_mean"]["woman"] > 0 > summary["te_mean"]["man"]
+    )
     shares = pd.read_csv(run.directory / "head_effects_layer_shares.csv")
-    assert len(shares) == 2 * 30 * 6 and shares["ci_low"].le(shares["share"]).all()  # attention, mlp x in, out, attribution
+    assert (
+        len(shares) == 2 * 30 * 6 and shares["ci_low"].le(shares["share"]).all()
+    )  # attention, mlp x in, out, attribution
     # a layer's attention attribution is the sum of its heads'
     per_head = items.groupby(["item_id", "counterfactual", "layer"])["attribution_output"].sum()
-    assert (layers.set_index(["item_id", "counterfactual", "layer"])["attention_attribution"] - per_head).abs().max() <= 1e-9
+    assert (
+        layers.set_index(["item_id", "counterfactual", "layer"])["attention_attribution"] - per_head
+    ).abs().max() <= 1e-9

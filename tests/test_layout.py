@@ -37,7 +37,9 @@ def _imports(name: str) -> set[str]:
             else:
                 stem = node.module
             # `from . import x` / `from .pkg import mod` name modules; otherwise the stem itself
-            targets = [f"{stem}.{alias.name}" if f"{stem}.{alias.name}" in MODULES else stem for alias in node.names]
+            targets = [
+                f"{stem}.{alias.name}" if f"{stem}.{alias.name}" in MODULES else stem for alias in node.names
+            ]
         else:
             continue
         found |= {t for t in targets if t in MODULES and t != name}
@@ -69,9 +71,13 @@ print("failed:", " ".join(failed))
 
 
 def test_every_module_imports_on_its_own():
-    result = subprocess.run([sys.executable, "-c", FORK_EACH, *MODULES], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", FORK_EACH, *MODULES], capture_output=True, text=True, timeout=300
+    )
     assert result.stdout.strip() == "failed:", result.stdout + result.stderr[-3000:]
-    broken = subprocess.run([sys.executable, "-c", FORK_EACH, "attnprobe.no_such_module"], capture_output=True, text=True)
+    broken = subprocess.run(
+        [sys.executable, "-c", FORK_EACH, "attnprobe.no_such_module"], capture_output=True, text=True
+    )
     assert broken.stdout.strip() == "failed: attnprobe.no_such_module"  # the check can fail
 
 
@@ -84,7 +90,7 @@ def test_no_import_cycle_between_modules():
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycle = path[path.index(nxt):] + [nxt]
+                cycle = path[path.index(nxt) :] + [nxt]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if nxt not in state:
                 visit(nxt, path + [nxt])
@@ -99,7 +105,9 @@ def test_rooms_are_small_and_say_what_they_own():
     for name in MODULES:
         path = _module_path(name)
         text = path.read_text()
-        assert len(text.splitlines()) <= MAX_LINES, f"{path} has {len(text.splitlines())} lines (at most {MAX_LINES})"
+        assert len(text.splitlines()) <= MAX_LINES, (
+            f"{path} has {len(text.splitlines())} lines (at most {MAX_LINES})"
+        )
         assert ast.get_docstring(ast.parse(text)), f"{path} opens without a docstring saying what it owns"
 
 
@@ -114,7 +122,9 @@ def test_downstream_rooms_do_not_reach_upstream():
     assert not graph["attnprobe.analysis"]  # plain data, read by suite, run, stats and report
     for name in MODULES:
         if name.startswith("attnprobe.run"):
-            assert not any(m.startswith(("attnprobe.report", "attnprobe.stats", "attnprobe.api")) for m in graph[name]), name
+            assert not any(
+                m.startswith(("attnprobe.report", "attnprobe.stats", "attnprobe.api")) for m in graph[name]
+            ), name
         if name != "attnprobe":
             assert "attnprobe" not in graph[name], f"{name} imports the package face"
 
@@ -126,4 +136,6 @@ def test_every_error_class_lives_in_errors():
         tree = ast.parse(_module_path(name).read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
-                assert not node.name.endswith("Error"), f"{name} defines {node.name}; error classes live in errors.py"
+                assert not node.name.endswith("Error"), (
+                    f"{name} defines {node.name}; error classes live in errors.py"
+                )

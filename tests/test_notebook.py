@@ -14,8 +14,12 @@ def test_example_notebook_runs_in_a_kernel_and_shows_its_figures(tmp_path):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     notebook = nbformat.read(os.path.join(repo, "notebooks", "example.ipynb"), as_version=4)
     first = notebook.cells[1]
-    first.source = first.source.replace('Path("probes/gender.yaml")', f'Path({os.path.join(repo, "probes", "gender.yaml")!r})')
-    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    first.source = first.source.replace(
+        'Path("probes/gender.yaml")', f"Path({os.path.join(repo, 'probes', 'gender.yaml')!r})"
+    )
+    NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     errors = [o for cell in notebook.cells for o in cell.get("outputs", []) if o.output_type == "error"]
     assert not errors, errors
     plotting = [cell for cell in notebook.cells if cell.cell_type == "code" and "plot_heads" in cell.source]

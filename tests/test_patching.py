@@ -8,56 +8,77 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
-from attnprobe.interventions import effects
-from attnprobe.measures import head_effect_phases as phases
-
 from conftest import INTERFACE_FAMILIES, build_tiny
+from reference_patching import effects
+
+from attnprobe.measures import head_effect_phases as phases
+from attnprobe.patching.items import Counterfactual, PatchItem, Selection
+from attnprobe.patching.selection import head_mask
 
 POSITIVE, NEGATIVE = [30], [31, 32]
 # x and x' of different lengths in one padded bank: a same-length x', a longer x' (aligned from the
 # end), and a second, shorter item
-ITEMS = [((5, 6, 7, 8, 9, 10), [((5, 11, 7, 8, 9, 10), 1, 1), ((5, 12, 13, 7, 8, 9, 10), 1, 2)]),
-         ((20, 21, 22, 23), [((20, 24, 22, 23), 1, 1)])]
+ITEMS = [
+    ((5, 6, 7, 8, 9, 10), [((5, 11, 7, 8, 9, 10), 1, 1), ((5, 12, 13, 7, 8, 9, 10), 1, 2)]),
+    ((20, 21, 22, 23), [((20, 24, 22, 23), 1, 1)]),
+]
 
 
-def _items(specs, positive=POSITIVE, negative=NEGATIVE) -> list[dict]:
+def _items(specs, positive=POSITIVE, negative=NEGATIVE) -> list[PatchItem]:
     items = []
     for k, (x, cfs) in enumerate(specs):
+        counterfactuals = tuple(
+            Counterfactual(f"w{j}", torch.tensor(cf), at, at_cf) for j, (cf, at, at_cf) in enumerate(cfs)
+        )
         x = torch.tensor(x)
-        counterfactuals = [{"word": f"w{j}", "x_cf": torch.tensor(cf), "at": torch.arange(at, len(x)),
-                            "at_cf": torch.arange(at_cf, len(cf))} for j, (cf, at, at_cf) in enumerate(cfs)]
-        items.append({"item_id": f"i{k}", "template_id": "t", "original": "o", "unit": f"u{k}", "covariate": np.nan,
-                      "x": x, "counterfactuals": counterfactuals, "positive": positive, "negative": negative})
+        items.append(
+            PatchItem(
+                f"i{k}", "t", "o", f"u{k}", np.nan, x, counterfactuals, tuple(positive), tuple(negative)
+            )
+        )
     return items
-
-
-class _Bar:
-    def update(self, n):
-        pass
 
 
 def _compare(pm, items, singles, tolerance, every_head=True):
     """The screen (every head and layer exact, or attribution only) and the selected phase against
-    interventions.effects, pair by pair; returns the largest difference."""
+    reference_patching.effects, pair by pair; returns the largest difference."""
     L, H = pm.info.n_layers, pm.info.n_heads
     measure = SimpleNamespace(exact="all" if every_head else int(singles.sum()), slot="occupation")
-    screen = phases.screen(pm, measure, items, set(), _Bar())
-    flat = singles.flatten().nonzero()[:, 0].tolist()
+    screen = phases.screen(pm, measure, items, set())
+    flat = tuple(singles.flatten().nonzero()[:, 0].tolist())
     crossfit = flat[:2]
-    selection = {"suite": flat, "crossfit": {cf["word"]: [crossfit, crossfit] for i in items for cf in i["counterfactuals"]},
-                 "halves": {i["item_id"]: 0 for i in items}}
-    chosen = phases.selected(pm, measure, items, selection, _Bar())
+    words = {cf.word for i in items for cf in i.counterfactuals}
+    selection = Selection({i.item_id: 0 for i in items}, {w: (crossfit, crossfit) for w in words}, flat)
+    chosen = phases.selected(pm, items, selection)
     worst = 0.0
     for item in items:
-        for cf in item["counterfactuals"]:
-            sets = {"crossfit": phases.head_mask(crossfit, L, H)}
-            r = effects(pm, item["x"], cf["x_cf"], cf["at"], cf["at_cf"], item["positive"], item["negative"],
-                        torch.ones(L, H, dtype=torch.bool) if every_head else singles, sets, layers=every_head, every=True)
-            key = lambda t: (t["item_id"] == item["item_id"]) & (t["counterfactual"] == cf["word"])  # noqa: E731
+        for cf in item.counterfactuals:
+            sets = {"crossfit": head_mask(crossfit, L, H)}
+            r = effects(
+                pm,
+                item.x,
+                cf.x_cf,
+                torch.arange(cf.at, len(item.x)),
+                torch.arange(cf.at_cf, len(cf.x_cf)),
+                list(item.positive),
+                list(item.negative),
+                torch.ones(L, H, dtype=torch.bool) if every_head else singles,
+                sets,
+                layers=every_head,
+                every=True,
+            )
+            key = lambda t, item=item, cf=cf: (
+                (t["item_id"] == item.item_id) & (t["counterfactual"] == cf.word)
+            )
             heads, layers = screen["items"][key(screen["items"])], screen["layers"][key(screen["layers"])]
             totals = screen["totals"][key(screen["totals"])].iloc[0]
-            for column in ("output_in", "output_out", "pattern_in", "attribution_output", "attribution_pattern")[0 if every_head else 3:]:
+            for column in (
+                "output_in",
+                "output_out",
+                "pattern_in",
+                "attribution_output",
+                "attribution_pattern",
+            )[0 if every_head else 3 :]:
                 got, want = heads[column].to_numpy(), r[column].reshape(-1).numpy()
                 assert np.array_equal(np.isnan(got), np.isnan(want)), column
                 worst = max(worst, np.nanmax(np.abs(got - want), initial=0.0))
@@ -71,7 +92,11 @@ def _compare(pm, items, singles, tolerance, every_head=True):
                 got, want = picked[column].to_numpy(), r[column][singles].numpy()
                 worst = max(worst, np.nanmax(np.abs(got - want), initial=0.0))
             set_totals = chosen["totals"][key(chosen["totals"])].iloc[0]
-            worst = max(worst, abs(set_totals["crossfit_in"] - r["crossfit_in"]), abs(set_totals["crossfit_out"] - r["crossfit_out"]))
+            worst = max(
+                worst,
+                abs(set_totals["crossfit_in"] - r["crossfit_in"]),
+                abs(set_totals["crossfit_out"] - r["crossfit_out"]),
+            )
     assert worst <= tolerance, worst
     return worst
 
@@ -79,10 +104,16 @@ def _compare(pm, items, singles, tolerance, every_head=True):
 @pytest.mark.parametrize("name", INTERFACE_FAMILIES)
 def test_batched_patching_equals_one_item_at_a_time(name):
     model = build_tiny(name, dtype=torch.float64)
-    pm = SimpleNamespace(model=model, info=SimpleNamespace(n_layers=model.config.num_hidden_layers,
-                                                           n_heads=model.config.num_attention_heads))
+    pm = SimpleNamespace(
+        model=model,
+        info=SimpleNamespace(
+            n_layers=model.config.num_hidden_layers, n_heads=model.config.num_attention_heads
+        ),
+    )
     singles = torch.zeros(pm.info.n_layers, pm.info.n_heads, dtype=torch.bool)
-    singles[-1, 1] = singles[-1, 3] = singles[0, 2] = True  # layers skipped below the last, and none below the first
+    singles[-1, 1] = singles[-1, 3] = singles[0, 2] = (
+        True  # layers skipped below the last, and none below the first
+    )
     _compare(pm, _items(ITEMS), singles, 1e-10)
 
 
@@ -94,8 +125,10 @@ def test_batched_patching_of_gender_items_equals_the_reference_in_float32(smollm
 
     suite = load_suite("probes/gender.yaml")
     prompts = [p for p in suite.prompts if p.template_id in ("said_would", "thanked_praised")]
-    items, _ = suite.head_effects.items(smollm.tokenizer, encode_prompts(suite, prompts, smollm.tokenizer, None))
-    items = [next(i for i in items if i["template_id"] == t) for t in ("said_would", "thanked_praised")]
+    items, _ = suite.head_effects.items(
+        smollm.tokenizer, encode_prompts(suite, prompts, smollm.tokenizer, None)
+    )
+    items = [next(i for i in items if i.template_id == t) for t in ("said_would", "thanked_praised")]
     singles = torch.zeros(smollm.info.n_layers, smollm.info.n_heads, dtype=torch.bool)
     singles[10, 6] = singles[25, 2] = singles[27, 5] = True
     assert len(items) == 2 and 0 < _compare(smollm, items, singles, 5e-5, every_head=False)

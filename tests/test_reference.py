@@ -25,7 +25,9 @@ def test_masked_softmax_one_length_per_query_and_empty_rows():
     scores = randn(1, 2, 3, 4)  # with a heads axis
     lens = torch.tensor([[1, 0, 4]])
     weights = ref.masked_softmax(scores, lens)
-    assert torch.all(weights[0, :, 0, 1:] == 0) and torch.allclose(weights[0, :, 0, 0], torch.ones(2, dtype=scores.dtype))
+    assert torch.all(weights[0, :, 0, 1:] == 0) and torch.allclose(
+        weights[0, :, 0, 0], torch.ones(2, dtype=scores.dtype)
+    )
     assert torch.all(weights[0, :, 1] == 0)  # no valid key: all zero, no NaN
     assert torch.allclose(weights[0, :, 2], torch.softmax(scores[0, :, 2], -1))
 
@@ -34,7 +36,11 @@ def test_masked_softmax_one_length_per_query_and_empty_rows():
 @pytest.mark.parametrize("case", ["plain", "causal", "bool", "additive", "gqa", "scale"])
 def test_sdpa_agrees_with_torch(dtype, tol, case):
     B, H, Hkv, T, S, D = 2, 4, 2 if case == "gqa" else 4, 5, 5 if case == "causal" else 7, 8
-    q, k, v = randn(B, H, T, D, dtype=dtype, seed=1), randn(B, Hkv, S, D, dtype=dtype, seed=2), randn(B, Hkv, S, D, dtype=dtype, seed=3)
+    q, k, v = (
+        randn(B, H, T, D, dtype=dtype, seed=1),
+        randn(B, Hkv, S, D, dtype=dtype, seed=2),
+        randn(B, Hkv, S, D, dtype=dtype, seed=3),
+    )
     kwargs = {}
     if case == "causal":
         kwargs["is_causal"] = True
@@ -60,15 +66,21 @@ def test_sdpa_agrees_with_torch(dtype, tol, case):
 def test_sdpa_refuses_mask_and_causal_together_and_missing_gqa_flag():
     q = randn(1, 4, 3, 2)
     with pytest.raises(ValueError, match="either"):
-        ref.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.bool), is_causal=True)
+        ref.scaled_dot_product_attention(
+            q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.bool), is_causal=True
+        )
     with pytest.raises(ValueError, match="enable_gqa"):
         ref.scaled_dot_product_attention(q, q[:, :2], q[:, :2])
 
 
 def test_dropout_keeps_expectation():
     q, k, v = randn(1, 1, 1, 4), randn(1, 1, 64, 4, seed=1), torch.ones(1, 1, 64, 1, dtype=torch.float64)
-    outs = [ref.scaled_dot_product_attention(q, k, v, dropout_p=0.3, generator=torch.Generator().manual_seed(i))[0].item()
-            for i in range(400)]
+    outs = [
+        ref.scaled_dot_product_attention(q, k, v, dropout_p=0.3, generator=torch.Generator().manual_seed(i))[
+            0
+        ].item()
+        for i in range(400)
+    ]
     # E[output] = sum of weights = 1; 400 draws put the mean within a few standard errors of it.
     assert abs(sum(outs) / len(outs) - 1.0) < 0.05
 
@@ -98,7 +110,9 @@ def test_additive_attention_by_hand():
     w_q, w_k, w_v = randn(7, 3, seed=4), randn(7, 5, seed=5), randn(7, seed=6)
     out, weights = ref.additive_attention(q, k, v, w_q, w_k, w_v, valid_lens=torch.tensor([3]))
     t = 1
-    scores = torch.tensor([float(w_v @ torch.tanh(w_q @ q[0, t] + w_k @ k[0, s])) for s in range(3)], dtype=torch.float64)
+    scores = torch.tensor(
+        [float(w_v @ torch.tanh(w_q @ q[0, t] + w_k @ k[0, s])) for s in range(3)], dtype=torch.float64
+    )
     expected = torch.softmax(scores, 0)
     assert torch.allclose(weights[0, t, :3], expected, atol=1e-12) and weights[0, t, 3] == 0
     assert torch.allclose(out[0, t], expected @ v[0, :3], atol=1e-12)
@@ -112,7 +126,12 @@ def test_multi_head_attention_equals_torch_module():
     future = ~ref.causal_mask(T)  # torch's module masks where True
     expected, expected_weights = module(x, x, x, attn_mask=future, average_attn_weights=False)
     ours, weights = ref.multi_head_attention(
-        x, module.in_proj_weight, module.out_proj.weight, H, b_qkv=module.in_proj_bias, b_out=module.out_proj.bias
+        x,
+        module.in_proj_weight,
+        module.out_proj.weight,
+        H,
+        b_qkv=module.in_proj_bias,
+        b_out=module.out_proj.bias,
     )
     assert (ours - expected).abs().max() <= 1e-12
     assert (weights - expected_weights).abs().max() <= 1e-12
@@ -132,7 +151,9 @@ def test_rotary_preserves_norm_and_depends_on_relative_position():
 
 def test_partial_and_interleaved_rotary():
     x = randn(3, 8, dtype=torch.float32)
-    angles = ref.rope_angles(torch.arange(3), ref.rope_inverse_frequencies(4, 100.0))  # rotate 4 of 8 features
+    angles = ref.rope_angles(
+        torch.arange(3), ref.rope_inverse_frequencies(4, 100.0)
+    )  # rotate 4 of 8 features
     half = ref.apply_rotary(x, angles)
     assert torch.equal(half[:, 4:], x[:, 4:])  # pass-through part untouched
     # The interleaved layout is the half layout with features reordered (0, 2, 1, 3).
@@ -141,10 +162,21 @@ def test_partial_and_interleaved_rotary():
     assert torch.allclose(inter[:, order], half, atol=1e-6)
 
 
-@pytest.mark.parametrize("scheme,params", [
-    ("linear", {"factor": 4.0}),
-    ("llama3", {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
-])
+@pytest.mark.parametrize(
+    "scheme,params",
+    [
+        ("linear", {"factor": 4.0}),
+        (
+            "llama3",
+            {
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+    ],
+)
 def test_rope_frequency_schemes_by_formula(scheme, params):
     base = ref.rope_inverse_frequencies(16, 10000.0)
     ours = ref.rope_inverse_frequencies(16, 10000.0, scheme, **params)
@@ -166,8 +198,14 @@ def test_rope_schemes_match_transformers_tables():
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    params = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    params = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     config = LlamaConfig(hidden_size=256, num_attention_heads=4, rope_parameters=params)
     theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
     ours = ref.rope_inverse_frequencies(64, 500000.0, "llama3", **params)
@@ -191,7 +229,9 @@ def test_soft_cap_and_norms():
     w = randn(6, seed=1)
     unit = ref.rms_norm(v, torch.ones(6, dtype=v.dtype), 0.0, compute_dtype=None)
     assert torch.allclose(unit.pow(2).mean(-1), torch.ones(2, dtype=v.dtype))
-    assert torch.allclose(ref.rms_norm(v, w, 1e-6, offset=1.0, compute_dtype=None),
-                          ref.rms_norm(v, 1.0 + w, 1e-6, compute_dtype=None))
+    assert torch.allclose(
+        ref.rms_norm(v, w, 1e-6, offset=1.0, compute_dtype=None),
+        ref.rms_norm(v, 1.0 + w, 1e-6, compute_dtype=None),
+    )
     ln = ref.layer_norm(v, w, None, 1e-5)
     assert torch.allclose(ln, F.layer_norm(v, (6,), w, None, 1e-5), atol=1e-12)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from conftest import TINY_CONFIGS
 from transformers import AutoModelForCausalLM
 
 import attnprobe
@@ -15,15 +16,17 @@ from attnprobe.errors import RunError, SuiteError
 from attnprobe.run import model_name, storage
 from attnprobe.suite import load_suite
 
-from conftest import TINY_CONFIGS
-
-TABLE = "occupation\tbls_pct_female\tsector\ninspector\t6.4\tpublic\nmachinist\t6.7\tprivate\nnurse\t88.5\tpublic\npainter\t5.7\tprivate\ncashier\t71\tprivate\n"
+TABLE = (
+    "occupation\tbls_pct_female\tsector\ninspector\t6.4\tpublic\nmachinist\t6.7\tprivate\n"
+    "nurse\t88.5\tpublic\npainter\t5.7\tprivate\ncashier\t71\tprivate\n"
+)
 
 
 def suite_file(tmp_path, where, extra=""):
     (tmp_path / "jobs.tsv").write_text(TABLE)
     path = tmp_path / "suite.yaml"
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         name: where
         contrast: pronoun
         slots:
@@ -37,7 +40,9 @@ def suite_file(tmp_path, where, extra=""):
             where: "{where}"
         next_token:
           - {{cut: pronoun, candidates: pronoun}}
-        """) + textwrap.dedent(extra))
+        """)
+        + textwrap.dedent(extra)
+    )
     return path
 
 
@@ -47,21 +52,41 @@ def occupations(suite):
 
 def test_numeric_where_compares_numbers_not_strings(tmp_path):
     # as strings, '9.42' > '50' and '6.4' > '50' were true: inspector, machinist and painter passed
-    assert occupations(load_suite(suite_file(tmp_path, "occupation.bls_pct_female > 50"))) == ["cashier", "nurse"]
-    assert occupations(load_suite(suite_file(tmp_path, "occupation.bls_pct_female <= 6.7"))) == ["inspector", "machinist", "painter"]
-    assert occupations(load_suite(suite_file(tmp_path, "occupation.bls_pct_female == 71"))) == ["cashier"]  # int cell vs literal
-    assert occupations(load_suite(suite_file(tmp_path, "occupation.sector == public"))) == ["inspector", "nurse"]
+    assert occupations(load_suite(suite_file(tmp_path, "occupation.bls_pct_female > 50"))) == [
+        "cashier",
+        "nurse",
+    ]
+    assert occupations(load_suite(suite_file(tmp_path, "occupation.bls_pct_female <= 6.7"))) == [
+        "inspector",
+        "machinist",
+        "painter",
+    ]
+    assert occupations(load_suite(suite_file(tmp_path, "occupation.bls_pct_female == 71"))) == [
+        "cashier"
+    ]  # int cell vs literal
+    assert occupations(load_suite(suite_file(tmp_path, "occupation.sector == public"))) == [
+        "inspector",
+        "nurse",
+    ]
 
 
-@pytest.mark.parametrize("where, message", [
-    ("occupation.nope > 50", "slot 'occupation' has no field 'nope' (for 'inspector'; fields: bls_pct_female, sector)"),
-    ("occupation.sector > 50", "'occupation.sector' is not a number for 'inspector'"),
-    ("occupation.sector < public", "'public' is text; compare text with == or != only"),
-])
+@pytest.mark.parametrize(
+    "where, message",
+    [
+        (
+            "occupation.nope > 50",
+            "slot 'occupation' has no field 'nope' (for 'inspector'; fields: bls_pct_female, sector)",
+        ),
+        ("occupation.sector > 50", "'occupation.sector' is not a number for 'inspector'"),
+        ("occupation.sector < public", "'public' is text; compare text with == or != only"),
+    ],
+)
 def test_bad_where_is_a_file_line_error(tmp_path, where, message):
     with pytest.raises(SuiteError) as error:
         load_suite(suite_file(tmp_path, where))
-    assert str(error.value).startswith(f"{tmp_path / 'suite.yaml'}:11: condition '{where}'") and message in str(error.value)
+    assert str(error.value).startswith(
+        f"{tmp_path / 'suite.yaml'}:11: condition '{where}'"
+    ) and message in str(error.value)
 
 
 OLD_RUN = {"fingerprint": "old", "settings": {}, "versions": {}, "suite": {"name": "gender"}}
@@ -69,17 +94,31 @@ OLD_RUN = {"fingerprint": "old", "settings": {}, "versions": {}, "suite": {"name
 
 def test_fresh_removes_every_artefact_of_the_old_run_and_nothing_else(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(OLD_RUN))
-    for name in ("prompts.csv", "head_effects_items.parquet", "head_effects_totals.csv", "head_stats.csv", "report.html"):
+    for name in (
+        "prompts.csv",
+        "head_effects_items.parquet",
+        "head_effects_totals.csv",
+        "head_stats.csv",
+        "report.html",
+    ):
         (tmp_path / name).write_text("old")
     (tmp_path / "chunks").mkdir()
     (tmp_path / "figures").mkdir()
-    for name in ("00000.done", "00000.attention.parquet", "effects-00003.items.parquet", "selected-00000.done", ".00001.done.tmp"):
+    for name in (
+        "00000.done",
+        "00000.attention.parquet",
+        "effects-00003.items.parquet",
+        "selected-00000.done",
+        ".00001.done.tmp",
+    ):
         (tmp_path / "chunks" / name).write_text("{}")
     (tmp_path / "figures" / "difference_occupation.png").write_text("png")
     (tmp_path / "notes.txt").write_text("mine")
     (tmp_path / "chunks" / "my-notes.txt").write_text("mine too")  # another tool's file among the chunks
     kept = []
-    assert storage.prepare_directory(tmp_path, "new", resume=False, suite_name="gender", log=kept.append) is None
+    assert (
+        storage.prepare_directory(tmp_path, "new", resume=False, suite_name="gender", log=kept.append) is None
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chunks", "notes.txt"]
     assert [p.name for p in (tmp_path / "chunks").iterdir()] == ["my-notes.txt"]
     assert kept == [f"--fresh kept 1 files attnprobe did not write in {tmp_path}: chunks/my-notes.txt"]
@@ -92,8 +131,11 @@ def test_fresh_refuses_another_tools_manifest_and_another_suites_run(tmp_path):
         storage.prepare_directory(tmp_path, "new", resume=False, suite_name="gender")
     assert (tmp_path / "prompts.csv").read_text() == "theirs"
     (tmp_path / "manifest.json").write_text(json.dumps(OLD_RUN))
-    with pytest.raises(RunError, match=f"{tmp_path} holds a run of suite 'gender', not 'coref'; --fresh replaces only a run "
-                                       "of the same suite: choose another --out \\(nothing was deleted\\)"):
+    with pytest.raises(
+        RunError,
+        match=f"{tmp_path} holds a run of suite 'gender', not 'coref'; --fresh replaces only a run "
+        "of the same suite: choose another --out \\(nothing was deleted\\)",
+    ):
         storage.prepare_directory(tmp_path, "new", resume=False, suite_name="coref")
     assert (tmp_path / "prompts.csv").read_text() == "theirs"
 
@@ -117,12 +159,16 @@ EFFECTS = """\
 def _no_weights(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("weights were loaded before the configuration error")
+
     monkeypatch.setattr(attnprobe.run, "load_model", refuse)
 
 
-@pytest.mark.parametrize("positive, message", [
-    ("feminine", "have no label 'feminine' or 'male' (labels: female, male)"),
-])
+@pytest.mark.parametrize(
+    "positive, message",
+    [
+        ("feminine", "have no label 'feminine' or 'male' (labels: female, male)"),
+    ],
+)
 def test_head_effects_configuration_errors_come_before_weights(tmp_path, monkeypatch, positive, message):
     _no_weights(monkeypatch)
     suite = suite_file(tmp_path, "occupation != x", EFFECTS.format(positive=positive))
@@ -148,15 +194,25 @@ def test_eager_only_family_is_refused_before_weights(tmp_path, monkeypatch, smol
     smollm.tokenizer.save_pretrained(tmp_path / "neo")
     _no_weights(monkeypatch)
     suite = suite_file(tmp_path, "occupation != x", EFFECTS.format(positive="female"))
-    with pytest.raises(SuiteError, match="bypasses it \\(eager-only family\\); run it with --no-head-effects"):
-        attnprobe.run_suite(suite, model=str(tmp_path / "neo"), out=tmp_path / "run", progress=False, log=lambda m: None)
+    with pytest.raises(
+        SuiteError, match="bypasses it \\(eager-only family\\); run it with --no-head-effects"
+    ):
+        attnprobe.run_suite(
+            suite, model=str(tmp_path / "neo"), out=tmp_path / "run", progress=False, log=lambda m: None
+        )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--shard", "3/2"], "Invalid value for '--shard': '3/2': K/N needs 1 <= K <= N; see `attnprobe run --help`"),
-    (["--shard", "x"], "Invalid value for '--shard': 'x': write K/N, e.g. 1/4"),
-    (["--batch-size", "0"], "Invalid value for '--batch-size'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--shard", "3/2"],
+            "Invalid value for '--shard': '3/2': K/N needs 1 <= K <= N; see `attnprobe run --help`",
+        ),
+        (["--shard", "x"], "Invalid value for '--shard': 'x': write K/N, e.g. 1/4"),
+        (["--batch-size", "0"], "Invalid value for '--batch-size'"),
+    ],
+)
 def test_bad_options_are_one_line_before_anything_runs(tmp_path, args, message):
     from click.testing import CliRunner
 
@@ -164,7 +220,11 @@ def test_bad_options_are_one_line_before_anything_runs(tmp_path, args, message):
 
     result = CliRunner().invoke(main, ["run", "probes/gender.yaml", "--out", str(tmp_path / "o"), *args])
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
-    assert result.output.startswith("attnprobe: error: ") and message in result.output and not (tmp_path / "o").exists()
+    assert (
+        result.output.startswith("attnprobe: error: ")
+        and message in result.output
+        and not (tmp_path / "o").exists()
+    )
 
 
 EFFECT_SUITE = """\
@@ -185,7 +245,7 @@ def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_pa
     """Head effects are stored in chunks of items like the rest: a lost chunk is recomputed alone;
     two shards merged give exactly the unsharded first phase, and running the merged directory
     again adds the selected-heads phase, equal to the unsharded run's."""
-    monkeypatch.setattr(attnprobe.run, "EFFECT_CHUNK_ITEMS", 4)
+    monkeypatch.setattr(attnprobe.run.plan, "EFFECT_CHUNK_ITEMS", 4)
     EFFECT_CHUNK_ITEMS = 4
 
     suite = tmp_path / "fx.yaml"
@@ -195,7 +255,9 @@ def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_pa
     items = pd.read_parquet(whole.directory / "head_effects_items.parquet")
     totals = pd.read_parquet(whole.directory / "head_effects_totals.parquet")
     n_items = whole.manifest["head_effects"]["n_items"]
-    assert n_items > EFFECT_CHUNK_ITEMS and whole.manifest["n_effect_chunks"] == -(-n_items // EFFECT_CHUNK_ITEMS)
+    assert n_items > EFFECT_CHUNK_ITEMS and whole.manifest["n_effect_chunks"] == -(
+        -n_items // EFFECT_CHUNK_ITEMS
+    )
 
     chunks = whole.directory / "chunks"
     kept = (chunks / "effects-00000.items.parquet").stat().st_mtime_ns
@@ -206,30 +268,53 @@ def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_pa
 
     for k in (1, 2):
         attnprobe.run_suite(suite, out=tmp_path / "sharded", shard=(k, 2), **quiet)
-    merged = attnprobe.merge_shards([tmp_path / "sharded" / f"shard-{k}-of-2" for k in (1, 2)], tmp_path / "merged")
+    merged = attnprobe.merge_shards(
+        [tmp_path / "sharded" / f"shard-{k}-of-2" for k in (1, 2)], tmp_path / "merged"
+    )
     pd.testing.assert_frame_equal(pd.read_parquet(merged.directory / "head_effects_items.parquet"), items)
     assert merged.manifest["head_effects"]["n_items"] == n_items and merged.has_head_effects
-    assert "crossfit_in" not in pd.read_parquet(merged.directory / "head_effects_totals.parquet")  # needs every item
+    assert "crossfit_in" not in pd.read_parquet(
+        merged.directory / "head_effects_totals.parquet"
+    )  # needs every item
     completed = attnprobe.run_suite(suite, out=tmp_path / "merged", **quiet)
-    pd.testing.assert_frame_equal(pd.read_parquet(completed.directory / "head_effects_totals.parquet"), totals)
-    assert completed.manifest["head_effects"]["crossfit_heads"] == whole.manifest["head_effects"]["crossfit_heads"]
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(completed.directory / "head_effects_totals.parquet"), totals
+    )
+    assert (
+        completed.manifest["head_effects"]["crossfit_heads"]
+        == whole.manifest["head_effects"]["crossfit_heads"]
+    )
 
 
 def test_exact_k_patches_the_same_suite_heads_on_every_item(tiny_llama_dir, tmp_path):
     suite = tmp_path / "fx.yaml"
-    suite.write_text(EFFECT_SUITE.replace("counterfactual: {occupation: woman}", "counterfactual: {occupation: [woman, man]}, exact: 2, select: 1"))
-    run = attnprobe.run_suite(suite, out=tmp_path / "k", model=str(tiny_llama_dir), progress=False, log=lambda m: None)
+    suite.write_text(
+        EFFECT_SUITE.replace(
+            "counterfactual: {occupation: woman}",
+            "counterfactual: {occupation: [woman, man]}, exact: 2, select: 1",
+        )
+    )
+    run = attnprobe.run_suite(
+        suite, out=tmp_path / "k", model=str(tiny_llama_dir), progress=False, log=lambda m: None
+    )
     items = pd.read_parquet(run.directory / "head_effects_items.parquet")
     totals = pd.read_parquet(run.directory / "head_effects_totals.parquet")
     held = set(totals.loc[totals["held_out"], "item_id"])
-    assert len(held) == run.manifest["head_effects"]["held_out"] == 5  # 8 by default, at most half of the 10 items
+    assert (
+        len(held) == run.manifest["head_effects"]["held_out"] == 5
+    )  # 8 by default, at most half of the 10 items
     on_held = items[items["item_id"].isin(held)]
     assert on_held[["output_in", "output_out", "pattern_in"]].notna().all().all()  # every head exact there
     patched = items[items["output_in"].notna() & ~items["item_id"].isin(held)]
     heads = set(map(tuple, patched[["layer", "head"]].to_numpy()))
     grid = run.manifest["model"]["n_layers"] * run.manifest["model"]["n_heads"]
-    assert len(heads) == 2 and len(patched) == 2 * (run.manifest["head_effects"]["n_pairs"] - len(on_held) // grid)  # the same 2 heads
-    assert patched[["output_out", "pattern_in"]].notna().all().all() and items["attribution_output"].notna().all()
+    assert len(heads) == 2 and len(patched) == 2 * (
+        run.manifest["head_effects"]["n_pairs"] - len(on_held) // grid
+    )  # the same 2 heads
+    assert (
+        patched[["output_out", "pattern_in"]].notna().all().all()
+        and items["attribution_output"].notna().all()
+    )
     assert run.manifest["head_effects"]["exact_heads"] == " ".join(f"L{l}H{h}" for l, h in sorted(heads))
     stats = attnprobe.Run(run.directory).head_effects
     assert stats.groupby("counterfactual")["p"].count().eq(2).all()  # tested: the heads patched on every item
@@ -248,19 +333,27 @@ next_token:
 {extra}"""
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"slot": "text"}, "slot name 'text' is reserved"),
-    ({"slot": "prompt_id"}, "slot name 'prompt_id' is reserved"),
-    ({"slot": "pronoun_2"}, "slot name 'pronoun_2' is reserved"),
-    ({"slot": "job_tok_start"}, "slot name 'job_tok_start' is reserved"),
-    ({"name": "'..'"}, "not only dots"),
-    ({"extra": '  - {cut: pronoun, candidates: [" x"]}\n'}, "a second next_token measure at 'pronoun'"),
-    ({"slot": "pronoun_text", "meta": ", text: x"}, "metadata 'pronoun_text' would overwrite"),  # pronoun.text vs slot
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"slot": "text"}, "slot name 'text' is reserved"),
+        ({"slot": "prompt_id"}, "slot name 'prompt_id' is reserved"),
+        ({"slot": "pronoun_2"}, "slot name 'pronoun_2' is reserved"),
+        ({"slot": "job_tok_start"}, "slot name 'job_tok_start' is reserved"),
+        ({"name": "'..'"}, "not only dots"),
+        ({"extra": '  - {cut: pronoun, candidates: [" x"]}\n'}, "a second next_token measure at 'pronoun'"),
+        (
+            {"slot": "pronoun_text", "meta": ", text: x"},
+            "metadata 'pronoun_text' would overwrite",
+        ),  # pronoun.text vs slot
+    ],
+)
 def test_names_that_would_overwrite_run_columns_are_refused(tmp_path, fields, message):
     """Issue 18: a slot, span or metadata name equal to a column the run writes used to overwrite it
     and join attention to the wrong prompts, with exit 0; now refused before anything runs."""
-    (tmp_path / "s.yaml").write_text(NAMES_SUITE.format(**{"name": "s", "slot": "job", "meta": "", "extra": "", **fields}))
+    (tmp_path / "s.yaml").write_text(
+        NAMES_SUITE.format(**{"name": "s", "slot": "job", "meta": "", "extra": "", **fields})
+    )
     with pytest.raises(SuiteError, match=re.escape(message)):
         load_suite(tmp_path / "s.yaml")
     (tmp_path / "ok.yaml").write_text(NAMES_SUITE.format(name="s", slot="job", meta="", extra=""))
@@ -269,8 +362,10 @@ def test_names_that_would_overwrite_run_columns_are_refused(tmp_path, fields, me
 
 def test_sentence_columns_that_would_overwrite_run_columns_are_refused(tmp_path):
     (tmp_path / "s.tsv").write_text("text\tprompt_id\n[The nurse] said [she] left.\t7\n")
-    (tmp_path / "s.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [occupation, pronoun]}\n"
-                                     "attention:\n  - {source: pronoun, targets: occupation}\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [occupation, pronoun]}\n"
+        "attention:\n  - {source: pronoun, targets: occupation}\n"
+    )
     with pytest.raises(SuiteError, match=r"s\.tsv:2: column 'prompt_id' is a column every run writes"):
         load_suite(tmp_path / "s.yaml")
 
@@ -283,10 +378,25 @@ def test_a_run_off_a_terminal_logs_each_chunk(tiny_llama_dir, tmp_path):
     from attnprobe.cli import main
 
     (tmp_path / "fx.yaml").write_text(EFFECT_SUITE)
-    result = CliRunner().invoke(main, ["run", str(tmp_path / "fx.yaml"), "--model", str(tiny_llama_dir),
-                                       "--out", str(tmp_path / "out"), "--chunk-size", "8", "--batch-size", "4"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            str(tmp_path / "fx.yaml"),
+            "--model",
+            str(tiny_llama_dir),
+            "--out",
+            str(tmp_path / "out"),
+            "--chunk-size",
+            "8",
+            "--batch-size",
+            "4",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert re.search(r"attnprobe run: chunk 1 of 3 done, 8 of 20 prompts, \d+ s, about \d+ s left", result.output)
+    assert re.search(
+        r"attnprobe run: chunk 1 of 3 done, 8 of 20 prompts, \d+ s, about \d+ s left", result.output
+    )
     assert "attnprobe run: chunk 3 of 3 done, 20 of 20 prompts" in result.output
     assert re.search(r"head effects: chunk 1 of 1 done, 10 of 10 items", result.output)
     assert re.search(r"selected heads: chunk 1 of 1 done, 10 of 10 items", result.output)
@@ -303,15 +413,26 @@ def test_hostile_yaml_is_refused_quickly(tmp_path):
     """Issue 18: a 700-byte alias bomb ran for minutes; deep nesting gave a RecursionError traceback."""
     import time
 
-    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
-        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(8)) + "name: s\ndescription: *i\n"
+    bomb = (
+        "a: &a [x, x, x, x, x, x, x, x, x]\n"
+        + "".join(
+            f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+            f"*{chr(97 + i)}, "
+            f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+            for i in range(8)
+        )
+        + "name: s\ndescription: *i\n"
+    )
     started = time.perf_counter()
     message = _load_error(tmp_path / "bomb.yaml", bomb)
     assert time.perf_counter() - started < 1.0 and len(bomb) < 800
     assert "an alias bomb?" in message and message.startswith(f"{tmp_path / 'bomb.yaml'}:")
-    assert "nested too deeply" in _load_error(tmp_path / "deep.yaml", "name: s\ndescription: " + "[" * 5000 + "]" * 5000 + "\n")
-    assert "`description` must be" in _load_error(tmp_path / "d.yaml", "name: s\ndescription: [a, b]\ntemplates: []\n")
+    assert "nested too deeply" in _load_error(
+        tmp_path / "deep.yaml", "name: s\ndescription: " + "[" * 5000 + "]" * 5000 + "\n"
+    )
+    assert "`description` must be" in _load_error(
+        tmp_path / "d.yaml", "name: s\ndescription: [a, b]\ntemplates: []\n"
+    )
 
 
 def test_data_files_stay_under_the_suite_directory(tmp_path):
@@ -319,13 +440,25 @@ def test_data_files_stay_under_the_suite_directory(tmp_path):
     (tmp_path / "suite").mkdir()
     (tmp_path / "secret.tsv").write_text("occupation\nnurse\n")
     for relative in ("../secret.tsv", "/proc/self/environ"):
-        message = _load_error(tmp_path / "suite" / "s.yaml", f"name: s\nslots:\n  occupation: {{table: '{relative}'}}\n"
-                              "templates:\n  - {id: t, text: 'The {occupation} left.'}\n")
-        assert "lies outside the suite's directory" in message and "nurse" not in message and "PATH=" not in message
+        message = _load_error(
+            tmp_path / "suite" / "s.yaml",
+            f"name: s\nslots:\n  occupation: {{table: '{relative}'}}\n"
+            "templates:\n  - {id: t, text: 'The {occupation} left.'}\n",
+        )
+        assert (
+            "lies outside the suite's directory" in message
+            and "nurse" not in message
+            and "PATH=" not in message
+        )
     suite = tmp_path / "suite" / "s.yaml"  # now naming /proc/self/environ: outside every allowed root
-    with pytest.raises(SuiteError, match="lies outside the suite's directory .* or allow its directory with --data-root"):
+    with pytest.raises(
+        SuiteError, match="lies outside the suite's directory .* or allow its directory with --data-root"
+    ):
         load_suite(suite, data_roots=[tmp_path])
-    suite.write_text("name: s\nslots:\n  occupation: {table: '../secret.tsv'}\ntemplates:\n  - {id: t, text: 'The {occupation} left.'}\n")
+    suite.write_text(
+        "name: s\nslots:\n  occupation: {table: '../secret.tsv'}\ntemplates:\n  - {id: t, text: 'The "
+        "{occupation} left.'}\n"
+    )
     assert [p.text for p in load_suite(suite, data_roots=[tmp_path]).prompts] == ["The nurse left."]
     from click.testing import CliRunner
 
@@ -342,7 +475,10 @@ def test_special_and_oversized_data_files_are_refused_before_reading(tmp_path):
     import time
 
     def suite(table):
-        return f"name: s\nslots:\n  occupation: {{table: '{table}'}}\ntemplates:\n  - {{id: t, text: 'The {{occupation}} left.'}}\n"
+        return (
+            f"name: s\nslots:\n  occupation: {{table: '{table}'}}\n"
+            "templates:\n  - {id: t, text: 'The {occupation} left.'}\n"
+        )
 
     os.mkfifo(tmp_path / "fifo.tsv")  # reading a FIFO would wait forever for a writer
     (tmp_path / "folder.tsv").mkdir()
@@ -350,27 +486,41 @@ def test_special_and_oversized_data_files_are_refused_before_reading(tmp_path):
         started = time.perf_counter()
         message = _load_error(tmp_path / "s.yaml", suite(name))
         assert f"data file '{name}' is not a regular file" in message and time.perf_counter() - started < 1
-    message = _load_error(tmp_path / "s.yaml", suite("x").replace("'x'", '"bad\\nname.tsv"'))  # a line break in the name
+    message = _load_error(
+        tmp_path / "s.yaml", suite("x").replace("'x'", '"bad\\nname.tsv"')
+    )  # a line break in the name
     assert "data file 'bad\\nname.tsv' not found" in message and "\n" not in message
     lines = tmp_path / "many.tsv"
     lines.write_text("text\n" + "[She] left.\n" * 1_200)
     started = time.perf_counter()
-    message = _load_error(tmp_path / "m.yaml", "name: s\nmax_prompts: 1000\nsentences:\n  - {id: b, file: many.tsv, spans: [pronoun]}\n")
-    assert message.startswith(f"{tmp_path / 'm.yaml'}:4: data file 'many.tsv' has 1,201 lines, more than max_prompts = 1,000")
+    message = _load_error(
+        tmp_path / "m.yaml",
+        "name: s\nmax_prompts: 1000\nsentences:\n  - {id: b, file: many.tsv, spans: [pronoun]}\n",
+    )
+    assert message.startswith(
+        f"{tmp_path / 'm.yaml'}:4: data file 'many.tsv' has 1,201 lines, more than max_prompts = 1,000"
+    )
     assert "raise `max_prompts:`" in message
     big = tmp_path / "big.yaml"
     big.write_text("name: s\ndescription: '" + "x" * (2**20) + "'\n")
     started = time.perf_counter()
-    with pytest.raises(SuiteError, match=r"big.yaml:1: the suite file has 1.0 MB, more than 1 MB of YAML; move long lists"):
+    with pytest.raises(
+        SuiteError, match=r"big.yaml:1: the suite file has 1.0 MB, more than 1 MB of YAML; move long lists"
+    ):
         load_suite(big)
     assert time.perf_counter() - started < 0.1
 
 
 def test_sentence_files_keep_quotes_and_span_names_are_names(tmp_path):
     (tmp_path / "s.tsv").write_text('text\n"Hi," said [the nurse], and [she] left.\n')
-    (tmp_path / "s.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [occupation, pronoun]}\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [occupation, pronoun]}\n"
+    )
     prompt = load_suite(tmp_path / "s.yaml").prompts[0]
-    assert prompt.text == '"Hi," said the nurse, and she left.' and prompt.text[slice(*prompt.spans["pronoun"])] == "she"
+    assert (
+        prompt.text == '"Hi," said the nurse, and she left.'
+        and prompt.text[slice(*prompt.spans["pronoun"])] == "she"
+    )
     (tmp_path / "t.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [a/b, '=c']}\n")
     with pytest.raises(SuiteError, match=r"span name 'a/b' must be letters, digits and '_'"):
         load_suite(tmp_path / "t.yaml")
@@ -379,7 +529,9 @@ def test_sentence_files_keep_quotes_and_span_names_are_names(tmp_path):
 def test_spreadsheet_exports_read_as_written(tmp_path):
     """A byte-order mark before the header, CRLF line ends, and U+2028 inside a sentence (one line to
     an editor, two to str.splitlines) keep their lines, columns and line numbers."""
-    (tmp_path / "s.tsv").write_bytes("\ufefftext\tnote\r\n[She] left\u2028early.\tx\r\n[He] stayed.\ty\r\n".encode())
+    (tmp_path / "s.tsv").write_bytes(
+        "\ufefftext\tnote\r\n[She] left\u2028early.\tx\r\n[He] stayed.\ty\r\n".encode()
+    )
     (tmp_path / "s.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [pronoun]}\n")
     prompts = load_suite(tmp_path / "s.yaml").prompts
     assert [p.text for p in prompts] == ["She left\u2028early.", "He stayed."]
@@ -390,11 +542,17 @@ def test_a_template_repeating_one_slot_expands_in_linear_time(tmp_path):
     """Issue 18: 20,000 occurrences of one slot were quadratic (a search for a free span name)."""
     import time
 
-    (tmp_path / "s.yaml").write_text("name: s\nslots:\n  x: [a]\ntemplates:\n  - {id: t, text: '" + "{x} " * 20_000 + "'}\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nslots:\n  x: [a]\ntemplates:\n  - {id: t, text: '" + "{x} " * 20_000 + "'}\n"
+    )
     started = time.perf_counter()
     prompt = load_suite(tmp_path / "s.yaml").prompts[0]
     assert time.perf_counter() - started < 2.0
-    assert prompt.spans["x"] == (0, 1) and prompt.spans["x_2"] == (2, 3) and prompt.spans["x_20000"] == (39998, 39999)
+    assert (
+        prompt.spans["x"] == (0, 1)
+        and prompt.spans["x_2"] == (2, 3)
+        and prompt.spans["x_20000"] == (39998, 39999)
+    )
 
 
 def test_tables_round_trip_as_computed(tiny_llama_dir, tmp_path):
@@ -403,11 +561,19 @@ def test_tables_round_trip_as_computed(tiny_llama_dir, tmp_path):
     from attnprobe.run import plan
     from attnprobe.suite import load_suite as load
 
-    (tmp_path / "s.yaml").write_text("name: s\nslots:\n  x: ['-minus', '=sum(1)', plain]\n"
-                                     "  p: {values: [{label: a, value: she}, {label: b, value: he}]}\ncontrast: p\n"
-                                     "templates:\n  - {id: t, text: 'The {x} said that {p} left.'}\n"
-                                     "attention: [{source: p, targets: x}]\n")
-    run = attnprobe.run_suite(tmp_path / "s.yaml", model=str(tiny_llama_dir), out=tmp_path / "out", progress=False, log=lambda m: None)
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nslots:\n  x: ['-minus', '=sum(1)', plain]\n"
+        "  p: {values: [{label: a, value: she}, {label: b, value: he}]}\ncontrast: p\n"
+        "templates:\n  - {id: t, text: 'The {x} said that {p} left.'}\n"
+        "attention: [{source: p, targets: x}]\n"
+    )
+    run = attnprobe.run_suite(
+        tmp_path / "s.yaml",
+        model=str(tiny_llama_dir),
+        out=tmp_path / "out",
+        progress=False,
+        log=lambda m: None,
+    )
     suite = load(tmp_path / "s.yaml")
     tokenizer = transformers_tokenizer(tiny_llama_dir)
     expected = storage.prompts_table(plan.encode_prompts(suite, list(suite.prompts), tokenizer, 10_000))
@@ -415,7 +581,9 @@ def test_tables_round_trip_as_computed(tiny_llama_dir, tmp_path):
     assert "'-minus" in (run.directory / "prompts.csv").read_text()  # the spreadsheet export is neutralised
     first = attnprobe.Run(run.directory).condition_means  # computed
     attnprobe.Run(run.directory).report()
-    pd.testing.assert_frame_equal(attnprobe.Run(run.directory).condition_means, first)  # from the cache, same dtypes
+    pd.testing.assert_frame_equal(
+        attnprobe.Run(run.directory).condition_means, first
+    )  # from the cache, same dtypes
 
 
 def transformers_tokenizer(folder):
@@ -427,34 +595,69 @@ def transformers_tokenizer(folder):
 def test_pronoun_swap_needs_paired_versions_and_a_question(tmp_path):
     (tmp_path / "pro.txt").write_text("1 The [nurse] hired the mechanic because [she] was busy.\n")
     (tmp_path / "anti.txt").write_text("1 The [nurse] hired the mechanic because [he] was busy.\n")
-    head = ("name: s\nslots: {occupation: [nurse, mechanic]}\nsentences:\n  - {id: f1, files: {pro: pro.txt, anti: anti.txt}, "
-            "numbered: true, spans: [referent, pronoun], mark: {other: occupation}}\n"
-            "analysis: {contrast: version, positive: pro, negative: anti, referents: [referent, other], answer: referent}\n"
-            "attention:\n  - {source: pronoun, targets: [referent, other]}\n")
+    head = (
+        "name: s\nslots: {occupation: [nurse, mechanic]}\nsentences:\n  - {id: f1, files: {pro: pro.txt, "
+        "anti: anti.txt}, "
+        "numbered: true, spans: [referent, pronoun], mark: {other: occupation}}\n"
+        "analysis: {contrast: version, positive: pro, negative: anti, referents: [referent, other], answer: "
+        "referent}\n"
+        "attention:\n  - {source: pronoun, targets: [referent, other]}\n"
+    )
     (tmp_path / "s.yaml").write_text(head + "head_effects: {counterfactual: pair}\n")
-    with pytest.raises(SuiteError, match=r"s.yaml:\d+: counterfactual: pair .* needs .* a `referent_choice:` question"):
+    with pytest.raises(
+        SuiteError, match=r"s.yaml:\d+: counterfactual: pair .* needs .* a `referent_choice:` question"
+    ):
         load_suite(tmp_path / "s.yaml")
-    (tmp_path / "s.yaml").write_text(head + "referent_choice: {prompt: \" '{pronoun}' is the\"}\n"
-                                     "head_effects: {counterfactual: pair, templates: [f2]}\n")
+    (tmp_path / "s.yaml").write_text(
+        head + "referent_choice: {prompt: \" '{pronoun}' is the\"}\n"
+        "head_effects: {counterfactual: pair, templates: [f2]}\n"
+    )
     with pytest.raises(SuiteError, match="unknown template id 'f2'"):
         load_suite(tmp_path / "s.yaml")
-    (tmp_path / "s.yaml").write_text(head + "referent_choice: {prompt: \" '{pronoun}' is the\"}\n"
-                                     "head_effects: {counterfactual: pair, templates: [f1], exact: 3}\n")
+    (tmp_path / "s.yaml").write_text(
+        head + "referent_choice: {prompt: \" '{pronoun}' is the\"}\n"
+        "head_effects: {counterfactual: pair, templates: [f1], exact: 3}\n"
+    )
     measure = load_suite(tmp_path / "s.yaml").head_effects
-    assert (measure.design, measure.positive, measure.negative, measure.replacements, measure.exact) == ("pair", "pro", "anti", ("anti",), 3)
+    assert (measure.design, measure.positive, measure.negative, measure.replacements, measure.exact) == (
+        "pair",
+        "pro",
+        "anti",
+        ("anti",),
+        3,
+    )
 
 
 def test_limit_scales_the_head_effects_items_and_the_run_says_how_many(tiny_llama_dir, tmp_path, monkeypatch):
     """--limit 10 of 20 prompts halves max_items (8 -> 4); before the phase the run logs the item
     count, and after the first chunk the time per item and what is left."""
-    monkeypatch.setattr(attnprobe.run, "EFFECT_CHUNK_ITEMS", 4)
+    monkeypatch.setattr(attnprobe.run.plan, "EFFECT_CHUNK_ITEMS", 4)
     suite = tmp_path / "fx.yaml"
-    suite.write_text(EFFECT_SUITE.replace("counterfactual: {occupation: woman}}", "counterfactual: {occupation: woman}, max_items: 8}"))
+    suite.write_text(
+        EFFECT_SUITE.replace(
+            "counterfactual: {occupation: woman}}", "counterfactual: {occupation: woman}, max_items: 8}"
+        )
+    )
     lines = []
-    run = attnprobe.run_suite(suite, model=str(tiny_llama_dir), out=tmp_path / "run", limit=10, progress=False, log=lines.append)
+    run = attnprobe.run_suite(
+        suite, model=str(tiny_llama_dir), out=tmp_path / "run", limit=10, progress=False, log=lines.append
+    )
     assert run.manifest["n_prompts"] == 10 and run.manifest["head_effects"]["n_items"] == 4
-    assert any(re.fullmatch(r"head effects: 4 items \(4 counterfactual pairs\) in 1 chunk; about \d+\.\d min on 2 CPU cores, "
-                            r"the time per item is known after the first chunk", line) for line in lines)
-    full = attnprobe.run_suite(suite, model=str(tiny_llama_dir), out=tmp_path / "full", progress=False, log=lines.append)
+    assert any(
+        re.fullmatch(
+            r"head effects: 4 items \(4 counterfactual pairs\) in 1 chunk; about \d+\.\d min on 2 CPU cores, "
+            r"the time per item is known after the first chunk",
+            line,
+        )
+        for line in lines
+    )
+    full = attnprobe.run_suite(
+        suite, model=str(tiny_llama_dir), out=tmp_path / "full", progress=False, log=lines.append
+    )
     assert full.manifest["head_effects"]["n_items"] == 8
-    assert any(line.startswith("head effects: ") and " s per item, about " in line and "for the other 4 items" in line for line in lines)
+    assert any(
+        line.startswith("head effects: ")
+        and " s per item, about " in line
+        and "for the other 4 items" in line
+        for line in lines
+    )

@@ -19,27 +19,71 @@ from attnprobe.report import write_report
 
 pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium")
-HEAD_COLUMNS = ["scope", "source", "target", "layer", "head", "n_items", "n_cells", "clusters", "n_clusters", "mean_female",
-                "mean_male", "difference", "difference_ci_low", "difference_ci_high", "d_z", "difference_p", "difference_q",
-                "difference_templates_same_sign", "difference_test", "difference_power_note", "interaction_slope",
-                "interaction_r", "interaction_r_ci_low", "interaction_r_ci_high", "interaction_p", "interaction_q",
-                "interaction_i2_templates", "interaction_templates_same_sign", "interaction_r_half_a", "interaction_r_half_b",
-                "interaction_test", "interaction_power_note"]
+HEAD_COLUMNS = [
+    "scope",
+    "source",
+    "target",
+    "layer",
+    "head",
+    "n_items",
+    "n_cells",
+    "clusters",
+    "n_clusters",
+    "mean_female",
+    "mean_male",
+    "difference",
+    "difference_ci_low",
+    "difference_ci_high",
+    "d_z",
+    "difference_p",
+    "difference_q",
+    "difference_templates_same_sign",
+    "difference_test",
+    "difference_power_note",
+    "interaction_slope",
+    "interaction_r",
+    "interaction_r_ci_low",
+    "interaction_r_ci_high",
+    "interaction_p",
+    "interaction_q",
+    "interaction_i2_templates",
+    "interaction_templates_same_sign",
+    "interaction_r_half_a",
+    "interaction_r_half_b",
+    "interaction_test",
+    "interaction_power_note",
+]
 
 
 @pytest.fixture(scope="module")
 def reported(smollm, tmp_path_factory):
     out = tmp_path_factory.mktemp("gender")
-    run = attnprobe.run_suite("probes/gender.yaml", model=smollm, out=out, limit=150, progress=False, head_effects=False)
+    run = attnprobe.run_suite(
+        "probes/gender.yaml", model=smollm, out=out, limit=150, progress=False, head_effects=False
+    )
     return run, write_report(out)
 
 
 def chromium(*args, url):
     """Headless Chromium with networking off; returns (stdout, stderr)."""
     profile = tempfile.mkdtemp()
-    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               "--proxy-server=127.0.0.1:9", "--enable-logging=stderr", "--v=0", f"--user-data-dir={profile}", *args, url]
+    command = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--proxy-server=127.0.0.1:9",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--user-data-dir={profile}",
+        *args,
+        url,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     shutil.rmtree(profile, ignore_errors=True)
     return result.stdout, result.stderr
@@ -50,11 +94,19 @@ def test_tables_and_figures_are_written(reported):
     heads = pd.read_csv(run.directory / "head_stats.csv")
     # scopes: all and both groups for the occupation; all and two-entity for the participant
     assert list(heads.columns) == HEAD_COLUMNS and len(heads) == (3 + 2) * 30 * 9
-    assert heads["interaction_q"].between(0, 1).all() and (heads["difference_ci_low"] <= heads["difference"] + 1e-12).all()
+    assert (
+        heads["interaction_q"].between(0, 1).all()
+        and (heads["difference_ci_low"] <= heads["difference"] + 1e-12).all()
+    )
     assert set(heads["clusters"]) == {"occupation x template"}
     behavior = pd.read_csv(run.directory / "behavior.csv")
     # 150 prompts leave fewer than 5 items per template: the templates share one row, with a note
-    assert list(behavior["scope"]) == ["all", "single-entity", "two-entity", "14 templates with < 5 items each"]
+    assert list(behavior["scope"]) == [
+        "all",
+        "single-entity",
+        "two-entity",
+        "14 templates with < 5 items each",
+    ]
     folded = behavior.set_index("scope").iloc[3]
     assert folded["kind"] == "folded" and "folded into this row" in folded["power_note"]
     assert set(folded["comparison"].split(" | ")) >= {"she vs he", "her vs him+his"}
@@ -62,7 +114,13 @@ def test_tables_and_figures_are_written(reported):
     assert {"head_stats.csv", "head_stats.parquet", "attention.parquet", "prompts.csv"} <= set(links)
     assert all((path.parent / link).is_file() for link in links)  # every table link opens a file
     assert len(pd.read_csv(run.directory / "layer_stats.csv")) == 5 * 30
-    for name in ("interaction_occupation", "difference_participant", "layer_profile", "behavior_vs_covariate", "behavior_by_template"):
+    for name in (
+        "interaction_occupation",
+        "difference_participant",
+        "layer_profile",
+        "behavior_vs_covariate",
+        "behavior_by_template",
+    ):
         assert (run.directory / "figures" / f"{name}.png").stat().st_size > 5000
         assert (run.directory / "figures" / f"{name}.svg").read_text().lstrip().startswith("<?xml")
 
@@ -73,25 +131,39 @@ def test_html_is_self_contained(reported):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing fetched from a network
     assert "<link" not in html
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
-    assert len(images) == 7  # interaction and difference for two targets, the layer profile, two behaviour figures
+    assert (
+        len(images) == 7
+    )  # interaction and difference for two targets, the layer profile, two behaviour figures
     for data in images:
         pixels = mpimg.imread(io.BytesIO(base64.b64decode(data)), format="png")
         assert pixels.shape[0] > 200 and pixels.shape[1] > 200
     assert "Across " in html and "Pearson r = " in html and "Methods and caveats" in html
     headline = re.search(r'<p class="headline">([^<]*)', html).group(1)
-    assert headline.index("Pearson r") < headline.index("changes with") < headline.index("token difference, not bias")
+    assert (
+        headline.index("Pearson r")
+        < headline.index("changes with")
+        < headline.index("token difference, not bias")
+    )
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed: `apt-get install -y chromium` (make test installs it)")
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed: `apt-get install -y chromium` (make test installs it)"
+)
 def test_report_renders_in_chromium_without_network(reported, tmp_path):
     _, path = reported
     dom, log = chromium("--dump-dom", "--virtual-time-budget=5000", url=path.as_uri())
     assert "Uncaught" not in log and "ERROR:CONSOLE" not in log, log[-2000:]
-    view = dom[dom.index('class="attention-view"'):]
+    view = dom[dom.index('class="attention-view"') :]
     # drawn: the first prompt with the strongest head's target, beside its other variant and their difference,
     # the pronoun marked on both sides of each panel
-    assert view.count("<line") > 20 and view.count('class="view-panel"') == 3 and view.count('class="tok source"') == 6
-    assert dom.count("<option") >= 30 + 2 + 1 and view.count('class="swatch"') == 9  # layer, view and prompt pickers, head swatches
+    assert (
+        view.count("<line") > 20
+        and view.count('class="view-panel"') == 3
+        and view.count('class="tok source"') == 6
+    )
+    assert (
+        dom.count("<option") >= 30 + 2 + 1 and view.count('class="swatch"') == 9
+    )  # layer, view and prompt pickers, head swatches
     shot = tmp_path / "shot.png"
     chromium(f"--screenshot={shot}", "--window-size=1200,2600", url=path.as_uri())
     pixels = mpimg.imread(shot)
@@ -101,26 +173,43 @@ def test_report_renders_in_chromium_without_network(reported, tmp_path):
 
 def test_cli_report_compares_runs(reported, smollm, tmp_path):
     run, _ = reported
-    other = attnprobe.run_suite("probes/gender.yaml", model=smollm, out=tmp_path / "other", limit=30, progress=False, head_effects=False)
+    other = attnprobe.run_suite(
+        "probes/gender.yaml",
+        model=smollm,
+        out=tmp_path / "other",
+        limit=30,
+        progress=False,
+        head_effects=False,
+    )
     out = tmp_path / "compare.html"
     result = CliRunner().invoke(main, ["report", str(run.directory), str(other.directory), "--out", str(out)])
     assert result.exit_code == 0, result.output
     html = out.read_text()
     assert "Models side by side" in html and html.count("<section>") == 2
-    table = html[html.index("Models side by side"):html.index("<section>")]
-    assert "interaction heads: occupation" in table and "difference heads: participant" in table and table.count("<td>r = ") == 2
+    table = html[html.index("Models side by side") : html.index("<section>")]
+    assert (
+        "interaction heads: occupation" in table
+        and "difference heads: participant" in table
+        and table.count("<td>r = ") == 2
+    )
     spec = run.manifest["model"]["spec"]
     labels = [f"{spec} ({run.directory.name})", f"{spec} (other)"]  # one model twice: told apart by directory
     assert all(f'<td class="text">{label}</td>' in table for label in labels), table
     differences = sorted(p.name for p in (tmp_path / "compare_figures").glob("*.png"))
-    assert len(differences) == 2 and all(name.startswith("difference_") for name in differences)  # one per target
+    assert len(differences) == 2 and all(
+        name.startswith("difference_") for name in differences
+    )  # one per target
     assert table.count('alt="per-head interaction_r of') == 2
 
 
 def test_notebook_api(reported, smollm):
     run, _ = reported
-    assert {"interaction_r", "difference_q"} <= set(run.head_stats.columns) and run.behavior["scope"].iloc[0] == "all"
-    assert set(run.behavior_by_unit["scope"]) >= {"all"} and {"label", "mean", "n"} <= set(run.condition_means.columns)
+    assert {"interaction_r", "difference_q"} <= set(run.head_stats.columns) and run.behavior["scope"].iloc[
+        0
+    ] == "all"
+    assert set(run.behavior_by_unit["scope"]) >= {"all"} and {"label", "mean", "n"} <= set(
+        run.condition_means.columns
+    )
     assert run.head_effects is None and run.head_effects_summary is None  # this run skipped head effects
     fig = run.plot_heads("participant")
     assert fig.axes[0].get_title().startswith("participant: interaction")
@@ -131,7 +220,7 @@ def test_notebook_api(reported, smollm):
         attnprobe.head_view(smollm, ["a", "b"])
     first = run.prompts.iloc[0]  # a run's prompt by id, on the run's own model
     page = attnprobe.model_view(run, int(first.prompt_id), include_layers=[0], html_action="return")
-    assert f"\" {first.text.split()[1]}\"" in page.data  # its occupation, a token of the view
+    assert f'" {first.text.split()[1]}"' in page.data  # its occupation, a token of the view
     with pytest.raises(attnprobe.AttnprobeError, match="has no prompt 999999"):
         attnprobe.head_view(run, 999999)
 
@@ -140,12 +229,23 @@ def test_bertviz_views_take_options_and_say_when_offline(smollm, tmp_path):
     import json as json_module
     import re as re_module
 
-    head = attnprobe.head_view(smollm, "The nurse said that she", layer=3, heads=[1, 2], include_layers=[3, 4], html_action="return")
-    params = json_module.loads(re_module.search(r"const params = (.*?); // HACK", head.data, re_module.S).group(1))
+    head = attnprobe.head_view(
+        smollm, "The nurse said that she", layer=3, heads=[1, 2], include_layers=[3, 4], html_action="return"
+    )
+    params = json_module.loads(
+        re_module.search(r"const params = (.*?); // HACK", head.data, re_module.S).group(1)
+    )
     assert (params["layer"], params["heads"], params["include_layers"]) == (3, [1, 2], [3, 4])
-    grid = attnprobe.model_view("smollm2-135m", "The nurse said that she", include_layers=[0], include_heads=[0, 8],
-                                html_action="return")
-    params = json_module.loads(re_module.search(r"const params = (.*?); // HACK", grid.data, re_module.S).group(1))
+    grid = attnprobe.model_view(
+        "smollm2-135m",
+        "The nurse said that she",
+        include_layers=[0],
+        include_heads=[0, 8],
+        html_action="return",
+    )
+    params = json_module.loads(
+        re_module.search(r"const params = (.*?); // HACK", grid.data, re_module.S).group(1)
+    )
     assert (params["include_layers"], params["include_heads"]) == ([0], [0, 8])
     for html in (head, grid):
         assert html.data.count("bertviz could not load its scripts") == 1
@@ -157,12 +257,23 @@ def test_bertviz_views_take_options_and_say_when_offline(smollm, tmp_path):
         assert note and "display: block" in note.group(1), dom[-1500:]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed: `apt-get install -y chromium` (make test installs it)")
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed: `apt-get install -y chromium` (make test installs it)"
+)
 def test_report_tables_sort_and_filter_in_chromium(tmp_path):
     from importlib.resources import files
 
-    rows = "".join(f"<tr><td>{v}</td><td>{name}</td></tr>" for v, name in
-                   [("10", "L1H1"), ("2", "L2H2"), ("x", "L3H3"), ("1.5 [0, 3]", "L4H4"), ("-0.5%", "L5H5"), ("7", "L6H6")])
+    rows = "".join(
+        f"<tr><td>{v}</td><td>{name}</td></tr>"
+        for v, name in [
+            ("10", "L1H1"),
+            ("2", "L2H2"),
+            ("x", "L3H3"),
+            ("1.5 [0, 3]", "L4H4"),
+            ("-0.5%", "L5H5"),
+            ("7", "L6H6"),
+        ]
+    )
     script = files("attnprobe.report").joinpath("tables.js").read_text()
     act = """<script>
       const th = document.querySelector("th"); th.click();
@@ -174,7 +285,9 @@ def test_report_tables_sort_and_filter_in_chromium(tmp_path):
       document.body.setAttribute("data-result", JSON.stringify([order, reverse, shown]));
     </script>"""
     page = tmp_path / "t.html"
-    page.write_text(f"<html><body><table><tr><th>value</th><th>head</th></tr>{rows}</table><script>{script}</script>{act}</body></html>")
+    page.write_text(
+        f"<html><body><table><tr><th>value</th><th>head</th></tr>{rows}</table><script>{script}</script>{act}</body></html>"
+    )
     dom, log = chromium("--dump-dom", "--virtual-time-budget=2000", url=page.as_uri())
     result = json.loads(re.search(r'data-result="([^"]*)"', dom).group(1).replace("&quot;", '"'))
     assert result[0] == ["L5H5", "L4H4", "L2H2", "L6H6", "L1H1", "L3H3"]  # numbers by value, then text
@@ -183,9 +296,15 @@ def test_report_tables_sort_and_filter_in_chromium(tmp_path):
 
 def test_attention_view_in_a_notebook_draws_offline(reported, smollm, tmp_path):
     run, _ = reported
-    for name, page in (("run", run.attention_view(html_action="return")),
-                       ("texts", attnprobe.attention_view(smollm, ["The [nurse] said that [she]</script>"], start=(3, 1),
-                                                          html_action="return"))):
+    for name, page in (
+        ("run", run.attention_view(html_action="return")),
+        (
+            "texts",
+            attnprobe.attention_view(
+                smollm, ["The [nurse] said that [she]</script>"], start=(3, 1), html_action="return"
+            ),
+        ),
+    ):
         assert page.data.count('class="attention-view"') == 1 and page.data.count("<script") == 2
         if CHROMIUM:
             path = tmp_path / f"{name}.html"
@@ -222,19 +341,31 @@ VIEW_ACTIONS = """<script>
 </script>"""
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed: `apt-get install -y chromium` (make test installs it)")
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed: `apt-get install -y chromium` (make test installs it)"
+)
 def test_attention_view_toggles_hovers_and_compares_in_chromium(smollm, tmp_path):
-    page = attnprobe.attention_view(smollm, ["The [nurse] said that [she]", "The [nurse] said that [he]"], start=(3, 1),
-                                    html_action="return")
+    page = attnprobe.attention_view(
+        smollm,
+        ["The [nurse] said that [she]", "The [nurse] said that [he]"],
+        start=(3, 1),
+        html_action="return",
+    )
     path = tmp_path / "view.html"
     path.write_text(f"<html><head></head><body>{page.data}{VIEW_ACTIONS}</body></html>")
     dom, log = chromium("--dump-dom", "--virtual-time-budget=3000", url=path.as_uri())
     assert "Uncaught" not in log and "net::ERR" not in log, log[-1500:]  # nothing fetched
     r = json.loads(re.search(r'data-result="([^"]*)"', dom).group(1).replace("&quot;", '"'))
     assert r["panels"] == 3 and r["compare"] == "1"  # she beside he, and she - he
-    assert r["colours"] == 1 and r["coloursToggled"] == 2 and r["linesToggled"] > r["lines"]  # a second head, its own colour
-    assert 0 < r["linesHover"] < r["linesToggled"] and r["weights"] == 2 * 5  # 5 keys of the last token, 2 heads
+    assert (
+        r["colours"] == 1 and r["coloursToggled"] == 2 and r["linesToggled"] > r["lines"]
+    )  # a second head, its own colour
+    assert (
+        0 < r["linesHover"] < r["linesToggled"] and r["weights"] == 2 * 5
+    )  # 5 keys of the last token, 2 heads
     assert r["linesLeft"] == r["linesToggled"]
-    assert r["switched"].startswith("A: #1: The nurse said that he") and r["differenceChanged"]  # he - she: the difference flips
+    assert (
+        r["switched"].startswith("A: #1: The nurse said that he") and r["differenceChanged"]
+    )  # he - she: the difference flips
     assert r["panelsAlone"] == 1 and r["thumbs"] == 30 * 9
     assert r["opened"] == ["7", "head 2", 1], r

@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 import attnprobe
 from attnprobe.cli import main
-from attnprobe.models import from_pretrained_objects
 from attnprobe.errors import RunError
+from attnprobe.models import from_pretrained_objects
 from attnprobe.suite import SuiteError
 
 GENDER = "probes/gender.yaml"
@@ -27,7 +27,16 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def small_run(smollm, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    return attnprobe.run_suite(GENDER, model=smollm, out=out, limit=90, batch_size=8, chunk_size=32, progress=False, head_effects=False)
+    return attnprobe.run_suite(
+        GENDER,
+        model=smollm,
+        out=out,
+        limit=90,
+        batch_size=8,
+        chunk_size=32,
+        progress=False,
+        head_effects=False,
+    )
 
 
 def test_outputs_follow_the_contract(small_run, smollm):
@@ -45,7 +54,16 @@ def test_outputs_follow_the_contract(small_run, smollm):
     ambiguous = prompts["template_id"].isin(["left_keys", "thanked_praised", "thanked_gift"])
     assert len(logprobs) == 3 * len(prompts) + 2 * ambiguous.sum()
     for row in prompts.itertuples():
-        assert row.text[row.pronoun_char_start:row.pronoun_char_end].lower() in {"she", "he", "they", "her", "him", "his", "them", "their"}
+        assert row.text[row.pronoun_char_start : row.pronoun_char_end].lower() in {
+            "she",
+            "he",
+            "they",
+            "her",
+            "him",
+            "his",
+            "them",
+            "their",
+        }
     m = small_run.manifest
     assert m["status"] == "complete" and m["model"]["weights_sha256"] == smollm.info.source_sha256
     assert m["suite"]["sha256"] and m["versions"]["torch"] == torch.__version__ and m["dtype"] == "float32"
@@ -64,13 +82,17 @@ def test_weights_equal_eager_attention_of_each_prompt_alone(small_run, smollm):
             ids = smollm.tokenizer(row.text, return_tensors="pt")["input_ids"]
             assert ids.shape[1] == row.n_tokens
             with torch.no_grad():
-                eager = torch.stack(smollm.model(input_ids=ids, output_attentions=True).attentions)[:, 0]  # (L, H, T, T)
+                eager = torch.stack(smollm.model(input_ids=ids, output_attentions=True).attentions)[
+                    :, 0
+                ]  # (L, H, T, T)
             src = slice(row.pronoun_tok_start, row.pronoun_tok_end)
             for target in ("occupation", "participant"):
                 if pd.isna(row[f"{target}_tok_start"]):
                     continue
                 tgt = slice(int(row[f"{target}_tok_start"]), int(row[f"{target}_tok_end"]))
-                expected = eager[:, :, src, tgt].sum(-1).mean(-1)  # sum over target tokens, mean over source tokens
+                expected = (
+                    eager[:, :, src, tgt].sum(-1).mean(-1)
+                )  # sum over target tokens, mean over source tokens
                 got = torch.tensor(attention.loc[(pid, target)].to_numpy()).view_as(expected)
                 worst = max(worst, (got - expected).abs().max().item())
         assert worst <= 1e-5
@@ -92,7 +114,8 @@ def test_logprobs_equal_a_direct_forward(small_run, smollm):
 
 def test_multi_token_candidates_sum_their_tokens(smollm, tmp_path):
     suite = tmp_path / "s.yaml"
-    suite.write_text(textwrap.dedent("""\
+    suite.write_text(
+        textwrap.dedent("""\
         name: multi
         slots:
           job: [nurse]
@@ -100,7 +123,8 @@ def test_multi_token_candidates_sum_their_tokens(smollm, tmp_path):
           - {id: a, text: "The {job} said that she left."}
         next_token:
           - {cut: job, candidates: [" nurse", " pharmacologist"]}
-        """))
+        """)
+    )
     run = attnprobe.run_suite(suite, model=smollm, out=tmp_path / "out", progress=False)
     value = run.logprobs.set_index("candidate")["logprob"]
     tokens = smollm.tokenizer(" pharmacologist", add_special_tokens=False)["input_ids"]
@@ -114,11 +138,21 @@ def test_multi_token_candidates_sum_their_tokens(smollm, tmp_path):
 
 
 def test_prompt_longer_than_context_is_refused_before_running(smollm, tmp_path):
-    config = LlamaConfig(vocab_size=len(smollm.tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, max_position_embeddings=6)
+    config = LlamaConfig(
+        vocab_size=len(smollm.tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=6,
+    )
     tiny = from_pretrained_objects(AutoModelForCausalLM.from_config(config), smollm.tokenizer, "tiny")
-    with pytest.raises(SuiteError, match=r"gender.yaml:\d+: prompt \d+ has \d+ tokens, more than the model's context of 6"):
-        attnprobe.run_suite(GENDER, model=tiny, out=tmp_path / "x", limit=3, progress=False, head_effects=False)
+    with pytest.raises(
+        SuiteError, match=r"gender.yaml:\d+: prompt \d+ has \d+ tokens, more than the model's context of 6"
+    ):
+        attnprobe.run_suite(
+            GENDER, model=tiny, out=tmp_path / "x", limit=3, progress=False, head_effects=False
+        )
     assert not (tmp_path / "x").exists()  # nothing written, nothing run
 
 
@@ -132,23 +166,45 @@ def test_candidate_that_tokenises_to_nothing(tmp_path):
     core.normalizer = normalizers.Replace("~", "")  # a tokenizer that drops '~' entirely
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]")
-    model = AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=6, hidden_size=16, intermediate_size=32,
-                                                         num_hidden_layers=1, num_attention_heads=2))
+    model = AutoModelForCausalLM.from_config(
+        LlamaConfig(
+            vocab_size=6, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+        )
+    )
     suite = tmp_path / "s.yaml"
-    suite.write_text('name: t\nslots:\n  job: [nurse]\ntemplates:\n  - {id: a, text: "the {job} said she"}\n'
-                     'next_token:\n  - {cut: job, candidates: [" she", " ~"]}\n')
+    suite.write_text(
+        'name: t\nslots:\n  job: [nurse]\ntemplates:\n  - {id: a, text: "the {job} said she"}\n'
+        'next_token:\n  - {cut: job, candidates: [" she", " ~"]}\n'
+    )
     with pytest.raises(SuiteError, match=r"s.yaml:7: candidate ' ~' tokenises to nothing"):
-        attnprobe.run_suite(suite, model=from_pretrained_objects(model, tokenizer, "w"), out=tmp_path / "o", progress=False)
+        attnprobe.run_suite(
+            suite, model=from_pretrained_objects(model, tokenizer, "w"), out=tmp_path / "o", progress=False
+        )
 
 
 def _cli(*args, cwd):
-    return subprocess.Popen([sys.executable, "-m", "attnprobe", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "attnprobe", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_sigkill_then_resume_gives_identical_outputs(tmp_path):
     repo = Path(__file__).resolve().parents[1]
-    args = ["run", str(repo / GENDER), "--limit", "160", "--batch-size", "8", "--chunk-size", "16", "--no-head-effects"]
+    args = [
+        "run",
+        str(repo / GENDER),
+        "--limit",
+        "160",
+        "--batch-size",
+        "8",
+        "--chunk-size",
+        "16",
+        "--no-head-effects",
+    ]
     reference = _cli(*args, "--out", str(tmp_path / "whole"), cwd=tmp_path)
     assert reference.wait(timeout=600) == 0, reference.stderr.read()
 
@@ -178,13 +234,18 @@ def test_resume_with_other_settings_is_refused_and_fresh_replaces(smollm, tmp_pa
     attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, limit=6, progress=False, head_effects=False)
     with pytest.raises(RunError, match="holds a run with other settings .* rerun with --fresh"):
         attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, limit=9, progress=False, head_effects=False)
-    run = attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, limit=9, resume=False, progress=False, head_effects=False)
+    run = attnprobe.run_suite(
+        GENDER, model=smollm, out=tmp_path, limit=9, resume=False, progress=False, head_effects=False
+    )
     assert len(run.prompts) == 9
 
 
 def test_cli_run_reports_and_bad_suite_is_one_line(tmp_path):
     runner = CliRunner()
-    result = runner.invoke(main, ["run", GENDER, "--limit", "12", "--out", str(tmp_path / "o"), "--no-progress", "--no-head-effects"])
+    result = runner.invoke(
+        main,
+        ["run", GENDER, "--limit", "12", "--out", str(tmp_path / "o"), "--no-progress", "--no-head-effects"],
+    )
     assert result.exit_code == 0, result.output
     assert "12 prompts on smollm2-135m" in result.output and "prompts/s" in result.output
     bad = tmp_path / "bad.yaml"
@@ -195,12 +256,14 @@ def test_cli_run_reports_and_bad_suite_is_one_line(tmp_path):
 
 
 def test_forward_stops_after_the_last_token_a_measure_reads(smollm, tmp_path):
-    """Causal models: tokens after the last span read and the last cut change no result, so they are not forwarded."""
+    """Causal models: tokens after the last span read and the last cut change no result, so they are not
+    forwarded."""
     from attnprobe.run.plan import encode_prompts
     from attnprobe.suite import load_suite
 
     suite = tmp_path / "s.yaml"
-    suite.write_text(textwrap.dedent("""\
+    suite.write_text(
+        textwrap.dedent("""\
         name: cut
         slots:
           job: [nurse, carpenter]
@@ -210,7 +273,8 @@ def test_forward_stops_after_the_last_token_a_measure_reads(smollm, tmp_path):
         attention:
           - {source: pronoun, targets: [job]}
           - {source: job, targets: [pronoun]}
-        """))
+        """)
+    )
     loaded = load_suite(suite)
     for e in encode_prompts(loaded, list(loaded.prompts), smollm.tokenizer, None):
         assert e.n_forward == e.spans["pronoun"][1] < len(e.ids)

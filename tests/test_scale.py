@@ -16,18 +16,29 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_token_budget_batches():
-    encoded = [Encoded(Prompt(i, str(i), "t", "x", {}, {}, {}), tuple(range(n + 5)), {}, n) for i, n in enumerate([3, 9, 4, 9, 10, 2])]
+    encoded = [
+        Encoded(Prompt(i, str(i), "t", "x", {}, {}, {}), tuple(range(n + 5)), {}, n)
+        for i, n in enumerate([3, 9, 4, 9, 10, 2])
+    ]
     batches = plan_batches(encoded, batch_size=4, max_batch_tokens=20)
     lengths = [[len(encoded[i].forward_ids) for i in b] for b in batches]
-    assert lengths == [[2, 3, 4], [9, 9], [10]]  # sorted by forwarded length; each batch's size x longest <= 20
+    assert lengths == [
+        [2, 3, 4],
+        [9, 9],
+        [10],
+    ]  # sorted by forwarded length; each batch's size x longest <= 20
     assert all(len(b) * max(l) <= 20 for b, l in zip(batches, lengths))
     assert [sum(len(b) for b in chunk) for chunk in plan_chunks(batches, 4)] == [5, 1]
 
 
 def test_the_fingerprint_holds_the_batch_plan():
     """A run resumes (or a shard merges) only with one that forwarded the same tokens in the same batches."""
+
     def encoded(n_forward):
-        return [Encoded(Prompt(i, str(i), "t", "x", {}, {}, {}), tuple(range(9)), {}, n) for i, n in enumerate(n_forward)]
+        return [
+            Encoded(Prompt(i, str(i), "t", "x", {}, {}, {}), tuple(range(9)), {}, n)
+            for i, n in enumerate(n_forward)
+        ]
 
     a, b = encoded([3, 5, 4]), encoded([3, 6, 4])
     chunks = plan_chunks(plan_batches(a, batch_size=2), 2)
@@ -36,14 +47,27 @@ def test_the_fingerprint_holds_the_batch_plan():
     assert plan_sha256(chunks, a) != plan_sha256(plan_chunks(plan_batches(a, batch_size=3), 2), a)
 
 
-ARGS = ["run", str(REPO / "probes" / "gender.yaml"), "--limit", "120", "--batch-size", "8", "--chunk-size", "16", "--no-report", "--no-head-effects"]
+ARGS = [
+    "run",
+    str(REPO / "probes" / "gender.yaml"),
+    "--limit",
+    "120",
+    "--batch-size",
+    "8",
+    "--chunk-size",
+    "16",
+    "--no-report",
+    "--no-head-effects",
+]
 
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory):
     """The unsharded run the sharded ones must reproduce."""
     out = tmp_path_factory.mktemp("whole")
-    result = subprocess.run([sys.executable, "-m", "attnprobe", *ARGS, "--out", str(out)], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "attnprobe", *ARGS, "--out", str(out)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     return out
 
@@ -51,13 +75,31 @@ def whole(tmp_path_factory):
 def assert_same_run(a: Path, b: Path) -> None:
     for name in ("prompts.csv", "logprobs.csv"):
         assert (a / name).read_bytes() == (b / name).read_bytes()
-    pd.testing.assert_frame_equal(pd.read_parquet(a / "attention.parquet"), pd.read_parquet(b / "attention.parquet"), check_exact=True)
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(a / "attention.parquet"), pd.read_parquet(b / "attention.parquet"), check_exact=True
+    )
 
 
 @pytest.mark.slow
 def test_two_process_sharded_run_merges_to_the_single_process_run(whole, tmp_path):
-    shards = [subprocess.Popen([sys.executable, "-m", "attnprobe", *ARGS, "--shard", f"{k}/2", "--out", str(tmp_path / "shards")],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in (1, 2)]
+    shards = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "attnprobe",
+                *ARGS,
+                "--shard",
+                f"{k}/2",
+                "--out",
+                str(tmp_path / "shards"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in (1, 2)
+    ]
     for process in shards:  # both run at once, as two ranks would
         _, stderr = process.communicate(timeout=600)
         assert process.returncode == 0, stderr
@@ -72,9 +114,24 @@ def test_two_process_sharded_run_merges_to_the_single_process_run(whole, tmp_pat
 
 @pytest.mark.slow
 def test_torchrun_ranks_take_their_shards(whole, tmp_path):
-    """The documented multi-GPU launch, on 2 CPU processes: torchrun sets RANK/WORLD_SIZE, --shard auto reads them."""
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "attnprobe"]
-    result = subprocess.run([*launch, *ARGS, "--shard", "auto", "--out", str(tmp_path / "ranks")], capture_output=True, text=True, timeout=600)
+    """The documented multi-GPU launch, on 2 CPU processes: torchrun sets RANK/WORLD_SIZE, --shard auto
+    reads them."""
+    launch = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "attnprobe",
+    ]
+    result = subprocess.run(
+        [*launch, *ARGS, "--shard", "auto", "--out", str(tmp_path / "ranks")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     shards = sorted(str(p) for p in (tmp_path / "ranks").glob("shard-*-of-2"))
     assert len(shards) == 2

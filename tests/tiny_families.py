@@ -10,23 +10,60 @@ import sys
 import warnings
 
 import torch
-
 from conftest import VOCAB
-SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             head_dim=8, vocab_size=VOCAB, max_position_embeddings=128, moe_intermediate_size=32, num_experts=4,
-             num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-             shared_expert_intermediate_size=32, n_embd=32, n_layer=2, n_head=4, n_positions=128, d_model=32, n_heads=4,
-             n_layers=2, num_layers=2, num_heads=4, ffn_hidden_size=64, kv_channels=8, hidden_dim=64, num_kv_heads=2,
-             rotary_dim=4, window_size=4, sliding_window=4, attention_chunk_size=4, pad_token_id=0, bos_token_id=1,
-             eos_token_id=2, initializer_range=0.3)
+
+SIZES = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    vocab_size=VOCAB,
+    max_position_embeddings=128,
+    moe_intermediate_size=32,
+    num_experts=4,
+    num_local_experts=4,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    shared_expert_intermediate_size=32,
+    n_embd=32,
+    n_layer=2,
+    n_head=4,
+    n_positions=128,
+    d_model=32,
+    n_heads=4,
+    n_layers=2,
+    num_layers=2,
+    num_heads=4,
+    ffn_hidden_size=64,
+    kv_channels=8,
+    hidden_dim=64,
+    num_kv_heads=2,
+    rotary_dim=4,
+    window_size=4,
+    sliding_window=4,
+    attention_chunk_size=4,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    initializer_range=0.3,
+)
 # Families that cannot be built small on CPU here, with the reason.
-NOT_BUILT = {"blt": "its byte-level patcher allocates tens of GB even with a tiny config (the process is killed)"}
+NOT_BUILT = {
+    "blt": "its byte-level patcher allocates tens of GB even with a tiny config (the process is killed)"
+}
 
 
 def _set(config, name, value) -> None:
     if not hasattr(config, name) or isinstance(getattr(config, name), (list, dict)):
         return
-    if getattr(config, name) is None and name not in ("pad_token_id", "sliding_window", "attention_chunk_size"):
+    if getattr(config, name) is None and name not in (
+        "pad_token_id",
+        "sliding_window",
+        "attention_chunk_size",
+    ):
         return
     try:
         setattr(config, name, value)
@@ -100,10 +137,15 @@ def coverage(tokenizer, names=None, dtypes=(torch.float32, torch.float64)) -> li
                 with torch.no_grad():
                     model(input_ids=ids, attention_mask=torch.ones_like(ids))
             except Exception as exc:  # the family's own code fails on a tiny config
-                row.update(status="not built", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}")
+                row.update(
+                    status="not built",
+                    reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}",
+                )
                 break
             if getattr(model.config.get_text_config(), "num_attention_heads", None) is None:
-                row.update(status="unsupported", reason="no attention heads (a state-space or recurrent model)")
+                row.update(
+                    status="unsupported", reason="no attention heads (a state-space or recurrent model)"
+                )
                 break
             try:
                 table = verify(from_pretrained_objects(model, tokenizer, name))
@@ -111,12 +153,21 @@ def coverage(tokenizer, names=None, dtypes=(torch.float32, torch.float64)) -> li
                 row.update(status="unsupported", reason=str(exc))
                 break
             except Exception as exc:
-                row.update(status="failed", reason=f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+                row.update(
+                    status="failed",
+                    reason=f"{label}: {type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0][:160] if str(exc) else ''}",
+                )
                 break
-            row[f"dweights_{label}"] = float(table[["max_dweights_eager", "max_dweights_capture"]].max().max())
+            row[f"dweights_{label}"] = float(
+                table[["max_dweights_eager", "max_dweights_capture"]].max().max()
+            )
             row[f"dweights_capture_{label}"] = float(table["max_dweights_capture"].max())
             if not table["passed"].all():
-                row.update(status="failed", reason=f"{label}: out of tolerance in {int((~table['passed']).sum())} layer(s)")
+                row.update(
+                    status="failed",
+                    reason=f"{label}: out of tolerance in {int((~table['passed']).sum())} layer(s)",
+                )
                 break
         rows.append(row)
     return rows
@@ -126,9 +177,14 @@ def format_coverage(rows: list[dict]) -> str:
     lines = [f"{'family':<26} {'status':<12} {'max dweights f32':>17} {'capture f64':>12}  reason"]
     for r in rows:
         f32, f64 = r.get("dweights_float32"), r.get("dweights_capture_float64")
-        lines.append(f"{r['family']:<26} {r['status']:<12} {'' if f32 is None else f'{f32:.1e}':>17} "
-                     f"{'' if f64 is None else f'{f64:.1e}':>12}  {r['reason']}")
-    counts = {status: sum(r["status"] == status for r in rows) for status in ("verified", "unsupported", "failed", "not built")}
+        lines.append(
+            f"{r['family']:<26} {r['status']:<12} {'' if f32 is None else f'{f32:.1e}':>17} "
+            f"{'' if f64 is None else f'{f64:.1e}':>12}  {r['reason']}"
+        )
+    counts = {
+        status: sum(r["status"] == status for r in rows)
+        for status in ("verified", "unsupported", "failed", "not built")
+    }
     lines.append(", ".join(f"{n} {status}" for status, n in counts.items()) + f" of {len(rows)} families")
     return "\n".join(lines)
 

@@ -18,10 +18,20 @@ from __future__ import annotations
 
 from . import attention, next_token
 from .attention import AttentionMeasure
-from .head_effects import HeadEffectsMeasure
+from .head_effects import HeadEffectsMeasure, PairSwap, SlotSwap
+from .head_effects import parse as parse_head_effects
 from .next_token import NextTokenMeasure
 from .referent_choice import ReferentChoiceMeasure
 
 BATCH_KINDS = (attention, next_token)  # the first names the chunk's row count
 
-__all__ = ["AttentionMeasure", "BATCH_KINDS", "HeadEffectsMeasure", "NextTokenMeasure", "ReferentChoiceMeasure"]
+__all__ = [
+    "AttentionMeasure",
+    "BATCH_KINDS",
+    "HeadEffectsMeasure",
+    "PairSwap",
+    "SlotSwap",
+    "parse_head_effects",
+    "NextTokenMeasure",
+    "ReferentChoiceMeasure",
+]

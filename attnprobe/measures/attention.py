@@ -18,8 +18,16 @@ from ..yamllines import required_str
 
 SOURCE_AGGREGATIONS = ("mean", "sum", "first", "last")
 TARGET_AGGREGATIONS = ("sum", "mean", "max")
-ATTENTION_SCHEMA = pa.schema([("prompt_id", pa.int32()), ("layer", pa.int16()), ("head", pa.int16()),
-                              ("source", pa.large_string()), ("target", pa.large_string()), ("weight", pa.float32())])
+ATTENTION_SCHEMA = pa.schema(
+    [
+        ("prompt_id", pa.int32()),
+        ("layer", pa.int16()),
+        ("head", pa.int16()),
+        ("source", pa.large_string()),
+        ("target", pa.large_string()),
+        ("weight", pa.float32()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -36,7 +44,11 @@ class AttentionMeasure:
         return (self.source, *self.targets)
 
     def missing(self, span: str) -> str:
-        what = f"attention {self.source} -> {', '.join(self.targets)}" if span == self.source else f"attention {self.source} -> {span}"
+        what = (
+            f"attention {self.source} -> {', '.join(self.targets)}"
+            if span == self.source
+            else f"attention {self.source} -> {span}"
+        )
         return f"{what}: not measured where span '{span}' is absent"
 
     @staticmethod
@@ -47,7 +59,11 @@ class AttentionMeasure:
                 ctx.fail(node, i, "each attention measure is a mapping with `source:` and `targets:`")
             unknown = set(item) - {"source", "targets", "source_agg", "target_agg"}
             if unknown:
-                ctx.fail(item, sorted(unknown)[0], f"unknown key '{sorted(unknown)[0]}'; allowed: source, targets, source_agg, target_agg")
+                ctx.fail(
+                    item,
+                    sorted(unknown)[0],
+                    f"unknown key '{sorted(unknown)[0]}'; allowed: source, targets, source_agg, target_agg",
+                )
             source = required_str(ctx, item, "source")
             targets = item.get("targets")
             if isinstance(targets, str):
@@ -118,7 +134,9 @@ def blocks(measures, batch, rows_per_prompt: list[list[int]], W: torch.Tensor) -
                 t0, t1 = e.spans[target]
                 w = W[:, b, :, src, t0:t1]  # (L, H, source tokens, target tokens)
                 value = _aggregate(_aggregate(w, m.target_agg, -1), m.source_agg, -1)  # (L, H)
-                out.append((e.prompt.prompt_id, m.source, target, value.reshape(-1).numpy().astype(np.float32)))
+                out.append(
+                    (e.prompt.prompt_id, m.source, target, value.reshape(-1).numpy().astype(np.float32))
+                )
     return out
 
 
@@ -132,13 +150,18 @@ def attention_table(blocks: list, n_layers: int, n_heads: int) -> pa.Table:
         return ATTENTION_SCHEMA.empty_table()
 
     def labels(i):
-        return pa.array(np.repeat(np.array([block[i] for block in blocks], dtype=object), per_block), pa.large_string())
+        return pa.array(
+            np.repeat(np.array([block[i] for block in blocks], dtype=object), per_block), pa.large_string()
+        )
 
-    return pa.table({
-        "prompt_id": np.repeat(np.array([block[0] for block in blocks], dtype=np.int32), per_block),
-        "layer": np.tile(np.repeat(np.arange(n_layers, dtype=np.int16), n_heads), n),
-        "head": np.tile(np.arange(n_heads, dtype=np.int16), n * n_layers),
-        "source": labels(1),
-        "target": labels(2),
-        "weight": np.concatenate([block[3] for block in blocks]),
-    }, schema=ATTENTION_SCHEMA)
+    return pa.table(
+        {
+            "prompt_id": np.repeat(np.array([block[0] for block in blocks], dtype=np.int32), per_block),
+            "layer": np.tile(np.repeat(np.arange(n_layers, dtype=np.int16), n_heads), n),
+            "head": np.tile(np.arange(n_heads, dtype=np.int16), n * n_layers),
+            "source": labels(1),
+            "target": labels(2),
+            "weight": np.concatenate([block[3] for block in blocks]),
+        },
+        schema=ATTENTION_SCHEMA,
+    )

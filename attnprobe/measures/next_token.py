@@ -46,26 +46,52 @@ class NextTokenMeasure:
             candidates = item.get("candidates")
             if isinstance(candidates, str):
                 if candidates not in slots and candidates not in span_names:
-                    ctx.fail(item, "candidates", f"candidates '{candidates}' is not a slot or span; give a slot name, a span "
-                             "name (the words of that span in the item's prompts) or a list like [\" he\", \" she\"]")
+                    ctx.fail(
+                        item,
+                        "candidates",
+                        f"candidates '{candidates}' is not a slot or span; give a slot name, a span "
+                        'name (the words of that span in the item\'s prompts) or a list like [" he", " she"]',
+                    )
             elif isinstance(candidates, list) and candidates:
                 for j, candidate in enumerate(candidates):
                     if not isinstance(candidate, str) or candidate == "":
-                        ctx.fail(candidates, j, f"candidate {j + 1} is empty; give the word with its leading space, e.g. \" she\"")
+                        ctx.fail(
+                            candidates,
+                            j,
+                            f'candidate {j + 1} is empty; give the word with its leading space, e.g. " she"',
+                        )
                 candidates = tuple(candidates)
             else:
-                ctx.fail(item, "candidates", "`candidates` must be a slot name or a non-empty list of strings")
+                ctx.fail(
+                    item, "candidates", "`candidates` must be a slot name or a non-empty list of strings"
+                )
             for key in item:
                 if key not in ("cut", "candidates", "ambiguous"):
-                    ctx.fail(item, key, f"unknown key '{key}' in a next_token measure; allowed: ambiguous, candidates, cut")
+                    ctx.fail(
+                        item,
+                        key,
+                        f"unknown key '{key}' in a next_token measure; allowed: ambiguous, candidates, cut",
+                    )
             ambiguous = item.get("ambiguous", "sum")
             if ambiguous not in ("sum", "exclude"):
-                ctx.fail(item, "ambiguous", "`ambiguous` is sum (score a shared form against the sum of the other "
-                         "labels' forms of those cases) or exclude (leave such prompts out)")
+                ctx.fail(
+                    item,
+                    "ambiguous",
+                    "`ambiguous` is sum (score a shared form against the sum of the other "
+                    "labels' forms of those cases) or exclude (leave such prompts out)",
+                )
             if any(m.cut == cut for m in measures):
-                ctx.fail(item, "cut", f"a second next_token measure at '{cut}'; give one measure per cut (its rows would replace the first's)")
-            measures.append(NextTokenMeasure(cut, candidates, origin=f"{ctx.path}:{line_of(item, 'candidates')}",
-                                             ambiguous=ambiguous))
+                ctx.fail(
+                    item,
+                    "cut",
+                    f"a second next_token measure at '{cut}'; give one measure per cut (its rows would "
+                    "replace the first's)",
+                )
+            measures.append(
+                NextTokenMeasure(
+                    cut, candidates, origin=f"{ctx.path}:{line_of(item, 'candidates')}", ambiguous=ambiguous
+                )
+            )
         return tuple(measures)
 
     def compared_forms(self, prompt, slots) -> tuple[str, ...]:
@@ -74,7 +100,12 @@ class NextTokenMeasure:
         slot = slots[self.candidates]
         form = prompt.span_forms.get(self.cut)  # the form shown at the cut, e.g. nom for "she"
         form = form if form in slot.form_names else slot.form_names[0]
-        shared = {other for value in slot.values for other in slot.form_names if value.forms[other] == value.forms[form]}
+        shared = {
+            other
+            for value in slot.values
+            for other in slot.form_names
+            if value.forms[other] == value.forms[form]
+        }
         return tuple(f for f in slot.form_names if f in shared)
 
     def candidates_from_item(self, prompt, siblings, label_of) -> tuple[tuple[str, str], ...]:
@@ -102,7 +133,9 @@ class NextTokenMeasure:
             raise ValueError("candidates from a span are given by candidates_from_item")
         start, end = prompt.spans[self.cut]
         shown = prompt.text[start:end]
-        space = prompt.text[max(0, start - 1):start] if start > 0 and prompt.text[start - 1].isspace() else ""
+        space = (
+            prompt.text[max(0, start - 1) : start] if start > 0 and prompt.text[start - 1].isspace() else ""
+        )
         forms = self.compared_forms(prompt, slots)
         if len(forms) > 1 and self.ambiguous == "exclude":
             return ()
@@ -127,8 +160,10 @@ def candidate_ids(measures, prompts, tokenizer) -> dict[str, tuple[int, ...]]:
                 if text not in table:
                     ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
                     if not ids:
-                        raise SuiteError(f"{origins.get(cut, prompt.origin)}: candidate {text!r} tokenises to nothing; "
-                                         "give a visible word such as \" she\"")
+                        raise SuiteError(
+                            f"{origins.get(cut, prompt.origin)}: candidate {text!r} tokenises to nothing; "
+                            'give a visible word such as " she"'
+                        )
                     table[text] = ids
     return table
 
@@ -143,7 +178,9 @@ def request(suite, batch) -> tuple[dict, list[list[int]]]:
     P = max(map(len, positions))
     if not P:
         return {"logit_positions": None}, positions
-    return {"logit_positions": torch.tensor([p + [p[0] if p else 0] * (P - len(p)) for p in positions])}, positions
+    return {
+        "logit_positions": torch.tensor([p + [p[0] if p else 0] * (P - len(p)) for p in positions])
+    }, positions
 
 
 def read(pm, suite, batch, captured, positions, context) -> pd.DataFrame:
@@ -151,7 +188,9 @@ def read(pm, suite, batch, captured, positions, context) -> pd.DataFrame:
 
 
 def chunk_table(parts: list[pd.DataFrame], pm) -> pd.DataFrame:
-    return pd.concat(parts, ignore_index=True).sort_values(["prompt_id", "cut"], kind="stable", ignore_index=True)
+    return pd.concat(parts, ignore_index=True).sort_values(
+        ["prompt_id", "cut"], kind="stable", ignore_index=True
+    )
 
 
 def logit_positions(batch) -> list[list[int]]:
@@ -160,7 +199,8 @@ def logit_positions(batch) -> list[list[int]]:
 
 
 def logprobs(pm, batch, logits, positions, cand_ids) -> dict:
-    """Rows of logprobs.csv for one batch, as column lists. logits: (B, P, V), prompt b's at `positions[b]`."""
+    """Rows of logprobs.csv for one batch, as column lists. logits: (B, P, V), prompt b's at
+    `positions[b]`."""
     out = {name: [] for name in LOGPROB_COLUMNS}
     if logits is None:
         return out
@@ -185,6 +225,8 @@ def logprobs(pm, batch, logits, positions, cand_ids) -> dict:
 def _add_continuations(pm, logprobs: list, continuations: list) -> None:
     """log p(c1..cn | prefix) = sum_i log p(c_i | prefix, c_<i); the first term is already in place."""
     ids, mask = pad_right([prefix + tokens for _, prefix, tokens in continuations], pm.tokenizer.pad_token_id)
-    logp = torch.log_softmax(pm.model(input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device)).logits.float(), -1)
+    logp = torch.log_softmax(
+        pm.model(input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device)).logits.float(), -1
+    )
     for b, (slot, prefix, tokens) in enumerate(continuations):
         logprobs[slot] += sum(logp[b, len(prefix) + i - 1, tokens[i]].item() for i in range(1, len(tokens)))

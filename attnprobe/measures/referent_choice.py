@@ -18,10 +18,10 @@ import pandas as pd
 import torch
 
 from ..capture import pad_right
+from ..spans import candidate_words
 from ..yamllines import line_of, required_str
 
 COLUMNS = ("prompt_id", "referent", "candidate", "logprob", "n_tokens")
-ARTICLE = re.compile(r"^(the|a|an)\s+", re.IGNORECASE)
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
@@ -38,17 +38,28 @@ class ReferentChoiceMeasure:
         if node is None:
             return None
         if not isinstance(node, dict):
-            ctx.fail(doc, "referent_choice", "`referent_choice` is a mapping with `prompt:`, e.g. {prompt: \" Here, '{pronoun}' refers to the\"}")
+            ctx.fail(
+                doc,
+                "referent_choice",
+                "`referent_choice` is a mapping with `prompt:`, e.g. {prompt: \" Here, '{pronoun}' refers to "
+                'the"}',
+            )
         for key in node:
             if key != "prompt":
                 ctx.fail(node, key, f"unknown key '{key}' in referent_choice; allowed: prompt")
         if not analysis.referents:
-            ctx.fail(doc, "referent_choice", "referent_choice scores the two `referents` of the analysis; declare "
-                     "`analysis: {referents: [a, b], answer: ...}`")
+            ctx.fail(
+                doc,
+                "referent_choice",
+                "referent_choice scores the two `referents` of the analysis; declare "
+                "`analysis: {referents: [a, b], answer: ...}`",
+            )
         prompt = required_str(ctx, node, "prompt")
         for name in PLACEHOLDER.findall(prompt):
             if name not in span_names:
-                ctx.fail(node, "prompt", f"'{{{name}}}' is not a span (spans: {', '.join(sorted(span_names))})")
+                ctx.fail(
+                    node, "prompt", f"'{{{name}}}' is not a span (spans: {', '.join(sorted(span_names))})"
+                )
         return ReferentChoiceMeasure(prompt, f"{ctx.path}:{line_of(node, 'prompt')}")
 
     def question(self, prompt) -> str | None:
@@ -59,16 +70,10 @@ class ReferentChoiceMeasure:
         return PLACEHOLDER.sub(lambda m: words[m.group(1)], self.prompt)
 
 
-def candidate_words(prompt, span: str) -> str | None:
-    """A referent span's words without a leading article, with the space before them."""
-    if span not in prompt.spans:
-        return None
-    words = ARTICLE.sub("", prompt.text[slice(*prompt.spans[span])].strip())
-    return " " + words if words else None
-
-
 @torch.no_grad()
-def score(pm, measure: ReferentChoiceMeasure, encoded, referents, batch_size: int = 16, progress=None) -> pd.DataFrame:
+def score(
+    pm, measure: ReferentChoiceMeasure, encoded, referents, batch_size: int = 16, progress=None
+) -> pd.DataFrame:
     """One row per (prompt, referent): the summed log-probability of the referent's words after
     the sentence and the question."""
     tokenizer = pm.tokenizer
@@ -82,15 +87,22 @@ def score(pm, measure: ReferentChoiceMeasure, encoded, referents, batch_size: in
         for referent, text in words.items():
             tail = tokenizer.encode(text, add_special_tokens=False)
             sequences.append((prefix, tail))
-            rows.append({"prompt_id": e.prompt.prompt_id, "referent": referent, "candidate": text, "n_tokens": len(tail)})
+            rows.append(
+                {
+                    "prompt_id": e.prompt.prompt_id,
+                    "referent": referent,
+                    "candidate": text,
+                    "n_tokens": len(tail),
+                }
+            )
     logprobs = []
     for start in range(0, len(sequences), batch_size):
-        batch = sequences[start:start + batch_size]
+        batch = sequences[start : start + batch_size]
         ids, mask = pad_right([prefix + tail for prefix, tail in batch], tokenizer.pad_token_id)
         logits = pm.model(input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device)).logits
         for b, (prefix, tail) in enumerate(batch):
             # token t of the tail is predicted at position len(prefix) + t - 1: normalise only those rows
-            predicted = logits[b, len(prefix) - 1:len(prefix) - 1 + len(tail)].float().log_softmax(-1).cpu()
+            predicted = logits[b, len(prefix) - 1 : len(prefix) - 1 + len(tail)].float().log_softmax(-1).cpu()
             logprobs.append(float(predicted[torch.arange(len(tail)), torch.as_tensor(tail)].sum()))
         if progress is not None:
             progress(len(batch))

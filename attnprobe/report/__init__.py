@@ -19,7 +19,15 @@ import pandas as pd
 from .. import stats
 from ..progress import Progress
 from ..run.reader import RunFiles
-from ..run.storage import ARTEFACTS, HEAD_EFFECT_TABLES, STATS_TABLES, TABLES_KEY, atomic_write, digest, write_table
+from ..run.storage import (
+    ARTEFACTS,
+    HEAD_EFFECT_TABLES,
+    STATS_TABLES,
+    TABLES_KEY,
+    atomic_write,
+    digest,
+    write_table,
+)
 from ..tables import read_table
 from ..version import __version__
 from . import plots
@@ -28,15 +36,20 @@ from .context import difference_context, headline, run_context, run_labels
 __all__ = ["headline", "load_tables", "write_report"]
 
 
-def load_tables(run: RunFiles, refresh: bool = False, write: bool = True, progress: bool | None = False) -> dict[str, pd.DataFrame]:
+def load_tables(
+    run: RunFiles, refresh: bool = False, write: bool = True, progress: bool | None = False
+) -> dict[str, pd.DataFrame]:
     """The statistics tables of a run, computed once and cached as CSV in the run directory (with
     `write=False`, computed in memory when the cache is missing or stale, and nothing written).
     `progress`: None shows the statistics phase (a bar, or log lines off a terminal)."""
     run.require_complete()
     names = STATS_TABLES + (HEAD_EFFECT_TABLES if run.has_head_effects else ())
-    stamp = {"stats": stats.TABLES_VERSION, "analysis": run.manifest.get("analysis"),
-             "attention": _signature(run.directory / "attention.parquet"),
-             "head_effects": _signature(run.directory / "head_effects_items.parquet")}
+    stamp = {
+        "stats": stats.TABLES_VERSION,
+        "analysis": run.manifest.get("analysis"),
+        "attention": _signature(run.directory / "attention.parquet"),
+        "head_effects": _signature(run.directory / "head_effects_items.parquet"),
+    }
     if not refresh and _cache_is_valid(run.directory, names, json.loads(json.dumps(stamp))):
         return {name: read_table(run.directory, name) for name in names}
     with Progress(stats.table_steps(run), enabled=progress, unit="table", desc="statistics") as bar:
@@ -46,7 +59,9 @@ def load_tables(run: RunFiles, refresh: bool = False, write: bool = True, progre
             write_table(run.directory, name, table)
         sums = {name: digest(run.directory / f"{name}.parquet") for name in tables}
         payload = json.dumps({"stamp": stamp, "sha256": sums}, indent=1)
-        atomic_write(run.directory / TABLES_KEY, lambda path: path.write_text(payload))  # last: the tables above are complete
+        atomic_write(
+            run.directory / TABLES_KEY, lambda path: path.write_text(payload)
+        )  # last: the tables above are complete
     return tables
 
 
@@ -63,7 +78,8 @@ def _cache_is_valid(directory: Path, names, stamp: dict) -> bool:
     try:
         cached = json.loads((directory / TABLES_KEY).read_text())
         return cached.get("stamp") == stamp and all(
-            digest(directory / f"{name}.parquet") == cached["sha256"][name] for name in names)
+            digest(directory / f"{name}.parquet") == cached["sha256"][name] for name in names
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
@@ -72,7 +88,11 @@ def _table_links(directory: Path, names: list[str], page_dir: Path) -> list[dict
     """The run's own tables (its ARTEFACTS) and each non-empty statistics table, as links relative
     to the page."""
     own = [name for name in ARTEFACTS if name.endswith((".csv", ".parquet"))]
-    found = [name for name in [*own, *(f"{n}.{ext}" for n in names for ext in ("csv", "parquet"))] if (directory / name).is_file()]
+    found = [
+        name
+        for name in [*own, *(f"{n}.{ext}" for n in names for ext in ("csv", "parquet"))]
+        if (directory / name).is_file()
+    ]
     return [{"name": name, "href": os.path.relpath(directory / name, page_dir)} for name in found]
 
 
@@ -84,22 +104,39 @@ def write_report(run_dirs, out: str | Path | None = None, progress: bool | None 
     tables = [load_tables(run, progress=progress) for run in runs]
     bar = Progress(len(runs) + 1, enabled=progress, unit="part", desc="report")
     heads = [t["head_stats"][t["head_stats"]["scope"] == "all"] for t in tables if len(t["head_stats"])]
-    limits = {"d_z": plots.largest_abs(pd.concat([h["d_z"] for h in heads]))} if heads else {}  # one scale for all runs
+    limits = (
+        {"d_z": plots.largest_abs(pd.concat([h["d_z"] for h in heads]))} if heads else {}
+    )  # one scale for all runs
     contexts = []
     for run, table in zip(runs, tables):
         contexts.append(run_context(run, table, limits))
         bar.step(f"figures of {run.directory}")
-    path = Path(out) if out else (runs[0].directory / "report.html" if len(runs) == 1 else Path("reports") / "compare.html")
+    path = (
+        Path(out)
+        if out
+        else (runs[0].directory / "report.html" if len(runs) == 1 else Path("reports") / "compare.html")
+    )
     for context, run, table, label in zip(contexts, runs, tables, run_labels(contexts)):
-        context["files"] = _table_links(run.directory, [name for name, t in table.items() if len(t)], path.parent)
+        context["files"] = _table_links(
+            run.directory, [name for name, t in table.items() if len(t)], path.parent
+        )
         context["label"] = label
-    compared = difference_context(contexts, tables, path.parent / f"{path.stem}_figures") if len(runs) > 1 else None
+    compared = (
+        difference_context(contexts, tables, path.parent / f"{path.stem}_figures") if len(runs) > 1 else None
+    )
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template = environment.from_string(files(__package__).joinpath("report.html.j2").read_text())
-    targets = list(dict.fromkeys(t for table in tables for t in table["head_stats"].get("target", pd.Series(dtype=str))))
+    targets = list(
+        dict.fromkeys(t for table in tables for t in table["head_stats"].get("target", pd.Series(dtype=str)))
+    )
     html = template.render(
         title=" vs ".join(c["label"] for c in contexts) + f" / {contexts[0]['suite']}",
-        runs=contexts, compared=compared, targets=targets, version=__version__, n_boot=stats.N_BOOT, alpha=stats.ALPHA,
+        runs=contexts,
+        compared=compared,
+        targets=targets,
+        version=__version__,
+        n_boot=stats.N_BOOT,
+        alpha=stats.ALPHA,
         view_js=files(__package__).joinpath("view.js").read_text(),
         tables_js=files(__package__).joinpath("tables.js").read_text(),
     )

@@ -17,6 +17,7 @@ from ..run.reader import RunFiles
 from ..stats import ALPHA, held_out_interaction, run_analysis
 from . import plots
 from .figures import figure
+from .sections import effects_context, referents_context
 
 
 def _pooled(behavior: pd.DataFrame):
@@ -25,7 +26,9 @@ def _pooled(behavior: pd.DataFrame):
 
 
 def _fmt(value, digits=2) -> str:
-    return "nan" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+    return (
+        "nan" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+    )
 
 
 def headline(run: RunFiles, tables: dict) -> str:
@@ -33,42 +36,69 @@ def headline(run: RunFiles, tables: dict) -> str:
     analysis = run_analysis(run)
     if not analysis.paired:
         labels = ", ".join(analysis.labels) or "none"
-        return (f"This suite compares no two labels (contrast labels: {labels}); declare analysis.positive and "
-                "analysis.negative for paired statistics. Descriptive means are in condition_means.csv.")
+        return (
+            f"This suite compares no two labels (contrast labels: {labels}); declare analysis.positive and "
+            "analysis.negative for paired statistics. Descriptive means are in condition_means.csv."
+        )
     model, pos, neg = run.manifest["model"]["spec"], analysis.positive, analysis.negative
     parts = []
     b = _pooled(tables["behavior"])
     if b is not None and analysis.covariate:
-        parts.append(f"Across {int(b['n_units'])} {analysis.name(analysis.unit)}s, {model}'s log p({pos}) - log p({neg}) at "
-                     f"'{b['cut']}' {'rises' if b['pearson_r'] > 0 else 'falls'} with {analysis.name(analysis.covariate)} "
-                     f"(Pearson r = {_fmt(b['pearson_r'])}, 95% CI [{_fmt(b['pearson_ci_low'])}, {_fmt(b['pearson_ci_high'])}], "
-                     f"permutation p {'<=' if b['slope_p'] <= b['slope_min_p'] else '='} {b['slope_p']:.2g})")
+        parts.append(
+            f"Across {int(b['n_units'])} {analysis.name(analysis.unit)}s, {model}'s log p({pos}) - log "
+            f"p({neg}) at "
+            f"'{b['cut']}' {'rises' if b['pearson_r'] > 0 else 'falls'} with "
+            f"{analysis.name(analysis.covariate)} "
+            f"(Pearson r = {_fmt(b['pearson_r'])}, 95% CI [{_fmt(b['pearson_ci_low'])}, "
+            f"{_fmt(b['pearson_ci_high'])}], "
+            f"permutation p {'<=' if b['slope_p'] <= b['slope_min_p'] else '='} {b['slope_p']:.2g})"
+        )
     elif b is not None:
-        parts.append(f"{model}'s mean log p({pos}) - log p({neg}) at '{b['cut']}' is {_fmt(b['mean_log_ratio'], 3)} "
-                     f"(95% CI [{_fmt(b['mean_ci_low'], 3)}, {_fmt(b['mean_ci_high'], 3)}], clusters: {b['clusters']})")
+        parts.append(
+            f"{model}'s mean log p({pos}) - log p({neg}) at '{b['cut']}' is {_fmt(b['mean_log_ratio'], 3)} "
+            f"(95% CI [{_fmt(b['mean_ci_low'], 3)}, {_fmt(b['mean_ci_high'], 3)}], clusters: {b['clusters']})"
+        )
     heads = tables["head_stats"]
     heads = heads[heads["scope"] == "all"] if len(heads) else heads
     for target, group in heads.groupby("target", sort=False):
         if analysis.covariate:
             hits = group[group["interaction_q"] < ALPHA]
             held = held_out_interaction(group)
-            check = (f"; held out, the top {held['k']} heads chosen on one half of the {analysis.name(analysis.unit)}s keep "
-                     f"their sign on the other in {held['n_same_sign']} of {held['n_selected']} (mean r there {_fmt(held['mean_held_out_r'])})")
+            check = (
+                f"; held out, the top {held['k']} heads chosen on one half of the "
+                f"{analysis.name(analysis.unit)}s keep "
+                f"their sign on the other in {held['n_same_sign']} of {held['n_selected']} (mean r there "
+                f"{_fmt(held['mean_held_out_r'])})"
+            )
             if len(hits):
                 top = hits.loc[hits["interaction_r"].abs().idxmax()]
-                parts.append(f"in {len(hits)} of {len(group)} heads the {pos} - {neg} attention to the {target} changes with "
-                             f"{analysis.name(analysis.covariate)} (q < {ALPHA}), most strongly L{int(top['layer'])}H{int(top['head'])} "
-                             f"(r = {_fmt(top['interaction_r'])} [{_fmt(top['interaction_r_ci_low'])}, {_fmt(top['interaction_r_ci_high'])}]){check}")
+                parts.append(
+                    f"in {len(hits)} of {len(group)} heads the {pos} - {neg} attention to the {target} "
+                    "changes with "
+                    f"{analysis.name(analysis.covariate)} (q < {ALPHA}), most strongly "
+                    f"L{int(top['layer'])}H{int(top['head'])} "
+                    f"(r = {_fmt(top['interaction_r'])} [{_fmt(top['interaction_r_ci_low'])}, "
+                    f"{_fmt(top['interaction_r_ci_high'])}]){check}"
+                )
             else:
                 note = group["interaction_power_note"].iloc[0]
-                parts.append(f"no head's {pos} - {neg} attention to the {target} changes with {analysis.name(analysis.covariate)} "
-                             f"at q < {ALPHA}" + (f" ({note})" if note else "") + check)
+                parts.append(
+                    f"no head's {pos} - {neg} attention to the {target} changes with "
+                    f"{analysis.name(analysis.covariate)} "
+                    f"at q < {ALPHA}" + (f" ({note})" if note else "") + check
+                )
         lexical = int((group["difference_q"] < ALPHA).sum())
         kind = "a token difference, not bias" if analysis.covariate else "the paired difference"
-        parts.append(f"{lexical} of {len(group)} heads attend to the {target} differently from {pos} and {neg} prompts ({kind})")
+        parts.append(
+            f"{lexical} of {len(group)} heads attend to the {target} differently from {pos} and {neg} "
+            f"prompts ({kind})"
+        )
     if not parts:
-        return (f"Nothing here compares {pos} with {neg}: no attention measure has paired prompts and no next-token "
-                f"candidates carry those labels; the raw tables are attention.parquet and logprobs.csv.")
+        return (
+            f"Nothing here compares {pos} with {neg}: no attention measure has paired prompts and no "
+            "next-token "
+            f"candidates carry those labels; the raw tables are attention.parquet and logprobs.csv."
+        )
     return "; ".join(parts) + "."
 
 
@@ -85,117 +115,133 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
     heatmaps = []
     for target in heads["target"].unique() if len(heads) else []:
         if analysis.covariate:
-            heatmaps.append(figure(plots.head_heatmap(heads, target, "interaction_r", "interaction_q",
-                                                      title=f"{target}: r of {pos} - {neg}\nwith {analysis.name(analysis.covariate)}",
-                                                      label="interaction r", limit=1.0), figures_dir, f"interaction_{target}",
-                                   f"layer x head interaction r, source -> {target}"))
-        lexical = "lexical difference\n(token identity, not bias)" if analysis.covariate else "paired difference"
-        heatmaps.append(figure(plots.head_heatmap(heads, target, "d_z", "difference_q", title=f"{target}: {lexical}",
-                                                  label=f"d_z ({pos} - {neg})", limit=limits.get("d_z")), figures_dir, f"difference_{target}",
-                               f"layer x head d_z of the {pos} - {neg} difference, source -> {target}"))
+            heatmaps.append(
+                figure(
+                    plots.head_heatmap(
+                        heads,
+                        target,
+                        "interaction_r",
+                        "interaction_q",
+                        title=f"{target}: r of {pos} - {neg}\nwith {analysis.name(analysis.covariate)}",
+                        label="interaction r",
+                        limit=1.0,
+                    ),
+                    figures_dir,
+                    f"interaction_{target}",
+                    f"layer x head interaction r, source -> {target}",
+                )
+            )
+        lexical = (
+            "lexical difference\n(token identity, not bias)" if analysis.covariate else "paired difference"
+        )
+        heatmaps.append(
+            figure(
+                plots.head_heatmap(
+                    heads,
+                    target,
+                    "d_z",
+                    "difference_q",
+                    title=f"{target}: {lexical}",
+                    label=f"d_z ({pos} - {neg})",
+                    limit=limits.get("d_z"),
+                ),
+                figures_dir,
+                f"difference_{target}",
+                f"layer x head d_z of the {pos} - {neg} difference, source -> {target}",
+            )
+        )
     if len(tables["layer_stats"]):
         columns = {"n_interaction_q05": "interaction", "n_difference_q05": "difference"}
-        heatmaps.append(figure(plots.layer_profile(tables["layer_stats"], columns, "where in depth: heads with q < 0.05 per layer"),
-                               figures_dir, "layer_profile", "heads with q < 0.05 per layer"))
+        heatmaps.append(
+            figure(
+                plots.layer_profile(
+                    tables["layer_stats"], columns, "where in depth: heads with q < 0.05 per layer"
+                ),
+                figures_dir,
+                "layer_profile",
+                "heads with q < 0.05 per layer",
+            )
+        )
     behavior, per_unit = tables["behavior"], tables["behavior_by_unit"]
     behavior_figures = []
     if analysis.covariate and len(per_unit):
         xlabel = analysis.name(analysis.covariate)
         behavior_figures = [
-            figure(plots.behavior_scatter(per_unit, behavior, xlabel, f"log p({pos}) - log p({neg})"), figures_dir,
-                   "behavior_vs_covariate", f"per-{analysis.name(analysis.unit)} log-ratio against {xlabel}"),
-            figure(plots.template_breakdown(behavior, xlabel), figures_dir, "behavior_by_template", "behaviour r by template"),
+            figure(
+                plots.behavior_scatter(per_unit, behavior, xlabel, f"log p({pos}) - log p({neg})"),
+                figures_dir,
+                "behavior_vs_covariate",
+                f"per-{analysis.name(analysis.unit)} log-ratio against {xlabel}",
+            ),
+            figure(
+                plots.template_breakdown(behavior, xlabel),
+                figures_dir,
+                "behavior_by_template",
+                "behaviour r by template",
+            ),
         ]
     rank = "interaction_r" if analysis.covariate else "d_z"
     q_column = "interaction_q" if analysis.covariate else "difference_q"
     significant = heads[heads[q_column] < ALPHA] if len(heads) else heads
-    top = significant.reindex(significant[rank].abs().sort_values(ascending=False).index).head(12) if len(heads) else heads
+    top = (
+        significant.reindex(significant[rank].abs().sort_values(ascending=False).index).head(12)
+        if len(heads)
+        else heads
+    )
     strongest = top.iloc[0] if len(top) else None
     b = _pooled(behavior)
-    examples = json.loads((run.directory / "examples.json").read_text()) if (run.directory / "examples.json").is_file() else []
+    examples = (
+        json.loads((run.directory / "examples.json").read_text())
+        if (run.directory / "examples.json").is_file()
+        else []
+    )
     texts = manifest["suite"].get("templates", {})  # recorded by the run: the suite file is not re-read
     return {
-        "analysis": analysis, "pos": pos, "neg": neg, "covariate": analysis.name(analysis.covariate) if analysis.covariate else None,
-        "unit": analysis.name(analysis.unit) if analysis.unit else None, "effects": _effects_context(tables, heads, figures_dir, manifest, analysis),
-        "referents": _referents_context(tables, figures_dir, analysis),
-        "model": manifest["model"]["spec"], "directory": run.directory.name, "suite": manifest["suite"]["name"], "family": manifest["model"]["family"],
-        "description": manifest["suite"].get("description", ""), "n_prompts": manifest["n_prompts"],
-        "n_items": int(run.prompts["item_id"].nunique()), "n_layers": manifest["model"]["n_layers"],
-        "n_heads_per_layer": manifest["model"]["n_heads"], "n_heads": manifest["model"]["n_layers"] * manifest["model"]["n_heads"],
-        "dtype": manifest["dtype"], "suite_sha": manifest["suite"]["sha256"], "finished": manifest.get("finished", ""),
-        "headline": headline(run, tables), "heatmaps": heatmaps, "behavior_figures": behavior_figures,
-        "top_heads": top.to_dict("records"), "behavior": behavior.to_dict("records"), "behavior_pooled": b.to_dict() if b is not None else None,
-        "n_interaction": significant.groupby("target").size().to_dict() if analysis.covariate and len(heads) else {},
-        "n_difference": heads[heads["difference_q"] < ALPHA].groupby("target").size().to_dict() if len(heads) else {},
-        "strongest": f"L{int(strongest['layer'])}H{int(strongest['head'])} -> {strongest['target']}, {rank} = {strongest[rank]:.2f}" if strongest is not None else "-",
-        "view_start": f"{int(strongest['layer'])},{int(strongest['head'])},{strongest['target']}" if strongest is not None else "0,0",
-        "examples": examples, "skipped": manifest.get("skipped", []), "notes": manifest.get("notes", []),
+        "analysis": analysis,
+        "pos": pos,
+        "neg": neg,
+        "covariate": analysis.name(analysis.covariate) if analysis.covariate else None,
+        "unit": analysis.name(analysis.unit) if analysis.unit else None,
+        "effects": effects_context(tables, heads, figures_dir, manifest, analysis),
+        "referents": referents_context(tables, figures_dir, analysis),
+        "model": manifest["model"]["spec"],
+        "directory": run.directory.name,
+        "suite": manifest["suite"]["name"],
+        "family": manifest["model"]["family"],
+        "description": manifest["suite"].get("description", ""),
+        "n_prompts": manifest["n_prompts"],
+        "n_items": int(run.prompts["item_id"].nunique()),
+        "n_layers": manifest["model"]["n_layers"],
+        "n_heads_per_layer": manifest["model"]["n_heads"],
+        "n_heads": manifest["model"]["n_layers"] * manifest["model"]["n_heads"],
+        "dtype": manifest["dtype"],
+        "suite_sha": manifest["suite"]["sha256"],
+        "finished": manifest.get("finished", ""),
+        "headline": headline(run, tables),
+        "heatmaps": heatmaps,
+        "behavior_figures": behavior_figures,
+        "top_heads": top.to_dict("records"),
+        "behavior": behavior.to_dict("records"),
+        "behavior_pooled": b.to_dict() if b is not None else None,
+        "n_interaction": significant.groupby("target").size().to_dict()
+        if analysis.covariate and len(heads)
+        else {},
+        "n_difference": heads[heads["difference_q"] < ALPHA].groupby("target").size().to_dict()
+        if len(heads)
+        else {},
+        "strongest": f"L{int(strongest['layer'])}H{int(strongest['head'])} -> {strongest['target']}, {rank} "
+        f"= {strongest[rank]:.2f}"
+        if strongest is not None
+        else "-",
+        "view_start": f"{int(strongest['layer'])},{int(strongest['head'])},{strongest['target']}"
+        if strongest is not None
+        else "0,0",
+        "examples": examples,
+        "skipped": manifest.get("skipped", []),
+        "notes": manifest.get("notes", []),
         "templates": [{"id": t, "text": texts.get(t, "")} for t in dict.fromkeys(run.prompts["template_id"])],
         "groups": analysis.groups,
     }
-
-
-def _effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: dict, analysis) -> dict | None:
-    """The head-effects section, when the run has them: per counterfactual word, the total effect,
-    the shares of it that patches carry, the layers (figure) and the strongest heads."""
-    if "head_effects" not in tables:
-        return None
-    info = manifest.get("head_effects", {})
-    slot, words = next(iter(info.get("counterfactual", {}).items()), (None, []))
-    label = f"change of log p({analysis.positive}) - log p({analysis.negative})"
-    sections = []
-    for summary in tables["head_effects_summary"].to_dict("records"):
-        word = summary["counterfactual"]
-        effects = tables["head_effects"][tables["head_effects"]["counterfactual"] == word]
-        shares = tables["head_effects_layer_shares"][tables["head_effects_layer_shares"]["counterfactual"] == word]
-        name = "".join(c if c.isalnum() else "_" for c in str(word))
-        exact = info.get("exact", "all") == "all"  # else only k heads were patched exactly: colour by attribution
-        figures = [figure(plots.head_heatmap(effects.assign(target=word), word, "mean_output_in" if exact else "mean_attribution_output", "q",
-                                             title=f"{slot} -> {word}: head output patched in" + ("" if exact else " (attribution;\nexact for the suite's heads)"),
-                                             label=label),
-                          figures_dir, f"head_effects_{name}", f"layer x head mean effect of patching each head's output, {slot} -> {word}"),
-                   figure(plots.layer_shares(shares, f"{slot} -> {word}: share of the total effect per layer"),
-                          figures_dir, f"layer_shares_{name}", f"per-layer shares of the total effect, {slot} -> {word}")]
-        ranked = effects.dropna(subset=["mean_output_in"])
-        direction = 1.0 if summary["te_mean"] >= 0 else -1.0
-        top = ranked.assign(score=direction * ranked["mean_output_in"]).sort_values("score", ascending=False).head(5)
-        sections.append({"word": word, "summary": summary, "figures": figures, "top": top.to_dict("records")})
-    if len(heads) and slot in set(heads["target"]):
-        sections[0]["figures"].append(figure(plots.head_heatmap(heads, slot, "d_z", "difference_q", title=f"{slot}: attention difference d_z", label="d_z"),
-                                             figures_dir, f"difference_{slot}_beside_effects", f"attention difference, source -> {slot}"))
-    return {"slot": slot, "words": words, "sections": sections, "seconds": info.get("seconds"), "dropped": info.get("dropped", []),
-            "exact": info.get("exact"), "select": info.get("select"), "halves_by": analysis.name(info.get("halves_by")),
-            "design": info.get("design", "slot"), "question": manifest.get("referent_choice"),
-            "referents": analysis.referents, "answer": analysis.name(analysis.answer) if analysis.answer else None}
-
-
-def _referents_context(tables: dict, figures_dir, analysis) -> dict | None:
-    """Referent accuracy, when the analysis declares referents: the model's own choice in a scored
-    continuation (when the suite asks), and per source the heads above chance."""
-    table = tables.get("referent_accuracy")
-    choice = tables.get("referent_choice_accuracy")
-    choice_groups = choice.iloc[1:].to_dict("records") if choice is not None and len(choice) else []
-    choice = choice.iloc[0].to_dict() if choice is not None and len(choice) else None
-    if (table is None or not len(table)) and choice is None:
-        return None
-    table = table if table is not None else pd.DataFrame(columns=["source"])
-    first, second = analysis.referents
-    sections = []
-    for source, rows in table.groupby("source", sort=False):
-        shown = rows.assign(target=source, above_chance=rows["accuracy"] - 0.5)
-        fig = figure(plots.head_heatmap(shown, source, "above_chance", "q", title=f"{source}: accuracy - 0.5 ({first} vs {second})",
-                                        label="accuracy - 0.5", limit=0.5), figures_dir, f"referent_accuracy_{source}",
-                     f"layer x head referent accuracy of {source}")
-        top = rows.sort_values("accuracy", ascending=False).head(5)
-        gap = rows["gap_q"] < ALPHA if "gap_q" in rows else pd.Series(False, index=rows.index)
-        sections.append({"source": source, "figure": fig, "top": top.to_dict("records"), "n_heads": len(rows),
-                         "n_above": int(((rows["q"] < ALPHA) & (rows["accuracy"] > 0.5)).sum()),
-                         "n_below": int(((rows["q"] < ALPHA) & (rows["accuracy"] < 0.5)).sum()), "n_gap": int(gap.sum()),
-                         "clusters": rows["clusters"].iloc[0]})
-    labels = [c.removeprefix("accuracy_") for c in (table if len(table) else pd.DataFrame(columns=list(choice or ()))).columns
-              if c.startswith("accuracy_")]
-    return {"first": first, "second": second, "answer": analysis.name(analysis.answer), "sections": sections, "choice": choice, "choice_groups": choice_groups,
-            "labels": labels, "paired": "gap" in table or "gap" in (choice or {})}
 
 
 def run_labels(contexts: list[dict]) -> list[str]:
@@ -207,7 +253,9 @@ def run_labels(contexts: list[dict]) -> list[str]:
         extra = [key for key in ("dtype", "suite") if len({c[key] for c in same}) > 1]
         if len(same) > 1 and not extra:
             extra = ["directory"]
-        labels.append(context["model"] + (f" ({', '.join(str(context[key]) for key in extra)})" if extra else ""))
+        labels.append(
+            context["model"] + (f" ({', '.join(str(context[key]) for key in extra)})" if extra else "")
+        )
     return labels
 
 
@@ -217,10 +265,17 @@ def difference_context(contexts: list[dict], tables: list[dict], figures_dir) ->
     grids = {(c["n_layers"], c["n_heads_per_layer"]) for c in contexts}
     if len(grids) > 1:
         shapes = " and ".join(f"{layers} x {heads}" for layers, heads in sorted(grids))
-        return {"figures": [], "note": f"No per-head difference: the runs have different head grids ({shapes} layers x heads); "
-                                       "compare their counts, intervals and layer profiles."}
+        return {
+            "figures": [],
+            "note": f"No per-head difference: the runs have different head grids ({shapes} layers x heads); "
+            "compare their counts, intervals and layer profiles.",
+        }
     if len({bool(c["covariate"]) for c in contexts}) > 1:
-        return {"figures": [], "note": "No per-head difference: only some of these runs declare a covariate, so they rank heads by different statistics."}
+        return {
+            "figures": [],
+            "note": "No per-head difference: only some of these runs declare a covariate, so they rank heads "
+            "by different statistics.",
+        }
     statistic = "interaction_r" if contexts[0]["covariate"] else "d_z"
     base = tables[0]["head_stats"]
     figures = []
@@ -232,9 +287,24 @@ def difference_context(contexts: list[dict], tables: list[dict], figures_dir) ->
             b = other[(other["scope"] == "all") & (other["target"] == target)].set_index(keys)[statistic]
             diff = (b - a).rename(statistic).reset_index().assign(target=target)
             name = "".join(ch if ch.isalnum() else "_" for ch in f"{context['label']}_{target}")
-            figures.append(figure(plots.head_heatmap(diff, target, statistic, None, title=f"{target}: {statistic},\n{context['label']} - {contexts[0]['label']}",
-                                                     label=f"difference of {statistic}"), figures_dir, f"difference_{name}",
-                                  f"per-head {statistic} of {context['label']} minus {contexts[0]['label']}, source -> {target}"))
-    return {"figures": figures, "note": f"Per head: {statistic} of each run minus that of {contexts[0]['label']} (no test: "
-                                        "a difference of two estimates; read the intervals in each run's table)."}
-
+            figures.append(
+                figure(
+                    plots.head_heatmap(
+                        diff,
+                        target,
+                        statistic,
+                        None,
+                        title=f"{target}: {statistic},\n{context['label']} - {contexts[0]['label']}",
+                        label=f"difference of {statistic}",
+                    ),
+                    figures_dir,
+                    f"difference_{name}",
+                    f"per-head {statistic} of {context['label']} minus {contexts[0]['label']}, source -> "
+                    f"{target}",
+                )
+            )
+    return {
+        "figures": figures,
+        "note": f"Per head: {statistic} of each run minus that of {contexts[0]['label']} (no test: "
+        "a difference of two estimates; read the intervals in each run's table).",
+    }

@@ -10,19 +10,42 @@ import seaborn as sns
 Q_LEVEL = 0.05
 
 
-def head_heatmap(heads: pd.DataFrame, target: str, value: str, q: str | None, title: str, label: str, limit: float | None = None):
+def head_heatmap(
+    heads: pd.DataFrame,
+    target: str,
+    value: str,
+    q: str | None,
+    title: str,
+    label: str,
+    limit: float | None = None,
+):
     """Layer x head heatmap of `value` for one target, every head coloured; a dot marks q < 0.05
     (a masked cell would look like a value near zero; `q` None: no test, no dots). `limit`: the
     colour range +-limit (shared by compared runs; correlations use 1); default the largest |value| shown."""
     sub = heads[heads["target"] == target]
     grid = sub.pivot(index="layer", columns="head", values=value)
-    significant = (sub.pivot(index="layer", columns="head", values=q) < Q_LEVEL if q else grid * 0 > 0).reindex_like(grid).fillna(False)
+    significant = (
+        (sub.pivot(index="layer", columns="head", values=q) < Q_LEVEL if q else grid * 0 > 0)
+        .reindex_like(grid)
+        .fillna(False)
+    )
     limit = limit or largest_abs(sub[value])
     fig, ax = plt.subplots(figsize=(1.2 + 0.45 * grid.shape[1], 1.0 + 0.22 * grid.shape[0]))
-    sns.heatmap(grid, cmap="RdBu_r", center=0, vmin=-limit, vmax=limit, ax=ax, cbar_kws={"label": label},
-                linewidths=0.3, linecolor="#eeeeee")
+    sns.heatmap(
+        grid,
+        cmap="RdBu_r",
+        center=0,
+        vmin=-limit,
+        vmax=limit,
+        ax=ax,
+        cbar_kws={"label": label},
+        linewidths=0.3,
+        linecolor="#eeeeee",
+    )
     rows, columns = np.nonzero(significant.to_numpy(dtype=bool))
-    ax.scatter(columns + 0.5, rows + 0.5, s=9, color="white", edgecolors="black", marker="o", linewidths=0.5)  # seen on any colour
+    ax.scatter(
+        columns + 0.5, rows + 0.5, s=9, color="white", edgecolors="black", marker="o", linewidths=0.5
+    )  # seen on any colour
     ax.set_title(f"{title}\ndots: q < {Q_LEVEL} (BH)" if q else title, fontsize=9)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
@@ -59,9 +82,15 @@ def layer_shares(shares: pd.DataFrame, title: str):
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     for (component, direction), group in shares.groupby(["component", "direction"], sort=False):
         style = {"in": "-", "out": "--"}.get(direction, ":")
-        name = f"{component}, patched {direction}" if direction in ("in", "out") else f"{component}, {direction} (every item)"
-        line, = ax.plot(group["layer"], group["share"], style, marker="o", markersize=3, label=name)
-        ax.fill_between(group["layer"], group["ci_low"], group["ci_high"], color=line.get_color(), alpha=0.12, linewidth=0)
+        name = (
+            f"{component}, patched {direction}"
+            if direction in ("in", "out")
+            else f"{component}, {direction} (every item)"
+        )
+        (line,) = ax.plot(group["layer"], group["share"], style, marker="o", markersize=3, label=name)
+        ax.fill_between(
+            group["layer"], group["ci_low"], group["ci_high"], color=line.get_color(), alpha=0.12, linewidth=0
+        )
     ax.axhline(0, color="#888888", linewidth=0.8)
     ax.set_xlabel("layer")
     ax.set_ylabel("share of the total effect")
@@ -72,15 +101,28 @@ def layer_shares(shares: pd.DataFrame, title: str):
 
 
 def behavior_scatter(per_unit: pd.DataFrame, summary: pd.DataFrame, xlabel: str, ylabel: str):
-    """Per-unit mean log-ratio against the covariate (all templates, weighted equally), with a fit and CI band."""
+    """Per-unit mean log-ratio against the covariate (all templates, weighted equally), with a fit and CI
+    band."""
     overall = summary[summary["scope"] == "all"].iloc[0]
     data = per_unit[(per_unit["scope"] == "all") & (per_unit["cut"] == overall["cut"])]
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    sns.regplot(data=data, x="covariate", y="log_ratio", ax=ax, scatter_kws={"s": 18}, line_kws={"color": "#b2182b"})
+    sns.regplot(
+        data=data, x="covariate", y="log_ratio", ax=ax, scatter_kws={"s": 18}, line_kws={"color": "#b2182b"}
+    )
     for row in data.itertuples():
-        ax.annotate(str(row.unit), (row.covariate, row.log_ratio), fontsize=6, alpha=0.7, xytext=(2, 2), textcoords="offset points")
-    ax.set_title(f"{ylabel} vs {xlabel}: r = {overall.pearson_r:.2f} "
-                 f"[{overall.pearson_ci_low:.2f}, {overall.pearson_ci_high:.2f}], n = {int(overall.n_units)}", fontsize=9)
+        ax.annotate(
+            str(row.unit),
+            (row.covariate, row.log_ratio),
+            fontsize=6,
+            alpha=0.7,
+            xytext=(2, 2),
+            textcoords="offset points",
+        )
+    ax.set_title(
+        f"{ylabel} vs {xlabel}: r = {overall.pearson_r:.2f} "
+        f"[{overall.pearson_ci_low:.2f}, {overall.pearson_ci_high:.2f}], n = {int(overall.n_units)}",
+        fontsize=9,
+    )
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f"mean {ylabel}")
     ax.axhline(0, color="#888888", linewidth=0.8)
@@ -93,8 +135,15 @@ def template_breakdown(summary: pd.DataFrame, xlabel: str):
     data = summary[summary["scope"] != "all"].sort_values(["kind", "pearson_r"])
     fig, ax = plt.subplots(figsize=(6.5, max(2.2, 0.6 + 0.32 * len(data))))
     y = np.arange(len(data))
-    ax.errorbar(data["pearson_r"], y, xerr=[data["pearson_r"] - data["pearson_ci_low"], data["pearson_ci_high"] - data["pearson_r"]],
-                fmt="o", color="#2166ac", ecolor="#92c5de", capsize=2)
+    ax.errorbar(
+        data["pearson_r"],
+        y,
+        xerr=[data["pearson_r"] - data["pearson_ci_low"], data["pearson_ci_high"] - data["pearson_r"]],
+        fmt="o",
+        color="#2166ac",
+        ecolor="#92c5de",
+        capsize=2,
+    )
     ax.set_yticks(y, [f"{s} ({k})" if k == "group" else s for s, k in zip(data["scope"], data["kind"])])
     ax.axvline(0, color="#888888", linewidth=0.8)
     ax.set_xlabel(f"Pearson r with {xlabel} (95% bootstrap CI)")

@@ -10,14 +10,17 @@ from contextlib import contextmanager
 
 import torch
 
-from ..capture import pad_right, run_with_capture, run_with_shared_prefixes
+from ..capture import pad_right, run_with_capture
 from ..measures import BATCH_KINDS
 from ..models import ProbeModel
+from ..packing import run_with_shared_prefixes
 from ..suite import Suite
 from .plan import Encoded
 
 
-def measure_batch(pm: ProbeModel, suite: Suite, batch: list[Encoded], context: dict, packs: list[int] | None = None) -> dict:
+def measure_batch(
+    pm: ProbeModel, suite: Suite, batch: list[Encoded], context: dict, packs: list[int] | None = None
+) -> dict:
     """Every per-batch measure kind's part for one batch ({kind name: part}), from a single
     forward pass that captures what all of them asked for. `packs`: the sizes of the packs of
     consecutive prompts forwarded as one row each, every shared prefix once (see plan.Batch)."""
@@ -33,7 +36,9 @@ def measure_batch(pm: ProbeModel, suite: Suite, batch: list[Encoded], context: d
     else:
         ids, mask = pad_right([e.forward_ids for e in batch], pm.tokenizer.pad_token_id)
         captured = run_with_capture(pm, ids, mask, **asked)
-    return {kind.NAME: kind.read(pm, suite, batch, captured, states[kind.NAME], context) for kind in BATCH_KINDS}
+    return {
+        kind.NAME: kind.read(pm, suite, batch, captured, states[kind.NAME], context) for kind in BATCH_KINDS
+    }
 
 
 def pack_weights(weights: torch.Tensor) -> tuple[list[int], str]:
@@ -43,7 +48,9 @@ def pack_weights(weights: torch.Tensor) -> tuple[list[int], str]:
     return list(quantised.shape), base64.b64encode(quantised.tobytes()).decode()
 
 
-def example_attention(pm: ProbeModel, encoded: list[Encoded], contrast: str | None, n_items: int = 2) -> list[dict]:
+def example_attention(
+    pm: ProbeModel, encoded: list[Encoded], contrast: str | None, n_items: int = 2
+) -> list[dict]:
     """Full attention (every layer, head, row) of a few prompts, for the report's attention view:
     every variant of the first item of the first and of the last template."""
     templates = list(dict.fromkeys(e.prompt.template_id for e in encoded))
@@ -54,16 +61,25 @@ def example_attention(pm: ProbeModel, encoded: list[Encoded], contrast: str | No
         chosen += [e for e in encoded if e.prompt.item_id == first_item]
     ids, mask = pad_right([e.ids for e in chosen], pm.tokenizer.pad_token_id)
     captured = run_with_capture(pm, ids, mask)  # one batch, every row
-    weights = torch.stack([captured.weights[layer] for layer in sorted(captured.weights)], dim=1)  # (B, L, H, T, T)
+    weights = torch.stack(
+        [captured.weights[layer] for layer in sorted(captured.weights)], dim=1
+    )  # (B, L, H, T, T)
     examples = []
     for b, e in enumerate(chosen):
         T = len(e.ids)
         shape, packed = pack_weights(weights[b, :, :, :T, :T])
-        examples.append({
-            "prompt_id": e.prompt.prompt_id, "item_id": e.prompt.item_id, "text": e.prompt.text, "label": str(e.prompt.meta.get(f"{contrast}_label", "")),
-            "tokens": [pm.tokenizer.decode([i]) for i in e.ids], "spans": e.spans,
-            "shape": shape, "weights_u16_base64": packed,
-        })
+        examples.append(
+            {
+                "prompt_id": e.prompt.prompt_id,
+                "item_id": e.prompt.item_id,
+                "text": e.prompt.text,
+                "label": str(e.prompt.meta.get(f"{contrast}_label", "")),
+                "tokens": [pm.tokenizer.decode([i]) for i in e.ids],
+                "spans": e.spans,
+                "shape": shape,
+                "weights_u16_base64": packed,
+            }
+        )
     return examples
 
 

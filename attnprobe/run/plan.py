@@ -10,9 +10,18 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import SuiteError
+from ..estimates import head_effect_seconds, prompt_seconds
+from ..measures.head_effects import HeadEffectsMeasure
+from ..measures.head_effects import plan_sha256 as head_effects_plan
+from ..measures.next_token import candidate_ids
+from ..models import DEFAULT_MODEL, ProbeModel, load_tokenizer, routes_attention
+from ..patching.items import Dropped, PatchItem
+from ..sharing import prefix_sharing_blocker
 from ..suite import Prompt, Suite, spread_key, token_spans
+from ..version import __version__
 
 
 @dataclass(frozen=True)
@@ -48,7 +57,9 @@ def select_prompts(prompts: tuple[Prompt, ...], limit: int | None) -> list[Promp
     return sorted(chosen, key=lambda p: p.prompt_id)
 
 
-def encode_prompts(suite: Suite, prompts: list[Prompt], tokenizer, max_positions: int | None) -> list[Encoded]:
+def encode_prompts(
+    suite: Suite, prompts: list[Prompt], tokenizer, max_positions: int | None
+) -> list[Encoded]:
     """Tokenise once and map spans to tokens; every problem is a `file:line:` SuiteError. The first
     position, where most models park attention (a sink), is treated as the suite says: `bos`
     prepends the tokenizer's BOS token where it adds none, `exclude` takes token 0 out of every span
@@ -56,23 +67,37 @@ def encode_prompts(suite: Suite, prompts: list[Prompt], tokenizer, max_positions
     encodings = tokenizer([p.text for p in prompts], return_offsets_mapping=True, add_special_tokens=True)
     bos = getattr(tokenizer, "bos_token_id", None)
     if suite.first_token == "bos" and bos is None:
-        raise SuiteError(f"{suite.path}: first_token: bos, but this tokenizer has no BOS token; use first_token: exclude")
+        raise SuiteError(
+            f"{suite.path}: first_token: bos, but this tokenizer has no BOS token; use first_token: exclude"
+        )
     encoded = []
     for prompt, ids, offsets in zip(prompts, encodings["input_ids"], encodings["offset_mapping"]):
         if suite.first_token == "bos" and (not ids or ids[0] != bos):
             ids, offsets = [bos, *ids], [(0, 0), *offsets]  # (0, 0): a special token, in no span
         if max_positions is not None and len(ids) > max_positions:
-            raise SuiteError(f"{prompt.origin}: prompt {prompt.prompt_id} has {len(ids)} tokens, more than the model's "
-                             f"context of {max_positions}; shorten the template or its slot values")
+            raise SuiteError(
+                f"{prompt.origin}: prompt {prompt.prompt_id} has {len(ids)} tokens, more than the model's "
+                f"context of {max_positions}; shorten the template or its slot values"
+            )
         spans = token_spans([tuple(o) for o in offsets], prompt.spans)
         for name, (start, _) in spans.items():
             if start < 0:
-                raise SuiteError(f"{prompt.origin}: span '{name}' covers no token in {prompt.text!r}; give the slot visible text")
+                raise SuiteError(
+                    f"{prompt.origin}: span '{name}' covers no token in {prompt.text!r}; give the slot "
+                    "visible text"
+                )
         if suite.first_token == "exclude":
-            spans = {name: (max(start, 1), end) for name, (start, end) in spans.items() if end > 1 or name in prompt.candidates}
+            spans = {
+                name: (max(start, 1), end)
+                for name, (start, end) in spans.items()
+                if end > 1 or name in prompt.candidates
+            }
         for cut in prompt.candidates:
             if spans[cut][0] == 0:
-                raise SuiteError(f"{prompt.origin}: next_token cut at '{cut}' leaves no tokens before it in {prompt.text!r}")
+                raise SuiteError(
+                    f"{prompt.origin}: next_token cut at '{cut}' leaves no tokens before it in "
+                    f"{prompt.text!r}"
+                )
         encoded.append(Encoded(prompt, tuple(ids), spans, forward_length(suite, prompt, spans)))
     return encoded
 
@@ -86,9 +111,15 @@ def sink_notes(suite: Suite, encoded: list[Encoded]) -> list[str]:
             for target in m.targets:
                 if target in e.spans and e.spans[target][0] == 0:
                     counts.setdefault(target, []).append(e.prompt)
-    return [f"attention target '{name}' sits on the first token in {len(found)} prompt(s) (e.g. {found[0].origin}: "
-            f"{found[0].text!r}), where most models park attention (a sink); set first_token: bos (prepend the model's "
-            "BOS token) or exclude in the suite" for name, found in counts.items() if suite.first_token == "keep"]
+    return [
+        f"attention target '{name}' sits on the first token in {len(found)} prompt(s) (e.g. "
+        f"{found[0].origin}: "
+        f"{found[0].text!r}), where most models park attention (a sink); set first_token: bos (prepend the "
+        "model's "
+        "BOS token) or exclude in the suite"
+        for name, found in counts.items()
+        if suite.first_token == "keep"
+    ]
 
 
 def forward_length(suite: Suite, prompt: Prompt, spans: dict[str, tuple[int, int]]) -> int:
@@ -104,7 +135,7 @@ def forward_length(suite: Suite, prompt: Prompt, spans: dict[str, tuple[int, int
 @dataclass(frozen=True)
 class Batch:
     """Prompts forwarded together (indices into the encoded prompts), in packs: a pack of several
-    prompts is forwarded as one row holding each shared prefix once (capture.run_with_shared_prefixes);
+    prompts is forwarded as one row holding each shared prefix once (packing.run_with_shared_prefixes);
     a batch of packs of one is the plain forward, one prompt per row."""
 
     packs: tuple[tuple[int, ...], ...]
@@ -135,8 +166,9 @@ def _common_length(a: tuple, b: tuple) -> int:
     return n
 
 
-def plan_batches(encoded: list[Encoded], batch_size: int, max_batch_tokens: int | None = None,
-                 share_prefixes: bool = False) -> list[Batch]:
+def plan_batches(
+    encoded: list[Encoded], batch_size: int, max_batch_tokens: int | None = None, share_prefixes: bool = False
+) -> list[Batch]:
     """Batches of at most `batch_size` prompts and, if given, at most `max_batch_tokens` padded
     tokens. Without `share_prefixes` every prompt is a row of its own, the rows sorted by forwarded
     length (then prompt id). With it, prompts sorted by their token ids are the leaves of a trie in
@@ -144,7 +176,9 @@ def plan_batches(encoded: list[Encoded], batch_size: int, max_batch_tokens: int 
     tokens after the prefix it shares with the previous one), forwarded one pack per row; the packs
     are sorted by their token count."""
     if share_prefixes:
-        order = sorted(range(len(encoded)), key=lambda i: (encoded[i].forward_ids, encoded[i].prompt.prompt_id))
+        order = sorted(
+            range(len(encoded)), key=lambda i: (encoded[i].forward_ids, encoded[i].prompt.prompt_id)
+        )
         packs, size, previous = [], {}, ()
         for i in order:
             ids = encoded[i].forward_ids
@@ -163,7 +197,9 @@ def plan_batches(encoded: list[Encoded], batch_size: int, max_batch_tokens: int 
     for pack in packs:
         longest = size[pack[0]]  # sorted: the newest row is the longest of its batch
         prompts = sum(map(len, current)) + len(pack)
-        too_many_tokens = max_batch_tokens is not None and current and (len(current) + 1) * longest > max_batch_tokens
+        too_many_tokens = (
+            max_batch_tokens is not None and current and (len(current) + 1) * longest > max_batch_tokens
+        )
         if current and (prompts > batch_size or too_many_tokens):
             batches.append(Batch(tuple(current)))
             current = []
@@ -179,7 +215,12 @@ def sharing_summary(chunks: list[list[Batch]], encoded: list[Encoded], blocker: 
     for pack in (pack for chunk in chunks for batch in chunk for pack in batch.packs):
         ids = sorted(encoded[i].forward_ids for i in pack)
         forwarded += sum(len(b) - _common_length(a, b) for a, b in zip([()] + ids, ids))  # the trie's nodes
-    return {"enabled": blocker is None, "reason": blocker, "tokens_forwarded": forwarded, "tokens_without_sharing": plain}
+    return {
+        "enabled": blocker is None,
+        "reason": blocker,
+        "tokens_forwarded": forwarded,
+        "tokens_without_sharing": plain,
+    }
 
 
 def plan_chunks(batches: list[Batch], chunk_size: int) -> list[list[Batch]]:
@@ -200,8 +241,13 @@ def plan_sha256(chunks: list[list[Batch]], encoded: list[Encoded]) -> str:
     """What every chunk forwards (prompt ids and forwarded token ids, pack by pack and batch by
     batch): a resumed run or a shard continues only a run that planned the very same batches, which
     another tokenizer or another attnprobe version may not."""
-    plan = [[[[(encoded[i].prompt.prompt_id, encoded[i].forward_ids) for i in pack] for pack in batch.packs]
-             for batch in chunk] for chunk in chunks]
+    plan = [
+        [
+            [[(encoded[i].prompt.prompt_id, encoded[i].forward_ids) for i in pack] for pack in batch.packs]
+            for batch in chunk
+        ]
+        for chunk in chunks
+    ]
     return hashlib.sha256(json.dumps(plan).encode()).hexdigest()
 
 
@@ -210,3 +256,130 @@ def fingerprint(settings: dict, shard) -> str:
     keyed = dict(settings, shard=list(shard)) if shard else settings
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
 
+
+# ------------------------------------------------------------------------------ the whole run
+
+EFFECT_CHUNK_ITEMS = 32  # head-effects items per chunk: at most this many items are redone after a kill
+HELD_OUT_CHUNK_ITEMS = 2  # held-out items (every head patched exactly, ~60x the cost of another) per chunk
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything a run (or `check`) knows before any weights load: the prompts and their batches,
+    the head-effect items and their chunks, where results go and the hashes a resumed run or a
+    shard must share."""
+
+    suite: Suite
+    spec: str  # the model spec
+    name: str  # the model's directory name
+    directory: Path
+    dtype: str
+    encoded: list[Encoded]
+    context: dict  # what every batch reads (candidate ids)
+    blocker: str | None  # why prefixes are not shared (None: they are)
+    chunks: list[list[Batch]]
+    effects: HeadEffectsMeasure | None
+    effect_items: list[PatchItem]
+    dropped: list[Dropped]
+    effect_chunks: list[list[PatchItem]]
+    effects_plan: str | None
+    settings: dict  # what the fingerprint and the manifest record
+    fingerprint: str
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self.suite.notes) + sink_notes(self.suite, self.encoded)
+
+    @property
+    def sharing(self) -> dict:
+        return sharing_summary(self.chunks, self.encoded, self.blocker)
+
+    def estimate_seconds(self) -> tuple[float, float]:
+        """(prompts, head effects) in seconds for the reference model on 2 CPU cores."""
+        effects = head_effect_seconds(self.effects, self.effect_items) if self.effects else 0.0
+        return prompt_seconds(len(self.encoded)), effects
+
+
+def model_name(spec: str) -> str:
+    """The directory name of a model spec: a path's last part (without .gguf), a hub id with '_' for '/'."""
+    path = Path(spec)
+    if spec.endswith(".gguf"):
+        return path.stem
+    if path.exists():
+        return path.resolve().name or "model"
+    return spec.replace("/", "_")
+
+
+def plan_run(suite: Suite, model, options) -> RunPlan:
+    """The plan of `suite` on `model` (a spec, a loaded ProbeModel, or None: the suite's model) with
+    `options` (RunOptions). Reads the tokenizer only; every suite, token and head-effects problem
+    surfaces here, before any weights load."""
+    loaded = isinstance(model, ProbeModel)
+    spec = model.info.spec if loaded else (model or suite.model or DEFAULT_MODEL)
+    if loaded:
+        tokenizer, max_positions, config = model.tokenizer, model.info.max_positions, model.model.config
+    else:
+        tokenizer, max_positions, config = load_tokenizer(spec, trust_remote_code=options.trust_remote_code)
+    dtype = (
+        str(model.dtype).removeprefix("torch.") if loaded else options.dtype
+    )  # a loaded model keeps its own
+    prompts = select_prompts(suite.prompts, options.limit)
+    encoded = encode_prompts(suite, prompts, tokenizer, max_positions)
+    longest = max((e.n_forward for e in encoded), default=0)
+    blocker = prefix_sharing_blocker(config, longest) if options.share_prefixes else "switched off"
+    batches = plan_batches(
+        encoded, options.batch_size, options.max_batch_tokens, share_prefixes=blocker is None
+    )
+    chunks = plan_chunks(batches, options.chunk_size)
+    effects, items, dropped, effect_chunks = None, [], [], []
+    if options.head_effects and suite.head_effects:
+        effects = suite.head_effects.for_prompts(len(encoded), len(suite.prompts))
+        effects.check_family(routes_attention(config), spec)
+        items, dropped = effects.items(tokenizer, encoded)
+        effect_chunks = _effect_chunks(items, effects.held_out_ids(items))
+    name = model.info.name if loaded else model_name(spec)
+    directory = Path(options.out) if options.out else Path("reports") / suite.name / name
+    if options.shard is not None:  # every rank may be given the same --out
+        directory = directory / f"shard-{options.shard[0]}-of-{options.shard[1]}"
+    settings = {
+        "suite_sha256": suite.sha256,
+        "model": spec,
+        "dtype": dtype,
+        "batch_size": options.batch_size,
+        "chunk_size": options.chunk_size,
+        "limit": options.limit,
+        "max_batch_tokens": options.max_batch_tokens,
+        "attnprobe": __version__,
+        "share_prefixes": blocker is None,
+        "plan_sha256": plan_sha256(chunks, encoded),
+    }
+    return RunPlan(
+        suite,
+        spec,
+        name,
+        directory,
+        dtype,
+        encoded,
+        {"candidate_ids": candidate_ids(suite.next_token, prompts, tokenizer)},
+        blocker,
+        chunks,
+        effects,
+        items,
+        dropped,
+        effect_chunks,
+        head_effects_plan(items, effects) if effects else None,
+        settings,
+        fingerprint(settings, options.shard),
+    )
+
+
+def _effect_chunks(items: list[PatchItem], held_out: set[str]) -> list[list[PatchItem]]:
+    """The held-out items first, HELD_OUT_CHUNK_ITEMS per chunk, then the others, EFFECT_CHUNK_ITEMS
+    per chunk."""
+
+    def split(part, size):
+        return [part[i : i + size] for i in range(0, len(part), size)]
+
+    return split([i for i in items if i.item_id in held_out], HELD_OUT_CHUNK_ITEMS) + split(
+        [i for i in items if i.item_id not in held_out], EFFECT_CHUNK_ITEMS
+    )

@@ -28,21 +28,28 @@ class RunFiles:
 
     def require_complete(self) -> None:
         """Statistics need every prompt: refuse an unfinished run or a lone shard in one line."""
-        status = self.manifest.get("status", "complete")  # runs of 0.1 wrote no status
+        status = self.manifest["status"]
         if status == "shard complete":
-            raise RunError(f"{self.directory} is one shard of a run; join all shards with `attnprobe merge OUT SHARD_DIR ...` "
-                           "and report on OUT")
+            raise RunError(
+                f"{self.directory} is one shard of a run; join all shards with `attnprobe merge OUT "
+                "SHARD_DIR ...` "
+                "and report on OUT"
+            )
         if status != "complete":
-            raise RunError(f"the run in {self.directory} is not finished (status: {status}); rerun the same "
-                           "`attnprobe run` command to finish it, then report")
+            raise RunError(
+                f"the run in {self.directory} is not finished (status: {status}); rerun the same "
+                "`attnprobe run` command to finish it, then report"
+            )
 
     def _read(self, what: str, read) -> pd.DataFrame:
         """A table of the run; a missing or damaged file is one line saying how to rebuild it."""
         try:
             return read()
         except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
-            raise RunError(f"{self.directory}: {what} is missing or damaged ({type(exc).__name__}: {str(exc)[:120]}); "
-                           "rerun the same `attnprobe run` command, which rebuilds it from the finished chunks") from None
+            raise RunError(
+                f"{self.directory}: {what} is missing or damaged ({type(exc).__name__}: {str(exc)[:120]}); "
+                "rerun the same `attnprobe run` command, which rebuilds it from the finished chunks"
+            ) from None
 
     @cached_property
     def prompts(self) -> pd.DataFrame:
@@ -70,19 +77,30 @@ class RunFiles:
 
     @cached_property
     def head_effect_items(self) -> pd.DataFrame:
-        """Per item, counterfactual and head: patching and attribution effects (see attnprobe.interventions)."""
-        return self._read(HEAD_EFFECTS_FILES[0], lambda: pd.read_parquet(self.directory / HEAD_EFFECTS_FILES[0]))
+        """Per item, counterfactual and head: patching and attribution effects (see
+        attnprobe.patching)."""
+        return self._read(
+            HEAD_EFFECTS_FILES["items"], lambda: pd.read_parquet(self.directory / HEAD_EFFECTS_FILES["items"])
+        )
 
     @cached_property
     def head_effect_totals(self) -> pd.DataFrame:
         """Per item and counterfactual: y, y', the total effect and the joint patches."""
-        return self._read("head_effects_totals.parquet", lambda: read_table(self.directory, "head_effects_totals"))
+        return self._read(
+            "head_effects_totals.parquet", lambda: read_table(self.directory, "head_effects_totals")
+        )
 
     @cached_property
     def head_effect_layers(self) -> pd.DataFrame:
         """Per item, counterfactual and layer: the attention and MLP output patches."""
-        return self._read(HEAD_EFFECTS_FILES[2], lambda: pd.read_parquet(self.directory / HEAD_EFFECTS_FILES[2]))
+        return self._read(
+            HEAD_EFFECTS_FILES["layers"],
+            lambda: pd.read_parquet(self.directory / HEAD_EFFECTS_FILES["layers"]),
+        )
 
     def __repr__(self) -> str:
         m = self.manifest
-        return f"{type(self).__name__}({self.directory}, suite={m['suite']['name']}, model={m['model']['spec']}, prompts={m['n_prompts']})"
+        suite, model = m["suite"]["name"], m["model"]["spec"]
+        return (
+            f"{type(self).__name__}({self.directory}, suite={suite}, model={model}, prompts={m['n_prompts']})"
+        )

@@ -19,50 +19,84 @@ import fcntl
 import hashlib
 import json
 import os
-import platform
 import re
-import shutil
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
+from ..bundled import files_sha256
 from ..errors import RunError
 from ..measures import BATCH_KINDS
 from ..measures.attention import ATTENTION_SCHEMA
-from ..models import ProbeModel, files_sha256
+from ..models import ProbeModel
 from ..tables import write_csv, write_parquet
-from ..version import __version__
-from .plan import Encoded, fingerprint
+from .manifest import check_format
+from .plan import Encoded
 
-ARTEFACTS = ("chunks", "attention.parquet", "logprobs.csv", "logprobs.parquet", "prompts.csv", "prompts.parquet",
-             "examples.json", "head_effects_items.parquet", "head_effects_layers.parquet", "head_effects_totals.csv",
-             "head_effects_totals.parquet", "referent_choice.csv", "referent_choice.parquet", "manifest.json")
+ARTEFACTS = (
+    "chunks",
+    "attention.parquet",
+    "logprobs.csv",
+    "logprobs.parquet",
+    "prompts.csv",
+    "prompts.parquet",
+    "examples.json",
+    "head_effects_items.parquet",
+    "head_effects_layers.parquet",
+    "head_effects_totals.csv",
+    "head_effects_totals.parquet",
+    "referent_choice.csv",
+    "referent_choice.parquet",
+    "manifest.json",
+)
 # written from a run by the report: statistics tables (as <name>.csv), figures, the page
 TABLES_KEY = "tables.json"  # which statistics version and analysis the cached tables were made with
-STATS_TABLES = ("head_stats", "layer_stats", "behavior", "behavior_by_unit", "condition_means", "referent_accuracy",
-                "referent_choice_accuracy")
+STATS_TABLES = (
+    "head_stats",
+    "layer_stats",
+    "behavior",
+    "behavior_by_unit",
+    "condition_means",
+    "referent_accuracy",
+    "referent_choice_accuracy",
+)
 HEAD_EFFECT_TABLES = ("head_effects", "head_effects_layer_shares", "head_effects_summary")
-DERIVED = tuple(f"{name}.{ext}" for name in STATS_TABLES + HEAD_EFFECT_TABLES for ext in ("csv", "parquet")) + ("behavior_by_occupation.csv", TABLES_KEY, "figures", "report.html")  # the first name of behavior_by_unit
+DERIVED = tuple(
+    f"{name}.{ext}" for name in STATS_TABLES + HEAD_EFFECT_TABLES for ext in ("csv", "parquet")
+) + ("behavior_by_occupation.csv", TABLES_KEY, "figures", "report.html")  # the first name of behavior_by_unit
 
 
 def prompts_table(encoded: list[Encoded]) -> pd.DataFrame:
     records = []
     for e in encoded:
         p = e.prompt
-        record = {"prompt_id": p.prompt_id, "item_id": p.item_id, "template_id": p.template_id, "text": p.text,
-                  "n_tokens": len(e.ids), **p.slots, **p.meta}
+        record = {
+            "prompt_id": p.prompt_id,
+            "item_id": p.item_id,
+            "template_id": p.template_id,
+            "text": p.text,
+            "n_tokens": len(e.ids),
+            **p.slots,
+            **p.meta,
+        }
         for name, (c0, c1) in p.spans.items():
             t0, t1 = e.spans.get(name, (None, None))  # None: left out (first_token: exclude)
-            record.update({f"{name}_char_start": c0, f"{name}_char_end": c1, f"{name}_tok_start": t0, f"{name}_tok_end": t1})
+            record.update(
+                {
+                    f"{name}_char_start": c0,
+                    f"{name}_char_end": c1,
+                    f"{name}_tok_start": t0,
+                    f"{name}_tok_end": t1,
+                }
+            )
         records.append(record)
     table = pd.DataFrame.from_records(records)
-    span_columns = [c for c in table.columns if c.endswith(("_char_start", "_char_end", "_tok_start", "_tok_end"))]
+    span_columns = [
+        c for c in table.columns if c.endswith(("_char_start", "_char_end", "_tok_start", "_tok_end"))
+    ]
     table[span_columns] = table[span_columns].astype("Int64")  # spans a template lacks stay empty
     return table
 
@@ -76,8 +110,10 @@ def atomic_write(path: Path, write) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise RunError(f"cannot write {path}: {exc.strerror or exc}; results written so far are kept: "
-                       "free space or fix permissions, then rerun the same command to resume") from None
+        raise RunError(
+            f"cannot write {path}: {exc.strerror or exc}; results written so far are kept: "
+            "free space or fix permissions, then rerun the same command to resume"
+        ) from None
 
 
 def write_table(directory: Path, name: str, table: pd.DataFrame) -> None:
@@ -86,77 +122,12 @@ def write_table(directory: Path, name: str, table: pd.DataFrame) -> None:
     atomic_write(directory / f"{name}.parquet", lambda p: write_parquet(table, p))
 
 
-def versions() -> dict:
-    import transformers
-
-    return {"attnprobe": __version__, "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "pandas": pd.__version__, "numpy": np.__version__}
-
-
 def weights_sha(pm: ProbeModel) -> str | None:
     if pm.info.source_sha256:
         return pm.info.source_sha256
     folder = Path(str(getattr(pm.model, "name_or_path", "")))
     files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
     return files_sha256(files) if files else None
-
-
-def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
-    """Join the directories of a sharded run (`--shard K/N`, all N of them) into one run directory
-    identical to an unsharded run with the same settings."""
-    shard_dirs = [Path(d) for d in shard_dirs]
-    manifests = []
-    for d in shard_dirs:
-        path = d / "manifest.json"
-        if not path.is_file():
-            raise RunError(f"{d}: no manifest.json; give the directories written by `attnprobe run --shard K/N`")
-        manifests.append(read_manifest(path))
-    for d, m in zip(shard_dirs, manifests):
-        if not m.get("shard") or m.get("status") != "shard complete":
-            raise RunError(f"{d} is not a finished shard (status: {m.get('status')}); finish it by rerunning its command")
-    n = manifests[0]["shard"][1]
-    ks = sorted(m["shard"][0] for m in manifests)
-    if ks != list(range(1, n + 1)) or any(m["shard"][1] != n for m in manifests):
-        raise RunError(f"shards {ks} of {n} given; give each of the {n} shard directories exactly once")
-    if len({json.dumps(m["settings"], sort_keys=True) for m in manifests}) != 1:
-        raise RunError("the shards were run with different settings (suite, model, dtype, batch, chunk, limit or tokenisation)")
-    by_k = {m["shard"][0]: (d, m) for d, m in zip(shard_dirs, manifests)}
-    out = Path(out)
-    if any(out.resolve() == d.resolve() for d in shard_dirs):
-        raise RunError(f"{out} is one of the shard directories; merge into a new directory")
-    if (out / "manifest.json").is_file() and read_manifest(out / "manifest.json").get("settings") != manifests[0]["settings"]:
-        raise RunError(f"{out} holds a run with other settings; merge into a new directory")
-    (out / "chunks").mkdir(parents=True, exist_ok=True)
-    with exclusive(out):
-        n_chunks = manifests[0]["n_chunks"]
-        for k in range(n_chunks):
-            source_dir = by_k[k % n + 1][0] / "chunks"
-            if k not in complete_chunks(source_dir, n_chunks, lambda m: None):
-                raise RunError(f"{source_dir} lacks chunk {k} (or it is damaged); rerun that shard's command to finish it")
-            _copy_chunk(source_dir, out / "chunks", k, "")
-        first_dir, first = by_k[1]
-        n_effects = first.get("n_effect_chunks", 0)
-        for k in range(n_effects):
-            source_dir = by_k[k % n + 1][0] / "chunks"
-            if k not in complete_chunks(source_dir, n_effects, lambda m: None, "effects-", first.get("effects_plan")):
-                raise RunError(f"{source_dir} lacks head-effects chunk {k}; rerun that shard's command to finish it")
-            _copy_chunk(source_dir, out / "chunks", k, "effects-")
-        optional = [n for n in ("referent_choice.csv", "referent_choice.parquet") if (first_dir / n).is_file()]  # shard 1, when declared
-        for name in ("prompts.csv", "prompts.parquet", "examples.json", *optional):
-            shutil.copyfile(first_dir / name, out / name)
-        assemble(out, n_chunks)
-        merged = dict(first, shard=None, status="complete", merged_from=[str(d) for d in shard_dirs],
-                      fingerprint=fingerprint(first["settings"], None), finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        if n_effects:  # the selected-heads phase needs every item: `attnprobe run` on the merged directory adds it
-            assemble_head_effects(out, n_effects)
-            merged["head_effects"] = dict(first["head_effects"], seconds=round(sum(m["head_effects"]["seconds"] for m in manifests), 3))
-        write_manifest(out, merged)
-    return out
-
-
-def _copy_chunk(source: Path, target: Path, k: int, kind: str) -> None:
-    for suffix in (*CHUNK_FILES[kind], "done"):
-        shutil.copyfile(source / f"{kind}{k:05d}.{suffix}", target / f"{kind}{k:05d}.{suffix}")
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:
@@ -169,12 +140,17 @@ def exclusive(directory: Path):
     try:
         handle = open(directory / ".lock", "a+")
     except OSError as exc:
-        raise RunError(f"cannot lock {directory / '.lock'} ({exc.strerror}); make the directory writable or choose another --out") from None
+        raise RunError(
+            f"cannot lock {directory / '.lock'} ({exc.strerror}); make the directory writable or choose "
+            "another --out"
+        ) from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        raise RunError(f"another attnprobe run is writing {directory}; wait for it to finish or choose --out") from None
+        raise RunError(
+            f"another attnprobe run is writing {directory}; wait for it to finish or choose --out"
+        ) from None
     try:
         yield
     finally:
@@ -182,16 +158,20 @@ def exclusive(directory: Path):
         handle.close()
 
 
-# Chunk files per kind: the main measures, head effects (chunks of items, named effects-<k>) and the
-# second, selected-heads phase of head effects (one chunk, selected-00000).
-CHUNK_FILES = {"": tuple(f"{kind.NAME}.parquet" for kind in BATCH_KINDS),
-               "effects-": ("items.parquet", "layers.parquet", "totals.parquet"), "selected-": ("items.parquet", "totals.parquet")}
+# Chunk files per phase (run/phases.py), by file prefix: the prompts (every per-batch measure), the
+# referent choice (chunks of prompts), the head-effect screen and selected heads (chunks of items).
+CHUNK_FILES = {
+    "": tuple(f"{kind.NAME}.parquet" for kind in BATCH_KINDS),
+    "choice-": ("referent_choice.parquet",),
+    "effects-": ("items.parquet", "layers.parquet", "totals.parquet"),
+    "selected-": ("items.parquet", "totals.parquet"),
+}
 
 
 def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: str | None = None) -> set[int]:
-    """Chunks with a marker whose files are byte for byte what was written (SHA-256 in the marker;
-    markers from before checksums: every page decodes) and, for head effects, were made for this
-    plan of items; a damaged or foreign chunk loses its marker and is redone."""
+    """Chunks with a marker whose files are byte for byte what was written (SHA-256 in the marker)
+    and were made for this plan (phases that have one); a damaged or foreign chunk loses its marker
+    and is redone."""
     done = set()
     for k in range(n_chunks):
         marker = chunk_dir / f"{kind}{k:05d}.done"
@@ -203,9 +183,7 @@ def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: s
                 raise ValueError("made for another plan of items")
             files = {name: chunk_dir / f"{kind}{k:05d}.{name}" for name in CHUNK_FILES[kind]}
             for name, path in files.items():
-                if "sha256" not in info:
-                    pq.read_table(path)
-                elif digest(path) != info["sha256"].get(name):
+                if digest(path) != info["sha256"].get(name):
                     raise ValueError(f"{path.name} differs from what was written")
             if pq.read_metadata(files[CHUNK_FILES[kind][0]]).num_rows != info["rows"]:
                 raise ValueError(f"expected {info['rows']} rows")
@@ -218,27 +196,35 @@ def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: s
 
 
 # what attnprobe writes inside chunks/ and figures/ (anything else there is someone else's)
-OWN_FILES = {"chunks": re.compile(r"(effects-|selected-)?\d{5}\.(done|[a-z_]+\.parquet)|\..+\.tmp"),
-             "figures": re.compile(r"[\w-]+\.(png|svg)")}
+OWN_FILES = {
+    "chunks": re.compile(r"(choice-|effects-|selected-)?\d{5}\.(done|[a-z_]+\.parquet)|\..+\.tmp"),
+    "figures": re.compile(r"[\w-]+\.(png|svg)"),
+}
 
 
-def prepare_directory(directory: Path, expected: str, resume: bool, suite_name: str, log=print) -> dict | None:
+def prepare_directory(
+    directory: Path, expected: str, resume: bool, suite_name: str, log=print
+) -> dict | None:
     """Make `directory` ready for a run with this fingerprint; return the manifest to continue (the
     same fingerprint and `resume`), else None. Starting over (--fresh) replaces only a run of the
     same suite, and deletes only what attnprobe writes, where manifest.json is an attnprobe manifest."""
     path = directory / "manifest.json"
     if not path.is_file():
         return None
-    previous = read_manifest(path)
+    previous = read_manifest(path, check=resume)  # --fresh may replace a run of another format
     if resume and previous.get("fingerprint") == expected:
         return previous
     if resume:
-        raise RunError(f"{directory} holds a run with other settings (suite, model, dtype, batch or chunk size, "
-                       "limit, tokenisation); rerun with --fresh to replace it, or choose --out")
+        raise RunError(
+            f"{directory} holds a run with other settings (suite, model, dtype, batch or chunk size, "
+            "limit, tokenisation); rerun with --fresh to replace it, or choose --out"
+        )
     other = (previous.get("suite") or {}).get("name")
     if other != suite_name:
-        raise RunError(f"{directory} holds a run of suite '{other}', not '{suite_name}'; --fresh replaces only a run "
-                       "of the same suite: choose another --out (nothing was deleted)")
+        raise RunError(
+            f"{directory} holds a run of suite '{other}', not '{suite_name}'; --fresh replaces only a run "
+            "of the same suite: choose another --out (nothing was deleted)"
+        )
     kept = remove_run(directory)
     if kept:
         log(f"--fresh kept {len(kept)} files attnprobe did not write in {directory}: {', '.join(kept[:5])}")
@@ -264,35 +250,38 @@ def remove_run(directory: Path) -> list[str]:
     return kept
 
 
-def read_manifest(path: Path) -> dict:
-    """An attnprobe manifest, or a RunError saying the file belongs to something else."""
+def read_manifest(path: Path, check: bool = True) -> dict:
+    """An attnprobe manifest, or a RunError saying the file belongs to something else (or, with
+    `check`, to another run format)."""
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise RunError(f"{path}: cannot read it as an attnprobe manifest ({exc}); choose another --out") from None
+        raise RunError(
+            f"{path}: cannot read it as an attnprobe manifest ({exc}); choose another --out"
+        ) from None
     if not isinstance(manifest, dict) or not {"fingerprint", "settings", "versions"} <= set(manifest):
         raise RunError(f"{path} was not written by attnprobe; nothing was deleted: choose another --out")
+    if check:
+        check_format(manifest, path.parent)
     return manifest
 
 
-def write_chunk(chunk_dir: Path, k: int, tables: dict) -> None:
-    """One chunk: a file per measure kind (a pyarrow Table or a DataFrame), then the marker."""
-    for name, table in tables.items():
-        write = (lambda p, t=table: pq.write_table(t, p)) if isinstance(table, pa.Table) else (lambda p, t=table: t.to_parquet(p, index=False))
-        atomic_write(chunk_dir / f"{k:05d}.{name}.parquet", write)
-    rows = len(next(iter(tables.values())))
-    # the marker comes last: a chunk without it is recomputed on resume
-    marker = {"rows": rows, "sha256": _digests(chunk_dir, f"{k:05d}.", CHUNK_FILES[""])}
-    atomic_write(chunk_dir / f"{k:05d}.done", lambda p: p.write_text(json.dumps(marker)))
-
-
-def write_effect_chunk(chunk_dir: Path, k: int, tables: dict[str, pd.DataFrame], plan: str, kind: str = "effects-") -> None:
-    """A chunk of head effects (or the selected-heads phase): its tables, then the marker with the plan."""
+def write_chunk(chunk_dir: Path, k: int, tables: dict, kind: str = "", plan: str | None = None) -> None:
+    """One chunk of a phase (`kind`: its file prefix): a file per table (a pyarrow Table or a
+    DataFrame), then the marker with the row count, the files' SHA-256 and the phase's plan."""
     for name in CHUNK_FILES[kind]:
         table = tables[name.removesuffix(".parquet")]
-        atomic_write(chunk_dir / f"{kind}{k:05d}.{name}", lambda p, t=table: t.to_parquet(p, index=False))
+        write = (
+            (lambda p, t=table: pq.write_table(t, p))
+            if isinstance(table, pa.Table)
+            else (lambda p, t=table: t.to_parquet(p, index=False))
+        )
+        atomic_write(chunk_dir / f"{kind}{k:05d}.{name}", write)
     rows = len(tables[CHUNK_FILES[kind][0].removesuffix(".parquet")])
-    marker = {"rows": rows, "plan": plan, "sha256": _digests(chunk_dir, f"{kind}{k:05d}.", CHUNK_FILES[kind])}
+    # the marker comes last: a chunk without it is recomputed on resume
+    marker = {"rows": rows, "sha256": _digests(chunk_dir, f"{kind}{k:05d}.", CHUNK_FILES[kind])}
+    if plan is not None:
+        marker["plan"] = plan
     atomic_write(chunk_dir / f"{kind}{k:05d}.done", lambda p: p.write_text(json.dumps(marker)))
 
 
@@ -324,7 +313,11 @@ def assemble_head_effects(directory: Path, n_chunks: int, selected_plan: str | N
     with the selected-heads phase merged in when it is complete for `selected_plan`: the cross-fitted
     sets' columns join the totals, the suite's exactly patched heads fill the per-head table."""
     tables = read_effect_chunks(directory, n_chunks)
-    if selected_plan and len(complete_chunks(directory / "chunks", n_chunks, lambda m: None, "selected-", selected_plan)) == n_chunks:
+    if (
+        selected_plan
+        and len(complete_chunks(directory / "chunks", n_chunks, lambda m: None, "selected-", selected_plan))
+        == n_chunks
+    ):
         selected = read_effect_chunks(directory, n_chunks, "selected-")
         keys = ["item_id", "counterfactual"]
         tables["totals"] = tables["totals"].merge(selected["totals"], on=keys, how="left")
@@ -342,7 +335,9 @@ def assemble(directory: Path, n_chunks: int) -> None:
     def write_attention(path):
         with pq.ParquetWriter(path, ATTENTION_SCHEMA) as writer:
             for k in range(n_chunks):
-                writer.write_table(pq.read_table(chunk_dir / f"{k:05d}.attention.parquet", schema=ATTENTION_SCHEMA))
+                writer.write_table(
+                    pq.read_table(chunk_dir / f"{k:05d}.attention.parquet", schema=ATTENTION_SCHEMA)
+                )
 
     atomic_write(directory / "attention.parquet", write_attention)
     logprobs = [pd.read_parquet(chunk_dir / f"{k:05d}.logprobs.parquet") for k in range(n_chunks)]
@@ -352,15 +347,27 @@ def assemble(directory: Path, n_chunks: int) -> None:
     write_table(directory, "logprobs", table)
 
 
-HEAD_EFFECTS_FILES = ("head_effects_items.parquet", "head_effects_totals.parquet", "head_effects_layers.parquet")
+# the head-effects tables a run writes, by table: items (per pair and head), layers, totals (also as CSV)
+HEAD_EFFECTS_FILES = {
+    "items": "head_effects_items.parquet",
+    "layers": "head_effects_layers.parquet",
+    "totals": "head_effects_totals.parquet",
+}
 
 
 def has_head_effects(directory: Path) -> bool:
-    totals = any((directory / f"head_effects_totals.{ext}").is_file() for ext in ("parquet", "csv"))  # csv: older runs
-    return (directory / HEAD_EFFECTS_FILES[0]).is_file() and (directory / HEAD_EFFECTS_FILES[2]).is_file() and totals
+    return all((directory / name).is_file() for name in HEAD_EFFECTS_FILES.values())
 
 
 def write_head_effects(directory: Path, tables: dict[str, pd.DataFrame]) -> None:
-    atomic_write(directory / HEAD_EFFECTS_FILES[0], lambda p: tables["items"].to_parquet(p, index=False))
-    atomic_write(directory / HEAD_EFFECTS_FILES[2], lambda p: tables["layers"].to_parquet(p, index=False))
+    for table in ("items", "layers"):
+        atomic_write(
+            directory / HEAD_EFFECTS_FILES[table], lambda p, t=tables[table]: t.to_parquet(p, index=False)
+        )
     write_table(directory, "head_effects_totals", tables["totals"])
+
+
+def assemble_phase(directory: Path, kind: str, n_chunks: int, table: str) -> None:
+    """Join a phase's one-table chunks (`kind`: its file prefix) into the run's table `table`."""
+    parts = read_effect_chunks(directory, n_chunks, kind)
+    write_table(directory, table, parts[CHUNK_FILES[kind][0].removesuffix(".parquet")])

@@ -3,7 +3,8 @@
 Rooms: inference (the tests: cluster-robust t, covariate permutation, BH, bootstrap), design
 (paired differences averaged into cells; templates weighted equally), heads (attention: the
 interaction with the covariate and the plain difference), behavior (next-token log-ratios),
-effects (head interventions), referents (referent accuracy). `analyse` returns every table the report writes, keyed by CSV name.
+effects (head interventions), referents (referent accuracy). `analyse` returns every table the report
+writes, keyed by CSV name.
 """
 
 from __future__ import annotations
@@ -13,18 +14,49 @@ import pandas as pd
 from .behavior import behavior, log_ratios
 from .effects import head_effects
 from .heads import condition_means, head_stats, held_out_interaction, layer_stats, run_analysis
+from .inference import (
+    ALPHA,
+    N_BOOT,
+    N_PERM,
+    bh_qvalues,
+    cluster_mean_test,
+    correlation_with_ci,
+    n_permutations,
+    slope_permutation_test,
+    split_halves,
+)
 from .referents import referent_accuracy, referent_choice
-from .inference import (ALPHA, N_BOOT, N_PERM, bh_qvalues, cluster_mean_test, correlation_with_ci, n_permutations,
-                        slope_permutation_test, split_halves)
 
 TABLES_VERSION = 9  # bump when a table's columns or meaning change: cached tables are recomputed
 
-__all__ = ["TABLES_VERSION", "ALPHA", "N_BOOT", "N_PERM", "analyse", "behavior", "bh_qvalues", "cluster_mean_test", "condition_means",
-           "correlation_with_ci", "head_effects", "head_stats", "held_out_interaction", "layer_stats", "log_ratios", "n_permutations",
-           "referent_accuracy", "referent_choice", "run_analysis", "slope_permutation_test", "split_halves"]
+__all__ = [
+    "TABLES_VERSION",
+    "ALPHA",
+    "N_BOOT",
+    "N_PERM",
+    "analyse",
+    "behavior",
+    "bh_qvalues",
+    "cluster_mean_test",
+    "condition_means",
+    "correlation_with_ci",
+    "head_effects",
+    "head_stats",
+    "held_out_interaction",
+    "layer_stats",
+    "log_ratios",
+    "n_permutations",
+    "referent_accuracy",
+    "referent_choice",
+    "run_analysis",
+    "slope_permutation_test",
+    "split_halves",
+]
 
 
-def analyse(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0, step=None) -> dict[str, pd.DataFrame]:
+def analyse(
+    run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0, step=None
+) -> dict[str, pd.DataFrame]:
     """Every table the report needs, keyed by the CSV name it is written as. `step(name)`, when
     given, is called as each table is done (the caller's progress; `table_steps` counts the calls)."""
     step = step or (lambda name: None)
@@ -34,8 +66,11 @@ def analyse(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0,
     step("layer_stats")
     tables["behavior"], tables["behavior_by_unit"] = behavior(run, n_boot=n_boot, n_perm=n_perm, seed=seed)
     step("behavior and behavior_by_unit")
-    for name, compute in (("condition_means", condition_means), ("referent_accuracy", referent_accuracy),
-                          ("referent_choice_accuracy", referent_choice)):
+    for name, compute in (
+        ("condition_means", condition_means),
+        ("referent_accuracy", referent_accuracy),
+        ("referent_choice_accuracy", referent_choice),
+    ):
         tables[name] = compute(run)
         step(name)
     if run.has_head_effects:

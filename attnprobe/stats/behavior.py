@@ -30,16 +30,24 @@ def log_ratios(run, analysis) -> pd.DataFrame:
     lp = lp.drop_duplicates([ITEM, "cut", "candidate"])  # prompts of one item share the prefix
     lp = lp.assign(candidate_label=lp["candidate_label"].astype(str))
     per_label = lp.groupby([ITEM, TEMPLATE, "cut", "candidate_label"]).agg(
-        logp=("logprob", lambda v: float(logsumexp(v))), words=("candidate", lambda v: "+".join(w.strip() for w in v)))
+        logp=("logprob", lambda v: float(logsumexp(v))),
+        words=("candidate", lambda v: "+".join(w.strip() for w in v)),
+    )
     wide = per_label.unstack("candidate_label")
     if (("logp", analysis.positive) not in wide) or (("logp", analysis.negative) not in wide):
         return pd.DataFrame(columns=[ITEM, "cut", TEMPLATE, "y", "comparison"])
-    out = pd.DataFrame({"y": wide[("logp", analysis.positive)] - wide[("logp", analysis.negative)],
-                        "comparison": wide[("words", analysis.positive)] + " vs " + wide[("words", analysis.negative)]})
+    out = pd.DataFrame(
+        {
+            "y": wide[("logp", analysis.positive)] - wide[("logp", analysis.negative)],
+            "comparison": wide[("words", analysis.positive)] + " vs " + wide[("words", analysis.negative)],
+        }
+    )
     return out.dropna(subset=["y"]).reset_index()
 
 
-def behavior(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+def behavior(
+    run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(summary: one row per cut and scope, per unit: the unit means behind each correlation)."""
     analysis = run_analysis(run)
     if not analysis.paired or run.logprobs.empty:
@@ -49,7 +57,10 @@ def behavior(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0
     summary, per_unit = [], []
     for cut, at_cut in y.groupby("cut", sort=False):
         templates = list(dict.fromkeys(at_cut[TEMPLATE]))
-        scoped = [(name, "pooled" if name == "all" else "group", ids) for name, ids in scopes(analysis, templates).items()]
+        scoped = [
+            (name, "pooled" if name == "all" else "group", ids)
+            for name, ids in scopes(analysis, templates).items()
+        ]
         sizes = at_cut.groupby(TEMPLATE)[ITEM].nunique()
         small = [t for t in templates if sizes[t] < MIN_TEMPLATE_ITEMS]
         small = small if len(small) > 1 else []  # a lone small template keeps its row
@@ -61,25 +72,54 @@ def behavior(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0
             design = Design.build(rows[ITEM], items, analysis)
             cells = design.cell_means(rows[["y"]].to_numpy())
             test = cluster_mean_test(cells, design.cells["weight"].to_numpy(), design.clusters)
-            row = {"cut": cut, "scope": scope, "kind": kind, "comparison": " | ".join(sorted(set(rows["comparison"]))),
-                   "n_items": len(rows), "clusters": design.cluster_text, "n_clusters": " x ".join(map(str, test["n_clusters"])),
-                   "mean_log_ratio": test["mean"][0], "mean_ci_low": test["ci_low"][0], "mean_ci_high": test["ci_high"][0],
-                   "mean_p": test["p"][0], "mean_test": f"cluster-robust t, CR1 by {design.cluster_text}, df {test['df']}"}
+            row = {
+                "cut": cut,
+                "scope": scope,
+                "kind": kind,
+                "comparison": " | ".join(sorted(set(rows["comparison"]))),
+                "n_items": len(rows),
+                "clusters": design.cluster_text,
+                "n_clusters": " x ".join(map(str, test["n_clusters"])),
+                "mean_log_ratio": test["mean"][0],
+                "mean_ci_low": test["ci_low"][0],
+                "mean_ci_high": test["ci_high"][0],
+                "mean_p": test["p"][0],
+                "mean_test": f"cluster-robust t, CR1 by {design.cluster_text}, df {test['df']}",
+            }
             notes = [power_note(test["n_clusters"], design.cluster_text)]
             if analysis.covariate:
                 units, x, unit_y = design.unit_means(cells, analysis.unit, analysis.covariate)
                 slope = slope_permutation_test(x, unit_y, n_perm or SLOPE_PERMUTATIONS, 0, seed)
                 row.update(n_units=len(units), **correlation_with_ci(x, unit_y[:, 0], n_boot, seed))
-                row.update(slope=slope["slope"][0], slope_p=slope["p"][0], slope_min_p=slope["min_p"],
-                           slope_test=f"{analysis.name(analysis.covariate)} permuted across {len(units)} {analysis.name(analysis.unit)}s")
+                row.update(
+                    slope=slope["slope"][0],
+                    slope_p=slope["p"][0],
+                    slope_min_p=slope["min_p"],
+                    slope_test=f"{analysis.name(analysis.covariate)} permuted across {len(units)} "
+                    f"{analysis.name(analysis.unit)}s",
+                )
                 notes.append(power_note([len(units)], analysis.name(analysis.unit), slope["min_p"]))
                 counts = pd.Series(design.cell_of_item).map(design.cells[analysis.unit]).value_counts()
-                per_unit.append(pd.DataFrame({"cut": cut, "scope": scope, "unit": units, "log_ratio": unit_y[:, 0],
-                                              "n": counts.reindex(units).to_numpy(), "covariate": x}))
+                per_unit.append(
+                    pd.DataFrame(
+                        {
+                            "cut": cut,
+                            "scope": scope,
+                            "unit": units,
+                            "log_ratio": unit_y[:, 0],
+                            "n": counts.reindex(units).to_numpy(),
+                            "covariate": x,
+                        }
+                    )
+                )
             if kind == "folded":
-                notes.append(f"templates with fewer than {MIN_TEMPLATE_ITEMS} items are folded into this row: {', '.join(ids[:5])}"
-                             + (f" and {len(ids) - 5} more" if len(ids) > 5 else ""))
+                notes.append(
+                    f"templates with fewer than {MIN_TEMPLATE_ITEMS} items are folded into this row: "
+                    f"{', '.join(ids[:5])}" + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+                )
             row["power_note"] = "; ".join(dict.fromkeys(n for n in notes if n))
             summary.append(row)
-    per_unit_table = pd.concat(per_unit, ignore_index=True) if per_unit else pd.DataFrame(columns=["cut", "scope", "unit"])
+    per_unit_table = (
+        pd.concat(per_unit, ignore_index=True) if per_unit else pd.DataFrame(columns=["cut", "scope", "unit"])
+    )
     return pd.DataFrame(summary), per_unit_table

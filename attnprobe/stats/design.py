@@ -38,7 +38,9 @@ def items_table(prompts: pd.DataFrame, analysis: Analysis) -> pd.DataFrame:
     return table
 
 
-def paired(long: pd.DataFrame, prompts: pd.DataFrame, analysis: Analysis, keys: list[str], value: str) -> pd.DataFrame:
+def paired(
+    long: pd.DataFrame, prompts: pd.DataFrame, analysis: Analysis, keys: list[str], value: str
+) -> pd.DataFrame:
     """Rows (item_id, *keys, value_positive, value_negative, d) from a long table with prompt_id."""
     label = analysis.contrast
     merged = long.merge(prompts[["prompt_id", ITEM, label]].astype({label: str}), on="prompt_id")
@@ -46,8 +48,10 @@ def paired(long: pd.DataFrame, prompts: pd.DataFrame, analysis: Analysis, keys: 
     duplicated = merged.duplicated([ITEM, *keys, label])
     if duplicated.any():
         row = merged[duplicated].iloc[0]
-        raise AnalysisError(f"item {row[ITEM]} has two prompts labelled '{row[label]}' in column {label}; "
-                            "each item needs one prompt per contrast label")
+        raise AnalysisError(
+            f"item {row[ITEM]} has two prompts labelled '{row[label]}' in column {label}; "
+            "each item needs one prompt per contrast label"
+        )
     wide = merged.pivot(index=[ITEM, *keys], columns=label, values=value)
     if analysis.positive not in wide or analysis.negative not in wide:
         return pd.DataFrame(columns=[ITEM, *keys, "positive", "negative", "d"])
@@ -77,8 +81,13 @@ class Design:
         cells["weight"] = 1.0 / per_template / cells[TEMPLATE].nunique()  # every template weighs the same
         # a dimension with one value in this scope (the template, in a one-template scope) clusters nothing
         used = [c for c in analysis.clusters if cells[c].nunique() > 1] or list(analysis.clusters[:1])
-        return cls(codes, cells, [cells[c].astype(str).to_numpy() for c in used], len(info),
-                   " x ".join(analysis.name(c) for c in used))
+        return cls(
+            codes,
+            cells,
+            [cells[c].astype(str).to_numpy() for c in used],
+            len(info),
+            " x ".join(analysis.name(c) for c in used),
+        )
 
     def cell_means(self, values: np.ndarray) -> np.ndarray:
         """(n_cells, k) means of the items' (n_items, k) values, ignoring NaN."""
@@ -90,7 +99,9 @@ class Design:
         with np.errstate(invalid="ignore"):
             return sums / counts
 
-    def unit_means(self, cell_values: np.ndarray, unit: str, covariate: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def unit_means(
+        self, cell_values: np.ndarray, unit: str, covariate: str
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(unit labels, covariate per unit, (n_units, k) template-weighted means of the cells)."""
         codes, labels = pd.factorize(self.cells[unit])
         W = np.where(np.isfinite(cell_values), self.cells["weight"].to_numpy()[:, None], 0.0)
@@ -104,7 +115,7 @@ class Design:
 
 
 def scopes(analysis: Analysis, templates) -> dict[str, list[str]]:
-    """"all" (templates weighted equally) and each declared group, as lists of template ids."""
+    """ "all" (templates weighted equally) and each declared group, as lists of template ids."""
     out = {"all": list(templates)}
     out.update({name: [t for t in ids if t in set(templates)] for name, ids in analysis.groups.items()})
     return {name: ids for name, ids in out.items() if ids}

@@ -1,4 +1,4 @@
-"""Statistics of the head effects of a run (attnprobe.interventions, measures.head_effects).
+"""Statistics of the head effects of a run (attnprobe.patching, measures.head_effects).
 
 Everything is per counterfactual word (one direction each, e.g. occupation -> woman, -> man,
 -> person), on the design's cells (template x cluster units, templates weighted equally), with the
@@ -29,9 +29,13 @@ from .design import Design, items_table
 from .heads import run_analysis
 from .inference import ALPHA, bh_qvalues, cluster_mean_test, power_note, ratio_test
 
-SHARES = {"all_heads_in": "all heads' outputs, patched in", "all_heads_out": "all heads' outputs, patched out",
-          "all_heads_pattern_in": "all heads' patterns alone, patched in",
-          "crossfit_in": "cross-fitted top heads' outputs, patched in", "crossfit_out": "cross-fitted top heads' outputs, patched out"}
+SHARES = {
+    "all_heads_in": "all heads' outputs, patched in",
+    "all_heads_out": "all heads' outputs, patched out",
+    "all_heads_pattern_in": "all heads' patterns alone, patched in",
+    "crossfit_in": "cross-fitted top heads' outputs, patched in",
+    "crossfit_out": "cross-fitted top heads' outputs, patched out",
+}
 
 
 def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
@@ -45,23 +49,54 @@ def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFra
         totals = totals.set_index(ITEM)
         design = Design.build(totals.index, items, analysis)
         w = design.cells["weight"].to_numpy()
-        cells = lambda values: design.cell_means(np.asarray(values, float).reshape(len(totals), -1))  # noqa: E731
+        cells = lambda values: design.cell_means(np.asarray(values, float).reshape(len(totals), -1))  # noqa: B023 (called in this iteration)
         te_cells = cells(totals["te"])[:, 0]
-        held = totals["held_out"].fillna(False).to_numpy(bool) if "held_out" in totals else np.zeros(len(totals), bool)
+        held = (
+            totals["held_out"].fillna(False).to_numpy(bool)
+            if "held_out" in totals
+            else np.zeros(len(totals), bool)
+        )
         head_table = _heads(run.head_effect_items, word, totals.index, design, cells, w, te_cells, held)
         per_head.append(head_table)
         layer_table = _layers(run.head_effect_layers, word, totals.index, cells, w, design, te_cells)
         per_layer.append(layer_table)
-        summary = _summary(word, totals, design, cells, w, te_cells, head_table, info, items, analysis, heads, int(held.sum()))
-        for component in ("attention", "mlp"):  # the layer whose output, patched in, carries the largest share
-            rows = layer_table[(layer_table["component"] == component) & (layer_table["direction"] == "in")].dropna(subset=["share"])
+        summary = _summary(
+            word,
+            totals,
+            design,
+            cells,
+            w,
+            te_cells,
+            head_table,
+            info,
+            items,
+            analysis,
+            heads,
+            int(held.sum()),
+        )
+        for component in (
+            "attention",
+            "mlp",
+        ):  # the layer whose output, patched in, carries the largest share
+            rows = layer_table[
+                (layer_table["component"] == component) & (layer_table["direction"] == "in")
+            ].dropna(subset=["share"])
             if len(rows):
                 top = rows.loc[rows["share"].idxmax()]
-                summary.update({f"top_{component}_layer": int(top["layer"]), f"top_{component}_share": float(top["share"]),
-                                f"top_{component}_ci_low": float(top["ci_low"]), f"top_{component}_ci_high": float(top["ci_high"])})
+                summary.update(
+                    {
+                        f"top_{component}_layer": int(top["layer"]),
+                        f"top_{component}_share": float(top["share"]),
+                        f"top_{component}_ci_low": float(top["ci_low"]),
+                        f"top_{component}_ci_high": float(top["ci_high"]),
+                    }
+                )
         summaries.append(summary)
-    return {"head_effects": pd.concat(per_head, ignore_index=True), "head_effects_layer_shares": pd.concat(per_layer, ignore_index=True),
-            "head_effects_summary": pd.DataFrame(summaries)}
+    return {
+        "head_effects": pd.concat(per_head, ignore_index=True),
+        "head_effects_layer_shares": pd.concat(per_layer, ignore_index=True),
+        "head_effects_summary": pd.DataFrame(summaries),
+    }
 
 
 def _wide(long: pd.DataFrame, word: str, index, columns: list[str], value: str) -> pd.DataFrame:
@@ -84,7 +119,11 @@ def _heads(long, word, index, design, cells, w, te_cells, held) -> pd.DataFrame:
         test = cluster_mean_test(cells(values), w, design.clusters)
         name = column.removeprefix("attribution_")
         if column in ("output_in", "attribution_output"):  # the exact/attribution check on the held-out items
-            on = lambda rows: cluster_mean_test(cells(np.where(rows[:, None], values, np.nan)), w, design.clusters)["mean"]  # noqa: E731
+            on = lambda rows, values=values: cluster_mean_test(
+                cells(np.where(rows[:, None], values, np.nan)),
+                w,
+                design.clusters,
+            )["mean"]
             out[f"heldout_{column}"] = on(held) if held.any() else np.nan
             if column == "attribution_output":
                 out["choosing_attribution_output"] = on(~held)
@@ -98,7 +137,9 @@ def _heads(long, word, index, design, cells, w, te_cells, held) -> pd.DataFrame:
             out["p"] = np.where(complete, test["p"], np.nan)
             out["q"] = bh_qvalues(out["p"].to_numpy())
             # Vig et al. 2020's relative indirect effect, exp(IE) - 1 averaged (items, then cells)
-            out["mean_relative_in"] = np.where(complete, cluster_mean_test(cells(np.expm1(values)), w, design.clusters)["mean"], np.nan)
+            out["mean_relative_in"] = np.where(
+                complete, cluster_mean_test(cells(np.expm1(values)), w, design.clusters)["mean"], np.nan
+            )
     te = float(np.nansum(w * te_cells) / w[np.isfinite(te_cells)].sum())
     out["share_output_in"] = out["mean_output_in"] / te if te else np.nan
     out["clusters"] = design.cluster_text
@@ -109,44 +150,87 @@ def _layers(long, word, index, cells, w, design, te_cells) -> pd.DataFrame:
     """Per layer, component (attention, mlp) and direction (in, out: exact; attribution: its estimate
     of the patch-in effect, on every item) the share of TE."""
     rows = []
-    for column in ("attention_in", "attention_out", "mlp_in", "mlp_out", "attention_attribution", "mlp_attribution"):
+    for column in (
+        "attention_in",
+        "attention_out",
+        "mlp_in",
+        "mlp_out",
+        "attention_attribution",
+        "mlp_attribution",
+    ):
         if column not in long:  # runs from before attribution per layer
             continue
         wide = _wide(long, word, index, ["layer"], column)
         share = ratio_test(cells(wide.to_numpy()), te_cells, w, design.clusters)
         component, direction = column.split("_")
-        rows.append(pd.DataFrame({"counterfactual": word, "layer": wide.columns.to_numpy(), "component": component,
-                                  "direction": direction, "share": share["ratio"], "ci_low": share["ci_low"],
-                                  "ci_high": share["ci_high"], "n_items": np.isfinite(wide.to_numpy()).sum(0)}))
+        rows.append(
+            pd.DataFrame(
+                {
+                    "counterfactual": word,
+                    "layer": wide.columns.to_numpy(),
+                    "component": component,
+                    "direction": direction,
+                    "share": share["ratio"],
+                    "ci_low": share["ci_low"],
+                    "ci_high": share["ci_high"],
+                    "n_items": np.isfinite(wide.to_numpy()).sum(0),
+                }
+            )
+        )
     return pd.concat(rows, ignore_index=True)
 
 
-def _summary(word, totals, design, cells, w, te_cells, head_table, info, items, analysis, heads, n_held) -> dict:
+def _summary(
+    word, totals, design, cells, w, te_cells, head_table, info, items, analysis, heads, n_held
+) -> dict:
     te = cluster_mean_test(te_cells, w, design.clusters)
-    out = {"counterfactual": word, "n_items": len(totals), "te_nonzero": bool(te["ci_low"][0] > 0 or te["ci_high"][0] < 0), "n_aligned": int((totals["n_tokens"] != totals["n_tokens_cf"]).sum()),
-           "te_mean": float(te["mean"][0]), "te_ci_low": float(te["ci_low"][0]), "te_ci_high": float(te["ci_high"][0]),
-           "te_p": float(te["p"][0]), "te_relative": float(cluster_mean_test(cells(np.expm1(totals["te"])), w, design.clusters)["mean"][0]),
-           "clusters": design.cluster_text, "n_clusters": " x ".join(map(str, te["n_clusters"]))}
+    out = {
+        "counterfactual": word,
+        "n_items": len(totals),
+        "te_nonzero": bool(te["ci_low"][0] > 0 or te["ci_high"][0] < 0),
+        "n_aligned": int((totals["n_tokens"] != totals["n_tokens_cf"]).sum()),
+        "te_mean": float(te["mean"][0]),
+        "te_ci_low": float(te["ci_low"][0]),
+        "te_ci_high": float(te["ci_high"][0]),
+        "te_p": float(te["p"][0]),
+        "te_relative": float(cluster_mean_test(cells(np.expm1(totals["te"])), w, design.clusters)["mean"][0]),
+        "clusters": design.cluster_text,
+        "n_clusters": " x ".join(map(str, te["n_clusters"])),
+    }
     for column in SHARES:
         values = totals[column] if column in totals else pd.Series(np.nan, index=totals.index)
         share = ratio_test(cells(values), te_cells, w, design.clusters)
-        out.update({f"share_{column}": float(share["ratio"][0]), f"share_{column}_ci_low": float(share["ci_low"][0]),
-                    f"share_{column}_ci_high": float(share["ci_high"][0]), f"n_{column}": int(share["n"][0])})
+        out.update(
+            {
+                f"share_{column}": float(share["ratio"][0]),
+                f"share_{column}_ci_low": float(share["ci_low"][0]),
+                f"share_{column}_ci_high": float(share["ci_high"][0]),
+                f"n_{column}": int(share["n"][0]),
+            }
+        )
     halves = (info.get("crossfit_heads") or {}).get(word)
     out["crossfit_heads"] = " | ".join(halves) if halves else ""
     tested = head_table["p"].notna()
     out["n_heads_tested"] = int(tested.sum())
     out["n_heads_q05"] = int((head_table["q"] < ALPHA).sum())
     out["exact_heads"] = info.get("exact_heads", "all")
-    out["power_note"] = power_note(te["n_clusters"], design.cluster_text)  # a t test has no p floor; few clusters do limit it
+    out["power_note"] = power_note(
+        te["n_clusters"], design.cluster_text
+    )  # a t test has no p floor; few clusters do limit it
     out.update(_attribution_check(head_table, n_held, info, te["mean"][0]))
     slot = next(iter(info.get("counterfactual", {})), None)
     if heads is not None and len(heads) and slot in set(heads["target"]):
         rows = heads[(heads["target"] == slot) & (heads["scope"] == "all")]
         d_z = rows.groupby(["layer", "head"])["d_z"].first()
         aligned = d_z.reindex(pd.MultiIndex.from_frame(head_table[["layer", "head"]])).to_numpy()
-        out["spearman_effect_attention_difference"] = _spearman(np.abs(head_table["mean_output_in"]), np.abs(aligned))
-    dropped = {d["item_id"] for d in info.get("dropped", []) if isinstance(d, dict) and d.get("counterfactual") in (word, None)}
+        out["spearman_effect_attention_difference"] = _spearman(
+            np.abs(head_table["mean_output_in"]), np.abs(aligned)
+        )
+    dropped = {
+        d["item_id"]
+        for d in info.get("dropped", [])
+        if isinstance(d, dict) and d.get("counterfactual") in (word, None)
+    }
     out["n_dropped"] = len(dropped)
     if analysis.covariate and analysis.covariate in items and dropped:
         covariate = items.set_index(ITEM)[analysis.covariate]
@@ -163,16 +247,23 @@ def _attribution_check(head_table: pd.DataFrame, n_held: int, info: dict, te: fl
     exact: all, Spearman over every head on every item."""
     if not n_held:
         tested = head_table["p"].notna()
-        return {"n_held_out": 0, "spearman_attribution_exact": _spearman(head_table.loc[tested, "mean_attribution_output"],
-                                                                         head_table.loc[tested, "mean_output_in"])}
+        return {
+            "n_held_out": 0,
+            "spearman_attribution_exact": _spearman(
+                head_table.loc[tested, "mean_attribution_output"], head_table.loc[tested, "mean_output_in"]
+            ),
+        }
     exact = head_table["heldout_output_in"].to_numpy()
-    out = {"n_held_out": n_held, "spearman_attribution_exact": _spearman(head_table["heldout_attribution_output"], exact),
-           "spearman_heldout_ranking": _spearman(head_table["choosing_attribution_output"], exact)}
+    out = {
+        "n_held_out": n_held,
+        "spearman_attribution_exact": _spearman(head_table["heldout_attribution_output"], exact),
+        "spearman_heldout_ranking": _spearman(head_table["choosing_attribution_output"], exact),
+    }
     suite = set((info.get("exact_heads") or "").split()) - {"all"}
     if suite:
         names = "L" + head_table["layer"].astype(str) + "H" + head_table["head"].astype(str)
         score = np.where(np.isfinite(exact), (1.0 if te >= 0 else -1.0) * exact, -np.inf)
-        top = set(names.to_numpy()[np.argsort(-score, kind="stable")[:len(suite)]])
+        top = set(names.to_numpy()[np.argsort(-score, kind="stable")[: len(suite)]])
         out["heldout_top_overlap"] = len(top & suite)
     return out
 

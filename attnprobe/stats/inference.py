@@ -86,11 +86,21 @@ def cluster_mean_test(d: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], 
     p = 2 * sps.t.sf(np.abs(t), df) if df >= 1 else np.full(len(mean), np.nan)
     half = sps.t.ppf(0.5 + level / 2, df) * se if df >= 1 else np.full(len(mean), np.nan)
     mean = np.where(has_data, mean, np.nan)
-    return {"mean": mean, "se": se, "ci_low": mean - half, "ci_high": mean + half, "t": t, "p": p, "df": df,
-            "n_clusters": n_clusters}
+    return {
+        "mean": mean,
+        "se": se,
+        "ci_low": mean - half,
+        "ci_high": mean + half,
+        "t": t,
+        "p": p,
+        "df": df,
+        "n_clusters": n_clusters,
+    }
 
 
-def ratio_test(num: np.ndarray, den: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], level: float = 0.95) -> dict:
+def ratio_test(
+    num: np.ndarray, den: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], level: float = 0.95
+) -> dict:
     """Ratio of weighted means, sum w num / sum w den, per column of num (n, k) against den (n,)
     (e.g. the share of a total effect that a patch carries), over the observations where both are
     finite. CI by linearisation: the ratio's error is that of the mean of u = num - ratio den,
@@ -106,8 +116,15 @@ def ratio_test(num: np.ndarray, den: np.ndarray, w: np.ndarray, clusters: list[n
     with np.errstate(invalid="ignore", divide="ignore"):
         se = u["se"] / np.abs(mean_den)
     half = sps.t.ppf(0.5 + level / 2, u["df"]) * se if u["df"] >= 1 else np.full(len(ratio), np.nan)
-    return {"ratio": ratio, "se": se, "ci_low": ratio - half, "ci_high": ratio + half, "df": u["df"],
-            "n_clusters": u["n_clusters"], "n": np.isfinite(num).sum(0)}
+    return {
+        "ratio": ratio,
+        "se": se,
+        "ci_low": ratio - half,
+        "ci_high": ratio + half,
+        "df": u["df"],
+        "n_clusters": u["n_clusters"],
+        "n": np.isfinite(num).sum(0),
+    }
 
 
 def _rowwise_r(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -137,19 +154,22 @@ def _permutations(n_units: int, n_perm: int, rng) -> tuple[np.ndarray, bool]:
     return rng.permuted(np.tile(np.arange(n_units), (n_perm, 1)), axis=1), False
 
 
-def slope_permutation_test(x: np.ndarray, y: np.ndarray, n_perm: int = N_PERM, n_boot: int = N_BOOT,
-                           seed: int = 0) -> dict:
+def slope_permutation_test(
+    x: np.ndarray, y: np.ndarray, n_perm: int = N_PERM, n_boot: int = N_BOOT, seed: int = 0
+) -> dict:
     """Per column of y (units, k): least-squares slope and Pearson r on x (units,), a two-sided
     permutation p-value (x permuted across units; slope and r share it), a percentile bootstrap CI
-    of r over units, the smallest p the test can give, and whether every permutation was used. Units with NaN y are dropped per column."""
+    of r over units, the smallest p the test can give, and whether every permutation was used. Units with
+    NaN y are dropped per column."""
     x, y = np.asarray(x, float), np.atleast_2d(np.asarray(y, float).T).T
     k = y.shape[1]
     out = {name: np.full(k, np.nan) for name in ("slope", "r", "r_ci_low", "r_ci_high", "p")}
     out.update(min_p=np.nan, n_draws=0, exact=False)
     rng = np.random.default_rng(seed)
     complete = np.isfinite(y).all(0)
-    patterns = [(complete, np.isfinite(x))] + [(np.eye(k, dtype=bool)[j], np.isfinite(x) & np.isfinite(y[:, j]))
-                                               for j in np.flatnonzero(~complete)]
+    patterns = [(complete, np.isfinite(x))] + [
+        (np.eye(k, dtype=bool)[j], np.isfinite(x) & np.isfinite(y[:, j])) for j in np.flatnonzero(~complete)
+    ]
     for columns, rows in patterns:
         if not columns.any() or rows.sum() < 3 or np.std(x[rows]) == 0:
             continue
@@ -160,7 +180,7 @@ def slope_permutation_test(x: np.ndarray, y: np.ndarray, n_perm: int = N_PERM, n
         order, exact = _permutations(len(xs), n_perm, rng)
         exceed = np.zeros(len(observed))
         for start in range(0, len(order), 5000):  # blocks bound the memory
-            null = xc[order[start:start + 5000]] @ yc / sxx  # (block, k')
+            null = xc[order[start : start + 5000]] @ yc / sxx  # (block, k')
             exceed += (np.abs(null) >= np.abs(observed) - 1e-12).sum(0)
         out["p"][columns] = exceed / len(order) if exact else (1 + exceed) / (1 + len(order))
         out.update(min_p=1 / len(order) if exact else 1 / (1 + len(order)), n_draws=len(order), exact=exact)
@@ -202,13 +222,20 @@ def correlation_with_ci(x: np.ndarray, y: np.ndarray, n_boot: int = N_BOOT, seed
         r = _rowwise_r(transform(x)[None], transform(y)[None])[0]
         boot = _rowwise_r(transform(x[idx]), transform(y[idx]))
         t = r * math.sqrt((n - 2) / max(1e-300, 1 - r * r))
-        out.update({f"{name}_r": r, f"{name}_ci_low": np.nanquantile(boot, 0.025),
-                    f"{name}_ci_high": np.nanquantile(boot, 0.975), f"{name}_p": 2 * sps.t.sf(abs(t), n - 2)})
+        out.update(
+            {
+                f"{name}_r": r,
+                f"{name}_ci_low": np.nanquantile(boot, 0.025),
+                f"{name}_ci_high": np.nanquantile(boot, 0.975),
+                f"{name}_p": 2 * sps.t.sf(abs(t), n - 2),
+            }
+        )
     return out
 
 
-def power_note(n_clusters: list[int], cluster_text: str, min_p: float = np.nan, n_tests: int = 1,
-               alpha: float = ALPHA) -> str:
+def power_note(
+    n_clusters: list[int], cluster_text: str, min_p: float = np.nan, n_tests: int = 1, alpha: float = ALPHA
+) -> str:
     """What the design lets a test conclude: no test, approximate p, or no single test can pass BH."""
     notes = []
     if min(n_clusters) < 2:
@@ -216,5 +243,8 @@ def power_note(n_clusters: list[int], cluster_text: str, min_p: float = np.nan, 
     elif min(n_clusters) < 10:
         notes.append(f"{' x '.join(map(str, n_clusters))} clusters ({cluster_text}): p is approximate")
     if np.isfinite(min_p) and min_p > alpha / n_tests:
-        notes.append(f"smallest attainable p {min_p:.2g} > {alpha}/{n_tests}: no single test can pass BH, only a broad effect")
+        notes.append(
+            f"smallest attainable p {min_p:.2g} > {alpha}/{n_tests}: no single test can pass BH, only a "
+            "broad effect"
+        )
     return "; ".join(notes)

@@ -4,7 +4,8 @@ than to the other candidate, per prompt; declared by the analysis (`referents`, 
 Per head: the accuracy over items (items averaged into cells, templates weighted equally) with a
 cluster-robust test against chance (0.5), the accuracy per contrast label, and the gap between the
 positive and the negative label (e.g. pro - anti) as a paired difference per item with the same
-test; BH q over heads. A tie counts one half. Accuracy intervals are clipped to [0, 1]. The same statistics for the model's own choice in a
+test; BH q over heads. A tie counts one half. Accuracy intervals are clipped to [0, 1]. The same statistics
+for the model's own choice in a
 scored continuation (`referent_choice`), with the log-probability margin of the answer.
 """
 
@@ -28,13 +29,17 @@ def referent_accuracy(run) -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS)
     first, second = analysis.referents
     attention = run.attention[run.attention["target"].isin(analysis.referents)]
-    wide = attention.pivot_table(index=["prompt_id", *COLUMNS], columns="target", values="weight", observed=True).dropna()
+    wide = attention.pivot_table(
+        index=["prompt_id", *COLUMNS], columns="target", values="weight", observed=True
+    ).dropna()
     if wide.empty or first not in wide or second not in wide:
         return pd.DataFrame(columns=COLUMNS)
     correct = _correct(run, analysis, wide[first], wide[second])
     items = items_table(run.prompts, analysis)
-    tables = [_accuracy(group, ["layer", "head"], items, analysis).assign(source=source)
-              for source, group in correct.groupby("source", sort=False)]
+    tables = [
+        _accuracy(group, ["layer", "head"], items, analysis).assign(source=source)
+        for source, group in correct.groupby("source", sort=False)
+    ]
     out = pd.concat(tables, ignore_index=True)
     return out[[*COLUMNS, *[c for c in out.columns if c not in COLUMNS]]]
 
@@ -51,7 +56,9 @@ def referent_choice(run) -> pd.DataFrame:
     wide = table.pivot_table(index="prompt_id", columns="referent", values="logprob").dropna()
     if wide.empty or first not in wide or second not in wide:
         return pd.DataFrame(columns=["question"])
-    correct = _correct(run, analysis, wide[first], wide[second]).assign(question=run.manifest.get("referent_choice", ""))
+    correct = _correct(run, analysis, wide[first], wide[second]).assign(
+        question=run.manifest.get("referent_choice", "")
+    )
     correct["margin"] = np.where(correct["answer"] == first, 1, -1) * (wide[first] - wide[second]).to_numpy()
     template = run.prompts.set_index("prompt_id").loc[correct["prompt_id"], TEMPLATE].to_numpy()
     items, rows = items_table(run.prompts, analysis), []
@@ -59,7 +66,11 @@ def referent_choice(run) -> pd.DataFrame:
         part = correct[np.isin(template, templates)]
         out = _accuracy(part, ["question"], items, analysis)
         tested = _accuracy(part.assign(correct=part["margin"]), ["question"], items, analysis, chance=0.0)
-        out["margin"], out["margin_ci_low"], out["margin_ci_high"] = tested["accuracy"], tested["ci_low"], tested["ci_high"]
+        out["margin"], out["margin_ci_low"], out["margin_ci_high"] = (
+            tested["accuracy"],
+            tested["ci_low"],
+            tested["ci_high"],
+        )
         rows.append(out.assign(scope=scope))
     out = pd.concat(rows, ignore_index=True)
     return out[["scope", *[c for c in out.columns if c != "scope"]]]
@@ -71,16 +82,28 @@ def _correct(run, analysis, first_score: pd.Series, second_score: pd.Series) -> 
     first, second = analysis.referents
     prompts = run.prompts.set_index("prompt_id")
     ids = first_score.index.get_level_values("prompt_id")
-    answer = np.full(len(ids), analysis.answer) if analysis.answer in analysis.referents else prompts.loc[ids, analysis.answer].astype(str).to_numpy()
+    answer = (
+        np.full(len(ids), analysis.answer)
+        if analysis.answer in analysis.referents
+        else prompts.loc[ids, analysis.answer].astype(str).to_numpy()
+    )
     chosen = np.where(first_score > second_score, first, np.where(first_score < second_score, second, ""))
-    correct = pd.Series(np.where(chosen == "", 0.5, (chosen == answer).astype(float)), index=first_score.index, name="correct").reset_index()
+    correct = pd.Series(
+        np.where(chosen == "", 0.5, (chosen == answer).astype(float)), index=first_score.index, name="correct"
+    ).reset_index()
     correct[ITEM] = prompts.loc[correct["prompt_id"], ITEM].to_numpy()
-    correct["label"] = prompts.loc[correct["prompt_id"], analysis.contrast].astype(str).to_numpy() if analysis.contrast else "all"
+    correct["label"] = (
+        prompts.loc[correct["prompt_id"], analysis.contrast].astype(str).to_numpy()
+        if analysis.contrast
+        else "all"
+    )
     correct["answer"] = answer
     return correct
 
 
-def _accuracy(correct: pd.DataFrame, by: list[str], items: pd.DataFrame, analysis, chance: float = 0.5) -> pd.DataFrame:
+def _accuracy(
+    correct: pd.DataFrame, by: list[str], items: pd.DataFrame, analysis, chance: float = 0.5
+) -> pd.DataFrame:
     """Per combination of `by`: the mean of `correct` over items (labels averaged within an item;
     `items`: the run's items_table), tested against `chance`; the mean per contrast label; the
     paired positive - negative gap."""
@@ -88,8 +111,9 @@ def _accuracy(correct: pd.DataFrame, by: list[str], items: pd.DataFrame, analysi
     def test(values: pd.DataFrame) -> dict:
         """Cluster-robust test of the per-item values (items x heads) on their design's cells."""
         design = Design.build(values.index, items, analysis)
-        return cluster_mean_test(design.cell_means(values.to_numpy()), design.cells["weight"].to_numpy(), design.clusters) | {
-            "clusters": design.cluster_text}
+        return cluster_mean_test(
+            design.cell_means(values.to_numpy()), design.cells["weight"].to_numpy(), design.clusters
+        ) | {"clusters": design.cluster_text}
 
     overall = correct.pivot_table(index=ITEM, columns=by, values="correct")  # items, labels averaged
     tested = test(overall - chance)
@@ -100,8 +124,10 @@ def _accuracy(correct: pd.DataFrame, by: list[str], items: pd.DataFrame, analysi
         table["ci_low"], table["ci_high"] = table["ci_low"].clip(0, 1), table["ci_high"].clip(0, 1)
     table["p"] = tested["p"]
     table["q"] = bh_qvalues(tested["p"])
-    per_label = {label: part.pivot_table(index=ITEM, columns=by, values="correct").reindex(columns=overall.columns)
-                 for label, part in correct.groupby("label", sort=False)}
+    per_label = {
+        label: part.pivot_table(index=ITEM, columns=by, values="correct").reindex(columns=overall.columns)
+        for label, part in correct.groupby("label", sort=False)
+    }
     for label, values in per_label.items():
         table[f"accuracy_{label}"] = test(values)["mean"]
     if analysis.paired and analysis.positive in per_label and analysis.negative in per_label:

@@ -17,23 +17,56 @@ from pathlib import Path
 import yaml
 
 from ..errors import SuiteError
-from ..measures import AttentionMeasure, HeadEffectsMeasure, NextTokenMeasure, ReferentChoiceMeasure
+from ..measures import (
+    AttentionMeasure,
+    HeadEffectsMeasure,
+    NextTokenMeasure,
+    ReferentChoiceMeasure,
+    parse_head_effects,
+)
+from ..spans import spread_key, token_spans
+from ..yamllines import Context, Map, as_list, optional_str, required_str, safe_load_with_lines
 from .analysis import parse_analysis, value_of
 from .sentences import load_sentence_sets, sentence_prompts
 from .slots import load_slots
 from .templates import check_size, expand, load_templates
-from ..spans import spread_key, token_spans
 from .types import Condition, Prompt, Slot, SlotValue, Suite, Template
-from ..yamllines import Context, Map, as_list, optional_str, required_str, safe_load_with_lines
 
 DEFAULT_MAX_PROMPTS = 1_000_000
 MAX_SUITE_BYTES = 2**20  # PyYAML parses about 0.4 MB/s here: a larger suite would take seconds to read
 FIRST_TOKEN = ("keep", "bos", "exclude")
-_TOP_KEYS = {"analysis", "name", "description", "model", "contrast", "slots", "templates", "sentences", "attention",
-             "next_token", "head_effects", "max_prompts", "first_token", "referent_choice"}
+_TOP_KEYS = {
+    "analysis",
+    "name",
+    "description",
+    "model",
+    "contrast",
+    "slots",
+    "templates",
+    "sentences",
+    "attention",
+    "next_token",
+    "head_effects",
+    "max_prompts",
+    "first_token",
+    "referent_choice",
+}
 
-__all__ = ["Condition", "Prompt", "Slot", "SlotValue", "Suite", "SuiteError", "Template", "load_suite", "spread_key",
-           "token_spans", "AttentionMeasure", "HeadEffectsMeasure", "NextTokenMeasure"]
+__all__ = [
+    "Condition",
+    "Prompt",
+    "Slot",
+    "SlotValue",
+    "Suite",
+    "SuiteError",
+    "Template",
+    "load_suite",
+    "spread_key",
+    "token_spans",
+    "AttentionMeasure",
+    "HeadEffectsMeasure",
+    "NextTokenMeasure",
+]
 
 
 def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) -> Suite:
@@ -41,10 +74,15 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     are read from the suite's directory, or from `data_roots` (directories) when given."""
     path = Path(path)
     if not path.is_file():
-        raise SuiteError(f"{path}: suite file not found; give the path of a .yaml suite (e.g. probes/gender.yaml)")
+        raise SuiteError(
+            f"{path}: suite file not found; give the path of a .yaml suite (e.g. probes/gender.yaml)"
+        )
     if path.stat().st_size > MAX_SUITE_BYTES:
-        raise SuiteError(f"{path}:1: the suite file has {path.stat().st_size / 2**20:.1f} MB, more than "
-                         f"{MAX_SUITE_BYTES // 2**20} MB of YAML; move long lists into data files (`table:` for a slot, `sentences:`)")
+        raise SuiteError(
+            f"{path}:1: the suite file has {path.stat().st_size / 2**20:.1f} MB, more than "
+            f"{MAX_SUITE_BYTES // 2**20} MB of YAML; move long lists into data files (`table:` for a slot, "
+            "`sentences:`)"
+        )
     ctx = Context(path, data_roots)
     try:
         raw_text = path.read_text(encoding="utf-8")
@@ -52,7 +90,9 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     except UnicodeDecodeError:
         raise SuiteError(f"{path}:1: not UTF-8 text; save the suite as UTF-8") from None
     except RecursionError:
-        raise SuiteError(f"{path}:1: nested too deeply; a suite is a few levels of mappings and lists") from None
+        raise SuiteError(
+            f"{path}:1: nested too deeply; a suite is a few levels of mappings and lists"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else 1
@@ -60,25 +100,41 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
         raise SuiteError(f"{path}:{line}: invalid YAML ({problem}); check indentation and quoting") from None
     ctx.digest.update(raw_text.encode())
     if not isinstance(doc, Map):
-        raise SuiteError(f"{path}:1: a suite is a YAML mapping with at least `name` and `templates` or `sentences`")
+        raise SuiteError(
+            f"{path}:1: a suite is a YAML mapping with at least `name` and `templates` or `sentences`"
+        )
     for key in doc:
         if key not in _TOP_KEYS:
             ctx.fail(doc, key, f"unknown key '{key}'; allowed: {', '.join(sorted(_TOP_KEYS))}")
     name = required_str(ctx, doc, "name")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or set(name) == {"."}:
-        ctx.fail(doc, "name", f"name '{name}' must be letters, digits, '_', '-' or '.', not only dots (it names the output directory)")
+        ctx.fail(
+            doc,
+            "name",
+            f"name '{name}' must be letters, digits, '_', '-' or '.', not only dots (it names the output "
+            "directory)",
+        )
     description = optional_str(ctx, doc, "description") or ""
     slots = load_slots(ctx, doc.get("slots") or Map(), doc)
     contrast = optional_str(ctx, doc, "contrast")
     if contrast is not None and contrast not in slots:
-        ctx.fail(doc, "contrast", f"contrast slot '{contrast}' is not defined under slots: ({', '.join(slots) or 'none'})")
+        ctx.fail(
+            doc,
+            "contrast",
+            f"contrast slot '{contrast}' is not defined under slots: ({', '.join(slots) or 'none'})",
+        )
     limit = doc.get("max_prompts", DEFAULT_MAX_PROMPTS) if max_prompts is None else max_prompts
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         ctx.fail(doc, "max_prompts", "max_prompts must be a positive integer")
 
     templates = load_templates(ctx, as_list(ctx, doc, "templates", "templates {id, text}"), slots)
-    sentence_sets = load_sentence_sets(ctx, as_list(ctx, doc, "sentences", "sentence files {id, file, spans}"),
-                                        {t.id for t in templates}, slots, limit)
+    sentence_sets = load_sentence_sets(
+        ctx,
+        as_list(ctx, doc, "sentences", "sentence files {id, file, spans}"),
+        {t.id for t in templates},
+        slots,
+        limit,
+    )
     if not templates and not sentence_sets:
         ctx.fail(doc, None, "the suite has no templates and no sentences; add a `templates:` list")
     check_size(ctx, doc, templates, slots, sentence_sets, limit)
@@ -92,15 +148,22 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     attention = AttentionMeasure.parse(ctx, as_list(ctx, doc, "attention", "measures {source, targets}"))
     _refuse_reserved_names(ctx, doc, slots, prompts, sentence_sets)
     span_names = set().union(*(p.spans for p in prompts)) if prompts else set()
-    next_token = NextTokenMeasure.parse(ctx, as_list(ctx, doc, "next_token", "measures {cut, candidates}"), slots, span_names)
+    next_token = NextTokenMeasure.parse(
+        ctx, as_list(ctx, doc, "next_token", "measures {cut, candidates}"), slots, span_names
+    )
     analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
     prompts, skipped, notes = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
     referent_choice = ReferentChoiceMeasure.parse(ctx, doc, analysis, span_names)
     template_ids = {t.id for t in templates} | {s["id"] for s in sentence_sets}
-    head_effects = HeadEffectsMeasure.parse(ctx, doc, slots, template_ids, next_token, analysis, referent_choice)
+    head_effects = parse_head_effects(ctx, doc, slots, template_ids, next_token, analysis, referent_choice)
     first_token = optional_str(ctx, doc, "first_token") or "keep"
     if first_token not in FIRST_TOKEN:
-        ctx.fail(doc, "first_token", f"first_token is one of {', '.join(FIRST_TOKEN)} (how the first position, an attention sink, is treated)")
+        ctx.fail(
+            doc,
+            "first_token",
+            f"first_token is one of {', '.join(FIRST_TOKEN)} (how the first position, an attention sink, is "
+            "treated)",
+        )
     return Suite(
         first_token=first_token,
         referent_choice=referent_choice,
@@ -122,7 +185,13 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     )
 
 
-RESERVED_COLUMNS = ("prompt_id", "item_id", "template_id", "text", "n_tokens")  # prompts.csv columns of every run
+RESERVED_COLUMNS = (
+    "prompt_id",
+    "item_id",
+    "template_id",
+    "text",
+    "n_tokens",
+)  # prompts.csv columns of every run
 SPAN_COLUMNS = ("_char_start", "_char_end", "_tok_start", "_tok_end")  # per span: <span><suffix>
 
 
@@ -131,20 +200,36 @@ def _refuse_reserved_names(ctx, doc, slots, prompts, sentence_sets) -> None:
     column the run writes, or another name's column, would overwrite it and join results to the wrong
     prompts. Refused here, before anything runs."""
     for name in slots:
-        if name in RESERVED_COLUMNS or name.endswith(SPAN_COLUMNS) or re.fullmatch(rf"({'|'.join(map(re.escape, slots))})_\d+", name):
-            ctx.fail(doc["slots"], name, f"slot name '{name}' is reserved (it names a column every run writes, or a second "
-                     "occurrence of another slot); rename the slot")
+        if (
+            name in RESERVED_COLUMNS
+            or name.endswith(SPAN_COLUMNS)
+            or re.fullmatch(rf"({'|'.join(map(re.escape, slots))})_\d+", name)
+        ):
+            ctx.fail(
+                doc["slots"],
+                name,
+                f"slot name '{name}' is reserved (it names a column every run writes, or a second "
+                "occurrence of another slot); rename the slot",
+            )
     for sentence_set in sentence_sets:
         for path, number, record in sentence_set["rows"]:
             for column in record:
-                if column != "text" and (column in RESERVED_COLUMNS or column.endswith(SPAN_COLUMNS) or column in sentence_set["names"]):
-                    raise SuiteError(f"{path}:{number}: column '{column}' is a column every run writes or "
-                                     "the name of a span; rename the column")
+                if column != "text" and (
+                    column in RESERVED_COLUMNS
+                    or column.endswith(SPAN_COLUMNS)
+                    or column in sentence_set["names"]
+                ):
+                    raise SuiteError(
+                        f"{path}:{number}: column '{column}' is a column every run writes or "
+                        "the name of a span; rename the column"
+                    )
     for prompt in prompts:
         clash = set(prompt.meta) & (set(RESERVED_COLUMNS) | set(prompt.slots))
         if clash:
-            raise SuiteError(f"{prompt.origin}: metadata '{sorted(clash)[0]}' would overwrite a column of prompts.csv "
-                             "(a run column or a slot); rename it")
+            raise SuiteError(
+                f"{prompt.origin}: metadata '{sorted(clash)[0]}' would overwrite a column of prompts.csv "
+                "(a run column or a slot); rename it"
+            )
 
 
 def _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis):
@@ -153,7 +238,12 @@ def _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis):
     for measure in (*attention, *next_token):
         for name in measure.spans:
             if name not in span_names:
-                ctx.fail(doc, measure.KEY, f"span '{name}' does not occur in any template or sentence (spans: {', '.join(sorted(span_names))})")
+                ctx.fail(
+                    doc,
+                    measure.KEY,
+                    f"span '{name}' does not occur in any template or sentence (spans: "
+                    f"{', '.join(sorted(span_names))})",
+                )
     # What is left out, grouped: one line per measure and missing span, naming the templates.
     first_of_template = {}
     for prompt in prompts:
@@ -167,13 +257,25 @@ def _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis):
                     lacking.setdefault(m.missing(name), []).append(template_id)
         for m in next_token:
             if m.cut in example.spans and example.spans[m.cut][0] == 0:
-                lacking.setdefault(f"next_token at '{m.cut}': not measured where the span starts the text", []).append(template_id)
-            elif m.cut in example.spans and m.candidates in slots and len(forms := m.compared_forms(example, slots)) > 1:
+                lacking.setdefault(
+                    f"next_token at '{m.cut}': not measured where the span starts the text", []
+                ).append(template_id)
+            elif (
+                m.cut in example.spans
+                and m.candidates in slots
+                and len(forms := m.compared_forms(example, slots)) > 1
+            ):
                 where = lacking if m.ambiguous == "exclude" else noted
-                how = "excluded" if m.ambiguous == "exclude" else "scored against the sum of each label's words"
-                where.setdefault(f"next_token at '{m.cut}': a form is both {' and '.join(forms)}; {how}", []).append(template_id)
-    skipped, notes = ([f"{reason} ({len(ids)} template(s): {', '.join(ids)})" for reason, ids in found.items()]
-                      for found in (lacking, noted))
+                how = (
+                    "excluded" if m.ambiguous == "exclude" else "scored against the sum of each label's words"
+                )
+                where.setdefault(
+                    f"next_token at '{m.cut}': a form is both {' and '.join(forms)}; {how}", []
+                ).append(template_id)
+    skipped, notes = (
+        [f"{reason} ({len(ids)} template(s): {', '.join(ids)})" for reason, ids in found.items()]
+        for found in (lacking, noted)
+    )
     items: dict[str, list[Prompt]] = {}
     for prompt in prompts:
         items.setdefault(prompt.item_id, []).append(prompt)
@@ -189,7 +291,9 @@ def _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis):
         for m in next_token:
             if m.cut not in prompt.spans or prompt.spans[m.cut][0] == 0:
                 continue
-            if isinstance(m.candidates, str) and m.candidates not in slots:  # a sentence span: the item's own words
+            if (
+                isinstance(m.candidates, str) and m.candidates not in slots
+            ):  # a sentence span: the item's own words
                 candidates[m.cut] = m.candidates_from_item(prompt, items[prompt.item_id], label_of)
             else:
                 candidates[m.cut] = m.candidates_for(prompt, slots)

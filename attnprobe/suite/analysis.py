@@ -16,26 +16,31 @@ a model loads, and resolved to prompts.csv column names (attnprobe.analysis.Anal
 
 from __future__ import annotations
 
-from ..analysis import ITEM, TEMPLATE, Analysis
+from ..analysis import ITEM, TEMPLATE, Analysis, value_of
 from ..errors import SuiteError
 from ..yamllines import Map, optional_str
 
-_KEYS = {"contrast", "positive", "negative", "clusters", "covariate", "groups", "group_by", "referents", "answer"}
-
-
-def value_of(prompt, column: str):
-    """A prompt's value in a prompts.csv column (None where the prompt has no such column)."""
-    if column == TEMPLATE:
-        return prompt.template_id
-    if column == ITEM:
-        return prompt.item_id
-    return prompt.meta.get(column, prompt.slots.get(column))
+_KEYS = {
+    "contrast",
+    "positive",
+    "negative",
+    "clusters",
+    "covariate",
+    "groups",
+    "group_by",
+    "referents",
+    "answer",
+}
 
 
 def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analysis:
     node = doc.get("analysis") or Map()
     if not isinstance(node, dict):
-        ctx.fail(doc, "analysis", "`analysis` is a mapping with contrast, positive, negative, clusters, covariate, groups")
+        ctx.fail(
+            doc,
+            "analysis",
+            "`analysis` is a mapping with contrast, positive, negative, clusters, covariate, groups",
+        )
     for key in node:
         if key not in _KEYS:
             ctx.fail(node, key, f"unknown key '{key}' in analysis; allowed: {', '.join(sorted(_KEYS))}")
@@ -50,21 +55,39 @@ def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analy
             column = f"{word}_label"
         if column not in columns:
             known = sorted(c for c in columns if c not in (TEMPLATE, ITEM))
-            ctx.fail(owner, key, f"'{word}' is not a slot, slot.field or sentence column (known: template, item, {', '.join(known)})")
+            ctx.fail(
+                owner,
+                key,
+                f"'{word}' is not a slot, slot.field or sentence column (known: template, item, "
+                f"{', '.join(known)})",
+            )
         names[column] = word.split(".")[0] if key == "contrast" else word
         return column
 
     contrast_word = optional_str(ctx, node, "contrast") or contrast_slot
     contrast = resolve("contrast", contrast_word) if contrast_word else None
-    labels = tuple(dict.fromkeys(str(value_of(p, contrast)) for p in prompts if value_of(p, contrast) is not None)) if contrast else ()
+    labels = (
+        tuple(dict.fromkeys(str(value_of(p, contrast)) for p in prompts if value_of(p, contrast) is not None))
+        if contrast
+        else ()
+    )
     positive, negative = optional_str(ctx, node, "positive"), optional_str(ctx, node, "negative")
     if (positive is None) != (negative is None):
-        ctx.fail(node, "positive" if positive is None else "negative", "give both `positive` and `negative` (two contrast labels)")
+        ctx.fail(
+            node,
+            "positive" if positive is None else "negative",
+            "give both `positive` and `negative` (two contrast labels)",
+        )
     if positive is None and len(labels) == 2:
         positive, negative = labels
     for key, label in (("positive", positive), ("negative", negative)):
         if label is not None and label not in labels:
-            ctx.fail(node, key, f"label '{label}' is not a label of the contrast '{contrast_word}' (labels: {', '.join(labels) or 'none'})")
+            ctx.fail(
+                node,
+                key,
+                f"label '{label}' is not a label of the contrast '{contrast_word}' (labels: "
+                f"{', '.join(labels) or 'none'})",
+            )
     if positive is not None and positive == negative:
         ctx.fail(node, "negative", "positive and negative must be two different labels")
     if contrast:
@@ -90,12 +113,18 @@ def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analy
     for column in clusters:
         lacking = sorted({p.template_id for p in prompts if value_of(p, column) is None})
         if lacking:
-            ctx.fail(node, "clusters", f"cluster '{names.get(column, column)}' is missing in {', '.join(lacking[:5])}; "
-                     "clusters must be present in every prompt")
+            ctx.fail(
+                node,
+                "clusters",
+                f"cluster '{names.get(column, column)}' is missing in {', '.join(lacking[:5])}; "
+                "clusters must be present in every prompt",
+            )
     if covariate is not None:
         unit = unit or next((c for c in clusters if _constant_within(prompts, covariate, c)), ITEM)
         if not _constant_within(prompts, covariate, unit):
-            ctx.fail(node, "covariate", f"covariate '{names[covariate]}' takes several values within one {unit}")
+            ctx.fail(
+                node, "covariate", f"covariate '{names[covariate]}' takes several values within one {unit}"
+            )
         names.setdefault(unit, unit)
 
     groups = {}
@@ -107,12 +136,21 @@ def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analy
             ctx.fail(raw_groups, group, f"group '{group}' must list template ids")
         unknown = [i for i in ids if i not in templates]
         if unknown:
-            ctx.fail(raw_groups, group, f"group '{group}' names unknown template(s) {', '.join(unknown)} (templates: {', '.join(templates)})")
+            ctx.fail(
+                raw_groups,
+                group,
+                f"group '{group}' names unknown template(s) {', '.join(unknown)} (templates: "
+                f"{', '.join(templates)})",
+            )
         groups[str(group)] = tuple(ids)
     if "group_by" in node:  # groups from a column that is constant within each template, e.g. answer
         column = resolve("group_by", optional_str(ctx, node, "group_by"))
         if not _constant_within(prompts, column, TEMPLATE):
-            ctx.fail(node, "group_by", f"'{names[column]}' varies within a template; group_by takes a column constant per template")
+            ctx.fail(
+                node,
+                "group_by",
+                f"'{names[column]}' varies within a template; group_by takes a column constant per template",
+            )
         by_value: dict[str, list[str]] = {}
         for p in prompts:
             value = value_of(p, column)
@@ -120,8 +158,19 @@ def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analy
                 by_value[f"{names[column]}={value}"].append(p.template_id)
         groups.update({name: tuple(ids) for name, ids in by_value.items()})
     referents, answer = _referents(ctx, node, prompts, columns, resolve)
-    return Analysis(contrast=contrast, positive=positive, negative=negative, labels=labels, clusters=clusters,
-                    covariate=covariate, unit=unit, groups=groups, names=names, referents=referents, answer=answer)
+    return Analysis(
+        contrast=contrast,
+        positive=positive,
+        negative=negative,
+        labels=labels,
+        clusters=clusters,
+        covariate=covariate,
+        unit=unit,
+        groups=groups,
+        names=names,
+        referents=referents,
+        answer=answer,
+    )
 
 
 def _referents(ctx, node, prompts, columns, resolve) -> tuple[tuple[str, ...], str | None]:
@@ -131,17 +180,34 @@ def _referents(ctx, node, prompts, columns, resolve) -> tuple[tuple[str, ...], s
         return (), None
     raw = node.get("referents")
     spans = set().union(*(p.spans for p in prompts))
-    if not isinstance(raw, list) or len(raw) != 2 or not all(isinstance(r, str) and r in spans for r in raw) or raw[0] == raw[1]:
-        ctx.fail(node, "referents" if "referents" in node else "answer",
-                 f"`referents` names the two spans a pronoun may refer to (spans: {', '.join(sorted(spans))})")
+    if (
+        not isinstance(raw, list)
+        or len(raw) != 2
+        or not all(isinstance(r, str) and r in spans for r in raw)
+        or raw[0] == raw[1]
+    ):
+        ctx.fail(
+            node,
+            "referents" if "referents" in node else "answer",
+            f"`referents` names the two spans a pronoun may refer to (spans: {', '.join(sorted(spans))})",
+        )
     answer = optional_str(ctx, node, "answer")
     if answer is None:
-        ctx.fail(node, "referents", "`answer` says which referent is correct: one of them, or a column naming it per prompt")
+        ctx.fail(
+            node,
+            "referents",
+            "`answer` says which referent is correct: one of them, or a column naming it per prompt",
+        )
     if answer not in raw:
         column = resolve("answer", answer)
         wrong = sorted({str(value_of(p, column)) for p in prompts} - set(raw))
         if wrong:
-            ctx.fail(node, "answer", f"column '{answer}' must name one of {', '.join(raw)} in every prompt (found {', '.join(wrong[:3])})")
+            ctx.fail(
+                node,
+                "answer",
+                f"column '{answer}' must name one of {', '.join(raw)} in every prompt (found "
+                f"{', '.join(wrong[:3])})",
+            )
         answer = column
     return tuple(raw), answer
 
@@ -151,8 +217,11 @@ def _default_clusters(slots, prompts, contrast_slot, unit, templates) -> tuple[s
     template uses; plus `template` for several templates; `item` when nothing else applies."""
     first = unit
     if first is None:
-        shared = [name for name, slot in slots.items() if name != contrast_slot and len(slot.values) > 1
-                  and all(name in p.slots for p in prompts)]
+        shared = [
+            name
+            for name, slot in slots.items()
+            if name != contrast_slot and len(slot.values) > 1 and all(name in p.slots for p in prompts)
+        ]
         first = shared[0] if len(shared) == 1 else None
     clusters = tuple(c for c in (first, TEMPLATE if len(templates) > 1 else None) if c)
     return clusters or (ITEM,)
@@ -172,6 +241,9 @@ def _refuse_duplicate_labels(prompts, contrast: str) -> None:
     for p in prompts:
         key = (p.item_id, str(value_of(p, contrast)))
         if key in seen:
-            raise SuiteError(f"{p.origin}: item {p.item_id} has two prompts labelled '{key[1]}' ({seen[key]!r} and {p.text!r}); "
-                             "give each contrast value its own label")
+            raise SuiteError(
+                f"{p.origin}: item {p.item_id} has two prompts labelled '{key[1]}' ({seen[key]!r} and "
+                f"{p.text!r}); "
+                "give each contrast value its own label"
+            )
         seen[key] = p.text

@@ -18,9 +18,8 @@ import re
 from pathlib import Path
 
 from ..errors import SuiteError
-from .types import Prompt
 from ..yamllines import Seq, file_lines, number_or_text, required_str
-
+from .types import Prompt
 
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 
@@ -39,24 +38,37 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
             ctx.fail(node, i, "each `sentences` entry is a mapping with `id:`, `file:` and `spans:`")
         for key in item:
             if key not in _ENTRY_KEYS:
-                ctx.fail(item, key, f"unknown key '{key}' in a sentences entry; allowed: {', '.join(_ENTRY_KEYS)}")
+                ctx.fail(
+                    item, key, f"unknown key '{key}' in a sentences entry; allowed: {', '.join(_ENTRY_KEYS)}"
+                )
         set_id = required_str(ctx, item, "id")
         if set_id in template_ids or any(s["id"] == set_id for s in sets):
             ctx.fail(item, "id", f"duplicate id '{set_id}'; template and sentence ids must be unique")
         names = item.get("spans", [])
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            ctx.fail(item, "spans", "`spans` lists the names of the unnamed [bracketed] spans in order, e.g. [occupation, pronoun]")
+            ctx.fail(
+                item,
+                "spans",
+                "`spans` lists the names of the unnamed [bracketed] spans in order, e.g. [occupation, "
+                "pronoun]",
+            )
         if len(set(names)) != len(names):
             ctx.fail(item, "spans", "span names must be unique")
         for name in names:
             if not _NAME.fullmatch(name):
-                ctx.fail(item, "spans", f"span name {name!r} must be letters, digits and '_' (it names prompts.csv columns)")
+                ctx.fail(
+                    item,
+                    "spans",
+                    f"span name {name!r} must be letters, digits and '_' (it names prompts.csv columns)",
+                )
         reader = _line_reader(ctx, item)
         files = _files(ctx, item)
         column = str(item.get("column", "version"))
         rows = []
         for key, file_name in files.items():
-            path, text = ctx.read_data(item, "files" if "files" in item else "file", file_name, max_lines=max_lines)
+            path, text = ctx.read_data(
+                item, "files" if "files" in item else "file", file_name, max_lines=max_lines
+            )
             file_rows = _read_rows(path, text, reader)
             if not file_rows:
                 ctx.fail(item, "files" if "files" in item else "file", f"{path.name} holds no sentences")
@@ -66,23 +78,43 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
                 rows.append((path, number, record))
         pair = item.get("pair")
         if pair is not None and (not isinstance(pair, str) or pair not in rows[0][2]):
-            ctx.fail(item, "pair", f"`pair` must name a column of the sentence file (columns: {', '.join(rows[0][2])})")
+            ctx.fail(
+                item,
+                "pair",
+                f"`pair` must name a column of the sentence file (columns: {', '.join(rows[0][2])})",
+            )
         if len(files) > 1:
             pair = "line"  # line n of every file is one item
-        sets.append({"id": set_id, "names": list(names), "path": next(iter(files.values())), "rows": rows, "n_rows": len(rows),
-                     "pair": pair, "mark": _marks(ctx, item, slots or {}, "mark"), "lookup": _lookups(ctx, item, slots or {})})
+        sets.append(
+            {
+                "id": set_id,
+                "names": list(names),
+                "path": next(iter(files.values())),
+                "rows": rows,
+                "n_rows": len(rows),
+                "pair": pair,
+                "mark": _marks(ctx, item, slots or {}, "mark"),
+                "lookup": _lookups(ctx, item, slots or {}),
+            }
+        )
     return sets
 
 
 def _files(ctx, item) -> dict:
     """{key: file}: one file (key None), or `files: {pro: a.txt, anti: b.txt}`."""
     if ("file" in item) == ("files" in item):
-        ctx.fail(item, None, "a sentences entry names one `file:` or several `files: {pro: a.txt, anti: b.txt}`")
+        ctx.fail(
+            item, None, "a sentences entry names one `file:` or several `files: {pro: a.txt, anti: b.txt}`"
+        )
     if "file" in item:
         return {None: required_str(ctx, item, "file")}
     files = item["files"]
     if not isinstance(files, dict) or len(files) < 2 or not all(isinstance(f, str) for f in files.values()):
-        ctx.fail(item, "files", "`files` maps each version to its file, e.g. {pro: type1-pro.txt, anti: type1-anti.txt}")
+        ctx.fail(
+            item,
+            "files",
+            "`files` maps each version to its file, e.g. {pro: type1-pro.txt, anti: type1-anti.txt}",
+        )
     return {str(k): v for k, v in files.items()}
 
 
@@ -97,7 +129,9 @@ def _line_reader(ctx, item):
         try:
             pattern = re.compile(str(item["pattern"]))
         except re.error as exc:
-            ctx.fail(item, "pattern", f"invalid regular expression ({exc}); e.g. '^(?P<key>\\d+) (?P<text>.*)$'")
+            ctx.fail(
+                item, "pattern", f"invalid regular expression ({exc}); e.g. '^(?P<key>\\d+) (?P<text>.*)$'"
+            )
         if "text" not in pattern.groupindex:
             ctx.fail(item, "pattern", "the pattern needs a named group (?P<text>...) for the sentence")
         return pattern
@@ -114,7 +148,12 @@ def _marks(ctx, item, slots, key) -> dict[str, list[str]]:
         if not _NAME.fullmatch(str(name)):
             ctx.fail(item, key, f"span name {name!r} must be letters, digits and '_'")
         if slot not in slots:
-            ctx.fail(item, key, f"{key} '{name}' names slot '{slot}', which is not defined under slots: ({', '.join(slots) or 'none'})")
+            ctx.fail(
+                item,
+                key,
+                f"{key} '{name}' names slot '{slot}', which is not defined under slots: "
+                f"({', '.join(slots) or 'none'})",
+            )
         words = {text for value in slots[slot].values for text in value.forms.values()}
         out[str(name)] = sorted(words, key=len, reverse=True)
     return out
@@ -124,8 +163,17 @@ def _lookups(ctx, item, slots) -> dict[str, tuple[str, dict]]:
     """`lookup: {referent: occupation}` -> {referent: (slot, {lowercase word: slot value})}: a span's
     metadata from the slot value its words contain (referent_occupation, referent_bls_pct_female)."""
     spans = _marks(ctx, item, slots, "lookup")
-    return {name: (str(item["lookup"][name]), {text.lower(): value for value in slots[item["lookup"][name]].values
-                                                for text in value.forms.values()}) for name in spans}
+    return {
+        name: (
+            str(item["lookup"][name]),
+            {
+                text.lower(): value
+                for value in slots[item["lookup"][name]].values
+                for text in value.forms.values()
+            },
+        )
+        for name in spans
+    }
 
 
 def _read_rows(path: Path, text: str, reader=None) -> list[tuple[int, dict]]:
@@ -141,10 +189,15 @@ def _read_rows(path: Path, text: str, reader=None) -> list[tuple[int, dict]]:
                 continue
             match = reader.fullmatch(line)
             if not match:
-                raise SuiteError(f"{path}:{number}: the line does not match the entry's line format (`numbered`: a number, "
-                                 "then the sentence; or its `pattern`); fix the line or the entry")
+                raise SuiteError(
+                    f"{path}:{number}: the line does not match the entry's line format (`numbered`: a "
+                    "number, "
+                    "then the sentence; or its `pattern`); fix the line or the entry"
+                )
             key = match.groupdict().get("key")
-            rows.append((number, {"text": match.group("text"), "line": number_or_text(key) if key else number}))
+            rows.append(
+                (number, {"text": match.group("text"), "line": number_or_text(key) if key else number})
+            )
         return rows
     if path.suffix == ".jsonl":
         rows = []
@@ -156,23 +209,31 @@ def _read_rows(path: Path, text: str, reader=None) -> list[tuple[int, dict]]:
             except json.JSONDecodeError as exc:
                 raise SuiteError(f"{path}:{number}: invalid JSON ({exc.msg}); one object per line") from None
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise SuiteError(f"{path}:{number}: each line needs a \"text\" string")
+                raise SuiteError(f'{path}:{number}: each line needs a "text" string')
             rows.append((number, record))
         return rows
     delimiter = "\t" if path.suffix in (".tsv", ".tab") else ","
-    lines = [(n, line) for n, line in enumerate(file_lines(text), start=1) if line.strip() and not line.startswith("#")]
+    lines = [
+        (n, line)
+        for n, line in enumerate(file_lines(text), start=1)
+        if line.strip() and not line.startswith("#")
+    ]
     if not lines:
         return []
     # TSV cells are taken as written (a quote is text: "Hi," she said); CSV cells may be quoted
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     header = next(csv.reader([lines[0][1]], delimiter=delimiter, quoting=quoting))
     if "text" not in header:
-        raise SuiteError(f"{path}:{lines[0][0]}: the header needs a 'text' column (columns: {', '.join(header)[:200]!r})")
+        raise SuiteError(
+            f"{path}:{lines[0][0]}: the header needs a 'text' column (columns: {', '.join(header)[:200]!r})"
+        )
     rows = []
     for number, line in lines[1:]:
         cells = next(csv.reader([line], delimiter=delimiter, quoting=quoting))
         if len(cells) != len(header):
-            raise SuiteError(f"{path}:{number}: {len(cells)} cells but the header has {len(header)}; fix the row")
+            raise SuiteError(
+                f"{path}:{number}: {len(cells)} cells but the header has {len(header)}; fix the row"
+            )
         rows.append((number, dict(zip(header, cells))))
     return rows
 
@@ -188,26 +249,31 @@ def sentence_prompts(ctx, sentence_set, first_id) -> list[Prompt]:
             hit = _find_word(text, words, spans.values())
             if hit:
                 spans[name] = hit
-                found[name] = text[hit[0]:hit[1]]
+                found[name] = text[hit[0] : hit[1]]
         meta = {k: number_or_text(str(v)) for k, v in record.items() if k != "text"}
         for name, (slot, values) in sentence_set["lookup"].items():
             if name in found:
                 value = _contained(found[name], values)
                 if value is None:
-                    raise SuiteError(f"{where}: span '{name}' ({found[name][:80]!r}) contains no value of slot '{slot}'; add it to the slot")
+                    raise SuiteError(
+                        f"{where}: span '{name}' ({found[name][:80]!r}) contains no value of slot '{slot}'; "
+                        "add it to the slot"
+                    )
                 meta[f"{name}_{slot}"] = "/".join(value.forms.values())
                 meta.update({f"{name}_{k}": v for k, v in value.meta.items()})
         key = record[sentence_set["pair"]] if sentence_set["pair"] else number
-        prompts.append(Prompt(
-            prompt_id=first_id + len(prompts),
-            item_id=f"{sentence_set['id']}|{key}",
-            template_id=sentence_set["id"],
-            text=text,
-            slots=found,
-            meta=meta,
-            spans=spans,
-            origin=where,
-        ))
+        prompts.append(
+            Prompt(
+                prompt_id=first_id + len(prompts),
+                item_id=f"{sentence_set['id']}|{key}",
+                template_id=sentence_set["id"],
+                text=text,
+                slots=found,
+                meta=meta,
+                spans=spans,
+                origin=where,
+            )
+        )
     return prompts
 
 
@@ -215,13 +281,24 @@ def _parse_brackets(marked: str, names: list[str], where: str) -> tuple[str, dic
     """Text without brackets, each span's character range, and its words. `[name: words]` names a
     span inline; the unnamed brackets of a line take all of `names` in order; a repeated name
     becomes name_2, ..."""
-    if marked.count("[") != marked.count("]") or _BRACKET.sub("", marked).count("[") or _BRACKET.sub("", marked).count("]"):
-        raise SuiteError(f"{where}: unbalanced or nested brackets; mark each span as [words] or [name: words]")
+    if (
+        marked.count("[") != marked.count("]")
+        or _BRACKET.sub("", marked).count("[")
+        or _BRACKET.sub("", marked).count("]")
+    ):
+        raise SuiteError(
+            f"{where}: unbalanced or nested brackets; mark each span as [words] or [name: words]"
+        )
     matches = list(_BRACKET.finditer(marked))
     unnamed = [m for m in matches if not _NAMED.fullmatch(m.group(1))]
     if (unnamed or not matches) and len(unnamed) != len(names):  # a line may also name every span inline
-        listed = f"`spans:` names {len(names)} ({', '.join(names)})" if names else "the entry lists no `spans:`"
-        raise SuiteError(f"{where}: {len(unnamed)} unnamed bracketed span(s) but {listed}; name them inline as [name: words] or list them")
+        listed = (
+            f"`spans:` names {len(names)} ({', '.join(names)})" if names else "the entry lists no `spans:`"
+        )
+        raise SuiteError(
+            f"{where}: {len(unnamed)} unnamed bracketed span(s) but {listed}; name them inline as [name: "
+            "words] or list them"
+        )
     positional = iter(names)
     text, spans, found, position, last = [], {}, {}, 0, 0
     for match in matches:
@@ -230,7 +307,7 @@ def _parse_brackets(marked: str, names: list[str], where: str) -> tuple[str, dic
         occurrence, base = 2, name
         while name in spans:
             name, occurrence = f"{base}_{occurrence}", occurrence + 1
-        text.append(marked[last:match.start()])
+        text.append(marked[last : match.start()])
         position += match.start() - last
         spans[name] = (position, position + len(words))
         found[name] = words

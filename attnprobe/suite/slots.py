@@ -6,8 +6,8 @@ import csv
 import re
 
 from ..errors import SuiteError
-from .types import Slot, SlotValue
 from ..yamllines import Map, file_lines, line_of, number_or_text
+from .types import Slot, SlotValue
 
 
 def load_slots(ctx, node, doc) -> dict[str, Slot]:
@@ -16,7 +16,12 @@ def load_slots(ctx, node, doc) -> dict[str, Slot]:
     slots = {}
     for name, spec in node.items():
         if not isinstance(name, str) or not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
-            ctx.fail(node, name, f"slot name '{name}' must be lower-case letters, digits and '_' (write {{Name}} in a template to capitalise)")
+            ctx.fail(
+                node,
+                name,
+                f"slot name '{name}' must be lower-case letters, digits and '_' (write {{Name}} in a "
+                "template to capitalise)",
+            )
         if isinstance(spec, list):
             spec = Map(values=spec)
             spec.line, spec.key_lines = line_of(node, name), {"values": line_of(node, name)}
@@ -24,11 +29,17 @@ def load_slots(ctx, node, doc) -> dict[str, Slot]:
             ctx.fail(node, name, f"slot '{name}' needs `values: [...]` or `table: FILE`")
         unknown = set(spec) - {"values", "table", "column", "forms", "delimiter"}
         if unknown:
-            ctx.fail(spec, sorted(unknown)[0], f"unknown key '{sorted(unknown)[0]}' in slot '{name}'; allowed: values, table, column, forms")
+            ctx.fail(
+                spec,
+                sorted(unknown)[0],
+                f"unknown key '{sorted(unknown)[0]}' in slot '{name}'; allowed: values, table, column, forms",
+            )
         if ("values" in spec) == ("table" in spec):
             ctx.fail(node, name, f"slot '{name}' needs exactly one of `values:` or `table:`")
         forms = spec.get("forms")
-        if forms is not None and (not isinstance(forms, list) or not forms or not all(isinstance(f, str) for f in forms)):
+        if forms is not None and (
+            not isinstance(forms, list) or not forms or not all(isinstance(f, str) for f in forms)
+        ):
             ctx.fail(spec, "forms", "`forms` must be a non-empty list of form names, e.g. [nom, acc, poss]")
         form_names = tuple(forms) if forms else ("value",)
         if "values" in spec:
@@ -36,12 +47,20 @@ def load_slots(ctx, node, doc) -> dict[str, Slot]:
         else:
             values = _table_values(ctx, spec, name, form_names)
         if not values:
-            ctx.fail(spec, "values" if "values" in spec else "table", f"slot '{name}' has no values; give at least one")
+            ctx.fail(
+                spec,
+                "values" if "values" in spec else "table",
+                f"slot '{name}' has no values; give at least one",
+            )
         seen = set()
         for value in values:
             key = tuple(sorted(value.forms.items()))
             if key in seen:
-                ctx.fail(spec, "values" if "values" in spec else "table", f"slot '{name}' lists '{'/'.join(value.forms.values())}' twice; remove the duplicate")
+                ctx.fail(
+                    spec,
+                    "values" if "values" in spec else "table",
+                    f"slot '{name}' lists '{'/'.join(value.forms.values())}' twice; remove the duplicate",
+                )
             seen.add(key)
         slots[name] = Slot(name, tuple(values), form_names)
     return slots
@@ -56,12 +75,22 @@ def _inline_values(ctx, spec, name, form_names) -> list[SlotValue]:
         if isinstance(item, dict):
             missing = [f for f in form_names if f not in item]
             if missing:
-                ctx.fail(items, i, f"value {i + 1} of slot '{name}' lacks form '{missing[0]}' (declared forms: {', '.join(form_names)})")
+                ctx.fail(
+                    items,
+                    i,
+                    f"value {i + 1} of slot '{name}' lacks form '{missing[0]}' (declared forms: "
+                    f"{', '.join(form_names)})",
+                )
             forms = {f: _text(ctx, items, i, item[f], name) for f in form_names}
             meta = {k: v for k, v in item.items() if k not in form_names}
         else:
             if form_names != ("value",):
-                ctx.fail(items, i, f"slot '{name}' declares forms {list(form_names)}: give each value as a mapping with those keys")
+                ctx.fail(
+                    items,
+                    i,
+                    f"slot '{name}' declares forms {list(form_names)}: give each value as a mapping with "
+                    "those keys",
+                )
             forms, meta = {"value": _text(ctx, items, i, item, name)}, {}
         values.append(SlotValue(forms, meta))
     return values
@@ -87,15 +116,23 @@ def _table_values(ctx, spec, name, form_names) -> list[SlotValue]:
     wanted = list(form_names) if form_names != ("value",) else [spec.get("column") or header[0]]
     for column in wanted:
         if column not in header:
-            ctx.fail(spec, "column" if "column" in spec else "table", f"table {path.name} has no column '{column}' (columns: {', '.join(header)})")
+            ctx.fail(
+                spec,
+                "column" if "column" in spec else "table",
+                f"table {path.name} has no column '{column}' (columns: {', '.join(header)})",
+            )
     values = []
     for row_number, row in enumerate(rows[1:], start=2):
         if len(row) != len(header):
-            raise SuiteError(f"{path}:{row_number}: {len(row)} cells but the header has {len(header)}; fix the row")
+            raise SuiteError(
+                f"{path}:{row_number}: {len(row)} cells but the header has {len(header)}; fix the row"
+            )
         record = dict(zip(header, row))
         forms = {f: record[c] for f, c in zip(form_names, wanted)}
         if any(not v.strip() for v in forms.values()):
-            raise SuiteError(f"{path}:{row_number}: empty value in column '{wanted[0]}'; fill it or delete the row")
+            raise SuiteError(
+                f"{path}:{row_number}: empty value in column '{wanted[0]}'; fill it or delete the row"
+            )
         meta = {k: number_or_text(v) for k, v in record.items() if k not in wanted}
         values.append(SlotValue(forms, meta))
     return values

@@ -11,8 +11,8 @@ import itertools
 import math
 import re
 
-from .types import Condition, Prompt, SlotValue, Template
 from ..yamllines import Seq, line_of, number_or_text, required_str
+from .types import Condition, Prompt, SlotValue, Template
 
 _SLOT_REF = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\}")
 _WHERE = re.compile(r"^\s*([A-Za-z_][\w]*)(?:\.([A-Za-z_]\w*))?\s*(==|!=|<=|>=|<|>)\s*(.+?)\s*$")
@@ -25,10 +25,19 @@ def load_templates(ctx, node: Seq, slots) -> list[Template]:
             ctx.fail(node, i, "each template is a mapping with `id:` and `text:`")
         unknown = set(item) - {"id", "text", "where", "values", "meta"}
         if unknown:
-            ctx.fail(item, sorted(unknown)[0], f"unknown key '{sorted(unknown)[0]}' in a template; allowed: id, meta, text, values, where")
+            ctx.fail(
+                item,
+                sorted(unknown)[0],
+                f"unknown key '{sorted(unknown)[0]}' in a template; allowed: id, meta, text, values, where",
+            )
         template_id = required_str(ctx, item, "id")
         if template_id in ids:
-            ctx.fail(item, "id", f"duplicate template id '{template_id}' (first at line {ids[template_id]}); ids must be unique")
+            ctx.fail(
+                item,
+                "id",
+                f"duplicate template id '{template_id}' (first at line {ids[template_id]}); ids must be "
+                "unique",
+            )
         ids[template_id] = line_of(item, "id")
         text = required_str(ctx, item, "text")
         _check_template_text(ctx, item, text, slots)
@@ -36,17 +45,33 @@ def load_templates(ctx, node: Seq, slots) -> list[Template]:
         if isinstance(where, str):
             where = [where]
         if not isinstance(where, list):
-            ctx.fail(item, "where", "`where` must be a condition or a list of conditions like 'occupation != participant'")
+            ctx.fail(
+                item,
+                "where",
+                "`where` must be a condition or a list of conditions like 'occupation != participant'",
+            )
         conditions = tuple(parse_condition(ctx, item, str(c), slots, slot_names(text)) for c in where)
         values = _own_values(ctx, item, slots, slot_names(text))
         meta = item.get("meta") or {}
-        if not isinstance(meta, dict) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in meta.values()):
+        if not isinstance(meta, dict) or not all(
+            isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in meta.values()
+        ):
             ctx.fail(item, "meta", "`meta` maps column names to text or numbers, e.g. {answer: participant}")
         for key in meta:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key)) or key in slots:
-                ctx.fail(item, "meta", f"meta name {key!r} must be letters, digits and '_' and not a slot name")
-        templates.append(Template(template_id, text, conditions, line_of(item, "id"), values,
-                                  tuple((str(k), number_or_text(str(v))) for k, v in meta.items())))
+                ctx.fail(
+                    item, "meta", f"meta name {key!r} must be letters, digits and '_' and not a slot name"
+                )
+        templates.append(
+            Template(
+                template_id,
+                text,
+                conditions,
+                line_of(item, "id"),
+                values,
+                tuple((str(k), number_or_text(str(v))) for k, v in meta.items()),
+            )
+        )
     return templates
 
 
@@ -57,12 +82,18 @@ def _own_values(ctx, item, slots, used) -> tuple:
     if node is None:
         return ()
     if not isinstance(node, dict):
-        ctx.fail(item, "values", "`values` maps slot names to the template's own values, e.g. {occupation: [nurse]}")
+        ctx.fail(
+            item,
+            "values",
+            "`values` maps slot names to the template's own values, e.g. {occupation: [nurse]}",
+        )
     own = []
     for name, listed in node.items():
         if name not in slots or name not in used:
             ctx.fail(item, "values", f"values for '{name}', which this template does not use")
-        listed = [listed] if isinstance(listed, (str, int, float)) and not isinstance(listed, bool) else listed
+        listed = (
+            [listed] if isinstance(listed, (str, int, float)) and not isinstance(listed, bool) else listed
+        )
         if not isinstance(listed, list) or not listed:
             ctx.fail(item, "values", f"values of '{name}' must be a value or a non-empty list")
         known = {}
@@ -76,7 +107,12 @@ def _own_values(ctx, item, slots, used) -> tuple:
             elif slots[name].form_names == ("value",):
                 chosen.append(SlotValue({"value": str(value)}, {}))
             else:
-                ctx.fail(item, "values", f"'{value}' is not a value of slot '{name}' (a slot with forms takes its own values by text or label)")
+                ctx.fail(
+                    item,
+                    "values",
+                    f"'{value}' is not a value of slot '{name}' (a slot with forms takes its own values by "
+                    "text or label)",
+                )
         own.append((name, tuple(chosen)))
     return tuple(own)
 
@@ -87,7 +123,7 @@ def _unescape_outside_slots(text: str):
     pattern = re.compile(r"\{\{|\}\}|\{[^{}]*\}|[{}]")
     literal = []
     for match in pattern.finditer(text):
-        literal.append(text[position:match.start()])
+        literal.append(text[position : match.start()])
         token = match.group(0)
         position = match.end()
         if token == "{{":
@@ -116,13 +152,24 @@ def _check_template_text(ctx, item, text, slots):
             continue
         match = _SLOT_REF.fullmatch(token)
         if not match:
-            ctx.fail(item, "text", f"'{token}' is not a slot reference; write {{slot}} or {{slot.form}}, and {{{{ }}}} for literal braces")
+            ctx.fail(
+                item,
+                "text",
+                f"'{token}' is not a slot reference; write {{slot}} or {{slot.form}}, and {{{{ }}}} for "
+                "literal braces",
+            )
         name, form = match.group(1).lower(), match.group(2)
         if name not in slots:
-            ctx.fail(item, "text", f"unknown slot '{{{match.group(1)}}}'; defined slots: {', '.join(slots) or 'none'}")
+            ctx.fail(
+                item,
+                "text",
+                f"unknown slot '{{{match.group(1)}}}'; defined slots: {', '.join(slots) or 'none'}",
+            )
         forms = slots[name].form_names
         if form is None and forms != ("value",):
-            ctx.fail(item, "text", f"slot '{name}' has forms ({', '.join(forms)}): write {{{name}.{forms[0]}}}")
+            ctx.fail(
+                item, "text", f"slot '{name}' has forms ({', '.join(forms)}): write {{{name}.{forms[0]}}}"
+            )
         if form is not None and form not in forms:
             ctx.fail(item, "text", f"slot '{name}' has no form '{form}' (forms: {', '.join(forms)})")
 
@@ -131,7 +178,12 @@ def parse_condition(ctx, item, text: str, slots, used) -> Condition:
     """A `where` condition as a typed Condition; every problem is a `file:line:` error."""
     match = _WHERE.match(text)
     if not match:
-        ctx.fail(item, "where", f"cannot read condition '{text}'; write e.g. 'occupation != participant' or 'occupation.bls_pct_female > 50'")
+        ctx.fail(
+            item,
+            "where",
+            f"cannot read condition '{text}'; write e.g. 'occupation != participant' or "
+            "'occupation.bls_pct_female > 50'",
+        )
     left, field_name, op, right = match.groups()
     if left not in slots or left not in used:
         ctx.fail(item, "where", f"condition '{text}' names '{left}', which this template does not use")
@@ -144,14 +196,25 @@ def parse_condition(ctx, item, text: str, slots, used) -> Condition:
         lacking = [v for v in slots[left].values if field_name not in v.meta]
         if lacking:
             known = sorted(set().union(*(v.meta for v in slots[left].values))) or ["none"]
-            ctx.fail(item, "where", f"condition '{text}': slot '{left}' has no field '{field_name}' "
-                                    f"(for '{'/'.join(lacking[0].forms.values())}'; fields: {', '.join(known)})")
+            ctx.fail(
+                item,
+                "where",
+                f"condition '{text}': slot '{left}' has no field '{field_name}' "
+                f"(for '{'/'.join(lacking[0].forms.values())}'; fields: {', '.join(known)})",
+            )
     if isinstance(literal, (int, float)) and field_name is not None:
-        not_numbers = [v for v in slots[left].values if isinstance(v.meta[field_name], bool)
-                       or not isinstance(v.meta[field_name], (int, float))]
+        not_numbers = [
+            v
+            for v in slots[left].values
+            if isinstance(v.meta[field_name], bool) or not isinstance(v.meta[field_name], (int, float))
+        ]
         if not_numbers:
-            ctx.fail(item, "where", f"condition '{text}': '{left}.{field_name}' is not a number for "
-                                    f"'{'/'.join(not_numbers[0].forms.values())}'; compare text with == or !=")
+            ctx.fail(
+                item,
+                "where",
+                f"condition '{text}': '{left}.{field_name}' is not a number for "
+                f"'{'/'.join(not_numbers[0].forms.values())}'; compare text with == or !=",
+            )
         return Condition(text, left, field_name, op, literal=float(literal))
     if op not in ("==", "!="):
         ctx.fail(item, "where", f"condition '{text}': '{right}' is text; compare text with == or != only")
@@ -164,8 +227,12 @@ def check_size(ctx, doc, templates, slots, sentence_sets, limit):
         names = list(dict.fromkeys(slot_names(template.text)))
         total += math.prod(len(template.slot_values(n, slots)) for n in names)
         if total > limit:
-            ctx.fail(doc, "templates", f"the suite would expand to more than {limit:,} prompts (before filters); "
-                                       "shrink the slot lists or raise `max_prompts`")
+            ctx.fail(
+                doc,
+                "templates",
+                f"the suite would expand to more than {limit:,} prompts (before filters); "
+                "shrink the slot lists or raise `max_prompts`",
+            )
 
 
 def expand(ctx, template: Template, slots, contrast, first_id) -> list[Prompt]:
@@ -180,17 +247,19 @@ def expand(ctx, template: Template, slots, contrast, first_id) -> list[Prompt]:
         text, spans, span_forms = _fill(template.text, chosen)
         fixed = [f"{n}={'/'.join(chosen[n].forms.values())}" for n in order if n != contrast]
         meta = {**{f"{n}_{k}": v for n in order for k, v in chosen[n].meta.items()}, **dict(template.meta)}
-        prompts.append(Prompt(
-            prompt_id=first_id + len(prompts),
-            item_id=template.id + ("|" + "|".join(fixed) if fixed else ""),
-            template_id=template.id,
-            text=text,
-            slots={n: "/".join(chosen[n].forms.values()) for n in order},
-            meta=meta,
-            spans=spans,
-            origin=f"{ctx.path}:{template.line}",
-            span_forms=span_forms,
-        ))
+        prompts.append(
+            Prompt(
+                prompt_id=first_id + len(prompts),
+                item_id=template.id + ("|" + "|".join(fixed) if fixed else ""),
+                template_id=template.id,
+                text=text,
+                slots={n: "/".join(chosen[n].forms.values()) for n in order},
+                meta=meta,
+                spans=spans,
+                origin=f"{ctx.path}:{template.line}",
+                span_forms=span_forms,
+            )
+        )
     return prompts
 
 
@@ -216,4 +285,3 @@ def _fill(text: str, chosen: dict[str, SlotValue]) -> tuple[str, dict[str, tuple
         out.append(value)
         position += len(value)
     return "".join(out), spans, span_forms
-

@@ -23,7 +23,14 @@ class Slot:
     form_names: tuple[str, ...]  # ("value",) for plain slots
 
 
-_COMPARE = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge}
+_COMPARE = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    ">": operator.gt,
+    "<=": operator.le,
+    ">=": operator.ge,
+}
 
 
 @dataclass(frozen=True)
@@ -40,7 +47,9 @@ class Condition:
     literal: float | str | None = None
 
     def holds(self, chosen: dict[str, SlotValue]) -> bool:
-        value = chosen[self.slot].meta[self.field] if self.field else "/".join(chosen[self.slot].forms.values())
+        value = (
+            chosen[self.slot].meta[self.field] if self.field else "/".join(chosen[self.slot].forms.values())
+        )
         if self.other_slot is not None:
             return _COMPARE[self.op](value, "/".join(chosen[self.other_slot].forms.values()))
         if isinstance(self.literal, float):
@@ -55,11 +64,14 @@ class Template:
     where: tuple[Condition, ...] = ()
     line: int = 0
     values: tuple[tuple[str, tuple[SlotValue, ...]], ...] = ()  # the template's own values of some slots
-    meta: tuple[tuple[str, object], ...] = ()  # metadata of every prompt of the template, e.g. (answer, participant)
+    meta: tuple[
+        tuple[str, object], ...
+    ] = ()  # metadata of every prompt of the template, e.g. (answer, participant)
 
     def slot_values(self, name: str, slots) -> tuple[SlotValue, ...]:
         """The values this template expands slot `name` over: its own, else the slot's."""
         return dict(self.values).get(name, slots[name].values)
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -72,7 +84,9 @@ class Prompt:
     slots: dict[str, str]
     meta: dict[str, object]
     spans: dict[str, tuple[int, int]]
-    candidates: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)  # cut -> ((text, label), ...)
+    candidates: dict[str, tuple[tuple[str, str], ...]] = field(
+        default_factory=dict
+    )  # cut -> ((text, label), ...)
     origin: str = ""  # file:line of its template or sentence, for error messages
     span_forms: dict[str, str] = field(default_factory=dict)  # span -> slot form used there (e.g. acc)
 
@@ -94,5 +108,7 @@ class Suite:
     analysis: object  # attnprobe.analysis.Analysis: what the statistics compare
     path: str
     sha256: str  # of the YAML and every data file it reads
-    first_token: str = "keep"  # keep | bos (prepend the tokenizer's BOS) | exclude (never a target): attention sinks
+    first_token: str = (
+        "keep"  # keep | bos (prepend the tokenizer's BOS) | exclude (never a target): attention sinks
+    )
     referent_choice: object | None = None  # ReferentChoiceMeasure: which referent a scored continuation names

@@ -1,10 +1,10 @@
 """Attribution patching in batches: first-order estimates of every head's and layer's patch-in
 effect for many (x, x') pairs, from one forward and one backward pass of the pairs' x together.
 
-For a head, (z' - z) . dy/dz summed over the aligned positions (its output z, as patching.py patches
+For a head, (z' - z) . dy/dz summed over the aligned positions (its output z, as engine.py patches
 it) and (A' - A) . dy/dA (its pattern; pairs of equal length only); for a layer's MLP output m,
-(m' - m) . dy/dm. x' comes from a patching.Bank; the weights' gradients stay off (only activations
-need one). interventions.attribution is the one-item reference.
+(m' - m) . dy/dm. x' comes from an engine.Bank; the weights' gradients stay off (only activations
+need one). tests/reference_patching.attribution is the one-item reference.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .capture import editing, picked_logits
-from .interventions import Gradients, behaviour_rows, mlp_modules, mlp_outputs
-from .patching import Bank
+from ..capture import editing, picked_logits
+from .engine import Bank
+from .sites import Gradients, behaviour_rows, mlp_modules, mlp_outputs
 
 
 @dataclass
@@ -30,11 +30,14 @@ class Pairs:
     same_length: torch.Tensor  # (n,) bool: the pattern attribution is defined
 
 
-def estimate(model, bank: Bank, xs: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, pairs: Pairs) -> dict:
+def estimate(
+    model, bank: Bank, xs: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, pairs: Pairs
+) -> dict:
     """First-order estimates of every pair's patch-in effects, from one forward and one backward
     pass of the bank's sequences `xs` (n_x,): per head (z' - z) . dy/dz (output) and (A' - A) . dy/dA
     (pattern; NaN for pairs of different lengths), per layer (m' - m) . dy/dm (MLP output); sums over
-    the aligned positions. Returns attribution_output, attribution_pattern (n, L, H), attribution_mlp (n, L)."""
+    the aligned positions. Returns attribution_output, attribution_pattern (n, L, H), attribution_mlp (n,
+    L)."""
     grads = Gradients()
     module = model if isinstance(model, torch.nn.Module) else model.model
     lengths = bank.lengths[xs]
@@ -46,8 +49,12 @@ def estimate(model, bank: Bank, xs: torch.Tensor, positive: torch.Tensor, negati
     try:
         for p in trainable:  # only activations need gradients
             p.requires_grad_(False)
-        with torch.enable_grad(), editing(grads), mlp_outputs(mlps, grads.keep_mlp), \
-                picked_logits(module, (torch.arange(len(xs)), lengths - 1)):
+        with (
+            torch.enable_grad(),
+            editing(grads),
+            mlp_outputs(mlps, grads.keep_mlp),
+            picked_logits(module, (torch.arange(len(xs)), lengths - 1)),
+        ):
             out = module(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=0)
             behaviour_rows(out.logits[0], positive, negative).sum().backward()
     finally:
@@ -56,20 +63,26 @@ def estimate(model, bank: Bank, xs: torch.Tensor, positive: torch.Tensor, negati
     n, L = len(pairs.x), len(bank.hidden)
     positions = torch.arange(T)[None]
     where = ((positions >= pairs.at[:, None]) & (positions < lengths[pairs.x, None])).to(device)  # (n, T)
-    index = (positions - pairs.at[:, None] + pairs.donor_at[:, None]).clamp(0, bank.ids.shape[1] - 1).to(device)
+    index = (
+        (positions - pairs.at[:, None] + pairs.donor_at[:, None]).clamp(0, bank.ids.shape[1] - 1).to(device)
+    )
     result = {"attribution_output": [], "attribution_pattern": [], "attribution_mlp": []}
     for layer in range(L):
         Z, W = grads.outputs[layer], grads.weights[layer]  # (n_x, H, T, D), (n_x, H, T, T)
         z, dy_dz, w, dy_dw = Z.detach()[pairs.x], Z.grad[pairs.x], W.detach()[pairs.x], W.grad[pairs.x]
         H = z.shape[1]
-        donor_z = bank.outputs[layer][pairs.donor].gather(2, index[:, None, :, None].expand(n, H, T, z.shape[-1]))
+        donor_z = bank.outputs[layer][pairs.donor].gather(
+            2, index[:, None, :, None].expand(n, H, T, z.shape[-1])
+        )
         dz = torch.where(where[:, None, :, None], donor_z.to(z.dtype) - z, 0)
         result["attribution_output"].append((dz * dy_dz).sum((2, 3)))
         donor_w = bank.weights[layer][pairs.donor]
         donor_w = donor_w.gather(2, index[:, None, :, None].expand(n, H, T, donor_w.shape[-1]))[..., :T]
         dw = torch.where(where[:, None, :, None], donor_w.to(w.dtype) - w, 0)
         pattern = (dw * dy_dw).sum((2, 3))
-        result["attribution_pattern"].append(torch.where(pairs.same_length[:, None].to(device), pattern, float("nan")))
+        result["attribution_pattern"].append(
+            torch.where(pairs.same_length[:, None].to(device), pattern, float("nan"))
+        )
         if mlps:
             M = grads.mlp[layer]  # (n_x, T, E)
             donor_m = bank.mlp[layer][pairs.donor].gather(1, index[:, :, None].expand(n, T, M.shape[-1]))

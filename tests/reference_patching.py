@@ -16,11 +16,13 @@ equal length only), a layer's attention output (all its heads) and a layer's MLP
 joint sets of heads. Attribution estimates each head's patch-in effect to first order from one
 forward and one backward pass: (z' - z) . dy/dz for the output, (A' - A) . dy/dA for the pattern.
 
-Edits run inside attnprobe's registered attention function (`capture.editing`) and, for MLPs, in
-forward hooks. Every patched variant of an item is one row of a batch; `Rows` says what each row
-patches. `effects` patches one item with whole forward passes: the plain reference that the batched
-patching of runs (patching.py, attribution.py) is tested and benchmarked against. This module
-chooses no items and writes no files. Shapes: B rows, L layers, H heads,
+Edits run inside attnprobe's registered attention function (`capture.editing`, the site whose
+weights and outputs tests/test_capture.py checks against eager attention) and, for MLPs, in forward
+hooks. Every patched variant of an item is one row of a batch; `Rows` says what each row patches.
+`effects` patches one item with whole forward passes: the plain reference that attnprobe's batched
+patching (attnprobe.patching) is tested and benchmarked against. It lives with the tests and
+shares no helper with the code it checks (its behaviour, layer lookup, MLP hooks and gradients are
+its own), so a bug in a shared helper cannot pass both. Shapes: B rows, L layers, H heads,
 T tokens, P patched positions, D head dim, E model width.
 """
 
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .capture import AttentionSite, editing, run_with_capture
+from attnprobe.capture import AttentionSite, editing, run_with_capture
 
 MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn")  # a decoder layer's MLP, by family
 MAX_ROWS = 160  # patched variants per forward pass (memory: rows x tokens x model width)
@@ -41,7 +43,7 @@ def behaviour(logits: torch.Tensor, positive, negative) -> torch.Tensor:
     """y = log p(positive) - log p(negative) from next-token logits (..., V); each side is a token
     id or a list of ids whose probabilities add up (e.g. " him" + " his" against " her")."""
     rows = logits.reshape(-1, logits.shape[-1])
-    ids = lambda side: label_ids([torch.as_tensor(side).reshape(-1).tolist()]).expand(len(rows), -1)  # noqa: E731
+    ids = lambda side: label_ids([torch.as_tensor(side).reshape(-1).tolist()]).expand(len(rows), -1)
     return behaviour_rows(rows, ids(positive), ids(negative)).reshape(logits.shape[:-1])
 
 
@@ -69,13 +71,21 @@ def decoder_layers(model) -> torch.nn.ModuleList:
     """The model's decoder layers: the module list with one entry per hidden layer (empty if none)."""
     model = model if isinstance(model, torch.nn.Module) else model.model
     n = model.config.num_hidden_layers
-    return next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), torch.nn.ModuleList())
+    return next(
+        (m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n),
+        torch.nn.ModuleList(),
+    )
 
 
 def mlp_modules(model) -> list[torch.nn.Module] | None:
     """Each decoder layer's MLP (by the names families use), or None when a layer has none of them."""
-    found = [next((getattr(layer, n) for n in MLP_NAMES if isinstance(getattr(layer, n, None), torch.nn.Module)), None)
-             for layer in decoder_layers(model)]
+    found = [
+        next(
+            (getattr(layer, n) for n in MLP_NAMES if isinstance(getattr(layer, n, None), torch.nn.Module)),
+            None,
+        )
+        for layer in decoder_layers(model)
+    ]
     return found if found and all(m is not None for m in found) else None
 
 
@@ -103,7 +113,11 @@ class Rows:
 
     @classmethod
     def empty(cls, n: int, L: int, H: int) -> Rows:
-        return cls(torch.zeros(n, L, H, dtype=torch.bool), torch.zeros(n, L, H, dtype=torch.bool), torch.zeros(n, L, dtype=torch.bool))
+        return cls(
+            torch.zeros(n, L, H, dtype=torch.bool),
+            torch.zeros(n, L, H, dtype=torch.bool),
+            torch.zeros(n, L, dtype=torch.bool),
+        )
 
     def __len__(self) -> int:
         return len(self.output)
@@ -123,7 +137,10 @@ class Patch:
     donor_at: torch.Tensor  # (P,) the same positions in the donor run
 
     def __call__(self, site: AttentionSite) -> torch.Tensor:
-        output_rows, pattern_rows = self.rows.output[:, site.layer], self.rows.pattern[:, site.layer]  # (B, H)
+        output_rows, pattern_rows = (
+            self.rows.output[:, site.layer],
+            self.rows.pattern[:, site.layer],
+        )  # (B, H)
         if not (output_rows.any() or pattern_rows.any()):
             return site.output
         out = site.output.clone()
@@ -143,6 +160,7 @@ class Patch:
 def mlp_outputs(modules, change):
     """Forward hooks on each layer's MLP: `change(layer, out)` sees its output (B, T, E) and returns
     the output to use instead, or None to keep it (MoE blocks' extra outputs pass through)."""
+
     def hook(layer):
         def replace(module, args, output):
             out = output[0] if isinstance(output, tuple) else output  # MoE blocks add router logits
@@ -150,6 +168,7 @@ def mlp_outputs(modules, change):
             if new is None:
                 return output
             return (new, *output[1:]) if isinstance(output, tuple) else new
+
         return replace
 
     handles = [m.register_forward_hook(hook(layer)) for layer, m in enumerate(modules or [])]
@@ -161,10 +180,17 @@ def mlp_outputs(modules, change):
 
 
 @contextmanager
-def mlp_hooks(modules, rows: torch.Tensor | None = None, donor: Activations | None = None, at=None, donor_at=None,
-              record: Activations | None = None):
+def mlp_hooks(
+    modules,
+    rows: torch.Tensor | None = None,
+    donor: Activations | None = None,
+    at=None,
+    donor_at=None,
+    record: Activations | None = None,
+):
     """Record each layer's MLP output into `record`, or replace it in the rows `rows` (B, L) selects
     at positions `at` by `donor`'s at `donor_at`."""
+
     def change(layer, out):
         if record is not None:
             record.mlp[layer] = out.detach()
@@ -173,7 +199,9 @@ def mlp_hooks(modules, rows: torch.Tensor | None = None, donor: Activations | No
         if not chosen.any():
             return None
         out = out.clone()
-        out[:, at] = torch.where(chosen[:, None, None], donor.mlp[layer][:, donor_at].to(out.dtype), out[:, at])
+        out[:, at] = torch.where(
+            chosen[:, None, None], donor.mlp[layer][:, donor_at].to(out.dtype), out[:, at]
+        )
         return out
 
     with mlp_outputs(modules, change):
@@ -183,7 +211,9 @@ def mlp_hooks(modules, rows: torch.Tensor | None = None, donor: Activations | No
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
     """Next-token logits after the last token of each row of ids (B, T)."""
     mask = torch.ones_like(ids)
-    return run_with_capture(model, ids, mask, layers=[], logit_positions=torch.tensor([ids.shape[1] - 1])).logits[:, 0]
+    return run_with_capture(
+        model, ids, mask, layers=[], logit_positions=torch.tensor([ids.shape[1] - 1])
+    ).logits[:, 0]
 
 
 def record(model, ids: torch.Tensor, positive, negative) -> tuple[float, Activations]:
@@ -194,7 +224,9 @@ def record(model, ids: torch.Tensor, positive, negative) -> tuple[float, Activat
     return float(behaviour(logits[0], positive, negative)), acts
 
 
-def patched_behaviour(model, ids: torch.Tensor, rows: Rows, donor: Activations, at, donor_at, positive, negative) -> torch.Tensor:
+def patched_behaviour(
+    model, ids: torch.Tensor, rows: Rows, donor: Activations, at, donor_at, positive, negative
+) -> torch.Tensor:
     """y of ids (T,) under each row's patch: (B,). Runs MAX_ROWS rows per forward pass."""
     ys = []
     for start in range(0, len(rows), MAX_ROWS):
@@ -213,13 +245,25 @@ def one_hot_heads(n_layers: int, n_heads: int) -> torch.Tensor:
     return heads
 
 
-def effects(model, x: torch.Tensor, x_cf: torch.Tensor, at: torch.Tensor, at_cf: torch.Tensor, positive, negative,
-            singles: torch.Tensor, sets: dict[str, torch.Tensor] | None = None, layers: bool = True, every: bool = True) -> dict:
+def effects(
+    model,
+    x: torch.Tensor,
+    x_cf: torch.Tensor,
+    at: torch.Tensor,
+    at_cf: torch.Tensor,
+    positive,
+    negative,
+    singles: torch.Tensor,
+    sets: dict[str, torch.Tensor] | None = None,
+    layers: bool = True,
+    every: bool = True,
+) -> dict:
     """Patching effects of one item. x, x_cf: (T,), (T',) token ids; at, at_cf: (P,) aligned positions.
 
     `singles` (L, H) bool: heads patched one at a time (output in and out, pattern in); `sets`:
     name -> (L, H) bool head sets patched jointly (in and out), with all heads jointly and the
-    attribution unless `every` is off; `layers`: each layer's attention and MLP output (in and out). Returns y, y_cf, te, per head (L, H) output_in, output_out,
+    attribution unless `every` is off; `layers`: each layer's attention and MLP output (in and out).
+    Returns y, y_cf, te, per head (L, H) output_in, output_out,
     pattern_in (NaN where not patched), attribution_output, attribution_pattern; per layer (L,)
     attention_in/out, mlp_in/out; per set set_in/out; and all_heads_pattern_in."""
     L, H = singles.shape
@@ -257,11 +301,16 @@ def effects(model, x: torch.Tensor, x_cf: torch.Tensor, at: torch.Tensor, at_cf:
         for name, block in blocks.items():
             where[name] = slice(start, start + len(block))
             start += len(block)
-        rows = Rows(*(torch.cat([getattr(b, f) for b in blocks.values()]) for f in ("output", "pattern", "mlp")))
+        rows = Rows(
+            *(torch.cat([getattr(b, f) for b in blocks.values()]) for f in ("output", "pattern", "mlp"))
+        )
         return rows, where
 
-    nan_heads = lambda: torch.full((L, H), float("nan"), dtype=torch.float64)  # noqa: E731
-    for direction, base, donor_acts, base_at, donor_at in (("in", x, donor, at, at_cf), ("out", x_cf, own, at_cf, at)):
+    nan_heads = lambda: torch.full((L, H), float("nan"), dtype=torch.float64)
+    for direction, base, donor_acts, base_at, donor_at in (
+        ("in", x, donor, at, at_cf),
+        ("out", x_cf, own, at_cf, at),
+    ):
         rows, where = build(direction)
         ys = patched_behaviour(model, base, rows, donor_acts, base_at, donor_at, positive, negative).double()
         # patch in: how far the patch moves y(x) toward y(x'); patch out: how much of y(x') it removes
@@ -272,7 +321,9 @@ def effects(model, x: torch.Tensor, x_cf: torch.Tensor, at: torch.Tensor, at_cf:
                 heads[singles] = delta[where[kind]]
                 result[f"{kind}_{direction}"] = heads
         for kind in ("attention", "mlp"):
-            result[f"{kind}_{direction}"] = delta[where[kind]] if kind in where else torch.full((L,), float("nan"), dtype=torch.float64)
+            result[f"{kind}_{direction}"] = (
+                delta[where[kind]] if kind in where else torch.full((L,), float("nan"), dtype=torch.float64)
+            )
         for name in sets:
             result[f"{name}_{direction}"] = float(delta[where[f"set:{name}"]][0])
         if "all_heads_pattern" in where:
@@ -302,11 +353,14 @@ class Gradients:
         return output
 
     def keep_mlp(self, layer: int, out: torch.Tensor) -> None:
-        self.mlp[layer] = _keep_gradient(out)  # a parallel block's first MLP (GPT-NeoX, GPT-J) depends on no attention
+        self.mlp[layer] = _keep_gradient(
+            out
+        )  # a parallel block's first MLP (GPT-NeoX, GPT-J) depends on no attention
 
 
 def _keep_gradient(x: torch.Tensor) -> torch.Tensor:
-    """x with its gradient kept after backward: retained, or x made a leaf where nothing upstream needs one."""
+    """x with its gradient kept after backward: retained, or x made a leaf where nothing upstream needs
+    one."""
     if x.requires_grad:
         x.retain_grad()
     else:
@@ -314,8 +368,9 @@ def _keep_gradient(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def attribution(model, x, donor: Activations, at, at_cf, positive, negative, n_layers: int,
-                same_length: bool) -> dict:
+def attribution(
+    model, x, donor: Activations, at, at_cf, positive, negative, n_layers: int, same_length: bool
+) -> dict:
     """First-order estimates of every head's patch-in effect, from one forward and one backward
     pass of x: (z' - z) . dy/dz over the aligned positions (output) and (A' - A) . dy/dA (pattern,
     equal lengths only; NaN otherwise). Returns attribution_output and attribution_pattern (L, H)."""
@@ -336,4 +391,7 @@ def attribution(model, x, donor: Activations, at, at_cf, positive, negative, n_l
         else:
             pattern.append(torch.full_like(output[-1], float("nan")))
     module.zero_grad(set_to_none=True)
-    return {"attribution_output": torch.stack(output).detach().double(), "attribution_pattern": torch.stack(pattern).detach().double()}
+    return {
+        "attribution_output": torch.stack(output).detach().double(),
+        "attribution_pattern": torch.stack(pattern).detach().double(),
+    }

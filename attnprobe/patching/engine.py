@@ -1,12 +1,12 @@
 """Batched activation patching: the patched variants of many items in few forward passes.
 
-interventions.effects patches one item at a time with whole forward passes (the reference this
+tests/reference_patching.effects patches one item at a time with whole forward passes (the reference this
 module is tested against). Here, for a chunk of items:
 
 - every x and x' runs once, all together (right padding), recording per layer the hidden state
   entering it, each head's output z and attention weights, and the MLP output (`Bank`);
 - `Variants` say, per patched run, which sequence is patched (the base), which one donates, where
-  the aligned positions start in each (patching runs from there to the end, as in interventions)
+  the aligned positions start in each (patching runs from there to the end, as in the reference)
   and what is patched: head outputs, head patterns, MLP outputs;
 - the layers below a variant's lowest patched layer compute exactly what the base's clean run
   computed, so they are skipped: variants are grouped by that layer, the layers below are replaced
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .capture import editing, pad_right, picked_logits, run_with_capture
-from .interventions import Activations, behaviour_rows, decoder_layers, mlp_hooks, mlp_modules, mlp_outputs
-from .sharing import prefix_sharing_blocker
+from ..capture import editing, pad_right, picked_logits, run_with_capture
+from ..sharing import prefix_sharing_blocker
+from .sites import Activations, behaviour_rows, decoder_layers, mlp_modules, mlp_outputs, recording_mlp
 
 ROW_TOKENS = 4096  # rows x padded length of one patched forward pass
 
@@ -64,21 +64,39 @@ def record(model, sequences: list[torch.Tensor]) -> Bank:
     def entering(layer):
         def hook(module, args, kwargs):
             hidden[layer] = (args[0] if args else kwargs["hidden_states"]).detach()
+
         return hook
 
-    handles = [layer.register_forward_pre_hook(entering(i), with_kwargs=True) for i, layer in enumerate(layers)]
-    handles.append(layers[0].register_forward_hook(lambda module, args, output: returned.append(isinstance(output, tuple))))
+    handles = [
+        layer.register_forward_pre_hook(entering(i), with_kwargs=True) for i, layer in enumerate(layers)
+    ]
+    handles.append(
+        layers[0].register_forward_hook(
+            lambda module, args, output: returned.append(isinstance(output, tuple))
+        )
+    )
     mlps = mlp_modules(model)
     try:
-        with editing(recorder), mlp_hooks(mlps, record=acts):
-            logits = run_with_capture(model, ids, mask, layers=[], logit_positions=(lengths - 1)[:, None]).logits[:, 0]
+        with editing(recorder), recording_mlp(mlps, acts):
+            logits = run_with_capture(
+                model, ids, mask, layers=[], logit_positions=(lengths - 1)[:, None]
+            ).logits[:, 0]
     finally:
         for handle in handles:
             handle.remove()
     n = len(layers)
-    return Bank(ids, lengths, [hidden[i] for i in range(n)], [keys[i] for i in range(n)], [values[i] for i in range(n)],
-                [acts.outputs[i] for i in range(n)],
-                [acts.weights[i] for i in range(n)], [acts.mlp[i] for i in range(n)] if mlps else None, logits, returned[0])
+    return Bank(
+        ids,
+        lengths,
+        [hidden[i] for i in range(n)],
+        [keys[i] for i in range(n)],
+        [values[i] for i in range(n)],
+        [acts.outputs[i] for i in range(n)],
+        [acts.weights[i] for i in range(n)],
+        [acts.mlp[i] for i in range(n)] if mlps else None,
+        logits,
+        returned[0],
+    )
 
 
 @dataclass
@@ -103,7 +121,9 @@ class Variants:
         return torch.where(touched.any(-1), touched.float().argmax(-1), torch.full_like(self.base, L))
 
 
-def patched(model, bank: Bank, variants: Variants, share_prefix: bool = True, row_tokens: int = ROW_TOKENS) -> torch.Tensor:
+def patched(
+    model, bank: Bank, variants: Variants, share_prefix: bool = True, row_tokens: int = ROW_TOKENS
+) -> torch.Tensor:
     """y of every variant, (V,) float64. Variants are grouped by their lowest patched layer, sorted
     by their first patched position and length, and run in passes of at most `row_tokens` rows x
     tokens. With `share_prefix` a pass leaves out the positions before its variants' first patched
@@ -116,16 +136,34 @@ def patched(model, bank: Bank, variants: Variants, share_prefix: bool = True, ro
     lengths = bank.lengths[variants.base]
     for layer in first.unique().tolist():
         group = (first == layer).nonzero()[:, 0]
-        group = group[torch.argsort(variants.at[group] * (int(lengths.max()) + 1) + lengths[group], stable=True)]
+        group = group[
+            torch.argsort(variants.at[group] * (int(lengths.max()) + 1) + lengths[group], stable=True)
+        ]
         if layer == len(bank.hidden):  # nothing patched: the clean run's y
-            y[group] = behaviour_rows(bank.logits[variants.base[group]], variants.positive[group], variants.negative[group]).double().cpu()
+            y[group] = (
+                behaviour_rows(
+                    bank.logits[variants.base[group]], variants.positive[group], variants.negative[group]
+                )
+                .double()
+                .cpu()
+            )
             continue
-        for rows in _passes(group, lengths, variants.at if share_prefix else torch.zeros_like(lengths), row_tokens):
-            y[rows] = _forward(model, bank, variants, rows, layer, int(variants.at[rows].min()) if share_prefix else 0).double().cpu()
+        for rows in _passes(
+            group, lengths, variants.at if share_prefix else torch.zeros_like(lengths), row_tokens
+        ):
+            y[rows] = (
+                _forward(
+                    model, bank, variants, rows, layer, int(variants.at[rows].min()) if share_prefix else 0
+                )
+                .double()
+                .cpu()
+            )
     return y
 
 
-def _passes(group: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, row_tokens: int, waste: float = 0.15):
+def _passes(
+    group: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, row_tokens: int, waste: float = 0.15
+):
     """Consecutive runs of `group` (sorted by start, then length), each one pass: at most `row_tokens`
     rows x computed positions, and at most `waste` of them padding or a prefix computed again."""
     begin = 0
@@ -133,7 +171,7 @@ def _passes(group: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, ro
         stop, useful = begin + 1, int(lengths[group[begin]] - starts[group[begin]])
         while stop < len(group):
             row = group[stop]
-            width = int(lengths[group[begin:stop + 1]].max() - starts[group[begin]])
+            width = int(lengths[group[begin : stop + 1]].max() - starts[group[begin]])
             grown = useful + int(lengths[row] - starts[row])
             if (stop + 1 - begin) * width > min(row_tokens, (1 + waste) * grown + 64):
                 break
@@ -152,25 +190,40 @@ def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int, pre
     lengths = bank.lengths[base]
     T = int(lengths.max())
     positions = torch.arange(prefix, T)[None]  # (1, T - prefix)
-    where = ((positions >= v.at[rows, None]) & (positions < lengths[:, None])).to(device)  # (B, T - prefix) the patched positions
-    donor_index = (positions - v.at[rows, None] + v.donor_at[rows, None]).clamp(0, bank.ids.shape[1] - 1).to(device)
-    edit = _Edit(bank, v.donor[rows], where, donor_index, v.output[rows].to(device), v.pattern[rows].to(device))
+    where = ((positions >= v.at[rows, None]) & (positions < lengths[:, None])).to(
+        device
+    )  # (B, T - prefix) the patched positions
+    donor_index = (
+        (positions - v.at[rows, None] + v.donor_at[rows, None]).clamp(0, bank.ids.shape[1] - 1).to(device)
+    )
+    edit = _Edit(
+        bank, v.donor[rows], where, donor_index, v.output[rows].to(device), v.pattern[rows].to(device)
+    )
     mlps = mlp_modules(model) if v.mlp[rows].any() else None  # found before the stubs replace the layers
     labels = torch.cat([v.positive[rows], v.negative[rows]], 1)
-    vocabulary = labels[labels >= 0].unique()  # y needs only these logits: log p(a) - log p(b) = logit a - logit b
+    vocabulary = labels[
+        labels >= 0
+    ].unique()  # y needs only these logits: log p(a) - log p(b) = logit a - logit b
     with ExitStack() as stack:
         stack.enter_context(skipping(model, first, bank.hidden[first][base, prefix:T], bank.returns_tuple))
         stack.enter_context(editing(edit, _Prefix(bank, base, prefix) if prefix else None))
         if mlps:
-            stack.enter_context(mlp_outputs(mlps, _mlp_patch(bank, v.donor[rows], where, donor_index, v.mlp[rows].to(device))))
+            stack.enter_context(
+                mlp_outputs(mlps, _mlp_patch(bank, v.donor[rows], where, donor_index, v.mlp[rows].to(device)))
+            )
         narrowed = stack.enter_context(narrowed_head(module, vocabulary))
         stack.enter_context(picked_logits(module, (torch.arange(len(rows)), lengths - 1 - prefix)))
-        out = module(input_ids=bank.ids[base, prefix:T].to(device), attention_mask=(positions < lengths[:, None]).long().to(device),
-                     position_ids=positions.expand(len(rows), -1).to(device), use_cache=False, logits_to_keep=0)
+        out = module(
+            input_ids=bank.ids[base, prefix:T].to(device),
+            attention_mask=(positions < lengths[:, None]).long().to(device),
+            position_ids=positions.expand(len(rows), -1).to(device),
+            use_cache=False,
+            logits_to_keep=0,
+        )
     logits = out.logits[0]  # (B, vocabulary or vocab)
     if not narrowed:
         return behaviour_rows(logits, v.positive[rows], v.negative[rows])
-    narrow = lambda ids: torch.where(ids >= 0, torch.searchsorted(vocabulary, ids.clamp(min=0)), -1)  # noqa: E731
+    narrow = lambda ids: torch.where(ids >= 0, torch.searchsorted(vocabulary, ids.clamp(min=0)), -1)
     return behaviour_rows(logits, narrow(v.positive[rows]), narrow(v.negative[rows]))
 
 
@@ -188,7 +241,9 @@ class _Prefix:
         B, _, T, _ = key.shape
         key = torch.cat([self.bank.keys[layer][self.base, :, : self.length].to(key.dtype), key], 2)
         value = torch.cat([self.bank.values[layer][self.base, :, : self.length].to(value.dtype), value], 2)
-        own = torch.ones(T, T, dtype=torch.bool).tril()[None, None] if mask is None else mask  # bool (sdpa_mask)
+        own = (
+            torch.ones(T, T, dtype=torch.bool).tril()[None, None] if mask is None else mask
+        )  # bool (sdpa_mask)
         seen = torch.ones(B, own.shape[1], T, self.length, dtype=torch.bool, device=key.device)
         return key, value, torch.cat([seen, own.to(key.device).expand(B, -1, -1, -1)], 3)
 
@@ -203,7 +258,13 @@ def narrowed_head(model, vocabulary: torch.Tensor):
     if type(head) is not torch.nn.Linear:
         yield False
         return
-    narrow = torch.nn.Linear(head.in_features, len(vocabulary), bias=head.bias is not None, device=head.weight.device, dtype=head.weight.dtype)
+    narrow = torch.nn.Linear(
+        head.in_features,
+        len(vocabulary),
+        bias=head.bias is not None,
+        device=head.weight.device,
+        dtype=head.weight.dtype,
+    )
     narrow.weight = torch.nn.Parameter(head.weight[vocabulary], requires_grad=False)
     if head.bias is not None:
         narrow.bias = torch.nn.Parameter(head.bias[vocabulary], requires_grad=False)
@@ -237,20 +298,28 @@ class _Edit:
                 new = self.bank.outputs[layer][self.donor].gather(2, index.expand(B, H, T, D)).to(out.dtype)
             else:  # the donor's weights over the row's keys (equal lengths: the same key positions)
                 weights = self.bank.weights[layer][self.donor]  # (B, H, Tb, Tb)
-                weights = weights.gather(2, index.expand(B, H, T, weights.shape[-1]))[..., : site.key.shape[2]]
+                weights = weights.gather(2, index.expand(B, H, T, weights.shape[-1]))[
+                    ..., : site.key.shape[2]
+                ]
                 new = torch.matmul(weights.to(site.value.dtype), site.values())
             out = torch.where(rows[:, :, None, None] & self.where[:, None, :, None], new, out)
         return out
 
 
 def _mlp_patch(bank: Bank, donor, where, donor_index, rows):
-    """For `interventions.mlp_outputs`: in the rows `rows` (B, L) selects, the MLP output at the
+    """For `sites.mlp_outputs`: in the rows `rows` (B, L) selects, the MLP output at the
     patched positions is the donor's."""
+
     def change(layer, out):  # (B, T, E)
         if not rows[:, layer].any():
             return None
-        new = bank.mlp[layer][donor].gather(1, donor_index[:, :, None].expand(-1, -1, out.shape[-1])).to(out.dtype)
+        new = (
+            bank.mlp[layer][donor]
+            .gather(1, donor_index[:, :, None].expand(-1, -1, out.shape[-1]))
+            .to(out.dtype)
+        )
         return torch.where(rows[:, layer, None, None] & where[:, :, None], new, out)
+
     return change
 
 

@@ -1,0 +1,74 @@
+"""Choosing heads from the screen's tables: the halves of the units, the cross-fitted sets and the
+suite's k heads (flat indices l H + h), as a typed `Selection`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .items import PatchItem, Selection
+
+
+def halves(items: list[PatchItem]) -> dict[str, int]:
+    """Item id -> half (0 or 1): units (e.g. occupations) sorted by the covariate, or by name,
+    alternately assigned, so both halves span it; every item of a unit lies in one half."""
+    units = pd.DataFrame(
+        {"unit": [i.unit for i in items], "x": [i.covariate for i in items]}
+    ).drop_duplicates("unit")
+    units = units.sort_values(["x", "unit"], na_position="last", kind="stable").reset_index(drop=True)
+    half = dict(zip(units["unit"], units.index % 2))
+    return {i.item_id: int(half[i.unit]) for i in items}
+
+
+def select(
+    measure,
+    items: list[PatchItem],
+    totals: pd.DataFrame,
+    head_items: pd.DataFrame,
+    n_layers: int,
+    n_heads: int,
+) -> Selection:
+    """The head sets of the second phase, from the screen's tables: per counterfactual word and
+    half, the `select` heads with the largest mean effect in the direction of the total effect on
+    that half (exact patch-in effect with exact: all, else attribution); and with exact: k the
+    suite's k heads (mean over words of the attribution in the direction of each word's effect),
+    chosen on the items that are not held out."""
+    half = halves(items)
+    held_out = set(totals.loc[totals["held_out"], "item_id"]) if "held_out" in totals else set()
+    score_column = "output_in" if measure.exact == "all" else "attribution_output"
+    frame = head_items.assign(half=head_items["item_id"].map(half))
+    te = totals.assign(half=totals["item_id"].map(half))
+    grid = pd.MultiIndex.from_product([range(n_layers), range(n_heads)])
+    chosen: dict[str, list[tuple[int, ...]]] = {}
+    suite_score = np.zeros(n_layers * n_heads)
+    for word, rows in frame.groupby("counterfactual", sort=False):
+        chosen[word] = []
+        for h in (0, 1):
+            part = rows[rows["half"] == h]
+            sign = np.sign(te.loc[(te["counterfactual"] == word) & (te["half"] == h), "te"].mean()) or 1.0
+            means = part.groupby(["layer", "head"])[score_column].mean().reindex(grid).to_numpy()
+            chosen[word].append(tuple(_top(sign * means, measure.select, n_layers, n_heads)))
+        choosing = rows[~rows["item_id"].isin(held_out)]
+        sign = (
+            np.sign(te.loc[(te["counterfactual"] == word) & ~te["item_id"].isin(held_out), "te"].mean())
+            or 1.0
+        )
+        suite_score += (
+            sign * choosing.groupby(["layer", "head"])["attribution_output"].mean().reindex(grid).to_numpy()
+        )
+    suite = tuple(_top(suite_score, measure.exact, n_layers, n_heads)) if measure.exact != "all" else None
+    return Selection(half, {word: tuple(sets) for word, sets in chosen.items()}, suite)
+
+
+def _top(score: np.ndarray, k: int, n_layers: int, n_heads: int) -> list[int]:
+    """Flat indices l H + h of the k largest finite scores."""
+    score = np.where(np.isfinite(score), score, -np.inf)
+    return sorted(np.argsort(-score, kind="stable")[: min(k, n_layers * n_heads)].tolist())
+
+
+def head_mask(flat, n_layers: int, n_heads: int) -> torch.Tensor:
+    """Flat head indices l H + h -> an (L, H) bool mask."""
+    mask = torch.zeros(n_layers * n_heads, dtype=torch.bool)
+    mask[list(flat)] = True
+    return mask.view(n_layers, n_heads)
