@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup demo test browser clean-cache
+.PHONY: setup demo test test-fast lint browser clean-cache
 
 setup: $(VENV)/.installed
 
@@ -23,8 +23,18 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: setup
 	$(BIN)/attnprobe run probes/gender.yaml
 
-test: setup browser
+# The full suite (the README's and CI's command): formatting and lint first, then every test.
+test: setup browser lint
 	$(BIN)/python -m pytest -q
+
+# The fast lane: no test that loads a bundled model (tiny random models, the bundled tokenizer at
+# most); a test that tries fails with "mark this test slow".
+test-fast: setup lint
+	ATTNPROBE_FAST=1 $(BIN)/python -m pytest -q -m "not slow and not thorough"
+
+lint: setup
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 
 # Headless Chromium for the report's browser test (Debian package; needs root, as CI has).
 browser:

@@ -45,10 +45,6 @@ class Analysis:
         """How the tables state the unit of inference, e.g. "occupation x template"."""
         return " x ".join(self.name(c) for c in self.clusters)
 
-    @property
-    def difference_text(self) -> str:
-        return f"{self.positive} - {self.negative}" if self.paired else "none"
-
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -9,7 +9,7 @@ attnprobe registers an attention function named "attnprobe" with transformers'
   2. when a capture is active and the layer is selected, recomputes the softmax for the requested
      query rows only, in float32: O(layers x heads x rows x S) memory instead of T x S.
 
-Families whose attention bypasses the interface (GPT-Neo, GPT-J, Bloom, CodeGen, MPT) run eager
+Families whose attention bypasses the interface (models.routes_attention says which) run eager
 attention with `output_attentions=True`; their rows are sliced afterwards.
 
 Padding is on the right: every real token keeps position 0..L-1 and, under the causal mask, never

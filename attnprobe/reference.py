@@ -297,12 +297,20 @@ def multi_head_attention(
     qkv = x @ w_qkv.T + (0 if b_qkv is None else b_qkv)  # (B, T, (H + 2 Hkv) D)
     q, k, v = qkv.split([n_heads * D, n_kv_heads * D, n_kv_heads * D], dim=-1)
     q, k, v = split_heads(q, n_heads), split_heads(k, n_kv_heads), split_heads(v, n_kv_heads)  # (B, *, T, D)
+    if is_causal and attn_mask is not None:  # both: the causal mask joins the given one
+        T = x.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # (T, T)
+        if attn_mask.dtype == torch.bool:
+            attn_mask = attn_mask & causal
+        else:
+            attn_mask = attn_mask.masked_fill(~causal, float("-inf"))
+        is_causal = False
     context, weights = scaled_dot_product_attention(
         q,
         k,
         v,
         attn_mask=attn_mask,
-        is_causal=is_causal and attn_mask is None,
+        is_causal=is_causal,
         enable_gqa=n_kv_heads != n_heads,
     )  # (B, H, T, D)
     out = merge_heads(context) @ w_out.T + (0 if b_out is None else b_out)  # (B, T, E)

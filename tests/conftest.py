@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,24 @@ from transformers import AutoModelForCausalLM
 import attnprobe
 
 VOCAB = 100
+
+
+def _refuse_bundled_weights() -> None:
+    """The fast lane (ATTNPROBE_FAST=1, `make test-fast`) loads no bundled model: any load of a
+    GGUF file or of the dequantised bundled weights fails the test that asked for it (mark it slow)."""
+    from_pretrained = AutoModelForCausalLM.from_pretrained
+    cache = str(attnprobe.bundled.cache_dir().resolve())
+
+    def refuse(source, *args, **kwargs):
+        if kwargs.get("gguf_file") or str(Path(source).resolve()).startswith(cache):
+            raise RuntimeError(f"the fast lane loads no bundled model ({source}); mark this test slow")
+        return from_pretrained(source, *args, **kwargs)
+
+    AutoModelForCausalLM.from_pretrained = refuse
+
+
+if os.environ.get("ATTNPROBE_FAST") == "1":
+    _refuse_bundled_weights()
 
 
 def _tiny_configs() -> dict:
@@ -135,12 +155,18 @@ def smollm():
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_dir(smollm, tmp_path_factory):
+def smollm_tokenizer():
+    """The bundled model's tokenizer alone (no weights are loaded)."""
+    return attnprobe.models.load_tokenizer("smollm2-135m")[0]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(smollm_tokenizer, tmp_path_factory):
     """A tiny random Llama (2 layers x 2 heads) saved with the bundled tokenizer, so real suites run
     through the real CLI in seconds."""
     folder = tmp_path_factory.mktemp("tiny-llama")
     config = T.LlamaConfig(
-        vocab_size=len(smollm.tokenizer),
+        vocab_size=len(smollm_tokenizer),
         hidden_size=16,
         intermediate_size=32,
         num_hidden_layers=2,
@@ -148,5 +174,5 @@ def tiny_llama_dir(smollm, tmp_path_factory):
     )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    smollm.tokenizer.save_pretrained(folder)
+    smollm_tokenizer.save_pretrained(folder)
     return folder

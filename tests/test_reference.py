@@ -137,6 +137,34 @@ def test_multi_head_attention_equals_torch_module():
     assert (weights - expected_weights).abs().max() <= 1e-12
 
 
+def test_multi_head_attention_keeps_the_causal_mask_beside_a_padding_mask():
+    """Round 2's reference dropped the causal mask whenever a padding mask was given."""
+    torch.manual_seed(0)
+    E, H, T = 12, 3, 5
+    module = torch.nn.MultiheadAttention(E, H, batch_first=True).double().eval()
+    x = randn(2, T, E)
+    keys = torch.tensor([[True] * T, [True] * 3 + [False] * 2])  # (B, S): the second row padded
+    expected, expected_weights = module(
+        x, x, x, attn_mask=~ref.causal_mask(T), key_padding_mask=~keys, average_attn_weights=False
+    )
+    weights_of = lambda mask: ref.multi_head_attention(
+        x,
+        module.in_proj_weight,
+        module.out_proj.weight,
+        H,
+        b_qkv=module.in_proj_bias,
+        b_out=module.out_proj.bias,
+        attn_mask=mask,
+    )
+    ours, weights = weights_of(keys[:, None, None, :])  # bool keep-mask (B, 1, 1, S)
+    assert (ours - expected).abs().max() <= 1e-12 and (weights - expected_weights).abs().max() <= 1e-12
+    additive = torch.zeros(2, 1, 1, T, dtype=torch.float64).masked_fill(
+        ~keys[:, None, None, :], float("-inf")
+    )
+    assert (weights_of(additive)[1] - expected_weights).abs().max() <= 1e-12
+    assert weights[0, :, 0, 1:].abs().max() == 0  # the first query sees only itself
+
+
 def test_rotary_preserves_norm_and_depends_on_relative_position():
     inv_freq = ref.rope_inverse_frequencies(8, 10000.0)
     q, k = randn(8, dtype=torch.float32), randn(8, dtype=torch.float32, seed=1)

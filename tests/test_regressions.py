@@ -186,12 +186,12 @@ def test_multi_token_candidate_is_refused_before_weights(tmp_path, monkeypatch):
         attnprobe.run_suite(suite, out=tmp_path / "run", progress=False, log=lambda m: None)
 
 
-def test_eager_only_family_is_refused_before_weights(tmp_path, monkeypatch, smollm):
+def test_eager_only_family_is_refused_before_weights(tmp_path, monkeypatch, smollm_tokenizer):
     config = TINY_CONFIGS["gpt_neo"].__class__.from_dict(TINY_CONFIGS["gpt_neo"].to_dict())
-    config.vocab_size = len(smollm.tokenizer)
+    config.vocab_size = len(smollm_tokenizer)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "neo")
-    smollm.tokenizer.save_pretrained(tmp_path / "neo")
+    smollm_tokenizer.save_pretrained(tmp_path / "neo")
     _no_weights(monkeypatch)
     suite = suite_file(tmp_path, "occupation != x", EFFECTS.format(positive="female"))
     with pytest.raises(

@@ -17,8 +17,8 @@ from attnprobe.verify import verify
 
 
 @pytest.fixture(scope="module")
-def tiny_tokenizer(smollm):
-    return ModuloTokenizer(smollm.tokenizer)
+def tiny_tokenizer(smollm_tokenizer):
+    return ModuloTokenizer(smollm_tokenizer)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -129,14 +129,14 @@ def test_cli_verify_smollm_float32_and_float64(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_exit_codes_for_failure_and_unsupported(tmp_path, smollm, monkeypatch):
+def test_cli_exit_codes_for_failure_and_unsupported(tmp_path, smollm_tokenizer, monkeypatch):
     runner = CliRunner()
     # a tiny differential-attention checkpoint with the bundled tokenizer: unsupported -> exit 2, the part
     # named
     from tiny_families import build
 
-    build("diffllama", vocab_size=len(smollm.tokenizer)).save_pretrained(tmp_path / "diff")
-    smollm.tokenizer.save_pretrained(tmp_path / "diff")
+    build("diffllama", vocab_size=len(smollm_tokenizer)).save_pretrained(tmp_path / "diff")
+    smollm_tokenizer.save_pretrained(tmp_path / "diff")
     result = runner.invoke(main, ["verify", "--model", str(tmp_path / "diff")])
     assert (
         result.exit_code == 2

@@ -29,14 +29,15 @@ NAMED = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer(smollm):
-    return ModuloTokenizer(smollm.tokenizer)
+def tokenizer(smollm_tokenizer):
+    return ModuloTokenizer(smollm_tokenizer)
 
 
 def _verify(name, tokenizer, dtype=torch.float32, **overrides):
     return verify(from_pretrained_objects(build(name, dtype, **overrides), tokenizer, name))
 
 
+@pytest.mark.thorough
 def test_every_causal_lm_family_is_verified_or_says_why(tokenizer):
     rows = coverage(tokenizer)
     print("\n" + format_coverage(rows))  # the table (pytest -s shows it; README gives the counts)
