@@ -16,6 +16,8 @@ Measured, on the shipped gender suite and the bundled smollm2-135m:
   head_effects   (also --only head_effects) seconds per item of head effects: the one-item reference
                  patching every head and layer exactly, against the suite's scheme in batches
                  (attribution for all, the suite's 10 heads exact) and every head exact in batches
+  scoring        (--only scoring) the referent-choice phase against the prompt phase on a
+                 1,584-sentence coreference suite, and against round 2's way of scoring
   memory         peak resident memory of `attnprobe run` at 1x and 10x prompts (separate processes)
   load           load_model("smollm2-135m"): cold (empty cache, GGUF dequantised) and cached
   sharing        (--only sharing) the full gender suite: attnprobe end to end with prefix sharing
@@ -221,7 +223,7 @@ def bench_bfloat16_rows(pm, pm_bf16, encoded, repeats: int) -> dict:
 
 def bench_head_effects(pm, suite, encoded, n_reference: int = 3, n_items: int = 32, repeats: int = 2) -> dict:
     """Seconds per item of head effects, in one process on the gender suite's first items (x with
-    its three x'): the reference, interventions.effects with every head and layer patched exactly
+    its three x'): the reference, tests/reference_patching.effects with every head and layer patched exactly
     (what every item cost before, exact: all); the suite's scheme in batches (screen: attribution
     of every head and layer, all heads' patterns; then the suite's 10 heads exact, in and out and
     pattern, and a cross-fitted set), per item over a chunk of `n_items`; and every head and layer
@@ -229,45 +231,43 @@ def bench_head_effects(pm, suite, encoded, n_reference: int = 3, n_items: int = 
     reference exact effects of the suite's heads (float32)."""
     from dataclasses import replace
 
-    from attnprobe.interventions import effects
     from attnprobe.measures import head_effect_phases as phases
+    from attnprobe.patching.selection import head_mask, select
 
-    class Quiet:
-        def update(self, n):
-            pass
+    sys.path.insert(0, str(ROOT / "tests"))  # the one-item reference lives with the tests
+    from reference_patching import effects
 
     items = suite.head_effects.items(pm.tokenizer, encoded)[0][:n_items]
     L, H = pm.info.n_layers, pm.info.n_heads
     measure = suite.head_effects
-    screened = phases.screen(pm, measure, items, set(), Quiet())
-    selection = phases.select(measure, items, screened["totals"], screened["items"], L, H)
+    screened = phases.screen(pm, measure, items, set())
+    selection = select(measure, items, screened["totals"], screened["items"], L, H)
 
     def scheme():
-        tables = phases.screen(pm, measure, items, set(), Quiet())
-        return tables, phases.selected(pm, measure, items, selection, Quiet())
+        tables = phases.screen(pm, measure, items, set())
+        return tables, phases.selected(pm, items, selection)
 
     def every_head(item):
-        return phases.screen(pm, replace(measure, exact="all"), [item], set(), Quiet())
+        return phases.screen(pm, replace(measure, exact="all"), [item], set())
 
     reference, worst = [], 0.0
-    suite_heads = phases.headhead_mask(selection["suite"], L, H)
+    suite_heads = head_mask(selection.suite, L, H)
     _, chosen = scheme()
     for item in items[:n_reference]:
         start = time.perf_counter()
-        for cf in item["counterfactuals"]:
+        for cf in item.counterfactuals:
             r = effects(
                 pm,
-                item["x"],
-                cf["x_cf"],
-                cf["at"],
-                cf["at_cf"],
-                item["positive"],
-                item["negative"],
+                item.x,
+                cf.x_cf,
+                torch.arange(cf.at, len(item.x)),
+                torch.arange(cf.at_cf, len(cf.x_cf)),
+                list(item.positive),
+                list(item.negative),
                 torch.ones(L, H, dtype=torch.bool),
             )
             rows = chosen["items"][
-                (chosen["items"]["item_id"] == item["item_id"])
-                & (chosen["items"]["counterfactual"] == cf["word"])
+                (chosen["items"]["item_id"] == item.item_id) & (chosen["items"]["counterfactual"] == cf.word)
             ]
             for column in ("output_in", "output_out", "pattern_in"):
                 got, want = rows[column].to_numpy(), r[column][suite_heads].numpy()
@@ -287,6 +287,114 @@ def bench_head_effects(pm, suite, encoded, n_reference: int = 3, n_items: int = 
         "saving_scheme_vs_reference": per_item_reference / batched[0],
         "saving_all_heads_batched_vs_reference": per_item_reference / exact_all[0],
         "suite_heads_max_abs_difference_float32": worst,
+    }
+
+
+# Eight frames written for this benchmark (WinoBias-shaped: type 1, the pronoun refers to the
+# subject; type 2, to the object); {a} is the referent, {b} the other occupation.
+FRAMES = (
+    "{n} [The {a}] called the {b} because [{p}] wanted advice on the plan.",
+    "{n} [The {a}] waited for the {b} because [{p}] had arrived early.",
+    "{n} [The {a}] thanked the {b} after [{p}] finished the long report.",
+    "{n} [The {a}] visited the {b} since [{p}] needed a signature.",
+    "{n} The {b} praised [the {a}] because [{p}] had done careful work.",
+    "{n} The {b} paid [the {a}] after [{p}] fixed the problem.",
+    "{n} The {b} trusted [the {a}] because [{p}] was always honest.",
+    "{n} The {b} helped [the {a}] when [{p}] asked for support.",
+)
+SCORING_SUITE = """\
+name: coref-large
+slots:
+  occupation: {table: occupations-bls.tsv, column: occupation}
+sentences:
+%s
+analysis:
+  contrast: version
+  positive: pro
+  negative: anti
+  clusters: [referent.occupation, template]
+  referents: [referent, other]
+  answer: referent
+attention:
+  - {source: pronoun, targets: [referent, other]}
+referent_choice:
+  prompt: " Here, '{pronoun}' refers to the"
+"""
+
+
+def large_coref_suite(folder: Path, pairs_per_frame: int = 99) -> Path:
+    """A coreference suite of 8 frames x `pairs_per_frame` occupation pairs x pro/anti (1,584
+    sentences by default) in `folder`: pro is the pronoun of the referent's majority gender (BLS)."""
+    table = pd.read_csv(ROOT / "probes" / "occupations-bls.tsv", sep="\t", comment="#")
+    female = dict(zip(table["occupation"], table["bls_pct_female"] > 50))
+    names = sorted(female)
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :] if female[a] != female[b]]
+    entries = []
+    for f, frame in enumerate(FRAMES):
+        chosen = pairs[f::8][:pairs_per_frame] + pairs[: max(0, pairs_per_frame - len(pairs[f::8]))]
+        for version in ("pro", "anti"):
+            lines = []
+            for n, (a, b) in enumerate(chosen, start=1):
+                pronoun = "she" if female[a] == (version == "pro") else "he"
+                lines.append(frame.format(n=n, a=a, b=b, p=pronoun))
+            (folder / f"f{f}-{version}.txt").write_text("\n".join(lines) + "\n")
+        entries.append(
+            f"  - {{id: f{f}, files: {{pro: f{f}-pro.txt, anti: f{f}-anti.txt}}, numbered: true, "
+            "spans: [referent, pronoun], mark: {other: occupation}, lookup: {referent: occupation}}"
+        )
+    (folder / "occupations-bls.tsv").write_text((ROOT / "probes" / "occupations-bls.tsv").read_text())
+    (folder / "coref.yaml").write_text(SCORING_SUITE % "\n".join(entries))
+    return folder / "coref.yaml"
+
+
+def bench_scoring(repeats: int) -> dict:
+    """The referent-choice phase against the prompt phase on a 1,584-sentence coreference suite
+    (SmolLM2, one process, medians): both phases as a run computes them (attnprobe.run.phases), and
+    the referent choice as round 2 scored it (each sentence + question + candidate forwarded whole,
+    full-vocabulary logits at every position, batches of 16) on the first 256 prompts."""
+    from attnprobe.capture import pad_right
+    from attnprobe.run import RunOptions, plan_run
+    from attnprobe.run.phases import prompts_phase, referent_choice_phase
+    from attnprobe.spans import candidate_words
+
+    pm = attnprobe.load_model("smollm2-135m")
+    with tempfile.TemporaryDirectory() as scratch:
+        suite = load_suite(large_coref_suite(Path(scratch)))
+        options = RunOptions(head_effects=False, log=lambda m: None, progress=False)
+        plan = plan_run(suite, pm, options)
+
+    def whole(phase):
+        return lambda: [phase.compute(k, lambda n: None) for k in phase.mine]
+
+    prompts, choice = prompts_phase(pm, plan, options), referent_choice_phase(pm, plan, options)
+    measure, referents = suite.referent_choice, suite.analysis.referents
+
+    @torch.no_grad()
+    def round_two(encoded):
+        sequences = []
+        for e in encoded:
+            prefix = list(e.ids) + pm.tokenizer.encode(measure.question(e.prompt), add_special_tokens=False)
+            for r in referents:
+                sequences.append(
+                    prefix + pm.tokenizer.encode(candidate_words(e.prompt, r), add_special_tokens=False)
+                )
+        for start in range(0, len(sequences), 16):
+            ids, mask = pad_right(sequences[start : start + 16], pm.tokenizer.pad_token_id)
+            pm.model(input_ids=ids, attention_mask=mask).logits.float().log_softmax(-1)
+
+    times = interleaved([whole(prompts), whole(choice)], repeats)
+    old = (
+        interleaved([lambda: round_two(plan.encoded[:256])], max(1, repeats // 2))[0]
+        * len(plan.encoded)
+        / 256
+    )
+    return {
+        "n_sentences": len(plan.encoded),
+        "prompt_phase_s": times[0],
+        "referent_choice_s": times[1],
+        "ratio_choice_to_prompts": times[1] / times[0],
+        "round_two_referent_choice_s_estimated": old,
+        "speedup_vs_round_two": old / times[1],
     }
 
 
@@ -509,7 +617,7 @@ def main():
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument(
         "--only",
-        choices=["memory", "sharing", "head_effects"],
+        choices=["memory", "sharing", "head_effects", "scoring"],
         help="Run one section (results merged into the existing JSON).",
     )
     parser.add_argument(
@@ -530,6 +638,8 @@ def main():
         previous["memory"] = bench_memory() if args.only == "memory" else previous.get("memory")
         if args.only == "sharing":
             previous["sharing"] = sharing_section(args)
+        if args.only == "scoring":
+            previous["scoring"] = bench_scoring(args.repeats)
         if args.only == "head_effects":
             pm = attnprobe.load_model("smollm2-135m")
             suite, encoded = gender_prompts(pm.tokenizer, 10**9)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
+import subprocess
+import tempfile
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -176,3 +180,109 @@ def tiny_llama_dir(smollm_tokenizer, tmp_path_factory):
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     smollm_tokenizer.save_pretrained(folder)
     return folder
+
+
+def save_tiny_with_tokenizer(folder, tokenizer):
+    """A tiny eager Llama saved with `tokenizer` (every token has a row): a local checkpoint directory."""
+    model = build_tiny(
+        "llama", attn_implementation="eager", vocab_size=len(tokenizer)
+    )  # every token has a row
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model
+
+
+CHROMIUM = shutil.which("chromium")
+
+
+def chromium(*args, url):
+    """Headless Chromium with networking off; returns (stdout, stderr)."""
+    profile = tempfile.mkdtemp()
+    command = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--proxy-server=127.0.0.1:9",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--user-data-dir={profile}",
+        *args,
+        url,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    shutil.rmtree(profile, ignore_errors=True)
+    return result.stdout, result.stderr
+
+
+TABLE = (
+    "occupation\tbls_pct_female\tsector\ninspector\t6.4\tpublic\nmachinist\t6.7\tprivate\n"
+    "nurse\t88.5\tpublic\npainter\t5.7\tprivate\ncashier\t71\tprivate\n"
+)
+
+
+def suite_file(tmp_path, where, extra=""):
+    (tmp_path / "jobs.tsv").write_text(TABLE)
+    path = tmp_path / "suite.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        name: where
+        contrast: pronoun
+        slots:
+          occupation: {{table: jobs.tsv, column: occupation}}
+          pronoun:
+            forms: [nom]
+            values: [{{label: female, nom: she}}, {{label: male, nom: he}}]
+        templates:
+          - id: said
+            text: "The {{occupation}} said that {{pronoun.nom}} left."
+            where: "{where}"
+        next_token:
+          - {{cut: pronoun, candidates: pronoun}}
+        """)
+        + textwrap.dedent(extra)
+    )
+    return path
+
+
+EFFECTS = """\
+    head_effects:
+      cut: pronoun
+      positive: {positive}
+      negative: male
+      counterfactual: {{occupation: woman}}
+    """
+
+
+def no_weights(monkeypatch):
+    """Make any weights load in the run fail the test: errors must come before the weights."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights were loaded before the configuration error")
+
+    monkeypatch.setattr(attnprobe.run, "load_model", refuse)
+
+
+EFFECT_SUITE = """\
+name: fx
+slots:
+  occupation: {values: [nurse, engineer, teacher, doctor, lawyer, farmer, baker, pilot, chef, judge]}
+  pronoun: {values: [{label: female, value: she}, {label: male, value: he}]}
+contrast: pronoun
+templates:
+  - {id: said, text: "The {occupation} said that {pronoun} left."}
+attention: [{source: pronoun, targets: occupation}]
+next_token: [{cut: pronoun, candidates: pronoun}]
+head_effects: {cut: pronoun, positive: female, negative: male, counterfactual: {occupation: woman}}
+"""
+
+
+def transformers_tokenizer(folder):
+    from attnprobe.models import load_tokenizer
+
+    return load_tokenizer(str(folder))[0]

@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 from click.testing import CliRunner
-from test_models import _save_tiny_with_tokenizer  # noqa: E402
+from conftest import save_tiny_with_tokenizer  # noqa: E402
 
 import attnprobe
 from attnprobe.cli import main
@@ -44,7 +44,7 @@ def test_pickled_checkpoint_is_refused_without_flag(tmp_path, smollm):
 
 
 def test_checkpoint_with_its_own_code_is_refused(tmp_path, smollm):
-    _save_tiny_with_tokenizer(tmp_path, smollm)
+    save_tiny_with_tokenizer(tmp_path, smollm.tokenizer)
     config = json.loads((tmp_path / "config.json").read_text())
     config["auto_map"] = {"AutoModelForCausalLM": "evil.Model"}
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -59,7 +59,7 @@ def test_checkpoint_with_its_own_code_is_refused(tmp_path, smollm):
 
 
 def test_trust_remote_code_is_off_unless_asked(tmp_path, smollm, monkeypatch):
-    _save_tiny_with_tokenizer(tmp_path, smollm)
+    save_tiny_with_tokenizer(tmp_path, smollm.tokenizer)
     seen = []
     original = transformers.AutoModelForCausalLM.from_pretrained
 
@@ -87,7 +87,7 @@ def _one_line(result, *phrases):
 
 
 def _damaged(tmp_path, smollm, damage):
-    _save_tiny_with_tokenizer(tmp_path, smollm)
+    save_tiny_with_tokenizer(tmp_path, smollm.tokenizer)
     damage(tmp_path)
     return CliRunner().invoke(main, ["verify", "--model", str(tmp_path), "--text", "The nurse said"])
 
@@ -145,7 +145,7 @@ def test_a_device_that_does_not_exist_is_refused_before_anything_is_written(tmp_
 
 
 def test_verify_json_into_a_new_or_an_impossible_directory(tmp_path, smollm):
-    _save_tiny_with_tokenizer(tmp_path / "model", smollm)
+    save_tiny_with_tokenizer(tmp_path / "model", smollm.tokenizer)
     target = tmp_path / "new" / "deeper" / "verify.json"
     result = CliRunner().invoke(
         main,

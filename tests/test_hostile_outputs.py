@@ -5,7 +5,7 @@ import textwrap
 
 import pandas as pd
 import pytest
-from test_report import CHROMIUM, chromium
+from conftest import CHROMIUM, chromium
 
 import attnprobe
 from attnprobe.report import write_report

@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import build_tiny
+from conftest import save_tiny_with_tokenizer
 
 import attnprobe
 from attnprobe import bundled
@@ -51,18 +51,9 @@ def test_hub_id_offline_is_one_line(monkeypatch, tmp_path):
     )
 
 
-def _save_tiny_with_tokenizer(folder, smollm):
-    model = build_tiny(
-        "llama", attn_implementation="eager", vocab_size=len(smollm.tokenizer)
-    )  # every token has a row
-    model.save_pretrained(folder)
-    smollm.tokenizer.save_pretrained(folder)
-    return model
-
-
 @pytest.mark.slow
 def test_local_directory_loads_with_facts_and_capture(tmp_path, smollm):
-    saved = _save_tiny_with_tokenizer(tmp_path, smollm)
+    saved = save_tiny_with_tokenizer(tmp_path, smollm.tokenizer)
     pm = attnprobe.load_model(str(tmp_path))
     assert pm.info.family == "llama" and pm.info.n_layers == 2 and pm.info.n_heads == 4
     assert pm.info.n_kv_heads == 2 and pm.info.head_dim == 8

@@ -4,21 +4,18 @@ import base64
 import io
 import json
 import re
-import shutil
-import subprocess
-import tempfile
 
 import matplotlib.image as mpimg
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from conftest import CHROMIUM, chromium
 
 import attnprobe
 from attnprobe.cli import main
 from attnprobe.report import write_report
 
 pytestmark = pytest.mark.slow
-CHROMIUM = shutil.which("chromium")
 HEAD_COLUMNS = [
     "scope",
     "source",
@@ -62,31 +59,6 @@ def reported(smollm, tmp_path_factory):
         "probes/gender.yaml", model=smollm, out=out, limit=150, progress=False, head_effects=False
     )
     return run, write_report(out)
-
-
-def chromium(*args, url):
-    """Headless Chromium with networking off; returns (stdout, stderr)."""
-    profile = tempfile.mkdtemp()
-    command = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--proxy-server=127.0.0.1:9",
-        "--enable-logging=stderr",
-        "--v=0",
-        f"--user-data-dir={profile}",
-        *args,
-        url,
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    shutil.rmtree(profile, ignore_errors=True)
-    return result.stdout, result.stderr
 
 
 def test_tables_and_figures_are_written(reported):

@@ -15,9 +15,8 @@ import re
 from dataclasses import dataclass
 
 import pandas as pd
-import torch
 
-from ..capture import pad_right
+from ..scoring import continuation_logprobs
 from ..spans import candidate_words
 from ..yamllines import line_of, required_str
 
@@ -70,14 +69,15 @@ class ReferentChoiceMeasure:
         return PLACEHOLDER.sub(lambda m: words[m.group(1)], self.prompt)
 
 
-@torch.no_grad()
 def score(
-    pm, measure: ReferentChoiceMeasure, encoded, referents, batch_size: int = 16, progress=None
+    pm, measure: ReferentChoiceMeasure, encoded, referents, batch_size: int = 256, progress=None
 ) -> pd.DataFrame:
     """One row per (prompt, referent): the summed log-probability of the referent's words after
-    the sentence and the question."""
+    the sentence and the question. Sentence + question are forwarded once for both referents and
+    shared prefixes once across prompts; logits only where a referent's token is read
+    (scoring.continuation_logprobs). `progress(n)` is told the sequences scored."""
     tokenizer = pm.tokenizer
-    sequences, rows = [], []
+    pairs, rows = [], []
     for e in encoded:
         question = measure.question(e.prompt)
         words = {r: candidate_words(e.prompt, r) for r in referents}
@@ -86,7 +86,7 @@ def score(
         prefix = list(e.ids) + tokenizer.encode(question, add_special_tokens=False)
         for referent, text in words.items():
             tail = tokenizer.encode(text, add_special_tokens=False)
-            sequences.append((prefix, tail))
+            pairs.append((prefix, tail))
             rows.append(
                 {
                     "prompt_id": e.prompt.prompt_id,
@@ -95,17 +95,7 @@ def score(
                     "n_tokens": len(tail),
                 }
             )
-    logprobs = []
-    for start in range(0, len(sequences), batch_size):
-        batch = sequences[start : start + batch_size]
-        ids, mask = pad_right([prefix + tail for prefix, tail in batch], tokenizer.pad_token_id)
-        logits = pm.model(input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device)).logits
-        for b, (prefix, tail) in enumerate(batch):
-            # token t of the tail is predicted at position len(prefix) + t - 1: normalise only those rows
-            predicted = logits[b, len(prefix) - 1 : len(prefix) - 1 + len(tail)].float().log_softmax(-1).cpu()
-            logprobs.append(float(predicted[torch.arange(len(tail)), torch.as_tensor(tail)].sum()))
-        if progress is not None:
-            progress(len(batch))
+    logprobs = continuation_logprobs(pm, pairs, batch_size, progress)
     table = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "logprob"])
     table.insert(3, "logprob", logprobs)
     return table[list(COLUMNS)]

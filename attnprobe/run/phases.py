@@ -103,17 +103,18 @@ def prompts_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
 
 def referent_choice_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
     """The referent_choice question's scored continuations, in chunks of prompts (shard 1 only)."""
-    size = options.chunk_size
-    parts = [plan.encoded[i : i + size] for i in range(0, len(plan.encoded), size)]
+    step = options.chunk_size
+    parts = [plan.encoded[i : i + step] for i in range(0, len(plan.encoded), step)]
     measure, referents = plan.suite.referent_choice, plan.suite.analysis.referents
 
     def compute(k, advance):
         table = referent_choice.score(pm, measure, parts[k], referents, options.batch_size, advance)
+        advance(size(k) - len(table))  # prompts without the question's spans are not scored
         return {"referent_choice": table}
 
     mine = tuple(range(len(parts))) if options.shard is None or options.shard[0] == 1 else ()
     plan_hash = hashlib.sha256(f"{plan.settings['plan_sha256']}|{measure.prompt}".encode()).hexdigest()
-    size = lambda k: 2 * len(parts[k])
+    size = lambda k: len(referents) * len(parts[k])  # sequences scored
     return Phase(
         "referent-choice", "choice-", plan_hash, len(parts), mine, compute, size, desc="referent choice"
     )

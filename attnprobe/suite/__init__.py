@@ -153,6 +153,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     )
     analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
     prompts, skipped, notes = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
+    notes = list(notes) + [_span_count_note(s) for s in sentence_sets if s["n_required"] < len(s["names"])]
     referent_choice = ReferentChoiceMeasure.parse(ctx, doc, analysis, span_names)
     template_ids = {t.id for t in templates} | {s["id"] for s in sentence_sets}
     head_effects = parse_head_effects(ctx, doc, slots, template_ids, next_token, analysis, referent_choice)
@@ -193,6 +194,14 @@ RESERVED_COLUMNS = (
     "n_tokens",
 )  # prompts.csv columns of every run
 SPAN_COLUMNS = ("_char_start", "_char_end", "_tok_start", "_tok_end")  # per span: <span><suffix>
+
+
+def _span_count_note(sentence_set: dict) -> str:
+    """How many lines of a sentence set with optional spans carry each count of unnamed spans."""
+    counts = sorted(sentence_set["span_counts"].items())
+    carried = ", ".join(f"{n:,} line{'s' * (n != 1)} with {k}" for k, n in counts)
+    optional = ", ".join(sentence_set["names"][sentence_set["n_required"] :])
+    return f"sentences '{sentence_set['id']}': {carried} unnamed [bracketed] spans (optional: {optional})"
 
 
 def _refuse_reserved_names(ctx, doc, slots, prompts, sentence_sets) -> None:

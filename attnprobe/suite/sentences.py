@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 from ..errors import SuiteError
@@ -24,7 +25,19 @@ from .types import Prompt
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 
 
-_ENTRY_KEYS = ("column", "file", "files", "id", "lookup", "mark", "numbered", "pair", "pattern", "spans")
+_ENTRY_KEYS = (
+    "column",
+    "file",
+    "files",
+    "id",
+    "lookup",
+    "mark",
+    "numbered",
+    "optional_spans",
+    "pair",
+    "pattern",
+    "spans",
+)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAMED = re.compile(r"([A-Za-z_][A-Za-z0-9_]*):\s+(.+)", re.S)  # [name: words]
 
@@ -52,6 +65,15 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
                 "`spans` lists the names of the unnamed [bracketed] spans in order, e.g. [occupation, "
                 "pronoun]",
             )
+        optional = item.get("optional_spans", [])
+        if not isinstance(optional, list) or not all(isinstance(n, str) for n in optional):
+            ctx.fail(
+                item,
+                "optional_spans",
+                "`optional_spans` lists the names of unnamed spans that follow `spans:` in some lines only, "
+                "e.g. [pronoun_2]",
+            )
+        required, names = list(names), list(names) + list(optional)
         if len(set(names)) != len(names):
             ctx.fail(item, "spans", "span names must be unique")
         for name in names:
@@ -89,6 +111,8 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
             {
                 "id": set_id,
                 "names": list(names),
+                "n_required": len(required),  # the others are optional: a line may leave them out, last first
+                "span_counts": Counter(),  # lines by their count of unnamed spans (sentence_prompts)
                 "path": next(iter(files.values())),
                 "rows": rows,
                 "n_rows": len(rows),
@@ -242,7 +266,12 @@ def sentence_prompts(ctx, sentence_set, first_id) -> list[Prompt]:
     prompts = []
     for path, number, record in sentence_set["rows"]:
         where = f"{path}:{number}"
-        text, spans, found = _parse_brackets(record["text"], sentence_set["names"], where)
+        text, spans, found = _parse_brackets(
+            record["text"], sentence_set["names"], where, sentence_set["n_required"]
+        )
+        sentence_set["span_counts"][
+            sum(not _NAMED.fullmatch(m.group(1)) for m in _BRACKET.finditer(record["text"]))
+        ] += 1
         for name, words in sentence_set["mark"].items():
             if name in spans:
                 raise SuiteError(f"{where}: span '{name}' is both bracketed and marked by `mark:`; keep one")
@@ -277,10 +306,13 @@ def sentence_prompts(ctx, sentence_set, first_id) -> list[Prompt]:
     return prompts
 
 
-def _parse_brackets(marked: str, names: list[str], where: str) -> tuple[str, dict, dict]:
+def _parse_brackets(
+    marked: str, names: list[str], where: str, n_required: int | None = None
+) -> tuple[str, dict, dict]:
     """Text without brackets, each span's character range, and its words. `[name: words]` names a
-    span inline; the unnamed brackets of a line take all of `names` in order; a repeated name
-    becomes name_2, ..."""
+    span inline; the unnamed brackets of a line take `names` in order, at least the first
+    `n_required` of them (default: all); a repeated name becomes name_2, ..."""
+    n_required = len(names) if n_required is None else n_required
     if (
         marked.count("[") != marked.count("]")
         or _BRACKET.sub("", marked).count("[")
@@ -291,10 +323,10 @@ def _parse_brackets(marked: str, names: list[str], where: str) -> tuple[str, dic
         )
     matches = list(_BRACKET.finditer(marked))
     unnamed = [m for m in matches if not _NAMED.fullmatch(m.group(1))]
-    if (unnamed or not matches) and len(unnamed) != len(names):  # a line may also name every span inline
-        listed = (
-            f"`spans:` names {len(names)} ({', '.join(names)})" if names else "the entry lists no `spans:`"
-        )
+    # a line may also name every span inline
+    if (unnamed or not matches) and not n_required <= len(unnamed) <= len(names):
+        count = f"{n_required} to {len(names)}" if n_required < len(names) else f"{len(names)}"
+        listed = f"`spans:` names {count} ({', '.join(names)})" if names else "the entry lists no `spans:`"
         raise SuiteError(
             f"{where}: {len(unnamed)} unnamed bracketed span(s) but {listed}; name them inline as [name: "
             "words] or list them"

@@ -1,0 +1,203 @@
+"""The head-effects measure end to end on tiny models: configuration errors before any weights load,
+chunks that resume and shard, the suite's heads on every item, the pronoun-swap design, --limit."""
+
+import re
+
+import pandas as pd
+import pytest
+import torch
+from conftest import EFFECT_SUITE, EFFECTS, TINY_CONFIGS, no_weights, suite_file
+from transformers import AutoModelForCausalLM
+
+import attnprobe
+from attnprobe.errors import SuiteError
+from attnprobe.suite import load_suite
+
+
+@pytest.mark.parametrize(
+    "positive, message",
+    [
+        ("feminine", "have no label 'feminine' or 'male' (labels: female, male)"),
+    ],
+)
+def test_head_effects_configuration_errors_come_before_weights(tmp_path, monkeypatch, positive, message):
+    no_weights(monkeypatch)
+    suite = suite_file(tmp_path, "occupation != x", EFFECTS.format(positive=positive))
+    with pytest.raises(SuiteError, match=re.escape(message)):
+        attnprobe.run_suite(suite, out=tmp_path / "run", progress=False, log=lambda m: None)
+    assert not (tmp_path / "run").exists()
+
+
+def test_multi_token_candidate_is_refused_before_weights(tmp_path, monkeypatch):
+    no_weights(monkeypatch)
+    suite = suite_file(tmp_path, "occupation != x", EFFECTS.format(positive="female"))
+    text = suite.read_text().replace("{label: female, nom: she}", "{label: female, nom: shezzqx}")
+    suite.write_text(text)
+    with pytest.raises(SuiteError, match="' shezzqx' is 4 tokens; head effects need single-token candidates"):
+        attnprobe.run_suite(suite, out=tmp_path / "run", progress=False, log=lambda m: None)
+
+
+def test_eager_only_family_is_refused_before_weights(tmp_path, monkeypatch, smollm_tokenizer):
+    config = TINY_CONFIGS["gpt_neo"].__class__.from_dict(TINY_CONFIGS["gpt_neo"].to_dict())
+    config.vocab_size = len(smollm_tokenizer)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "neo")
+    smollm_tokenizer.save_pretrained(tmp_path / "neo")
+    no_weights(monkeypatch)
+    suite = suite_file(tmp_path, "occupation != x", EFFECTS.format(positive="female"))
+    with pytest.raises(
+        SuiteError, match="bypasses it \\(eager-only family\\); run it with --no-head-effects"
+    ):
+        attnprobe.run_suite(
+            suite, model=str(tmp_path / "neo"), out=tmp_path / "run", progress=False, log=lambda m: None
+        )
+
+
+def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_path, monkeypatch):
+    """Head effects are stored in chunks of items like the rest: a lost chunk is recomputed alone;
+    two shards merged give exactly the unsharded first phase, and running the merged directory
+    again adds the selected-heads phase, equal to the unsharded run's."""
+    monkeypatch.setattr(attnprobe.run.plan, "EFFECT_CHUNK_ITEMS", 4)
+    EFFECT_CHUNK_ITEMS = 4
+
+    suite = tmp_path / "fx.yaml"
+    suite.write_text(EFFECT_SUITE)
+    quiet = {"model": str(tiny_llama_dir), "progress": False, "log": lambda m: None}
+    whole = attnprobe.run_suite(suite, out=tmp_path / "whole", **quiet)
+    items = pd.read_parquet(whole.directory / "head_effects_items.parquet")
+    totals = pd.read_parquet(whole.directory / "head_effects_totals.parquet")
+    n_items = whole.manifest["head_effects"]["n_items"]
+    assert n_items > EFFECT_CHUNK_ITEMS and whole.manifest["n_effect_chunks"] == -(
+        -n_items // EFFECT_CHUNK_ITEMS
+    )
+
+    chunks = whole.directory / "chunks"
+    kept = (chunks / "effects-00000.items.parquet").stat().st_mtime_ns
+    (chunks / "effects-00001.done").unlink()  # as if killed while chunk 1 was being written
+    again = attnprobe.run_suite(suite, out=tmp_path / "whole", **quiet)
+    assert (chunks / "effects-00000.items.parquet").stat().st_mtime_ns == kept  # not recomputed
+    pd.testing.assert_frame_equal(pd.read_parquet(again.directory / "head_effects_items.parquet"), items)
+
+    for k in (1, 2):
+        attnprobe.run_suite(suite, out=tmp_path / "sharded", shard=(k, 2), **quiet)
+    merged = attnprobe.merge_shards(
+        [tmp_path / "sharded" / f"shard-{k}-of-2" for k in (1, 2)], tmp_path / "merged"
+    )
+    pd.testing.assert_frame_equal(pd.read_parquet(merged.directory / "head_effects_items.parquet"), items)
+    assert merged.manifest["head_effects"]["n_items"] == n_items and merged.has_head_effects
+    assert "crossfit_in" not in pd.read_parquet(
+        merged.directory / "head_effects_totals.parquet"
+    )  # needs every item
+    completed = attnprobe.run_suite(suite, out=tmp_path / "merged", **quiet)
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(completed.directory / "head_effects_totals.parquet"), totals
+    )
+    assert (
+        completed.manifest["head_effects"]["crossfit_heads"]
+        == whole.manifest["head_effects"]["crossfit_heads"]
+    )
+
+
+def test_exact_k_patches_the_same_suite_heads_on_every_item(tiny_llama_dir, tmp_path):
+    suite = tmp_path / "fx.yaml"
+    suite.write_text(
+        EFFECT_SUITE.replace(
+            "counterfactual: {occupation: woman}",
+            "counterfactual: {occupation: [woman, man]}, exact: 2, select: 1",
+        )
+    )
+    run = attnprobe.run_suite(
+        suite, out=tmp_path / "k", model=str(tiny_llama_dir), progress=False, log=lambda m: None
+    )
+    items = pd.read_parquet(run.directory / "head_effects_items.parquet")
+    totals = pd.read_parquet(run.directory / "head_effects_totals.parquet")
+    held = set(totals.loc[totals["held_out"], "item_id"])
+    assert (
+        len(held) == run.manifest["head_effects"]["held_out"] == 5
+    )  # 8 by default, at most half of the 10 items
+    on_held = items[items["item_id"].isin(held)]
+    assert on_held[["output_in", "output_out", "pattern_in"]].notna().all().all()  # every head exact there
+    patched = items[items["output_in"].notna() & ~items["item_id"].isin(held)]
+    heads = set(map(tuple, patched[["layer", "head"]].to_numpy()))
+    grid = run.manifest["model"]["n_layers"] * run.manifest["model"]["n_heads"]
+    assert len(heads) == 2 and len(patched) == 2 * (
+        run.manifest["head_effects"]["n_pairs"] - len(on_held) // grid
+    )  # the same 2 heads
+    assert (
+        patched[["output_out", "pattern_in"]].notna().all().all()
+        and items["attribution_output"].notna().all()
+    )
+    assert run.manifest["head_effects"]["exact_heads"] == " ".join(f"L{l}H{h}" for l, h in sorted(heads))
+    stats = attnprobe.Run(run.directory).head_effects
+    assert stats.groupby("counterfactual")["p"].count().eq(2).all()  # tested: the heads patched on every item
+
+
+def test_pronoun_swap_needs_paired_versions_and_a_question(tmp_path):
+    (tmp_path / "pro.txt").write_text("1 The [nurse] hired the mechanic because [she] was busy.\n")
+    (tmp_path / "anti.txt").write_text("1 The [nurse] hired the mechanic because [he] was busy.\n")
+    head = (
+        "name: s\nslots: {occupation: [nurse, mechanic]}\nsentences:\n  - {id: f1, files: {pro: pro.txt, "
+        "anti: anti.txt}, "
+        "numbered: true, spans: [referent, pronoun], mark: {other: occupation}}\n"
+        "analysis: {contrast: version, positive: pro, negative: anti, referents: [referent, other], answer: "
+        "referent}\n"
+        "attention:\n  - {source: pronoun, targets: [referent, other]}\n"
+    )
+    (tmp_path / "s.yaml").write_text(head + "head_effects: {counterfactual: pair}\n")
+    with pytest.raises(
+        SuiteError, match=r"s.yaml:\d+: counterfactual: pair .* needs .* a `referent_choice:` question"
+    ):
+        load_suite(tmp_path / "s.yaml")
+    (tmp_path / "s.yaml").write_text(
+        head + "referent_choice: {prompt: \" '{pronoun}' is the\"}\n"
+        "head_effects: {counterfactual: pair, templates: [f2]}\n"
+    )
+    with pytest.raises(SuiteError, match="unknown template id 'f2'"):
+        load_suite(tmp_path / "s.yaml")
+    (tmp_path / "s.yaml").write_text(
+        head + "referent_choice: {prompt: \" '{pronoun}' is the\"}\n"
+        "head_effects: {counterfactual: pair, templates: [f1], exact: 3}\n"
+    )
+    measure = load_suite(tmp_path / "s.yaml").head_effects
+    assert (measure.design, measure.positive, measure.negative, measure.replacements, measure.exact) == (
+        "pair",
+        "pro",
+        "anti",
+        ("anti",),
+        3,
+    )
+
+
+def test_limit_scales_the_head_effects_items_and_the_run_says_how_many(tiny_llama_dir, tmp_path, monkeypatch):
+    """--limit 10 of 20 prompts halves max_items (8 -> 4); before the phase the run logs the item
+    count, and after the first chunk the time per item and what is left."""
+    monkeypatch.setattr(attnprobe.run.plan, "EFFECT_CHUNK_ITEMS", 4)
+    suite = tmp_path / "fx.yaml"
+    suite.write_text(
+        EFFECT_SUITE.replace(
+            "counterfactual: {occupation: woman}}", "counterfactual: {occupation: woman}, max_items: 8}"
+        )
+    )
+    lines = []
+    run = attnprobe.run_suite(
+        suite, model=str(tiny_llama_dir), out=tmp_path / "run", limit=10, progress=False, log=lines.append
+    )
+    assert run.manifest["n_prompts"] == 10 and run.manifest["head_effects"]["n_items"] == 4
+    assert any(
+        re.fullmatch(
+            r"head effects: 4 items \(4 counterfactual pairs\) in 1 chunk; about \d+\.\d min on 2 CPU cores, "
+            r"the time per item is known after the first chunk",
+            line,
+        )
+        for line in lines
+    )
+    full = attnprobe.run_suite(
+        suite, model=str(tiny_llama_dir), out=tmp_path / "full", progress=False, log=lines.append
+    )
+    assert full.manifest["head_effects"]["n_items"] == 8
+    assert any(
+        line.startswith("head effects: ")
+        and " s per item, about " in line
+        and "for the other 4 items" in line
+        for line in lines
+    )

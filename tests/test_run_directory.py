@@ -1,0 +1,158 @@
+"""The run directory: --fresh, output names, options refused before anything runs, progress lines off a
+terminal, tables that round-trip."""
+
+import json
+import re
+
+import pandas as pd
+import pytest
+from conftest import EFFECT_SUITE, transformers_tokenizer
+
+import attnprobe
+from attnprobe.errors import RunError
+from attnprobe.run import model_name, storage
+
+OLD_RUN = {"fingerprint": "old", "settings": {}, "versions": {}, "suite": {"name": "gender"}}
+
+
+def test_fresh_removes_every_artefact_of_the_old_run_and_nothing_else(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps(OLD_RUN))
+    for name in (
+        "prompts.csv",
+        "head_effects_items.parquet",
+        "head_effects_totals.csv",
+        "head_stats.csv",
+        "report.html",
+    ):
+        (tmp_path / name).write_text("old")
+    (tmp_path / "chunks").mkdir()
+    (tmp_path / "figures").mkdir()
+    for name in (
+        "00000.done",
+        "00000.attention.parquet",
+        "effects-00003.items.parquet",
+        "selected-00000.done",
+        ".00001.done.tmp",
+    ):
+        (tmp_path / "chunks" / name).write_text("{}")
+    (tmp_path / "figures" / "difference_occupation.png").write_text("png")
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "chunks" / "my-notes.txt").write_text("mine too")  # another tool's file among the chunks
+    kept = []
+    assert (
+        storage.prepare_directory(tmp_path, "new", resume=False, suite_name="gender", log=kept.append) is None
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chunks", "notes.txt"]
+    assert [p.name for p in (tmp_path / "chunks").iterdir()] == ["my-notes.txt"]
+    assert kept == [f"--fresh kept 1 files attnprobe did not write in {tmp_path}: chunks/my-notes.txt"]
+
+
+def test_fresh_refuses_another_tools_manifest_and_another_suites_run(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"name": "someone else's"}))
+    (tmp_path / "prompts.csv").write_text("theirs")
+    with pytest.raises(RunError, match="was not written by attnprobe; nothing was deleted"):
+        storage.prepare_directory(tmp_path, "new", resume=False, suite_name="gender")
+    assert (tmp_path / "prompts.csv").read_text() == "theirs"
+    (tmp_path / "manifest.json").write_text(json.dumps(OLD_RUN))
+    with pytest.raises(
+        RunError,
+        match=f"{tmp_path} holds a run of suite 'gender', not 'coref'; --fresh replaces only a run "
+        "of the same suite: choose another --out \\(nothing was deleted\\)",
+    ):
+        storage.prepare_directory(tmp_path, "new", resume=False, suite_name="coref")
+    assert (tmp_path / "prompts.csv").read_text() == "theirs"
+
+
+def test_output_name_of_a_local_checkpoint(tmp_path, monkeypatch):
+    (tmp_path / "ckpt").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert model_name("./ckpt") == "ckpt" and model_name("ckpt/") == "ckpt"  # was '._ckpt'
+    assert model_name("org/model") == "org_model" and model_name("/x/SmolLM2.Q4.gguf") == "SmolLM2.Q4"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--shard", "3/2"],
+            "Invalid value for '--shard': '3/2': K/N needs 1 <= K <= N; see `attnprobe run --help`",
+        ),
+        (["--shard", "x"], "Invalid value for '--shard': 'x': write K/N, e.g. 1/4"),
+        (["--batch-size", "0"], "Invalid value for '--batch-size'"),
+    ],
+)
+def test_bad_options_are_one_line_before_anything_runs(tmp_path, args, message):
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    result = CliRunner().invoke(main, ["run", "probes/gender.yaml", "--out", str(tmp_path / "o"), *args])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert (
+        result.output.startswith("attnprobe: error: ")
+        and message in result.output
+        and not (tmp_path / "o").exists()
+    )
+
+
+def test_a_run_off_a_terminal_logs_each_chunk(tiny_llama_dir, tmp_path):
+    """Issue 17: with stderr not a terminal (notebooks, nohup, SLURM, CI) a run used to print nothing
+    for minutes; now one line per finished chunk of prompts and of head-effects items."""
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    (tmp_path / "fx.yaml").write_text(EFFECT_SUITE)
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            str(tmp_path / "fx.yaml"),
+            "--model",
+            str(tiny_llama_dir),
+            "--out",
+            str(tmp_path / "out"),
+            "--chunk-size",
+            "8",
+            "--batch-size",
+            "4",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert re.search(
+        r"attnprobe run: chunk 1 of 3 done, 8 of 20 prompts, \d+ s, about \d+ s left", result.output
+    )
+    assert "attnprobe run: chunk 3 of 3 done, 20 of 20 prompts" in result.output
+    assert re.search(r"head effects: chunk 1 of 1 done, 10 of 10 items", result.output)
+    assert re.search(r"selected heads: chunk 1 of 1 done, 10 of 10 items", result.output)
+
+
+def test_tables_round_trip_as_computed(tiny_llama_dir, tmp_path):
+    """Issue 17: tables came back from CSV with spreadsheet quote prefixes ('-...) and dtypes that
+    depended on the cache. Parquet is now what readers read; the CSV stays a safe export."""
+    from attnprobe.run import plan
+    from attnprobe.suite import load_suite as load
+
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nslots:\n  x: ['-minus', '=sum(1)', plain]\n"
+        "  p: {values: [{label: a, value: she}, {label: b, value: he}]}\ncontrast: p\n"
+        "templates:\n  - {id: t, text: 'The {x} said that {p} left.'}\n"
+        "attention: [{source: p, targets: x}]\n"
+    )
+    run = attnprobe.run_suite(
+        tmp_path / "s.yaml",
+        model=str(tiny_llama_dir),
+        out=tmp_path / "out",
+        progress=False,
+        log=lambda m: None,
+    )
+    suite = load(tmp_path / "s.yaml")
+    tokenizer = transformers_tokenizer(tiny_llama_dir)
+    expected = storage.prompts_table(plan.encode_prompts(suite, list(suite.prompts), tokenizer, 10_000))
+    pd.testing.assert_frame_equal(attnprobe.Run(run.directory).prompts, expected)
+    assert "'-minus" in (run.directory / "prompts.csv").read_text()  # the spreadsheet export is neutralised
+    first = attnprobe.Run(run.directory).condition_means  # computed
+    attnprobe.Run(run.directory).report()
+    pd.testing.assert_frame_equal(
+        attnprobe.Run(run.directory).condition_means, first
+    )  # from the cache, same dtypes

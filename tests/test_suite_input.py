@@ -1,0 +1,258 @@
+"""Suite input a user gets wrong or an attacker writes: typed `where`, names that would overwrite run
+columns, hostile YAML, data files outside the suite, special files, quoting, spreadsheet exports,
+expansion time."""
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import suite_file
+
+from attnprobe.errors import SuiteError
+from attnprobe.suite import load_suite
+
+
+def occupations(suite):
+    return sorted({p.slots["occupation"] for p in suite.prompts})
+
+
+def test_numeric_where_compares_numbers_not_strings(tmp_path):
+    # as strings, '9.42' > '50' and '6.4' > '50' were true: inspector, machinist and painter passed
+    assert occupations(load_suite(suite_file(tmp_path, "occupation.bls_pct_female > 50"))) == [
+        "cashier",
+        "nurse",
+    ]
+    assert occupations(load_suite(suite_file(tmp_path, "occupation.bls_pct_female <= 6.7"))) == [
+        "inspector",
+        "machinist",
+        "painter",
+    ]
+    assert occupations(load_suite(suite_file(tmp_path, "occupation.bls_pct_female == 71"))) == [
+        "cashier"
+    ]  # int cell vs literal
+    assert occupations(load_suite(suite_file(tmp_path, "occupation.sector == public"))) == [
+        "inspector",
+        "nurse",
+    ]
+
+
+@pytest.mark.parametrize(
+    "where, message",
+    [
+        (
+            "occupation.nope > 50",
+            "slot 'occupation' has no field 'nope' (for 'inspector'; fields: bls_pct_female, sector)",
+        ),
+        ("occupation.sector > 50", "'occupation.sector' is not a number for 'inspector'"),
+        ("occupation.sector < public", "'public' is text; compare text with == or != only"),
+    ],
+)
+def test_bad_where_is_a_file_line_error(tmp_path, where, message):
+    with pytest.raises(SuiteError) as error:
+        load_suite(suite_file(tmp_path, where))
+    assert str(error.value).startswith(
+        f"{tmp_path / 'suite.yaml'}:11: condition '{where}'"
+    ) and message in str(error.value)
+
+
+NAMES_SUITE = """\
+name: {name}
+slots:
+  {slot}: [nurse, engineer]
+  pronoun: {{values: [{{label: female, value: she{meta}}}, {{label: male, value: he}}]}}
+contrast: pronoun
+templates:
+  - {{id: t, text: "The {{{slot}}} said that {{pronoun}} left."}}
+next_token:
+  - {{cut: pronoun, candidates: pronoun}}
+{extra}"""
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"slot": "text"}, "slot name 'text' is reserved"),
+        ({"slot": "prompt_id"}, "slot name 'prompt_id' is reserved"),
+        ({"slot": "pronoun_2"}, "slot name 'pronoun_2' is reserved"),
+        ({"slot": "job_tok_start"}, "slot name 'job_tok_start' is reserved"),
+        ({"name": "'..'"}, "not only dots"),
+        ({"extra": '  - {cut: pronoun, candidates: [" x"]}\n'}, "a second next_token measure at 'pronoun'"),
+        (
+            {"slot": "pronoun_text", "meta": ", text: x"},
+            "metadata 'pronoun_text' would overwrite",
+        ),  # pronoun.text vs slot
+    ],
+)
+def test_names_that_would_overwrite_run_columns_are_refused(tmp_path, fields, message):
+    """Issue 18: a slot, span or metadata name equal to a column the run writes used to overwrite it
+    and join attention to the wrong prompts, with exit 0; now refused before anything runs."""
+    (tmp_path / "s.yaml").write_text(
+        NAMES_SUITE.format(**{"name": "s", "slot": "job", "meta": "", "extra": "", **fields})
+    )
+    with pytest.raises(SuiteError, match=re.escape(message)):
+        load_suite(tmp_path / "s.yaml")
+    (tmp_path / "ok.yaml").write_text(NAMES_SUITE.format(name="s", slot="job", meta="", extra=""))
+    assert len(load_suite(tmp_path / "ok.yaml").prompts) == 4  # the same suite with ordinary names loads
+
+
+def test_sentence_columns_that_would_overwrite_run_columns_are_refused(tmp_path):
+    (tmp_path / "s.tsv").write_text("text\tprompt_id\n[The nurse] said [she] left.\t7\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [occupation, pronoun]}\n"
+        "attention:\n  - {source: pronoun, targets: occupation}\n"
+    )
+    with pytest.raises(SuiteError, match=r"s\.tsv:2: column 'prompt_id' is a column every run writes"):
+        load_suite(tmp_path / "s.yaml")
+
+
+def _load_error(path: Path, text: str) -> str:
+    path.write_text(text)
+    with pytest.raises(SuiteError) as error:
+        load_suite(path)
+    return str(error.value)
+
+
+def test_hostile_yaml_is_refused_quickly(tmp_path):
+    """Issue 18: a 700-byte alias bomb ran for minutes; deep nesting gave a RecursionError traceback."""
+    import time
+
+    bomb = (
+        "a: &a [x, x, x, x, x, x, x, x, x]\n"
+        + "".join(
+            f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+            f"*{chr(97 + i)}, "
+            f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+            for i in range(8)
+        )
+        + "name: s\ndescription: *i\n"
+    )
+    started = time.perf_counter()
+    message = _load_error(tmp_path / "bomb.yaml", bomb)
+    assert time.perf_counter() - started < 1.0 and len(bomb) < 800
+    assert "an alias bomb?" in message and message.startswith(f"{tmp_path / 'bomb.yaml'}:")
+    assert "nested too deeply" in _load_error(
+        tmp_path / "deep.yaml", "name: s\ndescription: " + "[" * 5000 + "]" * 5000 + "\n"
+    )
+    assert "`description` must be" in _load_error(
+        tmp_path / "d.yaml", "name: s\ndescription: [a, b]\ntemplates: []\n"
+    )
+
+
+def test_data_files_stay_under_the_suite_directory(tmp_path):
+    """Issue 18: a data path could read any file (/proc/self/environ was printed in the error)."""
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "secret.tsv").write_text("occupation\nnurse\n")
+    for relative in ("../secret.tsv", "/proc/self/environ"):
+        message = _load_error(
+            tmp_path / "suite" / "s.yaml",
+            f"name: s\nslots:\n  occupation: {{table: '{relative}'}}\n"
+            "templates:\n  - {id: t, text: 'The {occupation} left.'}\n",
+        )
+        assert (
+            "lies outside the suite's directory" in message
+            and "nurse" not in message
+            and "PATH=" not in message
+        )
+    suite = tmp_path / "suite" / "s.yaml"  # now naming /proc/self/environ: outside every allowed root
+    with pytest.raises(
+        SuiteError, match="lies outside the suite's directory .* or allow its directory with --data-root"
+    ):
+        load_suite(suite, data_roots=[tmp_path])
+    suite.write_text(
+        "name: s\nslots:\n  occupation: {table: '../secret.tsv'}\ntemplates:\n  - {id: t, text: 'The "
+        "{occupation} left.'}\n"
+    )
+    assert [p.text for p in load_suite(suite, data_roots=[tmp_path]).prompts] == ["The nurse left."]
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    refused = CliRunner().invoke(main, ["check", str(suite)])
+    assert refused.exit_code == 2 and "--data-root" in refused.output
+    allowed = CliRunner().invoke(main, ["check", str(suite), "--data-root", str(tmp_path)])
+    assert allowed.exit_code == 0 and "1 prompts" in allowed.output, allowed.output
+
+
+def test_special_and_oversized_data_files_are_refused_before_reading(tmp_path):
+    import os
+    import time
+
+    def suite(table):
+        return (
+            f"name: s\nslots:\n  occupation: {{table: '{table}'}}\n"
+            "templates:\n  - {id: t, text: 'The {occupation} left.'}\n"
+        )
+
+    os.mkfifo(tmp_path / "fifo.tsv")  # reading a FIFO would wait forever for a writer
+    (tmp_path / "folder.tsv").mkdir()
+    for name in ("fifo.tsv", "folder.tsv"):
+        started = time.perf_counter()
+        message = _load_error(tmp_path / "s.yaml", suite(name))
+        assert f"data file '{name}' is not a regular file" in message and time.perf_counter() - started < 1
+    message = _load_error(
+        tmp_path / "s.yaml", suite("x").replace("'x'", '"bad\\nname.tsv"')
+    )  # a line break in the name
+    assert "data file 'bad\\nname.tsv' not found" in message and "\n" not in message
+    lines = tmp_path / "many.tsv"
+    lines.write_text("text\n" + "[She] left.\n" * 1_200)
+    started = time.perf_counter()
+    message = _load_error(
+        tmp_path / "m.yaml",
+        "name: s\nmax_prompts: 1000\nsentences:\n  - {id: b, file: many.tsv, spans: [pronoun]}\n",
+    )
+    assert message.startswith(
+        f"{tmp_path / 'm.yaml'}:4: data file 'many.tsv' has 1,201 lines, more than max_prompts = 1,000"
+    )
+    assert "raise `max_prompts:`" in message
+    big = tmp_path / "big.yaml"
+    big.write_text("name: s\ndescription: '" + "x" * (2**20) + "'\n")
+    started = time.perf_counter()
+    with pytest.raises(
+        SuiteError, match=r"big.yaml:1: the suite file has 1.0 MB, more than 1 MB of YAML; move long lists"
+    ):
+        load_suite(big)
+    assert time.perf_counter() - started < 0.1
+
+
+def test_sentence_files_keep_quotes_and_span_names_are_names(tmp_path):
+    (tmp_path / "s.tsv").write_text('text\n"Hi," said [the nurse], and [she] left.\n')
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [occupation, pronoun]}\n"
+    )
+    prompt = load_suite(tmp_path / "s.yaml").prompts[0]
+    assert (
+        prompt.text == '"Hi," said the nurse, and she left.'
+        and prompt.text[slice(*prompt.spans["pronoun"])] == "she"
+    )
+    (tmp_path / "t.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [a/b, '=c']}\n")
+    with pytest.raises(SuiteError, match=r"span name 'a/b' must be letters, digits and '_'"):
+        load_suite(tmp_path / "t.yaml")
+
+
+def test_spreadsheet_exports_read_as_written(tmp_path):
+    """A byte-order mark before the header, CRLF line ends, and U+2028 inside a sentence (one line to
+    an editor, two to str.splitlines) keep their lines, columns and line numbers."""
+    (tmp_path / "s.tsv").write_bytes(
+        "\ufefftext\tnote\r\n[She] left\u2028early.\tx\r\n[He] stayed.\ty\r\n".encode()
+    )
+    (tmp_path / "s.yaml").write_text("name: s\nsentences:\n  - {id: b, file: s.tsv, spans: [pronoun]}\n")
+    prompts = load_suite(tmp_path / "s.yaml").prompts
+    assert [p.text for p in prompts] == ["She left\u2028early.", "He stayed."]
+    assert [p.meta["note"] for p in prompts] == ["x", "y"] and prompts[1].origin.endswith("s.tsv:3")
+
+
+def test_a_template_repeating_one_slot_expands_in_linear_time(tmp_path):
+    """Issue 18: 20,000 occurrences of one slot were quadratic (a search for a free span name)."""
+    import time
+
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nslots:\n  x: [a]\ntemplates:\n  - {id: t, text: '" + "{x} " * 20_000 + "'}\n"
+    )
+    started = time.perf_counter()
+    prompt = load_suite(tmp_path / "s.yaml").prompts[0]
+    assert time.perf_counter() - started < 2.0
+    assert (
+        prompt.spans["x"] == (0, 1)
+        and prompt.spans["x_2"] == (2, 3)
+        and prompt.spans["x_20000"] == (39998, 39999)
+    )
