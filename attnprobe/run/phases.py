@@ -45,6 +45,7 @@ class Phase:
     size: Callable[[int], int]  # progress units of chunk k
     unit: str = "prompt"
     desc: str = "attnprobe run"  # the progress bar's and progress lines' label
+    rate: bool = False  # after the first chunk, log the seconds per unit and the time left
 
 
 def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: dict) -> float:
@@ -70,7 +71,7 @@ def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: dict
             storage.write_chunk(chunk_dir, k, phase.compute(k, bar.update), phase.prefix, phase.plan)
             bar.chunk_done(k, phase.n_chunks)
             later = sum(phase.size(j) for j in todo if j > k)
-            if k == todo[0] and later and phase.unit == "item":  # items cost seconds each: say how long
+            if k == todo[0] and later and phase.rate:
                 each = (time.perf_counter() - chunk_started) / phase.size(k)
                 log(
                     f"{phase.desc}: {each:.2f} s per item, about {each * later / 60:.1f} min for the other "
@@ -138,7 +139,7 @@ def screen_phases(pm, plan: RunPlan, options: RunOptions) -> list[Phase]:
     size = lambda k: len(chunks[k])
     return [
         Phase("head-effects", *args, held, compute, size, unit="item", desc="held-out items"),
-        Phase("head-effects", *args, others, compute, size, unit="item", desc="head effects"),
+        Phase("head-effects", *args, others, compute, size, unit="item", desc="head effects", rate=True),
     ]
 
 
