@@ -12,6 +12,7 @@ the run loops over (BATCH_KINDS): `request(suite, batch)` -> (capture keywords, 
   next_token    log-probabilities of candidates at a cut      -> logprobs.csv
   head_effects  activation patching of the next-token contrast -> head_effects_*.parquet/csv
   referent_choice  log p of each referent after a question       -> referent_choice.parquet/csv
+  likelihood    log p of each sentence and of its shared words  -> likelihood.parquet/csv
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from . import attention, next_token
 from .attention import AttentionMeasure
 from .head_effects import HeadEffectsMeasure, PairSwap, SlotSwap
 from .head_effects import parse as parse_head_effects
+from .likelihood import LikelihoodMeasure
 from .next_token import NextTokenMeasure
 from .referent_choice import ReferentChoiceMeasure
 
@@ -29,6 +31,7 @@ __all__ = [
     "AttentionMeasure",
     "BATCH_KINDS",
     "HeadEffectsMeasure",
+    "LikelihoodMeasure",
     "PairSwap",
     "SlotSwap",
     "parse_head_effects",

@@ -204,6 +204,9 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "unit": analysis.name(analysis.unit) if analysis.unit else None,
         "effects": effects_context(tables, heads, figures_dir, manifest, analysis),
         "referents": referents_context(tables, figures_dir, analysis),
+        "preference": tables["sentence_preference"].to_dict("records")
+        if "sentence_preference" in tables
+        else [],
         "model": manifest["model"]["spec"],
         "directory": run.directory.name,
         "suite": manifest["suite"]["name"],

@@ -20,7 +20,14 @@ from . import storage
 from .execute import example_attention
 from .manifest import new_manifest
 from .options import RunOptions
-from .phases import prompts_phase, recorded_end, referent_choice_phase, run_head_effects, run_phase
+from .phases import (
+    likelihood_phase,
+    prompts_phase,
+    recorded_end,
+    referent_choice_phase,
+    run_head_effects,
+    run_phase,
+)
 from .plan import RunPlan, model_name, plan_run
 
 __all__ = ["RunOptions", "RunPlan", "model_name", "plan_run", "run_suite"]
@@ -66,6 +73,11 @@ def run_suite(
                 run_phase(directory, phase, options, manifest)
                 if phase.mine:
                     storage.assemble_phase(directory, phase.prefix, phase.n_chunks, "referent_choice")
+            if suite.likelihood is not None:
+                phase = likelihood_phase(pm, plan, options)
+                run_phase(directory, phase, options, manifest)
+                if phase.mine:
+                    storage.assemble_phase(directory, phase.prefix, phase.n_chunks, "likelihood")
             if plan.effects is not None:
                 run_head_effects(pm, plan, options, directory, manifest)
         status = "complete" if options.shard is None else "shard complete"

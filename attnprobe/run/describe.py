@@ -36,6 +36,11 @@ def describe(plan: RunPlan) -> list[str]:
     for m in plan.suite.next_token:
         candidates = m.candidates if isinstance(m.candidates, str) else list(m.candidates)
         lines.append(f"next_token: at {m.cut}, candidates {candidates}")
+    if plan.suite.referent_choice is not None:
+        lines.append(f"referent_choice: {plan.suite.referent_choice.prompt!r} after each sentence")
+    if plan.suite.likelihood is not None:
+        by = f", also by {plan.suite.likelihood.by}" if plan.suite.likelihood.by else ""
+        lines.append(f"likelihood: log p of each sentence and of its shared words{by}")
     if plan.effects is not None:
         effects, items = plan.effects, plan.effect_items
         pairs = sum(len(i.counterfactuals) for i in items)

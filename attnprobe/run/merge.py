@@ -77,11 +77,18 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
                 )
             _copy_chunk(source_dir, out / "chunks", k, "effects-")
         optional = [
-            n for n in ("referent_choice.csv", "referent_choice.parquet") if (first_dir / n).is_file()
+            n
+            for n in (
+                "referent_choice.csv",
+                "referent_choice.parquet",
+                "likelihood.csv",
+                "likelihood.parquet",
+            )
+            if (first_dir / n).is_file()
         ]  # shard 1, when declared
         for name in ("prompts.csv", "prompts.parquet", "examples.json", *optional):
             shutil.copyfile(first_dir / name, out / name)
-        for path in (first_dir / "chunks").glob("choice-*"):  # the referent choice: shard 1's chunks
+        for path in [*(first_dir / "chunks").glob("choice-*"), *(first_dir / "chunks").glob("likelihood-*")]:
             shutil.copyfile(path, out / "chunks" / path.name)
         assemble(out, n_chunks)
         merged = dict(

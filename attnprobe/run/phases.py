@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import RunInterrupted
 from ..estimates import head_effects_text
-from ..measures import BATCH_KINDS, referent_choice
+from ..measures import BATCH_KINDS, likelihood, referent_choice
 from ..measures import head_effect_phases as effect_phases
 from ..measures import head_effects as head_effects_measure
 from ..patching.selection import select
@@ -119,6 +119,21 @@ def referent_choice_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
     return Phase(
         "referent-choice", "choice-", plan_hash, len(parts), mine, compute, size, desc="referent choice"
     )
+
+
+def likelihood_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
+    """Every prompt's sentence and shared-words log-probabilities, in chunks of prompts (shard 1)."""
+    step = options.chunk_size
+    parts = [plan.encoded[i : i + step] for i in range(0, len(plan.encoded), step)]
+
+    def compute(k, advance):
+        return {"likelihood": likelihood.score(pm, parts[k], options.batch_size, advance)}
+
+    mine = tuple(range(len(parts))) if options.shard is None or options.shard[0] == 1 else ()
+    plan_hash = hashlib.sha256(f"{plan.settings['plan_sha256']}|likelihood".encode()).hexdigest()
+    # sequences scored: the sentence, and its shared words where it has them
+    size = lambda k: sum(1 + (e.spans.get(likelihood.SHARED) is not None) for e in parts[k])
+    return Phase("likelihood", "likelihood-", plan_hash, len(parts), mine, compute, size, desc="likelihood")
 
 
 def screen_phases(pm, plan: RunPlan, options: RunOptions) -> list[Phase]:

@@ -71,6 +71,13 @@ class RunFiles:
             return None
         return self._read("referent_choice.parquet", lambda: read_table(self.directory, "referent_choice"))
 
+    @cached_property
+    def likelihood(self) -> pd.DataFrame | None:
+        """Per prompt: log p of the sentence and of its shared words (None without `likelihood:`)."""
+        if not (self.directory / "likelihood.parquet").is_file():
+            return None
+        return self._read("likelihood.parquet", lambda: read_table(self.directory, "likelihood"))
+
     @property
     def has_head_effects(self) -> bool:
         return has_head_effects(self.directory)

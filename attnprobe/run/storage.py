@@ -6,6 +6,7 @@
   examples.json      full attention of a few prompts, for the report's attention view
   head_effects_*     per item and head, and per item totals, of the head_effects measure
   referent_choice.*  per prompt and referent: log p of the referent's words after the suite's question
+  likelihood.*       per prompt: log p of the sentence and of the words it shares with its pair
   manifest.json      suite hash, model spec and weights hash, versions, dtype, seed, times, settings
   chunks/            the finished chunks; a chunk counts only once its `.done` marker exists, so a run
                      killed at any moment resumes from the last complete chunk.
@@ -50,6 +51,8 @@ ARTEFACTS = (
     "head_effects_totals.parquet",
     "referent_choice.csv",
     "referent_choice.parquet",
+    "likelihood.csv",
+    "likelihood.parquet",
     "manifest.json",
 )
 # written from a run by the report: statistics tables (as <name>.csv), figures, the page
@@ -62,6 +65,7 @@ STATS_TABLES = (
     "condition_means",
     "referent_accuracy",
     "referent_choice_accuracy",
+    "sentence_preference",
 )
 HEAD_EFFECT_TABLES = ("head_effects", "head_effects_layer_shares", "head_effects_summary")
 DERIVED = tuple(
@@ -163,6 +167,7 @@ def exclusive(directory: Path):
 CHUNK_FILES = {
     "": tuple(f"{kind.NAME}.parquet" for kind in BATCH_KINDS),
     "choice-": ("referent_choice.parquet",),
+    "likelihood-": ("likelihood.parquet",),
     "effects-": ("items.parquet", "layers.parquet", "totals.parquet"),
     "selected-": ("items.parquet", "totals.parquet"),
 }
@@ -197,7 +202,9 @@ def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: s
 
 # what attnprobe writes inside chunks/ and figures/ (anything else there is someone else's)
 OWN_FILES = {
-    "chunks": re.compile(r"(choice-|effects-|selected-)?\d{5}\.(done|[a-z_]+\.parquet)|\..+\.tmp"),
+    "chunks": re.compile(
+        r"(choice-|likelihood-|effects-|selected-)?\d{5}\.(done|[a-z_]+\.parquet)|\..+\.tmp"
+    ),
     "figures": re.compile(r"[\w-]+\.(png|svg)"),
 }
 

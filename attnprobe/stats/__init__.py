@@ -3,8 +3,8 @@
 Rooms: inference (the tests: cluster-robust t, covariate permutation, BH, bootstrap), design
 (paired differences averaged into cells; templates weighted equally), heads (attention: the
 interaction with the covariate and the plain difference), behavior (next-token log-ratios),
-effects (head interventions), referents (referent accuracy). `analyse` returns every table the report
-writes, keyed by CSV name.
+effects (head interventions), referents (referent accuracy), likelihood (sentence preference).
+`analyse` returns every table the report writes, keyed by CSV name.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from .inference import (
     slope_permutation_test,
     split_halves,
 )
+from .likelihood import sentence_preference
 from .referents import referent_accuracy, referent_choice
 
-TABLES_VERSION = 9  # bump when a table's columns or meaning change: cached tables are recomputed
+TABLES_VERSION = 10  # bump when a table's columns or meaning change: cached tables are recomputed
 
 __all__ = [
     "TABLES_VERSION",
@@ -49,6 +50,7 @@ __all__ = [
     "referent_accuracy",
     "referent_choice",
     "run_analysis",
+    "sentence_preference",
     "slope_permutation_test",
     "split_halves",
 ]
@@ -70,6 +72,7 @@ def analyse(
         ("condition_means", condition_means),
         ("referent_accuracy", referent_accuracy),
         ("referent_choice_accuracy", referent_choice),
+        ("sentence_preference", sentence_preference),
     ):
         tables[name] = compute(run)
         step(name)
@@ -81,4 +84,4 @@ def analyse(
 
 def table_steps(run) -> int:
     """How many times `analyse` calls `step` for this run."""
-    return 6 + bool(run.has_head_effects)
+    return 7 + bool(run.has_head_effects)

@@ -20,6 +20,7 @@ from ..errors import SuiteError
 from ..measures import (
     AttentionMeasure,
     HeadEffectsMeasure,
+    LikelihoodMeasure,
     NextTokenMeasure,
     ReferentChoiceMeasure,
     parse_head_effects,
@@ -50,6 +51,7 @@ _TOP_KEYS = {
     "max_prompts",
     "first_token",
     "referent_choice",
+    "likelihood",
 }
 
 __all__ = [
@@ -155,6 +157,8 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     prompts, skipped, notes = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
     notes = list(notes) + [_span_count_note(s) for s in sentence_sets if s["n_required"] < len(s["names"])]
     referent_choice = ReferentChoiceMeasure.parse(ctx, doc, analysis, span_names)
+    columns = {c for p in prompts for c in (*p.meta, *p.slots)} | {"template_id"}
+    likelihood = LikelihoodMeasure.parse(ctx, doc, analysis, columns)
     template_ids = {t.id for t in templates} | {s["id"] for s in sentence_sets}
     head_effects = parse_head_effects(ctx, doc, slots, template_ids, next_token, analysis, referent_choice)
     first_token = optional_str(ctx, doc, "first_token") or "keep"
@@ -168,6 +172,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     return Suite(
         first_token=first_token,
         referent_choice=referent_choice,
+        likelihood=likelihood,
         name=name,
         description=description,
         model=optional_str(ctx, doc, "model"),

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..errors import SuiteError
 from ..yamllines import Seq, file_lines, number_or_text, required_str
+from .columns import expand_rows, parse_columns
 from .types import Prompt
 
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
@@ -27,6 +28,7 @@ _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 
 _ENTRY_KEYS = (
     "column",
+    "columns",
     "file",
     "files",
     "id",
@@ -86,12 +88,13 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
         reader = _line_reader(ctx, item)
         files = _files(ctx, item)
         column = str(item.get("column", "version"))
+        sentence_columns = parse_columns(ctx, item)
         rows = []
         for key, file_name in files.items():
             path, text = ctx.read_data(
                 item, "files" if "files" in item else "file", file_name, max_lines=max_lines
             )
-            file_rows = _read_rows(path, text, reader)
+            file_rows = _read_rows(path, text, reader, tuple(sentence_columns or ("text",)))
             if not file_rows:
                 ctx.fail(item, "files" if "files" in item else "file", f"{path.name} holds no sentences")
             for number, record in file_rows:
@@ -107,6 +110,9 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
             )
         if len(files) > 1:
             pair = "line"  # line n of every file is one item
+        computed = {}
+        if sentence_columns:  # a row's sentences are one item: key by the row's line number
+            rows, computed = expand_rows(rows, sentence_columns, column)
         sets.append(
             {
                 "id": set_id,
@@ -119,6 +125,7 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
                 "pair": pair,
                 "mark": _marks(ctx, item, slots or {}, "mark"),
                 "lookup": _lookups(ctx, item, slots or {}),
+                "computed": computed,  # spans computed from a row's sentences (columns.py), by record id
             }
         )
     return sets
@@ -200,9 +207,10 @@ def _lookups(ctx, item, slots) -> dict[str, tuple[str, dict]]:
     }
 
 
-def _read_rows(path: Path, text: str, reader=None) -> list[tuple[int, dict]]:
-    """(line number, record) for each sentence: JSONL objects, TSV/CSV rows with a `text` column,
-    or plain-text lines (.txt or a declared line reader), whose key goes to column `line`."""
+def _read_rows(path: Path, text: str, reader=None, needed=("text",)) -> list[tuple[int, dict]]:
+    """(line number, record) for each sentence: JSONL objects, TSV/CSV rows with a `text` column
+    (or the `needed` sentence columns), or plain-text lines (.txt or a declared line reader), whose
+    key goes to column `line`."""
     if reader is not None or path.suffix not in (".jsonl", ".tsv", ".tab", ".csv"):
         rows = []
         for number, line in enumerate(file_lines(text), start=1):
@@ -232,8 +240,8 @@ def _read_rows(path: Path, text: str, reader=None) -> list[tuple[int, dict]]:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise SuiteError(f"{path}:{number}: invalid JSON ({exc.msg}); one object per line") from None
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise SuiteError(f'{path}:{number}: each line needs a "text" string')
+            if not isinstance(record, dict) or not all(isinstance(record.get(c), str) for c in needed):
+                raise SuiteError(f"{path}:{number}: each line needs string fields {', '.join(needed)}")
             rows.append((number, record))
         return rows
     delimiter = "\t" if path.suffix in (".tsv", ".tab") else ","
@@ -247,9 +255,11 @@ def _read_rows(path: Path, text: str, reader=None) -> list[tuple[int, dict]]:
     # TSV cells are taken as written (a quote is text: "Hi," she said); CSV cells may be quoted
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     header = next(csv.reader([lines[0][1]], delimiter=delimiter, quoting=quoting))
-    if "text" not in header:
+    missing = [c for c in needed if c not in header]
+    if missing:
         raise SuiteError(
-            f"{path}:{lines[0][0]}: the header needs a 'text' column (columns: {', '.join(header)[:200]!r})"
+            f"{path}:{lines[0][0]}: the header needs a '{missing[0]}' column (columns: "
+            f"{', '.join(header)[:200]!r})"
         )
     rows = []
     for number, line in lines[1:]:
@@ -266,9 +276,13 @@ def sentence_prompts(ctx, sentence_set, first_id) -> list[Prompt]:
     prompts = []
     for path, number, record in sentence_set["rows"]:
         where = f"{path}:{number}"
-        text, spans, found = _parse_brackets(
-            record["text"], sentence_set["names"], where, sentence_set["n_required"]
-        )
+        if id(record) in sentence_set["computed"]:  # a sentence of a row (columns.py): taken literally
+            text, spans = record["text"], dict(sentence_set["computed"][id(record)])
+            found = {name: text[a:b] for name, (a, b) in spans.items()}
+        else:
+            text, spans, found = _parse_brackets(
+                record["text"], sentence_set["names"], where, sentence_set["n_required"]
+            )
         sentence_set["span_counts"][
             sum(not _NAMED.fullmatch(m.group(1)) for m in _BRACKET.finditer(record["text"]))
         ] += 1

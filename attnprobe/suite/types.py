@@ -112,3 +112,4 @@ class Suite:
         "keep"  # keep | bos (prepend the tokenizer's BOS) | exclude (never a target): attention sinks
     )
     referent_choice: object | None = None  # ReferentChoiceMeasure: which referent a scored continuation names
+    likelihood: object | None = None  # LikelihoodMeasure: which sentence of a pair the model finds likelier

@@ -1,0 +1,80 @@
+"""The likelihood measure: which sentence of a pair (or set) does the model find more likely?
+
+For each prompt, two scores (scoring.continuation_logprobs: prefixes shared, logits only where a
+scored token is read):
+
+  logprob         log p(sentence): every token after the first, given those before it
+  logprob_shared  log p(the `shared` span's tokens | everything before them): the words a row's
+                  sentences have in common after the words that differ (suite/columns.py), so the
+                  same tokens are scored under each group word, the causal-LM analogue of
+                  CrowS-Pairs' score (Nangia et al. 2020, which scores the unmodified tokens with
+                  a masked LM); NaN where the sentences differ at their end
+
+Rows land in likelihood.parquet: (prompt_id, logprob, n_tokens, logprob_shared, n_shared). The
+statistics (stats/likelihood.py) compare the analysis's positive and negative sentences of each item.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..scoring import continuation_logprobs
+from ..yamllines import line_of
+
+COLUMNS = ("prompt_id", "logprob", "n_tokens", "logprob_shared", "n_shared")
+SHARED = "shared"
+
+
+@dataclass(frozen=True)
+class LikelihoodMeasure:
+    by: str | None = None  # a prompt column whose values the statistics also report separately
+    origin: str = ""
+
+    KEY = "likelihood"
+
+    @staticmethod
+    def parse(ctx, doc, analysis, columns) -> LikelihoodMeasure | None:
+        node = doc.get("likelihood")
+        if node is None:
+            return None
+        if node is True or node == {}:
+            node = {}
+        if not isinstance(node, dict):
+            ctx.fail(doc, "likelihood", "`likelihood` is a mapping, e.g. {by: bias_type}, or {}")
+        for key in node:
+            if key != "by":
+                ctx.fail(node, key, f"unknown key '{key}' in likelihood; allowed: by")
+        by = node.get("by")
+        if by is not None and (not isinstance(by, str) or by not in columns):
+            ctx.fail(node, "by", f"`by` names a column of the prompts ({', '.join(sorted(columns))})")
+        if not analysis.paired:
+            ctx.fail(
+                doc,
+                "likelihood",
+                "likelihood compares each item's positive and negative sentence: declare "
+                "`analysis: {contrast: ..., positive: ..., negative: ...}`",
+            )
+        return LikelihoodMeasure(by, f"{ctx.path}:{line_of(doc, 'likelihood')}")
+
+
+def score(pm, encoded, batch_size: int = 256, progress=None) -> pd.DataFrame:
+    """One row per prompt: the sentence's and its shared words' log-probabilities (NaN where there
+    is nothing to score: a one-token sentence, no shared words)."""
+    pairs, wanted = [], []  # wanted: per prompt, the index of each score in pairs (None: NaN)
+    for e in encoded:
+        ids, shared = list(e.ids), e.spans.get(SHARED)
+        whole = len(pairs) if len(ids) > 1 else None
+        if whole is not None:
+            pairs.append((ids[:1], ids[1:]))
+        part = len(pairs) if shared is not None and shared[0] > 0 else None
+        if part is not None:
+            pairs.append((ids[: shared[0]], ids[shared[0] : shared[1]]))
+        n_shared = shared[1] - shared[0] if part is not None else 0
+        wanted.append((e.prompt.prompt_id, whole, len(ids) - 1, part, n_shared))
+    logprobs = continuation_logprobs(pm, pairs, batch_size, progress)
+    value = lambda k: np.nan if k is None else logprobs[k]
+    rows = [(pid, value(whole), n, value(part), n_shared) for pid, whole, n, part, n_shared in wanted]
+    return pd.DataFrame(rows, columns=list(COLUMNS))

@@ -1,0 +1,115 @@
+"""Sentence pairs as distributed (CrowS-Pairs' columns): computed spans, the likelihood measure
+against a plain forward, and the preference statistics by hand."""
+
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+
+import attnprobe
+from attnprobe.cli import main
+from attnprobe.errors import SuiteError
+from attnprobe.suite import load_suite
+from attnprobe.suite.columns import diff_spans
+
+
+def test_spans_are_the_differing_and_the_shared_trailing_words():
+    texts = ["The nurse said she left early.", "The nurse said he left early."]
+    spans = diff_spans(texts)
+    assert [{k: t[a:b] for k, (a, b) in s.items()} for t, s in zip(texts, spans)] == [
+        {"differ": "she", "shared": "left early."},
+        {"differ": "he", "shared": "left early."},
+    ]
+    at_end = diff_spans(["I met the old man", "I met the young woman"])
+    assert [set(s) for s in at_end] == [{"differ"}, {"differ"}]  # nothing shared after the difference
+    assert diff_spans(["Same words.", "Same words."]) is None
+    longer = diff_spans(["He is a nurse.", "He is a very good nurse."])  # one side may add words only
+    assert longer[0] == {"shared": (8, 14)} and "differ" in longer[1]
+
+
+def test_the_shipped_pairs_suite_reads_as_distributed():
+    suite = load_suite("probes/pairs.yaml")
+    assert len(suite.prompts) == 64 and len({p.item_id for p in suite.prompts}) == 32
+    first = [p for p in suite.prompts if p.item_id == suite.prompts[0].item_id]
+    assert sorted(p.meta["version"] for p in first) == ["less", "more"]
+    assert {p.meta["bias_type"] for p in suite.prompts} == {"gender", "age", "socioeconomic", "disability"}
+    words = {p.meta["version"]: p.text[slice(*p.spans["differ"])] for p in first}
+    assert words == {"more": "she", "less": "he"} and suite.likelihood.by == "bias_type"
+
+
+def _suite(tmp_path, rows: str):
+    (tmp_path / "p.csv").write_text("sent_more,sent_less,bias_type\n" + rows)
+    (tmp_path / "s.yaml").write_text(
+        "name: p\nsentences:\n  - {id: p, file: p.csv, columns: {sent_more: more, sent_less: less}}\n"
+        "analysis: {contrast: version, positive: more, negative: less}\nlikelihood: {by: bias_type}\n"
+    )
+    return tmp_path / "s.yaml"
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ('"Same words here.","Same words here.",x\n', r"p.csv:2: the row's sentences are identical"),
+        ('"One sentence.",,x\n', r"p.csv:2: column 'sent_less' holds no sentence"),
+    ],
+)
+def test_a_bad_row_is_one_error_naming_file_and_line(tmp_path, rows, message):
+    with pytest.raises(SuiteError, match=message):
+        load_suite(_suite(tmp_path, rows))
+
+
+def test_missing_column_and_bad_by_are_refused(tmp_path):
+    path = _suite(tmp_path, '"A b c.","A d c.",x\n')
+    path.write_text(path.read_text().replace("{by: bias_type}", "{by: nope}"))
+    with pytest.raises(SuiteError, match=r"s.yaml:\d+: `by` names a column of the prompts"):
+        load_suite(path)
+    (tmp_path / "p.csv").write_text('sent_more,other\n"a b","a c"\n')
+    with pytest.raises(SuiteError, match=r"p.csv:1: the header needs a 'sent_less' column"):
+        load_suite(path)
+
+
+def test_pairs_suite_end_to_end_equals_a_plain_forward(tiny_llama_dir, tmp_path):
+    """attnprobe run on the shipped pairs suite (a tiny random Llama): every sentence's and shared
+    span's log-probability equal a plain forward of the sentence alone, and the preference table
+    equals the share of items whose `more` sentence scores higher."""
+    shutil.copytree("probes/pairs", tmp_path / "pairs")
+    shutil.copy("probes/pairs.yaml", tmp_path / "pairs.yaml")
+    result = CliRunner().invoke(
+        main,
+        ["run", str(tmp_path / "pairs.yaml"), "--model", str(tiny_llama_dir), "--out", str(tmp_path / "o")],
+    )
+    assert result.exit_code == 0, result.output
+    run = attnprobe.Run(tmp_path / "o")
+    pm = attnprobe.load_model(str(tiny_llama_dir))
+    prompts = run.prompts.set_index("prompt_id")
+    worst = 0.0
+    for row in run.likelihood.itertuples():
+        ids = pm.tokenizer(prompts.loc[row.prompt_id, "text"])["input_ids"]
+        ids = (
+            [pm.tokenizer.bos_token_id, *ids] if ids[0] != pm.tokenizer.bos_token_id else ids
+        )  # first_token: bos
+        with torch.no_grad():
+            logp = torch.log_softmax(pm.model(input_ids=torch.tensor([ids])).logits[0].double(), -1)
+        token_logp = logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]  # of token t + 1
+        start = int(prompts.loc[row.prompt_id, "shared_tok_start"])
+        worst = max(worst, abs(row.logprob - float(token_logp.sum())))
+        worst = max(worst, abs(row.logprob_shared - float(token_logp[start - 1 :].sum())))
+    assert worst <= 1e-4  # float32 model: packing and batching change the order of sums only
+    table = pd.read_csv(tmp_path / "o" / "sentence_preference.csv")
+    merged = run.likelihood.merge(run.prompts[["prompt_id", "item_id", "version"]], on="prompt_id")
+    wide = merged.pivot(index="item_id", columns="version", values="logprob")
+    share = float(
+        np.mean(np.where(wide["more"] > wide["less"], 1.0, np.where(wide["more"] < wide["less"], 0.0, 0.5)))
+    )
+    top = table[(table["score"] == "sentence") & (table["by"] == "all")].iloc[0]
+    assert top["n_items"] == 32 and abs(top["share_positive"] - share) < 1e-12
+    assert set(table.loc[table["by"] == "bias_type", "value"]) == {
+        "gender",
+        "age",
+        "socioeconomic",
+        "disability",
+    }
+    assert "Sentence preference" in (tmp_path / "o" / "report.html").read_text()
