@@ -28,7 +28,7 @@ from .inference import (
 from .likelihood import sentence_preference
 from .referents import referent_accuracy, referent_choice
 
-TABLES_VERSION = 10  # bump when a table's columns or meaning change: cached tables are recomputed
+TABLES_VERSION = 11  # bump when a table's columns or meaning change: cached tables are recomputed
 
 __all__ = [
     "TABLES_VERSION",

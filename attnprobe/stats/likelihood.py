@@ -7,7 +7,8 @@ scores higher, 0 when the negative does, 0.5 for a tie; and the log-probability 
 score(positive) - score(negative). Reported for all items and for each value of the measure's `by`
 column (e.g. bias_type): the share preferring the positive sentence against the unbiased 0.5 and
 the mean d against 0, both under the declared clusters with a cluster-robust t interval (the share
-clipped to [0, 1]), items averaged into cells with templates weighted equally (stats/design.py).
+clipped to [0, 1]), items averaged into cells with templates weighted equally (stats/design.py);
+the subsets' p values also as BH q over the subsets of each score.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pandas as pd
 from ..analysis import ITEM
 from .design import Design, items_table, paired
 from .heads import run_analysis
-from .inference import cluster_mean_test
+from .inference import bh_qvalues, cluster_mean_test
 
 SCORES = {"sentence": "logprob", "shared words": "logprob_shared"}
 COLUMNS = ["score", "by", "value", "n_items", "share_positive", "ci_low", "ci_high", "p", "mean_d"]
@@ -44,12 +45,15 @@ def sentence_preference(run) -> pd.DataFrame:
             groups.update({(by, v): d.index[values == v] for v in pd.unique(values)})
         for (name, value), ids in groups.items():
             rows.append({"score": score, "by": name, "value": value, **_tested(d.loc[ids], items, analysis)})
+    if not rows:
+        return pd.DataFrame(columns=COLUMNS)
     out = pd.DataFrame(rows)
-    return (
-        out[[*COLUMNS, *[c for c in out.columns if c not in COLUMNS]]]
-        if rows
-        else pd.DataFrame(columns=COLUMNS)
-    )
+    subsets = out["by"] != "all"  # BH over the subsets of each score: several are looked at together
+    out["q"] = np.nan
+    for score in out.loc[subsets, "score"].unique():
+        chosen = subsets & (out["score"] == score)
+        out.loc[chosen, "q"] = bh_qvalues(out.loc[chosen, "p"].to_numpy())
+    return out[[*COLUMNS, *[c for c in out.columns if c not in COLUMNS]]]
 
 
 def _tested(d: pd.DataFrame, items: pd.DataFrame, analysis) -> dict:
