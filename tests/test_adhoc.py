@@ -81,7 +81,7 @@ def test_quiet_run_prints_only_results(tiny_llama_dir, tmp_path):
         "attnprobe run: chunk 1 of 1 done, 2 of 2 prompts",
         "note: ",
         "statistics and report ...",
-        "statistics: head_stats (1 of 6 tables",
+        "statistics: head_stats (1 of 8 tables",
         "statistics: referent_choice_accuracy (6 of 6",
         "report: figures of ",
         "report: written ",

@@ -13,6 +13,7 @@ the run loops over (BATCH_KINDS): `request(suite, batch)` -> (capture keywords, 
   head_effects  activation patching of the next-token contrast -> head_effects_*.parquet/csv
   referent_choice  log p of each referent after a question       -> referent_choice.parquet/csv
   likelihood    log p of each sentence and of its shared words  -> likelihood.parquet/csv
+  multiple_choice  log p of each option after context + question  -> multiple_choice.parquet/csv
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .attention import AttentionMeasure
 from .head_effects import HeadEffectsMeasure, PairSwap, SlotSwap
 from .head_effects import parse as parse_head_effects
 from .likelihood import LikelihoodMeasure
+from .multiple_choice import MultipleChoiceMeasure
 from .next_token import NextTokenMeasure
 from .referent_choice import ReferentChoiceMeasure
 
@@ -32,6 +34,7 @@ __all__ = [
     "BATCH_KINDS",
     "HeadEffectsMeasure",
     "LikelihoodMeasure",
+    "MultipleChoiceMeasure",
     "PairSwap",
     "SlotSwap",
     "parse_head_effects",

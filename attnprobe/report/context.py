@@ -25,6 +25,10 @@ def _pooled(behavior: pd.DataFrame):
     return rows.iloc[0] if len(rows) else None
 
 
+def _records(tables: dict, name: str) -> list[dict]:
+    return tables[name].to_dict("records") if name in tables else []
+
+
 def _fmt(value, digits=2) -> str:
     return (
         "nan" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
@@ -204,9 +208,9 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "unit": analysis.name(analysis.unit) if analysis.unit else None,
         "effects": effects_context(tables, heads, figures_dir, manifest, analysis),
         "referents": referents_context(tables, figures_dir, analysis),
-        "preference": tables["sentence_preference"].to_dict("records")
-        if "sentence_preference" in tables
-        else [],
+        "preference": _records(tables, "sentence_preference"),
+        "choices": _records(tables, "choice_accuracy"),
+        "choice_prompt": manifest.get("multiple_choice"),
         "model": manifest["model"]["spec"],
         "directory": run.directory.name,
         "suite": manifest["suite"]["name"],

@@ -22,6 +22,7 @@ from .manifest import new_manifest
 from .options import RunOptions
 from .phases import (
     likelihood_phase,
+    multiple_choice_phase,
     prompts_phase,
     recorded_end,
     referent_choice_phase,
@@ -73,11 +74,15 @@ def run_suite(
                 run_phase(directory, phase, options, manifest)
                 if phase.mine:
                     storage.assemble_phase(directory, phase.prefix, phase.n_chunks, "referent_choice")
-            if suite.likelihood is not None:
-                phase = likelihood_phase(pm, plan, options)
-                run_phase(directory, phase, options, manifest)
-                if phase.mine:
-                    storage.assemble_phase(directory, phase.prefix, phase.n_chunks, "likelihood")
+            for wanted, phase_of, table in (
+                (suite.likelihood, likelihood_phase, "likelihood"),
+                (suite.multiple_choice, multiple_choice_phase, "multiple_choice"),
+            ):
+                if wanted is not None:
+                    phase = phase_of(pm, plan, options)
+                    run_phase(directory, phase, options, manifest)
+                    if phase.mine:
+                        storage.assemble_phase(directory, phase.prefix, phase.n_chunks, table)
             if plan.effects is not None:
                 run_head_effects(pm, plan, options, directory, manifest)
         status = "complete" if options.shard is None else "shard complete"

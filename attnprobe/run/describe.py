@@ -38,6 +38,9 @@ def describe(plan: RunPlan) -> list[str]:
         lines.append(f"next_token: at {m.cut}, candidates {candidates}")
     if plan.suite.referent_choice is not None:
         lines.append(f"referent_choice: {plan.suite.referent_choice.prompt!r} after each sentence")
+    if plan.suite.multiple_choice is not None:
+        prompt = plan.suite.multiple_choice.prompt
+        lines.append(f"multiple_choice: each option scored after context + question + {prompt!r}")
     if plan.suite.likelihood is not None:
         by = f", also by {plan.suite.likelihood.by}" if plan.suite.likelihood.by else ""
         lines.append(f"likelihood: log p of each sentence and of its shared words{by}")

@@ -59,6 +59,7 @@ def new_manifest(plan, pm, options, weights_sha: str | None) -> dict:
         "notes": plan.notes,
         "referent_choice": suite.referent_choice.prompt if suite.referent_choice else None,
         "likelihood": {"by": suite.likelihood.by} if suite.likelihood else None,
+        "multiple_choice": suite.multiple_choice.prompt if suite.multiple_choice else None,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 

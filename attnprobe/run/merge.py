@@ -76,16 +76,12 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
                     f"{source_dir} lacks head-effects chunk {k}; rerun that shard's command to finish it"
                 )
             _copy_chunk(source_dir, out / "chunks", k, "effects-")
-        optional = [
+        optional = [  # the scored continuations, computed by shard 1 when declared
             n
-            for n in (
-                "referent_choice.csv",
-                "referent_choice.parquet",
-                "likelihood.csv",
-                "likelihood.parquet",
-            )
+            for table in ("referent_choice", "likelihood", "multiple_choice")
+            for n in (f"{table}.csv", f"{table}.parquet")
             if (first_dir / n).is_file()
-        ]  # shard 1, when declared
+        ]
         for name in ("prompts.csv", "prompts.parquet", "examples.json", *optional):
             shutil.copyfile(first_dir / name, out / name)
         for path in [*(first_dir / "chunks").glob("choice-*"), *(first_dir / "chunks").glob("likelihood-*")]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import RunInterrupted
 from ..estimates import head_effects_text
-from ..measures import BATCH_KINDS, likelihood, referent_choice
+from ..measures import BATCH_KINDS, likelihood, multiple_choice, referent_choice
 from ..measures import head_effect_phases as effect_phases
 from ..measures import head_effects as head_effects_measure
 from ..patching.selection import select
@@ -134,6 +134,23 @@ def likelihood_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
     # sequences scored: the sentence, and its shared words where it has them
     size = lambda k: sum(1 + (e.spans.get(likelihood.SHARED) is not None) for e in parts[k])
     return Phase("likelihood", "likelihood-", plan_hash, len(parts), mine, compute, size, desc="likelihood")
+
+
+def multiple_choice_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
+    """Every prompt's options scored after its context and question, in chunks of prompts (shard 1)."""
+    step = options.chunk_size
+    parts = [plan.encoded[i : i + step] for i in range(0, len(plan.encoded), step)]
+    measure = plan.suite.multiple_choice
+
+    def compute(k, advance):
+        return {"multiple_choice": multiple_choice.score(pm, measure, parts[k], options.batch_size, advance)}
+
+    mine = tuple(range(len(parts))) if options.shard is None or options.shard[0] == 1 else ()
+    plan_hash = hashlib.sha256(f"{plan.settings['plan_sha256']}|{measure.prompt}".encode()).hexdigest()
+    size = lambda k: sum(len(multiple_choice.options_of(e.prompt)) for e in parts[k])  # sequences scored
+    return Phase(
+        "multiple-choice", "choice-mc-", plan_hash, len(parts), mine, compute, size, desc="multiple choice"
+    )
 
 
 def screen_phases(pm, plan: RunPlan, options: RunOptions) -> list[Phase]:

@@ -78,6 +78,14 @@ class RunFiles:
             return None
         return self._read("likelihood.parquet", lambda: read_table(self.directory, "likelihood"))
 
+    @cached_property
+    def multiple_choice(self) -> pd.DataFrame | None:
+        """Per prompt and option: log p of the option after the context and question (None
+        without `multiple_choice:`)."""
+        if not (self.directory / "multiple_choice.parquet").is_file():
+            return None
+        return self._read("multiple_choice.parquet", lambda: read_table(self.directory, "multiple_choice"))
+
     @property
     def has_head_effects(self) -> bool:
         return has_head_effects(self.directory)

@@ -7,6 +7,7 @@
   head_effects_*     per item and head, and per item totals, of the head_effects measure
   referent_choice.*  per prompt and referent: log p of the referent's words after the suite's question
   likelihood.*       per prompt: log p of the sentence and of the words it shares with its pair
+  multiple_choice.*  per prompt and option: log p of the option after the context and question
   manifest.json      suite hash, model spec and weights hash, versions, dtype, seed, times, settings
   chunks/            the finished chunks; a chunk counts only once its `.done` marker exists, so a run
                      killed at any moment resumes from the last complete chunk.
@@ -53,6 +54,8 @@ ARTEFACTS = (
     "referent_choice.parquet",
     "likelihood.csv",
     "likelihood.parquet",
+    "multiple_choice.csv",
+    "multiple_choice.parquet",
     "manifest.json",
 )
 # written from a run by the report: statistics tables (as <name>.csv), figures, the page
@@ -66,6 +69,7 @@ STATS_TABLES = (
     "referent_accuracy",
     "referent_choice_accuracy",
     "sentence_preference",
+    "choice_accuracy",
 )
 HEAD_EFFECT_TABLES = ("head_effects", "head_effects_layer_shares", "head_effects_summary")
 DERIVED = tuple(
@@ -168,6 +172,7 @@ CHUNK_FILES = {
     "": tuple(f"{kind.NAME}.parquet" for kind in BATCH_KINDS),
     "choice-": ("referent_choice.parquet",),
     "likelihood-": ("likelihood.parquet",),
+    "choice-mc-": ("multiple_choice.parquet",),
     "effects-": ("items.parquet", "layers.parquet", "totals.parquet"),
     "selected-": ("items.parquet", "totals.parquet"),
 }
@@ -203,7 +208,7 @@ def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: s
 # what attnprobe writes inside chunks/ and figures/ (anything else there is someone else's)
 OWN_FILES = {
     "chunks": re.compile(
-        r"(choice-|likelihood-|effects-|selected-)?\d{5}\.(done|[a-z_]+\.parquet)|\..+\.tmp"
+        r"(choice-|choice-mc-|likelihood-|effects-|selected-)?\d{5}\.(done|[a-z_]+\.parquet)|\..+\.tmp"
     ),
     "figures": re.compile(r"[\w-]+\.(png|svg)"),
 }

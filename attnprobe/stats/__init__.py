@@ -3,8 +3,8 @@
 Rooms: inference (the tests: cluster-robust t, covariate permutation, BH, bootstrap), design
 (paired differences averaged into cells; templates weighted equally), heads (attention: the
 interaction with the covariate and the plain difference), behavior (next-token log-ratios),
-effects (head interventions), referents (referent accuracy), likelihood (sentence preference).
-`analyse` returns every table the report writes, keyed by CSV name.
+effects (head interventions), referents (referent accuracy), likelihood (sentence preference),
+choices (multiple choice). `analyse` returns every table the report writes, keyed by CSV name.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .behavior import behavior, log_ratios
+from .choices import choice_accuracy
 from .effects import head_effects
 from .heads import condition_means, head_stats, held_out_interaction, layer_stats, run_analysis
 from .inference import (
@@ -28,7 +29,7 @@ from .inference import (
 from .likelihood import sentence_preference
 from .referents import referent_accuracy, referent_choice
 
-TABLES_VERSION = 11  # bump when a table's columns or meaning change: cached tables are recomputed
+TABLES_VERSION = 12  # bump when a table's columns or meaning change: cached tables are recomputed
 
 __all__ = [
     "TABLES_VERSION",
@@ -38,6 +39,7 @@ __all__ = [
     "analyse",
     "behavior",
     "bh_qvalues",
+    "choice_accuracy",
     "cluster_mean_test",
     "condition_means",
     "correlation_with_ci",
@@ -73,6 +75,7 @@ def analyse(
         ("referent_accuracy", referent_accuracy),
         ("referent_choice_accuracy", referent_choice),
         ("sentence_preference", sentence_preference),
+        ("choice_accuracy", choice_accuracy),
     ):
         tables[name] = compute(run)
         step(name)
@@ -84,4 +87,4 @@ def analyse(
 
 def table_steps(run) -> int:
     """How many times `analyse` calls `step` for this run."""
-    return 7 + bool(run.has_head_effects)
+    return 8 + bool(run.has_head_effects)

@@ -21,6 +21,7 @@ from ..measures import (
     AttentionMeasure,
     HeadEffectsMeasure,
     LikelihoodMeasure,
+    MultipleChoiceMeasure,
     NextTokenMeasure,
     ReferentChoiceMeasure,
     parse_head_effects,
@@ -52,6 +53,7 @@ _TOP_KEYS = {
     "first_token",
     "referent_choice",
     "likelihood",
+    "multiple_choice",
 }
 
 __all__ = [
@@ -159,6 +161,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     referent_choice = ReferentChoiceMeasure.parse(ctx, doc, analysis, span_names)
     columns = {c for p in prompts for c in (*p.meta, *p.slots)} | {"template_id"}
     likelihood = LikelihoodMeasure.parse(ctx, doc, analysis, columns)
+    multiple_choice = MultipleChoiceMeasure.parse(ctx, doc, columns)
     template_ids = {t.id for t in templates} | {s["id"] for s in sentence_sets}
     head_effects = parse_head_effects(ctx, doc, slots, template_ids, next_token, analysis, referent_choice)
     first_token = optional_str(ctx, doc, "first_token") or "keep"
@@ -173,6 +176,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
         first_token=first_token,
         referent_choice=referent_choice,
         likelihood=likelihood,
+        multiple_choice=multiple_choice,
         name=name,
         description=description,
         model=optional_str(ctx, doc, "model"),

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..errors import SuiteError
 from ..yamllines import Seq, file_lines, number_or_text, required_str
+from .choices import choice_rows, parse_choices
 from .columns import expand_rows, parse_columns
 from .types import Prompt
 
@@ -28,6 +29,7 @@ _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 
 _ENTRY_KEYS = (
     "column",
+    "choices",
     "columns",
     "file",
     "files",
@@ -89,12 +91,14 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
         files = _files(ctx, item)
         column = str(item.get("column", "version"))
         sentence_columns = parse_columns(ctx, item)
+        choice_roles = parse_choices(ctx, item)
         rows = []
         for key, file_name in files.items():
             path, text = ctx.read_data(
                 item, "files" if "files" in item else "file", file_name, max_lines=max_lines
             )
-            file_rows = _read_rows(path, text, reader, tuple(sentence_columns or ("text",)))
+            needed = (choice_roles["context"], choice_roles["question"]) if choice_roles else ("text",)
+            file_rows = _read_rows(path, text, reader, tuple(sentence_columns or needed))
             if not file_rows:
                 ctx.fail(item, "files" if "files" in item else "file", f"{path.name} holds no sentences")
             for number, record in file_rows:
@@ -113,6 +117,8 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
         computed = {}
         if sentence_columns:  # a row's sentences are one item: key by the row's line number
             rows, computed = expand_rows(rows, sentence_columns, column)
+        if choice_roles:  # a row's context and question are one prompt, its options metadata
+            rows, computed = choice_rows(rows, choice_roles)
         sets.append(
             {
                 "id": set_id,

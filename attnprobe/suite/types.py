@@ -113,3 +113,4 @@ class Suite:
     )
     referent_choice: object | None = None  # ReferentChoiceMeasure: which referent a scored continuation names
     likelihood: object | None = None  # LikelihoodMeasure: which sentence of a pair the model finds likelier
+    multiple_choice: object | None = None  # MultipleChoiceMeasure: which option the model picks

@@ -1,0 +1,77 @@
+"""The multiple-choice measure: which option does the model pick after a context and a question?
+
+Each prompt (a context and a question, suite/choices.py) is followed by the measure's `prompt`
+(default " Answer:") and each option's words (with a space before them) are scored as
+log p(option | context + question + prompt), summed over their tokens; context, question and prompt
+are forwarded once for all options and shared prefixes once across prompts
+(scoring.continuation_logprobs). The statistics (stats/choices.py) take the highest-scoring option
+as the model's choice. Rows land in multiple_choice.parquet:
+(prompt_id, option, candidate, logprob, n_tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from ..scoring import continuation_logprobs
+from ..yamllines import line_of
+
+COLUMNS = ("prompt_id", "option", "candidate", "logprob", "n_tokens")
+
+
+@dataclass(frozen=True)
+class MultipleChoiceMeasure:
+    prompt: str = " Answer:"  # between the question and each option
+    origin: str = ""
+
+    KEY = "multiple_choice"
+
+    @staticmethod
+    def parse(ctx, doc, columns) -> MultipleChoiceMeasure | None:
+        node = doc.get("multiple_choice")
+        if node is None:
+            return None
+        node = {} if node is True else node
+        if not isinstance(node, dict) or set(node) - {"prompt"}:
+            ctx.fail(
+                doc,
+                "multiple_choice",
+                'multiple_choice is a mapping with an optional `prompt:`, e.g. {prompt: " Answer:"}',
+            )
+        prompt = node.get("prompt", " Answer:")
+        if not isinstance(prompt, str):
+            ctx.fail(node, "prompt", "`prompt` is the text between the question and each option")
+        if "option_0" not in columns or "answer" not in columns:
+            ctx.fail(
+                doc,
+                "multiple_choice",
+                "multiple_choice needs rows with options: a sentences entry with `choices:`",
+            )
+        return MultipleChoiceMeasure(prompt, f"{ctx.path}:{line_of(doc, 'multiple_choice')}")
+
+
+def options_of(prompt) -> list[str]:
+    """A prompt's options, in order (metadata option_0, option_1, ...)."""
+    options, i = [], 0
+    while isinstance(prompt.meta.get(f"option_{i}"), str):
+        options.append(prompt.meta[f"option_{i}"])
+        i += 1
+    return options
+
+
+def score(pm, measure: MultipleChoiceMeasure, encoded, batch_size: int = 256, progress=None) -> pd.DataFrame:
+    """One row per (prompt, option): the option's summed log-probability after the prompt."""
+    tokenizer = pm.tokenizer
+    pairs, rows = [], []
+    for e in encoded:
+        prefix = list(e.ids) + tokenizer.encode(measure.prompt, add_special_tokens=False)
+        for i, option in enumerate(options_of(e.prompt)):
+            tail = tokenizer.encode(" " + option, add_special_tokens=False)
+            pairs.append((prefix, tail))
+            rows.append((e.prompt.prompt_id, i, option, len(tail)))
+    logprobs = continuation_logprobs(pm, pairs, batch_size, progress)
+    table = pd.DataFrame(rows, columns=["prompt_id", "option", "candidate", "n_tokens"])
+    table.insert(3, "logprob", logprobs)
+    return table[list(COLUMNS)]
