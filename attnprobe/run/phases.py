@@ -117,7 +117,15 @@ def referent_choice_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
     plan_hash = hashlib.sha256(f"{plan.settings['plan_sha256']}|{measure.prompt}".encode()).hexdigest()
     size = lambda k: len(referents) * len(parts[k])  # sequences scored
     return Phase(
-        "referent-choice", "choice-", plan_hash, len(parts), mine, compute, size, desc="referent choice"
+        "referent-choice",
+        "choice-",
+        plan_hash,
+        len(parts),
+        mine,
+        compute,
+        size,
+        "sequence",
+        "referent choice",
     )
 
 
@@ -133,7 +141,9 @@ def likelihood_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
     plan_hash = hashlib.sha256(f"{plan.settings['plan_sha256']}|likelihood".encode()).hexdigest()
     # sequences scored: the sentence, and its shared words where it has them
     size = lambda k: sum(1 + (e.spans.get(likelihood.SHARED) is not None) for e in parts[k])
-    return Phase("likelihood", "likelihood-", plan_hash, len(parts), mine, compute, size, desc="likelihood")
+    return Phase(
+        "likelihood", "likelihood-", plan_hash, len(parts), mine, compute, size, "sequence", "likelihood"
+    )
 
 
 def multiple_choice_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
@@ -149,7 +159,15 @@ def multiple_choice_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
     plan_hash = hashlib.sha256(f"{plan.settings['plan_sha256']}|{measure.prompt}".encode()).hexdigest()
     size = lambda k: sum(len(multiple_choice.options_of(e.prompt)) for e in parts[k])  # sequences scored
     return Phase(
-        "multiple-choice", "choice-mc-", plan_hash, len(parts), mine, compute, size, desc="multiple choice"
+        "multiple-choice",
+        "choice-mc-",
+        plan_hash,
+        len(parts),
+        mine,
+        compute,
+        size,
+        "sequence",
+        "multiple choice",
     )
 
 
