@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "attnprobe"
 MODULES = sorted(
     ".".join(("attnprobe", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
@@ -68,6 +70,7 @@ print("failed:", " ".join(failed))
 """
 
 
+@pytest.mark.thorough
 def test_every_module_imports_on_its_own():
     result = subprocess.run(
         [sys.executable, "-c", FORK_EACH, *MODULES], capture_output=True, text=True, timeout=300

@@ -16,7 +16,8 @@ class _Tokenizer:
 def plain(model, prefix, tail) -> float:
     """sum_t log p(tail[t] | prefix + tail[:t]) from one whole forward pass of the sequence alone."""
     ids = torch.tensor([prefix + tail])
-    logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), -1)  # (T, V)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), -1)  # (T, V)
     return float(sum(logp[len(prefix) - 1 + t, token] for t, token in enumerate(tail)))
 
 
