@@ -69,12 +69,8 @@ def run_suite(
                 storage.atomic_write(
                     directory / "examples.json", lambda p: p.write_text(json.dumps(examples))
                 )
-            if suite.referent_choice is not None:
-                phase = referent_choice_phase(pm, plan, options)
-                run_phase(directory, phase, options, manifest)
-                if phase.mine:
-                    storage.assemble_phase(directory, phase.prefix, phase.n_chunks, "referent_choice")
-            for wanted, phase_of, table in (
+            for wanted, phase_of, table in (  # the scored continuations
+                (suite.referent_choice, referent_choice_phase, "referent_choice"),
                 (suite.likelihood, likelihood_phase, "likelihood"),
                 (suite.multiple_choice, multiple_choice_phase, "multiple_choice"),
             ):

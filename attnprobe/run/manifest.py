@@ -17,7 +17,7 @@ import torch
 from ..errors import RunError
 from ..version import __version__
 
-FORMAT = 2  # 1: the unnumbered manifests of 0.1 (chunk markers without plans, no choice- chunks)
+FORMAT = 2  # 1: the unnumbered manifests of 0.1 (chunk markers without plans, no scored-continuation chunks)
 
 
 def new_manifest(plan, pm, options, weights_sha: str | None) -> dict:

@@ -84,7 +84,8 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
         ]
         for name in ("prompts.csv", "prompts.parquet", "examples.json", *optional):
             shutil.copyfile(first_dir / name, out / name)
-        for path in [*(first_dir / "chunks").glob("choice-*"), *(first_dir / "chunks").glob("likelihood-*")]:
+        scored = ("referent-choice-*", "likelihood-*", "multiple-choice-*")  # shard 1's scored chunks
+        for path in [p for pattern in scored for p in (first_dir / "chunks").glob(pattern)]:
             shutil.copyfile(path, out / "chunks" / path.name)
         assemble(out, n_chunks)
         merged = dict(

@@ -7,7 +7,9 @@ markers check out, progress (a bar on a terminal, a line per chunk elsewhere), t
 (the chunk in progress finishes, then the run stops with its state recorded) and the time spent.
 
   prompts          ""          every per-batch measure (attention, next_token), one forward a batch
-  referent choice  "choice-"   the scored continuations of the prompts
+  referent choice  "referent-choice-"  the question's scored continuations of the prompts
+  likelihood       "likelihood-"       every sentence and its shared words, scored
+  multiple choice  "multiple-choice-"  every option after its context and question, scored
   head effects     "effects-"  the screen of every item (held-out items in their own chunks)
   selected heads   "selected-" the suite's heads and the cross-fitted sets, once every item is screened
 """
@@ -102,73 +104,53 @@ def prompts_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
     return Phase("", "", None, n, mine, compute, lambda k: sum(len(b) for b in plan.chunks[k]))
 
 
-def referent_choice_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
-    """The referent_choice question's scored continuations, in chunks of prompts (shard 1 only)."""
+def scored_phase(
+    name: str, table: str, plan: RunPlan, options: RunOptions, score, sequences, key: str
+) -> Phase:
+    """A scored-continuation phase (file prefix `<name>-`): `score(prompts, batch_size, advance)`
+    gives the table of a chunk of prompts, `sequences(prompt)` how many sequences a prompt scores.
+    Shard 1 computes it; `key` joins the run's plan in the phase's plan hash."""
     step = options.chunk_size
     parts = [plan.encoded[i : i + step] for i in range(0, len(plan.encoded), step)]
-    measure, referents = plan.suite.referent_choice, plan.suite.analysis.referents
+    size = lambda k: sum(sequences(e) for e in parts[k])
 
     def compute(k, advance):
-        table = referent_choice.score(pm, measure, parts[k], referents, options.batch_size, advance)
-        advance(size(k) - len(table))  # prompts without the question's spans are not scored
-        return {"referent_choice": table}
+        counted = []
+        scored = score(parts[k], options.batch_size, lambda n: (counted.append(n), advance(n)))
+        advance(size(k) - sum(counted))  # prompts that score nothing (no question's spans) are done too
+        return {table: scored}
 
     mine = tuple(range(len(parts))) if options.shard is None or options.shard[0] == 1 else ()
-    plan_hash = hashlib.sha256(f"{plan.settings['plan_sha256']}|{measure.prompt}".encode()).hexdigest()
-    size = lambda k: len(referents) * len(parts[k])  # sequences scored
-    return Phase(
-        "referent-choice",
-        "choice-",
-        plan_hash,
-        len(parts),
-        mine,
-        compute,
-        size,
-        "sequence",
-        "referent choice",
+    plan_hash = hashlib.sha256(f"{plan.settings['plan_sha256']}|{key}".encode()).hexdigest()
+    desc = name.replace("-", " ")
+    return Phase(name, f"{name}-", plan_hash, len(parts), mine, compute, size, "sequence", desc)
+
+
+def referent_choice_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
+    """The referent_choice question's scored continuations (prompts without the question's spans
+    score nothing)."""
+    measure, referents = plan.suite.referent_choice, plan.suite.analysis.referents
+    score = lambda prompts, batch, advance: referent_choice.score(
+        pm, measure, prompts, referents, batch, advance
+    )
+    return scored_phase(
+        "referent-choice", "referent_choice", plan, options, score, lambda e: len(referents), measure.prompt
     )
 
 
 def likelihood_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
-    """Every prompt's sentence and shared-words log-probabilities, in chunks of prompts (shard 1)."""
-    step = options.chunk_size
-    parts = [plan.encoded[i : i + step] for i in range(0, len(plan.encoded), step)]
-
-    def compute(k, advance):
-        return {"likelihood": likelihood.score(pm, parts[k], options.batch_size, advance)}
-
-    mine = tuple(range(len(parts))) if options.shard is None or options.shard[0] == 1 else ()
-    plan_hash = hashlib.sha256(f"{plan.settings['plan_sha256']}|likelihood".encode()).hexdigest()
-    # sequences scored: the sentence, and its shared words where it has them
-    size = lambda k: sum(1 + (e.spans.get(likelihood.SHARED) is not None) for e in parts[k])
-    return Phase(
-        "likelihood", "likelihood-", plan_hash, len(parts), mine, compute, size, "sequence", "likelihood"
-    )
+    """Every prompt's sentence and, where it has them, its shared words."""
+    score = lambda prompts, batch, advance: likelihood.score(pm, prompts, batch, advance)
+    sequences = lambda e: 1 + (e.spans.get(likelihood.SHARED) is not None)
+    return scored_phase("likelihood", "likelihood", plan, options, score, sequences, "likelihood")
 
 
 def multiple_choice_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
-    """Every prompt's options scored after its context and question, in chunks of prompts (shard 1)."""
-    step = options.chunk_size
-    parts = [plan.encoded[i : i + step] for i in range(0, len(plan.encoded), step)]
+    """Every prompt's options, scored after its context and question."""
     measure = plan.suite.multiple_choice
-
-    def compute(k, advance):
-        return {"multiple_choice": multiple_choice.score(pm, measure, parts[k], options.batch_size, advance)}
-
-    mine = tuple(range(len(parts))) if options.shard is None or options.shard[0] == 1 else ()
-    plan_hash = hashlib.sha256(f"{plan.settings['plan_sha256']}|{measure.prompt}".encode()).hexdigest()
-    size = lambda k: sum(len(multiple_choice.options_of(e.prompt)) for e in parts[k])  # sequences scored
-    return Phase(
-        "multiple-choice",
-        "choice-mc-",
-        plan_hash,
-        len(parts),
-        mine,
-        compute,
-        size,
-        "sequence",
-        "multiple choice",
-    )
+    score = lambda prompts, batch, advance: multiple_choice.score(pm, measure, prompts, batch, advance)
+    sequences = lambda e: len(multiple_choice.options_of(e.prompt))
+    return scored_phase("multiple-choice", "multiple_choice", plan, options, score, sequences, measure.prompt)
 
 
 def screen_phases(pm, plan: RunPlan, options: RunOptions) -> list[Phase]:

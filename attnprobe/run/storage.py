@@ -170,9 +170,9 @@ def exclusive(directory: Path):
 # referent choice (chunks of prompts), the head-effect screen and selected heads (chunks of items).
 CHUNK_FILES = {
     "": tuple(f"{kind.NAME}.parquet" for kind in BATCH_KINDS),
-    "choice-": ("referent_choice.parquet",),
+    "referent-choice-": ("referent_choice.parquet",),
     "likelihood-": ("likelihood.parquet",),
-    "choice-mc-": ("multiple_choice.parquet",),
+    "multiple-choice-": ("multiple_choice.parquet",),
     "effects-": ("items.parquet", "layers.parquet", "totals.parquet"),
     "selected-": ("items.parquet", "totals.parquet"),
 }
@@ -208,7 +208,7 @@ def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: s
 # what attnprobe writes inside chunks/ and figures/ (anything else there is someone else's)
 OWN_FILES = {
     "chunks": re.compile(
-        r"(choice-|choice-mc-|likelihood-|effects-|selected-)?\d{5}\.(done|[a-z_]+\.parquet)|\..+\.tmp"
+        r"(referent-choice-|likelihood-|multiple-choice-|effects-|selected-)?\d{5}\.(done|[a-z_]+\.parquet)|\..+\.tmp"
     ),
     "figures": re.compile(r"[\w-]+\.(png|svg)"),
 }
