@@ -286,3 +286,20 @@ def transformers_tokenizer(folder):
     from attnprobe.models import load_tokenizer
 
     return load_tokenizer(str(folder))[0]
+
+
+def run_shipped(name: str, model_dir, tmp_path):
+    """`attnprobe run probes/<name>.yaml` (its data copied beside it) on `model_dir` into tmp_path/o,
+    through the real CLI; returns the Run."""
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    shutil.copytree(f"probes/{name}", tmp_path / name)
+    shutil.copy(f"probes/{name}.yaml", tmp_path / f"{name}.yaml")
+    out = tmp_path / "o"
+    result = CliRunner().invoke(
+        main, ["run", str(tmp_path / f"{name}.yaml"), "--model", str(model_dir), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    return attnprobe.Run(out)

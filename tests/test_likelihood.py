@@ -1,16 +1,13 @@
 """Sentence pairs as distributed (CrowS-Pairs' columns): computed spans, the likelihood measure
 against a plain forward, and the preference statistics by hand."""
 
-import shutil
-
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from click.testing import CliRunner
+from conftest import run_shipped
 
 import attnprobe
-from attnprobe.cli import main
 from attnprobe.errors import SuiteError
 from attnprobe.suite import load_suite
 from attnprobe.suite.columns import diff_spans
@@ -75,14 +72,7 @@ def test_pairs_suite_end_to_end_equals_a_plain_forward(tiny_llama_dir, tmp_path)
     """attnprobe run on the shipped pairs suite (a tiny random Llama): every sentence's and shared
     span's log-probability equal a plain forward of the sentence alone, and the preference table
     equals the share of items whose `more` sentence scores higher."""
-    shutil.copytree("probes/pairs", tmp_path / "pairs")
-    shutil.copy("probes/pairs.yaml", tmp_path / "pairs.yaml")
-    result = CliRunner().invoke(
-        main,
-        ["run", str(tmp_path / "pairs.yaml"), "--model", str(tiny_llama_dir), "--out", str(tmp_path / "o")],
-    )
-    assert result.exit_code == 0, result.output
-    run = attnprobe.Run(tmp_path / "o")
+    run = run_shipped("pairs", tiny_llama_dir, tmp_path)
     pm = attnprobe.load_model(str(tiny_llama_dir))
     prompts = run.prompts.set_index("prompt_id")
     worst = 0.0

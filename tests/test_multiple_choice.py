@@ -2,16 +2,14 @@
 BBQ's bias score by hand."""
 
 import json
-import shutil
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from click.testing import CliRunner
+from conftest import run_shipped
 
 import attnprobe
-from attnprobe.cli import main
 from attnprobe.errors import SuiteError
 from attnprobe.stats.choices import bias_score
 from attnprobe.suite import load_suite
@@ -58,14 +56,7 @@ def test_a_label_that_is_no_option_is_one_error(tmp_path):
 
 
 def test_choices_suite_end_to_end_equals_a_plain_forward(tiny_llama_dir, tmp_path):
-    shutil.copytree("probes/choices", tmp_path / "choices")
-    shutil.copy("probes/choices.yaml", tmp_path / "choices.yaml")
-    result = CliRunner().invoke(
-        main,
-        ["run", str(tmp_path / "choices.yaml"), "--model", str(tiny_llama_dir), "--out", str(tmp_path / "o")],
-    )
-    assert result.exit_code == 0, result.output
-    run = attnprobe.Run(tmp_path / "o")
+    run = run_shipped("choices", tiny_llama_dir, tmp_path)
     pm = attnprobe.load_model(str(tiny_llama_dir))
     prompts = run.prompts.set_index("prompt_id")
     worst = 0.0
