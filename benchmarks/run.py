@@ -17,7 +17,8 @@ Measured, on the shipped gender suite and the bundled smollm2-135m:
                  patching every head and layer exactly, against the suite's scheme in batches
                  (attribution for all, the suite's 10 heads exact) and every head exact in batches
   scoring        (--only scoring) the referent-choice phase against the prompt phase on a
-                 1,584-sentence coreference suite, and against round 2's way of scoring
+                 1,584-sentence coreference suite, and against round 2's way of scoring; the
+                 likelihood and multiple-choice phases against their suites' prompt phases
   memory         peak resident memory of `attnprobe run` at 1x and 10x prompts (separate processes)
   load           load_model("smollm2-135m"): cold (empty cache, GGUF dequantised) and cached
   sharing        (--only sharing) the full gender suite: attnprobe end to end with prefix sharing
@@ -398,6 +399,56 @@ def bench_scoring(repeats: int) -> dict:
     }
 
 
+def bench_scored_shapes(repeats: int) -> dict:
+    """The likelihood and multiple-choice phases against the prompt phase of their own suites, at
+    benchmark size: the shipped pairs (32) and questions (24) each made unique 50 and 66 times over
+    ("Story n: ...", "In case n, ..."): 3,200 sentences and 1,584 questions (SmolLM2, medians)."""
+    import json as json_module
+    import shutil
+
+    from attnprobe.run import RunOptions, plan_run
+    from attnprobe.run.phases import likelihood_phase, multiple_choice_phase, prompts_phase
+
+    pm, out = attnprobe.load_model("smollm2-135m"), {}
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        shutil.copy(ROOT / "probes" / "pairs.yaml", folder / "pairs.yaml")
+        shutil.copy(ROOT / "probes" / "choices.yaml", folder / "choices.yaml")
+        (folder / "pairs").mkdir()
+        (folder / "choices").mkdir()
+        pairs = pd.read_csv(ROOT / "probes" / "pairs" / "pairs.csv")
+        copies = []
+        for n in range(50):
+            copy = pairs.copy()
+            for column in ("sent_more", "sent_less"):
+                copy[column] = f"Story {n + 1}: " + copy[column]
+            copies.append(copy)
+        pd.concat(copies).to_csv(folder / "pairs" / "pairs.csv", index=False)
+        rows = [json_module.loads(line) for line in (ROOT / "probes" / "choices" / "choices.jsonl").open()]
+        lines = [
+            json_module.dumps(
+                dict(r, context=f"In case {n + 1}, {r['context'][0].lower()}{r['context'][1:]}")
+            )
+            for n in range(66)
+            for r in rows
+        ]
+        (folder / "choices" / "choices.jsonl").write_text("\n".join(lines) + "\n")
+        options = RunOptions(head_effects=False, log=lambda m: None, progress=False)
+        for name, phase_of in (("pairs", likelihood_phase), ("choices", multiple_choice_phase)):
+            plan = plan_run(load_suite(folder / f"{name}.yaml"), pm, options)
+            phases = (prompts_phase(pm, plan, options), phase_of(pm, plan, options))
+            times = interleaved(
+                [lambda p=p: [p.compute(k, lambda n: None) for k in p.mine] for p in phases], repeats
+            )
+            out[name] = {
+                "n_prompts": len(plan.encoded),
+                "prompt_phase_s": times[0],
+                "scored_phase_s": times[1],
+                "ratio": times[1] / times[0],
+            }
+    return out
+
+
 def matmul_peak(repeats: int = 5) -> float:
     """GFLOP/s of a large float32 matmul (2048^3) on this machine now: the compute ceiling."""
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
@@ -640,6 +691,8 @@ def main():
             previous["sharing"] = sharing_section(args)
         if args.only == "scoring":
             previous["scoring"] = bench_scoring(args.repeats)
+            shapes = bench_scored_shapes(args.repeats)
+            previous["scoring_pairs"], previous["scoring_choices"] = shapes["pairs"], shapes["choices"]
         if args.only == "head_effects":
             pm = attnprobe.load_model("smollm2-135m")
             suite, encoded = gender_prompts(pm.tokenizer, 10**9)
