@@ -437,9 +437,8 @@ def bench_scored_shapes(repeats: int) -> dict:
         for name, phase_of in (("pairs", likelihood_phase), ("choices", multiple_choice_phase)):
             plan = plan_run(load_suite(folder / f"{name}.yaml"), pm, options)
             phases = (prompts_phase(pm, plan, options), phase_of(pm, plan, options))
-            times = interleaved(
-                [lambda p=p: [p.compute(k, lambda n: None) for k in p.mine] for p in phases], repeats
-            )
+            runs = [lambda p=p: [p.compute(k, lambda n: None) for k in p.mine] for p in phases]
+            times = interleaved(runs, repeats, warm_up=False)  # minutes each: no warm-up round
             out[name] = {
                 "n_prompts": len(plan.encoded),
                 "prompt_phase_s": times[0],
