@@ -1,8 +1,8 @@
 """The run's phases and the one engine that runs them.
 
 A phase declares its chunk-file prefix, the hash of its plan (chunks of another plan are redone),
-its chunks (which this process owns), how to compute one chunk and how to assemble the finished
-chunks into the run's tables. `run_phase` owns everything else: resuming from the chunks whose
+its chunks (which this process owns) and how to compute one chunk; the run joins the finished chunks
+into its tables (storage.assemble*). `run_phase` owns everything else: resuming from the chunks whose
 markers check out, progress (a bar on a terminal, a line per chunk elsewhere), the deferred Ctrl-C
 (the chunk in progress finishes, then the run stops with its state recorded) and the time spent.
 
