@@ -75,3 +75,19 @@ def value_of(prompt, column: str):
     if column == ITEM:
         return prompt.item_id
     return prompt.meta.get(column, prompt.slots.get(column))
+
+
+FEW_LEVELS = 5  # a cluster dimension with fewer levels cannot carry a cluster-robust interval
+
+
+def few_levels_notes(analysis: Analysis, levels: dict[str, int]) -> list[str]:
+    """A note per declared cluster dimension with fewer than FEW_LEVELS distinct values (`levels`:
+    column -> count): its cluster-robust intervals come from t with (levels - 1) df and say little
+    (two files declared as "templates" give an accuracy CI of about [0, 1])."""
+    return [
+        f"cluster dimension {analysis.name(column)} has {n} levels: intervals clustered by it use t with "
+        f"{n - 1} df and are too wide to conclude much; add levels, or drop it from analysis.clusters if "
+        "its levels are fixed conditions rather than a sample"
+        for column in analysis.clusters
+        if 1 < (n := levels.get(column, 0)) < FEW_LEVELS
+    ]

@@ -35,14 +35,16 @@ HEAD_COLUMNS = [
     "difference_p",
     "difference_q",
     "difference_templates_same_sign",
+    "difference_df",
     "difference_test",
     "difference_power_note",
-    "interaction_slope",
+    "interaction_per10",
+    "interaction_per10_ci_low",
+    "interaction_per10_ci_high",
     "interaction_r",
-    "interaction_r_ci_low",
-    "interaction_r_ci_high",
     "interaction_p",
     "interaction_q",
+    "interaction_df",
     "interaction_i2_templates",
     "interaction_templates_same_sign",
     "interaction_r_half_a",
@@ -109,13 +111,15 @@ def test_html_is_self_contained(reported):
     for data in images:
         pixels = mpimg.imread(io.BytesIO(base64.b64decode(data)), format="png")
         assert pixels.shape[0] > 200 and pixels.shape[1] > 200
-    assert "Across " in html and "Pearson r = " in html and "Methods and caveats" in html
+    assert "Across " in html and "Methods and caveats" in html
     headline = re.search(r'<p class="headline">([^<]*)', html).group(1)
-    assert (
-        headline.index("Pearson r")
+    assert (  # behaviour in log-odds per 10 points, then the interaction heads, then the lexical difference
+        headline.index("per 10 occupation.bls_pct_female points (95% CI")
+        < headline.index("cluster-robust by occupation x template")
         < headline.index("changes with")
         < headline.index("token difference, not bias")
     )
+    assert "random heads of the same layers" in headline  # the held-out claim carries its null
 
 
 @pytest.mark.skipif(

@@ -13,6 +13,7 @@ import math
 
 import pandas as pd
 
+from ..analysis import few_levels_notes
 from ..run.reader import RunFiles
 from ..stats import ALPHA, held_out_interaction, run_analysis
 from . import plots
@@ -48,20 +49,21 @@ def headline(run: RunFiles, tables: dict) -> str:
     parts = []
     b = _pooled(tables["behavior"])
     if b is not None and analysis.covariate:
+        per = f"per 10 {analysis.name(analysis.covariate)} points"
         parts.append(
             f"Across {int(b['n_units'])} {analysis.name(analysis.unit)}s, {model}'s log p({pos}) - log "
-            f"p({neg}) at "
-            f"'{b['cut']}' {'rises' if b['pearson_r'] > 0 else 'falls'} with "
-            f"{analysis.name(analysis.covariate)} "
-            f"(Pearson r = {_fmt(b['pearson_r'])}, 95% CI [{_fmt(b['pearson_ci_low'])}, "
-            f"{_fmt(b['pearson_ci_high'])}], "
-            f"permutation p {'<=' if b['slope_p'] <= b['slope_min_p'] else '='} {b['slope_p']:.2g})"
+            f"p({neg}) at '{b['cut']}' changes by {_fmt(b['slope_per10'], 3)} {per} (95% CI "
+            f"[{_fmt(b['slope_per10_ci_low'], 3)}, {_fmt(b['slope_per10_ci_high'], 3)}], cluster-robust by "
+            f"{b['clusters']}, p = {b['slope_p']:.2g}; Pearson r of the {analysis.name(analysis.unit)} "
+            f"means {_fmt(b['pearson_r'])})"
         )
     elif b is not None:
         parts.append(
             f"{model}'s mean log p({pos}) - log p({neg}) at '{b['cut']}' is {_fmt(b['mean_log_ratio'], 3)} "
             f"(95% CI [{_fmt(b['mean_ci_low'], 3)}, {_fmt(b['mean_ci_high'], 3)}], clusters: {b['clusters']})"
         )
+    levels = {c: run.prompts[c].nunique() for c in analysis.clusters if c in run.prompts}
+    parts += [f"note: {note}" for note in few_levels_notes(analysis, levels)]
     heads = tables["head_stats"]
     heads = heads[heads["scope"] == "all"] if len(heads) else heads
     for target, group in heads.groupby("target", sort=False):
@@ -69,20 +71,21 @@ def headline(run: RunFiles, tables: dict) -> str:
             hits = group[group["interaction_q"] < ALPHA]
             held = held_out_interaction(group)
             check = (
-                f"; held out, the top {held['k']} heads chosen on one half of the "
-                f"{analysis.name(analysis.unit)}s keep "
-                f"their sign on the other in {held['n_same_sign']} of {held['n_selected']} (mean r there "
-                f"{_fmt(held['mean_held_out_r'])})"
+                f"; held out ({held['split']}), the top {held['k']} heads chosen on one half keep their "
+                f"sign on the other in {held['n_same_sign']} of {held['n_selected']} (random heads of "
+                f"the same layers: {_fmt(held['n_same_sign_null'], 1)}), mean r there "
+                f"{_fmt(held['mean_held_out_r'])} against {_fmt(held['mean_held_out_r_null'])} "
+                f"(p = {held['held_out_p']:.2g})"
             )
             if len(hits):
-                top = hits.loc[hits["interaction_r"].abs().idxmax()]
+                top = hits.loc[hits["interaction_per10"].abs().idxmax()]
                 parts.append(
                     f"in {len(hits)} of {len(group)} heads the {pos} - {neg} attention to the {target} "
-                    "changes with "
-                    f"{analysis.name(analysis.covariate)} (q < {ALPHA}), most strongly "
-                    f"L{int(top['layer'])}H{int(top['head'])} "
-                    f"(r = {_fmt(top['interaction_r'])} [{_fmt(top['interaction_r_ci_low'])}, "
-                    f"{_fmt(top['interaction_r_ci_high'])}]){check}"
+                    f"changes with {analysis.name(analysis.covariate)} (q < {ALPHA}, cluster-robust by "
+                    f"{top['clusters']}), most strongly L{int(top['layer'])}H{int(top['head'])} "
+                    f"({_fmt(top['interaction_per10'], 4)} per 10 points "
+                    f"[{_fmt(top['interaction_per10_ci_low'], 4)}, "
+                    f"{_fmt(top['interaction_per10_ci_high'], 4)}], r = {_fmt(top['interaction_r'])}){check}"
                 )
             else:
                 note = group["interaction_power_note"].iloc[0]

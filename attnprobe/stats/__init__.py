@@ -1,6 +1,6 @@
 """Statistics of a run: pandas in, pandas out, driven by the suite's declared analysis.
 
-Rooms: inference (the tests: cluster-robust t, covariate permutation, BH, bootstrap), design
+Rooms: inference (the tests: cluster-robust t and slope, BH, bootstrap), design
 (paired differences averaged into cells; templates weighted equally), heads (attention: the
 interaction with the covariate and the plain difference), behavior (next-token log-ratios),
 effects (head interventions), referents (referent accuracy), likelihood (sentence preference),
@@ -18,29 +18,27 @@ from .heads import condition_means, head_stats, held_out_interaction, layer_stat
 from .inference import (
     ALPHA,
     N_BOOT,
-    N_PERM,
     bh_qvalues,
     cluster_mean_test,
+    cluster_slope_test,
     correlation_with_ci,
-    n_permutations,
-    slope_permutation_test,
     split_halves,
 )
 from .likelihood import sentence_preference
 from .referents import referent_accuracy, referent_choice
 
-TABLES_VERSION = 12  # bump when a table's columns or meaning change: cached tables are recomputed
+TABLES_VERSION = 13  # bump when a table's columns or meaning change: cached tables are recomputed
 
 __all__ = [
     "TABLES_VERSION",
     "ALPHA",
     "N_BOOT",
-    "N_PERM",
     "analyse",
     "behavior",
     "bh_qvalues",
     "choice_accuracy",
     "cluster_mean_test",
+    "cluster_slope_test",
     "condition_means",
     "correlation_with_ci",
     "head_effects",
@@ -48,27 +46,23 @@ __all__ = [
     "held_out_interaction",
     "layer_stats",
     "log_ratios",
-    "n_permutations",
     "referent_accuracy",
     "referent_choice",
     "run_analysis",
     "sentence_preference",
-    "slope_permutation_test",
     "split_halves",
 ]
 
 
-def analyse(
-    run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0, step=None
-) -> dict[str, pd.DataFrame]:
+def analyse(run, n_boot: int = N_BOOT, seed: int = 0, step=None) -> dict[str, pd.DataFrame]:
     """Every table the report needs, keyed by the CSV name it is written as. `step(name)`, when
     given, is called as each table is done (the caller's progress; `table_steps` counts the calls)."""
     step = step or (lambda name: None)
-    heads = head_stats(run, n_boot=n_boot, n_perm=n_perm, seed=seed)
+    heads = head_stats(run)
     step("head_stats")
     tables = {"head_stats": heads, "layer_stats": layer_stats(heads)}
     step("layer_stats")
-    tables["behavior"], tables["behavior_by_unit"] = behavior(run, n_boot=n_boot, n_perm=n_perm, seed=seed)
+    tables["behavior"], tables["behavior_by_unit"] = behavior(run, n_boot=n_boot, seed=seed)
     step("behavior and behavior_by_unit")
     for name, compute in (
         ("condition_means", condition_means),

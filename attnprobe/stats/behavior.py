@@ -5,8 +5,9 @@ summed probability of the label's candidates at the cut (one candidate, unless t
 ambiguous form such as " her" against the sum of its alternatives " him" + " his"; the
 `comparison` column says which words each row compares). Per scope (all templates weighted
 equally, each declared group, each template): the mean y with a cluster-robust CI, and with a
-covariate, Pearson and Spearman r of the per-unit mean y on it (bootstrap CI over units) and a
-permutation p for the slope.
+covariate, the slope of y on it in log-odds per 10 units of the covariate, tested at the declared
+design (cluster-robust by both declared dimensions, stats.inference.cluster_slope_test), and
+Pearson and Spearman r of the per-unit mean y on it (descriptive; bootstrap CI over units).
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from scipy.special import logsumexp
 
 from ..analysis import ITEM, TEMPLATE
 from .design import Design, items_table, scopes
-from .heads import run_analysis
-from .inference import N_BOOT, cluster_mean_test, correlation_with_ci, power_note, slope_permutation_test
+from .heads import PER, run_analysis
+from .inference import N_BOOT, cluster_mean_test, cluster_slope_test, correlation_with_ci, power_note
 
-SLOPE_PERMUTATIONS = 20_000  # one test per row: p resolves to 5e-5
 MIN_TEMPLATE_ITEMS = 5  # templates with fewer items share one row (a benchmark with 120 one-item templates)
 
 
@@ -45,9 +45,7 @@ def log_ratios(run, analysis) -> pd.DataFrame:
     return out.dropna(subset=["y"]).reset_index()
 
 
-def behavior(
-    run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0
-) -> tuple[pd.DataFrame, pd.DataFrame]:
+def behavior(run, n_boot: int = N_BOOT, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(summary: one row per cut and scope, per unit: the unit means behind each correlation)."""
     analysis = run_analysis(run)
     if not analysis.paired or run.logprobs.empty:
@@ -84,21 +82,23 @@ def behavior(
                 "mean_ci_low": test["ci_low"][0],
                 "mean_ci_high": test["ci_high"][0],
                 "mean_p": test["p"][0],
-                "mean_test": f"cluster-robust t, CR1 by {design.cluster_text}, df {test['df']}",
+                "mean_test": f"cluster-robust t, CR1 by {design.cluster_text}, df {int(test['df'][0])}",
             }
             notes = [power_note(test["n_clusters"], design.cluster_text)]
             if analysis.covariate:
                 units, x, unit_y = design.unit_means(cells, analysis.unit, analysis.covariate)
-                slope = slope_permutation_test(x, unit_y, n_perm or SLOPE_PERMUTATIONS, 0, seed)
+                w = design.cells["weight"].to_numpy()
+                x_cells = design.cells[analysis.covariate].to_numpy(dtype=float)
+                slope = cluster_slope_test(x_cells, cells, w, design.clusters)
                 row.update(n_units=len(units), **correlation_with_ci(x, unit_y[:, 0], n_boot, seed))
                 row.update(
-                    slope=slope["slope"][0],
+                    slope_per10=PER * slope["slope"][0],
+                    slope_per10_ci_low=PER * slope["ci_low"][0],
+                    slope_per10_ci_high=PER * slope["ci_high"][0],
                     slope_p=slope["p"][0],
-                    slope_min_p=slope["min_p"],
-                    slope_test=f"{analysis.name(analysis.covariate)} permuted across {len(units)} "
-                    f"{analysis.name(analysis.unit)}s",
+                    slope_df=float(slope["df"][0]),
+                    slope_test=f"cluster-robust slope, CR1 by {design.cluster_text}",
                 )
-                notes.append(power_note([len(units)], analysis.name(analysis.unit), slope["min_p"]))
                 counts = pd.Series(design.cell_of_item).map(design.cells[analysis.unit]).value_counts()
                 per_unit.append(
                     pd.DataFrame(

@@ -5,12 +5,14 @@ For each (scope, source, target, layer, head), on the cells of the design (stats
 - difference: the weighted mean of d = a(positive prompt) - a(negative prompt), e.g. she - he.
   Two different tokens make almost every head differ, so this is a lexical difference, not bias.
   Tested with a cluster-robust t (two-way when two clusters are declared), BH over the heads.
-- interaction (when the suite declares a covariate): does d change with the covariate? The slope
-  and Pearson r of the per-unit mean d (e.g. per occupation, templates weighted equally) on the
-  covariate (e.g. BLS percent female), p from permuting the covariate across units (template
-  effects are shared by every unit, so they cancel in the slope), BH over the heads; with I^2 and
-  the share of templates whose own slope has the pooled sign, for heterogeneity across templates;
-  and r on two fixed halves of the units (split along the covariate) for held-out selection.
+- interaction (when the suite declares a covariate): does d change with the covariate? The
+  weighted least-squares slope of the cells' d on the covariate, stated per 10 units of it (per 10
+  points of BLS percent female), tested at the declared design: cluster-robust variance by both
+  declared dimensions (occupation x template), t with (fewest clusters) - 1 df, BH over the heads.
+  A template-specific slope thus counts against the pooled one instead of passing as general.
+  Beside it: Pearson r of the per-unit means (descriptive), I^2 and the share of templates whose
+  own slope has the pooled sign; and r on two disjoint halves (units and templates split jointly)
+  for held-out selection, with a random-head null (held_out_interaction).
 """
 
 from __future__ import annotations
@@ -22,24 +24,23 @@ from ..analysis import ITEM, TEMPLATE, Analysis
 from .design import Design, items_table, paired, resolve, scopes
 from .inference import (
     ALPHA,
-    N_BOOT,
     bh_qvalues,
     cluster_mean_test,
-    n_permutations,
+    cluster_slope_test,
     pearson_columns,
     power_note,
-    slope_permutation_test,
     split_halves,
 )
 
 KEYS = ["source", "target", "layer", "head"]
+PER = 10  # effects are stated per 10 units of the covariate (10 points of a percentage)
 
 
 def run_analysis(run) -> Analysis:
     return resolve(Analysis.from_manifest(run.manifest, run.prompts.columns), run.prompts)
 
 
-def head_stats(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int = 0) -> pd.DataFrame:
+def head_stats(run) -> pd.DataFrame:
     """One row per (scope, source, target, layer, head); empty when the suite compares no two labels."""
     analysis = run_analysis(run)
     if not analysis.paired:
@@ -72,7 +73,7 @@ def head_stats(run, n_boot: int = N_BOOT, n_perm: int | None = None, seed: int =
             )
             if analysis.covariate:
                 cells = design.cell_means(wide["d"].to_numpy()[keep])
-                table = table.assign(**_interaction(design, cells, analysis, n_boot, n_perm, seed))
+                table = table.assign(**_interaction(design, cells, analysis))
             tables.append(table)
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["scope", *KEYS])
 
@@ -102,36 +103,52 @@ def _difference(design: Design, values: dict, analysis: Analysis) -> dict:
         "difference_templates_same_sign": (np.sign(by_template) == np.sign(test["mean"]))
         .mean(axis=0)
         .to_numpy(),
-        "difference_test": f"cluster-robust t, CR1 by {design.cluster_text}, df {test['df']}",
+        "difference_df": test["df"],
+        "difference_test": f"cluster-robust t, CR1 by {design.cluster_text}",
         "difference_power_note": power_note(test["n_clusters"], design.cluster_text),
     }
 
 
-def _interaction(
-    design: Design, cells: np.ndarray, analysis: Analysis, n_boot: int, n_perm: int | None, seed: int
-) -> dict:
-    units, x, y = design.unit_means(cells, analysis.unit, analysis.covariate)
-    k = cells.shape[1]
-    draws = n_perm or n_permutations(k)
-    test = slope_permutation_test(x, y, draws, n_boot, seed)
+def _interaction(design: Design, cells: np.ndarray, analysis: Analysis) -> dict:
+    x = design.cells[analysis.covariate].to_numpy(dtype=float)
+    test = cluster_slope_test(x, cells, design.cells["weight"].to_numpy(), design.clusters)
+    units, unit_x, y = design.unit_means(cells, analysis.unit, analysis.covariate)
     i2, same_sign = template_heterogeneity(design, cells, analysis.covariate, test["slope"])
-    half = split_halves(x)  # for held-out selection: choose heads on one half of the units, test on the other
-    unit = analysis.name(analysis.unit)
+    halves = _held_out_halves(design, cells, analysis)
     return {
-        "interaction_slope": test["slope"],
-        "interaction_r": test["r"],
-        "interaction_r_ci_low": test["r_ci_low"],
-        "interaction_r_ci_high": test["r_ci_high"],
+        "interaction_per10": PER * test["slope"],
+        "interaction_per10_ci_low": PER * test["ci_low"],
+        "interaction_per10_ci_high": PER * test["ci_high"],
+        "interaction_r": pearson_columns(unit_x, y),
         "interaction_p": test["p"],
         "interaction_q": bh_qvalues(test["p"]),
+        "interaction_df": test["df"],
         "interaction_i2_templates": i2,
         "interaction_templates_same_sign": same_sign,
-        "interaction_r_half_a": pearson_columns(x[half], y[half]),
-        "interaction_r_half_b": pearson_columns(x[~half], y[~half]),
-        "interaction_test": f"{analysis.name(analysis.covariate)} permuted across {len(units)} {unit}s "
-        f"({'all ' if test['exact'] else ''}{test['n_draws']} permutations)",
-        "interaction_power_note": power_note([len(units)], unit, test["min_p"], k),
+        **halves,
+        "interaction_test": f"cluster-robust slope, CR1 by {design.cluster_text}",
+        "interaction_power_note": power_note(test["n_clusters"], design.cluster_text),
     }
+
+
+def _held_out_halves(design: Design, cells: np.ndarray, analysis: Analysis) -> dict:
+    """r of the per-unit means on two disjoint halves of the design for held-out selection: half A
+    is one half of the units (split along the covariate) on one half of the templates, half B the
+    other units on the other templates, so a head chosen on A is tested on units and templates it
+    was not chosen on. One template in scope: units are split alone."""
+    units, x, _ = design.unit_means(cells, analysis.unit, analysis.covariate)
+    unit_a = set(np.asarray(units)[split_halves(x)])
+    templates = sorted(design.cells[TEMPLATE].unique())
+    template_a = set(templates[::2]) if len(templates) > 1 else set(templates)
+    out = {}
+    for name, pick in (("a", True), ("b", False)):
+        in_units = design.cells[analysis.unit].isin(unit_a).to_numpy() == pick
+        in_templates = design.cells[TEMPLATE].isin(template_a).to_numpy() == (pick or len(templates) == 1)
+        masked = np.where((in_units & in_templates)[:, None], cells, np.nan)
+        _, xs, ys = design.unit_means(masked, analysis.unit, analysis.covariate)
+        keep = np.isfinite(ys).any(1)
+        out[f"interaction_r_half_{name}"] = pearson_columns(xs[keep], ys[keep])
+    return out
 
 
 def template_heterogeneity(design: Design, cells: np.ndarray, covariate: str, pooled: np.ndarray):
@@ -162,24 +179,43 @@ def template_heterogeneity(design: Design, cells: np.ndarray, covariate: str, po
     return i2, (np.sign(B) == np.sign(pooled)).mean(0)
 
 
-def held_out_interaction(heads: pd.DataFrame, k: int = 5) -> dict:
-    """Selection on one half of the units, test on the other, both ways round: of the k heads with
-    the largest |r| on one half, how many keep their sign on the other, and their mean r there
-    (signed by the selection). Honest where "the strongest head" is chosen and reported on the same data."""
-    same, signed = 0, []
+def held_out_interaction(heads: pd.DataFrame, k: int = 5, draws: int = 2000, seed: int = 0) -> dict:
+    """Selection on one half of the design, test on the other, both ways round (halves: see
+    _held_out_halves): of the k heads with the largest |r| on one half, how many keep their sign on
+    the other, and their mean r there (signed by the selection). Null baseline: the same statistics
+    for k heads drawn at random from the selected heads' layers (`draws` seeded draws); `held_out_p`
+    is the share of draws whose mean held-out r reaches the selected heads' (most heads keep their
+    sign between halves, so a count alone says little)."""
+    rng = np.random.default_rng(seed)
+    same, signed, null_same, null_r = 0, [], np.zeros(draws), np.zeros(draws)
     for pick, test in (
         ("interaction_r_half_a", "interaction_r_half_b"),
         ("interaction_r_half_b", "interaction_r_half_a"),
     ):
-        top = heads.reindex(heads[pick].abs().sort_values(ascending=False).index).head(k)
-        direction = np.sign(top[pick].to_numpy())
-        same += int((direction == np.sign(top[test].to_numpy())).sum())
-        signed += list(direction * top[test].to_numpy())
+        usable = heads[heads[pick].notna() & heads[test].notna()].reset_index(drop=True)
+        if usable.empty:
+            continue
+        top = usable.reindex(usable[pick].abs().sort_values(ascending=False).index).head(k)
+        kept = np.sign(usable[pick].to_numpy()) * usable[test].to_numpy()  # every head's signed held-out r
+        same += int((kept[top.index] > 0).sum())
+        signed += list(kept[top.index])
+        by_layer = usable.groupby("layer").indices
+        # for each selected head, a random head of its layer (with replacement across draws)
+        picks = np.stack([rng.choice(by_layer[layer], size=draws) for layer in top["layer"]], axis=1)
+        null_same += (kept[picks] > 0).sum(1)
+        null_r += kept[picks].sum(1)
+    n = len(signed)
+    observed = float(np.mean(signed)) if n else np.nan
+    null_mean = null_r / n if n else np.full(draws, np.nan)
     return {
         "k": k,
-        "n_selected": 2 * min(k, len(heads)),
+        "n_selected": n,
         "n_same_sign": same,
-        "mean_held_out_r": float(np.nanmean(signed)) if np.isfinite(signed).any() else np.nan,
+        "n_same_sign_null": float(null_same.mean()) if n else np.nan,
+        "mean_held_out_r": observed,
+        "mean_held_out_r_null": float(null_mean.mean()) if n else np.nan,
+        "held_out_p": float((1 + (null_mean >= observed - 1e-12).sum()) / (1 + draws)) if n else np.nan,
+        "split": "units and templates jointly",
     }
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from ..analysis import few_levels_notes
 from ..errors import SuiteError
 from ..measures import (
     AttentionMeasure,
@@ -158,6 +159,9 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
     prompts, skipped, notes = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
     notes = list(notes) + [_span_count_note(s) for s in sentence_sets if s["n_required"] < len(s["names"])]
+    notes += few_levels_notes(
+        analysis, {c: len({value_of(p, c) for p in prompts} - {None}) for c in analysis.clusters}
+    )
     referent_choice = ReferentChoiceMeasure.parse(ctx, doc, analysis, span_names)
     columns = {c for p in prompts for c in (*p.meta, *p.slots)} | {"template_id"}
     likelihood = LikelihoodMeasure.parse(ctx, doc, analysis, columns)
