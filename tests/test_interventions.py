@@ -1,5 +1,6 @@
 """Activation patching on tiny random models: the machinery checked exactly and against plain HF eager."""
 
+import numpy as np
 import pytest
 import torch
 from conftest import build_tiny, eager_twin
@@ -216,7 +217,7 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
         name: effects
         contrast: pronoun
         slots:
-          occupation: [nurse, engineer, electrician]
+          occupation: {values: [{value: nurse, bls: 90}, {value: engineer, bls: 15}, {value: electrician, bls: 2}]}
           pronoun:
             forms: [nom]
             values: [{label: female, nom: she}, {label: male, nom: he}]
@@ -230,6 +231,7 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
           cut: pronoun
           counterfactual: {occupation: [woman, man]}
           select: 3
+        analysis: {contrast: pronoun, positive: female, negative: male, covariate: occupation.bls}
         """)
     )
     run = attnprobe.run_suite(suite, model=smollm, out=tmp_path / "run", progress=False, log=lambda m: None)
@@ -271,10 +273,23 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
     assert summary["spearman_attribution_exact"].between(-1, 1).all() and (
         summary["te_mean"]["woman"] > 0 > summary["te_mean"]["man"]
     )
+    # the stereotype gradient: TE's slope on the covariate, all heads carry all of it (by construction)
+    te = totals.reset_index().groupby(["counterfactual", "occupation"])["te"].mean()
+    for word in ("woman", "man"):
+        slope = np.polyfit([2.0, 15.0, 90.0], te[word][["electrician", "engineer", "nurse"]].to_numpy(), 1)[0]
+        assert summary.loc[word, "te_gradient_per10"] == pytest.approx(10 * slope, abs=1e-9)
+    assert (summary["gradient_share_all_heads_in"] - 1).abs().max() <= 1e-4
+    heads = pd.read_csv(run.directory / "head_effects.csv").set_index("counterfactual")
+    # natural direct effect = TE - patched-out effect, per head
+    direct = heads["mean_direct"] + heads["mean_output_out"] - summary["te_mean"].reindex(heads.index)
+    assert direct.abs().max() <= 1e-9 and heads["gradient_share_output_in"].notna().all()
     shares = pd.read_csv(run.directory / "head_effects_layer_shares.csv")
     assert (
         len(shares) == 2 * 30 * 6 and shares["ci_low"].le(shares["share"]).all()
     )  # attention, mlp x in, out, attribution
+    assert (
+        shares["gradient_share"].notna().all() and shares["search_ci_low"].le(shares["ci_low"] + 1e-12).all()
+    )
     # a layer's attention attribution is the sum of its heads'
     per_head = items.groupby(["item_id", "counterfactual", "layer"])["attribution_output"].sum()
     assert (

@@ -473,3 +473,22 @@ def test_ratio_test_covers_the_true_share():
         out = ratio_test(num, den, np.ones(G * per), [groups])
         hits += out["ci_low"][0] <= 0.4 <= out["ci_high"][0]
     assert abs(hits / sims - 0.95) <= 3 * np.sqrt(0.95 * 0.05 / sims)
+
+
+def test_gradient_share_is_a_ratio_of_slopes_with_a_linearised_interval():
+    """slope(num) / slope(den) on the covariate; SE from the slope of u = num - ratio den."""
+    from attnprobe.stats.inference import slope_ratio_test
+
+    rng = np.random.default_rng(10)
+    occ, tpl = np.repeat(np.arange(20), 6), np.tile(np.arange(6), 20)
+    x = rng.uniform(0, 100, 20)[occ]
+    den = 0.05 * x + rng.normal(size=120)
+    num = 0.4 * den + rng.normal(0, 0.3, size=120)
+    w = np.ones(120)
+    out = slope_ratio_test(x, num, den, w, [occ, tpl])
+    ratio = np.polyfit(x, num, 1)[0] / np.polyfit(x, den, 1)[0]
+    u = stats.cluster_slope_test(x, num - ratio * den, w, [occ, tpl])
+    se = u["se"][0] / abs(np.polyfit(x, den, 1)[0])
+    assert out["ratio"][0] == pytest.approx(ratio) and out["se"][0] == pytest.approx(se)
+    assert out["ci_low"][0] == pytest.approx(ratio - sps.t.ppf(0.975, u["df"][0]) * se)
+    assert out["ci_low"][0] < 0.4 < out["ci_high"][0]

@@ -24,10 +24,20 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from ..analysis import ITEM
+from ..analysis import ITEM, TEMPLATE
 from .design import Design, items_table
 from .heads import run_analysis
-from .inference import ALPHA, bh_qvalues, cluster_mean_test, power_note, ratio_test
+from .inference import (
+    ALPHA,
+    bh_qvalues,
+    cluster_mean_test,
+    cluster_slope_test,
+    power_note,
+    ratio_test,
+    slope_ratio_test,
+)
+
+PER = 10  # gradients are stated per 10 units of the covariate
 
 SHARES = {
     "all_heads_in": "all heads' outputs, patched in",
@@ -51,14 +61,21 @@ def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFra
         w = design.cells["weight"].to_numpy()
         cells = lambda values: design.cell_means(np.asarray(values, float).reshape(len(totals), -1))  # noqa: B023 (called in this iteration)
         te_cells = cells(totals["te"])[:, 0]
+        x = design.cells[analysis.covariate].to_numpy(float) if analysis.covariate else None
+
+        def gradient(values, x=x, te_cells=te_cells, w=w, design=design):  # share of TE's covariate gradient
+            return slope_ratio_test(x, values, te_cells, w, design.clusters) if x is not None else None
+
         held = (
             totals["held_out"].fillna(False).to_numpy(bool)
             if "held_out" in totals
             else np.zeros(len(totals), bool)
         )
-        head_table = _heads(run.head_effect_items, word, totals.index, design, cells, w, te_cells, held)
+        head_table = _heads(run.head_effect_items, word, totals, design, cells, w, te_cells, held, gradient)
         per_head.append(head_table)
-        layer_table = _layers(run.head_effect_layers, word, totals.index, cells, w, design, te_cells)
+        layer_table = _layers(
+            run.head_effect_layers, word, totals.index, cells, w, design, te_cells, gradient
+        )
         per_layer.append(layer_table)
         summary = _summary(
             word,
@@ -74,6 +91,7 @@ def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFra
             heads,
             int(held.sum()),
         )
+        summary.update(_gradients(x, totals, design, cells, w, te_cells, gradient))
         for component in (
             "attention",
             "mlp",
@@ -87,8 +105,8 @@ def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFra
                     {
                         f"top_{component}_layer": int(top["layer"]),
                         f"top_{component}_share": float(top["share"]),
-                        f"top_{component}_ci_low": float(top["ci_low"]),
-                        f"top_{component}_ci_high": float(top["ci_high"]),
+                        f"top_{component}_ci_low": float(top["search_ci_low"]),
+                        f"top_{component}_ci_high": float(top["search_ci_high"]),
                     }
                 )
         summaries.append(summary)
@@ -105,8 +123,8 @@ def _wide(long: pd.DataFrame, word: str, index, columns: list[str], value: str) 
     return rows.pivot_table(index=ITEM, columns=columns, values=value, dropna=False).reindex(index)
 
 
-def _heads(long, word, index, design, cells, w, te_cells, held) -> pd.DataFrame:
-    out = None
+def _heads(long, word, totals, design, cells, w, te_cells, held, gradient) -> pd.DataFrame:
+    index, out = totals.index, None
     for column in ("output_in", "output_out", "pattern_in", "attribution_output", "attribution_pattern"):
         wide = _wide(long, word, index, ["layer", "head"], column)
         if out is None:
@@ -133,6 +151,15 @@ def _heads(long, word, index, design, cells, w, te_cells, held) -> pd.DataFrame:
         out[f"mean_{column}"] = np.where(complete, test["mean"], np.nan)
         out[f"{column}_ci_low"] = np.where(complete, test["ci_low"], np.nan)
         out[f"{column}_ci_high"] = np.where(complete, test["ci_high"], np.nan)
+        share = gradient(cells(values))
+        if share is not None:  # the share of the stereotype gradient this channel carries
+            for key, name in (("ratio", ""), ("ci_low", "_ci_low"), ("ci_high", "_ci_high")):
+                out[f"gradient_share_{column}{name}"] = np.where(complete, share[key], np.nan)
+        if column == "output_out":  # natural direct effect: TE with the head held at x's value
+            direct = cluster_mean_test(cells(totals["te"].to_numpy()[:, None] - values), w, design.clusters)
+            out["mean_direct"] = np.where(complete, direct["mean"], np.nan)
+            out["direct_ci_low"] = np.where(complete, direct["ci_low"], np.nan)
+            out["direct_ci_high"] = np.where(complete, direct["ci_high"], np.nan)
         if column == "output_in":
             out["p"] = np.where(complete, test["p"], np.nan)
             out["q"] = bh_qvalues(out["p"].to_numpy())
@@ -146,7 +173,7 @@ def _heads(long, word, index, design, cells, w, te_cells, held) -> pd.DataFrame:
     return out[["counterfactual", *[c for c in out.columns if c != "counterfactual"]]]
 
 
-def _layers(long, word, index, cells, w, design, te_cells) -> pd.DataFrame:
+def _layers(long, word, index, cells, w, design, te_cells, gradient) -> pd.DataFrame:
     """Per layer, component (attention, mlp) and direction (in, out: exact; attribution: its estimate
     of the patch-in effect, on every item) the share of TE."""
     rows = []
@@ -162,21 +189,29 @@ def _layers(long, word, index, cells, w, design, te_cells) -> pd.DataFrame:
             continue
         wide = _wide(long, word, index, ["layer"], column)
         share = ratio_test(cells(wide.to_numpy()), te_cells, w, design.clusters)
+        # the top layer is a maximum over every layer: its interval is Bonferroni-adjusted for that search
+        search = ratio_test(cells(wide.to_numpy()), te_cells, w, design.clusters, 1 - ALPHA / wide.shape[1])
         component, direction = column.split("_")
-        rows.append(
-            pd.DataFrame(
-                {
-                    "counterfactual": word,
-                    "layer": wide.columns.to_numpy(),
-                    "component": component,
-                    "direction": direction,
-                    "share": share["ratio"],
-                    "ci_low": share["ci_low"],
-                    "ci_high": share["ci_high"],
-                    "n_items": np.isfinite(wide.to_numpy()).sum(0),
-                }
-            )
+        table = pd.DataFrame(
+            {
+                "counterfactual": word,
+                "layer": wide.columns.to_numpy(),
+                "component": component,
+                "direction": direction,
+                "share": share["ratio"],
+                "ci_low": share["ci_low"],
+                "ci_high": share["ci_high"],
+                "search_ci_low": search["ci_low"],
+                "search_ci_high": search["ci_high"],
+                "n_items": np.isfinite(wide.to_numpy()).sum(0),
+            }
         )
+        by_gradient = gradient(cells(wide.to_numpy()))
+        if by_gradient is not None:
+            table["gradient_share"] = by_gradient["ratio"]
+            table["gradient_ci_low"] = by_gradient["ci_low"]
+            table["gradient_ci_high"] = by_gradient["ci_high"]
+        rows.append(table)
     return pd.concat(rows, ignore_index=True)
 
 
@@ -236,6 +271,36 @@ def _summary(
         covariate = items.set_index(ITEM)[analysis.covariate]
         out["covariate_kept"] = float(covariate.reindex(totals.index).mean())
         out["covariate_dropped"] = float(covariate.reindex(sorted(dropped)).mean())
+    return out
+
+
+def _gradients(x, totals, design, cells, w, te_cells, gradient) -> dict:
+    """The stereotype in the causal tables: how the total effect changes per 10 units of the
+    covariate (e.g. how much more replacing the occupation by "woman" raises log p(she) - log p(he)
+    for an occupation with 10 points more women), and the share of that gradient each joint patch
+    carries (all heads, all heads' patterns, the cross-fitted sets), with two-way CIs; and per
+    template, the spread of the cross-fitted set's share of TE."""
+    if x is None:
+        return {}
+    te = cluster_slope_test(x, te_cells, w, design.clusters)
+    out = {
+        "te_gradient_per10": PER * float(te["slope"][0]),
+        "te_gradient_ci_low": PER * float(te["ci_low"][0]),
+        "te_gradient_ci_high": PER * float(te["ci_high"][0]),
+        "te_gradient_p": float(te["p"][0]),
+    }
+    for column in SHARES:
+        values = totals[column] if column in totals else pd.Series(np.nan, index=totals.index)
+        share = gradient(cells(values))
+        out[f"gradient_share_{column}"] = float(share["ratio"][0])
+        out[f"gradient_share_{column}_ci_low"] = float(share["ci_low"][0])
+        out[f"gradient_share_{column}_ci_high"] = float(share["ci_high"][0])
+        if column.startswith("crossfit"):  # per template: does one template carry the set's share?
+            by_template = pd.DataFrame({"num": cells(values)[:, 0], "te": te_cells})
+            sums = by_template.groupby(design.cells[TEMPLATE].to_numpy()).sum(min_count=1)
+            shares = (sums["num"] / sums["te"]).dropna()
+            out[f"share_{column}_template_min"] = float(shares.min()) if len(shares) else np.nan
+            out[f"share_{column}_template_max"] = float(shares.max()) if len(shares) else np.nan
     return out
 
 

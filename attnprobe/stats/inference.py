@@ -243,6 +243,27 @@ def ratio_test(
     }
 
 
+def slope_ratio_test(
+    x: np.ndarray, num: np.ndarray, den: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], level=0.95
+) -> dict:
+    """Ratio of slopes on x, slope(num) / slope(den), per column of num (n, k) against den (n,): the
+    share of a covariate gradient (how the total effect changes with the covariate) that a patch
+    carries. Over the rows where both are finite. CI by linearisation, as ratio_test: the ratio's
+    error is the slope of u = num - ratio den (whose slope is 0 at the estimate), divided by |slope
+    of den|, with cluster_slope_test's variance and df."""
+    num = np.atleast_2d(np.asarray(num, dtype=float).T).T
+    den = np.where(np.isfinite(num), np.asarray(den, dtype=float)[:, None], np.nan)
+    num = np.where(np.isfinite(den), num, np.nan)
+    slope_den = cluster_slope_test(x, den, w, clusters, level)["slope"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = cluster_slope_test(x, num, w, clusters, level)["slope"] / slope_den
+    u = cluster_slope_test(x, num - ratio * den, w, clusters, level)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        se = u["se"] / np.abs(slope_den)
+    half = _t_test(ratio, se, u["df"], np.isfinite(ratio), level)[2]
+    return {"ratio": ratio, "se": se, "ci_low": ratio - half, "ci_high": ratio + half, "df": u["df"]}
+
+
 def _rowwise_r(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a = a - a.mean(-1, keepdims=True)
     b = b - b.mean(-1, keepdims=True)
