@@ -217,7 +217,8 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
         name: effects
         contrast: pronoun
         slots:
-          occupation: {values: [{value: nurse, bls: 90}, {value: engineer, bls: 15}, {value: electrician, bls: 2}]}
+          occupation:
+            values: [{value: nurse, bls: 90}, {value: engineer, bls: 15}, {value: electrician, bls: 2}]
           pronoun:
             forms: [nom]
             values: [{label: female, nom: she}, {label: male, nom: he}]
