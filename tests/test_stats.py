@@ -405,7 +405,7 @@ def test_planted_interaction_in_a_run_directory(tmp_path):
     # the null: random heads of the same layers (27 of 30 have no interaction) do far worse
     assert held["mean_held_out_r_null"] < 0.3 and held["held_out_p"] < 0.01
     assert list(stats.split_halves(np.array([5.0, 1, 3, 2]))) == [False, True, True, False]
-    assert set(heads.interaction_test) == {"cluster-robust slope, CR1 by occupation x template"}
+    assert set(heads.interaction_test) == {"cluster-robust slope, CR2 by occupation x template"}
 
 
 def test_template_heterogeneity_by_hand():

@@ -1,7 +1,9 @@
 """The attention measure: how much the tokens of a source span attend to each target span.
 
 Per prompt, layer and head: `source_agg` over the source span's tokens (as query rows) of
-`target_agg` over the target span's tokens (as keys) of the attention weights. One forward
+`target_agg` over the target span's tokens (as keys) of the attention weights. With `at: before`
+the query row is the token just before the source span instead (source label `before_<span>`):
+the position a next-token prediction of that span is made from, where the causal metric reads. One forward
 captures only the source rows (see capture.py); the values land in the long table
 (prompt_id, layer, head, source, target, weight) of ATTENTION_SCHEMA.
 """
@@ -36,12 +38,27 @@ class AttentionMeasure:
     targets: tuple[str, ...]
     source_agg: str = "mean"
     target_agg: str = "sum"
+    at: str = "span"  # or "before": the token before the source span
 
     KEY = "attention"
 
     @property
     def spans(self) -> tuple[str, ...]:
         return (self.source, *self.targets)
+
+    @property
+    def label(self) -> str:
+        """The source as the tables name it."""
+        return self.source if self.at == "span" else f"before_{self.source}"
+
+    def source_range(self, spans: dict[str, tuple[int, int]]) -> tuple[int, int] | None:
+        """The query rows (start, end) this measure reads in one prompt; None where it has none."""
+        if self.source not in spans:
+            return None
+        start, end = spans[self.source]
+        if self.at == "before":
+            return (start - 1, start) if start > 0 else None
+        return start, end
 
     def missing(self, span: str) -> str:
         what = (
@@ -57,13 +74,17 @@ class AttentionMeasure:
         for i, item in enumerate(node):
             if not isinstance(item, dict):
                 ctx.fail(node, i, "each attention measure is a mapping with `source:` and `targets:`")
-            unknown = set(item) - {"source", "targets", "source_agg", "target_agg"}
+            unknown = set(item) - {"source", "targets", "source_agg", "target_agg", "at"}
             if unknown:
                 ctx.fail(
                     item,
                     sorted(unknown)[0],
-                    f"unknown key '{sorted(unknown)[0]}'; allowed: source, targets, source_agg, target_agg",
+                    f"unknown key '{sorted(unknown)[0]}'; allowed: source, targets, source_agg, "
+                    "target_agg, at",
                 )
+            at = item.get("at", "span")
+            if at not in ("span", "before"):
+                ctx.fail(item, "at", "`at` is span (the source's own tokens) or before (the token before it)")
             source = required_str(ctx, item, "source")
             targets = item.get("targets")
             if isinstance(targets, str):
@@ -76,7 +97,9 @@ class AttentionMeasure:
                 ctx.fail(item, "source_agg", f"source_agg must be one of {', '.join(SOURCE_AGGREGATIONS)}")
             if target_agg not in TARGET_AGGREGATIONS:
                 ctx.fail(item, "target_agg", f"target_agg must be one of {', '.join(TARGET_AGGREGATIONS)}")
-            measures.append(AttentionMeasure(source, tuple(str(t) for t in targets), source_agg, target_agg))
+            measures.append(
+                AttentionMeasure(source, tuple(str(t) for t in targets), source_agg, target_agg, at)
+            )
         return tuple(measures)
 
 
@@ -105,8 +128,8 @@ def chunk_table(parts: list[list], pm) -> pa.Table:
 
 
 def source_rows(measures, spans: dict[str, tuple[int, int]]) -> list[int]:
-    """The query rows one prompt needs: every token of every source span it has."""
-    return sorted({t for m in measures if m.source in spans for t in range(*spans[m.source])})
+    """The query rows one prompt needs: every row every measure reads in it."""
+    return sorted({t for m in measures if (r := m.source_range(spans)) for t in range(*r)})
 
 
 def _aggregate(w: torch.Tensor, how: str, dim: int) -> torch.Tensor:
@@ -125,9 +148,9 @@ def blocks(measures, batch, rows_per_prompt: list[list[int]], W: torch.Tensor) -
     out = []
     for b, e in enumerate(batch):
         for m in measures:
-            if m.source not in e.spans:
+            if (read := m.source_range(e.spans)) is None:
                 continue
-            src = [rows_per_prompt[b].index(t) for t in range(*e.spans[m.source])]
+            src = [rows_per_prompt[b].index(t) for t in range(*read)]
             for target in m.targets:
                 if target not in e.spans:
                     continue
@@ -135,7 +158,7 @@ def blocks(measures, batch, rows_per_prompt: list[list[int]], W: torch.Tensor) -
                 w = W[:, b, :, src, t0:t1]  # (L, H, source tokens, target tokens)
                 value = _aggregate(_aggregate(w, m.target_agg, -1), m.source_agg, -1)  # (L, H)
                 out.append(
-                    (e.prompt.prompt_id, m.source, target, value.reshape(-1).numpy().astype(np.float32))
+                    (e.prompt.prompt_id, m.label, target, value.reshape(-1).numpy().astype(np.float32))
                 )
     return out
 

@@ -36,6 +36,16 @@ def _fmt(value, digits=2) -> str:
     )
 
 
+def split_levels(head_stats: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(paired rows, level rows) of the pooled scope: level rows are measures read before the
+    contrast (no paired difference; stats.heads._level)."""
+    heads = head_stats[head_stats["scope"] == "all"] if len(head_stats) else head_stats
+    if "level" not in heads:
+        return heads, heads.iloc[0:0]
+    level = heads["level"].notna()
+    return heads[~level], heads[level]
+
+
 def headline(run: RunFiles, tables: dict) -> str:
     """One sentence with the run's main numbers: behaviour, interaction heads, then the lexical difference."""
     analysis = run_analysis(run)
@@ -62,10 +72,9 @@ def headline(run: RunFiles, tables: dict) -> str:
             f"{model}'s mean log p({pos}) - log p({neg}) at '{b['cut']}' is {_fmt(b['mean_log_ratio'], 3)} "
             f"(95% CI [{_fmt(b['mean_ci_low'], 3)}, {_fmt(b['mean_ci_high'], 3)}], clusters: {b['clusters']})"
         )
-    levels = {c: run.prompts[c].nunique() for c in analysis.clusters if c in run.prompts}
-    parts += [f"note: {note}" for note in few_levels_notes(analysis, levels)]
-    heads = tables["head_stats"]
-    heads = heads[heads["scope"] == "all"] if len(heads) else heads
+    counts = {c: run.prompts[c].nunique() for c in analysis.clusters if c in run.prompts}
+    parts += [f"note: {note}" for note in few_levels_notes(analysis, counts)]
+    heads, levels = split_levels(tables["head_stats"])
     for target, group in heads.groupby("target", sort=False):
         if analysis.covariate:
             hits = group[group["interaction_q"] < ALPHA]
@@ -100,6 +109,24 @@ def headline(run: RunFiles, tables: dict) -> str:
             f"{lexical} of {len(group)} heads attend to the {target} differently from {pos} and {neg} "
             f"prompts ({kind})"
         )
+    for (source, target), group in levels.groupby(["source", "target"], sort=False):
+        if "level_q" not in group:
+            continue
+        hits = group[group["level_q"] < ALPHA]
+        where = source.removeprefix("before_")
+        text = f"at the token before the {where}, " if where != source else ""
+        if len(hits):
+            top = hits.loc[hits["level_per10"].abs().idxmax()]
+            parts.append(
+                f"{text}the attention to the {target} changes with {analysis.name(analysis.covariate)} in "
+                f"{len(hits)} of {len(group)} heads (q < {ALPHA}), most strongly L{int(top['layer'])}H"
+                f"{int(top['head'])} ({_fmt(top['level_per10'], 4)} per 10 points)"
+            )
+        else:
+            parts.append(
+                f"{text}no head's attention to the {target} changes with "
+                f"{analysis.name(analysis.covariate)} at q < {ALPHA}"
+            )
     if not parts:
         return (
             f"Nothing here compares {pos} with {neg}: no attention measure has paired prompts and no "
@@ -115,8 +142,7 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
     limits = limits or {}
     manifest = run.manifest
     analysis = run_analysis(run)
-    all_heads = tables["head_stats"]
-    heads = all_heads[all_heads["scope"] == "all"] if len(all_heads) else all_heads
+    heads, levels = split_levels(tables["head_stats"])
     figures_dir = run.directory / "figures"
     pos, neg = analysis.positive, analysis.negative
     heatmaps = []
@@ -157,6 +183,24 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
                 f"layer x head d_z of the {pos} - {neg} difference, source -> {target}",
             )
         )
+    for (source, target), group in levels.groupby(["source", "target"], sort=False):
+        if "level_per10" in group and group["level_per10"].notna().any():
+            heatmaps.append(
+                figure(
+                    plots.head_heatmap(
+                        group,
+                        target,
+                        "level_per10",
+                        "level_q",
+                        title=f"{source} -> {target}: attention change\nper 10 points of "
+                        f"{analysis.name(analysis.covariate)}",
+                        label="attention per 10 points",
+                    ),
+                    figures_dir,
+                    f"level_{source}_{target}",
+                    f"layer x head slope of the attention {source} -> {target} on the covariate",
+                )
+            )
     if len(tables["layer_stats"]):
         columns = {"n_interaction_q05": "interaction", "n_difference_q05": "difference"}
         heatmaps.append(
@@ -287,14 +331,14 @@ def difference_context(contexts: list[dict], tables: list[dict], figures_dir) ->
             "by different statistics.",
         }
     statistic = "interaction_r" if contexts[0]["covariate"] else "d_z"
-    base = tables[0]["head_stats"]
+    base = split_levels(tables[0]["head_stats"])[0]  # the paired rows of the pooled scope
     figures = []
     for context, table in zip(contexts[1:], tables[1:]):
-        other = table["head_stats"]
+        other = split_levels(table["head_stats"])[0]
         for target in [t for t in dict.fromkeys(base.get("target", [])) if t in set(other.get("target", []))]:
             keys = ["layer", "head"]
-            a = base[(base["scope"] == "all") & (base["target"] == target)].set_index(keys)[statistic]
-            b = other[(other["scope"] == "all") & (other["target"] == target)].set_index(keys)[statistic]
+            a = base[base["target"] == target].set_index(keys)[statistic]
+            b = other[other["target"] == target].set_index(keys)[statistic]
             diff = (b - a).rename(statistic).reset_index().assign(target=target)
             name = "".join(ch if ch.isalnum() else "_" for ch in f"{context['label']}_{target}")
             figures.append(

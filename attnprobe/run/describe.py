@@ -31,7 +31,7 @@ def describe(plan: RunPlan) -> list[str]:
     for m in plan.suite.attention:
         targets = ", ".join(m.targets)
         lines.append(
-            f"attention: {m.source} -> {targets} ({m.source_agg} over source, {m.target_agg} over target)"
+            f"attention: {m.label} -> {targets} ({m.source_agg} over source, {m.target_agg} over target)"
         )
     for m in plan.suite.next_token:
         candidates = m.candidates if isinstance(m.candidates, str) else list(m.candidates)

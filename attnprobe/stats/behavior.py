@@ -97,7 +97,7 @@ def behavior(run, n_boot: int = N_BOOT, seed: int = 0) -> tuple[pd.DataFrame, pd
                     slope_per10_ci_high=PER * slope["ci_high"][0],
                     slope_p=slope["p"][0],
                     slope_df=float(slope["df"][0]),
-                    slope_test=f"cluster-robust slope, CR1 by {design.cluster_text}",
+                    slope_test=f"cluster-robust slope, CR2 by {design.cluster_text}",
                 )
                 counts = pd.Series(design.cell_of_item).map(design.cells[analysis.unit]).value_counts()
                 per_unit.append(

@@ -147,6 +147,8 @@ def _heads(long, word, totals, design, cells, w, te_cells, held, gradient) -> pd
                 out["choosing_attribution_output"] = on(~held)
         if column.startswith("attribution"):
             out[f"mean_attribution_{name}"] = test["mean"]
+            if column == "attribution_output" and (share := gradient(cells(values))) is not None:
+                out["gradient_share_attribution_output"] = share["ratio"]  # every head: for the agreement
             continue
         out[f"mean_{column}"] = np.where(complete, test["mean"], np.nan)
         out[f"{column}_ci_low"] = np.where(complete, test["ci_low"], np.nan)
@@ -261,6 +263,7 @@ def _summary(
         out["spearman_effect_attention_difference"] = _spearman(
             np.abs(head_table["mean_output_in"]), np.abs(aligned)
         )
+        out.update(_attention_agreement(rows, head_table))
     dropped = {
         d["item_id"]
         for d in info.get("dropped", [])
@@ -301,6 +304,26 @@ def _gradients(x, totals, design, cells, w, te_cells, gradient) -> dict:
             shares = (sums["num"] / sums["te"]).dropna()
             out[f"share_{column}_template_min"] = float(shares.min()) if len(shares) else np.nan
             out[f"share_{column}_template_max"] = float(shares.max()) if len(shares) else np.nan
+    return out
+
+
+def _attention_agreement(rows: pd.DataFrame, head_table: pd.DataFrame) -> dict:
+    """Across every head: Spearman of |attention's covariate effect| (the interaction where the
+    attention is read at the contrast, e.g. the pronoun; the level's slope where it is read before it,
+    e.g. at the token the prediction is made from) with |the head's share of TE's gradient| (by
+    attribution, known for every head). Does where heads look track what carries the stereotype?"""
+    if "gradient_share_attribution_output" not in head_table:
+        return {}
+    index = pd.MultiIndex.from_frame(head_table[["layer", "head"]])
+    causal = np.abs(head_table["gradient_share_attribution_output"].to_numpy())
+    out = {}
+    for source, group in rows.groupby("source", sort=False):
+        column = next(
+            (c for c in ("interaction_per10", "level_per10") if c in group and group[c].notna().any()), None
+        )
+        if column:
+            effect = group.set_index(["layer", "head"])[column].reindex(index).to_numpy()
+            out[f"spearman_gradient_attention_{source}"] = _spearman(causal, np.abs(effect))
     return out
 
 

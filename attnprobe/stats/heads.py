@@ -33,6 +33,7 @@ from .inference import (
 )
 
 KEYS = ["source", "target", "layer", "head"]
+SAME = 1e-5  # paired values closer than this everywhere are one value read twice (float32 weights)
 PER = 10  # effects are stated per 10 units of the covariate (10 points of a percentage)
 
 
@@ -68,6 +69,12 @@ def head_stats(run) -> pd.DataFrame:
                     "head": heads.get_level_values(1),
                 }
             )
+            if np.nanmax(np.abs(wide["d"].to_numpy()), initial=0.0) <= SAME:
+                # read before the contrast (e.g. at the token before the pronoun): both prompts of an
+                # item see the same prefix, so there is no paired difference, only a level
+                table = table.assign(**_level(design, wide["positive"].to_numpy()[keep], analysis))
+                tables.append(table)
+                continue
             table = table.assign(
                 **_difference(design, {v: m.to_numpy()[keep] for v, m in wide.items()}, analysis)
             )
@@ -76,6 +83,37 @@ def head_stats(run) -> pd.DataFrame:
                 table = table.assign(**_interaction(design, cells, analysis))
             tables.append(table)
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["scope", *KEYS])
+
+
+def _level(design: Design, values: np.ndarray, analysis: Analysis) -> dict:
+    """Statistics of a measure the contrast cannot reach (read before it): the mean attention
+    weight with its cluster-robust CI and, with a covariate, its slope per 10 units of the covariate
+    (does the prediction position look more at the occupation when the occupation has more women?),
+    two-way cluster-robust, BH over the heads."""
+    cells = design.cell_means(values)
+    w = design.cells["weight"].to_numpy()
+    mean = cluster_mean_test(cells, w, design.clusters)
+    out = {
+        "n_items": design.n_items,
+        "n_cells": len(design.cells),
+        "clusters": design.cluster_text,
+        "n_clusters": " x ".join(map(str, mean["n_clusters"])),
+        "level": mean["mean"],
+        "level_ci_low": mean["ci_low"],
+        "level_ci_high": mean["ci_high"],
+    }
+    if analysis.covariate:
+        x = design.cells[analysis.covariate].to_numpy(dtype=float)
+        slope = cluster_slope_test(x, cells, w, design.clusters)
+        out.update(
+            level_per10=PER * slope["slope"],
+            level_per10_ci_low=PER * slope["ci_low"],
+            level_per10_ci_high=PER * slope["ci_high"],
+            level_p=slope["p"],
+            level_q=bh_qvalues(slope["p"]),
+            level_test=f"cluster-robust slope, CR2 by {design.cluster_text}",
+        )
+    return out
 
 
 def _difference(design: Design, values: dict, analysis: Analysis) -> dict:
@@ -126,7 +164,7 @@ def _interaction(design: Design, cells: np.ndarray, analysis: Analysis) -> dict:
         "interaction_i2_templates": i2,
         "interaction_templates_same_sign": same_sign,
         **halves,
-        "interaction_test": f"cluster-robust slope, CR1 by {design.cluster_text}",
+        "interaction_test": f"cluster-robust slope, CR2 by {design.cluster_text}",
         "interaction_power_note": power_note(test["n_clusters"], design.cluster_text),
     }
 

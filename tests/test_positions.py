@@ -1,0 +1,71 @@
+"""Attention read where the prediction is made: `at: before` reads the query row of the token just
+before a span (the position a next-token prediction of it comes from), checked against plain
+transformers eager attention, and analysed as a level (both prompts of an item share that prefix)."""
+
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import attnprobe
+from attnprobe.report import write_report
+
+SUITE = """\
+name: positions
+contrast: pronoun
+slots:
+  occupation:
+    values: [{value: nurse, bls: 88}, {value: engineer, bls: 16}, {value: teacher, bls: 73},
+             {value: mechanic, bls: 2}, {value: baker, bls: 60}, {value: lawyer, bls: 40}]
+  pronoun:
+    forms: [nom]
+    values: [{label: female, nom: she}, {label: male, nom: he}]
+templates:
+  - {id: said, text: "The {occupation} said that {pronoun.nom} left."}
+  - {id: stayed, text: "The {occupation} stayed late because {pronoun.nom} was busy."}
+attention:
+  - {source: pronoun, at: before, targets: [occupation]}
+  - {source: pronoun, targets: [occupation]}
+next_token:
+  - {cut: pronoun, candidates: pronoun}
+analysis: {contrast: pronoun, positive: female, negative: male, covariate: occupation.bls}
+"""
+
+
+@pytest.fixture(scope="module")
+def run(tiny_llama_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("positions")
+    (folder / "s.yaml").write_text(SUITE)
+    return attnprobe.run_suite(
+        folder / "s.yaml", model=str(tiny_llama_dir), out=folder / "out", progress=False
+    )
+
+
+def test_before_reads_the_row_of_the_token_before_the_span(run, tiny_llama_dir):
+    prompts, attention = run.prompts, run.attention
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, attn_implementation="eager")
+    tokenizer = attnprobe.models.load_tokenizer(str(tiny_llama_dir))[0]
+    before = attention[attention["source"] == "before_pronoun"]
+    for row in prompts.head(4).itertuples():
+        ids = tokenizer(row.text, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            weights = model(input_ids=ids, output_attentions=True).attentions
+        query = int(row.pronoun_tok_start) - 1
+        keys = slice(int(row.occupation_tok_start), int(row.occupation_tok_end))
+        for layer in range(2):
+            for head in range(2):
+                expected = weights[layer][0, head, query, keys].sum().item()
+                got = before[
+                    (before.prompt_id == row.prompt_id) & (before.layer == layer) & (before["head"] == head)
+                ]["weight"]
+                assert got.item() == pytest.approx(expected, abs=1e-5)
+
+
+def test_before_is_a_level_beside_the_pronoun_difference(run):
+    html = write_report(run.directory).read_text()
+    heads = pd.read_csv(run.directory / "head_stats.csv")
+    before, at = heads[heads.source == "before_pronoun"], heads[heads.source == "pronoun"]
+    assert before["level"].notna().all() and before["difference"].isna().all()
+    assert before["level_per10"].notna().all() and before["level_test"].str.contains("occupation").all()
+    assert at["difference"].notna().all() and at["level"].isna().all()
+    assert "at the token before the pronoun" in html and 'alt="layer x head slope of the attention' in html
