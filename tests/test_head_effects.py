@@ -201,3 +201,41 @@ def test_limit_scales_the_head_effects_items_and_the_run_says_how_many(tiny_llam
         and "for the other 4 items" in line
         for line in lines
     )
+
+
+def test_cross_fitting_chooses_each_quarter_its_heads_on_the_other_units_and_templates():
+    """4 occupations x 2 templates: items fall into quarters (unit half x template half); in quarter q
+    head q has the largest attribution, so the set each quarter is tested with is the opposite
+    quarter's head, never its own (round 2 split occupations only, so a template's own heads were
+    tested on it)."""
+    import torch
+
+    from attnprobe.patching.designs import SlotSwap
+    from attnprobe.patching.items import PatchItem
+    from attnprobe.patching.selection import folds, opposite, select
+
+    bls = {"a": 10.0, "b": 40.0, "c": 60.0, "d": 90.0}
+    items = [
+        PatchItem(f"{t}|{u}", t, u, u, bls[u], torch.tensor([1, 2]), (), (3,), (4,))
+        for t in ("t1", "t2")
+        for u in bls
+    ]
+    fold = folds(items)
+    assert sorted(set(fold.values())) == [0, 1, 2, 3] and {opposite(f, 2) for f in range(4)} == {0, 1, 2, 3}
+    assert all(opposite(f, 2) // 2 != f // 2 and opposite(f, 2) % 2 != f % 2 for f in range(4))
+    rows = [
+        {
+            "item_id": i.item_id,
+            "counterfactual": "woman",
+            "layer": 0,
+            "head": h,
+            "attribution_output": 1.0 if h == fold[i.item_id] else 0.0,
+        }
+        for i in items
+        for h in range(4)
+    ]
+    totals = pd.DataFrame({"item_id": [i.item_id for i in items], "counterfactual": "woman", "te": 1.0})
+    measure = SlotSwap("occupation", ("woman",), "female", "male", select=1, exact=2, cut="pronoun")
+    selection = select(measure, items, totals, pd.DataFrame(rows), 1, 4)
+    for i in items:
+        assert selection.crossfit_for(i, "woman") == (opposite(fold[i.item_id], 2),)

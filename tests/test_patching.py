@@ -48,7 +48,7 @@ def _compare(pm, items, singles, tolerance, every_head=True):
     flat = tuple(singles.flatten().nonzero()[:, 0].tolist())
     crossfit = flat[:2]
     words = {cf.word for i in items for cf in i.counterfactuals}
-    selection = Selection({i.item_id: 0 for i in items}, {w: (crossfit, crossfit) for w in words}, flat)
+    selection = Selection({i.item_id: 0 for i in items}, {w: (crossfit,) * 4 for w in words}, flat)
     chosen = phases.selected(pm, items, selection)
     worst = 0.0
     for item in items:

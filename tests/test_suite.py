@@ -227,13 +227,14 @@ def test_ambiguous_forms_are_summed_or_excluded(tmp_path):
     assert by_template["nom"] == ((" she", "female"), (" he", "male"))
     assert by_template["acc"] == ((" her", "female"), (" him", "male"), (" his", "male"))
     assert (
-        summed.notes
+        summed.notes[0]
         == (
             "next_token at 'pronoun': a form is both acc and poss; scored against the sum of each "
-            "label's words (1 template(s): acc)",
+            "label's words (1 template(s): acc)"
         )
         and not summed.skipped
     )
+    assert summed.notes[1].startswith("cluster dimension occupation has 2 levels")  # 2 occupations
     (tmp_path / "exclude.yaml").write_text(text % ", ambiguous: exclude")
     excluded = load_suite(tmp_path / "exclude.yaml")
     assert all("pronoun" not in p.candidates for p in excluded.prompts if p.template_id == "acc")

@@ -54,14 +54,15 @@ class Dropped:
 
 @dataclass(frozen=True)
 class Selection:
-    """The heads the second phase patches: per item its half; per counterfactual word the two
-    cross-fitted sets (chosen on half 0 and on half 1); the suite's k heads (None with exact: all).
-    Heads are flat indices l H + h."""
+    """The heads the second phase patches: per item its fold (unit half x template half, see
+    selection.folds); per counterfactual word one cross-fitted set per fold, chosen on the opposite
+    fold (the other units and the other templates), so no item tests heads chosen on its own unit
+    or its own template; the suite's k heads (None with exact: all). Heads are flat indices l H + h."""
 
-    halves: dict[str, int]
-    crossfit: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
+    folds: dict[str, int]
+    crossfit: dict[str, tuple[tuple[int, ...], ...]]  # word -> the set each fold is tested with
     suite: tuple[int, ...] | None
 
     def crossfit_for(self, item: PatchItem, word: str) -> tuple[int, ...]:
-        """The set chosen on the other half than the item's."""
-        return self.crossfit[word][1 - self.halves[item.item_id]]
+        """The set chosen on the fold opposite the item's."""
+        return self.crossfit[word][self.folds[item.item_id]]

@@ -1,5 +1,5 @@
-"""Choosing heads from the screen's tables: the halves of the units, the cross-fitted sets and the
-suite's k heads (flat indices l H + h), as a typed `Selection`."""
+"""Choosing heads from the screen's tables: the folds (unit half x template half), the cross-fitted
+sets and the suite's k heads (flat indices l H + h), as a typed `Selection`."""
 
 from __future__ import annotations
 
@@ -10,15 +10,24 @@ import torch
 from .items import PatchItem, Selection
 
 
-def halves(items: list[PatchItem]) -> dict[str, int]:
-    """Item id -> half (0 or 1): units (e.g. occupations) sorted by the covariate, or by name,
-    alternately assigned, so both halves span it; every item of a unit lies in one half."""
+def folds(items: list[PatchItem]) -> dict[str, int]:
+    """Item id -> fold 2 u + t: u the unit's half (units, e.g. occupations, sorted by the covariate or
+    by name and alternately assigned, so both halves span it), t the template's half (template ids
+    sorted and alternately assigned). Every item of a unit shares u, every item of a template t."""
     units = pd.DataFrame(
         {"unit": [i.unit for i in items], "x": [i.covariate for i in items]}
     ).drop_duplicates("unit")
     units = units.sort_values(["x", "unit"], na_position="last", kind="stable").reset_index(drop=True)
-    half = dict(zip(units["unit"], units.index % 2))
-    return {i.item_id: int(half[i.unit]) for i in items}
+    unit_half = dict(zip(units["unit"], units.index % 2))
+    template_half = {t: k % 2 for k, t in enumerate(sorted({i.template_id for i in items}))}
+    return {i.item_id: 2 * int(unit_half[i.unit]) + template_half[i.template_id] for i in items}
+
+
+def opposite(fold: int, n_templates: int) -> int:
+    """The fold a fold's heads are chosen on: the other units and (with two or more templates) the
+    other templates."""
+    unit, template = divmod(fold, 2)
+    return 2 * (1 - unit) + (1 - template if n_templates > 1 else template)
 
 
 def select(
@@ -29,24 +38,28 @@ def select(
     n_layers: int,
     n_heads: int,
 ) -> Selection:
-    """The head sets of the second phase, from the screen's tables: per counterfactual word and
-    half, the `select` heads with the largest mean effect in the direction of the total effect on
-    that half (exact patch-in effect with exact: all, else attribution); and with exact: k the
-    suite's k heads (mean over words of the attribution in the direction of each word's effect),
-    chosen on the items that are not held out."""
-    half = halves(items)
+    """The head sets of the second phase, from the screen's tables: per counterfactual word and fold,
+    the `select` heads with the largest mean effect in the direction of the total effect on the
+    opposite fold (exact patch-in effect with exact: all, else attribution; a fold without items
+    borrows the other unit half); and with exact: k the suite's k heads (mean over words of the
+    attribution in the direction of each word's effect), chosen on the items that are not held out."""
+    fold = folds(items)
+    n_templates = len({i.template_id for i in items})
     held_out = set(totals.loc[totals["held_out"], "item_id"]) if "held_out" in totals else set()
     score_column = "output_in" if measure.exact == "all" else "attribution_output"
-    frame = head_items.assign(half=head_items["item_id"].map(half))
-    te = totals.assign(half=totals["item_id"].map(half))
+    frame = head_items.assign(fold=head_items["item_id"].map(fold))
+    te = totals.assign(fold=totals["item_id"].map(fold))
     grid = pd.MultiIndex.from_product([range(n_layers), range(n_heads)])
     chosen: dict[str, list[tuple[int, ...]]] = {}
     suite_score = np.zeros(n_layers * n_heads)
     for word, rows in frame.groupby("counterfactual", sort=False):
         chosen[word] = []
-        for h in (0, 1):
-            part = rows[rows["half"] == h]
-            sign = np.sign(te.loc[(te["counterfactual"] == word) & (te["half"] == h), "te"].mean()) or 1.0
+        for tested in range(4):
+            on = [opposite(tested, n_templates)]
+            if not (rows["fold"] == on[0]).any():  # e.g. one unit half has no item of a template half
+                on = [f for f in range(4) if f // 2 != tested // 2]
+            part = rows[rows["fold"].isin(on)]
+            sign = np.sign(te.loc[(te["counterfactual"] == word) & te["fold"].isin(on), "te"].mean()) or 1.0
             means = part.groupby(["layer", "head"])[score_column].mean().reindex(grid).to_numpy()
             chosen[word].append(tuple(_top(sign * means, measure.select, n_layers, n_heads)))
         choosing = rows[~rows["item_id"].isin(held_out)]
@@ -58,7 +71,7 @@ def select(
             sign * choosing.groupby(["layer", "head"])["attribution_output"].mean().reindex(grid).to_numpy()
         )
     suite = tuple(_top(suite_score, measure.exact, n_layers, n_heads)) if measure.exact != "all" else None
-    return Selection(half, {word: tuple(sets) for word, sets in chosen.items()}, suite)
+    return Selection(fold, {word: tuple(sets) for word, sets in chosen.items()}, suite)
 
 
 def _top(score: np.ndarray, k: int, n_layers: int, n_heads: int) -> list[int]:

@@ -164,7 +164,11 @@ def _heads(long, word, totals, design, cells, w, te_cells, held, gradient) -> pd
             out["direct_ci_high"] = np.where(complete, direct["ci_high"], np.nan)
         if column == "output_in":
             out["p"] = np.where(complete, test["p"], np.nan)
-            out["q"] = bh_qvalues(out["p"].to_numpy())
+            # with exact: k the k heads were chosen from every head: BH counts the whole search
+            # (an untested head enters as p = 1), not the k alone
+            p = out["p"].to_numpy()
+            searched = np.where(np.isfinite(p), p, 1.0) if not complete.all() else p
+            out["q"] = np.where(complete, bh_qvalues(searched), np.nan)
             # Vig et al. 2020's relative indirect effect, exp(IE) - 1 averaged (items, then cells)
             out["mean_relative_in"] = np.where(
                 complete, cluster_mean_test(cells(np.expm1(values)), w, design.clusters)["mean"], np.nan
