@@ -256,3 +256,91 @@ def test_a_template_repeating_one_slot_expands_in_linear_time(tmp_path):
         and prompt.spans["x_2"] == (2, 3)
         and prompt.spans["x_20000"] == (39998, 39999)
     )
+
+
+PAIRED = """\
+name: paired
+sentences:
+  - {{id: t1, files: {{pro: pro.txt, anti: anti.txt}}, spans: [referent, pronoun]{numbered}}}
+analysis: {{contrast: version, positive: pro, negative: anti}}
+attention: [{{source: pronoun, targets: [referent]}}]
+"""
+LINES = [
+    "[The developer] argued with the designer because [he] did not like the design.",
+    "The nurse thanked [the mechanic] because [he] came quickly.",
+    "[The hairdresser] called the carpenter because [she] needed a shelf.",
+    "[The driver] waved at the clerk because [he] was leaving.",
+]
+
+
+def _paired(tmp_path, pro, anti, numbered=""):
+    (tmp_path / "pro.txt").write_text(pro)
+    (tmp_path / "anti.txt").write_text(anti)
+    (tmp_path / "s.yaml").write_text(PAIRED.format(numbered=numbered))
+    return tmp_path / "s.yaml"
+
+
+def _swap(line):
+    return line.replace("[he]", "[x]").replace("[she]", "[he]").replace("[x]", "[she]")
+
+
+def test_paired_files_of_different_lengths_are_refused_naming_both(tmp_path):
+    pro = "\n".join(LINES) + "\n"
+    anti = "\n".join(_swap(x) for x in LINES[:3]) + "\n"
+    with pytest.raises(
+        SuiteError, match=r"pro\.txt:4: sentence 4 has no counterpart in anti\.txt \(4 pro and 3 anti"
+    ):
+        load_suite(_paired(tmp_path, pro, anti))
+
+
+def test_numbered_files_offset_by_one_are_refused(tmp_path):
+    pro = "".join(f"{n} {x}\n" for n, x in enumerate(LINES, start=1))
+    anti = "".join(f"{n} {_swap(x)}\n" for n, x in enumerate(LINES, start=2))
+    with pytest.raises(SuiteError, match=r"pro\.txt:1: sentence 1 has no counterpart in anti\.txt"):
+        load_suite(_paired(tmp_path, pro, anti, ", numbered: true"))
+    twice = "".join(f"{min(n, 3)} {_swap(x)}\n" for n, x in enumerate(LINES, start=1))
+    with pytest.raises(SuiteError, match=r"anti\.txt:4: sentence number 3 appears twice"):
+        load_suite(_paired(tmp_path, pro, twice, ", numbered: true"))
+
+
+def test_a_blank_first_line_does_not_shift_the_pairs(tmp_path):
+    """Unnumbered files pair the n-th sentences: a blank line used to shift every pair after it."""
+    pro = "\n".join(LINES) + "\n"
+    anti = "\n# a comment\n" + "\n".join(_swap(x) for x in LINES) + "\n"
+    suite = load_suite(_paired(tmp_path, pro, anti))
+    by_item = {}
+    for p in suite.prompts:
+        by_item.setdefault(p.item_id, {})[p.meta["version"]] = p.text
+    assert len(by_item) == 4
+    for versions in by_item.values():  # the two versions of an item are the same sentence
+        assert versions["pro"].replace(" she ", " he ") == versions["anti"].replace(" she ", " he ")
+
+
+@pytest.mark.parametrize("name", ["text", "template_id", "item_id", "n_tokens", "prompt_id", "who_tok_end"])
+def test_span_names_that_are_run_columns_are_refused(tmp_path, name):
+    """A span named `text` overwrote the prompt's text column with the span's words, silently."""
+    (tmp_path / "s.txt").write_text(f"[The nurse] said that [{name}: she] left.\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nsentences:\n  - {id: b, file: s.txt, spans: [occupation]}\n"
+        "attention:\n  - {source: occupation, targets: occupation}\n"
+    )
+    with pytest.raises(SuiteError, match=rf"s\.txt:1: span name '{name}' is reserved"):
+        load_suite(tmp_path / "s.yaml")
+
+
+def test_metadata_named_like_a_span_column_is_refused(tmp_path):
+    """Slot metadata `x_char_start` becomes column pronoun_x_char_start: a span's own column name."""
+    (tmp_path / "s.yaml").write_text(
+        NAMES_SUITE.format(name="s", slot="job", meta=", x_char_start: 3", extra="")
+    )
+    with pytest.raises(SuiteError, match=r"metadata 'pronoun_x_char_start' would overwrite"):
+        load_suite(tmp_path / "s.yaml")
+
+
+@pytest.mark.parametrize("group", ["all", "t"])
+def test_a_group_named_like_a_scope_is_refused(tmp_path, group):
+    """A group named `all` silently replaced the pooled scope's rows in every table."""
+    extra = f"analysis: {{contrast: pronoun, groups: {{{group}: [t]}}}}\n"
+    (tmp_path / "s.yaml").write_text(NAMES_SUITE.format(name="s", slot="job", meta="", extra=extra))
+    with pytest.raises(SuiteError, match=f"group name '{group}' is taken"):
+        load_suite(tmp_path / "s.yaml")

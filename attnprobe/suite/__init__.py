@@ -246,7 +246,14 @@ def _refuse_reserved_names(ctx, doc, slots, prompts, sentence_sets) -> None:
                         "the name of a span; rename the column"
                     )
     for prompt in prompts:
+        spans = [n for n in prompt.spans if n in RESERVED_COLUMNS or n.endswith(SPAN_COLUMNS)]
+        if spans:
+            raise SuiteError(
+                f"{prompt.origin}: span name '{spans[0]}' is reserved (run columns: "
+                f"{', '.join(RESERVED_COLUMNS)}; names ending in {', '.join(SPAN_COLUMNS)}); rename the span"
+            )
         clash = set(prompt.meta) & (set(RESERVED_COLUMNS) | set(prompt.slots))
+        clash |= {k for k in prompt.meta if k.endswith(SPAN_COLUMNS)}
         if clash:
             raise SuiteError(
                 f"{prompt.origin}: metadata '{sorted(clash)[0]}' would overwrite a column of prompts.csv "

@@ -134,6 +134,13 @@ def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analy
     for group, ids in raw_groups.items():
         if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
             ctx.fail(raw_groups, group, f"group '{group}' must list template ids")
+        if str(group) == "all" or str(group) in templates:
+            ctx.fail(
+                raw_groups,
+                group,
+                f"group name '{group}' is taken (the tables name the pooled scope 'all' and each template "
+                "by its id); rename the group",
+            )
         unknown = [i for i in ids if i not in templates]
         if unknown:
             ctx.fail(

@@ -113,7 +113,8 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
                 f"`pair` must name a column of the sentence file (columns: {', '.join(rows[0][2])})",
             )
         if len(files) > 1:
-            pair = "line"  # line n of every file is one item
+            pair = "line"  # sentence n of every file is one item
+            _check_pairing(rows, column, reader is None)
         computed = {}
         if sentence_columns:  # a row's sentences are one item: key by the row's line number
             rows, computed = expand_rows(rows, sentence_columns, column)
@@ -135,6 +136,40 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
             }
         )
     return sets
+
+
+def _check_pairing(rows: list, column: str, by_order: bool) -> None:
+    """Files of one entry pair sentence n with sentence n: verified, never assumed. Unnumbered files
+    pair by order (the n-th sentence, so a blank or comment line does not shift every pair after it);
+    numbered files by their numbers, which must be the same in every file, once each."""
+    per_file: dict[str, list] = {}
+    for path, number, record in rows:
+        per_file.setdefault(record[column], []).append((path, number, record))
+    for entries in per_file.values():
+        seen = {}
+        for ordinal, (path, number, record) in enumerate(entries, start=1):
+            if by_order:
+                record["line"] = ordinal
+            if record["line"] in seen:
+                raise SuiteError(
+                    f"{path}:{number}: sentence number {record['line']} appears twice in this file (first on "
+                    f"line {seen[record['line']]}); each number pairs one sentence per file"
+                )
+            seen[record["line"]] = number
+    (first, first_rows), *others = per_file.items()
+    keys = {r["line"]: (p, n) for p, n, r in first_rows}
+    for version, entries in others:
+        other = {r["line"]: (p, n) for p, n, r in entries}
+        if keys.keys() == other.keys():
+            continue
+        missing = [k for k in keys if k not in other] or [k for k in other if k not in keys]
+        where, lacking = (keys, entries[0][0]) if missing[0] in keys else (other, first_rows[0][0])
+        path, number = where[missing[0]]
+        what = "sentences" if by_order else "numbers"
+        raise SuiteError(
+            f"{path}:{number}: sentence {missing[0]} has no counterpart in {lacking.name} ({len(first_rows)} "
+            f"{first} and {len(entries)} {version} sentences; {what} must match one to one); fix the files"
+        )
 
 
 def _files(ctx, item) -> dict:
