@@ -59,16 +59,37 @@ def span_tokens(model_or_tokenizer, text: str, span: str | tuple[int, int]) -> t
     return found
 
 
+def checked_sentences(sentences, batch_size: int) -> list[str]:
+    """The notebook's sentences as a list of text (one string is one sentence), or one line saying
+    what is wrong: no sentences, a value that is not text, a batch size below 1."""
+    sentences = [sentences] if isinstance(sentences, str) else list(sentences)
+    if not sentences:
+        raise SuiteError("no sentences given; pass a list such as ['The nurse said that [she]']")
+    for i, sentence in enumerate(sentences):
+        if not isinstance(sentence, str):
+            raise SuiteError(f"sentence {i + 1} is {type(sentence).__name__}, not text")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise SuiteError(f"batch_size must be a whole number of at least 1, got {batch_size!r}")
+    return sentences
+
+
 @torch.no_grad()
 def marked_attention(model, sentences: list[str], batch_size: int = 8):
     """Per sentence with [bracketed] spans (named inline or span1, span2, ... by order): its text,
     the spans' token ranges, its tokens and every layer's full attention (L, H, T, T). All
     sentences are parsed before the model runs, so a bad one fails at once."""
+    sentences = checked_sentences(sentences, batch_size)
     pm = model_of(model)
     parsed = [parse_marked(marked, f"sentence {i + 1}")[:2] for i, marked in enumerate(sentences)]
     for start in range(0, len(parsed), batch_size):
         batch = parsed[start : start + batch_size]
         encodings = pm.tokenizer([text for text, _ in batch], return_offsets_mapping=True)
+        for b, ids in enumerate(encodings["input_ids"]):
+            if pm.info.max_positions and len(ids) > pm.info.max_positions:
+                raise SuiteError(
+                    f"sentence {start + b + 1} has {len(ids):,} tokens, more than the model's context of "
+                    f"{pm.info.max_positions:,}; shorten it"
+                )
         ids, mask = pad_right(encodings["input_ids"], pm.tokenizer.pad_token_id)
         captured = run_with_capture(pm, ids, mask)
         W = torch.stack([captured.weights[layer] for layer in sorted(captured.weights)])  # (L, B, H, T, T)
@@ -86,6 +107,7 @@ def marked_attention(model, sentences: list[str], batch_size: int = 8):
 def probe(model, sentences: list[str], source: str | None = None, batch_size: int = 8) -> pd.DataFrame:
     """Attention from one bracketed span of each sentence to every token (see the module doc).
     Brackets are named inline (`[pronoun: she]`) or by order (`span1`, `span2`, ...)."""
+    sentences = checked_sentences(sentences, batch_size)
     for i, marked in enumerate(sentences):  # every source checked before the model runs
         spans = parse_marked(marked, f"sentence {i + 1}")[1]
         if not spans:

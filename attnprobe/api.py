@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import run as run_package
+from .errors import AnalysisError
 from .report import headline, load_tables, write_report
 from .report.plots import head_heatmap
 from .run.merge import merge_shards as _merge_into
@@ -81,10 +82,17 @@ class Run(RunFiles):
         "difference" (d_z of the paired difference)."""
         heads = self.head_stats[self.head_stats["scope"] == "all"]
         statistic = statistic or ("interaction" if "interaction_r" in heads else "difference")
-        value, q = (
-            ("interaction_r", "interaction_q") if statistic == "interaction" else ("d_z", "difference_q")
-        )
-        target = target or heads["target"].iloc[0]
+        choices = {"interaction": ("interaction_r", "interaction_q"), "difference": ("d_z", "difference_q")}
+        if statistic not in choices or choices[statistic][0] not in heads:
+            have = [name for name, (column, _) in choices.items() if column in heads]
+            raise AnalysisError(
+                f"statistic {statistic!r} is not in this run's head_stats; use {' or '.join(have)}"
+            )
+        value, q = choices[statistic]
+        targets = list(dict.fromkeys(heads["target"]))
+        target = target or (targets[0] if targets else None)
+        if target not in targets:
+            raise AnalysisError(f"no attention target {target!r} in this run; targets: {', '.join(targets)}")
         return head_heatmap(heads, target, value, q, title=f"{target}: {statistic}", label=value)
 
     def attention_view(self, start: tuple[int, int] | None = None, html_action: str = "view"):

@@ -115,16 +115,25 @@ def _run_recorded(model, modules, run) -> tuple[list, list, object]:
     return inputs, outputs, result
 
 
-def _max_diff(a: torch.Tensor, b: torch.Tensor, lengths: torch.Tensor, relative: bool) -> float:
-    """Max |a - b| over each item's real query rows (dim 1 of outputs, dim 2 of weights)."""
-    worst = 0.0
+def _max_diff(a: torch.Tensor, b: torch.Tensor, lengths: torch.Tensor, relative: bool) -> tuple[float, int]:
+    """(max |a - b| over each item's real query rows (dim 1 of outputs, dim 2 of weights), the number
+    of those rows where a has NaN and b does not). Such rows are left out of the maximum (which would
+    skip NaN silently anyway) and counted; NaN in b (the reference) is a NaN difference. NaN on both
+    sides agrees."""
+    worst, nan_rows = 0.0, 0
     for i, length in enumerate(lengths.tolist()):
         x, y = (a[i, :length], b[i, :length]) if a.ndim == 3 else (a[i, :, :length], b[i, :, :length])
-        diff = (x.double() - y.double()).abs().max().item()
+        if (y.isnan() & ~x.isnan()).any():
+            return float("nan"), nan_rows
+        only_a = (x.isnan() & ~y.isnan()).flatten(0, -2).any(-1)  # per query row (and head)
+        nan_rows += int(only_a.sum())
+        x, y = x.double().nan_to_num(), y.double().nan_to_num()
+        rows = (x - y).abs().flatten(0, -2)[~only_a]
+        diff = rows.max().item() if rows.numel() else 0.0
         if relative:
-            diff /= max(1.0, y.double().abs().max().item())
+            diff /= max(1.0, y.abs().max().item())
         worst = max(worst, diff)
-    return worst
+    return worst, nan_rows
 
 
 def low_precision_tolerances(dtype: torch.dtype) -> tuple[float, float]:
@@ -211,12 +220,12 @@ def verify(model: ProbeModel | str, texts: list[str] | None = None) -> pd.DataFr
                 ):  # a module given the residual adds it itself (Bloom)
                     output = output + inputs[layer]["residual"].to(output.dtype)
                 row = rows[layer]
-                row[f"max_dweights_{path}"] = _max_diff(
-                    got_weights[layer].to(weights.dtype), weights, lengths, False
-                )
-                row[f"max_doutput_{path}"] = _max_diff(
-                    outputs[layer].to(output.dtype), output, lengths, relative=True
-                )
+                dweights, nan_w = _max_diff(got_weights[layer].to(weights.dtype), weights, lengths, False)
+                doutput, nan_o = _max_diff(outputs[layer].to(output.dtype), output, lengths, relative=True)
+                if path == "capture" and nan_w + nan_o:  # attnprobe's own weights: NaN is a failure
+                    dweights = doutput = float("nan")
+                row[f"max_dweights_{path}"], row[f"max_doutput_{path}"] = dweights, doutput
+                row[f"nan_rows_{path}"] = nan_w
                 if low:
                     tol_w, tol_o = low_precision_tolerances(dtype)
                 else:
@@ -267,7 +276,7 @@ def format_table(table: pd.DataFrame) -> str:
         )
     failed = int((~table["passed"]).sum())
     first = table.iloc[0]
-    worst = table[["max_dweights_eager", "max_dweights_capture"]].max()
+    worst = table[["max_dweights_eager", "max_dweights_capture"]].max(skipna=False)
     verdict = (
         f"{'PASS' if failed == 0 else 'FAIL'}: {first.family}, {first.model_dtype} against a "
         f"{first.reference_dtype} reference, "
@@ -284,6 +293,13 @@ def format_table(table: pd.DataFrame) -> str:
             "along the "
             "same axis), so nothing rounds differently; a wrong scale, mask or rotation shows as 1e-3 or "
             "more."
+        )
+    nan_rows = int(table["nan_rows_eager"].sum()) if "nan_rows_eager" in table else 0
+    if nan_rows:
+        notes.append(
+            f"transformers' own eager attention gave NaN weights on {nan_rows} real query rows (where the "
+            "reference and attnprobe's capture are finite); those rows are left out of its column and "
+            "counted in nan_rows_eager."
         )
     if first.reference_dtype != first.model_dtype:
         notes.append(

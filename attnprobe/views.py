@@ -144,7 +144,9 @@ def attention_view(
     else:
         examples = _examples(source, [texts] if isinstance(texts, str) else list(texts))
     view_id = f"attnprobe-view-{uuid.uuid4().hex}"
-    data = json.dumps(examples).replace("</", "<\\/")  # no early end of the script block
+    # as Jinja's tojson: no <, > or & in the script block ("</script>" or "<!--<script>" in a text
+    # would end it early or keep it open)
+    data = json.dumps(examples).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     page = HTML(
         f'<script type="application/json" id="{view_id}-data">{data}</script>'
         f'<div class="attention-view" data-source="{view_id}-data" data-start="{start[0]},{start[1]}"></div>'

@@ -111,6 +111,7 @@ class Context:
         self.path = path
         self.roots = [path.parent.resolve(), *(Path(r).expanduser().resolve() for r in data_roots)]
         self.digest = hashlib.sha256()
+        self.files: list[Path] = []  # every data file read, resolved
 
     def fail(self, node, key, message: str):
         raise SuiteError(f"{self.path}:{line_of(node, key)}: {message}")
@@ -168,6 +169,7 @@ class Context:
         except UnicodeDecodeError:
             self.fail(node, key, f"data file '{shown}' is not UTF-8 text; save it as UTF-8")
         self.digest.update(path.name.encode() + b"\0" + text.encode())
+        self.files.append(path)
         return path, text
 
 

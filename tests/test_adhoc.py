@@ -1,5 +1,7 @@
 """A few sentences without a suite: ap.probe agrees with a suite run; token helpers."""
 
+import re
+
 import pandas as pd
 import pytest
 
@@ -95,3 +97,17 @@ def test_quiet_run_prints_only_results(tiny_llama_dir, tmp_path):
     assert quiet.output.strip().splitlines()[-1].startswith("2 prompts on")
     both = CliRunner().invoke(main, ["-q", "-v", *args, "--no-report", "--out", str(tmp_path / "c")])
     assert both.exit_code == 2 and "-q and -v contradict each other" in both.output
+
+
+@pytest.mark.parametrize(
+    "sentences, batch_size, message",
+    [
+        ([], 8, "no sentences given"),
+        ([None], 8, "sentence 1 is NoneType, not text"),
+        (["The [nurse] said that [she]"], 0, "batch_size must be a whole number of at least 1, got 0"),
+        (["The [nurse] said " + "very " * 2100 + "that [she]"], 8, "more than the model's context of 2,048"),
+    ],
+)
+def test_bad_notebook_input_is_one_line_not_a_traceback(tiny_llama_dir, sentences, batch_size, message):
+    with pytest.raises(SuiteError, match=re.escape(message)):
+        ap.probe(str(tiny_llama_dir), sentences, batch_size=batch_size)

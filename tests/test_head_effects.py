@@ -239,3 +239,23 @@ def test_cross_fitting_chooses_each_quarter_its_heads_on_the_other_units_and_tem
     selection = select(measure, items, totals, pd.DataFrame(rows), 1, 4)
     for i in items:
         assert selection.crossfit_for(i, "woman") == (opposite(fold[i.item_id], 2),)
+
+
+def test_a_truncated_head_effects_table_is_rebuilt_by_the_rerun_the_error_names(tiny_llama_dir, tmp_path):
+    """The report's error says a rerun rebuilds a damaged table from the chunks; for the head-effect
+    tables every rerun used to keep the truncated file (it existed) and fail the same way."""
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    (tmp_path / "fx.yaml").write_text(EFFECT_SUITE)
+    command = ["run", str(tmp_path / "fx.yaml"), "--model", str(tiny_llama_dir), "--out", str(tmp_path / "o")]
+    assert CliRunner().invoke(main, command).exit_code == 0
+    table = tmp_path / "o" / "head_effects_items.parquet"
+    before = pd.read_parquet(table)
+    table.write_bytes(table.read_bytes()[:1000])
+    report = CliRunner().invoke(main, ["report", str(tmp_path / "o")])
+    assert report.exit_code == 2 and "rerun the same `attnprobe run` command" in report.output
+    again = CliRunner().invoke(main, command)
+    assert again.exit_code == 0, again.output
+    pd.testing.assert_frame_equal(pd.read_parquet(table), before)

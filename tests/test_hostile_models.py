@@ -215,3 +215,26 @@ def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch, tmp_path)
         "the hub is unreachable from this machine, and the id is not in the local cache",
     )
     assert time.perf_counter() - started < 10  # transformers alone retries for about a minute
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_by_run_and_verify(tmp_path, smollm):
+    """It used to run with exit 0 (NaN attention written as 0, every log-probability NaN) and verify
+    printed PASS, "bit-identical"."""
+    from safetensors.torch import load_file, save_file
+
+    save_tiny_with_tokenizer(tmp_path / "m", smollm.tokenizer)
+    weights = load_file(tmp_path / "m" / "model.safetensors")
+    name = next(k for k in weights if "q_proj" in k)
+    weights[name][0, 0] = float("nan")
+    save_file(weights, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})
+    phrase = f"{name} holds 1 non-finite values (NaN or inf); the checkpoint is damaged"
+    _one_line(CliRunner().invoke(main, ["verify", "--model", str(tmp_path / "m")]), phrase)
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        "name: s\nslots: {occupation: [nurse]}\ntemplates:\n  - {id: t, text: 'The {occupation} left.'}\n"
+        "attention: [{source: occupation, targets: occupation}]\n"
+    )
+    result = CliRunner().invoke(
+        main, ["run", str(suite), "--model", str(tmp_path / "m"), "--out", str(tmp_path / "o")]
+    )
+    _one_line(result, phrase)

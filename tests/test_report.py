@@ -189,6 +189,10 @@ def test_notebook_api(reported, smollm):
     assert run.head_effects is None and run.head_effects_summary is None  # this run skipped head effects
     fig = run.plot_heads("participant")
     assert fig.axes[0].get_title().startswith("participant: interaction")
+    with pytest.raises(attnprobe.AnalysisError, match="no attention target 'nobody' in this run; targets: "):
+        run.plot_heads("nobody")  # used to return an empty figure
+    with pytest.raises(attnprobe.AnalysisError, match="'r' is not in this run's head_stats; use interaction"):
+        run.plot_heads("participant", statistic="r")
     assert run._repr_html_().startswith("<div><b>attnprobe run</b> gender on smollm2-135m: 150 prompts")
     html = attnprobe.head_view(smollm, "The nurse said that she", html_action="return")
     assert '" nurse"' in html.data or "nurse" in html.data
@@ -277,7 +281,10 @@ def test_attention_view_in_a_notebook_draws_offline(reported, smollm, tmp_path):
         (
             "texts",
             attnprobe.attention_view(
-                smollm, ["The [nurse] said that [she]</script>"], start=(3, 1), html_action="return"
+                smollm,
+                ["The [nurse] said <!--<script> that [she]</script>"],
+                start=(3, 1),
+                html_action="return",
             ),
         ),
     ):

@@ -156,3 +156,26 @@ def test_tables_round_trip_as_computed(tiny_llama_dir, tmp_path):
     pd.testing.assert_frame_equal(
         attnprobe.Run(run.directory).condition_means, first
     )  # from the cache, same dtypes
+
+
+def test_out_at_the_suites_data_is_refused_before_anything_is_written(tmp_path, tiny_llama_dir):
+    """A sentence file named prompts.csv beside the suite, and --out the suite's directory: the run
+    used to overwrite the user's data with its own prompts.csv."""
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    data = tmp_path / "prompts.csv"
+    data.write_text("text\n[The nurse] said that [she] left.\n[The mechanic] said that [he] left.\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nsentences:\n  - {id: b, file: prompts.csv, spans: [occupation, pronoun]}\n"
+        "attention:\n  - {source: pronoun, targets: occupation}\n"
+    )
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = CliRunner().invoke(
+        main, ["run", str(tmp_path / "s.yaml"), "--model", str(tiny_llama_dir), "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert f"--out {tmp_path} is the directory of the suite's s.yaml" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and data.read_text().startswith("text\n[The")

@@ -344,3 +344,19 @@ def test_a_group_named_like_a_scope_is_refused(tmp_path, group):
     (tmp_path / "s.yaml").write_text(NAMES_SUITE.format(name="s", slot="job", meta="", extra=extra))
     with pytest.raises(SuiteError, match=f"group name '{group}' is taken"):
         load_suite(tmp_path / "s.yaml")
+
+
+def test_a_catastrophic_line_pattern_is_one_line_in_seconds(tmp_path):
+    """`(a|aa)+` nested in a failing match backtracks exponentially: it used to hang on a 34-character
+    line; now each line has a time budget."""
+    import time
+
+    (tmp_path / "s.txt").write_text("a" * 40 + "!\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: s\nsentences:\n  - id: b\n    file: s.txt\n    pattern: '(?P<text>(a|aa)+)b'\n"
+        "    spans: []\nattention: []\n"
+    )
+    start = time.perf_counter()
+    with pytest.raises(SuiteError, match=r"s\.txt:1: the entry's `pattern` took over 1 s on this line"):
+        load_suite(tmp_path / "s.yaml")
+    assert time.perf_counter() - start < 5

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SuiteError
+from ..errors import RunError, SuiteError
 from ..estimates import head_effect_seconds, prompt_seconds
 from ..measures.head_effects import HeadEffectsMeasure
 from ..measures.head_effects import plan_sha256 as head_effects_plan
@@ -300,6 +300,19 @@ class RunPlan:
         return prompt_seconds(len(self.encoded)), effects
 
 
+def refuse_data_directory(directory: Path, suite: Suite) -> None:
+    """A run writes prompts.csv, attention.parquet, chunks/ and figures/ into its directory and --fresh
+    deletes them: it must not be the directory of the suite or of a data file it reads (a sentence
+    file named prompts.csv would be overwritten). Checked before anything is written."""
+    out = directory.expanduser().resolve()
+    for source in (suite.path, *suite.data_files):
+        if Path(source).resolve().parent == out:
+            raise RunError(
+                f"--out {directory} is the directory of the suite's {Path(source).name}; a run writes its "
+                "tables there and --fresh deletes them: choose another --out"
+            )
+
+
 def model_name(spec: str) -> str:
     """The directory name of a model spec: a path's last part (without .gguf), a hub id with '_' for '/'."""
     path = Path(spec)
@@ -341,6 +354,7 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
     directory = Path(options.out) if options.out else Path("reports") / suite.name / name
     if options.shard is not None:  # every rank may be given the same --out
         directory = directory / f"shard-{options.shard[0]}-of-{options.shard[1]}"
+    refuse_data_directory(directory, suite)
     settings = {
         "suite_sha256": suite.sha256,
         "model": spec,

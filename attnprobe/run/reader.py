@@ -88,7 +88,9 @@ class RunFiles:
 
     @property
     def has_head_effects(self) -> bool:
-        return has_head_effects(self.directory)
+        """The run computed head effects (its manifest says so, or their tables are there): a damaged
+        table is then an error when read, not a run without head effects."""
+        return bool(self.manifest.get("head_effects")) or has_head_effects(self.directory)
 
     @cached_property
     def head_effect_items(self) -> pd.DataFrame:

@@ -368,7 +368,12 @@ HEAD_EFFECTS_FILES = {
 
 
 def has_head_effects(directory: Path) -> bool:
-    return all((directory / name).is_file() for name in HEAD_EFFECTS_FILES.values())
+    """The assembled head-effect tables exist and their Parquet footers read (a truncated file is
+    assembled again from the chunks instead of failing every later report)."""
+    try:
+        return all(pq.read_metadata(directory / name).num_rows >= 0 for name in HEAD_EFFECTS_FILES.values())
+    except (OSError, pa.ArrowException):
+        return False
 
 
 def write_head_effects(directory: Path, tables: dict[str, pd.DataFrame]) -> None:

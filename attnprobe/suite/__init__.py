@@ -196,6 +196,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
         analysis=analysis,
         path=str(path),
         sha256=ctx.digest.hexdigest(),
+        data_files=tuple(str(f) for f in ctx.files),
     )
 
 

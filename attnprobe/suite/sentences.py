@@ -12,16 +12,14 @@ suite's analysis contrast.
 
 from __future__ import annotations
 
-import csv
-import json
 import re
 from collections import Counter
-from pathlib import Path
 
 from ..errors import SuiteError
-from ..yamllines import Seq, file_lines, number_or_text, required_str
+from ..yamllines import Seq, number_or_text, required_str
 from .choices import choice_rows, parse_choices
 from .columns import expand_rows, parse_columns
+from .rows import check_pairing, line_reader, read_rows
 from .types import Prompt
 
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
@@ -87,7 +85,7 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
                     "spans",
                     f"span name {name!r} must be letters, digits and '_' (it names prompts.csv columns)",
                 )
-        reader = _line_reader(ctx, item)
+        reader = line_reader(ctx, item)
         files = _files(ctx, item)
         column = str(item.get("column", "version"))
         sentence_columns = parse_columns(ctx, item)
@@ -98,7 +96,7 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
                 item, "files" if "files" in item else "file", file_name, max_lines=max_lines
             )
             needed = (choice_roles["context"], choice_roles["question"]) if choice_roles else ("text",)
-            file_rows = _read_rows(path, text, reader, tuple(sentence_columns or needed))
+            file_rows = read_rows(path, text, reader, tuple(sentence_columns or needed))
             if not file_rows:
                 ctx.fail(item, "files" if "files" in item else "file", f"{path.name} holds no sentences")
             for number, record in file_rows:
@@ -114,7 +112,7 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
             )
         if len(files) > 1:
             pair = "line"  # sentence n of every file is one item
-            _check_pairing(rows, column, reader is None)
+            check_pairing(rows, column, reader is None)
         computed = {}
         if sentence_columns:  # a row's sentences are one item: key by the row's line number
             rows, computed = expand_rows(rows, sentence_columns, column)
@@ -138,40 +136,6 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
     return sets
 
 
-def _check_pairing(rows: list, column: str, by_order: bool) -> None:
-    """Files of one entry pair sentence n with sentence n: verified, never assumed. Unnumbered files
-    pair by order (the n-th sentence, so a blank or comment line does not shift every pair after it);
-    numbered files by their numbers, which must be the same in every file, once each."""
-    per_file: dict[str, list] = {}
-    for path, number, record in rows:
-        per_file.setdefault(record[column], []).append((path, number, record))
-    for entries in per_file.values():
-        seen = {}
-        for ordinal, (path, number, record) in enumerate(entries, start=1):
-            if by_order:
-                record["line"] = ordinal
-            if record["line"] in seen:
-                raise SuiteError(
-                    f"{path}:{number}: sentence number {record['line']} appears twice in this file (first on "
-                    f"line {seen[record['line']]}); each number pairs one sentence per file"
-                )
-            seen[record["line"]] = number
-    (first, first_rows), *others = per_file.items()
-    keys = {r["line"]: (p, n) for p, n, r in first_rows}
-    for version, entries in others:
-        other = {r["line"]: (p, n) for p, n, r in entries}
-        if keys.keys() == other.keys():
-            continue
-        missing = [k for k in keys if k not in other] or [k for k in other if k not in keys]
-        where, lacking = (keys, entries[0][0]) if missing[0] in keys else (other, first_rows[0][0])
-        path, number = where[missing[0]]
-        what = "sentences" if by_order else "numbers"
-        raise SuiteError(
-            f"{path}:{number}: sentence {missing[0]} has no counterpart in {lacking.name} ({len(first_rows)} "
-            f"{first} and {len(entries)} {version} sentences; {what} must match one to one); fix the files"
-        )
-
-
 def _files(ctx, item) -> dict:
     """{key: file}: one file (key None), or `files: {pro: a.txt, anti: b.txt}`."""
     if ("file" in item) == ("files" in item):
@@ -188,26 +152,6 @@ def _files(ctx, item) -> dict:
             "`files` maps each version to its file, e.g. {pro: type1-pro.txt, anti: type1-anti.txt}",
         )
     return {str(k): v for k, v in files.items()}
-
-
-def _line_reader(ctx, item):
-    """How a plain-text line becomes (key, sentence): `numbered: true` strips a leading number (the
-    line's key); `pattern:` a regex with a `text` group (and optionally `key`)."""
-    if item.get("numbered") and "pattern" in item:
-        ctx.fail(item, "pattern", "give `numbered: true` or `pattern:`, not both")
-    if item.get("numbered"):
-        return re.compile(r"\s*(?P<key>\d+)[\s.:)]+(?P<text>.*\S)\s*")
-    if "pattern" in item:
-        try:
-            pattern = re.compile(str(item["pattern"]))
-        except re.error as exc:
-            ctx.fail(
-                item, "pattern", f"invalid regular expression ({exc}); e.g. '^(?P<key>\\d+) (?P<text>.*)$'"
-            )
-        if "text" not in pattern.groupindex:
-            ctx.fail(item, "pattern", "the pattern needs a named group (?P<text>...) for the sentence")
-        return pattern
-    return None
 
 
 def _marks(ctx, item, slots, key) -> dict[str, list[str]]:
@@ -246,71 +190,6 @@ def _lookups(ctx, item, slots) -> dict[str, tuple[str, dict]]:
         )
         for name in spans
     }
-
-
-def _read_rows(path: Path, text: str, reader=None, needed=("text",)) -> list[tuple[int, dict]]:
-    """(line number, record) for each sentence: JSONL objects, TSV/CSV rows with a `text` column
-    (or the `needed` sentence columns), or plain-text lines (.txt or a declared line reader), whose
-    key goes to column `line`."""
-    if reader is not None or path.suffix not in (".jsonl", ".tsv", ".tab", ".csv"):
-        rows = []
-        for number, line in enumerate(file_lines(text), start=1):
-            if not line.strip() or line.startswith("#"):
-                continue
-            if reader is None:
-                rows.append((number, {"text": line.strip(), "line": number}))
-                continue
-            match = reader.fullmatch(line)
-            if not match:
-                raise SuiteError(
-                    f"{path}:{number}: the line does not match the entry's line format (`numbered`: a "
-                    "number, "
-                    "then the sentence; or its `pattern`); fix the line or the entry"
-                )
-            key = match.groupdict().get("key")
-            rows.append(
-                (number, {"text": match.group("text"), "line": number_or_text(key) if key else number})
-            )
-        return rows
-    if path.suffix == ".jsonl":
-        rows = []
-        for number, line in enumerate(file_lines(text), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SuiteError(f"{path}:{number}: invalid JSON ({exc.msg}); one object per line") from None
-            if not isinstance(record, dict) or not all(isinstance(record.get(c), str) for c in needed):
-                raise SuiteError(f"{path}:{number}: each line needs string fields {', '.join(needed)}")
-            rows.append((number, record))
-        return rows
-    delimiter = "\t" if path.suffix in (".tsv", ".tab") else ","
-    lines = [
-        (n, line)
-        for n, line in enumerate(file_lines(text), start=1)
-        if line.strip() and not line.startswith("#")
-    ]
-    if not lines:
-        return []
-    # TSV cells are taken as written (a quote is text: "Hi," she said); CSV cells may be quoted
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    header = next(csv.reader([lines[0][1]], delimiter=delimiter, quoting=quoting))
-    missing = [c for c in needed if c not in header]
-    if missing:
-        raise SuiteError(
-            f"{path}:{lines[0][0]}: the header needs a '{missing[0]}' column (columns: "
-            f"{', '.join(header)[:200]!r})"
-        )
-    rows = []
-    for number, line in lines[1:]:
-        cells = next(csv.reader([line], delimiter=delimiter, quoting=quoting))
-        if len(cells) != len(header):
-            raise SuiteError(
-                f"{path}:{number}: {len(cells)} cells but the header has {len(header)}; fix the row"
-            )
-        rows.append((number, dict(zip(header, cells))))
-    return rows
 
 
 def sentence_prompts(ctx, sentence_set, first_id) -> list[Prompt]:
