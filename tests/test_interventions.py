@@ -280,6 +280,10 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
         slope = np.polyfit([2.0, 15.0, 90.0], te[word][["electrician", "engineer", "nurse"]].to_numpy(), 1)[0]
         assert summary.loc[word, "te_gradient_per10"] == pytest.approx(10 * slope, abs=1e-9)
     assert (summary["gradient_share_all_heads_in"] - 1).abs().max() <= 1e-4
+    # the cross-fitted set against 20 random sets of its layers, on every 4th item (here the first)
+    assert (summary["n_random_items"] == 1).all() and summary["share_crossfit_random_p"].between(
+        1 / 21, 1
+    ).all()
     heads = pd.read_csv(run.directory / "head_effects.csv").set_index("counterfactual")
     # natural direct effect = TE - patched-out effect, per head
     direct = heads["mean_direct"] + heads["mean_output_out"] - summary["te_mean"].reindex(heads.index)

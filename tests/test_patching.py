@@ -48,12 +48,21 @@ def _compare(pm, items, singles, tolerance, every_head=True):
     flat = tuple(singles.flatten().nonzero()[:, 0].tolist())
     crossfit = flat[:2]
     words = {cf.word for i in items for cf in i.counterfactuals}
-    selection = Selection({i.item_id: 0 for i in items}, {w: (crossfit,) * 4 for w in words}, flat)
+    draws = (flat[-2:], flat[:1])  # two "random" sets, patched jointly like the cross-fitted one
+    ids = frozenset(i.item_id for i in items)
+    selection = Selection(
+        {i.item_id: 0 for i in items},
+        {w: (crossfit,) * 4 for w in words},
+        flat,
+        {w: (draws,) * 4 for w in words},
+        ids,
+    )
     chosen = phases.selected(pm, items, selection)
     worst = 0.0
     for item in items:
         for cf in item.counterfactuals:
             sets = {"crossfit": head_mask(crossfit, L, H)}
+            sets.update({f"random{r}": head_mask(d, L, H) for r, d in enumerate(draws)})
             r = effects(
                 pm,
                 item.x,
@@ -96,6 +105,7 @@ def _compare(pm, items, singles, tolerance, every_head=True):
                 worst,
                 abs(set_totals["crossfit_in"] - r["crossfit_in"]),
                 abs(set_totals["crossfit_out"] - r["crossfit_out"]),
+                *(abs(set_totals[f"random_in_{k}"] - r[f"random{k}_in"]) for k in range(len(draws))),
             )
     assert worst <= tolerance, worst
     return worst

@@ -24,7 +24,7 @@ import torch
 from ..patching.attribution import Pairs, estimate
 from ..patching.engine import Bank, Variants, patched, record
 from ..patching.items import Counterfactual, PatchItem, Selection
-from ..patching.selection import head_mask
+from ..patching.selection import RANDOM_DRAWS, head_mask
 from ..patching.sites import behaviour_rows, label_ids
 from .head_effects import HEAD_COLUMNS, LAYER_COLUMNS, HeadEffectsMeasure, heads_text
 
@@ -221,6 +221,12 @@ def _delta(ys: torch.Tensor | None, direction: str, y: torch.Tensor, y_cf: torch
     return (ys - y if direction == "in" else y_cf - ys).numpy()
 
 
+def _random_columns(values: np.ndarray | None) -> dict:
+    """random_in_0 ... random_in_{RANDOM_DRAWS - 1}: NaN on items without the random draws."""
+    values = np.full(RANDOM_DRAWS, np.nan) if values is None else values
+    return {f"random_in_{r}": float(v) for r, v in enumerate(values)}
+
+
 def _first(values: np.ndarray | None) -> float:
     return float(values[0]) if values is not None else float("nan")
 
@@ -240,6 +246,10 @@ def selected(
         crossfit = head_mask(sets[-1], L, H)
         for direction in ("in", "out"):
             builder.add((k, "crossfit", direction), pair, direction, output=crossfit[None])
+        draws = selection.random_for(pair.item, pair.cf.word)
+        if draws:  # the null of the cross-fitted share: random sets of the same layers
+            masks = torch.stack([head_mask(d, L, H) for d in draws])
+            builder.add((k, "random", "in"), pair, "in", output=masks)
             if len(chosen):
                 builder.add((k, "output", direction), pair, direction, output=chosen)
         if len(chosen) and pair.item.same_length(pair.cf):
@@ -259,6 +269,7 @@ def selected(
                 "crossfit_in": _first(effect("crossfit", "in")),
                 "crossfit_out": _first(effect("crossfit", "out")),
                 "crossfit_heads": heads_text(sets[k], H),
+                **_random_columns(effect("random", "in")),
             }
         )
         columns = {c: effect(*c.split("_")) for c in ("output_in", "output_out", "pattern_in")}

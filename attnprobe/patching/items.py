@@ -6,7 +6,7 @@ Shapes: x is (T,) token ids; a counterfactual's x' is (T',); positions from `at`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -62,7 +62,17 @@ class Selection:
     folds: dict[str, int]
     crossfit: dict[str, tuple[tuple[int, ...], ...]]  # word -> the set each fold is tested with
     suite: tuple[int, ...] | None
+    # the null of the cross-fitted share: word -> per fold, random head sets of the same layers,
+    # patched on `random_items` only
+    random: dict[str, tuple[tuple[tuple[int, ...], ...], ...]] = field(default_factory=dict)
+    random_items: frozenset[str] = frozenset()
 
     def crossfit_for(self, item: PatchItem, word: str) -> tuple[int, ...]:
         """The set chosen on the fold opposite the item's."""
         return self.crossfit[word][self.folds[item.item_id]]
+
+    def random_for(self, item: PatchItem, word: str) -> tuple[tuple[int, ...], ...]:
+        """The random sets this item is patched with (none unless it is one of `random_items`)."""
+        if item.item_id not in self.random_items or word not in self.random:
+            return ()
+        return self.random[word][self.folds[item.item_id]]

@@ -182,7 +182,7 @@ def selected_phase(pm, plan: RunPlan, directory: Path) -> tuple[Phase, object]:
     selection = select(
         plan.effects, plan.effect_items, first["totals"], first["items"], info.n_layers, info.n_heads
     )
-    key = f"{plan.effects_plan}|{selection.crossfit}|{selection.suite}"
+    key = f"{plan.effects_plan}|{selection.crossfit}|{selection.suite}|{selection.random}"
     selected_plan = hashlib.sha256(key.encode()).hexdigest()
 
     def compute(k, advance):

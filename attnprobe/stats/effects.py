@@ -92,6 +92,7 @@ def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFra
             int(held.sum()),
         )
         summary.update(_gradients(x, totals, design, cells, w, te_cells, gradient))
+        summary.update(_random_null(totals, design, cells, w, te_cells, gradient))
         for component in (
             "attention",
             "mlp",
@@ -308,6 +309,34 @@ def _gradients(x, totals, design, cells, w, te_cells, gradient) -> dict:
             shares = (sums["num"] / sums["te"]).dropna()
             out[f"share_{column}_template_min"] = float(shares.min()) if len(shares) else np.nan
             out[f"share_{column}_template_max"] = float(shares.max()) if len(shares) else np.nan
+    return out
+
+
+def _random_null(totals, design, cells, w, te_cells, gradient) -> dict:
+    """The cross-fitted set against chance: on the items patched with random head sets of the same
+    layers (`random_in_*`, RANDOM_DRAWS draws), each draw's share of TE (and of TE's gradient) beside
+    the cross-fitted set's share on the same items; p = (1 + draws reaching it) / (1 + draws)."""
+    columns = [c for c in totals if c.startswith("random_in_")]
+    rows = totals[columns[0]].notna().to_numpy() if columns else np.zeros(len(totals), bool)
+    if not rows.any():
+        return {}
+    on = lambda values: cells(
+        np.where(rows[:, None], np.asarray(values, float).reshape(len(totals), -1), np.nan)
+    )
+    te = on(totals["te"])[:, 0]
+    out = {"n_random_items": int(rows.sum()), "n_random_draws": len(columns)}
+    for what, share in (
+        ("share", lambda v: ratio_test(v, te, w, design.clusters)),
+        ("gradient_share", gradient),
+    ):
+        chosen, draws = share(on(totals["crossfit_in"])), share(on(totals[columns].to_numpy()))
+        if chosen is None:
+            continue
+        chosen, draws = float(chosen["ratio"][0]), draws["ratio"]
+        out[f"{what}_crossfit_in_null_items"] = chosen
+        out[f"{what}_random_in_mean"] = float(np.nanmean(draws))
+        out[f"{what}_random_in_max"] = float(np.nanmax(draws))
+        out[f"{what}_crossfit_random_p"] = float((1 + (draws >= chosen - 1e-12).sum()) / (1 + len(draws)))
     return out
 
 
