@@ -70,6 +70,7 @@ STATS_TABLES = (
     "referent_choice_accuracy",
     "sentence_preference",
     "choice_accuracy",
+    "held_out",
 )
 HEAD_EFFECT_TABLES = ("head_effects", "head_effects_layer_shares", "head_effects_summary")
 DERIVED = tuple(

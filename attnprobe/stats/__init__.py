@@ -4,7 +4,8 @@ Rooms: inference (the tests: cluster-robust t and slope, BH, bootstrap), design
 (paired differences averaged into cells; templates weighted equally), heads (attention: the
 interaction with the covariate and the plain difference), behavior (next-token log-ratios),
 effects (head interventions), referents (referent accuracy), likelihood (sentence preference),
-choices (multiple choice). `analyse` returns every table the report writes, keyed by CSV name.
+choices (multiple choice), held_out (every held-out claim beside its null). `analyse` returns
+every table the report writes, keyed by CSV name.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .behavior import behavior, log_ratios
 from .choices import choice_accuracy
 from .effects import head_effects
 from .heads import condition_means, head_stats, held_out_interaction, layer_stats, run_analysis
+from .held_out import held_out_summary
 from .inference import (
     ALPHA,
     N_BOOT,
@@ -27,7 +29,7 @@ from .inference import (
 from .likelihood import sentence_preference
 from .referents import referent_accuracy, referent_choice
 
-TABLES_VERSION = 13  # bump when a table's columns or meaning change: cached tables are recomputed
+TABLES_VERSION = 14  # bump when a table's columns or meaning change: cached tables are recomputed
 
 __all__ = [
     "TABLES_VERSION",
@@ -44,6 +46,7 @@ __all__ = [
     "head_effects",
     "head_stats",
     "held_out_interaction",
+    "held_out_summary",
     "layer_stats",
     "log_ratios",
     "referent_accuracy",
@@ -76,9 +79,11 @@ def analyse(run, n_boot: int = N_BOOT, seed: int = 0, step=None) -> dict[str, pd
     if run.has_head_effects:
         tables.update(head_effects(run, heads))
         step("head_effects")
+    tables["held_out"] = held_out_summary(heads, tables.get("head_effects_summary"))
+    step("held_out")
     return tables
 
 
 def table_steps(run) -> int:
     """How many times `analyse` calls `step` for this run."""
-    return 8 + bool(run.has_head_effects)
+    return 9 + bool(run.has_head_effects)
