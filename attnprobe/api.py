@@ -76,24 +76,38 @@ class Run(RunFiles):
             self.__dict__["_stats"] = load_tables(self, write=False)
         return self.__dict__["_stats"]
 
-    def plot_heads(self, target: str | None = None, statistic: str | None = None):
-        """Layer x head heatmap (all templates; heads with q >= 0.05 masked); a matplotlib Figure.
-        `statistic`: "interaction" (r with the covariate; the default when the suite has one) or
-        "difference" (d_z of the paired difference)."""
+    def plot_heads(self, target: str | None = None, statistic: str | None = None, source: str | None = None):
+        """Layer x head heatmap (all templates; a dot marks q < 0.05); a matplotlib Figure.
+        `statistic`: "interaction" (r with the covariate; the default when the suite has one),
+        "difference" (d_z of the paired difference) or "level" (slope per 10 covariate units of a
+        measure read before the contrast, e.g. `at: before`). `source`: the query span (default
+        the first one the statistic exists for)."""
         heads = self.head_stats[self.head_stats["scope"] == "all"]
         statistic = statistic or ("interaction" if "interaction_r" in heads else "difference")
-        choices = {"interaction": ("interaction_r", "interaction_q"), "difference": ("d_z", "difference_q")}
-        if statistic not in choices or choices[statistic][0] not in heads:
-            have = [name for name, (column, _) in choices.items() if column in heads]
+        choices = {
+            "interaction": ("interaction_r", "interaction_q"),
+            "difference": ("d_z", "difference_q"),
+            "level": ("level_per10", "level_q"),
+        }
+        column = choices.get(statistic, ("",))[0]
+        if column not in heads or heads[column].isna().all():
+            have = [name for name, (c, _) in choices.items() if c in heads and heads[c].notna().any()]
             raise AnalysisError(
                 f"statistic {statistic!r} is not in this run's head_stats; use {' or '.join(have)}"
             )
         value, q = choices[statistic]
+        heads = heads[heads[value].notna()]
+        sources = list(dict.fromkeys(heads["source"]))
+        source = source or sources[0]
+        if source not in sources:
+            raise AnalysisError(f"no {statistic} for source {source!r} in this run; sources: {', '.join(sources)}")
+        heads = heads[heads["source"] == source]
         targets = list(dict.fromkeys(heads["target"]))
         target = target or (targets[0] if targets else None)
         if target not in targets:
             raise AnalysisError(f"no attention target {target!r} in this run; targets: {', '.join(targets)}")
-        return head_heatmap(heads, target, value, q, title=f"{target}: {statistic}", label=value)
+        title = f"{source} -> {target}: {statistic}"
+        return head_heatmap(heads, target, value, q, title=title, label=value)
 
     def attention_view(self, start: tuple[int, int] | None = None, html_action: str = "view"):
         """The report's attention view of this run's example prompts, in the notebook (offline)."""

@@ -51,6 +51,16 @@ HEAD_COLUMNS = [
     "interaction_r_half_b",
     "interaction_test",
     "interaction_power_note",
+    # the token before the pronoun: no paired difference (both prompts share the prefix), a level
+    "level",
+    "level_ci_low",
+    "level_ci_high",
+    "level_per10",
+    "level_per10_ci_low",
+    "level_per10_ci_high",
+    "level_p",
+    "level_q",
+    "level_test",
 ]
 
 
@@ -66,11 +76,16 @@ def reported(smollm, tmp_path_factory):
 def test_tables_and_figures_are_written(reported):
     run, path = reported
     heads = pd.read_csv(run.directory / "head_stats.csv")
-    # scopes: all and both groups for the occupation; all and two-entity for the participant
-    assert list(heads.columns) == HEAD_COLUMNS and len(heads) == (3 + 2) * 30 * 9
+    # scopes: all and both groups for the occupation, from the pronoun and from the token before it;
+    # all and two-entity for the participant
+    assert list(heads.columns) == HEAD_COLUMNS and len(heads) == (3 + 3 + 2) * 30 * 9
+    level = heads["level"].notna()
+    assert (level == (heads["source"] == "before_pronoun")).all() and heads.loc[level, "difference"].isna().all()
+    paired = heads[~level]
     assert (
-        heads["interaction_q"].between(0, 1).all()
-        and (heads["difference_ci_low"] <= heads["difference"] + 1e-12).all()
+        paired["interaction_q"].between(0, 1).all()
+        and (paired["difference_ci_low"] <= paired["difference"] + 1e-12).all()
+        and heads.loc[level, "level_q"].between(0, 1).all()
     )
     assert set(heads["clusters"]) == {"occupation x template"}
     behavior = pd.read_csv(run.directory / "behavior.csv")
@@ -87,7 +102,7 @@ def test_tables_and_figures_are_written(reported):
     links = re.findall(r'<a href="([^"]+)">', path.read_text())
     assert {"head_stats.csv", "head_stats.parquet", "attention.parquet", "prompts.csv"} <= set(links)
     assert all((path.parent / link).is_file() for link in links)  # every table link opens a file
-    assert len(pd.read_csv(run.directory / "layer_stats.csv")) == 5 * 30
+    assert len(pd.read_csv(run.directory / "layer_stats.csv")) == 8 * 30
     for name in (
         "interaction_occupation",
         "difference_participant",
@@ -106,8 +121,9 @@ def test_html_is_self_contained(reported):
     assert "<link" not in html
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
     assert (
-        len(images) == 7
-    )  # interaction and difference for two targets, the layer profile, two behaviour figures
+        len(images) == 8
+    )  # interaction and difference for two targets, the level before the pronoun, the layer profile,
+    # two behaviour figures
     for data in images:
         pixels = mpimg.imread(io.BytesIO(base64.b64decode(data)), format="png")
         assert pixels.shape[0] > 200 and pixels.shape[1] > 200
@@ -188,7 +204,13 @@ def test_notebook_api(reported, smollm):
     )
     assert run.head_effects is None and run.head_effects_summary is None  # this run skipped head effects
     fig = run.plot_heads("participant")
-    assert fig.axes[0].get_title().startswith("participant: interaction")
+    assert fig.axes[0].get_title().startswith("pronoun -> participant: interaction")
+    fig = run.plot_heads("occupation")  # two sources reach the occupation: the pronoun's paired rows
+    assert fig.axes[0].get_title().startswith("pronoun -> occupation: interaction")
+    fig = run.plot_heads("occupation", statistic="level")  # the token before the pronoun
+    assert fig.axes[0].get_title().startswith("before_pronoun -> occupation: level")
+    with pytest.raises(attnprobe.AnalysisError, match="no level for source 'pronoun' in this run"):
+        run.plot_heads("occupation", statistic="level", source="pronoun")
     with pytest.raises(attnprobe.AnalysisError, match="no attention target 'nobody' in this run; targets: "):
         run.plot_heads("nobody")  # used to return an empty figure
     with pytest.raises(attnprobe.AnalysisError, match="'r' is not in this run's head_stats; use interaction"):

@@ -46,9 +46,11 @@ def test_outputs_follow_the_contract(small_run, smollm):
     assert list(logprobs.columns) == ["prompt_id", "cut", "candidate", "candidate_label", "logprob"]
     L, H = smollm.info.n_layers, smollm.info.n_heads
     two_entity = prompts["participant"].notna()
-    expected_rows = L * H * (len(prompts) + two_entity.sum())  # occupation always, participant where present
+    # pronoun -> occupation and the token before the pronoun -> occupation always, participant where present
+    expected_rows = L * H * (2 * len(prompts) + two_entity.sum())
     assert len(attention) == expected_rows
-    assert attention.groupby(["prompt_id", "target"]).size().eq(L * H).all()
+    assert attention.groupby(["prompt_id", "source", "target"]).size().eq(L * H).all()
+    assert set(attention["source"]) == {"pronoun", "before_pronoun"}
     assert set(logprobs["candidate_label"]) == {"female", "male", "neutral"}
     # three candidates per prompt; five where " her" is both acc and poss (her vs him + his, them + their)
     ambiguous = prompts["template_id"].isin(["left_keys", "thanked_praised", "thanked_gift"])
@@ -72,7 +74,9 @@ def test_outputs_follow_the_contract(small_run, smollm):
 def test_weights_equal_eager_attention_of_each_prompt_alone(small_run, smollm):
     """Spot check: recompute the documented aggregation from HF eager output_attentions."""
     prompts = small_run.prompts.set_index("prompt_id")
-    attention = small_run.attention.set_index(["prompt_id", "target", "layer", "head"]).sort_index()["weight"]
+    attention = small_run.attention.set_index(["prompt_id", "source", "target", "layer", "head"]).sort_index()[
+        "weight"
+    ]
     sample = list(prompts.index[::9])
     smollm.model.set_attn_implementation("eager")
     try:
@@ -85,15 +89,19 @@ def test_weights_equal_eager_attention_of_each_prompt_alone(small_run, smollm):
                 eager = torch.stack(smollm.model(input_ids=ids, output_attentions=True).attentions)[
                     :, 0
                 ]  # (L, H, T, T)
-            src = slice(row.pronoun_tok_start, row.pronoun_tok_end)
-            for target in ("occupation", "participant"):
+            before = slice(row.pronoun_tok_start - 1, row.pronoun_tok_start)  # the position predicting it
+            for source, src, target in (
+                ("pronoun", slice(row.pronoun_tok_start, row.pronoun_tok_end), "occupation"),
+                ("pronoun", slice(row.pronoun_tok_start, row.pronoun_tok_end), "participant"),
+                ("before_pronoun", before, "occupation"),
+            ):
                 if pd.isna(row[f"{target}_tok_start"]):
                     continue
                 tgt = slice(int(row[f"{target}_tok_start"]), int(row[f"{target}_tok_end"]))
                 expected = (
                     eager[:, :, src, tgt].sum(-1).mean(-1)
                 )  # sum over target tokens, mean over source tokens
-                got = torch.tensor(attention.loc[(pid, target)].to_numpy()).view_as(expected)
+                got = torch.tensor(attention.loc[(pid, source, target)].to_numpy()).view_as(expected)
                 worst = max(worst, (got - expected).abs().max().item())
         assert worst <= 1e-5
     finally:

@@ -406,10 +406,12 @@ def test_planted_interaction_in_a_run_directory(tmp_path):
     assert held["mean_held_out_r_null"] < 0.3 and held["held_out_p"] < 0.01
     table = stats.held_out_summary(heads, None)  # the same claims as a table, each beside its null
     r_row = table[table.statistic == "mean held-out r"].iloc[0]
+    top5 = stats.held_out_interaction(heads[heads.scope == "all"])  # the table's claim: the top 5
     assert (
         len(table) == 2
-        and r_row.value == held["mean_held_out_r"]
-        and r_row.null == held["mean_held_out_r_null"]
+        and r_row.value == top5["mean_held_out_r"]
+        and r_row.null == top5["mean_held_out_r_null"]
+        and r_row.p == top5["held_out_p"]
     )
     assert list(stats.split_halves(np.array([5.0, 1, 3, 2]))) == [False, True, True, False]
     assert set(heads.interaction_test) == {"cluster-robust slope, CR2 by occupation x template"}

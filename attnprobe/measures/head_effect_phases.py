@@ -246,12 +246,12 @@ def selected(
         crossfit = head_mask(sets[-1], L, H)
         for direction in ("in", "out"):
             builder.add((k, "crossfit", direction), pair, direction, output=crossfit[None])
+            if len(chosen):
+                builder.add((k, "output", direction), pair, direction, output=chosen)
         draws = selection.random_for(pair.item, pair.cf.word)
         if draws:  # the null of the cross-fitted share: random sets of the same layers
             masks = torch.stack([head_mask(d, L, H) for d in draws])
             builder.add((k, "random", "in"), pair, "in", output=masks)
-            if len(chosen):
-                builder.add((k, "output", direction), pair, direction, output=chosen)
         if len(chosen) and pair.item.same_length(pair.cf):
             builder.add((k, "pattern", "in"), pair, "in", pattern=chosen)
     ys = builder.run(pm, bank, share_prefix)

@@ -82,7 +82,11 @@ def head_stats(run) -> pd.DataFrame:
                 cells = design.cell_means(wide["d"].to_numpy()[keep])
                 table = table.assign(**_interaction(design, cells, analysis))
             tables.append(table)
-    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["scope", *KEYS])
+    if not tables:
+        return pd.DataFrame(columns=["scope", *KEYS])
+    out = pd.concat(tables, ignore_index=True)
+    level = [c for c in out.columns if c.startswith("level")]  # after the paired statistics
+    return out[[c for c in out.columns if c not in level] + level]
 
 
 def _level(design: Design, values: np.ndarray, analysis: Analysis) -> dict:
@@ -273,6 +277,8 @@ def layer_stats(heads: pd.DataFrame) -> pd.DataFrame:
             max_abs_interaction_r=("interaction_r", lambda v: v.abs().max()),
             n_interaction_q05=("interaction_q", lambda v: int((v < ALPHA).sum())),
         )
+    if "level_q" in heads:  # measures read before the contrast: heads whose level follows the covariate
+        columns.update(n_level_q05=("level_q", lambda v: int((v < ALPHA).sum())))
     return grouped.agg(**columns).reset_index()
 
 
