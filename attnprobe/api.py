@@ -100,7 +100,9 @@ class Run(RunFiles):
         sources = list(dict.fromkeys(heads["source"]))
         source = source or sources[0]
         if source not in sources:
-            raise AnalysisError(f"no {statistic} for source {source!r} in this run; sources: {', '.join(sources)}")
+            raise AnalysisError(
+                f"no {statistic} for source {source!r} in this run; sources: {', '.join(sources)}"
+            )
         heads = heads[heads["source"] == source]
         targets = list(dict.fromkeys(heads["target"]))
         target = target or (targets[0] if targets else None)

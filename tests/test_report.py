@@ -80,7 +80,9 @@ def test_tables_and_figures_are_written(reported):
     # all and two-entity for the participant
     assert list(heads.columns) == HEAD_COLUMNS and len(heads) == (3 + 3 + 2) * 30 * 9
     level = heads["level"].notna()
-    assert (level == (heads["source"] == "before_pronoun")).all() and heads.loc[level, "difference"].isna().all()
+    assert (level == (heads["source"] == "before_pronoun")).all() and heads.loc[
+        level, "difference"
+    ].isna().all()
     paired = heads[~level]
     assert (
         paired["interaction_q"].between(0, 1).all()

@@ -74,9 +74,9 @@ def test_outputs_follow_the_contract(small_run, smollm):
 def test_weights_equal_eager_attention_of_each_prompt_alone(small_run, smollm):
     """Spot check: recompute the documented aggregation from HF eager output_attentions."""
     prompts = small_run.prompts.set_index("prompt_id")
-    attention = small_run.attention.set_index(["prompt_id", "source", "target", "layer", "head"]).sort_index()[
-        "weight"
-    ]
+    attention = small_run.attention.set_index(
+        ["prompt_id", "source", "target", "layer", "head"]
+    ).sort_index()["weight"]
     sample = list(prompts.index[::9])
     smollm.model.set_attn_implementation("eager")
     try:
