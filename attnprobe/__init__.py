@@ -4,6 +4,7 @@ from . import capture  # registers the "attnprobe" attention function with trans
 from .adhoc import probe, span_tokens, str_tokens
 from .api import Run, merge_shards, run_suite
 from .capture import Captured, encode, run_with_capture
+from .edits import EditOptions, edited
 from .errors import (
     AnalysisError,
     AttnprobeError,
@@ -26,6 +27,7 @@ __all__ = [
     "CaptureError",
     "Captured",
     "DEFAULT_MODEL",
+    "EditOptions",
     "ModelInfo",
     "ModelSpecError",
     "ProbeModel",
@@ -38,6 +40,8 @@ __all__ = [
     "__version__",
     "attention_view",
     "capture",
+    "edited",
+    "edits",
     "encode",
     "head_view",
     "load_model",

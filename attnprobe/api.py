@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import run as run_package
+from .edits import EditOptions, run_edits
 from .errors import AnalysisError
 from .report import headline, load_tables, write_report
 from .report.plots import head_heatmap
@@ -70,6 +71,18 @@ class Run(RunFiles):
     def referent_choice_accuracy(self) -> pd.DataFrame:
         """The model's own choice in the scored continuation: accuracy, per label, pro - anti gap, margin."""
         return self._tables()["referent_choice_accuracy"]
+
+    @property
+    def edits(self) -> pd.DataFrame | None:
+        """Per edit kind and k (`attnprobe edit` / `Run.edit`): the stereotype gradient before and
+        after, against random heads of the same layers, definitional control and KL cost (None
+        before any edit sweep)."""
+        path = self.directory / "edits.parquet"
+        return pd.read_parquet(path) if path.is_file() else None
+
+    def edit(self, options=None, model=None, **settings) -> pd.DataFrame:
+        """Run the head-edit sweep on this run (`attnprobe edit`): EditOptions or its fields by name."""
+        return run_edits(self.directory, options or EditOptions(**settings), model=model, log=lambda m: None)
 
     def _tables(self) -> dict:
         if "_stats" not in self.__dict__:

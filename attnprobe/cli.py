@@ -374,3 +374,8 @@ def merge(out, shard_dirs, with_report):
         from .report import write_report
 
         click.echo(f"report: {write_report(result.directory, progress=_phases())}")
+
+
+from .cli_edit import edit  # noqa: E402 (registered after the group exists)
+
+main.add_command(edit)

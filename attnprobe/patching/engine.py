@@ -148,7 +148,7 @@ def patched(
                 .cpu()
             )
             continue
-        for rows in _passes(
+        for rows in plan_passes(
             group, lengths, variants.at if share_prefix else torch.zeros_like(lengths), row_tokens
         ):
             y[rows] = (
@@ -161,7 +161,7 @@ def patched(
     return y
 
 
-def _passes(
+def plan_passes(
     group: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, row_tokens: int, waste: float = 0.15
 ):
     """Consecutive runs of `group` (sorted by start, then length), each one pass: at most `row_tokens`

@@ -18,7 +18,7 @@ from ..run.reader import RunFiles
 from ..stats import ALPHA, held_out_interaction, run_analysis
 from . import plots
 from .figures import figure
-from .sections import effects_context, referents_context
+from .sections import edits_context, effects_context, referents_context
 
 
 def _pooled(behavior: pd.DataFrame):
@@ -254,6 +254,7 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "covariate": analysis.name(analysis.covariate) if analysis.covariate else None,
         "unit": analysis.name(analysis.unit) if analysis.unit else None,
         "effects": effects_context(tables, heads, figures_dir, manifest, analysis),
+        "edits": edits_context(run.directory, figures_dir),
         "referents": referents_context(tables, figures_dir, analysis),
         "preference": _records(tables, "sentence_preference"),
         "choices": _records(tables, "choice_accuracy"),

@@ -150,3 +150,47 @@ def template_breakdown(summary: pd.DataFrame, xlabel: str):
     ax.set_title("behaviour by template group and template")
     fig.tight_layout()
     return fig
+
+
+FRONTIER_ALT = (
+    "share of the stereotype gradient removed against the KL cost, found heads against random heads"
+)
+
+
+def edit_frontier(summary: pd.DataFrame, draws: pd.DataFrame):
+    """Share of the stereotype gradient removed (on the sampled items) against the KL cost: per edit
+    kind the found heads for each k (a line, points labelled k), random head sets of the same layers
+    as grey points (the chance band)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    floor = 1e-6  # KL of an edit that changes nothing, for the log axis
+    if len(draws):
+        ax.scatter(
+            draws["kl"].clip(lower=floor),
+            draws["gradient_removed_sampled"],
+            s=10,
+            color="#bbbbbb",
+            label="random heads, same layers",
+        )
+    for kind, rows in summary.groupby("kind", sort=False):
+        rows = rows.sort_values("k")
+        ax.plot(
+            rows["kl"].clip(lower=floor),
+            rows["gradient_removed_sampled"],
+            marker="o",
+            label=f"{kind}: found heads",
+        )
+        for r in rows.itertuples():
+            ax.annotate(
+                f"k={r.k}",
+                (max(r.kl, floor), r.gradient_removed_sampled),
+                fontsize=7,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
+    ax.set_xscale("log")
+    ax.axhline(0, color="#888888", linewidth=0.8)
+    ax.set_xlabel("cost: KL(original || edited) per token of neutral text (nats)")
+    ax.set_ylabel("share of the stereotype gradient removed")
+    ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig

@@ -143,3 +143,13 @@ def referents_context(tables: dict, figures_dir, analysis) -> dict | None:
         "labels": labels,
         "paired": "gap" in table or "gap" in (choice or {}),
     }
+
+
+def edits_context(directory, figures_dir) -> dict | None:
+    """The head-edit section, when `attnprobe edit` has written edits.parquet into the run."""
+    if not (directory / "edits.parquet").is_file():
+        return None
+    summary = pd.read_parquet(directory / "edits.parquet")
+    draws = pd.read_parquet(directory / "edits_draws.parquet")
+    frontier = figure(plots.edit_frontier(summary, draws), figures_dir, "edit_frontier", plots.FRONTIER_ALT)
+    return {"rows": summary.to_dict("records"), "figure": frontier, "reference": summary["reference"].iloc[0]}

@@ -1,0 +1,139 @@
+"""`attnprobe edit RUN_DIR`: load what the run found, measure every edit kind (resumable: one file
+per kind under chunks/), write edits_items, edits and edits_draws (CSV and Parquet) and the
+frontier figure into the run directory."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import RunError
+from ..models import load_model
+from ..patching.designs import SlotSwap
+from ..report.figures import figure
+from ..report.plots import FRONTIER_ALT, edit_frontier
+from ..run.options import RunOptions
+from ..run.plan import plan_run
+from ..run.reader import RunFiles
+from ..run.storage import atomic_write, write_parquet, write_table
+from ..stats.edits import edit_tables
+from ..suite import load_suite
+from .inputs import check_text, record_inputs
+from .sweep import (
+    EditOptions,
+    clean_values,
+    found_sets,
+    gradient_scores,
+    listed_heads,
+    measure_kind,
+    settings_hash,
+)
+
+
+def _run_and_suite(directory: Path):
+    run = RunFiles(directory)
+    run.require_complete()
+    m = run.manifest
+    if not m.get("head_effects") or not run.has_head_effects:
+        raise RunError(
+            f"{directory}: this run has no head effects, the behaviour and head ranking edits are "
+            "measured with; add `head_effects:` (with a next_token cut) to the suite and rerun it"
+        )
+    path = Path(m["suite"]["path"])
+    if not path.is_file():
+        raise RunError(
+            f"{directory}: the run's suite {path} is not there; run `attnprobe edit` from the "
+            "directory the run was made in"
+        )
+    suite = load_suite(path)
+    if suite.sha256 != m["suite"]["sha256"]:
+        raise RunError(
+            f"{path} changed since the run in {directory} was made; rerun the suite first (the edits "
+            "are measured on the run's items)"
+        )
+    if not isinstance(suite.head_effects, SlotSwap):
+        raise RunError(f"{path}: edits measure a next-token behaviour; its head_effects use sentence pairs")
+    return run, suite
+
+
+def run_edits(directory, options: EditOptions | None = None, model=None, log=print) -> pd.DataFrame:
+    """Measure `options` (default EditOptions()) on the run in `directory`; returns the edits table."""
+    directory, options = Path(directory), options or EditOptions()
+    run, suite = _run_and_suite(directory)
+    m = run.manifest
+    started = time.monotonic()
+    L, H = m["model"]["n_layers"], m["model"]["n_heads"]
+    listed = listed_heads(options, L, H)  # bad heads, k or text refused before the model loads
+    check_text(options.text)
+    words = suite.head_effects.replacements
+    word = options.reference or words[-1]
+    if word not in words:
+        raise RunError(
+            f"--reference {word!r} is not one of the run's counterfactual words: {', '.join(words)}"
+        )
+    if model is None:
+        log(f"loading {m['model']['spec']} ({m['dtype']})")
+        model = load_model(m["model"]["spec"], dtype=m["dtype"])
+    plan = plan_run(suite, model, RunOptions(limit=m["settings"]["limit"], out=directory, log=log))
+    items, measure = plan.effect_items, plan.effects
+    if measure.positive != "female" or measure.negative != "male":
+        log("note: the definitional control scores she (female) against he (male); this run's labels differ")
+    log(f"edit: recording {len(items)} items, their {word!r} versions, the control prompts and texts")
+    inputs = record_inputs(model, items, word, options.seed, options.text)
+    covariate = {i.item_id: i.covariate for i in items}
+    head_items, totals = run.head_effect_items, run.head_effect_totals
+    fold_of = dict(zip([i.item_id for i in items], inputs.fold))
+    scores = {"all": gradient_scores(head_items, totals, covariate, word, L, H)}
+    for f in range(4):  # the scores the heads tested on quarter f are chosen by
+        ids = {i for i, g in fold_of.items() if g in inputs.training(f)}
+        scores[f] = gradient_scores(
+            head_items[head_items["item_id"].isin(ids)], totals, covariate, word, L, H
+        )
+    sets = found_sets(inputs, scores, options.ks, listed, H)
+    key = settings_hash(m["fingerprint"], options)
+    chunks = directory / "chunks"
+    chunks.mkdir(exist_ok=True)
+    frames = [_describe(clean_values(model, inputs), inputs)]
+    for n, kind in enumerate(options.kinds, 1):
+        path = chunks / f"edits-{key}-{kind}.parquet"
+        if path.is_file():
+            frames.append(pd.read_parquet(path))
+            log(f"edit: {kind} ({n} of {len(options.kinds)}) read from an earlier session")
+            continue
+        t0 = time.monotonic()
+        frame = _describe(measure_kind(model, kind, options, inputs, sets, H, log), inputs)
+        atomic_write(path, lambda p, frame=frame: write_parquet(frame, p))
+        frames.append(frame)
+        log(f"edit: {kind} done ({n} of {len(options.kinds)}, {time.monotonic() - t0:.0f} s)")
+    raw = pd.concat(frames, ignore_index=True)
+    write_table(directory, "edits_items", raw)
+    summary, draws = edit_tables(raw)
+    summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
+    write_table(directory, "edits", summary)
+    write_table(directory, "edits_draws", draws)
+    figure(edit_frontier(summary, draws), directory / "figures", "edit_frontier", FRONTIER_ALT)
+    log(f"edit: edits.csv, edits_draws.csv and figures/edit_frontier.png in {directory}")
+    return summary
+
+
+def _describe(raw: pd.DataFrame, inputs) -> pd.DataFrame:
+    """The columns the statistics need beside the raw values, so edits_items stands alone: per bias
+    row its item, unit, template and covariate; per control row the label's sign; per text row
+    whether it is the user's text."""
+    items = inputs.items
+    bias = raw["target"] == "bias"
+    index = raw["index"].to_numpy()
+    pick = lambda values, rows: np.asarray(values, dtype=object)[index[rows]]
+    raw["item_id"] = None
+    raw.loc[bias, "item_id"] = pick([i.item_id for i in items], bias)
+    raw.loc[bias, "unit"] = pick([i.unit for i in items], bias)
+    raw.loc[bias, "template_id"] = pick([i.template_id for i in items], bias)
+    raw["covariate"] = np.where(bias, inputs.covariate[np.where(bias, index, 0)], np.nan)
+    control = (raw["target"] == "control").to_numpy()
+    raw["sign"] = np.where(control, inputs.control_sign[np.where(control, index, 0)], np.nan)
+    text = (raw["target"] == "text").to_numpy()
+    raw["user_text"] = np.where(text, inputs.text_is_user[np.where(text, index, 0)], False)
+    return raw

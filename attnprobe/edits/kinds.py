@@ -1,0 +1,164 @@
+"""Head edits: what replaces a chosen head's output, one small class per kind.
+
+A head's output is its per-head context z (B, H, T, D) before the output projection, the site
+`capture.editing` exposes (the same site patching uses). An edit replaces z of its heads at every
+position:
+
+  Zero      z -> 0                                   (zero ablation)
+  Mean      z -> the head's mean z over a reference set's tokens
+  Resample  z -> z the head produced at a reference token drawn at random (seeded, per position)
+  Scale     z -> factor * z                          (factor 1 is the identity)
+  Project   z -> z - (z . u) u, u a unit direction per head (e.g. the direction along which the
+            head's output follows the stereotype covariate on training items)
+
+Heads are (layer, head) pairs; `edit.on(heads)` is the same edit on other heads. Within
+`edited(model, edit)` every forward pass of the model runs edited.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+import torch
+
+from ..capture import editing
+from ..errors import AttnprobeError
+from ..models import routes_attention
+
+Heads = tuple[tuple[int, int], ...]
+
+
+def parse_heads(text: str, n_layers: int, n_heads: int) -> Heads:
+    """'L26H2,L25H2' (commas or spaces) -> ((26, 2), (25, 2)); a head outside the model is refused."""
+    out = []
+    for part in filter(None, re.split(r"[,\s]+", text.strip())):
+        match = re.fullmatch(r"[Ll](\d+)[Hh](\d+)", part)
+        if not match:
+            raise AttnprobeError(f"head {part!r} is not of the form L<layer>H<head>, e.g. L26H2")
+        layer, head = map(int, match.groups())
+        if layer >= n_layers or head >= n_heads:
+            raise AttnprobeError(
+                f"head {part} is not in this model ({n_layers} layers L0-L{n_layers - 1}, "
+                f"{n_heads} heads H0-H{n_heads - 1} per layer)"
+            )
+        out.append((layer, head))
+    if not out:
+        raise AttnprobeError("no heads given: list them as L<layer>H<head>, e.g. --heads L26H2,L25H2")
+    return tuple(dict.fromkeys(out))
+
+
+def heads_label(heads: Heads) -> str:
+    return " ".join(f"L{layer}H{head}" for layer, head in heads)
+
+
+@dataclass(frozen=True)
+class HeadEdit:
+    """The edit of `heads`; subclasses say what replaces their output (`replacement`)."""
+
+    kind: ClassVar[str]
+    heads: Heads = ()
+
+    def on(self, heads: Heads) -> HeadEdit:
+        return replace(self, heads=tuple(heads))
+
+    def replacement(self, layer: int, z: torch.Tensor) -> torch.Tensor:
+        """What every head of `layer` would output under this edit: (B, H, T, D) from z (B, H, T, D)."""
+        raise NotImplementedError
+
+    def mask(self, n_layers: int, n_heads: int) -> torch.Tensor:
+        """(L, H) bool: the edited heads."""
+        out = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+        for layer, head in self.heads:
+            out[layer, head] = True
+        return out
+
+
+@dataclass(frozen=True)
+class Zero(HeadEdit):
+    kind: ClassVar[str] = "zero"
+
+    def replacement(self, layer, z):
+        return torch.zeros_like(z)
+
+
+@dataclass(frozen=True)
+class Mean(HeadEdit):
+    """`means` (L, H, D): each head's mean output over the reference set's tokens."""
+
+    kind: ClassVar[str] = "mean"
+    means: torch.Tensor = field(default=None, repr=False)
+
+    def replacement(self, layer, z):
+        return self.means[layer].to(z)[None, :, None, :].expand_as(z)
+
+
+@dataclass(frozen=True)
+class Resample(HeadEdit):
+    """`bank` (L, H, N, D): each head's outputs at N reference tokens; every position of every row
+    takes one of them, drawn with `seed` (the same draw for the same layer and input shape)."""
+
+    kind: ClassVar[str] = "resample"
+    bank: torch.Tensor = field(default=None, repr=False)
+    seed: int = 0
+
+    def replacement(self, layer, z):
+        B, H, T, D = z.shape
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + layer)
+        pick = torch.randint(self.bank.shape[2], (B, H, T), generator=generator)  # per row, head, position
+        per_head = self.bank[layer].to(z)  # (H, N, D)
+        return per_head[torch.arange(H)[None, :, None], pick]  # (B, H, T, D)
+
+
+@dataclass(frozen=True)
+class Scale(HeadEdit):
+    kind: ClassVar[str] = "scale"
+    factor: float = 0.5
+
+    def replacement(self, layer, z):
+        return z * self.factor
+
+
+@dataclass(frozen=True)
+class Project(HeadEdit):
+    """`directions` (L, H, D), unit length: each head's output loses its component along its own."""
+
+    kind: ClassVar[str] = "project"
+    directions: torch.Tensor = field(default=None, repr=False)
+
+    def replacement(self, layer, z):
+        u = self.directions[layer].to(z)[None, :, None, :]  # (1, H, 1, D)
+        return z - (z * u).sum(-1, keepdim=True) * u
+
+
+KINDS = {kind.kind: kind for kind in (Zero, Mean, Resample, Scale, Project)}
+
+
+@dataclass
+class RowEditor:
+    """Editor for `capture.editing`: row b of the batch has the heads `rows[b]` (B, L, H) edited."""
+
+    edit: HeadEdit
+    rows: torch.Tensor  # (B, L, H) bool, or (1, L, H) for every row
+
+    def __call__(self, site) -> torch.Tensor:
+        chosen = self.rows[:, site.layer].to(site.output.device)  # (B, H)
+        if not chosen.any():
+            return site.output
+        new = self.edit.replacement(site.layer, site.output)
+        return torch.where(chosen[:, :, None, None], new, site.output)
+
+
+@contextmanager
+def edited(model, edit: HeadEdit):
+    """Within the block, `model` (a ProbeModel) runs with `edit` applied to its heads."""
+    if not routes_attention(model.model.config):
+        raise AttnprobeError(
+            f"{model.info.spec}: head edits need attention routed through attnprobe, and this "
+            "family bypasses it (eager-only)"
+        )
+    rows = edit.mask(model.info.n_layers, model.info.n_heads)[None]
+    with editing(RowEditor(edit, rows)):
+        yield model

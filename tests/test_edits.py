@@ -1,0 +1,253 @@
+"""Head edits: each kind equals its definition, checked against weight surgery or the recorded
+outputs; `attnprobe edit` end to end on a tiny model; bad input in one line."""
+
+import textwrap
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+
+import attnprobe
+from attnprobe.capture import editing
+from attnprobe.cli import main
+from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, parse_heads
+from attnprobe.edits.estimate import covariate_directions, token_means, token_sample
+from attnprobe.edits.kinds import RowEditor
+from attnprobe.patching.engine import record
+
+LAYER, HEAD = 1, 1
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+    return attnprobe.load_model(str(tiny_llama_dir))
+
+
+def _ids(tiny, texts=("The nurse said that", "My brother told me that he")):
+    return [torch.tensor(tiny.tokenizer(t)["input_ids"]) for t in texts]
+
+
+def _logits(tiny, ids):
+    with torch.no_grad():
+        return tiny.model(input_ids=ids[None], use_cache=False).logits[0]
+
+
+def _o_proj(tiny):
+    return tiny.model.model.layers[LAYER].self_attn.o_proj
+
+
+def test_zero_ablation_equals_removing_the_head_from_the_output_projection(tiny):
+    ids = _ids(tiny)[0]
+    with edited(tiny, Zero(heads=((LAYER, HEAD),))):
+        got = _logits(tiny, ids)
+    D = tiny.info.head_dim
+    weight = _o_proj(tiny).weight
+    saved = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight[:, HEAD * D : (HEAD + 1) * D] = 0  # the head's columns of W_O: its output never arrives
+        expected = _logits(tiny, ids)
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+    assert torch.allclose(got, expected, atol=1e-6) and not torch.allclose(got, _logits(tiny, ids), atol=1e-4)
+
+
+def test_mean_ablation_equals_the_recorded_mean_through_the_output_projection(tiny):
+    bank = record(tiny, _ids(tiny))
+    means = token_means(bank)
+    # by hand: the mean of the head's output over the 2 sequences' real tokens
+    valid = [bank.outputs[LAYER][n, HEAD, :length] for n, length in enumerate(bank.lengths.tolist())]
+    assert torch.allclose(means[LAYER, HEAD], torch.cat(valid).mean(0), atol=1e-6)
+    ids = _ids(tiny)[0]
+    with edited(tiny, Mean(heads=((LAYER, HEAD),), means=means)):
+        got = _logits(tiny, ids)
+    D = tiny.info.head_dim
+    o_proj = _o_proj(tiny)
+    constant = o_proj.weight[:, HEAD * D : (HEAD + 1) * D] @ means[LAYER, HEAD]  # what the mean adds
+    saved = o_proj.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            o_proj.weight[:, HEAD * D : (HEAD + 1) * D] = 0
+        hook = o_proj.register_forward_hook(lambda m, a, out: out + constant)
+        expected = _logits(tiny, ids)
+        hook.remove()
+    finally:
+        with torch.no_grad():
+            o_proj.weight.copy_(saved)
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+def _edited_outputs(tiny, edit, ids):
+    """The per-head outputs every layer passes on under `edit` (recorded after the edit)."""
+    seen = {}
+    editor = RowEditor(edit, edit.mask(tiny.info.n_layers, tiny.info.n_heads)[None])
+
+    def record_after(site):
+        seen[site.layer] = (site.output.detach(), editor(site).detach())
+        return seen[site.layer][1]
+
+    with editing(record_after), torch.no_grad():
+        tiny.model(input_ids=ids[None], use_cache=False)
+    return seen
+
+
+def test_projection_leaves_no_component_along_the_direction_and_other_heads_alone(tiny):
+    bank = record(
+        tiny, _ids(tiny, [f"The {w} said that" for w in ("nurse", "pilot", "chef", "judge", "baker")])
+    )
+    last = torch.stack([z[torch.arange(5), :, bank.lengths - 1] for z in bank.outputs], 1)
+    directions = covariate_directions(last, np.array([90.0, 5, 20, 35, 60]))
+    assert torch.allclose(directions.norm(dim=-1), torch.ones(2, 2), atol=1e-5)
+    seen = _edited_outputs(tiny, Project(heads=((LAYER, HEAD),), directions=directions), _ids(tiny)[0])
+    before, after = seen[LAYER]
+    u = directions[LAYER, HEAD]
+    assert (after[0, HEAD] @ u).abs().max() < 1e-5 and (before[0, HEAD] @ u).abs().max() > 1e-3
+    assert torch.equal(after[0, 1 - HEAD], before[0, 1 - HEAD])  # the other head untouched
+    assert torch.allclose(after[0, HEAD] + (before[0, HEAD] @ u)[:, None] * u, before[0, HEAD], atol=1e-6)
+
+
+def test_scale_by_one_is_the_identity_and_by_zero_is_zero_ablation(tiny):
+    ids = _ids(tiny)[1]
+    with edited(tiny, Scale(heads=((LAYER, HEAD), (0, 0)), factor=1.0)):
+        same = _logits(tiny, ids)
+    assert torch.equal(same, _logits(tiny, ids))
+    with edited(tiny, Scale(heads=((LAYER, HEAD),), factor=0.0)):
+        scaled = _logits(tiny, ids)
+    with edited(tiny, Zero(heads=((LAYER, HEAD),))):
+        zero = _logits(tiny, ids)
+    assert torch.allclose(scaled, zero, atol=1e-6)
+
+
+def test_resample_takes_each_position_from_the_reference_bank(tiny):
+    bank = token_sample(record(tiny, _ids(tiny)), 6, seed=1)  # (L, H, 6, D)
+    assert bank.shape[2] == 6
+    seen = _edited_outputs(tiny, Resample(heads=((LAYER, HEAD),), bank=bank), _ids(tiny)[1])
+    _, after = seen[LAYER]
+    for position in after[0, HEAD]:
+        assert (position[None] - bank[LAYER, HEAD]).abs().max(-1).values.min() < 1e-6
+
+
+def test_heads_are_parsed_and_refused_in_one_line():
+    assert parse_heads("L1H0, l0h1", 2, 2) == ((1, 0), (0, 1))
+    with pytest.raises(attnprobe.AttnprobeError, match=r"head L40H3 is not in this model \(30 layers L0-L29"):
+        parse_heads("L40H3", 30, 9)
+    with pytest.raises(attnprobe.AttnprobeError, match="is not of the form L<layer>H<head>"):
+        parse_heads("26.2", 30, 9)
+
+
+OCCUPATIONS = [
+    ("nurse", 88), ("secretary", 93), ("librarian", 79), ("cashier", 71), ("teacher", 70), ("baker", 60),
+    ("lawyer", 37), ("chef", 22), ("pilot", 9), ("plumber", 2), ("carpenter", 3), ("mechanic", 2),
+]  # fmt: skip
+
+
+def _edit_suite(tmp_path):
+    rows = "".join(f"{o}\t{p}\n" for o, p in OCCUPATIONS)
+    (tmp_path / "jobs.tsv").write_text("occupation\tbls_pct_female\n" + rows)
+    path = tmp_path / "e.yaml"
+    path.write_text(
+        textwrap.dedent("""\
+        name: e
+        contrast: pronoun
+        slots:
+          occupation: {table: jobs.tsv, column: occupation}
+          pronoun: {values: [{label: female, value: she}, {label: male, value: he}]}
+        templates:
+          - {id: said, text: "The {occupation} said that {pronoun} left."}
+          - {id: told, text: "The {occupation} told us that {pronoun} was tired."}
+        attention: [{source: pronoun, targets: occupation}]
+        next_token: [{cut: pronoun, candidates: pronoun}]
+        analysis:
+          contrast: pronoun
+          positive: female
+          negative: male
+          clusters: [occupation, template]
+          covariate: occupation.bls_pct_female
+        head_effects:
+          cut: pronoun
+          positive: female
+          negative: male
+          counterfactual: {occupation: [woman, man, person]}
+        """)
+    )
+    return path
+
+
+def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
+    suite, out = _edit_suite(tmp_path), tmp_path / "run"
+    args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    (tmp_path / "text.txt").write_text("The weather was mild and the market opened early. " * 5)
+    result = CliRunner().invoke(
+        main,
+        ["edit", str(out), "--kinds", "zero,mean,resample,scale,project", "--k", "1,2"]
+        + ["--draws", "3", "--text", str(tmp_path / "text.txt")],
+    )
+    assert result.exit_code == 0, result.output
+    edits = pd.read_csv(out / "edits.csv")
+    assert len(edits) == 5 * 2 and set(edits["kind"]) == {"zero", "mean", "resample", "scale", "project"}
+    assert (edits["n_random"] == 3).all() and edits["random_p"].between(0.25, 1).all()
+    raw = pd.read_parquet(out / "edits_items.parquet")
+    # recompute one row from the raw values: the gradient before and after, per 10 points
+    row = edits[(edits.kind == "zero") & (edits.k == 2)].iloc[0]
+    items = raw[(raw.target == "bias") & (raw.kind == "none")].set_index("index").sort_index()
+    after = raw[(raw.target == "bias") & (raw.kind == "zero") & (raw.k == 2) & (raw.draw == -1)]
+    after = after.set_index("index").sort_index()
+    x = items["covariate"].to_numpy()
+    slope = lambda y: 10 * np.polyfit(x, y, 1)[0]
+    assert np.isclose(row.gradient_before, slope(items["y"].to_numpy()))
+    assert np.isclose(row.gradient_after, slope(after["y"].to_numpy()))
+    assert np.isclose(row.gradient_removed, 1 - row.gradient_after / row.gradient_before)
+    assert row.gradient_after_ci_low <= row.gradient_after <= row.gradient_after_ci_high
+    # scale 0.5 edits something, project removes a direction: neither is the clean run
+    assert (edits["kl"] > 0).all() and edits["text_loss_change"].notna().all()
+    assert edits["definitional_accuracy_before"].between(0, 1).all()
+    draws = pd.read_csv(out / "edits_draws.csv")
+    assert len(draws) == 5 * 2 * 3
+    layers_of = lambda text: sorted(int(h[1 : h.index("H")]) for h in text.split())
+    for r in draws.itertuples():  # random heads of the same layers as the heads chosen on all items
+        assert layers_of(r.heads) == layers_of(
+            edits[(edits.kind == r.kind) & (edits.k == r.k)].heads_all.iloc[0]
+        )
+    assert (out / "figures" / "edit_frontier.png").stat().st_size > 5000
+    # a second call reads every kind back (resume) and gives the same table
+    again = CliRunner().invoke(
+        main,
+        ["edit", str(out), "--kinds", "zero,mean,resample,scale,project", "--k", "1,2"]
+        + ["--draws", "3", "--text", str(tmp_path / "text.txt")],
+    )
+    assert again.exit_code == 0 and again.output.count("read from an earlier session") == 5
+    pd.testing.assert_frame_equal(
+        pd.read_csv(out / "edits.csv").drop(columns="seconds"), edits.drop(columns="seconds")
+    )
+    # the report shows the sweep: its table and the frontier figure; the notebook reads the same table
+    assert CliRunner().invoke(main, ["report", str(out)]).exit_code == 0
+    html = (out / "report.html").read_text()
+    assert "Editing the heads (attnprobe edit)" in html and html.count('<td class="text">project</td>') == 2
+    pd.testing.assert_frame_equal(attnprobe.Run(out).edits, pd.read_parquet(out / "edits.parquet"))
+    # bad input: one line each
+    for extra, message in (
+        (["--heads", "L40H3"], "head L40H3 is not in this model (2 layers"),
+        (["--k", "5"], "k 5 is more than this model's 4 heads"),
+        (["--k", "1", "--text", str(tmp_path / "empty.txt")], "has no text to score"),
+        (["--kinds", "melt"], "unknown edit kind melt"),
+        (
+            ["--k", "1", "--reference", "robot"],
+            "--reference 'robot' is not one of the run's counterfactual words",
+        ),
+    ):
+        (tmp_path / "empty.txt").write_text("  \n")
+        bad = CliRunner().invoke(main, ["edit", str(out), *extra])
+        assert bad.exit_code == 2 and message in bad.output and "Traceback" not in bad.output, bad.output
+        assert "loading" not in bad.output  # refused before the model loads
+
+
+def test_edit_refuses_a_run_without_head_effects(tiny_llama_dir, tmp_path):
+    suite, out = _edit_suite(tmp_path), tmp_path / "run"
+    args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
+    assert CliRunner().invoke(main, [*args, "--no-head-effects"]).exit_code == 0
+    bad = CliRunner().invoke(main, ["edit", str(out)])
+    assert bad.exit_code == 2 and "this run has no head effects" in bad.output
