@@ -32,6 +32,7 @@ class LineLoader(yaml.SafeLoader):
 
 
 def _construct_map(loader, node):
+    _check_keys(loader, node)  # before merge keys are flattened: an explicit key may override a merged one
     loader.flatten_mapping(node)
     result = Map(
         (loader.construct_object(k, deep=True), loader.construct_object(v, deep=True)) for k, v in node.value
@@ -39,6 +40,29 @@ def _construct_map(loader, node):
     result.line = node.start_mark.line + 1
     result.key_lines = {loader.construct_object(k, deep=True): k.start_mark.line + 1 for k, _ in node.value}
     return result
+
+
+def _check_keys(loader, node) -> None:
+    """Keys are plain scalars, each once: a list or mapping as a key, or a key written twice (where
+    YAML would silently keep the last), is refused at its line."""
+    seen: dict = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, "a key is a list or a mapping; keys are plain names", key_node.start_mark
+            )
+        key = loader.construct_object(key_node)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"key '{key}' is given twice (lines {seen[key]} and {line}); keep one",
+                key_node.start_mark,
+            )
+        seen[key] = line
 
 
 def _construct_seq(loader, node):

@@ -207,6 +207,12 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     assert edits["definitional_accuracy_before"].between(0, 1).all()
     draws = pd.read_csv(out / "edits_draws.csv")
     assert len(draws) == 5 * 2 * 3
+    for r in edits.itertuples():  # where the found heads fall among the random draws
+        removed = draws[(draws.kind == r.kind) & (draws.k == r.k)].gradient_removed_sampled
+        assert np.isclose(r.random_percentile, 100 * (removed < r.gradient_removed_sampled).mean())
+        assert np.isclose(
+            r.random_p, (1 + (removed >= r.gradient_removed_sampled).sum()) / (1 + len(removed))
+        )
     layers_of = lambda text: sorted(int(h[1 : h.index("H")]) for h in text.split())
     for r in draws.itertuples():  # random heads of the same layers as the heads chosen on all items
         assert layers_of(r.heads) == layers_of(
@@ -243,6 +249,9 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
         bad = CliRunner().invoke(main, ["edit", str(out), *extra])
         assert bad.exit_code == 2 and message in bad.output and "Traceback" not in bad.output, bad.output
         assert "loading" not in bad.output  # refused before the model loads
+    # --fresh removes the sweep with the run it belonged to (a stale edits.csv would reach the report)
+    assert CliRunner().invoke(main, [*args, "--fresh"]).exit_code == 0
+    assert not (out / "edits.csv").exists() and not list((out / "chunks").glob("edits-*"))
 
 
 def test_edit_refuses_a_run_without_head_effects(tiny_llama_dir, tmp_path):

@@ -10,6 +10,7 @@ from conftest import EFFECT_SUITE, transformers_tokenizer
 
 import attnprobe
 from attnprobe.errors import RunError
+from attnprobe.report import write_report
 from attnprobe.run import model_name, storage
 
 OLD_RUN = {"fingerprint": "old", "settings": {}, "versions": {}, "suite": {"name": "gender"}}
@@ -156,6 +157,11 @@ def test_tables_round_trip_as_computed(tiny_llama_dir, tmp_path):
     pd.testing.assert_frame_equal(
         attnprobe.Run(run.directory).condition_means, first
     )  # from the cache, same dtypes
+    (tmp_path / "afile").write_text("x")  # report --out under a file: one line, before any statistics
+    with pytest.raises(RunError, match="afile is a file, not a directory; choose another place"):
+        write_report(run.directory, tmp_path / "afile" / "deeper" / "report.html")
+    with pytest.raises(RunError, match="is a directory; give a file name"):
+        write_report(run.directory, tmp_path)
 
 
 def test_out_at_the_suites_data_is_refused_before_anything_is_written(tmp_path, tiny_llama_dir):

@@ -360,3 +360,49 @@ def test_a_catastrophic_line_pattern_is_one_line_in_seconds(tmp_path):
     with pytest.raises(SuiteError, match=r"s\.txt:1: the entry's `pattern` took over 1 s on this line"):
         load_suite(tmp_path / "s.yaml")
     assert time.perf_counter() - start < 5
+
+
+SMALL = """\
+name: s
+contrast: pronoun
+slots:
+  occupation: {values: [nurse, pilot]}
+  pronoun: {values: [{label: female, value: she}, {label: male, value: he}]}
+templates:
+  - {id: a, text: "The {occupation} said that {pronoun} left."}
+next_token: [{cut: pronoun, candidates: pronoun}]
+"""
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("? [a, b]\n: 1\n", "s.yaml:9: invalid YAML (a key is a list or a mapping; keys are plain names)"),
+        (
+            "head_effects: {cut: pronoun, counterfactual: {[occupation]: woman}}\n",
+            "s.yaml:9: invalid YAML (a key is a list or a mapping",
+        ),
+        ("name: t\n", "s.yaml:9: invalid YAML (key 'name' is given twice (lines 1 and 9); keep one)"),
+    ],
+)
+def test_unhashable_and_repeated_keys_are_one_line(tmp_path, extra, message):
+    """Round-3 attack: an unhashable key was a traceback; a repeated key silently kept the last value."""
+    assert message in _load_error(tmp_path / "s.yaml", SMALL + extra)
+
+
+def test_merge_keys_may_still_be_overridden(tmp_path):
+    (tmp_path / "s.yaml").write_text(
+        SMALL.replace("  pronoun:", "  base: &b {values: [x]}\n  other: {<<: *b, values: [y]}\n  pronoun:")
+    )
+    suite = load_suite(tmp_path / "s.yaml")  # an explicit key overriding a merged one is not a repeat
+    assert [v.forms["value"] for v in suite.slots["other"].values] == ["y"]
+
+
+def test_a_long_delimiter_and_an_overlong_path_are_one_line(tmp_path):
+    (tmp_path / "t.tsv").write_text("occupation;x\nnurse;1\npilot;2\n")
+    text = SMALL.replace("{values: [nurse, pilot]}", '{table: t.tsv, column: occupation, delimiter: ";;"}')
+    assert "s.yaml:4: delimiter is one character (e.g. ';' or '|'), got ';;'" in _load_error(
+        tmp_path / "s.yaml", text
+    )
+    with pytest.raises(SuiteError, match="cannot be read .File name too long.; give a shorter path"):
+        load_suite(tmp_path / ("a" * 251 + ".yaml"))

@@ -37,6 +37,23 @@ def _groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_tokens: int
             yield min(layer, len(bank.hidden) - 1), rows
 
 
+def _pass(module, bank: Bank, edit: HeadEdit, base, heads, rows, first: int, *contexts):
+    """One edited forward pass of the variants `rows`, starting at layer `first` from the recorded
+    hidden state; `contexts` are entered around it too. Returns (output, what they yielded)."""
+    lengths = bank.lengths[base[rows]]
+    T = int(lengths.max())
+    with ExitStack() as stack:
+        stack.enter_context(skipping(module, first, bank.hidden[first][base[rows], :T], bank.returns_tuple))
+        stack.enter_context(editing(RowEditor(edit, heads[rows])))
+        entered = [stack.enter_context(c) for c in contexts]
+        out = module(
+            input_ids=bank.ids[base[rows], :T],
+            attention_mask=(torch.arange(T)[None] < lengths[:, None]).long(),
+            use_cache=False,
+        )
+    return out, entered
+
+
 @torch.inference_mode()
 def edited_behaviour(
     model,
@@ -56,19 +73,11 @@ def edited_behaviour(
     vocabulary = labels[labels >= 0].unique()
     for first, rows in _groups(bank, base, heads, row_tokens):
         lengths = bank.lengths[base[rows]]
-        T = int(lengths.max())
-        with ExitStack() as stack:
-            stack.enter_context(
-                skipping(module, first, bank.hidden[first][base[rows], :T], bank.returns_tuple)
-            )
-            stack.enter_context(editing(RowEditor(edit, heads[rows])))
-            narrowed = stack.enter_context(narrowed_head(module, vocabulary))
-            stack.enter_context(picked_logits(module, (torch.arange(len(rows)), lengths - 1)))
-            logits = module(
-                input_ids=bank.ids[base[rows], :T],
-                attention_mask=(torch.arange(T)[None] < lengths[:, None]).long(),
-                use_cache=False,
-            ).logits[0]
+        last = picked_logits(module, (torch.arange(len(rows)), lengths - 1))
+        out, (narrowed, _) = _pass(
+            module, bank, edit, base, heads, rows, first, narrowed_head(module, vocabulary), last
+        )
+        logits = out.logits[0]
         pos, neg = positive[rows], negative[rows]
         if narrowed:
             narrow = lambda ids: torch.where(ids >= 0, torch.searchsorted(vocabulary, ids.clamp(min=0)), -1)
@@ -90,24 +99,13 @@ def edited_text_costs(
     vocab = clean_logp[0].shape[-1]
     kl, loss = torch.empty(len(heads), dtype=torch.float64), torch.empty(len(heads), dtype=torch.float64)
     row_tokens = max(1, LOGIT_BYTES // (4 * vocab))
+    clean_p = [logp.exp() for logp in clean_logp]  # once, not per variant
     for first, rows in _groups(bank, base, heads, row_tokens):
-        lengths = bank.lengths[base[rows]]
-        T = int(lengths.max())
-        with ExitStack() as stack:
-            stack.enter_context(
-                skipping(module, first, bank.hidden[first][base[rows], :T], bank.returns_tuple)
-            )
-            stack.enter_context(editing(RowEditor(edit, heads[rows])))
-            logits = module(
-                input_ids=bank.ids[base[rows], :T],
-                attention_mask=(torch.arange(T)[None] < lengths[:, None]).long(),
-                use_cache=False,
-            ).logits.float()
+        logits = _pass(module, bank, edit, base, heads, rows, first)[0].logits.float()
         for b, v in enumerate(rows.tolist()):
             n = int(base[v])
             length = int(bank.lengths[n])
             logp = torch.log_softmax(logits[b, : length - 1], -1)
-            clean = clean_logp[n]
-            kl[v] = (clean.exp() * (clean - logp)).sum(-1).mean().item()
+            kl[v] = (clean_p[n] * (clean_logp[n] - logp)).sum(-1).mean().item()
             loss[v] = -logp.gather(1, bank.ids[n, 1:length, None]).mean().item()
     return kl, loss

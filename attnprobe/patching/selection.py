@@ -56,15 +56,8 @@ def select(
     chosen: dict[str, list[tuple[int, ...]]] = {}
     suite_score = np.zeros(n_layers * n_heads)
     for word, rows in frame.groupby("counterfactual", sort=False):
-        chosen[word] = []
-        for tested in range(4):
-            on = [opposite(tested, n_templates)]
-            if not (rows["fold"] == on[0]).any():  # e.g. one unit half has no item of a template half
-                on = [f for f in range(4) if f // 2 != tested // 2]
-            part = rows[rows["fold"].isin(on)]
-            sign = np.sign(te.loc[(te["counterfactual"] == word) & te["fold"].isin(on), "te"].mean()) or 1.0
-            means = part.groupby(["layer", "head"])[score_column].mean().reindex(grid).to_numpy()
-            chosen[word].append(tuple(_top(sign * means, measure.select, n_layers, n_heads)))
+        scores = quarter_scores(rows, te[te["counterfactual"] == word], score_column, n_templates, grid)
+        chosen[word] = [tuple(_top(scores[f], measure.select, n_layers, n_heads)) for f in range(4)]
         choosing = rows[~rows["item_id"].isin(held_out)]
         sign = (
             np.sign(te.loc[(te["counterfactual"] == word) & ~te["item_id"].isin(held_out), "te"].mean())
@@ -81,6 +74,23 @@ def select(
     }
     sample = frozenset(i.item_id for n, i in enumerate(items) if n % RANDOM_EVERY == 0)
     return Selection(fold, {word: tuple(sets) for word, sets in chosen.items()}, suite, random, sample)
+
+
+def quarter_scores(
+    rows: pd.DataFrame, totals: pd.DataFrame, column: str, n_templates: int, grid: pd.MultiIndex
+) -> list[np.ndarray]:
+    """Per tested fold (0-3), each head's score from the opposite fold (or, when it has no items, the
+    other unit half): the mean of `column` over those items of one word, in the direction of their
+    mean total effect. `rows`: per item and head, with `fold`; `totals`: per item, with te and fold."""
+    out = []
+    for tested in range(4):
+        on = [opposite(tested, n_templates)]
+        if not (rows["fold"] == on[0]).any():  # e.g. one unit half has no item of a template half
+            on = [f for f in range(4) if f // 2 != tested // 2]
+        sign = np.sign(totals.loc[totals["fold"].isin(on), "te"].mean()) or 1.0
+        means = rows[rows["fold"].isin(on)].groupby(["layer", "head"])[column].mean().reindex(grid)
+        out.append(sign * means.to_numpy())
+    return out
 
 
 def random_sets(

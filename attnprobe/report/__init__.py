@@ -17,6 +17,7 @@ import jinja2
 import pandas as pd
 
 from .. import stats
+from ..errors import RunError
 from ..progress import Progress
 from ..run.reader import RunFiles
 from ..run.storage import (
@@ -96,11 +97,24 @@ def _table_links(directory: Path, names: list[str], page_dir: Path) -> list[dict
     return [{"name": name, "href": os.path.relpath(directory / name, page_dir)} for name in found]
 
 
+def _check_out(path: Path) -> None:
+    """--out must name a file whose folder is (or can become) a directory."""
+    if path.is_dir():
+        raise RunError(f"--out {path} is a directory; give a file name, e.g. {path / 'report.html'}")
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise RunError(
+            f"--out {path}: {above} is a file, not a directory; choose another place for the report"
+        )
+
+
 def write_report(run_dirs, out: str | Path | None = None, progress: bool | None = False) -> Path:
     """Write report.html for one run (into its directory) or a side-by-side report of several.
     `progress`: None shows the statistics and report phases (bars, or log lines off a terminal)."""
     run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
     runs = [RunFiles(d) for d in run_dirs]
+    if out:
+        _check_out(Path(out))  # before any statistics are computed
     tables = [load_tables(run, progress=progress) for run in runs]
     bar = Progress(len(runs) + 1, enabled=progress, unit="part", desc="report")
     heads = [t["head_stats"][t["head_stats"]["scope"] == "all"] for t in tables if len(t["head_stats"])]

@@ -73,8 +73,9 @@ STATS_TABLES = (
     "held_out",
 )
 HEAD_EFFECT_TABLES = ("head_effects", "head_effects_layer_shares", "head_effects_summary")
+EDIT_TABLES = ("edits", "edits_draws", "edits_items")  # written by `attnprobe edit`
 DERIVED = tuple(
-    f"{name}.{ext}" for name in STATS_TABLES + HEAD_EFFECT_TABLES for ext in ("csv", "parquet")
+    f"{name}.{ext}" for name in STATS_TABLES + HEAD_EFFECT_TABLES + EDIT_TABLES for ext in ("csv", "parquet")
 ) + ("behavior_by_occupation.csv", TABLES_KEY, "figures", "report.html")  # the first name of behavior_by_unit
 
 
@@ -209,7 +210,8 @@ def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: s
 # what attnprobe writes inside chunks/ and figures/ (anything else there is someone else's)
 OWN_FILES = {
     "chunks": re.compile(
-        r"(referent-choice-|likelihood-|multiple-choice-|effects-|selected-)?\d{5}\.(done|[a-z_]+\.parquet)|\..+\.tmp"
+        r"(referent-choice-|likelihood-|multiple-choice-|effects-|selected-)?\d{5}\.(done|[a-z_]+\.parquet)"
+        r"|edits-[0-9a-f]{16}-[a-z]+\.parquet|\..+\.tmp"
     ),
     "figures": re.compile(r"[\w-]+\.(png|svg)"),
 }

@@ -5,8 +5,8 @@ per edit kind and k, on the head-effects items (clusters: unit x template, two-w
   gradient of the paired change y_after - y_before (its CI and p test whether the edit moved the
   bias), the share of the gradient removed (1 - after / before), the mean lean before and after;
 - chance: the share removed on the sampled items by the found heads against `draws` random head
-  sets of the same layers: the random mean and 95th percentile, and p = (1 + #random >= found) /
-  (1 + draws);
+  sets of the same layers: the random mean and 95th percentile, the found heads' percentile among
+  the draws (share of draws removing less), and p = (1 + #random >= found) / (1 + draws);
 - control: on the definitional prompts, the share whose y has the label's sign and the mean y
   toward the label, before and after;
 - cost: mean KL(original || edited) per generated text, and the change of the mean log-loss of
@@ -93,6 +93,7 @@ def edit_tables(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
             n_random=len(removed),
             random_removed_mean=removed.mean() if len(removed) else np.nan,
             random_removed_q95=np.quantile(removed, 0.95) if len(removed) else np.nan,
+            random_percentile=100 * (removed < found).mean() if len(removed) else np.nan,
             random_p=(1 + (removed >= found).sum()) / (1 + len(removed)) if len(removed) else np.nan,
             clusters="unit x template",
             n_clusters=" x ".join(str(len(np.unique(c))) for c in clusters),

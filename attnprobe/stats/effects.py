@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
 from ..analysis import ITEM, TEMPLATE
 from .design import Design, items_table
+from .effect_checks import attention_agreement, attribution_check, spearman
 from .heads import run_analysis
 from .inference import (
     ALPHA,
@@ -93,10 +93,8 @@ def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFra
         )
         summary.update(_gradients(x, totals, design, cells, w, te_cells, gradient))
         summary.update(_random_null(totals, design, cells, w, te_cells, gradient))
-        for component in (
-            "attention",
-            "mlp",
-        ):  # the layer whose output, patched in, carries the largest share
+        # the layer whose output, patched in, carries the largest share
+        for component in ("attention", "mlp"):
             rows = layer_table[
                 (layer_table["component"] == component) & (layer_table["direction"] == "in")
             ].dropna(subset=["share"])
@@ -259,16 +257,16 @@ def _summary(
     out["power_note"] = power_note(
         te["n_clusters"], design.cluster_text
     )  # a t test has no p floor; few clusters do limit it
-    out.update(_attribution_check(head_table, n_held, info, te["mean"][0]))
+    out.update(attribution_check(head_table, n_held, info, te["mean"][0]))
     slot = next(iter(info.get("counterfactual", {})), None)
     if heads is not None and len(heads) and slot in set(heads["target"]):
         rows = heads[(heads["target"] == slot) & (heads["scope"] == "all")]
         d_z = rows.groupby(["layer", "head"])["d_z"].first()
         aligned = d_z.reindex(pd.MultiIndex.from_frame(head_table[["layer", "head"]])).to_numpy()
-        out["spearman_effect_attention_difference"] = _spearman(
+        out["spearman_effect_attention_difference"] = spearman(
             np.abs(head_table["mean_output_in"]), np.abs(aligned)
         )
-        out.update(_attention_agreement(rows, head_table))
+        out.update(attention_agreement(rows, head_table))
     dropped = {
         d["item_id"]
         for d in info.get("dropped", [])
@@ -338,58 +336,3 @@ def _random_null(totals, design, cells, w, te_cells, gradient) -> dict:
         out[f"{what}_random_in_max"] = float(np.nanmax(draws))
         out[f"{what}_crossfit_random_p"] = float((1 + (draws >= chosen - 1e-12).sum()) / (1 + len(draws)))
     return out
-
-
-def _attention_agreement(rows: pd.DataFrame, head_table: pd.DataFrame) -> dict:
-    """Across every head: Spearman of |attention's covariate effect| (the interaction where the
-    attention is read at the contrast, e.g. the pronoun; the level's slope where it is read before it,
-    e.g. at the token the prediction is made from) with |the head's share of TE's gradient| (by
-    attribution, known for every head). Does where heads look track what carries the stereotype?"""
-    if "gradient_share_attribution_output" not in head_table:
-        return {}
-    index = pd.MultiIndex.from_frame(head_table[["layer", "head"]])
-    causal = np.abs(head_table["gradient_share_attribution_output"].to_numpy())
-    out = {}
-    for source, group in rows.groupby("source", sort=False):
-        column = next(
-            (c for c in ("interaction_per10", "level_per10") if c in group and group[c].notna().any()), None
-        )
-        if column:
-            effect = group.set_index(["layer", "head"])[column].reindex(index).to_numpy()
-            out[f"spearman_gradient_attention_{source}"] = _spearman(causal, np.abs(effect))
-    return out
-
-
-def _attribution_check(head_table: pd.DataFrame, n_held: int, info: dict, te: float) -> dict:
-    """Attribution against exact patching. With held-out items (exact: k): on them, Spearman of
-    attribution against exact over every head; Spearman of the ranking the suite's heads were chosen
-    by (attribution on the other items) against exact on the held-out items; and how many of the
-    suite's k heads are among the k largest exact effects there (in the direction of TE). With
-    exact: all, Spearman over every head on every item."""
-    if not n_held:
-        tested = head_table["p"].notna()
-        return {
-            "n_held_out": 0,
-            "spearman_attribution_exact": _spearman(
-                head_table.loc[tested, "mean_attribution_output"], head_table.loc[tested, "mean_output_in"]
-            ),
-        }
-    exact = head_table["heldout_output_in"].to_numpy()
-    out = {
-        "n_held_out": n_held,
-        "spearman_attribution_exact": _spearman(head_table["heldout_attribution_output"], exact),
-        "spearman_heldout_ranking": _spearman(head_table["choosing_attribution_output"], exact),
-    }
-    suite = set((info.get("exact_heads") or "").split()) - {"all"}
-    if suite:
-        names = "L" + head_table["layer"].astype(str) + "H" + head_table["head"].astype(str)
-        score = np.where(np.isfinite(exact), (1.0 if te >= 0 else -1.0) * exact, -np.inf)
-        top = set(names.to_numpy()[np.argsort(-score, kind="stable")[: len(suite)]])
-        out["heldout_top_overlap"] = len(top & suite)
-    return out
-
-
-def _spearman(a, b) -> float:
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    ok = np.isfinite(a) & np.isfinite(b)
-    return float(sps.spearmanr(a[ok], b[ok]).statistic) if ok.sum() > 2 else float("nan")

@@ -78,7 +78,11 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     """Read, validate and expand a suite file. Raises SuiteError with `file:line: ...`. Data files
     are read from the suite's directory, or from `data_roots` (directories) when given."""
     path = Path(path)
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise SuiteError(f"{str(path)[:120]}: cannot be read ({exc.strerror}); give a shorter path") from None
+    if not found:
         raise SuiteError(
             f"{path}: suite file not found; give the path of a .yaml suite (e.g. probes/gender.yaml)"
         )

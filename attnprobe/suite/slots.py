@@ -32,7 +32,8 @@ def load_slots(ctx, node, doc) -> dict[str, Slot]:
             ctx.fail(
                 spec,
                 sorted(unknown)[0],
-                f"unknown key '{sorted(unknown)[0]}' in slot '{name}'; allowed: values, table, column, forms",
+                f"unknown key '{sorted(unknown)[0]}' in slot '{name}'; allowed: values, table, column, "
+                "forms, delimiter",
             )
         if ("values" in spec) == ("table" in spec):
             ctx.fail(node, name, f"slot '{name}' needs exactly one of `values:` or `table:`")
@@ -108,6 +109,10 @@ def _text(ctx, node, key, value, slot) -> str:
 def _table_values(ctx, spec, name, form_names) -> list[SlotValue]:
     path, text = ctx.read_data(spec, "table", spec["table"])
     delimiter = spec.get("delimiter") or ("\t" if path.suffix in (".tsv", ".tab") else ",")
+    if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in '\r\n"':
+        ctx.fail(
+            spec, "delimiter", f"delimiter is one character (e.g. ';' or '|'), got {str(delimiter)[:20]!r}"
+        )
     rows = list(csv.reader(file_lines(text), delimiter=delimiter))
     rows = [r for r in rows if r and not r[0].startswith("#")]  # '#' lines carry provenance
     if not rows:
