@@ -91,3 +91,16 @@ def few_levels_notes(analysis: Analysis, levels: dict[str, int]) -> list[str]:
         for column in analysis.clusters
         if 1 < (n := levels.get(column, 0)) < FEW_LEVELS
     ]
+
+
+def covariate_notes(analysis: Analysis, values: set) -> list[str]:
+    """A note when the declared covariate cannot carry a slope: fewer than two distinct values over
+    the prompts (`values`, None left out)."""
+    if not analysis.covariate or len(values) >= 2:
+        return []
+    shown = ", ".join(map(str, sorted(values, key=str))) or "none"
+    return [
+        f"covariate {analysis.name(analysis.covariate)} takes {len(values)} distinct value(s) ({shown}) "
+        "over the prompts: no slope across it can be estimated, so the interaction and gradient "
+        "statistics stay empty; declare a covariate that varies, or remove it"
+    ]

@@ -149,6 +149,8 @@ def verify(model_spec, texts, dtype, long_tokens, json_path, trust_remote_code, 
 
     if json_path:  # before the work: a path that cannot be written is refused at once
         _json_directory(Path(json_path))
+    if any(not text.strip() for text in texts):
+        raise click.BadParameter("a --text is empty; give a sentence to check", param_hint="--text")
     table = verify_spec(
         model_spec,
         list(texts) or DEFAULT_TEXTS,

@@ -10,7 +10,7 @@ from conftest import EFFECT_SUITE, transformers_tokenizer
 
 import attnprobe
 from attnprobe.errors import RunError
-from attnprobe.report import write_report
+from attnprobe.report import load_tables, write_report
 from attnprobe.run import model_name, storage
 
 OLD_RUN = {"fingerprint": "old", "settings": {}, "versions": {}, "suite": {"name": "gender"}}
@@ -157,6 +157,9 @@ def test_tables_round_trip_as_computed(tiny_llama_dir, tmp_path):
     pd.testing.assert_frame_equal(
         attnprobe.Run(run.directory).condition_means, first
     )  # from the cache, same dtypes
+    (run.directory / "head_effects.csv").write_text("stale")  # left by an earlier run with head effects
+    load_tables(attnprobe.Run(run.directory), refresh=True)
+    assert not (run.directory / "head_effects.csv").exists()  # removed, never linked as this run's
     (tmp_path / "afile").write_text("x")  # report --out under a file: one line, before any statistics
     with pytest.raises(RunError, match="afile is a file, not a directory; choose another place"):
         write_report(run.directory, tmp_path / "afile" / "deeper" / "report.html")

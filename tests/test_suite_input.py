@@ -406,3 +406,29 @@ def test_a_long_delimiter_and_an_overlong_path_are_one_line(tmp_path):
     )
     with pytest.raises(SuiteError, match="cannot be read .File name too long.; give a shorter path"):
         load_suite(tmp_path / ("a" * 251 + ".yaml"))
+
+
+def test_a_constant_covariate_gets_a_note(tmp_path):
+    """Round-3 attack: a one-valued covariate ran with exit 0 and empty interaction columns, no word why."""
+    (tmp_path / "c.tsv").write_text("occupation\tpct\nnurse\t50\npilot\t50\nchef\t50\n")
+    text = SMALL.replace("{values: [nurse, pilot]}", "{table: c.tsv, column: occupation}")
+    analysis = "analysis: {contrast: pronoun, positive: female, negative: male, covariate: occupation.pct}\n"
+    (tmp_path / "s.yaml").write_text(text + analysis)
+    notes = [n for n in load_suite(tmp_path / "s.yaml").notes if "covariate" in n]
+    assert notes == [
+        "covariate occupation.pct takes 1 distinct value(s) (50) over the prompts: no slope across it can "
+        "be estimated, so the interaction and gradient statistics stay empty; declare a covariate that "
+        "varies, or remove it"
+    ]
+    (tmp_path / "c.tsv").write_text("occupation\tpct\nnurse\t50\npilot\t5\nchef\t50\n")
+    assert not [n for n in load_suite(tmp_path / "s.yaml").notes if "covariate" in n]
+
+
+def test_held_out_zero_with_exact_k_gets_a_note(tmp_path):
+    effects = (
+        "head_effects: {cut: pronoun, positive: female, negative: male, counterfactual: {occupation: woman}"
+    )
+    (tmp_path / "s.yaml").write_text(SMALL + effects + ", exact: 3, held_out: 0}\n")
+    assert any("held_out: 0 leaves no item" in n for n in load_suite(tmp_path / "s.yaml").notes)
+    (tmp_path / "s.yaml").write_text(SMALL + effects + ", exact: 3}\n")
+    assert not any("held_out: 0" in n for n in load_suite(tmp_path / "s.yaml").notes)

@@ -161,3 +161,9 @@ def test_cli_verify_gemma3(tmp_path):
     rows = json.loads((tmp_path / "g.json").read_text())
     assert len(rows) == 18 and rows[0]["family"] == "gemma3_text"
     assert max(r["max_dweights_capture"] for r in rows) <= 1e-5
+
+
+def test_an_empty_text_is_refused_before_the_model_loads():
+    result = CliRunner().invoke(main, ["verify", "--text", "  ", "--model", "no-such-model"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "Invalid value for --text: a --text is empty; give a sentence to check" in result.output

@@ -58,6 +58,9 @@ def load_tables(
     if write:
         for name, table in tables.items():
             write_table(run.directory, name, table)
+        for name in set(HEAD_EFFECT_TABLES) - set(tables):  # left by an earlier run: stale now
+            for ext in ("csv", "parquet"):
+                (run.directory / f"{name}.{ext}").unlink(missing_ok=True)
         sums = {name: digest(run.directory / f"{name}.parquet") for name in tables}
         payload = json.dumps({"stamp": stamp, "sha256": sums}, indent=1)
         atomic_write(

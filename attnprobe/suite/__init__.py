@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from ..analysis import few_levels_notes
+from ..analysis import covariate_notes, few_levels_notes
 from ..errors import SuiteError
 from ..measures import (
     AttentionMeasure,
@@ -166,12 +166,20 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     notes += few_levels_notes(
         analysis, {c: len({value_of(p, c) for p in prompts} - {None}) for c in analysis.clusters}
     )
+    if analysis.covariate:
+        notes += covariate_notes(analysis, {value_of(p, analysis.covariate) for p in prompts} - {None})
     referent_choice = ReferentChoiceMeasure.parse(ctx, doc, analysis, span_names)
     columns = {c for p in prompts for c in (*p.meta, *p.slots)} | {"template_id"}
     likelihood = LikelihoodMeasure.parse(ctx, doc, analysis, columns)
     multiple_choice = MultipleChoiceMeasure.parse(ctx, doc, columns)
     template_ids = {t.id for t in templates} | {s["id"] for s in sentence_sets}
     head_effects = parse_head_effects(ctx, doc, slots, template_ids, next_token, analysis, referent_choice)
+    if head_effects is not None and head_effects.exact != "all" and head_effects.held_out == 0:
+        notes.append(
+            "head_effects: held_out: 0 leaves no item on which every head is patched exactly, so "
+            "attribution is not checked against exact patching (those columns stay empty); keep the "
+            "default (8) or set held_out >= 2"
+        )
     first_token = optional_str(ctx, doc, "first_token") or "keep"
     if first_token not in FIRST_TOKEN:
         ctx.fail(
