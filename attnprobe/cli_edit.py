@@ -33,7 +33,8 @@ def _int_list(ctx, param, value):
 )
 @click.option("--factor", type=float, default=0.5, show_default=True, help="Factor of the scale edit.")
 @click.option(
-    "--reference", help="Counterfactual word of the reference set; default the suite's last (person)."
+    "--reference",
+    help="Counterfactual word of the reference set; default the suite's last literal one (person).",
 )
 @click.option(
     "--text", "text_file", type=click.Path(), help="Also report the log-loss change on this text file."

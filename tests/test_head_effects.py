@@ -259,3 +259,43 @@ def test_a_truncated_head_effects_table_is_rebuilt_by_the_rerun_the_error_names(
     again = CliRunner().invoke(main, command)
     assert again.exit_code == 0, again.output
     pd.testing.assert_frame_equal(pd.read_parquet(table), before)
+
+
+def test_a_per_value_counterfactual_takes_each_items_own_partner(tiny_llama_dir, tmp_path):
+    """`{occupation.partner}`: each occupation replaced by its own value of the table's column (Vig
+    et al.'s per-occupation anti-stereotypical swap), one direction beside the literal words; x' is
+    the prompt with that word, and TE is y(x') - y(x) as for any word."""
+    (tmp_path / "jobs.tsv").write_text(
+        "occupation\tpct\tpartner\nnurse\t90\tplumber\nplumber\t2\tnurse\nbaker\t60\t\nchef\t20\tbaker\n"
+    )
+    suite = tmp_path / "p.yaml"
+    suite.write_text(
+        EFFECT_SUITE.replace(
+            "{values: [nurse, engineer, teacher, doctor, lawyer, farmer, baker, pilot, chef, judge]}",
+            "{table: jobs.tsv, column: occupation}",
+        ).replace(
+            "counterfactual: {occupation: woman}",
+            'counterfactual: {occupation: [woman, "{occupation.partner}"]}',
+        )
+    )
+    run = attnprobe.run_suite(
+        suite, model=str(tiny_llama_dir), out=tmp_path / "run", progress=False, log=lambda m: None
+    )
+    totals = run.head_effect_totals
+    per_value = totals[totals["counterfactual"] == "{occupation.partner}"].set_index("occupation")
+    assert set(per_value.index) == {"nurse", "plumber", "chef"}  # baker has no partner: dropped, said why
+    dropped = run.manifest["head_effects"]["dropped"]
+    assert any(
+        "baker" in d["item_id"] and "has no value of {occupation.partner}" in d["reason"] for d in dropped
+    )
+    model = attnprobe.load_model(str(tiny_llama_dir))
+    she, he = (model.tokenizer(w, add_special_tokens=False)["input_ids"][0] for w in (" she", " he"))
+    for occupation, partner in (("nurse", "plumber"), ("chef", "baker")):
+        ids = model.tokenizer(f"The {partner} said that", return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            logp = torch.log_softmax(model.model(input_ids=ids).logits[0, -1], -1)
+        assert abs(per_value.loc[occupation, "y_cf"] - (logp[she] - logp[he]).item()) < 1e-4
+    bad = suite.read_text().replace("{occupation.partner}", "{occupation.rival}")
+    suite.write_text(bad)
+    with pytest.raises(SuiteError, match=r"\{occupation.rival\} names no column of slot 'occupation'"):
+        load_suite(suite)

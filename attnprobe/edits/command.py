@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..errors import RunError
 from ..models import load_model
-from ..patching.designs import SlotSwap
+from ..patching.designs import SlotSwap, per_value_column
 from ..report.figures import figure
 from ..report.plots import FRONTIER_ALT, edit_frontier
 from ..run.options import RunOptions
@@ -69,7 +69,8 @@ def run_edits(directory, options: EditOptions | None = None, model=None, log=pri
     listed = listed_heads(options, L, H)  # bad heads, k or text refused before the model loads
     check_text(options.text)
     words = suite.head_effects.replacements
-    word = options.reference or words[-1]
+    literal = [w for w in words if per_value_column(w) is None]  # the reference is one word for all items
+    word = options.reference or (literal or words)[-1]
     if word not in words:
         raise RunError(
             f"--reference {word!r} is not one of the run's counterfactual words: {', '.join(words)}"

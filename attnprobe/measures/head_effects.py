@@ -21,7 +21,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict
 
-from ..patching.designs import HELD_OUT_DEFAULT, SELECT_DEFAULT, HeadEffectsMeasure, PairSwap, SlotSwap
+from ..patching.designs import (
+    HELD_OUT_DEFAULT,
+    SELECT_DEFAULT,
+    HeadEffectsMeasure,
+    PairSwap,
+    SlotSwap,
+    per_value_column,
+)
 from ..patching.items import Dropped, PatchItem, Selection
 from ..yamllines import line_of, required_str
 
@@ -101,8 +108,18 @@ def parse(ctx, doc, slots, template_ids, next_token, analysis, choice=None) -> H
         ctx.fail(
             node,
             "counterfactual",
-            "the replacements are non-empty, distinct words, e.g. [woman, man, person]",
+            "the replacements are non-empty, distinct words, e.g. [woman, man, person], or a column of "
+            "the slot's table per value, e.g. '{occupation.anti_stereotype}'",
         )
+    for word in words:
+        column = per_value_column(word)
+        if column and not any(column == f"{slot}_{key}" for v in slots[slot].values for key in v.meta):
+            ctx.fail(
+                node,
+                "counterfactual",
+                f"{word} names no column of slot '{slot}'; write {{{slot}.COLUMN}} with a column of "
+                "its table",
+            )
     chosen, counts, exact = _selection(ctx, node, template_ids, analysis)
     labels = {}
     for key in ("positive", "negative"):

@@ -11,6 +11,7 @@ any weights load.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -24,6 +25,23 @@ from .items import Counterfactual, Dropped, PatchItem
 
 SELECT_DEFAULT = 5  # heads per cross-fitted set
 HELD_OUT_DEFAULT = 8  # items on which every head is patched exactly, to check attribution against
+
+
+def per_value_column(word: str) -> str | None:
+    """The prompts' column a replacement written `{slot.column}` reads per item (e.g.
+    {occupation.anti_stereotype}: each occupation replaced by its own anti-stereotypical partner),
+    None for a literal word."""
+    match = re.fullmatch(r"\{(\w+)\.(\w+)\}", word)
+    return f"{match[1]}_{match[2]}" if match else None
+
+
+def replacement_text(prompt, word: str) -> str | None:
+    """What replaces the slot in this prompt: the word, or the prompt's value of its column."""
+    column = per_value_column(word)
+    if column is None:
+        return word
+    value = value_of(prompt, column)
+    return str(value).strip() if value is not None and str(value).strip() else None
 
 
 @dataclass(frozen=True)
@@ -110,7 +128,11 @@ class SlotSwap(HeadEffectsMeasure):
             counterfactuals = []
             for word in self.replacements:
                 original = p.text[s0:s1]
-                replacement = word[:1].upper() + word[1:] if original[:1].isupper() else word
+                text = replacement_text(p, word)
+                if not text:
+                    dropped.append(Dropped(p.item_id, word, f"the {self.slot} has no value of {word}"))
+                    continue
+                replacement = text[:1].upper() + text[1:] if original[:1].isupper() else text
                 text_cf = p.text[:s0] + replacement + p.text[s1:]
                 shift = len(replacement) - len(original)
                 spans_cf = {
