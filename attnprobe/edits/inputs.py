@@ -18,17 +18,9 @@ from ..patching.selection import folds, opposite
 from ..patching.sites import label_ids
 
 DATA = Path(__file__).resolve().parents[2] / "probes" / "edits"
-
-
 GENERATED_TOKENS = 24  # per neutral opening
-
-
 TEXT_TOKENS = 1024  # at most this many tokens of --text, in pieces of TEXT_PIECE
-
-
 TEXT_PIECE = 128
-
-
 CONTROL_WORDS = ("she", "he")  # the definitional prompts' positive (female) and negative (male) words
 
 
@@ -68,7 +60,8 @@ def record_inputs(model, items: list[PatchItem], reference_word: str, seed: int,
     with_reference = [(i, cf) for i in items for cf in i.counterfactuals if cf.word == reference_word]
     if not with_reference:
         raise RunError(
-            f"no item has the reference word {reference_word!r}: choose --reference from the suite's"
+            f"no item has the reference word {reference_word!r}; choose --reference among the suite's "
+            "counterfactual words"
         )
     tokenizer = model.tokenizer
     control = pd.read_csv(DATA / "definitional.tsv", sep="\t")
