@@ -93,14 +93,29 @@ def few_levels_notes(analysis: Analysis, levels: dict[str, int]) -> list[str]:
     ]
 
 
-def covariate_notes(analysis: Analysis, values: set) -> list[str]:
-    """A note when the declared covariate cannot carry a slope: fewer than two distinct values over
-    the prompts (`values`, None left out)."""
-    if not analysis.covariate or len(values) >= 2:
+def covariate_notes(analysis: Analysis, prompts) -> list[str]:
+    """Notes when the declared covariate cannot carry a slope (fewer than two distinct values over
+    the prompts) or is missing for some prompts (e.g. a template's own `values:` that the slot's
+    table does not list): those prompts drop out of every statistic that needs it."""
+    if not analysis.covariate:
         return []
-    shown = ", ".join(map(str, sorted(values, key=str))) or "none"
-    return [
-        f"covariate {analysis.name(analysis.covariate)} takes {len(values)} distinct value(s) ({shown}) "
-        "over the prompts: no slope across it can be estimated, so the interaction and gradient "
-        "statistics stay empty; declare a covariate that varies, or remove it"
-    ]
+    name = analysis.name(analysis.covariate)
+    values = [value_of(p, analysis.covariate) for p in prompts]
+    distinct = {v for v in values if v is not None}
+    notes = []
+    if len(distinct) < 2:
+        shown = ", ".join(map(str, sorted(distinct, key=str))) or "none"
+        notes.append(
+            f"covariate {name} takes {len(distinct)} distinct value(s) ({shown}) over the prompts: no "
+            "slope across it can be estimated, so the interaction and gradient statistics stay empty; "
+            "declare a covariate that varies, or remove it"
+        )
+    missing = sorted({p.template_id for p, v in zip(prompts, values) if v is None})
+    if missing and distinct:
+        count = sum(v is None for v in values)
+        notes.append(
+            f"{count} prompts have no value of covariate {name} (templates {', '.join(missing[:5])}"
+            f"{' and more' if len(missing) > 5 else ''}), e.g. a template's own values that the slot's "
+            "table does not list: they are left out of the covariate statistics; add them to the table"
+        )
+    return notes

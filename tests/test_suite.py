@@ -341,3 +341,22 @@ def test_template_values_errors(tmp_path):
     ):
         with pytest.raises(SuiteError, match=re.escape(message)):
             load_suite(write(tmp_path, base.replace("VALUES", values)))
+
+
+def test_a_mark_that_finds_no_word_in_some_lines_is_noted(tmp_path):
+    """Round-3 attack: `mark:` finding nothing in a line left the span out silently."""
+    (tmp_path / "t1-pro.txt").write_text(
+        "1 [The developer] argued with the designer because [he] did not like the design.\n"
+        "2 The cook thanked [the mechanic] because [he] came quickly.\n"
+    )
+    (tmp_path / "t1-anti.txt").write_text(
+        "1 [The developer] argued with the designer because [she] did not like the design.\n"
+        "2 The cook thanked [the mechanic] because [she] came quickly.\n"
+    )
+    suite = load_suite(write(tmp_path, BENCHMARK))
+    path = tmp_path / "t1-pro.txt"
+    assert (
+        f"sentences 'type1': `mark: other` found no word in 2 of 4 lines (first: {path}:2); those prompts "
+        "have no span 'other' and drop out of measures that need it"
+    ) in suite.notes
+    assert sum("other" in p.spans for p in suite.prompts) == 2  # line 1 of each file

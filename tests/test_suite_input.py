@@ -422,6 +422,19 @@ def test_a_constant_covariate_gets_a_note(tmp_path):
     ]
     (tmp_path / "c.tsv").write_text("occupation\tpct\nnurse\t50\npilot\t5\nchef\t50\n")
     assert not [n for n in load_suite(tmp_path / "s.yaml").notes if "covariate" in n]
+    # a template's own value that the table does not list has no covariate: said, not silently dropped
+    own = text.replace(
+        '  - {id: a, text: "The {occupation} said that {pronoun} left."}',
+        '  - {id: a, text: "The {occupation} said that {pronoun} left."}\n'
+        '  - {id: b, text: "The {occupation} left.  {pronoun} waved.", values: {occupation: [astronaut]}}',
+    )
+    (tmp_path / "s.yaml").write_text(own + analysis)
+    notes = [n for n in load_suite(tmp_path / "s.yaml").notes if "covariate" in n]
+    assert notes == [
+        "2 prompts have no value of covariate occupation.pct (templates b), e.g. a template's own values "
+        "that the slot's table does not list: they are left out of the covariate statistics; add them "
+        "to the table"
+    ]
 
 
 def test_held_out_zero_with_exact_k_gets_a_note(tmp_path):

@@ -163,11 +163,16 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
     prompts, skipped, notes = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
     notes = list(notes) + [_span_count_note(s) for s in sentence_sets if s["n_required"] < len(s["names"])]
+    notes += [
+        f"sentences '{s['id']}': `mark: {name}` found no word in {len(lines)} of {len(s['rows'])} lines "
+        f"(first: {lines[0]}); those prompts have no span '{name}' and drop out of measures that need it"
+        for s in sentence_sets
+        for name, lines in s["unmarked"].items()
+    ]
     notes += few_levels_notes(
         analysis, {c: len({value_of(p, c) for p in prompts} - {None}) for c in analysis.clusters}
     )
-    if analysis.covariate:
-        notes += covariate_notes(analysis, {value_of(p, analysis.covariate) for p in prompts} - {None})
+    notes += covariate_notes(analysis, prompts)
     referent_choice = ReferentChoiceMeasure.parse(ctx, doc, analysis, span_names)
     columns = {c for p in prompts for c in (*p.meta, *p.slots)} | {"template_id"}
     likelihood = LikelihoodMeasure.parse(ctx, doc, analysis, columns)

@@ -124,6 +124,7 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
                 "names": list(names),
                 "n_required": len(required),  # the others are optional: a line may leave them out, last first
                 "span_counts": Counter(),  # lines by their count of unnamed spans (sentence_prompts)
+                "unmarked": {},  # mark name -> lines where no word was found (sentence_prompts)
                 "path": next(iter(files.values())),
                 "rows": rows,
                 "n_rows": len(rows),
@@ -213,6 +214,8 @@ def sentence_prompts(ctx, sentence_set, first_id) -> list[Prompt]:
             if hit:
                 spans[name] = hit
                 found[name] = text[hit[0] : hit[1]]
+            else:
+                sentence_set["unmarked"].setdefault(name, []).append(where)
         meta = {k: number_or_text(str(v)) for k, v in record.items() if k != "text"}
         for name, (slot, values) in sentence_set["lookup"].items():
             if name in found:
