@@ -119,3 +119,34 @@ def covariate_notes(analysis: Analysis, prompts) -> list[str]:
             "table does not list: they are left out of the covariate statistics; add them to the table"
         )
     return notes
+
+
+def contrast_notes(analysis: Analysis, prompts) -> list[str]:
+    """A note for templates with no prompt of one compared label (e.g. `values:` that keep one
+    pronoun): their items have no pair and drop out of every paired statistic."""
+    if not analysis.contrast:
+        return []
+    labels: dict[str, set] = {}
+    for p in prompts:
+        labels.setdefault(p.template_id, set()).add(str(value_of(p, analysis.contrast)))
+    seen = set().union(*labels.values()) if labels else set()
+    if not analysis.paired:
+        return (
+            [
+                f"the contrast {analysis.name(analysis.contrast)} has one label over the prompts "
+                f"({', '.join(sorted(seen))}): no item has a pair, so no paired statistics are made; give "
+                "the contrast slot two values (check `values:` of the templates)"
+            ]
+            if len(seen) < 2
+            else []
+        )
+    notes = []
+    for label in (analysis.positive, analysis.negative):
+        lacking = [t for t, seen in labels.items() if label not in seen]
+        if lacking:
+            notes.append(
+                f"template(s) {', '.join(lacking[:5])}{' and more' if len(lacking) > 5 else ''} have no "
+                f"prompt labelled '{label}' in {analysis.name(analysis.contrast)}: their items have no pair "
+                "and drop out of the paired statistics; give the template both values"
+            )
+    return notes

@@ -260,6 +260,9 @@ def test_a_target_on_the_first_token_warns_and_the_declared_treatment_applies(ti
     assert (prompts.loc[kept, "occupation_tok_start"] == 1).all()
     inner = prompts.index[prompts["template_id"] == "inner"]
     assert set(inner) <= set(attention["prompt_id"])
+    notes = json.loads((tmp_path / "exclude" / "manifest.json").read_text())["notes"]
+    said = [n for n in notes if n.startswith("first_token: exclude leaves span 'occupation' no token")]
+    assert len(said) == 1 and f"in {len(dropped)} prompt(s)" in said[0]  # the dropped prompts are said
 
 
 def test_referent_accuracy_reads_the_answer_from_a_column(tiny_llama_dir, tmp_path):

@@ -445,3 +445,27 @@ def test_held_out_zero_with_exact_k_gets_a_note(tmp_path):
     assert any("held_out: 0 leaves no item" in n for n in load_suite(tmp_path / "s.yaml").notes)
     (tmp_path / "s.yaml").write_text(SMALL + effects + ", exact: 3}\n")
     assert not any("held_out: 0" in n for n in load_suite(tmp_path / "s.yaml").notes)
+
+
+def test_values_that_leave_the_contrast_one_label_get_a_note(tmp_path):
+    """Round-3 attack: `values:` keeping one pronoun ran with exit 0 and no paired statistics, no word why."""
+    one = SMALL.replace(
+        '"The {occupation} said that {pronoun} left."}',
+        '"The {occupation} said that {pronoun} left.", values: {pronoun: [she]}}',
+    )
+    (tmp_path / "s.yaml").write_text(one)
+    assert (
+        "the contrast pronoun has one label over the prompts (female): no item has a pair, so no paired "
+        "statistics are made; give the contrast slot two values (check `values:` of the templates)"
+    ) in load_suite(tmp_path / "s.yaml").notes
+    two = one.replace(
+        "values: {pronoun: [she]}}",
+        'values: {pronoun: [she]}}\n  - {id: b, text: "The {occupation} left and {pronoun} waved."}',
+    )
+    (tmp_path / "s.yaml").write_text(
+        two + "analysis: {contrast: pronoun, positive: female, negative: male}\n"
+    )
+    assert (
+        "template(s) a have no prompt labelled 'male' in pronoun: their items have no pair and drop out of "
+        "the paired statistics; give the template both values"
+    ) in load_suite(tmp_path / "s.yaml").notes

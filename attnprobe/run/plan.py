@@ -20,6 +20,7 @@ from ..measures.next_token import candidate_ids
 from ..models import DEFAULT_MODEL, ProbeModel, load_tokenizer, routes_attention
 from ..patching.items import Dropped, PatchItem
 from ..sharing import prefix_sharing_blocker
+from ..spans import sink_notes
 from ..suite import Prompt, Suite, spread_key, token_spans
 from ..version import __version__
 
@@ -100,26 +101,6 @@ def encode_prompts(
                 )
         encoded.append(Encoded(prompt, tuple(ids), spans, forward_length(suite, prompt, spans)))
     return encoded
-
-
-def sink_notes(suite: Suite, encoded: list[Encoded]) -> list[str]:
-    """A warning for each attention target that sits on the first token (with first_token: keep):
-    models park attention there, so weight on it says little about the span."""
-    counts: dict[str, list] = {}
-    for e in encoded:
-        for m in suite.attention:
-            for target in m.targets:
-                if target in e.spans and e.spans[target][0] == 0:
-                    counts.setdefault(target, []).append(e.prompt)
-    return [
-        f"attention target '{name}' sits on the first token in {len(found)} prompt(s) (e.g. "
-        f"{found[0].origin}: "
-        f"{found[0].text!r}), where most models park attention (a sink); set first_token: bos (prepend the "
-        "model's "
-        "BOS token) or exclude in the suite"
-        for name, found in counts.items()
-        if suite.first_token == "keep"
-    ]
 
 
 def forward_length(suite: Suite, prompt: Prompt, spans: dict[str, tuple[int, int]]) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from ..analysis import covariate_notes, few_levels_notes
+from ..analysis import contrast_notes, covariate_notes, few_levels_notes
 from ..errors import SuiteError
 from ..measures import (
     AttentionMeasure,
@@ -172,7 +172,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     notes += few_levels_notes(
         analysis, {c: len({value_of(p, c) for p in prompts} - {None}) for c in analysis.clusters}
     )
-    notes += covariate_notes(analysis, prompts)
+    notes += covariate_notes(analysis, prompts) + contrast_notes(analysis, prompts)
     referent_choice = ReferentChoiceMeasure.parse(ctx, doc, analysis, span_names)
     columns = {c for p in prompts for c in (*p.meta, *p.slots)} | {"template_id"}
     likelihood = LikelihoodMeasure.parse(ctx, doc, analysis, columns)
