@@ -114,8 +114,8 @@ def covariate_notes(analysis: Analysis, prompts) -> list[str]:
     if missing and distinct:
         count = sum(v is None for v in values)
         notes.append(
-            f"{count} prompts have no value of covariate {name} (templates {', '.join(missing[:5])}"
-            f"{' and more' if len(missing) > 5 else ''}), e.g. a template's own values that the slot's "
+            f"{count} prompts have no value of covariate {name} (templates {_first_five(missing)}), "
+            "e.g. a template's own values that the slot's "
             "table does not list: they are left out of the covariate statistics; add them to the table"
         )
     return notes
@@ -145,8 +145,12 @@ def contrast_notes(analysis: Analysis, prompts) -> list[str]:
         lacking = [t for t, seen in labels.items() if label not in seen]
         if lacking:
             notes.append(
-                f"template(s) {', '.join(lacking[:5])}{' and more' if len(lacking) > 5 else ''} have no "
+                f"template(s) {_first_five(lacking)} have no "
                 f"prompt labelled '{label}' in {analysis.name(analysis.contrast)}: their items have no pair "
                 "and drop out of the paired statistics; give the template both values"
             )
     return notes
+
+
+def _first_five(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (" and more" if len(names) > 5 else "")

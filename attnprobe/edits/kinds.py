@@ -50,6 +50,14 @@ def parse_heads(text: str, n_layers: int, n_heads: int) -> Heads:
     return tuple(dict.fromkeys(out))
 
 
+def heads_mask(heads: Heads, n_layers: int, n_heads: int) -> torch.Tensor:
+    """(L, H) bool, True at the (layer, head) pairs."""
+    out = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+    for layer, head in heads:
+        out[layer, head] = True
+    return out
+
+
 def heads_label(heads: Heads) -> str:
     return " ".join(f"L{layer}H{head}" for layer, head in heads)
 
@@ -70,10 +78,7 @@ class HeadEdit:
 
     def mask(self, n_layers: int, n_heads: int) -> torch.Tensor:
         """(L, H) bool: the edited heads."""
-        out = torch.zeros(n_layers, n_heads, dtype=torch.bool)
-        for layer, head in self.heads:
-            out[layer, head] = True
-        return out
+        return heads_mask(self.heads, n_layers, n_heads)
 
 
 @dataclass(frozen=True)

@@ -12,23 +12,16 @@ from contextlib import ExitStack
 import torch
 
 from ..capture import editing, picked_logits
-from ..patching.engine import ROW_TOKENS, Bank, narrowed_head, plan_passes, skipping
+from ..patching.engine import ROW_TOKENS, Bank, lowest_layer, narrowed_head, plan_passes, skipping
 from ..patching.sites import behaviour_rows
 from .kinds import HeadEdit, RowEditor
 
 LOGIT_BYTES = 128 * 2**20  # full-vocabulary logits of one text pass
 
 
-def first_layers(heads: torch.Tensor) -> torch.Tensor:
-    """(V,) the lowest edited layer of each variant's (L, H) mask; L where nothing is edited."""
-    touched = heads.any(-1)  # (V, L)
-    L = heads.shape[1]
-    return torch.where(touched.any(-1), touched.float().argmax(-1), torch.full((len(heads),), L))
-
-
 def _groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_tokens: int):
     """Passes: variants grouped by lowest edited layer, sorted by length, at most `row_tokens` each."""
-    first = first_layers(heads)
+    first = lowest_layer(heads.any(-1))  # (V,) from the (V, L, H) masks
     lengths = bank.lengths[base]
     for layer in first.unique().tolist():
         group = (first == layer).nonzero()[:, 0]

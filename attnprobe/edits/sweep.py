@@ -35,11 +35,11 @@ import torch
 
 from ..errors import AttnprobeError
 from ..patching.engine import Bank
-from ..patching.selection import random_sets
+from ..patching.selection import random_sets, top_heads
 from ..patching.sites import behaviour_rows
 from .estimate import covariate_directions, last_outputs, token_means, token_sample
 from .inputs import Inputs
-from .kinds import KINDS, HeadEdit, Heads, heads_label, parse_heads
+from .kinds import KINDS, HeadEdit, Heads, heads_label, heads_mask, parse_heads
 from .passes import edited_behaviour, edited_text_costs
 
 DEFAULT_KINDS = ("zero", "mean", "project")
@@ -74,8 +74,7 @@ class EditOptions:
 
 def chosen_heads(scores: np.ndarray, k: int, n_heads: int) -> Heads:
     """The k heads with the largest finite scores (flat l H + h) as (layer, head) pairs."""
-    order = np.argsort(-np.where(np.isfinite(scores), scores, -np.inf), kind="stable")[:k]
-    return tuple((int(i) // n_heads, int(i) % n_heads) for i in sorted(order))
+    return tuple((i // n_heads, i % n_heads) for i in top_heads(scores, k, len(scores) // n_heads, n_heads))
 
 
 def gradient_scores(
@@ -170,10 +169,10 @@ def measure_kind(
         base, masks, keys = [], [], []
         for k, per_fold in sets.items():
             for index in np.flatnonzero(inputs.fold == f):
-                base.append(index), masks.append(_mask(per_fold[f], L, H)), keys.append((k, -1, index))
+                base.append(index), masks.append(heads_mask(per_fold[f], L, H)), keys.append((k, -1, index))
                 if sampled[index]:
                     for r, draw in enumerate(random_by_k[k]):
-                        base.append(index), masks.append(_mask(draw, L, H)), keys.append((k, r, index))
+                        base.append(index), masks.append(heads_mask(draw, L, H)), keys.append((k, r, index))
         if not base:
             continue
         y = _behaviour(model, inputs.bank, edit, base, masks, inputs.labels)
@@ -185,7 +184,7 @@ def measure_kind(
             random = enumerate(random_by_k[k]) if target == "text" else ()  # the band's cost, not its control
             for r, heads in [(-1, per_fold["all"]), *random]:
                 for index in range(len(bank.lengths)):
-                    base.append(index), masks.append(_mask(heads, L, H)), keys.append((k, r, index))
+                    base.append(index), masks.append(heads_mask(heads, L, H)), keys.append((k, r, index))
         if target == "control":
             y = _behaviour(model, bank, everywhere, base, masks, inputs.control_labels)
             frames.append(_rows(target, keys, y=y))
@@ -200,13 +199,6 @@ def measure_kind(
     ]
     out["heads_all"] = [heads_label(sets[k]["all"]) for k in out["k"]]
     return out.assign(kind=kind)
-
-
-def _mask(heads: Heads, L: int, H: int) -> torch.Tensor:
-    out = torch.zeros(L, H, dtype=torch.bool)
-    for layer, head in heads:
-        out[layer, head] = True
-    return out
 
 
 def _behaviour(model, bank, edit, base, masks, labels: torch.Tensor) -> np.ndarray:

@@ -116,9 +116,14 @@ class Variants:
 
     def first_layer(self) -> torch.Tensor:
         """(V,) the lowest layer each variant patches; L for a variant that patches nothing."""
-        L = self.mlp.shape[1]
-        touched = self.output.any(-1) | self.pattern.any(-1) | self.mlp  # (V, L)
-        return torch.where(touched.any(-1), touched.float().argmax(-1), torch.full_like(self.base, L))
+        return lowest_layer(self.output.any(-1) | self.pattern.any(-1) | self.mlp)
+
+
+def lowest_layer(touched: torch.Tensor) -> torch.Tensor:
+    """(V,) the first True layer of each row of touched (V, L); L for a row with none: below it,
+    a variant's pass can start from the clean run's recorded hidden state."""
+    L = touched.shape[1]
+    return torch.where(touched.any(-1), touched.float().argmax(-1), torch.full((len(touched),), L))
 
 
 def patched(

@@ -57,7 +57,7 @@ def select(
     suite_score = np.zeros(n_layers * n_heads)
     for word, rows in frame.groupby("counterfactual", sort=False):
         scores = quarter_scores(rows, te[te["counterfactual"] == word], score_column, n_templates, grid)
-        chosen[word] = [tuple(_top(scores[f], measure.select, n_layers, n_heads)) for f in range(4)]
+        chosen[word] = [tuple(top_heads(scores[f], measure.select, n_layers, n_heads)) for f in range(4)]
         choosing = rows[~rows["item_id"].isin(held_out)]
         sign = (
             np.sign(te.loc[(te["counterfactual"] == word) & ~te["item_id"].isin(held_out), "te"].mean())
@@ -66,7 +66,9 @@ def select(
         suite_score += (
             sign * choosing.groupby(["layer", "head"])["attribution_output"].mean().reindex(grid).to_numpy()
         )
-    suite = tuple(_top(suite_score, measure.exact, n_layers, n_heads)) if measure.exact != "all" else None
+    suite = (
+        tuple(top_heads(suite_score, measure.exact, n_layers, n_heads)) if measure.exact != "all" else None
+    )
     rng = np.random.default_rng(0)
     random = {
         word: tuple(random_sets(chosen_set, n_heads, rng) for chosen_set in sets)
@@ -113,7 +115,7 @@ def random_sets(
     return tuple(out)
 
 
-def _top(score: np.ndarray, k: int, n_layers: int, n_heads: int) -> list[int]:
+def top_heads(score: np.ndarray, k: int, n_layers: int, n_heads: int) -> list[int]:
     """Flat indices l H + h of the k largest finite scores."""
     score = np.where(np.isfinite(score), score, -np.inf)
     return sorted(np.argsort(-score, kind="stable")[: min(k, n_layers * n_heads)].tolist())
