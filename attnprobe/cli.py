@@ -130,9 +130,9 @@ def models():
     "--long",
     "long_tokens",
     type=click.IntRange(min=1),
-    help="Also check a text of about N tokens, padded "
-    "against the others: sliding windows and long-context masks act (e.g. 600 for Gemma 3's 512-token "
-    "window).",
+    help="Also check a text of N tokens: up to 1,024 padded against the others, longer alone in blocks of "
+    "query rows (memory stays O(rows x T)): sliding windows and long-context masks act (e.g. 600 for "
+    "Gemma 3's 512-token window, 8000 past several).",
 )
 @click.option(
     "--json", "json_path", type=click.Path(dir_okay=False), help="Also write the per-layer table as JSON."
