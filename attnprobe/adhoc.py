@@ -16,6 +16,7 @@ import torch
 
 from .capture import pad_right, run_with_capture
 from .errors import SuiteError
+from .longdoc import CHUNK_TOKENS, read_rows
 from .models import ProbeModel, load_model
 from .spans import token_spans
 from .suite.sentences import parse_marked
@@ -104,9 +105,17 @@ def marked_attention(model, sentences: list[str], batch_size: int = 8):
             }
 
 
-def probe(model, sentences: list[str], source: str | None = None, batch_size: int = 8) -> pd.DataFrame:
+def probe(
+    model,
+    sentences: list[str],
+    source: str | None = None,
+    batch_size: int = 8,
+    long_tokens: int = CHUNK_TOKENS,
+) -> pd.DataFrame:
     """Attention from one bracketed span of each sentence to every token (see the module doc).
-    Brackets are named inline (`[pronoun: she]`) or by order (`span1`, `span2`, ...)."""
+    Brackets are named inline (`[pronoun: she]`) or by order (`span1`, `span2`, ...). A text of more
+    than `long_tokens` tokens (a document, up to the model's context) is read alone in chunks,
+    recording only the source's rows (attnprobe.longdoc)."""
     sentences = checked_sentences(sentences, batch_size)
     for i, marked in enumerate(sentences):  # every source checked before the model runs
         spans = parse_marked(marked, f"sentence {i + 1}")[1]
@@ -116,28 +125,57 @@ def probe(model, sentences: list[str], source: str | None = None, batch_size: in
             )
         if (source or list(spans)[-1]) not in spans:
             raise SuiteError(f"sentence {i + 1}: no span '{source}' (spans: {', '.join(spans)})")
-    frames = []
-    for n, sentence in enumerate(marked_attention(model, sentences, batch_size)):
-        tokens = sentence["spans"]
-        name = source or list(tokens)[-1]
-        weights = sentence["weights"][:, :, tokens[name][0] : tokens[name][1]].mean(
-            2
-        )  # (L, H, T): mean over the source's tokens
-        L, H, T = weights.shape
-        owner = [next((s for s, (t0, t1) in tokens.items() if t0 <= t < t1), "") for t in range(T)]
-        frames.append(
-            pd.DataFrame(
-                {
-                    "sentence": n,
-                    "text": sentence["text"],
-                    "layer": torch.arange(L).repeat_interleave(H * T).numpy(),
-                    "head": torch.arange(H).repeat_interleave(T).repeat(L).numpy(),
-                    "source": name,
-                    "position": torch.arange(T).repeat(L * H).numpy(),
-                    "token": sentence["tokens"] * (L * H),
-                    "span": owner * (L * H),
-                    "weight": weights.reshape(-1).float().numpy(),
-                }
-            )
-        )
-    return pd.concat(frames, ignore_index=True)
+    pm = model_of(model)
+    lengths = [len(pm.tokenizer(parse_marked(m, "")[0])["input_ids"]) for m in sentences]
+    short = [i for i, n in enumerate(lengths) if n <= long_tokens]
+    found = {}
+    for i, sentence in zip(short, marked_attention(pm, [sentences[i] for i in short], batch_size)):
+        name = source or list(sentence["spans"])[-1]
+        t0, t1 = sentence["spans"][name]
+        found[i] = (
+            sentence,
+            name,
+            sentence.pop("weights")[:, :, t0:t1].mean(2),
+        )  # (L, H, T) mean over the source
+    for i in sorted(set(range(len(sentences))) - set(short)):
+        found[i] = _long_sentence(pm, sentences[i], source, f"sentence {i + 1}")
+    return pd.concat([_frame(n, *found[n]) for n in range(len(sentences))], ignore_index=True)
+
+
+def _long_sentence(pm: ProbeModel, marked: str, source: str | None, where: str):
+    """What marked_attention gives for one long text, with only the source's rows read (chunked)."""
+    text, spans = parse_marked(marked, where)[:2]
+    encoding = pm.tokenizer(text, return_offsets_mapping=True)
+    tokens = token_spans([tuple(o) for o in encoding["offset_mapping"]], spans)
+    name = source or list(spans)[-1]
+    t0, t1 = tokens[name]
+    if t0 < 0:
+        raise SuiteError(f"{where}: the span '{name}' holds no token")
+    rows = read_rows(pm, torch.tensor(encoding["input_ids"]), range(t0, t1))
+    weights = torch.stack([rows[layer].mean(1) for layer in sorted(rows)])  # (L, H, T)
+    sentence = {
+        "text": text,
+        "spans": tokens,
+        "tokens": [pm.tokenizer.decode([i]) for i in encoding["input_ids"]],
+    }
+    return sentence, name, weights
+
+
+def _frame(n: int, sentence: dict, name: str, weights: torch.Tensor) -> pd.DataFrame:
+    """One row per layer, head and token: the weight from the source span `name` (weights (L, H, T))."""
+    tokens = sentence["spans"]
+    L, H, T = weights.shape
+    owner = [next((s for s, (t0, t1) in tokens.items() if t0 <= t < t1), "") for t in range(T)]
+    return pd.DataFrame(
+        {
+            "sentence": n,
+            "text": sentence["text"],
+            "layer": torch.arange(L).repeat_interleave(H * T).numpy(),
+            "head": torch.arange(H).repeat_interleave(T).repeat(L).numpy(),
+            "source": name,
+            "position": torch.arange(T).repeat(L * H).numpy(),
+            "token": sentence["tokens"] * (L * H),
+            "span": owner * (L * H),
+            "weight": weights.reshape(-1).float().numpy(),
+        }
+    )

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import click
 
+from .cli_options import data_root_option, dtype_option, model_option, pickle_option, remote_code_option
 from .errors import AttnprobeError, RunError, RunInterrupted
-from .models import DEFAULT_MODEL, DTYPES
 from .run.options import DEFAULT_CHUNK_SIZE
 from .run.plan import DEFAULT_BATCH_SIZE
 
@@ -65,30 +65,6 @@ class ShardType(click.ParamType):
         if not 1 <= k <= n:
             self.fail(f"{value!r}: K/N needs 1 <= K <= N", param, ctx)
         return k, n
-
-
-model_option = click.option(
-    "--model",
-    "model_spec",
-    default=DEFAULT_MODEL,
-    show_default=True,
-    help="Bundled alias, .gguf path, local checkpoint directory or hub id.",
-)
-dtype_option = click.option("--dtype", type=click.Choice(list(DTYPES)), default="float32", show_default=True)
-remote_code_option = click.option(
-    "--trust-remote-code", is_flag=True, help="Allow a hub model's own Python code to run."
-)
-data_root_option = click.option(
-    "--data-root",
-    "data_roots",
-    multiple=True,
-    type=click.Path(file_okay=False, exists=True),
-    help="Also read the suite's data files from this directory (repeatable); by default only "
-    "the suite's own directory and below.",
-)
-pickle_option = click.option(
-    "--allow-pickle", is_flag=True, help="Allow pickled weights (*.bin), which can run code when loaded."
-)
 
 
 @click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -145,7 +121,8 @@ def verify(model_spec, texts, dtype, long_tokens, json_path, trust_remote_code, 
     Exit 0 when every layer is within tolerance, 1 when any is not, 2 when the family has no
     from-scratch recomputation.
     """
-    from .verify import DEFAULT_TEXTS, format_table, verify_spec
+    from .verify import DEFAULT_TEXTS, format_table
+    from .verify_long import verify_spec
 
     if json_path:  # before the work: a path that cannot be written is refused at once
         _json_directory(Path(json_path))
@@ -379,5 +356,7 @@ def merge(out, shard_dirs, with_report):
 
 
 from .cli_edit import edit  # noqa: E402 (registered after the group exists)
+from .cli_probe import probe  # noqa: E402
 
 main.add_command(edit)
+main.add_command(probe)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import pandas as pd
 import torch
 
 from .capture import ATTN_IMPLEMENTATION, editing, recording
@@ -78,7 +77,9 @@ class _Store:
         """capture's prefix hook: the chunk's keys after the kept ones, and the mask of absolute
         positions (the model's own mask describes the chunk alone and is replaced)."""
         if mask is not None and mask.dtype != torch.bool:  # ALiBi and other additive biases
-            raise CaptureError("this model adds a bias to its attention mask; chunked reading keeps only the mask")
+            raise CaptureError(
+                "this model adds a bias to its attention mask; chunked reading keeps only the mask"
+            )
         if self.keys[layer] is not None:
             key = torch.cat([self.keys[layer], key], 2)  # (1, Hkv, S, D)
             value = torch.cat([self.values[layer], value], 2)
@@ -108,7 +109,9 @@ def long_blocker(model) -> str | None:
     return None
 
 
-def memory_estimate(model: ProbeModel, T: int, rows: int, n_layers: int | None = None, chunk: int = CHUNK_TOKENS) -> int:
+def memory_estimate(
+    model: ProbeModel, T: int, rows: int, n_layers: int | None = None, chunk: int = CHUNK_TOKENS
+) -> int:
     """Bytes a chunked read of `rows` query rows over T tokens holds besides the model: recorded
     weights (float32), the key/value store, one chunk's masks and MLP activations, with a
     factor 2 for temporaries."""
@@ -164,12 +167,15 @@ def read_rows(
     computed by chunked prefill (see the module doc)."""
     blocker = long_blocker(model)
     if blocker:
-        raise CaptureError(f"cannot read a long text in chunks: {blocker}; use a text that fits in one forward")
+        raise CaptureError(
+            f"cannot read a long text in chunks: {blocker}; use a text that fits in one forward"
+        )
     ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
     T = len(ids)
     if model.info.max_positions and T > model.info.max_positions:
         raise CaptureError(
-            f"the text has {T:,} tokens, more than the model's context of {model.info.max_positions:,}; shorten it"
+            f"the text has {T:,} tokens, more than the model's context of "
+            f"{model.info.max_positions:,}; shorten it"
         )
     rows = torch.as_tensor(list(rows), dtype=torch.long)
     if rows.numel() == 0 or rows.min() < 0 or rows.max() >= T:
@@ -192,7 +198,9 @@ def read_rows(
         store.begin, store.end = begin, end
         starts = list(store.start)  # each layer's first key in this chunk's recorded weights
         inside = ((rows >= begin) & (rows < end)).nonzero().flatten()
-        with recording(rows[inside][None] - begin if len(inside) else None, wanted if len(inside) else ()) as plan:
+        with recording(
+            rows[inside][None] - begin if len(inside) else None, wanted if len(inside) else ()
+        ) as plan:
             with editing(None, store):
                 model.model(
                     input_ids=ids[None, begin:end].to(device),

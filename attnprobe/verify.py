@@ -244,64 +244,6 @@ def verify(model: ProbeModel | str, texts: list[str] | None = None) -> pd.DataFr
     return table
 
 
-# --long texts up to this many tokens join the padded batch (so padding and windows meet); longer
-# ones are verified alone, in blocks of query rows (verify_long), where the families allow it.
-PADDED_LONG_LIMIT = 1024
-
-
-def verify_spec(
-    spec: str,
-    texts: list[str],
-    dtype: str = "float32",
-    trust_remote_code: bool = False,
-    allow_pickle: bool = False,
-    long_tokens: int | None = None,
-) -> pd.DataFrame:
-    """Load `spec` in `dtype` and verify it (what `attnprobe verify` runs); `long_tokens` adds a
-    text of that many tokens: in the padded batch up to PADDED_LONG_LIMIT, else in blocks."""
-    from .longdoc import check_fits
-    from .verify_long import verify_long
-
-    model = load_model(spec, dtype=dtype, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
-    routed = model.model.config._attn_implementation == ATTN_IMPLEMENTATION
-    if long_tokens and (long_tokens > PADDED_LONG_LIMIT and routed):
-        if model.info.max_positions and long_tokens > model.info.max_positions:
-            raise UnsupportedFamily(
-                f"--long {long_tokens} is more than the model's context of {model.info.max_positions:,} tokens"
-            )
-        return combined(verify(model, texts), verify_long(model, long_ids(model.tokenizer, long_tokens)))
-    if long_tokens:
-        texts = [*texts, long_text(model.tokenizer, long_tokens)]
-        config = model.model.config.get_text_config()
-        # eager keeps every layer's (B, H, T, T) weights, and the reference one layer's in float64
-        weights = (len(texts) + 1) * config.num_attention_heads * 4 * (long_tokens + 64) ** 2
-        check_fits(
-            config.num_hidden_layers * weights, f"verifying {len(texts)} texts padded to {long_tokens:,} tokens"
-        )
-    return verify(model, texts)
-
-
-def long_ids(tokenizer, n_tokens: int) -> torch.Tensor:
-    """Exactly `n_tokens` token ids of long_text."""
-    ids, asked = [], n_tokens
-    while len(ids) < n_tokens:  # long_text's length is estimated from one unit's tokens
-        ids = tokenizer(long_text(tokenizer, asked))["input_ids"]
-        asked *= 2
-    return torch.tensor(ids[:n_tokens])
-
-
-def combined(short: pd.DataFrame, long: pd.DataFrame) -> pd.DataFrame:
-    """One row per layer: the worse of the padded batch's and the long text's differences."""
-    table = short.copy()
-    for column in [c for c in short if c.startswith(("max_d", "nan_rows"))]:
-        table[column] = pd.concat([short[column], long[column]], axis=1).max(axis=1, skipna=False)
-    table["n_texts"] = short["n_texts"] + 1
-    table["max_tokens"] = long["max_tokens"]
-    table["long_block_rows"] = long["block_rows"]
-    table["passed"] = short["passed"] & long["passed"]
-    return table
-
-
 def format_table(table: pd.DataFrame) -> str:
     """The per-layer table and a one-line verdict, as `attnprobe verify` prints them."""
     header = (
@@ -324,7 +266,8 @@ def format_table(table: pd.DataFrame) -> str:
         f"{first.reference_dtype} reference, "
         f"{len(table)} layers, {first.n_texts} texts ("
         + (
-            f"a padded batch and one of {first.max_tokens:,} tokens in blocks of {first.long_block_rows} rows); "
+            f"a padded batch and one of {first.max_tokens:,} tokens in blocks of "
+            f"{first.long_block_rows} rows); "
             if "long_block_rows" in table
             else f"padded batch, longest {first.max_tokens} tokens); "
         )
@@ -343,9 +286,10 @@ def format_table(table: pd.DataFrame) -> str:
         )
     if "long_block_rows" in table:
         notes.append(
-            f"The text of {first.max_tokens:,} tokens was verified alone, {first.long_block_rows} query rows at a "
-            "time; for it the eager column is the family's own eager attention function applied to the layer's "
-            "queries, keys and values (the whole-model eager path would hold every layer's T x T weights)."
+            f"The text of {first.max_tokens:,} tokens was verified alone, {first.long_block_rows} query "
+            "rows at a time; for it the eager column is the family's own eager attention function applied "
+            "to the layer's queries, keys and values (the whole-model eager path would hold every layer's "
+            "T x T weights)."
         )
     nan_rows = int(table["nan_rows_eager"].sum()) if "nan_rows_eager" in table else 0
     if nan_rows:

@@ -30,8 +30,16 @@ from .declared import generic
 from .eager_recipes import RECIPES
 from .errors import UnsupportedFamily
 from .longdoc import check_fits
-from .models import ProbeModel
-from .verify import TOLERANCES, _attention_modules, _max_diff, _reference_module, low_precision_tolerances
+from .models import ProbeModel, load_model
+from .verify import (
+    TOLERANCES,
+    _attention_modules,
+    _max_diff,
+    _reference_module,
+    long_text,
+    low_precision_tolerances,
+    verify,
+)
 
 BLOCK_ROWS = 256  # query rows compared at once
 
@@ -42,11 +50,18 @@ def _eager_function(module):
 
 
 def _eager_rows(module, site, rows: slice):
-    """transformers' eager attention on the query rows `rows`: (context (1, r, H, D), weights (1, H, r, S))."""
+    """transformers' eager attention on the query rows `rows`:
+    (context (1, r, H, D), weights (1, H, r, S))."""
     eager = _eager_function(module)
-    mask = rows_of_mask(site.mask, torch.arange(rows.start, rows.stop)[None], 1, site.key.shape[2], site.causal)
-    additive = None if mask is None else torch.zeros(mask.shape, dtype=site.query.dtype).masked_fill(
-        ~mask, torch.finfo(site.query.dtype).min
+    mask = rows_of_mask(
+        site.mask, torch.arange(rows.start, rows.stop)[None], 1, site.key.shape[2], site.causal
+    )
+    additive = (
+        None
+        if mask is None
+        else torch.zeros(mask.shape, dtype=site.query.dtype).masked_fill(
+            ~mask, torch.finfo(site.query.dtype).min
+        )
     )  # what transformers' eager mask holds
     accepted = inspect.signature(eager).parameters
     options = {"scaling": site.scaling, "dropout": 0.0}
@@ -65,8 +80,14 @@ def _reference_rows(p, rows: slice, T: int):
         keep = keep & ref.chunk_mask(b - a, b, chunk=p.chunk)
     mask = keep if p.bias is None else torch.where(keep, p.bias[..., a:b, :b].to(p.q.dtype), float("-inf"))
     context, weights = ref.scaled_dot_product_attention(
-        p.q[:, :, a:b], p.k[:, :, :b], p.v[:, :, :b], attn_mask=mask, scale=p.scale, enable_gqa=True,
-        softcap=p.softcap, sinks=p.sinks,
+        p.q[:, :, a:b],
+        p.k[:, :, :b],
+        p.v[:, :, :b],
+        attn_mask=mask,
+        scale=p.scale,
+        enable_gqa=True,
+        softcap=p.softcap,
+        sinks=p.sinks,
     )
     return context, torch.nn.functional.pad(weights, (0, T - b))  # keys after the block: weight 0
 
@@ -126,7 +147,9 @@ class _LayerCheck:
 
     def compare_output(self, layer: int, output: torch.Tensor) -> None:
         expected = self.expected.pop(layer)
-        diff, _ = _max_diff(output.to(expected.dtype), expected, torch.tensor([expected.shape[1]]), relative=True)
+        diff, _ = _max_diff(
+            output.to(expected.dtype), expected, torch.tensor([expected.shape[1]]), relative=True
+        )
         self.rows[layer]["max_doutput_capture"] = diff
 
 
@@ -211,3 +234,60 @@ def _memory(model: ProbeModel, T: int, block: int) -> int:
     width = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
     per_token = 12 * max(config.hidden_size, H * D) + 3 * width
     return 2 * (4 * T * per_token + 6 * 4 * H * block * T + 2 * T * T)
+
+
+# --long texts up to this many tokens join the padded batch (so padding and windows meet); longer
+# ones are verified alone, in blocks of query rows (verify_long), where the families allow it.
+PADDED_LONG_LIMIT = 1024
+
+
+def verify_spec(
+    spec: str,
+    texts: list[str],
+    dtype: str = "float32",
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+    long_tokens: int | None = None,
+) -> pd.DataFrame:
+    """Load `spec` in `dtype` and verify it (what `attnprobe verify` runs); `long_tokens` adds a
+    text of that many tokens: in the padded batch up to PADDED_LONG_LIMIT, else in blocks."""
+    model = load_model(spec, dtype=dtype, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+    routed = model.model.config._attn_implementation == ATTN_IMPLEMENTATION
+    if long_tokens and (long_tokens > PADDED_LONG_LIMIT and routed):
+        if model.info.max_positions and long_tokens > model.info.max_positions:
+            raise UnsupportedFamily(
+                f"--long {long_tokens} is more than the model's context of "
+                f"{model.info.max_positions:,} tokens"
+            )
+        return combined(verify(model, texts), verify_long(model, long_ids(model.tokenizer, long_tokens)))
+    if long_tokens:
+        texts = [*texts, long_text(model.tokenizer, long_tokens)]
+        config = model.model.config.get_text_config()
+        # eager keeps every layer's (B, H, T, T) weights, and the reference one layer's in float64
+        weights = (len(texts) + 1) * config.num_attention_heads * 4 * (long_tokens + 64) ** 2
+        check_fits(
+            config.num_hidden_layers * weights,
+            f"verifying {len(texts)} texts padded to {long_tokens:,} tokens",
+        )
+    return verify(model, texts)
+
+
+def long_ids(tokenizer, n_tokens: int) -> torch.Tensor:
+    """Exactly `n_tokens` token ids of long_text."""
+    ids, asked = [], n_tokens
+    while len(ids) < n_tokens:  # long_text's length is estimated from one unit's tokens
+        ids = tokenizer(long_text(tokenizer, asked))["input_ids"]
+        asked *= 2
+    return torch.tensor(ids[:n_tokens])
+
+
+def combined(short: pd.DataFrame, long: pd.DataFrame) -> pd.DataFrame:
+    """One row per layer: the worse of the padded batch's and the long text's differences."""
+    table = short.copy()
+    for column in [c for c in short if c.startswith(("max_d", "nan_rows"))]:
+        table[column] = pd.concat([short[column], long[column]], axis=1).max(axis=1, skipna=False)
+    table["n_texts"] = short["n_texts"] + 1
+    table["max_tokens"] = long["max_tokens"]
+    table["long_block_rows"] = long["block_rows"]
+    table["passed"] = short["passed"] & long["passed"]
+    return table

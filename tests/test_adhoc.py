@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 import attnprobe as ap
-from attnprobe.errors import SuiteError
+from attnprobe.errors import AttnprobeError, SuiteError
 
 pytestmark = pytest.mark.slow
 
@@ -110,5 +110,5 @@ def test_quiet_run_prints_only_results(tiny_llama_dir, tmp_path):
     ],
 )
 def test_bad_notebook_input_is_one_line_not_a_traceback(tiny_llama_dir, sentences, batch_size, message):
-    with pytest.raises(SuiteError, match=re.escape(message)):
+    with pytest.raises(AttnprobeError, match=re.escape(message)):
         ap.probe(str(tiny_llama_dir), sentences, batch_size=batch_size)
