@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from .capture import pad_right, run_with_capture
+from .errors import SuiteError
 from .packing import run_with_shared_prefixes
 from .sharing import prefix_sharing_blocker
 
@@ -100,3 +101,21 @@ def continuation_logprobs(
         if advance is not None:
             advance(len(members))
     return out
+
+
+def check_context(encoded, sequences: Callable, max_positions: int | None, what: str) -> None:
+    """Before any weights load: refuse a prompt whose scored continuation (`sequences(e)`: prefix ids
+    and {key: (text, tail ids)}, or None) would run past the model's context."""
+    if not max_positions:
+        return
+    for e in encoded:
+        scored = sequences(e)
+        if scored is None or not scored[1]:
+            continue
+        prefix, tails = scored
+        n = len(prefix) + max(len(tail) for _, tail in tails.values()) - 1  # the last token is not forwarded
+        if n > max_positions:
+            raise SuiteError(
+                f"{e.prompt.origin}: prompt {e.prompt.prompt_id} with {what} needs {n:,} positions, more "
+                f"than the model's context of {max_positions:,}; shorten the sentence or {what}"
+            )

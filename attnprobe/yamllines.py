@@ -133,7 +133,7 @@ class Context:
 
     def __init__(self, path: Path, data_roots=()):
         self.path = path
-        self.roots = [path.parent.resolve(), *(Path(r).expanduser().resolve() for r in data_roots)]
+        self.roots = [path.parent.resolve(), *(_resolved(Path(r).expanduser(), path) for r in data_roots)]
         self.digest = hashlib.sha256()
         self.files: list[Path] = []  # every data file read, resolved
 
@@ -145,8 +145,11 @@ class Context:
         (or under a --data-root; a suite cannot read /proc/self/environ or ~/.ssh), be a regular file
         (not a FIFO or a device), hold at most `max_lines` lines (counted before it is decoded) and
         be UTF-8 text. Messages name the file, never its content."""
-        path = (self.roots[0] / str(relative)).resolve()
         shown = repr(str(relative))[1:-1][:200]
+        try:
+            path = (self.roots[0] / str(relative)).resolve()
+        except (RuntimeError, OSError):  # a loop of symbolic links (RuntimeError before Python 3.13)
+            self.fail(node, key, f"data file '{shown}' is a loop of symbolic links; point it at a real file")
         if not any(path.is_relative_to(root) for root in self.roots):
             self.fail(
                 node,
@@ -195,6 +198,16 @@ class Context:
         self.digest.update(path.name.encode() + b"\0" + text.encode())
         self.files.append(path)
         return path, text
+
+
+def _resolved(root: Path, suite: Path) -> Path:
+    """A --data-root directory, resolved; a loop of symbolic links is one line."""
+    try:
+        return root.resolve()
+    except (RuntimeError, OSError):
+        raise SuiteError(
+            f"{suite}: data root '{root}' is a loop of symbolic links; give a real directory"
+        ) from None
 
 
 def file_lines(text: str) -> list[str]:

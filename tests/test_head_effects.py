@@ -299,3 +299,33 @@ def test_a_per_value_counterfactual_takes_each_items_own_partner(tiny_llama_dir,
     suite.write_text(bad)
     with pytest.raises(SuiteError, match=r"\{occupation.rival\} names no column of slot 'occupation'"):
         load_suite(suite)
+
+
+def test_a_counterfactual_slot_after_the_cut_is_refused_before_weights(tmp_path, monkeypatch):
+    """Issue 32: with the slot after the cut every pair was dropped and the run ended in a traceback
+    after the prompts; mixed templates keep the items that qualify and say what was dropped."""
+    no_weights(monkeypatch)
+    after = EFFECT_SUITE.replace(
+        "The {occupation} said that {pronoun} left.", "Then {pronoun} met the {occupation}."
+    )
+    (tmp_path / "after.yaml").write_text(after)
+    with pytest.raises(
+        SuiteError,
+        match=r"after.yaml:\d+: head_effects have no item to patch \(10 dropped: the occupation comes after "
+        r"the cut\); change the templates or the counterfactual, or run with --no-head-effects",
+    ):
+        attnprobe.run_suite(tmp_path / "after.yaml", out=tmp_path / "run", progress=False, log=lambda m: None)
+    assert not (tmp_path / "run").exists()
+    mixed = EFFECT_SUITE.replace(
+        '  - {id: said, text: "The {occupation} said that {pronoun} left."}',
+        '  - {id: said, text: "The {occupation} said that {pronoun} left."}\n'
+        '  - {id: met, text: "Then {pronoun} met the {occupation}."}',
+    )
+    (tmp_path / "mixed.yaml").write_text(mixed)
+    from attnprobe.run.options import RunOptions
+    from attnprobe.run.plan import plan_run
+
+    plan = plan_run(load_suite(tmp_path / "mixed.yaml"), "smollm2-135m", RunOptions())
+    assert len(plan.effect_items) == 10 and {d.reason for d in plan.dropped} == {
+        "the occupation comes after the cut"
+    }

@@ -277,3 +277,42 @@ def test_merge_into_one_of_its_own_shards_is_refused(smollm, tmp_path):
     assert {p: p.read_bytes() for p in before} == before
     merged = attnprobe.merge_shards(shards, tmp_path / "merged")
     assert merged.manifest["status"] == "complete" and len(merged.prompts) == merged.manifest["n_prompts"]
+
+
+def test_a_planted_chunks_link_is_refused_and_nothing_is_written_outside(smollm, tmp_path):
+    """Issue 32: a `chunks` symbolic link in --out made the run write wherever it pointed."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "chunks").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(RunError, match=r"out/chunks is a symbolic link; attnprobe writes only inside"):
+        attnprobe.run_suite(GENDER, model=smollm, out=tmp_path / "out", **SETTINGS)
+    assert not list((tmp_path / "elsewhere").iterdir())
+
+
+def test_a_full_disk_or_read_only_directory_during_the_report_is_one_line(whole, tmp_path, monkeypatch):
+    """Issue 32: the figures ended in a traceback; the run's results must stay as they were."""
+    import shutil
+
+    import matplotlib.figure
+
+    run = tmp_path / "run"
+    shutil.copytree(whole.directory, run)
+    results = {p: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    original = matplotlib.figure.Figure.savefig
+
+    def full(self, where, *args, **kwargs):
+        if not hasattr(where, "write"):  # the inline PNG goes to memory; files hit the full disk
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return original(self, where, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+    _one_line(_report(run), "cannot write the figure", "No space left on device", "attnprobe report")
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", original)
+    monkeypatch.setattr(  # a read-only directory (tests run as root, where chmod does not stop a write)
+        os, "replace", lambda *a: (_ for _ in ()).throw(OSError(errno.EROFS, os.strerror(errno.EROFS)))
+    )
+    _one_line(_report(run), "Read-only file system")
+    assert {p: p.read_bytes() for p in results} == results
+    monkeypatch.undo()
+    assert _report(run).exit_code == 0  # and once there is room, the same command writes the report
+    assert (run / "report.html").is_file() and list((run / "figures").glob("*.png"))

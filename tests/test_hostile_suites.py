@@ -1,12 +1,13 @@
 """Fuzzing the suite loader and expander: any input loads or raises SuiteError, in one line, fast."""
 
+import functools
 import re
 import string
 import textwrap
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from attnprobe.suite import RESERVED_COLUMNS, SuiteError, load_suite
@@ -281,3 +282,179 @@ def test_expansion_bound_refuses_huge_suites_quickly(tmp_path):
     with pytest.raises(SuiteError, match=r"s.yaml:6: the suite would expand to more than 1,000,000 prompts"):
         load_suite(path)  # 200^3 = 8,000,000 prompts
     assert time.perf_counter() - start < 5  # refused before expanding anything
+
+
+LONG = " word" * 2100  # past the tiny model's context of 2,048
+
+
+@pytest.mark.parametrize(
+    "suite, old, new, what",
+    [
+        (
+            "winogender-style.yaml",
+            "prompt: \" Here, '{pronoun}' refers to the\"",
+            f"prompt: \"{LONG} '{{pronoun}}' refers to the\"",
+            "the referent_choice question",
+        ),
+        (
+            "choices.yaml",
+            '{prompt: " Answer:"}',
+            f'{{prompt: "{LONG} Answer:"}}',
+            "the question and its options",
+        ),
+    ],
+)
+def test_a_scored_continuation_past_the_context_is_refused_before_weights_load(
+    tiny_llama_dir, tmp_path, suite, old, new, what
+):
+    """Issue 32: a referent-choice question that pushed prompts past the model's context was a
+    traceback in the middle of the run; now `check` (and `run`, before loading weights) says which
+    prompt and what to shorten."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    shutil.copytree("probes", tmp_path / "probes")
+    path = tmp_path / "probes" / suite
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new))
+    result = CliRunner().invoke(main, ["check", str(path), "--model", str(tiny_llama_dir)])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert f"with {what}" in result.output and "more than the model's context of 2,048" in result.output
+
+
+@functools.cache
+def _cached_tokenizer(spec, trust_remote_code=False):
+    """The real load_tokenizer, read once per spec: the fuzzer plans a thousand suites."""
+    from attnprobe.models import load_tokenizer
+
+    return load_tokenizer(spec, trust_remote_code=trust_remote_code)
+
+
+# Round-2 formats together (issue 32): paired numbered files (counts and numbers that may not match,
+# a blank first line), declared and optional spans (reserved or non-ASCII names among them), `mark`,
+# the analysis block, referent choice and head effects, each drawn from valid and broken variants.
+# Property: `check` (load_suite, plan_run with the bundled tokenizer, describe) ends in a suite or in
+# one `file:line:` line, never a traceback; a suite that loads pairs line n of pro with line n of anti.
+PAIR_SENTENCE = st.tuples(
+    st.sampled_from(["nurse", "mechanic", "carpenter", "baker", "x"]),
+    st.sampled_from(["hired the baker because", "met the nurse as", "called", ""]),
+    st.sampled_from(["[he]"] * 8 + ["[she]"] * 8 + ["he", "[he] lost [his]", "[she] [her] [it] [x]"]),
+).map(lambda t: f"The [{t[0]}] {t[1]} {t[2]} left.")
+# a valid suite of each shape, then up to two faults (a part replaced by a broken or degenerate one)
+VALID = {
+    "spans": st.sampled_from(
+        ["spans: [referent, pronoun]", "spans: [referent, pronoun]\n    optional_spans: [pronoun_2]"]
+    ),
+    "mark": st.just("mark: {other: occupation}"),
+    "analysis": st.sampled_from(
+        [
+            "analysis: {contrast: version, positive: pro, negative: anti, referents: [referent, other], "
+            "answer: referent}",
+            "analysis: {contrast: version, positive: pro, negative: anti, referents: [referent, other], "
+            "answer: referent, clusters: [template]}",
+        ]
+    ),
+    "attention": st.sampled_from(
+        [
+            "attention: [{source: pronoun, targets: [referent, other]}]",
+            "attention: [{source: pronoun, targets: [referent]}]",
+        ]
+    ),
+    "referent_choice": st.sampled_from(["", "referent_choice: {prompt: \" '{pronoun}' is the\"}"]),
+    "head_effects": st.just(""),
+}
+FAULTS = [
+    ("spans", "spans: [referent]"),
+    ("spans", "spans: [text, pronoun]"),
+    ("spans", "spans: [referent, referent]"),
+    ("spans", "spans: [référent, pronoun]"),
+    ("spans", "spans: [referent, pronoun]\n    optional_spans: pronoun_2"),
+    ("mark", ""),
+    ("mark", "mark: {other: nosuch}"),
+    ("mark", "mark: {pronoun: occupation}"),
+    ("analysis", ""),
+    ("analysis", "analysis: {contrast: version, positive: pro, negative: nosuch}"),
+    ("analysis", "analysis: {contrast: version, positive: pro, negative: anti, groups: {all: [f1]}}"),
+    ("analysis", "analysis: {contrast: version, positive: pro, negative: anti, held_out: 0}"),
+    ("analysis", "analysis: {contrast: version, positive: pro, negative: anti, covariate: referent.x}"),
+    ("attention", "attention: [{source: pronoun_2, targets: [referent]}]"),
+    ("referent_choice", "referent_choice: {prompt: \" '{nosuch}' is the\"}"),
+    ("head_effects", "head_effects: {counterfactual: pair, max_items: 4}"),
+    (
+        "head_effects",
+        "head_effects: {cut: pronoun, positive: pro, negative: anti, counterfactual: {referent: woman}}",
+    ),
+]
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    sentences=st.lists(PAIR_SENTENCE, min_size=1, max_size=3),
+    numbers=st.sampled_from(["same"] * 4 + ["offset", "fewer", "repeated", "blank first line", "unnumbered"]),
+    valid=st.fixed_dictionaries(VALID),
+    faults=st.lists(st.sampled_from(FAULTS), max_size=2),
+)
+def test_fuzzed_round_two_formats(tmp_path, monkeypatch, sentences, numbers, valid, faults):
+    from attnprobe.run import RunOptions, plan_run
+    from attnprobe.run import plan as plan_module
+    from attnprobe.run.describe import describe
+
+    monkeypatch.setattr(plan_module, "load_tokenizer", _cached_tokenizer)
+    parts = {**valid, **dict(faults)}
+    pro = [f"{n + 1} {s}" for n, s in enumerate(sentences)]
+    anti = [line.replace("[he]", "[X]").replace("[she]", "[he]").replace("[X]", "[she]") for line in pro]
+    numbered = numbers != "unnumbered"
+    if numbers == "offset":
+        anti = [f"{int(a.split(' ', 1)[0]) + 1} {a.split(' ', 1)[1]}" for a in anti]
+    elif numbers == "fewer":
+        anti = anti[:-1]
+    elif numbers == "repeated":
+        anti = anti[:1] + anti
+    elif numbers == "unnumbered":
+        pro, anti = [p.split(" ", 1)[1] for p in pro], [a.split(" ", 1)[1] for a in anti]
+    elif numbers == "blank first line":
+        anti = [""] + anti
+    (tmp_path / "pro.txt").write_text("\n".join(pro) + "\n")
+    (tmp_path / "anti.txt").write_text("\n".join(anti) + "\n")
+    (tmp_path / "jobs.tsv").write_text("occupation\tbls_pct_female\nnurse\t88\nmechanic\t1\nbaker\t60\n")
+    entry = "\n    ".join(p for p in (parts["spans"], parts["mark"]) if p)
+    text = (
+        "name: fuzz\nslots:\n  occupation: {table: jobs.tsv}\nsentences:\n  - id: f1\n"
+        f"    files: {{pro: pro.txt, anti: anti.txt}}\n    numbered: {str(numbered).lower()}\n    {entry}\n"
+        + "".join(
+            f"{parts[key]}\n"
+            for key in ("analysis", "attention", "referent_choice", "head_effects")
+            if parts[key]
+        )
+    )
+    suite = check(tmp_path / "x.yaml", text)
+    if suite is None:
+        event("refused by load_suite: " + _refusal(tmp_path / "x.yaml"))  # see --hypothesis-show-statistics
+        return
+    try:
+        plan = plan_run(suite, "smollm2-135m", RunOptions(out=str(tmp_path / "out")))
+        describe(plan)
+    except SuiteError as error:
+        assert re.match(rf"{re.escape(str(tmp_path))}/[^:/]+(:\d+)?: \S", str(error)), str(error)
+        assert "\n" not in str(error)
+        event("refused by plan_run")
+        return
+    event("planned")
+    by_version = {}
+    for prompt in suite.prompts:  # pairing never shifts: line n of pro with line n of anti
+        by_version.setdefault(prompt.item_id, {})[prompt.meta["version"]] = prompt.text
+    for pair in by_version.values():
+        if len(pair) == 2:
+            assert pair["pro"].replace("she", "he") == pair["anti"].replace("she", "he")
+
+
+def _refusal(path) -> str:
+    try:
+        load_suite(path)
+    except SuiteError as error:
+        return re.sub(r"'[^']*'|\d+", "_", str(error).split(": ", 1)[1])[:60]
+    return "?"

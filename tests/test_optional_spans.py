@@ -91,3 +91,20 @@ def test_check_reports_the_counts_and_run_keeps_the_optional_span(tmp_path, tiny
     assert prompts["pronoun_2_tok_start"].notna().sum() == 2  # the third item's two versions
     attention = pd.read_parquet(tmp_path / "out" / "attention.parquet")
     assert set(attention["prompt_id"]) == set(prompts["prompt_id"])  # every line was measured
+
+
+def test_a_line_of_20000_repeated_inline_names_is_refused_at_once(tmp_path):
+    """Issue 32: repeated inline names were renamed in quadratic time (20,000 took minutes)."""
+    import time
+
+    line = "1 The [referent: nurse] said [pronoun: she] " + " ".join("[s: w]" for _ in range(20_000)) + "\n"
+    started = time.perf_counter()
+    with pytest.raises(SuiteError, match=r"pro.txt:1: 20,002 bracketed spans, more than 64 in one sentence"):
+        load_suite(write(tmp_path, line))
+    assert time.perf_counter() - started < 5
+    from attnprobe.suite.sentences import parse_marked
+
+    started = time.perf_counter()  # below the cap, repeated names stay linear: s, s_2, s_3, ...
+    spans = parse_marked(" ".join("[s: w]" for _ in range(64)), "line")[1]
+    assert list(spans)[:3] == ["s", "s_2", "s_3"] and "s_64" in spans
+    assert list(parse_marked("[s: a] [s_2: b] [s: c]", "line")[1]) == ["s", "s_2", "s_3"]

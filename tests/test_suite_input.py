@@ -173,6 +173,30 @@ def test_data_files_stay_under_the_suite_directory(tmp_path):
     assert allowed.exit_code == 0 and "1 prompts" in allowed.output, allowed.output
 
 
+def test_a_loop_of_symbolic_links_is_one_line(tmp_path):
+    """Issue 32: a data file or --data-root that is a loop of links was a traceback (RuntimeError)."""
+    (tmp_path / "a.tsv").symlink_to(tmp_path / "b.tsv")
+    (tmp_path / "b.tsv").symlink_to(tmp_path / "a.tsv")
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        "name: s\nslots:\n  occupation: {table: a.tsv}\n"
+        "templates:\n  - {id: t, text: 'The {occupation} left.'}\n"
+    )
+    assert "data file 'a.tsv' is a loop of symbolic links" in _load_error(suite, suite.read_text())
+    (tmp_path / "root").symlink_to(tmp_path / "root")
+    with pytest.raises(
+        SuiteError, match="data root .*root' is a loop of symbolic links; give a real directory"
+    ):
+        load_suite(suite, data_roots=[tmp_path / "root"])
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    refused = CliRunner().invoke(main, ["check", str(suite)])
+    assert refused.exit_code == 2 and "loop of symbolic links" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1
+
+
 def test_special_and_oversized_data_files_are_refused_before_reading(tmp_path):
     import os
     import time

@@ -18,7 +18,7 @@ from ..report.plots import FRONTIER_ALT, edit_frontier
 from ..run.options import RunOptions
 from ..run.plan import plan_run
 from ..run.reader import RunFiles
-from ..run.storage import atomic_write, write_parquet, write_table
+from ..run.storage import atomic_write, own_directory, write_parquet, write_table
 from ..stats.edits import edit_tables
 from ..suite import load_suite
 from .inputs import check_text, record_inputs
@@ -95,8 +95,7 @@ def run_edits(directory, options: EditOptions | None = None, model=None, log=pri
         )
     sets = found_sets(inputs, scores, options.ks, listed, H)
     key = settings_hash(m["fingerprint"], options)
-    chunks = directory / "chunks"
-    chunks.mkdir(exist_ok=True)
+    chunks = own_directory(directory / "chunks")
     frames = [_describe(clean_values(model, inputs), inputs)]
     for n, kind in enumerate(options.kinds, 1):
         path = chunks / f"edits-{key}-{kind}.parquet"

@@ -61,14 +61,22 @@ def options_of(prompt) -> list[str]:
     return options
 
 
+def sequences(measure: MultipleChoiceMeasure, e, tokenizer) -> tuple[list, dict]:
+    """What one prompt scores: context + question + the measure's prompt as token ids, and per option
+    its text and ids."""
+    prefix = list(e.ids) + tokenizer.encode(measure.prompt, add_special_tokens=False)
+    options = options_of(e.prompt)
+    return prefix, {
+        i: (o, tokenizer.encode(" " + o, add_special_tokens=False)) for i, o in enumerate(options)
+    }
+
+
 def score(pm, measure: MultipleChoiceMeasure, encoded, batch_size: int = 256, progress=None) -> pd.DataFrame:
     """One row per (prompt, option): the option's summed log-probability after the prompt."""
-    tokenizer = pm.tokenizer
     pairs, rows = [], []
     for e in encoded:
-        prefix = list(e.ids) + tokenizer.encode(measure.prompt, add_special_tokens=False)
-        for i, option in enumerate(options_of(e.prompt)):
-            tail = tokenizer.encode(" " + option, add_special_tokens=False)
+        prefix, tails = sequences(measure, e, pm.tokenizer)
+        for i, (option, tail) in tails.items():
             pairs.append((prefix, tail))
             rows.append((e.prompt.prompt_id, i, option, len(tail)))
     logprobs = continuation_logprobs(pm, pairs, batch_size, progress)

@@ -69,6 +69,17 @@ class ReferentChoiceMeasure:
         return PLACEHOLDER.sub(lambda m: words[m.group(1)], self.prompt)
 
 
+def sequences(measure: ReferentChoiceMeasure, e, tokenizer, referents) -> tuple[list, dict] | None:
+    """What one prompt scores: sentence + question as token ids, and per referent its words and their
+    ids; None for a prompt without the question's spans or a referent."""
+    question = measure.question(e.prompt)
+    words = {r: candidate_words(e.prompt, r) for r in referents}
+    if question is None or None in words.values():
+        return None
+    prefix = list(e.ids) + tokenizer.encode(question, add_special_tokens=False)
+    return prefix, {r: (text, tokenizer.encode(text, add_special_tokens=False)) for r, text in words.items()}
+
+
 def score(
     pm, measure: ReferentChoiceMeasure, encoded, referents, batch_size: int = 256, progress=None
 ) -> pd.DataFrame:
@@ -76,16 +87,13 @@ def score(
     the sentence and the question. Sentence + question are forwarded once for both referents and
     shared prefixes once across prompts; logits only where a referent's token is read
     (scoring.continuation_logprobs). `progress(n)` is told the sequences scored."""
-    tokenizer = pm.tokenizer
     pairs, rows = [], []
     for e in encoded:
-        question = measure.question(e.prompt)
-        words = {r: candidate_words(e.prompt, r) for r in referents}
-        if question is None or None in words.values():
+        scored = sequences(measure, e, pm.tokenizer, referents)
+        if scored is None:
             continue
-        prefix = list(e.ids) + tokenizer.encode(question, add_special_tokens=False)
-        for referent, text in words.items():
-            tail = tokenizer.encode(text, add_special_tokens=False)
+        prefix, tails = scored
+        for referent, (text, tail) in tails.items():
             pairs.append((prefix, tail))
             rows.append(
                 {

@@ -90,6 +90,17 @@ class HeadEffectsMeasure:
     def items(self, tokenizer, encoded) -> tuple[list[PatchItem], list[Dropped]]:
         raise NotImplementedError
 
+    def some_items(self, tokenizer, encoded) -> tuple[list[PatchItem], list[Dropped]]:
+        """`items`, refused in one line (before any weights load) when every pair was dropped."""
+        items, dropped = self.items(tokenizer, encoded)
+        if not items:
+            reasons = "; ".join(sorted({d.reason for d in dropped})[:2]) or "no prompt has the spans it needs"
+            raise SuiteError(
+                f"{self.origin}: head_effects have no item to patch ({len(dropped)} dropped: {reasons}); "
+                "change the templates or the counterfactual, or run with --no-head-effects"
+            )
+        return items, dropped
+
     def wanted(self, prompt) -> bool:
         return not self.templates or prompt.template_id in self.templates
 

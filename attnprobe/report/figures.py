@@ -8,12 +8,24 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from ..errors import RunError
+from ..run.storage import own_directory
+
 
 def figure(fig, directory: Path, name: str, alt: str) -> dict:
-    directory.mkdir(exist_ok=True)
-    fig.savefig(directory / f"{name}.svg")
+    """Save `fig` as figures/NAME.svg and .png; a full disk or a read-only directory is one line (the
+    run's own files are untouched: figures are written after them)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    (directory / f"{name}.png").write_bytes(buffer.getvalue())
-    plt.close(fig)
+    try:
+        fig.savefig(buffer, format="png", dpi=110)
+        own_directory(directory)
+        fig.savefig(directory / f"{name}.svg")
+        (directory / f"{name}.png").write_bytes(buffer.getvalue())
+    except OSError as exc:
+        raise RunError(
+            f"cannot write the figure {directory / name}.png ({exc.strerror or exc}); free disk space or "
+            "make the directory writable, then run `attnprobe report` again (the run's results are kept)"
+        ) from None
+    finally:
+        plt.close(fig)
     return {"png": base64.b64encode(buffer.getvalue()).decode(), "alt": alt}

@@ -15,6 +15,7 @@ from .storage import (
     assemble_head_effects,
     complete_chunks,
     exclusive,
+    own_directory,
     read_manifest,
     write_manifest,
 )
@@ -54,7 +55,7 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
         "settings"
     ) != manifests[0]["settings"]:
         raise RunError(f"{out} holds a run with other settings; merge into a new directory")
-    (out / "chunks").mkdir(parents=True, exist_ok=True)
+    own_directory(out / "chunks")
     with exclusive(out):
         n_chunks = manifests[0]["n_chunks"]
         for k in range(n_chunks):

@@ -53,8 +53,7 @@ class Phase:
 def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: dict) -> float:
     """Compute the phase's chunks this process owns that are not done yet, each written before the
     next starts; returns the seconds spent (0 when every chunk was already done)."""
-    chunk_dir, log = directory / "chunks", options.log
-    chunk_dir.mkdir(exist_ok=True)
+    chunk_dir, log = storage.own_directory(directory / "chunks"), options.log
     done = storage.complete_chunks(chunk_dir, phase.n_chunks, log, phase.prefix, phase.plan)
     todo = [k for k in phase.mine if k not in done]
     if not todo:

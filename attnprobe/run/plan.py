@@ -14,11 +14,13 @@ from pathlib import Path
 
 from ..errors import RunError, SuiteError
 from ..estimates import head_effect_seconds, prompt_seconds
+from ..measures import multiple_choice, referent_choice
 from ..measures.head_effects import HeadEffectsMeasure
 from ..measures.head_effects import plan_sha256 as head_effects_plan
 from ..measures.next_token import candidate_ids
 from ..models import DEFAULT_MODEL, ProbeModel, load_tokenizer, routes_attention
 from ..patching.items import Dropped, PatchItem
+from ..scoring import check_context
 from ..sharing import prefix_sharing_blocker
 from ..spans import sink_notes
 from ..suite import Prompt, Suite, spread_key, token_spans
@@ -319,6 +321,7 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
     )  # a loaded model keeps its own
     prompts = select_prompts(suite.prompts, options.limit)
     encoded = encode_prompts(suite, prompts, tokenizer, max_positions)
+    scored_within_context(suite, encoded, tokenizer, max_positions)
     longest = max((e.n_forward for e in encoded), default=0)
     blocker = prefix_sharing_blocker(config, longest) if options.share_prefixes else "switched off"
     batches = plan_batches(
@@ -329,7 +332,7 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
     if options.head_effects and suite.head_effects:
         effects = suite.head_effects.for_prompts(len(encoded), len(suite.prompts))
         effects.check_family(routes_attention(config), spec)
-        items, dropped = effects.items(tokenizer, encoded)
+        items, dropped = effects.some_items(tokenizer, encoded)
         effect_chunks = _effect_chunks(items, effects.held_out_ids(items))
     name = model.info.name if loaded else model_name(spec)
     directory = Path(options.out) if options.out else Path("reports") / suite.name / name
@@ -366,6 +369,17 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
         settings,
         fingerprint(settings, options.shard),
     )
+
+
+def scored_within_context(suite: Suite, encoded, tokenizer, max_positions) -> None:
+    """The scored continuations (referent choice, multiple choice) fit the model's context."""
+    if suite.referent_choice is not None:
+        measure, referents = suite.referent_choice, suite.analysis.referents
+        sequences = lambda e: referent_choice.sequences(measure, e, tokenizer, referents)
+        check_context(encoded, sequences, max_positions, f"the referent_choice question ({measure.origin})")
+    if suite.multiple_choice is not None:
+        sequences = lambda e: multiple_choice.sequences(suite.multiple_choice, e, tokenizer)
+        check_context(encoded, sequences, max_positions, "the question and its options")
 
 
 def _effect_chunks(items: list[PatchItem], held_out: set[str]) -> list[list[PatchItem]]:

@@ -217,6 +217,19 @@ OWN_FILES = {
 }
 
 
+def own_directory(path: Path) -> Path:
+    """`path` (chunks/, figures/ of a run) made as a real directory: a symbolic link or a file planted
+    there would make the run write outside --out, so it is refused."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        kind = "a symbolic link" if path.is_symlink() else "not a directory"
+        raise RunError(
+            f"{path} is {kind}; attnprobe writes only inside the run directory: remove it or choose "
+            "another --out"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def prepare_directory(
     directory: Path, expected: str, resume: bool, suite_name: str, log=print
 ) -> dict | None:

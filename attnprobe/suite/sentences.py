@@ -22,6 +22,7 @@ from .columns import expand_rows, parse_columns
 from .rows import check_pairing, line_reader, read_rows
 from .types import Prompt
 
+MAX_SPANS = 64  # bracketed spans in one sentence: each becomes columns of prompts.csv
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 
 
@@ -259,6 +260,11 @@ def _parse_brackets(
             f"{where}: unbalanced or nested brackets; mark each span as [words] or [name: words]"
         )
     matches = list(_BRACKET.finditer(marked))
+    if len(matches) > MAX_SPANS:
+        raise SuiteError(
+            f"{where}: {len(matches):,} bracketed spans, more than {MAX_SPANS} in one sentence; mark only "
+            "the words a measure reads"
+        )
     unnamed = [m for m in matches if not _NAMED.fullmatch(m.group(1))]
     # a line may also name every span inline
     if (unnamed or not matches) and not n_required <= len(unnamed) <= len(names):
@@ -270,12 +276,14 @@ def _parse_brackets(
         )
     positional = iter(names)
     text, spans, found, position, last = [], {}, {}, 0, 0
+    occurrences: dict[str, int] = {}  # the next suffix to try per name: linear in repeated names
     for match in matches:
         named = _NAMED.fullmatch(match.group(1))
         name, words = (named.group(1), named.group(2)) if named else (next(positional), match.group(1))
-        occurrence, base = 2, name
+        base = name
         while name in spans:
-            name, occurrence = f"{base}_{occurrence}", occurrence + 1
+            occurrences[base] = occurrences.get(base, 1) + 1
+            name = f"{base}_{occurrences[base]}"
         text.append(marked[last : match.start()])
         position += match.start() - last
         spans[name] = (position, position + len(words))
