@@ -121,6 +121,24 @@ def covariate_notes(analysis: Analysis, prompts) -> list[str]:
     return notes
 
 
+def candidate_notes(analysis: Analysis, prompts) -> list[str]:
+    """A note per next_token cut whose candidates carry neither or only one of the compared labels:
+    the behaviour table (log p(positive) - log p(negative)) has no row for it."""
+    if not analysis.paired:
+        return []
+    labels: dict[str, set] = {}
+    for p in prompts:
+        for cut, candidates in p.candidates.items():
+            labels.setdefault(cut, set()).update(str(label) for _, label in candidates)
+    return [
+        f"next_token at '{cut}': the candidates' labels ({', '.join(sorted(seen)[:5])}) do not include both "
+        f"compared labels '{analysis.positive}' and '{analysis.negative}': the behaviour table has no row "
+        "for it; label the candidates like the contrast"
+        for cut, seen in labels.items()
+        if not {analysis.positive, analysis.negative} <= seen
+    ]
+
+
 def contrast_notes(analysis: Analysis, prompts) -> list[str]:
     """A note for templates with no prompt of one compared label (e.g. `values:` that keep one
     pronoun): their items have no pair and drop out of every paired statistic."""

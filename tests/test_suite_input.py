@@ -493,3 +493,41 @@ def test_values_that_leave_the_contrast_one_label_get_a_note(tmp_path):
         "template(s) a have no prompt labelled 'male' in pronoun: their items have no pair and drop out of "
         "the paired statistics; give the template both values"
     ) in load_suite(tmp_path / "s.yaml").notes
+
+
+def test_degenerate_tables_values_and_labels_are_said(tmp_path):
+    """Issue 32: a slot table with a repeated header column (the second silently won), template
+    values the table lacks and next_token labels that never match the contrast ran with no word."""
+    (tmp_path / "jobs.tsv").write_text("occupation\tpct\nnurse\t88\nbaker\t60\nmechanic\t1\n")
+    head = (
+        "name: h\nslots:\n  occupation: {table: jobs.tsv}\n"
+        "  pronoun: {forms: [nom], values: [{label: female, nom: she}, {label: male, nom: he}]}\n"
+        "  word: {values: [{label: f, value: she}, {label: m, value: he}]}\ncontrast: pronoun\n"
+    )
+    (tmp_path / "dup.tsv").write_text("occupation\toccupation\nnurse\tx\n")
+    message = _load_error(
+        tmp_path / "dup.yaml",
+        head.replace("jobs.tsv", "dup.tsv")
+        + "templates:\n  - {id: a, text: 'The {occupation} said that {pronoun.nom} left.'}\n",
+    )
+    assert message == (
+        f"{tmp_path / 'dup.yaml'}:3: table dup.tsv names column 'occupation' twice in its header; rename "
+        "one (the second would silently replace the first)"
+    )
+    (tmp_path / "s.yaml").write_text(
+        head + "templates:\n"
+        "  - {id: a, text: 'The {occupation} said that {pronoun.nom} came and {word} left.', "
+        "values: {occupation: [plumber, nurse]}}\n"
+        "next_token: [{cut: word, candidates: word}]\n"
+    )
+    notes = load_suite(tmp_path / "s.yaml").notes
+    assert (
+        "template 'a': values of 'occupation' not in its table (plumber) have none of its columns (pct); "
+        "add them to the table if those are used" in notes
+    )
+    assert any(
+        n.startswith(
+            "next_token at 'word': the candidates' labels (f, m) do not include both compared labels"
+        )
+        for n in notes
+    )

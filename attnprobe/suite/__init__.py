@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from ..analysis import contrast_notes, covariate_notes, few_levels_notes
+from ..analysis import candidate_notes, contrast_notes, covariate_notes, few_levels_notes
 from ..errors import SuiteError
 from ..measures import (
     AttentionMeasure,
@@ -32,7 +32,7 @@ from ..yamllines import Context, Map, as_list, optional_str, required_str, safe_
 from .analysis import parse_analysis, value_of
 from .sentences import load_sentence_sets, sentence_prompts
 from .slots import load_slots
-from .templates import check_size, expand, load_templates
+from .templates import check_size, expand, load_templates, new_value_notes
 from .types import Condition, Prompt, Slot, SlotValue, Suite, Template
 
 DEFAULT_MAX_PROMPTS = 1_000_000
@@ -173,6 +173,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
         analysis, {c: len({value_of(p, c) for p in prompts} - {None}) for c in analysis.clusters}
     )
     notes += covariate_notes(analysis, prompts) + contrast_notes(analysis, prompts)
+    notes += new_value_notes(templates, slots) + candidate_notes(analysis, prompts)
     referent_choice = ReferentChoiceMeasure.parse(ctx, doc, analysis, span_names)
     columns = {c for p in prompts for c in (*p.meta, *p.slots)} | {"template_id"}
     likelihood = LikelihoodMeasure.parse(ctx, doc, analysis, columns)

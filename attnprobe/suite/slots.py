@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import re
+from collections import Counter
 
 from ..errors import SuiteError
 from ..yamllines import Map, file_lines, line_of, number_or_text
@@ -118,6 +119,14 @@ def _table_values(ctx, spec, name, form_names) -> list[SlotValue]:
     if not rows:
         ctx.fail(spec, "table", f"table {path.name} is empty; it needs a header row and data rows")
     header = rows[0]
+    repeated = next((c for c, n in Counter(header).items() if n > 1), None)
+    if repeated is not None:
+        ctx.fail(
+            spec,
+            "table",
+            f"table {path.name} names column '{repeated[:40]}' twice in its header; rename one (the second "
+            "would silently replace the first)",
+        )
     wanted = list(form_names) if form_names != ("value",) else [spec.get("column") or header[0]]
     for column in wanted:
         if column not in header:

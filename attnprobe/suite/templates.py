@@ -117,6 +117,23 @@ def _own_values(ctx, item, slots, used) -> tuple:
     return tuple(own)
 
 
+def new_value_notes(templates, slots) -> list[str]:
+    """A note per template whose own `values:` include words the slot's table lacks: their prompts
+    have none of the table's columns (a covariate or lookup read from it is empty there)."""
+    notes = []
+    for template in templates:
+        for name, chosen in template.values:
+            fields = sorted(set().union(*(v.meta for v in slots[name].values)))
+            new = [v.forms["value"] for v in chosen if fields and v not in slots[name].values]
+            if new:
+                notes.append(
+                    f"template '{template.id}': values of '{name}' not in its table ({', '.join(new[:3])}) "
+                    f"have none of its columns ({', '.join(fields[:4])}); add them to the table if those "
+                    "are used"
+                )
+    return notes
+
+
 def _unescape_outside_slots(text: str):
     """Yield (literal text, slot match or None) pieces; `{{` and `}}` are literal braces."""
     position = 0
