@@ -18,7 +18,7 @@ from collections import Counter
 from ..errors import SuiteError
 from ..yamllines import Seq, number_or_text, required_str
 from .choices import choice_rows, parse_choices
-from .columns import expand_rows, parse_columns
+from .columns import expand_rows, parse_columns, stereoset_rows
 from .rows import check_pairing, line_reader, read_rows
 from .types import Prompt
 
@@ -97,7 +97,10 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
                 item, "files" if "files" in item else "file", file_name, max_lines=max_lines
             )
             needed = (choice_roles["context"], choice_roles["question"]) if choice_roles else ("text",)
-            file_rows = read_rows(path, text, reader, tuple(sentence_columns or needed))
+            if item.get("columns") == "stereoset":
+                file_rows = stereoset_rows(path, text)
+            else:
+                file_rows = read_rows(path, text, reader, tuple(sentence_columns or needed))
             if not file_rows:
                 ctx.fail(item, "files" if "files" in item else "file", f"{path.name} holds no sentences")
             for number, record in file_rows:
