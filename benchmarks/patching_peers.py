@@ -20,7 +20,8 @@ patch at all positions that the peers' functions apply:
                     few items and counted per item
 
 The peers are timed where installed (pip install -e '.[bench]'). Figures are medians of rounds in
-which every tool runs once in turn. Agreement: the largest |y - y attnprobe| over items and heads.
+which every tool runs once in turn (the first round included: each round's times are written too).
+Agreement: the largest |y - y attnprobe| over items and heads.
 The floor: FLOPs of the patched suffixes (each variant's positions from the swapped word on, its
 layers from the patched one up, the label tokens' logits) at the matmul peak measured in this run.
 Writes patching_peers.json and .md.
@@ -32,7 +33,9 @@ import argparse
 import copy
 import json
 import os
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -42,7 +45,7 @@ from attnprobe.patching.engine import Variants, patched, record
 from attnprobe.patching.sites import label_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import gender_prompts, interleaved, matmul_peak  # noqa: E402
+from run import gender_prompts, matmul_peak  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WORD = "woman"
@@ -213,16 +216,19 @@ def main():
         run = make(pm, pairs)
         if run is not None:
             tools[name] = run
-    answers = {name: run() for name, run in tools.items()}  # also the warm-up
-    reference = pairs[: args.reference_items]
-    answers["reference"] = reference_every_head(pm, reference)
     peak_before = matmul_peak()
-    seconds = dict(zip(tools, interleaved(list(tools.values()), args.repeats, warm_up=False)))
-    seconds["reference"] = (
-        interleaved([lambda: reference_every_head(pm, reference)], 1, warm_up=False)[0]
-        * len(pairs)
-        / len(reference)
-    )
+    rounds, answers = {name: [] for name in tools}, {}
+    for k in range(args.repeats):  # every tool once per round, in turn; the first round is timed too
+        for name, run in tools.items():
+            start = time.perf_counter()
+            answers[name] = run()
+            rounds[name].append(time.perf_counter() - start)
+            print(f"round {k + 1}: {name} {rounds[name][-1]:.1f} s", flush=True)
+    seconds = {name: statistics.median(spent) for name, spent in rounds.items()}
+    reference = pairs[: args.reference_items]
+    start = time.perf_counter()
+    answers["reference"] = reference_every_head(pm, reference)
+    seconds["reference"] = (time.perf_counter() - start) * len(pairs) / len(reference)
     peak = (peak_before + matmul_peak()) / 2
     mine = answers["attnprobe"]
     result = {
@@ -234,6 +240,7 @@ def main():
         "matmul_peak_gflop_s": peak,
         "floor_s": floor_gflop(pm, pairs) / peak,
         **{f"{name}_s": s for name, s in seconds.items()},
+        **{f"{name}_rounds_s": [round(t, 2) for t in spent] for name, spent in rounds.items()},
         **{
             f"attnprobe_over_{name}": s / seconds["attnprobe"]
             for name, s in seconds.items()
