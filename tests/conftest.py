@@ -303,3 +303,16 @@ def run_shipped(name: str, model_dir, tmp_path):
     )
     assert result.exit_code == 0, result.output
     return attnprobe.Run(out)
+
+
+def one_line_error(result, *phrases):
+    """Exit 2, no traceback, and exactly one error line, the last (progress lines such as
+    'dequantising ...' or 'statistics: ...' may precede it), holding every phrase."""
+    assert (
+        result.exit_code == 2
+        and isinstance(result.exception, SystemExit)
+        and "Traceback" not in result.output
+    ), result.output
+    lines = result.output.strip().splitlines()
+    assert [line for line in lines if line.startswith("attnprobe: error:")] == lines[-1:], result.output
+    assert all(p in lines[-1] for p in phrases), result.output

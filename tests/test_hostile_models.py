@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 from click.testing import CliRunner
-from conftest import save_tiny_with_tokenizer  # noqa: E402
+from conftest import one_line_error, save_tiny_with_tokenizer  # noqa: E402
 
 import attnprobe
 from attnprobe.cli import main
@@ -73,19 +73,6 @@ def test_trust_remote_code_is_off_unless_asked(tmp_path, smollm, monkeypatch):
     assert seen == [(False, True), (True, True)]
 
 
-def _one_line(result, *phrases):
-    """Exit 2, no traceback, and one error line, the last (progress lines such as 'dequantising ...' may
-    precede it)."""
-    assert (
-        result.exit_code == 2
-        and isinstance(result.exception, SystemExit)
-        and "Traceback" not in result.output
-    ), result.output
-    lines = result.output.strip().splitlines()
-    assert [line for line in lines if line.startswith("attnprobe: error:")] == lines[-1:], result.output
-    assert all(p in lines[-1] for p in phrases), result.output
-
-
 def _damaged(tmp_path, smollm, damage):
     save_tiny_with_tokenizer(tmp_path, smollm.tokenizer)
     damage(tmp_path)
@@ -123,7 +110,7 @@ def _truncate(name, keep):
     ids=["truncated-weights", "truncated-tokenizer", "zero-layers", "zero-heads", "text-hidden-size"],
 )
 def test_damaged_checkpoints_are_one_line(tmp_path, smollm, damage, phrases):
-    _one_line(_damaged(tmp_path, smollm, damage), *phrases)
+    one_line_error(_damaged(tmp_path, smollm, damage), *phrases)
 
 
 @pytest.mark.parametrize(
@@ -140,7 +127,7 @@ def test_a_device_that_does_not_exist_is_refused_before_anything_is_written(tmp_
     result = CliRunner().invoke(
         main, ["run", "probes/gender.yaml", "--device", device, "--out", str(tmp_path / "out")]
     )
-    _one_line(result, phrase)
+    one_line_error(result, phrase)
     assert not (tmp_path / "out").exists()
 
 
@@ -165,7 +152,7 @@ def test_verify_json_into_a_new_or_an_impossible_directory(tmp_path, smollm):
             str(tmp_path / "file" / "v.json"),
         ],
     )
-    _one_line(result, "--json", "cannot create", "choose a writable path")
+    one_line_error(result, "--json", "cannot create", "choose a writable path")
 
 
 def test_a_tokenizer_larger_than_the_embeddings_is_one_line(tmp_path, smollm):
@@ -174,7 +161,7 @@ def test_a_tokenizer_larger_than_the_embeddings_is_one_line(tmp_path, smollm):
     build_tiny("llama", attn_implementation="eager").save_pretrained(tmp_path)  # 100 embedding rows
     smollm.tokenizer.save_pretrained(tmp_path)
     result = CliRunner().invoke(main, ["verify", "--model", str(tmp_path), "--text", "The nurse said"])
-    _one_line(result, f"the tokenizer has {len(smollm.tokenizer)} tokens but the model embeds only 100")
+    one_line_error(result, f"the tokenizer has {len(smollm.tokenizer)} tokens but the model embeds only 100")
 
 
 @pytest.mark.parametrize(
@@ -187,7 +174,7 @@ def test_a_tokenizer_larger_than_the_embeddings_is_one_line(tmp_path, smollm):
 def test_a_random_or_damaged_gguf_is_one_line(tmp_path, head, phrase, monkeypatch):
     monkeypatch.setenv("ATTNPROBE_CACHE", str(tmp_path / "cache"))  # no conversion cache outside tmp_path
     (tmp_path / "m.gguf").write_bytes(head)
-    _one_line(CliRunner().invoke(main, ["verify", "--model", str(tmp_path / "m.gguf")]), phrase)
+    one_line_error(CliRunner().invoke(main, ["verify", "--model", str(tmp_path / "m.gguf")]), phrase)
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # no half conversion left behind
 
 
@@ -209,7 +196,7 @@ def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch, tmp_path)
         result = CliRunner().invoke(main, ["verify", "--model", "someone/nothing-here"])
     finally:
         hub_unreachable.cache_clear()
-    _one_line(
+    one_line_error(
         result,
         "cannot fetch 'someone/nothing-here'",
         "the hub is unreachable from this machine, and the id is not in the local cache",
@@ -228,7 +215,7 @@ def test_a_checkpoint_with_nan_weights_is_refused_by_run_and_verify(tmp_path, sm
     weights[name][0, 0] = float("nan")
     save_file(weights, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})
     phrase = f"{name} holds 1 non-finite values (NaN or inf); the checkpoint is damaged"
-    _one_line(CliRunner().invoke(main, ["verify", "--model", str(tmp_path / "m")]), phrase)
+    one_line_error(CliRunner().invoke(main, ["verify", "--model", str(tmp_path / "m")]), phrase)
     suite = tmp_path / "s.yaml"
     suite.write_text(
         "name: s\nslots: {occupation: [nurse]}\ntemplates:\n  - {id: t, text: 'The {occupation} left.'}\n"
@@ -237,4 +224,4 @@ def test_a_checkpoint_with_nan_weights_is_refused_by_run_and_verify(tmp_path, sm
     result = CliRunner().invoke(
         main, ["run", str(suite), "--model", str(tmp_path / "m"), "--out", str(tmp_path / "o")]
     )
-    _one_line(result, phrase)
+    one_line_error(result, phrase)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import one_line_error
 
 import attnprobe
 from attnprobe.errors import RunError
@@ -206,13 +207,6 @@ def _report(directory):
     return CliRunner().invoke(main, ["report", str(directory)])
 
 
-def _one_line(result, *phrases):
-    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
-    assert len(result.output.strip().splitlines()) == 1 and all(p in result.output for p in phrases), (
-        result.output
-    )
-
-
 def test_report_on_an_unfinished_shard_or_damaged_run_is_one_line(whole, tmp_path):
     import shutil
 
@@ -227,15 +221,17 @@ def test_report_on_an_unfinished_shard_or_damaged_run_is_one_line(whole, tmp_pat
         ("shard complete", "attnprobe merge"),
     ):
         (run / "manifest.json").write_text(json.dumps(dict(manifest, status=status)))
-        _one_line(_report(run), phrase)
+        one_line_error(_report(run), phrase)
     (run / "manifest.json").write_text("{not json")
-    _one_line(_report(run), "cannot read it as an attnprobe manifest")
+    one_line_error(_report(run), "cannot read it as an attnprobe manifest")
     (run / "manifest.json").write_text(json.dumps(manifest))
     assert {p: p.read_bytes() for p in before} == before  # nothing was touched by the refusals
     attention = run / "attention.parquet"
     attention.write_bytes(attention.read_bytes()[:100])
     (run / "tables.json").unlink(missing_ok=True)
-    _one_line(_report(run), "attention.parquet is missing or damaged", "rebuilds it from the finished chunks")
+    one_line_error(
+        _report(run), "attention.parquet is missing or damaged", "rebuilds it from the finished chunks"
+    )
 
 
 def test_a_truncated_table_cache_is_recomputed(whole, tmp_path):
@@ -306,12 +302,12 @@ def test_a_full_disk_or_read_only_directory_during_the_report_is_one_line(whole,
         return original(self, where, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
-    _one_line(_report(run), "cannot write the figure", "No space left on device", "attnprobe report")
+    one_line_error(_report(run), "cannot write the figure", "No space left on device", "attnprobe report")
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", original)
     monkeypatch.setattr(  # a read-only directory (tests run as root, where chmod does not stop a write)
         os, "replace", lambda *a: (_ for _ in ()).throw(OSError(errno.EROFS, os.strerror(errno.EROFS)))
     )
-    _one_line(_report(run), "Read-only file system")
+    one_line_error(_report(run), "Read-only file system")
     assert {p: p.read_bytes() for p in results} == results
     monkeypatch.undo()
     assert _report(run).exit_code == 0  # and once there is room, the same command writes the report

@@ -11,7 +11,7 @@ from conftest import EFFECT_SUITE, transformers_tokenizer
 import attnprobe
 from attnprobe.errors import RunError
 from attnprobe.report import load_tables, write_report
-from attnprobe.run import model_name, storage
+from attnprobe.run import fresh, model_name, storage
 
 OLD_RUN = {"fingerprint": "old", "settings": {}, "versions": {}, "suite": {"name": "gender"}}
 
@@ -41,7 +41,7 @@ def test_fresh_removes_every_artefact_of_the_old_run_and_nothing_else(tmp_path):
     (tmp_path / "chunks" / "my-notes.txt").write_text("mine too")  # another tool's file among the chunks
     kept = []
     assert (
-        storage.prepare_directory(tmp_path, "new", resume=False, suite_name="gender", log=kept.append) is None
+        fresh.prepare_directory(tmp_path, "new", resume=False, suite_name="gender", log=kept.append) is None
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chunks", "notes.txt"]
     assert [p.name for p in (tmp_path / "chunks").iterdir()] == ["my-notes.txt"]
@@ -52,7 +52,7 @@ def test_fresh_refuses_another_tools_manifest_and_another_suites_run(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"name": "someone else's"}))
     (tmp_path / "prompts.csv").write_text("theirs")
     with pytest.raises(RunError, match="was not written by attnprobe; nothing was deleted"):
-        storage.prepare_directory(tmp_path, "new", resume=False, suite_name="gender")
+        fresh.prepare_directory(tmp_path, "new", resume=False, suite_name="gender")
     assert (tmp_path / "prompts.csv").read_text() == "theirs"
     (tmp_path / "manifest.json").write_text(json.dumps(OLD_RUN))
     with pytest.raises(
@@ -60,7 +60,7 @@ def test_fresh_refuses_another_tools_manifest_and_another_suites_run(tmp_path):
         match=f"{tmp_path} holds a run of suite 'gender', not 'coref'; --fresh replaces only a run "
         "of the same suite: choose another --out \\(nothing was deleted\\)",
     ):
-        storage.prepare_directory(tmp_path, "new", resume=False, suite_name="coref")
+        fresh.prepare_directory(tmp_path, "new", resume=False, suite_name="coref")
     assert (tmp_path / "prompts.csv").read_text() == "theirs"
 
 

@@ -15,10 +15,11 @@ from ..models import load_model
 from ..patching.designs import SlotSwap, per_value_column
 from ..report.figures import figure
 from ..report.plots import FRONTIER_ALT, edit_frontier
+from ..run.fresh import own_directory
 from ..run.options import RunOptions
 from ..run.plan import plan_run
 from ..run.reader import RunFiles
-from ..run.storage import atomic_write, own_directory, write_parquet, write_table
+from ..run.storage import atomic_write, write_parquet, write_table
 from ..stats.edits import edit_tables
 from ..suite import load_suite
 from .inputs import check_text, record_inputs

@@ -16,7 +16,7 @@ from ..modelchecks import check_device
 from ..models import ProbeModel, load_model
 from ..progress import Progress
 from ..suite import Suite, load_suite
-from . import storage
+from . import fresh, storage
 from .execute import example_attention
 from .manifest import new_manifest
 from .options import RunOptions
@@ -49,7 +49,7 @@ def run_suite(
     directory = _open(plan.directory)
     with storage.exclusive(directory):
         previous = (
-            storage.prepare_directory(directory, plan.fingerprint, options.resume, suite.name, options.log)
+            fresh.prepare_directory(directory, plan.fingerprint, options.resume, suite.name, options.log)
             or {}
         )
         pm, weights_sha = _load(model, plan, options)

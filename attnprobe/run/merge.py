@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from ..errors import RunError
+from .fresh import own_directory
 from .plan import fingerprint
 from .storage import (
     CHUNK_FILES,
@@ -15,7 +16,6 @@ from .storage import (
     assemble_head_effects,
     complete_chunks,
     exclusive,
-    own_directory,
     read_manifest,
     write_manifest,
 )

@@ -32,6 +32,7 @@ from ..patching.selection import select
 from ..progress import Progress
 from . import storage
 from .execute import deferred_interrupt, ignored_interrupts, measure_batch
+from .fresh import own_directory
 from .options import RunOptions
 from .plan import RunPlan
 
@@ -53,7 +54,7 @@ class Phase:
 def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: dict) -> float:
     """Compute the phase's chunks this process owns that are not done yet, each written before the
     next starts; returns the seconds spent (0 when every chunk was already done)."""
-    chunk_dir, log = storage.own_directory(directory / "chunks"), options.log
+    chunk_dir, log = own_directory(directory / "chunks"), options.log
     done = storage.complete_chunks(chunk_dir, phase.n_chunks, log, phase.prefix, phase.plan)
     todo = [k for k in phase.mine if k not in done]
     if not todo:
