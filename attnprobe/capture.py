@@ -237,7 +237,8 @@ class Captured:
 
     weights: dict[int, torch.Tensor]  # layer -> (B, H, R, S) float32
     rows: torch.Tensor  # (B, R) the query positions of each row
-    logits: torch.Tensor | None  # (B, P, V) at `logit_positions`, or None
+    logits: torch.Tensor | None  # (B, P, V) at `logit_positions`, (U, V) with `logit_picks`, or None
+    logit_rows: torch.Tensor | None = None  # (N,) with `logit_picks`: the row of `logits` of each pick
 
 
 def pad_right(sequences, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,8 +267,10 @@ def run_with_capture(
     layers=None,  # iterable of layer indices; None: all layers
     # (P,) or per sequence (B, P) positions whose next-token logits to return
     logit_positions: torch.Tensor | None = None,
+    logit_picks: tuple[torch.Tensor, torch.Tensor] | None = None,  # (N,) sequences and (N,) positions
 ) -> Captured:
-    """One forward pass that records attention weights for the requested rows and layers."""
+    """One forward pass that records attention weights for the requested rows and layers; logits at
+    `logit_positions`, or at exactly the N (sequence, position) pairs of `logit_picks`."""
     if not isinstance(model, torch.nn.Module):  # a ProbeModel
         model = model.model
     B, T = input_ids.shape
@@ -289,6 +292,8 @@ def run_with_capture(
                 torch.arange(B, device=device)[:, None].expand_as(positions).flatten(),
                 positions.flatten(),
             )
+    if logit_picks is not None:
+        keep, pick = 0, tuple(torch.as_tensor(x, dtype=torch.long, device=device) for x in logit_picks)
     implementation = model.config._attn_implementation
 
     if implementation == ATTN_IMPLEMENTATION:
@@ -324,6 +329,8 @@ def run_with_capture(
             "attnprobe.capture.enable(model)"
         )
     all_rows = torch.arange(T).expand(B, T) if rows is None else rows
+    if logit_picks is not None:
+        return Captured(weights, all_rows, out.logits[0], torch.arange(out.logits.shape[1]))
     logits = (
         None
         if logit_positions is None

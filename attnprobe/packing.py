@@ -15,6 +15,42 @@ import torch
 
 from .capture import Captured, pad_right, picked_logits, recording
 
+PACK_TOKENS = 64  # a pack grows to this many distinct tokens, or twice its first sequence if longer
+
+
+def common_length(a: tuple, b: tuple) -> int:
+    """Length of the common prefix of two token sequences."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def distinct_tokens(pack: list[tuple[int, ...]]) -> int:
+    """The nodes of the trie of a pack's sequences in token order: each adds what follows the prefix
+    it shares with the previous one."""
+    return sum(len(b) - common_length(a, b) for a, b in zip([(), *pack], pack))
+
+
+def neighbour_packs(sequences: list[tuple[int, ...]], order: list[int], most: int) -> tuple[list, list]:
+    """Runs of neighbours in `order` (indices of `sequences`, sorted by their tokens) as packs of at
+    most `most` sequences whose distinct tokens (a sequence adds what follows the prefix it shares
+    with the previous one) stay within PACK_TOKENS, or twice the pack's first sequence where that is
+    longer: so a long prompt still shares itself with the continuations that follow it. Returns
+    the packs (lists of indices) and each pack's distinct token count."""
+    packs, sizes, previous = [], [], ()
+    for i in order:
+        new = len(sequences[i]) - common_length(previous, sequences[i])
+        limit = max(PACK_TOKENS, 2 * len(sequences[packs[-1][0]])) if packs else 0
+        if packs and len(packs[-1]) < most and sizes[-1] + new <= limit:
+            packs[-1].append(i)
+            sizes[-1] += new
+        else:
+            packs.append([i])
+            sizes.append(len(sequences[i]))
+        previous = sequences[i]
+    return packs, sizes
+
 
 def pack_trie(sequences: list[tuple[int, ...]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
     """Token id sequences as one trie: (tokens, depths, parents, where) with one entry per distinct
@@ -57,6 +93,7 @@ def run_with_shared_prefixes(
     rows: torch.Tensor | None = None,
     layers=None,
     logit_positions: torch.Tensor | None = None,
+    logit_picks: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> Captured:
     """What `run_with_capture(pad_right(sequences))` returns, forwarding every shared prefix once.
 
@@ -67,7 +104,9 @@ def run_with_shared_prefixes(
     T padded keys, 0 beyond its length, as under the causal mask); the lm head runs only where asked.
 
     `rows`: (B, R) query positions to record, B sequences in pack order (None: all);
-    `logit_positions`: (P,) or per sequence (B, P) positions whose logits to return."""
+    `logit_positions`: (P,) or per sequence (B, P) positions whose logits to return;
+    `logit_picks`: (N,) sequences and (N,) positions, whose logits come back as one row per distinct
+    packed node (U, V) with each pick's row in `logit_rows` (sequences through a node share it)."""
     if not isinstance(model, torch.nn.Module):  # a ProbeModel
         model = model.model
     sequences = [s for pack in packs for s in pack]
@@ -96,6 +135,10 @@ def run_with_shared_prefixes(
         positions = torch.as_tensor(logit_positions, dtype=torch.long).clamp(max=T - 1)
         at = node.gather(1, positions.expand(B, -1))  # (B, P) nodes
         pick = (owner[:, None].expand_as(at).flatten().to(device), at.flatten().to(device))
+    if logit_picks is not None:
+        b, t = (torch.as_tensor(x, dtype=torch.long) for x in logit_picks)
+        distinct, logit_rows = torch.unique(owner[b] * L + node[b, t], return_inverse=True)  # (U,), (N,)
+        pick = ((distinct // L).to(device), (distinct % L).to(device))
     with recording(group_rows, layers) as plan, picked_logits(model, pick):
         out = model(
             input_ids=ids.to(device),
@@ -112,5 +155,7 @@ def run_with_shared_prefixes(
         w = w.gather(2, row_index.to(device)[:, None, :, None].expand(-1, w.shape[1], -1, L))  # (B, H, R, L)
         w = w.gather(3, keys.expand(-1, w.shape[1], w.shape[2], -1))  # (B, H, R, T)
         weights[layer] = w * in_sequence.to(device)[:, None, None, :]  # none beyond its own tokens
+    if logit_picks is not None:
+        return Captured(weights, rows, out.logits[0], logit_rows)  # (U, V), (N,)
     logits = None if pick is None else out.logits.reshape(B, -1, out.logits.shape[-1])  # (B, P, V)
     return Captured(weights=weights, rows=rows, logits=logits)

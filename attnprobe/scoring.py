@@ -1,15 +1,18 @@
-"""Scored continuations at the speed of the prompt phase: sum log p(tail | prefix) for many pairs.
+"""Scored continuations at the speed of the prompt phase: log p(tail | prefix) for many pairs.
 
-Referent choice (and any measure that scores a continuation after a prompt) asks the same thing:
-the log-probability of a few tail tokens after a long shared prefix (a sentence and a question),
-for several tails per prefix. Each (prefix, tail) is one sequence prefix + tail; sequences sorted by
-their tokens are packed as tries (packing.run_with_shared_prefixes: every distinct prefix forwarded
-once, exact for a causal model), and the lm head runs only at the positions that predict a tail
-token, P per sequence instead of the whole length, so the full-vocabulary logits never exist for
-the other positions. Where prefixes cannot be shared exactly (sharing.prefix_sharing_blocker) each
-sequence is its own row, with the lm head still narrowed to those positions.
+Referent choice, multiple choice and sentence likelihood ask the same thing: the log-probability
+of tail tokens after a prefix (a sentence and a question; a context; a sentence's first token), for
+several tails per prefix. Each (prefix, tail) is one sequence prefix + tail; sequences sorted by
+their tokens are packed as tries (packing.neighbour_packs, run_with_shared_prefixes: every distinct
+prefix forwarded once, exact for a causal model), and the lm head runs only at the positions that
+predict a tail token, once per distinct trie node (options after one question share the node that
+predicts their first token), so full-vocabulary logits never exist elsewhere. Where prefixes cannot
+be shared exactly (sharing.prefix_sharing_blocker) each sequence is its own row, with the lm head
+still narrowed to those positions.
 
-Shapes: B sequences of a batch, P logit positions per sequence, V vocabulary.
+    log p(tail[t] | ...) = logit[tail[t]] - logsumexp(logits)     at the position before tail[t]
+
+Shapes: N scored tokens of a pass, U their distinct positions, V vocabulary.
 """
 
 from __future__ import annotations
@@ -20,87 +23,86 @@ import torch
 
 from .capture import pad_right, run_with_capture
 from .errors import SuiteError
-from .packing import run_with_shared_prefixes
+from .packing import distinct_tokens, neighbour_packs, run_with_shared_prefixes
 from .sharing import prefix_sharing_blocker
 
-PACK_TOKENS = 64  # distinct tokens a pack (one row) grows to, as the prompt phase's packs
-LOGIT_BUDGET = 32 * 2**20  # logits (B x P x V floats) held at once: 128 MB in float32
+LOGIT_BUDGET = 32 * 2**20  # logits (N x V floats) a pass holds at most: 128 MB in float32
 
 
-def _common(a: tuple, b: tuple) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-def _packs(sequences: list[tuple[int, ...]], share: bool, most: int = 256) -> list[list[int]]:
-    """Indices of the sequences, sorted by their tokens, grouped into packs of at most `most`
-    neighbours whose distinct tokens stay within PACK_TOKENS (one sequence a pack without sharing)."""
+def _passes(pairs, sequences, share: bool, batch_size: int, most_picks: int) -> list[list[list[int]]]:
+    """Whole packs per pass (one sequence a pack without sharing), at most `batch_size` sequences and
+    `most_picks` scored tokens a pass (one sequence alone may exceed it); packs ordered by their
+    distinct tokens so a pass pads little."""
     order = sorted(range(len(sequences)), key=lambda i: sequences[i])
-    if not share:
-        return [[i] for i in order]
-    packs, size, previous = [], 0, ()
-    for i in order:
-        new = len(sequences[i]) - _common(previous, sequences[i])
-        if packs and size + new <= PACK_TOKENS and len(packs[-1]) < most:
+    packs = []
+    for pack in neighbour_packs(sequences, order, batch_size if share else 1)[0]:
+        packs.append([])
+        picks = 0  # a pack is cut where its scored tokens would exceed the budget
+        for i in pack:
+            if packs[-1] and picks + len(pairs[i][1]) > most_picks:
+                packs.append([])
+                picks = 0
             packs[-1].append(i)
-            size += new
-        else:
-            packs.append([i])
-            size = len(sequences[i])
-        previous = sequences[i]
-    return packs
+            picks += len(pairs[i][1])
+    passes, n, picks = [], 0, 0
+    for pack in sorted(packs, key=lambda pack: distinct_tokens([sequences[i] for i in pack])):
+        pack_picks = sum(len(pairs[i][1]) for i in pack)
+        if not passes or n + len(pack) > batch_size or picks + pack_picks > most_picks:
+            passes.append([])
+            n, picks = 0, 0
+        passes[-1].append(pack)
+        n, picks = n + len(pack), picks + pack_picks
+    return passes
 
 
 @torch.no_grad()
-def continuation_logprobs(
+def token_logprobs(
     pm,
     pairs: list[tuple[list[int], list[int]]],
     batch_size: int = 256,
     advance: Callable[[int], None] | None = None,
-) -> list[float]:
-    """sum_t log p(tail[t] | prefix + tail[:t]) for each (prefix, tail) pair (token ids), in order.
-    `batch_size`: sequences per forward pass at most (fewer where the logits would exceed
-    LOGIT_BUDGET); `advance(n)` is told after each pass."""
-    if not pairs:
-        return []
+) -> list[torch.Tensor]:
+    """log p(tail[t] | prefix + tail[:t]) for each (prefix, tail) pair (token ids), one tensor of
+    len(tail) values per pair, in order. `batch_size`: sequences per forward pass at most (fewer where
+    the logits would exceed LOGIT_BUDGET); `advance(n)` is told after each pass."""
     model, tokenizer = pm.model, pm.tokenizer
     sequences = [tuple(prefix) + tuple(tail) for prefix, tail in pairs]
-    longest = max(map(len, sequences))
-    share = prefix_sharing_blocker(model.config, longest) is None
+    out = [torch.zeros(len(tail), dtype=torch.float64) for _, tail in pairs]
+    if not sequences:
+        return out
+    share = prefix_sharing_blocker(model.config, max(map(len, sequences))) is None
     vocabulary = model.get_output_embeddings().weight.shape[0]
-    widest = max(len(tail) for _, tail in pairs)
-    per_pass = max(1, min(batch_size, LOGIT_BUDGET // max(1, widest * vocabulary)))
-    out = [0.0] * len(pairs)
-    packs, start = _packs(sequences, share, per_pass), 0
-    while start < len(packs):
-        batch, n = [], 0  # whole packs, at most per_pass sequences
-        while start < len(packs) and (not batch or n + len(packs[start]) <= per_pass):
-            batch.append(packs[start])
-            n += len(packs[start])
-            start += 1
+    for batch in _passes(pairs, sequences, share, batch_size, max(1, LOGIT_BUDGET // vocabulary)):
         members = [i for pack in batch for i in pack]
-        # (B, P) the positions that predict each tail token, padded by repeating the last
-        positions = torch.tensor(
-            [[len(pairs[i][0]) - 1 + min(t, len(pairs[i][1]) - 1) for t in range(widest)] for i in members]
-        )
-        if share:
-            rows = [[sequences[i] for i in pack] for pack in batch]
-            dummy = torch.zeros(len(members), 1, dtype=torch.long)  # no attention is recorded
-            logits = run_with_shared_prefixes(
-                model, rows, tokenizer.pad_token_id, dummy, layers=[], logit_positions=positions
-            ).logits  # (B, P, V)
-        else:
-            ids, mask = pad_right([sequences[i] for i in members], tokenizer.pad_token_id)
-            logits = run_with_capture(model, ids, mask, layers=[], logit_positions=positions).logits
-        logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # (B, P, V)
-        for b, i in enumerate(members):
-            tail = torch.as_tensor(pairs[i][1])
-            out[i] = float(logp[b, torch.arange(len(tail)), tail].sum())
+        scored = [
+            (b, len(pairs[i][0]) - 1 + t, token)
+            for b, i in enumerate(members)
+            for t, token in enumerate(pairs[i][1])
+        ]
+        if scored:
+            b, t, tail = (torch.tensor(column) for column in zip(*scored))  # (N,) each
+            if share:
+                rows = [[sequences[i] for i in pack] for pack in batch]
+                dummy = torch.zeros(len(members), 1, dtype=torch.long)  # no attention is recorded
+                captured = run_with_shared_prefixes(
+                    model, rows, tokenizer.pad_token_id, dummy, layers=[], logit_picks=(b, t)
+                )
+            else:
+                ids, mask = pad_right([sequences[i] for i in members], tokenizer.pad_token_id)
+                captured = run_with_capture(model, ids, mask, layers=[], logit_picks=(b, t))
+            logits = captured.logits.to(torch.promote_types(captured.logits.dtype, torch.float32))  # (U, V)
+            at = captured.logit_rows.to(logits.device)  # (N,) the row of each scored token
+            values = (logits[at, tail.to(logits.device)] - torch.logsumexp(logits, -1)[at]).double().cpu()
+            for i, piece in zip(members, values.split([len(pairs[i][1]) for i in members])):
+                out[i] = piece
         if advance is not None:
             advance(len(members))
     return out
+
+
+def continuation_logprobs(pm, pairs, batch_size: int = 256, advance=None) -> list[float]:
+    """sum_t log p(tail[t] | prefix + tail[:t]) for each (prefix, tail) pair (token_logprobs)."""
+    return [float(values.sum()) for values in token_logprobs(pm, pairs, batch_size, advance)]
 
 
 def check_context(encoded, sequences: Callable, max_positions: int | None, what: str) -> None:

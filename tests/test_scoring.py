@@ -41,7 +41,9 @@ def test_continuations_equal_the_plain_forward(name, monkeypatch):
     pairs = pairs_sharing_prefixes()
     packed = []
     monkeypatch.setattr(
-        scoring, "_packs", lambda s, share, most, f=scoring._packs: packed.append(share) or f(s, share, most)
+        scoring,
+        "_passes",
+        lambda pairs, s, share, *rest, f=scoring._passes: packed.append(share) or f(pairs, s, share, *rest),
     )
     got = scoring.continuation_logprobs(pm, pairs, batch_size=4)
     want = [plain(model, prefix, tail) for prefix, tail in pairs]
@@ -51,24 +53,50 @@ def test_continuations_equal_the_plain_forward(name, monkeypatch):
     assert packed == [not windowed]
 
 
-def test_packs_share_prefixes_and_stay_small():
-    sequences = [tuple(p + t) for p, t in pairs_sharing_prefixes()]
-    packs = scoring._packs(sequences, share=True)
+def test_passes_share_prefixes_and_stay_small():
+    pairs = pairs_sharing_prefixes()
+    sequences = [tuple(p + t) for p, t in pairs]
+    passes = scoring._passes(pairs, sequences, True, 256, 1000)
+    packs = [pack for one in passes for pack in one]
     assert sorted(i for pack in packs for i in pack) == list(range(len(sequences)))
     assert any(len(pack) > 1 for pack in packs)  # candidates after one prefix ride together
-    assert [[i] for i in sorted(range(len(sequences)), key=lambda i: sequences[i])] == scoring._packs(
-        sequences, share=False
-    )
+    assert len(passes) == 1
+    alone = scoring._passes(pairs, sequences, False, 256, 1000)
+    assert sorted(pack for one in alone for pack in one) == [[i] for i in range(len(sequences))]
+    # at most 4 scored tokens a pass (a pack alone may exceed it)
+    capped = scoring._passes(pairs, sequences, False, 256, 4)
+    assert all(sum(len(pairs[i][1]) for pack in one for i in pack) <= 4 for one in capped)
+
+
+def test_a_long_prompt_shares_itself_with_its_continuations():
+    """Issue 29: a prompt longer than PACK_TOKENS forwarded once for all of its options, not once each."""
+    from attnprobe.packing import PACK_TOKENS, neighbour_packs
+
+    prompt = tuple(range(3, 3 + PACK_TOKENS + 10))
+    sequences = [prompt + tail for tail in ((90,), (91, 92), (93,))] + [(5, 6)]
+    packs, sizes = neighbour_packs(sequences, list(range(4)), most=256)
+    assert packs[0][:3] == [0, 1, 2] and sizes[0] == len(prompt) + 4 + 2  # the prompt once, then tails
+
+
+def test_likelihood_parts_equal_the_plain_forward():
+    """token_logprobs: per-token values whose sums over any span equal the plain forward's."""
+    model = build_tiny("llama", dtype=torch.float64)
+    pm = SimpleNamespace(model=model, tokenizer=_Tokenizer())
+    pairs = pairs_sharing_prefixes()
+    for (prefix, tail), values in zip(pairs, scoring.token_logprobs(pm, pairs, batch_size=3)):
+        assert len(values) == len(tail)
+        for k in range(len(tail)):
+            assert abs(float(values[k]) - plain(model, prefix + tail[:k], tail[k : k + 1])) <= 1e-10
 
 
 def test_a_large_vocabulary_shrinks_the_batch(monkeypatch):
-    """The logits of a pass stay within LOGIT_BUDGET: with a budget of 2 sequences' logits, a pass
-    holds at most 2 sequences (advance is told each pass)."""
+    """The logits of a pass stay within LOGIT_BUDGET: with a budget of 3 scored tokens' logits, the
+    10 scored tokens take at least 4 passes (advance is told each pass), and the values stay exact."""
     model = build_tiny("llama", dtype=torch.float64)
     pm = SimpleNamespace(model=model, tokenizer=_Tokenizer())
-    monkeypatch.setattr(scoring, "LOGIT_BUDGET", 2 * 3 * model.config.vocab_size)
+    monkeypatch.setattr(scoring, "LOGIT_BUDGET", 3 * model.config.vocab_size)
     passes = []
     pairs = pairs_sharing_prefixes()
     got = scoring.continuation_logprobs(pm, pairs, batch_size=256, advance=passes.append)
-    assert max(passes) <= 2 and sum(passes) == len(pairs)
+    assert sum(len(tail) for _, tail in pairs) == 14 and len(passes) >= 5 and sum(passes) == len(pairs)
     assert max(abs(g - plain(model, p, t)) for g, (p, t) in zip(got, pairs)) <= 1e-10

@@ -1,7 +1,7 @@
 """The likelihood measure: which sentence of a pair (or set) does the model find more likely?
 
-For each prompt, two scores (scoring.continuation_logprobs: prefixes shared, logits only where a
-scored token is read):
+For each prompt, two scores from one scored pass over its tokens (scoring.token_logprobs: prefixes
+shared, logits only where a scored token is read):
 
   logprob         log p(sentence): every token after the first, given those before it
   logprob_shared  log p(the `shared` span's tokens | everything before them): the words a row's
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..scoring import continuation_logprobs
+from ..scoring import token_logprobs
 from ..yamllines import line_of
 
 COLUMNS = ("prompt_id", "logprob", "n_tokens", "logprob_shared", "n_shared")
@@ -62,19 +62,23 @@ class LikelihoodMeasure:
 
 def score(pm, encoded, batch_size: int = 256, progress=None) -> pd.DataFrame:
     """One row per prompt: the sentence's and its shared words' log-probabilities (NaN where there
-    is nothing to score: a one-token sentence, no shared words)."""
-    pairs, wanted = [], []  # wanted: per prompt, the index of each score in pairs (None: NaN)
+    is nothing to score: a one-token sentence, no shared words). One scored pass per sentence: the
+    shared words' values are a part of the sentence's (the same tokens after the same words)."""
+    scored = [e for e in encoded if len(e.ids) > 1]
+    values = dict(
+        zip(
+            (id(e) for e in scored),
+            token_logprobs(pm, [(e.ids[:1], e.ids[1:]) for e in scored], batch_size, progress),
+        )
+    )
+    rows = []
     for e in encoded:
-        ids, shared = list(e.ids), e.spans.get(SHARED)
-        whole = len(pairs) if len(ids) > 1 else None
-        if whole is not None:
-            pairs.append((ids[:1], ids[1:]))
-        part = len(pairs) if shared is not None and shared[0] > 0 else None
-        if part is not None:
-            pairs.append((ids[: shared[0]], ids[shared[0] : shared[1]]))
-        n_shared = shared[1] - shared[0] if part is not None else 0
-        wanted.append((e.prompt.prompt_id, whole, len(ids) - 1, part, n_shared))
-    logprobs = continuation_logprobs(pm, pairs, batch_size, progress)
-    value = lambda k: np.nan if k is None else logprobs[k]
-    rows = [(pid, value(whole), n, value(part), n_shared) for pid, whole, n, part, n_shared in wanted]
+        tokens, shared = values.get(id(e)), e.spans.get(SHARED)
+        whole = np.nan if tokens is None else float(tokens.sum())
+        part = shared is not None and shared[0] > 0 and tokens is not None
+        # the tail starts at the sentence's second token: token k is tail position k - 1
+        logprob_shared = float(tokens[shared[0] - 1 : shared[1] - 1].sum()) if part else np.nan
+        rows.append(
+            (e.prompt.prompt_id, whole, len(e.ids) - 1, logprob_shared, shared[1] - shared[0] if part else 0)
+        )
     return pd.DataFrame(rows, columns=list(COLUMNS))

@@ -8,7 +8,7 @@ markers check out, progress (a bar on a terminal, a line per chunk elsewhere), t
 
   prompts          ""          every per-batch measure (attention, next_token), one forward a batch
   referent choice  "referent-choice-"  the question's scored continuations of the prompts
-  likelihood       "likelihood-"       every sentence and its shared words, scored
+  likelihood       "likelihood-"       every sentence, scored (its shared words are a part of it)
   multiple choice  "multiple-choice-"  every option after its context and question, scored
   head effects     "effects-"  the screen of every item (held-out items in their own chunks)
   selected heads   "selected-" the suite's heads and the cross-fitted sets, once every item is screened
@@ -139,10 +139,9 @@ def referent_choice_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
 
 
 def likelihood_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:
-    """Every prompt's sentence and, where it has them, its shared words."""
+    """Every prompt's sentence (its shared words are a part of it)."""
     score = lambda prompts, batch, advance: likelihood.score(pm, prompts, batch, advance)
-    sequences = lambda e: 1 + (e.spans.get(likelihood.SHARED) is not None)
-    return scored_phase("likelihood", "likelihood", plan, options, score, sequences, "likelihood")
+    return scored_phase("likelihood", "likelihood", plan, options, score, lambda e: 1, "likelihood")
 
 
 def multiple_choice_phase(pm, plan: RunPlan, options: RunOptions) -> Phase:

@@ -19,6 +19,7 @@ from ..measures.head_effects import HeadEffectsMeasure
 from ..measures.head_effects import plan_sha256 as head_effects_plan
 from ..measures.next_token import candidate_ids
 from ..models import DEFAULT_MODEL, ProbeModel, load_tokenizer, routes_attention
+from ..packing import distinct_tokens, neighbour_packs
 from ..patching.items import Dropped, PatchItem
 from ..scoring import check_context
 from ..sharing import prefix_sharing_blocker
@@ -138,15 +139,7 @@ class Batch:
         return len(self.indices)
 
 
-PACK_TOKENS = 64  # a pack grows up to this many distinct tokens (or one prompt, if longer)
 DEFAULT_BATCH_SIZE = 256  # prompts per forward pass: a packed forward holds few tokens per prompt
-
-
-def _common_length(a: tuple, b: tuple) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def plan_batches(
@@ -155,24 +148,14 @@ def plan_batches(
     """Batches of at most `batch_size` prompts and, if given, at most `max_batch_tokens` padded
     tokens. Without `share_prefixes` every prompt is a row of its own, the rows sorted by forwarded
     length (then prompt id). With it, prompts sorted by their token ids are the leaves of a trie in
-    order, and runs of neighbours form packs of up to PACK_TOKENS distinct tokens (a prompt adds its
-    tokens after the prefix it shares with the previous one), forwarded one pack per row; the packs
-    are sorted by their token count."""
+    order, and runs of neighbours form packs (packing.neighbour_packs), forwarded one pack per row;
+    the packs are sorted by their token count."""
     if share_prefixes:
         order = sorted(
             range(len(encoded)), key=lambda i: (encoded[i].forward_ids, encoded[i].prompt.prompt_id)
         )
-        packs, size, previous = [], {}, ()
-        for i in order:
-            ids = encoded[i].forward_ids
-            new = len(ids) - _common_length(previous, ids)
-            if packs and len(packs[-1]) < batch_size and size[packs[-1][0]] + new <= PACK_TOKENS:
-                packs[-1].append(i)
-                size[packs[-1][0]] += new
-            else:
-                packs.append([i])
-                size[i] = len(ids)
-            previous = ids
+        packs, sizes = neighbour_packs([e.forward_ids for e in encoded], order, batch_size)
+        size = {pack[0]: n for pack, n in zip(packs, sizes)}
     else:
         packs, size = [[i] for i in range(len(encoded))], {i: e.n_forward for i, e in enumerate(encoded)}
     packs.sort(key=lambda pack: (size[pack[0]], encoded[pack[0]].prompt.prompt_id))
@@ -197,7 +180,7 @@ def sharing_summary(chunks: list[list[Batch]], encoded: list[Encoded], blocker: 
     forwarded = 0
     for pack in (pack for chunk in chunks for batch in chunk for pack in batch.packs):
         ids = sorted(encoded[i].forward_ids for i in pack)
-        forwarded += sum(len(b) - _common_length(a, b) for a, b in zip([()] + ids, ids))  # the trie's nodes
+        forwarded += distinct_tokens(ids)
     return {
         "enabled": blocker is None,
         "reason": blocker,
