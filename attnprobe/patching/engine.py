@@ -28,7 +28,15 @@ import torch
 
 from ..capture import editing, pad_right, picked_logits, run_with_capture
 from ..sharing import prefix_sharing_blocker
-from .sites import Activations, behaviour_rows, decoder_layers, mlp_modules, mlp_outputs, recording_mlp
+from .sites import (
+    Activations,
+    behaviour_rows,
+    decoder_layers,
+    last_position_mlp,
+    mlp_modules,
+    mlp_outputs,
+    recording_mlp,
+)
 
 ROW_TOKENS = 4096  # rows x padded length of one patched forward pass
 
@@ -204,7 +212,8 @@ def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int, pre
     edit = _Edit(
         bank, v.donor[rows], where, donor_index, v.output[rows].to(device), v.pattern[rows].to(device)
     )
-    mlps = mlp_modules(model) if v.mlp[rows].any() else None  # found before the stubs replace the layers
+    found = mlp_modules(model)  # before the stubs replace the layers
+    mlps = found if v.mlp[rows].any() else None
     labels = torch.cat([v.positive[rows], v.negative[rows]], 1)
     vocabulary = labels[
         labels >= 0
@@ -217,6 +226,8 @@ def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int, pre
                 mlp_outputs(mlps, _mlp_patch(bank, v.donor[rows], where, donor_index, v.mlp[rows].to(device)))
             )
         narrowed = stack.enter_context(narrowed_head(module, vocabulary))
+        if found and not mlps:  # no MLP output patched: the top MLP only where the logits are read
+            stack.enter_context(last_position_mlp(found[-1], lengths - 1 - prefix))
         stack.enter_context(picked_logits(module, (torch.arange(len(rows)), lengths - 1 - prefix)))
         out = module(
             input_ids=bank.ids[base, prefix:T].to(device),

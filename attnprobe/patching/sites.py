@@ -61,6 +61,29 @@ def mlp_modules(model) -> list[torch.nn.Module] | None:
     return found if found and all(m is not None for m in found) else None
 
 
+@contextmanager
+def last_position_mlp(mlp: torch.nn.Module | None, last: torch.Tensor):
+    """Within the block `mlp` (the top layer's) reads only each row's position `last` (B,): its input
+    (B, T, E) becomes (B, 1, E). Only the logits at those positions are read, and nothing reads the
+    top layer at any other position; the residual add broadcasts the (B, 1, E) output over the row,
+    exact at `last` and unread elsewhere. Saves the top layer's MLP at every other position; an MLP
+    called with more than its hidden state is left whole."""
+    if mlp is None:
+        yield
+        return
+
+    def narrow(module, args, kwargs):
+        if len(args) == 1 and not kwargs and args[0].ndim == 3 and args[0].shape[0] == len(last):
+            return (args[0][torch.arange(len(last)), last.to(args[0].device)][:, None],), kwargs
+        return None
+
+    handle = mlp.register_forward_pre_hook(narrow, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 @dataclass
 class Activations:
     """One run's patchable activations: per-head outputs, attention weights and MLP outputs."""
