@@ -23,7 +23,8 @@ The peers are timed where installed (pip install -e '.[bench]'). Figures are med
 which every tool runs once in turn (the first round included: each round's times are written too).
 Agreement: the largest |y - y attnprobe| over items and heads.
 The floor: FLOPs of the patched suffixes (each variant's positions from the swapped word on, its
-layers from the patched one up, the label tokens' logits) at the matmul peak measured in this run.
+layers from the patched one up; in the top layer only keys and values there and the rest at the last
+position; the label tokens' logits) at the matmul peak measured in this run.
 Writes patching_peers.json and .md.
 """
 
@@ -190,15 +191,20 @@ def nnsight_every_head(pm, pairs):
 
 def floor_gflop(pm, pairs) -> float:
     """GFLOP of the patched suffixes: per variant, its positions from the swapped word on times the
-    layers from the patched one up (2 x each layer's parameters per token), plus two label logits."""
+    layers from the patched one up below the top (2 x each layer's parameters per token); in the top
+    layer only the keys and values at those positions and the rest of the layer at the last one
+    (nothing else of the top layer reaches the logits); plus two label logits."""
     L, H = pm.info.n_layers, pm.info.n_heads
     layers = pm.model.model.layers
     per_layer = 2 * sum(p.numel() for p in layers[0].parameters())
+    attention = layers[-1].self_attn
+    keys_values = 2 * sum(p.numel() for m in (attention.k_proj, attention.v_proj) for p in m.parameters())
     width = pm.model.config.hidden_size
     total = 0.0
     for x, x_cf, *_ in pairs:
         positions = len(x) - first_patched(x, x_cf)
-        total += H * sum(positions * (L - layer) * per_layer + 2 * 2 * width for layer in range(L))
+        top = positions * keys_values + (per_layer - keys_values)
+        total += H * sum(positions * (L - 1 - layer) * per_layer + top + 2 * 2 * width for layer in range(L))
     return total / 1e9
 
 
