@@ -130,6 +130,45 @@ def test_resample_takes_each_position_from_the_reference_bank(tiny):
         assert (position[None] - bank[LAYER, HEAD]).abs().max(-1).values.min() < 1e-6
 
 
+@pytest.mark.parametrize("kind", ["zero", "mean", "project"])
+def test_packed_edited_passes_equal_separate_ones_and_a_plain_edited_forward(tiny, kind):
+    """Variants with one head set share their sequences' prefixes in a packed trie; y must equal the
+    unpacked passes and a whole forward of the edited model, for heads in either layer and none."""
+    from attnprobe.edits.passes import _packed_groups, edited_behaviour, packs_edits
+    from attnprobe.patching.sites import behaviour_rows
+
+    texts = ["The nurse said that", "The nurse told us that", "The nurse left", "The pilot said that"]
+    ids = _ids(tiny, texts + ["My brother told me that he"])
+    bank = record(tiny, ids)
+    edit = {
+        "zero": Zero(),
+        "mean": Mean(means=token_means(bank)),
+        "project": Project(directions=covariate_directions(torch.randn(5, 2, 2, 8), np.arange(5.0))),
+    }[kind]
+    L, H = tiny.info.n_layers, tiny.info.n_heads
+    sets = [(), ((0, 0),), ((LAYER, HEAD),), ((0, 1), (1, 0))]
+    base = torch.arange(len(ids)).repeat(len(sets))
+    heads = torch.stack([edit.on(s).mask(L, H) for s in sets for _ in ids])  # (V, L, H)
+    positive, negative = torch.tensor([[7]] * len(base)), torch.tensor([[11, 12]] * len(base))
+    assert packs_edits(tiny.model, bank, edit)
+    packed = edited_behaviour(tiny, bank, edit, base, heads, positive, negative, share=True)
+    separate = edited_behaviour(tiny, bank, edit, base, heads, positive, negative, share=False)
+    assert torch.allclose(packed, separate, atol=1e-5)  # float32 sums in rows of other shapes
+    for v in (6, 13, 19):  # a few variants, each as one whole forward of the edited model
+        with edited(tiny, edit.on(sets[v // len(ids)])):
+            logits = _logits(tiny, ids[base[v]])[-1:]
+        assert abs(packed[v] - behaviour_rows(logits, positive[v : v + 1], negative[v : v + 1])[0]) < 1e-5
+    assert not torch.allclose(packed[5:10], packed[:5], atol=1e-4)  # the edits change y
+    # the four sentences sharing "The nurse" are forwarded once up to where they part
+    forwarded = sum(
+        len({(tuple(ids[base[v]][: t + 1].tolist())) for v in pack for t in range(len(ids[base[v]]))})
+        for _, packs in _packed_groups(bank, base, heads, 4096)
+        for pack in packs
+    )
+    assert forwarded < int(bank.lengths[base].sum())
+    assert not packs_edits(tiny.model, bank, Resample(bank=torch.zeros(L, H, 2, 8)))  # draws per position
+
+
 def test_heads_are_parsed_and_refused_in_one_line():
     assert parse_heads("L1H0, l0h1", 2, 2) == ((1, 0), (0, 1))
     with pytest.raises(attnprobe.AttnprobeError, match=r"head L40H3 is not in this model \(30 layers L0-L29"):
