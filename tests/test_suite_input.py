@@ -312,7 +312,9 @@ def test_paired_files_of_different_lengths_are_refused_naming_both(tmp_path):
     pro = "\n".join(LINES) + "\n"
     anti = "\n".join(_swap(x) for x in LINES[:3]) + "\n"
     with pytest.raises(
-        SuiteError, match=r"pro\.txt:4: sentence 4 has no counterpart in anti\.txt \(4 pro and 3 anti"
+        SuiteError,
+        match=r"pro\.txt:4: sentence 4 has no counterpart in anti\.txt "
+        r"\(nearest there: sentence 3 on line 3; 4 pro and 3 anti",
     ):
         load_suite(_paired(tmp_path, pro, anti))
 
@@ -320,7 +322,11 @@ def test_paired_files_of_different_lengths_are_refused_naming_both(tmp_path):
 def test_numbered_files_offset_by_one_are_refused(tmp_path):
     pro = "".join(f"{n} {x}\n" for n, x in enumerate(LINES, start=1))
     anti = "".join(f"{n} {_swap(x)}\n" for n, x in enumerate(LINES, start=2))
-    with pytest.raises(SuiteError, match=r"pro\.txt:1: sentence 1 has no counterpart in anti\.txt"):
+    with pytest.raises(
+        SuiteError,
+        match=r"pro\.txt:1: sentence 1 has no counterpart in anti\.txt "
+        r"\(nearest there: sentence 2 on line 1;",
+    ):
         load_suite(_paired(tmp_path, pro, anti, ", numbered: true"))
     twice = "".join(f"{min(n, 3)} {_swap(x)}\n" for n, x in enumerate(LINES, start=1))
     with pytest.raises(SuiteError, match=r"anti\.txt:4: sentence number 3 appears twice"):

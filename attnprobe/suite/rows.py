@@ -41,13 +41,22 @@ def check_pairing(rows: list, column: str, by_order: bool) -> None:
         if keys.keys() == other.keys():
             continue
         missing = [k for k in keys if k not in other] or [k for k in other if k not in keys]
-        where, lacking = (keys, entries[0][0]) if missing[0] in keys else (other, first_rows[0][0])
+        where, theirs = (keys, other) if missing[0] in keys else (other, keys)
         path, number = where[missing[0]]
+        near = _nearest(missing[0], list(theirs))
         what = "sentences" if by_order else "numbers"
         raise SuiteError(
-            f"{path}:{number}: sentence {missing[0]} has no counterpart in {lacking.name} ({len(first_rows)} "
-            f"{first} and {len(entries)} {version} sentences; {what} must match one to one); fix the files"
+            f"{path}:{number}: sentence {missing[0]} has no counterpart in {theirs[near][0].name} (nearest "
+            f"there: sentence {near} on line {theirs[near][1]}; {len(first_rows)} {first} and {len(entries)} "
+            f"{version} sentences; {what} must match one to one); fix the files"
         )
+
+
+def _nearest(key, keys: list):
+    """The key of `keys` closest to `key` (numbers by distance, others the first)."""
+    if all(isinstance(k, int) for k in [key, *keys]):
+        return min(keys, key=lambda k: (abs(k - key), k))
+    return keys[0]
 
 
 def line_reader(ctx, item):
