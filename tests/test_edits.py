@@ -14,7 +14,7 @@ from attnprobe.capture import editing
 from attnprobe.cli import main
 from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, parse_heads
 from attnprobe.edits.estimate import covariate_directions, token_means, token_sample
-from attnprobe.edits.kinds import RowEditor
+from attnprobe.edits.kinds import RowEditor, heads_mask
 from attnprobe.patching.engine import record
 
 LAYER, HEAD = 1, 1
@@ -167,6 +167,33 @@ def test_packed_edited_passes_equal_separate_ones_and_a_plain_edited_forward(tin
     )
     assert forwarded < int(bank.lengths[base].sum())
     assert not packs_edits(tiny.model, bank, Resample(bank=torch.zeros(L, H, 2, 8)))  # draws per position
+
+
+def test_one_call_with_an_edit_per_variant_equals_a_call_per_edit(tiny):
+    """The sweep edits each quarter with its own parameters in one call (`which`): every variant's y
+    must be what a call with its edit alone gives, packed or not."""
+    from attnprobe.edits.passes import edited_behaviour
+
+    ids = _ids(tiny, ["The nurse said that", "The nurse told us that", "The pilot left"])
+    bank = record(tiny, ids)
+    means = token_means(bank)
+    edits = (Mean(means=means), Mean(means=means * 3), Zero())
+    L, H = tiny.info.n_layers, tiny.info.n_heads
+    base = torch.arange(len(ids)).repeat(6)
+    which = (torch.arange(len(base)) // 3) % 3  # every edit on every sequence
+    heads = torch.stack([heads_mask(((LAYER, HEAD), (0, v % 2)), L, H) for v in range(len(base))])
+    positive, negative = torch.tensor([[7]] * len(base)), torch.tensor([[11]] * len(base))
+    for share in (True, False):
+        together = edited_behaviour(
+            tiny, bank, edits, base, heads, positive, negative, share=share, which=which
+        )
+        for i, edit in enumerate(edits):
+            mine = (which == i).nonzero()[:, 0]
+            alone = edited_behaviour(
+                tiny, bank, edit, base[mine], heads[mine], positive[mine], negative[mine]
+            )
+            assert torch.allclose(together[mine], alone, atol=1e-5)
+    assert not torch.allclose(together[which == 0], together[which == 1], atol=1e-4)  # the edits differ
 
 
 def test_heads_are_parsed_and_refused_in_one_line():

@@ -143,17 +143,26 @@ KINDS = {kind.kind: kind for kind in (Zero, Mean, Resample, Scale, Project)}
 
 @dataclass
 class RowEditor:
-    """Editor for `capture.editing`: row b of the batch has the heads `rows[b]` (B, L, H) edited."""
+    """Editor for `capture.editing`: row b of the batch has the heads `rows[b]` (B, L, H) edited, by
+    `edit`, or with a tuple of edits by `edit[which[b]]` (e.g. each quarter's own parameters)."""
 
-    edit: HeadEdit
+    edit: HeadEdit | tuple[HeadEdit, ...]
     rows: torch.Tensor  # (B, L, H) bool, or (1, L, H) for every row
+    which: torch.Tensor | None = None  # (B,) index into a tuple `edit`
 
     def __call__(self, site) -> torch.Tensor:
         chosen = self.rows[:, site.layer].to(site.output.device)  # (B, H)
         if not chosen.any():
             return site.output
-        new = self.edit.replacement(site.layer, site.output)
-        return torch.where(chosen[:, :, None, None], new, site.output)
+        if self.which is None:
+            new = self.edit.replacement(site.layer, site.output)
+            return torch.where(chosen[:, :, None, None], new, site.output)
+        out, which = site.output, self.which.to(chosen.device)
+        for i, edit in enumerate(self.edit):
+            mine = chosen & (which == i)[:, None]  # (B, H)
+            if mine.any():
+                out = torch.where(mine[:, :, None, None], edit.replacement(site.layer, site.output), out)
+        return out
 
 
 @contextmanager

@@ -41,14 +41,14 @@ def _groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_tokens: int
             yield min(layer, len(bank.hidden) - 1), rows
 
 
-def _pass(module, bank: Bank, edit: HeadEdit, base, heads, rows, first: int, *contexts):
+def _pass(module, bank: Bank, edit, base, heads, rows, first: int, *contexts, which=None):
     """One edited forward pass of the variants `rows`, starting at layer `first` from the recorded
     hidden state; `contexts` are entered around it too. Returns (output, what they yielded)."""
     lengths = bank.lengths[base[rows]]
     T = int(lengths.max())
     with ExitStack() as stack:
         stack.enter_context(skipping(module, first, bank.hidden[first][base[rows], :T], bank.returns_tuple))
-        stack.enter_context(editing(RowEditor(edit, heads[rows])))
+        stack.enter_context(editing(RowEditor(edit, heads[rows], None if which is None else which[rows])))
         entered = [stack.enter_context(c) for c in contexts]
         out = module(
             input_ids=bank.ids[base[rows], :T],
@@ -62,15 +62,19 @@ def _sequence(bank: Bank, n: int) -> tuple[int, ...]:
     return tuple(bank.ids[n, : int(bank.lengths[n])].tolist())
 
 
-def _packed_groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_tokens: int):
-    """Passes of tries: variants grouped by lowest edited layer and then by head set, each head set's
+def _packed_groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_tokens: int, which=None):
+    """Passes of tries: variants grouped by lowest edited layer and then by head set (and edit, with
+    `which`), each head set's
     sequences sorted by tokens and packed with their neighbours (packing.neighbour_packs), the packs
     of a layer in passes of at most `row_tokens` rows x packed length. Yields (layer, packs), a pack
     being a list of variant indices that share one head set."""
     first = lowest_layer(heads.any(-1))  # (V,) from the (V, L, H) masks
     for layer in first.unique().tolist():
         group = (first == layer).nonzero()[:, 0]
-        _, head_set = torch.unique(heads[group].flatten(1), dim=0, return_inverse=True)
+        key = heads[group].flatten(1).long()  # (n, L H)
+        if which is not None:
+            key = torch.cat([key, which[group, None]], 1)
+        _, head_set = torch.unique(key, dim=0, return_inverse=True)
         packs, sizes = [], []
         for s in head_set.unique().tolist():
             members = group[head_set == s].tolist()
@@ -89,7 +93,7 @@ def _packed_groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_toke
             start = stop
 
 
-def _packed_pass(module, bank: Bank, edit: HeadEdit, base, heads, packs, first: int, vocabulary):
+def _packed_pass(module, bank: Bank, edit, base, heads, packs, first: int, vocabulary, which=None):
     """One edited forward pass of packed tries, starting at layer `first` from the recorded hidden
     state of each node (a node's state is that of every sequence through it, at its depth). Returns
     the logits after each variant's last token, in the order of the packs' variants, and whether
@@ -107,36 +111,40 @@ def _packed_pass(module, bank: Bank, edit: HeadEdit, base, heads, packs, first: 
     hidden = bank.hidden[first]  # (N, T, E)
     state = hidden.new_zeros(len(packs), ids.shape[1], hidden.shape[-1])  # (G, P, E); pads stay 0
     state[rows, nodes] = hidden[sequences, depths]
-    row_heads = heads[[pack[0] for pack in packs]]  # (G, L, H): one head set per packed row
+    leaders = [pack[0] for pack in packs]  # one head set (and edit) per packed row
     with ExitStack() as stack:
         stack.enter_context(skipping(module, first, state, bank.returns_tuple))
-        stack.enter_context(editing(RowEditor(edit, row_heads)))
+        stack.enter_context(
+            editing(RowEditor(edit, heads[leaders], None if which is None else which[leaders]))
+        )
         narrowed = stack.enter_context(narrowed_head(module, vocabulary))
         stack.enter_context(picked_logits(module, (torch.tensor(last[0]), torch.tensor(last[1]))))
         out = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
     return out.logits[0], narrowed
 
 
-def _behaviour_passes(module, bank: Bank, edit, base, heads, vocabulary, row_tokens: int, share: bool):
+def _behaviour_passes(module, bank: Bank, edit, base, heads, vocabulary, row_tokens: int, share: bool, which):
     """Per pass: (variant indices, logits after each one's last token, whether they are narrowed to
     `vocabulary`), packed (shared prefixes) or one padded row per variant."""
     if share:
-        for first, packs in _packed_groups(bank, base, heads, row_tokens):
-            logits, narrowed = _packed_pass(module, bank, edit, base, heads, packs, first, vocabulary)
+        for first, packs in _packed_groups(bank, base, heads, row_tokens, which):
+            logits, narrowed = _packed_pass(module, bank, edit, base, heads, packs, first, vocabulary, which)
             yield torch.tensor([v for pack in packs for v in pack]), logits, narrowed
         return
     for first, rows in _groups(bank, base, heads, row_tokens):
         last = picked_logits(module, (torch.arange(len(rows)), bank.lengths[base[rows]] - 1))
         out, (narrowed, _) = _pass(
-            module, bank, edit, base, heads, rows, first, narrowed_head(module, vocabulary), last
+            module, bank, edit, base, heads, rows, first, narrowed_head(module, vocabulary), last, which=which
         )
         yield rows, out.logits[0], narrowed
 
 
-def packs_edits(module, bank: Bank, edit: HeadEdit) -> bool:
+def packs_edits(module, bank: Bank, edit) -> bool:
     """Whether edited passes of `bank`'s sequences may share prefixes (see the module's docstring)."""
+    edits = edit if isinstance(edit, tuple) else (edit,)
     longest = int(bank.lengths.max())
-    return not isinstance(edit, Resample) and prefix_sharing_blocker(module.config, longest) is None
+    resampled = any(isinstance(e, Resample) for e in edits)
+    return not resampled and prefix_sharing_blocker(module.config, longest) is None
 
 
 @torch.inference_mode()
@@ -150,9 +158,12 @@ def edited_behaviour(
     negative: torch.Tensor,
     row_tokens: int = ROW_TOKENS,
     share: bool | None = None,
+    which: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """y = log p(positive) - log p(negative) after each variant's sequence `bank[base]` with the heads
     `heads` (V, L, H) edited by `edit`: (V,) float64. A variant editing nothing gets the clean y.
+    `edit` may be a tuple of edits with `which` (V,) naming each variant's (one call for the sweep's
+    quarters, each with its own parameters, so that more variants share a pass and a prefix).
     `share`: pack shared prefixes (None: wherever that is exact, `packs_edits`)."""
     module = model if isinstance(model, torch.nn.Module) else model.model
     y = torch.empty(len(base), dtype=torch.float64)
@@ -160,7 +171,7 @@ def edited_behaviour(
     vocabulary = labels[labels >= 0].unique()
     share = packs_edits(module, bank, edit) if share is None else share
     for rows, logits, narrowed in _behaviour_passes(
-        module, bank, edit, base, heads, vocabulary, row_tokens, share
+        module, bank, edit, base, heads, vocabulary, row_tokens, share, which
     ):
         pos, neg = positive[rows], negative[rows]
         if narrowed:

@@ -164,20 +164,22 @@ def measure_kind(
         for k, per_fold in sets.items()
     }
     sampled = np.arange(len(inputs.items)) % RANDOM_EVERY == 0
-    for f in range(4):  # bias: found heads on the fold's items, random sets on its sampled items
-        edit = _edit(kind, options, inputs, inputs.training(f))
-        base, masks, keys = [], [], []
+    # bias: per quarter f, its found heads on its items and the random sets on its sampled items,
+    # edited with the parameters of its training quarters (edits[f]); all quarters in one call
+    edits = tuple(_edit(kind, options, inputs, inputs.training(f)) for f in range(4))
+    base, masks, keys, which = [], [], [], []
+    for f in range(4):
         for k, per_fold in sets.items():
             for index in np.flatnonzero(inputs.fold == f):
                 base.append(index), masks.append(heads_mask(per_fold[f], L, H)), keys.append((k, -1, index))
                 if sampled[index]:
                     for r, draw in enumerate(random_by_k[k]):
                         base.append(index), masks.append(heads_mask(draw, L, H)), keys.append((k, r, index))
-        if not base:
-            continue
-        y = _behaviour(model, inputs.bank, edit, base, masks, inputs.labels)
+                which += [f] * (len(base) - len(which))
+    if base:
+        y = _behaviour(model, inputs.bank, edits, base, masks, inputs.labels, which)
         frames.append(_rows("bias", keys, y=y))
-        log(f"edit: {kind}, bias items of quarter {f + 1} of 4 ({time.monotonic() - started:.0f} s)")
+        log(f"edit: {kind}, bias items of the 4 quarters ({time.monotonic() - started:.0f} s)")
     for target, bank in (("control", inputs.control), ("text", inputs.texts)):
         base, masks, keys = [], [], []
         for k, per_fold in sets.items():
@@ -201,11 +203,13 @@ def measure_kind(
     return out.assign(kind=kind)
 
 
-def _behaviour(model, bank, edit, base, masks, labels: torch.Tensor) -> np.ndarray:
-    """y of each variant (a sequence of `bank` and its head mask) with its sequence's labels."""
+def _behaviour(model, bank, edit, base, masks, labels: torch.Tensor, which=None) -> np.ndarray:
+    """y of each variant (a sequence of `bank` and its head mask) with its sequence's labels;
+    `which` names each variant's edit where `edit` is a tuple."""
     base = torch.as_tensor(base)
     pos, neg = labels[base, 0], labels[base, 1]
-    return edited_behaviour(model, bank, edit, base, torch.stack(masks), pos, neg).numpy()
+    which = None if which is None else torch.as_tensor(which)
+    return edited_behaviour(model, bank, edit, base, torch.stack(masks), pos, neg, which=which).numpy()
 
 
 def _rows(target: str, keys, **values) -> pd.DataFrame:
