@@ -64,10 +64,9 @@ def _sequence(bank: Bank, n: int) -> tuple[int, ...]:
 
 def _packed_groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_tokens: int, which=None):
     """Passes of tries: variants grouped by lowest edited layer and then by head set (and edit, with
-    `which`), each head set's
-    sequences sorted by tokens and packed with their neighbours (packing.neighbour_packs), the packs
-    of a layer in passes of at most `row_tokens` rows x packed length. Yields (layer, packs), a pack
-    being a list of variant indices that share one head set."""
+    `which`), each group's sequences sorted by tokens and packed with their neighbours
+    (packing.neighbour_packs), the packs of a layer in passes of at most `row_tokens` rows x packed
+    length. Yields (layer, packs), a pack being a list of variant indices that share one head set."""
     first = lowest_layer(heads.any(-1))  # (V,) from the (V, L, H) masks
     for layer in first.unique().tolist():
         group = (first == layer).nonzero()[:, 0]
