@@ -30,7 +30,7 @@ import torch
 
 import attnprobe
 from attnprobe.edits.kinds import Zero, heads_mask
-from attnprobe.edits.passes import _groups, _packed_groups, edited_behaviour
+from attnprobe.edits.passes import _groups, _packed_groups, _sequence, edited_behaviour
 from attnprobe.edits.sweep import RANDOM_EVERY
 from attnprobe.packing import pack_trie
 from attnprobe.patching.engine import record
@@ -81,10 +81,7 @@ def computed_positions(bank, base, heads) -> dict:
     )
     packed = sum(
         len(packs)
-        * max(
-            len(pack_trie([tuple(bank.ids[base[v], : bank.lengths[base[v]]].tolist()) for v in p])[0])
-            for p in packs
-        )
+        * max(len(pack_trie([_sequence(bank, int(base[v])) for v in p])[0]) for p in packs)
         * (L - first)
         for first, packs in _packed_groups(bank, base, heads, 4096)
     )

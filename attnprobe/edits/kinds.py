@@ -154,12 +154,11 @@ class RowEditor:
         chosen = self.rows[:, site.layer].to(site.output.device)  # (B, H)
         if not chosen.any():
             return site.output
-        if self.which is None:
-            new = self.edit.replacement(site.layer, site.output)
-            return torch.where(chosen[:, :, None, None], new, site.output)
-        out, which = site.output, self.which.to(chosen.device)
-        for i, edit in enumerate(self.edit):
-            mine = chosen & (which == i)[:, None]  # (B, H)
+        edits = self.edit if isinstance(self.edit, tuple) else (self.edit,)
+        which = torch.zeros(len(chosen), dtype=torch.long) if self.which is None else self.which
+        out = site.output
+        for i, edit in enumerate(edits):
+            mine = chosen & (which.to(chosen.device) == i)[:, None]  # (B, H): rows of edit i
             if mine.any():
                 out = torch.where(mine[:, :, None, None], edit.replacement(site.layer, site.output), out)
         return out

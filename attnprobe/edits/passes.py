@@ -48,7 +48,7 @@ def _pass(module, bank: Bank, edit, base, heads, rows, first: int, *contexts, wh
     T = int(lengths.max())
     with ExitStack() as stack:
         stack.enter_context(skipping(module, first, bank.hidden[first][base[rows], :T], bank.returns_tuple))
-        stack.enter_context(editing(RowEditor(edit, heads[rows], None if which is None else which[rows])))
+        stack.enter_context(editing(_editor(edit, heads, which, rows)))
         entered = [stack.enter_context(c) for c in contexts]
         out = module(
             input_ids=bank.ids[base[rows], :T],
@@ -56,6 +56,11 @@ def _pass(module, bank: Bank, edit, base, heads, rows, first: int, *contexts, wh
             use_cache=False,
         )
     return out, entered
+
+
+def _editor(edit, heads, which, rows) -> RowEditor:
+    """The editor of a pass whose batch rows are the variants `rows`."""
+    return RowEditor(edit, heads[rows], None if which is None else which[rows])
 
 
 def _sequence(bank: Bank, n: int) -> tuple[int, ...]:
@@ -82,14 +87,10 @@ def _packed_groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_toke
             found, counts = neighbour_packs(sequences, order, len(members))
             packs += [[members[i] for i in pack] for pack in found]
             sizes += counts
-        order = sorted(range(len(packs)), key=sizes.__getitem__)  # similar sizes pad little
-        start = 0
-        while start < len(order):
-            stop = start + 1
-            while stop < len(order) and (stop + 1 - start) * sizes[order[stop]] <= row_tokens:
-                stop += 1
-            yield min(layer, len(bank.hidden) - 1), [packs[i] for i in order[start:stop]]
-            start = stop
+        sizes = torch.tensor(sizes)
+        order = torch.argsort(sizes, stable=True)  # similar sizes pad little
+        for run in plan_passes(order, sizes, torch.zeros_like(sizes), row_tokens):
+            yield min(layer, len(bank.hidden) - 1), [packs[i] for i in run.tolist()]
 
 
 def _packed_pass(module, bank: Bank, edit, base, heads, packs, first: int, vocabulary, which=None):
@@ -110,12 +111,10 @@ def _packed_pass(module, bank: Bank, edit, base, heads, packs, first: int, vocab
     hidden = bank.hidden[first]  # (N, T, E)
     state = hidden.new_zeros(len(packs), ids.shape[1], hidden.shape[-1])  # (G, P, E); pads stay 0
     state[rows, nodes] = hidden[sequences, depths]
-    leaders = [pack[0] for pack in packs]  # one head set (and edit) per packed row
+    leaders = torch.tensor([pack[0] for pack in packs])  # one head set (and edit) per packed row
     with ExitStack() as stack:
         stack.enter_context(skipping(module, first, state, bank.returns_tuple))
-        stack.enter_context(
-            editing(RowEditor(edit, heads[leaders], None if which is None else which[leaders]))
-        )
+        stack.enter_context(editing(_editor(edit, heads, which, leaders)))
         narrowed = stack.enter_context(narrowed_head(module, vocabulary))
         stack.enter_context(picked_logits(module, (torch.tensor(last[0]), torch.tensor(last[1]))))
         out = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)

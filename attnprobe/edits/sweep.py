@@ -167,7 +167,7 @@ def measure_kind(
     # bias: per quarter f, its found heads on its items and the random sets on its sampled items,
     # edited with the parameters of its training quarters (edits[f]); all quarters in one call
     edits = tuple(_edit(kind, options, inputs, inputs.training(f)) for f in range(4))
-    base, masks, keys, which = [], [], [], []
+    base, masks, keys = [], [], []
     for f in range(4):
         for k, per_fold in sets.items():
             for index in np.flatnonzero(inputs.fold == f):
@@ -175,9 +175,8 @@ def measure_kind(
                 if sampled[index]:
                     for r, draw in enumerate(random_by_k[k]):
                         base.append(index), masks.append(heads_mask(draw, L, H)), keys.append((k, r, index))
-                which += [f] * (len(base) - len(which))
-    if base:
-        y = _behaviour(model, inputs.bank, edits, base, masks, inputs.labels, which)
+    if base:  # a variant's edit is its item's quarter's
+        y = _behaviour(model, inputs.bank, edits, base, masks, inputs.labels, inputs.fold[base])
         frames.append(_rows("bias", keys, y=y))
         log(f"edit: {kind}, bias items of the 4 quarters ({time.monotonic() - started:.0f} s)")
     for target, bank in (("control", inputs.control), ("text", inputs.texts)):
