@@ -51,7 +51,9 @@ def test_a_label_that_is_no_option_is_one_error(tmp_path):
     (tmp_path / "s.yaml").write_text(
         "name: q\nsentences: [{id: q, file: q.jsonl, choices: bbq}]\nmultiple_choice: {}\n"
     )
-    with pytest.raises(SuiteError, match=r"q.jsonl:2: column 'label' is 5, not an option index 0-2"):
+    with pytest.raises(
+        SuiteError, match=r"q.jsonl:2 \(example_id 1\): column 'label' is 5, not an option index"
+    ):
         load_suite(tmp_path / "s.yaml")
 
 

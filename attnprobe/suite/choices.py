@@ -57,7 +57,9 @@ def choice_rows(rows: list, roles: dict) -> tuple[list, dict]:
     and the computed spans (context, question) of each record, keyed by the record's id."""
     out, spans = [], {}
     for path, number, record in rows:
-        where = f"{path}:{number}"
+        where = f"{path}:{number}" + (
+            f" (example_id {record['example_id']})" if "example_id" in record else ""
+        )
         text = {k: _text(record, roles[k], where) for k in ("context", "question")}
         options = [_text(record, column, where) for column in roles["options"]]
         meta = {k: v for k, v in record.items() if not isinstance(v, (dict, list))}
@@ -66,7 +68,7 @@ def choice_rows(rows: list, roles: dict) -> tuple[list, dict]:
         meta.update({f"option_{i}": option for i, option in enumerate(options)})
         meta["answer"] = _index(record.get(roles["answer"]), len(options), where, roles["answer"])
         if roles.get("format") == "bbq":
-            meta.update(_bbq_roles(record, len(options)))
+            meta.update(_bbq_roles(record, len(options), where))
         else:
             for role in ("target", "unknown"):
                 if role in roles:
@@ -105,13 +107,24 @@ def _index(value, n: int, where: str, column: str) -> int:
     return index
 
 
-def _bbq_roles(record: dict, n: int) -> dict:
+def _bbq_roles(record: dict, n: int, where: str) -> dict:
     """target and unknown from BBQ's answer_info groups and stereotyped_groups (-1 where none)."""
     info = record.get("answer_info") or {}
-    stereotyped = {
-        str(g).lower() for g in (record.get("additional_metadata") or {}).get("stereotyped_groups", [])
-    }
-    groups = [str((info.get(f"ans{i}") or ["", ""])[-1]).lower() for i in range(n)]
+    meta = record.get("additional_metadata") or {}
+    stereotyped = meta.get("stereotyped_groups", []) if isinstance(meta, dict) else None
+    answers = [info.get(f"ans{i}") or ["", ""] for i in range(n)] if isinstance(info, dict) else None
+    if answers is None or not all(isinstance(a, list) and a for a in answers):
+        raise SuiteError(
+            f"{where}: answer_info must map ans0..ans{n - 1} to [words, group] lists as BBQ publishes it "
+            f"(found {type(info).__name__}); fix the row"
+        )
+    if not isinstance(stereotyped, list):
+        raise SuiteError(
+            f"{where}: additional_metadata.stereotyped_groups must be a list of group labels as BBQ "
+            "publishes it; fix the row"
+        )
+    stereotyped = {str(g).lower() for g in stereotyped}
+    groups = [str(a[-1]).lower() for a in answers]
     matches = lambda g: g in stereotyped or bool(set(g.split("-")) & stereotyped)
     target = next((i for i, g in enumerate(groups) if g != "unknown" and matches(g)), -1)
     unknown = next((i for i, g in enumerate(groups) if g == "unknown"), -1)

@@ -16,7 +16,8 @@ group word, and the likelihood measure scores the shared words conditioned on it
 `columns: stereoset` reads StereoSet's JSON as distributed (Nadeem et al., ACL 2021; dev.json):
 each example of data.intrasentence is one row, its three sentences under their gold labels
 (stereotype, anti-stereotype, unrelated) as the sentence columns, its id, target, bias_type and
-context (with BLANK) as metadata. A row's number is the line of the example's id in the file.
+context (with BLANK) as metadata. An example is one item keyed by its id (a file written on one
+line reads as the same file indented); messages name the line of the example's id.
 """
 
 from __future__ import annotations
@@ -122,13 +123,19 @@ def stereoset_rows(path, text: str) -> list[tuple[int, dict]]:
             f"{path}: no data.intrasentence list; `columns: stereoset` reads StereoSet's dev.json as "
             "distributed"
         )
-    rows, line, at = [], 1, 0
+    rows, line, at, seen = [], 1, 0, {}
     for k, example in enumerate(examples, start=1):
-        key = str(example.get("id", "")) if isinstance(example, dict) else ""
-        found = text.find(f'"{key}"', at) if key else -1
-        if found >= 0:  # the example's line, counted on from the previous one
+        key = example.get("id") if isinstance(example, dict) else None
+        key = str(key) if isinstance(key, (str, int)) and str(key).strip() else ""
+        found = text.find(json.dumps(key), at) if key else -1
+        if found >= 0:  # the example's line (for messages), counted on from the previous one
             line, at = line + text.count("\n", at, found), found
         where = f"{path}:{line}: example {k}"
+        if not key:
+            raise SuiteError(f"{where} has no `id`; each example is one item keyed by its id")
+        if key in seen:
+            raise SuiteError(f"{where} repeats id {key!r} of example {seen[key]}; each id names one example")
+        seen[key] = k
         sentences = example.get("sentences") if isinstance(example, dict) else None
         if not isinstance(sentences, list):
             raise SuiteError(f"{where} has no `sentences` list; give StereoSet's file as distributed")

@@ -1,10 +1,11 @@
-"""Reading one sentence file into rows: JSONL objects, TSV/CSV rows, or plain-text lines (numbered
-as published benchmarks are, or split by a declared `pattern:` run with a time budget); and the
-check that the files of one entry pair sentence n with sentence n."""
+"""Reading one sentence file into rows: JSONL objects, TSV/CSV rows (CSV parsed as a whole file), or
+plain-text lines (numbered as published benchmarks are, or split by a declared `pattern:` run with a
+time budget); and the check that the files of one entry pair sentence n with sentence n."""
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
@@ -122,29 +123,59 @@ def read_rows(path: Path, text: str, reader=None, needed=("text",)) -> list[tupl
                 raise SuiteError(f"{path}:{number}: each line needs string fields {', '.join(needed)}")
             rows.append((number, record))
         return rows
-    delimiter = "\t" if path.suffix in (".tsv", ".tab") else ","
-    lines = [
-        (n, line)
-        for n, line in enumerate(file_lines(text), start=1)
-        if line.strip() and not line.startswith("#")
-    ]
-    if not lines:
+    return delimited_rows(path, text, needed)
+
+
+def delimited_rows(path: Path, text: str, needed=("text",)) -> list[tuple[int, dict]]:
+    """(line, record) per row of a CSV or TSV file, parsed as a whole file (RFC 4180: a quoted CSV
+    cell may hold commas, doubled quotes and line breaks), each row numbered by the physical line
+    where it starts. Blank rows and rows whose first cell starts with '#' are skipped; a repeated
+    header name, a row of the wrong width and an unclosed quote are one error naming the line."""
+    tab = path.suffix in (".tsv", ".tab")
+    # TSV cells are taken as written (a quote is text: "Hi," she said); CSV cells may be quoted.
+    # Lenient as pandas about a stray quote ("a"b reads ab); an unclosed quote is caught below.
+    dialect = {"delimiter": "\t" if tab else ",", "quoting": csv.QUOTE_NONE if tab else csv.QUOTE_MINIMAL}
+    reader = csv.reader(io.StringIO(text, newline=""), **dialect)
+    records, start = [], 1
+    for cells in reader:
+        if any(cell.strip() for cell in cells) and not cells[0].startswith("#"):
+            records.append((start, cells))
+        last, start = start, reader.line_num + 1
+    if records and not tab and _unclosed(file_lines(text)[last - 1 :], dialect):
+        raise SuiteError(
+            f"{path}:{last}: a quote opened in the row starting on this line is never closed (the "
+            'rest of the file would be one cell); close it, or double a quote inside a cell ("")'
+        )
+    if not records:
         return []
-    # TSV cells are taken as written (a quote is text: "Hi," she said); CSV cells may be quoted
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    header = next(csv.reader([lines[0][1]], delimiter=delimiter, quoting=quoting))
+    (header_line, header), *body = records
+    repeated = next((c for k, c in enumerate(header) if c in header[:k]), None)
+    if repeated is not None:
+        raise SuiteError(
+            f"{path}:{header_line}: the header names column {repeated!r} twice; rename one so each "
+            "column is read once"
+        )
     missing = [c for c in needed if c not in header]
     if missing:
         raise SuiteError(
-            f"{path}:{lines[0][0]}: the header needs a '{missing[0]}' column (columns: "
+            f"{path}:{header_line}: the header needs a '{missing[0]}' column (columns: "
             f"{', '.join(header)[:200]!r})"
         )
     rows = []
-    for number, line in lines[1:]:
-        cells = next(csv.reader([line], delimiter=delimiter, quoting=quoting))
+    for number, cells in body:
         if len(cells) != len(header):
             raise SuiteError(
                 f"{path}:{number}: {len(cells)} cells but the header has {len(header)}; fix the row"
             )
         rows.append((number, dict(zip(header, cells))))
     return rows
+
+
+def _unclosed(lines: list[str], dialect: dict) -> bool:
+    """Whether the last record (its physical lines) ends inside a quoted cell: the lenient reader
+    would take the rest of the file as one cell, the strict one sees the end of data."""
+    try:
+        list(csv.reader(io.StringIO("\n".join(lines), newline=""), strict=True, **dialect))
+    except csv.Error as exc:
+        return "end of data" in str(exc)
+    return False

@@ -114,6 +114,8 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
                 "pair",
                 f"`pair` must name a column of the sentence file (columns: {', '.join(rows[0][2])})",
             )
+        if item.get("columns") == "stereoset":
+            pair = "id"  # an example is one item, keyed by its id whatever the file's layout
         if len(files) > 1:
             pair = "line"  # sentence n of every file is one item
             check_pairing(rows, column, reader is None)
