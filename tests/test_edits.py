@@ -303,7 +303,7 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     # bad input: one line each
     for extra, message in (
         (["--heads", "L40H3"], "head L40H3 is not in this model (2 layers"),
-        (["--k", "5"], "k 5 is more than this model's 4 heads"),
+        (["--k", "5"], "k 5 leaves none of this model's 4 heads"),
         (["--k", "1", "--text", str(tmp_path / "empty.txt")], "has no text to score"),
         (["--kinds", "melt"], "unknown edit kind melt"),
         (

@@ -376,3 +376,44 @@ def test_attention_view_toggles_hovers_and_compares_in_chromium(smollm, tmp_path
     )  # he - she: the difference flips
     assert r["panelsAlone"] == 1 and r["thumbs"] == 30 * 9
     assert r["opened"] == ["7", "head 2", 1], r
+
+
+def test_two_attention_entries_reaching_one_target_get_a_heatmap_each(tiny_llama_dir, tmp_path):
+    """Issue 40: two sources attending to one target once crashed the heatmaps ("Index contains
+    duplicate entries"); each (source, target) now has its own figure, in one run and compared."""
+    (tmp_path / "jobs.tsv").write_text(
+        "occupation\tbls_pct_female\n" + "".join(f"{o}\t{p}\n" for o, p in JOBS)
+    )
+    (tmp_path / "two.yaml").write_text(
+        "name: two\ncontrast: pronoun\nslots:\n  occupation: {table: jobs.tsv, column: occupation}\n"
+        "  act: {values: [left, was tired]}\n"
+        "  pronoun: {values: [{label: female, value: she}, {label: male, value: he}]}\n"
+        "templates:\n  - {id: t1, text: 'The {occupation} said that {pronoun} {act}.'}\n"
+        "  - {id: t2, text: 'Yesterday the {occupation} told us that {pronoun} {act}.'}\n"
+        "attention: [{source: pronoun, targets: occupation}, {source: act, targets: occupation}]\n"
+        "analysis: {contrast: pronoun, positive: female, negative: male, clusters: [occupation, template],"
+        " covariate: occupation.bls_pct_female}\n"
+    )
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        result = CliRunner().invoke(
+            main, ["run", str(tmp_path / "two.yaml"), "--model", str(tiny_llama_dir), "--out", str(out)]
+        )
+        assert result.exit_code == 0, result.output
+        runs.append(out)
+    figures = {p.stem for p in (runs[0] / "figures").glob("*.png")}
+    for source in ("pronoun", "act"):
+        assert (
+            f"interaction_{source}____occupation" in figures
+            and f"difference_{source}____occupation" in figures
+        )
+    html = (runs[0] / "report.html").read_text()
+    assert "act -&gt; occupation" in html or "act -> occupation" in html
+    compared = tmp_path / "compare.html"
+    result = CliRunner().invoke(main, ["report", *map(str, runs), "--out", str(compared)])
+    assert result.exit_code == 0, result.output
+    assert compared.stat().st_size > 10_000
+
+
+JOBS = [("nurse", 88), ("secretary", 93), ("teacher", 70), ("lawyer", 37), ("pilot", 9), ("plumber", 2)]

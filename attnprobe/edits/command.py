@@ -1,25 +1,29 @@
 """`attnprobe edit RUN_DIR`: load what the run found, measure every edit kind (resumable: one file
-per kind under chunks/), write edits_items, edits and edits_draws (CSV and Parquet) and the
-frontier figure into the run directory."""
+per kind under chunks/ with a marker holding its hash, keyed by the run, the options and the
+model's weights; Ctrl-C stops after the current kind), write edits_items, edits and edits_draws
+(CSV and Parquet) and the frontier figure into the run directory."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
-from ..errors import RunError
+from ..errors import RunError, RunInterrupted
 from ..models import load_model
 from ..patching.designs import SlotSwap, per_value_column
 from ..report.figures import figure
 from ..report.plots import FRONTIER_ALT, edit_frontier
+from ..run.execute import deferred_interrupt, ignored_interrupts
 from ..run.fresh import own_directory
 from ..run.options import RunOptions
 from ..run.plan import plan_run
 from ..run.reader import RunFiles
-from ..run.storage import atomic_write, write_parquet, write_table
+from ..run.storage import atomic_write, content_sha, digest, write_parquet, write_table
 from ..stats.edits import edit_tables
 from ..suite import load_suite
 from .inputs import check_text, record_inputs
@@ -57,7 +61,26 @@ def _run_and_suite(directory: Path):
         )
     if not isinstance(suite.head_effects, SlotSwap):
         raise RunError(f"{path}: edits measure a next-token behaviour; its head_effects use sentence pairs")
+    if not suite.head_effects.covariate:
+        raise RunError(
+            f"{path}: edits measure the gradient of the behaviour over the suite's covariate, and this "
+            "suite declares none; add `analysis: {covariate: slot.field}` and rerun the suite"
+        )
     return run, suite
+
+
+def _same_model(directory: Path, manifest: dict, model) -> str:
+    """The content hash of `model`'s weights, refused in one line when the run recorded another:
+    edited values are compared with the run's clean ones, so they must come from the same weights."""
+    found = content_sha(model.model)
+    expected = manifest["model"].get("weights_content")
+    if expected and found != expected:
+        raise RunError(
+            f"{directory}: the model given is not the one this run was made with (weights "
+            f"{found[:12]} against the run's {expected[:12]}); edit with the run's model "
+            f"({manifest['model']['spec']}, {manifest['dtype']}) or run the suite on this model first"
+        )
+    return found
 
 
 def run_edits(directory, options: EditOptions | None = None, model=None, log=print) -> pd.DataFrame:
@@ -79,6 +102,7 @@ def run_edits(directory, options: EditOptions | None = None, model=None, log=pri
     if model is None:
         log(f"loading {m['model']['spec']} ({m['dtype']})")
         model = load_model(m["model"]["spec"], dtype=m["dtype"])
+    weights = _same_model(directory, m, model)
     plan = plan_run(suite, model, RunOptions(limit=m["settings"]["limit"], out=directory, log=log))
     items, measure = plan.effect_items, plan.effects
     if measure.positive != "female" or measure.negative != "male":
@@ -95,20 +119,28 @@ def run_edits(directory, options: EditOptions | None = None, model=None, log=pri
             head_items[head_items["item_id"].isin(ids)], totals, covariate, word, L, H
         )
     sets = found_sets(inputs, scores, options.ks, listed, H)
-    key = settings_hash(m["fingerprint"], options)
+    key = settings_hash(m["fingerprint"], options, weights)
     chunks = own_directory(directory / "chunks")
     frames = [_describe(clean_values(model, inputs), inputs)]
-    for n, kind in enumerate(options.kinds, 1):
-        path = chunks / f"edits-{key}-{kind}.parquet"
-        if path.is_file():
-            frames.append(pd.read_parquet(path))
-            log(f"edit: {kind} ({n} of {len(options.kinds)}) read from an earlier session")
-            continue
-        t0 = time.monotonic()
-        frame = _describe(measure_kind(model, kind, options, inputs, sets, H, log), inputs)
-        atomic_write(path, lambda p, frame=frame: write_parquet(frame, p))
-        frames.append(frame)
-        log(f"edit: {kind} done ({n} of {len(options.kinds)}, {time.monotonic() - t0:.0f} s)")
+    with deferred_interrupt(log) as stop_requested:
+        for n, kind in enumerate(options.kinds, 1):
+            path = chunks / f"edits-{key}-{kind}.parquet"
+            frame = _read_kind(path, log)
+            if frame is not None:
+                frames.append(frame)
+                log(f"edit: {kind} ({n} of {len(options.kinds)}) read from an earlier session")
+                continue
+            t0 = time.monotonic()
+            frame = _describe(measure_kind(model, kind, options, inputs, sets, H, log), inputs)
+            with ignored_interrupts():
+                _write_kind(path, frame)
+            frames.append(frame)
+            log(f"edit: {kind} done ({n} of {len(options.kinds)}, {time.monotonic() - t0:.0f} s)")
+            if stop_requested() and n < len(options.kinds):
+                raise RunInterrupted(
+                    f"interrupted after edit kind {kind} ({n} of {len(options.kinds)} kept in "
+                    f"{chunks}); rerun the same command to continue"
+                )
     raw = pd.concat(frames, ignore_index=True)
     write_table(directory, "edits_items", raw)
     summary, draws = edit_tables(raw)
@@ -118,6 +150,33 @@ def run_edits(directory, options: EditOptions | None = None, model=None, log=pri
     figure(edit_frontier(summary, draws), directory / "figures", "edit_frontier", FRONTIER_ALT)
     log(f"edit: edits.csv, edits_draws.csv and figures/edit_frontier.png in {directory}")
     return summary
+
+
+def _write_kind(path: Path, frame: pd.DataFrame) -> None:
+    """One edit kind's raw values, then its marker: the file's SHA-256 and row count."""
+    atomic_write(path, lambda p: write_parquet(frame, p))
+    marker = json.dumps({"sha256": digest(path), "rows": len(frame)})
+    atomic_write(path.with_suffix(".done"), lambda p: p.write_text(marker))
+
+
+def _read_kind(path: Path, log) -> pd.DataFrame | None:
+    """An edit kind written by an earlier session, or None when there is none or it is damaged or
+    altered (its bytes differ from the marker's hash): then it is measured again."""
+    marker = path.with_suffix(".done")
+    if not marker.is_file():
+        return None
+    try:
+        info = json.loads(marker.read_text())
+        if digest(path) != info["sha256"]:
+            raise ValueError(f"{path.name} differs from what was written")
+        frame = pd.read_parquet(path)
+        if len(frame) != info["rows"]:
+            raise ValueError(f"expected {info['rows']} rows")
+        return frame
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        log(f"edit: {path.name} is damaged or altered ({exc}); measuring it again")
+        marker.unlink(missing_ok=True)
+        return None
 
 
 def _describe(raw: pd.DataFrame, inputs) -> pd.DataFrame:

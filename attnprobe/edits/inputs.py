@@ -21,6 +21,7 @@ DATA = Path(__file__).resolve().parents[2] / "probes" / "edits"
 GENERATED_TOKENS = 24  # per neutral opening
 TEXT_TOKENS = 1024  # at most this many tokens of --text, in pieces of TEXT_PIECE
 TEXT_PIECE = 128
+TEXT_BYTES = 256 * 1024  # read of --text: 256 bytes per token allowed
 CONTROL_WORDS = ("she", "he")  # the definitional prompts' positive (female) and negative (male) words
 
 
@@ -127,6 +128,13 @@ def generated_texts(model, seed: int) -> list[torch.Tensor]:
     return out
 
 
+def text_head(path: str) -> bytes:
+    """The first TEXT_BYTES of --text: all that TEXT_TOKENS tokens can come from (a token holds far
+    fewer than TEXT_BYTES / TEXT_TOKENS bytes), so a large file is never read or tokenised whole."""
+    with open(path, "rb") as handle:
+        return handle.read(TEXT_BYTES)
+
+
 def check_text(path: str | None) -> None:
     """--text must name a file with text in it."""
     if path is None:
@@ -134,7 +142,7 @@ def check_text(path: str | None) -> None:
     file = Path(path)
     if not file.is_file():
         raise AttnprobeError(f"--text {path}: no such file")
-    if not file.read_text(encoding="utf-8", errors="replace").strip():
+    if not text_head(path).decode("utf-8", errors="replace").strip():
         raise AttnprobeError(f"--text {path}: the file has no text to score; give a file of running text")
 
 
@@ -143,7 +151,7 @@ def user_text(model, path: str | None) -> list[torch.Tensor]:
     if path is None:
         return []
     check_text(path)
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    text = text_head(path).decode("utf-8", errors="ignore")  # a character cut at the end is dropped
     ids = model.tokenizer(text)["input_ids"][:TEXT_TOKENS]
     if len(ids) < 2:
         raise AttnprobeError(f"--text {path}: the file has no text to score (it needs at least two tokens)")

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -37,8 +37,9 @@ from ..errors import AttnprobeError
 from ..patching.engine import Bank
 from ..patching.selection import random_sets, top_heads
 from ..patching.sites import behaviour_rows
+from ..version import __version__
 from .estimate import covariate_directions, last_outputs, token_means, token_sample
-from .inputs import Inputs
+from .inputs import Inputs, text_head
 from .kinds import KINDS, HeadEdit, Heads, heads_label, heads_mask, parse_heads
 from .passes import edited_behaviour, edited_text_costs
 
@@ -70,6 +71,14 @@ class EditOptions:
             raise AttnprobeError("k must be whole numbers of heads >= 1, e.g. --k 1,2,5,10,20")
         if self.draws < 0:
             raise AttnprobeError("--draws must be 0 or more")
+        if (
+            not (isinstance(self.factor, (int, float)) and math.isfinite(self.factor))
+            or abs(self.factor) > 100
+        ):
+            raise AttnprobeError(
+                f"--factor {self.factor!r}: the scale edit's factor must be a finite number between -100 and "
+                "100 (0 zeroes the heads, 1 leaves them, 0.5 halves them)"
+            )
 
 
 def chosen_heads(scores: np.ndarray, k: int, n_heads: int) -> Heads:
@@ -122,10 +131,16 @@ def _subset(bank: Bank, fold: np.ndarray, on: np.ndarray) -> Bank:
     )
 
 
-def settings_hash(run_fingerprint: str, options: EditOptions) -> str:
-    payload = json.dumps({"run": run_fingerprint, **asdict(options)}, sort_keys=True, default=str)
+def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> str:
+    """What determines an edit kind's values: the run, the options, the model's weights, this
+    attnprobe's version and the part of --text that is read."""
+    payload = json.dumps(
+        {"run": run_fingerprint, "weights": weights, "attnprobe": __version__, **asdict(options)},
+        sort_keys=True,
+        default=str,
+    )
     if options.text:
-        payload += hashlib.sha256(Path(options.text).read_bytes()).hexdigest()
+        payload += hashlib.sha256(text_head(options.text)).hexdigest()
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -240,10 +255,10 @@ def clean_values(model, inputs: Inputs) -> pd.DataFrame:
 
 def listed_heads(options: EditOptions, n_layers: int, n_heads: int) -> Heads | None:
     if options.heads is None:
-        if max(options.ks) > n_layers * n_heads:
+        if max(options.ks) >= n_layers * n_heads:
             raise AttnprobeError(
-                f"k {max(options.ks)} is more than this model's {n_layers * n_heads} heads "
-                f"({n_layers} layers x {n_heads}); choose k <= {n_layers * n_heads}"
+                f"k {max(options.ks)} leaves none of this model's {n_layers * n_heads} heads ({n_layers} "
+                f"layers x {n_heads}) to compare with as random sets; choose k < {n_layers * n_heads}"
             )
         return None
     return parse_heads(options.heads, n_layers, n_heads)

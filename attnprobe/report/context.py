@@ -146,22 +146,22 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
     figures_dir = run.directory / "figures"
     pos, neg = analysis.positive, analysis.negative
     heatmaps = []
-    for target in heads["target"].unique() if len(heads) else []:
+    for name, source, target, heads_of in attention_pairs(heads):
         if analysis.covariate:
             heatmaps.append(
                 figure(
                     plots.head_heatmap(
-                        heads,
+                        heads_of,
                         target,
                         "interaction_r",
                         "interaction_q",
-                        title=f"{target}: r of {pos} - {neg}\nwith {analysis.name(analysis.covariate)}",
+                        title=f"{name}: r of {pos} - {neg}\nwith {analysis.name(analysis.covariate)}",
                         label="interaction r",
                         limit=1.0,
                     ),
                     figures_dir,
-                    f"interaction_{target}",
-                    f"layer x head interaction r, source -> {target}",
+                    f"interaction_{_file_name(name)}",
+                    f"layer x head interaction r, {source} -> {target}",
                 )
             )
         lexical = (
@@ -170,17 +170,17 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         heatmaps.append(
             figure(
                 plots.head_heatmap(
-                    heads,
+                    heads_of,
                     target,
                     "d_z",
                     "difference_q",
-                    title=f"{target}: {lexical}",
+                    title=f"{name}: {lexical}",
                     label=f"d_z ({pos} - {neg})",
                     limit=limits.get("d_z"),
                 ),
                 figures_dir,
-                f"difference_{target}",
-                f"layer x head d_z of the {pos} - {neg} difference, source -> {target}",
+                f"difference_{_file_name(name)}",
+                f"layer x head d_z of the {pos} - {neg} difference, {source} -> {target}",
             )
         )
     for (source, target), group in levels.groupby(["source", "target"], sort=False):
@@ -336,12 +336,15 @@ def difference_context(contexts: list[dict], tables: list[dict], figures_dir) ->
     figures = []
     for context, table in zip(contexts[1:], tables[1:]):
         other = split_levels(table["head_stats"])[0]
-        for target in [t for t in dict.fromkeys(base.get("target", [])) if t in set(other.get("target", []))]:
+        theirs = {name: of for name, *_, of in attention_pairs(other)}
+        for pair, source, target, ours in attention_pairs(base):
+            if pair not in theirs:
+                continue
             keys = ["layer", "head"]
-            a = base[base["target"] == target].set_index(keys)[statistic]
-            b = other[other["target"] == target].set_index(keys)[statistic]
+            a = ours.set_index(keys)[statistic]
+            b = theirs[pair].set_index(keys)[statistic]
             diff = (b - a).rename(statistic).reset_index().assign(target=target)
-            name = "".join(ch if ch.isalnum() else "_" for ch in f"{context['label']}_{target}")
+            name = _file_name(f"{context['label']}_{pair}")
             figures.append(
                 figure(
                     plots.head_heatmap(
@@ -349,12 +352,12 @@ def difference_context(contexts: list[dict], tables: list[dict], figures_dir) ->
                         target,
                         statistic,
                         None,
-                        title=f"{target}: {statistic},\n{context['label']} - {contexts[0]['label']}",
+                        title=f"{pair}: {statistic},\n{context['label']} - {contexts[0]['label']}",
                         label=f"difference of {statistic}",
                     ),
                     figures_dir,
                     f"difference_{name}",
-                    f"per-head {statistic} of {context['label']} minus {contexts[0]['label']}, source -> "
+                    f"per-head {statistic} of {context['label']} minus {contexts[0]['label']}, {source} -> "
                     f"{target}",
                 )
             )
@@ -363,3 +366,25 @@ def difference_context(contexts: list[dict], tables: list[dict], figures_dir) ->
         "note": f"Per head: {statistic} of each run minus that of {contexts[0]['label']} (no test: "
         "a difference of two estimates; read the intervals in each run's table).",
     }
+
+
+def attention_pairs(heads: pd.DataFrame) -> list[tuple[str, str, str, pd.DataFrame]]:
+    """(name, source, target, rows) per attention entry of the head table: the name is the target, or
+    "source -> target" where several sources reach one target (each gets its own heatmap)."""
+    if not len(heads):
+        return []
+    pairs = heads[["source", "target"]].drop_duplicates()
+    shared = pairs["target"].duplicated(keep=False)
+    return [
+        (
+            f"{source} -> {target}" if many else target,
+            source,
+            target,
+            heads[(heads["source"] == source) & (heads["target"] == target)],
+        )
+        for (source, target), many in zip(pairs.itertuples(index=False), shared)
+    ]
+
+
+def _file_name(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in text)

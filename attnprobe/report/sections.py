@@ -4,7 +4,9 @@ referents (attention accuracy and the model's own choice), as the values the tem
 from __future__ import annotations
 
 import pandas as pd
+import pyarrow as pa
 
+from ..errors import RunError
 from ..stats import ALPHA
 from . import plots
 from .figures import figure
@@ -149,7 +151,13 @@ def edits_context(directory, figures_dir) -> dict | None:
     """The head-edit section, when `attnprobe edit` has written edits.parquet into the run."""
     if not (directory / "edits.parquet").is_file():
         return None
-    summary = pd.read_parquet(directory / "edits.parquet")
-    draws = pd.read_parquet(directory / "edits_draws.parquet")
+    try:
+        summary = pd.read_parquet(directory / "edits.parquet")
+        draws = pd.read_parquet(directory / "edits_draws.parquet")
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise RunError(
+            f"{directory}: the edit tables are missing or damaged ({str(exc).splitlines()[0][:99]}); rebuild "
+            f"them by rerunning `attnprobe edit {directory}` with its options (finished kinds are reused)"
+        ) from None
     frontier = figure(plots.edit_frontier(summary, draws), figures_dir, "edit_frontier", plots.FRONTIER_ALT)
     return {"rows": summary.to_dict("records"), "figure": frontier, "reference": summary["reference"].iloc[0]}

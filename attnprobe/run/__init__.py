@@ -53,7 +53,7 @@ def run_suite(
             or {}
         )
         pm, weights_sha = _load(model, plan, options)
-        manifest = new_manifest(plan, pm, options, weights_sha)
+        manifest = new_manifest(plan, pm, options, weights_sha, storage.content_sha(pm.model))
         same_effects = plan.effects is None or previous.get("effects_plan") == plan.effects_plan
         if "head_effects" in previous and same_effects and storage.has_head_effects(directory):
             manifest.update(head_effects=previous["head_effects"], effects_plan=previous.get("effects_plan"))

@@ -14,7 +14,7 @@ from .storage import ARTEFACTS, DERIVED, read_manifest
 OWN_FILES = {
     "chunks": re.compile(
         r"(referent-choice-|likelihood-|multiple-choice-|effects-|selected-)?\d{5}\.(done|[a-z_]+\.parquet)"
-        r"|edits-[0-9a-f]{16}-[a-z]+\.parquet|\..+\.tmp"
+        r"|edits-[0-9a-f]{16}-[a-z]+\.(parquet|done)|\..+\.tmp"
     ),
     "figures": re.compile(r"[\w-]+\.(png|svg)"),
 }

@@ -20,8 +20,9 @@ from ..version import __version__
 FORMAT = 2  # 1: the unnumbered manifests of 0.1 (chunk markers without plans, no scored-continuation chunks)
 
 
-def new_manifest(plan, pm, options, weights_sha: str | None) -> dict:
-    """The manifest of a run starting now (status running)."""
+def new_manifest(plan, pm, options, weights_sha: str | None, weights_content: str) -> dict:
+    """The manifest of a run starting now (status running). `weights_sha`: of the files the weights
+    came from; `weights_content`: of the weights in memory (what `attnprobe edit` checks)."""
     suite, info = plan.suite, pm.info
     return {
         "format": FORMAT,
@@ -42,6 +43,7 @@ def new_manifest(plan, pm, options, weights_sha: str | None) -> dict:
             "name": plan.name,
             "family": info.family,
             "weights_sha256": weights_sha,
+            "weights_content": weights_content,
             "n_layers": info.n_layers,
             "n_heads": info.n_heads,
             "n_kv_heads": info.n_kv_heads,

@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from ..bundled import files_sha256
 from ..errors import RunError
@@ -137,6 +138,21 @@ def weights_sha(pm: ProbeModel) -> str | None:
     folder = Path(str(getattr(pm.model, "name_or_path", "")))
     files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
     return files_sha256(files) if files else None
+
+
+def content_sha(module) -> str:
+    """SHA-256 of a module's weights as they are in memory (names, shapes, dtypes and bytes of every
+    parameter and buffer, shared tensors once): what a cached result computed with them depends on,
+    whatever file or object they came from."""
+    sha, seen = hashlib.sha256(), set()
+    for name, tensor in module.state_dict(keep_vars=False).items():
+        if tensor.data_ptr() in seen and tensor.numel():
+            continue
+        seen.add(tensor.data_ptr())
+        sha.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        sha.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    return sha.hexdigest()
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:

@@ -1,0 +1,197 @@
+"""Hostile input to `attnprobe edit` (issue 40): every cached edit value keyed by the model's weights
+and checked against its hash, damaged or missing edit artefacts recomputed or refused in one line,
+options validated before weights load, --text read only as far as needed, and interruptions (Ctrl-C
+and kill) that leave tables identical to an uninterrupted sweep."""
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tracemalloc
+
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import one_line_error
+from test_edits import _edit_suite
+from transformers import AutoModelForCausalLM
+
+import attnprobe
+from attnprobe.cli import main
+from attnprobe.edits.inputs import TEXT_BYTES, user_text
+from attnprobe.errors import RunError
+
+SWEEP = ["--kinds", "zero,mean,scale,project", "--k", "1,2", "--draws", "3"]
+
+
+@pytest.fixture(scope="module")
+def edited_run(tiny_llama_dir, tmp_path_factory):
+    """A run of the edit suite on the tiny Llama and its uninterrupted sweep (the reference tables)."""
+    tmp = tmp_path_factory.mktemp("edited")
+    suite, out = _edit_suite(tmp), tmp / "run"
+    args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    result = CliRunner().invoke(main, ["edit", str(out), *SWEEP])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _copy(run, tmp_path):
+    """A copy of the run without its sweep."""
+    shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("edits*", "edit_frontier*"))
+    return tmp_path / "run"
+
+
+def _tables(run):
+    return {
+        name: pd.read_parquet(run / f"{name}.parquet").drop(columns="seconds", errors="ignore")
+        for name in ("edits", "edits_draws", "edits_items")
+    }
+
+
+def _same_tables(a, b):
+    for name, table in _tables(a).items():
+        pd.testing.assert_frame_equal(table, _tables(b)[name], check_exact=True, obj=name)
+
+
+def test_the_manifest_records_the_weights_and_another_models_edit_is_refused(
+    edited_run, tiny_llama_dir, tmp_path
+):
+    manifest = attnprobe.Run(edited_run).manifest
+    assert len(manifest["model"]["weights_content"]) == 64
+    other = tmp_path / "other"
+    shutil.copytree(tiny_llama_dir, other)
+    model = AutoModelForCausalLM.from_pretrained(other)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[0, 0] += 1e-3  # one weight of one layer
+    model.save_pretrained(other)
+    run = _copy(edited_run, tmp_path)
+    with pytest.raises(RunError, match="the model given is not the one this run was made with"):
+        attnprobe.Run(run).edit(kinds=("zero",), ks=(1,), draws=2, model=attnprobe.load_model(str(other)))
+    assert not list((run / "chunks").glob("edits-*"))  # nothing measured, nothing cached
+    # the run's own model given in the notebook is accepted and gives the command's values
+    table = attnprobe.Run(run).edit(
+        kinds=("zero",), ks=(1, 2), draws=3, model=attnprobe.load_model(str(tiny_llama_dir))
+    )
+    reference = pd.read_parquet(edited_run / "edits.parquet")
+    pd.testing.assert_frame_equal(
+        table.drop(columns="seconds").reset_index(drop=True),
+        reference[reference.kind == "zero"].drop(columns="seconds").reset_index(drop=True),
+    )
+
+
+@pytest.mark.parametrize("damage", ["alter", "truncate"])
+def test_an_altered_or_damaged_edit_chunk_is_measured_again(edited_run, tmp_path, damage):
+    run = tmp_path / "run"
+    shutil.copytree(edited_run, run)
+    (chunk,) = (run / "chunks").glob("edits-*-mean.parquet")
+    if damage == "alter":  # valid parquet, other numbers
+        frame = pd.read_parquet(chunk)
+        frame["y"] = frame["y"] + 1.0
+        frame.to_parquet(chunk)
+    else:
+        chunk.write_bytes(chunk.read_bytes()[:100])
+    result = CliRunner().invoke(main, ["edit", str(run), *SWEEP])
+    assert result.exit_code == 0, result.output
+    assert (
+        "is damaged or altered" in result.output and result.output.count("read from an earlier session") == 3
+    )
+    _same_tables(edited_run, run)
+
+
+def test_missing_edit_tables_are_one_line_naming_the_command(edited_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(edited_run, run)
+    (run / "edits_draws.parquet").unlink()
+    one_line_error(
+        CliRunner().invoke(main, ["report", str(run)]), "edit tables are missing", "attnprobe edit"
+    )
+
+
+@pytest.mark.parametrize(
+    "extra, phrase",
+    [
+        (["--factor", "nan"], "--factor nan: the scale edit's factor must be a finite number"),
+        (["--factor", "inf"], "--factor inf"),
+        (["--factor", "1e308"], "between -100 and 100"),
+        (["--k", "4"], "k 4 leaves none of this model's 4 heads"),
+    ],
+)
+def test_bad_edit_options_are_one_line_before_weights_load(edited_run, extra, phrase):
+    result = CliRunner().invoke(main, ["edit", str(edited_run), "--kinds", "scale", *extra])
+    one_line_error(result, phrase)
+    assert "loading" not in result.output
+
+
+def test_a_suite_without_a_covariate_is_refused_by_edit_before_weights_load(tiny_llama_dir, tmp_path):
+    suite, out = _edit_suite(tmp_path), tmp_path / "run"
+    suite.write_text(suite.read_text().replace("  covariate: occupation.bls_pct_female\n", ""))
+    args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    result = CliRunner().invoke(main, ["edit", str(out)])
+    one_line_error(result, "this suite declares none", "covariate")
+    assert "loading" not in result.output
+
+
+def test_a_large_text_is_read_only_as_far_as_needed(tiny_llama_dir, tmp_path):
+    """--text of 100 MB costs what 1 MB does: only its first TEXT_BYTES are read and tokenised."""
+    pm = attnprobe.load_model(str(tiny_llama_dir))
+    line = "The weather was mild and the market opened early on the square. " * 16 + "\n"
+    peaks = {}
+    for megabytes in (1, 100):
+        path = tmp_path / f"{megabytes}.txt"
+        with open(path, "w") as handle:
+            for _ in range(megabytes * 2**20 // len(line)):
+                handle.write(line)
+        tracemalloc.start()
+        pieces = user_text(pm, str(path))
+        peaks[megabytes] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert sum(len(p) for p in pieces) == 1024
+    assert peaks[100] <= 1.5 * peaks[1], peaks
+    assert peaks[100] < 20 * TEXT_BYTES  # far below the file's 100 MB
+
+
+def _edit_process(run):
+    args = [sys.executable, "-m", "attnprobe", "edit", str(run), *SWEEP]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), args
+
+
+def _wait_for_kinds(run, n, process, timeout=300):
+    deadline = time.time() + timeout
+    while len(list((run / "chunks").glob("edits-*.done"))) < n and time.time() < deadline:
+        if process.poll() is not None:
+            break
+        time.sleep(0.01)
+
+
+def test_ctrl_c_during_edit_stops_after_the_kind_and_the_rerun_gives_identical_tables(edited_run, tmp_path):
+    run = _copy(edited_run, tmp_path)
+    process, args = _edit_process(run)
+    _wait_for_kinds(run, 1, process)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130 and "Traceback" not in stderr, stderr
+    assert "interrupted after edit kind" in stderr.splitlines()[-1]
+    kept = len(list((run / "chunks").glob("edits-*.done")))
+    assert 1 <= kept < 4 and not (run / "edits.parquet").exists()
+    resumed = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and resumed.stderr.count("read from an earlier session") == kept
+    _same_tables(edited_run, run)
+
+
+def test_a_killed_edit_reruns_to_identical_tables(edited_run, tmp_path):
+    """SIGKILL after the first kind, then the rerun killed after the third, then a rerun to the end:
+    whatever was half-written is never read back as finished."""
+    run = _copy(edited_run, tmp_path)
+    for kinds_done in (1, 3):
+        process, args = _edit_process(run)
+        _wait_for_kinds(run, kinds_done, process)
+        process.kill()
+        process.communicate(timeout=60)
+    resumed = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert 1 <= resumed.stderr.count("read from an earlier session") <= 4
+    _same_tables(edited_run, run)
