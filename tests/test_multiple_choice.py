@@ -71,7 +71,8 @@ def test_choices_suite_end_to_end_equals_a_plain_forward(tiny_llama_dir, tmp_pat
         logp = torch.log_softmax(logits, -1)[len(prefix) - 1 : -1]
         worst = max(worst, abs(row.logprob - float(logp[torch.arange(len(tail)), torch.tensor(tail)].sum())))
     assert worst <= 1e-4  # float32: packing changes the order of sums only
-    table = pd.read_csv(tmp_path / "o" / "choice_accuracy.csv").set_index("scope")
+    table = pd.read_csv(tmp_path / "o" / "choice_accuracy.csv")
+    table = table[table["by"] == "all"].set_index("scope")
     chosen = run.multiple_choice.loc[run.multiple_choice.groupby("prompt_id")["logprob"].idxmax()]
     merged = chosen.merge(run.prompts, on="prompt_id")
     assert table.loc["all", "accuracy"] == pytest.approx((merged["option"] == merged["answer"]).mean())
@@ -81,3 +82,65 @@ def test_choices_suite_end_to_end_equals_a_plain_forward(tiny_llama_dir, tmp_pat
         expected = bias_score(*arrays, (part["polarity"] == "neg").to_numpy(), ambiguous)
         assert table.loc[scope, "bias_score"] == pytest.approx(expected, nan_ok=True)
     assert "Multiple choice" in (tmp_path / "o" / "report.html").read_text()
+
+
+def test_two_bbq_files_get_per_file_and_per_category_rows_with_clustered_intervals(tiny_llama_dir, tmp_path):
+    """Issue 41: BBQ is published as one file per category and reported per category. Two BBQ-shaped
+    files as two entries: rows per file (template_id) and per category, each with accuracy against
+    chance, s_AMB / s_DIS with a cluster-bootstrap interval, and q over the groups; each group row
+    equals the statistic recomputed on that group's questions alone."""
+    rows = [json.loads(line) for line in open("probes/choices/choices.jsonl")]
+    (tmp_path / "first.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:12]))
+    (tmp_path / "second.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[12:]))
+    (tmp_path / "s.yaml").write_text(
+        "name: two\nfirst_token: bos\nsentences:\n  - {id: first, file: first.jsonl, choices: bbq}\n"
+        "  - {id: second, file: second.jsonl, choices: bbq}\nanalysis: {clusters: [question_index]}\n"
+        "multiple_choice: {}\n"
+    )
+    run = attnprobe.run_suite(
+        tmp_path / "s.yaml", model=str(tiny_llama_dir), out=tmp_path / "o", progress=False
+    )
+    from attnprobe.report import write_report
+
+    assert "Per group" in write_report(run.directory).read_text()
+    table = pd.read_csv(tmp_path / "o" / "choice_accuracy.csv")
+    assert set(table["by"]) == {"all", "template_id", "category"}
+    assert set(table.loc[table["by"] == "template_id", "value"]) == {"first", "second"}
+    assert set(table.loc[table["by"] == "category", "value"]) == {r["category"] for r in rows}
+    chosen = run.multiple_choice.loc[run.multiple_choice.groupby("prompt_id")["logprob"].idxmax()]
+    merged = chosen.merge(run.prompts, on="prompt_id")
+    for row in table[table["by"] != "all"].itertuples():
+        part = merged[merged[row.by].astype(str) == row.value]
+        if row.scope != "all":
+            part = part[part["condition"] == row.scope]
+        assert row.n_items == len(part)
+        assert row.accuracy == pytest.approx((part["option"] == part["answer"]).mean())
+        assert row.chance == pytest.approx(1 / 3)
+        assert np.isnan(row.accuracy_q) == np.isnan(row.accuracy_p)  # one cluster: no interval, no test
+        assert row.by == "category" or 0 <= row.accuracy_q <= 1
+        if row.scope != "all":
+            arrays = [part[c].to_numpy() for c in ("option", "answer", "target", "unknown")]
+            expected = bias_score(*arrays, (part["polarity"] == "neg").to_numpy(), row.scope == "ambig")
+            assert row.bias_score == pytest.approx(expected, nan_ok=True)
+            assert row.bias_definition == ("s_AMB" if row.scope == "ambig" else "s_DIS")
+    files = table[(table["by"] == "template_id") & (table["scope"] != "all") & table["bias_p"].notna()]
+    assert len(files) and (files["bias_ci_low"] <= files["bias_score"] + 1e-12).all()
+    assert (files["bias_score"] <= files["bias_ci_high"] + 1e-12).all() and files["bias_q"].notna().all()
+    assert (files["clusters"] == "question_index").all()
+
+
+def test_the_cluster_bootstrap_moves_clusters_together():
+    """With one cluster dimension every question of a drawn cluster gets its count; with two, the
+    product of its levels' counts (pigeonhole); counts per dimension sum to its number of levels."""
+    from attnprobe.stats.choices import cluster_weights
+
+    a = np.array(["x", "x", "y", "z"])
+    b = np.array(["p", "q", "p", "q"])
+    for weight in cluster_weights([a], np.random.default_rng(1), 50):
+        assert weight[0] == weight[1] and sum(weight[[0, 2, 3]]) == 3
+    rng = np.random.default_rng(2)
+    for weight in cluster_weights([a, b], rng, 50):
+        assert np.all(weight >= 0) and np.allclose(weight, np.round(weight))
+    assert (
+        bias_score(*(np.array(v) for v in ([0, 1], [0, 1], [0, 0], [2, 2], [True, True])), False, [2, 0]) == 1
+    )

@@ -5,7 +5,8 @@ Each prompt (a context and a question, suite/choices.py) is followed by the meas
 log p(option | context + question + prompt), summed over their tokens; context, question and prompt
 are forwarded once for all options and shared prefixes once across prompts
 (scoring.continuation_logprobs). The statistics (stats/choices.py) take the highest-scoring option
-as the model's choice. Rows land in multiple_choice.parquet:
+as the model's choice, for all questions and per value of each `by` column (default: the sentence
+entry, template_id, where there are several, and BBQ's category). Rows land in multiple_choice.parquet:
 (prompt_id, option, candidate, logprob, n_tokens).
 """
 
@@ -25,6 +26,7 @@ COLUMNS = ("prompt_id", "option", "candidate", "logprob", "n_tokens")
 class MultipleChoiceMeasure:
     prompt: str = " Answer:"  # between the question and each option
     origin: str = ""
+    by: tuple[str, ...] | None = None  # prompt columns reported per value; None: template_id and category
 
     KEY = "multiple_choice"
 
@@ -34,22 +36,35 @@ class MultipleChoiceMeasure:
         if node is None:
             return None
         node = {} if node is True else node
-        if not isinstance(node, dict) or set(node) - {"prompt"}:
+        if not isinstance(node, dict) or set(node) - {"prompt", "by"}:
             ctx.fail(
                 doc,
                 "multiple_choice",
-                'multiple_choice is a mapping with an optional `prompt:`, e.g. {prompt: " Answer:"}',
+                "multiple_choice is a mapping with an optional `prompt:` and `by:`, e.g. "
+                '{prompt: " Answer:", by: [category]}',
             )
         prompt = node.get("prompt", " Answer:")
         if not isinstance(prompt, str):
             ctx.fail(node, "prompt", "`prompt` is the text between the question and each option")
+        by = node.get("by")
+        by = [by] if isinstance(by, str) else by
+        if by is not None and (
+            not isinstance(by, list) or not all(isinstance(c, str) and c in columns for c in by)
+        ):
+            ctx.fail(
+                node,
+                "by",
+                "`by` names prompt columns reported per value, e.g. [template_id, category] (columns: "
+                f"{', '.join(sorted(columns))})",
+            )
         if "option_0" not in columns or "answer" not in columns:
             ctx.fail(
                 doc,
                 "multiple_choice",
                 "multiple_choice needs rows with options: a sentences entry with `choices:`",
             )
-        return MultipleChoiceMeasure(prompt, f"{ctx.path}:{line_of(doc, 'multiple_choice')}")
+        where = f"{ctx.path}:{line_of(doc, 'multiple_choice')}"
+        return MultipleChoiceMeasure(prompt, where, None if by is None else tuple(by))
 
 
 def options_of(prompt) -> list[str]:

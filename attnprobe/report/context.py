@@ -16,6 +16,7 @@ import pandas as pd
 from ..analysis import few_levels_notes
 from ..run.reader import RunFiles
 from ..stats import ALPHA, held_out_interaction, run_analysis
+from ..stats.choices import choice_setting
 from . import plots
 from .figures import figure
 from .sections import edits_context, effects_context, referents_context
@@ -258,7 +259,7 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "referents": referents_context(tables, figures_dir, analysis),
         "preference": _records(tables, "sentence_preference"),
         "choices": _records(tables, "choice_accuracy"),
-        "choice_prompt": manifest.get("multiple_choice"),
+        "choice_prompt": choice_setting(manifest, "prompt"),
         "model": manifest["model"]["spec"],
         "directory": run.directory.name,
         "suite": manifest["suite"]["name"],

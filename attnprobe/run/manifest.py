@@ -61,7 +61,11 @@ def new_manifest(plan, pm, options, weights_sha: str | None, weights_content: st
         "notes": plan.notes,
         "referent_choice": suite.referent_choice.prompt if suite.referent_choice else None,
         "likelihood": {"by": suite.likelihood.by} if suite.likelihood else None,
-        "multiple_choice": suite.multiple_choice.prompt if suite.multiple_choice else None,
+        "multiple_choice": (
+            {"prompt": suite.multiple_choice.prompt, "by": suite.multiple_choice.by}
+            if suite.multiple_choice
+            else None
+        ),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
