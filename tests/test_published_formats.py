@@ -213,3 +213,83 @@ def test_bbq_nested_fields_of_the_wrong_type_are_one_line(tmp_path):
     (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(SuiteError, match=r"q.jsonl:2 .*stereotyped_groups must be a list"):
         load_suite(tmp_path / "s.yaml")
+
+
+WORD = st.text(alphabet=string.ascii_letters, min_size=1, max_size=8)
+ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _loads_or_refuses(tmp_path, name):
+    """The suite loads, or a SuiteError names the data file: never another exception."""
+    try:
+        return load_suite(tmp_path / "s.yaml")
+    except SuiteError as error:
+        assert name in str(error) or "s.yaml" in str(error), str(error)
+        return None
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    words=st.lists(st.tuples(WORD, WORD, WORD), min_size=1, max_size=4, unique_by=lambda t: t[0]),
+    indent=st.sampled_from([None, 1, 2]),
+    damage=st.one_of(
+        st.none(), st.tuples(st.integers(0, 3), st.sampled_from(["id", "sentences", "target"]), ANY_JSON)
+    ),
+)
+def test_fuzzed_stereoset_json_reads_the_same_in_any_layout_or_is_one_error(tmp_path, words, indent, damage):
+    """Random StereoSet-shaped files (1,000 examples): written on one line or indented they give the
+    same prompts; a field replaced by any JSON value is read or refused as a SuiteError naming the file."""
+    examples = [
+        _stereoset_example(k, f"The {a} person was BLANK.", [a + "x", b + "y", c + "z"])
+        for k, (a, b, c) in enumerate(words, start=1)
+    ]
+    if damage is None:
+        one = _stereoset_suite(tmp_path, examples, None)
+        again = _stereoset_suite(tmp_path, examples, indent)
+        assert [(p.item_id, p.text) for p in one.prompts] == [(p.item_id, p.text) for p in again.prompts]
+        assert len(one.prompts) == 3 * len(examples)
+        return
+    k, field, value = damage
+    examples[k % len(examples)][field] = value
+    _stereoset_file(tmp_path / "dev.json", examples, indent)
+    (tmp_path / "s.yaml").write_text(
+        "name: stereoset\nsentences:\n  - {id: intra, file: dev.json, columns: stereoset}\nlikelihood: {}\n"
+    )
+    _loads_or_refuses(tmp_path, "dev.json")
+
+
+BBQ_FIELDS = [
+    "context",
+    "question",
+    "ans0",
+    "label",
+    "answer_info",
+    "additional_metadata",
+    "question_polarity",
+]
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    picks=st.lists(st.integers(0, 23), min_size=1, max_size=5),
+    damage=st.one_of(st.none(), st.tuples(st.integers(0, 4), st.sampled_from(BBQ_FIELDS), ANY_JSON)),
+)
+def test_fuzzed_bbq_jsonl_is_read_or_one_error(tmp_path, picks, damage):
+    """Random BBQ-shaped files (1,000 examples) from the shipped questions, one field replaced by any
+    JSON value: read, or refused as a SuiteError naming the file (never a traceback)."""
+    rows = [json.loads(line) for line in open("probes/choices/choices.jsonl")]
+    chosen = [dict(rows[i], example_id=n) for n, i in enumerate(picks)]
+    if damage is not None:
+        k, field, value = damage
+        chosen[k % len(chosen)][field] = value
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chosen))
+    (tmp_path / "s.yaml").write_text(
+        "name: q\nsentences: [{id: q, file: q.jsonl, choices: bbq}]\nmultiple_choice: {}\n"
+    )
+    suite = _loads_or_refuses(tmp_path, "q.jsonl")
+    if damage is None:
+        assert suite is not None and len(suite.prompts) == len(picks)
