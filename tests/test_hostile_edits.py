@@ -195,3 +195,15 @@ def test_a_killed_edit_reruns_to_identical_tables(edited_run, tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert 1 <= resumed.stderr.count("read from an earlier session") <= 4
     _same_tables(edited_run, run)
+
+
+def test_an_edit_and_a_run_on_one_directory_exclude_each_other(edited_run, tmp_path):
+    """The edit holds the run directory's lock, as a run does: while one holds it the other is one
+    line (an edit racing `run --fresh` once measured a run that was being deleted)."""
+    from attnprobe.run.storage import exclusive
+
+    run = _copy(edited_run, tmp_path)
+    with exclusive(run):  # a run (e.g. --fresh) writing the directory
+        result = CliRunner().invoke(main, ["edit", str(run), "--kinds", "zero", "--k", "1"])
+    one_line_error(result, "another attnprobe run is writing")
+    assert "loading" not in result.output and not list((run / "chunks").glob("edits-*"))

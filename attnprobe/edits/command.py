@@ -23,7 +23,7 @@ from ..run.fresh import own_directory
 from ..run.options import RunOptions
 from ..run.plan import plan_run
 from ..run.reader import RunFiles
-from ..run.storage import atomic_write, content_sha, digest, write_parquet, write_table
+from ..run.storage import atomic_write, content_sha, digest, exclusive, write_parquet, write_table
 from ..stats.edits import edit_tables
 from ..suite import load_suite
 from .inputs import check_text, record_inputs
@@ -84,8 +84,14 @@ def _same_model(directory: Path, manifest: dict, model) -> str:
 
 
 def run_edits(directory, options: EditOptions | None = None, model=None, log=print) -> pd.DataFrame:
-    """Measure `options` (default EditOptions()) on the run in `directory`; returns the edits table."""
+    """Measure `options` (default EditOptions()) on the run in `directory`; returns the edits table.
+    Holds the run directory's lock: a `run --fresh` or a second edit on it waits its turn (refused)."""
     directory, options = Path(directory), options or EditOptions()
+    with exclusive(directory):
+        return _run_edits(directory, options, model, log)
+
+
+def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFrame:
     run, suite = _run_and_suite(directory)
     m = run.manifest
     started = time.monotonic()
