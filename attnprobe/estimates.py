@@ -7,6 +7,10 @@ device is unknown until its first chunk.
 
 from __future__ import annotations
 
+from .packing import neighbour_packs
+
+SCORED_BATCH = 256  # sequences per scored pass (run options' default batch size)
+
 REFERENCE_MODEL = "smollm2-135m"
 REFERENCE_PARAMETERS = 106e6  # SmolLM2-135M's parameters besides the embeddings
 PROMPTS_PER_SECOND = 190.0  # the prompt phase, prefixes shared
@@ -14,11 +18,31 @@ PROMPTS_PER_SECOND = 190.0  # the prompt phase, prefixes shared
 # every head and layer exact (held-out items, exact: all), each head of exact: k, the cross-fitted set.
 PAIR_SECONDS = {"screen": 0.041, "every_head": 2.9, "head": 0.008, "set": 0.01}
 REFERENCE_TOKENS = 5.6
+# Scored continuations (likelihood, multiple choice, referent choice): distinct tokens forwarded per
+# second, prefixes shared, logits only where a scored token is read (benchmarks/run.py --only scoring)
+SCORED_TOKENS_PER_SECOND = 604.0
 
 
 def prompt_seconds(n_prompts: int) -> float:
     """The prompt phase of the reference model."""
     return n_prompts / PROMPTS_PER_SECOND
+
+
+def scored_seconds(n_tokens: int, parameters: float = REFERENCE_PARAMETERS) -> float:
+    """A scored phase that forwards `n_tokens` distinct tokens, on the reference model's 2 CPU cores."""
+    return n_tokens / SCORED_TOKENS_PER_SECOND * parameters / REFERENCE_PARAMETERS
+
+
+def forwarded_tokens(encoded, sequences) -> int:
+    """The tokens a scored phase forwards: every prompt's (prefix + tail) sequences, sorted and packed
+    as scoring.py packs them (each pack's trie nodes once)."""
+    rows = []
+    for e in encoded:
+        scored = sequences(e)
+        if scored is not None and scored[1]:
+            rows += [tuple(scored[0]) + tuple(tail) for _, tail in scored[1].values()]
+    order = sorted(range(len(rows)), key=lambda i: rows[i])
+    return sum(neighbour_packs(rows, order, SCORED_BATCH)[1])
 
 
 def head_effect_seconds(measure, items, parameters: float = REFERENCE_PARAMETERS) -> float:

@@ -96,6 +96,11 @@ def test_pairs_suite_end_to_end_equals_a_plain_forward(tiny_llama_dir, tmp_path)
     )
     top = table[(table["score"] == "sentence") & (table["by"] == "all")].iloc[0]
     assert top["n_items"] == 32 and abs(top["share_positive"] - share) < 1e-12
+    strict = float(np.mean(wide["more"] > wide["less"]))  # lm-eval's pct_stereotype: a tie counts as not
+    assert (
+        top["share_positive_strict"] == pytest.approx(strict)
+        and top["n_ties"] == (wide["more"] == wide["less"]).sum()
+    )
     assert set(table.loc[table["by"] == "bias_type", "value"]) == {
         "gender",
         "age",
@@ -196,3 +201,24 @@ def test_a_damaged_stereoset_file_is_one_line_naming_file_and_line(tmp_path, cha
     (tmp_path / "dev.json").write_text('{"data": []}')
     with pytest.raises(SuiteError, match=r"dev.json: no data.intrasentence list"):
         load_suite(tmp_path / "s.yaml")
+
+
+def test_scored_sentences_start_after_bos_by_default_or_the_end_of_text_token(tmp_path, smollm_tokenizer):
+    """Issue 41: a suite with `likelihood` and no first_token scores each sentence after the BOS
+    token, as lm-eval's crows_pairs does (keep would leave the first word unscored on SmolLM2); a
+    tokenizer without a BOS uses its end-of-text token, lm-eval's prefix token then."""
+    import copy
+
+    from attnprobe.run.plan import encode_prompts
+
+    suite = load_suite(_suite(tmp_path, '"A b c.","A d c.",x\n'))
+    assert suite.first_token == "bos"
+    encoded = encode_prompts(suite, suite.prompts, smollm_tokenizer, None)
+    assert all(e.ids[0] == smollm_tokenizer.bos_token_id for e in encoded)
+    no_bos = copy.deepcopy(smollm_tokenizer)
+    no_bos.bos_token = None
+    assert no_bos.bos_token_id is None and no_bos.eos_token_id is not None
+    encoded = encode_prompts(suite, suite.prompts, no_bos, None)
+    assert all(e.ids[0] == no_bos.eos_token_id for e in encoded)
+    words = [list(e.ids[1:]) for e in encoded]  # every word of the sentence is scored
+    assert words[0] == smollm_tokenizer("A b c.", add_special_tokens=False)["input_ids"]

@@ -2,6 +2,7 @@
 BBQ's bias score by hand."""
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -144,3 +145,29 @@ def test_the_cluster_bootstrap_moves_clusters_together():
     assert (
         bias_score(*(np.array(v) for v in ([0, 1], [0, 1], [0, 0], [2, 2], [True, True])), False, [2, 0]) == 1
     )
+
+
+def test_check_estimates_the_scored_phase_from_the_tokens_it_forwards(tmp_path):
+    """`check` prints each scored phase's time from the tokens it must forward (prefixes shared as
+    the phase packs them): twice the questions, about twice the tokens and the minutes."""
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+    from attnprobe.estimates import SCORED_TOKENS_PER_SECOND
+
+    rows = [json.loads(line) for line in open("probes/choices/choices.jsonl")]
+    tokens = {}
+    for copies in (10, 20):
+        lines = [dict(r, context=f"In case {n}, {r['context']}") for n in range(copies) for r in rows]
+        (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        (tmp_path / "s.yaml").write_text(
+            "name: q\nsentences: [{id: q, file: q.jsonl, choices: bbq}]\nmultiple_choice: {}\n"
+        )
+        result = CliRunner().invoke(main, ["check", str(tmp_path / "s.yaml")])
+        assert result.exit_code == 0, result.output
+        found = re.search(r"multiple choice (\d+\.\d) min \(([\d,]+) tokens\)", result.output)
+        tokens[copies] = int(found.group(2).replace(",", ""))
+        assert float(found.group(1)) == pytest.approx(
+            tokens[copies] / SCORED_TOKENS_PER_SECOND / 60, abs=0.05
+        )
+    assert 1.8 < tokens[20] / tokens[10] < 2.2

@@ -43,7 +43,13 @@ def describe(plan: RunPlan) -> list[str]:
         lines.append(f"multiple_choice: each option scored after context + question + {prompt!r}")
     if plan.suite.likelihood is not None:
         by = f", also by {plan.suite.likelihood.by}" if plan.suite.likelihood.by else ""
-        lines.append(f"likelihood: log p of each sentence and of its shared words{by}")
+        start = {
+            "bos": "after the BOS (or end-of-text) token, as lm-eval's crows_pairs scores it",
+            "keep": "from its second token (first_token: keep; the first is scored only if the tokenizer "
+            "adds a BOS token)",
+            "exclude": "from its second token (first_token: exclude)",
+        }[plan.suite.first_token]
+        lines.append(f"likelihood: log p of each sentence {start}, and of its shared words{by}")
     if plan.effects is not None:
         effects, items = plan.effects, plan.effect_items
         pairs = sum(len(i.counterfactuals) for i in items)
@@ -75,11 +81,15 @@ def describe(plan: RunPlan) -> list[str]:
         f"tokens ({plan.spec} tokenizer): {shared['tokens_without_sharing'] / n:.2f} forwarded per prompt "
         f"({sharing}), longest prompt {longest}"
     )
-    prompt_seconds, effect_seconds = plan.estimate_seconds()
+    prompt_seconds, effect_seconds, scored = plan.estimate_seconds()
+    phases = "".join(
+        f", {phase.replace('_', ' ')} {seconds / 60:.1f} min ({plan.scored_tokens[phase]:,} tokens)"
+        for phase, seconds in scored.items()
+    )
+    total = prompt_seconds + effect_seconds + sum(scored.values())
     lines.append(
-        f"estimate: about {(prompt_seconds + effect_seconds) / 60:.1f} min for {REFERENCE_MODEL} on 2 CPU "
-        "cores "
-        f"(prompts {prompt_seconds / 60:.1f} min, head effects {effect_seconds / 60:.1f} min); "
-        "larger models take longer in proportion to their size"
+        f"estimate: about {total / 60:.1f} min for {REFERENCE_MODEL} on 2 CPU cores (prompts "
+        f"{prompt_seconds / 60:.1f} min, head effects {effect_seconds / 60:.1f} min{phases}); larger models "
+        "take longer in proportion to their size"
     )
     return lines

@@ -60,7 +60,9 @@ def new_manifest(plan, pm, options, weights_sha: str | None, weights_content: st
         "skipped": list(suite.skipped),
         "notes": plan.notes,
         "referent_choice": suite.referent_choice.prompt if suite.referent_choice else None,
-        "likelihood": {"by": suite.likelihood.by} if suite.likelihood else None,
+        "likelihood": {"by": suite.likelihood.by, "first_token": suite.first_token}
+        if suite.likelihood
+        else None,
         "multiple_choice": (
             {"prompt": suite.multiple_choice.prompt, "by": suite.multiple_choice.by}
             if suite.multiple_choice

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RunError, SuiteError
-from ..estimates import head_effect_seconds, prompt_seconds
+from ..estimates import forwarded_tokens, head_effect_seconds, prompt_seconds, scored_seconds
 from ..measures import multiple_choice, referent_choice
 from ..measures.head_effects import HeadEffectsMeasure
 from ..measures.head_effects import plan_sha256 as head_effects_plan
@@ -69,10 +69,13 @@ def encode_prompts(
     prepends the tokenizer's BOS token where it adds none, `exclude` takes token 0 out of every span
     (a span of that token alone is not measured), `keep` leaves it (see `sink_notes`)."""
     encodings = tokenizer([p.text for p in prompts], return_offsets_mapping=True, add_special_tokens=True)
+    # bos: the BOS token, else the end-of-text token (lm-eval's prefix token for a scored sentence)
     bos = getattr(tokenizer, "bos_token_id", None)
+    bos = getattr(tokenizer, "eos_token_id", None) if bos is None else bos
     if suite.first_token == "bos" and bos is None:
         raise SuiteError(
-            f"{suite.path}: first_token: bos, but this tokenizer has no BOS token; use first_token: exclude"
+            f"{suite.path}: first_token: bos, but this tokenizer has neither a BOS nor an end-of-text "
+            "token; use first_token: exclude"
         )
     encoded = []
     for prompt, ids, offsets in zip(prompts, encodings["input_ids"], encodings["offset_mapping"]):
@@ -251,6 +254,7 @@ class RunPlan:
     effects_plan: str | None
     settings: dict  # what the fingerprint and the manifest record
     fingerprint: str
+    scored_tokens: dict  # per scored phase (likelihood, multiple_choice, referent_choice): tokens forwarded
 
     @property
     def notes(self) -> list[str]:
@@ -260,10 +264,11 @@ class RunPlan:
     def sharing(self) -> dict:
         return sharing_summary(self.chunks, self.encoded, self.blocker)
 
-    def estimate_seconds(self) -> tuple[float, float]:
-        """(prompts, head effects) in seconds for the reference model on 2 CPU cores."""
+    def estimate_seconds(self) -> tuple[float, float, dict[str, float]]:
+        """(prompts, head effects, {scored phase: seconds}) for the reference model on 2 CPU cores."""
         effects = head_effect_seconds(self.effects, self.effect_items) if self.effects else 0.0
-        return prompt_seconds(len(self.encoded)), effects
+        scored = {phase: scored_seconds(n) for phase, n in self.scored_tokens.items()}
+        return prompt_seconds(len(self.encoded)), effects, scored
 
 
 def refuse_data_directory(directory: Path, suite: Suite) -> None:
@@ -304,7 +309,7 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
     )  # a loaded model keeps its own
     prompts = select_prompts(suite.prompts, options.limit)
     encoded = encode_prompts(suite, prompts, tokenizer, max_positions)
-    scored_within_context(suite, encoded, tokenizer, max_positions)
+    scored = scored_phases(suite, encoded, tokenizer, max_positions)
     longest = max((e.n_forward for e in encoded), default=0)
     blocker = prefix_sharing_blocker(config, longest) if options.share_prefixes else "switched off"
     batches = plan_batches(
@@ -351,18 +356,26 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
         head_effects_plan(items, effects) if effects else None,
         settings,
         fingerprint(settings, options.shard),
+        scored,
     )
 
 
-def scored_within_context(suite: Suite, encoded, tokenizer, max_positions) -> None:
-    """The scored continuations (referent choice, multiple choice) fit the model's context."""
+def scored_phases(suite: Suite, encoded, tokenizer, max_positions) -> dict[str, int]:
+    """The scored continuations (referent choice, multiple choice) fit the model's context; returns
+    the tokens each scored phase forwards (prefixes shared as scoring.py packs them) for the estimate."""
+    phases = {}
     if suite.referent_choice is not None:
         measure, referents = suite.referent_choice, suite.analysis.referents
         sequences = lambda e: referent_choice.sequences(measure, e, tokenizer, referents)
         check_context(encoded, sequences, max_positions, f"the referent_choice question ({measure.origin})")
+        phases["referent_choice"] = forwarded_tokens(encoded, sequences)
     if suite.multiple_choice is not None:
         sequences = lambda e: multiple_choice.sequences(suite.multiple_choice, e, tokenizer)
         check_context(encoded, sequences, max_positions, "the question and its options")
+        phases["multiple_choice"] = forwarded_tokens(encoded, sequences)
+    if suite.likelihood is not None:
+        phases["likelihood"] = forwarded_tokens(encoded, lambda e: (e.ids[:1], {0: ("", e.ids[1:])}))
+    return phases
 
 
 def _effect_chunks(items: list[PatchItem], held_out: set[str]) -> list[list[PatchItem]]:

@@ -29,7 +29,7 @@ from .inference import (
 from .likelihood import sentence_preference
 from .referents import referent_accuracy, referent_choice
 
-TABLES_VERSION = 15  # bump when a table's columns or meaning change: cached tables are recomputed
+TABLES_VERSION = 16  # bump when a table's columns or meaning change: cached tables are recomputed
 
 __all__ = [
     "TABLES_VERSION",

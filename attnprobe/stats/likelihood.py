@@ -70,6 +70,10 @@ def _tested(d: pd.DataFrame, items: pd.DataFrame, analysis) -> dict:
         "ci_low": clip(share["ci_low"]),
         "ci_high": clip(share["ci_high"]),
         "p": float(share["p"][0]),
+        # lm-eval's pct_stereotype: the plain share of items whose positive sentence scores strictly
+        # higher (a tie counts as not), beside the template-weighted share above (a tie counts half)
+        "share_positive_strict": float((d["d"] > 0).mean()),
+        "n_ties": int((d["d"] == 0).sum()),
         "mean_d": float(diff["mean"][0]),
         "mean_d_ci_low": float(diff["ci_low"][0]),
         "mean_d_ci_high": float(diff["ci_high"][0]),

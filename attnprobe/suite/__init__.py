@@ -186,7 +186,9 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
             "attribution is not checked against exact patching (those columns stay empty); keep the "
             "default (8) or set held_out >= 2"
         )
-    first_token = optional_str(ctx, doc, "first_token") or "keep"
+    # scored sentences start after the BOS (or end-of-text) token by default, as lm-eval scores them:
+    # with `keep` a tokenizer that adds none (SmolLM2) would leave each sentence's first word unscored
+    first_token = optional_str(ctx, doc, "first_token") or ("bos" if likelihood is not None else "keep")
     if first_token not in FIRST_TOKEN:
         ctx.fail(
             doc,
