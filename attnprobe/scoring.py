@@ -26,7 +26,7 @@ from .errors import SuiteError
 from .packing import distinct_tokens, neighbour_packs, run_with_shared_prefixes
 from .sharing import prefix_sharing_blocker
 
-LOGIT_BUDGET = 32 * 2**20  # logits (N x V floats) a pass holds at most: 128 MB in float32
+LOGIT_BUDGET = 128 * 2**20  # logits (N x V floats) a pass holds at most: 512 MB in float32
 
 
 def _passes(pairs, sequences, share: bool, batch_size: int, most_picks: int) -> list[list[list[int]]]:

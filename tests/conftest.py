@@ -34,6 +34,10 @@ def _refuse_bundled_weights() -> None:
     AutoModelForCausalLM.from_pretrained = refuse
 
 
+# examples per hypothesis fuzzer: 1,000 in `make test` (its time budget); more with, e.g.,
+# ATTNPROBE_FUZZ_EXAMPLES=20000 make test
+FUZZ_EXAMPLES = int(os.environ.get("ATTNPROBE_FUZZ_EXAMPLES", "1000"))
+
 if os.environ.get("ATTNPROBE_FAST") == "1":
     _refuse_bundled_weights()
 

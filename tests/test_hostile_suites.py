@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 import yaml
+from conftest import FUZZ_EXAMPLES
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -87,7 +88,9 @@ def check(path, text):
     return suite
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(doc=NODES)
 def test_arbitrary_yaml_documents(tmp_path, doc):
     check(tmp_path / "s.yaml", yaml.safe_dump(doc, allow_unicode=True))
@@ -391,7 +394,9 @@ FAULTS = [
 ]
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     sentences=st.lists(PAIR_SENTENCE, min_size=1, max_size=3),
     numbers=st.sampled_from(["same"] * 4 + ["offset", "fewer", "repeated", "blank first line", "unnumbered"]),

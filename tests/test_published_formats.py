@@ -10,6 +10,7 @@ import string
 
 import pandas as pd
 import pytest
+from conftest import FUZZ_EXAMPLES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -112,7 +113,9 @@ def test_a_damaged_csv_is_one_line_naming_where_the_record_starts(tmp_path, text
 CELL = st.text(alphabet=string.ascii_letters + ' ,"\n\r\t#-é', max_size=12)
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     width=st.integers(1, 5),
     data=st.data(),
@@ -232,7 +235,9 @@ def _loads_or_refuses(tmp_path, name):
         return None
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     words=st.lists(st.tuples(WORD, WORD, WORD), min_size=1, max_size=4, unique_by=lambda t: t[0]),
     indent=st.sampled_from([None, 1, 2]),
@@ -273,7 +278,9 @@ BBQ_FIELDS = [
 ]
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     picks=st.lists(st.integers(0, 23), min_size=1, max_size=5),
     damage=st.one_of(st.none(), st.tuples(st.integers(0, 4), st.sampled_from(BBQ_FIELDS), ANY_JSON)),

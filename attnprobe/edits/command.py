@@ -91,12 +91,10 @@ def run_edits(directory, options: EditOptions | None = None, model=None, log=pri
         return _run_edits(directory, options, model, log)
 
 
-def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFrame:
-    run, suite = _run_and_suite(directory)
-    m = run.manifest
-    started = time.monotonic()
-    L, H = m["model"]["n_layers"], m["model"]["n_heads"]
-    listed = listed_heads(options, L, H)  # bad heads, k or text refused before the model loads
+def checked_options(options: EditOptions, manifest: dict, suite) -> tuple:
+    """What the sweep needs from its options, checked before any weights load: the listed heads (or
+    None) and the reference word; a bad head, k, --text or reference is one AttnprobeError."""
+    listed = listed_heads(options, manifest["model"]["n_layers"], manifest["model"]["n_heads"])
     check_text(options.text)
     words = suite.head_effects.replacements
     literal = [w for w in words if per_value_column(w) is None]  # the reference is one word for all items
@@ -105,6 +103,15 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         raise RunError(
             f"--reference {word!r} is not one of the run's counterfactual words: {', '.join(words)}"
         )
+    return listed, word
+
+
+def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFrame:
+    run, suite = _run_and_suite(directory)
+    m = run.manifest
+    started = time.monotonic()
+    L, H = m["model"]["n_layers"], m["model"]["n_heads"]
+    listed, word = checked_options(options, m, suite)
     if model is None:
         log(f"loading {m['model']['spec']} ({m['dtype']})")
         model = load_model(m["model"]["spec"], dtype=m["dtype"])
