@@ -15,6 +15,7 @@ from .errors import (
     SuiteError,
     UnsupportedFamily,
 )
+from .heads import HeadSet
 from .models import DEFAULT_MODEL, ModelInfo, ProbeModel, load_model
 from .suite import Suite, load_suite
 from .verify import verify
@@ -28,6 +29,7 @@ __all__ = [
     "Captured",
     "DEFAULT_MODEL",
     "EditOptions",
+    "HeadSet",
     "ModelInfo",
     "ModelSpecError",
     "ProbeModel",

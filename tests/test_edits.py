@@ -14,7 +14,8 @@ from attnprobe.capture import editing
 from attnprobe.cli import main
 from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, parse_heads
 from attnprobe.edits.estimate import covariate_directions, token_means, token_sample
-from attnprobe.edits.kinds import RowEditor, heads_mask
+from attnprobe.edits.kinds import RowEditor
+from attnprobe.heads import HeadSet
 from attnprobe.patching.engine import record
 
 LAYER, HEAD = 1, 1
@@ -181,7 +182,7 @@ def test_one_call_with_an_edit_per_variant_equals_a_call_per_edit(tiny):
     L, H = tiny.info.n_layers, tiny.info.n_heads
     base = torch.arange(len(ids)).repeat(6)
     which = (torch.arange(len(base)) // 3) % 3  # every edit on every sequence
-    heads = torch.stack([heads_mask(((LAYER, HEAD), (0, v % 2)), L, H) for v in range(len(base))])
+    heads = torch.stack([HeadSet(((LAYER, HEAD), (0, v % 2))).mask(L, H) for v in range(len(base))])
     positive, negative = torch.tensor([[7]] * len(base)), torch.tensor([[11]] * len(base))
     for share in (True, False):
         together = edited_behaviour(
@@ -198,6 +199,14 @@ def test_one_call_with_an_edit_per_variant_equals_a_call_per_edit(tiny):
 
 def test_heads_are_parsed_and_refused_in_one_line():
     assert parse_heads("L1H0, l0h1", 2, 2) == ((1, 0), (0, 1))
+    heads = HeadSet.parse("L1H0, l0h1,L1H0", 2, 3)  # the one vocabulary: text, flat, mask, text again
+    assert heads.pairs == ((1, 0), (0, 1)) and heads.flat(3) == [3, 1] and str(heads) == "L1H0 L0H1"
+    assert HeadSet.from_flat(heads.flat(3), 3) == heads and heads.mask(2, 3).nonzero().tolist() == [
+        [0, 1],
+        [1, 0],
+    ]
+    with pytest.raises(attnprobe.AttnprobeError, match="no heads given"):
+        HeadSet.parse(" , ", 2, 2)
     with pytest.raises(attnprobe.AttnprobeError, match=r"head L40H3 is not in this model \(30 layers L0-L29"):
         parse_heads("L40H3", 30, 9)
     with pytest.raises(attnprobe.AttnprobeError, match="is not of the form L<layer>H<head>"):

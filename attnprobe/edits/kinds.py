@@ -17,7 +17,6 @@ Heads are (layer, head) pairs; `edit.on(heads)` is the same edit on other heads.
 
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
@@ -26,40 +25,15 @@ import torch
 
 from ..capture import editing
 from ..errors import AttnprobeError
+from ..heads import HeadSet
 from ..models import routes_attention
 
 Heads = tuple[tuple[int, int], ...]
 
 
 def parse_heads(text: str, n_layers: int, n_heads: int) -> Heads:
-    """'L26H2,L25H2' (commas or spaces) -> ((26, 2), (25, 2)); a head outside the model is refused."""
-    out = []
-    for part in filter(None, re.split(r"[,\s]+", text.strip())):
-        match = re.fullmatch(r"[Ll](\d+)[Hh](\d+)", part)
-        if not match:
-            raise AttnprobeError(f"head {part!r} is not of the form L<layer>H<head>, e.g. L26H2")
-        layer, head = map(int, match.groups())
-        if layer >= n_layers or head >= n_heads:
-            raise AttnprobeError(
-                f"head {part} is not in this model ({n_layers} layers L0-L{n_layers - 1}, "
-                f"{n_heads} heads H0-H{n_heads - 1} per layer)"
-            )
-        out.append((layer, head))
-    if not out:
-        raise AttnprobeError("no heads given: list them as L<layer>H<head>, e.g. --heads L26H2,L25H2")
-    return tuple(dict.fromkeys(out))
-
-
-def heads_mask(heads: Heads, n_layers: int, n_heads: int) -> torch.Tensor:
-    """(L, H) bool, True at the (layer, head) pairs."""
-    out = torch.zeros(n_layers, n_heads, dtype=torch.bool)
-    for layer, head in heads:
-        out[layer, head] = True
-    return out
-
-
-def heads_label(heads: Heads) -> str:
-    return " ".join(f"L{layer}H{head}" for layer, head in heads)
+    """'L26H2,L25H2' -> ((26, 2), (25, 2)) (HeadSet.parse; a head outside the model is refused)."""
+    return HeadSet.parse(text, n_layers, n_heads).pairs
 
 
 @dataclass(frozen=True)
@@ -78,7 +52,7 @@ class HeadEdit:
 
     def mask(self, n_layers: int, n_heads: int) -> torch.Tensor:
         """(L, H) bool: the edited heads."""
-        return heads_mask(self.heads, n_layers, n_heads)
+        return HeadSet(self.heads).mask(n_layers, n_heads)
 
 
 @dataclass(frozen=True)

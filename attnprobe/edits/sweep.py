@@ -34,13 +34,14 @@ import pandas as pd
 import torch
 
 from ..errors import AttnprobeError
+from ..heads import HeadSet
 from ..patching.engine import Bank
 from ..patching.selection import random_sets, top_heads
 from ..patching.sites import behaviour_rows
 from ..version import __version__
 from .estimate import covariate_directions, last_outputs, token_means, token_sample
 from .inputs import Inputs, text_head
-from .kinds import KINDS, HeadEdit, Heads, heads_label, heads_mask, parse_heads
+from .kinds import KINDS, HeadEdit, Heads, parse_heads
 from .passes import edited_behaviour, edited_text_costs
 
 DEFAULT_KINDS = ("zero", "mean", "project")
@@ -186,10 +187,10 @@ def measure_kind(
     for f in range(4):
         for k, per_fold in sets.items():
             for index in np.flatnonzero(inputs.fold == f):
-                base.append(index), masks.append(heads_mask(per_fold[f], L, H)), keys.append((k, -1, index))
+                base.append(index), masks.append(HeadSet(per_fold[f]).mask(L, H)), keys.append((k, -1, index))
                 if sampled[index]:
                     for r, draw in enumerate(random_by_k[k]):
-                        base.append(index), masks.append(heads_mask(draw, L, H)), keys.append((k, r, index))
+                        base.append(index), masks.append(HeadSet(draw).mask(L, H)), keys.append((k, r, index))
     if base:  # a variant's edit is its item's quarter's
         y = _behaviour(model, inputs.bank, edits, base, masks, inputs.labels, inputs.fold[base])
         frames.append(_rows("bias", keys, y=y))
@@ -200,7 +201,7 @@ def measure_kind(
             random = enumerate(random_by_k[k]) if target == "text" else ()  # the band's cost, not its control
             for r, heads in [(-1, per_fold["all"]), *random]:
                 for index in range(len(bank.lengths)):
-                    base.append(index), masks.append(heads_mask(heads, L, H)), keys.append((k, r, index))
+                    base.append(index), masks.append(HeadSet(heads).mask(L, H)), keys.append((k, r, index))
         if target == "control":
             y = _behaviour(model, bank, everywhere, base, masks, inputs.control_labels)
             frames.append(_rows(target, keys, y=y))
@@ -209,11 +210,11 @@ def measure_kind(
             frames.append(_rows(target, keys, kl=kl.numpy(), loss=loss.numpy()))
         log(f"edit: {kind}, {target} ({time.monotonic() - started:.0f} s)")
     out = pd.concat(frames, ignore_index=True)
-    heads_text = {k: " | ".join(heads_label(per_fold[f]) for f in range(4)) for k, per_fold in sets.items()}
+    heads_text = {k: " | ".join(str(HeadSet(per_fold[f])) for f in range(4)) for k, per_fold in sets.items()}
     out["heads"] = [
-        heads_text[k] if r < 0 else heads_label(random_by_k[k][r]) for k, r in zip(out["k"], out["draw"])
+        heads_text[k] if r < 0 else str(HeadSet(random_by_k[k][r])) for k, r in zip(out["k"], out["draw"])
     ]
-    out["heads_all"] = [heads_label(sets[k]["all"]) for k in out["k"]]
+    out["heads_all"] = [str(HeadSet(sets[k]["all"])) for k in out["k"]]
     return out.assign(kind=kind)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict
 
+from ..heads import HeadSet
 from ..patching.designs import (
     HELD_OUT_DEFAULT,
     SELECT_DEFAULT,
@@ -258,7 +259,7 @@ def summary(
 
 def heads_text(flat, n_heads: int) -> str:
     """Flat head indices l H + h as text: "L10H6 L23H5"."""
-    return " ".join(f"L{i // n_heads}H{i % n_heads}" for i in flat)
+    return str(HeadSet.from_flat(flat, n_heads))
 
 
 def plan_sha256(items: list[PatchItem], measure: HeadEffectsMeasure | None = None) -> str:

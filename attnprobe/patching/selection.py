@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..heads import HeadSet
 from .items import PatchItem, Selection
 
 RANDOM_DRAWS = 20  # random head sets per cross-fitted set: the null of its share (p resolves to 1/21)
@@ -122,7 +123,5 @@ def top_heads(score: np.ndarray, k: int, n_layers: int, n_heads: int) -> list[in
 
 
 def head_mask(flat, n_layers: int, n_heads: int) -> torch.Tensor:
-    """Flat head indices l H + h -> an (L, H) bool mask."""
-    mask = torch.zeros(n_layers * n_heads, dtype=torch.bool)
-    mask[list(flat)] = True
-    return mask.view(n_layers, n_heads)
+    """Flat head indices l H + h -> an (L, H) bool mask (HeadSet.mask)."""
+    return HeadSet.from_flat(flat, n_heads).mask(n_layers, n_heads)

@@ -14,6 +14,7 @@ import math
 import pandas as pd
 
 from ..analysis import few_levels_notes
+from ..heads import HeadSet
 from ..run.reader import RunFiles
 from ..stats import ALPHA, held_out_interaction, run_analysis
 from ..stats.choices import choice_setting
@@ -92,7 +93,7 @@ def headline(run: RunFiles, tables: dict) -> str:
                 parts.append(
                     f"in {len(hits)} of {len(group)} heads the {pos} - {neg} attention to the {target} "
                     f"changes with {analysis.name(analysis.covariate)} (q < {ALPHA}, cluster-robust by "
-                    f"{top['clusters']}), most strongly L{int(top['layer'])}H{int(top['head'])} "
+                    f"{top['clusters']}), most strongly {HeadSet.name(top['layer'], top['head'])} "
                     f"({_fmt(top['interaction_per10'], 4)} per 10 points "
                     f"[{_fmt(top['interaction_per10_ci_low'], 4)}, "
                     f"{_fmt(top['interaction_per10_ci_high'], 4)}], r = {_fmt(top['interaction_r'])}){check}"
@@ -120,8 +121,8 @@ def headline(run: RunFiles, tables: dict) -> str:
             top = hits.loc[hits["level_per10"].abs().idxmax()]
             parts.append(
                 f"{text}the attention to the {target} changes with {analysis.name(analysis.covariate)} in "
-                f"{len(hits)} of {len(group)} heads (q < {ALPHA}), most strongly L{int(top['layer'])}H"
-                f"{int(top['head'])} ({_fmt(top['level_per10'], 4)} per 10 points)"
+                f"{len(hits)} of {len(group)} heads (q < {ALPHA}), most strongly "
+                f"{HeadSet.name(top['layer'], top['head'])} ({_fmt(top['level_per10'], 4)} per 10 points)"
             )
         else:
             parts.append(
@@ -285,8 +286,8 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "n_difference": heads[heads["difference_q"] < ALPHA].groupby("target").size().to_dict()
         if len(heads)
         else {},
-        "strongest": f"L{int(strongest['layer'])}H{int(strongest['head'])} -> {strongest['target']}, {rank} "
-        f"= {strongest[rank]:.2f}"
+        "strongest": f"{HeadSet.name(strongest['layer'], strongest['head'])} -> {strongest['target']}, "
+        f"{rank} = {strongest[rank]:.2f}"
         if strongest is not None
         else "-",
         "view_start": f"{int(strongest['layer'])},{int(strongest['head'])},{strongest['target']}"

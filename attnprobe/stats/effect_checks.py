@@ -7,6 +7,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from ..heads import HeadSet
+
 
 def attention_agreement(rows: pd.DataFrame, head_table: pd.DataFrame) -> dict:
     """Across every head: Spearman of |attention's covariate effect| (the interaction where the
@@ -50,7 +52,7 @@ def attribution_check(head_table: pd.DataFrame, n_held: int, info: dict, te: flo
     }
     suite = set((info.get("exact_heads") or "").split()) - {"all"}
     if suite:
-        names = "L" + head_table["layer"].astype(str) + "H" + head_table["head"].astype(str)
+        names = pd.Series([HeadSet.name(*pair) for pair in zip(head_table["layer"], head_table["head"])])
         score = np.where(np.isfinite(exact), (1.0 if te >= 0 else -1.0) * exact, -np.inf)
         top = set(names.to_numpy()[np.argsort(-score, kind="stable")[: len(suite)]])
         out["heldout_top_overlap"] = len(top & suite)
