@@ -63,6 +63,11 @@ def span_tokens(model_or_tokenizer, text: str, span: str | tuple[int, int]) -> t
 def checked_sentences(sentences, batch_size: int) -> list[str]:
     """The notebook's sentences as a list of text (one string is one sentence), or one line saying
     what is wrong: no sentences, a value that is not text, a batch size below 1."""
+    if not isinstance(sentences, (str, list, tuple)):
+        raise SuiteError(
+            f"sentences is {type(sentences).__name__}; pass text or a list of texts such as "
+            "['The nurse said that [she]']"
+        )
     sentences = [sentences] if isinstance(sentences, str) else list(sentences)
     if not sentences:
         raise SuiteError("no sentences given; pass a list such as ['The nurse said that [she]']")

@@ -76,6 +76,24 @@ def _with_note(html, html_action: str, wait_ms: int):
     return None
 
 
+def _check_indices(n_layers: int, n_heads: int, **given) -> None:
+    """The views' layer and head options (an index or a list of indices) lie in the model: one line
+    naming the option and the range otherwise, not bertviz's IndexError."""
+    for name, value in given.items():
+        if value is None:
+            continue
+        n = n_layers if "layer" in name else n_heads
+        values = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+        ok = isinstance(values, (list, tuple)) and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n for v in values
+        )
+        if not ok:
+            raise AttnprobeError(
+                f"{name}={value!r}: give {'layer' if 'layer' in name else 'head'} indices 0-{n - 1} "
+                f"(this model has {n_layers} layers of {n_heads} heads)"
+            )
+
+
 def head_view(
     model,
     text: str | int,
@@ -92,6 +110,9 @@ def head_view(
     from bertviz import head_view as bertviz_head_view
 
     attention, tokens = _inputs(model, text)
+    _check_indices(
+        len(attention), attention[0].shape[1], layer=layer, heads=heads, include_layers=include_layers
+    )
     html = bertviz_head_view(
         attention, tokens, layer=layer, heads=heads, include_layers=include_layers, html_action="return"
     )
@@ -111,6 +132,8 @@ def model_view(
     from bertviz import model_view as bertviz_model_view
 
     attention, tokens = _inputs(model, text)
+    n_layers, n_heads = len(attention), attention[0].shape[1]
+    _check_indices(n_layers, n_heads, include_layers=include_layers, include_heads=include_heads)
     html = bertviz_model_view(
         attention,
         tokens,
@@ -143,6 +166,10 @@ def attention_view(
         examples = json.loads((run.directory / "examples.json").read_text())
     else:
         examples = _examples(source, [texts] if isinstance(texts, str) else list(texts))
+    if not (isinstance(start, (list, tuple)) and len(start) == 2):
+        raise AttnprobeError(f"start={start!r}: give (layer, head), e.g. start=(26, 2)")
+    shape = examples[0]["shape"] if examples else [0, 0]  # (L, H, rows, T) of the packed weights
+    _check_indices(shape[0], shape[1], start_layer=start[0], start_head=start[1])
     view_id = f"attnprobe-view-{uuid.uuid4().hex}"
     # as Jinja's tojson: no <, > or & in the script block ("</script>" or "<!--<script>" in a text
     # would end it early or keep it open)

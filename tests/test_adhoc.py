@@ -105,6 +105,8 @@ def test_quiet_run_prints_only_results(tiny_llama_dir, tmp_path):
     [
         ([], 8, "no sentences given"),
         ([None], 8, "sentence 1 is NoneType, not text"),
+        (123, 8, "sentences is int; pass text or a list of texts"),
+        ({"a": 1}, 8, "sentences is dict"),
         (["The [nurse] said that [she]"], 0, "batch_size must be a whole number of at least 1, got 0"),
         (["The [nurse] said " + "very " * 2100 + "that [she]"], 8, "more than the model's context of 2,048"),
     ],
@@ -112,3 +114,21 @@ def test_quiet_run_prints_only_results(tiny_llama_dir, tmp_path):
 def test_bad_notebook_input_is_one_line_not_a_traceback(tiny_llama_dir, sentences, batch_size, message):
     with pytest.raises(AttnprobeError, match=re.escape(message)):
         ap.probe(str(tiny_llama_dir), sentences, batch_size=batch_size)
+
+
+@pytest.mark.parametrize(
+    "view, options, message",
+    [
+        ("head_view", {"layer": 7}, "layer=7: give layer indices 0-1 (this model has 2 layers of 2 heads)"),
+        ("head_view", {"heads": [0, 5]}, "heads=[0, 5]: give head indices 0-1"),
+        ("head_view", {"include_layers": "all"}, "include_layers='all'"),
+        ("model_view", {"include_heads": [-1]}, "include_heads=[-1]"),
+        ("attention_view", {"start": (0, 9)}, "start_head=9: give head indices 0-1"),
+        ("attention_view", {"start": 3}, "start=3: give (layer, head)"),
+    ],
+)
+def test_views_refuse_layers_and_heads_outside_the_model_in_one_line(tiny_llama_dir, view, options, message):
+    """Issue 40: out-of-range or mistyped layers and heads were bertviz's IndexError; now one line."""
+    text = "The nurse said that [she] left." if view == "attention_view" else "The nurse said that she left."
+    with pytest.raises(AttnprobeError, match=re.escape(message)):
+        getattr(ap, view)(str(tiny_llama_dir), text, **options)
