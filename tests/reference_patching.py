@@ -29,77 +29,53 @@ T tokens, P patched positions, D head dim, E model width.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from attnprobe.capture import AttentionSite, editing, run_with_capture
 
-MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn")  # a decoder layer's MLP, by family
 MAX_ROWS = 160  # patched variants per forward pass (memory: rows x tokens x model width)
 
 
 def behaviour(logits: torch.Tensor, positive, negative) -> torch.Tensor:
     """y = log p(positive) - log p(negative) from next-token logits (..., V); each side is a token
-    id or a list of ids whose probabilities add up (e.g. " him" + " his" against " her")."""
-    rows = logits.reshape(-1, logits.shape[-1])
-    ids = lambda side: label_ids([torch.as_tensor(side).reshape(-1).tolist()]).expand(len(rows), -1)
-    return behaviour_rows(rows, ids(positive), ids(negative)).reshape(logits.shape[:-1])
+    id or a list of ids whose probabilities add up (e.g. " him" + " his" against " her"). Written
+    from the definition: probabilities in float64, summed per side, then the log ratio."""
+    p = torch.softmax(logits.double(), dim=-1)
+    side = lambda ids: p[..., torch.as_tensor(ids).reshape(-1)].sum(-1)
+    return torch.log(side(positive)) - torch.log(side(negative))
 
 
-def behaviour_rows(logits: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
-    """y per row of logits (B, V), each row with its own label sets: ids (B, K), -1 where a row has
-    fewer than K. Each side is the log of its words' summed probabilities."""
-    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-
-    def side(ids):
-        picked = logp.gather(1, ids.clamp(min=0).to(logp.device))
-        return torch.logsumexp(picked.masked_fill((ids < 0).to(logp.device), float("-inf")), dim=-1)
-
-    return side(positive) - side(negative)
-
-
-def label_ids(sets: list[list[int]]) -> torch.Tensor:
-    """Label id lists -> (n, K), padded with -1."""
-    out = torch.full((len(sets), max(len(s) for s in sets)), -1, dtype=torch.long)
-    for i, ids in enumerate(sets):
-        out[i, : len(ids)] = torch.as_tensor(ids)
-    return out
-
-
-def decoder_layers(model) -> torch.nn.ModuleList:
-    """The model's decoder layers: the module list with one entry per hidden layer (empty if none)."""
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The decoder layers of the families these tests build, by their attribute paths."""
     model = model if isinstance(model, torch.nn.Module) else model.model
-    n = model.config.num_hidden_layers
-    return next(
-        (m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n),
-        torch.nn.ModuleList(),
-    )
+    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
+        found = model
+        for name in path.split("."):
+            found = getattr(found, name, None)
+        if found is not None:
+            return list(found)
+    raise AssertionError(f"the reference knows no layer path of {type(model).__name__}")
 
 
 def mlp_modules(model) -> list[torch.nn.Module] | None:
-    """Each decoder layer's MLP (by the names families use), or None when a layer has none of them."""
-    found = [
-        next(
-            (getattr(layer, n) for n in MLP_NAMES if isinstance(getattr(layer, n, None), torch.nn.Module)),
-            None,
-        )
-        for layer in decoder_layers(model)
-    ]
-    return found if found and all(m is not None for m in found) else None
+    """Each decoder layer's `mlp` module, or None for a family whose layers have none (OPT keeps
+    fc1 and fc2 in the layer itself: no MLP output to patch)."""
+    found = [getattr(layer, "mlp", None) for layer in decoder_layers(model)]
+    return None if any(m is None for m in found) else found
 
 
-@dataclass
 class Activations:
-    """One run's patchable activations: per-head outputs, attention weights and MLP outputs."""
+    """One sequence's patchable activations, by layer: each head's output z (1, H, T, D), its
+    attention weights (1, H, T, T) and the MLP's output (1, T, E). As an editor it only records."""
 
-    outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, H, T, D)
-    weights: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, H, T, T)
-    mlp: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (1, T, E)
+    def __init__(self):
+        self.outputs, self.weights, self.mlp = {}, {}, {}
 
-    def __call__(self, site: AttentionSite) -> torch.Tensor:  # an editor that records and changes nothing
-        self.outputs[site.layer] = site.output.detach()
-        self.weights[site.layer] = site.weights().detach()
+    def __call__(self, site: AttentionSite) -> torch.Tensor:
+        layer = site.layer
+        self.outputs[layer], self.weights[layer] = site.output.detach(), site.weights().detach()
         return site.output
 
 
@@ -157,29 +133,6 @@ class Patch:
 
 
 @contextmanager
-def mlp_outputs(modules, change):
-    """Forward hooks on each layer's MLP: `change(layer, out)` sees its output (B, T, E) and returns
-    the output to use instead, or None to keep it (MoE blocks' extra outputs pass through)."""
-
-    def hook(layer):
-        def replace(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output  # MoE blocks add router logits
-            new = change(layer, out)
-            if new is None:
-                return output
-            return (new, *output[1:]) if isinstance(output, tuple) else new
-
-        return replace
-
-    handles = [m.register_forward_hook(hook(layer)) for layer, m in enumerate(modules or [])]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-@contextmanager
 def mlp_hooks(
     modules,
     rows: torch.Tensor | None = None,
@@ -204,8 +157,16 @@ def mlp_hooks(
         )
         return out
 
-    with mlp_outputs(modules, change):
+    # the families these tests build return the MLP's output as a plain tensor
+    handles = [
+        m.register_forward_hook(lambda module, args, out, layer=layer: change(layer, out))
+        for layer, m in enumerate(modules or [])
+    ]
+    try:
         yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -334,38 +295,22 @@ def effects(
     return result
 
 
-@dataclass
-class Gradients:
-    """Editor for attribution: recomputes each head's output from weights that keep their gradient,
-    and (with `mlp_outputs(modules, gradients.keep_mlp)`) keeps each MLP output's gradient. Where
-    nothing requires a gradient yet (the weights' gradients off: the first layer), the tensor becomes
-    the leaf."""
+class _Tape:
+    """Editor for attribution: each layer's attention weights and per-head output as tensors in the
+    autograd graph (weights recomputed by the site, output = weights @ values), kept by layer so that
+    torch.autograd.grad can differentiate y with respect to them afterwards."""
 
-    weights: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, H, T, T)
-    outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, H, T, D)
-    mlp: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, T, E)
+    def __init__(self):
+        self.weights: dict[int, torch.Tensor] = {}  # layer -> (1, H, T, T)
+        self.outputs: dict[int, torch.Tensor] = {}  # layer -> (1, H, T, D)
 
     def __call__(self, site: AttentionSite) -> torch.Tensor:
-        weights = _keep_gradient(site.weights())
-        output = torch.matmul(weights.to(site.value.dtype), site.values())
-        output.retain_grad()
-        self.weights[site.layer], self.outputs[site.layer] = weights, output
-        return output
-
-    def keep_mlp(self, layer: int, out: torch.Tensor) -> None:
-        self.mlp[layer] = _keep_gradient(
-            out
-        )  # a parallel block's first MLP (GPT-NeoX, GPT-J) depends on no attention
-
-
-def _keep_gradient(x: torch.Tensor) -> torch.Tensor:
-    """x with its gradient kept after backward: retained, or x made a leaf where nothing upstream needs
-    one."""
-    if x.requires_grad:
-        x.retain_grad()
-    else:
-        x.requires_grad_(True)
-    return x
+        weights = site.weights()
+        if not weights.requires_grad:  # nothing upstream needs a gradient: make it a leaf
+            weights.requires_grad_(True)
+        self.weights[site.layer] = weights
+        self.outputs[site.layer] = torch.matmul(weights.to(site.value.dtype), site.values())
+        return self.outputs[site.layer]
 
 
 def attribution(
@@ -374,23 +319,25 @@ def attribution(
     """First-order estimates of every head's patch-in effect, from one forward and one backward
     pass of x: (z' - z) . dy/dz over the aligned positions (output) and (A' - A) . dy/dA (pattern,
     equal lengths only; NaN otherwise). Returns attribution_output and attribution_pattern (L, H)."""
-    grads = Gradients()
+    tape = _Tape()
     module = model if isinstance(model, torch.nn.Module) else model.model
     ids = x[None]
-    with torch.enable_grad(), editing(grads):
+    with torch.enable_grad(), editing(tape):
         out = module(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
-        behaviour(out.logits[0, -1], positive, negative).backward()
+        y = behaviour(out.logits[0, -1], positive, negative)
+        zs = [tape.outputs[layer] for layer in range(n_layers)]
+        ws = [tape.weights[layer] for layer in range(n_layers)]
+        gradients = torch.autograd.grad(y, zs + ws, allow_unused=True)
+    dz_dy, dw_dy = gradients[:n_layers], gradients[n_layers:]
     output, pattern = [], []
-    for layer in range(n_layers):
-        z, w = grads.outputs[layer], grads.weights[layer]
+    for layer, (z, w) in enumerate(zip(zs, ws)):
         dz = donor.outputs[layer][:, :, at_cf].to(z.dtype) - z.detach()[:, :, at]  # (1, H, P, D)
-        output.append((dz * z.grad[:, :, at]).sum((0, 2, 3)))
-        if same_length:
+        output.append((dz * dz_dy[layer][:, :, at]).sum((0, 2, 3)))
+        if same_length and dw_dy[layer] is not None:
             dw = donor.weights[layer][:, :, at_cf].to(w.dtype) - w.detach()[:, :, at]  # (1, H, P, S)
-            pattern.append((dw * w.grad[:, :, at]).sum((0, 2, 3)))
+            pattern.append((dw * dw_dy[layer][:, :, at]).sum((0, 2, 3)))
         else:
             pattern.append(torch.full_like(output[-1], float("nan")))
-    module.zero_grad(set_to_none=True)
     return {
         "attribution_output": torch.stack(output).detach().double(),
         "attribution_pattern": torch.stack(pattern).detach().double(),
