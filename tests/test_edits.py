@@ -1,6 +1,7 @@
 """Head edits: each kind equals its definition, checked against weight surgery or the recorded
 outputs; `attnprobe edit` end to end on a tiny model; bad input in one line."""
 
+import shutil
 import textwrap
 
 import numpy as np
@@ -222,6 +223,7 @@ OCCUPATIONS = [
 def _edit_suite(tmp_path):
     rows = "".join(f"{o}\t{p}\n" for o, p in OCCUPATIONS)
     (tmp_path / "jobs.tsv").write_text("occupation\tbls_pct_female\n" + rows)
+    shutil.copy("probes/edits/definitional.tsv", tmp_path / "definitional.tsv")
     path = tmp_path / "e.yaml"
     path.write_text(
         textwrap.dedent("""\
@@ -241,6 +243,7 @@ def _edit_suite(tmp_path):
           negative: male
           clusters: [occupation, template]
           covariate: occupation.bls_pct_female
+        control: {file: definitional.tsv, words: {female: " she", male: " he"}}
         head_effects:
           cut: pronoun
           positive: female
@@ -335,3 +338,34 @@ def test_edit_refuses_a_run_without_head_effects(tiny_llama_dir, tmp_path):
     assert CliRunner().invoke(main, [*args, "--no-head-effects"]).exit_code == 0
     bad = CliRunner().invoke(main, ["edit", str(out)])
     assert bad.exit_code == 2 and "this run has no head effects" in bad.output
+
+
+def test_edit_needs_the_suites_control_and_reads_it_from_there(tiny_llama_dir, tmp_path):
+    """Nothing about a contrast lives in the edit code (issue 37): a suite without `control:` is
+    refused before weights load; a control file naming a label the contrast lacks is one line."""
+    suite, out = _edit_suite(tmp_path), tmp_path / "run"
+    text = suite.read_text()
+    suite.write_text(
+        text.replace('control: {file: definitional.tsv, words: {female: " she", male: " he"}}\n', "")
+    )
+    args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    bad = CliRunner().invoke(main, ["edit", str(out)])
+    assert (
+        bad.exit_code == 2
+        and "declare them in the suite: control:" in bad.output
+        and "loading" not in bad.output
+    )
+    (tmp_path / "definitional.tsv").write_text("prompt\tlabel\nThe king said that\tman\n")
+    suite.write_text(text)
+    from attnprobe.suite import load_suite
+
+    with pytest.raises(
+        attnprobe.SuiteError, match=r"definitional.tsv:2: label 'man' is none of the control's words"
+    ):
+        load_suite(suite)
+    suite.write_text(text.replace('male: " he"', 'boy: " he"'))
+    with pytest.raises(
+        attnprobe.SuiteError, match=r"`words` must name the contrast's labels female and male"
+    ):
+        load_suite(suite)

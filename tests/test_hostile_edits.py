@@ -3,6 +3,7 @@ and checked against its hash, damaged or missing edit artefacts recomputed or re
 options validated before weights load, --text read only as far as needed, and interruptions (Ctrl-C
 and kill) that leave tables identical to an uninterrupted sweep."""
 
+import functools
 import os
 import random
 import shutil
@@ -242,12 +243,11 @@ def test_fuzzed_edit_options_are_accepted_or_one_line_before_weights(
     from attnprobe.edits import EditOptions
     from attnprobe.edits.command import checked_options
     from attnprobe.errors import AttnprobeError
-    from attnprobe.suite import load_suite
 
     (tmp_path / "empty.txt").write_text(" \n")
     (tmp_path / "text.txt").write_text("The market opened early.")
     manifest = attnprobe.Run(edited_run).manifest
-    suite = load_suite(manifest["suite"]["path"])
+    suite = _suite_of(manifest["suite"]["path"])
     try:
         options = EditOptions(
             kinds=tuple(kinds),
@@ -263,3 +263,10 @@ def test_fuzzed_edit_options_are_accepted_or_one_line_before_weights(
         assert "\n" not in str(error) and str(error)
         return
     assert word in suite.head_effects.replacements and (listed is None or len(listed) >= 1)
+
+
+@functools.cache
+def _suite_of(path: str):
+    from attnprobe.suite import load_suite
+
+    return load_suite(path)

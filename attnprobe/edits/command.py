@@ -61,6 +61,11 @@ def _run_and_suite(directory: Path):
         )
     if not isinstance(suite.head_effects, SlotSwap):
         raise RunError(f"{path}: edits measure a next-token behaviour; its head_effects use sentence pairs")
+    if suite.control is None:
+        raise RunError(
+            f"{path}: edits check that definitional words stay right (the control); declare them in "
+            'the suite: control: {file: definitional.tsv, words: {<positive>: " word", <negative>: " word"}}'
+        )
     if not suite.head_effects.covariate:
         raise RunError(
             f"{path}: edits measure the gradient of the behaviour over the suite's covariate, and this "
@@ -118,10 +123,10 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     weights = _same_model(directory, m, model)
     plan = plan_run(suite, model, RunOptions(limit=m["settings"]["limit"], out=directory, log=log))
     items, measure = plan.effect_items, plan.effects
-    if measure.positive != "female" or measure.negative != "male":
-        log("note: the definitional control scores she (female) against he (male); this run's labels differ")
     log(f"edit: recording {len(items)} items, their {word!r} versions, the control prompts and texts")
-    inputs = record_inputs(model, items, word, options.seed, options.text)
+    inputs = record_inputs(
+        model, items, word, options.seed, options.text, suite.control, (measure.positive, measure.negative)
+    )
     covariate = {i.item_id: i.covariate for i in items}
     head_items, totals = run.head_effect_items, run.head_effect_totals
     fold_of = dict(zip([i.item_id for i in items], inputs.fold))

@@ -1,14 +1,15 @@
 """What every edit kind is measured on, recorded once: the head-effects items and their reference
-counterfactuals, the definitional prompts (probes/edits/definitional.tsv), text the original model
-writes from neutral openings (probes/edits/openings.txt, seeded) and pieces of the user's --text."""
+counterfactuals, the suite's definitional control prompts (its `control:` block), text the original
+model writes from neutral openings (data/openings.txt, shipped with the package; seeded) and pieces
+of the user's --text."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
 from ..errors import AttnprobeError, RunError
@@ -17,12 +18,11 @@ from ..patching.items import PatchItem
 from ..patching.selection import folds, opposite
 from ..patching.sites import label_ids
 
-DATA = Path(__file__).resolve().parents[2] / "probes" / "edits"
+OPENINGS = files("attnprobe.edits") / "data" / "openings.txt"
 GENERATED_TOKENS = 24  # per neutral opening
 TEXT_TOKENS = 1024  # at most this many tokens of --text, in pieces of TEXT_PIECE
 TEXT_PIECE = 128
 TEXT_BYTES = 256 * 1024  # read of --text: 256 bytes per token allowed
-CONTROL_WORDS = ("she", "he")  # the definitional prompts' positive (female) and negative (male) words
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Inputs:
     text_is_user: np.ndarray  # (n texts,) True for pieces of --text
     clean_logp: list[torch.Tensor]
     labels: torch.Tensor  # (N, 2, K) each item's positive and negative label ids (-1 padded)
-    control_labels: torch.Tensor  # (M, 2, K) " she" and " he" for every definitional prompt
+    control_labels: torch.Tensor  # (M, 2, K) the positive and negative label's word for every control prompt
 
     def training(self, fold: int) -> np.ndarray:
         """The folds the heads and parameters tested on `fold` come from: the opposite one, or
@@ -53,9 +53,12 @@ class Inputs:
         return np.array([g for g in range(4) if g // 2 != fold // 2])
 
 
-def record_inputs(model, items: list[PatchItem], reference_word: str, seed: int, text: str | None) -> Inputs:
+def record_inputs(
+    model, items: list[PatchItem], reference_word: str, seed: int, text: str | None, control, labels: tuple
+) -> Inputs:
     """Record the clean runs the edits read: the items, their reference counterfactuals, the
-    definitional prompts, the neutral texts (generated here) and pieces of --text."""
+    suite's control prompts (`control`: suite.control.Control; `labels`: the positive and negative
+    label), the neutral texts (generated here) and pieces of --text."""
     fold_of = folds(items)
     fold = np.array([fold_of[i.item_id] for i in items])
     with_reference = [(i, cf) for i in items for cf in i.counterfactuals if cf.word == reference_word]
@@ -65,9 +68,8 @@ def record_inputs(model, items: list[PatchItem], reference_word: str, seed: int,
             "counterfactual words"
         )
     tokenizer = model.tokenizer
-    control = pd.read_csv(DATA / "definitional.tsv", sep="\t")
-    control_ids = [torch.tensor(tokenizer(p)["input_ids"]) for p in control["prompt"]]
-    words = [tokenizer(f" {w}", add_special_tokens=False)["input_ids"][:1] for w in CONTROL_WORDS]
+    control_ids = [torch.tensor(tokenizer(p)["input_ids"]) for p in control.prompts]
+    words = [tokenizer(control.word(label), add_special_tokens=False)["input_ids"][:1] for label in labels]
     generated, pieces = generated_texts(model, seed), user_text(model, text)
     text_bank = record(model, generated + pieces)
     return Inputs(
@@ -79,7 +81,7 @@ def record_inputs(model, items: list[PatchItem], reference_word: str, seed: int,
         reference=record(model, [cf.x_cf for _, cf in with_reference]),
         reference_fold=np.array([fold_of[i.item_id] for i, _ in with_reference]),
         control=record(model, control_ids),
-        control_sign=np.where(control["label"].to_numpy() == "female", 1.0, -1.0),
+        control_sign=np.where(np.array(control.labels) == labels[0], 1.0, -1.0),
         texts=text_bank,
         text_is_user=np.arange(len(generated) + len(pieces)) >= len(generated),
         clean_logp=clean_logp(model, text_bank),
@@ -108,7 +110,7 @@ def clean_logp(model, bank: Bank) -> list[torch.Tensor]:
 def generated_texts(model, seed: int) -> list[torch.Tensor]:
     """The original model's continuations of the neutral openings: seeded sampling (top 40 tokens,
     temperature 1), GENERATED_TOKENS new tokens each; the opening's tokens included."""
-    openings = [line for line in (DATA / "openings.txt").read_text().splitlines() if line.strip()]
+    openings = [line for line in OPENINGS.read_text().splitlines() if line.strip()]
     out = []
     with torch.random.fork_rng():  # the user's random state is left as it was
         torch.manual_seed(seed)

@@ -30,6 +30,7 @@ from ..measures import (
 from ..spans import spread_key, token_spans
 from ..yamllines import Context, Map, as_list, optional_str, required_str, safe_load_with_lines
 from .analysis import parse_analysis, value_of
+from .control import parse_control
 from .sentences import load_sentence_sets, sentence_prompts
 from .slots import load_slots
 from .templates import check_size, expand, load_templates, new_value_notes
@@ -55,6 +56,7 @@ _TOP_KEYS = {
     "referent_choice",
     "likelihood",
     "multiple_choice",
+    "control",
 }
 
 __all__ = [
@@ -201,6 +203,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
         referent_choice=referent_choice,
         likelihood=likelihood,
         multiple_choice=multiple_choice,
+        control=parse_control(ctx, doc, analysis),
         name=name,
         description=description,
         model=optional_str(ctx, doc, "model"),

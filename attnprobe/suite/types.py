@@ -114,4 +114,5 @@ class Suite:
     referent_choice: object | None = None  # ReferentChoiceMeasure: which referent a scored continuation names
     likelihood: object | None = None  # LikelihoodMeasure: which sentence of a pair the model finds likelier
     multiple_choice: object | None = None  # MultipleChoiceMeasure: which option the model picks
+    control: object | None = None  # suite.control.Control: definitional prompts an edit should keep right
     data_files: tuple[str, ...] = ()  # every data file the suite read (resolved paths)
