@@ -270,3 +270,21 @@ def _suite_of(path: str):
     from attnprobe.suite import load_suite
 
     return load_suite(path)
+
+
+def test_too_few_items_for_the_random_comparison_give_a_note_not_a_floor_p(tiny_llama_dir, tmp_path):
+    """Issue 40: with a handful of items the sampled slope is undefined; random_p was then reported
+    at its floor. Now it is empty, and the table and the log say why."""
+    suite, out = _edit_suite(tmp_path), tmp_path / "run"
+    jobs = tmp_path / "jobs.tsv"
+    jobs.write_text("".join(jobs.read_text().splitlines(keepends=True)[:3]))  # two occupations
+    args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    result = CliRunner().invoke(main, ["edit", str(out), "--kinds", "zero", "--k", "1", "--draws", "3"])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "edits.csv")
+    assert table["n_sampled"].iloc[0] < 3 and table["random_p"].isna().all()
+    assert (
+        "no p against random heads" in table["note"].iloc[0]
+        and "note: the random-set comparison" in result.output
+    )

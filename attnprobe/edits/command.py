@@ -166,6 +166,8 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     write_table(directory, "edits", summary)
     write_table(directory, "edits_draws", draws)
     figure(edit_frontier(summary, draws), directory / "figures", "edit_frontier", FRONTIER_ALT)
+    for note in dict.fromkeys(n for n in summary.get("note", []) if n):
+        log(f"note: {note}")
     log(f"edit: edits.csv, edits_draws.csv and figures/edit_frontier.png in {directory}")
     return summary
 

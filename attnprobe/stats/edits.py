@@ -87,14 +87,22 @@ def edit_tables(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
                 }
             )
         removed = np.array(removed)
+        # too few sampled items (or one covariate value among them) leave no slope to compare: no p
+        # rather than the smallest p the draws allow
+        compared = len(removed) > 0 and np.isfinite(found)
+        n_values = len(np.unique(x[np.isin(items.index, sampled)]))
         row.update(
             n_sampled=len(sampled),
             gradient_removed_sampled=found,
             n_random=len(removed),
             random_removed_mean=removed.mean() if len(removed) else np.nan,
             random_removed_q95=np.quantile(removed, 0.95) if len(removed) else np.nan,
-            random_percentile=100 * (removed < found).mean() if len(removed) else np.nan,
-            random_p=(1 + (removed >= found).sum()) / (1 + len(removed)) if len(removed) else np.nan,
+            random_percentile=100 * (removed < found).mean() if compared else np.nan,
+            random_p=(1 + (removed >= found).sum()) / (1 + len(removed)) if compared else np.nan,
+            note=""
+            if compared or not len(removed)
+            else f"the random-set comparison rests on {len(sampled)} sampled items with {n_values} covariate "
+            "value(s): no gradient there, so no p against random heads; use more items",
             clusters="unit x template",
             n_clusters=" x ".join(str(len(np.unique(c))) for c in clusters),
             test="cluster-robust slope, CR2 by unit x template (two-way)",
