@@ -17,6 +17,7 @@ from .errors import (
 )
 from .heads import HeadSet
 from .models import DEFAULT_MODEL, ModelInfo, ProbeModel, load_model
+from .readout import linear_readout
 from .suite import Suite, load_suite
 from .verify import verify
 from .version import __version__
@@ -46,6 +47,7 @@ __all__ = [
     "edits",
     "encode",
     "head_view",
+    "linear_readout",
     "load_model",
     "load_suite",
     "merge_shards",
