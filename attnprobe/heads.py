@@ -27,16 +27,16 @@ class HeadSet:
         object.__setattr__(self, "pairs", tuple(dict.fromkeys((int(l), int(h)) for l, h in self.pairs)))
 
     @classmethod
-    def parse(cls, text: str, n_layers: int, n_heads: int) -> HeadSet:
-        """'L26H2,L25H2' (commas or spaces, any case) -> HeadSet; a head outside the model, a word of
-        another form or no head at all is one error."""
+    def parse(cls, text: str, n_layers: int | None = None, n_heads: int | None = None) -> HeadSet:
+        """'L26H2,L25H2' (commas or spaces, any case) -> HeadSet; a head outside the model (when its
+        sizes are given), a word of another form or no head at all is one error."""
         out = []
         for part in filter(None, re.split(r"[,\s]+", text.strip())):
             match = _HEAD.fullmatch(part)
             if not match:
                 raise AttnprobeError(f"head {part!r} is not of the form L<layer>H<head>, e.g. L26H2")
             layer, head = map(int, match.groups())
-            if layer >= n_layers or head >= n_heads:
+            if n_layers is not None and (layer >= n_layers or head >= n_heads):
                 raise AttnprobeError(
                     f"head {part} is not in this model ({n_layers} layers L0-L{n_layers - 1}, "
                     f"{n_heads} heads H0-H{n_heads - 1} per layer)"

@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .stats.inference import holm
+
 ALPHAS = np.logspace(-3, 5, 17)  # ridge penalties tried, relative to the mean squared singular value
 
 
@@ -163,12 +165,3 @@ def linear_readout(
     table["p_holm"] = holm(table["p_permutation"].to_numpy())  # over the layers looked at together
     table["p_floor"] = 1 / (1 + permutations)  # the smallest p the draws allow, before the adjustment
     return table.assign(n_units=len(units), span=span, covariate=analysis.name(analysis.covariate))
-
-
-def holm(p: np.ndarray) -> np.ndarray:
-    """Holm's step-down adjustment of p-values over the rows of one table."""
-    order = np.argsort(p)
-    adjusted = np.minimum(1, np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order]))
-    out = np.empty_like(adjusted)
-    out[order] = adjusted
-    return out

@@ -285,6 +285,9 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     assert edits["definitional_accuracy_before"].between(0, 1).all()
     draws = pd.read_csv(out / "edits_draws.csv")
     assert len(draws) == 5 * 2 * 3
+    # the null's floor: a 2-head layer leaves one other head, so each null has one possible set
+    assert (edits["random_sets_possible"] == 1).all() and (edits["random_p_floor"] == 0.5).all()
+    assert (edits["random_p_holm"] >= np.maximum(edits["random_p"], edits["random_p_floor"]) - 1e-12).all()
     for r in edits.itertuples():  # where the found heads fall among the random draws
         removed = draws[(draws.kind == r.kind) & (draws.k == r.k)].gradient_removed_sampled
         assert np.isclose(r.random_percentile, 100 * (removed < r.gradient_removed_sampled).mean())
@@ -369,3 +372,12 @@ def test_edit_needs_the_suites_control_and_reads_it_from_there(tiny_llama_dir, t
         attnprobe.SuiteError, match=r"`words` must name the contrast's labels female and male"
     ):
         load_suite(suite)
+
+
+def test_the_random_nulls_floor_counts_the_sets_it_can_draw():
+    """Issue 38: 20 draws of one other head of a 9-head layer are at most 8 different sets, so p
+    cannot go below 1/9 whatever the draws say; two heads of one layer: C(7, 2) = 21 sets."""
+    from attnprobe.stats.edits import possible_sets
+
+    assert possible_sets("L26H2", 9) == 8 and possible_sets("L26H2 L26H5", 9) == 21
+    assert possible_sets("L26H2 L25H1", 9) == 64 and possible_sets("L1H0 L1H1", 2) == 1

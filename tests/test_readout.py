@@ -27,7 +27,7 @@ def test_linear_readout_end_to_end_per_layer(tiny_llama_dir, tmp_path):
 
 
 def test_holm_adjusts_over_the_layers():
-    from attnprobe.readout import holm
+    from attnprobe.stats.inference import holm
 
     p = np.array([0.01, 0.04, 0.03, 0.5])
     assert np.allclose(holm(p), [0.04, 0.09, 0.09, 0.5])  # 4 x 0.01; max(3 x 0.03, .); 2 x 0.04 -> 0.09

@@ -161,7 +161,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
                 )
     raw = pd.concat(frames, ignore_index=True)
     write_table(directory, "edits_items", raw)
-    summary, draws = edit_tables(raw)
+    summary, draws = edit_tables(raw, H)
     summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
     write_table(directory, "edits", summary)
     write_table(directory, "edits_draws", draws)

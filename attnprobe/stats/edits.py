@@ -15,10 +15,13 @@ per edit kind and k, on the head-effects items (clusters: unit x template, two-w
 
 from __future__ import annotations
 
+from math import comb
+
 import numpy as np
 import pandas as pd
 
-from .inference import cluster_mean_test, cluster_slope_test
+from ..heads import HeadSet
+from .inference import cluster_mean_test, cluster_slope_test, holm
 
 PER = 10
 
@@ -33,8 +36,18 @@ def _bias(raw: pd.DataFrame, kind: str, k: int, draw: int) -> pd.Series:
     return rows.set_index("index")["y"]
 
 
-def edit_tables(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(edits: one row per kind and k, draws: one row per random head set)."""
+def possible_sets(heads: str, n_heads: int) -> int:
+    """How many different random sets the null can draw for the found heads `heads` ("L26H2 L25H2"):
+    per layer, c of its other H - c heads (of all H where fewer than c others remain)."""
+    counts = pd.Series([HeadSet.parse(h).pairs[0][0] for h in heads.split()]).value_counts()
+    return int(np.prod([comb(n_heads - c, c) if n_heads - c >= c else comb(n_heads, c) for c in counts]))
+
+
+def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(edits: one row per kind and k, draws: one row per random head set). With `n_heads`, each row
+    also gets the smallest p its null can give (random_p_floor: 1 / (1 + the draws, or the different
+    sets there are when fewer: 20 draws among 8 possible sets are 8 alternatives)) and Holm's
+    adjustment over the table's rows of p taken at least at its floor (random_p_holm)."""
     items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index").sort_index()
     x = items["covariate"].to_numpy(dtype=float)
     clusters = [pd.factorize(items["unit"])[0], pd.factorize(items["template_id"])[0]]
@@ -107,8 +120,16 @@ def edit_tables(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
             n_clusters=" x ".join(str(len(np.unique(c))) for c in clusters),
             test="cluster-robust slope, CR2 by unit x template (two-way)",
         )
+        if n_heads is not None and row["heads_all"]:
+            row["random_sets_possible"] = possible_sets(row["heads_all"], n_heads)
+            row["random_p_floor"] = 1 / (1 + min(len(removed), row["random_sets_possible"]))
         summary.append(row)
-    return pd.DataFrame(summary), pd.DataFrame(draws)
+    summary = pd.DataFrame(summary)
+    if "random_p_floor" in summary:
+        tested = summary["random_p"].notna()
+        floored = np.maximum(summary.loc[tested, "random_p"], summary.loc[tested, "random_p_floor"])
+        summary.loc[tested, "random_p_holm"] = holm(floored.to_numpy())
+    return summary, pd.DataFrame(draws)
 
 
 def _removed(x, before, after, index, sampled) -> float:

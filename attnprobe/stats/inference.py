@@ -28,6 +28,16 @@ ALPHA = 0.05
 N_BOOT = 2000
 
 
+def holm(p: np.ndarray) -> np.ndarray:
+    """Holm's step-down adjustment of p-values over the rows of one table."""
+    p = np.asarray(p, dtype=float)
+    order = np.argsort(p)
+    adjusted = np.minimum(1, np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order]))
+    out = np.empty_like(adjusted)
+    out[order] = adjusted
+    return out
+
+
 def bh_qvalues(p: np.ndarray) -> np.ndarray:
     """Benjamini-Hochberg q-values in the input order, over the finite p-values only (NaN stays NaN)."""
     p = np.asarray(p, dtype=float)
