@@ -314,6 +314,7 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     assert CliRunner().invoke(main, ["report", str(out)]).exit_code == 0
     html = (out / "report.html").read_text()
     assert "Editing the heads (attnprobe edit)" in html and html.count('<td class="text">project</td>') == 2
+    assert "<th>its floor</th>" in html and "<td>0.5</td>" in html  # the null's floor, shown
     pd.testing.assert_frame_equal(attnprobe.Run(out).edits, pd.read_parquet(out / "edits.parquet"))
     # bad input: one line each
     for extra, message in (
