@@ -132,7 +132,7 @@ def test_fuzzed_csv_written_by_the_csv_module_reads_back_cell_for_cell(tmp_path,
     rows = data.draw(st.lists(row, max_size=6))
     if newline == "\n":  # the writer quotes only the terminator's characters: a bare CR would end a row
         rows = [[c.replace("\r", "") for c in r] for r in rows]
-        rows = [r for r in rows if any(c.strip() for c in r)]
+        rows = [r for r in rows if any(c.strip() for c in r) and not r[0].startswith("#")]
     buffer = io.StringIO(newline="")
     csv.writer(buffer, lineterminator=newline).writerows([header, *rows])
     path = tmp_path / "f.csv"
