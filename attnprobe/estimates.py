@@ -7,7 +7,7 @@ device is unknown until its first chunk.
 
 from __future__ import annotations
 
-from .packing import neighbour_packs
+from .packing import sorted_packs
 
 SCORED_BATCH = 256  # sequences per scored pass (run options' default batch size)
 
@@ -41,8 +41,7 @@ def forwarded_tokens(encoded, sequences) -> int:
         scored = sequences(e)
         if scored is not None and scored[1]:
             rows += [tuple(scored[0]) + tuple(tail) for _, tail in scored[1].values()]
-    order = sorted(range(len(rows)), key=lambda i: rows[i])
-    return sum(neighbour_packs(rows, order, SCORED_BATCH)[1])
+    return sum(sorted_packs(rows, SCORED_BATCH)[1])
 
 
 def head_effect_seconds(measure, items, parameters: float = REFERENCE_PARAMETERS) -> float:

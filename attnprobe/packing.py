@@ -52,6 +52,12 @@ def neighbour_packs(sequences: list[tuple[int, ...]], order: list[int], most: in
     return packs, sizes
 
 
+def sorted_packs(sequences: list[tuple[int, ...]], most: int) -> tuple[list, list]:
+    """neighbour_packs over the sequences in token order (the leaves of their trie, left to right)."""
+    order = sorted(range(len(sequences)), key=sequences.__getitem__)
+    return neighbour_packs(sequences, order, most)
+
+
 def pack_trie(sequences: list[tuple[int, ...]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
     """Token id sequences as one trie: (tokens, depths, parents, where) with one entry per distinct
     prefix, so a token shared by several sequences' prefixes appears once; a node comes after its

@@ -23,7 +23,7 @@ import torch
 
 from .capture import pad_right, run_with_capture
 from .errors import SuiteError
-from .packing import distinct_tokens, neighbour_packs, run_with_shared_prefixes
+from .packing import distinct_tokens, run_with_shared_prefixes, sorted_packs
 from .sharing import prefix_sharing_blocker
 
 LOGIT_BUDGET = 128 * 2**20  # logits (N x V floats) a pass holds at most: 512 MB in float32
@@ -33,9 +33,8 @@ def _passes(pairs, sequences, share: bool, batch_size: int, most_picks: int) -> 
     """Whole packs per pass (one sequence a pack without sharing), at most `batch_size` sequences and
     `most_picks` scored tokens a pass (one sequence alone may exceed it); packs ordered by their
     distinct tokens so a pass pads little."""
-    order = sorted(range(len(sequences)), key=lambda i: sequences[i])
     packs = []
-    for pack in neighbour_packs(sequences, order, batch_size if share else 1)[0]:
+    for pack in sorted_packs(sequences, batch_size if share else 1)[0]:
         packs.append([])
         picks = 0  # a pack is cut where its scored tokens would exceed the budget
         for i in pack:

@@ -21,7 +21,7 @@ from contextlib import ExitStack
 import torch
 
 from ..capture import editing, picked_logits
-from ..packing import neighbour_packs, pack_trie, packed_inputs
+from ..packing import pack_trie, packed_inputs, sorted_packs
 from ..patching.engine import ROW_TOKENS, Bank, lowest_layer, narrowed_head, plan_passes, skipping
 from ..patching.sites import behaviour_rows
 from ..sharing import prefix_sharing_blocker
@@ -83,8 +83,7 @@ def _packed_groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_toke
         for s in head_set.unique().tolist():
             members = group[head_set == s].tolist()
             sequences = [_sequence(bank, int(base[v])) for v in members]
-            order = sorted(range(len(members)), key=sequences.__getitem__)
-            found, counts = neighbour_packs(sequences, order, len(members))
+            found, counts = sorted_packs(sequences, len(members))
             packs += [[members[i] for i in pack] for pack in found]
             sizes += counts
         sizes = torch.tensor(sizes)

@@ -366,16 +366,23 @@ def scored_phases(suite: Suite, encoded, tokenizer, max_positions) -> dict[str, 
     phases = {}
     if suite.referent_choice is not None:
         measure, referents = suite.referent_choice, suite.analysis.referents
-        sequences = lambda e: referent_choice.sequences(measure, e, tokenizer, referents)
+        sequences = _once(encoded, lambda e: referent_choice.sequences(measure, e, tokenizer, referents))
         check_context(encoded, sequences, max_positions, f"the referent_choice question ({measure.origin})")
         phases["referent_choice"] = forwarded_tokens(encoded, sequences)
     if suite.multiple_choice is not None:
-        sequences = lambda e: multiple_choice.sequences(suite.multiple_choice, e, tokenizer)
+        sequences = _once(encoded, lambda e: multiple_choice.sequences(suite.multiple_choice, e, tokenizer))
         check_context(encoded, sequences, max_positions, "the question and its options")
         phases["multiple_choice"] = forwarded_tokens(encoded, sequences)
     if suite.likelihood is not None:
         phases["likelihood"] = forwarded_tokens(encoded, lambda e: (e.ids[:1], {0: ("", e.ids[1:])}))
     return phases
+
+
+def _once(encoded, sequences):
+    """`sequences` (prompt -> its scored prefix and tails) tokenised once per prompt: the context
+    check and the estimate both read it."""
+    computed = {id(e): sequences(e) for e in encoded}
+    return lambda e: computed[id(e)]
 
 
 def _effect_chunks(items: list[PatchItem], held_out: set[str]) -> list[list[PatchItem]]:
