@@ -95,6 +95,7 @@ def unit_states(pm, suite, span: str) -> tuple[list, np.ndarray, np.ndarray]:
     """(units, covariate per unit, (L + 1, N, E) states): the residual stream after every layer at the
     last token of `span`, averaged per unit over templates (each template weighing the same)."""
     from .analysis import value_of
+    from .capture import pad_right
     from .run.plan import encode_prompts
 
     analysis = suite.analysis
@@ -109,11 +110,7 @@ def unit_states(pm, suite, span: str) -> tuple[list, np.ndarray, np.ndarray]:
     states = []
     for start in range(0, len(keys), 64):
         batch = keys[start : start + 64]
-        width = max(map(len, batch))
-        ids = torch.full((len(batch), width), pm.tokenizer.pad_token_id or 0, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for b, key in enumerate(batch):
-            ids[b, : len(key)], mask[b, : len(key)] = torch.tensor(key), 1
+        ids, mask = pad_right(batch, pm.tokenizer.pad_token_id or 0)  # (B, T)
         out = pm.model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
         last = torch.tensor([len(k) - 1 for k in batch])
         hidden = torch.stack(out.hidden_states)  # (L + 1, B, T, E)
@@ -145,9 +142,9 @@ def linear_readout(
     spec; `suite`: a Suite or its path; `span`: default the covariate's unit."""
     from .adhoc import model_of
     from .errors import AnalysisError
-    from .suite import load_suite
+    from .suite import Suite, load_suite
 
-    suite = suite if not isinstance(suite, (str, bytes)) and hasattr(suite, "prompts") else load_suite(suite)
+    suite = suite if isinstance(suite, Suite) else load_suite(suite)
     analysis = suite.analysis
     if not analysis.covariate or not analysis.unit:
         raise AnalysisError(

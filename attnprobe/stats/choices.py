@@ -29,7 +29,7 @@ import pandas as pd
 from ..analysis import ITEM, TEMPLATE
 from .design import Design, items_table
 from .heads import run_analysis
-from .inference import bh_qvalues, cluster_mean_test
+from .inference import bh_qvalues, cluster_mean_test, cluster_weights
 
 COLUMNS = [
     "by",
@@ -144,18 +144,6 @@ def bias_score(chosen, answer, target, unknown, negative, ambiguous: bool, weigh
     s_dis = 2 * (weight * biased)[not_unknown].sum() / counted - 1
     accuracy = (weight * (chosen == answer)).sum() / weight.sum()
     return float((1 - accuracy) * s_dis if ambiguous else s_dis)
-
-
-def cluster_weights(labels: list[np.ndarray], rng, n: int):
-    """Bootstrap weights per item, one draw at a time: each dimension's levels drawn with
-    replacement (multinomial counts), an item weighing the product of its levels' counts."""
-    codes = [pd.factorize(c)[0] for c in labels]
-    for _ in range(n):
-        weight = np.ones(len(codes[0]))
-        for code in codes:
-            levels = code.max() + 1
-            weight *= rng.multinomial(levels, np.full(levels, 1.0 / levels))[code]
-        yield weight
 
 
 def _bias(part: pd.DataFrame, ambiguous: bool, wanted: bool, labels: list[np.ndarray]) -> tuple:

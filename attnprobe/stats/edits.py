@@ -15,6 +15,7 @@ per edit kind and k, on the head-effects items (clusters: unit x template, two-w
 
 from __future__ import annotations
 
+from collections import Counter
 from math import comb
 
 import numpy as np
@@ -39,7 +40,7 @@ def _bias(raw: pd.DataFrame, kind: str, k: int, draw: int) -> pd.Series:
 def possible_sets(heads: str, n_heads: int) -> int:
     """How many different random sets the null can draw for the found heads `heads` ("L26H2 L25H2"):
     per layer, c of its other H - c heads (of all H where fewer than c others remain)."""
-    counts = pd.Series([HeadSet.parse(h).pairs[0][0] for h in heads.split()]).value_counts()
+    counts = Counter(layer for layer, _ in HeadSet.parse(heads)).values()
     return int(np.prod([comb(n_heads - c, c) if n_heads - c >= c else comb(n_heads, c) for c in counts]))
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 from scipy import stats as sps
 
 from ..analysis import FEW_LEVELS
@@ -320,6 +321,18 @@ def correlation_with_ci(x: np.ndarray, y: np.ndarray, n_boot: int = N_BOOT, seed
             }
         )
     return out
+
+
+def cluster_weights(labels: list[np.ndarray], rng, n: int):
+    """Bootstrap weights per item, one draw at a time: each dimension's levels drawn with
+    replacement (multinomial counts), an item weighing the product of its levels' counts."""
+    codes = [pd.factorize(c)[0] for c in labels]
+    for _ in range(n):
+        weight = np.ones(len(codes[0]))
+        for code in codes:
+            levels = code.max() + 1
+            weight *= rng.multinomial(levels, np.full(levels, 1.0 / levels))[code]
+        yield weight
 
 
 def power_note(n_clusters: list[int], cluster_text: str) -> str:
