@@ -66,11 +66,11 @@ def checked_sentences(sentences, batch_size: int) -> list[str]:
     if not isinstance(sentences, (str, list, tuple)):
         raise SuiteError(
             f"sentences is {type(sentences).__name__}; pass text or a list of texts such as "
-            "['The nurse said that [she]']"
+            "['The nurse said that [it] was late']"
         )
     sentences = [sentences] if isinstance(sentences, str) else list(sentences)
     if not sentences:
-        raise SuiteError("no sentences given; pass a list such as ['The nurse said that [she]']")
+        raise SuiteError("no sentences given; pass a list such as ['The nurse said that [it] was late']")
     for i, sentence in enumerate(sentences):
         if not isinstance(sentence, str):
             raise SuiteError(f"sentence {i + 1} is {type(sentence).__name__}, not text")
@@ -126,7 +126,7 @@ def probe(
         spans = parse_marked(marked, f"sentence {i + 1}")[1]
         if not spans:
             raise SuiteError(
-                f"sentence {i + 1}: mark the source span with [brackets], e.g. 'The nurse said that [she]'"
+                f"sentence {i + 1}: mark the source span with [brackets], e.g. 'The nurse said that [it] was late'"
             )
         if (source or list(spans)[-1]) not in spans:
             raise SuiteError(f"sentence {i + 1}: no span '{source}' (spans: {', '.join(spans)})")

@@ -150,7 +150,8 @@ class Run(RunFiles):
 def run_suite(suite, model=None, options: RunOptions | None = None, **settings) -> Run:
     """Run a suite (a path or a loaded Suite) on a model (a spec or a loaded ProbeModel) and return
     the Run. `options`: a RunOptions; or give its fields as keywords (out, batch_size, limit, dtype,
-    resume, chunk_size, head_effects, ...), e.g. `run_suite("probes/gender.yaml", limit=200)`."""
+    resume, chunk_size, skip, ...), e.g.
+    `run_suite("probes/gender.yaml", limit=200, skip=("head_effects",))`."""
     if options is not None and settings:
         raise TypeError("give either options or keyword settings, not both")
     return Run(run_package.run_suite(suite, model, options or RunOptions(**settings)))

@@ -276,6 +276,7 @@ def run(suite, model_spec, with_report, **settings):
     quiet = click.get_current_context().obj.get("quiet")
     if quiet:
         settings.update(progress=False, log=lambda message: None)
+    settings["skip"] = () if settings.pop("head_effects") else ("head_effects",)
     result = run_suite(suite, model_spec, RunOptions(**settings))
     seconds = time.perf_counter() - started
     manifest = result.manifest

@@ -37,7 +37,7 @@ def probe(text_file, model_spec, source, out, top, trust_remote_code, allow_pick
         raise SuiteError(f"{path}: not UTF-8 text (byte {error.start}); save it as UTF-8") from None
     spans = parse_marked(marked, str(path))[1]  # refuses a malformed bracket before the model loads
     if not spans:
-        raise SuiteError(f"{path}: mark the source span with [brackets], e.g. '... said that [she]'")
+        raise SuiteError(f"{path}: mark the source span with [brackets], e.g. '... said that [it] was late'")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
     pm = load_model(model_spec, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)

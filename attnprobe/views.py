@@ -189,7 +189,7 @@ def _examples(model, texts: list[str]) -> list[dict]:
     """The view's data for plain texts: every layer, head and row of each; the last bracketed span
     is the source (red). One item: texts of equal length are compared side by side."""
     from .adhoc import marked_attention
-    from .run.execute import pack_weights
+    from .measures.attention import pack_weights
 
     examples = []
     for i, sentence in enumerate(marked_attention(model, texts)):

@@ -232,7 +232,7 @@ def bench_head_effects(pm, suite, encoded, n_reference: int = 3, n_items: int = 
     reference exact effects of the suite's heads (float32)."""
     from dataclasses import replace
 
-    from attnprobe.measures import head_effect_phases as phases
+    from attnprobe.measures.head_effects import phases
     from attnprobe.patching.selection import head_mask, select
 
     sys.path.insert(0, str(ROOT / "tests"))  # the one-item reference lives with the tests

@@ -6,7 +6,7 @@
 1. Floor. The likelihood phase (CrowS-shaped sentences: the 32 shipped pairs in numbered openings,
    `--sentences` in all) and the multiple-choice phase (BBQ-shaped: the 24 shipped questions in
    numbered openings, `--questions`) as `attnprobe run` computes them, timed alone (medians). Their
-   floor: the tokens they must forward (the trie nodes of their packed sequences, `plan.scored_tokens`,
+   floor: the tokens they must forward (the trie nodes of their packed sequences, `plan.parts[phase].tokens`,
    what `check` prints) x 2 x the parameters a token passes through besides the embeddings, plus
    2 x hidden x vocabulary for every position whose logits are read, at the float32 matmul peak
    measured in the same run (attention's T^2 terms left out: under 2% at these lengths).
@@ -96,7 +96,7 @@ def time_phase(pm, suite_path: Path, phase_name: str, repeats: int) -> dict:
     from attnprobe.run.phases import likelihood_phase, multiple_choice_phase
     from attnprobe.suite import load_suite
 
-    options = RunOptions(head_effects=False, log=lambda m: None, progress=False)
+    options = RunOptions(skip=("head_effects",), log=lambda m: None, progress=False)
     plan = plan_run(load_suite(suite_path), pm, options)
     phase = (likelihood_phase if phase_name == "likelihood" else multiple_choice_phase)(pm, plan, options)
     times = []
@@ -116,12 +116,17 @@ def time_phase(pm, suite_path: Path, phase_name: str, repeats: int) -> dict:
         scored = sum(1 + sum(len(tail) - 1 for _, tail in t.values()) for t in tails)
     return {
         "prompts": len(plan.encoded),
-        "tokens_forwarded": plan.scored_tokens[phase_name],
+        "tokens_forwarded": plan.parts[phase_name].tokens,
         "seconds": statistics.median(times),
         "rounds": times,
-        "estimate_seconds": plan.estimate_seconds()[2][phase_name],
+        "estimate_seconds": _estimate(plan, phase_name),
         "scored_positions": scored,
     }
+
+
+def _estimate(plan, phase: str) -> float:
+    """`check`'s estimate of one scored phase, in seconds."""
+    return next(seconds for name, seconds, _ in plan.estimate_seconds() if name == phase)
 
 
 def main() -> None:
@@ -160,11 +165,11 @@ def main() -> None:
         r["over_floor"] = r["seconds"] / r["floor_seconds"]
         r["tokens_per_second"] = r["tokens_forwarded"] / r["seconds"]
     part = result["multiple_choice"]
-    estimate = whole.estimate_seconds()[2]["multiple_choice"] * scale
-    scaled_by_tokens = part["seconds"] * whole.scored_tokens["multiple_choice"] / part["tokens_forwarded"]
+    estimate = _estimate(whole, "multiple_choice") * scale
+    scaled_by_tokens = part["seconds"] * whole.parts["multiple_choice"].tokens / part["tokens_forwarded"]
     result["whole"] = {
         "questions": args.whole,
-        "tokens_forwarded": whole.scored_tokens["multiple_choice"],
+        "tokens_forwarded": whole.parts["multiple_choice"].tokens,
         "check_estimate_seconds": estimate,
         "measured_part_scaled_by_questions": part["seconds"] * args.whole / args.questions,
         "measured_part_scaled_by_tokens": scaled_by_tokens,

@@ -57,7 +57,7 @@ def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_pa
     """Head effects are stored in chunks of items like the rest: a lost chunk is recomputed alone;
     two shards merged give exactly the unsharded first phase, and running the merged directory
     again adds the selected-heads phase, equal to the unsharded run's."""
-    monkeypatch.setattr(attnprobe.run.plan, "EFFECT_CHUNK_ITEMS", 4)
+    monkeypatch.setattr(attnprobe.measures.head_effects, "EFFECT_CHUNK_ITEMS", 4)
     EFFECT_CHUNK_ITEMS = 4
 
     suite = tmp_path / "fx.yaml"
@@ -84,7 +84,7 @@ def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_pa
         [tmp_path / "sharded" / f"shard-{k}-of-2" for k in (1, 2)], tmp_path / "merged"
     )
     pd.testing.assert_frame_equal(pd.read_parquet(merged.directory / "head_effects_items.parquet"), items)
-    assert merged.manifest["head_effects"]["n_items"] == n_items and merged.has_head_effects
+    assert merged.manifest["head_effects"]["n_items"] == n_items and merged.has("head_effects")
     assert "crossfit_in" not in pd.read_parquet(
         merged.directory / "head_effects_totals.parquet"
     )  # needs every item
@@ -171,7 +171,7 @@ def test_pronoun_swap_needs_paired_versions_and_a_question(tmp_path):
 def test_limit_scales_the_head_effects_items_and_the_run_says_how_many(tiny_llama_dir, tmp_path, monkeypatch):
     """--limit 10 of 20 prompts halves max_items (8 -> 4); before the phase the run logs the item
     count, and after the first chunk the time per item and what is left."""
-    monkeypatch.setattr(attnprobe.run.plan, "EFFECT_CHUNK_ITEMS", 4)
+    monkeypatch.setattr(attnprobe.measures.head_effects, "EFFECT_CHUNK_ITEMS", 4)
     suite = tmp_path / "fx.yaml"
     suite.write_text(
         EFFECT_SUITE.replace(
@@ -326,6 +326,7 @@ def test_a_counterfactual_slot_after_the_cut_is_refused_before_weights(tmp_path,
     from attnprobe.run.plan import plan_run
 
     plan = plan_run(load_suite(tmp_path / "mixed.yaml"), "smollm2-135m", RunOptions())
-    assert len(plan.effect_items) == 10 and {d.reason for d in plan.dropped} == {
+    effects = plan.parts["head_effects"]
+    assert len(effects.items) == 10 and {d.reason for d in effects.dropped} == {
         "the occupation comes after the cut"
     }

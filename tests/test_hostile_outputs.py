@@ -9,7 +9,7 @@ from conftest import CHROMIUM, chromium
 
 import attnprobe
 from attnprobe.report import write_report
-from attnprobe.tables import neutralise, write_csv
+from attnprobe.store import neutralise, write_csv
 
 
 def test_formula_cells_are_neutralised(tmp_path):

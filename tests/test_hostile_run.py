@@ -20,7 +20,7 @@ from attnprobe.run import storage
 
 pytestmark = pytest.mark.slow
 GENDER = "probes/gender.yaml"
-SETTINGS = dict(limit=60, batch_size=4, chunk_size=8, progress=False, head_effects=False)
+SETTINGS = dict(limit=60, batch_size=4, chunk_size=8, progress=False, skip=("head_effects",))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """The package's layout: every module imports on its own, no import cycle, small documented rooms."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -175,3 +176,75 @@ def test_every_error_class_lives_in_errors():
                 assert not node.name.endswith("Error"), (
                     f"{name} defines {node.name}; error classes live in errors.py"
                 )
+
+
+MAX_TOP_LEVEL = 8  # modules directly under attnprobe/; everything else lives in a folder by role
+
+
+def test_few_modules_at_the_top():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL, f"{len(top)} modules directly under attnprobe/: {top}"
+
+
+def _code_strings_and_names(path: Path) -> list[tuple[int, str]]:
+    """Every identifier and string constant of a module's code, docstrings and comments aside."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            found.append((node.lineno, node.value))
+        elif isinstance(node, ast.Name):
+            found.append((node.lineno, node.id))
+        elif isinstance(node, ast.Attribute):
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.arg, ast.keyword)):
+            found.append((node.lineno, getattr(node, "name", None) or getattr(node, "arg", None) or ""))
+    return found
+
+
+def _measure_words() -> set[str]:
+    """Every name a registered measure owns: its key, tables, files, chunk prefixes, run attributes."""
+    from attnprobe.measures import MEASURES
+
+    words = set()
+    for kind in MEASURES.values():
+        words |= {kind.NAME, *kind.TABLES, *kind.READS, *(p.strip("-") for p in kind.CHUNKS if p)}
+        words |= {name.split(".")[0] for name in kind.ARTEFACTS}
+    return words
+
+
+def test_the_run_names_no_measure():
+    """run/ loops over the registry: no measure's key, table, file or chunk prefix in its code."""
+    words = _measure_words()
+    pattern = re.compile(
+        rf"(?<![\w-])({'|'.join(map(re.escape, sorted(words, key=len, reverse=True)))})(?![\w-])"
+    )
+    for path in sorted((PACKAGE / "run").glob("*.py")):
+        for line, text in _code_strings_and_names(path):
+            assert not pattern.search(text), f"{path}:{line} names a measure: {text!r}"
+    assert pattern.search("head_effects") and pattern.search("x.attention.parquet")  # the check can fail
+
+
+def test_nothing_gender_specific_in_code():
+    """Pronouns and gender labels come from a suite's data (its slots, control block, sentences),
+    never from attnprobe's code: no 'she', 'he', 'female' or 'male' literal outside docstrings."""
+    gendered = re.compile(r"\b(she|he|her|him|his|female|male)\b", re.IGNORECASE)
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for line, text in _code_strings_and_names(path):
+            assert not gendered.search(text), f"{path}:{line}: {text!r}"
+
+
+def test_head_names_are_formatted_in_one_place():
+    """'L26H2' is written by HeadSet alone."""
+    literal = re.compile(r"L\{[^}]*\}H\{")
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path != PACKAGE / "heads.py":
+            assert not literal.search(path.read_text()), f"{path} formats a head name itself; use HeadSet"

@@ -11,7 +11,7 @@ import torch
 from conftest import INTERFACE_FAMILIES, build_tiny
 from reference_patching import effects
 
-from attnprobe.measures import head_effect_phases as phases
+from attnprobe.measures.head_effects import phases
 from attnprobe.patching.items import Counterfactual, PatchItem, Selection
 from attnprobe.patching.selection import head_mask
 

@@ -124,7 +124,7 @@ def test_a_shared_run_equals_a_plain_run(smollm, tmp_path):
             out=tmp_path / str(share),
             limit=150,
             progress=False,
-            head_effects=False,
+            skip=("head_effects",),
             share_prefixes=share,
         )
         for share in (True, False)

@@ -68,7 +68,7 @@ HEAD_COLUMNS = [
 def reported(smollm, tmp_path_factory):
     out = tmp_path_factory.mktemp("gender")
     run = attnprobe.run_suite(
-        "probes/gender.yaml", model=smollm, out=out, limit=150, progress=False, head_effects=False
+        "probes/gender.yaml", model=smollm, out=out, limit=150, progress=False, skip=("head_effects",)
     )
     return run, write_report(out)
 
@@ -173,7 +173,7 @@ def test_cli_report_compares_runs(reported, smollm, tmp_path):
         out=tmp_path / "other",
         limit=30,
         progress=False,
-        head_effects=False,
+        skip=("head_effects",),
     )
     out = tmp_path / "compare.html"
     result = CliRunner().invoke(main, ["report", str(run.directory), str(other.directory), "--out", str(out)])

@@ -35,7 +35,7 @@ def small_run(smollm, tmp_path_factory):
         batch_size=8,
         chunk_size=32,
         progress=False,
-        head_effects=False,
+        skip=("head_effects",),
     )
 
 
@@ -159,7 +159,7 @@ def test_prompt_longer_than_context_is_refused_before_running(smollm, tmp_path):
         SuiteError, match=r"gender.yaml:\d+: prompt \d+ has \d+ tokens, more than the model's context of 6"
     ):
         attnprobe.run_suite(
-            GENDER, model=tiny, out=tmp_path / "x", limit=3, progress=False, head_effects=False
+            GENDER, model=tiny, out=tmp_path / "x", limit=3, progress=False, skip=("head_effects",)
         )
     assert not (tmp_path / "x").exists()  # nothing written, nothing run
 
@@ -239,11 +239,13 @@ def test_sigkill_then_resume_gives_identical_outputs(tmp_path):
 
 
 def test_resume_with_other_settings_is_refused_and_fresh_replaces(smollm, tmp_path):
-    attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, limit=6, progress=False, head_effects=False)
+    attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, limit=6, progress=False, skip=("head_effects",))
     with pytest.raises(RunError, match="holds a run with other settings .* rerun with --fresh"):
-        attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, limit=9, progress=False, head_effects=False)
+        attnprobe.run_suite(
+            GENDER, model=smollm, out=tmp_path, limit=9, progress=False, skip=("head_effects",)
+        )
     run = attnprobe.run_suite(
-        GENDER, model=smollm, out=tmp_path, limit=9, resume=False, progress=False, head_effects=False
+        GENDER, model=smollm, out=tmp_path, limit=9, resume=False, progress=False, skip=("head_effects",)
     )
     assert len(run.prompts) == 9
 

@@ -419,8 +419,8 @@ def test_planted_interaction_in_a_run_directory(tmp_path):
 
 def test_template_heterogeneity_by_hand():
     """I^2 from Cochran's Q over the per-template OLS slopes, each weighted by 1 / its variance."""
+    from attnprobe.stats.attention import template_heterogeneity
     from attnprobe.stats.design import Design
-    from attnprobe.stats.heads import template_heterogeneity
 
     rng = np.random.default_rng(6)
     x = np.tile(np.linspace(0, 100, 10), 3)

@@ -23,8 +23,9 @@ from ..run.fresh import own_directory
 from ..run.options import RunOptions
 from ..run.plan import plan_run
 from ..run.reader import RunFiles
-from ..run.storage import atomic_write, content_sha, digest, exclusive, write_parquet, write_table
+from ..run.storage import content_sha
 from ..stats.edits import edit_tables
+from ..store import atomic_write, digest, exclusive, write_parquet, write_table
 from ..suite import load_suite
 from .inputs import check_text, record_inputs
 from .sweep import (
@@ -42,7 +43,7 @@ def _run_and_suite(directory: Path):
     run = RunFiles(directory)
     run.require_complete()
     m = run.manifest
-    if not m.get("head_effects") or not run.has_head_effects:
+    if not m.get("head_effects") or not run.has("head_effects"):
         raise RunError(
             f"{directory}: this run has no head effects, the behaviour and head ranking edits are "
             "measured with; add `head_effects:` (with a next_token cut) to the suite and rerun it"
@@ -122,7 +123,8 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         model = load_model(m["model"]["spec"], dtype=m["dtype"])
     weights = _same_model(directory, m, model)
     plan = plan_run(suite, model, RunOptions(limit=m["settings"]["limit"], out=directory, log=log))
-    items, measure = plan.effect_items, plan.effects
+    effects = plan.parts["head_effects"]
+    items, measure = effects.items, effects.measure
     log(f"edit: recording {len(items)} items, their {word!r} versions, the control prompts and texts")
     inputs = record_inputs(
         model, items, word, options.seed, options.text, suite.control, (measure.positive, measure.negative)

@@ -10,13 +10,19 @@ captures only the source rows (see capture.py); the values land in the long tabl
 
 from __future__ import annotations
 
+import base64
+import json
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
-from ..yamllines import required_str
+from ..capture import pad_right, run_with_capture
+from ..store import atomic_write
+from ..yamllines import as_list, required_str
+from .base import BatchMeasure
 
 SOURCE_AGGREGATIONS = ("mean", "sum", "first", "last")
 TARGET_AGGREGATIONS = ("sum", "mean", "max")
@@ -103,28 +109,84 @@ class AttentionMeasure:
         return tuple(measures)
 
 
-NAME = "attention"  # its chunk files: <k>.attention.parquet
+class Attention(BatchMeasure):
+    NAME = "attention"
+    NONE = ()
+    ARTEFACTS = ("attention.parquet", "examples.json")
+    CHUNKS = {"": ("attention.parquet",)}  # <k>.attention.parquet; the first kind names the rows
+    READS = {"attention": "attention.parquet"}
+    TABLES = ("head_stats", "layer_stats", "condition_means", "referent_accuracy")
 
+    def parse(self, ctx, doc, scope) -> tuple[AttentionMeasure, ...]:
+        return AttentionMeasure.parse(ctx, as_list(ctx, doc, "attention", "measures {source, targets}"))
 
-def request(suite, batch) -> tuple[dict, list[list[int]]]:
-    """What this kind needs from the batch's forward pass (run_with_capture keywords), and the
-    rows each prompt asked for: every token of every source span, padded by repeating the first."""
-    rows_per_prompt = [source_rows(suite.attention, e.spans) or [0] for e in batch]
-    R = max(len(r) for r in rows_per_prompt)
-    rows = torch.tensor([r + [r[0]] * (R - len(r)) for r in rows_per_prompt])  # (B, R)
-    return {"rows": rows, "layers": None if suite.attention else []}, rows_per_prompt
+    def describe(self, declared, part) -> list[str]:
+        return [
+            f"attention: {m.label} -> {', '.join(m.targets)} ({m.source_agg} over source, {m.target_agg} "
+            "over target)"
+            for m in declared
+        ]
 
+    def manifest(self, declared, part) -> dict:
+        return {}
 
-def read(pm, suite, batch, captured, rows_per_prompt, context) -> list:
-    """This batch's blocks (see `blocks`) from the captured weights."""
-    if not suite.attention:
-        return []
-    W = torch.stack([captured.weights[layer] for layer in sorted(captured.weights)])  # (L, B, H, R, S)
-    return blocks(suite.attention, batch, rows_per_prompt, W)
+    def ends(self, declared, prompt, spans) -> list[int]:
+        return [spans[name][1] for m in declared for name in m.spans if name in spans]
 
+    def request(self, declared, batch) -> tuple[dict, list[list[int]]]:
+        """What this kind needs from the batch's forward pass (run_with_capture keywords), and the
+        rows each prompt asked for: every token of every source span, padded by repeating the first."""
+        rows_per_prompt = [source_rows(declared, e.spans) or [0] for e in batch]
+        R = max(len(r) for r in rows_per_prompt)
+        rows = torch.tensor([r + [r[0]] * (R - len(r)) for r in rows_per_prompt])  # (B, R)
+        return {"rows": rows, "layers": None if declared else []}, rows_per_prompt
 
-def chunk_table(parts: list[list], pm) -> pa.Table:
-    return attention_table([block for part in parts for block in part], pm.info.n_layers, pm.info.n_heads)
+    def read(self, pm, declared, part, batch, captured, rows_per_prompt) -> list:
+        """This batch's blocks (see `blocks`) from the captured weights."""
+        if not declared:
+            return []
+        W = torch.stack([captured.weights[layer] for layer in sorted(captured.weights)])  # (L, B, H, R, S)
+        return blocks(declared, batch, rows_per_prompt, W)
+
+    def chunk_table(self, parts: list[list], pm) -> pa.Table:
+        blocks_ = [block for part in parts for block in part]
+        return attention_table(blocks_, pm.info.n_layers, pm.info.n_heads)
+
+    def assemble(self, directory, n_chunks: int) -> None:
+        """Stream the chunk files into attention.parquet, one chunk in memory at a time."""
+        chunk_dir = directory / "chunks"
+
+        def write(path):
+            with pq.ParquetWriter(path, ATTENTION_SCHEMA) as writer:
+                for k in range(n_chunks):
+                    writer.write_table(
+                        pq.read_table(chunk_dir / f"{k:05d}.attention.parquet", schema=ATTENTION_SCHEMA)
+                    )
+
+        atomic_write(directory / "attention.parquet", write)
+
+    def compute(self, declared, part, engine) -> None:
+        """The report's attention view: every layer, head and row of a few prompts (examples.json),
+        written by the unsharded run or the first shard, whatever the suite declares."""
+        if engine.options.shard is None or engine.options.shard[0] == 1:
+            examples = example_attention(engine.pm, engine.plan.encoded, engine.plan.suite.contrast)
+            atomic_write(engine.directory / "examples.json", lambda p: p.write_text(json.dumps(examples)))
+
+    def merge(self, shards: list, out, merged: dict) -> None:
+        """The attention view's examples are the first shard's."""
+        (out / "examples.json").write_bytes((shards[0][0] / "examples.json").read_bytes())
+
+    def statistics(self, run, tables: dict) -> dict:
+        from ..stats.attention import condition_means, head_stats, layer_stats
+        from ..stats.referents import referent_accuracy
+
+        heads = head_stats(run)
+        return {
+            "head_stats": heads,
+            "layer_stats": layer_stats(heads),
+            "condition_means": condition_means(run),
+            "referent_accuracy": referent_accuracy(run),
+        }
 
 
 def source_rows(measures, spans: dict[str, tuple[int, int]]) -> list[int]:
@@ -188,3 +250,43 @@ def attention_table(blocks: list, n_layers: int, n_heads: int) -> pa.Table:
         },
         schema=ATTENTION_SCHEMA,
     )
+
+
+def pack_weights(weights: torch.Tensor) -> tuple[list[int], str]:
+    """(L, H, T, T) weights in [0, 1] for the attention view: quantised to uint16 (error <= 8e-6)
+    and base64-encoded, compact and quick to write."""
+    quantised = torch.round(weights.clamp(0, 1) * 65535).to(torch.int32).numpy().astype("<u2")
+    return list(quantised.shape), base64.b64encode(quantised.tobytes()).decode()
+
+
+def example_attention(pm, encoded: list, contrast: str | None, n_items: int = 2) -> list[dict]:
+    """Full attention (every layer, head, row) of a few prompts, for the report's attention view:
+    every variant of the first item of the first and of the last template."""
+    templates = list(dict.fromkeys(e.prompt.template_id for e in encoded))
+    wanted_templates = list(dict.fromkeys([templates[0], templates[-1]]))[:n_items]
+    chosen = []
+    for template in wanted_templates:
+        first_item = next(e.prompt.item_id for e in encoded if e.prompt.template_id == template)
+        chosen += [e for e in encoded if e.prompt.item_id == first_item]
+    ids, mask = pad_right([e.ids for e in chosen], pm.tokenizer.pad_token_id)
+    captured = run_with_capture(pm, ids, mask)  # one batch, every row
+    weights = torch.stack(
+        [captured.weights[layer] for layer in sorted(captured.weights)], dim=1
+    )  # (B, L, H, T, T)
+    examples = []
+    for b, e in enumerate(chosen):
+        T = len(e.ids)
+        shape, packed = pack_weights(weights[b, :, :, :T, :T])
+        examples.append(
+            {
+                "prompt_id": e.prompt.prompt_id,
+                "item_id": e.prompt.item_id,
+                "text": e.prompt.text,
+                "label": str(e.prompt.meta.get(f"{contrast}_label", "")),
+                "tokens": [pm.tokenizer.decode([i]) for i in e.ids],
+                "spans": e.spans,
+                "shape": shape,
+                "weights_u16_base64": packed,
+            }
+        )
+    return examples

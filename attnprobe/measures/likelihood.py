@@ -23,6 +23,7 @@ import pandas as pd
 
 from ..scoring import token_logprobs
 from ..yamllines import line_of
+from .base import Scored, ScoredMeasure
 
 COLUMNS = ("prompt_id", "logprob", "n_tokens", "logprob_shared", "n_shared")
 SHARED = "shared"
@@ -82,3 +83,50 @@ def score(pm, encoded, batch_size: int = 256, progress=None) -> pd.DataFrame:
             (e.prompt.prompt_id, whole, len(e.ids) - 1, logprob_shared, shared[1] - shared[0] if part else 0)
         )
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+@dataclass(frozen=True)
+class LikelihoodPlan(Scored):
+    first_token: str = "bos"  # where each sentence's scored tokens start (the suite's first_token)
+
+
+class Likelihood(ScoredMeasure):
+    NAME = "likelihood"
+    FIRST_TOKEN = "bos"  # a suite that declares it starts its sentences after BOS unless it says otherwise
+    TABLES = ("sentence_preference",)
+    STARTS = {
+        "bos": "after the BOS (or end-of-text) token, as lm-eval's crows_pairs scores it",
+        "keep": "from its second token (first_token: keep; the first is scored only if the tokenizer "
+        "adds a BOS token)",
+        "exclude": "from its second token (first_token: exclude)",
+    }
+
+    def parse(self, ctx, doc, scope) -> LikelihoodMeasure | None:
+        return LikelihoodMeasure.parse(ctx, doc, scope.analysis, scope.columns)
+
+    def sequences(self, declared, encoded, tokenizer, suite):
+        return encoded.ids[:1], {0: ("", encoded.ids[1:])}
+
+    def score(self, pm, declared, suite, prompts, batch_size, advance) -> pd.DataFrame:
+        return score(pm, prompts, batch_size, advance)
+
+    def count(self, declared, suite, encoded) -> int:
+        return 1
+
+    def plan(self, declared, scope) -> LikelihoodPlan:
+        return LikelihoodPlan(super().plan(declared, scope).tokens, scope.suite.first_token)
+
+    def describe(self, declared, part) -> list[str]:
+        by = f", also by {declared.by}" if declared.by else ""
+        return [
+            f"likelihood: log p of each sentence {self.STARTS[part.first_token]}, and of its shared words{by}"
+        ]
+
+    def manifest(self, declared, part) -> dict:
+        entry = {"by": declared.by, "first_token": part.first_token} if declared else None
+        return {"likelihood": entry}
+
+    def statistics(self, run, tables: dict) -> dict:
+        from ..stats.likelihood import sentence_preference
+
+        return {"sentence_preference": sentence_preference(run)}

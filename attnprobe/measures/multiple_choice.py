@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..scoring import continuation_logprobs
 from ..yamllines import line_of
+from .base import ScoredMeasure
 
 COLUMNS = ("prompt_id", "option", "candidate", "logprob", "n_tokens")
 
@@ -98,3 +99,33 @@ def score(pm, measure: MultipleChoiceMeasure, encoded, batch_size: int = 256, pr
     table = pd.DataFrame(rows, columns=["prompt_id", "option", "candidate", "n_tokens"])
     table.insert(3, "logprob", logprobs)
     return table[list(COLUMNS)]
+
+
+class MultipleChoice(ScoredMeasure):
+    NAME = "multiple_choice"
+    CONTEXT = "the question and its options"
+    TABLES = ("choice_accuracy",)
+
+    def parse(self, ctx, doc, scope) -> MultipleChoiceMeasure | None:
+        return MultipleChoiceMeasure.parse(ctx, doc, scope.columns)
+
+    def sequences(self, declared, encoded, tokenizer, suite):
+        return sequences(declared, encoded, tokenizer)
+
+    def score(self, pm, declared, suite, prompts, batch_size, advance) -> pd.DataFrame:
+        return score(pm, declared, prompts, batch_size, advance)
+
+    def count(self, declared, suite, encoded) -> int:
+        return len(options_of(encoded.prompt))
+
+    def describe(self, declared, part) -> list[str]:
+        return [f"multiple_choice: each option scored after context + question + {declared.prompt!r}"]
+
+    def manifest(self, declared, part) -> dict:
+        entry = {"prompt": declared.prompt, "by": declared.by} if declared else None
+        return {"multiple_choice": entry}
+
+    def statistics(self, run, tables: dict) -> dict:
+        from ..stats.multiple_choice import choice_accuracy
+
+        return {"choice_accuracy": choice_accuracy(run)}

@@ -15,7 +15,9 @@ import torch
 
 from ..capture import pad_right
 from ..errors import SuiteError
-from ..yamllines import line_of, required_str
+from ..store import write_table
+from ..yamllines import as_list, line_of, required_str
+from .base import BatchMeasure
 
 LOGPROB_COLUMNS = ("prompt_id", "cut", "candidate", "candidate_label", "logprob")
 
@@ -50,7 +52,7 @@ class NextTokenMeasure:
                         item,
                         "candidates",
                         f"candidates '{candidates}' is not a slot or span; give a slot name, a span "
-                        'name (the words of that span in the item\'s prompts) or a list like [" he", " she"]',
+                        'name (the words of that span in the item\'s prompts) or a list like [" yes", " no"]',
                     )
             elif isinstance(candidates, list) and candidates:
                 for j, candidate in enumerate(candidates):
@@ -58,7 +60,7 @@ class NextTokenMeasure:
                         ctx.fail(
                             candidates,
                             j,
-                            f'candidate {j + 1} is empty; give the word with its leading space, e.g. " she"',
+                            f'candidate {j + 1} is empty; give the word with its leading space, e.g. " yes"',
                         )
                 candidates = tuple(candidates)
             else:
@@ -162,35 +164,77 @@ def candidate_ids(measures, prompts, tokenizer) -> dict[str, tuple[int, ...]]:
                     if not ids:
                         raise SuiteError(
                             f"{origins.get(cut, prompt.origin)}: candidate {text!r} tokenises to nothing; "
-                            'give a visible word such as " she"'
+                            'give a visible word such as " yes"'
                         )
                     table[text] = ids
     return table
 
 
-NAME = "logprobs"  # its chunk files: <k>.logprobs.parquet
+class NextToken(BatchMeasure):
+    NAME = "next_token"
+    NONE = ()
+    ARTEFACTS = ("logprobs.csv", "logprobs.parquet")
+    CHUNKS = {"": ("logprobs.parquet",)}  # <k>.logprobs.parquet
+    READS = {"logprobs": "logprobs"}
+    TABLES = ("behavior", "behavior_by_unit")
 
+    def parse(self, ctx, doc, scope) -> tuple[NextTokenMeasure, ...]:
+        node = as_list(ctx, doc, "next_token", "measures {cut, candidates}")
+        return NextTokenMeasure.parse(ctx, node, scope.slots, scope.span_names)
 
-def request(suite, batch) -> tuple[dict, list[list[int]]]:
-    """What this kind needs from the batch's forward pass: the logits before each prompt's cuts,
-    (B, P) positions padded by repeating the first (the lm head runs only on those)."""
-    positions = logit_positions(batch)
-    P = max(map(len, positions))
-    if not P:
-        return {"logit_positions": None}, positions
-    return {
-        "logit_positions": torch.tensor([p + [p[0] if p else 0] * (P - len(p)) for p in positions])
-    }, positions
+    def plan(self, declared, scope) -> dict[str, tuple[int, ...]]:
+        """The candidates' token ids (every problem before weights load)."""
+        return candidate_ids(declared, [e.prompt for e in scope.encoded], scope.tokenizer)
 
+    def describe(self, declared, part) -> list[str]:
+        shown = lambda m: m.candidates if isinstance(m.candidates, str) else list(m.candidates)
+        return [f"next_token: at {m.cut}, candidates {shown(m)}" for m in declared]
 
-def read(pm, suite, batch, captured, positions, context) -> pd.DataFrame:
-    return pd.DataFrame(logprobs(pm, batch, captured.logits, positions, context["candidate_ids"]))
+    def manifest(self, declared, part) -> dict:
+        return {}
 
+    def ends(self, declared, prompt, spans) -> list[int]:
+        """The token before each cut is the last it reads (a cut at the first token is refused)."""
+        for cut in prompt.candidates:
+            if spans[cut][0] == 0:
+                raise SuiteError(
+                    f"{prompt.origin}: next_token cut at '{cut}' leaves no tokens before it in "
+                    f"{prompt.text!r}"
+                )
+        return [spans[cut][0] for cut in prompt.candidates]
 
-def chunk_table(parts: list[pd.DataFrame], pm) -> pd.DataFrame:
-    return pd.concat(parts, ignore_index=True).sort_values(
-        ["prompt_id", "cut"], kind="stable", ignore_index=True
-    )
+    def request(self, declared, batch) -> tuple[dict, list[list[int]]]:
+        """What this kind needs from the batch's forward pass: the logits before each prompt's cuts,
+        (B, P) positions padded by repeating the first (the lm head runs only on those)."""
+        positions = logit_positions(batch)
+        P = max(map(len, positions))
+        if not P:
+            return {"logit_positions": None}, positions
+        return {
+            "logit_positions": torch.tensor([p + [p[0] if p else 0] * (P - len(p)) for p in positions])
+        }, positions
+
+    def read(self, pm, declared, part, batch, captured, positions) -> pd.DataFrame:
+        return pd.DataFrame(logprobs(pm, batch, captured.logits, positions, part))
+
+    def chunk_table(self, parts: list[pd.DataFrame], pm) -> pd.DataFrame:
+        return pd.concat(parts, ignore_index=True).sort_values(
+            ["prompt_id", "cut"], kind="stable", ignore_index=True
+        )
+
+    def assemble(self, directory, n_chunks: int) -> None:
+        chunk_dir = directory / "chunks"
+        logprobs = [pd.read_parquet(chunk_dir / f"{k:05d}.logprobs.parquet") for k in range(n_chunks)]
+        table = pd.concat(logprobs, ignore_index=True) if logprobs else pd.DataFrame()
+        if len(table):
+            table = table.sort_values(["prompt_id", "cut"], kind="stable", ignore_index=True)
+        write_table(directory, "logprobs", table)
+
+    def statistics(self, run, tables: dict) -> dict:
+        from ..stats.next_token import behavior
+
+        table, by_unit = behavior(run)
+        return {"behavior": table, "behavior_by_unit": by_unit}
 
 
 def logit_positions(batch) -> list[list[int]]:

@@ -19,6 +19,7 @@ import pandas as pd
 from ..scoring import continuation_logprobs
 from ..spans import candidate_words
 from ..yamllines import line_of, required_str
+from .base import ScoredMeasure
 
 COLUMNS = ("prompt_id", "referent", "candidate", "logprob", "n_tokens")
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -107,3 +108,32 @@ def score(
     table = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "logprob"])
     table.insert(3, "logprob", logprobs)
     return table[list(COLUMNS)]
+
+
+class ReferentChoice(ScoredMeasure):
+    NAME = "referent_choice"
+    CONTEXT = "the referent_choice question ({origin})"
+    TABLES = ("referent_choice_accuracy",)
+
+    def parse(self, ctx, doc, scope) -> ReferentChoiceMeasure | None:
+        return ReferentChoiceMeasure.parse(ctx, doc, scope.analysis, scope.span_names)
+
+    def sequences(self, declared, encoded, tokenizer, suite):
+        return sequences(declared, encoded, tokenizer, suite.analysis.referents)
+
+    def score(self, pm, declared, suite, prompts, batch_size, advance) -> pd.DataFrame:
+        return score(pm, declared, prompts, suite.analysis.referents, batch_size, advance)
+
+    def count(self, declared, suite, encoded) -> int:
+        return len(suite.analysis.referents)
+
+    def describe(self, declared, part) -> list[str]:
+        return [f"referent_choice: {declared.prompt!r} after each sentence"]
+
+    def manifest(self, declared, part) -> dict:
+        return {"referent_choice": declared.prompt if declared else None}
+
+    def statistics(self, run, tables: dict) -> dict:
+        from ..stats.referents import referent_choice
+
+        return {"referent_choice_accuracy": referent_choice(run)}

@@ -18,18 +18,11 @@ import pandas as pd
 
 from .. import stats
 from ..errors import RunError
+from ..measures import MEASURES, analyse, table_names
 from ..progress import Progress
 from ..run.reader import RunFiles
-from ..run.storage import (
-    ARTEFACTS,
-    HEAD_EFFECT_TABLES,
-    STATS_TABLES,
-    TABLES_KEY,
-    atomic_write,
-    digest,
-    write_table,
-)
-from ..tables import read_table
+from ..run.storage import ARTEFACTS, TABLES_KEY, atomic_write, digest, write_table
+from ..store import read_table
 from ..version import __version__
 from . import plots
 from .context import difference_context, headline, run_context, run_labels
@@ -44,21 +37,26 @@ def load_tables(
     `write=False`, computed in memory when the cache is missing or stale, and nothing written).
     `progress`: None shows the statistics phase (a bar, or log lines off a terminal)."""
     run.require_complete()
-    names = STATS_TABLES + (HEAD_EFFECT_TABLES if run.has_head_effects else ())
+    names = table_names(run)
     stamp = {
         "stats": stats.TABLES_VERSION,
         "analysis": run.manifest.get("analysis"),
-        "attention": _signature(run.directory / "attention.parquet"),
-        "head_effects": _signature(run.directory / "head_effects_items.parquet"),
+        **{
+            file: _signature(run.directory / file)  # a rerun measure makes its tables stale
+            for kind in MEASURES.values()
+            for file in kind.READS.values()
+            if file.endswith(".parquet")
+        },
     }
     if not refresh and _cache_is_valid(run.directory, names, json.loads(json.dumps(stamp))):
         return {name: read_table(run.directory, name) for name in names}
-    with Progress(stats.table_steps(run), enabled=progress, unit="table", desc="statistics") as bar:
-        tables = stats.analyse(run, step=bar.step)
+    with Progress(len(MEASURES) + 1, enabled=progress, unit="table", desc="statistics") as bar:
+        tables = analyse(run, step=bar.step)
     if write:
         for name, table in tables.items():
             write_table(run.directory, name, table)
-        for name in set(HEAD_EFFECT_TABLES) - set(tables):  # left by an earlier run: stale now
+        stale = {name for kind in MEASURES.values() for name in kind.TABLES} - set(tables)
+        for name in stale:  # left by an earlier run: stale now
             for ext in ("csv", "parquet"):
                 (run.directory / f"{name}.{ext}").unlink(missing_ok=True)
         sums = {name: digest(run.directory / f"{name}.parquet") for name in tables}

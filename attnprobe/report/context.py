@@ -17,7 +17,7 @@ from ..analysis import few_levels_notes
 from ..heads import HeadSet
 from ..run.reader import RunFiles
 from ..stats import ALPHA, held_out_interaction, run_analysis
-from ..stats.choices import choice_setting
+from ..stats.multiple_choice import choice_setting
 from . import plots
 from .figures import figure
 from .sections import edits_context, effects_context, referents_context
@@ -40,7 +40,7 @@ def _fmt(value, digits=2) -> str:
 
 def split_levels(head_stats: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(paired rows, level rows) of the pooled scope: level rows are measures read before the
-    contrast (no paired difference; stats.heads._level)."""
+    contrast (no paired difference; stats.attention._level)."""
     heads = head_stats[head_stats["scope"] == "all"] if len(head_stats) else head_stats
     if "level" not in heads:
         return heads, heads.iloc[0:0]

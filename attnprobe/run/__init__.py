@@ -7,28 +7,19 @@ manifest; it returns the run directory. Reading a run: `reader.RunFiles`.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from ..errors import RunError
+from ..measures import batch_kinds
 from ..modelchecks import check_device
 from ..models import ProbeModel, load_model
 from ..progress import Progress
 from ..suite import Suite, load_suite
 from . import fresh, storage
-from .execute import example_attention
 from .manifest import new_manifest
 from .options import RunOptions
-from .phases import (
-    likelihood_phase,
-    multiple_choice_phase,
-    prompts_phase,
-    recorded_end,
-    referent_choice_phase,
-    run_head_effects,
-    run_phase,
-)
+from .phases import Engine, prompts_phase, recorded_end, run_phase
 from .plan import RunPlan, model_name, plan_run
 
 __all__ = ["RunOptions", "RunPlan", "model_name", "plan_run", "run_suite"]
@@ -54,33 +45,19 @@ def run_suite(
         )
         pm, weights_sha = _load(model, plan, options)
         manifest = new_manifest(plan, pm, options, weights_sha, storage.content_sha(pm.model))
-        same_effects = plan.effects is None or previous.get("effects_plan") == plan.effects_plan
-        if "head_effects" in previous and same_effects and storage.has_head_effects(directory):
-            manifest.update(head_effects=previous["head_effects"], effects_plan=previous.get("effects_plan"))
+        for kind, declared, part in plan.kinds():  # what each measure keeps of a resumed run
+            manifest.update(kind.resumed(declared, part, previous, directory))
         storage.write_manifest(directory, manifest)
         started = time.perf_counter()
         with recorded_end(directory, manifest):
             storage.write_table(directory, "prompts", storage.prompts_table(plan.encoded))
             run_phase(directory, prompts_phase(pm, plan, options), options, manifest)
             if options.shard is None:
-                storage.assemble(directory, len(plan.chunks))
-            if options.shard is None or options.shard[0] == 1:
-                examples = example_attention(pm, plan.encoded, suite.contrast)
-                storage.atomic_write(
-                    directory / "examples.json", lambda p: p.write_text(json.dumps(examples))
-                )
-            for wanted, phase_of, table in (  # the scored continuations
-                (suite.referent_choice, referent_choice_phase, "referent_choice"),
-                (suite.likelihood, likelihood_phase, "likelihood"),
-                (suite.multiple_choice, multiple_choice_phase, "multiple_choice"),
-            ):
-                if wanted is not None:
-                    phase = phase_of(pm, plan, options)
-                    run_phase(directory, phase, options, manifest)
-                    if phase.mine:
-                        storage.assemble_phase(directory, phase.prefix, phase.n_chunks, table)
-            if plan.effects is not None:
-                run_head_effects(pm, plan, options, directory, manifest)
+                for kind in batch_kinds():
+                    kind.assemble(directory, len(plan.chunks))
+            engine = Engine(pm, plan, options, directory, manifest)
+            for kind, declared, part in plan.kinds():  # each measure's own phases, in registry order
+                kind.compute(declared, part, engine)
         status = "complete" if options.shard is None else "shard complete"
         finished = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         seconds = round(time.perf_counter() - started, 3)

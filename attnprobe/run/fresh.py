@@ -8,12 +8,13 @@ import re
 from pathlib import Path
 
 from ..errors import RunError
-from .storage import ARTEFACTS, DERIVED, read_manifest
+from .storage import ARTEFACTS, CHUNK_FILES, DERIVED, read_manifest
 
 # what attnprobe writes inside chunks/ and figures/ (anything else there is someone else's)
+PREFIXES = "|".join(re.escape(prefix) for prefix in CHUNK_FILES if prefix)  # each phase's chunk files
 OWN_FILES = {
     "chunks": re.compile(
-        r"(referent-choice-|likelihood-|multiple-choice-|effects-|selected-)?\d{5}\.(done|[a-z_]+\.parquet)"
+        rf"({PREFIXES})?\d{{5}}\.(done|[a-z_]+\.parquet)"
         r"|edits-[0-9a-f]{16}-[a-z]+\.(parquet|done)|\..+\.tmp"
     ),
     "figures": re.compile(r"[\w-]+\.(png|svg)"),

@@ -54,20 +54,14 @@ def new_manifest(plan, pm, options, weights_sha: str | None, weights_content: st
         "versions": versions(),
         "n_prompts": len(plan.encoded),
         "n_chunks": len(plan.chunks),
-        "n_effect_chunks": len(plan.effect_chunks),
         "prefix_sharing": plan.sharing,
-        "effects_plan": plan.effects_plan,
         "skipped": list(suite.skipped),
         "notes": plan.notes,
-        "referent_choice": suite.referent_choice.prompt if suite.referent_choice else None,
-        "likelihood": {"by": suite.likelihood.by, "first_token": suite.first_token}
-        if suite.likelihood
-        else None,
-        "multiple_choice": (
-            {"prompt": suite.multiple_choice.prompt, "by": suite.multiple_choice.by}
-            if suite.multiple_choice
-            else None
-        ),
+        **{
+            key: value
+            for kind, declared, part in plan.kinds()
+            for key, value in kind.manifest(declared, part).items()
+        },
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 

@@ -8,17 +8,10 @@ import time
 from pathlib import Path
 
 from ..errors import RunError
+from ..measures import MEASURES, batch_kinds
 from .fresh import own_directory
 from .plan import fingerprint
-from .storage import (
-    CHUNK_FILES,
-    assemble,
-    assemble_head_effects,
-    complete_chunks,
-    exclusive,
-    read_manifest,
-    write_manifest,
-)
+from .storage import CHUNK_FILES, complete_chunks, exclusive, read_manifest, write_manifest
 
 
 def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
@@ -67,28 +60,10 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
                 )
             _copy_chunk(source_dir, out / "chunks", k, "")
         first_dir, first = by_k[1]
-        n_effects = first.get("n_effect_chunks", 0)
-        for k in range(n_effects):
-            source_dir = by_k[k % n + 1][0] / "chunks"
-            if k not in complete_chunks(
-                source_dir, n_effects, lambda m: None, "effects-", first.get("effects_plan")
-            ):
-                raise RunError(
-                    f"{source_dir} lacks head-effects chunk {k}; rerun that shard's command to finish it"
-                )
-            _copy_chunk(source_dir, out / "chunks", k, "effects-")
-        optional = [  # the scored continuations, computed by shard 1 when declared
-            n
-            for table in ("referent_choice", "likelihood", "multiple_choice")
-            for n in (f"{table}.csv", f"{table}.parquet")
-            if (first_dir / n).is_file()
-        ]
-        for name in ("prompts.csv", "prompts.parquet", "examples.json", *optional):
+        for name in ("prompts.csv", "prompts.parquet"):
             shutil.copyfile(first_dir / name, out / name)
-        scored = ("referent-choice-*", "likelihood-*", "multiple-choice-*")  # shard 1's scored chunks
-        for path in [p for pattern in scored for p in (first_dir / "chunks").glob(pattern)]:
-            shutil.copyfile(path, out / "chunks" / path.name)
-        assemble(out, n_chunks)
+        for kind in batch_kinds():
+            kind.assemble(out, n_chunks)
         merged = dict(
             first,
             shard=None,
@@ -97,13 +72,9 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
             fingerprint=fingerprint(first["settings"], None),
             finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         )
-        if (
-            n_effects
-        ):  # the selected-heads phase needs every item: `attnprobe run` on the merged directory adds it
-            assemble_head_effects(out, n_effects)
-            merged["head_effects"] = dict(
-                first["head_effects"], seconds=round(sum(m["head_effects"]["seconds"] for m in manifests), 3)
-            )
+        shards = [by_k[k] for k in range(1, n + 1)]  # (directory, manifest) in shard order
+        for kind in MEASURES.values():  # each measure's own files (a scored phase: shard 1's)
+            kind.merge(shards, out, merged)
         write_manifest(out, merged)
     return out
 

@@ -33,7 +33,7 @@ class RunOptions:
     shard: tuple[int, int] | None = None  # (k, n): compute chunks k-1, k-1+n, ...
     device: str = "cpu"
     device_map: str | None = None
-    head_effects: bool = True  # run the suite's head_effects measure
+    skip: tuple[str, ...] = ()  # declared measures this run leaves out (those with phases of their own)
     share_prefixes: bool = True  # forward the prompts' shared token prefixes once
     trust_remote_code: bool = False
     allow_pickle: bool = False

@@ -13,15 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RunError, SuiteError
-from ..estimates import forwarded_tokens, head_effect_seconds, prompt_seconds, scored_seconds
-from ..measures import multiple_choice, referent_choice
-from ..measures.head_effects import HeadEffectsMeasure
-from ..measures.head_effects import plan_sha256 as head_effects_plan
-from ..measures.next_token import candidate_ids
-from ..models import DEFAULT_MODEL, ProbeModel, load_tokenizer, routes_attention
+from ..estimates import prompt_seconds
+from ..measures import MEASURES, PlanScope, batch_kinds
+from ..models import DEFAULT_MODEL, ProbeModel, load_tokenizer
 from ..packing import distinct_tokens, neighbour_packs
-from ..patching.items import Dropped, PatchItem
-from ..scoring import check_context
 from ..sharing import prefix_sharing_blocker
 from ..spans import sink_notes
 from ..suite import Prompt, Suite, spread_key, token_spans
@@ -99,12 +94,6 @@ def encode_prompts(
                 for name, (start, end) in spans.items()
                 if end > 1 or name in prompt.candidates
             }
-        for cut in prompt.candidates:
-            if spans[cut][0] == 0:
-                raise SuiteError(
-                    f"{prompt.origin}: next_token cut at '{cut}' leaves no tokens before it in "
-                    f"{prompt.text!r}"
-                )
         encoded.append(Encoded(prompt, tuple(ids), spans, forward_length(suite, prompt, spans)))
     return encoded
 
@@ -112,10 +101,10 @@ def encode_prompts(
 def forward_length(suite: Suite, prompt: Prompt, spans: dict[str, tuple[int, int]]) -> int:
     """How many leading tokens of a prompt a run must forward. The models are causal: the attention
     row of a query and the logits at a position depend only on the tokens up to that position. So
-    everything after the last span an attention measure reads (source or target) and after the last
-    next-token cut is left out without changing any result (the gender suite: 63% of its tokens)."""
-    ends = [spans[name][1] for m in suite.attention for name in m.spans if name in spans]
-    ends += [spans[cut][0] for cut in prompt.candidates]
+    everything after the last token a per-batch measure reads (`ends`: an attention measure's
+    spans, a next-token cut) is left out without changing any result (the gender suite: 63% of its
+    tokens)."""
+    ends = [end for kind in batch_kinds() for end in kind.ends(suite.measures[kind.NAME], prompt, spans)]
     return max(ends, default=1)
 
 
@@ -228,15 +217,12 @@ def fingerprint(settings: dict, shard) -> str:
 
 # ------------------------------------------------------------------------------ the whole run
 
-EFFECT_CHUNK_ITEMS = 32  # head-effects items per chunk: at most this many items are redone after a kill
-HELD_OUT_CHUNK_ITEMS = 2  # held-out items (every head patched exactly, ~60x the cost of another) per chunk
-
 
 @dataclass(frozen=True)
 class RunPlan:
     """Everything a run (or `check`) knows before any weights load: the prompts and their batches,
-    the head-effect items and their chunks, where results go and the hashes a resumed run or a
-    shard must share."""
+    each measure's part (its own plan: head-effect items and chunks, scored tokens, candidate ids),
+    where results go and the hashes a resumed run or a shard must share."""
 
     suite: Suite
     spec: str  # the model spec
@@ -244,17 +230,15 @@ class RunPlan:
     directory: Path
     dtype: str
     encoded: list[Encoded]
-    context: dict  # what every batch reads (candidate ids)
     blocker: str | None  # why prefixes are not shared (None: they are)
     chunks: list[list[Batch]]
-    effects: HeadEffectsMeasure | None
-    effect_items: list[PatchItem]
-    dropped: list[Dropped]
-    effect_chunks: list[list[PatchItem]]
-    effects_plan: str | None
+    parts: dict  # measure name -> its plan part (None where it plans nothing), registry order
     settings: dict  # what the fingerprint and the manifest record
     fingerprint: str
-    scored_tokens: dict  # per scored phase (likelihood, multiple_choice, referent_choice): tokens forwarded
+
+    def kinds(self):
+        """(kind, declaration, part) of every registered measure, in registry order."""
+        return [(kind, self.suite.measures[name], self.parts[name]) for name, kind in MEASURES.items()]
 
     @property
     def notes(self) -> list[str]:
@@ -264,11 +248,14 @@ class RunPlan:
     def sharing(self) -> dict:
         return sharing_summary(self.chunks, self.encoded, self.blocker)
 
-    def estimate_seconds(self) -> tuple[float, float, dict[str, float]]:
-        """(prompts, head effects, {scored phase: seconds}) for the reference model on 2 CPU cores."""
-        effects = head_effect_seconds(self.effects, self.effect_items) if self.effects else 0.0
-        scored = {phase: scored_seconds(n) for phase, n in self.scored_tokens.items()}
-        return prompt_seconds(len(self.encoded)), effects, scored
+    def estimate_seconds(self) -> list[tuple[str, float, int | None]]:
+        """[(phase, seconds, tokens or None)] for the reference model on 2 CPU cores: the prompts,
+        then each declared measure's own phases."""
+        phases = [("prompts", prompt_seconds(len(self.encoded)), None)]
+        for kind, declared, part in self.kinds():
+            if kind.declared(self.suite):
+                phases += kind.estimate(declared, part)
+        return phases
 
 
 def refuse_data_directory(directory: Path, suite: Suite) -> None:
@@ -309,19 +296,21 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
     )  # a loaded model keeps its own
     prompts = select_prompts(suite.prompts, options.limit)
     encoded = encode_prompts(suite, prompts, tokenizer, max_positions)
-    scored = scored_phases(suite, encoded, tokenizer, max_positions)
     longest = max((e.n_forward for e in encoded), default=0)
     blocker = prefix_sharing_blocker(config, longest) if options.share_prefixes else "switched off"
     batches = plan_batches(
         encoded, options.batch_size, options.max_batch_tokens, share_prefixes=blocker is None
     )
     chunks = plan_chunks(batches, options.chunk_size)
-    effects, items, dropped, effect_chunks = None, [], [], []
-    if options.head_effects and suite.head_effects:
-        effects = suite.head_effects.for_prompts(len(encoded), len(suite.prompts))
-        effects.check_family(routes_attention(config), spec)
-        items, dropped = effects.some_items(tokenizer, encoded)
-        effect_chunks = _effect_chunks(items, effects.held_out_ids(items))
+    sha = plan_sha256(chunks, encoded)
+    scope = PlanScope(suite, encoded, tokenizer, max_positions, config, spec, options, sha)
+    _check_skip(options.skip)
+    parts = {  # every measure's own checks, before any weights load
+        name: kind.plan(suite.measures[name], scope)
+        if kind.declared(suite) and name not in options.skip
+        else None
+        for name, kind in MEASURES.items()
+    }
     name = model.info.name if loaded else model_name(spec)
     directory = Path(options.out) if options.out else Path("reports") / suite.name / name
     if options.shard is not None:  # every rank may be given the same --out
@@ -337,7 +326,7 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
         "max_batch_tokens": options.max_batch_tokens,
         "attnprobe": __version__,
         "share_prefixes": blocker is None,
-        "plan_sha256": plan_sha256(chunks, encoded),
+        "plan_sha256": sha,
     }
     return RunPlan(
         suite,
@@ -346,52 +335,17 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
         directory,
         dtype,
         encoded,
-        {"candidate_ids": candidate_ids(suite.next_token, prompts, tokenizer)},
         blocker,
         chunks,
-        effects,
-        items,
-        dropped,
-        effect_chunks,
-        head_effects_plan(items, effects) if effects else None,
+        parts,
         settings,
         fingerprint(settings, options.shard),
-        scored,
     )
 
 
-def scored_phases(suite: Suite, encoded, tokenizer, max_positions) -> dict[str, int]:
-    """The scored continuations (referent choice, multiple choice) fit the model's context; returns
-    the tokens each scored phase forwards (prefixes shared as scoring.py packs them) for the estimate."""
-    phases = {}
-    if suite.referent_choice is not None:
-        measure, referents = suite.referent_choice, suite.analysis.referents
-        sequences = _once(encoded, lambda e: referent_choice.sequences(measure, e, tokenizer, referents))
-        check_context(encoded, sequences, max_positions, f"the referent_choice question ({measure.origin})")
-        phases["referent_choice"] = forwarded_tokens(encoded, sequences)
-    if suite.multiple_choice is not None:
-        sequences = _once(encoded, lambda e: multiple_choice.sequences(suite.multiple_choice, e, tokenizer))
-        check_context(encoded, sequences, max_positions, "the question and its options")
-        phases["multiple_choice"] = forwarded_tokens(encoded, sequences)
-    if suite.likelihood is not None:
-        phases["likelihood"] = forwarded_tokens(encoded, lambda e: (e.ids[:1], {0: ("", e.ids[1:])}))
-    return phases
-
-
-def _once(encoded, sequences):
-    """`sequences` (prompt -> its scored prefix and tails) tokenised once per prompt: the context
-    check and the estimate both read it."""
-    computed = {id(e): sequences(e) for e in encoded}
-    return lambda e: computed[id(e)]
-
-
-def _effect_chunks(items: list[PatchItem], held_out: set[str]) -> list[list[PatchItem]]:
-    """The held-out items first, HELD_OUT_CHUNK_ITEMS per chunk, then the others, EFFECT_CHUNK_ITEMS
-    per chunk."""
-
-    def split(part, size):
-        return [part[i : i + size] for i in range(0, len(part), size)]
-
-    return split([i for i in items if i.item_id in held_out], HELD_OUT_CHUNK_ITEMS) + split(
-        [i for i in items if i.item_id not in held_out], EFFECT_CHUNK_ITEMS
-    )
+def _check_skip(skip) -> None:
+    """Only a registered measure with phases of its own can be left out."""
+    for name in skip:
+        if name not in MEASURES or MEASURES[name] in batch_kinds():
+            can = ", ".join(n for n, kind in MEASURES.items() if kind not in batch_kinds())
+            raise RunError(f"cannot skip '{name}': the measures a run can leave out are {can}")

@@ -10,8 +10,9 @@ import pandas as pd
 import pyarrow as pa
 
 from ..errors import RunError
-from ..tables import read_table
-from .storage import HEAD_EFFECTS_FILES, has_head_effects, read_manifest
+from ..measures import MEASURES
+from ..store import read_table
+from .storage import read_manifest
 
 
 class RunFiles:
@@ -55,65 +56,28 @@ class RunFiles:
     def prompts(self) -> pd.DataFrame:
         return self._read("prompts.parquet", lambda: read_table(self.directory, "prompts"))
 
-    @cached_property
-    def attention(self) -> pd.DataFrame:
-        return self._read("attention.parquet", lambda: pd.read_parquet(self.directory / "attention.parquet"))
+    def has(self, measure: str) -> bool:
+        """The run computed this measure (its files are there, or its manifest entry says so): a
+        damaged table is then an error when read, not a run without it."""
+        return MEASURES[measure].present(self.directory, self.manifest)
 
-    @cached_property
-    def logprobs(self) -> pd.DataFrame:
-        return self._read("logprobs.parquet", lambda: read_table(self.directory, "logprobs"))
-
-    @cached_property
-    def referent_choice(self) -> pd.DataFrame | None:
-        """Per prompt and referent: log p of the referent's words after the suite's question (None
-        when the suite asks for no referent_choice)."""
-        if not (self.directory / "referent_choice.parquet").is_file():
-            return None
-        return self._read("referent_choice.parquet", lambda: read_table(self.directory, "referent_choice"))
-
-    @cached_property
-    def likelihood(self) -> pd.DataFrame | None:
-        """Per prompt: log p of the sentence and of its shared words (None without `likelihood:`)."""
-        if not (self.directory / "likelihood.parquet").is_file():
-            return None
-        return self._read("likelihood.parquet", lambda: read_table(self.directory, "likelihood"))
-
-    @cached_property
-    def multiple_choice(self) -> pd.DataFrame | None:
-        """Per prompt and option: log p of the option after the context and question (None
-        without `multiple_choice:`)."""
-        if not (self.directory / "multiple_choice.parquet").is_file():
-            return None
-        return self._read("multiple_choice.parquet", lambda: read_table(self.directory, "multiple_choice"))
-
-    @property
-    def has_head_effects(self) -> bool:
-        """The run computed head effects (its manifest says so, or their tables are there): a damaged
-        table is then an error when read, not a run without head effects."""
-        return bool(self.manifest.get("head_effects")) or has_head_effects(self.directory)
-
-    @cached_property
-    def head_effect_items(self) -> pd.DataFrame:
-        """Per item, counterfactual and head: patching and attribution effects (see
-        attnprobe.patching)."""
-        return self._read(
-            HEAD_EFFECTS_FILES["items"], lambda: pd.read_parquet(self.directory / HEAD_EFFECTS_FILES["items"])
-        )
-
-    @cached_property
-    def head_effect_totals(self) -> pd.DataFrame:
-        """Per item and counterfactual: y, y', the total effect and the joint patches."""
-        return self._read(
-            "head_effects_totals.parquet", lambda: read_table(self.directory, "head_effects_totals")
-        )
-
-    @cached_property
-    def head_effect_layers(self) -> pd.DataFrame:
-        """Per item, counterfactual and layer: the attention and MLP output patches."""
-        return self._read(
-            HEAD_EFFECTS_FILES["layers"],
-            lambda: pd.read_parquet(self.directory / HEAD_EFFECTS_FILES["layers"]),
-        )
+    def __getattr__(self, name: str):
+        """A measure's table by the name its kind reads it as (`run.attention`, `run.logprobs`,
+        `run.likelihood`, `run.head_effect_items`, ...; measures.MEASURES[...].READS), read once;
+        None for an optional measure the run does not have."""
+        kinds = [kind for kind in MEASURES.values() if name in kind.READS]
+        if not kinds:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        kind, file = kinds[0], kinds[0].READS[name]
+        stem = file.removesuffix(".parquet")
+        if kind.OPTIONAL and not (self.directory / f"{stem}.parquet").is_file():
+            table = None
+        elif file.endswith(".parquet"):
+            table = self._read(file, lambda: pd.read_parquet(self.directory / file))
+        else:
+            table = self._read(f"{stem}.parquet", lambda: read_table(self.directory, stem))
+        self.__dict__[name] = table  # read once
+        return table
 
     def __repr__(self) -> str:
         m = self.manifest

@@ -119,3 +119,11 @@ def scopes(analysis: Analysis, templates) -> dict[str, list[str]]:
     out = {"all": list(templates)}
     out.update({name: [t for t in ids if t in set(templates)] for name, ids in analysis.groups.items()})
     return {name: ids for name, ids in out.items() if ids}
+
+
+PER = 10  # effects are stated per 10 units of the covariate (10 points of a percentage)
+
+
+def run_analysis(run) -> Analysis:
+    """The run's analysis, resolved against its prompts."""
+    return resolve(Analysis.from_manifest(run.manifest, run.prompts.columns), run.prompts)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .heads import held_out_interaction
+from .attention import held_out_interaction
 
 COLUMNS = ["claim", "source", "target", "counterfactual", "statistic", "value", "null", "p", "split"]
 

@@ -17,8 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis import ITEM
-from .design import Design, items_table, paired
-from .heads import run_analysis
+from .design import Design, items_table, paired, run_analysis
 from .inference import bh_qvalues, cluster_mean_test
 
 SCORES = {"sentence": "logprob", "shared words": "logprob_shared"}

@@ -15,8 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis import ITEM, TEMPLATE
-from .design import Design, items_table, scopes
-from .heads import run_analysis
+from .design import Design, items_table, run_analysis, scopes
 from .inference import bh_qvalues, cluster_mean_test
 
 COLUMNS = ["source", "layer", "head"]

@@ -18,15 +18,7 @@ import yaml
 
 from ..analysis import candidate_notes, contrast_notes, covariate_notes, few_levels_notes
 from ..errors import SuiteError
-from ..measures import (
-    AttentionMeasure,
-    HeadEffectsMeasure,
-    LikelihoodMeasure,
-    MultipleChoiceMeasure,
-    NextTokenMeasure,
-    ReferentChoiceMeasure,
-    parse_head_effects,
-)
+from ..measures import MEASURES, AttentionMeasure, HeadEffectsMeasure, NextTokenMeasure, ParseScope
 from ..spans import spread_key, token_spans
 from ..yamllines import Context, Map, as_list, optional_str, required_str, safe_load_with_lines
 from .analysis import parse_analysis, value_of
@@ -48,15 +40,10 @@ _TOP_KEYS = {
     "slots",
     "templates",
     "sentences",
-    "attention",
-    "next_token",
-    "head_effects",
     "max_prompts",
     "first_token",
-    "referent_choice",
-    "likelihood",
-    "multiple_choice",
     "control",
+    *MEASURES,
 }
 
 __all__ = [
@@ -156,13 +143,16 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     for sentence_set in sentence_sets:
         prompts.extend(sentence_prompts(ctx, sentence_set, len(prompts)))
 
-    attention = AttentionMeasure.parse(ctx, as_list(ctx, doc, "attention", "measures {source, targets}"))
     _refuse_reserved_names(ctx, doc, slots, prompts, sentence_sets)
     span_names = set().union(*(p.spans for p in prompts)) if prompts else set()
-    next_token = NextTokenMeasure.parse(
-        ctx, as_list(ctx, doc, "next_token", "measures {cut, candidates}"), slots, span_names
-    )
     analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
+    template_ids = {t.id for t in templates} | {s["id"] for s in sentence_sets}
+    columns = {c for p in prompts for c in (*p.meta, *p.slots)} | {"template_id"}
+    measures, kind_notes = {}, []
+    for name, kind in MEASURES.items():  # in registry order: a kind may read those before it
+        scope = ParseScope(slots, span_names, template_ids, analysis, columns, dict(measures), kind_notes)
+        measures[name] = kind.parse(ctx, doc, scope)
+    attention, next_token = measures["attention"], measures["next_token"]
     prompts, skipped, notes = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
     notes = list(notes) + [_span_count_note(s) for s in sentence_sets if s["n_required"] < len(s["names"])]
     notes += [
@@ -175,22 +165,11 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
         analysis, {c: len({value_of(p, c) for p in prompts} - {None}) for c in analysis.clusters}
     )
     notes += covariate_notes(analysis, prompts) + contrast_notes(analysis, prompts)
-    notes += new_value_notes(templates, slots) + candidate_notes(analysis, prompts)
-    referent_choice = ReferentChoiceMeasure.parse(ctx, doc, analysis, span_names)
-    columns = {c for p in prompts for c in (*p.meta, *p.slots)} | {"template_id"}
-    likelihood = LikelihoodMeasure.parse(ctx, doc, analysis, columns)
-    multiple_choice = MultipleChoiceMeasure.parse(ctx, doc, columns)
-    template_ids = {t.id for t in templates} | {s["id"] for s in sentence_sets}
-    head_effects = parse_head_effects(ctx, doc, slots, template_ids, next_token, analysis, referent_choice)
-    if head_effects is not None and head_effects.exact != "all" and head_effects.held_out == 0:
-        notes.append(
-            "head_effects: held_out: 0 leaves no item on which every head is patched exactly, so "
-            "attribution is not checked against exact patching (those columns stay empty); keep the "
-            "default (8) or set held_out >= 2"
-        )
-    # scored sentences start after the BOS (or end-of-text) token by default, as lm-eval scores them:
-    # with `keep` a tokenizer that adds none (SmolLM2) would leave each sentence's first word unscored
-    first_token = optional_str(ctx, doc, "first_token") or ("bos" if likelihood is not None else "keep")
+    notes += new_value_notes(templates, slots) + candidate_notes(analysis, prompts) + kind_notes
+    # the first position is treated as the suite says; a kind may set the default (likelihood: scored
+    # sentences start after the BOS or end-of-text token, as lm-eval scores them)
+    preferred = [k.FIRST_TOKEN for n, k in MEASURES.items() if k.FIRST_TOKEN and measures[n] is not None]
+    first_token = optional_str(ctx, doc, "first_token") or (preferred[0] if preferred else "keep")
     if first_token not in FIRST_TOKEN:
         ctx.fail(
             doc,
@@ -200,9 +179,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
         )
     return Suite(
         first_token=first_token,
-        referent_choice=referent_choice,
-        likelihood=likelihood,
-        multiple_choice=multiple_choice,
+        measures=measures,
         control=parse_control(ctx, doc, analysis),
         name=name,
         description=description,
@@ -211,11 +188,8 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
         slots=slots,
         templates=tuple(templates),
         prompts=tuple(prompts),
-        attention=attention,
-        next_token=next_token,
         skipped=tuple(skipped),
         notes=tuple(notes),
-        head_effects=head_effects,
         analysis=analysis,
         path=str(path),
         sha256=ctx.digest.hexdigest(),

@@ -37,7 +37,11 @@ def parse_control(ctx, doc, analysis) -> Control | None:
     node = doc.get("control")
     if node is None:
         return None
-    hint = 'control is a mapping {file: definitional.tsv, words: {female: " she", male: " he"}}'
+    labels = [analysis.positive or "<label>", analysis.negative or "<label>"]
+    hint = (
+        f'control is a mapping {{file: definitional.tsv, words: {{{labels[0]}: " <word>", {labels[1]}: '
+        '" <word>"} (the word each label predicts)'
+    )
     if not isinstance(node, dict) or not {"file", "words"} <= set(node) or set(node) - set(KEYS):
         ctx.fail(doc, "control", hint)
     words = node["words"]

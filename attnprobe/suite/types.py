@@ -100,19 +100,22 @@ class Suite:
     slots: dict[str, Slot]
     templates: tuple[Template, ...]
     prompts: tuple[Prompt, ...]
-    attention: tuple  # AttentionMeasure, ... (attnprobe.measures)
-    next_token: tuple  # NextTokenMeasure, ...
+    measures: dict  # registered kind name -> the suite's declaration of it (attnprobe.measures.MEASURES)
     skipped: tuple[str, ...]  # one line per measure/template pair left out, with the reason
     notes: tuple[str, ...]  # measured, but worth saying (e.g. an ambiguous form scored as a sum)
-    head_effects: object | None  # HeadEffectsMeasure
     analysis: object  # attnprobe.analysis.Analysis: what the statistics compare
     path: str
     sha256: str  # of the YAML and every data file it reads
     first_token: str = (
         "keep"  # keep | bos (prepend the tokenizer's BOS) | exclude (never a target): attention sinks
     )
-    referent_choice: object | None = None  # ReferentChoiceMeasure: which referent a scored continuation names
-    likelihood: object | None = None  # LikelihoodMeasure: which sentence of a pair the model finds likelier
-    multiple_choice: object | None = None  # MultipleChoiceMeasure: which option the model picks
     control: object | None = None  # suite.control.Control: definitional prompts an edit should keep right
     data_files: tuple[str, ...] = ()  # every data file the suite read (resolved paths)
+
+    def __getattr__(self, name: str):
+        """A measure's declaration by its name (`suite.likelihood`): None (or () for the kinds a
+        suite lists) when the suite declares none."""
+        measures = self.__dict__.get("measures", {})
+        if name in measures:
+            return measures[name]
+        raise AttributeError(f"'Suite' object has no attribute '{name}'")

@@ -21,12 +21,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..patching.attribution import Pairs, estimate
-from ..patching.engine import Bank, Variants, patched, record
-from ..patching.items import Counterfactual, PatchItem, Selection
-from ..patching.selection import RANDOM_DRAWS, head_mask
-from ..patching.sites import behaviour_rows, label_ids
-from .head_effects import HEAD_COLUMNS, LAYER_COLUMNS, HeadEffectsMeasure, heads_text
+from ...patching.attribution import Pairs, estimate
+from ...patching.engine import Bank, Variants, patched, record
+from ...patching.items import Counterfactual, PatchItem, Selection
+from ...patching.selection import RANDOM_DRAWS, head_mask
+from ...patching.sites import behaviour_rows, label_ids
+from .declaration import HEAD_COLUMNS, LAYER_COLUMNS, HeadEffectsMeasure, heads_text
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import asdict
 
-from ..heads import HeadSet
-from ..patching.designs import (
+from ...heads import HeadSet
+from ...patching.designs import (
     HELD_OUT_DEFAULT,
     SELECT_DEFAULT,
     HeadEffectsMeasure,
@@ -30,8 +30,8 @@ from ..patching.designs import (
     SlotSwap,
     per_value_column,
 )
-from ..patching.items import Dropped, PatchItem, Selection
-from ..yamllines import line_of, required_str
+from ...patching.items import Dropped, PatchItem, Selection
+from ...yamllines import line_of, required_str
 
 HEAD_COLUMNS = ("output_in", "output_out", "pattern_in", "attribution_output", "attribution_pattern")
 LAYER_COLUMNS = ("attention_in", "attention_out", "mlp_in", "mlp_out")

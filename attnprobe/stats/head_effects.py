@@ -24,9 +24,8 @@ import numpy as np
 import pandas as pd
 
 from ..analysis import ITEM, TEMPLATE
-from .design import Design, items_table
+from .design import Design, items_table, run_analysis
 from .effect_checks import attention_agreement, attribution_check, spearman
-from .heads import run_analysis
 from .inference import (
     ALPHA,
     bh_qvalues,

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis import ITEM, TEMPLATE, Analysis
-from .design import Design, items_table, paired, resolve, scopes
+from .design import PER, Design, items_table, paired, run_analysis, scopes
 from .inference import (
     ALPHA,
     bh_qvalues,
@@ -34,11 +34,6 @@ from .inference import (
 
 KEYS = ["source", "target", "layer", "head"]
 SAME = 1e-5  # paired values closer than this everywhere are one value read twice (float32 weights)
-PER = 10  # effects are stated per 10 units of the covariate (10 points of a percentage)
-
-
-def run_analysis(run) -> Analysis:
-    return resolve(Analysis.from_manifest(run.manifest, run.prompts.columns), run.prompts)
 
 
 def head_stats(run) -> pd.DataFrame:

@@ -27,8 +27,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis import ITEM, TEMPLATE
-from .design import Design, items_table
-from .heads import run_analysis
+from .design import Design, items_table, run_analysis
 from .inference import bh_qvalues, cluster_mean_test, cluster_weights
 
 COLUMNS = [
