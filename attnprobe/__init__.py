@@ -1,9 +1,5 @@
 """attnprobe: attention extraction, from-scratch verification and bias probing for causal LMs."""
 
-from . import capture  # registers the "attnprobe" attention function with transformers
-from .adhoc import probe, span_tokens, str_tokens
-from .api import Run, merge_shards, run_suite
-from .capture import Captured, encode, run_with_capture
 from .edits import EditOptions, edited
 from .errors import (
     AnalysisError,
@@ -15,13 +11,17 @@ from .errors import (
     SuiteError,
     UnsupportedFamily,
 )
+from .forward import capture  # registers the "attnprobe" attention function with transformers
+from .forward.capture import Captured, encode, run_with_capture
 from .heads import HeadSet
-from .models import DEFAULT_MODEL, ModelInfo, ProbeModel, load_model
-from .readout import linear_readout
+from .model import DEFAULT_MODEL, ModelInfo, ProbeModel, load_model
+from .notebook.adhoc import probe, span_tokens, str_tokens
+from .notebook.api import Run, merge_shards, run_suite
+from .notebook.readout import linear_readout
+from .notebook.views import attention_view, head_view, model_view
 from .suite import Suite, load_suite
 from .verify import verify
 from .version import __version__
-from .views import attention_view, head_view, model_view
 
 __all__ = [
     "AnalysisError",

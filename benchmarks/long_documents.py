@@ -25,8 +25,8 @@ MODEL = "gemma3-270m"
 
 JOB = """
 import json, sys, time, torch, attnprobe
-from attnprobe.verify_long import long_ids
-from attnprobe.longdoc import read_rows
+from attnprobe.verify.long import long_ids
+from attnprobe.forward.longdoc import read_rows
 kind, n, rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 pm = attnprobe.load_model({model!r})
 ids = long_ids(pm.tokenizer, n)

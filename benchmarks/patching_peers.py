@@ -42,8 +42,8 @@ from pathlib import Path
 import torch
 
 import attnprobe
-from attnprobe.patching.engine import Variants, patched, record
-from attnprobe.patching.sites import label_ids
+from attnprobe.measures.head_effects.engine import Variants, patched, record
+from attnprobe.measures.head_effects.sites import label_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import gender_prompts, matmul_peak  # noqa: E402

@@ -48,7 +48,7 @@ import pandas as pd
 import torch
 
 import attnprobe
-from attnprobe.capture import pad_right
+from attnprobe.forward.capture import pad_right
 from attnprobe.run.plan import encode_prompts, select_prompts
 from attnprobe.suite import load_suite
 
@@ -233,7 +233,7 @@ def bench_head_effects(pm, suite, encoded, n_reference: int = 3, n_items: int = 
     from dataclasses import replace
 
     from attnprobe.measures.head_effects import phases
-    from attnprobe.patching.selection import head_mask, select
+    from attnprobe.measures.head_effects.selection import head_mask, select
 
     sys.path.insert(0, str(ROOT / "tests"))  # the one-item reference lives with the tests
     from reference_patching import effects
@@ -353,10 +353,10 @@ def bench_scoring(repeats: int) -> dict:
     (SmolLM2, one process, medians): both phases as a run computes them (attnprobe.run.phases), and
     the referent choice as round 2 scored it (each sentence + question + candidate forwarded whole,
     full-vocabulary logits at every position, batches of 16) on the first 256 prompts."""
-    from attnprobe.capture import pad_right
+    from attnprobe.forward.capture import pad_right
     from attnprobe.run import RunOptions, plan_run
     from attnprobe.run.phases import prompts_phase, referent_choice_phase
-    from attnprobe.spans import candidate_words
+    from attnprobe.schema.spans import candidate_words
 
     pm = attnprobe.load_model("smollm2-135m")
     with tempfile.TemporaryDirectory() as scratch:
@@ -463,7 +463,7 @@ def flop_per_token(pm) -> float:
 def bench_sharing(pm, pm_bf16, encoded, repeats: int, scratch: Path, peers: list) -> dict:
     """The run with prefix sharing against the run without it and against both floors, on the same
     prompts (all of the suite by default), timed in turn in every repeat; then the peers."""
-    from attnprobe.packing import pack_trie, packed_inputs
+    from attnprobe.forward.packing import pack_trie, packed_inputs
     from attnprobe.run.plan import DEFAULT_BATCH_SIZE, plan_batches, sharing_summary
 
     model, pad = pm.model, pm.tokenizer.pad_token_id
@@ -706,7 +706,7 @@ def main():
     results["bfloat16_rows"] = bench_bfloat16_rows(pm, pm_bf16, encoded, args.repeats)
     results["head_effects"] = bench_head_effects(pm, suite, encoded)
     results["memory"] = bench_memory()
-    from attnprobe.bundled import cache_dir
+    from attnprobe.model.bundled import cache_dir
 
     results["load"] = {"cold_s": load_time(None, 1), "cached_s": load_time(str(cache_dir()), args.repeats)}
     results["sharing"] = sharing_section(args)

@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
     import attnprobe
-    from attnprobe.estimates import model_parameters
+    from attnprobe.forward.estimates import model_parameters
     from attnprobe.run import RunOptions, plan_run
     from attnprobe.suite import load_suite
 

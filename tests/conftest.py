@@ -24,7 +24,7 @@ def _refuse_bundled_weights() -> None:
     """The fast lane (ATTNPROBE_FAST=1, `make test-fast`) loads no bundled model: any load of a
     GGUF file or of the dequantised bundled weights fails the test that asked for it (mark it slow)."""
     from_pretrained = AutoModelForCausalLM.from_pretrained
-    cache = str(attnprobe.bundled.cache_dir().resolve())
+    cache = str(attnprobe.model.bundled.cache_dir().resolve())
 
     def refuse(source, *args, **kwargs):
         if kwargs.get("gguf_file") or str(Path(source).resolve()).startswith(cache):
@@ -130,7 +130,7 @@ def build_tiny(
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(dtype).eval()
     if attn_implementation == "attnprobe":
-        attnprobe.capture.enable(model)
+        attnprobe.forward.capture.enable(model)
     else:
         model.set_attn_implementation(attn_implementation)
     return model
@@ -165,7 +165,7 @@ def smollm():
 @pytest.fixture(scope="session")
 def smollm_tokenizer():
     """The bundled model's tokenizer alone (no weights are loaded)."""
-    return attnprobe.models.load_tokenizer("smollm2-135m")[0]
+    return attnprobe.model.load_tokenizer("smollm2-135m")[0]
 
 
 @pytest.fixture(scope="session")
@@ -287,7 +287,7 @@ head_effects: {cut: pronoun, positive: female, negative: male, counterfactual: {
 
 
 def transformers_tokenizer(folder):
-    from attnprobe.models import load_tokenizer
+    from attnprobe.model import load_tokenizer
 
     return load_tokenizer(str(folder))[0]
 

@@ -20,7 +20,7 @@ Edits run inside attnprobe's registered attention function (`capture.editing`, t
 weights and outputs tests/test_capture.py checks against eager attention) and, for MLPs, in forward
 hooks. Every patched variant of an item is one row of a batch; `Rows` says what each row patches.
 `effects` patches one item with whole forward passes: the plain reference that attnprobe's batched
-patching (attnprobe.patching) is tested and benchmarked against. It lives with the tests and
+patching (attnprobe.measures.head_effects) is tested and benchmarked against. It lives with the tests and
 shares no helper with the code it checks (its behaviour, layer lookup, MLP hooks and gradients are
 its own), so a bug in a shared helper cannot pass both. Shapes: B rows, L layers, H heads,
 T tokens, P patched positions, D head dim, E model width.
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnprobe.capture import AttentionSite, editing, run_with_capture
+from attnprobe.forward.capture import AttentionSite, editing, run_with_capture
 
 MAX_ROWS = 160  # patched variants per forward pass (memory: rows x tokens x model width)
 

@@ -187,12 +187,12 @@ def test_suites_with_one_kind_of_measure_report(tiny_llama_dir, tmp_path, measur
 
 
 def test_check_says_what_a_run_would_do_without_weights(monkeypatch):
-    import attnprobe.models
+    import attnprobe.model
 
     def no_weights(*args, **kwargs):
         raise AssertionError("check must not load model weights")
 
-    monkeypatch.setattr(attnprobe.models, "load_model", no_weights)
+    monkeypatch.setattr(attnprobe.model, "load_model", no_weights)
     result = CliRunner().invoke(main, ["check", "probes/gender.yaml"])
     assert result.exit_code == 0, result.output
     assert "6840 prompts, 2280 items" in result.output and "female - male by pronoun" in result.output

@@ -182,7 +182,7 @@ def test_an_unreachable_hub_fails_at_once_without_retries(monkeypatch, tmp_path)
     import socket
     import time
 
-    from attnprobe.modelchecks import hub_unreachable
+    from attnprobe.model.checks import hub_unreachable
 
     def refuse(*args, **kwargs):
         raise OSError("no route")

@@ -332,7 +332,7 @@ def test_a_scored_continuation_past_the_context_is_refused_before_weights_load(
 @functools.cache
 def _cached_tokenizer(spec, trust_remote_code=False):
     """The real load_tokenizer, read once per spec: the fuzzer plans a thousand suites."""
-    from attnprobe.models import load_tokenizer
+    from attnprobe.model import load_tokenizer
 
     return load_tokenizer(spec, trust_remote_code=trust_remote_code)
 

@@ -153,14 +153,15 @@ def test_downstream_rooms_do_not_reach_upstream():
     the head vocabulary (HeadSet) and the errors (no run, report, suite or model code); the run reads
     no statistics or report; no module imports the package face for its version."""
     graph = {name: _imports(name) for name in MODULES}
-    allowed = {"attnprobe.analysis", "attnprobe.errors", "attnprobe.heads"}
+    allowed = {"attnprobe.schema.analysis", "attnprobe.errors", "attnprobe.heads"}
     for name in (m for m in MODULES if m.startswith("attnprobe.stats")):
         assert not {m for m in graph[name] if not m.startswith("attnprobe.stats") and m not in allowed}, name
-    assert not graph["attnprobe.analysis"]  # plain data, read by suite, run, stats and report
+    assert not graph["attnprobe.schema.analysis"]  # plain data, read by suite, run, stats and report
     for name in MODULES:
         if name.startswith("attnprobe.run"):
             assert not any(
-                m.startswith(("attnprobe.report", "attnprobe.stats", "attnprobe.api")) for m in graph[name]
+                m.startswith(("attnprobe.report", "attnprobe.stats", "attnprobe.notebook.api"))
+                for m in graph[name]
             ), name
         if name != "attnprobe":
             assert "attnprobe" not in graph[name], f"{name} imports the package face"

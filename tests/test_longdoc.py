@@ -11,12 +11,12 @@ from conftest import VOCAB
 from tiny_families import build
 
 import attnprobe
-from attnprobe import reference as ref
 from attnprobe.cli import main
 from attnprobe.errors import CaptureError
-from attnprobe.longdoc import layer_masks, read_rows
-from attnprobe.models import from_pretrained_objects
-from attnprobe.verify_long import verify_long
+from attnprobe.forward.longdoc import layer_masks, read_rows
+from attnprobe.model import from_pretrained_objects
+from attnprobe.verify import reference as ref
+from attnprobe.verify.long import verify_long
 
 # float32: the chunked forward sums keys in another order than one forward of the whole text;
 # measured differences are below 2e-6 on 4,200 tokens (11 families).
@@ -44,7 +44,7 @@ def _eager_rows(pm, ids, rows) -> dict[int, torch.Tensor]:
         with torch.no_grad():
             out = pm.model(input_ids=ids[None], output_attentions=True, use_cache=False)
     finally:
-        attnprobe.capture.enable(pm.model)
+        attnprobe.forward.capture.enable(pm.model)
     return {layer: w[0][:, rows] for layer, w in enumerate(out.attentions)}  # (H, R, T)
 
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import EFFECT_SUITE
 
 from attnprobe.measures import MEASURES, Measure, analyse
-from attnprobe.models import load_model
+from attnprobe.model import load_model
 from attnprobe.run import RunOptions, plan_run, run_suite
 from attnprobe.run.describe import describe
 from attnprobe.run.merge import merge_shards

@@ -8,9 +8,9 @@ from click.testing import CliRunner
 from conftest import save_tiny_with_tokenizer
 
 import attnprobe
-from attnprobe import bundled
 from attnprobe.cli import main
 from attnprobe.errors import ModelSpecError
+from attnprobe.model import bundled
 
 
 def test_unknown_spec_names_the_aliases():

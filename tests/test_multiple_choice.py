@@ -153,7 +153,7 @@ def test_check_estimates_the_scored_phase_from_the_tokens_it_forwards(tmp_path):
     from click.testing import CliRunner
 
     from attnprobe.cli import main
-    from attnprobe.estimates import SCORED_TOKENS_PER_SECOND
+    from attnprobe.forward.estimates import SCORED_TOKENS_PER_SECOND
 
     rows = [json.loads(line) for line in open("probes/choices/choices.jsonl")]
     tokens = {}

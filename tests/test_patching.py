@@ -1,4 +1,4 @@
-"""Batched patching (attnprobe.patching, measures.head_effect_phases) computes what patching one
+"""Batched patching (attnprobe.measures.head_effects, measures.head_effect_phases) computes what patching one
 item at a time with whole forward passes computes (interventions.effects, the reference): every
 head, layer and set, in and out, and the attribution, on tiny models of several families (float64)
 and on SmolLM2's gender items (float32)."""
@@ -12,8 +12,8 @@ from conftest import INTERFACE_FAMILIES, build_tiny
 from reference_patching import effects
 
 from attnprobe.measures.head_effects import phases
-from attnprobe.patching.items import Counterfactual, PatchItem, Selection
-from attnprobe.patching.selection import head_mask
+from attnprobe.measures.head_effects.items import Counterfactual, PatchItem, Selection
+from attnprobe.measures.head_effects.selection import head_mask
 
 POSITIVE, NEGATIVE = [30], [31, 32]
 # x and x' of different lengths in one padded bank: a same-length x', a longer x' (aligned from the

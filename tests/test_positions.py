@@ -44,7 +44,7 @@ def run(tiny_llama_dir, tmp_path_factory):
 def test_before_reads_the_row_of_the_token_before_the_span(run, tiny_llama_dir):
     prompts, attention = run.prompts, run.attention
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, attn_implementation="eager")
-    tokenizer = attnprobe.models.load_tokenizer(str(tiny_llama_dir))[0]
+    tokenizer = attnprobe.model.load_tokenizer(str(tiny_llama_dir))[0]
     before = attention[attention["source"] == "before_pronoun"]
     for row in prompts.head(4).itertuples():
         ids = tokenizer(row.text, return_tensors="pt")["input_ids"]

@@ -10,10 +10,10 @@ from conftest import INTERFACE_FAMILIES, TINY_CONFIGS, VOCAB
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import attnprobe
-from attnprobe.capture import pad_right, run_with_capture
-from attnprobe.packing import pack_trie, run_with_shared_prefixes
+from attnprobe.forward.capture import pad_right, run_with_capture
+from attnprobe.forward.packing import pack_trie, run_with_shared_prefixes
+from attnprobe.forward.sharing import prefix_sharing_blocker
 from attnprobe.run.plan import Batch, Encoded, plan_batches, plan_chunks, plan_sha256, sharing_summary
-from attnprobe.sharing import prefix_sharing_blocker
 
 GENDER = "probes/gender.yaml"
 # packs of sequences: a shared prefix with suffixes of 1-3 tokens, one sequence that is a prefix of
@@ -41,7 +41,7 @@ def _tiny(name: str, dtype) -> torch.nn.Module:
         config.sliding_window = 64
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).to(dtype).eval()
-    attnprobe.capture.enable(model)
+    attnprobe.forward.capture.enable(model)
     return model
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnprobe import reference as ref
+from attnprobe.verify import reference as ref
 
 
 def randn(*shape, dtype=torch.float64, seed=0):

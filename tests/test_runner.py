@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 import attnprobe
 from attnprobe.cli import main
 from attnprobe.errors import RunError
-from attnprobe.models import from_pretrained_objects
+from attnprobe.model import from_pretrained_objects
 from attnprobe.suite import SuiteError
 
 GENDER = "probes/gender.yaml"

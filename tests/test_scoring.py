@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import INTERFACE_FAMILIES, build_tiny
 
-from attnprobe import scoring
+from attnprobe.forward import scoring
 
 
 class _Tokenizer:
@@ -70,7 +70,7 @@ def test_passes_share_prefixes_and_stay_small():
 
 def test_a_long_prompt_shares_itself_with_its_continuations():
     """Issue 29: a prompt longer than PACK_TOKENS forwarded once for all of its options, not once each."""
-    from attnprobe.packing import PACK_TOKENS, neighbour_packs
+    from attnprobe.forward.packing import PACK_TOKENS, neighbour_packs
 
     prompt = tuple(range(3, 3 + PACK_TOKENS + 10))
     sequences = [prompt + tail for tail in ((90,), (91, 92), (93,))] + [(5, 6)]

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from conftest import INTERFACE_FAMILIES, build_tiny
 from tiny_families import ModuloTokenizer
 
-from attnprobe import reference as ref
 from attnprobe.cli import main
-from attnprobe.models import from_pretrained_objects
+from attnprobe.model import from_pretrained_objects
+from attnprobe.verify import reference as ref
 from attnprobe.verify import verify
 
 
@@ -33,7 +33,7 @@ def test_tiny_family_passes(family, dtype, tiny_tokenizer):
 
 
 def _scale_off(monkeypatch):
-    from attnprobe import declared
+    from attnprobe.verify import declared
 
     original = declared.scale_of
     monkeypatch.setattr(declared, "scale_of", lambda *args: original(*args) * math.sqrt(2))
@@ -79,7 +79,7 @@ def test_a_wrong_reference_fails(family, break_it, monkeypatch, tiny_tokenizer):
 
 def test_a_wrong_capture_fails(monkeypatch, tiny_tokenizer):
     """A bug in the capture path (here: weights recorded for the wrong row) shows in its column."""
-    from attnprobe import capture
+    from attnprobe.forward import capture
 
     original = capture.attention_weights
     monkeypatch.setattr(capture, "attention_weights", lambda q, *a, **k: original(q.roll(1, dims=2), *a, **k))

@@ -7,11 +7,10 @@ import pytest
 import torch
 from tiny_families import ModuloTokenizer, build, coverage, format_coverage
 
-from attnprobe import declared, rope
-from attnprobe import reference as ref
-from attnprobe.models import from_pretrained_objects
-from attnprobe.verify import verify
-from attnprobe.verify_long import verify_spec
+from attnprobe.model import from_pretrained_objects
+from attnprobe.verify import declared, rope, verify
+from attnprobe.verify import reference as ref
+from attnprobe.verify.long import verify_spec
 
 NAMED = [
     "olmo2",

@@ -119,7 +119,7 @@ def coverage(tokenizer, names=None, dtypes=(torch.float32, torch.float64)) -> li
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from attnprobe.errors import UnsupportedFamily
-    from attnprobe.models import from_pretrained_objects
+    from attnprobe.model import from_pretrained_objects
     from attnprobe.verify import verify
 
     rows = []

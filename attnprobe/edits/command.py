@@ -14,8 +14,8 @@ import pandas as pd
 import pyarrow as pa
 
 from ..errors import RunError, RunInterrupted
-from ..models import load_model
-from ..patching.designs import SlotSwap, per_value_column
+from ..measures.head_effects.designs import SlotSwap, per_value_column
+from ..model import load_model
 from ..report.figures import figure
 from ..report.plots import FRONTIER_ALT, edit_frontier
 from ..run.execute import deferred_interrupt, ignored_interrupts

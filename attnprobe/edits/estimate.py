@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..patching.engine import Bank
+from ..measures.head_effects.engine import Bank
 
 
 def _valid(bank: Bank) -> torch.Tensor:

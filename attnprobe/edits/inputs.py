@@ -13,10 +13,10 @@ import numpy as np
 import torch
 
 from ..errors import AttnprobeError, RunError
-from ..patching.engine import Bank, record
-from ..patching.items import PatchItem
-from ..patching.selection import folds, opposite
-from ..patching.sites import label_ids
+from ..measures.head_effects.engine import Bank, record
+from ..measures.head_effects.items import PatchItem
+from ..measures.head_effects.selection import folds, opposite
+from ..measures.head_effects.sites import label_ids
 
 OPENINGS = files("attnprobe.edits") / "data" / "openings.txt"
 GENERATED_TOKENS = 24  # per neutral opening

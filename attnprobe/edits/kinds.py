@@ -23,10 +23,10 @@ from typing import ClassVar
 
 import torch
 
-from ..capture import editing
 from ..errors import AttnprobeError
+from ..forward.capture import editing
 from ..heads import HeadSet
-from ..models import routes_attention
+from ..model import routes_attention
 
 Heads = tuple[tuple[int, int], ...]
 

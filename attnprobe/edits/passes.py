@@ -20,11 +20,18 @@ from contextlib import ExitStack
 
 import torch
 
-from ..capture import editing, picked_logits
-from ..packing import pack_trie, packed_inputs, sorted_packs
-from ..patching.engine import ROW_TOKENS, Bank, lowest_layer, narrowed_head, plan_passes, skipping
-from ..patching.sites import behaviour_rows
-from ..sharing import prefix_sharing_blocker
+from ..forward.capture import editing, picked_logits
+from ..forward.packing import pack_trie, packed_inputs, sorted_packs
+from ..forward.sharing import prefix_sharing_blocker
+from ..measures.head_effects.engine import (
+    ROW_TOKENS,
+    Bank,
+    lowest_layer,
+    narrowed_head,
+    plan_passes,
+    skipping,
+)
+from ..measures.head_effects.sites import behaviour_rows
 from .kinds import HeadEdit, Resample, RowEditor
 
 LOGIT_BYTES = 128 * 2**20  # full-vocabulary logits of one text pass

@@ -35,9 +35,9 @@ import torch
 
 from ..errors import AttnprobeError
 from ..heads import HeadSet
-from ..patching.engine import Bank
-from ..patching.selection import random_sets, top_heads
-from ..patching.sites import behaviour_rows
+from ..measures.head_effects.engine import Bank
+from ..measures.head_effects.selection import random_sets, top_heads
+from ..measures.head_effects.sites import behaviour_rows
 from ..version import __version__
 from .estimate import covariate_directions, last_outputs, token_means, token_sample
 from .inputs import Inputs, text_head

@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from ..capture import pad_right, run_with_capture
+from ..forward.capture import pad_right, run_with_capture
+from ..schema.yamllines import as_list, required_str
 from ..store import atomic_write
-from ..yamllines import as_list, required_str
 from .base import BatchMeasure
 
 SOURCE_AGGREGATIONS = ("mean", "sum", "first", "last")

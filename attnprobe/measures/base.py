@@ -201,8 +201,8 @@ class ScoredMeasure(Measure):
         return getattr(declared, "prompt", self.NAME)
 
     def plan(self, declared, scope: PlanScope) -> Scored:
-        from ..estimates import forwarded_tokens
-        from ..scoring import check_context
+        from ..forward.estimates import forwarded_tokens
+        from ..forward.scoring import check_context
 
         computed = {id(e): self.sequences(declared, e, scope.tokenizer, scope.suite) for e in scope.encoded}
         sequences = lambda e: computed[id(e)]  # tokenised once: the check and the count read it
@@ -212,7 +212,7 @@ class ScoredMeasure(Measure):
         return Scored(forwarded_tokens(scope.encoded, sequences))
 
     def estimate(self, declared, part) -> list[tuple[str, float, int | None]]:
-        from ..estimates import scored_seconds
+        from ..forward.estimates import scored_seconds
 
         return [(self.NAME, scored_seconds(part.tokens), part.tokens)]
 

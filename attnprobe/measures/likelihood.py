@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..scoring import token_logprobs
-from ..yamllines import line_of
+from ..forward.scoring import token_logprobs
+from ..schema.yamllines import line_of
 from .base import Scored, ScoredMeasure
 
 COLUMNS = ("prompt_id", "logprob", "n_tokens", "logprob_shared", "n_shared")

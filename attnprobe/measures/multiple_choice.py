@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..scoring import continuation_logprobs
-from ..yamllines import line_of
+from ..forward.scoring import continuation_logprobs
+from ..schema.yamllines import line_of
 from .base import ScoredMeasure
 
 COLUMNS = ("prompt_id", "option", "candidate", "logprob", "n_tokens")

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from ..capture import pad_right
 from ..errors import SuiteError
+from ..forward.capture import pad_right
+from ..schema.yamllines import as_list, line_of, required_str
 from ..store import write_table
-from ..yamllines import as_list, line_of, required_str
 from .base import BatchMeasure
 
 LOGPROB_COLUMNS = ("prompt_id", "cut", "candidate", "candidate_label", "logprob")

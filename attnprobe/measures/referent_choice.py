@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..scoring import continuation_logprobs
-from ..spans import candidate_words
-from ..yamllines import line_of, required_str
+from ..forward.scoring import continuation_logprobs
+from ..schema.spans import candidate_words
+from ..schema.yamllines import line_of, required_str
 from .base import ScoredMeasure
 
 COLUMNS = ("prompt_id", "referent", "candidate", "logprob", "n_tokens")

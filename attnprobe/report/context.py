@@ -13,9 +13,9 @@ import math
 
 import pandas as pd
 
-from ..analysis import few_levels_notes
 from ..heads import HeadSet
 from ..run.reader import RunFiles
+from ..schema.analysis import few_levels_notes
 from ..stats import ALPHA, held_out_interaction, run_analysis
 from ..stats.multiple_choice import choice_setting
 from . import plots

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ..errors import RunError
 from ..measures import batch_kinds
-from ..modelchecks import check_device
-from ..models import ProbeModel, load_model
+from ..model import ProbeModel, load_model
+from ..model.checks import check_device
 from ..progress import Progress
 from ..suite import Suite, load_suite
 from . import fresh, storage

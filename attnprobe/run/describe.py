@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..estimates import REFERENCE_MODEL
+from ..forward.estimates import REFERENCE_MODEL
 from .plan import RunPlan
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import signal
 from contextlib import contextmanager
 
-from ..capture import pad_right, run_with_capture
+from ..forward.capture import pad_right, run_with_capture
+from ..forward.packing import run_with_shared_prefixes
 from ..measures import batch_kinds
-from ..models import ProbeModel
-from ..packing import run_with_shared_prefixes
+from ..model import ProbeModel
 from .plan import Encoded, RunPlan
 
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RunError, SuiteError
-from ..estimates import prompt_seconds
+from ..forward.estimates import prompt_seconds
+from ..forward.packing import distinct_tokens, neighbour_packs
+from ..forward.sharing import prefix_sharing_blocker
 from ..measures import MEASURES, PlanScope, batch_kinds
-from ..models import DEFAULT_MODEL, ProbeModel, load_tokenizer
-from ..packing import distinct_tokens, neighbour_packs
-from ..sharing import prefix_sharing_blocker
-from ..spans import sink_notes
+from ..model import DEFAULT_MODEL, ProbeModel, load_tokenizer
+from ..schema.spans import sink_notes
 from ..suite import Prompt, Suite, spread_key, token_spans
 from ..version import __version__
 

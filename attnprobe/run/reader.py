@@ -1,5 +1,5 @@
 """Reading a run directory: the manifest and the run's tables as DataFrames, read lazily. Reads
-only; statistics and figures live downstream (attnprobe.stats, attnprobe.report, attnprobe.api)."""
+only; statistics and figures live downstream (attnprobe.stats, attnprobe.report, attnprobe.notebook.api)."""
 
 from __future__ import annotations
 

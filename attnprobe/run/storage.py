@@ -20,10 +20,10 @@ import pandas as pd
 import torch
 
 from .. import store
-from ..bundled import files_sha256
 from ..errors import RunError
 from ..measures import MEASURES, batch_kinds
-from ..models import ProbeModel
+from ..model import ProbeModel
+from ..model.bundled import files_sha256
 from ..store import atomic_write, digest, exclusive, write_table
 from .manifest import check_format
 from .plan import Encoded

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..analysis import ITEM, TEMPLATE, Analysis
+from ..schema.analysis import ITEM, TEMPLATE, Analysis
 from .design import PER, Design, items_table, paired, run_analysis, scopes
 from .inference import (
     ALPHA,

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..analysis import ITEM, TEMPLATE, Analysis
 from ..errors import AnalysisError
+from ..schema.analysis import ITEM, TEMPLATE, Analysis
 
 
 def resolve(analysis: Analysis, prompts: pd.DataFrame) -> Analysis:

@@ -1,4 +1,4 @@
-"""Statistics of the head effects of a run (attnprobe.patching, measures.head_effects).
+"""Statistics of the head effects of a run (attnprobe.measures.head_effects, measures.head_effects).
 
 Everything is per counterfactual word (one direction each, e.g. occupation -> woman, -> man,
 -> person), on the design's cells (template x cluster units, templates weighted equally), with the
@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..analysis import ITEM, TEMPLATE
+from ..schema.analysis import ITEM, TEMPLATE
 from .design import Design, items_table, run_analysis
 from .effect_checks import attention_agreement, attribution_check, spearman
 from .inference import (

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from ..analysis import FEW_LEVELS
+from ..schema.analysis import FEW_LEVELS
 
 ALPHA = 0.05
 N_BOOT = 2000

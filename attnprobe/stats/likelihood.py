@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..analysis import ITEM
+from ..schema.analysis import ITEM
 from .design import Design, items_table, paired, run_analysis
 from .inference import bh_qvalues, cluster_mean_test
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 from scipy.special import logsumexp
 
-from ..analysis import ITEM, TEMPLATE
+from ..schema.analysis import ITEM, TEMPLATE
 from .design import PER, Design, items_table, run_analysis, scopes
 from .inference import N_BOOT, cluster_mean_test, cluster_slope_test, correlation_with_ci, power_note
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..analysis import ITEM, TEMPLATE
+from ..schema.analysis import ITEM, TEMPLATE
 from .design import Design, items_table, run_analysis, scopes
 from .inference import bh_qvalues, cluster_mean_test
 

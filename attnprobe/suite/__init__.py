@@ -4,8 +4,8 @@ A suite (documented in probes/README.md) names slots, templates that use them, o
 sentence files with bracketed spans, and the measures to take. `load_suite` validates everything
 that can be checked without a model and expands the prompts once; `token_spans` maps character
 spans to token ranges once a tokenizer is known. Only `yaml.safe_load`-level constructs are
-accepted. The rooms: attnprobe.yamllines (YAML with lines, the error context), types (the typed objects),
-slots, templates (typed conditions, expansion), sentences; measures parse in attnprobe.measures.
+accepted. The rooms: attnprobe.schema (YAML with lines, the error context, spans), types (the typed
+objects), slots, templates (typed conditions, expansion), sentences; measures parse in attnprobe.measures.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import yaml
 
-from ..analysis import candidate_notes, contrast_notes, covariate_notes, few_levels_notes
 from ..errors import SuiteError
 from ..measures import MEASURES, AttentionMeasure, HeadEffectsMeasure, NextTokenMeasure, ParseScope
-from ..spans import spread_key, token_spans
-from ..yamllines import Context, Map, as_list, optional_str, required_str, safe_load_with_lines
+from ..schema.analysis import candidate_notes, contrast_notes, covariate_notes, few_levels_notes
+from ..schema.spans import spread_key, token_spans
+from ..schema.yamllines import Context, Map, as_list, optional_str, required_str, safe_load_with_lines
 from .analysis import parse_analysis, value_of
 from .control import parse_control
 from .sentences import load_sentence_sets, sentence_prompts

@@ -11,14 +11,14 @@
 Defaults, used only where they are unambiguous: positive/negative when the contrast has exactly
 two labels; clusters = the covariate's owner (or the one non-contrast slot every template uses)
 plus `template` when there are several; no covariate; no groups. Everything is checked here, before
-a model loads, and resolved to prompts.csv column names (attnprobe.analysis.Analysis).
+a model loads, and resolved to prompts.csv column names (attnprobe.schema.analysis.Analysis).
 """
 
 from __future__ import annotations
 
-from ..analysis import ITEM, TEMPLATE, Analysis, value_of
 from ..errors import SuiteError
-from ..yamllines import Map, optional_str
+from ..schema.analysis import ITEM, TEMPLATE, Analysis, value_of
+from ..schema.yamllines import Map, optional_str
 
 _KEYS = {
     "contrast",

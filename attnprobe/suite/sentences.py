@@ -16,7 +16,7 @@ import re
 from collections import Counter
 
 from ..errors import SuiteError
-from ..yamllines import Seq, number_or_text, required_str
+from ..schema.yamllines import Seq, number_or_text, required_str
 from .choices import choice_rows, parse_choices
 from .columns import expand_rows, parse_columns, stereoset_rows
 from .rows import check_pairing, line_reader, read_rows

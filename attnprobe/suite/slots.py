@@ -7,7 +7,7 @@ import re
 from collections import Counter
 
 from ..errors import SuiteError
-from ..yamllines import Map, file_lines, line_of, number_or_text
+from ..schema.yamllines import Map, file_lines, line_of, number_or_text
 from .types import Slot, SlotValue
 
 

@@ -11,7 +11,7 @@ import itertools
 import math
 import re
 
-from ..yamllines import Seq, line_of, number_or_text, required_str
+from ..schema.yamllines import Seq, line_of, number_or_text, required_str
 from .types import Condition, Prompt, SlotValue, Template
 
 _SLOT_REF = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\}")

@@ -103,7 +103,7 @@ class Suite:
     measures: dict  # registered kind name -> the suite's declaration of it (attnprobe.measures.MEASURES)
     skipped: tuple[str, ...]  # one line per measure/template pair left out, with the reason
     notes: tuple[str, ...]  # measured, but worth saying (e.g. an ambiguous form scored as a sum)
-    analysis: object  # attnprobe.analysis.Analysis: what the statistics compare
+    analysis: object  # attnprobe.schema.analysis.Analysis: what the statistics compare
     path: str
     sha256: str  # of the YAML and every data file it reads
     first_token: str = (

@@ -1,9 +1,24 @@
-"""The head-effects measure as a registered kind: its plan, phases, files and statistics.
+"""The head-effects measure (activation patching): which heads and layers carry a behaviour from x' to x.
 
-declaration.py parses the suite's `head_effects:` block and summarises for the manifest; phases.py
-computes one chunk of the screen or of the selected heads (batched by patching.engine). Two phases
-run here: the screen of every item (held-out items, every head patched exactly, in their own chunks
-and progress), then, once every item is screened, the selected heads on every item.
+Behaviour: y(x) = log p(positive set | x) - log p(negative set | x) at the cut. A counterfactual x'
+changes one slot (or is the item's other version). Per item, in log-odds units: the total effect
+TE = y(x') - y(x); patch in y(x with activations from x') - y(x); patch out y(x') - y(x' with
+them from x). The activations: a head's output (its per-head context z), its pattern alone, a
+layer's attention or MLP output, and joint sets of heads. The rooms:
+
+  declaration  the suite's `head_effects:` block, parsed; the manifest's summary; the plan's hash
+  designs      SlotSwap and PairSwap: which items, x and x' (tokenizer only)
+  items        typed PatchItem, Counterfactual, Dropped, Selection
+  sites        the primitives edits go through (behaviour, layers, MLP hooks, gradients)
+  engine       batched patching: Bank (recorded clean runs), Variants, patched passes
+  attribution  first-order estimates of every head and layer from one backward pass
+  selection    halves, cross-fitted sets and the suite's k heads
+  phases       one chunk of the screen or of the selected heads
+
+This module is the registered kind: its plan, its two phases (the screen of every item, held-out
+items, every head patched exactly, in their own chunks and progress; then, once every item is
+screened, the selected heads on every item), its files and statistics. The one-item reference these
+are tested against lives in tests/reference_patching.py.
 """
 
 from __future__ import annotations
@@ -18,15 +33,25 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ... import store
-from ...estimates import head_effect_seconds, head_effects_text
-from ...models import routes_attention
-from ...patching.items import Dropped, PatchItem
-from ...patching.selection import select
+from ...forward.estimates import head_effect_seconds, head_effects_text
+from ...model import routes_attention
 from ..base import Measure, Phase
 from . import phases as effect_phases
 from .declaration import HeadEffectsMeasure, PairSwap, SlotSwap, parse, plan_sha256, summary
+from .items import Counterfactual, Dropped, PatchItem, Selection
+from .selection import select
 
-__all__ = ["HeadEffects", "HeadEffectsMeasure", "HeadEffectsPlan", "PairSwap", "SlotSwap"]
+__all__ = [
+    "Counterfactual",
+    "Dropped",
+    "HeadEffects",
+    "HeadEffectsMeasure",
+    "HeadEffectsPlan",
+    "PairSwap",
+    "PatchItem",
+    "Selection",
+    "SlotSwap",
+]
 
 EFFECT_CHUNK_ITEMS = 32  # items per chunk: at most this many items are redone after a kill
 HELD_OUT_CHUNK_ITEMS = 2  # held-out items (every head patched exactly, ~60x the cost of another) per chunk

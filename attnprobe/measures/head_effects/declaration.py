@@ -1,4 +1,4 @@
-"""The head-effects measure: which heads and layers carry the next-token contrast (attnprobe.patching).
+"""The head-effects declaration: which heads and layers carry the next-token contrast.
 
 y = log p(positive) - log p(negative) at the cut, where positive and negative are candidate labels
 of the next_token measure with the same cut (by default the analysis's two labels; a label with
@@ -22,7 +22,8 @@ import hashlib
 from dataclasses import asdict
 
 from ...heads import HeadSet
-from ...patching.designs import (
+from ...schema.yamllines import line_of, required_str
+from .designs import (
     HELD_OUT_DEFAULT,
     SELECT_DEFAULT,
     HeadEffectsMeasure,
@@ -30,8 +31,7 @@ from ...patching.designs import (
     SlotSwap,
     per_value_column,
 )
-from ...patching.items import Dropped, PatchItem, Selection
-from ...yamllines import line_of, required_str
+from .items import Dropped, PatchItem, Selection
 
 HEAD_COLUMNS = ("output_in", "output_out", "pattern_in", "attribution_output", "attribution_pattern")
 LAYER_COLUMNS = ("attention_in", "attention_out", "mlp_in", "mlp_out")

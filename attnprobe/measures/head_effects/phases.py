@@ -1,4 +1,4 @@
-"""The two phases of the head-effects measure, computed in batches (attnprobe.patching).
+"""The two phases of the head-effects measure, computed in batches (attnprobe.measures.head_effects).
 
 Screen (every item, in resumable chunks): y(x), y(x') and the total effect; the attribution of
 every head (output and pattern) and every layer (attention: the sum of its heads'; MLP output);
@@ -21,12 +21,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ...patching.attribution import Pairs, estimate
-from ...patching.engine import Bank, Variants, patched, record
-from ...patching.items import Counterfactual, PatchItem, Selection
-from ...patching.selection import RANDOM_DRAWS, head_mask
-from ...patching.sites import behaviour_rows, label_ids
+from .attribution import Pairs, estimate
 from .declaration import HEAD_COLUMNS, LAYER_COLUMNS, HeadEffectsMeasure, heads_text
+from .engine import Bank, Variants, patched, record
+from .items import Counterfactual, PatchItem, Selection
+from .selection import RANDOM_DRAWS, head_mask
+from .sites import behaviour_rows, label_ids
 
 
 @dataclass(frozen=True)

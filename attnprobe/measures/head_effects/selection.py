@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..heads import HeadSet
+from ...heads import HeadSet
 from .items import PatchItem, Selection
 
 RANDOM_DRAWS = 20  # random head sets per cross-fitted set: the null of its share (p resolves to 1/21)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import ModelSpecError
-from .modelchecks import first_line
+from ..errors import ModelSpecError
+from .checks import first_line
 
 
 @dataclass(frozen=True)

@@ -24,14 +24,11 @@ import sys
 import pandas as pd
 import torch
 
-from . import reference as ref
-from .capture import ATTN_IMPLEMENTATION, attention_weights, editing, rows_of_mask
-from .declared import generic
-from .eager_recipes import RECIPES
-from .errors import UnsupportedFamily
-from .longdoc import check_fits
-from .models import ProbeModel, load_model
-from .verify import (
+from ..errors import UnsupportedFamily
+from ..forward.capture import ATTN_IMPLEMENTATION, attention_weights, editing, rows_of_mask
+from ..forward.longdoc import check_fits
+from ..model import ProbeModel, load_model
+from . import (
     TOLERANCES,
     _attention_modules,
     _max_diff,
@@ -40,6 +37,9 @@ from .verify import (
     low_precision_tolerances,
     verify,
 )
+from . import reference as ref
+from .declared import generic
+from .recipes import RECIPES
 
 BLOCK_ROWS = 256  # query rows compared at once
 

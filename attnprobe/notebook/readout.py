@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .stats.inference import holm
+from ..stats.inference import holm
 
 ALPHAS = np.logspace(-3, 5, 17)  # ridge penalties tried, relative to the mean squared singular value
 
@@ -94,9 +94,9 @@ def crossfit_r2(
 def unit_states(pm, suite, span: str) -> tuple[list, np.ndarray, np.ndarray]:
     """(units, covariate per unit, (L + 1, N, E) states): the residual stream after every layer at the
     last token of `span`, averaged per unit over templates (each template weighing the same)."""
-    from .analysis import value_of
-    from .capture import pad_right
-    from .run.plan import encode_prompts
+    from ..forward.capture import pad_right
+    from ..run.plan import encode_prompts
+    from ..schema.analysis import value_of
 
     analysis = suite.analysis
     prompts = [p for p in suite.prompts if span in p.spans and value_of(p, analysis.covariate) is not None]
@@ -140,9 +140,9 @@ def linear_readout(
     """Per layer (0: the embeddings): how well the suite's covariate is read linearly from the
     residual stream at the unit's span, held out over units (module doc). `model`: a ProbeModel or
     spec; `suite`: a Suite or its path; `span`: default the covariate's unit."""
+    from ..errors import AnalysisError
+    from ..suite import Suite, load_suite
     from .adhoc import model_of
-    from .errors import AnalysisError
-    from .suite import Suite, load_suite
 
     suite = suite if isinstance(suite, Suite) else load_suite(suite)
     analysis = suite.analysis

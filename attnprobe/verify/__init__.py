@@ -15,23 +15,20 @@ from __future__ import annotations
 
 import copy
 import inspect
+from importlib.resources import files
 
 import pandas as pd
 import torch
 
+from ..errors import UnsupportedFamily
+from ..forward.capture import ATTN_IMPLEMENTATION, encode, run_with_capture
+from ..model import ProbeModel, load_model
 from . import reference as ref
-from .capture import ATTN_IMPLEMENTATION, encode, run_with_capture
 from .declared import check_parts, generic
-from .eager_recipes import RECIPES
-from .errors import UnsupportedFamily
-from .models import ProbeModel, load_model
+from .recipes import RECIPES
 
-DEFAULT_TEXTS = [
-    "The doctor spoke to the nurse. She said to him that the results were ready.",
-    "The mechanic called the secretary because he needed the invoice.",
-    "They said that the engineer would arrive soon.",
-    "Hello",
-]
+# the sentences `verify` runs by default (package data: one per line)
+DEFAULT_TEXTS = files("attnprobe.verify").joinpath("data/texts.txt").read_text(encoding="utf-8").splitlines()
 
 # Tolerances, per dtype, on max |difference| over real query rows.
 # float32: transformers' eager attention and ours sum in different orders; measured differences

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..capture import AttentionSite
+from ...forward.capture import AttentionSite
 
 MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn")  # a decoder layer's MLP, by family
 

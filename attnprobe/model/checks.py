@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from .errors import ModelSpecError
+from ..errors import ModelSpecError
 
 
 def refuse_remote_code(source: str, local: bool, trust_remote_code: bool) -> None:

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import run as run_package
-from .edits import EditOptions, run_edits
-from .errors import AnalysisError
-from .report import headline, load_tables, write_report
-from .report.plots import head_heatmap
-from .run.merge import merge_shards as _merge_into
-from .run.options import RunOptions
-from .run.reader import RunFiles
+from .. import run as run_package
+from ..edits import EditOptions, run_edits
+from ..errors import AnalysisError
+from ..report import headline, load_tables, write_report
+from ..report.plots import head_heatmap
+from ..run.merge import merge_shards as _merge_into
+from ..run.options import RunOptions
+from ..run.reader import RunFiles
 
 
 class Run(RunFiles):

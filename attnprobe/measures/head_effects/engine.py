@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..capture import editing, pad_right, picked_logits, run_with_capture
-from ..sharing import prefix_sharing_blocker
+from ...forward.capture import editing, pad_right, picked_logits, run_with_capture
+from ...forward.sharing import prefix_sharing_blocker
 from .sites import (
     Activations,
     behaviour_rows,

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import UnsupportedFamily
 from . import reference as ref
 from . import rope
-from .errors import UnsupportedFamily
 
 # Parts of an attention module that the generic reading understands.
 PROJECTIONS = {"q_proj", "k_proj", "v_proj", "qkv_proj", "query_key_value", "c_attn", "Wqkv"}

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import click
 
-from .cli_options import data_root_option, dtype_option, model_option, pickle_option, remote_code_option
-from .errors import AttnprobeError, RunError, RunInterrupted
-from .run.options import DEFAULT_CHUNK_SIZE
-from .run.plan import DEFAULT_BATCH_SIZE
+from ..errors import AttnprobeError, RunError, RunInterrupted
+from ..run.options import DEFAULT_CHUNK_SIZE
+from ..run.plan import DEFAULT_BATCH_SIZE
+from .options import data_root_option, dtype_option, model_option, pickle_option, remote_code_option
 
 
 class OneLineErrors(click.Group):
@@ -89,7 +89,7 @@ def main(ctx, quiet, verbose):
 @main.command()
 def models():
     """List the bundled model aliases and whether each is installed."""
-    from .bundled import bundled_status
+    from ..model.bundled import bundled_status
 
     for row in bundled_status():
         state = "installed" if row["installed"] else f"not installed ({row['install']})"
@@ -121,8 +121,8 @@ def verify(model_spec, texts, dtype, long_tokens, json_path, trust_remote_code, 
     Exit 0 when every layer is within tolerance, 1 when any is not, 2 when the family has no
     from-scratch recomputation.
     """
-    from .verify import DEFAULT_TEXTS, format_table
-    from .verify_long import verify_spec
+    from ..verify import DEFAULT_TEXTS, format_table
+    from ..verify.long import verify_spec
 
     if json_path:  # before the work: a path that cannot be written is refused at once
         _json_directory(Path(json_path))
@@ -174,9 +174,9 @@ def _write_json(table, path: Path) -> None:
 def check(suite, model_spec, limit, trust_remote_code, data_roots):
     """Validate a suite and say what a run would do (prompts, items, analysis, measures, tokens,
     a time estimate) without loading any model weights."""
-    from .run import RunOptions, plan_run
-    from .run.describe import describe
-    from .suite import load_suite
+    from ..run import RunOptions, plan_run
+    from ..run.describe import describe
+    from ..suite import load_suite
 
     options = RunOptions(limit=limit, trust_remote_code=trust_remote_code, data_roots=data_roots)
     loaded = load_suite(suite, data_roots=data_roots)
@@ -266,8 +266,8 @@ def run(suite, model_spec, with_report, **settings):
     """Run a probe suite (e.g. probes/gender.yaml) and write its tables to the run directory."""
     import time
 
-    from .api import run_suite
-    from .run import RunOptions
+    from ..notebook.api import run_suite
+    from ..run import RunOptions
 
     started = time.perf_counter()
     shard, device = settings["shard"], settings["device"]
@@ -308,7 +308,7 @@ def run(suite, model_spec, with_report, **settings):
         )
         return
     if with_report:
-        from .report import headline, load_tables, write_report
+        from ..report import headline, load_tables, write_report
 
         started = time.perf_counter()
         if not quiet:
@@ -333,7 +333,7 @@ def _phases() -> bool | None:
 )
 def report(run_dirs, out):
     """Write statistics (CSV), figures and report.html for one run, or several side by side."""
-    from .report import write_report
+    from ..report import write_report
 
     click.echo(f"report: {write_report(list(run_dirs), out, progress=_phases())}")
 
@@ -344,20 +344,20 @@ def report(run_dirs, out):
 @click.option("--report/--no-report", "with_report", default=True, show_default=True)
 def merge(out, shard_dirs, with_report):
     """Join the directories of a sharded run into OUT, identical to an unsharded run."""
-    from .api import merge_shards
+    from ..notebook.api import merge_shards
 
     result = merge_shards(list(shard_dirs), out)
     click.echo(
         f"merged {len(shard_dirs)} shards, {result.manifest['n_prompts']} prompts -> {result.directory}"
     )
     if with_report:
-        from .report import write_report
+        from ..report import write_report
 
         click.echo(f"report: {write_report(result.directory, progress=_phases())}")
 
 
-from .cli_edit import edit  # noqa: E402 (registered after the group exists)
-from .cli_probe import probe  # noqa: E402
+from .edit import edit  # noqa: E402 (registered after the group exists)
+from .probe import probe  # noqa: E402
 
 main.add_command(edit)
 main.add_command(probe)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .cli_options import model_option, pickle_option, remote_code_option
+from .options import model_option, pickle_option, remote_code_option
 
 
 @click.command()
@@ -24,11 +24,11 @@ def probe(text_file, model_spec, source, out, top, trust_remote_code, allow_pick
     Texts longer than 1,024 tokens are read in chunks, recording only the span's rows: memory
     O(layers x heads x span x tokens), estimated (and refused if it would not fit) before the run.
     """
-    from .adhoc import probe as probe_text
-    from .errors import SuiteError
-    from .longdoc import CHUNK_TOKENS, layer_masks, memory_estimate
-    from .models import load_model
-    from .suite.sentences import parse_marked
+    from ..errors import SuiteError
+    from ..forward.longdoc import CHUNK_TOKENS, layer_masks, memory_estimate
+    from ..model import load_model
+    from ..notebook.adhoc import probe as probe_text
+    from ..suite.sentences import parse_marked
 
     path = Path(text_file)
     try:

@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..errors import SuiteError
 from .capture import pad_right, run_with_capture
-from .errors import SuiteError
 from .packing import distinct_tokens, run_with_shared_prefixes, sorted_packs
 from .sharing import prefix_sharing_blocker
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from html import escape
 
+from ..errors import AttnprobeError
+from ..forward.capture import run_with_capture
 from .adhoc import model_of
-from .capture import run_with_capture
-from .errors import AttnprobeError
 
 MAX_TOKENS = 256  # bertviz's views become unreadable (and slow) beyond a few hundred tokens
 OFFLINE_NOTE = (
@@ -32,7 +32,7 @@ _NOTE = """<div id="{root}-offline" style="display:none;color:#a00;font:13px san
 def _inputs(model, text):
     """(per-layer attention (1, H, T, T), tokens) of one text. `model`: a ProbeModel, a spec, or a
     run (its model; `text` may then be a prompt id of the run)."""
-    from .run.reader import RunFiles
+    from ..run.reader import RunFiles
 
     if isinstance(model, RunFiles):
         run, model = model, model.manifest["model"]["spec"]
@@ -160,7 +160,7 @@ def attention_view(
     from IPython.display import HTML, display
 
     if texts is None:
-        from .run.reader import RunFiles
+        from ..run.reader import RunFiles
 
         run = source if isinstance(source, RunFiles) else RunFiles(source)
         examples = json.loads((run.directory / "examples.json").read_text())
@@ -188,8 +188,8 @@ def attention_view(
 def _examples(model, texts: list[str]) -> list[dict]:
     """The view's data for plain texts: every layer, head and row of each; the last bracketed span
     is the source (red). One item: texts of equal length are compared side by side."""
+    from ..measures.attention import pack_weights
     from .adhoc import marked_attention
-    from .measures.attention import pack_weights
 
     examples = []
     for i, sentence in enumerate(marked_attention(model, texts)):

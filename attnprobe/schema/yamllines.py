@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import SuiteError
+from ..errors import SuiteError
 
 
 class Map(dict):

@@ -43,7 +43,7 @@ def _int_list(ctx, param, value):
 def edit(run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed):
     """Edit the heads RUN_DIR found (k = 1, 2, 5, 10, 20; against random heads of the same layers)
     and write edits.csv: the stereotype gradient removed, definitional pronouns kept, and the KL cost."""
-    from .edits import EditOptions, run_edits
+    from ..edits import EditOptions, run_edits
 
     options = EditOptions(
         kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()),

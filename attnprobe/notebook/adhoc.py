@@ -14,12 +14,12 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from .capture import pad_right, run_with_capture
-from .errors import SuiteError
-from .longdoc import CHUNK_TOKENS, read_rows
-from .models import ProbeModel, load_model
-from .spans import token_spans
-from .suite.sentences import parse_marked
+from ..errors import SuiteError
+from ..forward.capture import pad_right, run_with_capture
+from ..forward.longdoc import CHUNK_TOKENS, read_rows
+from ..model import ProbeModel, load_model
+from ..schema.spans import token_spans
+from ..suite.sentences import parse_marked
 
 
 def model_of(model) -> ProbeModel:
@@ -31,7 +31,7 @@ def _tokenizer(model_or_tokenizer):
     if isinstance(model_or_tokenizer, ProbeModel):
         return model_or_tokenizer.tokenizer
     if isinstance(model_or_tokenizer, str):
-        from .models import load_tokenizer
+        from ..model import load_tokenizer
 
         return load_tokenizer(model_or_tokenizer)[0]
     return model_or_tokenizer
@@ -120,13 +120,14 @@ def probe(
     """Attention from one bracketed span of each sentence to every token (see the module doc).
     Brackets are named inline (`[pronoun: she]`) or by order (`span1`, `span2`, ...). A text of more
     than `long_tokens` tokens (a document, up to the model's context) is read alone in chunks,
-    recording only the source's rows (attnprobe.longdoc)."""
+    recording only the source's rows (attnprobe.forward.longdoc)."""
     sentences = checked_sentences(sentences, batch_size)
     for i, marked in enumerate(sentences):  # every source checked before the model runs
         spans = parse_marked(marked, f"sentence {i + 1}")[1]
         if not spans:
             raise SuiteError(
-                f"sentence {i + 1}: mark the source span with [brackets], e.g. 'The nurse said that [it] was late'"
+                f"sentence {i + 1}: mark the source span with [brackets], e.g. 'The nurse said that [it] was "
+                "late'"
             )
         if (source or list(spans)[-1]) not in spans:
             raise SuiteError(f"sentence {i + 1}: no span '{source}' (spans: {', '.join(spans)})")

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import CaptureError
+from ..model import ProbeModel
+from ..verify.declared import window_of
 from .capture import ATTN_IMPLEMENTATION, editing, recording
-from .declared import window_of
-from .errors import CaptureError
-from .models import ProbeModel
 
 CHUNK_TOKENS = 1024  # positions per forward of the prefill
 
@@ -56,7 +56,7 @@ class _Layer:
 
 def layer_masks(model) -> list[_Layer]:
     """The window or chunk of every attention layer, from the family's declared facts."""
-    from .verify import _attention_modules
+    from ..verify import _attention_modules
 
     module = model.model if isinstance(model, ProbeModel) else model
     config = module.config.get_text_config()

@@ -18,9 +18,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from ..analysis import value_of
-from ..errors import SuiteError
-from ..spans import candidate_words, spread_key, token_spans
+from ...errors import SuiteError
+from ...schema.analysis import value_of
+from ...schema.spans import candidate_words, spread_key, token_spans
 from .items import Counterfactual, Dropped, PatchItem
 
 SELECT_DEFAULT = 5  # heads per cross-fitted set

@@ -8,7 +8,7 @@ would: no sliding window or attention chunk that the sequence reaches, and atten
 
 from __future__ import annotations
 
-from .models import routes_attention
+from ..model import routes_attention
 
 
 def prefix_sharing_blocker(config, longest: int) -> str | None:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .errors import CaptureError
+from ..errors import CaptureError
 
 ATTN_IMPLEMENTATION = "attnprobe"
 
@@ -46,7 +46,7 @@ class _Plan:
 
 
 _active_plan: contextvars.ContextVar[_Plan | None] = contextvars.ContextVar("attnprobe_plan", default=None)
-# An editor rewrites per-head outputs (head interventions, see attnprobe.patching).
+# An editor rewrites per-head outputs (head interventions, see attnprobe.measures.head_effects).
 _active_editor: contextvars.ContextVar = contextvars.ContextVar("attnprobe_editor", default=None)
 # A prefix: (key, value, mask) -> the same with keys and values of earlier positions prepended (patching.py).
 _active_prefix: contextvars.ContextVar = contextvars.ContextVar("attnprobe_prefix", default=None)
@@ -221,8 +221,8 @@ class AttentionSite:
 @contextmanager
 def editing(editor, prefix=None):
     """Within the block, `editor(site: AttentionSite)` may replace each layer's per-head output
-    (B, H, T, D) (see attnprobe.patching), and `prefix(layer, key, value, mask)` may prepend
-    recorded keys and values of positions the input leaves out (see attnprobe.patching)."""
+    (B, H, T, D) (see attnprobe.measures.head_effects), and `prefix(layer, key, value, mask)` may prepend
+    recorded keys and values of positions the input leaves out (see attnprobe.measures.head_effects)."""
     tokens = _active_editor.set(editor), _active_prefix.set(prefix)
     try:
         yield editor
@@ -326,7 +326,7 @@ def run_with_capture(
     else:
         raise CaptureError(
             f"model attention is '{implementation}'; load it with attnprobe.load_model or call "
-            "attnprobe.capture.enable(model)"
+            "attnprobe.forward.capture.enable(model)"
         )
     all_rows = torch.arange(T).expand(B, T) if rows is None else rows
     if logit_picks is not None:

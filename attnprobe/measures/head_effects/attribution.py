@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..capture import editing, picked_logits
+from ...forward.capture import editing, picked_logits
 from .engine import Bank
 from .sites import Gradients, behaviour_rows, mlp_modules, mlp_outputs
 

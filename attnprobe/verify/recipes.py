@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import UnsupportedFamily
 from . import reference as ref
 from . import rope
 from .declared import Projected, apply_linear, rope_parameters, rotate
-from .errors import UnsupportedFamily
 
 
 def _gpt2(module, x, layer, config, positions) -> Projected:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
+from ..errors import ModelSpecError
 from .bundled import BUNDLED, aliases_hint, bundled_gguf, cached_dir, cached_gguf_dir
-from .errors import ModelSpecError
-from .modelchecks import (
+from .checks import (
     check_device,
     check_gguf,
     check_shape,
@@ -90,7 +90,7 @@ def load_model(
 
     With `capture=True` (default) the model's attention is switched to attnprobe's registered
     function (or to eager attention for families that bypass the interface) so that
-    `attnprobe.capture` can record weights. Pickled checkpoints are refused unless
+    `attnprobe.forward.capture` can record weights. Pickled checkpoints are refused unless
     `allow_pickle`; remote code runs only when `trust_remote_code` is set.
     `device_map="auto"` spreads a model too large for one device over the devices accelerate finds.
     """
@@ -251,7 +251,7 @@ def from_pretrained_objects(model, tokenizer, name: str = "model", capture: bool
 
 
 def _wrap(model, tokenizer, spec, name, source_sha, capture) -> ProbeModel:
-    from . import capture as capture_module
+    from ..forward import capture as capture_module
 
     if tokenizer is not None:
         if tokenizer.pad_token is None:

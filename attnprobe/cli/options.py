@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .models import DEFAULT_MODEL, DTYPES
+from ..model import DEFAULT_MODEL, DTYPES
 
 model_option = click.option(
     "--model",
