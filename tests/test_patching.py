@@ -1,4 +1,4 @@
-"""Batched patching (attnprobe.measures.head_effects, measures.head_effect_phases) computes what patching one
+"""Batched patching (attnprobe.measures.head_effects: engine, phases) computes what patching one
 item at a time with whole forward passes computes (interventions.effects, the reference): every
 head, layer and set, in and out, and the attribution, on tiny models of several families (float64)
 and on SmolLM2's gender items (float32)."""

@@ -17,6 +17,7 @@ statistics loop over that registry; none of them names a measure. A suite's decl
                                 called for every kind, declared or not, after the prompts phase
   merge(shards, out, merged)    its files of a sharded run joined into `out`
   statistics(run, tables)       its statistics tables ({name: DataFrame}), given those computed before
+  section(run, tables, figures_dir)  its part of the report (title, text, a table, figures), or None
 
 and declares NAME, ARTEFACTS (its run-directory files: --fresh removes them), CHUNKS (chunk prefix ->
 the files of one chunk), READS (RunFiles attribute -> table file) and TABLES (the statistics tables
@@ -127,6 +128,13 @@ class Measure(ABC):
         """The statistics tables it writes for this run (TABLES, or none when it has nothing)."""
         return self.TABLES
 
+    def section(self, run, tables: dict, figures_dir) -> dict | None:
+        """Its part of the report, laid out by the report's generic measure section: {"title",
+        "text" (its sentences, with units and numbers), "columns" ([(key, header, format)]), "rows"
+        (records), "figures" (report.figures.figure dicts)}; None where it shows nothing. The first
+        six kinds keep the hand-laid sections they had before the registry."""
+        return None
+
 
 class BatchMeasure(Measure):
     """Read from the prompts' one forward pass: `request(declared, batch)` -> (capture keywords,
@@ -166,14 +174,13 @@ class Scored:
     tokens: int
 
 
-class ScoredMeasure(Measure):
-    """Scored continuations of each prompt, in its own phase (chunk files `<prefix><k>.<NAME>.parquet`,
-    computed by the first shard): `sequences(declared, encoded, tokenizer, suite)` -> a prompt's
-    scored prefix and tails (the context check and the estimate read it), `score(pm, declared, suite,
-    prompts, batch_size, advance)` -> the chunk's table, `count(declared, suite, encoded)` -> the
-    sequences a prompt scores (progress units), CONTEXT: what the context check names."""
+class PromptsMeasure(Measure):
+    """Its own phase over chunks of the prompts (chunk files `<prefix><k>.<NAME>.parquet`, computed
+    by the first shard, joined into `<NAME>.parquet`): `score(pm, declared, suite, prompts,
+    batch_size, advance)` -> the chunk's table; `count(declared, suite, encoded)` -> the progress
+    units of a prompt."""
 
-    CONTEXT: ClassVar[str] = ""
+    CSV: ClassVar[bool] = True  # its table also as CSV (a table of millions of rows is Parquet only)
 
     @classmethod
     def prefix(cls) -> str:
@@ -182,13 +189,10 @@ class ScoredMeasure(Measure):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if cls.NAME:
-            cls.ARTEFACTS = (f"{cls.NAME}.csv", f"{cls.NAME}.parquet")
+            cls.ARTEFACTS = (f"{cls.NAME}.csv",) * cls.CSV + (f"{cls.NAME}.parquet",)
             cls.CHUNKS = {cls.prefix(): (f"{cls.NAME}.parquet",)}
             cls.READS = {cls.NAME: cls.NAME}
             cls.OPTIONAL = True
-
-    @abstractmethod
-    def sequences(self, declared, encoded, tokenizer, suite): ...
 
     @abstractmethod
     def score(self, pm, declared, suite, prompts, batch_size: int, advance) -> pd.DataFrame: ...
@@ -199,6 +203,31 @@ class ScoredMeasure(Measure):
     def plan_key(self, declared) -> str:
         """What joins the prompts' plan in the phase's plan hash (a changed question redoes it)."""
         return getattr(declared, "prompt", self.NAME)
+
+    def compute(self, declared, part, engine) -> None:
+        if part is not None:  # declared and not skipped
+            engine.scored(self, declared)
+
+    def merge(self, shards: list, out, merged: dict) -> None:
+        import shutil
+
+        first = shards[0][0]  # shard 1 computes every such phase
+        for name in self.ARTEFACTS:
+            if (first / name).is_file():
+                shutil.copyfile(first / name, out / name)
+        for path in (first / "chunks").glob(f"{self.prefix()}*"):
+            shutil.copyfile(path, out / "chunks" / path.name)
+
+
+class ScoredMeasure(PromptsMeasure):
+    """Scored continuations of each prompt, in its own phase: `sequences(declared, encoded,
+    tokenizer, suite)` -> a prompt's scored prefix and tails (the context check and the estimate read
+    it), CONTEXT: what the context check names."""
+
+    CONTEXT: ClassVar[str] = ""
+
+    @abstractmethod
+    def sequences(self, declared, encoded, tokenizer, suite): ...
 
     def plan(self, declared, scope: PlanScope) -> Scored:
         from ..forward.estimates import forwarded_tokens
@@ -215,17 +244,3 @@ class ScoredMeasure(Measure):
         from ..forward.estimates import scored_seconds
 
         return [(self.NAME, scored_seconds(part.tokens), part.tokens)]
-
-    def compute(self, declared, part, engine) -> None:
-        if part is not None:  # declared and not skipped
-            engine.scored(self, declared)
-
-    def merge(self, shards: list, out, merged: dict) -> None:
-        import shutil
-
-        first = shards[0][0]  # shard 1 computes every scored phase
-        for name in self.ARTEFACTS:
-            if (first / name).is_file():
-                shutil.copyfile(first / name, out / name)
-        for path in (first / "chunks").glob(f"{self.prefix()}*"):
-            shutil.copyfile(path, out / "chunks" / path.name)

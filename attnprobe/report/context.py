@@ -14,6 +14,7 @@ import math
 import pandas as pd
 
 from ..heads import HeadSet
+from ..measures import MEASURES
 from ..run.reader import RunFiles
 from ..schema.analysis import few_levels_notes
 from ..stats import ALPHA, held_out_interaction, run_analysis
@@ -258,6 +259,9 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "effects": effects_context(tables, heads, figures_dir, manifest, analysis),
         "edits": edits_context(run.directory, figures_dir),
         "referents": referents_context(tables, figures_dir, analysis),
+        "measure_sections": [
+            section for kind in MEASURES.values() if (section := kind.section(run, tables, figures_dir))
+        ],
         "preference": _records(tables, "sentence_preference"),
         "choices": _records(tables, "choice_accuracy"),
         "choice_prompt": choice_setting(manifest, "prompt"),

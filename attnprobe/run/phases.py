@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RunInterrupted
-from ..measures import Phase, ScoredMeasure, batch_kinds
+from ..measures import Phase, PromptsMeasure, batch_kinds
 from ..progress import Progress
 from . import storage
 from .execute import deferred_interrupt, ignored_interrupts, measure_batch
@@ -110,7 +110,7 @@ class Engine:
     def complete(self, prefix: str, n_chunks: int, plan: str | None) -> set[int]:
         return storage.complete_chunks(self.directory / "chunks", n_chunks, self.options.log, prefix, plan)
 
-    def scored(self, kind: ScoredMeasure, declared) -> None:
+    def scored(self, kind: PromptsMeasure, declared) -> None:
         """A scored-continuation phase (file prefix `<name>-`, computed by shard 1): chunks of
         prompts scored by the kind, joined into its table."""
         plan, options, suite = self.plan, self.options, self.plan.suite
@@ -148,7 +148,7 @@ class Engine:
         )
         self.run(phase)
         if phase.mine:
-            storage.assemble_phase(self.directory, prefix, phase.n_chunks, kind.NAME)
+            storage.assemble_phase(self.directory, prefix, phase.n_chunks, kind.NAME, kind.CSV)
 
 
 @contextmanager

@@ -127,13 +127,14 @@ def read_chunks(directory: Path, n_chunks: int, kind: str) -> dict[str, pd.DataF
     return store.read_chunks(directory, n_chunks, CHUNK_FILES[kind], kind)
 
 
-def assemble_phase(directory: Path, kind: str, n_chunks: int, table: str) -> None:
-    """Join a phase's one-table chunks (`kind`: its file prefix) into the run's table `table`."""
-    write_table(
-        directory,
-        table,
-        read_chunks(directory, n_chunks, kind)[CHUNK_FILES[kind][0].removesuffix(".parquet")],
-    )
+def assemble_phase(directory: Path, kind: str, n_chunks: int, table: str, csv: bool = True) -> None:
+    """Join a phase's one-table chunks (`kind`: its file prefix) into the run's table `table` (as
+    Parquet, and as CSV unless `csv` is off: a table of millions of rows is Parquet only)."""
+    joined = read_chunks(directory, n_chunks, kind)[CHUNK_FILES[kind][0].removesuffix(".parquet")]
+    if csv:
+        write_table(directory, table, joined)
+    else:
+        atomic_write(directory / f"{table}.parquet", lambda p: store.write_parquet(joined, p))
 
 
 def read_manifest(path: Path, check: bool = True) -> dict:

@@ -2,12 +2,12 @@
 
 y = log p(positive) - log p(negative) at the cut, where positive and negative are candidate labels
 of the next_token measure with the same cut (by default the analysis's two labels; a label with
-several words at the cut counts all of them). The designs (patching.designs): `SlotSwap` replaces
+several words at the cut counts all of them). The designs (designs.py): `SlotSwap` replaces
 one slot of the item by each declared word (e.g. the occupation by "woman", "man" and "person"),
 `PairSwap` patches an item's pro version into its anti version. x and x' may tokenise to different
 lengths: patching aligns the slot's last token and what follows it.
 
-Two phases (measures/head_effect_phases.py, computed in batches by patching.engine). The screen, per
+Two phases (phases.py, computed in batches by engine.py). The screen, per
 item in resumable chunks: the total effect, every head's and layer's attribution, all heads'
 patterns jointly, and on the held-out items (every item with `exact: all`) every head and layer
 patched exactly. Then, with every item screened: the suite's k heads (by attribution over the items
