@@ -6,6 +6,7 @@ without one fails `test_every_kind_has_a_contract_suite`.
 """
 
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -25,14 +26,18 @@ CONTRACT_SUITES = {
     "coref": (lambda d: _shipped("coref", d), 24),
     "pairs": (lambda d: _shipped("pairs", d), 12),
     "choices": (lambda d: _shipped("choices", d), 8),
+    "gender": (lambda d: _shipped("gender", d), 24),
 }
 
 
 def _shipped(name, directory):
-    shutil.copytree(f"probes/{name}", directory / name)
+    if Path(f"probes/{name}").is_dir():
+        shutil.copytree(f"probes/{name}", directory / name)
     shutil.copy(f"probes/{name}.yaml", directory / f"{name}.yaml")
-    if name == "coref":
+    if name in ("coref", "gender"):
         shutil.copy("probes/occupations-bls.tsv", directory / "occupations-bls.tsv")
+    if name == "gender":
+        shutil.copytree("probes/edits", directory / "edits")
     return directory / f"{name}.yaml"
 
 

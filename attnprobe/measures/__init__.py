@@ -10,12 +10,14 @@ kind is its module plus one line here.
   likelihood       log p of each sentence and of its shared words   -> likelihood.parquet/csv
   multiple_choice  log p of each option after context + question    -> multiple_choice.parquet/csv
   head_effects     activation patching of the next-token contrast    -> head_effects_*.parquet/csv
+  direct_attribution  the logit difference split over heads and MLPs -> direct_attribution.parquet
 """
 
 from __future__ import annotations
 
 from .attention import Attention, AttentionMeasure
-from .base import BatchMeasure, Measure, ParseScope, Phase, PlanScope, ScoredMeasure
+from .base import BatchMeasure, Measure, ParseScope, Phase, PlanScope, PromptsMeasure, ScoredMeasure
+from .direct_attribution import DirectAttribution
 from .head_effects import HeadEffects, HeadEffectsMeasure, PairSwap, SlotSwap
 from .likelihood import Likelihood, LikelihoodMeasure
 from .multiple_choice import MultipleChoice, MultipleChoiceMeasure
@@ -24,7 +26,15 @@ from .referent_choice import ReferentChoice, ReferentChoiceMeasure
 
 MEASURES: dict[str, Measure] = {
     kind.NAME: kind
-    for kind in (Attention(), NextToken(), ReferentChoice(), Likelihood(), MultipleChoice(), HeadEffects())
+    for kind in (
+        Attention(),
+        NextToken(),
+        ReferentChoice(),
+        Likelihood(),
+        MultipleChoice(),
+        HeadEffects(),
+        DirectAttribution(),
+    )
 }
 
 
@@ -70,6 +80,7 @@ __all__ = [
     "ParseScope",
     "Phase",
     "PlanScope",
+    "PromptsMeasure",
     "ReferentChoiceMeasure",
     "ScoredMeasure",
     "SlotSwap",
