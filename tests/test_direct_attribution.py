@@ -5,7 +5,7 @@ projection (other heads zeroed, the final norm's scale frozen by hand)."""
 import pytest
 import torch
 import transformers as T
-from conftest import EFFECT_SUITE
+from conftest import EFFECT_SUITE, INTERFACE_FAMILIES, build_tiny
 
 from attnprobe.measures.direct_attribution.compute import PREDICTION, attribute
 from attnprobe.model import load_model
@@ -139,3 +139,46 @@ def test_the_report_states_the_gradient_shares(tiny, tmp_path):
     html = write_report(out).read_text()
     assert "Direct attribution of the prediction" in html
     assert "Per 10 points of occupation.bls_pct_female, y changes by" in html and "all MLPs" in html
+
+
+@pytest.mark.parametrize("family", INTERFACE_FAMILIES)
+def test_the_parts_add_up_in_every_family(family):
+    """On every family routed through attnprobe (pre-norm, post-sublayer norms, parallel attention
+    and MLP, GQA, biases), y is the model's logit difference and the parts add up to it; a family
+    whose layers this attribution cannot read is refused in one line, not attributed wrongly."""
+    from types import SimpleNamespace
+
+    from attnprobe.measures.direct_attribution.compute import parts_of
+
+    model = build_tiny(family)
+    if parts_of(model) is None:
+        assert family == "opt"  # its MLP is two loose linear layers: no module to read
+        return
+    pm = SimpleNamespace(model=model, tokenizer=SimpleNamespace(pad_token_id=0), device=torch.device("cpu"))
+    ids = [[5, 17, 3, 9, 22, 41, 7], [8, 2, 30, 11]]
+    t = [5, 3]
+    classes = [["span" if s in (1, 2) else "other" for s in range(k)] + [PREDICTION] for k in t]
+    results = attribute(pm, ids, t, [([12], [13]), ([12, 14], [13])], classes)
+    W = model.get_output_embeddings().weight
+    for b, result in enumerate(results):
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([ids[b][: t[b] + 1]]), output_hidden_states=True)
+        d = W[[12, 14] if b else [12]].mean(0) - W[13]
+        h = out.hidden_states[-1][0, t[b]]  # the final norm's output (transformers keeps it last)
+        lm_head = model.get_output_embeddings()
+        expected = float(d @ h)
+        if getattr(lm_head, "bias", None) is not None:
+            expected += float(lm_head.bias[[12, 14] if b else [12]].mean() - lm_head.bias[13])
+            float(
+                model.get_output_embeddings().bias[[12, 14] if b else [12]].mean()
+                - model.get_output_embeddings().bias[13]
+            )
+            if getattr(model.get_output_embeddings(), "bias", None) is not None
+            else 0.0
+        )
+        assert result["y"] == pytest.approx(expected, rel=1e-4, abs=1e-4), family
+        assert abs(result["error"]) < 1e-4 * max(1.0, abs(result["y"])), (
+            family,
+            result["error"],
+            result["y"],
+        )

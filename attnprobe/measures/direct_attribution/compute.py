@@ -8,8 +8,9 @@ x_t, and x_t is the sum of what every part wrote there: the embedding, each laye
 and MLP output (for families that add them to the residual as they are). A head's part splits exactly
 over the source positions it reads: o_proj(z_t) = sum_h sum_s A[t, h, s] v_s^h W_O^h (+ o_proj's
 bias), so its share of y from source s is A[t, h, s] (v_s^h . g_h), g = W_O^T d_resid, d_resid the
-frozen norm applied to d_U. `error` is y minus the sum of the parts: zero for such families up to
-float rounding; a family with norms after each sublayer (Gemma 2/3) shows its size there.
+frozen norm applied to d_U. Families that normalise a sublayer's output before adding it (Gemma 2/3)
+have that norm's scale frozen too. `error` is y minus the sum of the parts: zero up to float
+rounding where every step is as described (tests/test_direct_attribution.py, every family).
 Shapes: B prompts, L layers, H heads, S source positions, D head dim, E model width.
 """
 
@@ -28,18 +29,25 @@ PREDICTION, OTHER = "prediction", "other"
 
 
 def parts_of(model):
-    """(per-layer attention output projections, MLPs, the final norm, the lm head), or None where
-    the model's anatomy is not one this attribution reads."""
-    outputs = []
-    for layer in decoder_layers(model):
+    """(per-layer attention output projections, the norms after each layer's attention (None where
+    its output is added as it is), what each layer's MLP adds (the MLP, or the norm after it), the
+    final norm, the lm head), or None where the model's anatomy is not one this attribution reads."""
+    outputs, after_attention, mlp_added = [], [], []
+    mlps = mlp_modules(model) or []
+    for i, layer in enumerate(decoder_layers(model)):
         attention = next((m for m in layer.modules() if type(m).__name__.endswith("Attention")), None)
-        projection = next((getattr(attention, n) for n in OUTPUTS if hasattr(attention, n)), None)
-        outputs.append(projection)
+        outputs.append(next((getattr(attention, n) for n in OUTPUTS if hasattr(attention, n)), None))
+        # Gemma 2/3 normalise each sublayer's output before adding it (their post_attention_layernorm
+        # is a post-norm only beside a pre_feedforward_layernorm; in Llama that name is the MLP's pre-norm)
+        post = hasattr(layer, "pre_feedforward_layernorm")
+        after_attention.append(getattr(layer, "post_attention_layernorm", None) if post else None)
+        mlp_added.append(
+            getattr(layer, "post_feedforward_layernorm", None) or (mlps[i] if i < len(mlps) else None)
+        )
     norms = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in FINAL_NORMS]
-    mlps = mlp_modules(model)
-    if not outputs or None in outputs or not norms or mlps is None:
+    if not outputs or None in outputs or None in mlp_added or not norms:
         return None
-    return outputs, mlps, norms[-1], model.get_output_embeddings()
+    return outputs, after_attention, mlp_added, norms[-1], model.get_output_embeddings()
 
 
 def _frozen_norm(
@@ -71,18 +79,23 @@ def attribute(
     "parts": {(layer, head, position class): value}, "error": y - their sum}. `labels[b]`: the
     positive and negative words' first token ids; `classes[b][s]`: the class of source position s."""
     model, anatomy = pm.model, parts_of(pm.model)
-    outputs, mlps, norm, head = anatomy
+    outputs, after_attention, mlp_added, norm, head = anatomy
     ids, mask = pad_right([p[: i + 1] for p, i in zip(prompts, t)], pm.tokenizer.pad_token_id)
     rows = torch.arange(len(prompts))
     at = torch.as_tensor(t)
-    sites, mlp_out, final = {}, {}, {}
+    sites, mlp_out, final, post = {}, {}, {}, {}
 
     def record(site):  # changes nothing: keeps each layer's weights at row t and its values
         w = site.weights()[rows, :, at]  # (B, H, S)
         sites[site.layer] = (w.float(), site.values().float())
         return site.output
 
-    hooks = [m.register_forward_hook(_keep(mlp_out, i, rows, at)) for i, m in enumerate(mlps)]
+    hooks = [m.register_forward_hook(_keep(mlp_out, i, rows, at)) for i, m in enumerate(mlp_added)]
+    hooks += [
+        m.register_forward_hook(lambda m, a, out, i=i: post.update({i: (a[0][rows, at], out[rows, at])}))
+        for i, m in enumerate(after_attention)
+        if m is not None
+    ]
     hooks.append(
         norm.register_forward_hook(lambda m, a, out: final.update(x=a[0][rows, at], h=out[rows, at]))
     )
@@ -108,7 +121,12 @@ def attribute(
     per_layer = []
     for layer, projection in enumerate(outputs):
         weights, values = sites[layer]  # (B, H, S), (B, H, S, D)
-        g, bias = _transposed(projection, d_resid, values.shape[1] * values.shape[3])  # (B, H*D), (B,)
+        d_layer = d_resid  # what the attention output must be dotted with: through its post-norm, frozen
+        if layer in post:
+            d_layer = _frozen_norm(
+                after_attention[layer], post[layer][0].float(), post[layer][1].float(), d_resid
+            )[0]
+        g, bias = _transposed(projection, d_layer, values.shape[1] * values.shape[3])  # (B, H*D), (B,)
         g = g.view(len(prompts), values.shape[1], 1, values.shape[3])
         per_source = weights * (values * g).sum(-1)  # (B, H, S)
         mlp = (mlp_out[layer].float() * d_resid).sum(-1)
