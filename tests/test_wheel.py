@@ -1,0 +1,103 @@
+"""A built wheel, installed (not editable) into a fresh virtual environment, runs `attnprobe run`
+and `attnprobe edit` on the bundled model: the package data it needs (report templates, edit
+openings, verify texts) ships in the wheel, and nothing reads files beside the package."""
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _fresh_venv(tmp_path: Path) -> Path:
+    """A venv of its own whose site-packages sees this environment's third-party libraries (torch,
+    transformers, the bundled model: a .pth line, whose own .pth files, the editable attnprobe
+    among them, are not run) but no attnprobe."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "third_party.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv
+
+
+@pytest.mark.slow
+def test_a_built_wheel_runs_and_edits_in_a_fresh_venv(tmp_path):
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            *isolation,
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(REPO),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
+    wheel = next((tmp_path / "dist").glob("attnprobe-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for data in (
+        "attnprobe/report/report.html.j2",
+        "attnprobe/edits/data/openings.txt",
+        "attnprobe/verify/data/texts.txt",
+    ):
+        assert data in names, f"{data} is not in the wheel"
+    venv = _fresh_venv(tmp_path)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+    )
+    python = venv / "bin" / "python"
+    work = tmp_path / "work"  # no checkout here: the suite is copied, the package comes from the wheel
+    work.mkdir()
+    shutil.copy(REPO / "probes" / "gender.yaml", work)
+    shutil.copy(REPO / "probes" / "occupations-bls.tsv", work)
+    shutil.copytree(REPO / "probes" / "edits", work / "edits")
+    where = subprocess.run(
+        [str(python), "-c", "import attnprobe; print(attnprobe.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=work,
+    )
+    assert where.stdout.startswith(str(site)), where.stdout + where.stderr
+    run = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "attnprobe",
+            "run",
+            "gender.yaml",
+            "--limit",
+            "16",
+            "--out",
+            "out",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=work,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (work / "out" / "report.html").is_file() and (
+        work / "out" / "head_effects_items.parquet"
+    ).is_file()
+    edit = subprocess.run(
+        [str(python), "-m", "attnprobe", "edit", "out", "--kinds", "zero", "--k", "1", "--draws", "2"],
+        capture_output=True,
+        text=True,
+        cwd=work,
+    )
+    assert edit.returncode == 0, edit.stderr[-3000:]
+    assert (work / "out" / "edits.csv").is_file()
