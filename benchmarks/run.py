@@ -127,7 +127,7 @@ def bench_throughput(pm, pm_bf16, encoded, repeats: int, scratch: Path, batch_si
             progress=False,
             log=lambda m: None,
             resume=False,
-            head_effects=False,
+            skip=("head_effects",),
         )
 
     t_eager, t_floor, t_floor_forwarded, t_capture, t_run, t_bf16 = interleaved(
@@ -361,7 +361,7 @@ def bench_scoring(repeats: int) -> dict:
     pm = attnprobe.load_model("smollm2-135m")
     with tempfile.TemporaryDirectory() as scratch:
         suite = load_suite(large_coref_suite(Path(scratch)))
-        options = RunOptions(head_effects=False, log=lambda m: None, progress=False)
+        options = RunOptions(skip=("head_effects",), log=lambda m: None, progress=False)
         plan = plan_run(suite, pm, options)
 
     def whole(phase):
@@ -433,7 +433,7 @@ def bench_scored_shapes(repeats: int) -> dict:
             for r in rows
         ]
         (folder / "choices" / "choices.jsonl").write_text("\n".join(lines) + "\n")
-        options = RunOptions(head_effects=False, log=lambda m: None, progress=False)
+        options = RunOptions(skip=("head_effects",), log=lambda m: None, progress=False)
         for name, phase_of in (("pairs", likelihood_phase), ("choices", multiple_choice_phase)):
             plan = plan_run(load_suite(folder / f"{name}.yaml"), pm, options)
             phases = (prompts_phase(pm, plan, options), phase_of(pm, plan, options))
@@ -499,7 +499,7 @@ def bench_sharing(pm, pm_bf16, encoded, repeats: int, scratch: Path, peers: list
             progress=False,
             log=lambda m: None,
             resume=False,
-            head_effects=False,
+            skip=("head_effects",),
             **options,
         )
 
@@ -565,7 +565,7 @@ def bench_peers(pm, encoded, repeats: int, scratch: Path) -> dict:
                 progress=False,
                 log=lambda m: None,
                 resume=False,
-                head_effects=False,
+                skip=("head_effects",),
             )
         ],
         ["attnprobe"],
@@ -635,7 +635,7 @@ def peak_memory_of_run(limit: int) -> float:
         f"pm = attnprobe.load_model('smollm2-135m')\n"
         "with tempfile.TemporaryDirectory() as out:\n"
         f"    attnprobe.run_suite({str(SUITE)!r}, model=pm, out=out, limit={limit}, progress=False, "
-        "log=lambda m: None, head_effects=False)\n"
+        'log=lambda m: None, skip=("head_effects",))\n'
         "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
         "print(int(hwm.split()[1]) / 1024)\n"
     )

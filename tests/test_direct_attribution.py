@@ -111,7 +111,7 @@ def test_the_measure_runs_and_its_statistics_read_back(tiny, tmp_path):
     assert len(errors) == 10 and errors.max() < 1e-4 * max(1.0, totals.max())  # 10 occupations: 10 prefixes
     from attnprobe.measures import analyse
 
-    stats = analyse(run)["direct_attribution"]
+    stats = analyse(run)["direct_attribution_shares"]
     total = stats[(stats["position"] == "logit_difference")].iloc[0]
     heads = stats[
         (stats["layer"] == "all")

@@ -44,6 +44,7 @@ def _shipped(name, directory):
 def _declared(name, directory):
     path = CONTRACT_SUITES[name][0](directory)
     suite = load_suite(path)
+    assert suite.name == name  # the suite keeps its own name (not a registered kind's)
     return path, suite, [kind for kind in MEASURES.values() if kind.declared(suite)]
 
 
@@ -53,6 +54,15 @@ def test_every_kind_has_a_contract_suite(tmp_path):
         (tmp_path / name).mkdir()
         covered |= {kind.NAME for kind in _declared(name, tmp_path / name)[2]}
     assert covered == set(MEASURES), f"kinds without a contract suite: {set(MEASURES) - covered}"
+
+
+def test_statistics_never_overwrite_a_run_file():
+    """A statistics table is written into the run directory as <name>.parquet/.csv: no kind's table
+    may take the name of any kind's own file (the report would overwrite what the run measured)."""
+    files = {name.split(".")[0] for kind in MEASURES.values() for name in kind.ARTEFACTS}
+    files |= {"prompts", "manifest"}
+    for kind in MEASURES.values():
+        assert not set(kind.TABLES) & files, f"{kind.NAME}: statistics table {set(kind.TABLES) & files}"
 
 
 def _table(run, attribute):

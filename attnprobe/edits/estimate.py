@@ -16,6 +16,16 @@ import torch
 
 from ..measures.head_effects.engine import Bank
 
+BANK_TOKENS = 2048  # reference tokens kept for resample ablation
+
+
+def subset(bank: Bank, fold: np.ndarray, on: np.ndarray) -> Bank:
+    """The sequences of `bank` whose fold is one of `on` (their outputs only)."""
+    keep = torch.as_tensor(np.isin(fold, on))
+    return Bank(
+        bank.ids[keep], bank.lengths[keep], [], [], [], [z[keep] for z in bank.outputs], [], None, None, False
+    )
+
 
 def _valid(bank: Bank) -> torch.Tensor:
     """(N, T) bool: the positions each sequence has."""

@@ -11,8 +11,10 @@ position:
   Project   z -> z - (z . u) u, u a unit direction per head (e.g. the direction along which the
             head's output follows the stereotype covariate on training items)
 
-Heads are (layer, head) pairs; `edit.on(heads)` is the same edit on other heads. Within
-`edited(model, edit)` every forward pass of the model runs edited.
+Heads are (layer, head) pairs; `edit.on(heads)` is the same edit on other heads. Each kind fits its
+own parameters: `Kind.fit(inputs, on, options)` from the recorded inputs of the items in folds `on`
+(edits.inputs; estimate.py holds the estimators). Within `edited(model, edit)` every forward pass of
+the model runs edited.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from ..errors import AttnprobeError
 from ..forward.capture import editing
 from ..heads import HeadSet
 from ..model import routes_attention
+from .estimate import BANK_TOKENS, covariate_directions, last_outputs, subset, token_means, token_sample
 
 Heads = tuple[tuple[int, int], ...]
 
@@ -54,6 +58,12 @@ class HeadEdit:
         """(L, H) bool: the edited heads."""
         return HeadSet(self.heads).mask(n_layers, n_heads)
 
+    @classmethod
+    def fit(cls, inputs, on, options) -> HeadEdit:
+        """The edit with its parameters estimated on the items (and their reference sequences) of
+        the folds `on`; a kind without parameters is itself."""
+        return cls()
+
 
 @dataclass(frozen=True)
 class Zero(HeadEdit):
@@ -73,6 +83,10 @@ class Mean(HeadEdit):
     def replacement(self, layer, z):
         return self.means[layer].to(z)[None, :, None, :].expand_as(z)
 
+    @classmethod
+    def fit(cls, inputs, on, options) -> Mean:
+        return cls(means=token_means(subset(inputs.reference, inputs.reference_fold, on)))
+
 
 @dataclass(frozen=True)
 class Resample(HeadEdit):
@@ -90,6 +104,11 @@ class Resample(HeadEdit):
         per_head = self.bank[layer].to(z)  # (H, N, D)
         return per_head[torch.arange(H)[None, :, None], pick]  # (B, H, T, D)
 
+    @classmethod
+    def fit(cls, inputs, on, options) -> Resample:
+        reference = subset(inputs.reference, inputs.reference_fold, on)
+        return cls(bank=token_sample(reference, BANK_TOKENS, options.seed), seed=options.seed)
+
 
 @dataclass(frozen=True)
 class Scale(HeadEdit):
@@ -98,6 +117,10 @@ class Scale(HeadEdit):
 
     def replacement(self, layer, z):
         return z * self.factor
+
+    @classmethod
+    def fit(cls, inputs, on, options) -> Scale:
+        return cls(factor=options.factor)
 
 
 @dataclass(frozen=True)
@@ -110,6 +133,12 @@ class Project(HeadEdit):
     def replacement(self, layer, z):
         u = self.directions[layer].to(z)[None, :, None, :]  # (1, H, 1, D)
         return z - (z * u).sum(-1, keepdim=True) * u
+
+    @classmethod
+    def fit(cls, inputs, on, options) -> Project:
+        chosen = np.isin(inputs.fold, on)
+        last = last_outputs(inputs.bank)[torch.as_tensor(chosen)]
+        return cls(directions=covariate_directions(last, inputs.covariate[chosen]))
 
 
 KINDS = {kind.kind: kind for kind in (Zero, Mean, Resample, Scale, Project)}

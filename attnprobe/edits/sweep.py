@@ -35,20 +35,17 @@ import torch
 
 from ..errors import AttnprobeError
 from ..heads import HeadSet
-from ..measures.head_effects.engine import Bank
 from ..measures.head_effects.selection import random_sets, top_heads
 from ..measures.head_effects.sites import behaviour_rows
 from ..version import __version__
-from .estimate import covariate_directions, last_outputs, token_means, token_sample
 from .inputs import Inputs, text_head
-from .kinds import KINDS, HeadEdit, Heads, parse_heads
+from .kinds import KINDS, Heads, parse_heads
 from .passes import edited_behaviour, edited_text_costs
 
 DEFAULT_KINDS = ("zero", "mean", "project")
 DEFAULT_K = (1, 2, 5, 10, 20)
 DEFAULT_DRAWS = 20
 RANDOM_EVERY = 4  # random head sets are edited on every 4th item
-BANK_TOKENS = 2048  # reference tokens kept for resample ablation
 
 
 @dataclass(frozen=True)
@@ -107,31 +104,6 @@ def gradient_scores(
     return sign * slopes
 
 
-def _edit(kind: str, options: EditOptions, inputs: Inputs, on: np.ndarray) -> HeadEdit:
-    """The edit of `kind` with its parameters estimated on the items (and their reference
-    sequences) `on` selects."""
-    cls = KINDS[kind]
-    if kind == "mean":
-        return cls(means=token_means(_subset(inputs.reference, inputs.reference_fold, on)))
-    if kind == "resample":
-        bank = token_sample(_subset(inputs.reference, inputs.reference_fold, on), BANK_TOKENS, options.seed)
-        return cls(bank=bank, seed=options.seed)
-    if kind == "scale":
-        return cls(factor=options.factor)
-    if kind == "project":
-        chosen = np.isin(inputs.fold, on)
-        last = last_outputs(inputs.bank)[torch.as_tensor(chosen)]
-        return cls(directions=covariate_directions(last, inputs.covariate[chosen]))
-    return cls()
-
-
-def _subset(bank: Bank, fold: np.ndarray, on: np.ndarray) -> Bank:
-    keep = torch.as_tensor(np.isin(fold, on))
-    return Bank(
-        bank.ids[keep], bank.lengths[keep], [], [], [], [z[keep] for z in bank.outputs], [], None, None, False
-    )
-
-
 def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> str:
     """What determines an edit kind's values: the run, the options, the model's weights, this
     attnprobe's version and the part of --text that is read."""
@@ -169,7 +141,7 @@ def measure_kind(
     L, H = model.info.n_layers, n_heads
     rng = np.random.default_rng(options.seed)
     frames = []
-    everywhere = _edit(kind, options, inputs, np.arange(4))
+    everywhere = KINDS[kind].fit(inputs, np.arange(4), options)
     random_by_k = {
         k: [
             tuple((h // H, h % H) for h in draw)
@@ -182,7 +154,7 @@ def measure_kind(
     sampled = np.arange(len(inputs.items)) % RANDOM_EVERY == 0
     # bias: per quarter f, its found heads on its items and the random sets on its sampled items,
     # edited with the parameters of its training quarters (edits[f]); all quarters in one call
-    edits = tuple(_edit(kind, options, inputs, inputs.training(f)) for f in range(4))
+    edits = tuple(KINDS[kind].fit(inputs, inputs.training(f), options) for f in range(4))
     base, masks, keys = [], [], []
     for f in range(4):
         for k, per_fold in sets.items():

@@ -1,0 +1,363 @@
+"""The `attnprobe` command: thin click commands over library functions.
+
+Every user mistake arrives as an AttnprobeError and leaves through the one handler on the group
+(`Group.invoke`) as one line on stderr with the error's exit code (2; 130 for an interrupted run).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import AttnprobeError, RunError, RunInterrupted
+from ..run.options import DEFAULT_CHUNK_SIZE
+from ..run.plan import DEFAULT_BATCH_SIZE
+from .options import data_root_option, dtype_option, model_option, pickle_option, remote_code_option
+
+
+class OneLineErrors(click.Group):
+    """A click group whose commands turn an AttnprobeError, or a bad option of a command, into one
+    line on stderr and an exit code."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except AttnprobeError as error:
+            if isinstance(error, RunInterrupted):  # a further Ctrl-C while exiting changes nothing
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            click.echo(f"attnprobe: error: {error}", err=True)
+            sys.exit(error.exit_code)
+        except click.UsageError as error:
+            command = (
+                f" {error.ctx.info_name}" if error.ctx is not None and error.ctx.parent is not None else ""
+            )
+            message = " ".join(error.format_message().split()).rstrip(".")
+            click.echo(f"attnprobe: error: {message}; see `attnprobe{command} --help`", err=True)
+            sys.exit(error.exit_code)
+
+
+class ShardType(click.ParamType):
+    """K/N (1 <= K <= N), or 'auto': RANK and WORLD_SIZE as set by torchrun or accelerate launch."""
+
+    name = "K/N|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        if value == "auto":
+            try:
+                return int(os.environ["RANK"]) + 1, int(os.environ["WORLD_SIZE"])
+            except (KeyError, ValueError):
+                self.fail(
+                    "'auto' needs integer RANK and WORLD_SIZE (set by torchrun or accelerate launch); give "
+                    "K/N instead",
+                    param,
+                    ctx,
+                )
+        try:
+            k, n = (int(part) for part in str(value).split("/"))
+        except ValueError:
+            self.fail(f"{value!r}: write K/N, e.g. 1/4 (or 'auto' under torchrun)", param, ctx)
+        if not 1 <= k <= n:
+            self.fail(f"{value!r}: K/N needs 1 <= K <= N", param, ctx)
+        return k, n
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="attnprobe")
+@click.option("-q", "--quiet", is_flag=True, help="Only results and errors: no progress, log lines or notes.")
+@click.option(
+    "-v", "--verbose", is_flag=True, help="Also the log lines of transformers (loading, conversion)."
+)
+@click.pass_context
+def main(ctx, quiet, verbose):
+    """Extract, verify and probe attention in causal language models."""
+    from transformers.utils import logging as hf_logging
+
+    if quiet and verbose:
+        raise click.UsageError("-q and -v contradict each other; give one")
+    hf_logging.disable_progress_bar()  # our own progress bar is enough; keep CI logs readable
+    if verbose or quiet:
+        hf_logging.set_verbosity_info() if verbose else hf_logging.set_verbosity_error()
+    ctx.obj = {"quiet": quiet}
+
+
+@main.command()
+def models():
+    """List the bundled model aliases and whether each is installed."""
+    from ..model.bundled import bundled_status
+
+    for row in bundled_status():
+        state = "installed" if row["installed"] else f"not installed ({row['install']})"
+        click.echo(f"{row['alias']:<14} {state:<12}  {row['description']}")
+
+
+@main.command()
+@model_option
+@click.option(
+    "--text", "texts", multiple=True, help="A text to check (repeatable); default: built-in probe sentences."
+)
+@dtype_option
+@click.option(
+    "--long",
+    "long_tokens",
+    type=click.IntRange(min=1),
+    help="Also check a text of N tokens: up to 1,024 padded against the others, longer alone in blocks of "
+    "query rows (memory stays O(rows x T)): sliding windows and long-context masks act (e.g. 600 for "
+    "Gemma 3's 512-token window, 8000 past several).",
+)
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False), help="Also write the per-layer table as JSON."
+)
+@remote_code_option
+@pickle_option
+def verify(model_spec, texts, dtype, long_tokens, json_path, trust_remote_code, allow_pickle):
+    """Recompute every attention layer from scratch and compare with the model.
+
+    Exit 0 when every layer is within tolerance, 1 when any is not, 2 when the family has no
+    from-scratch recomputation.
+    """
+    from ..verify import DEFAULT_TEXTS, format_table
+    from ..verify.long import verify_spec
+
+    if json_path:  # before the work: a path that cannot be written is refused at once
+        _json_directory(Path(json_path))
+    if any(not text.strip() for text in texts):
+        raise click.BadParameter("a --text is empty; give a sentence to check", param_hint="--text")
+    table = verify_spec(
+        model_spec,
+        list(texts) or DEFAULT_TEXTS,
+        dtype=dtype,
+        trust_remote_code=trust_remote_code,
+        allow_pickle=allow_pickle,
+        long_tokens=long_tokens,
+    )
+    click.echo(format_table(table))
+    if json_path:
+        _write_json(table, Path(json_path))
+    sys.exit(0 if table["passed"].all() else 1)
+
+
+def _json_directory(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunError(
+            f"--json {path}: cannot create {path.parent} ({exc.strerror or exc}); choose a writable path"
+        ) from None
+
+
+def _write_json(table, path: Path) -> None:
+    try:
+        table.to_json(path, orient="records", indent=1)
+    except OSError as exc:
+        raise RunError(
+            f"--json {path}: cannot write ({exc.strerror or exc}); choose a writable path"
+        ) from None
+
+
+@main.command()
+@click.argument("suite", type=click.Path(dir_okay=False))
+@click.option(
+    "--model",
+    "model_spec",
+    default=None,
+    help="Tokenizer to count tokens with; default: the suite's `model`.",
+)
+@click.option("--limit", type=click.IntRange(min=1), help="As `run --limit`.")
+@remote_code_option
+@data_root_option
+def check(suite, model_spec, limit, trust_remote_code, data_roots):
+    """Validate a suite and say what a run would do (prompts, items, analysis, measures, tokens,
+    a time estimate) without loading any model weights."""
+    from ..run import RunOptions, plan_run
+    from ..run.describe import describe
+    from ..suite import load_suite
+
+    options = RunOptions(limit=limit, trust_remote_code=trust_remote_code, data_roots=data_roots)
+    loaded = load_suite(suite, data_roots=data_roots)
+    plan = plan_run(loaded, model_spec, options)
+    for line in describe(plan):
+        click.echo(line)
+
+
+@main.command()
+@click.argument("suite", type=click.Path(dir_okay=False))
+@click.option(
+    "--model", "model_spec", default=None, help="Model spec; default: the suite's `model`, else smollm2-135m."
+)
+@click.option(
+    "--out", type=click.Path(file_okay=False), help="Run directory; default reports/<suite>/<model>/."
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=DEFAULT_BATCH_SIZE,
+    show_default=True,
+    help="Prompts per forward pass.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    help="Run only about N prompts (whole items, spread over templates).",
+)
+@dtype_option
+@click.option(
+    "--resume/--fresh", default=True, show_default=True, help="Continue a killed run, or start over."
+)
+@click.option(
+    "--chunk-size",
+    type=click.IntRange(min=1),
+    default=DEFAULT_CHUNK_SIZE,
+    show_default=True,
+    help="Prompts per chunk written to disk.",
+)
+@click.option("--progress/--no-progress", default=None, help="Progress bar; default: on a terminal only.")
+@click.option(
+    "--report/--no-report",
+    "with_report",
+    default=True,
+    show_default=True,
+    help="Write statistics and report.html.",
+)
+@click.option(
+    "--max-batch-tokens",
+    type=click.IntRange(min=1),
+    help="Cap padded tokens per batch (batch size x longest prompt).",
+)
+@click.option(
+    "--shard",
+    type=ShardType(),
+    help="K/N: compute every N-th chunk starting at K (one process or GPU rank each); "
+    "'auto' reads RANK and WORLD_SIZE as set by torchrun / accelerate launch. Join with `attnprobe merge`.",
+)
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    help="torch device, e.g. cuda:0 (with --shard auto: cuda:LOCAL_RANK).",
+)
+@click.option(
+    "--device-map",
+    type=click.Choice(["auto"]),
+    help="Spread a model too large for one device over all devices.",
+)
+@click.option(
+    "--head-effects/--no-head-effects",
+    default=True,
+    show_default=True,
+    help="Run the suite's head_effects measure (activation patching; minutes per 10 items on a CPU).",
+)
+@click.option(
+    "--share-prefixes/--no-share-prefixes",
+    default=True,
+    show_default=True,
+    help="Forward the tokens prompts share once (packed as a trie); the manifest says when the model does "
+    "not allow it.",
+)
+@remote_code_option
+@pickle_option
+@data_root_option
+def run(suite, model_spec, with_report, **settings):
+    """Run a probe suite (e.g. probes/gender.yaml) and write its tables to the run directory."""
+    import time
+
+    from ..notebook.api import run_suite
+    from ..run import RunOptions
+
+    started = time.perf_counter()
+    shard, device = settings["shard"], settings["device"]
+    if shard is not None and device.startswith("cuda") and ":" not in device:
+        settings["device"] = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    quiet = click.get_current_context().obj.get("quiet")
+    if quiet:
+        settings.update(progress=False, log=lambda message: None)
+    settings["skip"] = () if settings.pop("head_effects") else ("head_effects",)
+    result = run_suite(suite, model_spec, RunOptions(**settings))
+    seconds = time.perf_counter() - started
+    manifest = result.manifest
+    for line in (
+        []
+        if quiet
+        else [f"skipped: {s}" for s in manifest["skipped"]]
+        + [f"note: {n}" for n in manifest.get("notes", [])]
+    ):
+        click.echo(line, err=True)
+    n = manifest["n_prompts"]
+    effects = manifest.get("head_effects")
+    prompt_seconds = seconds - (effects["seconds"] if effects else 0.0)
+    click.echo(
+        f"{n} prompts on {manifest['model']['spec']} in {prompt_seconds:.1f} s ({n / prompt_seconds:.1f} "
+        "prompts/s, "
+        f"including model load) -> {result.directory}"
+    )
+    if effects:
+        click.echo(
+            f"head effects: {effects['n_items']} items, {effects.get('n_pairs', effects['n_items'])} (item, "
+            "counterfactual) pairs "
+            f"in {effects['seconds']:.1f} s ({len(effects['dropped'])} dropped, listed in manifest.json)"
+        )
+    if shard:
+        click.echo(
+            f"shard {shard[0]} of {shard[1]} done; join all shards with: "
+            "attnprobe merge OUT_DIR SHARD_DIR ..."
+        )
+        return
+    if with_report:
+        from ..report import headline, load_tables, write_report
+
+        started = time.perf_counter()
+        if not quiet:
+            click.echo("statistics and report ...", err=True)
+        path = write_report(result.directory, progress=settings["progress"])
+        click.echo(f"report ({time.perf_counter() - started:.1f} s): {path}")
+        click.echo(headline(result, load_tables(result)))
+
+
+def _phases() -> bool | None:
+    """Progress of the statistics and report phases: off with -q, else a bar on a terminal and
+    log lines elsewhere."""
+    return False if click.get_current_context().obj.get("quiet") else None
+
+
+@main.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    help="HTML file; default RUN_DIR/report.html, or reports/compare.html for several runs.",
+)
+def report(run_dirs, out):
+    """Write statistics (CSV), figures and report.html for one run, or several side by side."""
+    from ..report import write_report
+
+    click.echo(f"report: {write_report(list(run_dirs), out, progress=_phases())}")
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
+@click.option("--report/--no-report", "with_report", default=True, show_default=True)
+def merge(out, shard_dirs, with_report):
+    """Join the directories of a sharded run into OUT, identical to an unsharded run."""
+    from ..notebook.api import merge_shards
+
+    result = merge_shards(list(shard_dirs), out)
+    click.echo(
+        f"merged {len(shard_dirs)} shards, {result.manifest['n_prompts']} prompts -> {result.directory}"
+    )
+    if with_report:
+        from ..report import write_report
+
+        click.echo(f"report: {write_report(result.directory, progress=_phases())}")
+
+
+from .edit import edit  # noqa: E402 (registered after the group exists)
+from .probe import probe  # noqa: E402
+
+main.add_command(edit)
+main.add_command(probe)

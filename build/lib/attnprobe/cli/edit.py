@@ -1,0 +1,71 @@
+"""`attnprobe edit RUN_DIR`: the head-edit sweep (attnprobe.edits) as a command of the group in cli.py."""
+
+from __future__ import annotations
+
+import click
+
+
+def _int_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: whole numbers separated by commas, e.g. 1,2,5,10,20") from None
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
+@click.option(
+    "--kinds",
+    default="zero,mean,project",
+    show_default=True,
+    help="Edit kinds, comma-separated: zero, mean, resample, scale, project.",
+)
+@click.option(
+    "--k", "ks", default="1,2,5,10,20", show_default=True, callback=_int_list, help="Numbers of heads."
+)
+@click.option(
+    "--heads", help="Edit these heads on every item instead of the run's ranking, e.g. L26H2,L25H2."
+)
+@click.option(
+    "--draws", type=click.IntRange(min=0), default=20, show_default=True, help="Random head sets per k."
+)
+@click.option("--factor", type=float, default=0.5, show_default=True, help="Factor of the scale edit.")
+@click.option(
+    "--reference",
+    help="Counterfactual word of the reference set; default the suite's last literal one (person).",
+)
+@click.option(
+    "--text", "text_file", type=click.Path(), help="Also report the log-loss change on this text file."
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+def edit(run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed):
+    """Edit the heads RUN_DIR found (k = 1, 2, 5, 10, 20; against random heads of the same layers)
+    and write edits.csv: the stereotype gradient removed, definitional pronouns kept, and the KL cost."""
+    from ..edits import EditOptions, run_edits
+
+    options = EditOptions(
+        kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()),
+        ks=ks,
+        heads=heads,
+        draws=draws,
+        factor=factor,
+        reference=reference,
+        text=text_file,
+        seed=seed,
+    )
+    quiet = click.get_current_context().obj.get("quiet")
+    log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
+    table = run_edits(run_dir, options, log=log)
+    columns = [
+        "kind",
+        "k",
+        "gradient_before",
+        "gradient_after",
+        "gradient_removed",
+        "random_p",
+        "definitional_accuracy_after",
+        "kl",
+    ]
+    click.echo(table[columns].to_string(index=False, float_format=lambda v: f"{v:.3g}"))

@@ -1,0 +1,221 @@
+"""`attnprobe edit RUN_DIR`: load what the run found, measure every edit kind (resumable: one file
+per kind under chunks/ with a marker holding its hash, keyed by the run, the options and the
+model's weights; Ctrl-C stops after the current kind), write edits_items, edits and edits_draws
+(CSV and Parquet) and the frontier figure into the run directory."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ..errors import RunError, RunInterrupted
+from ..measures.head_effects.designs import SlotSwap, per_value_column
+from ..model import load_model
+from ..report.figures import figure
+from ..report.plots import FRONTIER_ALT, edit_frontier
+from ..run.execute import deferred_interrupt, ignored_interrupts
+from ..run.fresh import own_directory
+from ..run.options import RunOptions
+from ..run.plan import plan_run
+from ..run.reader import RunFiles
+from ..run.storage import content_sha
+from ..stats.edits import edit_tables
+from ..store import atomic_write, digest, exclusive, write_parquet, write_table
+from ..suite import load_suite
+from .inputs import check_text, record_inputs
+from .sweep import (
+    EditOptions,
+    clean_values,
+    found_sets,
+    gradient_scores,
+    listed_heads,
+    measure_kind,
+    settings_hash,
+)
+
+
+def _run_and_suite(directory: Path):
+    run = RunFiles(directory)
+    run.require_complete()
+    m = run.manifest
+    if not m.get("head_effects") or not run.has("head_effects"):
+        raise RunError(
+            f"{directory}: this run has no head effects, the behaviour and head ranking edits are "
+            "measured with; add `head_effects:` (with a next_token cut) to the suite and rerun it"
+        )
+    path = Path(m["suite"]["path"])
+    if not path.is_file():
+        raise RunError(
+            f"{directory}: the run's suite {path} is not there; run `attnprobe edit` from the "
+            "directory the run was made in"
+        )
+    suite = load_suite(path)
+    if suite.sha256 != m["suite"]["sha256"]:
+        raise RunError(
+            f"{path} changed since the run in {directory} was made; rerun the suite first (the edits "
+            "are measured on the run's items)"
+        )
+    if not isinstance(suite.head_effects, SlotSwap):
+        raise RunError(f"{path}: edits measure a next-token behaviour; its head_effects use sentence pairs")
+    if suite.control is None:
+        raise RunError(
+            f"{path}: edits check that definitional words stay right (the control); declare them in "
+            'the suite: control: {file: definitional.tsv, words: {<positive>: " word", <negative>: " word"}}'
+        )
+    if not suite.head_effects.covariate:
+        raise RunError(
+            f"{path}: edits measure the gradient of the behaviour over the suite's covariate, and this "
+            "suite declares none; add `analysis: {covariate: slot.field}` and rerun the suite"
+        )
+    return run, suite
+
+
+def _same_model(directory: Path, manifest: dict, model) -> str:
+    """The content hash of `model`'s weights, refused in one line when the run recorded another:
+    edited values are compared with the run's clean ones, so they must come from the same weights."""
+    found = content_sha(model.model)
+    expected = manifest["model"].get("weights_content")
+    if expected and found != expected:
+        raise RunError(
+            f"{directory}: the model given is not the one this run was made with (weights "
+            f"{found[:12]} against the run's {expected[:12]}); edit with the run's model "
+            f"({manifest['model']['spec']}, {manifest['dtype']}) or run the suite on this model first"
+        )
+    return found
+
+
+def run_edits(directory, options: EditOptions | None = None, model=None, log=print) -> pd.DataFrame:
+    """Measure `options` (default EditOptions()) on the run in `directory`; returns the edits table.
+    Holds the run directory's lock: a `run --fresh` or a second edit on it waits its turn (refused)."""
+    directory, options = Path(directory), options or EditOptions()
+    with exclusive(directory):
+        return _run_edits(directory, options, model, log)
+
+
+def checked_options(options: EditOptions, manifest: dict, suite) -> tuple:
+    """What the sweep needs from its options, checked before any weights load: the listed heads (or
+    None) and the reference word; a bad head, k, --text or reference is one AttnprobeError."""
+    listed = listed_heads(options, manifest["model"]["n_layers"], manifest["model"]["n_heads"])
+    check_text(options.text)
+    words = suite.head_effects.replacements
+    literal = [w for w in words if per_value_column(w) is None]  # the reference is one word for all items
+    word = options.reference or (literal or words)[-1]
+    if word not in words:
+        raise RunError(
+            f"--reference {word!r} is not one of the run's counterfactual words: {', '.join(words)}"
+        )
+    return listed, word
+
+
+def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFrame:
+    run, suite = _run_and_suite(directory)
+    m = run.manifest
+    started = time.monotonic()
+    L, H = m["model"]["n_layers"], m["model"]["n_heads"]
+    listed, word = checked_options(options, m, suite)
+    if model is None:
+        log(f"loading {m['model']['spec']} ({m['dtype']})")
+        model = load_model(m["model"]["spec"], dtype=m["dtype"])
+    weights = _same_model(directory, m, model)
+    plan = plan_run(suite, model, RunOptions(limit=m["settings"]["limit"], out=directory, log=log))
+    effects = plan.parts["head_effects"]
+    items, measure = effects.items, effects.measure
+    log(f"edit: recording {len(items)} items, their {word!r} versions, the control prompts and texts")
+    inputs = record_inputs(
+        model, items, word, options.seed, options.text, suite.control, (measure.positive, measure.negative)
+    )
+    covariate = {i.item_id: i.covariate for i in items}
+    head_items, totals = run.head_effect_items, run.head_effect_totals
+    fold_of = dict(zip([i.item_id for i in items], inputs.fold))
+    scores = {"all": gradient_scores(head_items, totals, covariate, word, L, H)}
+    for f in range(4):  # the scores the heads tested on quarter f are chosen by
+        ids = {i for i, g in fold_of.items() if g in inputs.training(f)}
+        scores[f] = gradient_scores(
+            head_items[head_items["item_id"].isin(ids)], totals, covariate, word, L, H
+        )
+    sets = found_sets(inputs, scores, options.ks, listed, H)
+    key = settings_hash(m["fingerprint"], options, weights)
+    chunks = own_directory(directory / "chunks")
+    frames = [_describe(clean_values(model, inputs), inputs)]
+    with deferred_interrupt(log) as stop_requested:
+        for n, kind in enumerate(options.kinds, 1):
+            path = chunks / f"edits-{key}-{kind}.parquet"
+            frame = _read_kind(path, log)
+            if frame is not None:
+                frames.append(frame)
+                log(f"edit: {kind} ({n} of {len(options.kinds)}) read from an earlier session")
+                continue
+            t0 = time.monotonic()
+            frame = _describe(measure_kind(model, kind, options, inputs, sets, H, log), inputs)
+            with ignored_interrupts():
+                _write_kind(path, frame)
+            frames.append(frame)
+            log(f"edit: {kind} done ({n} of {len(options.kinds)}, {time.monotonic() - t0:.0f} s)")
+            if stop_requested() and n < len(options.kinds):
+                raise RunInterrupted(
+                    f"interrupted after edit kind {kind} ({n} of {len(options.kinds)} kept in "
+                    f"{chunks}); rerun the same command to continue"
+                )
+    raw = pd.concat(frames, ignore_index=True)
+    write_table(directory, "edits_items", raw)
+    summary, draws = edit_tables(raw, H)
+    summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
+    write_table(directory, "edits", summary)
+    write_table(directory, "edits_draws", draws)
+    figure(edit_frontier(summary, draws), directory / "figures", "edit_frontier", FRONTIER_ALT)
+    for note in dict.fromkeys(n for n in summary.get("note", []) if n):
+        log(f"note: {note}")
+    log(f"edit: edits.csv, edits_draws.csv and figures/edit_frontier.png in {directory}")
+    return summary
+
+
+def _write_kind(path: Path, frame: pd.DataFrame) -> None:
+    """One edit kind's raw values, then its marker: the file's SHA-256 and row count."""
+    atomic_write(path, lambda p: write_parquet(frame, p))
+    marker = json.dumps({"sha256": digest(path), "rows": len(frame)})
+    atomic_write(path.with_suffix(".done"), lambda p: p.write_text(marker))
+
+
+def _read_kind(path: Path, log) -> pd.DataFrame | None:
+    """An edit kind written by an earlier session, or None when there is none or it is damaged or
+    altered (its bytes differ from the marker's hash): then it is measured again."""
+    marker = path.with_suffix(".done")
+    if not marker.is_file():
+        return None
+    try:
+        info = json.loads(marker.read_text())
+        if digest(path) != info["sha256"]:
+            raise ValueError(f"{path.name} differs from what was written")
+        frame = pd.read_parquet(path)
+        if len(frame) != info["rows"]:
+            raise ValueError(f"expected {info['rows']} rows")
+        return frame
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        log(f"edit: {path.name} is damaged or altered ({exc}); measuring it again")
+        marker.unlink(missing_ok=True)
+        return None
+
+
+def _describe(raw: pd.DataFrame, inputs) -> pd.DataFrame:
+    """The columns the statistics need beside the raw values, so edits_items stands alone: per bias
+    row its item, unit, template and covariate; per control row the label's sign; per text row
+    whether it is the user's text."""
+    items = inputs.items
+    bias = raw["target"] == "bias"
+    index = raw["index"].to_numpy()
+    pick = lambda values, rows: np.asarray(values, dtype=object)[index[rows]]
+    raw["item_id"] = None
+    raw.loc[bias, "item_id"] = pick([i.item_id for i in items], bias)
+    raw.loc[bias, "unit"] = pick([i.unit for i in items], bias)
+    raw.loc[bias, "template_id"] = pick([i.template_id for i in items], bias)
+    raw["covariate"] = np.where(bias, inputs.covariate[np.where(bias, index, 0)], np.nan)
+    control = (raw["target"] == "control").to_numpy()
+    raw["sign"] = np.where(control, inputs.control_sign[np.where(control, index, 0)], np.nan)
+    text = (raw["target"] == "text").to_numpy()
+    raw["user_text"] = np.where(text, inputs.text_is_user[np.where(text, index, 0)], False)
+    return raw

@@ -1,0 +1,161 @@
+"""What every edit kind is measured on, recorded once: the head-effects items and their reference
+counterfactuals, the suite's definitional control prompts (its `control:` block), text the original
+model writes from neutral openings (data/openings.txt, shipped with the package; seeded) and pieces
+of the user's --text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import AttnprobeError, RunError
+from ..measures.head_effects.engine import Bank, record
+from ..measures.head_effects.items import PatchItem
+from ..measures.head_effects.selection import folds, opposite
+from ..measures.head_effects.sites import label_ids
+
+OPENINGS = files("attnprobe.edits") / "data" / "openings.txt"
+GENERATED_TOKENS = 24  # per neutral opening
+TEXT_TOKENS = 1024  # at most this many tokens of --text, in pieces of TEXT_PIECE
+TEXT_PIECE = 128
+TEXT_BYTES = 256 * 1024  # read of --text: 256 bytes per token allowed
+
+
+@dataclass
+class Inputs:
+    """What every edit kind is measured on (recorded once)."""
+
+    items: list[PatchItem]
+    fold: np.ndarray  # (N,) fold of each item
+    n_templates: int
+    covariate: np.ndarray  # (N,)
+    bank: Bank  # the items' x
+    reference: Bank  # the items' reference counterfactuals x'
+    reference_fold: np.ndarray  # fold of each reference sequence
+    control: Bank
+    control_sign: np.ndarray  # +1 where the positive label is right, -1 where the negative is
+    texts: Bank
+    text_is_user: np.ndarray  # (n texts,) True for pieces of --text
+    clean_logp: list[torch.Tensor]
+    labels: torch.Tensor  # (N, 2, K) each item's positive and negative label ids (-1 padded)
+    control_labels: torch.Tensor  # (M, 2, K) the positive and negative label's word for every control prompt
+
+    def training(self, fold: int) -> np.ndarray:
+        """The folds the heads and parameters tested on `fold` come from: the opposite one, or
+        (when it has no items) every fold of the other unit half."""
+        on = opposite(fold, self.n_templates)
+        if (self.fold == on).any():
+            return np.array([on])
+        return np.array([g for g in range(4) if g // 2 != fold // 2])
+
+
+def record_inputs(
+    model, items: list[PatchItem], reference_word: str, seed: int, text: str | None, control, labels: tuple
+) -> Inputs:
+    """Record the clean runs the edits read: the items, their reference counterfactuals, the
+    suite's control prompts (`control`: suite.control.Control; `labels`: the positive and negative
+    label), the neutral texts (generated here) and pieces of --text."""
+    fold_of = folds(items)
+    fold = np.array([fold_of[i.item_id] for i in items])
+    with_reference = [(i, cf) for i in items for cf in i.counterfactuals if cf.word == reference_word]
+    if not with_reference:
+        raise RunError(
+            f"no item has the reference word {reference_word!r}; choose --reference among the suite's "
+            "counterfactual words"
+        )
+    tokenizer = model.tokenizer
+    control_ids = [torch.tensor(tokenizer(p)["input_ids"]) for p in control.prompts]
+    words = [tokenizer(control.word(label), add_special_tokens=False)["input_ids"][:1] for label in labels]
+    generated, pieces = generated_texts(model, seed), user_text(model, text)
+    text_bank = record(model, generated + pieces)
+    return Inputs(
+        items=items,
+        fold=fold,
+        n_templates=len({i.template_id for i in items}),
+        covariate=np.array([i.covariate for i in items], dtype=float),
+        bank=record(model, [i.x for i in items]),
+        reference=record(model, [cf.x_cf for _, cf in with_reference]),
+        reference_fold=np.array([fold_of[i.item_id] for i, _ in with_reference]),
+        control=record(model, control_ids),
+        control_sign=np.where(np.array(control.labels) == labels[0], 1.0, -1.0),
+        texts=text_bank,
+        text_is_user=np.arange(len(generated) + len(pieces)) >= len(generated),
+        clean_logp=clean_logp(model, text_bank),
+        labels=_pairs([(i.positive, i.negative) for i in items]),
+        control_labels=_pairs([tuple(words)] * len(control_ids)),
+    )
+
+
+def _pairs(pairs: list[tuple]) -> torch.Tensor:
+    """[(positive ids, negative ids)] -> (n, 2, K), -1 padded."""
+    ids = label_ids([list(side) for pair in pairs for side in pair])
+    return ids.view(len(pairs), 2, -1)
+
+
+@torch.inference_mode()
+def clean_logp(model, bank: Bank) -> list[torch.Tensor]:
+    """Per text (T_n - 1, vocab): the original model's next-token log-probabilities."""
+    out = []
+    for n, length in enumerate(bank.lengths.tolist()):
+        logits = model.model(input_ids=bank.ids[n : n + 1, :length], use_cache=False).logits[0, :-1]
+        out.append(torch.log_softmax(logits.float(), -1))
+    return out
+
+
+@torch.inference_mode()
+def generated_texts(model, seed: int) -> list[torch.Tensor]:
+    """The original model's continuations of the neutral openings: seeded sampling (top 40 tokens,
+    temperature 1), GENERATED_TOKENS new tokens each; the opening's tokens included."""
+    openings = [line for line in OPENINGS.read_text().splitlines() if line.strip()]
+    out = []
+    with torch.random.fork_rng():  # the user's random state is left as it was
+        torch.manual_seed(seed)
+        for opening in openings:
+            ids = torch.tensor([model.tokenizer(opening)["input_ids"]])
+            generated = model.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                top_k=40,
+                temperature=1.0,
+                max_new_tokens=GENERATED_TOKENS,
+                min_new_tokens=GENERATED_TOKENS,
+                pad_token_id=model.tokenizer.pad_token_id,
+            )
+            out.append(generated[0])
+    return out
+
+
+def text_head(path: str) -> bytes:
+    """The first TEXT_BYTES of --text: all that TEXT_TOKENS tokens can come from (a token holds far
+    fewer than TEXT_BYTES / TEXT_TOKENS bytes), so a large file is never read or tokenised whole."""
+    with open(path, "rb") as handle:
+        return handle.read(TEXT_BYTES)
+
+
+def check_text(path: str | None) -> None:
+    """--text must name a file with text in it."""
+    if path is None:
+        return
+    file = Path(path)
+    if not file.is_file():
+        raise AttnprobeError(f"--text {path}: no such file")
+    if not text_head(path).decode("utf-8", errors="replace").strip():
+        raise AttnprobeError(f"--text {path}: the file has no text to score; give a file of running text")
+
+
+def user_text(model, path: str | None) -> list[torch.Tensor]:
+    """Up to TEXT_TOKENS tokens of the file, in pieces of TEXT_PIECE tokens."""
+    if path is None:
+        return []
+    check_text(path)
+    text = text_head(path).decode("utf-8", errors="ignore")  # a character cut at the end is dropped
+    ids = model.tokenizer(text)["input_ids"][:TEXT_TOKENS]
+    if len(ids) < 2:
+        raise AttnprobeError(f"--text {path}: the file has no text to score (it needs at least two tokens)")
+    pieces = [ids[i : i + TEXT_PIECE] for i in range(0, len(ids), TEXT_PIECE)]
+    return [torch.tensor(piece) for piece in pieces if len(piece) > 1]

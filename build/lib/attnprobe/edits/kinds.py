@@ -1,0 +1,180 @@
+"""Head edits: what replaces a chosen head's output, one small class per kind.
+
+A head's output is its per-head context z (B, H, T, D) before the output projection, the site
+`capture.editing` exposes (the same site patching uses). An edit replaces z of its heads at every
+position:
+
+  Zero      z -> 0                                   (zero ablation)
+  Mean      z -> the head's mean z over a reference set's tokens
+  Resample  z -> z the head produced at a reference token drawn at random (seeded, per position)
+  Scale     z -> factor * z                          (factor 1 is the identity)
+  Project   z -> z - (z . u) u, u a unit direction per head (e.g. the direction along which the
+            head's output follows the stereotype covariate on training items)
+
+Heads are (layer, head) pairs; `edit.on(heads)` is the same edit on other heads. Each kind fits its
+own parameters: `Kind.fit(inputs, on, options)` from the recorded inputs of the items in folds `on`
+(edits.inputs; estimate.py holds the estimators). Within `edited(model, edit)` every forward pass of
+the model runs edited.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from ..errors import AttnprobeError
+from ..forward.capture import editing
+from ..heads import HeadSet
+from ..model import routes_attention
+from .estimate import BANK_TOKENS, covariate_directions, last_outputs, subset, token_means, token_sample
+
+Heads = tuple[tuple[int, int], ...]
+
+
+def parse_heads(text: str, n_layers: int, n_heads: int) -> Heads:
+    """'L26H2,L25H2' -> ((26, 2), (25, 2)) (HeadSet.parse; a head outside the model is refused)."""
+    return HeadSet.parse(text, n_layers, n_heads).pairs
+
+
+@dataclass(frozen=True)
+class HeadEdit:
+    """The edit of `heads`; subclasses say what replaces their output (`replacement`)."""
+
+    kind: ClassVar[str]
+    heads: Heads = ()
+
+    def on(self, heads: Heads) -> HeadEdit:
+        return replace(self, heads=tuple(heads))
+
+    def replacement(self, layer: int, z: torch.Tensor) -> torch.Tensor:
+        """What every head of `layer` would output under this edit: (B, H, T, D) from z (B, H, T, D)."""
+        raise NotImplementedError
+
+    def mask(self, n_layers: int, n_heads: int) -> torch.Tensor:
+        """(L, H) bool: the edited heads."""
+        return HeadSet(self.heads).mask(n_layers, n_heads)
+
+    @classmethod
+    def fit(cls, inputs, on, options) -> HeadEdit:
+        """The edit with its parameters estimated on the items (and their reference sequences) of
+        the folds `on`; a kind without parameters is itself."""
+        return cls()
+
+
+@dataclass(frozen=True)
+class Zero(HeadEdit):
+    kind: ClassVar[str] = "zero"
+
+    def replacement(self, layer, z):
+        return torch.zeros_like(z)
+
+
+@dataclass(frozen=True)
+class Mean(HeadEdit):
+    """`means` (L, H, D): each head's mean output over the reference set's tokens."""
+
+    kind: ClassVar[str] = "mean"
+    means: torch.Tensor = field(default=None, repr=False)
+
+    def replacement(self, layer, z):
+        return self.means[layer].to(z)[None, :, None, :].expand_as(z)
+
+    @classmethod
+    def fit(cls, inputs, on, options) -> Mean:
+        return cls(means=token_means(subset(inputs.reference, inputs.reference_fold, on)))
+
+
+@dataclass(frozen=True)
+class Resample(HeadEdit):
+    """`bank` (L, H, N, D): each head's outputs at N reference tokens; every position of every row
+    takes one of them, drawn with `seed` (the same draw for the same layer and input shape)."""
+
+    kind: ClassVar[str] = "resample"
+    bank: torch.Tensor = field(default=None, repr=False)
+    seed: int = 0
+
+    def replacement(self, layer, z):
+        B, H, T, D = z.shape
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + layer)
+        pick = torch.randint(self.bank.shape[2], (B, H, T), generator=generator)  # per row, head, position
+        per_head = self.bank[layer].to(z)  # (H, N, D)
+        return per_head[torch.arange(H)[None, :, None], pick]  # (B, H, T, D)
+
+    @classmethod
+    def fit(cls, inputs, on, options) -> Resample:
+        reference = subset(inputs.reference, inputs.reference_fold, on)
+        return cls(bank=token_sample(reference, BANK_TOKENS, options.seed), seed=options.seed)
+
+
+@dataclass(frozen=True)
+class Scale(HeadEdit):
+    kind: ClassVar[str] = "scale"
+    factor: float = 0.5
+
+    def replacement(self, layer, z):
+        return z * self.factor
+
+    @classmethod
+    def fit(cls, inputs, on, options) -> Scale:
+        return cls(factor=options.factor)
+
+
+@dataclass(frozen=True)
+class Project(HeadEdit):
+    """`directions` (L, H, D), unit length: each head's output loses its component along its own."""
+
+    kind: ClassVar[str] = "project"
+    directions: torch.Tensor = field(default=None, repr=False)
+
+    def replacement(self, layer, z):
+        u = self.directions[layer].to(z)[None, :, None, :]  # (1, H, 1, D)
+        return z - (z * u).sum(-1, keepdim=True) * u
+
+    @classmethod
+    def fit(cls, inputs, on, options) -> Project:
+        chosen = np.isin(inputs.fold, on)
+        last = last_outputs(inputs.bank)[torch.as_tensor(chosen)]
+        return cls(directions=covariate_directions(last, inputs.covariate[chosen]))
+
+
+KINDS = {kind.kind: kind for kind in (Zero, Mean, Resample, Scale, Project)}
+
+
+@dataclass
+class RowEditor:
+    """Editor for `capture.editing`: row b of the batch has the heads `rows[b]` (B, L, H) edited, by
+    `edit`, or with a tuple of edits by `edit[which[b]]` (e.g. each quarter's own parameters)."""
+
+    edit: HeadEdit | tuple[HeadEdit, ...]
+    rows: torch.Tensor  # (B, L, H) bool, or (1, L, H) for every row
+    which: torch.Tensor | None = None  # (B,) index into a tuple `edit`
+
+    def __call__(self, site) -> torch.Tensor:
+        chosen = self.rows[:, site.layer].to(site.output.device)  # (B, H)
+        if not chosen.any():
+            return site.output
+        edits = self.edit if isinstance(self.edit, tuple) else (self.edit,)
+        which = torch.zeros(len(chosen), dtype=torch.long) if self.which is None else self.which
+        out = site.output
+        for i, edit in enumerate(edits):
+            mine = chosen & (which.to(chosen.device) == i)[:, None]  # (B, H): rows of edit i
+            if mine.any():
+                out = torch.where(mine[:, :, None, None], edit.replacement(site.layer, site.output), out)
+        return out
+
+
+@contextmanager
+def edited(model, edit: HeadEdit):
+    """Within the block, `model` (a ProbeModel) runs with `edit` applied to its heads."""
+    if not routes_attention(model.model.config):
+        raise AttnprobeError(
+            f"{model.info.spec}: head edits need attention routed through attnprobe, and this "
+            "family bypasses it (eager-only)"
+        )
+    rows = edit.mask(model.info.n_layers, model.info.n_heads)[None]
+    with editing(RowEditor(edit, rows)):
+        yield model

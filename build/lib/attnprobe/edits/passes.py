@@ -1,0 +1,210 @@
+"""Edited forward passes, batched like patching (patching/engine.py): many (sequence, head set)
+variants per pass, each pass starting at its variants' lowest edited layer from the hidden state
+the clean run recorded there (the layers below compute exactly what the clean run computed).
+
+An edit changes a head at every position, so no position is clean above that layer; but variants
+with the same heads edited and sequences that share a prefix compute that prefix identically. Their
+sequences are packed as tries (packing.py: each distinct prefix once, its depth as position id, a
+mask showing a node its ancestors), one head set per packed row; on the gender suite's items this
+forwards 60% of the tokens. Where packing would change a result it is not used: a family whose
+mask cannot be packed (sharing.prefix_sharing_blocker) and `Resample`, whose draw is per position
+of the batch.
+
+Shapes: V variants, L layers, H heads, T tokens, K label ids, N sequences of a Bank, G packed rows,
+P packed length, E model width.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+import torch
+
+from ..forward.capture import editing, picked_logits
+from ..forward.packing import pack_trie, packed_inputs, sorted_packs
+from ..forward.sharing import prefix_sharing_blocker
+from ..measures.head_effects.engine import (
+    ROW_TOKENS,
+    Bank,
+    lowest_layer,
+    narrowed_head,
+    plan_passes,
+    skipping,
+)
+from ..measures.head_effects.sites import behaviour_rows
+from .kinds import HeadEdit, Resample, RowEditor
+
+LOGIT_BYTES = 128 * 2**20  # full-vocabulary logits of one text pass
+
+
+def _groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_tokens: int):
+    """Passes: variants grouped by lowest edited layer, sorted by length, at most `row_tokens` each."""
+    first = lowest_layer(heads.any(-1))  # (V,) from the (V, L, H) masks
+    lengths = bank.lengths[base]
+    for layer in first.unique().tolist():
+        group = (first == layer).nonzero()[:, 0]
+        group = group[torch.argsort(lengths[group], stable=True)]
+        for rows in plan_passes(group, lengths, torch.zeros_like(lengths), row_tokens):
+            yield min(layer, len(bank.hidden) - 1), rows
+
+
+def _pass(module, bank: Bank, edit, base, heads, rows, first: int, *contexts, which=None):
+    """One edited forward pass of the variants `rows`, starting at layer `first` from the recorded
+    hidden state; `contexts` are entered around it too. Returns (output, what they yielded)."""
+    lengths = bank.lengths[base[rows]]
+    T = int(lengths.max())
+    with ExitStack() as stack:
+        stack.enter_context(skipping(module, first, bank.hidden[first][base[rows], :T], bank.returns_tuple))
+        stack.enter_context(editing(_editor(edit, heads, which, rows)))
+        entered = [stack.enter_context(c) for c in contexts]
+        out = module(
+            input_ids=bank.ids[base[rows], :T],
+            attention_mask=(torch.arange(T)[None] < lengths[:, None]).long(),
+            use_cache=False,
+        )
+    return out, entered
+
+
+def _editor(edit, heads, which, rows) -> RowEditor:
+    """The editor of a pass whose batch rows are the variants `rows`."""
+    return RowEditor(edit, heads[rows], None if which is None else which[rows])
+
+
+def _sequence(bank: Bank, n: int) -> tuple[int, ...]:
+    return tuple(bank.ids[n, : int(bank.lengths[n])].tolist())
+
+
+def _packed_groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_tokens: int, which=None):
+    """Passes of tries: variants grouped by lowest edited layer and then by head set (and edit, with
+    `which`), each group's sequences sorted by tokens and packed with their neighbours
+    (packing.neighbour_packs), the packs of a layer in passes of at most `row_tokens` rows x packed
+    length. Yields (layer, packs), a pack being a list of variant indices that share one head set."""
+    first = lowest_layer(heads.any(-1))  # (V,) from the (V, L, H) masks
+    for layer in first.unique().tolist():
+        group = (first == layer).nonzero()[:, 0]
+        key = heads[group].flatten(1).long()  # (n, L H)
+        if which is not None:
+            key = torch.cat([key, which[group, None]], 1)
+        _, head_set = torch.unique(key, dim=0, return_inverse=True)
+        packs, sizes = [], []
+        for s in head_set.unique().tolist():
+            members = group[head_set == s].tolist()
+            sequences = [_sequence(bank, int(base[v])) for v in members]
+            found, counts = sorted_packs(sequences, len(members))
+            packs += [[members[i] for i in pack] for pack in found]
+            sizes += counts
+        sizes = torch.tensor(sizes)
+        order = torch.argsort(sizes, stable=True)  # similar sizes pad little
+        for run in plan_passes(order, sizes, torch.zeros_like(sizes), row_tokens):
+            yield min(layer, len(bank.hidden) - 1), [packs[i] for i in run.tolist()]
+
+
+def _packed_pass(module, bank: Bank, edit, base, heads, packs, first: int, vocabulary, which=None):
+    """One edited forward pass of packed tries, starting at layer `first` from the recorded hidden
+    state of each node (a node's state is that of every sequence through it, at its depth). Returns
+    the logits after each variant's last token, in the order of the packs' variants, and whether
+    the lm head was narrowed to `vocabulary`."""
+    tries = [pack_trie([_sequence(bank, int(base[v])) for v in pack]) for pack in packs]
+    ids, pos, mask = packed_inputs(tries, pad_id=0)  # (G, P), (G, P), (G, 1, P, P)
+    rows, nodes, sequences, depths, last = [], [], [], [], ([], [])
+    for g, (pack, (*_, where)) in enumerate(zip(packs, tries)):
+        for v, path in zip(pack, where):
+            rows += [g] * len(path)
+            nodes += path
+            sequences += [int(base[v])] * len(path)
+            depths += range(len(path))
+            last[0].append(g), last[1].append(path[-1])
+    hidden = bank.hidden[first]  # (N, T, E)
+    state = hidden.new_zeros(len(packs), ids.shape[1], hidden.shape[-1])  # (G, P, E); pads stay 0
+    state[rows, nodes] = hidden[sequences, depths]
+    leaders = torch.tensor([pack[0] for pack in packs])  # one head set (and edit) per packed row
+    with ExitStack() as stack:
+        stack.enter_context(skipping(module, first, state, bank.returns_tuple))
+        stack.enter_context(editing(_editor(edit, heads, which, leaders)))
+        narrowed = stack.enter_context(narrowed_head(module, vocabulary))
+        stack.enter_context(picked_logits(module, (torch.tensor(last[0]), torch.tensor(last[1]))))
+        out = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+    return out.logits[0], narrowed
+
+
+def _behaviour_passes(module, bank: Bank, edit, base, heads, vocabulary, row_tokens: int, share: bool, which):
+    """Per pass: (variant indices, logits after each one's last token, whether they are narrowed to
+    `vocabulary`), packed (shared prefixes) or one padded row per variant."""
+    if share:
+        for first, packs in _packed_groups(bank, base, heads, row_tokens, which):
+            logits, narrowed = _packed_pass(module, bank, edit, base, heads, packs, first, vocabulary, which)
+            yield torch.tensor([v for pack in packs for v in pack]), logits, narrowed
+        return
+    for first, rows in _groups(bank, base, heads, row_tokens):
+        last = picked_logits(module, (torch.arange(len(rows)), bank.lengths[base[rows]] - 1))
+        out, (narrowed, _) = _pass(
+            module, bank, edit, base, heads, rows, first, narrowed_head(module, vocabulary), last, which=which
+        )
+        yield rows, out.logits[0], narrowed
+
+
+def packs_edits(module, bank: Bank, edit) -> bool:
+    """Whether edited passes of `bank`'s sequences may share prefixes (see the module's docstring)."""
+    edits = edit if isinstance(edit, tuple) else (edit,)
+    longest = int(bank.lengths.max())
+    resampled = any(isinstance(e, Resample) for e in edits)
+    return not resampled and prefix_sharing_blocker(module.config, longest) is None
+
+
+@torch.inference_mode()
+def edited_behaviour(
+    model,
+    bank: Bank,
+    edit: HeadEdit,
+    base: torch.Tensor,
+    heads: torch.Tensor,
+    positive: torch.Tensor,
+    negative: torch.Tensor,
+    row_tokens: int = ROW_TOKENS,
+    share: bool | None = None,
+    which: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """y = log p(positive) - log p(negative) after each variant's sequence `bank[base]` with the heads
+    `heads` (V, L, H) edited by `edit`: (V,) float64. A variant editing nothing gets the clean y.
+    `edit` may be a tuple of edits with `which` (V,) naming each variant's (one call for the sweep's
+    quarters, each with its own parameters, so that more variants share a pass and a prefix).
+    `share`: pack shared prefixes (None: wherever that is exact, `packs_edits`)."""
+    module = model if isinstance(model, torch.nn.Module) else model.model
+    y = torch.empty(len(base), dtype=torch.float64)
+    labels = torch.cat([positive, negative], 1)
+    vocabulary = labels[labels >= 0].unique()
+    share = packs_edits(module, bank, edit) if share is None else share
+    for rows, logits, narrowed in _behaviour_passes(
+        module, bank, edit, base, heads, vocabulary, row_tokens, share, which
+    ):
+        pos, neg = positive[rows], negative[rows]
+        if narrowed:
+            narrow = lambda ids: torch.where(ids >= 0, torch.searchsorted(vocabulary, ids.clamp(min=0)), -1)
+            pos, neg = narrow(pos), narrow(neg)
+        y[rows] = behaviour_rows(logits, pos, neg).double().cpu()
+    return y
+
+
+@torch.inference_mode()
+def edited_text_costs(
+    model, bank: Bank, clean_logp: list[torch.Tensor], edit: HeadEdit, heads: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per variant v (one per (text, head set): `bank` sequence v % N with heads[v] edited): the mean
+    over the text's predicted positions of KL(clean || edited) of the next-token distribution, and
+    the mean log-loss of the text's own next tokens. `clean_logp[n]`: (T_n - 1, vocab) float32."""
+    module = model if isinstance(model, torch.nn.Module) else model.model
+    N = len(bank.lengths)
+    base = torch.arange(len(heads)) % N
+    vocab = clean_logp[0].shape[-1]
+    kl, loss = torch.empty(len(heads), dtype=torch.float64), torch.empty(len(heads), dtype=torch.float64)
+    row_tokens = max(1, LOGIT_BYTES // (4 * vocab))
+    clean_p = [logp.exp() for logp in clean_logp]  # once, not per variant
+    for first, rows in _groups(bank, base, heads, row_tokens):
+        logits = _pass(module, bank, edit, base, heads, rows, first)[0].logits.float()
+        for b, v in enumerate(rows.tolist()):
+            n = int(base[v])
+            length = int(bank.lengths[n])
+            logp = torch.log_softmax(logits[b, : length - 1], -1)
+            kl[v] = (clean_p[n] * (clean_logp[n] - logp)).sum(-1).mean().item()
+            loss[v] = -logp.gather(1, bank.ids[n, 1:length, None]).mean().item()
+    return kl, loss

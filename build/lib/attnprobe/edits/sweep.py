@@ -1,0 +1,237 @@
+"""`attnprobe edit RUN_DIR`: edit the heads a run found, k = 1, 2, 5, 10, 20, and measure on items
+that did not choose them the bias removed against what it costs.
+
+Heads. Each item belongs to a fold (unit half x template half, patching/selection.py). For the
+items of a fold, the k heads are the k with the largest share of the stereotype gradient on the
+opposite fold: per head, the least-squares slope over the covariate of its attribution (patch-in
+estimate, from the run's screen) for the reference counterfactual word ("person" in the gender
+suite), signed like that word's total-effect slope. So no item tests heads chosen on its own
+occupation or template. Edit parameters (reference means, resample bank, projection directions)
+are estimated on the same opposite fold. `--heads L26H2,...` edits the listed heads on every item.
+
+Measured per edit kind and k (raw values in edits_items.parquet; statistics in stats/edits.py):
+- bias: y = log p(positive) - log p(negative) at the cut of every head-effects item, before and after;
+- control: y on the shipped definitional prompts (probes/edits/definitional.tsv), before and after;
+- cost: KL(original || edited) over text the original model writes from neutral openings (seeded),
+  and with `--text FILE` the log-loss of that file's tokens, before and after;
+- chance: `draws` random sets of other heads of the same layers as the heads chosen on all items
+  (the chosen heads themselves only where a layer has no other), edited on
+  every RANDOM_EVERY-th item (the found heads' values on those items are the comparison) and on the
+  texts (their cost: the random band of the frontier figure).
+Control, cost and chance use the heads (and parameters) chosen on all items.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..errors import AttnprobeError
+from ..heads import HeadSet
+from ..measures.head_effects.selection import random_sets, top_heads
+from ..measures.head_effects.sites import behaviour_rows
+from ..version import __version__
+from .inputs import Inputs, text_head
+from .kinds import KINDS, Heads, parse_heads
+from .passes import edited_behaviour, edited_text_costs
+
+DEFAULT_KINDS = ("zero", "mean", "project")
+DEFAULT_K = (1, 2, 5, 10, 20)
+DEFAULT_DRAWS = 20
+RANDOM_EVERY = 4  # random head sets are edited on every 4th item
+
+
+@dataclass(frozen=True)
+class EditOptions:
+    kinds: tuple[str, ...] = DEFAULT_KINDS
+    ks: tuple[int, ...] = DEFAULT_K
+    heads: str | None = None  # "L26H2,L25H2": these heads on every item instead of the run's ranking
+    draws: int = DEFAULT_DRAWS
+    factor: float = 0.5  # of the scale edit
+    reference: str | None = None  # counterfactual word of the reference set; default the suite's last
+    text: str | None = None  # a text file whose log-loss change is reported
+    seed: int = 0
+
+    def __post_init__(self):
+        unknown = [k for k in self.kinds if k not in KINDS]
+        if unknown or not self.kinds:
+            raise AttnprobeError(
+                f"unknown edit kind {', '.join(unknown) or '(none)'}; kinds: {', '.join(KINDS)}"
+            )
+        if not self.ks or min(self.ks) < 1:
+            raise AttnprobeError("k must be whole numbers of heads >= 1, e.g. --k 1,2,5,10,20")
+        if self.draws < 0:
+            raise AttnprobeError("--draws must be 0 or more")
+        if (
+            not (isinstance(self.factor, (int, float)) and math.isfinite(self.factor))
+            or abs(self.factor) > 100
+        ):
+            raise AttnprobeError(
+                f"--factor {self.factor!r}: the scale edit's factor must be a finite number between -100 and "
+                "100 (0 zeroes the heads, 1 leaves them, 0.5 halves them)"
+            )
+
+
+def chosen_heads(scores: np.ndarray, k: int, n_heads: int) -> Heads:
+    """The k heads with the largest finite scores (flat l H + h) as (layer, head) pairs."""
+    return tuple((i // n_heads, i % n_heads) for i in top_heads(scores, k, len(scores) // n_heads, n_heads))
+
+
+def gradient_scores(
+    head_items: pd.DataFrame, totals: pd.DataFrame, covariate: dict, word: str, n_layers: int, n_heads: int
+) -> np.ndarray:
+    """Per head (flat l H + h): the slope over the covariate of its attribution for `word`, signed
+    like the slope of that word's total effect (positive: the head carries the stereotype gradient)."""
+    rows = head_items[head_items["counterfactual"] == word]
+    wide = rows.pivot_table(index="item_id", columns=["layer", "head"], values="attribution_output")
+    grid = pd.MultiIndex.from_product([range(n_layers), range(n_heads)])
+    wide = wide.reindex(columns=grid)
+    x = wide.index.map(covariate).to_numpy(dtype=float)
+    xc = x - x.mean()
+    if not len(x) or (xc**2).sum() == 0:
+        return np.full(n_layers * n_heads, np.nan)
+    values = wide.to_numpy()
+    slopes = np.nansum(xc[:, None] * (values - np.nanmean(values, 0)), 0) / (xc**2).sum()
+    te = totals[totals["counterfactual"] == word].set_index("item_id")["te"].reindex(wide.index).to_numpy()
+    sign = np.sign(np.nansum(xc * (te - np.nanmean(te)))) or 1.0
+    return sign * slopes
+
+
+def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> str:
+    """What determines an edit kind's values: the run, the options, the model's weights, this
+    attnprobe's version and the part of --text that is read."""
+    payload = json.dumps(
+        {"run": run_fingerprint, "weights": weights, "attnprobe": __version__, **asdict(options)},
+        sort_keys=True,
+        default=str,
+    )
+    if options.text:
+        payload += hashlib.sha256(text_head(options.text)).hexdigest()
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def found_sets(
+    inputs: Inputs, scores: dict, ks: tuple[int, ...], listed: Heads | None, n_heads: int
+) -> dict[int, dict]:
+    """k -> {fold: heads}: for folds 0-3 the top k of scores[fold] (computed on the fold's
+    training folds), for "all" of scores["all"] (every item)."""
+    if listed is not None:
+        return {len(listed): {f: listed for f in (0, 1, 2, 3, "all")}}
+    out = {}
+    for k in ks:
+        sets = {f: chosen_heads(scores[f], k, n_heads) for f in range(4)}
+        sets["all"] = chosen_heads(scores["all"], k, n_heads)
+        out[k] = sets
+    return out
+
+
+def measure_kind(
+    model, kind: str, options: EditOptions, inputs: Inputs, sets: dict, n_heads: int, log=lambda m: None
+) -> pd.DataFrame:
+    """Raw values of one edit kind, every k: rows (target, k, draw, index, y, kl, loss); draw -1 is
+    the found heads, 0... the random sets."""
+    started = time.monotonic()
+    L, H = model.info.n_layers, n_heads
+    rng = np.random.default_rng(options.seed)
+    frames = []
+    everywhere = KINDS[kind].fit(inputs, np.arange(4), options)
+    random_by_k = {
+        k: [
+            tuple((h // H, h % H) for h in draw)
+            for draw in random_sets(
+                tuple(l * H + h for l, h in per_fold["all"]), H, rng, options.draws, others=True
+            )
+        ]
+        for k, per_fold in sets.items()
+    }
+    sampled = np.arange(len(inputs.items)) % RANDOM_EVERY == 0
+    # bias: per quarter f, its found heads on its items and the random sets on its sampled items,
+    # edited with the parameters of its training quarters (edits[f]); all quarters in one call
+    edits = tuple(KINDS[kind].fit(inputs, inputs.training(f), options) for f in range(4))
+    base, masks, keys = [], [], []
+    for f in range(4):
+        for k, per_fold in sets.items():
+            for index in np.flatnonzero(inputs.fold == f):
+                base.append(index), masks.append(HeadSet(per_fold[f]).mask(L, H)), keys.append((k, -1, index))
+                if sampled[index]:
+                    for r, draw in enumerate(random_by_k[k]):
+                        base.append(index), masks.append(HeadSet(draw).mask(L, H)), keys.append((k, r, index))
+    if base:  # a variant's edit is its item's quarter's
+        y = _behaviour(model, inputs.bank, edits, base, masks, inputs.labels, inputs.fold[base])
+        frames.append(_rows("bias", keys, y=y))
+        log(f"edit: {kind}, bias items of the 4 quarters ({time.monotonic() - started:.0f} s)")
+    for target, bank in (("control", inputs.control), ("text", inputs.texts)):
+        base, masks, keys = [], [], []
+        for k, per_fold in sets.items():
+            random = enumerate(random_by_k[k]) if target == "text" else ()  # the band's cost, not its control
+            for r, heads in [(-1, per_fold["all"]), *random]:
+                for index in range(len(bank.lengths)):
+                    base.append(index), masks.append(HeadSet(heads).mask(L, H)), keys.append((k, r, index))
+        if target == "control":
+            y = _behaviour(model, bank, everywhere, base, masks, inputs.control_labels)
+            frames.append(_rows(target, keys, y=y))
+        else:  # variant v is text v % n (the loop above runs over the texts innermost)
+            kl, loss = edited_text_costs(model, bank, inputs.clean_logp, everywhere, torch.stack(masks))
+            frames.append(_rows(target, keys, kl=kl.numpy(), loss=loss.numpy()))
+        log(f"edit: {kind}, {target} ({time.monotonic() - started:.0f} s)")
+    out = pd.concat(frames, ignore_index=True)
+    heads_text = {k: " | ".join(str(HeadSet(per_fold[f])) for f in range(4)) for k, per_fold in sets.items()}
+    out["heads"] = [
+        heads_text[k] if r < 0 else str(HeadSet(random_by_k[k][r])) for k, r in zip(out["k"], out["draw"])
+    ]
+    out["heads_all"] = [str(HeadSet(sets[k]["all"])) for k in out["k"]]
+    return out.assign(kind=kind)
+
+
+def _behaviour(model, bank, edit, base, masks, labels: torch.Tensor, which=None) -> np.ndarray:
+    """y of each variant (a sequence of `bank` and its head mask) with its sequence's labels;
+    `which` names each variant's edit where `edit` is a tuple."""
+    base = torch.as_tensor(base)
+    pos, neg = labels[base, 0], labels[base, 1]
+    which = None if which is None else torch.as_tensor(which)
+    return edited_behaviour(model, bank, edit, base, torch.stack(masks), pos, neg, which=which).numpy()
+
+
+def _rows(target: str, keys, **values) -> pd.DataFrame:
+    k, draw, index = zip(*keys) if keys else ((), (), ())
+    frame = pd.DataFrame({"target": target, "k": k, "draw": draw, "index": index})
+    for name in ("y", "kl", "loss"):
+        frame[name] = values.get(name, np.nan)
+    return frame
+
+
+def clean_values(model, inputs: Inputs) -> pd.DataFrame:
+    """The unedited values (k 0): y of the items and the control prompts, the texts' log-loss."""
+    n, m = len(inputs.items), len(inputs.control.lengths)
+    y = behaviour_rows(inputs.bank.logits, inputs.labels[:, 0], inputs.labels[:, 1])
+    y_control = behaviour_rows(
+        inputs.control.logits, inputs.control_labels[:, 0], inputs.control_labels[:, 1]
+    )
+    loss = [
+        -logp.gather(1, inputs.texts.ids[t, 1 : len(logp) + 1, None]).mean().item()
+        for t, logp in enumerate(inputs.clean_logp)
+    ]
+    frames = [
+        _rows("bias", [(0, -1, i) for i in range(n)], y=y.double().numpy()),
+        _rows("control", [(0, -1, i) for i in range(m)], y=y_control.double().numpy()),
+        _rows("text", [(0, -1, i) for i in range(len(loss))], kl=0.0, loss=np.array(loss)),
+    ]
+    return pd.concat(frames, ignore_index=True).assign(kind="none", heads="", heads_all="")
+
+
+def listed_heads(options: EditOptions, n_layers: int, n_heads: int) -> Heads | None:
+    if options.heads is None:
+        if max(options.ks) >= n_layers * n_heads:
+            raise AttnprobeError(
+                f"k {max(options.ks)} leaves none of this model's {n_layers * n_heads} heads ({n_layers} "
+                f"layers x {n_heads}) to compare with as random sets; choose k < {n_layers * n_heads}"
+            )
+        return None
+    return parse_heads(options.heads, n_layers, n_heads)

@@ -1,0 +1,77 @@
+"""Dated, measured time constants and the estimates built from them (the one place for both).
+
+Every figure was measured by `make demo` (SmolLM2-135M, float32, 2 idle CPU cores, prefixes
+shared) on 2026-11-23; other models scale by their parameters besides the embeddings, and another
+device is unknown until its first chunk.
+"""
+
+from __future__ import annotations
+
+from .packing import sorted_packs
+
+SCORED_BATCH = 256  # sequences per scored pass (run options' default batch size)
+
+REFERENCE_MODEL = "smollm2-135m"
+REFERENCE_PARAMETERS = 106e6  # SmolLM2-135M's parameters besides the embeddings
+PROMPTS_PER_SECOND = 190.0  # the prompt phase, prefixes shared
+# Seconds per (item, counterfactual) pair, for x of REFERENCE_TOKENS tokens on average: the screen,
+# every head and layer exact (held-out items, exact: all), each head of exact: k, the cross-fitted set.
+PAIR_SECONDS = {"screen": 0.041, "every_head": 2.9, "head": 0.008, "set": 0.01}
+REFERENCE_TOKENS = 5.6
+# Scored continuations (likelihood, multiple choice, referent choice): distinct tokens forwarded per
+# second, prefixes shared, logits only where a scored token is read (benchmarks/run.py --only scoring)
+SCORED_TOKENS_PER_SECOND = 604.0
+
+
+def prompt_seconds(n_prompts: int) -> float:
+    """The prompt phase of the reference model."""
+    return n_prompts / PROMPTS_PER_SECOND
+
+
+def scored_seconds(n_tokens: int, parameters: float = REFERENCE_PARAMETERS) -> float:
+    """A scored phase that forwards `n_tokens` distinct tokens, on the reference model's 2 CPU cores."""
+    return n_tokens / SCORED_TOKENS_PER_SECOND * parameters / REFERENCE_PARAMETERS
+
+
+def forwarded_tokens(encoded, sequences) -> int:
+    """The tokens a scored phase forwards: every prompt's (prefix + tail) sequences, sorted and packed
+    as scoring.py packs them (each pack's trie nodes once)."""
+    rows = []
+    for e in encoded:
+        scored = sequences(e)
+        if scored is not None and scored[1]:
+            rows += [tuple(scored[0]) + tuple(tail) for _, tail in scored[1].values()]
+    return sum(sorted_packs(rows, SCORED_BATCH)[1])
+
+
+def head_effect_seconds(measure, items, parameters: float = REFERENCE_PARAMETERS) -> float:
+    """Both head-effect phases of `items` (PatchItem) on 2 CPU cores: the reference speed scaled by
+    sequence length and by the model's parameters besides the embeddings."""
+    c, held = PAIR_SECONDS, measure.held_out_ids(items)
+    per_pair = c["screen"] + c["set"] + c["head"] * (0 if measure.exact == "all" else measure.exact)
+    seconds = sum(
+        len(item.counterfactuals)
+        * len(item.x)
+        / REFERENCE_TOKENS
+        * (per_pair + c["every_head"] * (measure.exact == "all" or item.item_id in held))
+        for item in items
+    )
+    return seconds * parameters / REFERENCE_PARAMETERS
+
+
+def model_parameters(module) -> int:
+    """Parameters besides the input and output embeddings (tied: one tensor, as parameters() counts it)."""
+    embeddings = {
+        id(m.weight): m.weight.numel()
+        for m in (module.get_input_embeddings(), module.get_output_embeddings())
+        if m is not None
+    }
+    return max(sum(p.numel() for p in module.parameters()) - sum(embeddings.values()), 1)
+
+
+def head_effects_text(measure, items, module) -> str:
+    """The expected time of the head effects on this model, as the run logs it."""
+    if next(module.parameters()).device.type != "cpu":
+        return "time unknown on this device"
+    minutes = head_effect_seconds(measure, items, model_parameters(module)) / 60
+    return f"{minutes:.1f} min on 2 CPU cores"

@@ -1,0 +1,88 @@
+"""Measures: what a suite asks of each prompt, one kind per module (or folder), in one registry.
+
+Each kind is a `Measure` (base.py: the protocol, and what the run gives it); MEASURES lists them
+by YAML key in the order the suite loader parses them and the statistics compute them. Adding a
+kind is its module plus one line here.
+
+  attention        weights from source spans to target spans        -> attention.parquet
+  next_token       log-probabilities of candidates at a cut         -> logprobs.csv
+  referent_choice  log p of each referent after a question          -> referent_choice.parquet/csv
+  likelihood       log p of each sentence and of its shared words   -> likelihood.parquet/csv
+  multiple_choice  log p of each option after context + question    -> multiple_choice.parquet/csv
+  head_effects     activation patching of the next-token contrast    -> head_effects_*.parquet/csv
+  direct_attribution  the logit difference split over heads and MLPs -> direct_attribution.parquet
+"""
+
+from __future__ import annotations
+
+from .attention import Attention, AttentionMeasure
+from .base import BatchMeasure, Measure, ParseScope, Phase, PlanScope, PromptsMeasure, ScoredMeasure
+from .direct_attribution import DirectAttribution
+from .head_effects import HeadEffects, HeadEffectsMeasure, PairSwap, SlotSwap
+from .likelihood import Likelihood, LikelihoodMeasure
+from .multiple_choice import MultipleChoice, MultipleChoiceMeasure
+from .next_token import NextToken, NextTokenMeasure
+from .referent_choice import ReferentChoice, ReferentChoiceMeasure
+
+MEASURES: dict[str, Measure] = {
+    kind.NAME: kind
+    for kind in (
+        Attention(),
+        NextToken(),
+        ReferentChoice(),
+        Likelihood(),
+        MultipleChoice(),
+        HeadEffects(),
+        DirectAttribution(),
+    )
+}
+
+
+def batch_kinds() -> tuple[BatchMeasure, ...]:
+    """The kinds read from the prompts' one forward pass, in registry order (the first names a
+    prompts chunk's row count)."""
+    return tuple(kind for kind in MEASURES.values() if isinstance(kind, BatchMeasure))
+
+
+def analyse(run, step=None) -> dict:
+    """Every statistics table of a run, keyed by the CSV name it is written as: each measure's
+    `statistics` in registry order, then the held-out summary. `step(name)`, when given, is called
+    as each measure's tables are done (`len(MEASURES) + 1` calls: the caller's progress)."""
+    from ..stats import held_out_summary
+
+    step = step or (lambda name: None)
+    tables = {}
+    for name, kind in MEASURES.items():
+        tables.update(kind.statistics(run, tables))
+        step(name)
+    tables["held_out"] = held_out_summary(tables["head_stats"], tables.get("head_effects_summary"))
+    step("held_out")
+    return tables
+
+
+def table_names(run) -> tuple[str, ...]:
+    """The statistics tables `analyse` writes for this run."""
+    return (*(name for kind in MEASURES.values() for name in kind.tables(run)), "held_out")
+
+
+__all__ = [
+    "MEASURES",
+    "analyse",
+    "table_names",
+    "AttentionMeasure",
+    "BatchMeasure",
+    "HeadEffectsMeasure",
+    "LikelihoodMeasure",
+    "Measure",
+    "MultipleChoiceMeasure",
+    "NextTokenMeasure",
+    "PairSwap",
+    "ParseScope",
+    "Phase",
+    "PlanScope",
+    "PromptsMeasure",
+    "ReferentChoiceMeasure",
+    "ScoredMeasure",
+    "SlotSwap",
+    "batch_kinds",
+]

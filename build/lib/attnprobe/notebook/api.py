@@ -1,0 +1,163 @@
+"""The notebook face: `run_suite` and `Run`, a run directory with its statistics, figures and report.
+
+`Run` reads the run's files (attnprobe.run.reader) and computes statistics on first use
+(attnprobe.stats), reusing the report's cached tables when they are current; reading never writes
+a file. `run.report()` writes the tables, figures and report.html.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+import pandas as pd
+
+from .. import run as run_package
+from ..edits import EditOptions, run_edits
+from ..errors import AnalysisError
+from ..report import headline, load_tables, write_report
+from ..report.plots import head_heatmap
+from ..run.merge import merge_shards as _merge_into
+from ..run.options import RunOptions
+from ..run.reader import RunFiles
+
+
+class Run(RunFiles):
+    """A run directory: its tables as DataFrames, statistics, figures and report."""
+
+    @property
+    def head_stats(self) -> pd.DataFrame:
+        return self._tables()["head_stats"]
+
+    @property
+    def layer_stats(self) -> pd.DataFrame:
+        return self._tables()["layer_stats"]
+
+    @property
+    def behavior(self) -> pd.DataFrame:
+        return self._tables()["behavior"]
+
+    @property
+    def behavior_by_unit(self) -> pd.DataFrame:
+        """The per-unit (e.g. per-occupation) means behind each behaviour correlation."""
+        return self._tables()["behavior_by_unit"]
+
+    @property
+    def condition_means(self) -> pd.DataFrame:
+        return self._tables()["condition_means"]
+
+    @property
+    def head_effects(self) -> pd.DataFrame | None:
+        """Per counterfactual word and head: patching statistics (None when the run has no head effects)."""
+        return self._tables().get("head_effects")
+
+    @property
+    def head_effects_layer_shares(self) -> pd.DataFrame | None:
+        """Per word, layer, component (attention, mlp) and direction (in, out): share of the total effect."""
+        return self._tables().get("head_effects_layer_shares")
+
+    @property
+    def head_effects_summary(self) -> pd.DataFrame | None:
+        """Per word: the total effect, shares carried by all heads, their patterns, the cross-fitted set."""
+        return self._tables().get("head_effects_summary")
+
+    @property
+    def referent_accuracy(self) -> pd.DataFrame:
+        """Per source and head: how often the source attends more to the correct referent (empty without
+        referents)."""
+        return self._tables()["referent_accuracy"]
+
+    @property
+    def referent_choice_accuracy(self) -> pd.DataFrame:
+        """The model's own choice in the scored continuation: accuracy, per label, pro - anti gap, margin."""
+        return self._tables()["referent_choice_accuracy"]
+
+    @property
+    def edits(self) -> pd.DataFrame | None:
+        """Per edit kind and k (`attnprobe edit` / `Run.edit`): the stereotype gradient before and
+        after, against random heads of the same layers, definitional control and KL cost (None
+        before any edit sweep)."""
+        path = self.directory / "edits.parquet"
+        return pd.read_parquet(path) if path.is_file() else None
+
+    def edit(self, options=None, model=None, **settings) -> pd.DataFrame:
+        """Run the head-edit sweep on this run (`attnprobe edit`): EditOptions or its fields by name."""
+        return run_edits(self.directory, options or EditOptions(**settings), model=model, log=lambda m: None)
+
+    def _tables(self) -> dict:
+        if "_stats" not in self.__dict__:
+            self.__dict__["_stats"] = load_tables(self, write=False)
+        return self.__dict__["_stats"]
+
+    def plot_heads(self, target: str | None = None, statistic: str | None = None, source: str | None = None):
+        """Layer x head heatmap (all templates; a dot marks q < 0.05); a matplotlib Figure.
+        `statistic`: "interaction" (r with the covariate; the default when the suite has one),
+        "difference" (d_z of the paired difference) or "level" (slope per 10 covariate units of a
+        measure read before the contrast, e.g. `at: before`). `source`: the query span (default
+        the first one the statistic exists for)."""
+        heads = self.head_stats[self.head_stats["scope"] == "all"]
+        statistic = statistic or ("interaction" if "interaction_r" in heads else "difference")
+        choices = {
+            "interaction": ("interaction_r", "interaction_q"),
+            "difference": ("d_z", "difference_q"),
+            "level": ("level_per10", "level_q"),
+        }
+        column = choices.get(statistic, ("",))[0]
+        if column not in heads or heads[column].isna().all():
+            have = [name for name, (c, _) in choices.items() if c in heads and heads[c].notna().any()]
+            raise AnalysisError(
+                f"statistic {statistic!r} is not in this run's head_stats; use {' or '.join(have)}"
+            )
+        value, q = choices[statistic]
+        heads = heads[heads[value].notna()]
+        sources = list(dict.fromkeys(heads["source"]))
+        source = source or sources[0]
+        if source not in sources:
+            raise AnalysisError(
+                f"no {statistic} for source {source!r} in this run; sources: {', '.join(sources)}"
+            )
+        heads = heads[heads["source"] == source]
+        targets = list(dict.fromkeys(heads["target"]))
+        target = target or (targets[0] if targets else None)
+        if target not in targets:
+            raise AnalysisError(f"no attention target {target!r} in this run; targets: {', '.join(targets)}")
+        title = f"{source} -> {target}: {statistic}"
+        return head_heatmap(heads, target, value, q, title=title, label=value)
+
+    def attention_view(self, start: tuple[int, int] | None = None, html_action: str = "view"):
+        """The report's attention view of this run's example prompts, in the notebook (offline)."""
+        from .views import attention_view
+
+        heads = self.head_stats[self.head_stats["scope"] == "all"] if len(self.head_stats) else None
+        if start is None and heads is not None and len(heads):
+            best = heads.loc[heads["d_z"].abs().idxmax()]
+            start = (int(best["layer"]), int(best["head"]))
+        return attention_view(self, start=start or (0, 0), html_action=html_action)
+
+    def report(self) -> Path:
+        """Write report.html (and the CSV tables and figures) into the run directory."""
+        return write_report(self.directory)
+
+    def _repr_html_(self) -> str:
+        m = self.manifest
+        return (
+            f"<div><b>attnprobe run</b> {escape(m['suite']['name'])} on {escape(m['model']['spec'])}: "
+            f"{m['n_prompts']} prompts, {escape(m['dtype'])}, <code>{escape(str(self.directory))}</code>"
+            f"<p>{escape(headline(self, self._tables()))}</p></div>"
+        )
+
+
+def run_suite(suite, model=None, options: RunOptions | None = None, **settings) -> Run:
+    """Run a suite (a path or a loaded Suite) on a model (a spec or a loaded ProbeModel) and return
+    the Run. `options`: a RunOptions; or give its fields as keywords (out, batch_size, limit, dtype,
+    resume, chunk_size, skip, ...), e.g.
+    `run_suite("probes/gender.yaml", limit=200, skip=("head_effects",))`."""
+    if options is not None and settings:
+        raise TypeError("give either options or keyword settings, not both")
+    return Run(run_package.run_suite(suite, model, options or RunOptions(**settings)))
+
+
+def merge_shards(shard_dirs, out) -> Run:
+    """Join the directories of a sharded run (`--shard K/N`, all N of them) into one run directory
+    identical to an unsharded run with the same settings."""
+    return Run(_merge_into(shard_dirs, out))

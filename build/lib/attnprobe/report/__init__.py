@@ -1,0 +1,162 @@
+"""The report of one or more runs: CSV tables, figures (PNG and SVG) and one self-contained HTML file.
+
+`write_report(run_dir)` writes head_stats.csv, layer_stats.csv, behavior.csv, behavior_by_unit.csv,
+condition_means.csv (and head_effects*.csv) and figures/ into the run directory, and report.html
+beside them. With several run directories the HTML puts the models side by side (written to `out`).
+Numbers come from `attnprobe.stats`; context.py chooses the words, plots.py draws, figures.py saves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib.resources import files
+from pathlib import Path
+
+import jinja2
+import pandas as pd
+
+from .. import stats
+from ..errors import RunError
+from ..measures import MEASURES, analyse, table_names
+from ..progress import Progress
+from ..run.reader import RunFiles
+from ..run.storage import ARTEFACTS, TABLES_KEY, atomic_write, digest, write_table
+from ..store import read_table
+from ..version import __version__
+from . import plots
+from .context import difference_context, headline, run_context, run_labels
+
+__all__ = ["headline", "load_tables", "write_report"]
+
+
+def load_tables(
+    run: RunFiles, refresh: bool = False, write: bool = True, progress: bool | None = False
+) -> dict[str, pd.DataFrame]:
+    """The statistics tables of a run, computed once and cached as CSV in the run directory (with
+    `write=False`, computed in memory when the cache is missing or stale, and nothing written).
+    `progress`: None shows the statistics phase (a bar, or log lines off a terminal)."""
+    run.require_complete()
+    names = table_names(run)
+    stamp = {
+        "stats": stats.TABLES_VERSION,
+        "analysis": run.manifest.get("analysis"),
+        **{
+            file: _signature(run.directory / file)  # a rerun measure makes its tables stale
+            for kind in MEASURES.values()
+            for file in kind.READS.values()
+            if file.endswith(".parquet")
+        },
+    }
+    if not refresh and _cache_is_valid(run.directory, names, json.loads(json.dumps(stamp))):
+        return {name: read_table(run.directory, name) for name in names}
+    with Progress(len(MEASURES) + 1, enabled=progress, unit="table", desc="statistics") as bar:
+        tables = analyse(run, step=bar.step)
+    if write:
+        for name, table in tables.items():
+            write_table(run.directory, name, table)
+        stale = {name for kind in MEASURES.values() for name in kind.TABLES} - set(tables)
+        for name in stale:  # left by an earlier run: stale now
+            for ext in ("csv", "parquet"):
+                (run.directory / f"{name}.{ext}").unlink(missing_ok=True)
+        sums = {name: digest(run.directory / f"{name}.parquet") for name in tables}
+        payload = json.dumps({"stamp": stamp, "sha256": sums}, indent=1)
+        atomic_write(
+            run.directory / TABLES_KEY, lambda path: path.write_text(payload)
+        )  # last: the tables above are complete
+    return tables
+
+
+def _signature(path: Path) -> list:
+    """Size and modification time of a run's table: a rerun that rebuilt it changes them."""
+    info = path.stat() if path.is_file() else None
+    return [info.st_size, info.st_mtime_ns] if info else []
+
+
+def _cache_is_valid(directory: Path, names, stamp: dict) -> bool:
+    """Cached tables count when made by this statistics version for this analysis and attention
+    table, and every file is byte for byte what was written (a report cut short by a full disk or a
+    kill leaves a mismatch, and the tables are recomputed)."""
+    try:
+        cached = json.loads((directory / TABLES_KEY).read_text())
+        return cached.get("stamp") == stamp and all(
+            digest(directory / f"{name}.parquet") == cached["sha256"][name] for name in names
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _table_links(directory: Path, names: list[str], page_dir: Path) -> list[dict]:
+    """The run's own tables (its ARTEFACTS) and each non-empty statistics table, as links relative
+    to the page."""
+    own = [name for name in ARTEFACTS if name.endswith((".csv", ".parquet"))]
+    found = [
+        name
+        for name in [*own, *(f"{n}.{ext}" for n in names for ext in ("csv", "parquet"))]
+        if (directory / name).is_file()
+    ]
+    return [{"name": name, "href": os.path.relpath(directory / name, page_dir)} for name in found]
+
+
+def _check_out(path: Path) -> None:
+    """--out must name a file whose folder is (or can become) a directory."""
+    if path.is_dir():
+        raise RunError(f"--out {path} is a directory; give a file name, e.g. {path / 'report.html'}")
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise RunError(
+            f"--out {path}: {above} is a file, not a directory; choose another place for the report"
+        )
+
+
+def write_report(run_dirs, out: str | Path | None = None, progress: bool | None = False) -> Path:
+    """Write report.html for one run (into its directory) or a side-by-side report of several.
+    `progress`: None shows the statistics and report phases (bars, or log lines off a terminal)."""
+    run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
+    runs = [RunFiles(d) for d in run_dirs]
+    if out:
+        _check_out(Path(out))  # before any statistics are computed
+    tables = [load_tables(run, progress=progress) for run in runs]
+    bar = Progress(len(runs) + 1, enabled=progress, unit="part", desc="report")
+    heads = [t["head_stats"][t["head_stats"]["scope"] == "all"] for t in tables if len(t["head_stats"])]
+    limits = (
+        {"d_z": plots.largest_abs(pd.concat([h["d_z"] for h in heads]))} if heads else {}
+    )  # one scale for all runs
+    contexts = []
+    for run, table in zip(runs, tables):
+        contexts.append(run_context(run, table, limits))
+        bar.step(f"figures of {run.directory}")
+    path = (
+        Path(out)
+        if out
+        else (runs[0].directory / "report.html" if len(runs) == 1 else Path("reports") / "compare.html")
+    )
+    for context, run, table, label in zip(contexts, runs, tables, run_labels(contexts)):
+        context["files"] = _table_links(
+            run.directory, [name for name, t in table.items() if len(t)], path.parent
+        )
+        context["label"] = label
+    compared = (
+        difference_context(contexts, tables, path.parent / f"{path.stem}_figures") if len(runs) > 1 else None
+    )
+    environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    template = environment.from_string(files(__package__).joinpath("report.html.j2").read_text())
+    targets = list(
+        dict.fromkeys(t for table in tables for t in table["head_stats"].get("target", pd.Series(dtype=str)))
+    )
+    html = template.render(
+        title=" vs ".join(c["label"] for c in contexts) + f" / {contexts[0]['suite']}",
+        runs=contexts,
+        compared=compared,
+        targets=targets,
+        version=__version__,
+        n_boot=stats.N_BOOT,
+        alpha=stats.ALPHA,
+        view_js=files(__package__).joinpath("view.js").read_text(),
+        tables_js=files(__package__).joinpath("tables.js").read_text(),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda p: p.write_text(html, encoding="utf-8"))
+    bar.step(f"written {path}")
+    bar.close()
+    return path

@@ -1,0 +1,196 @@
+"""Figures of a run's statistics (seaborn); each returns a matplotlib Figure and computes nothing new."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt  # no backend switch: Jupyter's inline backend shows figures, scripts get Agg
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+Q_LEVEL = 0.05
+
+
+def head_heatmap(
+    heads: pd.DataFrame,
+    target: str,
+    value: str,
+    q: str | None,
+    title: str,
+    label: str,
+    limit: float | None = None,
+):
+    """Layer x head heatmap of `value` for one target, every head coloured; a dot marks q < 0.05
+    (a masked cell would look like a value near zero; `q` None: no test, no dots). `limit`: the
+    colour range +-limit (shared by compared runs; correlations use 1); default the largest |value| shown."""
+    sub = heads[heads["target"] == target]
+    grid = sub.pivot(index="layer", columns="head", values=value)
+    significant = (
+        (sub.pivot(index="layer", columns="head", values=q) < Q_LEVEL if q else grid * 0 > 0)
+        .reindex_like(grid)
+        .fillna(False)
+    )
+    limit = limit or largest_abs(sub[value])
+    fig, ax = plt.subplots(figsize=(1.2 + 0.45 * grid.shape[1], 1.0 + 0.22 * grid.shape[0]))
+    sns.heatmap(
+        grid,
+        cmap="RdBu_r",
+        center=0,
+        vmin=-limit,
+        vmax=limit,
+        ax=ax,
+        cbar_kws={"label": label},
+        linewidths=0.3,
+        linecolor="#eeeeee",
+    )
+    rows, columns = np.nonzero(significant.to_numpy(dtype=bool))
+    ax.scatter(
+        columns + 0.5, rows + 0.5, s=9, color="white", edgecolors="black", marker="o", linewidths=0.5
+    )  # seen on any colour
+    ax.set_title(f"{title}\ndots: q < {Q_LEVEL} (BH)" if q else title, fontsize=9)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    fig.tight_layout()
+    return fig
+
+
+def largest_abs(values) -> float:
+    """The largest finite |value| (1 when there is none): a symmetric colour range."""
+    finite = np.abs(np.asarray(values, dtype=float))
+    finite = finite[np.isfinite(finite)]
+    return float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+
+
+def layer_profile(layers: pd.DataFrame, columns: dict[str, str], title: str):
+    """Per layer, for each target: heads with q < 0.05 (one line per statistic and target)."""
+    data = layers[layers["scope"] == "all"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    for target, group in data.groupby("target", sort=False):
+        for column, name in columns.items():
+            if column in group:
+                ax.plot(group["layer"], group[column], marker="o", markersize=3, label=f"{name}: {target}")
+    ax.set_xlabel("layer")
+    ax.set_ylabel(f"heads with q < {Q_LEVEL}")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def layer_shares(shares: pd.DataFrame, title: str):
+    """Per layer: the share of the total effect carried by its attention output and by its MLP
+    output, patched in and patched out, with 95% CIs as bands."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    for (component, direction), group in shares.groupby(["component", "direction"], sort=False):
+        style = {"in": "-", "out": "--"}.get(direction, ":")
+        name = (
+            f"{component}, patched {direction}"
+            if direction in ("in", "out")
+            else f"{component}, {direction} (every item)"
+        )
+        (line,) = ax.plot(group["layer"], group["share"], style, marker="o", markersize=3, label=name)
+        ax.fill_between(
+            group["layer"], group["ci_low"], group["ci_high"], color=line.get_color(), alpha=0.12, linewidth=0
+        )
+    ax.axhline(0, color="#888888", linewidth=0.8)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("share of the total effect")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def behavior_scatter(per_unit: pd.DataFrame, summary: pd.DataFrame, xlabel: str, ylabel: str):
+    """Per-unit mean log-ratio against the covariate (all templates, weighted equally), with a fit and CI
+    band."""
+    overall = summary[summary["scope"] == "all"].iloc[0]
+    data = per_unit[(per_unit["scope"] == "all") & (per_unit["cut"] == overall["cut"])]
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    sns.regplot(
+        data=data, x="covariate", y="log_ratio", ax=ax, scatter_kws={"s": 18}, line_kws={"color": "#b2182b"}
+    )
+    for row in data.itertuples():
+        ax.annotate(
+            str(row.unit),
+            (row.covariate, row.log_ratio),
+            fontsize=6,
+            alpha=0.7,
+            xytext=(2, 2),
+            textcoords="offset points",
+        )
+    ax.set_title(
+        f"{ylabel} vs {xlabel}: r = {overall.pearson_r:.2f} "
+        f"[{overall.pearson_ci_low:.2f}, {overall.pearson_ci_high:.2f}], n = {int(overall.n_units)}",
+        fontsize=9,
+    )
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"mean {ylabel}")
+    ax.axhline(0, color="#888888", linewidth=0.8)
+    fig.tight_layout()
+    return fig
+
+
+def template_breakdown(summary: pd.DataFrame, xlabel: str):
+    """Per template and group: the behaviour-covariate correlation with its bootstrap CI."""
+    data = summary[summary["scope"] != "all"].sort_values(["kind", "pearson_r"])
+    fig, ax = plt.subplots(figsize=(6.5, max(2.2, 0.6 + 0.32 * len(data))))
+    y = np.arange(len(data))
+    ax.errorbar(
+        data["pearson_r"],
+        y,
+        xerr=[data["pearson_r"] - data["pearson_ci_low"], data["pearson_ci_high"] - data["pearson_r"]],
+        fmt="o",
+        color="#2166ac",
+        ecolor="#92c5de",
+        capsize=2,
+    )
+    ax.set_yticks(y, [f"{s} ({k})" if k == "group" else s for s, k in zip(data["scope"], data["kind"])])
+    ax.axvline(0, color="#888888", linewidth=0.8)
+    ax.set_xlabel(f"Pearson r with {xlabel} (95% bootstrap CI)")
+    ax.set_title("behaviour by template group and template")
+    fig.tight_layout()
+    return fig
+
+
+FRONTIER_ALT = (
+    "share of the stereotype gradient removed against the KL cost, found heads against random heads"
+)
+
+
+def edit_frontier(summary: pd.DataFrame, draws: pd.DataFrame):
+    """Share of the stereotype gradient removed (on the sampled items) against the KL cost: per edit
+    kind the found heads for each k (a line, points labelled k), random head sets of the same layers
+    as grey points (the chance band)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    floor = 1e-6  # KL of an edit that changes nothing, for the log axis
+    if len(draws):
+        ax.scatter(
+            draws["kl"].clip(lower=floor),
+            draws["gradient_removed_sampled"],
+            s=10,
+            color="#bbbbbb",
+            label="random heads, same layers",
+        )
+    for kind, rows in summary.groupby("kind", sort=False):
+        rows = rows.sort_values("k")
+        ax.plot(
+            rows["kl"].clip(lower=floor),
+            rows["gradient_removed_sampled"],
+            marker="o",
+            label=f"{kind}: found heads",
+        )
+        for r in rows.itertuples():
+            ax.annotate(
+                f"k={r.k}",
+                (max(r.kl, floor), r.gradient_removed_sampled),
+                fontsize=7,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
+    ax.set_xscale("log")
+    ax.axhline(0, color="#888888", linewidth=0.8)
+    ax.set_xlabel("cost: KL(original || edited) per token of neutral text (nats)")
+    ax.set_ylabel("share of the stereotype gradient removed")
+    ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,163 @@
+"""The report's sections beyond the attention statistics: head effects (activation patching) and
+referents (attention accuracy and the model's own choice), as the values the template lays out."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow as pa
+
+from ..errors import RunError
+from ..stats import ALPHA
+from . import plots
+from .figures import figure
+
+
+def effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: dict, analysis) -> dict | None:
+    """The head-effects section, when the run has them: per counterfactual word, the total effect,
+    the shares of it that patches carry, the layers (figure) and the strongest heads."""
+    if "head_effects" not in tables:
+        return None
+    info = manifest.get("head_effects", {})
+    slot, words = next(iter(info.get("counterfactual", {}).items()), (None, []))
+    label = f"change of log p({analysis.positive}) - log p({analysis.negative})"
+    sections = []
+    for summary in tables["head_effects_summary"].to_dict("records"):
+        word = summary["counterfactual"]
+        effects = tables["head_effects"][tables["head_effects"]["counterfactual"] == word]
+        shares = tables["head_effects_layer_shares"][
+            tables["head_effects_layer_shares"]["counterfactual"] == word
+        ]
+        name = "".join(c if c.isalnum() else "_" for c in str(word))
+        exact = (
+            info.get("exact", "all") == "all"
+        )  # else only k heads were patched exactly: colour by attribution
+        figures = [
+            figure(
+                plots.head_heatmap(
+                    effects.assign(target=word),
+                    word,
+                    "mean_output_in" if exact else "mean_attribution_output",
+                    "q",
+                    title=f"{slot} -> {word}: head output patched in"
+                    + ("" if exact else " (attribution;\nexact for the suite's heads)"),
+                    label=label,
+                ),
+                figures_dir,
+                f"head_effects_{name}",
+                f"layer x head mean effect of patching each head's output, {slot} -> {word}",
+            ),
+            figure(
+                plots.layer_shares(shares, f"{slot} -> {word}: share of the total effect per layer"),
+                figures_dir,
+                f"layer_shares_{name}",
+                f"per-layer shares of the total effect, {slot} -> {word}",
+            ),
+        ]
+        ranked = effects.dropna(subset=["mean_output_in"])
+        direction = 1.0 if summary["te_mean"] >= 0 else -1.0
+        top = (
+            ranked.assign(score=direction * ranked["mean_output_in"])
+            .sort_values("score", ascending=False)
+            .head(5)
+        )
+        sections.append({"word": word, "summary": summary, "figures": figures, "top": top.to_dict("records")})
+    if len(heads) and slot in set(heads["target"]):
+        sections[0]["figures"].append(
+            figure(
+                plots.head_heatmap(
+                    heads, slot, "d_z", "difference_q", title=f"{slot}: attention difference d_z", label="d_z"
+                ),
+                figures_dir,
+                f"difference_{slot}_beside_effects",
+                f"attention difference, source -> {slot}",
+            )
+        )
+    return {
+        "slot": slot,
+        "words": words,
+        "sections": sections,
+        "seconds": info.get("seconds"),
+        "dropped": info.get("dropped", []),
+        "exact": info.get("exact"),
+        "select": info.get("select"),
+        "halves_by": analysis.name(info.get("halves_by")),
+        "design": info.get("design", "slot"),
+        "question": manifest.get("referent_choice"),
+        "referents": analysis.referents,
+        "answer": analysis.name(analysis.answer) if analysis.answer else None,
+    }
+
+
+def referents_context(tables: dict, figures_dir, analysis) -> dict | None:
+    """Referent accuracy, when the analysis declares referents: the model's own choice in a scored
+    continuation (when the suite asks), and per source the heads above chance."""
+    table = tables.get("referent_accuracy")
+    choice = tables.get("referent_choice_accuracy")
+    choice_groups = choice.iloc[1:].to_dict("records") if choice is not None and len(choice) else []
+    choice = choice.iloc[0].to_dict() if choice is not None and len(choice) else None
+    if (table is None or not len(table)) and choice is None:
+        return None
+    table = table if table is not None else pd.DataFrame(columns=["source"])
+    first, second = analysis.referents
+    sections = []
+    for source, rows in table.groupby("source", sort=False):
+        shown = rows.assign(target=source, above_chance=rows["accuracy"] - 0.5)
+        fig = figure(
+            plots.head_heatmap(
+                shown,
+                source,
+                "above_chance",
+                "q",
+                title=f"{source}: accuracy - 0.5 ({first} vs {second})",
+                label="accuracy - 0.5",
+                limit=0.5,
+            ),
+            figures_dir,
+            f"referent_accuracy_{source}",
+            f"layer x head referent accuracy of {source}",
+        )
+        top = rows.sort_values("accuracy", ascending=False).head(5)
+        gap = rows["gap_q"] < ALPHA if "gap_q" in rows else pd.Series(False, index=rows.index)
+        sections.append(
+            {
+                "source": source,
+                "figure": fig,
+                "top": top.to_dict("records"),
+                "n_heads": len(rows),
+                "n_above": int(((rows["q"] < ALPHA) & (rows["accuracy"] > 0.5)).sum()),
+                "n_below": int(((rows["q"] < ALPHA) & (rows["accuracy"] < 0.5)).sum()),
+                "n_gap": int(gap.sum()),
+                "clusters": rows["clusters"].iloc[0],
+            }
+        )
+    labels = [
+        c.removeprefix("accuracy_")
+        for c in (table if len(table) else pd.DataFrame(columns=list(choice or ()))).columns
+        if c.startswith("accuracy_")
+    ]
+    return {
+        "first": first,
+        "second": second,
+        "answer": analysis.name(analysis.answer),
+        "sections": sections,
+        "choice": choice,
+        "choice_groups": choice_groups,
+        "labels": labels,
+        "paired": "gap" in table or "gap" in (choice or {}),
+    }
+
+
+def edits_context(directory, figures_dir) -> dict | None:
+    """The head-edit section, when `attnprobe edit` has written edits.parquet into the run."""
+    if not (directory / "edits.parquet").is_file():
+        return None
+    try:
+        summary = pd.read_parquet(directory / "edits.parquet")
+        draws = pd.read_parquet(directory / "edits_draws.parquet")
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise RunError(
+            f"{directory}: the edit tables are missing or damaged ({str(exc).splitlines()[0][:99]}); rebuild "
+            f"them by rerunning `attnprobe edit {directory}` with its options (finished kinds are reused)"
+        ) from None
+    frontier = figure(plots.edit_frontier(summary, draws), figures_dir, "edit_frontier", plots.FRONTIER_ALT)
+    return {"rows": summary.to_dict("records"), "figure": frontier, "reference": summary["reference"].iloc[0]}

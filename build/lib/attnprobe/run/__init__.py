@@ -1,0 +1,99 @@
+"""Running a suite on a model: options, plan (pure), phases (the engine), store (the run directory).
+
+`run_suite` plans the run (every suite, token and head-effects problem surfaces before any weights
+load), opens the run directory, loads the model, runs the phases and records the end in the
+manifest; it returns the run directory. Reading a run: `reader.RunFiles`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ..errors import RunError
+from ..measures import batch_kinds
+from ..model import ProbeModel, load_model
+from ..model.checks import check_device
+from ..progress import Progress
+from ..suite import Suite, load_suite
+from . import fresh, storage
+from .manifest import new_manifest
+from .options import RunOptions
+from .phases import Engine, prompts_phase, recorded_end, run_phase
+from .plan import RunPlan, model_name, plan_run
+
+__all__ = ["RunOptions", "RunPlan", "model_name", "plan_run", "run_suite"]
+
+
+def run_suite(
+    suite: str | Path | Suite, model: str | ProbeModel | None = None, options: RunOptions | None = None
+) -> Path:
+    """Run `suite` on `model` (a spec, a loaded ProbeModel, or None: the suite's model, else the
+    default) and return its run directory. A finished chunk is never recomputed when
+    `options.resume` is on; `options.shard=(k, n)` computes only this process's chunks into its own
+    directory (`merge.merge_shards` joins the n directories)."""
+    options = options or RunOptions()
+    suite = suite if isinstance(suite, Suite) else load_suite(suite, data_roots=options.data_roots)
+    plan = plan_run(suite, model, options)
+    if options.device_map is None and not isinstance(model, ProbeModel):
+        check_device(options.device)  # before the output directory is created
+    directory = _open(plan.directory)
+    with storage.exclusive(directory):
+        previous = (
+            fresh.prepare_directory(directory, plan.fingerprint, options.resume, suite.name, options.log)
+            or {}
+        )
+        pm, weights_sha = _load(model, plan, options)
+        manifest = new_manifest(plan, pm, options, weights_sha, storage.content_sha(pm.model))
+        for kind, declared, part in plan.kinds():  # what each measure keeps of a resumed run
+            manifest.update(kind.resumed(declared, part, previous, directory))
+        storage.write_manifest(directory, manifest)
+        started = time.perf_counter()
+        with recorded_end(directory, manifest):
+            storage.write_table(directory, "prompts", storage.prompts_table(plan.encoded))
+            run_phase(directory, prompts_phase(pm, plan, options), options, manifest)
+            if options.shard is None:
+                for kind in batch_kinds():
+                    kind.assemble(directory, len(plan.chunks))
+            engine = Engine(pm, plan, options, directory, manifest)
+            for kind, declared, part in plan.kinds():  # each measure's own phases, in registry order
+                kind.compute(declared, part, engine)
+        status = "complete" if options.shard is None else "shard complete"
+        finished = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        seconds = round(time.perf_counter() - started, 3)
+        manifest.update(status=status, finished=finished, compute_seconds_this_session=seconds)
+        storage.write_manifest(directory, manifest)
+    return directory
+
+
+def _open(directory: Path) -> Path:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunError(
+            f"cannot create output directory {directory}: {exc.strerror}; choose another with --out"
+        ) from None
+    return directory
+
+
+def _load(model, plan: RunPlan, options: RunOptions) -> tuple[ProbeModel, str | None]:
+    """The model (already loaded, or loaded now with its own progress) and its weights' hash."""
+    loaded = isinstance(model, ProbeModel)
+    with Progress(
+        2, enabled=False if loaded else options.progress, log=options.log, unit="step", desc="loading"
+    ) as bar:
+        if loaded:
+            return model, storage.weights_sha(model)
+        options.log(f"loading {plan.spec} ({plan.dtype})")
+        pm = load_model(
+            plan.spec,
+            dtype=plan.dtype,
+            device=options.device,
+            device_map=options.device_map,
+            trust_remote_code=options.trust_remote_code,
+            allow_pickle=options.allow_pickle,
+        )
+        bar.step("model loaded")
+        weights_sha = storage.weights_sha(pm)
+        bar.step("weights hashed")
+    return pm, weights_sha

@@ -1,0 +1,60 @@
+"""What a run would do, in words: the lines `attnprobe check` prints for a plan."""
+
+from __future__ import annotations
+
+from ..forward.estimates import REFERENCE_MODEL
+from .plan import RunPlan
+
+
+def describe(plan: RunPlan) -> list[str]:
+    """Prompts, items, analysis, measures, head effects, notes, tokens and the time estimate."""
+    lines = []
+    prompts = [e.prompt for e in plan.encoded]
+    a = plan.suite.analysis
+    n_templates, n_items = len({p.template_id for p in prompts}), len({p.item_id for p in prompts})
+    lines.append(
+        f"suite {plan.suite.name} ({plan.suite.path}): {n_templates} templates or sentence sets, "
+        f"{len(prompts)} prompts, {n_items} items"
+    )
+    if a.paired:
+        covariate = (
+            f"; covariate {a.name(a.covariate)} across {a.name(a.unit)}s" if a.covariate else "; no covariate"
+        )
+        groups = "".join(f"; group {g} ({len(ids)})" for g, ids in a.groups.items())
+        lines.append(
+            f"analysis: {a.positive} - {a.negative} by {a.name(a.contrast)}; clusters "
+            f"{a.cluster_text}{covariate}{groups}"
+        )
+    else:
+        labels = ", ".join(a.labels) or "none"
+        lines.append(f"analysis: no two labels compared (labels: {labels}): descriptive tables only")
+    for kind, declared, part in plan.kinds():
+        if kind.declared(plan.suite):
+            lines += kind.describe(declared, part)
+    for line in plan.suite.skipped:
+        lines.append(f"skipped: {line}")
+    for line in plan.notes:
+        lines.append(f"note: {line}")
+    n, shared = max(1, len(plan.encoded)), plan.sharing
+    sharing = (
+        f"{shared['tokens_forwarded'] / n:.2f} with shared prefixes once"
+        if plan.blocker is None
+        else f"prefixes not shared: {plan.blocker}"
+    )
+    longest = max((len(e.ids) for e in plan.encoded), default=0)
+    lines.append(
+        f"tokens ({plan.spec} tokenizer): {shared['tokens_without_sharing'] / n:.2f} forwarded per prompt "
+        f"({sharing}), longest prompt {longest}"
+    )
+    phases = plan.estimate_seconds()
+    each = ", ".join(
+        f"{name.replace('_', ' ')} {seconds / 60:.1f} min"
+        + (f" ({tokens:,} tokens)" if tokens is not None else "")
+        for name, seconds, tokens in phases
+    )
+    total = sum(seconds for _, seconds, _ in phases)
+    lines.append(
+        f"estimate: about {total / 60:.1f} min for {REFERENCE_MODEL} on 2 CPU cores ({each}); larger models "
+        "take longer in proportion to their size"
+    )
+    return lines

@@ -1,0 +1,76 @@
+"""Executing a plan: the per-batch kernel (one forward, every measure read from it) and the
+deferred Ctrl-C. Returns data; writes nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+from contextlib import contextmanager
+
+from ..forward.capture import pad_right, run_with_capture
+from ..forward.packing import run_with_shared_prefixes
+from ..measures import batch_kinds
+from ..model import ProbeModel
+from .plan import Encoded, RunPlan
+
+
+def measure_batch(
+    pm: ProbeModel, plan: RunPlan, batch: list[Encoded], packs: list[int] | None = None
+) -> dict:
+    """Every per-batch measure kind's part for one batch ({kind name: part}), from a single
+    forward pass that captures what all of them asked for. `packs`: the sizes of the packs of
+    consecutive prompts forwarded as one row each, every shared prefix once (see plan.Batch)."""
+    asked, states, measures = {}, {}, plan.suite.measures
+    for kind in batch_kinds():
+        keywords, states[kind.NAME] = kind.request(measures[kind.NAME], batch)
+        assert not set(keywords) & set(asked), f"{kind.NAME} asks for capture arguments another kind sets"
+        asked.update(keywords)
+    if packs:
+        prompts = iter(batch)
+        rows = [[next(prompts).forward_ids for _ in range(size)] for size in packs]
+        captured = run_with_shared_prefixes(pm, rows, pm.tokenizer.pad_token_id, **asked)
+    else:
+        ids, mask = pad_right([e.forward_ids for e in batch], pm.tokenizer.pad_token_id)
+        captured = run_with_capture(pm, ids, mask, **asked)
+    return {
+        kind.NAME: kind.read(
+            pm, measures[kind.NAME], plan.parts[kind.NAME], batch, captured, states[kind.NAME]
+        )
+        for kind in batch_kinds()
+    }
+
+
+@contextmanager
+def deferred_interrupt(log):
+    """The first Ctrl-C asks the loop to stop after the current chunk; a second one stops at once."""
+    requested = []
+
+    def handler(signum, frame):
+        if requested:
+            raise KeyboardInterrupt
+        requested.append(signum)
+        log("interrupt: finishing the current chunk, then stopping (Ctrl-C again to stop at once)")
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: no handler, Ctrl-C behaves as usual
+        yield lambda: False
+        return
+    try:
+        yield lambda: bool(requested)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def ignored_interrupts():
+    """Ctrl-C does nothing inside (main thread only): for the last write before stopping."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,82 @@
+"""Starting over in a run directory, and the directories a run writes into: `--fresh` deletes only
+the files attnprobe wrote (storage.ARTEFACTS, storage.DERIVED, and attnprobe's names inside chunks/
+and figures/), and chunks/ or figures/ planted as a link or a file are refused."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..errors import RunError
+from .storage import ARTEFACTS, CHUNK_FILES, DERIVED, read_manifest
+
+# what attnprobe writes inside chunks/ and figures/ (anything else there is someone else's)
+PREFIXES = "|".join(re.escape(prefix) for prefix in CHUNK_FILES if prefix)  # each phase's chunk files
+OWN_FILES = {
+    "chunks": re.compile(
+        rf"({PREFIXES})?\d{{5}}\.(done|[a-z_]+\.parquet)"
+        r"|edits-[0-9a-f]{16}-[a-z]+\.(parquet|done)|\..+\.tmp"
+    ),
+    "figures": re.compile(r"[\w-]+\.(png|svg)"),
+}
+
+
+def own_directory(path: Path) -> Path:
+    """`path` (chunks/, figures/ of a run) made as a real directory: a symbolic link or a file planted
+    there would make the run write outside --out, so it is refused."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        kind = "a symbolic link" if path.is_symlink() else "not a directory"
+        raise RunError(
+            f"{path} is {kind}; attnprobe writes only inside the run directory: remove it or choose "
+            "another --out"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def prepare_directory(
+    directory: Path, expected: str, resume: bool, suite_name: str, log=print
+) -> dict | None:
+    """Make `directory` ready for a run with this fingerprint; return the manifest to continue (the
+    same fingerprint and `resume`), else None. Starting over (--fresh) replaces only a run of the
+    same suite, and deletes only what attnprobe writes, where manifest.json is an attnprobe manifest."""
+    path = directory / "manifest.json"
+    if not path.is_file():
+        return None
+    previous = read_manifest(path, check=resume)  # --fresh may replace a run of another format
+    if resume and previous.get("fingerprint") == expected:
+        return previous
+    if resume:
+        raise RunError(
+            f"{directory} holds a run with other settings (suite, model, dtype, batch or chunk size, "
+            "limit, tokenisation); rerun with --fresh to replace it, or choose --out"
+        )
+    other = (previous.get("suite") or {}).get("name")
+    if other != suite_name:
+        raise RunError(
+            f"{directory} holds a run of suite '{other}', not '{suite_name}'; --fresh replaces only a run "
+            "of the same suite: choose another --out (nothing was deleted)"
+        )
+    kept = remove_run(directory)
+    if kept:
+        log(f"--fresh kept {len(kept)} files attnprobe did not write in {directory}: {', '.join(kept[:5])}")
+    return None
+
+
+def remove_run(directory: Path) -> list[str]:
+    """Delete the files a run and its report wrote (ARTEFACTS, DERIVED, and in chunks/ and figures/
+    only files named as attnprobe names them); return what was kept."""
+    kept = []
+    for name in ARTEFACTS + DERIVED:
+        target = directory / name
+        if target.is_dir() and not target.is_symlink():
+            for child in sorted(target.iterdir()):
+                if child.is_file() and name in OWN_FILES and OWN_FILES[name].fullmatch(child.name):
+                    child.unlink()
+                else:
+                    kept.append(f"{name}/{child.name}")
+            if not any(target.iterdir()):
+                target.rmdir()
+        elif target.is_file() or target.is_symlink():
+            target.unlink()
+    return kept

@@ -1,0 +1,84 @@
+"""Joining the directories of a sharded run into one, identical to an unsharded run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from ..errors import RunError
+from ..measures import MEASURES, batch_kinds
+from .fresh import own_directory
+from .plan import fingerprint
+from .storage import CHUNK_FILES, complete_chunks, exclusive, read_manifest, write_manifest
+
+
+def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
+    """Join the directories of a sharded run (`--shard K/N`, all N of them) into one run directory
+    identical to an unsharded run with the same settings."""
+    shard_dirs = [Path(d) for d in shard_dirs]
+    manifests = []
+    for d in shard_dirs:
+        path = d / "manifest.json"
+        if not path.is_file():
+            raise RunError(
+                f"{d}: no manifest.json; give the directories written by `attnprobe run --shard K/N`"
+            )
+        manifests.append(read_manifest(path))
+    for d, m in zip(shard_dirs, manifests):
+        if not m.get("shard") or m.get("status") != "shard complete":
+            raise RunError(
+                f"{d} is not a finished shard (status: {m.get('status')}); finish it by rerunning its command"
+            )
+    n = manifests[0]["shard"][1]
+    ks = sorted(m["shard"][0] for m in manifests)
+    if ks != list(range(1, n + 1)) or any(m["shard"][1] != n for m in manifests):
+        raise RunError(f"shards {ks} of {n} given; give each of the {n} shard directories exactly once")
+    if len({json.dumps(m["settings"], sort_keys=True) for m in manifests}) != 1:
+        raise RunError(
+            "the shards were run with different settings (suite, model, dtype, batch, chunk, limit or "
+            "tokenisation)"
+        )
+    by_k = {m["shard"][0]: (d, m) for d, m in zip(shard_dirs, manifests)}
+    out = Path(out)
+    if any(out.resolve() == d.resolve() for d in shard_dirs):
+        raise RunError(f"{out} is one of the shard directories; merge into a new directory")
+    if (out / "manifest.json").is_file() and read_manifest(out / "manifest.json").get(
+        "settings"
+    ) != manifests[0]["settings"]:
+        raise RunError(f"{out} holds a run with other settings; merge into a new directory")
+    own_directory(out / "chunks")
+    with exclusive(out):
+        n_chunks = manifests[0]["n_chunks"]
+        for k in range(n_chunks):
+            source_dir = by_k[k % n + 1][0] / "chunks"
+            if k not in complete_chunks(source_dir, n_chunks, lambda m: None):
+                raise RunError(
+                    f"{source_dir} lacks chunk {k} (or it is damaged); "
+                    "rerun that shard's command to finish it"
+                )
+            _copy_chunk(source_dir, out / "chunks", k, "")
+        first_dir, first = by_k[1]
+        for name in ("prompts.csv", "prompts.parquet"):
+            shutil.copyfile(first_dir / name, out / name)
+        for kind in batch_kinds():
+            kind.assemble(out, n_chunks)
+        merged = dict(
+            first,
+            shard=None,
+            status="complete",
+            merged_from=[str(d) for d in shard_dirs],
+            fingerprint=fingerprint(first["settings"], None),
+            finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        )
+        shards = [by_k[k] for k in range(1, n + 1)]  # (directory, manifest) in shard order
+        for kind in MEASURES.values():  # each measure's own files (a scored phase: shard 1's)
+            kind.merge(shards, out, merged)
+        write_manifest(out, merged)
+    return out
+
+
+def _copy_chunk(source: Path, target: Path, k: int, kind: str) -> None:
+    for suffix in (*CHUNK_FILES[kind], "done"):
+        shutil.copyfile(source / f"{kind}{k:05d}.{suffix}", target / f"{kind}{k:05d}.{suffix}")

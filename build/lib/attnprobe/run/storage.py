@@ -1,0 +1,153 @@
+"""The run directory: every file a run writes, how it is written, locked, resumed and merged.
+
+  prompts.csv        one row per prompt: ids, text, slot values, metadata, spans (char and token)
+  manifest.json      suite hash, model spec and weights hash, versions, dtype, seed, times, settings
+  chunks/            the finished chunks; a chunk counts only once its `.done` marker exists, so a run
+                     killed at any moment resumes from the last complete chunk.
+  the measures' own files: each registered kind's ARTEFACTS (attnprobe.measures, e.g.
+  attention.parquet, logprobs.csv, likelihood.parquet, head_effects_*).
+Every write is atomic (attnprobe.store). `--fresh` removes exactly ARTEFACTS and the report's DERIVED
+files, never anything else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from .. import store
+from ..errors import RunError
+from ..measures import MEASURES, batch_kinds
+from ..model import ProbeModel
+from ..model.bundled import files_sha256
+from ..store import atomic_write, digest, exclusive, write_table
+from .manifest import check_format
+from .plan import Encoded
+
+__all__ = ["atomic_write", "digest", "exclusive", "write_table"]  # the run's writes go through store
+
+ARTEFACTS = (
+    "chunks",
+    "prompts.csv",
+    "prompts.parquet",
+    *(name for kind in MEASURES.values() for name in kind.ARTEFACTS),
+    "manifest.json",
+)
+# written from a run by the report: statistics tables (as <name>.csv), figures, the page
+TABLES_KEY = "tables.json"  # which statistics version and analysis the cached tables were made with
+STATS_TABLES = (*(name for kind in MEASURES.values() for name in kind.TABLES), "held_out")
+EDIT_TABLES = ("edits", "edits_draws", "edits_items")  # written by `attnprobe edit`
+DERIVED = tuple(f"{name}.{ext}" for name in STATS_TABLES + EDIT_TABLES for ext in ("csv", "parquet")) + (
+    "behavior_by_occupation.csv",  # the first name of behavior_by_unit
+    TABLES_KEY,
+    "figures",
+    "report.html",
+)
+# Chunk files per phase, by file prefix: the prompts (every per-batch kind, the first names the row
+# count) and each kind's own phases.
+CHUNK_FILES = {
+    "": tuple(name for kind in batch_kinds() for name in kind.CHUNKS[""]),
+    **{prefix: files for kind in MEASURES.values() for prefix, files in kind.CHUNKS.items() if prefix},
+}
+
+
+def prompts_table(encoded: list[Encoded]) -> pd.DataFrame:
+    records = []
+    for e in encoded:
+        p = e.prompt
+        record = {
+            "prompt_id": p.prompt_id,
+            "item_id": p.item_id,
+            "template_id": p.template_id,
+            "text": p.text,
+            "n_tokens": len(e.ids),
+            **p.slots,
+            **p.meta,
+        }
+        for name, (c0, c1) in p.spans.items():
+            t0, t1 = e.spans.get(name, (None, None))  # None: left out (first_token: exclude)
+            record.update(
+                {
+                    f"{name}_char_start": c0,
+                    f"{name}_char_end": c1,
+                    f"{name}_tok_start": t0,
+                    f"{name}_tok_end": t1,
+                }
+            )
+        records.append(record)
+    table = pd.DataFrame.from_records(records)
+    span_columns = [
+        c for c in table.columns if c.endswith(("_char_start", "_char_end", "_tok_start", "_tok_end"))
+    ]
+    table[span_columns] = table[span_columns].astype("Int64")  # spans a template lacks stay empty
+    return table
+
+
+def weights_sha(pm: ProbeModel) -> str | None:
+    if pm.info.source_sha256:
+        return pm.info.source_sha256
+    folder = Path(str(getattr(pm.model, "name_or_path", "")))
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    return files_sha256(files) if files else None
+
+
+def content_sha(module) -> str:
+    """SHA-256 of a module's weights as they are in memory (names, shapes, dtypes and bytes of every
+    parameter and buffer, shared tensors once): what a cached result computed with them depends on,
+    whatever file or object they came from."""
+    sha, seen = hashlib.sha256(), set()
+    for name, tensor in module.state_dict(keep_vars=False).items():
+        if tensor.data_ptr() in seen and tensor.numel():
+            continue
+        seen.add(tensor.data_ptr())
+        sha.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        sha.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    return sha.hexdigest()
+
+
+def write_manifest(directory: Path, manifest: dict) -> None:
+    atomic_write(directory / "manifest.json", lambda p: p.write_text(json.dumps(manifest, indent=1)))
+
+
+def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: str | None = None) -> set[int]:
+    """The chunks of phase `kind` (its file prefix) whose markers check out (store.complete_chunks)."""
+    return store.complete_chunks(chunk_dir, n_chunks, log, CHUNK_FILES[kind], kind, plan)
+
+
+def write_chunk(chunk_dir: Path, k: int, tables: dict, kind: str = "", plan: str | None = None) -> None:
+    store.write_chunk(chunk_dir, k, tables, CHUNK_FILES[kind], kind, plan)
+
+
+def read_chunks(directory: Path, n_chunks: int, kind: str) -> dict[str, pd.DataFrame]:
+    return store.read_chunks(directory, n_chunks, CHUNK_FILES[kind], kind)
+
+
+def assemble_phase(directory: Path, kind: str, n_chunks: int, table: str, csv: bool = True) -> None:
+    """Join a phase's one-table chunks (`kind`: its file prefix) into the run's table `table` (as
+    Parquet, and as CSV unless `csv` is off: a table of millions of rows is Parquet only)."""
+    joined = read_chunks(directory, n_chunks, kind)[CHUNK_FILES[kind][0].removesuffix(".parquet")]
+    if csv:
+        write_table(directory, table, joined)
+    else:
+        atomic_write(directory / f"{table}.parquet", lambda p: store.write_parquet(joined, p))
+
+
+def read_manifest(path: Path, check: bool = True) -> dict:
+    """An attnprobe manifest, or a RunError saying the file belongs to something else (or, with
+    `check`, to another run format)."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RunError(
+            f"{path}: cannot read it as an attnprobe manifest ({exc}); choose another --out"
+        ) from None
+    if not isinstance(manifest, dict) or not {"fingerprint", "settings", "versions"} <= set(manifest):
+        raise RunError(f"{path} was not written by attnprobe; nothing was deleted: choose another --out")
+    if check:
+        check_format(manifest, path.parent)
+    return manifest

@@ -1,0 +1,56 @@
+"""Statistics of a run: pandas in, pandas out, driven by the suite's declared analysis.
+
+Rooms: inference (the tests: cluster-robust t and slope, BH, bootstrap), design (paired
+differences averaged into cells; templates weighted equally), and one room per measure, named after
+it: attention (the interaction with the covariate and the plain difference), next_token (next-token
+log-ratios), head_effects (head interventions), referents (referent accuracy and choice),
+likelihood (sentence preference), multiple_choice; held_out (every held-out claim beside its null).
+Each registered measure's `statistics` (attnprobe.measures) calls its room; `measures.analyse`
+gathers every table the report writes.
+"""
+
+from __future__ import annotations
+
+from .attention import condition_means, head_stats, held_out_interaction, layer_stats
+from .design import run_analysis
+from .head_effects import head_effects
+from .held_out import held_out_summary
+from .inference import (
+    ALPHA,
+    N_BOOT,
+    bh_qvalues,
+    cluster_mean_test,
+    cluster_slope_test,
+    correlation_with_ci,
+    split_halves,
+)
+from .likelihood import sentence_preference
+from .multiple_choice import choice_accuracy
+from .next_token import behavior, log_ratios
+from .referents import referent_accuracy, referent_choice
+
+TABLES_VERSION = 16  # bump when a table's columns or meaning change: cached tables are recomputed
+
+__all__ = [
+    "TABLES_VERSION",
+    "ALPHA",
+    "N_BOOT",
+    "behavior",
+    "bh_qvalues",
+    "choice_accuracy",
+    "cluster_mean_test",
+    "cluster_slope_test",
+    "condition_means",
+    "correlation_with_ci",
+    "head_effects",
+    "head_stats",
+    "held_out_interaction",
+    "held_out_summary",
+    "layer_stats",
+    "log_ratios",
+    "referent_accuracy",
+    "referent_choice",
+    "run_analysis",
+    "sentence_preference",
+    "split_halves",
+]

@@ -1,0 +1,290 @@
+"""Head-level attention statistics: the interaction first, the plain difference beside it.
+
+For each (scope, source, target, layer, head), on the cells of the design (stats.design):
+
+- difference: the weighted mean of d = a(positive prompt) - a(negative prompt), e.g. she - he.
+  Two different tokens make almost every head differ, so this is a lexical difference, not bias.
+  Tested with a cluster-robust t (two-way when two clusters are declared), BH over the heads.
+- interaction (when the suite declares a covariate): does d change with the covariate? The
+  weighted least-squares slope of the cells' d on the covariate, stated per 10 units of it (per 10
+  points of BLS percent female), tested at the declared design: cluster-robust variance by both
+  declared dimensions (occupation x template), t with (fewest clusters) - 1 df, BH over the heads.
+  A template-specific slope thus counts against the pooled one instead of passing as general.
+  Beside it: Pearson r of the per-unit means (descriptive), I^2 and the share of templates whose
+  own slope has the pooled sign; and r on two disjoint halves (units and templates split jointly)
+  for held-out selection, with a random-head null (held_out_interaction).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..schema.analysis import ITEM, TEMPLATE, Analysis
+from .design import PER, Design, items_table, paired, run_analysis, scopes
+from .inference import (
+    ALPHA,
+    bh_qvalues,
+    cluster_mean_test,
+    cluster_slope_test,
+    pearson_columns,
+    power_note,
+    split_halves,
+)
+
+KEYS = ["source", "target", "layer", "head"]
+SAME = 1e-5  # paired values closer than this everywhere are one value read twice (float32 weights)
+
+
+def head_stats(run) -> pd.DataFrame:
+    """One row per (scope, source, target, layer, head); empty when the suite compares no two labels."""
+    analysis = run_analysis(run)
+    if not analysis.paired:
+        return pd.DataFrame(columns=["scope", *KEYS])
+    pairs = paired(run.attention, run.prompts, analysis, KEYS, "weight")
+    items = items_table(run.prompts, analysis)
+    tables = []
+    for (source, target), group in pairs.groupby(["source", "target"], sort=False):
+        wide = {
+            v: group.pivot(index=ITEM, columns=["layer", "head"], values=v)
+            for v in ("d", "positive", "negative")
+        }
+        heads = wide["d"].columns
+        for scope, templates in scopes(analysis, items.loc[wide["d"].index, TEMPLATE].unique()).items():
+            keep = items.loc[wide["d"].index, TEMPLATE].isin(templates).to_numpy()
+            if not keep.any():
+                continue
+            design = Design.build(wide["d"].index[keep], items, analysis)
+            table = pd.DataFrame(
+                {
+                    "scope": scope,
+                    "source": source,
+                    "target": target,
+                    "layer": heads.get_level_values(0),
+                    "head": heads.get_level_values(1),
+                }
+            )
+            if np.nanmax(np.abs(wide["d"].to_numpy()), initial=0.0) <= SAME:
+                # read before the contrast (e.g. at the token before the pronoun): both prompts of an
+                # item see the same prefix, so there is no paired difference, only a level
+                table = table.assign(**_level(design, wide["positive"].to_numpy()[keep], analysis))
+                tables.append(table)
+                continue
+            table = table.assign(
+                **_difference(design, {v: m.to_numpy()[keep] for v, m in wide.items()}, analysis)
+            )
+            if analysis.covariate:
+                cells = design.cell_means(wide["d"].to_numpy()[keep])
+                table = table.assign(**_interaction(design, cells, analysis))
+            tables.append(table)
+    if not tables:
+        return pd.DataFrame(columns=["scope", *KEYS])
+    out = pd.concat(tables, ignore_index=True)
+    level = [c for c in out.columns if c.startswith("level")]  # after the paired statistics
+    return out[[c for c in out.columns if c not in level] + level]
+
+
+def _level(design: Design, values: np.ndarray, analysis: Analysis) -> dict:
+    """Statistics of a measure the contrast cannot reach (read before it): the mean attention
+    weight with its cluster-robust CI and, with a covariate, its slope per 10 units of the covariate
+    (does the prediction position look more at the occupation when the occupation has more women?),
+    two-way cluster-robust, BH over the heads."""
+    cells = design.cell_means(values)
+    w = design.cells["weight"].to_numpy()
+    mean = cluster_mean_test(cells, w, design.clusters)
+    out = {
+        "n_items": design.n_items,
+        "n_cells": len(design.cells),
+        "clusters": design.cluster_text,
+        "n_clusters": " x ".join(map(str, mean["n_clusters"])),
+        "level": mean["mean"],
+        "level_ci_low": mean["ci_low"],
+        "level_ci_high": mean["ci_high"],
+    }
+    if analysis.covariate:
+        x = design.cells[analysis.covariate].to_numpy(dtype=float)
+        slope = cluster_slope_test(x, cells, w, design.clusters)
+        out.update(
+            level_per10=PER * slope["slope"],
+            level_per10_ci_low=PER * slope["ci_low"],
+            level_per10_ci_high=PER * slope["ci_high"],
+            level_p=slope["p"],
+            level_q=bh_qvalues(slope["p"]),
+            level_test=f"cluster-robust slope, CR2 by {design.cluster_text}",
+        )
+    return out
+
+
+def _difference(design: Design, values: dict, analysis: Analysis) -> dict:
+    cells = {v: design.cell_means(m) for v, m in values.items()}
+    w = design.cells["weight"].to_numpy()
+    test = cluster_mean_test(cells["d"], w, design.clusters)
+    sd = (
+        np.nanstd(cells["d"], axis=0, ddof=1) if len(cells["d"]) > 1 else np.full(cells["d"].shape[1], np.nan)
+    )
+    means = {v: cluster_mean_test(cells[v], w, design.clusters[:1])["mean"] for v in ("positive", "negative")}
+    by_template = pd.DataFrame(cells["d"]).groupby(design.cells[TEMPLATE].to_numpy()).mean()
+    return {
+        "n_items": design.n_items,
+        "n_cells": len(design.cells),
+        "clusters": design.cluster_text,
+        "n_clusters": " x ".join(map(str, test["n_clusters"])),
+        f"mean_{analysis.positive}": means["positive"],
+        f"mean_{analysis.negative}": means["negative"],
+        "difference": test["mean"],
+        "difference_ci_low": test["ci_low"],
+        "difference_ci_high": test["ci_high"],
+        "d_z": np.divide(test["mean"], sd, out=np.full_like(sd, np.nan), where=sd > 0),
+        "difference_p": test["p"],
+        "difference_q": bh_qvalues(test["p"]),
+        "difference_templates_same_sign": (np.sign(by_template) == np.sign(test["mean"]))
+        .mean(axis=0)
+        .to_numpy(),
+        "difference_df": test["df"],
+        "difference_test": f"cluster-robust t, CR1 by {design.cluster_text}",
+        "difference_power_note": power_note(test["n_clusters"], design.cluster_text),
+    }
+
+
+def _interaction(design: Design, cells: np.ndarray, analysis: Analysis) -> dict:
+    x = design.cells[analysis.covariate].to_numpy(dtype=float)
+    test = cluster_slope_test(x, cells, design.cells["weight"].to_numpy(), design.clusters)
+    units, unit_x, y = design.unit_means(cells, analysis.unit, analysis.covariate)
+    i2, same_sign = template_heterogeneity(design, cells, analysis.covariate, test["slope"])
+    halves = _held_out_halves(design, cells, analysis)
+    return {
+        "interaction_per10": PER * test["slope"],
+        "interaction_per10_ci_low": PER * test["ci_low"],
+        "interaction_per10_ci_high": PER * test["ci_high"],
+        "interaction_r": pearson_columns(unit_x, y),
+        "interaction_p": test["p"],
+        "interaction_q": bh_qvalues(test["p"]),
+        "interaction_df": test["df"],
+        "interaction_i2_templates": i2,
+        "interaction_templates_same_sign": same_sign,
+        **halves,
+        "interaction_test": f"cluster-robust slope, CR2 by {design.cluster_text}",
+        "interaction_power_note": power_note(test["n_clusters"], design.cluster_text),
+    }
+
+
+def _held_out_halves(design: Design, cells: np.ndarray, analysis: Analysis) -> dict:
+    """r of the per-unit means on two disjoint halves of the design for held-out selection: half A
+    is one half of the units (split along the covariate) on one half of the templates, half B the
+    other units on the other templates, so a head chosen on A is tested on units and templates it
+    was not chosen on. One template in scope: units are split alone."""
+    units, x, _ = design.unit_means(cells, analysis.unit, analysis.covariate)
+    unit_a = set(np.asarray(units)[split_halves(x)])
+    templates = sorted(design.cells[TEMPLATE].unique())
+    template_a = set(templates[::2]) if len(templates) > 1 else set(templates)
+    out = {}
+    for name, pick in (("a", True), ("b", False)):
+        in_units = design.cells[analysis.unit].isin(unit_a).to_numpy() == pick
+        in_templates = design.cells[TEMPLATE].isin(template_a).to_numpy() == (pick or len(templates) == 1)
+        masked = np.where((in_units & in_templates)[:, None], cells, np.nan)
+        _, xs, ys = design.unit_means(masked, analysis.unit, analysis.covariate)
+        keep = np.isfinite(ys).any(1)
+        out[f"interaction_r_half_{name}"] = pearson_columns(xs[keep], ys[keep])
+    return out
+
+
+def template_heterogeneity(design: Design, cells: np.ndarray, covariate: str, pooled: np.ndarray):
+    """Per column: I^2 of the per-template least-squares slopes (Cochran's Q with each slope's OLS
+    variance) and the share of templates whose slope has the sign of the pooled slope."""
+    x_all = design.cells[covariate].to_numpy(dtype=float)
+    slopes, variances = [], []
+    for rows in design.cells.groupby(TEMPLATE, sort=False).indices.values():
+        x, y = x_all[rows], cells[rows]
+        if len(rows) < 4 or np.std(x) == 0:
+            continue
+        xc = x - x.mean()
+        sxx = (xc**2).sum()
+        yc = np.nan_to_num(y - np.nanmean(y, 0))
+        b = xc @ yc / sxx
+        residual = yc - np.outer(xc, b)
+        slopes.append(b)
+        variances.append((residual**2).sum(0) / (len(rows) - 2) / sxx)
+    k = cells.shape[1]
+    if len(slopes) < 2:
+        return np.full(k, np.nan), np.full(k, np.nan)
+    B, V = np.array(slopes), np.array(variances)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        w = 1 / V
+        mean = (w * B).sum(0) / w.sum(0)
+        q = (w * (B - mean) ** 2).sum(0)
+        i2 = np.clip((q - (len(B) - 1)) / q, 0, 1)
+    return i2, (np.sign(B) == np.sign(pooled)).mean(0)
+
+
+def held_out_interaction(heads: pd.DataFrame, k: int = 5, draws: int = 2000, seed: int = 0) -> dict:
+    """Selection on one half of the design, test on the other, both ways round (halves: see
+    _held_out_halves): of the k heads with the largest |r| on one half, how many keep their sign on
+    the other, and their mean r there (signed by the selection). Null baseline: the same statistics
+    for k heads drawn at random from the selected heads' layers (`draws` seeded draws); `held_out_p`
+    is the share of draws whose mean held-out r reaches the selected heads' (most heads keep their
+    sign between halves, so a count alone says little)."""
+    rng = np.random.default_rng(seed)
+    same, signed, null_same, null_r = 0, [], np.zeros(draws), np.zeros(draws)
+    for pick, test in (
+        ("interaction_r_half_a", "interaction_r_half_b"),
+        ("interaction_r_half_b", "interaction_r_half_a"),
+    ):
+        usable = heads[heads[pick].notna() & heads[test].notna()].reset_index(drop=True)
+        if usable.empty:
+            continue
+        top = usable.reindex(usable[pick].abs().sort_values(ascending=False).index).head(k)
+        kept = np.sign(usable[pick].to_numpy()) * usable[test].to_numpy()  # every head's signed held-out r
+        same += int((kept[top.index] > 0).sum())
+        signed += list(kept[top.index])
+        by_layer = usable.groupby("layer").indices
+        # for each selected head, a random head of its layer (with replacement across draws)
+        picks = np.stack([rng.choice(by_layer[layer], size=draws) for layer in top["layer"]], axis=1)
+        null_same += (kept[picks] > 0).sum(1)
+        null_r += kept[picks].sum(1)
+    n = len(signed)
+    observed = float(np.mean(signed)) if n else np.nan
+    null_mean = null_r / n if n else np.full(draws, np.nan)
+    return {
+        "k": k,
+        "n_selected": n,
+        "n_same_sign": same,
+        "n_same_sign_null": float(null_same.mean()) if n else np.nan,
+        "mean_held_out_r": observed,
+        "mean_held_out_r_null": float(null_mean.mean()) if n else np.nan,
+        "held_out_p": float((1 + (null_mean >= observed - 1e-12).sum()) / (1 + draws)) if n else np.nan,
+        "split": "units and templates jointly",
+    }
+
+
+def layer_stats(heads: pd.DataFrame) -> pd.DataFrame:
+    """Per (scope, layer, source, target): mean difference over heads and heads with q < 0.05."""
+    if heads.empty:
+        return pd.DataFrame(columns=["scope", "layer", "source", "target", "n_heads"])
+    grouped = heads.groupby(["scope", "layer", "source", "target"], sort=False)
+    columns = {
+        "mean_difference": ("difference", "mean"),
+        "max_abs_d_z": ("d_z", lambda v: v.abs().max()),
+        "n_heads": ("head", "size"),
+        "n_difference_q05": ("difference_q", lambda v: int((v < ALPHA).sum())),
+    }
+    if "interaction_q" in heads:
+        columns.update(
+            max_abs_interaction_r=("interaction_r", lambda v: v.abs().max()),
+            n_interaction_q05=("interaction_q", lambda v: int((v < ALPHA).sum())),
+        )
+    if "level_q" in heads:  # measures read before the contrast: heads whose level follows the covariate
+        columns.update(n_level_q05=("level_q", lambda v: int((v < ALPHA).sum())))
+    return grouped.agg(**columns).reset_index()
+
+
+def condition_means(run) -> pd.DataFrame:
+    """Mean attention by (layer, head, source, target, contrast label, unit), with n."""
+    analysis = run_analysis(run)
+    if not analysis.contrast:
+        return pd.DataFrame(columns=["layer", "head", "source", "target", "label", "mean", "n"])
+    unit = analysis.unit or next((c for c in analysis.clusters if c not in (TEMPLATE, ITEM)), None)
+    keys = ["prompt_id", analysis.contrast] + ([unit] if unit in run.prompts else [])
+    merged = run.attention.merge(run.prompts[keys], on="prompt_id")
+    group = KEYS[2:] + KEYS[:2] + keys[1:]
+    out = merged.groupby(group)["weight"].agg(mean="mean", n="size").reset_index()
+    return out.rename(columns={analysis.contrast: "label"})

@@ -1,0 +1,129 @@
+"""From a run's long tables to paired differences on the design's cells.
+
+An item is the set of prompts that differ only in the contrast; its paired difference is
+d = value(positive prompt) - value(negative prompt). Items are averaged into cells, one per
+combination of template and cluster units (e.g. occupation x template: the participant of a
+two-entity template is averaged out), so that every template weighs the same in pooled figures
+however many items it expands to. Cells carry their cluster labels, the unit that owns the covariate
+(e.g. the occupation) and its covariate value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..errors import AnalysisError
+from ..schema.analysis import ITEM, TEMPLATE, Analysis
+
+
+def resolve(analysis: Analysis, prompts: pd.DataFrame) -> Analysis:
+    """Fill in the labels of a run recorded without them: compared only when there are exactly two."""
+    if analysis.paired or analysis.contrast not in prompts:
+        return analysis
+    labels = tuple(dict.fromkeys(prompts[analysis.contrast].dropna().astype(str)))
+    if len(labels) != 2:
+        return analysis
+    return Analysis(**{**analysis.to_dict(), "positive": labels[0], "negative": labels[1], "labels": labels})
+
+
+def items_table(prompts: pd.DataFrame, analysis: Analysis) -> pd.DataFrame:
+    """Per item (index item_id): its template, cluster units, covariate owner and covariate."""
+    wanted = [TEMPLATE, *analysis.clusters, analysis.unit, analysis.covariate]
+    columns = [c for c in dict.fromkeys(wanted) if c and c != ITEM and c in prompts]
+    table = prompts.drop_duplicates(ITEM).set_index(ITEM, drop=False)[columns + [ITEM]]
+    table.index.name = None  # the item_id column, not the index, is what cells group by
+    return table
+
+
+def paired(
+    long: pd.DataFrame, prompts: pd.DataFrame, analysis: Analysis, keys: list[str], value: str
+) -> pd.DataFrame:
+    """Rows (item_id, *keys, value_positive, value_negative, d) from a long table with prompt_id."""
+    label = analysis.contrast
+    merged = long.merge(prompts[["prompt_id", ITEM, label]].astype({label: str}), on="prompt_id")
+    merged = merged[merged[label].isin([analysis.positive, analysis.negative])]
+    duplicated = merged.duplicated([ITEM, *keys, label])
+    if duplicated.any():
+        row = merged[duplicated].iloc[0]
+        raise AnalysisError(
+            f"item {row[ITEM]} has two prompts labelled '{row[label]}' in column {label}; "
+            "each item needs one prompt per contrast label"
+        )
+    wide = merged.pivot(index=[ITEM, *keys], columns=label, values=value)
+    if analysis.positive not in wide or analysis.negative not in wide:
+        return pd.DataFrame(columns=[ITEM, *keys, "positive", "negative", "d"])
+    wide = wide[[analysis.positive, analysis.negative]].dropna().reset_index()
+    wide.columns = [ITEM, *keys, "positive", "negative"]
+    wide["d"] = wide["positive"] - wide["negative"]
+    return wide
+
+
+@dataclass
+class Design:
+    """Cells of one scope: which items each holds and how each is labelled and weighted."""
+
+    cell_of_item: np.ndarray  # (n_items,) cell index of each item, in the order given
+    cells: pd.DataFrame  # one row per cell: template_id, clusters, unit, covariate, weight
+    clusters: list[np.ndarray]  # one label array (n_cells,) per cluster dimension
+    n_items: int
+    cluster_text: str  # the dimensions used, e.g. "occupation x template"
+
+    @classmethod
+    def build(cls, item_ids, items: pd.DataFrame, analysis: Analysis) -> Design:
+        info = items.loc[list(item_ids)]
+        key = list(dict.fromkeys(c for c in (TEMPLATE, *analysis.clusters, analysis.unit) if c))
+        codes = info.groupby(key, sort=False, dropna=False).ngroup().to_numpy()
+        cells = info.assign(_cell=codes).drop_duplicates("_cell").sort_values("_cell").reset_index(drop=True)
+        per_template = cells.groupby(TEMPLATE)[TEMPLATE].transform("size").to_numpy()
+        cells["weight"] = 1.0 / per_template / cells[TEMPLATE].nunique()  # every template weighs the same
+        # a dimension with one value in this scope (the template, in a one-template scope) clusters nothing
+        used = [c for c in analysis.clusters if cells[c].nunique() > 1] or list(analysis.clusters[:1])
+        return cls(
+            codes,
+            cells,
+            [cells[c].astype(str).to_numpy() for c in used],
+            len(info),
+            " x ".join(analysis.name(c) for c in used),
+        )
+
+    def cell_means(self, values: np.ndarray) -> np.ndarray:
+        """(n_cells, k) means of the items' (n_items, k) values, ignoring NaN."""
+        sums = np.zeros((len(self.cells), values.shape[1]))
+        counts = np.zeros_like(sums)
+        finite = np.isfinite(values)
+        np.add.at(sums, self.cell_of_item, np.where(finite, values, 0.0))
+        np.add.at(counts, self.cell_of_item, finite)
+        with np.errstate(invalid="ignore"):
+            return sums / counts
+
+    def unit_means(
+        self, cell_values: np.ndarray, unit: str, covariate: str
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(unit labels, covariate per unit, (n_units, k) template-weighted means of the cells)."""
+        codes, labels = pd.factorize(self.cells[unit])
+        W = np.where(np.isfinite(cell_values), self.cells["weight"].to_numpy()[:, None], 0.0)
+        sums = np.zeros((len(labels), cell_values.shape[1]))
+        totals = np.zeros_like(sums)
+        np.add.at(sums, codes, W * np.nan_to_num(cell_values))
+        np.add.at(totals, codes, W)
+        x = self.cells.groupby(codes)[covariate].first().to_numpy(dtype=float)
+        with np.errstate(invalid="ignore"):
+            return np.asarray(labels), x, sums / totals
+
+
+def scopes(analysis: Analysis, templates) -> dict[str, list[str]]:
+    """ "all" (templates weighted equally) and each declared group, as lists of template ids."""
+    out = {"all": list(templates)}
+    out.update({name: [t for t in ids if t in set(templates)] for name, ids in analysis.groups.items()})
+    return {name: ids for name, ids in out.items() if ids}
+
+
+PER = 10  # effects are stated per 10 units of the covariate (10 points of a percentage)
+
+
+def run_analysis(run) -> Analysis:
+    """The run's analysis, resolved against its prompts."""
+    return resolve(Analysis.from_manifest(run.manifest, run.prompts.columns), run.prompts)

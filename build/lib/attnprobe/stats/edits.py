@@ -1,0 +1,161 @@
+"""Statistics of a head-edit sweep (attnprobe.edits), from its raw values alone (edits_items):
+per edit kind and k, on the head-effects items (clusters: unit x template, two-way CR2):
+
+- bias: the covariate gradient of y (log-odds per 10 covariate units) before and after, the
+  gradient of the paired change y_after - y_before (its CI and p test whether the edit moved the
+  bias), the share of the gradient removed (1 - after / before), the mean lean before and after;
+- chance: the share removed on the sampled items by the found heads against `draws` random head
+  sets of the same layers: the random mean and 95th percentile, the found heads' percentile among
+  the draws (share of draws removing less), and p = (1 + #random >= found) / (1 + draws);
+- control: on the definitional prompts, the share whose y has the label's sign and the mean y
+  toward the label, before and after;
+- cost: mean KL(original || edited) per generated text, and the change of the mean log-loss of
+  the user's text (with --text).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from math import comb
+
+import numpy as np
+import pandas as pd
+
+from ..heads import HeadSet
+from .inference import cluster_mean_test, cluster_slope_test, holm
+
+PER = 10
+
+
+def _slope(x: np.ndarray, y: np.ndarray) -> float:
+    xc = x - x.mean()
+    return float((xc * (y - y.mean())).sum() / (xc**2).sum()) if (xc**2).sum() > 0 else np.nan
+
+
+def _bias(raw: pd.DataFrame, kind: str, k: int, draw: int) -> pd.Series:
+    rows = raw[(raw["target"] == "bias") & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == draw)]
+    return rows.set_index("index")["y"]
+
+
+def possible_sets(heads: str, n_heads: int) -> int:
+    """How many different random sets the null can draw for the found heads `heads` ("L26H2 L25H2"):
+    per layer, c of its other H - c heads (of all H where fewer than c others remain)."""
+    counts = Counter(layer for layer, _ in HeadSet.parse(heads)).values()
+    return int(np.prod([comb(n_heads - c, c) if n_heads - c >= c else comb(n_heads, c) for c in counts]))
+
+
+def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(edits: one row per kind and k, draws: one row per random head set). With `n_heads`, each row
+    also gets the smallest p its null can give (random_p_floor: 1 / (1 + the draws, or the different
+    sets there are when fewer: 20 draws among 8 possible sets are 8 alternatives)) and Holm's
+    adjustment over the table's rows of p taken at least at its floor (random_p_holm)."""
+    items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index").sort_index()
+    x = items["covariate"].to_numpy(dtype=float)
+    clusters = [pd.factorize(items["unit"])[0], pd.factorize(items["template_id"])[0]]
+    w = np.ones(len(items))
+    before = items["y"].to_numpy()
+    control0 = raw[(raw["target"] == "control") & (raw["kind"] == "none")].set_index("index").sort_index()
+    sign = control0["sign"].to_numpy()
+    texts0 = raw[(raw["target"] == "text") & (raw["kind"] == "none")].set_index("index").sort_index()
+    user = texts0["user_text"].to_numpy(dtype=bool)
+    summary, draws = [], []
+    edited = raw[raw["kind"] != "none"]
+    for (kind, k), group in edited.groupby(["kind", "k"], sort=False):
+        after = _bias(raw, kind, k, -1).reindex(items.index).to_numpy()
+        slopes = cluster_slope_test(x, np.column_stack([before, after, after - before]), w, clusters)
+        leans = cluster_mean_test(np.column_stack([before, after]), w, clusters)
+        row = {"kind": kind, "k": k, "heads": group["heads"].iloc[0], "heads_all": group["heads_all"].iloc[0]}
+        row["n_items"] = len(items)
+        for j, name in enumerate(("gradient_before", "gradient_after", "gradient_change")):
+            row[name] = PER * slopes["slope"][j]
+            row[f"{name}_ci_low"], row[f"{name}_ci_high"] = (
+                PER * slopes["ci_low"][j],
+                PER * slopes["ci_high"][j],
+            )
+        row["gradient_change_p"] = slopes["p"][2]
+        row["gradient_removed"] = 1 - slopes["slope"][1] / slopes["slope"][0]
+        for j, name in enumerate(("lean_before", "lean_after")):
+            row[name], row[f"{name}_ci_low"], row[f"{name}_ci_high"] = (
+                leans["mean"][j],
+                leans["ci_low"][j],
+                leans["ci_high"][j],
+            )
+        row.update(_control(raw, kind, k, -1, control0["y"].to_numpy(), sign))
+        row.update(_costs(raw, kind, k, -1, texts0["loss"].to_numpy(), user))
+        # chance: the same edit on random heads of the same layers, on the sampled items
+        random = sorted(d for d in group["draw"].unique() if d >= 0)
+        sampled = _bias(raw, kind, k, random[0]).index if random else items.index[:0]
+        found = _removed(x, before, after, items.index, sampled)
+        removed = []
+        for d in random:
+            r = _bias(raw, kind, k, d)
+            removed.append(_removed(x, before, r.reindex(items.index).to_numpy(), items.index, sampled))
+            draws.append(
+                {
+                    "kind": kind,
+                    "k": k,
+                    "draw": d,
+                    "heads": group.loc[group["draw"] == d, "heads"].iloc[0],
+                    "gradient_removed_sampled": removed[-1],
+                    **_costs(raw, kind, k, d, texts0["loss"].to_numpy(), user),
+                }
+            )
+        removed = np.array(removed)
+        # too few sampled items (or one covariate value among them) leave no slope to compare: no p
+        # rather than the smallest p the draws allow
+        compared = len(removed) > 0 and np.isfinite(found)
+        n_values = len(np.unique(x[np.isin(items.index, sampled)]))
+        row.update(
+            n_sampled=len(sampled),
+            gradient_removed_sampled=found,
+            n_random=len(removed),
+            random_removed_mean=removed.mean() if len(removed) else np.nan,
+            random_removed_q95=np.quantile(removed, 0.95) if len(removed) else np.nan,
+            random_percentile=100 * (removed < found).mean() if compared else np.nan,
+            random_p=(1 + (removed >= found).sum()) / (1 + len(removed)) if compared else np.nan,
+            note=""
+            if compared or not len(removed)
+            else f"the random-set comparison rests on {len(sampled)} sampled items with {n_values} covariate "
+            "value(s): no gradient there, so no p against random heads; use more items",
+            clusters="unit x template",
+            n_clusters=" x ".join(str(len(np.unique(c))) for c in clusters),
+            test="cluster-robust slope, CR2 by unit x template (two-way)",
+        )
+        if n_heads is not None and row["heads_all"]:
+            row["random_sets_possible"] = possible_sets(row["heads_all"], n_heads)
+            row["random_p_floor"] = 1 / (1 + min(len(removed), row["random_sets_possible"]))
+        summary.append(row)
+    summary = pd.DataFrame(summary)
+    if "random_p_floor" in summary:
+        tested = summary["random_p"].notna()
+        floored = np.maximum(summary.loc[tested, "random_p"], summary.loc[tested, "random_p_floor"])
+        summary.loc[tested, "random_p_holm"] = holm(floored.to_numpy())
+    return summary, pd.DataFrame(draws)
+
+
+def _removed(x, before, after, index, sampled) -> float:
+    """1 - slope after / slope before on the sampled items."""
+    on = np.isin(index, sampled)
+    return 1 - _slope(x[on], after[on]) / _slope(x[on], before[on])
+
+
+def _control(raw, kind, k, draw, y0, sign) -> dict:
+    rows = raw[(raw["target"] == "control") & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == draw)]
+    y1 = rows.set_index("index")["y"].sort_index().to_numpy()
+    return {
+        "definitional_accuracy_before": float((np.sign(y0) == sign).mean()),
+        "definitional_accuracy_after": float((np.sign(y1) == sign).mean()),
+        "definitional_logodds_before": float((sign * y0).mean()),
+        "definitional_logodds_after": float((sign * y1).mean()),
+    }
+
+
+def _costs(raw, kind, k, draw, loss0, user) -> dict:
+    rows = raw[(raw["target"] == "text") & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == draw)]
+    rows = rows.set_index("index").sort_index()
+    out = {"kl": float(rows["kl"].to_numpy()[~user].mean())}
+    if user.any():
+        loss1 = rows["loss"].to_numpy()
+        out["text_loss_before"], out["text_loss_after"] = float(loss0[user].mean()), float(loss1[user].mean())
+        out["text_loss_change"] = out["text_loss_after"] - out["text_loss_before"]
+    return out

@@ -1,0 +1,63 @@
+"""Every held-out claim of a run in one table, each beside what chance gives (its null baseline).
+
+- attention: per (source, target), the top 5 heads by |r| chosen on half the units and half the
+  templates keep their sign on the other halves (count; the same for random heads of the chosen
+  heads' layers) and their mean held-out r against random heads' (p over 2,000 draws);
+- head effects: per counterfactual word, the share of TE (and of its covariate gradient) that the
+  cross-fitted heads carry, against random head sets of the same layers on the same items.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .attention import held_out_interaction
+
+COLUMNS = ["claim", "source", "target", "counterfactual", "statistic", "value", "null", "p", "split"]
+
+
+def held_out_summary(heads: pd.DataFrame, effects_summary: pd.DataFrame | None) -> pd.DataFrame:
+    rows = []
+    pooled = heads[heads["scope"] == "all"] if "interaction_r_half_a" in heads else heads.iloc[0:0]
+    for (source, target), group in pooled.groupby(["source", "target"], sort=False):
+        if group["interaction_r_half_a"].isna().all():
+            continue
+        held = held_out_interaction(group)
+        base = {"claim": "attention interaction, top 5 heads", "source": source, "target": target}
+        rows.append(
+            {
+                **base,
+                "statistic": "heads keeping their sign",
+                "value": held["n_same_sign"],
+                "null": held["n_same_sign_null"],
+                "split": held["split"],
+            }
+        )
+        rows.append(
+            {
+                **base,
+                "statistic": "mean held-out r",
+                "value": held["mean_held_out_r"],
+                "null": held["mean_held_out_r_null"],
+                "p": held["held_out_p"],
+                "split": held["split"],
+            }
+        )
+    for row in effects_summary.to_dict("records") if effects_summary is not None else []:
+        for what, text in (("share", "share of TE"), ("gradient_share", "share of TE's covariate gradient")):
+            if (
+                f"{what}_crossfit_random_p" in row
+                and row[f"{what}_crossfit_random_p"] == row[f"{what}_crossfit_random_p"]
+            ):
+                rows.append(
+                    {
+                        "claim": f"cross-fitted heads' {text}",
+                        "counterfactual": row["counterfactual"],
+                        "statistic": "patched in (null: random head sets of the same layers, mean)",
+                        "value": row[f"{what}_crossfit_in_null_items"],
+                        "null": row[f"{what}_random_in_mean"],
+                        "p": row[f"{what}_crossfit_random_p"],
+                        "split": "units x templates, opposite quarter",
+                    }
+                )
+    return pd.DataFrame(rows, columns=COLUMNS)

@@ -1,0 +1,355 @@
+"""The tests and intervals every table uses, on plain numpy arrays. Columns are tests (heads).
+
+Conventions: `d` is (n_obs, k) with NaN where an observation is missing for a column; `w` (n_obs,)
+are observation weights (templates weighted equally by the caller); cluster labels are arrays of
+(n_obs,). Every p-value is NaN-safe: a column without data gets p = NaN, never 0, and
+Benjamini-Hochberg ignores NaN p-values instead of spreading them.
+
+- `cluster_mean_test`: weighted mean with a one- or two-way cluster-robust variance (CR1; two-way
+  by inclusion-exclusion, Cameron, Gelbach & Miller 2011, floored at the larger one-way variance),
+  t with min(G) - 1 degrees of freedom.
+- `cluster_slope_test`: weighted least-squares slope on a covariate with the same variance: the
+  interaction test at the declared design.
+- `ratio_test`: a ratio of weighted means (a share of a total effect), linearised CI.
+
+Cluster counts and df are per column, from the clusters that have data in that column.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from ..schema.analysis import FEW_LEVELS
+
+ALPHA = 0.05
+N_BOOT = 2000
+
+
+def holm(p: np.ndarray) -> np.ndarray:
+    """Holm's step-down adjustment of p-values over the rows of one table."""
+    p = np.asarray(p, dtype=float)
+    order = np.argsort(p)
+    adjusted = np.minimum(1, np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order]))
+    out = np.empty_like(adjusted)
+    out[order] = adjusted
+    return out
+
+
+def bh_qvalues(p: np.ndarray) -> np.ndarray:
+    """Benjamini-Hochberg q-values in the input order, over the finite p-values only (NaN stays NaN)."""
+    p = np.asarray(p, dtype=float)
+    out = np.full(len(p), np.nan)
+    finite = np.flatnonzero(np.isfinite(p))
+    n = len(finite)
+    if n == 0:
+        return out
+    order = finite[np.argsort(p[finite])]
+    ranked = p[order] * n / np.arange(1, n + 1)
+    out[order] = np.minimum(np.minimum.accumulate(ranked[::-1])[::-1], 1.0)  # monotone from the top
+    return out
+
+
+def _weights(d: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(n, k) weights: w where d is finite, renormalised to sum 1 per column."""
+    W = np.where(np.isfinite(d), w[:, None], 0.0)
+    total = W.sum(0)
+    return np.divide(W, total, out=np.zeros_like(W), where=total > 0)
+
+
+def _cr_variance(
+    scores: np.ndarray, labels: np.ndarray, present: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """CR1 variance of a sum of scores (n, k) clustered by labels, G/(G-1) * sum_g (sum_{i in g} s_i)^2,
+    where G counts, per column, only the clusters with data in that column (`present`, (n, k) bool):
+    a column observed in 4 of 60 clusters has 4 clusters, not 60."""
+    _, index = np.unique(labels, return_inverse=True)
+    sums = np.zeros((index.max() + 1, scores.shape[1]))
+    np.add.at(sums, index, scores)
+    seen = np.zeros_like(sums, dtype=bool)
+    np.logical_or.at(seen, index, present)
+    G = seen.sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        factor = np.where(G > 1, G / np.maximum(G - 1, 1), np.nan)
+    return factor * (sums**2).sum(0), G
+
+
+def robust_variance(
+    scores: np.ndarray, present: np.ndarray, clusters: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """(variance (k,), clusters with data per dimension [(k,) ...], df (k,)) of a sum of scores (n, k):
+    one-way CR1, or two-way by inclusion-exclusion (V1 + V2 - V12, Cameron, Gelbach & Miller 2011),
+    floored at the larger one-way variance. df = (fewest clusters with data) - 1, per column."""
+    one_way = [_cr_variance(scores, np.asarray(c), present) for c in clusters]
+    variance = one_way[0][0]
+    if len(clusters) == 2:
+        both = np.array([f"{a}\x1f{b}" for a, b in zip(*clusters)])
+        crossed = one_way[0][0] + one_way[1][0] - _cr_variance(scores, both, present)[0]
+        variance = np.maximum(crossed, np.maximum(one_way[0][0], one_way[1][0]))
+    counts = [g for _, g in one_way]
+    return variance, counts, np.min(counts, axis=0) - 1
+
+
+def _t_test(estimate: np.ndarray, se: np.ndarray, df: np.ndarray, has_data: np.ndarray, level: float):
+    """(t, two-sided p, CI half-width) with per-column df; NaN where df < 1 or there is no data."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = np.where(has_data & (se > 0), estimate / se, np.nan)
+    t[has_data & (se == 0) & (estimate != 0)] = np.inf  # no variation at all: the sign is certain
+    t[has_data & (se == 0) & (estimate == 0)] = 0.0
+    ok = df >= 1
+    safe = np.where(ok, df, 1)
+    p = np.where(ok, 2 * sps.t.sf(np.abs(t), safe), np.nan)
+    half = np.where(ok, sps.t.ppf(0.5 + level / 2, safe) * se, np.nan)
+    return t, p, half
+
+
+def cluster_mean_test(d: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], level: float = 0.95) -> dict:
+    """Weighted mean of each column with its cluster-robust SE, CI, two-sided t p-value and df (per
+    column: the clusters that have data in it). `n_clusters` are the design's counts per dimension."""
+    d = np.atleast_2d(np.asarray(d, dtype=float).T).T
+    W = _weights(d, np.asarray(w, dtype=float))
+    x = np.nan_to_num(d)
+    mean = (W * x).sum(0)
+    scores = W * (x - mean)  # each observation's contribution to the error of the weighted mean
+    variance, counts, df = robust_variance(scores, W > 0, clusters)
+    se = np.sqrt(variance)
+    has_data = W.sum(0) > 0
+    t, p, half = _t_test(mean, se, df, has_data, level)
+    mean = np.where(has_data, mean, np.nan)
+    return {
+        "mean": mean,
+        "se": se,
+        "ci_low": mean - half,
+        "ci_high": mean + half,
+        "t": t,
+        "p": p,
+        "df": df,
+        "n_clusters": [len(np.unique(c)) for c in clusters],
+        "n_clusters_used": counts,
+    }
+
+
+def _cr2_slope_variance(
+    W: np.ndarray, xc: np.ndarray, residual: np.ndarray, sxx: np.ndarray, labels: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """CR2 (Bell & McCaffrey 2002) variance of weighted least-squares slopes, one per column, and the
+    clusters with data per column. Residuals at high-leverage covariate values are shrunk by the fit,
+    which makes CR1 reject too often in the tails with few clusters (p < 0.001 about 2.7x too often
+    with 30 units); CR2 undoes the shrinkage per cluster: e~_g = W_g^-1/2 (I - Hs_gg)^-1/2 W_g^1/2 e_g
+    with Hs = W^1/2 X (X'WX)^-1 X' W^1/2, X = [1, xc] (W sums to 1, so X'WX = diag(1, Sxx)). The
+    slope's error is sum_g sum_{i in g} W_i xc_i e~_i / Sxx. Columns sharing rows share the
+    adjustment (computed once per pattern of missing values).
+    Also returns the Satterthwaite df of that variance under equal-variance cells, (sum l_g)^2 /
+    sum l_g^2 with l_g = sum_{i in g} (W_i xc_i)^2: a few extreme covariate values carry most of a
+    slope's variance, so it has fewer effective df than clusters (about 0.56 n for a uniform covariate
+    with one cell per cluster); without this the tails stay about 2x too liberal."""
+    _, index = np.unique(labels, return_inverse=True)
+    k = W.shape[1]
+    variance, G, df = np.full(k, np.nan), np.zeros(k, dtype=int), np.full(k, np.nan)
+    present = W > 0
+    patterns, column_pattern = np.unique(present.T, axis=0, return_inverse=True)
+    for p, rows in enumerate(patterns):
+        columns = np.flatnonzero(column_pattern.ravel() == p)
+        j = columns[0]
+        if not rows.any() or sxx[j] <= 0:
+            continue
+        sums, loads = [], []
+        for members in _groups(index[rows]):
+            r = np.flatnonzero(rows)[members]
+            root = np.sqrt(W[r, j])
+            hat = np.outer(root, root) * (1 + np.outer(xc[r, j], xc[r, j]) / sxx[j])
+            values, vectors = np.linalg.eigh(np.eye(len(r)) - hat)
+            inverse_root = (vectors / np.sqrt(np.clip(values, 1e-12, None))) @ vectors.T
+            adjusted = (inverse_root @ (root[:, None] * residual[r][:, columns])) / root[:, None]
+            sums.append((W[r, j] * xc[r, j])[None] @ adjusted / sxx[j])
+            loads.append(((W[r, j] * xc[r, j]) ** 2).sum())
+        variance[columns] = (np.concatenate(sums) ** 2).sum(0)
+        G[columns] = len(sums)
+        df[columns] = np.sum(loads) ** 2 / np.sum(np.square(loads))
+    return variance, G, df
+
+
+def _groups(index: np.ndarray) -> list[np.ndarray]:
+    """Positions of each distinct value of index."""
+    order = np.argsort(index, kind="stable")
+    return np.split(order, np.flatnonzero(np.diff(index[order])) + 1)
+
+
+def cluster_slope_test(
+    x: np.ndarray, y: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], level: float = 0.95
+) -> dict:
+    """Weighted least-squares slope of each column of y (n, k) on x (n,), with the cluster-robust
+    variance of the declared clusters (two-way when two are given) and t with (fewest clusters) - 1
+    df: the interaction test at the declared design. Templates whose own slopes scatter around the
+    pooled one make the template-clustered variance large, so a slope carried by one template does
+    not pass as general (an occupation-only test would treat templates as fixed).
+    The slope's error is sum_i W_i xc_i e_i / Sxx (xc: x centred at its weighted mean, e: residual),
+    so the scores below are those terms."""
+    y = np.atleast_2d(np.asarray(y, dtype=float).T).T
+    x = np.asarray(x, dtype=float)
+    y = np.where(np.isfinite(x)[:, None], y, np.nan)
+    W = _weights(y, np.asarray(w, dtype=float))
+    xc = x[:, None] - (W * np.nan_to_num(x)[:, None]).sum(0)  # (n, k): centred per column's rows
+    xc = np.where(W > 0, xc, 0.0)
+    sxx = (W * xc**2).sum(0)
+    yv = np.nan_to_num(y)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        slope = (W * xc * yv).sum(0) / sxx
+    residual = np.where(W > 0, yv - (W * yv).sum(0) - np.nan_to_num(slope) * xc, 0.0)
+    one_way = [_cr2_slope_variance(W, xc, residual, sxx, np.asarray(c)) for c in clusters]
+    variance = one_way[0][0]
+    if len(clusters) == 2:
+        both = np.array([f"{a}\x1f{b}" for a, b in zip(*clusters)])
+        crossed = one_way[0][0] + one_way[1][0] - _cr2_slope_variance(W, xc, residual, sxx, both)[0]
+        variance = np.maximum(crossed, np.maximum(one_way[0][0], one_way[1][0]))
+    counts = [g for _, g, _ in one_way]
+    df = np.minimum(np.min(counts, axis=0) - 1, np.min([d for _, _, d in one_way], axis=0))
+    se = np.sqrt(variance)
+    has_data = (W > 0).sum(0) >= 3
+    has_data &= sxx > 0
+    t, p, half = _t_test(np.nan_to_num(slope), se, df, has_data, level)
+    slope = np.where(has_data, slope, np.nan)
+    return {
+        "slope": slope,
+        "se": np.where(has_data, se, np.nan),
+        "ci_low": slope - half,
+        "ci_high": slope + half,
+        "t": t,
+        "p": np.where(has_data, p, np.nan),
+        "df": df,
+        "n_clusters": [len(np.unique(c)) for c in clusters],
+        "n_clusters_used": counts,
+    }
+
+
+def ratio_test(
+    num: np.ndarray, den: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], level: float = 0.95
+) -> dict:
+    """Ratio of weighted means, sum w num / sum w den, per column of num (n, k) against den (n,)
+    (e.g. the share of a total effect that a patch carries), over the observations where both are
+    finite. CI by linearisation: the ratio's error is that of the mean of u = num - ratio den,
+    divided by the mean of den, with the same cluster-robust variance and df as cluster_mean_test."""
+    num = np.atleast_2d(np.asarray(num, dtype=float).T).T
+    den = np.where(np.isfinite(num), np.asarray(den, dtype=float)[:, None], np.nan)
+    num = np.where(np.isfinite(den), num, np.nan)
+    W = _weights(num, np.asarray(w, dtype=float))
+    mean_den = (W * np.nan_to_num(den)).sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = (W * np.nan_to_num(num)).sum(0) / mean_den
+    u = cluster_mean_test(num - ratio * den, w, clusters, level)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        se = u["se"] / np.abs(mean_den)
+    half = _t_test(ratio, se, u["df"], np.isfinite(ratio), level)[2]
+    return {
+        "ratio": ratio,
+        "se": se,
+        "ci_low": ratio - half,
+        "ci_high": ratio + half,
+        "df": u["df"],
+        "n_clusters": u["n_clusters"],
+        "n": np.isfinite(num).sum(0),
+    }
+
+
+def slope_ratio_test(
+    x: np.ndarray, num: np.ndarray, den: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], level=0.95
+) -> dict:
+    """Ratio of slopes on x, slope(num) / slope(den), per column of num (n, k) against den (n,): the
+    share of a covariate gradient (how the total effect changes with the covariate) that a patch
+    carries. Over the rows where both are finite. CI by linearisation, as ratio_test: the ratio's
+    error is the slope of u = num - ratio den (whose slope is 0 at the estimate), divided by |slope
+    of den|, with cluster_slope_test's variance and df."""
+    num = np.atleast_2d(np.asarray(num, dtype=float).T).T
+    den = np.where(np.isfinite(num), np.asarray(den, dtype=float)[:, None], np.nan)
+    num = np.where(np.isfinite(den), num, np.nan)
+    slope_den = cluster_slope_test(x, den, w, clusters, level)["slope"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = cluster_slope_test(x, num, w, clusters, level)["slope"] / slope_den
+    u = cluster_slope_test(x, num - ratio * den, w, clusters, level)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        se = u["se"] / np.abs(slope_den)
+    half = _t_test(ratio, se, u["df"], np.isfinite(ratio), level)[2]
+    return {"ratio": ratio, "se": se, "ci_low": ratio - half, "ci_high": ratio + half, "df": u["df"]}
+
+
+def _rowwise_r(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a - a.mean(-1, keepdims=True)
+    b = b - b.mean(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (a * b).sum(-1) / np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
+
+
+def split_halves(x: np.ndarray) -> np.ndarray:
+    """A fixed split of units into two halves that both span the covariate: sorted by x, alternately
+    assigned. True marks half A. Used to select heads on one half and test them on the other."""
+    half = np.zeros(len(x), dtype=bool)
+    half[np.argsort(x, kind="stable")[::2]] = True
+    return half
+
+
+def pearson_columns(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pearson r of x (n,) with every column of y (n, k); NaN where undefined."""
+    return _rowwise_r(np.asarray(x, float)[None], np.asarray(y, float).T)
+
+
+def correlation_with_ci(x: np.ndarray, y: np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -> dict:
+    """Pearson and Spearman r of paired vectors with percentile bootstrap CIs (resampling pairs)
+    and the usual t-based p-values."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    n = len(x)
+    names = [f"{kind}_{part}" for kind in ("pearson", "spearman") for part in ("r", "ci_low", "ci_high", "p")]
+    if n < 3 or np.std(x) == 0 or np.std(y) == 0:
+        return {"n": n, **dict.fromkeys(names, np.nan)}
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    out = {"n": n}
+    for name, transform in (("pearson", lambda v: v), ("spearman", lambda v: sps.rankdata(v, axis=-1))):
+        r = _rowwise_r(transform(x)[None], transform(y)[None])[0]
+        boot = _rowwise_r(transform(x[idx]), transform(y[idx]))
+        t = r * math.sqrt((n - 2) / max(1e-300, 1 - r * r))
+        out.update(
+            {
+                f"{name}_r": r,
+                f"{name}_ci_low": np.nanquantile(boot, 0.025),
+                f"{name}_ci_high": np.nanquantile(boot, 0.975),
+                f"{name}_p": 2 * sps.t.sf(abs(t), n - 2),
+            }
+        )
+    return out
+
+
+def cluster_weights(labels: list[np.ndarray], rng, n: int):
+    """Bootstrap weights per item, one draw at a time: each dimension's levels drawn with
+    replacement (multinomial counts), an item weighing the product of its levels' counts."""
+    codes = [pd.factorize(c)[0] for c in labels]
+    for _ in range(n):
+        weight = np.ones(len(codes[0]))
+        for code in codes:
+            levels = code.max() + 1
+            weight *= rng.multinomial(levels, np.full(levels, 1.0 / levels))[code]
+        yield weight
+
+
+def power_note(n_clusters: list[int], cluster_text: str) -> str:
+    """What the design lets a cluster-robust test conclude: nothing with one cluster; with fewer than
+    FEW_LEVELS levels of a dimension, an interval from t with so few df that it says little (and what
+    to declare instead); approximate p below 10 clusters."""
+    names = cluster_text.split(" x ")
+    fewest = min(n_clusters)
+    if fewest < 2:
+        return f"one cluster of {cluster_text}: no test"
+    few = [f"{name} has {n}" for name, n in zip(names, n_clusters) if n < FEW_LEVELS]
+    if few:
+        return (
+            f"{', '.join(few)} levels: t with {fewest - 1} df gives intervals too wide to conclude "
+            "much; add levels, or drop that dimension from analysis.clusters if its levels are fixed "
+            "conditions rather than a sample"
+        )
+    if fewest < 10:
+        return f"{' x '.join(map(str, n_clusters))} clusters ({cluster_text}): p is approximate"
+    return ""

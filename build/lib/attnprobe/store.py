@@ -1,0 +1,191 @@
+"""Files on disk: tables (Parquet as the typed source of truth, CSV as a spreadsheet-safe export),
+atomic writes, chunks with their markers, and the run directory's lock. Knows no measure: the
+run's storage (attnprobe.run.storage) names the files each phase writes.
+
+Every table a run or a report writes is written twice: `<name>.parquet` with the values as
+computed (readers and the notebook API read this) and `<name>.csv` for spreadsheets.
+
+A text cell (or header cell) that starts with `=`, `+`, `-`, `@`, a tab or a carriage return can be run as a
+formula by Excel, LibreOffice or Google Sheets (CSV injection). Such cells get a leading
+apostrophe, which spreadsheets show as text. Only text cells change: numbers (negative
+log-probabilities, effects) are written as numbers.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import RunError
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralise(value):
+    """'=cmd()' -> "'=cmd()"; anything that is not risky text is returned unchanged."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def write_csv(table: pd.DataFrame, path) -> None:
+    safe = table.copy()
+    safe.columns = [neutralise(c) for c in safe.columns]  # a header cell is read as a formula too
+    for column in safe.columns:
+        if safe[column].dtype == object or pd.api.types.is_string_dtype(safe[column]):
+            safe[column] = safe[column].map(neutralise)
+    safe.to_csv(path, index=False)
+
+
+def parquet_safe(table: pd.DataFrame) -> pd.DataFrame:
+    """A column mixing text and numbers (a metadata column of a sentence file, say) is stored as
+    text; every other column keeps its type."""
+    out = table.copy()
+    for column in out.columns:
+        if out[column].dtype == object:
+            kinds = {type(v) for v in out[column].dropna()}
+            if len(kinds) > 1 or (kinds and not kinds <= {str}):
+                out[column] = out[column].map(
+                    lambda v: v if v is None or (isinstance(v, float) and v != v) else str(v)
+                )
+    return out
+
+
+def write_parquet(table: pd.DataFrame, path) -> None:
+    parquet_safe(table).to_parquet(path, index=False)
+
+
+def read_table(directory, name: str) -> pd.DataFrame:
+    """`<name>.parquet` when present (as computed), else `<name>.csv` written by an older version
+    (only empty cells are missing; an empty file is an empty table)."""
+    directory = Path(directory)
+    if (directory / f"{name}.parquet").is_file():
+        return pd.read_parquet(directory / f"{name}.parquet")
+    try:
+        return pd.read_csv(directory / f"{name}.csv", keep_default_na=False, na_values=[""])
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+
+
+def atomic_write(path: Path, write) -> None:
+    """Write to a temporary sibling, then rename: a reader never sees a half-written file. A failed
+    write (disk full, permissions) leaves what was there before and says how to go on."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise RunError(
+            f"cannot write {path}: {exc.strerror or exc}; results written so far are kept: "
+            "free space or fix permissions, then rerun the same command to resume"
+        ) from None
+
+
+def write_table(directory: Path, name: str, table: pd.DataFrame) -> None:
+    """`<name>.csv` (spreadsheet export), then `<name>.parquet` (the typed table readers use)."""
+    atomic_write(directory / f"{name}.csv", lambda p: write_csv(table, p))
+    atomic_write(directory / f"{name}.parquet", lambda p: write_parquet(table, p))
+
+
+def digest(path: Path) -> str:
+    """SHA-256 of a file, read in blocks."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def write_chunk(
+    chunk_dir: Path, k: int, tables: dict, files, prefix: str = "", plan: str | None = None
+) -> None:
+    """Chunk k of a phase (`prefix`: its file prefix): a file per table (a pyarrow Table or a
+    DataFrame) for each of `files` (the first names the row count), then the marker with the row
+    count, the files' SHA-256 and the phase's plan."""
+    for name in files:
+        table = tables[name.removesuffix(".parquet")]
+        write = (
+            (lambda p, t=table: pq.write_table(t, p))
+            if isinstance(table, pa.Table)
+            else (lambda p, t=table: t.to_parquet(p, index=False))
+        )
+        atomic_write(chunk_dir / f"{prefix}{k:05d}.{name}", write)
+    rows = len(tables[files[0].removesuffix(".parquet")])
+    # the marker comes last: a chunk without it is recomputed on resume
+    sha = {name: digest(chunk_dir / f"{prefix}{k:05d}.{name}") for name in files}
+    marker = {"rows": rows, "sha256": sha}
+    if plan is not None:
+        marker["plan"] = plan
+    atomic_write(chunk_dir / f"{prefix}{k:05d}.done", lambda p: p.write_text(json.dumps(marker)))
+
+
+def complete_chunks(
+    chunk_dir: Path, n_chunks: int, log, files, prefix: str = "", plan: str | None = None
+) -> set[int]:
+    """Chunks with a marker whose files are byte for byte what was written (SHA-256 in the marker)
+    and were made for this plan (phases that have one); a damaged or foreign chunk loses its marker
+    and is redone."""
+    done = set()
+    for k in range(n_chunks):
+        marker = chunk_dir / f"{prefix}{k:05d}.done"
+        if not marker.is_file():
+            continue
+        try:
+            info = json.loads(marker.read_text())
+            if plan is not None and info.get("plan") != plan:
+                raise ValueError("made for another plan of items")
+            paths = {name: chunk_dir / f"{prefix}{k:05d}.{name}" for name in files}
+            for name, path in paths.items():
+                if digest(path) != info["sha256"].get(name):
+                    raise ValueError(f"{path.name} differs from what was written")
+            if pq.read_metadata(paths[files[0]]).num_rows != info["rows"]:
+                raise ValueError(f"expected {info['rows']} rows")
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+            log(f"chunk {prefix}{k} in {chunk_dir} is damaged or stale ({exc}); recomputing it")
+            marker.unlink()
+            continue
+        done.add(k)
+    return done
+
+
+def read_chunks(directory: Path, n_chunks: int, files, prefix: str) -> dict[str, pd.DataFrame]:
+    """The tables of a phase's chunks, joined: name -> DataFrame."""
+    chunk_dir = directory / "chunks"
+    out = {}
+    for name in files:
+        parts = [pd.read_parquet(chunk_dir / f"{prefix}{k:05d}.{name}") for k in range(n_chunks)]
+        out[name.removesuffix(".parquet")] = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    return out
+
+
+@contextmanager
+def exclusive(directory: Path):
+    """Hold an exclusive lock on the run directory (released by the OS even if we are killed)."""
+    try:
+        handle = open(directory / ".lock", "a+")
+    except OSError as exc:
+        raise RunError(
+            f"cannot lock {directory / '.lock'} ({exc.strerror}); make the directory writable or choose "
+            "another --out"
+        ) from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise RunError(
+            f"another attnprobe run is writing {directory}; wait for it to finish or choose --out"
+        ) from None
+    try:
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()

@@ -1,0 +1,256 @@
+"""The suite's `analysis:` section: parse, derive the defaults, check against the prompts.
+
+    analysis:
+      contrast: pronoun                       # a slot or a sentence column (default: the suite's contrast)
+      positive: female                        # d = a(positive) - a(negative) within one item
+      negative: male
+      clusters: [occupation, template]        # one or two units of inference
+      covariate: occupation.bls_pct_female    # slot.field or a numeric sentence column
+      groups: {single: [said_would], two: [spoke_said]}
+
+Defaults, used only where they are unambiguous: positive/negative when the contrast has exactly
+two labels; clusters = the covariate's owner (or the one non-contrast slot every template uses)
+plus `template` when there are several; no covariate; no groups. Everything is checked here, before
+a model loads, and resolved to prompts.csv column names (attnprobe.schema.analysis.Analysis).
+"""
+
+from __future__ import annotations
+
+from ..errors import SuiteError
+from ..schema.analysis import ITEM, TEMPLATE, Analysis, value_of
+from ..schema.yamllines import Map, optional_str
+
+_KEYS = {
+    "contrast",
+    "positive",
+    "negative",
+    "clusters",
+    "covariate",
+    "groups",
+    "group_by",
+    "referents",
+    "answer",
+}
+
+
+def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analysis:
+    node = doc.get("analysis") or Map()
+    if not isinstance(node, dict):
+        ctx.fail(
+            doc,
+            "analysis",
+            "`analysis` is a mapping with contrast, positive, negative, clusters, covariate, groups",
+        )
+    for key in node:
+        if key not in _KEYS:
+            ctx.fail(node, key, f"unknown key '{key}' in analysis; allowed: {', '.join(sorted(_KEYS))}")
+    columns = {TEMPLATE, ITEM}.union(*({*p.meta, *p.slots} for p in prompts))
+    names: dict[str, str] = {}
+
+    def resolve(key: str, word: str, owner=node) -> str:
+        if word in ("template", "item"):
+            return {"template": TEMPLATE, "item": ITEM}[word]
+        column = word.replace(".", "_", 1) if "." in word else word
+        if key == "contrast" and word in slots and f"{word}_label" in columns:
+            column = f"{word}_label"
+        if column not in columns:
+            known = sorted(c for c in columns if c not in (TEMPLATE, ITEM))
+            ctx.fail(
+                owner,
+                key,
+                f"'{word}' is not a slot, slot.field or sentence column (known: template, item, "
+                f"{', '.join(known)})",
+            )
+        names[column] = word.split(".")[0] if key == "contrast" else word
+        return column
+
+    contrast_word = optional_str(ctx, node, "contrast") or contrast_slot
+    contrast = resolve("contrast", contrast_word) if contrast_word else None
+    labels = (
+        tuple(dict.fromkeys(str(value_of(p, contrast)) for p in prompts if value_of(p, contrast) is not None))
+        if contrast
+        else ()
+    )
+    positive, negative = optional_str(ctx, node, "positive"), optional_str(ctx, node, "negative")
+    if (positive is None) != (negative is None):
+        ctx.fail(
+            node,
+            "positive" if positive is None else "negative",
+            "give both `positive` and `negative` (two contrast labels)",
+        )
+    if positive is None and len(labels) == 2:
+        positive, negative = labels
+    for key, label in (("positive", positive), ("negative", negative)):
+        if label is not None and label not in labels:
+            ctx.fail(
+                node,
+                key,
+                f"label '{label}' is not a label of the contrast '{contrast_word}' (labels: "
+                f"{', '.join(labels) or 'none'})",
+            )
+    if positive is not None and positive == negative:
+        ctx.fail(node, "negative", "positive and negative must be two different labels")
+    if contrast:
+        _refuse_duplicate_labels(prompts, contrast)
+
+    covariate, unit = None, None
+    if "covariate" in node:
+        word = optional_str(ctx, node, "covariate")
+        covariate = resolve("covariate", word)
+        values = [value_of(p, covariate) for p in prompts if value_of(p, covariate) is not None]
+        if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            ctx.fail(node, "covariate", f"covariate '{word}' must be numeric in every prompt that has it")
+        unit = word.split(".")[0] if "." in word else None
+    templates = list(dict.fromkeys(p.template_id for p in prompts))
+    if "clusters" in node:
+        raw = node["clusters"] if isinstance(node["clusters"], list) else [node["clusters"]]
+        if not 1 <= len(raw) <= 2 or not all(isinstance(w, str) for w in raw):
+            ctx.fail(node, "clusters", "`clusters` names one or two units, e.g. [occupation, template]")
+        clusters = tuple(resolve("clusters", w) for w in raw)
+    else:
+        clusters = _default_clusters(slots, prompts, contrast_slot, unit, templates)
+        names.update({c: c for c in clusters if c not in (TEMPLATE, ITEM)})
+    for column in clusters:
+        lacking = sorted({p.template_id for p in prompts if value_of(p, column) is None})
+        if lacking:
+            ctx.fail(
+                node,
+                "clusters",
+                f"cluster '{names.get(column, column)}' is missing in {', '.join(lacking[:5])}; "
+                "clusters must be present in every prompt",
+            )
+    if covariate is not None:
+        unit = unit or next((c for c in clusters if _constant_within(prompts, covariate, c)), ITEM)
+        if not _constant_within(prompts, covariate, unit):
+            ctx.fail(
+                node, "covariate", f"covariate '{names[covariate]}' takes several values within one {unit}"
+            )
+        names.setdefault(unit, unit)
+
+    groups = {}
+    raw_groups = node.get("groups") or Map()
+    if not isinstance(raw_groups, dict):
+        ctx.fail(node, "groups", "`groups` maps a group name to a list of template ids")
+    for group, ids in raw_groups.items():
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+            ctx.fail(raw_groups, group, f"group '{group}' must list template ids")
+        if str(group) == "all" or str(group) in templates:
+            ctx.fail(
+                raw_groups,
+                group,
+                f"group name '{group}' is taken (the tables name the pooled scope 'all' and each template "
+                "by its id); rename the group",
+            )
+        unknown = [i for i in ids if i not in templates]
+        if unknown:
+            ctx.fail(
+                raw_groups,
+                group,
+                f"group '{group}' names unknown template(s) {', '.join(unknown)} (templates: "
+                f"{', '.join(templates)})",
+            )
+        groups[str(group)] = tuple(ids)
+    if "group_by" in node:  # groups from a column that is constant within each template, e.g. answer
+        column = resolve("group_by", optional_str(ctx, node, "group_by"))
+        if not _constant_within(prompts, column, TEMPLATE):
+            ctx.fail(
+                node,
+                "group_by",
+                f"'{names[column]}' varies within a template; group_by takes a column constant per template",
+            )
+        by_value: dict[str, list[str]] = {}
+        for p in prompts:
+            value = value_of(p, column)
+            if value is not None and p.template_id not in by_value.setdefault(f"{names[column]}={value}", []):
+                by_value[f"{names[column]}={value}"].append(p.template_id)
+        groups.update({name: tuple(ids) for name, ids in by_value.items()})
+    referents, answer = _referents(ctx, node, prompts, columns, resolve)
+    return Analysis(
+        contrast=contrast,
+        positive=positive,
+        negative=negative,
+        labels=labels,
+        clusters=clusters,
+        covariate=covariate,
+        unit=unit,
+        groups=groups,
+        names=names,
+        referents=referents,
+        answer=answer,
+    )
+
+
+def _referents(ctx, node, prompts, columns, resolve) -> tuple[tuple[str, ...], str | None]:
+    """`referents: [referent, other]` (two spans) and `answer:` (one of them, or a column whose value
+    names one of them in each prompt): for referent accuracy."""
+    if "referents" not in node and "answer" not in node:
+        return (), None
+    raw = node.get("referents")
+    spans = set().union(*(p.spans for p in prompts))
+    if (
+        not isinstance(raw, list)
+        or len(raw) != 2
+        or not all(isinstance(r, str) and r in spans for r in raw)
+        or raw[0] == raw[1]
+    ):
+        ctx.fail(
+            node,
+            "referents" if "referents" in node else "answer",
+            f"`referents` names the two spans a pronoun may refer to (spans: {', '.join(sorted(spans))})",
+        )
+    answer = optional_str(ctx, node, "answer")
+    if answer is None:
+        ctx.fail(
+            node,
+            "referents",
+            "`answer` says which referent is correct: one of them, or a column naming it per prompt",
+        )
+    if answer not in raw:
+        column = resolve("answer", answer)
+        wrong = sorted({str(value_of(p, column)) for p in prompts} - set(raw))
+        if wrong:
+            ctx.fail(
+                node,
+                "answer",
+                f"column '{answer}' must name one of {', '.join(raw)} in every prompt (found "
+                f"{', '.join(wrong[:3])})",
+            )
+        answer = column
+    return tuple(raw), answer
+
+
+def _default_clusters(slots, prompts, contrast_slot, unit, templates) -> tuple[str, ...]:
+    """The covariate's owner, else the one non-contrast slot with several values that every
+    template uses; plus `template` for several templates; `item` when nothing else applies."""
+    first = unit
+    if first is None:
+        shared = [
+            name
+            for name, slot in slots.items()
+            if name != contrast_slot and len(slot.values) > 1 and all(name in p.slots for p in prompts)
+        ]
+        first = shared[0] if len(shared) == 1 else None
+    clusters = tuple(c for c in (first, TEMPLATE if len(templates) > 1 else None) if c)
+    return clusters or (ITEM,)
+
+
+def _constant_within(prompts, column: str, unit: str) -> bool:
+    seen: dict = {}
+    for p in prompts:
+        value = value_of(p, column)
+        if value is not None and seen.setdefault(value_of(p, unit), value) != value:
+            return False
+    return True
+
+
+def _refuse_duplicate_labels(prompts, contrast: str) -> None:
+    seen: dict = {}
+    for p in prompts:
+        key = (p.item_id, str(value_of(p, contrast)))
+        if key in seen:
+            raise SuiteError(
+                f"{p.origin}: item {p.item_id} has two prompts labelled '{key[1]}' ({seen[key]!r} and "
+                f"{p.text!r}); "
+                "give each contrast value its own label"
+            )
+        seen[key] = p.text

@@ -1,0 +1,84 @@
+"""A suite's definitional control: prompts whose next word is fixed by definition, not by a
+stereotype ("The king said that" -> he), which an edit that removes the stereotype should leave
+right. Declared in the suite, so nothing about a particular contrast lives in code:
+
+    control:
+      file: edits/definitional.tsv        # a TSV/CSV with a prompt column and a label column
+      words: {female: " she", male: " he"}  # the next word each label of the contrast expects
+      prompt: prompt                       # column names (these are the defaults)
+      label: label
+
+Every label must be one of `words`, and `words` names exactly the contrast's two labels (the
+analysis's positive and negative).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import SuiteError
+from .rows import delimited_rows
+
+KEYS = ("file", "words", "prompt", "label")
+
+
+@dataclass(frozen=True)
+class Control:
+    prompts: tuple[str, ...]
+    labels: tuple[str, ...]
+    words: tuple[tuple[str, str], ...]  # (label, word) pairs
+    origin: str
+
+    def word(self, label: str) -> str:
+        return dict(self.words)[label]
+
+
+def parse_control(ctx, doc, analysis) -> Control | None:
+    node = doc.get("control")
+    if node is None:
+        return None
+    labels = [analysis.positive or "<label>", analysis.negative or "<label>"]
+    hint = (
+        f'control is a mapping {{file: definitional.tsv, words: {{{labels[0]}: " <word>", {labels[1]}: '
+        '" <word>"} (the word each label predicts)'
+    )
+    if not isinstance(node, dict) or not {"file", "words"} <= set(node) or set(node) - set(KEYS):
+        ctx.fail(doc, "control", hint)
+    words = node["words"]
+    if (
+        not isinstance(words, dict)
+        or len(words) != 2
+        or not all(isinstance(w, str) and w.strip() for w in words.values())
+    ):
+        ctx.fail(
+            node, "words", "`words` maps each of the contrast's two labels to its next word, e.g. " + hint
+        )
+    words = {str(label): word for label, word in words.items()}
+    if analysis.paired and set(words) != {analysis.positive, analysis.negative}:
+        ctx.fail(
+            node,
+            "words",
+            f"`words` must name the contrast's labels {analysis.positive} and {analysis.negative} "
+            f"(found {', '.join(words)})",
+        )
+    columns = (str(node.get("prompt", "prompt")), str(node.get("label", "label")))
+    path, text = ctx.read_data(node, "file", str(node["file"]))
+    if path.suffix not in (".tsv", ".tab", ".csv"):
+        ctx.fail(node, "file", "the control file is a TSV or CSV with a prompt and a label column")
+    rows = delimited_rows(path, text, needed=columns)
+    if not rows:
+        ctx.fail(node, "file", f"{path.name} holds no control prompts")
+    for number, record in rows:
+        if record[columns[1]] not in words:
+            raise SuiteError(
+                f"{path}:{number}: label {record[columns[1]]!r} is none of the control's words "
+                f"({', '.join(words)}); fix the row or the `words`"
+            )
+        if not record[columns[0]].strip():
+            raise SuiteError(f"{path}:{number}: the prompt is empty; fill it or drop the row")
+    return Control(
+        prompts=tuple(r[columns[0]] for _, r in rows),
+        labels=tuple(r[columns[1]] for _, r in rows),
+        words=tuple(words.items()),
+        origin=str(path),
+    )
