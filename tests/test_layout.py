@@ -55,8 +55,15 @@ import importlib, os, sys, traceback
 import attnprobe
 for loaded in [m for m in sys.modules if m == "attnprobe" or m.startswith("attnprobe.")]:
     del sys.modules[loaded]
-failed = []
+failed, running = [], {}
+def reap():
+    pid, status = os.wait()
+    if status != 0:
+        failed.append(running[pid])
+    del running[pid]
 for name in sys.argv[1:]:
+    if len(running) >= (os.cpu_count() or 1):  # a child per core at a time
+        reap()
     pid = os.fork()
     if pid == 0:
         try:
@@ -65,9 +72,10 @@ for name in sys.argv[1:]:
             traceback.print_exc()
             os._exit(1)
         os._exit(0)
-    if os.waitpid(pid, 0)[1] != 0:
-        failed.append(name)
-print("failed:", " ".join(failed))
+    running[pid] = name
+while running:
+    reap()
+print("failed:", " ".join(sorted(failed)))
 """
 
 

@@ -23,10 +23,10 @@ from attnprobe.suite import load_suite
 # suite -> (how to write it into a directory, --limit)
 CONTRACT_SUITES = {
     "fx": (lambda d: (d / "fx.yaml").write_text(EFFECT_SUITE) and d / "fx.yaml", None),
-    "coref": (lambda d: _shipped("coref", d), 24),
+    "coref": (lambda d: _shipped("coref", d), 16),
     "pairs": (lambda d: _shipped("pairs", d), 12),
     "choices": (lambda d: _shipped("choices", d), 8),
-    "gender": (lambda d: _shipped("gender", d), 24),
+    "gender": (lambda d: _shipped("gender", d), 16),
 }
 
 

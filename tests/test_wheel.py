@@ -65,39 +65,20 @@ def test_a_built_wheel_runs_and_edits_in_a_fresh_venv(tmp_path):
     shutil.copy(REPO / "probes" / "gender.yaml", work)
     shutil.copy(REPO / "probes" / "occupations-bls.tsv", work)
     shutil.copytree(REPO / "probes" / "edits", work / "edits")
-    where = subprocess.run(
-        [str(python), "-c", "import attnprobe; print(attnprobe.__file__)"],
-        capture_output=True,
-        text=True,
-        cwd=work,
-    )
-    assert where.stdout.startswith(str(site)), where.stdout + where.stderr
-    run = subprocess.run(
-        [
-            str(python),
-            "-m",
-            "attnprobe",
-            "run",
-            "gender.yaml",
-            "--limit",
-            "16",
-            "--out",
-            "out",
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=work,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert (work / "out" / "report.html").is_file() and (
-        work / "out" / "head_effects_items.parquet"
-    ).is_file()
-    edit = subprocess.run(
-        [str(python), "-m", "attnprobe", "edit", "out", "--kinds", "zero", "--k", "1", "--draws", "2"],
-        capture_output=True,
-        text=True,
-        cwd=work,
-    )
-    assert edit.returncode == 0, edit.stderr[-3000:]
-    assert (work / "out" / "edits.csv").is_file()
+    # both commands in one interpreter (torch is imported once), as the console script calls them
+    script = f"""
+import importlib.util, sys
+assert importlib.util.find_spec("attnprobe").origin.startswith({str(site)!r}), "not the wheel's attnprobe"
+from attnprobe.cli import main
+for args in (["run", "gender.yaml", "--limit", "8", "--out", "out", "--no-progress"],
+             ["edit", "out", "--kinds", "zero", "--k", "1", "--draws", "2"]):
+    try:
+        main(args, standalone_mode=False)
+    except SystemExit as stop:
+        if stop.code:
+            raise
+"""
+    done = subprocess.run([str(python), "-c", script], capture_output=True, text=True, cwd=work)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    for name in ("report.html", "head_effects_items.parquet", "edits.csv"):
+        assert (work / "out" / name).is_file(), name

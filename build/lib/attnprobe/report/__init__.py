@@ -50,7 +50,7 @@ def load_tables(
     }
     if not refresh and _cache_is_valid(run.directory, names, json.loads(json.dumps(stamp))):
         return {name: read_table(run.directory, name) for name in names}
-    with Progress(len(MEASURES) + 1, enabled=progress, unit="table", desc="statistics") as bar:
+    with Progress(len(MEASURES) + 1, enabled=progress, unit="step", desc="statistics") as bar:
         tables = analyse(run, step=bar.step)
     if write:
         for name, table in tables.items():

@@ -149,9 +149,9 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     template_ids = {t.id for t in templates} | {s["id"] for s in sentence_sets}
     columns = {c for p in prompts for c in (*p.meta, *p.slots)} | {"template_id"}
     measures, kind_notes = {}, []
-    for name, kind in MEASURES.items():  # in registry order: a kind may read those before it
+    for key, kind in MEASURES.items():  # in registry order: a kind may read those before it
         scope = ParseScope(slots, span_names, template_ids, analysis, columns, dict(measures), kind_notes)
-        measures[name] = kind.parse(ctx, doc, scope)
+        measures[key] = kind.parse(ctx, doc, scope)
     attention, next_token = measures["attention"], measures["next_token"]
     prompts, skipped, notes = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
     notes = list(notes) + [_span_count_note(s) for s in sentence_sets if s["n_required"] < len(s["names"])]

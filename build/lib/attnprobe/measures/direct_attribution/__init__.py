@@ -10,7 +10,7 @@ head's part splits further over the classes of its source positions: each named 
 `prediction` (the position itself) and `other`. Rows land in direct_attribution.parquet
 (prompt_id, layer, head, position, value; head -1: not a head; layer -1: embedding, final bias, y
 and the error), one prompt per distinct text before the cut in each chunk; statistics.py gives the
-`direct_attribution` table. Direct effects only: what a head writes that later layers read is not
+`direct_attribution_shares` table. Direct effects only: what a head writes that later layers read is not
 counted here (path patching is).
 """
 
@@ -41,7 +41,7 @@ class DirectAttributionMeasure:
 class DirectAttribution(PromptsMeasure):
     NAME = "direct_attribution"
     CSV = False  # a row per prompt, part and class of positions: Parquet only
-    TABLES = ("direct_attribution",)
+    TABLES = ("direct_attribution_shares",)
 
     def parse(self, ctx, doc, scope) -> DirectAttributionMeasure | None:
         node = doc.get(self.NAME)
@@ -124,10 +124,12 @@ class DirectAttribution(PromptsMeasure):
         return table.astype({"layer": "int16", "head": "int16", "value": "float32", "position": "category"})
 
     def statistics(self, run, tables: dict) -> dict:
-        return {"direct_attribution": direct_attribution(run) if run.has(self.NAME) else pd.DataFrame()}
+        return {
+            "direct_attribution_shares": direct_attribution(run) if run.has(self.NAME) else pd.DataFrame()
+        }
 
     def section(self, run, tables: dict, figures_dir) -> dict | None:
-        table = tables.get("direct_attribution")
+        table = tables.get("direct_attribution_shares")
         if table is None or table.empty:
             return None
         return report_section(table, run.manifest[self.NAME]["cut"], run.manifest["analysis"])
