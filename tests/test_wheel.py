@@ -29,6 +29,10 @@ def _fresh_venv(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_a_built_wheel_runs_and_edits_in_a_fresh_venv(tmp_path):
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    source = tmp_path / "source"  # built from a copy: setuptools writes build/ beside what it builds
+    shutil.copytree(REPO / "attnprobe", source / "attnprobe", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
     subprocess.run(
         [
             sys.executable,
@@ -40,7 +44,7 @@ def test_a_built_wheel_runs_and_edits_in_a_fresh_venv(tmp_path):
             "-q",
             "-w",
             str(tmp_path / "dist"),
-            str(REPO),
+            str(source),
         ],
         check=True,
         cwd=tmp_path,

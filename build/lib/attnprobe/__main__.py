@@ -1,6 +1,0 @@
-"""`python -m attnprobe`: the command line."""
-
-from .cli import main
-
-if __name__ == "__main__":
-    main()
