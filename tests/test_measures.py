@@ -1,12 +1,12 @@
 """The measure contract: every registered kind goes through parse, plan (checks before weights),
 compute, schema, statistics, resume and merge on a tiny model, and a kind that lacks a part fails.
 
-Each kind is covered by a contract suite that declares it (CONTRACT_SUITES); registering a kind
-without one fails `test_every_kind_has_a_contract_suite`.
+Each kind names a shipped suite that declares it (`Measure.CONTRACT`: probes/<name>.yaml and a
+--limit); a kind without one, or whose suite does not declare it, fails
+`test_every_kind_names_a_contract_suite_that_declares_it`. Adding a kind adds nothing here.
 """
 
 import shutil
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -20,40 +20,24 @@ from attnprobe.run.merge import merge_shards
 from attnprobe.run.reader import RunFiles
 from attnprobe.suite import load_suite
 
-# suite -> (how to write it into a directory, --limit)
-CONTRACT_SUITES = {
-    "fx": (lambda d: (d / "fx.yaml").write_text(EFFECT_SUITE) and d / "fx.yaml", None),
-    "coref": (lambda d: _shipped("coref", d), 16),
-    "pairs": (lambda d: _shipped("pairs", d), 12),
-    "choices": (lambda d: _shipped("choices", d), 8),
-    "gender": (lambda d: _shipped("gender", d), 16),
-}
+CONTRACT_SUITES = sorted({kind.CONTRACT[0] for kind in MEASURES.values() if kind.CONTRACT})
 
 
 def _shipped(name, directory):
-    if Path(f"probes/{name}").is_dir():
-        shutil.copytree(f"probes/{name}", directory / name)
-    shutil.copy(f"probes/{name}.yaml", directory / f"{name}.yaml")
-    if name in ("coref", "gender"):
-        shutil.copy("probes/occupations-bls.tsv", directory / "occupations-bls.tsv")
-    if name == "gender":
-        shutil.copytree("probes/edits", directory / "edits")
-    return directory / f"{name}.yaml"
-
-
-def _declared(name, directory):
-    path = CONTRACT_SUITES[name][0](directory)
+    """probes/ copied (suites, their data) and the suite `name` loaded from there."""
+    shutil.copytree("probes", directory / "probes")
+    path = directory / "probes" / f"{name}.yaml"
     suite = load_suite(path)
     assert suite.name == name  # the suite keeps its own name (not a registered kind's)
-    return path, suite, [kind for kind in MEASURES.values() if kind.declared(suite)]
+    return path, suite
 
 
-def test_every_kind_has_a_contract_suite(tmp_path):
-    covered = set()
-    for name in CONTRACT_SUITES:
-        (tmp_path / name).mkdir()
-        covered |= {kind.NAME for kind in _declared(name, tmp_path / name)[2]}
-    assert covered == set(MEASURES), f"kinds without a contract suite: {set(MEASURES) - covered}"
+def test_every_kind_names_a_contract_suite_that_declares_it(tmp_path):
+    for kind in MEASURES.values():
+        assert kind.CONTRACT, f"{kind.NAME}: no CONTRACT suite"
+        (tmp_path / kind.NAME).mkdir()
+        _, suite = _shipped(kind.CONTRACT[0], tmp_path / kind.NAME)
+        assert kind.declared(suite), f"{kind.NAME}: probes/{kind.CONTRACT[0]}.yaml does not declare it"
 
 
 def test_statistics_never_overwrite_a_run_file():
@@ -123,11 +107,13 @@ def tiny_pm(tiny_llama_dir):
     return load_model(str(tiny_llama_dir))
 
 
-@pytest.mark.parametrize("suite_name", list(CONTRACT_SUITES))
+@pytest.mark.parametrize("suite_name", CONTRACT_SUITES)
 def test_contract(suite_name, tiny_pm, tmp_path):
-    path, suite, kinds = _declared(suite_name, tmp_path)
-    for kind in kinds:
-        check_contract(kind, path, suite, tiny_pm, tmp_path / kind.NAME, CONTRACT_SUITES[suite_name][1])
+    """Every kind declared by a contract suite, on that suite (one tiny-model run per kind's part)."""
+    path, suite = _shipped(suite_name, tmp_path)
+    limit = min(k.CONTRACT[1] for k in MEASURES.values() if k.CONTRACT and k.CONTRACT[0] == suite_name)
+    for kind in (k for k in MEASURES.values() if k.declared(suite)):
+        check_contract(kind, path, suite, tiny_pm, tmp_path / kind.NAME, limit)
 
 
 class _Silent(Measure):

@@ -111,6 +111,7 @@ class AttentionMeasure:
 
 class Attention(BatchMeasure):
     NAME = "attention"
+    CONTRACT = ("gender", 16)
     NONE = ()
     ARTEFACTS = ("attention.parquet", "examples.json")
     CHUNKS = {"": ("attention.parquet",)}  # <k>.attention.parquet; the first kind names the rows

@@ -92,6 +92,7 @@ class LikelihoodPlan(Scored):
 
 class Likelihood(ScoredMeasure):
     NAME = "likelihood"
+    CONTRACT = ("pairs", 12)
     FIRST_TOKEN = "bos"  # a suite that declares it starts its sentences after BOS unless it says otherwise
     TABLES = ("sentence_preference",)
     STARTS = {

@@ -103,6 +103,7 @@ def score(pm, measure: MultipleChoiceMeasure, encoded, batch_size: int = 256, pr
 
 class MultipleChoice(ScoredMeasure):
     NAME = "multiple_choice"
+    CONTRACT = ("choices", 8)
     CONTEXT = "the question and its options"
     TABLES = ("choice_accuracy",)
 

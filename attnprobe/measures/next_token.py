@@ -172,6 +172,7 @@ def candidate_ids(measures, prompts, tokenizer) -> dict[str, tuple[int, ...]]:
 
 class NextToken(BatchMeasure):
     NAME = "next_token"
+    CONTRACT = ("gender", 16)
     NONE = ()
     ARTEFACTS = ("logprobs.csv", "logprobs.parquet")
     CHUNKS = {"": ("logprobs.parquet",)}  # <k>.logprobs.parquet

@@ -112,6 +112,7 @@ def score(
 
 class ReferentChoice(ScoredMeasure):
     NAME = "referent_choice"
+    CONTRACT = ("coref", 16)
     CONTEXT = "the referent_choice question ({origin})"
     TABLES = ("referent_choice_accuracy",)
 

@@ -40,6 +40,7 @@ class DirectAttributionMeasure:
 
 class DirectAttribution(PromptsMeasure):
     NAME = "direct_attribution"
+    CONTRACT = ("gender", 16)
     CSV = False  # a row per prompt, part and class of positions: Parquet only
     TABLES = ("direct_attribution_shares",)
 

@@ -74,6 +74,7 @@ class HeadEffectsPlan:
 
 class HeadEffects(Measure):
     NAME = "head_effects"
+    CONTRACT = ("coref", 16)  # the pair design; the gender suite runs the slot swap
     ARTEFACTS = (*FILES.values(), "head_effects_totals.csv")
     CHUNKS = {
         SCREEN: ("items.parquet", "layers.parquet", "totals.parquet"),
