@@ -417,3 +417,23 @@ def test_two_attention_entries_reaching_one_target_get_a_heatmap_each(tiny_llama
 
 
 JOBS = [("nurse", 88), ("secretary", 93), ("teacher", 70), ("lawyer", 37), ("pilot", 9), ("plumber", 2)]
+
+
+def test_the_chosen_heads_interval_is_adjusted_for_the_choice():
+    """The headline's strongest head is the largest of m slopes: its interval widens with m
+    (Bonferroni, from the same standard error and df), equal to the plain one when m = 1."""
+    from scipy.stats import t
+
+    from attnprobe.report.context import _chosen_interval, _not_absence
+
+    se, df = 0.01, 5
+    row = pd.Series(
+        {"x": 0.03, "x_ci_low": 0.03 - t.ppf(0.975, df) * se, "x_ci_high": 0.03 + t.ppf(0.975, df) * se}
+    )
+    row["interaction_df"] = df
+    assert _chosen_interval(row, "x", 1) == pytest.approx((row["x_ci_low"], row["x_ci_high"]))
+    low, high = _chosen_interval(row, "x", 270)
+    assert high - 0.03 == pytest.approx(t.ppf(1 - 0.025 / 270, df) * se) and low < row["x_ci_low"]
+    assert "the smallest q is 0.12; not passing a test is not evidence" in _not_absence(
+        pd.Series([0.5, 0.12])
+    )
