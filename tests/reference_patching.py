@@ -17,7 +17,7 @@ joint sets of heads. Attribution estimates each head's patch-in effect to first 
 forward and one backward pass: (z' - z) . dy/dz for the output, (A' - A) . dy/dA for the pattern.
 
 Edits run inside attnprobe's registered attention function (`capture.editing`, the site whose
-weights and outputs tests/test_capture.py checks against eager attention) and, for MLPs, in forward
+weights and outputs tests/e2e/test_capture.py checks against eager attention) and, for MLPs, in forward
 hooks. Every patched variant of an item is one row of a batch; `Rows` says what each row patches.
 `effects` patches one item with whole forward passes: the plain reference that attnprobe's batched
 patching (attnprobe.measures.head_effects) is tested and benchmarked against. It lives with the tests and

@@ -23,7 +23,7 @@ and declares NAME, ARTEFACTS (its run-directory files: --fresh removes them), CH
 the files of one chunk), READS (RunFiles attribute -> table file) and TABLES (the statistics tables
 it writes), CONTRACT (the shipped suite its contract test runs). `BatchMeasure`s are read from the
 prompts' one forward pass (one phase for all of them);
-`ScoredMeasure`s score continuations of each prompt in their own phase. tests/test_measures.py runs
+`ScoredMeasure`s score continuations of each prompt in their own phase. tests/model/test_measures.py runs
 every registered kind through the whole contract on a tiny model.
 """
 
@@ -90,7 +90,7 @@ class Measure(ABC):
     FIRST_TOKEN: ClassVar[str | None] = None  # the suite's first_token default when it declares this
     OPTIONAL: ClassVar[bool] = False  # a run of a suite without it has none of its files (READS are None)
     CONTRACT: ClassVar[tuple[str, int] | None] = None  # a shipped suite declaring it (probes/<name>.yaml)
-    # and a --limit: tests/test_measures.py runs the kind through the whole contract on it
+    # and a --limit: tests/model/test_measures.py runs the kind through the whole contract on it
 
     def declared(self, suite) -> bool:
         found = suite.measures.get(self.NAME, self.NONE)

@@ -25,7 +25,8 @@ from ..run.storage import ARTEFACTS, TABLES_KEY, atomic_write, digest, write_tab
 from ..store import read_table
 from ..version import __version__
 from . import plots
-from .context import difference_context, headline, run_context, run_labels
+from .context import difference_context, run_context, run_labels
+from .headline import headline
 
 __all__ = ["headline", "load_tables", "write_report"]
 

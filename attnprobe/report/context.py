@@ -9,162 +9,22 @@ the two labels, which is a token difference and is labelled as one.
 from __future__ import annotations
 
 import json
-import math
 
 import pandas as pd
 
 from ..heads import HeadSet
 from ..measures import MEASURES
 from ..run.reader import RunFiles
-from ..schema.analysis import few_levels_notes
-from ..stats import ALPHA, held_out_interaction, run_analysis
+from ..stats import ALPHA, run_analysis
 from ..stats.multiple_choice import choice_setting
 from . import plots
 from .figures import figure
+from .headline import _pooled, headline, split_levels
 from .sections import edits_context, effects_context, referents_context
-
-
-def _pooled(behavior: pd.DataFrame):
-    rows = behavior[behavior["scope"] == "all"] if len(behavior) else behavior
-    return rows.iloc[0] if len(rows) else None
 
 
 def _records(tables: dict, name: str) -> list[dict]:
     return tables[name].to_dict("records") if name in tables else []
-
-
-def _fmt(value, digits=2) -> str:
-    return (
-        "nan" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
-    )
-
-
-def split_levels(head_stats: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(paired rows, level rows) of the pooled scope: level rows are measures read before the
-    contrast (no paired difference; stats.attention._level)."""
-    heads = head_stats[head_stats["scope"] == "all"] if len(head_stats) else head_stats
-    if "level" not in heads:
-        return heads, heads.iloc[0:0]
-    level = heads["level"].notna()
-    return heads[~level], heads[level]
-
-
-def _chosen_interval(row, column: str, m: int) -> tuple[float, float]:
-    """The 95% interval of a value chosen as the largest of m, Bonferroni-adjusted: its t interval's
-    standard error (from the unadjusted interval and df) times t at 1 - 0.025 / m."""
-    from scipy.stats import t
-
-    df = float(row.get("interaction_df", float("nan")))
-    half = (row[f"{column}_ci_high"] - row[f"{column}_ci_low"]) / 2
-    if not df > 0 or m < 1:
-        return float("nan"), float("nan")
-    se = half / t.ppf(0.975, df)
-    wide = se * t.ppf(1 - 0.025 / m, df)
-    return row[column] - wide, row[column] + wide
-
-
-def _not_absence(q: pd.Series) -> str:
-    """What "no head at q < 0.05" does not say, with the smallest q the heads had."""
-    smallest = q.min()
-    shown = f"the smallest q is {smallest:.2g}; " if smallest == smallest else ""
-    return f" ({shown}not passing a test is not evidence that no head does)"
-
-
-def headline(run: RunFiles, tables: dict) -> str:
-    """One sentence with the run's main numbers: behaviour, interaction heads, then the lexical difference."""
-    analysis = run_analysis(run)
-    if not analysis.paired:
-        labels = ", ".join(analysis.labels) or "none"
-        return (
-            f"This suite compares no two labels (contrast labels: {labels}); declare analysis.positive and "
-            "analysis.negative for paired statistics. Descriptive means are in condition_means.csv."
-        )
-    model, pos, neg = run.manifest["model"]["spec"], analysis.positive, analysis.negative
-    parts = []
-    b = _pooled(tables["behavior"])
-    if b is not None and analysis.covariate:
-        per = f"per 10 {analysis.name(analysis.covariate)} points"
-        parts.append(
-            f"Across {int(b['n_units'])} {analysis.name(analysis.unit)}s, {model}'s log p({pos}) - log "
-            f"p({neg}) at the token before '{b['cut']}' changes by {_fmt(b['slope_per10'], 3)} nats {per} "
-            f"(95% CI [{_fmt(b['slope_per10_ci_low'], 3)}, {_fmt(b['slope_per10_ci_high'], 3)}], "
-            f"cluster-robust by {b['clusters']}, p = {b['slope_p']:.2g}; Pearson r of the "
-            f"{analysis.name(analysis.unit)} means {_fmt(b['pearson_r'])})"
-        )
-    elif b is not None:
-        parts.append(
-            f"{model}'s mean log p({pos}) - log p({neg}) at the token before '{b['cut']}' is "
-            f"{_fmt(b['mean_log_ratio'], 3)} nats (95% CI [{_fmt(b['mean_ci_low'], 3)}, "
-            f"{_fmt(b['mean_ci_high'], 3)}], clusters: {b['clusters']})"
-        )
-    counts = {c: run.prompts[c].nunique() for c in analysis.clusters if c in run.prompts}
-    parts += [f"note: {note}" for note in few_levels_notes(analysis, counts)]
-    heads, levels = split_levels(tables["head_stats"])
-    for target, group in heads.groupby("target", sort=False):
-        if analysis.covariate:
-            hits = group[group["interaction_q"] < ALPHA]
-            held = held_out_interaction(group)
-            check = (
-                f"; held out ({held['split']}), the top {held['k']} heads chosen on one half keep their "
-                f"sign on the other in {held['n_same_sign']} of {held['n_selected']} (random heads of "
-                f"the same layers: {_fmt(held['n_same_sign_null'], 1)}), mean r there "
-                f"{_fmt(held['mean_held_out_r'])} against {_fmt(held['mean_held_out_r_null'])} "
-                f"(p = {held['held_out_p']:.2g})"
-            )
-            if len(hits):
-                top = hits.loc[hits["interaction_per10"].abs().idxmax()]
-                low, high = _chosen_interval(top, "interaction_per10", len(group))
-                parts.append(
-                    f"in {len(hits)} of {len(group)} heads the {pos} - {neg} attention to the {target} "
-                    f"changes with {analysis.name(analysis.covariate)} (q < {ALPHA}, cluster-robust by "
-                    f"{top['clusters']}), most strongly {HeadSet.name(top['layer'], top['head'])} "
-                    f"({_fmt(top['interaction_per10'], 4)} attention weight per 10 points "
-                    f"[{_fmt(top['interaction_per10_ci_low'], 4)}, "
-                    f"{_fmt(top['interaction_per10_ci_high'], 4)}]; chosen as the largest of {len(group)}, "
-                    f"its interval adjusted for that choice (Bonferroni) is [{_fmt(low, 4)}, "
-                    f"{_fmt(high, 4)}]; r = {_fmt(top['interaction_r'])}){check}"
-                )
-            else:
-                note = group["interaction_power_note"].iloc[0]
-                parts.append(
-                    f"no head's {pos} - {neg} attention to the {target} changes with "
-                    f"{analysis.name(analysis.covariate)} at q < {ALPHA}"
-                    + _not_absence(group["interaction_q"])
-                    + (f" ({note})" if note else "")
-                    + check
-                )
-        lexical = int((group["difference_q"] < ALPHA).sum())
-        kind = "a token difference, not bias" if analysis.covariate else "the paired difference"
-        parts.append(
-            f"{lexical} of {len(group)} heads attend to the {target} differently from {pos} and {neg} "
-            f"prompts ({kind})"
-        )
-    for (source, target), group in levels.groupby(["source", "target"], sort=False):
-        if "level_q" not in group:
-            continue
-        hits = group[group["level_q"] < ALPHA]
-        where = source.removeprefix("before_")
-        text = f"at the token before the {where}, " if where != source else ""
-        if len(hits):
-            top = hits.loc[hits["level_per10"].abs().idxmax()]
-            parts.append(
-                f"{text}the attention to the {target} changes with {analysis.name(analysis.covariate)} in "
-                f"{len(hits)} of {len(group)} heads (q < {ALPHA}), most strongly "
-                f"{HeadSet.name(top['layer'], top['head'])} ({_fmt(top['level_per10'], 4)} attention weight "
-                "per 10 points)"
-            )
-        else:
-            parts.append(
-                f"{text}no head's attention to the {target} changes with "
-                f"{analysis.name(analysis.covariate)} at q < {ALPHA}" + _not_absence(group["level_q"])
-            )
-    if not parts:
-        return (
-            f"Nothing here compares {pos} with {neg}: no attention measure has paired prompts and no "
-            "next-token "
-            f"candidates carry those labels; the raw tables are attention.parquet and logprobs.csv."
-        )
-    return "; ".join(parts) + "."
 
 
 def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict:

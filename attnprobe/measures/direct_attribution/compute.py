@@ -10,7 +10,7 @@ over the source positions it reads: o_proj(z_t) = sum_h sum_s A[t, h, s] v_s^h W
 bias), so its share of y from source s is A[t, h, s] (v_s^h . g_h), g = W_O^T d_resid, d_resid the
 frozen norm applied to d_U. Families that normalise a sublayer's output before adding it (Gemma 2/3)
 have that norm's scale frozen too. `error` is y minus the sum of the parts: zero up to float
-rounding where every step is as described (tests/test_direct_attribution.py, every family).
+rounding where every step is as described (tests/model/test_direct_attribution.py, every family).
 Shapes: B prompts, L layers, H heads, S source positions, D head dim, E model width.
 """
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "attnprobe"
+PACKAGE = Path(__file__).resolve().parents[2] / "attnprobe"
 MODULES = sorted(
     ".".join(("attnprobe", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
     for path in PACKAGE.rglob("*.py")

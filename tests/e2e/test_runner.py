@@ -201,7 +201,7 @@ def _cli(*args, cwd):
 
 
 def test_sigkill_then_resume_gives_identical_outputs(tmp_path):
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     args = [
         "run",
         str(repo / GENDER),

@@ -108,7 +108,7 @@ def test_two_runs_in_one_directory_are_refused(smollm, tmp_path):
 
 
 def test_ctrl_c_finishes_the_chunk_writes_the_manifest_and_exits_130(whole, tmp_path):
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     args = [
         sys.executable,
         "-m",
@@ -167,7 +167,7 @@ def test_a_corrupt_page_under_an_intact_footer_is_recomputed(smollm, whole, tmp_
 
 
 def test_a_second_ctrl_c_stops_at_once_and_the_manifest_says_so(tmp_path):
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     args = [
         sys.executable,
         "-m",

@@ -12,7 +12,7 @@ from attnprobe.cli import main
 from attnprobe.run.plan import Encoded, plan_batches, plan_chunks, plan_sha256
 from attnprobe.suite import Prompt
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_token_budget_batches():

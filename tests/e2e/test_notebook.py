@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_example_notebook_runs_in_a_kernel_and_shows_its_figures(tmp_path):
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     notebook = nbformat.read(os.path.join(repo, "notebooks", "example.ipynb"), as_version=4)
     first = notebook.cells[1]
     first.source = first.source.replace(

@@ -424,7 +424,7 @@ def test_the_chosen_heads_interval_is_adjusted_for_the_choice():
     (Bonferroni, from the same standard error and df), equal to the plain one when m = 1."""
     from scipy.stats import t
 
-    from attnprobe.report.context import _chosen_interval, _not_absence
+    from attnprobe.report.headline import _chosen_interval, _not_absence
 
     se, df = 0.01, 5
     row = pd.Series(
