@@ -216,7 +216,10 @@ def template_heterogeneity(design: Design, cells: np.ndarray, covariate: str, po
     return i2, (np.sign(B) == np.sign(pooled)).mean(0)
 
 
-def held_out_interaction(heads: pd.DataFrame, k: int = 5, draws: int = 2000, seed: int = 0) -> dict:
+HELD_OUT_DRAWS = 2000  # random head sets of the null of the held-out attention claim
+
+
+def held_out_interaction(heads: pd.DataFrame, k: int = 5, draws: int = HELD_OUT_DRAWS, seed: int = 0) -> dict:
     """Selection on one half of the design, test on the other, both ways round (halves: see
     _held_out_halves): of the k heads with the largest |r| on one half, how many keep their sign on
     the other, and their mean r there (signed by the selection). Null baseline: the same statistics

@@ -5,15 +5,33 @@
   heads' layers) and their mean held-out r against random heads' (p over 2,000 draws);
 - head effects: per counterfactual word, the share of TE (and of its covariate gradient) that the
   cross-fitted heads carry, against random head sets of the same layers on the same items.
+
+Each p is a share of random draws reaching the claim, so it cannot fall below its floor
+1 / (1 + draws) (`p_floor`); `p_holm` adjusts the table's p values for their number (Holm), each
+taken at least at its floor.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from .attention import held_out_interaction
+from .attention import HELD_OUT_DRAWS, held_out_interaction
+from .inference import holm
 
-COLUMNS = ["claim", "source", "target", "counterfactual", "statistic", "value", "null", "p", "split"]
+COLUMNS = [
+    "claim",
+    "source",
+    "target",
+    "counterfactual",
+    "statistic",
+    "value",
+    "null",
+    "p",
+    "p_floor",
+    "p_holm",
+    "split",
+]
 
 
 def held_out_summary(heads: pd.DataFrame, effects_summary: pd.DataFrame | None) -> pd.DataFrame:
@@ -40,6 +58,7 @@ def held_out_summary(heads: pd.DataFrame, effects_summary: pd.DataFrame | None) 
                 "value": held["mean_held_out_r"],
                 "null": held["mean_held_out_r_null"],
                 "p": held["held_out_p"],
+                "p_floor": 1 / (1 + HELD_OUT_DRAWS),
                 "split": held["split"],
             }
         )
@@ -57,7 +76,15 @@ def held_out_summary(heads: pd.DataFrame, effects_summary: pd.DataFrame | None) 
                         "value": row[f"{what}_crossfit_in_null_items"],
                         "null": row[f"{what}_random_in_mean"],
                         "p": row[f"{what}_crossfit_random_p"],
+                        "p_floor": 1 / (1 + row["n_random_draws"]),
                         "split": "units x templates, opposite quarter",
                     }
                 )
-    return pd.DataFrame(rows, columns=COLUMNS)
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    tested = table["p"].notna().to_numpy()
+    if tested.any():
+        at_floor = np.maximum(table["p"].to_numpy(dtype=float), table["p_floor"].to_numpy(dtype=float))
+        adjusted = np.full(len(table), np.nan)
+        adjusted[tested] = holm(at_floor[tested])
+        table["p_holm"] = adjusted
+    return table

@@ -501,3 +501,42 @@ def test_gradient_share_is_a_ratio_of_slopes_with_a_linearised_interval():
     assert out["ratio"][0] == pytest.approx(ratio) and out["se"][0] == pytest.approx(se)
     assert out["ci_low"][0] == pytest.approx(ratio - sps.t.ppf(0.975, u["df"][0]) * se)
     assert out["ci_low"][0] < 0.4 < out["ci_high"][0]
+
+
+def test_held_out_p_values_carry_their_floor_and_a_holm_adjustment():
+    """Every p of held_out.csv is a share of random draws: printed beside its floor 1 / (1 + draws),
+    and Holm-adjusted over the table's rows with each p taken at least at its floor."""
+    from attnprobe.stats.attention import HELD_OUT_DRAWS
+    from attnprobe.stats.held_out import held_out_summary
+
+    rng = np.random.default_rng(3)
+    heads = pd.DataFrame(
+        [
+            {"scope": "all", "source": "pronoun", "target": "occupation", "layer": layer, "head": head}
+            for layer in range(3)
+            for head in range(4)
+        ]
+    )
+    heads["interaction_r_half_a"] = rng.normal(size=len(heads))
+    heads["interaction_r_half_b"] = heads["interaction_r_half_a"] + rng.normal(0, 0.1, len(heads))
+    effects = pd.DataFrame(
+        [
+            {
+                "counterfactual": "woman",
+                "n_random_draws": 20,
+                "share_crossfit_random_p": 1 / 21,
+                "share_crossfit_in_null_items": 0.9,
+                "share_random_in_mean": 0.1,
+            }
+        ]
+    )
+    table = held_out_summary(heads, effects)
+    tested = table[table["p"].notna()]
+    assert list(tested["p_floor"]) == [1 / (1 + HELD_OUT_DRAWS), 1 / 21]
+    assert (tested["p"] >= tested["p_floor"] - 1e-12).all()
+    at_floor = np.maximum(tested["p"], tested["p_floor"]).to_numpy()
+    expected = np.minimum(1, np.maximum.accumulate(np.sort(at_floor) * [2, 1]))[
+        np.argsort(np.argsort(at_floor))
+    ]
+    np.testing.assert_allclose(tested["p_holm"], expected)
+    assert (tested["p_holm"] >= tested["p"]).all()
