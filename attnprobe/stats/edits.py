@@ -7,8 +7,14 @@ per edit kind and k, on the head-effects items (clusters: unit x template, two-w
 - chance: the share removed on the sampled items by the found heads against `draws` random head
   sets of the same layers: the random mean and 95th percentile, the found heads' percentile among
   the draws (share of draws removing less), and p = (1 + #random >= found) / (1 + draws);
-- control: on the definitional prompts, the share whose y has the label's sign and the mean y
-  toward the label, before and after;
+- control: on the definitional prompts, the share whose y has the label's sign (raw, and after
+  removing the mean shift the edit adds to every prompt, which alone can move a sign count) and the
+  mean y toward the label, before and after; the definitional gap kept (mean y toward the label
+  after / before: offset-free, as the labels are balanced) with a CI (linearised ratio, prompts as
+  units);
+- specificity: the share of the gradient removed minus the share of the definitional gap removed,
+  positive when an edit removes more stereotype than gender (CI half-width: the two independent
+  half-widths combined in quadrature);
 - cost: mean KL(original || edited) per generated text, and the change of the mean log-loss of
   the user's text (with --text).
 """
@@ -22,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ..heads import HeadSet
-from .inference import cluster_mean_test, cluster_slope_test, holm
+from .inference import cluster_mean_test, cluster_slope_test, holm, ratio_test, slope_ratio_test
 
 PER = 10
 
@@ -73,7 +79,12 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
                 PER * slopes["ci_high"][j],
             )
         row["gradient_change_p"] = slopes["p"][2]
+        kept = slope_ratio_test(x, after, before, w, clusters)  # slope after / slope before
         row["gradient_removed"] = 1 - slopes["slope"][1] / slopes["slope"][0]
+        row["gradient_removed_ci_low"], row["gradient_removed_ci_high"] = (
+            1 - kept["ci_high"][0],
+            1 - kept["ci_low"][0],
+        )
         for j, name in enumerate(("lean_before", "lean_after")):
             row[name], row[f"{name}_ci_low"], row[f"{name}_ci_high"] = (
                 leans["mean"][j],
@@ -81,6 +92,7 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
                 leans["ci_high"][j],
             )
         row.update(_control(raw, kind, k, -1, control0["y"].to_numpy(), sign))
+        row.update(_specificity(row))
         row.update(_costs(raw, kind, k, -1, texts0["loss"].to_numpy(), user))
         # chance: the same edit on random heads of the same layers, on the sampled items
         random = sorted(d for d in group["draw"].unique() if d >= 0)
@@ -142,12 +154,28 @@ def _removed(x, before, after, index, sampled) -> float:
 def _control(raw, kind, k, draw, y0, sign) -> dict:
     rows = raw[(raw["target"] == "control") & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == draw)]
     y1 = rows.set_index("index")["y"].sort_index().to_numpy()
+    kept = ratio_test(sign * y1, sign * y0, np.ones(len(y0)), [np.arange(len(y0))])
     return {
         "definitional_accuracy_before": float((np.sign(y0) == sign).mean()),
         "definitional_accuracy_after": float((np.sign(y1) == sign).mean()),
+        "definitional_accuracy_after_centred": float((np.sign(y1 - (y1 - y0).mean()) == sign).mean()),
         "definitional_logodds_before": float((sign * y0).mean()),
         "definitional_logodds_after": float((sign * y1).mean()),
+        "definitional_gap_kept": float(kept["ratio"][0]),
+        "definitional_gap_kept_ci_low": float(kept["ci_low"][0]),
+        "definitional_gap_kept_ci_high": float(kept["ci_high"][0]),
     }
+
+
+def _specificity(row: dict) -> dict:
+    """Gradient share removed minus definitional gap share removed, with its CI half-width from the
+    two independent half-widths in quadrature."""
+    spec = row["gradient_removed"] - (1 - row["definitional_gap_kept"])
+    half = np.hypot(
+        (row["gradient_removed_ci_high"] - row["gradient_removed_ci_low"]) / 2,
+        (row["definitional_gap_kept_ci_high"] - row["definitional_gap_kept_ci_low"]) / 2,
+    )
+    return {"specificity": spec, "specificity_ci_low": spec - half, "specificity_ci_high": spec + half}
 
 
 def _costs(raw, kind, k, draw, loss0, user) -> dict:

@@ -283,6 +283,22 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     # scale 0.5 edits something, project removes a direction: neither is the clean run
     assert (edits["kl"] > 0).all() and edits["text_loss_change"].notna().all()
     assert edits["definitional_accuracy_before"].between(0, 1).all()
+    # the control measured without a sign count: the gap toward the labels kept, and the accuracy
+    # once the edit's mean shift is removed; specificity = gradient removed - gap removed
+    control0 = raw[(raw.target == "control") & (raw.kind == "none")].set_index("index").sort_index()
+    control1 = raw[(raw.target == "control") & (raw.kind == "zero") & (raw.k == 2) & (raw.draw == -1)]
+    y0, y1, sign = (
+        control0["y"].to_numpy(),
+        control1.set_index("index").sort_index()["y"].to_numpy(),
+        control0["sign"],
+    )
+    assert np.isclose(row.definitional_gap_kept, (sign * y1).mean() / (sign * y0).mean())
+    assert row.definitional_gap_kept_ci_low <= row.definitional_gap_kept <= row.definitional_gap_kept_ci_high
+    shifted = y1 - (y1 - y0).mean()
+    assert np.isclose(row.definitional_accuracy_after_centred, (np.sign(shifted) == sign).mean())
+    assert np.isclose(row.specificity, row.gradient_removed - (1 - row.definitional_gap_kept))
+    assert row.gradient_removed_ci_low <= row.gradient_removed <= row.gradient_removed_ci_high
+    assert row.specificity_ci_low <= row.specificity <= row.specificity_ci_high
     draws = pd.read_csv(out / "edits_draws.csv")
     assert len(draws) == 5 * 2 * 3
     # the null's floor: a 2-head layer leaves one other head, so each null has one possible set
