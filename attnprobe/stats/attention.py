@@ -75,7 +75,8 @@ def head_stats(run) -> pd.DataFrame:
             )
             if analysis.covariate:
                 cells = design.cell_means(wide["d"].to_numpy()[keep])
-                table = table.assign(**_interaction(design, cells, analysis))
+                layers = heads.get_level_values(0)  # the random splits' claim is read for scope all only
+                table = table.assign(**_interaction(design, cells, analysis, layers, scope == "all"))
             tables.append(table)
     if not tables:
         return pd.DataFrame(columns=["scope", *KEYS])
@@ -146,12 +147,13 @@ def _difference(design: Design, values: dict, analysis: Analysis) -> dict:
     }
 
 
-def _interaction(design: Design, cells: np.ndarray, analysis: Analysis) -> dict:
+def _interaction(design: Design, cells: np.ndarray, analysis: Analysis, layers, splits: bool = True) -> dict:
     x = design.cells[analysis.covariate].to_numpy(dtype=float)
     test = cluster_slope_test(x, cells, design.cells["weight"].to_numpy(), design.clusters)
     units, unit_x, y = design.unit_means(cells, analysis.unit, analysis.covariate)
     i2, same_sign = template_heterogeneity(design, cells, analysis.covariate, test["slope"])
     halves = _held_out_halves(design, cells, analysis)
+    splits = held_out_splits(design, cells, analysis, layers) if splits else {}
     return {
         "interaction_per10": PER * test["slope"],
         "interaction_per10_ci_low": PER * test["ci_low"],
@@ -163,20 +165,27 @@ def _interaction(design: Design, cells: np.ndarray, analysis: Analysis) -> dict:
         "interaction_i2_templates": i2,
         "interaction_templates_same_sign": same_sign,
         **halves,
+        **splits,
         "interaction_test": f"cluster-robust slope, CR2 by {design.cluster_text}",
         "interaction_power_note": power_note(test["n_clusters"], design.cluster_text),
     }
 
 
-def _held_out_halves(design: Design, cells: np.ndarray, analysis: Analysis) -> dict:
+def _held_out_halves(design: Design, cells: np.ndarray, analysis: Analysis, rng=None) -> dict:
     """r of the per-unit means on two disjoint halves of the design for held-out selection: half A
     is one half of the units (split along the covariate) on one half of the templates, half B the
     other units on the other templates, so a head chosen on A is tested on units and templates it
-    was not chosen on. One template in scope: units are split alone."""
+    was not chosen on. One template in scope: units are split alone. With `rng`, both halves are
+    drawn at random (half of the units, half of the templates) instead of the fixed split."""
     units, x, _ = design.unit_means(cells, analysis.unit, analysis.covariate)
-    unit_a = set(np.asarray(units)[split_halves(x)])
     templates = sorted(design.cells[TEMPLATE].unique())
-    template_a = set(templates[::2]) if len(templates) > 1 else set(templates)
+    if rng is None:
+        unit_a = set(np.asarray(units)[split_halves(x)])
+        template_a = set(templates[::2]) if len(templates) > 1 else set(templates)
+    else:
+        unit_a = set(rng.permutation(np.asarray(units))[: len(units) // 2])
+        chosen = rng.permutation(templates)[: len(templates) // 2]
+        template_a = set(chosen) if len(templates) > 1 else set(templates)
     out = {}
     for name, pick in (("a", True), ("b", False)):
         in_units = design.cells[analysis.unit].isin(unit_a).to_numpy() == pick
@@ -217,6 +226,26 @@ def template_heterogeneity(design: Design, cells: np.ndarray, covariate: str, po
 
 
 HELD_OUT_DRAWS = 2000  # random head sets of the null of the held-out attention claim
+HELD_OUT_SPLITS, SPLIT_DRAWS = 100, 200  # random unit x template splits, and each one's null draws
+
+
+def held_out_splits(design: Design, cells: np.ndarray, analysis: Analysis, layers, seed: int = 0) -> dict:
+    """The held-out claim over HELD_OUT_SPLITS random splits of the units and templates (one fixed
+    split can be lucky or unlucky): each split's held-out p against random heads of the same layers
+    (SPLIT_DRAWS draws, floor 1/201); their median and the share below 0.05, the same for every head
+    of the scope (columns of head_stats, read by held_out.csv)."""
+    rng = np.random.default_rng(seed)
+    ps = []
+    for _ in range(HELD_OUT_SPLITS):
+        halves = _held_out_halves(design, cells, analysis, rng)
+        heads = pd.DataFrame({"layer": np.asarray(layers), **halves})
+        ps.append(held_out_interaction(heads, draws=SPLIT_DRAWS, seed=int(rng.integers(2**31)))["held_out_p"])
+    ps = np.array(ps, dtype=float)
+    return {
+        "held_out_splits": int(np.isfinite(ps).sum()),
+        "held_out_splits_median_p": float(np.nanmedian(ps)) if np.isfinite(ps).any() else np.nan,
+        "held_out_splits_share_p05": float(np.nanmean(ps < 0.05)) if np.isfinite(ps).any() else np.nan,
+    }
 
 
 def held_out_interaction(heads: pd.DataFrame, k: int = 5, draws: int = HELD_OUT_DRAWS, seed: int = 0) -> dict:

@@ -2,7 +2,8 @@
 
 - attention: per (source, target), the top 5 heads by |r| chosen on half the units and half the
   templates keep their sign on the other halves (count; the same for random heads of the chosen
-  heads' layers) and their mean held-out r against random heads' (p over 2,000 draws);
+  heads' layers) and their mean held-out r against random heads' (p over 2,000 draws); beside it
+  the same p over 100 random splits (their median and the share below 0.05: one split can be lucky);
 - head effects: per counterfactual word, the share of TE (and of its covariate gradient) that the
   cross-fitted heads carry, against random head sets of the same layers on the same items.
 
@@ -31,7 +32,22 @@ COLUMNS = [
     "p_floor",
     "p_holm",
     "split",
+    "splits",
+    "splits_median_p",
+    "splits_share_p05",
 ]
+
+
+def _splits(group: pd.DataFrame) -> dict:
+    """The same claim over random unit x template splits (head_stats' held_out_splits_* columns)."""
+    if "held_out_splits_median_p" not in group:
+        return {}
+    first = group.iloc[0]
+    return {
+        "splits": first["held_out_splits"],
+        "splits_median_p": first["held_out_splits_median_p"],
+        "splits_share_p05": first["held_out_splits_share_p05"],
+    }
 
 
 def held_out_summary(heads: pd.DataFrame, effects_summary: pd.DataFrame | None) -> pd.DataFrame:
@@ -60,6 +76,7 @@ def held_out_summary(heads: pd.DataFrame, effects_summary: pd.DataFrame | None) 
                 "p": held["held_out_p"],
                 "p_floor": 1 / (1 + HELD_OUT_DRAWS),
                 "split": held["split"],
+                **_splits(group),
             }
         )
     for row in effects_summary.to_dict("records") if effects_summary is not None else []:

@@ -540,3 +540,51 @@ def test_held_out_p_values_carry_their_floor_and_a_holm_adjustment():
     ]
     np.testing.assert_allclose(tested["p_holm"], expected)
     assert (tested["p_holm"] >= tested["p"]).all()
+
+
+@pytest.mark.parametrize("signal", [1.0, 0.0])
+def test_the_held_out_claim_over_random_splits_can_say_yes_and_no(signal):
+    """Over 100 random unit x template splits: heads whose d follows the covariate (one per layer)
+    are chosen on one half and confirmed on the other (median p small); without a signal the
+    median p is not small. Either outcome is possible, so the check can fail."""
+    from attnprobe.schema.analysis import Analysis
+    from attnprobe.stats.attention import HELD_OUT_SPLITS, held_out_splits
+    from attnprobe.stats.design import Design
+
+    rng = np.random.default_rng(5)
+    n_units, templates = 40, ["t0", "t1", "t2", "t3"]
+    items = pd.DataFrame(
+        [
+            {
+                "item_id": f"{t}|o{u}",
+                "template_id": t,
+                "occupation": f"o{u}",
+                "bls": float(rng.uniform(0, 100)),
+            }
+            for t in templates
+            for u in range(n_units)
+        ]
+    )
+    items["bls"] = items["occupation"].map(items.groupby("occupation")["bls"].first())
+    items = items.set_index("item_id", drop=False)
+    items.index.name = None
+    analysis = Analysis(
+        contrast="c",
+        positive="a",
+        negative="b",
+        labels=("a", "b"),
+        clusters=("occupation", "template_id"),
+        covariate="bls",
+        unit="occupation",
+    )
+    design = Design.build(items.index, items, analysis)
+    layers = np.repeat([0, 1, 2], 4)  # 3 layers x 4 heads; head 0 of each layer carries the signal
+    x = design.cells["bls"].to_numpy()
+    cells = rng.normal(size=(len(design.cells), 12))
+    cells[:, ::4] += signal * (x[:, None] - 50) / 25
+    out = held_out_splits(design, cells, analysis, layers)
+    assert out["held_out_splits"] == HELD_OUT_SPLITS
+    if signal:
+        assert out["held_out_splits_median_p"] < 0.05 and out["held_out_splits_share_p05"] > 0.5
+    else:
+        assert out["held_out_splits_median_p"] > 0.1 and out["held_out_splits_share_p05"] < 0.5
