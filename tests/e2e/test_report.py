@@ -49,6 +49,9 @@ HEAD_COLUMNS = [
     "interaction_templates_same_sign",
     "interaction_r_half_a",
     "interaction_r_half_b",
+    "held_out_splits",
+    "held_out_splits_median_p",
+    "held_out_splits_share_p05",
     "interaction_test",
     "interaction_power_note",
     # the token before the pronoun: no paired difference (both prompts share the prefix), a level
