@@ -231,21 +231,68 @@ HELD_OUT_SPLITS, SPLIT_DRAWS = 100, 200  # random unit x template splits, and ea
 
 def held_out_splits(design: Design, cells: np.ndarray, analysis: Analysis, layers, seed: int = 0) -> dict:
     """The held-out claim over HELD_OUT_SPLITS random splits of the units and templates (one fixed
-    split can be lucky or unlucky): each split's held-out p against random heads of the same layers
-    (SPLIT_DRAWS draws, floor 1/201); their median and the share below 0.05, the same for every head
-    of the scope (columns of head_stats, read by held_out.csv)."""
+    split can be lucky or unlucky): each split draws half of the units and half of the templates
+    (half A; the other units on the other templates: half B), takes the per-unit, template-weighted
+    means of each half and their r with the covariate, chooses the top 5 heads by |r| on one half and
+    tests them on the other, both ways, against random heads of the chosen heads' layers (SPLIT_DRAWS
+    draws, floor 1/201): as held_out_interaction, in numpy. Returns the median p over the splits and
+    the share below 0.05 (the same for every head of the scope: columns of head_stats)."""
     rng = np.random.default_rng(seed)
+    unit_codes, units = pd.factorize(design.cells[analysis.unit])
+    template_codes, templates = pd.factorize(design.cells[TEMPLATE])
+    x = design.cells.groupby(unit_codes)[analysis.covariate].first().to_numpy(dtype=float)
+    weight = np.where(np.isfinite(cells), design.cells["weight"].to_numpy()[:, None], 0.0)
+    values = np.nan_to_num(cells)
+    layers = np.asarray(layers)
+    by_layer = {layer: np.flatnonzero(layers == layer) for layer in np.unique(layers)}
+
+    onehot = (unit_codes[None, :] == np.arange(len(units))[:, None]).astype(float)  # units x cells
+
+    def r_of(mask):  # (heads,) r over units of the template-weighted unit means within `mask`
+        w = weight * mask[:, None]
+        sums, totals = onehot @ (w * values), onehot @ w
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = sums / totals
+        keep = np.isfinite(means).any(1)
+        return pearson_columns(x[keep], means[keep])
+
     ps = []
     for _ in range(HELD_OUT_SPLITS):
-        halves = _held_out_halves(design, cells, analysis, rng)
-        heads = pd.DataFrame({"layer": np.asarray(layers), **halves})
-        ps.append(held_out_interaction(heads, draws=SPLIT_DRAWS, seed=int(rng.integers(2**31)))["held_out_p"])
+        unit_a = rng.permutation(len(units))[: len(units) // 2]
+        template_a = rng.permutation(len(templates))[: max(1, len(templates) // 2)]
+        in_units, in_templates = np.isin(unit_codes, unit_a), np.isin(template_codes, template_a)
+        if len(templates) == 1:
+            in_templates = np.ones_like(in_templates)
+        halves = (
+            r_of(in_units & in_templates),
+            r_of(~in_units & (in_templates if len(templates) == 1 else ~in_templates)),
+        )
+        ps.append(_held_out_p(*halves, by_layer, layers, rng))
     ps = np.array(ps, dtype=float)
     return {
         "held_out_splits": int(np.isfinite(ps).sum()),
         "held_out_splits_median_p": float(np.nanmedian(ps)) if np.isfinite(ps).any() else np.nan,
         "held_out_splits_share_p05": float(np.nanmean(ps < 0.05)) if np.isfinite(ps).any() else np.nan,
     }
+
+
+def _held_out_p(r_a, r_b, by_layer, layers, rng, k: int = 5) -> float:
+    """held_out_interaction's p for one split, from the halves' r of every head."""
+    signed, null = [], np.zeros(SPLIT_DRAWS)
+    for pick, test in ((r_a, r_b), (r_b, r_a)):
+        usable = np.flatnonzero(np.isfinite(pick) & np.isfinite(test))
+        if not len(usable):
+            continue
+        kept = np.sign(pick) * test
+        top = usable[np.argsort(-np.abs(pick[usable]), kind="stable")[:k]]
+        signed += list(kept[top])
+        pools = {layer: np.intersect1d(heads, usable) for layer, heads in by_layer.items()}
+        draws = np.stack([rng.choice(pools[layers[h]], size=SPLIT_DRAWS) for h in top], axis=1)
+        null += kept[draws].sum(1)
+    if not signed:
+        return np.nan
+    observed, null_mean = np.mean(signed), null / len(signed)
+    return float((1 + (null_mean >= observed - 1e-12).sum()) / (1 + SPLIT_DRAWS))
 
 
 def held_out_interaction(heads: pd.DataFrame, k: int = 5, draws: int = HELD_OUT_DRAWS, seed: int = 0) -> dict:
