@@ -1,4 +1,4 @@
-"""Options several `attnprobe` commands share (cli.py, cli_probe.py)."""
+"""Options several `attnprobe` commands share (cli/__init__.py, cli/probe.py)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ positions (every scheme of rope.py, partial, half or interleaved pairs, per laye
 without rotary), scaling (1/sqrt(head_dim), Gemma's query_pre_attn_scalar, Granite's
 attention_multiplier), clip_qkv, logit soft-capping, attention sinks, and sliding or chunked
 windows per layer type. Families whose attention bypasses transformers' attention interface
-(GPT-Neo, GPT-J, CodeGen, Bloom, Falcon, MPT) have a short recipe each in eager_recipes.py.
+(GPT-Neo, GPT-J, CodeGen, Bloom, Falcon, MPT) have a short recipe each in recipes.py.
 A module with any part this file does not know is unsupported, with the part named: never a guess.
 """
 
