@@ -77,7 +77,6 @@ class PlanScope:
     config: object  # the model's config (no weights)
     spec: str
     options: object  # RunOptions
-    plan_sha256: str  # of the prompts' batches: a phase's own plan hash starts from it
 
 
 class Measure(ABC):
@@ -207,6 +206,11 @@ class PromptsMeasure(Measure):
         """What joins the prompts' plan in the phase's plan hash (a changed question redoes it)."""
         return getattr(declared, "prompt", self.NAME)
 
+    def estimate(self, declared, part) -> list[tuple[str, float, int | None]]:
+        from ..forward.estimates import scored_seconds
+
+        return [(self.NAME, scored_seconds(part.tokens), part.tokens)]
+
     def compute(self, declared, part, engine) -> None:
         if part is not None:  # declared and not skipped
             engine.scored(self, declared)
@@ -242,8 +246,3 @@ class ScoredMeasure(PromptsMeasure):
             where = self.CONTEXT.format(origin=getattr(declared, "origin", ""))
             check_context(scope.encoded, sequences, scope.max_positions, where)
         return Scored(forwarded_tokens(scope.encoded, sequences))
-
-    def estimate(self, declared, part) -> list[tuple[str, float, int | None]]:
-        from ..forward.estimates import scored_seconds
-
-        return [(self.NAME, scored_seconds(part.tokens), part.tokens)]

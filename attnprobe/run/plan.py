@@ -303,7 +303,7 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
     )
     chunks = plan_chunks(batches, options.chunk_size)
     sha = plan_sha256(chunks, encoded)
-    scope = PlanScope(suite, encoded, tokenizer, max_positions, config, spec, options, sha)
+    scope = PlanScope(suite, encoded, tokenizer, max_positions, config, spec, options)
     _check_skip(options.skip)
     parts = {  # every measure's own checks, before any weights load
         name: kind.plan(suite.measures[name], scope)

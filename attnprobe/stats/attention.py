@@ -171,21 +171,16 @@ def _interaction(design: Design, cells: np.ndarray, analysis: Analysis, layers, 
     }
 
 
-def _held_out_halves(design: Design, cells: np.ndarray, analysis: Analysis, rng=None) -> dict:
+def _held_out_halves(design: Design, cells: np.ndarray, analysis: Analysis) -> dict:
     """r of the per-unit means on two disjoint halves of the design for held-out selection: half A
     is one half of the units (split along the covariate) on one half of the templates, half B the
     other units on the other templates, so a head chosen on A is tested on units and templates it
-    was not chosen on. One template in scope: units are split alone. With `rng`, both halves are
-    drawn at random (half of the units, half of the templates) instead of the fixed split."""
+    was not chosen on. One template in scope: units are split alone (held_out_splits draws such
+    halves at random)."""
     units, x, _ = design.unit_means(cells, analysis.unit, analysis.covariate)
+    unit_a = set(np.asarray(units)[split_halves(x)])
     templates = sorted(design.cells[TEMPLATE].unique())
-    if rng is None:
-        unit_a = set(np.asarray(units)[split_halves(x)])
-        template_a = set(templates[::2]) if len(templates) > 1 else set(templates)
-    else:
-        unit_a = set(rng.permutation(np.asarray(units))[: len(units) // 2])
-        chosen = rng.permutation(templates)[: len(templates) // 2]
-        template_a = set(chosen) if len(templates) > 1 else set(templates)
+    template_a = set(templates[::2]) if len(templates) > 1 else set(templates)
     out = {}
     for name, pick in (("a", True), ("b", False)):
         in_units = design.cells[analysis.unit].isin(unit_a).to_numpy() == pick
@@ -261,12 +256,8 @@ def held_out_splits(design: Design, cells: np.ndarray, analysis: Analysis, layer
         unit_a = rng.permutation(len(units))[: len(units) // 2]
         template_a = rng.permutation(len(templates))[: max(1, len(templates) // 2)]
         in_units, in_templates = np.isin(unit_codes, unit_a), np.isin(template_codes, template_a)
-        if len(templates) == 1:
-            in_templates = np.ones_like(in_templates)
-        halves = (
-            r_of(in_units & in_templates),
-            r_of(~in_units & (in_templates if len(templates) == 1 else ~in_templates)),
-        )
+        other_templates = in_templates if len(templates) == 1 else ~in_templates  # one template: both
+        halves = (r_of(in_units & in_templates), r_of(~in_units & other_templates))
         ps.append(_held_out_p(*halves, by_layer, layers, rng))
     ps = np.array(ps, dtype=float)
     return {

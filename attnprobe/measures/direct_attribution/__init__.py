@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ...errors import RunError
-from ...forward.estimates import forwarded_tokens, scored_seconds
+from ...forward.estimates import forwarded_tokens
 from ...model import routes_attention
 from ...schema.yamllines import line_of, required_str
 from ..base import PromptsMeasure, Scored
@@ -80,9 +80,6 @@ class DirectAttribution(PromptsMeasure):
             f"direct_attribution: the logit difference before '{declared.cut}' split into what each head "
             "(by source position) and MLP wrote there, final norm frozen"
         ]
-
-    def estimate(self, declared, part) -> list[tuple[str, float, int | None]]:
-        return [(self.NAME, scored_seconds(part.tokens), part.tokens)]
 
     def manifest(self, declared, part) -> dict:
         return {self.NAME: {"cut": declared.cut} if declared else None}
