@@ -1,6 +1,6 @@
 """attnprobe: attention extraction, from-scratch verification and bias probing for causal LMs."""
 
-from .edits import EditOptions, edited
+from .edits import EditOptions, edited, load_edit
 from .errors import (
     AnalysisError,
     AttnprobeError,
@@ -19,6 +19,7 @@ from .notebook.adhoc import probe, span_tokens, str_tokens
 from .notebook.api import Run, merge_shards, run_suite
 from .notebook.readout import linear_readout
 from .notebook.views import attention_view, head_view, model_view
+from .report.compare import compare_runs
 from .suite import Suite, load_suite
 from .verify import verify
 from .version import __version__
@@ -43,11 +44,13 @@ __all__ = [
     "__version__",
     "attention_view",
     "capture",
+    "compare_runs",
     "edited",
     "edits",
     "encode",
     "head_view",
     "linear_readout",
+    "load_edit",
     "load_model",
     "load_suite",
     "merge_shards",

@@ -320,3 +320,45 @@ def one_line_error(result, *phrases):
     lines = result.output.strip().splitlines()
     assert [line for line in lines if line.startswith("attnprobe: error:")] == lines[-1:], result.output
     assert all(p in lines[-1] for p in phrases), result.output
+
+
+OCCUPATIONS = [
+    ("nurse", 88), ("secretary", 93), ("librarian", 79), ("cashier", 71), ("teacher", 70), ("baker", 60),
+    ("lawyer", 37), ("chef", 22), ("pilot", 9), ("plumber", 2), ("carpenter", 3), ("mechanic", 2),
+]  # fmt: skip
+
+
+def edit_suite(tmp_path):
+    """A small pronoun suite with a covariate, a control block and head effects: what `attnprobe edit`
+    needs, on 12 occupations x 2 templates."""
+    rows = "".join(f"{o}\t{p}\n" for o, p in OCCUPATIONS)
+    (tmp_path / "jobs.tsv").write_text("occupation\tbls_pct_female\n" + rows)
+    shutil.copy("probes/edits/definitional.tsv", tmp_path / "definitional.tsv")
+    path = tmp_path / "e.yaml"
+    path.write_text(
+        textwrap.dedent("""\
+        name: e
+        contrast: pronoun
+        slots:
+          occupation: {table: jobs.tsv, column: occupation}
+          pronoun: {values: [{label: female, value: she}, {label: male, value: he}]}
+        templates:
+          - {id: said, text: "The {occupation} said that {pronoun} left."}
+          - {id: told, text: "The {occupation} told us that {pronoun} was tired."}
+        attention: [{source: pronoun, targets: occupation}]
+        next_token: [{cut: pronoun, candidates: pronoun}]
+        analysis:
+          contrast: pronoun
+          positive: female
+          negative: male
+          clusters: [occupation, template]
+          covariate: occupation.bls_pct_female
+        control: {file: definitional.tsv, words: {female: " she", male: " he"}}
+        head_effects:
+          cut: pronoun
+          positive: female
+          negative: male
+          counterfactual: {occupation: [woman, man, person]}
+        """)
+    )
+    return path

@@ -259,10 +259,18 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
     help="Forward the tokens prompts share once (packed as a trie); the manifest says when the model does "
     "not allow it.",
 )
+@click.option(
+    "--edit",
+    "edit_files",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="A saved edit (RUN_DIR/edits/NAME.json from `attnprobe edit`) applied to every forward pass; "
+    "repeatable (applied in order). Default directory: reports/<suite>/<model>-edited-<names>/.",
+)
 @remote_code_option
 @pickle_option
 @data_root_option
-def run(suite, model_spec, with_report, **settings):
+def run(suite, model_spec, with_report, edit_files, **settings):
     """Run a probe suite (e.g. probes/gender.yaml) and write its tables to the run directory."""
     import time
 
@@ -277,6 +285,10 @@ def run(suite, model_spec, with_report, **settings):
     if quiet:
         settings.update(progress=False, log=lambda message: None)
     settings["skip"] = () if settings.pop("head_effects") else ("head_effects",)
+    if edit_files:
+        from ..edits.saved import load_edit
+
+        settings["edits"] = tuple(load_edit(path) for path in edit_files)
     result = run_suite(suite, model_spec, RunOptions(**settings))
     seconds = time.perf_counter() - started
     manifest = result.manifest
@@ -354,6 +366,20 @@ def merge(out, shard_dirs, with_report):
         from ..report import write_report
 
         click.echo(f"report: {write_report(result.directory, progress=_phases())}")
+
+
+@main.command()
+@click.argument("run_a", type=click.Path(file_okay=False, exists=True))
+@click.argument("run_b", type=click.Path(file_okay=False, exists=True))
+@click.option("--out", type=click.Path(file_okay=False), help="Directory; default reports/compare/<A>--<B>/.")
+def compare(run_a, run_b, out):
+    """Paired statistics B - A of two runs of the same prompts (original and edited, two checkpoints)."""
+    from ..report.compare import headline, write_comparison
+
+    path, tables = write_comparison(run_a, run_b, out)
+    for line in headline(tables):
+        click.echo(line)
+    click.echo(f"compare: {path}")
 
 
 from .edit import edit  # noqa: E402 (registered after the group exists)

@@ -40,7 +40,22 @@ def _int_list(ctx, param, value):
     "--text", "text_file", type=click.Path(), help="Also report the log-loss change on this text file."
 )
 @click.option("--seed", type=int, default=0, show_default=True)
-def edit(run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed):
+@click.option(
+    "--also",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Another suite (repeatable) each chosen edit is applied to: its bias measures before and after, "
+    "paired (edits_transfer.csv; runs under RUN_DIR/also/).",
+)
+@click.option(
+    "--also-k",
+    "also_ks",
+    default="1,5",
+    show_default=True,
+    callback=_int_list,
+    help="The numbers of heads whose edits --also applies.",
+)
+def edit(run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed, also, also_ks):
     """Edit the heads RUN_DIR found (k = 1, 2, 5, 10, 20; against random heads of the same layers)
     and write edits.csv: the stereotype gradient removed, definitional pronouns kept, and the KL cost."""
     from ..edits import EditOptions, run_edits
@@ -57,7 +72,7 @@ def edit(run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed):
     )
     quiet = click.get_current_context().obj.get("quiet")
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
-    table = run_edits(run_dir, options, log=log)
+    table = run_edits(run_dir, options, log=log, also=also, also_ks=also_ks)
     columns = [
         "kind",
         "k",

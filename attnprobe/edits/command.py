@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +25,13 @@ from ..run.options import RunOptions
 from ..run.plan import plan_run
 from ..run.reader import RunFiles
 from ..run.storage import content_sha
-from ..stats.edits import edit_tables
+from ..stats.edits import edit_tables, quarter_table
 from ..store import atomic_write, digest, exclusive, write_parquet, write_table
 from ..suite import load_suite
+from ..version import __version__
 from .inputs import check_text, record_inputs
+from .kinds import KINDS
+from .saved import save_edit
 from .sweep import (
     EditOptions,
     clean_values,
@@ -37,12 +41,19 @@ from .sweep import (
     measure_kind,
     settings_hash,
 )
+from .transfer import ALSO_K, transfer, transfer_suites
 
 
 def _run_and_suite(directory: Path):
     run = RunFiles(directory)
     run.require_complete()
     m = run.manifest
+    if m.get("edits"):
+        names = ", ".join(e["name"] for e in m["edits"])
+        raise RunError(
+            f"{directory}: this run was made with the edit(s) {names} applied; `attnprobe edit` fits edits "
+            "of the unedited model: give it a run made without --edit"
+        )
     if not m.get("head_effects") or not run.has("head_effects"):
         raise RunError(
             f"{directory}: this run has no head effects, the behaviour and head ranking edits are "
@@ -89,12 +100,22 @@ def _same_model(directory: Path, manifest: dict, model) -> str:
     return found
 
 
-def run_edits(directory, options: EditOptions | None = None, model=None, log=print) -> pd.DataFrame:
+def run_edits(
+    directory, options: EditOptions | None = None, model=None, log=print, also=(), also_ks=ALSO_K
+) -> pd.DataFrame:
     """Measure `options` (default EditOptions()) on the run in `directory`; returns the edits table.
+    `also`: other suites each chosen edit (k in `also_ks`) is applied to (edits.transfer).
     Holds the run directory's lock: a `run --fresh` or a second edit on it waits its turn (refused)."""
     directory, options = Path(directory), options or EditOptions()
+    suites = transfer_suites(tuple(also))  # checked before any work
     with exclusive(directory):
-        return _run_edits(directory, options, model, log)
+        summary, model = _run_edits(directory, options, model, log)
+        if suites:
+            ks = [k for k in also_ks if k in set(summary["k"])]
+            table = transfer(directory, suites, options.kinds, ks, model, log)
+            write_table(directory, "edits_transfer", table)
+            log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
+        return summary
 
 
 def checked_options(options: EditOptions, manifest: dict, suite) -> tuple:
@@ -167,11 +188,64 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
     write_table(directory, "edits", summary)
     write_table(directory, "edits_draws", draws)
+    write_table(directory, "edits_quarters", quarter_table(raw))
     figure(edit_frontier(summary, draws), directory / "figures", "edit_frontier", FRONTIER_ALT)
+    saved = save_chosen(directory, model, weights, inputs, sets, options, source={"reference": word})
     for note in dict.fromkeys(n for n in summary.get("note", []) if n):
         log(f"note: {note}")
-    log(f"edit: edits.csv, edits_draws.csv and figures/edit_frontier.png in {directory}")
-    return summary
+    log(
+        f"edit: edits.csv, edits_draws.csv and figures/edit_frontier.png in {directory}; {saved} fitted "
+        "edits in edits/ (apply one with `attnprobe run SUITE --edit FILE`)"
+    )
+    return summary, model
+
+
+def save_chosen(
+    directory: Path, model, weights: str, inputs, sets: dict, options: EditOptions, source: dict
+) -> int:
+    """Write every edit the sweep measured, fitted, to RUN_DIR/edits/: per kind and k the edit of
+    the heads chosen on all items with parameters fitted on all items (KIND-kK: the one to apply to
+    other suites), and under edits/quarters/ each quarter's own (heads chosen and parameters fitted
+    on its training quarters: KIND-kK-qF, the edit the sweep's "after" values of quarter F come
+    from). Returns how many."""
+    manifest = RunFiles(directory).manifest
+    source = {
+        "run": str(directory.resolve()),
+        "run_fingerprint": manifest["fingerprint"],
+        "suite": manifest["suite"]["path"],
+        "suite_sha256": manifest["suite"]["sha256"],
+        "options": asdict(options),
+        "attnprobe": __version__,
+        **source,
+    }
+    own_directory(own_directory(directory / "edits") / "quarters")  # no planted link written through
+    n = 0
+    for kind in options.kinds:
+        everywhere = KINDS[kind].fit(inputs, np.arange(4), options)
+        quarters = [KINDS[kind].fit(inputs, inputs.training(f), options) for f in range(4)]
+        for k, per_fold in sets.items():
+            about = {"k": k, "fitted_on": "all items", "heads_chosen_on": "all items"}
+            save_edit(
+                everywhere.on(per_fold["all"]),
+                directory / "edits" / f"{kind}-k{k}",
+                model,
+                {**source, **about},
+                weights,
+            )
+            for f, edit in enumerate(quarters):
+                training = [int(g) for g in inputs.training(f)]
+                held_out = [i.item_id for i, g in zip(inputs.items, inputs.fold) if g == f]
+                about = {
+                    "k": k,
+                    "quarter": f,
+                    "fitted_on": f"quarters {training}",
+                    "heads_chosen_on": f"quarters {training}",
+                    "held_out_items": held_out,  # `compare` reports these items as a scope of their own
+                }
+                path = directory / "edits" / "quarters" / f"{kind}-k{k}-q{f}"
+                save_edit(edit.on(per_fold[f]), path, model, {**source, **about}, weights)
+            n += 5
+    return n
 
 
 def _write_kind(path: Path, frame: pd.DataFrame) -> None:
@@ -214,8 +288,10 @@ def _describe(raw: pd.DataFrame, inputs) -> pd.DataFrame:
     raw.loc[bias, "unit"] = pick([i.unit for i in items], bias)
     raw.loc[bias, "template_id"] = pick([i.template_id for i in items], bias)
     raw["covariate"] = np.where(bias, inputs.covariate[np.where(bias, index, 0)], np.nan)
+    raw["quarter"] = np.where(bias, inputs.fold[np.where(bias, index, 0)], -1)  # whose edit it had
     control = (raw["target"] == "control").to_numpy()
     raw["sign"] = np.where(control, inputs.control_sign[np.where(control, index, 0)], np.nan)
+    raw["half"] = np.where(control, inputs.control_half[np.where(control, index, 0)], -1)
     text = (raw["target"] == "text").to_numpy()
     raw["user_text"] = np.where(text, inputs.text_is_user[np.where(text, index, 0)], False)
     return raw

@@ -6,7 +6,16 @@ the outputs z (N, H, T, D) of N right-padded sequences).
 - projection: per head the direction along which its z at the prediction position (each item's
   last token) follows the covariate: the least-squares slope vector
   b = sum_i (x_i - mean x) (z_i - mean z) / sum_i (x_i - mean x)^2, scaled to unit length. Removing
-  it removes what the head's output says linearly about the stereotype covariate.
+  it removes what the head's output says linearly about the stereotype covariate;
+- orthogonal projection: the same direction made orthogonal to the head's definitional direction
+  g (its mean z at the prediction position on the control prompts of the positive label minus the
+  negative's, on half 0 of them): the output keeps its component along g exactly;
+- erasure (LEACE, Belrose et al. 2023, with the definitional contrast kept): per head, with mu and
+  Sigma the mean and covariance of z over the training items and u = Cov(z, x), the edit
+  z' = z - u a.(z - mu) / a.u makes Cov(z', x) = u - u = 0 on those items for any a with a.u != 0;
+  LEACE's a = Sigma^+ u changes z least in expectation. Keeping the definitional mean difference
+  delta (a.delta = 0) at least change gives a = Sigma^+ u - (delta' Sigma^+ u / delta' Sigma^+ delta)
+  Sigma^+ delta; then z'(positive) - z'(negative) = delta - u a.delta / a.u = delta in the mean.
 """
 
 from __future__ import annotations
@@ -62,3 +71,50 @@ def covariate_directions(last: torch.Tensor, x: np.ndarray) -> torch.Tensor:
     slope = torch.einsum("n,nlhd->lhd", xc, last - last.mean(0)) / sxx
     norm = slope.norm(dim=-1, keepdim=True)
     return torch.where(norm > 0, slope / norm.clamp(min=1e-12), torch.zeros_like(slope))
+
+
+def control_halves(sign: np.ndarray) -> np.ndarray:
+    """0/1 per control prompt, alternating within each label so both halves hold both labels equally:
+    half 0 fits the definitional directions, half 1 is where the sweep also reports the gap kept."""
+    half = np.zeros(len(sign), dtype=int)
+    for label in np.unique(sign):
+        half[np.flatnonzero(sign == label)[1::2]] = 1
+    return half
+
+
+def definitional_directions(last: torch.Tensor, sign: np.ndarray) -> torch.Tensor:
+    """(L, H, D) mean z (n, L, H, D) of the positive-label rows minus the negative-label rows."""
+    sign = torch.as_tensor(sign)
+    return last[sign > 0].mean(0) - last[sign < 0].mean(0)
+
+
+def orthogonal_directions(u: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """(L, H, D) unit directions u (L, H, D) with their component along g removed (zero where none
+    is left)."""
+    g_unit = g / g.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+    rest = u - (u * g_unit).sum(-1, keepdim=True) * g_unit
+    norm = rest.norm(dim=-1, keepdim=True)
+    return torch.where(norm > 1e-6, rest / norm.clamp(min=1e-12), torch.zeros_like(rest))
+
+
+def erasers(last: torch.Tensor, x: np.ndarray, keep: torch.Tensor | None = None) -> tuple:
+    """Per head (u, f, mu), each (L, H, D), of z' = z - u f.(z - mu): LEACE of the covariate x (n,)
+    from z (n, L, H, D), with `keep` (L, H, D) a mean difference the edit must not change (None:
+    plain LEACE). f = a / a.u; zero for a head whose output does not covary with x."""
+    z = last.double()
+    mu = z.mean(0)
+    zc = z - mu
+    xc = torch.as_tensor(x - x.mean(), dtype=torch.float64)
+    u = torch.einsum("n,nlhd->lhd", xc, zc) / len(xc)  # Cov(z, x)
+    sigma = torch.einsum("nlhd,nlhe->lhde", zc, zc) / len(xc)  # Cov(z)
+    inverse = torch.linalg.pinv(sigma, hermitian=True)
+    a = torch.einsum("lhde,lhe->lhd", inverse, u)
+    if keep is not None:
+        k_inv = torch.einsum("lhde,lhe->lhd", inverse, keep.double())
+        denominator = (keep.double() * k_inv).sum(-1, keepdim=True)
+        ratio = torch.where(denominator > 0, (keep.double() * a).sum(-1, keepdim=True) / denominator, 0.0)
+        a = a - ratio * k_inv
+    au = (a * u).sum(-1, keepdim=True)
+    scale = (u.norm(dim=-1, keepdim=True) * a.norm(dim=-1, keepdim=True)).clamp(min=1e-30)
+    f = torch.where(au.abs() > 1e-9 * scale, a / au, torch.zeros_like(a))
+    return u.float(), f.float(), mu.float()

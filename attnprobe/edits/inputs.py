@@ -17,6 +17,7 @@ from ..measures.head_effects.engine import Bank, record
 from ..measures.head_effects.items import PatchItem
 from ..measures.head_effects.selection import folds, opposite
 from ..measures.head_effects.sites import label_ids
+from .estimate import control_halves
 
 OPENINGS = files("attnprobe.edits") / "data" / "openings.txt"
 GENERATED_TOKENS = 24  # per neutral opening
@@ -38,6 +39,7 @@ class Inputs:
     reference_fold: np.ndarray  # fold of each reference sequence
     control: Bank
     control_sign: np.ndarray  # +1 where the positive label is right, -1 where the negative is
+    control_half: np.ndarray  # 0: fits definitional directions, 1: held out (estimate.control_halves)
     texts: Bank
     text_is_user: np.ndarray  # (n texts,) True for pieces of --text
     clean_logp: list[torch.Tensor]
@@ -71,6 +73,7 @@ def record_inputs(
     control_ids = [torch.tensor(tokenizer(p)["input_ids"]) for p in control.prompts]
     words = [tokenizer(control.word(label), add_special_tokens=False)["input_ids"][:1] for label in labels]
     generated, pieces = generated_texts(model, seed), user_text(model, text)
+    sign = np.where(np.array(control.labels) == labels[0], 1.0, -1.0)
     text_bank = record(model, generated + pieces)
     return Inputs(
         items=items,
@@ -81,7 +84,8 @@ def record_inputs(
         reference=record(model, [cf.x_cf for _, cf in with_reference]),
         reference_fold=np.array([fold_of[i.item_id] for i, _ in with_reference]),
         control=record(model, control_ids),
-        control_sign=np.where(np.array(control.labels) == labels[0], 1.0, -1.0),
+        control_sign=sign,
+        control_half=control_halves(sign),
         texts=text_bank,
         text_is_user=np.arange(len(generated) + len(pieces)) >= len(generated),
         clean_logp=clean_logp(model, text_bank),

@@ -10,6 +10,8 @@ position:
   Scale     z -> factor * z                          (factor 1 is the identity)
   Project   z -> z - (z . u) u, u a unit direction per head (e.g. the direction along which the
             head's output follows the stereotype covariate on training items)
+  Orthogonal  Project along that direction made orthogonal to the head's definitional direction
+  Leace     z -> z - u f.(z - mu): the covariate erased (LEACE), the definitional contrast kept
 
 Heads are (layer, head) pairs; `edit.on(heads)` is the same edit on other heads. Each kind fits its
 own parameters: `Kind.fit(inputs, on, options)` from the recorded inputs of the items in folds `on`
@@ -19,7 +21,7 @@ the model runs edited.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
@@ -27,10 +29,20 @@ import numpy as np
 import torch
 
 from ..errors import AttnprobeError
-from ..forward.capture import editing
+from ..forward.capture import model_edit
 from ..heads import HeadSet
 from ..model import routes_attention
-from .estimate import BANK_TOKENS, covariate_directions, last_outputs, subset, token_means, token_sample
+from .estimate import (
+    BANK_TOKENS,
+    covariate_directions,
+    definitional_directions,
+    erasers,
+    last_outputs,
+    orthogonal_directions,
+    subset,
+    token_means,
+    token_sample,
+)
 
 Heads = tuple[tuple[int, int], ...]
 
@@ -141,7 +153,52 @@ class Project(HeadEdit):
         return cls(directions=covariate_directions(last, inputs.covariate[chosen]))
 
 
-KINDS = {kind.kind: kind for kind in (Zero, Mean, Resample, Scale, Project)}
+@dataclass(frozen=True)
+class Orthogonal(Project):
+    """Project, with each head's covariate direction made orthogonal to its definitional direction
+    (estimate.orthogonal_directions): the output's component along that direction is kept exactly."""
+
+    kind: ClassVar[str] = "orthogonal"
+
+    @classmethod
+    def fit(cls, inputs, on, options) -> Orthogonal:
+        chosen = np.isin(inputs.fold, on)
+        last = last_outputs(inputs.bank)[torch.as_tensor(chosen)]
+        u = covariate_directions(last, inputs.covariate[chosen])
+        return cls(directions=orthogonal_directions(u, _definitional(inputs)))
+
+
+@dataclass(frozen=True)
+class Leace(HeadEdit):
+    """z -> z - along * functional.(z - mean) (estimate.erasers): the covariate erased from each
+    head's output (no linear covariance with it left on the items fitted on) at least change, with
+    the definitional mean difference between the control prompts' labels kept."""
+
+    kind: ClassVar[str] = "leace"
+    along: torch.Tensor = field(default=None, repr=False)  # (L, H, D) Cov(z, covariate)
+    functional: torch.Tensor = field(default=None, repr=False)  # (L, H, D) a / a.along
+    mean: torch.Tensor = field(default=None, repr=False)  # (L, H, D)
+
+    def replacement(self, layer, z):
+        u, f, mu = (t[layer].to(z)[None, :, None, :] for t in (self.along, self.functional, self.mean))
+        return z - u * ((z - mu) * f).sum(-1, keepdim=True)
+
+    @classmethod
+    def fit(cls, inputs, on, options) -> Leace:
+        chosen = np.isin(inputs.fold, on)
+        last = last_outputs(inputs.bank)[torch.as_tensor(chosen)]
+        along, functional, mean = erasers(last, inputs.covariate[chosen], _definitional(inputs))
+        return cls(along=along, functional=functional, mean=mean)
+
+
+def _definitional(inputs) -> torch.Tensor:
+    """(L, H, D) each head's definitional direction, from half 0 of the control prompts."""
+    fit = inputs.control_half == 0
+    last = last_outputs(inputs.control)[torch.as_tensor(fit)]
+    return definitional_directions(last, inputs.control_sign[fit])
+
+
+KINDS = {kind.kind: kind for kind in (Zero, Mean, Resample, Scale, Project, Orthogonal, Leace)}
 
 
 @dataclass
@@ -168,13 +225,20 @@ class RowEditor:
 
 
 @contextmanager
-def edited(model, edit: HeadEdit):
-    """Within the block, `model` (a ProbeModel) runs with `edit` applied to its heads."""
+def edited(model, *edits: HeadEdit):
+    """Within the block, `model` (a ProbeModel) runs with `edits` applied to its heads, in order:
+    every forward pass, capture, probe or run of it sees the edited model (`capture.model_edit`).
+    An edit loaded from a file (`load_edit`) is checked against the model first."""
     if not routes_attention(model.model.config):
         raise AttnprobeError(
             f"{model.info.spec}: head edits need attention routed through attnprobe, and this "
             "family bypasses it (eager-only)"
         )
-    rows = edit.mask(model.info.n_layers, model.info.n_heads)[None]
-    with editing(RowEditor(edit, rows)):
+    with ExitStack() as stack:
+        for edit in edits:
+            if isinstance(edit, HeadEdit):
+                editor = RowEditor(edit, edit.mask(model.info.n_layers, model.info.n_heads)[None])
+            else:  # a SavedEdit (edits.saved): checked against the model first
+                editor = edit.editor(model)
+            stack.enter_context(model_edit(editor))
         yield model

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextvars
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +48,9 @@ class _Plan:
 _active_plan: contextvars.ContextVar[_Plan | None] = contextvars.ContextVar("attnprobe_plan", default=None)
 # An editor rewrites per-head outputs (head interventions, see attnprobe.measures.head_effects).
 _active_editor: contextvars.ContextVar = contextvars.ContextVar("attnprobe_editor", default=None)
+# The model's own edit (a saved edit applied to a whole run, `model_edit`): rewrites per-head outputs
+# before any measure's editor sees them, so the measures see the edited model.
+_model_edit: contextvars.ContextVar = contextvars.ContextVar("attnprobe_model_edit", default=None)
 # A prefix: (key, value, mask) -> the same with keys and values of earlier positions prepended (patching.py).
 _active_prefix: contextvars.ContextVar = contextvars.ContextVar("attnprobe_prefix", default=None)
 
@@ -145,12 +148,12 @@ def attnprobe_attention(
         output = torch.matmul(weights.to(value.dtype), expand_kv(value, H))  # (B, H, T, D)
 
     layer = getattr(module, "layer_idx", None)
-    editor = _active_editor.get()
-    if editor is not None:
-        site = AttentionSite(
-            layer, query, key, value, attention_mask, scaling, softcap, s_aux, causal, output
-        )
-        output = editor(site)  # (B, H, T, D)
+    for editor in (_model_edit.get(), _active_editor.get()):  # the model's edit first, then a measure's
+        if editor is not None:
+            site = AttentionSite(
+                layer, query, key, value, attention_mask, scaling, softcap, s_aux, causal, output
+            )
+            output = editor(site)  # (B, H, T, D)
     if plan is not None and plan.wants(layer):
         rows = (
             torch.arange(T, device=query.device).expand(B, T)
@@ -229,6 +232,29 @@ def editing(editor, prefix=None):
     finally:
         _active_editor.reset(tokens[0])
         _active_prefix.reset(tokens[1])
+
+
+@contextmanager
+def model_edit(editor):
+    """Within the block the model itself is edited: `editor(site)` rewrites each layer's per-head
+    output before any measure's `editing` editor sees it (which then patches or records the edited
+    model). Blocks nest: the inner editor applies after the outer one."""
+    outer = _model_edit.get()
+    combined = editor if outer is None else _Chain(outer, editor)
+    token = _model_edit.set(combined)
+    try:
+        yield editor
+    finally:
+        _model_edit.reset(token)
+
+
+@dataclass(frozen=True)
+class _Chain:
+    first: object
+    then: object
+
+    def __call__(self, site):
+        return self.then(replace(site, output=self.first(site)))
 
 
 @dataclass

@@ -177,6 +177,15 @@ class Attention(BatchMeasure):
         """The attention view's examples are the first shard's."""
         (out / "examples.json").write_bytes((shards[0][0] / "examples.json").read_bytes())
 
+    def paired(self, a, b, scopes):
+        from ..stats.attention import item_values
+        from ..stats.compare import change_table
+
+        values = [item_values(run) for run in (a, b)]
+        if values[0] is None or values[1] is None:
+            return {}
+        return {"compare_attention": change_table(*values, a, scopes)}
+
     def statistics(self, run, tables: dict) -> dict:
         from ..stats.attention import condition_means, head_stats, layer_stats
         from ..stats.referents import referent_accuracy

@@ -18,6 +18,8 @@ statistics loop over that registry; none of them names a measure. A suite's decl
   merge(shards, out, merged)    its files of a sharded run joined into `out`
   statistics(run, tables)       its statistics tables ({name: DataFrame}), given those computed before
   section(run, tables, figures_dir)  its part of the report (title, text, a table, figures), or None
+  paired(a, b, scopes)          `attnprobe compare`: its per-item values in runs A and B, the change
+                                tested (stats.compare.change_table), {table: rows}; {} where none
 
 and declares NAME, ARTEFACTS (its run-directory files: --fresh removes them), CHUNKS (chunk prefix ->
 the files of one chunk), READS (RunFiles attribute -> table file) and TABLES (the statistics tables
@@ -129,6 +131,11 @@ class Measure(ABC):
     def tables(self, run) -> tuple[str, ...]:
         """The statistics tables it writes for this run (TABLES, or none when it has nothing)."""
         return self.TABLES
+
+    def paired(self, a, b, scopes: dict) -> dict[str, pd.DataFrame]:
+        """Paired statistics of two runs of the same prompts (`attnprobe compare`): {table name: rows}
+        (stats.compare.change_table over `scopes`: name -> item ids); {} for a kind that compares nothing."""
+        return {}
 
     def section(self, run, tables: dict, figures_dir) -> dict | None:
         """Its part of the report, laid out by the report's generic measure section: {"title",

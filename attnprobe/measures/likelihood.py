@@ -127,6 +127,15 @@ class Likelihood(ScoredMeasure):
         entry = {"by": declared.by, "first_token": part.first_token} if declared else None
         return {"likelihood": entry}
 
+    def paired(self, a, b, scopes):
+        from ..stats.compare import change_table
+        from ..stats.likelihood import item_preferences
+
+        values = [item_preferences(run) for run in (a, b)]
+        if values[0] is None or values[1] is None:
+            return {}
+        return {"compare_likelihood": change_table(*values, a, scopes)}
+
     def statistics(self, run, tables: dict) -> dict:
         from ..stats.likelihood import sentence_preference
 

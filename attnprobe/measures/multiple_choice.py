@@ -126,6 +126,15 @@ class MultipleChoice(ScoredMeasure):
         entry = {"prompt": declared.prompt, "by": declared.by} if declared else None
         return {"multiple_choice": entry}
 
+    def paired(self, a, b, scopes):
+        from ..stats.compare import change_table
+        from ..stats.multiple_choice import item_outcomes
+
+        values = [item_outcomes(run) for run in (a, b)]
+        if values[0] is None or values[1] is None:
+            return {}
+        return {"compare_multiple_choice": change_table(*values, a, scopes)}
+
     def statistics(self, run, tables: dict) -> dict:
         from ..stats.multiple_choice import choice_accuracy
 

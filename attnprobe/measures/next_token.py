@@ -237,6 +237,15 @@ class NextToken(BatchMeasure):
         table, by_unit = behavior(run)
         return {"behavior": table, "behavior_by_unit": by_unit}
 
+    def paired(self, a, b, scopes):
+        from ..stats.compare import change_table
+        from ..stats.next_token import item_log_ratios
+
+        y = [item_log_ratios(run) for run in (a, b)]
+        if y[0] is None or y[1] is None:
+            return {}
+        return {"compare_next_token": change_table(*y, a, scopes)}
+
 
 def logit_positions(batch) -> list[list[int]]:
     """The positions whose next-token logits each prompt of a batch needs: the token before each cut."""

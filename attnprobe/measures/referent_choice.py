@@ -134,6 +134,15 @@ class ReferentChoice(ScoredMeasure):
     def manifest(self, declared, part) -> dict:
         return {"referent_choice": declared.prompt if declared else None}
 
+    def paired(self, a, b, scopes):
+        from ..stats.compare import change_table
+        from ..stats.referents import item_choices
+
+        values = [item_choices(run) for run in (a, b)]
+        if values[0] is None or values[1] is None:
+            return {}
+        return {"compare_referent_choice": change_table(*values, a, scopes)}
+
     def statistics(self, run, tables: dict) -> dict:
         from ..stats.referents import referent_choice
 

@@ -250,6 +250,14 @@ def from_pretrained_objects(model, tokenizer, name: str = "model", capture: bool
     return _wrap(model.eval(), tokenizer, name, name, None, capture)
 
 
+def head_shape(config) -> tuple[int, int, int]:
+    """(layers, attention heads per layer, head size) of a model's config (its text part)."""
+    config = config.get_text_config()
+    n_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    return config.num_hidden_layers, n_heads, head_dim
+
+
 def _wrap(model, tokenizer, spec, name, source_sha, capture) -> ProbeModel:
     from ..forward import capture as capture_module
 
@@ -260,15 +268,15 @@ def _wrap(model, tokenizer, spec, name, source_sha, capture) -> ProbeModel:
     if capture:
         capture_module.enable(model)
     config = model.config.get_text_config()
-    n_heads = config.num_attention_heads
+    n_layers, n_heads, head_dim = head_shape(config)
     info = ModelInfo(
         name=name.replace("/", "_"),
         spec=spec,
         family=config.model_type,
-        n_layers=config.num_hidden_layers,
+        n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads,
-        head_dim=getattr(config, "head_dim", None) or config.hidden_size // n_heads,
+        head_dim=head_dim,
         max_positions=getattr(config, "max_position_embeddings", None),
         source_sha256=source_sha,
     )

@@ -16,6 +16,7 @@ from .. import run as run_package
 from ..edits import EditOptions, run_edits
 from ..errors import AnalysisError
 from ..report import headline, load_tables, write_report
+from ..report.compare import compare_runs
 from ..report.plots import head_heatmap
 from ..run.merge import merge_shards as _merge_into
 from ..run.options import RunOptions
@@ -80,9 +81,16 @@ class Run(RunFiles):
         path = self.directory / "edits.parquet"
         return pd.read_parquet(path) if path.is_file() else None
 
-    def edit(self, options=None, model=None, **settings) -> pd.DataFrame:
-        """Run the head-edit sweep on this run (`attnprobe edit`): EditOptions or its fields by name."""
-        return run_edits(self.directory, options or EditOptions(**settings), model=model, log=lambda m: None)
+    def edit(self, options=None, model=None, also=(), **settings) -> pd.DataFrame:
+        """Run the head-edit sweep on this run (`attnprobe edit`): EditOptions or its fields by name;
+        `also`: other suites each chosen edit is applied to (edits_transfer)."""
+        options = options or EditOptions(**settings)
+        return run_edits(self.directory, options, model=model, log=lambda m: None, also=also)
+
+    def compare(self, other) -> dict[str, pd.DataFrame]:
+        """Paired statistics other - self over the same prompts (`attnprobe compare SELF OTHER`):
+        {table: rows} per measure (e.g. compare_next_token: the gradient's change with its CI)."""
+        return compare_runs(self, other)
 
     def _tables(self) -> dict:
         if "_stats" not in self.__dict__:

@@ -8,9 +8,11 @@ manifest; it returns the run directory. Reading a run: `reader.RunFiles`.
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from ..errors import RunError
+from ..forward.capture import model_edit
 from ..measures import batch_kinds
 from ..model import ProbeModel, load_model
 from ..model.checks import check_device
@@ -49,7 +51,7 @@ def run_suite(
             manifest.update(kind.resumed(declared, part, previous, directory))
         storage.write_manifest(directory, manifest)
         started = time.perf_counter()
-        with recorded_end(directory, manifest):
+        with recorded_end(directory, manifest), _edited(pm, options.edits):
             storage.write_table(directory, "prompts", storage.prompts_table(plan.encoded))
             run_phase(directory, prompts_phase(pm, plan, options), options, manifest)
             if options.shard is None:
@@ -64,6 +66,15 @@ def run_suite(
         manifest.update(status=status, finished=finished, compute_seconds_this_session=seconds)
         storage.write_manifest(directory, manifest)
     return directory
+
+
+@contextmanager
+def _edited(pm: ProbeModel, edits):
+    """The run's saved edits applied to every forward pass (the measures see the edited model)."""
+    with ExitStack() as stack:
+        for edit in edits:
+            stack.enter_context(model_edit(edit.editor(pm)))
+        yield
 
 
 def _open(directory: Path) -> Path:

@@ -48,6 +48,7 @@ def new_manifest(plan, pm, options, weights_sha: str | None, weights_content: st
             "n_heads": info.n_heads,
             "n_kv_heads": info.n_kv_heads,
         },
+        "edits": [edit.manifest(weights_content) for edit in options.edits],  # applied to every pass
         "dtype": str(pm.dtype).removeprefix("torch."),
         "seed": 0,  # nothing in a run is random; statistics that resample say what they used
         "settings": plan.settings,

@@ -39,6 +39,9 @@ class RunOptions:
     allow_pickle: bool = False
     data_roots: tuple = ()  # directories besides the suite's own its data files may come from
     progress: bool | None = None  # None: a bar on a terminal, log lines elsewhere; False: silent
+    edits: tuple = field(
+        default=(), compare=False
+    )  # saved edits (edits.saved.SavedEdit) applied to the model, in order
     log: Callable[[str], None] = field(default=log_to_stderr, compare=False)
 
     def __post_init__(self):

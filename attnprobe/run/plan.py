@@ -17,7 +17,7 @@ from ..forward.estimates import prompt_seconds
 from ..forward.packing import distinct_tokens, neighbour_packs
 from ..forward.sharing import prefix_sharing_blocker
 from ..measures import MEASURES, PlanScope, batch_kinds
-from ..model import DEFAULT_MODEL, ProbeModel, load_tokenizer
+from ..model import DEFAULT_MODEL, ProbeModel, head_shape, load_tokenizer
 from ..schema.spans import sink_notes
 from ..suite import Prompt, Suite, spread_key, token_spans
 from ..version import __version__
@@ -303,6 +303,8 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
     )
     chunks = plan_chunks(batches, options.chunk_size)
     sha = plan_sha256(chunks, encoded)
+    for edit in options.edits:  # a saved edit must fit the model's heads, before any weights load
+        edit.check_shape(head_shape(config), spec)
     scope = PlanScope(suite, encoded, tokenizer, max_positions, config, spec, options)
     _check_skip(options.skip)
     parts = {  # every measure's own checks, before any weights load
@@ -312,7 +314,9 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
         for name, kind in MEASURES.items()
     }
     name = model.info.name if loaded else model_name(spec)
-    directory = Path(options.out) if options.out else Path("reports") / suite.name / name
+    edited = "+".join(edit.name for edit in options.edits)
+    default = Path("reports") / suite.name / (f"{name}-edited-{edited}" if edited else name)
+    directory = Path(options.out) if options.out else default
     if options.shard is not None:  # every rank may be given the same --out
         directory = directory / f"shard-{options.shard[0]}-of-{options.shard[1]}"
     refuse_data_directory(directory, suite)
@@ -328,6 +332,8 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
         "share_prefixes": blocker is None,
         "plan_sha256": sha,
     }
+    if options.edits:  # an edited run continues only a run with the same edits
+        settings["edits"] = [edit.record["sha256"] for edit in options.edits]
     return RunPlan(
         suite,
         spec,

@@ -40,11 +40,19 @@ ARTEFACTS = (
 # written from a run by the report: statistics tables (as <name>.csv), figures, the page
 TABLES_KEY = "tables.json"  # which statistics version and analysis the cached tables were made with
 STATS_TABLES = (*(name for kind in MEASURES.values() for name in kind.TABLES), "held_out")
-EDIT_TABLES = ("edits", "edits_draws", "edits_items")  # written by `attnprobe edit`
+EDIT_TABLES = (
+    "edits",
+    "edits_draws",
+    "edits_items",
+    "edits_quarters",
+    "edits_transfer",
+)  # written by `attnprobe edit`
 DERIVED = tuple(f"{name}.{ext}" for name in STATS_TABLES + EDIT_TABLES for ext in ("csv", "parquet")) + (
     "behavior_by_occupation.csv",  # the first name of behavior_by_unit
     TABLES_KEY,
     "figures",
+    "edits/quarters",  # the fitted edits `attnprobe edit` saves (edits/NAME.json + .safetensors)
+    "edits",
     "report.html",
 )
 # Chunk files per phase, by file prefix: the prompts (every per-batch kind, the first names the row

@@ -36,6 +36,27 @@ KEYS = ["source", "target", "layer", "head"]
 SAME = 1e-5  # paired values closer than this everywhere are one value read twice (float32 weights)
 
 
+def item_values(run) -> pd.DataFrame | None:
+    """Per item (index item_id), columns (source, target, quantity, layer, head): the paired
+    difference d (quantity "difference") where the two prompts differ, else the level both read
+    ("level", e.g. at the token before the contrast); None where the suite compares no two labels."""
+    analysis = run_analysis(run)
+    if not analysis.paired or run.attention is None:
+        return None
+    pairs = paired(run.attention, run.prompts, analysis, KEYS, "weight")
+    frames = []
+    for (source, target), group in pairs.groupby(["source", "target"], sort=False):
+        level = np.nanmax(np.abs(group["d"].to_numpy()), initial=0.0) <= SAME
+        wide = group.pivot(index=ITEM, columns=["layer", "head"], values="positive" if level else "d")
+        quantity = "level" if level else "difference"
+        wide.columns = pd.MultiIndex.from_tuples(
+            [(source, target, quantity, layer, head) for layer, head in wide.columns],
+            names=["source", "target", "quantity", "layer", "head"],
+        )
+        frames.append(wide)
+    return pd.concat(frames, axis=1) if frames else None
+
+
 def head_stats(run) -> pd.DataFrame:
     """One row per (scope, source, target, layer, head); empty when the suite compares no two labels."""
     analysis = run_analysis(run)

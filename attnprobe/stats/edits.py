@@ -91,7 +91,8 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
                 leans["ci_low"][j],
                 leans["ci_high"][j],
             )
-        row.update(_control(raw, kind, k, -1, control0["y"].to_numpy(), sign))
+        held = control0["half"].to_numpy() == 1 if "half" in control0 else None
+        row.update(_control(raw, kind, k, -1, control0["y"].to_numpy(), sign, held))
         row.update(_specificity(row))
         row.update(_costs(raw, kind, k, -1, texts0["loss"].to_numpy(), user))
         # chance: the same edit on random heads of the same layers, on the sampled items
@@ -145,17 +146,61 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
     return summary, pd.DataFrame(draws)
 
 
+def quarter_table(raw: pd.DataFrame) -> pd.DataFrame:
+    """Per kind, k and quarter: the gradient before, after and its change on the quarter's items alone,
+    each edited with its own quarter's edit (the one saved as edits/quarters/KIND-kK-qF). Clusters:
+    unit x template, a dimension with one value in the quarter left out (a one-template quarter).
+    `attnprobe compare` of the run and a run with that edit gives the same rows (its scope "held out
+    by KIND-kK-qF")."""
+    if "quarter" not in raw:
+        return pd.DataFrame()
+    items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index").sort_index()
+    rows = []
+    for (kind, k), group in raw[(raw["kind"] != "none") & (raw["draw"] == -1)].groupby(
+        ["kind", "k"], sort=False
+    ):
+        after = group[group["target"] == "bias"].set_index("index")["y"]
+        for quarter, on in items.groupby("quarter"):
+            used = [c for c in ("unit", "template_id") if on[c].nunique() > 1] or ["unit"]  # as stats.design
+            clusters = [pd.factorize(on[c])[0] for c in used]
+            x, before = on["covariate"].to_numpy(dtype=float), on["y"].to_numpy()
+            y1 = after.reindex(on.index).to_numpy()
+            test = cluster_slope_test(
+                x, np.column_stack([before, y1, y1 - before]), np.ones(len(on)), clusters
+            )
+            row = {"kind": kind, "k": k, "quarter": int(quarter), "n_items": len(on)}
+            for j, name in enumerate(("gradient_before", "gradient_after", "gradient_change")):
+                row[name] = PER * test["slope"][j]
+            row["gradient_change_ci_low"] = PER * test["ci_low"][2]
+            row["gradient_change_ci_high"] = PER * test["ci_high"][2]
+            row["gradient_change_p"] = test["p"][2]
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def _removed(x, before, after, index, sampled) -> float:
     """1 - slope after / slope before on the sampled items."""
     on = np.isin(index, sampled)
     return 1 - _slope(x[on], after[on]) / _slope(x[on], before[on])
 
 
-def _control(raw, kind, k, draw, y0, sign) -> dict:
+def _control(raw, kind, k, draw, y0, sign, held=None) -> dict:
+    """The control before and after; with `held` (the prompts of the half no edit was fitted on),
+    the gap kept there too."""
     rows = raw[(raw["target"] == "control") & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == draw)]
     y1 = rows.set_index("index")["y"].sort_index().to_numpy()
     kept = ratio_test(sign * y1, sign * y0, np.ones(len(y0)), [np.arange(len(y0))])
-    return {
+    out = {}
+    if held is not None and held.any():
+        h = ratio_test(
+            sign[held] * y1[held], sign[held] * y0[held], np.ones(held.sum()), [np.arange(held.sum())]
+        )
+        out = {
+            "definitional_gap_kept_held_out": float(h["ratio"][0]),
+            "definitional_gap_kept_held_out_ci_low": float(h["ci_low"][0]),
+            "definitional_gap_kept_held_out_ci_high": float(h["ci_high"][0]),
+        }
+    return out | {
         "definitional_accuracy_before": float((np.sign(y0) == sign).mean()),
         "definitional_accuracy_after": float((np.sign(y1) == sign).mean()),
         "definitional_accuracy_after_centred": float((np.sign(y1 - (y1 - y0).mean()) == sign).mean()),

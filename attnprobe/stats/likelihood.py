@@ -24,6 +24,26 @@ SCORES = {"sentence": "logprob", "shared words": "logprob_shared"}
 COLUMNS = ["score", "by", "value", "n_items", "share_positive", "ci_low", "ci_high", "p", "mean_d"]
 
 
+def item_preferences(run) -> pd.DataFrame | None:
+    """Per item (index item_id), columns (quantity, score): d = score(positive) - score(negative) and
+    `preferred` (1 when the positive sentence scores higher, 0 lower, 0.5 a tie) for each score; None
+    where the run has no likelihood table."""
+    table, analysis = run.likelihood, run_analysis(run)
+    if table is None or table.empty or not analysis.paired:
+        return None
+    frames = {}
+    for score, column in SCORES.items():
+        d = paired(table[["prompt_id", column]], run.prompts, analysis, [], column).set_index(ITEM)["d"]
+        if len(d):
+            frames[("d", score)] = d
+            frames[("preferred", score)] = np.sign(d) / 2 + 0.5
+    if not frames:
+        return None
+    out = pd.DataFrame(frames)
+    out.columns = out.columns.set_names(["quantity", "score"])
+    return out
+
+
 def sentence_preference(run) -> pd.DataFrame:
     """One row per (score, scope): all items, then each value of the `by` column."""
     table = run.likelihood

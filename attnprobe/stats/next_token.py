@@ -44,6 +44,15 @@ def log_ratios(run, analysis) -> pd.DataFrame:
     return out.dropna(subset=["y"]).reset_index()
 
 
+def item_log_ratios(run) -> pd.DataFrame | None:
+    """y per item (index item_id) and cut (columns), or None where the suite compares no two labels."""
+    analysis = run_analysis(run)
+    if not analysis.paired or run.logprobs is None or run.logprobs.empty:
+        return None
+    y = log_ratios(run, analysis)
+    return y.pivot(index=ITEM, columns="cut", values="y").rename_axis(columns="cut")
+
+
 def behavior(run, n_boot: int = N_BOOT, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(summary: one row per cut and scope, per unit: the unit means behind each correlation)."""
     analysis = run_analysis(run)

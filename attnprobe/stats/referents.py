@@ -75,6 +75,32 @@ def referent_choice(run) -> pd.DataFrame:
     return out[["scope", *[c for c in out.columns if c != "scope"]]]
 
 
+def item_choices(run) -> pd.DataFrame | None:
+    """Per item (index item_id), columns (quantity, label): the model's own choice in the scored
+    continuation, `correct` (1, 0, 0.5 for a tie) and the log-probability `margin` of the answer over
+    the other referent, per contrast label, and the positive - negative `gap` of each (e.g. pro -
+    anti); None where the run has no referent choice."""
+    table, analysis = run.referent_choice, run_analysis(run)
+    if table is None or table.empty or not analysis.referents:
+        return None
+    first, second = analysis.referents
+    wide = table.pivot_table(index="prompt_id", columns="referent", values="logprob").dropna()
+    if wide.empty or first not in wide or second not in wide:
+        return None
+    correct = _correct(run, analysis, wide[first], wide[second])
+    correct["margin"] = np.where(correct["answer"] == first, 1, -1) * (wide[first] - wide[second]).to_numpy()
+    frames = []
+    for quantity in ("correct", "margin"):
+        per = correct.pivot_table(index=ITEM, columns="label", values=quantity)
+        if analysis.paired and {analysis.positive, analysis.negative} <= set(per.columns):
+            per["gap"] = per[analysis.positive] - per[analysis.negative]
+        per.columns = pd.MultiIndex.from_tuples(
+            [(quantity, c) for c in per.columns], names=["quantity", "label"]
+        )
+        frames.append(per)
+    return pd.concat(frames, axis=1)
+
+
 def _correct(run, analysis, first_score: pd.Series, second_score: pd.Series) -> pd.DataFrame:
     """Per row of the scores (indexed by prompt_id first): 1 when the answer scores higher, 0 when
     the other does, 0.5 for a tie; with the prompt's item, contrast label and answer."""

@@ -1,14 +1,12 @@
 """Head edits: each kind equals its definition, checked against weight surgery or the recorded
 outputs; `attnprobe edit` end to end on a tiny model; bad input in one line."""
 
-import shutil
-import textwrap
-
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import edit_suite
 
 import attnprobe
 from attnprobe.cli import main
@@ -214,48 +212,8 @@ def test_heads_are_parsed_and_refused_in_one_line():
         parse_heads("26.2", 30, 9)
 
 
-OCCUPATIONS = [
-    ("nurse", 88), ("secretary", 93), ("librarian", 79), ("cashier", 71), ("teacher", 70), ("baker", 60),
-    ("lawyer", 37), ("chef", 22), ("pilot", 9), ("plumber", 2), ("carpenter", 3), ("mechanic", 2),
-]  # fmt: skip
-
-
-def _edit_suite(tmp_path):
-    rows = "".join(f"{o}\t{p}\n" for o, p in OCCUPATIONS)
-    (tmp_path / "jobs.tsv").write_text("occupation\tbls_pct_female\n" + rows)
-    shutil.copy("probes/edits/definitional.tsv", tmp_path / "definitional.tsv")
-    path = tmp_path / "e.yaml"
-    path.write_text(
-        textwrap.dedent("""\
-        name: e
-        contrast: pronoun
-        slots:
-          occupation: {table: jobs.tsv, column: occupation}
-          pronoun: {values: [{label: female, value: she}, {label: male, value: he}]}
-        templates:
-          - {id: said, text: "The {occupation} said that {pronoun} left."}
-          - {id: told, text: "The {occupation} told us that {pronoun} was tired."}
-        attention: [{source: pronoun, targets: occupation}]
-        next_token: [{cut: pronoun, candidates: pronoun}]
-        analysis:
-          contrast: pronoun
-          positive: female
-          negative: male
-          clusters: [occupation, template]
-          covariate: occupation.bls_pct_female
-        control: {file: definitional.tsv, words: {female: " she", male: " he"}}
-        head_effects:
-          cut: pronoun
-          positive: female
-          negative: male
-          counterfactual: {occupation: [woman, man, person]}
-        """)
-    )
-    return path
-
-
 def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
-    suite, out = _edit_suite(tmp_path), tmp_path / "run"
+    suite, out = edit_suite(tmp_path), tmp_path / "run"
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
     assert CliRunner().invoke(main, args).exit_code == 0
     (tmp_path / "text.txt").write_text("The weather was mild and the market opened early. " * 5)
@@ -353,7 +311,7 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
 
 
 def test_edit_refuses_a_run_without_head_effects(tiny_llama_dir, tmp_path):
-    suite, out = _edit_suite(tmp_path), tmp_path / "run"
+    suite, out = edit_suite(tmp_path), tmp_path / "run"
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
     assert CliRunner().invoke(main, [*args, "--no-head-effects"]).exit_code == 0
     bad = CliRunner().invoke(main, ["edit", str(out)])
@@ -363,7 +321,7 @@ def test_edit_refuses_a_run_without_head_effects(tiny_llama_dir, tmp_path):
 def test_edit_needs_the_suites_control_and_reads_it_from_there(tiny_llama_dir, tmp_path):
     """Nothing about a contrast lives in the edit code (issue 37): a suite without `control:` is
     refused before weights load; a control file naming a label the contrast lacks is one line."""
-    suite, out = _edit_suite(tmp_path), tmp_path / "run"
+    suite, out = edit_suite(tmp_path), tmp_path / "run"
     text = suite.read_text()
     suite.write_text(
         text.replace('control: {file: definitional.tsv, words: {female: " she", male: " he"}}\n', "")

@@ -17,10 +17,9 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import FUZZ_EXAMPLES, one_line_error
+from conftest import FUZZ_EXAMPLES, edit_suite, one_line_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_edits import _edit_suite
 from transformers import AutoModelForCausalLM
 
 import attnprobe
@@ -35,7 +34,7 @@ SWEEP = ["--kinds", "zero,mean,scale,project", "--k", "1,2", "--draws", "3"]
 def edited_run(tiny_llama_dir, tmp_path_factory):
     """A run of the edit suite on the tiny Llama and its uninterrupted sweep (the reference tables)."""
     tmp = tmp_path_factory.mktemp("edited")
-    suite, out = _edit_suite(tmp), tmp / "run"
+    suite, out = edit_suite(tmp), tmp / "run"
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
     assert CliRunner().invoke(main, args).exit_code == 0
     result = CliRunner().invoke(main, ["edit", str(out), *SWEEP])
@@ -131,7 +130,7 @@ def test_bad_edit_options_are_one_line_before_weights_load(edited_run, extra, ph
 
 
 def test_a_suite_without_a_covariate_is_refused_by_edit_before_weights_load(tiny_llama_dir, tmp_path):
-    suite, out = _edit_suite(tmp_path), tmp_path / "run"
+    suite, out = edit_suite(tmp_path), tmp_path / "run"
     suite.write_text(suite.read_text().replace("  covariate: occupation.bls_pct_female\n", ""))
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
     assert CliRunner().invoke(main, args).exit_code == 0
@@ -275,7 +274,7 @@ def _suite_of(path: str):
 def test_too_few_items_for_the_random_comparison_give_a_note_not_a_floor_p(tiny_llama_dir, tmp_path):
     """Issue 40: with a handful of items the sampled slope is undefined; random_p was then reported
     at its floor. Now it is empty, and the table and the log say why."""
-    suite, out = _edit_suite(tmp_path), tmp_path / "run"
+    suite, out = edit_suite(tmp_path), tmp_path / "run"
     jobs = tmp_path / "jobs.tsv"
     jobs.write_text("".join(jobs.read_text().splitlines(keepends=True)[:3]))  # two occupations
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]

@@ -18,9 +18,9 @@ def test_a_planted_readout_is_found_and_noise_is_not():
 
 
 def test_linear_readout_end_to_end_per_layer(tiny_llama_dir, tmp_path):
-    from test_edits import _edit_suite
+    from conftest import edit_suite
 
-    table = attnprobe.linear_readout(str(tiny_llama_dir), _edit_suite(tmp_path), folds=4, permutations=19)
+    table = attnprobe.linear_readout(str(tiny_llama_dir), edit_suite(tmp_path), folds=4, permutations=19)
     assert list(table["layer"]) == [0, 1, 2] and (table["n_units"] == 12).all()
     assert table[["r2", "ci_low", "ci_high", "p_permutation"]].notna().all().all()
     assert (table["ci_low"] <= table["ci_high"]).all() and table["p_permutation"].between(0.05, 1).all()

@@ -1,0 +1,85 @@
+"""`attnprobe edit RUN_DIR --also SUITE`: each edit the sweep chose on its own suite (heads chosen and
+parameters fitted on all its items: edits/KIND-kK) applied to other suites, and the change of
+their measures, paired item by item (stats.compare).
+
+Per --also suite: one run of the original model and one per edit (under RUN_DIR/also/<suite>/, each
+resumable like any run), the measures with a paired comparison only (head effects and direct
+attribution, which measure the model rather than its bias, are left out); then `compare` of each
+edited run against the original. edits_transfer.csv holds, per suite, edit kind and k, every row of
+the comparison over all items (scope "all") except the per-head attention rows: e.g. for the
+coreference suite the pro - anti gap of the model's referent choice before, after and its paired
+change with CI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import RunError
+from ..measures import MEASURES, Measure, batch_kinds
+from ..report.compare import compare_runs
+from ..run import RunOptions, run_suite
+from ..suite import load_suite
+from .saved import load_edit
+
+ALSO_K = (1, 5)  # the numbers of heads whose edits are transferred, where the sweep measured them
+
+
+def transfer_suites(paths: tuple[str, ...]) -> list:
+    """The --also suites, loaded and checked before the sweep starts: each must compare two labels
+    (its analysis' positive and negative, the contrast a bias is measured on) or ask multiple-choice
+    questions (BBQ's shape: the biased answers are its measure)."""
+    suites = []
+    for path in paths:
+        suite = load_suite(path)
+        contrast = suite.analysis.positive and suite.analysis.negative
+        if not (contrast or suite.measures.get("multiple_choice")):
+            raise RunError(
+                f"--also {path}: the suite compares no two labels and asks no multiple-choice question, so "
+                "it has no bias to measure an edit on; declare `analysis: {contrast: ..., positive: ..., "
+                "negative: ...}`"
+            )
+        suites.append(suite)
+    return suites
+
+
+def compared_only() -> tuple[str, ...]:
+    """The measures a transfer run leaves out: those with phases of their own and no paired comparison."""
+    return tuple(
+        name
+        for name, kind in MEASURES.items()
+        if kind not in batch_kinds() and type(kind).paired is Measure.paired
+    )
+
+
+def transfer(directory: Path, suites: list, kinds, ks, model, log) -> pd.DataFrame:
+    """Run each suite with and without each chosen edit (kinds x ks the sweep saved) and compare."""
+    rows = []
+    for suite in suites:
+        base = directory / "also" / suite.name
+        options = dict(skip=compared_only(), progress=False, log=log)
+        log(f"edit --also {suite.name}: the original model")
+        original = run_suite(suite, model, RunOptions(out=base / "original", **options))
+        for kind in kinds:
+            for k in ks:
+                path = directory / "edits" / f"{kind}-k{k}.json"
+                if not path.is_file():
+                    continue
+                saved = load_edit(path)
+                log(f"edit --also {suite.name}: {saved.name}")
+                edited = run_suite(suite, model, RunOptions(out=base / saved.name, edits=(saved,), **options))
+                for name, table in compare_runs(original, edited).items():
+                    if "head" in table:  # per-head rows: in the comparison's own files, not here
+                        continue
+                    rows.append(
+                        table[table["scope"] == "all"].assign(
+                            suite=suite.name, kind=kind, k=k, heads=saved.manifest()["heads"], table=name
+                        )
+                    )
+    if not rows:
+        return pd.DataFrame()
+    out = pd.concat(rows, ignore_index=True)
+    first = ["suite", "kind", "k", "heads", "table"]
+    return out[first + [c for c in out.columns if c not in first]]

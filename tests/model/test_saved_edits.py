@@ -1,0 +1,232 @@
+"""Saved edits (edits.saved), `attnprobe run --edit` and `attnprobe compare` on a tiny model: an edit
+saved and loaded is the same edit; a quarter's saved edit applied to a whole run reproduces the
+sweep's values for that quarter's items, and `compare` of the two runs gives the sweep's change on
+them with the same CI; bad input is one line each."""
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import build_tiny, edit_suite, one_line_error
+
+import attnprobe
+from attnprobe.cli import main
+from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, load_edit, save_edit
+from attnprobe.model import from_pretrained_objects
+from attnprobe.stats.next_token import item_log_ratios
+
+SWEEP = ["--kinds", "zero,mean,project", "--k", "1", "--draws", "2"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+    return attnprobe.load_model(str(tiny_llama_dir))
+
+
+@pytest.fixture(scope="module")
+def swept(tiny_llama_dir, tmp_path_factory):
+    """The edit suite run on the tiny Llama, and its sweep (which saves every chosen edit)."""
+    tmp = tmp_path_factory.mktemp("saved")
+    suite, out = edit_suite(tmp), tmp / "run"
+    args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    result = CliRunner().invoke(main, ["edit", str(out), *SWEEP])
+    assert result.exit_code == 0, result.output
+    return tmp, suite, out
+
+
+def _logits(model, text="The nurse said that she"):
+    ids = torch.tensor([model.tokenizer(text)["input_ids"]])
+    with torch.no_grad():
+        return model.model(input_ids=ids, use_cache=False).logits[0]
+
+
+def test_every_kind_saved_and_loaded_is_the_same_edit(tiny, tmp_path):
+    L, H, D = tiny.info.n_layers, tiny.info.n_heads, tiny.info.head_dim
+    g = torch.Generator().manual_seed(0)
+    heads = ((1, 1), (0, 0))
+    directions = torch.nn.functional.normalize(torch.randn(L, H, D, generator=g), dim=-1)
+    for edit in (
+        Zero(heads=heads),
+        Mean(heads=heads, means=torch.randn(L, H, D, generator=g)),
+        Resample(heads=heads, bank=torch.randn(L, H, 7, D, generator=g), seed=3),
+        Scale(heads=heads, factor=0.25),
+        Project(heads=heads, directions=directions),
+    ):
+        path = save_edit(edit, tmp_path / edit.kind, tiny, {"made by": "test"})
+        loaded = load_edit(path)
+        assert loaded.edit.kind == edit.kind and loaded.edit.heads == heads
+        assert loaded.record["source"] == {"made by": "test"} and loaded.name == edit.kind
+        with edited(tiny, edit):
+            expected = _logits(tiny)
+        with edited(tiny, loaded):  # a SavedEdit is checked against the model, then applied
+            got = _logits(tiny)
+        assert torch.equal(got, expected), edit.kind
+        assert not torch.allclose(got, _logits(tiny), atol=1e-5), edit.kind  # the edit does something
+        # only the edited heads' parameters are stored: the others read back as zeros
+        for name in loaded.record["tensors"]:
+            stored = getattr(loaded.edit, name)
+            assert torch.equal(stored[1, 1], getattr(edit, name)[1, 1].float())
+            assert not stored[1, 0].any() and not stored[0, 1].any()
+    # two edits apply in order, and an edit composes with itself the way the replacement says
+    with edited(tiny, Scale(heads=heads, factor=0.5), Scale(heads=heads, factor=0.5)):
+        twice = _logits(tiny)
+    with edited(tiny, Scale(heads=heads, factor=0.25)):
+        assert torch.allclose(twice, _logits(tiny), atol=1e-6)
+
+
+def test_the_sweep_saves_each_chosen_edit_with_where_it_came_from(swept):
+    _, suite, out = swept
+    edits = pd.read_csv(out / "edits.csv")
+    for kind in ("zero", "mean", "project"):
+        saved = load_edit(out / "edits" / f"{kind}-k1.json")
+        assert str(attnprobe.HeadSet(saved.edit.heads)) == edits.set_index("kind").loc[kind, "heads_all"]
+        source = saved.record["source"]
+        assert (
+            source["fitted_on"] == "all items"
+            and source["suite_sha256"] == attnprobe.load_suite(suite).sha256
+        )
+        for f in range(4):
+            quarter = load_edit(out / "edits" / "quarters" / f"{kind}-k1-q{f}.json")
+            assert quarter.record["source"]["quarter"] == f and quarter.record["source"]["held_out_items"]
+            heads = edits.set_index("kind").loc[kind, "heads"].split(" | ")[f]
+            assert str(attnprobe.HeadSet(quarter.edit.heads)) == heads
+
+
+@pytest.mark.parametrize("kind", ["zero", "project"])
+def test_a_saved_quarter_edit_reproduces_the_sweep_and_compare_gives_its_change(swept, tiny_llama_dir, kind):
+    tmp, suite, out = swept
+    file = out / "edits" / "quarters" / f"{kind}-k1-q0.json"
+    edited_out = tmp / f"edited-{kind}"
+    args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(edited_out), "--no-report"]
+    result = CliRunner().invoke(main, [*args, "--no-head-effects", "--edit", str(file)])
+    assert result.exit_code == 0, result.output
+    manifest = attnprobe.Run(edited_out).manifest
+    assert [e["name"] for e in manifest["edits"]] == [f"{kind}-k1-q0"] and manifest["edits"][0][
+        "same_weights"
+    ]
+    # the sweep's values for quarter 0's items, each edited by quarter 0's edit
+    raw = pd.read_parquet(out / "edits_items.parquet")
+    sweep = raw[(raw.target == "bias") & (raw.kind == kind) & (raw.draw == -1) & (raw.quarter == 0)]
+    run_y = item_log_ratios(attnprobe.Run(edited_out))["pronoun"]
+    got = run_y.reindex(sweep["item_id"]).to_numpy()
+    assert np.abs(got - sweep["y"].to_numpy()).max() < 1e-4
+    x = sweep["covariate"].to_numpy()
+    assert abs(np.polyfit(x, got, 1)[0] - np.polyfit(x, sweep["y"].to_numpy(), 1)[0]) < 1e-4
+    # compare: the original against the edited run, on the items the edit was held out for
+    cmp = CliRunner().invoke(main, ["compare", str(out), str(edited_out), "--out", str(tmp / f"cmp-{kind}")])
+    assert cmp.exit_code == 0, cmp.output
+    rows = pd.read_csv(tmp / f"cmp-{kind}" / "compare_next_token.csv").set_index("scope")
+    held = rows.loc[f"held out by {kind}-k1-q0"]
+    quarter = pd.read_csv(out / "edits_quarters.csv")
+    quarter = quarter[(quarter.kind == kind) & (quarter.k == 1) & (quarter.quarter == 0)].iloc[0]
+    assert held.n_items == quarter.n_items == len(sweep)
+    for name in ("gradient_change", "gradient_change_ci_low", "gradient_change_ci_high"):
+        assert abs(held[name] - quarter[name]) < 1e-3, name
+    assert abs(held.gradient_a - quarter.gradient_before) < 1e-4
+    assert abs(held.gradient_b - quarter.gradient_after) < 1e-4
+    assert (tmp / f"cmp-{kind}" / "compare.html").read_text().count("<table") >= 2
+    attention = pd.read_parquet(tmp / f"cmp-{kind}" / "compare_attention.parquet")
+    assert set(attention["quantity"]) == {"difference"} and attention["change_q"].between(0, 1).all()
+
+
+def test_bad_saved_edits_and_comparisons_are_one_line_each(swept, tiny_llama_dir, tmp_path):
+    tmp, suite, out = swept
+    run = ["run", str(suite), "--model", str(tiny_llama_dir), "--no-report", "--no-head-effects"]
+    good = out / "edits" / "zero-k1.json"
+    # an edit fitted on a model of another shape (2 layers x 4 heads against 2 x 2)
+    tokenizer = attnprobe.load_model(str(tiny_llama_dir)).tokenizer
+    other = from_pretrained_objects(build_tiny("llama", vocab_size=len(tokenizer)), tokenizer, "other")
+    foreign = save_edit(Zero(heads=((1, 3),)), tmp_path / "foreign", other, {})
+    bad = CliRunner().invoke(main, [*run, "--out", str(tmp_path / "o1"), "--edit", str(foreign)])
+    one_line_error(bad, "foreign.json: this edit was fitted on other (2 layers x 4 heads", "same shape")
+    assert not (tmp_path / "o1").exists()  # refused before anything is written
+    # a damaged or truncated tensor file
+    for name, damage in (("cut", lambda b: b[: len(b) // 2]), ("flipped", lambda b: b[:-1] + b"\x01")):
+        for suffix in (".json", ".safetensors"):
+            (tmp_path / f"{name}{suffix}").write_bytes((out / "edits" / f"zero-k1{suffix}").read_bytes())
+        tensors = tmp_path / f"{name}.safetensors"
+        tensors.write_bytes(damage(tensors.read_bytes()))
+        bad = CliRunner().invoke(
+            main, [*run, "--out", str(tmp_path / "o2"), "--edit", str(tmp_path / f"{name}.json")]
+        )
+        one_line_error(bad, f"{name}.safetensors: damaged or truncated")
+    # a kind this version does not know; a file that is not an edit; a missing half
+    record = json.loads(good.read_text())
+    (tmp_path / "melt.json").write_text(json.dumps({**record, "kind": "melt"}))
+    (tmp_path / "melt.safetensors").write_bytes((out / "edits" / "zero-k1.safetensors").read_bytes())
+    bad = CliRunner().invoke(
+        main, [*run, "--out", str(tmp_path / "o3"), "--edit", str(tmp_path / "melt.json")]
+    )
+    one_line_error(bad, "edit kind 'melt' is not one this attnprobe knows")
+    (tmp_path / "junk.json").write_text("[1, 2")
+    (tmp_path / "junk.safetensors").write_bytes(b"")
+    bad = CliRunner().invoke(
+        main, [*run, "--out", str(tmp_path / "o4"), "--edit", str(tmp_path / "junk.json")]
+    )
+    one_line_error(bad, "junk.json: not an edit record")
+    bad = CliRunner().invoke(
+        main, [*run, "--out", str(tmp_path / "o5"), "--edit", str(tmp_path / "none.json")]
+    )
+    one_line_error(bad, "no edit file none.json there")
+    # an edited run is not swept again; compare refuses other prompts and other suites
+    edited_out = tmp_path / "edited"
+    assert CliRunner().invoke(main, [*run, "--out", str(edited_out), "--edit", str(good)]).exit_code == 0
+    one_line_error(
+        CliRunner().invoke(main, ["edit", str(edited_out)]), "was made with the edit(s) zero-k1 applied"
+    )
+    fewer = tmp_path / "fewer"
+    assert CliRunner().invoke(main, [*run, "--out", str(fewer), "--limit", "10"]).exit_code == 0
+    one_line_error(
+        CliRunner().invoke(main, ["compare", str(out), str(fewer)]), "ran different prompts", "--limit"
+    )
+    other_suite = tmp_path / "other.yaml"
+    other_suite.write_text(suite.read_text().replace("name: e", "name: other"))
+    (tmp_path / "jobs.tsv").write_text((suite.parent / "jobs.tsv").read_text())
+    (tmp_path / "definitional.tsv").write_text((suite.parent / "definitional.tsv").read_text())
+    elsewhere = tmp_path / "elsewhere"
+    args = ["run", str(other_suite), "--model", str(tiny_llama_dir), "--no-report", "--no-head-effects"]
+    assert CliRunner().invoke(main, [*args, "--out", str(elsewhere)]).exit_code == 0
+    one_line_error(
+        CliRunner().invoke(main, ["compare", str(out), str(elsewhere)]), "runs of different suites"
+    )
+
+
+def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
+    _, _, out = swept
+    shutil.copytree("probes/coref", tmp_path / "coref")
+    shutil.copy("probes/coref.yaml", tmp_path / "coref.yaml")
+    shutil.copy("probes/occupations-bls.tsv", tmp_path / "occupations-bls.tsv")
+    args = ["edit", str(out), *SWEEP, "--also", str(tmp_path / "coref.yaml"), "--also-k", "1"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert result.output.count("read from an earlier session") == 3  # the sweep itself is not redone
+    table = pd.read_csv(out / "edits_transfer.csv")
+    assert set(table["kind"]) == {"zero", "mean", "project"} and set(table["k"]) == {1}
+    gap = table[
+        (table.table == "compare_referent_choice") & (table.quantity == "correct") & (table.label == "gap")
+    ]
+    assert len(gap) == 3
+    # the pro - anti gap before is the original run's own statistic; after, the edited run's
+    original = attnprobe.Run(out / "also" / "coref" / "original")
+    before = original.referent_choice_accuracy.set_index("scope").loc["all", "gap"]
+    for row in gap.itertuples():
+        edited_run = attnprobe.Run(out / "also" / "coref" / f"{row.kind}-k1")
+        after = edited_run.referent_choice_accuracy.set_index("scope").loc["all", "gap"]
+        assert np.isclose(row.mean_a, before) and np.isclose(row.mean_b, after)
+        assert (
+            np.isclose(row.mean_change, after - before)
+            and row.change_ci_low <= row.mean_change <= row.change_ci_high
+        )
+        assert edited_run.manifest["edits"][0]["name"] == f"{row.kind}-k1"
+    # a suite with no bias to measure is refused before the sweep, in one line
+    (tmp_path / "plain.yaml").write_text(
+        "name: plain\nslots: {x: {values: [a, b]}}\ntemplates: [{id: t, text: 'The {x} said'}]\n"
+        "attention: [{source: x, targets: x}]\n"
+    )
+    bad = CliRunner().invoke(main, ["edit", str(out), *SWEEP, "--also", str(tmp_path / "plain.yaml")])
+    one_line_error(bad, "--also", "plain.yaml: the suite compares no two labels")
