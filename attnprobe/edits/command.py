@@ -25,13 +25,15 @@ from ..run.options import RunOptions
 from ..run.plan import plan_run
 from ..run.reader import RunFiles
 from ..run.storage import content_sha
-from ..stats.edits import edit_tables, quarter_table
+from ..stats.edits import edit_tables, head_table, quarter_table
 from ..store import atomic_write, digest, exclusive, write_parquet, write_table
 from ..suite import load_suite
 from ..version import __version__
 from .inputs import check_text, record_inputs
 from .kinds import KINDS
 from .saved import save_edit
+from .single import NAME as SINGLE
+from .single import measure_single
 from .sweep import (
     EditOptions,
     clean_values,
@@ -182,13 +184,21 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
                     f"interrupted after edit kind {kind} ({n} of {len(options.kinds)} kept in "
                     f"{chunks}); rerun the same command to continue"
                 )
-    raw = pd.concat(frames, ignore_index=True)
+        path = chunks / f"edits-{key}-{SINGLE}.parquet"
+        single = _read_kind(path, log)
+        if single is None:
+            single = _describe(measure_single(model, inputs, scores["all"], H, log), inputs)
+            with ignored_interrupts():
+                _write_kind(path, single)
+    raw = pd.concat([*frames, single], ignore_index=True)
     write_table(directory, "edits_items", raw)
-    summary, draws = edit_tables(raw, H)
+    sweep = raw[raw["kind"] != SINGLE]
+    summary, draws = edit_tables(sweep, H)
     summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
     write_table(directory, "edits", summary)
     write_table(directory, "edits_draws", draws)
-    write_table(directory, "edits_quarters", quarter_table(raw))
+    write_table(directory, "edits_quarters", quarter_table(sweep))
+    write_table(directory, "edits_heads", head_table(raw[raw["kind"].isin(["none", SINGLE])], H))
     figure(edit_frontier(summary, draws), directory / "figures", "edit_frontier", FRONTIER_ALT)
     saved = save_chosen(directory, model, weights, inputs, sets, options, source={"reference": word})
     for note in dict.fromkeys(n for n in summary.get("note", []) if n):

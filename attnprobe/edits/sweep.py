@@ -14,9 +14,9 @@ Measured per edit kind and k (raw values in edits_items.parquet; statistics in s
 - control: y on the shipped definitional prompts (probes/edits/definitional.tsv), before and after;
 - cost: KL(original || edited) over text the original model writes from neutral openings (seeded),
   and with `--text FILE` the log-loss of that file's tokens, before and after;
-- chance: `draws` random sets of other heads of the same layers as the heads chosen on all items
-  (the chosen heads themselves only where a layer has no other), edited on
-  every RANDOM_EVERY-th item (the found heads' values on those items are the comparison) and on the
+- chance: `draws` distinct random sets of other heads of the same layers as the heads chosen on all
+  items, made up from every other head of the model where the layers hold fewer sets (null_sets),
+  edited on every RANDOM_EVERY-th item (the found heads' values on those items are the comparison) and on the
   texts (their cost: the random band of the frontier figure).
 Control, cost and chance use the heads (and parameters) chosen on all items.
 """
@@ -24,9 +24,11 @@ Control, cost and chance use the heads (and parameters) chosen on all items.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -35,7 +37,7 @@ import torch
 
 from ..errors import AttnprobeError
 from ..heads import HeadSet
-from ..measures.head_effects.selection import random_sets, top_heads
+from ..measures.head_effects.selection import top_heads
 from ..measures.head_effects.sites import behaviour_rows
 from ..version import __version__
 from .inputs import Inputs, text_head
@@ -105,10 +107,12 @@ def gradient_scores(
 
 
 def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> str:
-    """What determines an edit kind's values: the run, the options, the model's weights, this
-    attnprobe's version and the part of --text that is read."""
+    """What determines an edit kind's values: the run, the options (but the list of kinds: adding a
+    kind to a sweep keeps the kinds already measured), the model's weights, this attnprobe's version
+    and the part of --text that is read."""
+    settings = {key: value for key, value in asdict(options).items() if key != "kinds"}  # a file per kind
     payload = json.dumps(
-        {"run": run_fingerprint, "weights": weights, "attnprobe": __version__, **asdict(options)},
+        {"run": run_fingerprint, "weights": weights, "attnprobe": __version__, **settings},
         sort_keys=True,
         default=str,
     )
@@ -132,6 +136,45 @@ def found_sets(
     return out
 
 
+def null_sets(heads: Heads, n_layers: int, n_heads: int, rng, draws: int) -> list[Heads]:
+    """`draws` different random head sets to edit instead of `heads`: sets of other heads of the same
+    layers, layer for layer (all of them when there are at most `draws`, as for one head of a 9-head
+    layer: 8), then, to make up the number, sets of as many heads drawn from every head of the model
+    but `heads`. All distinct, so the null's p floor is 1 / (1 + draws) (stats.edits)."""
+    if not heads or not draws:
+        return []
+    per_layer = Counter(layer for layer, _ in heads)
+    pools = {
+        layer: [h for h in range(n_heads) if (layer, h) not in heads]
+        if n_heads - c >= c
+        else list(range(n_heads))
+        for layer, c in per_layer.items()
+    }
+    same = math.prod(math.comb(len(pool), per_layer[layer]) for layer, pool in pools.items())
+    found: list[Heads] = []
+    own = tuple(sorted(heads))
+    if same <= draws:  # every set of the same layers, then sets from every head
+        for combo in itertools.product(*(itertools.combinations(pools[l], per_layer[l]) for l in pools)):
+            draw = tuple(sorted((l, h) for l, hs in zip(pools, combo) for h in hs))
+            if draw != own:
+                found.append(draw)
+    everyone = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in heads]
+    seen, attempts = set(found), 0
+    while len(found) < draws and attempts < 100 * draws:  # a tiny model may have fewer sets
+        attempts += 1
+        if same > draws:
+            draw = tuple(
+                sorted((l, int(h)) for l in pools for h in rng.choice(pools[l], per_layer[l], replace=False))
+            )
+        else:
+            picked = rng.choice(len(everyone), len(heads), replace=False)
+            draw = tuple(sorted(everyone[i] for i in picked))
+        if draw not in seen and draw != own:
+            seen.add(draw)
+            found.append(draw)
+    return found
+
+
 def measure_kind(
     model, kind: str, options: EditOptions, inputs: Inputs, sets: dict, n_heads: int, log=lambda m: None
 ) -> pd.DataFrame:
@@ -142,15 +185,7 @@ def measure_kind(
     rng = np.random.default_rng(options.seed)
     frames = []
     everywhere = KINDS[kind].fit(inputs, np.arange(4), options)
-    random_by_k = {
-        k: [
-            tuple((h // H, h % H) for h in draw)
-            for draw in random_sets(
-                tuple(l * H + h for l, h in per_fold["all"]), H, rng, options.draws, others=True
-            )
-        ]
-        for k, per_fold in sets.items()
-    }
+    random_by_k = {k: null_sets(per_fold["all"], L, H, rng, options.draws) for k, per_fold in sets.items()}
     sampled = np.arange(len(inputs.items)) % RANDOM_EVERY == 0
     # bias: per quarter f, its found heads on its items and the random sets on its sampled items,
     # edited with the parameters of its training quarters (edits[f]); all quarters in one call

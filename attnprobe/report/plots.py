@@ -159,7 +159,7 @@ FRONTIER_ALT = (
 
 def edit_frontier(summary: pd.DataFrame, draws: pd.DataFrame):
     """Share of the stereotype gradient removed (on the sampled items) against the KL cost: per edit
-    kind the found heads for each k (a line, points labelled k), random head sets of the same layers
+    kind the found heads for each k (a line, points labelled k), random head sets (same layers first)
     as grey points (the chance band)."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     floor = 1e-6  # KL of an edit that changes nothing, for the log axis
@@ -169,7 +169,7 @@ def edit_frontier(summary: pd.DataFrame, draws: pd.DataFrame):
             draws["gradient_removed_sampled"],
             s=10,
             color="#bbbbbb",
-            label="random heads, same layers",
+            label="random heads (same layers first)",
         )
     for kind, rows in summary.groupby("kind", sort=False):
         rows = rows.sort_values("k")

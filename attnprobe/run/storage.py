@@ -45,6 +45,7 @@ EDIT_TABLES = (
     "edits_draws",
     "edits_items",
     "edits_quarters",
+    "edits_heads",
     "edits_transfer",
 )  # written by `attnprobe edit`
 DERIVED = tuple(f"{name}.{ext}" for name in STATS_TABLES + EDIT_TABLES for ext in ("csv", "parquet")) + (

@@ -43,6 +43,10 @@ def _bias(raw: pd.DataFrame, kind: str, k: int, draw: int) -> pd.Series:
     return rows.set_index("index")["y"]
 
 
+def _layers(heads: str) -> list[int]:
+    return sorted(layer for layer, _ in HeadSet.parse(heads))
+
+
 def possible_sets(heads: str, n_heads: int) -> int:
     """How many different random sets the null can draw for the found heads `heads` ("L26H2 L25H2"):
     per layer, c of its other H - c heads (of all H where fewer than c others remain)."""
@@ -52,9 +56,10 @@ def possible_sets(heads: str, n_heads: int) -> int:
 
 def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(edits: one row per kind and k, draws: one row per random head set). With `n_heads`, each row
-    also gets the smallest p its null can give (random_p_floor: 1 / (1 + the draws, or the different
-    sets there are when fewer: 20 draws among 8 possible sets are 8 alternatives)) and Holm's
-    adjustment over the table's rows of p taken at least at its floor (random_p_holm)."""
+    also gets the smallest p its null can give (random_p_floor: 1 / (1 + the different random sets
+    drawn; the sweep draws distinct sets, of the same layers first and from every head when those are
+    too few: random_sets_same_layers says how many are of the same layers), and Holm's adjustment over
+    the table's rows of p taken at least at its floor (random_p_holm)."""
     items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index").sort_index()
     x = items["covariate"].to_numpy(dtype=float)
     clusters = [pd.factorize(items["unit"])[0], pd.factorize(items["template_id"])[0]]
@@ -98,7 +103,7 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
         # chance: the same edit on random heads of the same layers, on the sampled items
         random = sorted(d for d in group["draw"].unique() if d >= 0)
         sampled = _bias(raw, kind, k, random[0]).index if random else items.index[:0]
-        found = _removed(x, before, after, items.index, sampled)
+        found = _removed(x, before, after, items.index, sampled) if random else np.nan
         removed = []
         for d in random:
             r = _bias(raw, kind, k, d)
@@ -135,8 +140,12 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
             test="cluster-robust slope, CR2 by unit x template (two-way)",
         )
         if n_heads is not None and row["heads_all"]:
-            row["random_sets_possible"] = possible_sets(row["heads_all"], n_heads)
-            row["random_p_floor"] = 1 / (1 + min(len(removed), row["random_sets_possible"]))
+            row["random_sets_possible"] = possible_sets(row["heads_all"], n_heads)  # of the same layers
+            distinct = group.loc[group["draw"] >= 0, "heads"].nunique()
+            row["random_sets_same_layers"] = sum(
+                _layers(h) == _layers(row["heads_all"]) for h in set(group.loc[group["draw"] >= 0, "heads"])
+            )
+            row["random_p_floor"] = 1 / (1 + distinct)
         summary.append(row)
     summary = pd.DataFrame(summary)
     if "random_p_floor" in summary:
@@ -144,6 +153,20 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
         floored = np.maximum(summary.loc[tested, "random_p"], summary.loc[tested, "random_p_floor"])
         summary.loc[tested, "random_p_holm"] = holm(floored.to_numpy())
     return summary, pd.DataFrame(draws)
+
+
+def head_table(raw: pd.DataFrame, n_heads: int) -> pd.DataFrame:
+    """Per head zeroed alone (edits.single: kind "single", k = its rank): the sweep's statistics but
+    the random-set comparison (none is drawn)."""
+    summary, _ = edit_tables(raw, n_heads)
+    summary = summary.rename(columns={"k": "rank", "heads_all": "head"}).drop(columns=["kind", "heads"])
+    return summary[
+        [
+            c
+            for c in summary.columns
+            if not c.startswith(("random", "n_random", "n_sampled", "gradient_removed_sampled", "note"))
+        ]
+    ]
 
 
 def quarter_table(raw: pd.DataFrame) -> pd.DataFrame:

@@ -225,7 +225,8 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     assert result.exit_code == 0, result.output
     edits = pd.read_csv(out / "edits.csv")
     assert len(edits) == 5 * 2 and set(edits["kind"]) == {"zero", "mean", "resample", "scale", "project"}
-    assert (edits["n_random"] == 3).all() and edits["random_p"].between(0.25, 1).all()
+    # distinct random sets: of 4 heads, one head leaves 3 others (1 of its own layer), two heads leave 1 set
+    assert list(edits["n_random"]) == [3, 1] * 5 and edits["random_p"].between(0.25, 1).all()
     raw = pd.read_parquet(out / "edits_items.parquet")
     # recompute one row from the raw values: the gradient before and after, per 10 points
     row = edits[(edits.kind == "zero") & (edits.k == 2)].iloc[0]
@@ -258,9 +259,10 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     assert row.gradient_removed_ci_low <= row.gradient_removed <= row.gradient_removed_ci_high
     assert row.specificity_ci_low <= row.specificity <= row.specificity_ci_high
     draws = pd.read_csv(out / "edits_draws.csv")
-    assert len(draws) == 5 * 2 * 3
-    # the null's floor: a 2-head layer leaves one other head, so each null has one possible set
-    assert (edits["random_sets_possible"] == 1).all() and (edits["random_p_floor"] == 0.5).all()
+    assert len(draws) == 5 * (3 + 1)
+    # the null's floor: 1 / (1 + the distinct sets drawn); same-layer sets first (a 2-head layer has one)
+    assert (edits["random_p_floor"] == 1 / (1 + edits["n_random"])).all()
+    assert (edits.loc[edits.k == 1, "random_sets_same_layers"] == 1).all()
     assert (edits["random_p_holm"] >= np.maximum(edits["random_p"], edits["random_p_floor"]) - 1e-12).all()
     for r in edits.itertuples():  # where the found heads fall among the random draws
         removed = draws[(draws.kind == r.kind) & (draws.k == r.k)].gradient_removed_sampled
@@ -268,11 +270,20 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
         assert np.isclose(
             r.random_p, (1 + (removed >= r.gradient_removed_sampled).sum()) / (1 + len(removed))
         )
-    layers_of = lambda text: sorted(int(h[1 : h.index("H")]) for h in text.split())
-    for r in draws.itertuples():  # random heads of the same layers as the heads chosen on all items
-        assert layers_of(r.heads) == layers_of(
-            edits[(edits.kind == r.kind) & (edits.k == r.k)].heads_all.iloc[0]
-        )
+    for (kind, k), group in draws.groupby(["kind", "k"]):  # distinct sets, none the found one
+        found = edits[(edits.kind == kind) & (edits.k == k)].heads_all.iloc[0]
+        assert group.heads.is_unique and found not in set(group.heads)
+    # each top head zeroed alone (4 heads in this model): its shares, recomputed from the raw rows
+    heads = pd.read_csv(out / "edits_heads.csv")
+    assert list(heads["rank"]) == [1, 2, 3, 4] and heads["head"].is_unique
+    first = (
+        raw[(raw.target == "bias") & (raw.kind == "single") & (raw.k == 1)].set_index("index").sort_index()
+    )
+    assert np.isclose(heads.gradient_after.iloc[0], slope(first["y"].to_numpy()))
+    assert np.isclose(
+        heads.specificity.iloc[0], heads.gradient_removed.iloc[0] - (1 - heads.definitional_gap_kept.iloc[0])
+    )
+    assert heads.specificity_ci_low.iloc[0] <= heads.specificity.iloc[0] <= heads.specificity_ci_high.iloc[0]
     assert (out / "figures" / "edit_frontier.png").stat().st_size > 5000
     # a second call reads every kind back (resume) and gives the same table
     again = CliRunner().invoke(
@@ -356,3 +367,25 @@ def test_the_random_nulls_floor_counts_the_sets_it_can_draw():
 
     assert possible_sets("L26H2", 9) == 8 and possible_sets("L26H2 L26H5", 9) == 21
     assert possible_sets("L26H2 L25H1", 9) == 64 and possible_sets("L1H0 L1H1", 2) == 1
+
+
+def test_the_null_draws_distinct_sets_of_the_same_layers_then_from_every_head():
+    from attnprobe.edits.sweep import null_sets
+
+    rng = np.random.default_rng(0)
+    one = null_sets(((26, 2),), 30, 9, rng, 20)  # 8 other heads of layer 26, then 12 from all heads
+    assert len(set(one)) == 20 and ((26, 2),) not in one
+    assert sum(draw[0][0] == 26 for draw in one[:8]) == 8 and sorted(one[:8]) == [
+        ((26, h),) for h in range(9) if h != 2
+    ]
+    five = (
+        (23, 1),
+        (25, 2),
+        (26, 2),
+        (26, 7),
+        (27, 0),
+    )  # 8 x 8 x C(7, 2) x 8 sets of the same layers: enough
+    sets = null_sets(five, 30, 9, rng, 20)
+    layers = sorted(layer for layer, _ in five)
+    assert len(set(sets)) == 20 and all(sorted(layer for layer, _ in s) == layers for s in sets)
+    assert all(not set(s) & set(five) for s in sets)

@@ -80,9 +80,10 @@ def test_the_manifest_records_the_weights_and_another_models_edit_is_refused(
         kinds=("zero",), ks=(1, 2), draws=3, model=attnprobe.load_model(str(tiny_llama_dir))
     )
     reference = pd.read_parquet(edited_run / "edits.parquet")
+    own = ["seconds", "random_p_holm"]  # Holm adjusts over the rows of the table a call writes
     pd.testing.assert_frame_equal(
-        table.drop(columns="seconds").reset_index(drop=True),
-        reference[reference.kind == "zero"].drop(columns="seconds").reset_index(drop=True),
+        table.drop(columns=own).reset_index(drop=True),
+        reference[reference.kind == "zero"].drop(columns=own).reset_index(drop=True),
     )
 
 
