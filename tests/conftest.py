@@ -362,3 +362,23 @@ def edit_suite(tmp_path):
         """)
     )
     return path
+
+
+EDIT_SWEEP = ["--kinds", "zero,mean,scale,project", "--k", "1,2", "--draws", "3"]
+
+
+@pytest.fixture(scope="session")
+def swept_run(tiny_llama_dir, tmp_path_factory):
+    """(directory, suite, run) of the edit suite run on the tiny Llama and swept with EDIT_SWEEP, once
+    for every test that reads a sweep (copy the run before changing it)."""
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    tmp = tmp_path_factory.mktemp("swept")
+    suite, out = edit_suite(tmp), tmp / "run"
+    args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    result = CliRunner().invoke(main, ["edit", str(out), *EDIT_SWEEP])
+    assert result.exit_code == 0, result.output
+    return tmp, suite, out

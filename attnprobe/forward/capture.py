@@ -182,11 +182,18 @@ def enable(model: torch.nn.Module) -> None:
 def recording(rows: torch.Tensor | None = None, layers=None):
     """Within the block, the registered attention function records weights into the yielded plan."""
     plan = _Plan(rows=rows, layers=None if layers is None else frozenset(layers))
-    token = _active_plan.set(plan)
-    try:
+    with _bound(_active_plan, plan):
         yield plan
+
+
+@contextmanager
+def _bound(var: contextvars.ContextVar, value):
+    """`var` set to `value` within the block, then what it was."""
+    token = var.set(value)
+    try:
+        yield value
     finally:
-        _active_plan.reset(token)
+        var.reset(token)
 
 
 @dataclass(frozen=True)
@@ -226,12 +233,8 @@ def editing(editor, prefix=None):
     """Within the block, `editor(site: AttentionSite)` may replace each layer's per-head output
     (B, H, T, D) (see attnprobe.measures.head_effects), and `prefix(layer, key, value, mask)` may prepend
     recorded keys and values of positions the input leaves out (see attnprobe.measures.head_effects)."""
-    tokens = _active_editor.set(editor), _active_prefix.set(prefix)
-    try:
+    with _bound(_active_editor, editor), _bound(_active_prefix, prefix):
         yield editor
-    finally:
-        _active_editor.reset(tokens[0])
-        _active_prefix.reset(tokens[1])
 
 
 @contextmanager
@@ -240,12 +243,8 @@ def model_edit(editor):
     output before any measure's `editing` editor sees it (which then patches or records the edited
     model). Blocks nest: the inner editor applies after the outer one."""
     outer = _model_edit.get()
-    combined = editor if outer is None else _Chain(outer, editor)
-    token = _model_edit.set(combined)
-    try:
+    with _bound(_model_edit, editor if outer is None else _Chain(outer, editor)):
         yield editor
-    finally:
-        _model_edit.reset(token)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import FUZZ_EXAMPLES, edit_suite, one_line_error
+from conftest import EDIT_SWEEP, FUZZ_EXAMPLES, edit_suite, one_line_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
@@ -27,19 +27,13 @@ from attnprobe.cli import main
 from attnprobe.edits.inputs import TEXT_BYTES, user_text
 from attnprobe.errors import RunError
 
-SWEEP = ["--kinds", "zero,mean,scale,project", "--k", "1,2", "--draws", "3"]
+SWEEP = EDIT_SWEEP
 
 
 @pytest.fixture(scope="module")
-def edited_run(tiny_llama_dir, tmp_path_factory):
+def edited_run(swept_run):
     """A run of the edit suite on the tiny Llama and its uninterrupted sweep (the reference tables)."""
-    tmp = tmp_path_factory.mktemp("edited")
-    suite, out = edit_suite(tmp), tmp / "run"
-    args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
-    assert CliRunner().invoke(main, args).exit_code == 0
-    result = CliRunner().invoke(main, ["edit", str(out), *SWEEP])
-    assert result.exit_code == 0, result.output
-    return out
+    return swept_run[2]
 
 
 def _copy(run, tmp_path):

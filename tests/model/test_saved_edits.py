@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import build_tiny, edit_suite, one_line_error
+from conftest import EDIT_SWEEP, build_tiny, one_line_error
 
 import attnprobe
 from attnprobe.cli import main
@@ -19,7 +19,7 @@ from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, load_e
 from attnprobe.model import from_pretrained_objects
 from attnprobe.stats.next_token import item_log_ratios
 
-SWEEP = ["--kinds", "zero,mean,project", "--k", "1", "--draws", "2"]
+SWEEP = EDIT_SWEEP
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +28,9 @@ def tiny(tiny_llama_dir):
 
 
 @pytest.fixture(scope="module")
-def swept(tiny_llama_dir, tmp_path_factory):
+def swept(swept_run):
     """The edit suite run on the tiny Llama, and its sweep (which saves every chosen edit)."""
-    tmp = tmp_path_factory.mktemp("saved")
-    suite, out = edit_suite(tmp), tmp / "run"
-    args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
-    assert CliRunner().invoke(main, args).exit_code == 0
-    result = CliRunner().invoke(main, ["edit", str(out), *SWEEP])
-    assert result.exit_code == 0, result.output
-    return tmp, suite, out
+    return swept_run
 
 
 def _logits(model, text="The nurse said that she"):
@@ -82,9 +76,10 @@ def test_every_kind_saved_and_loaded_is_the_same_edit(tiny, tmp_path):
 def test_the_sweep_saves_each_chosen_edit_with_where_it_came_from(swept):
     _, suite, out = swept
     edits = pd.read_csv(out / "edits.csv")
-    for kind in ("zero", "mean", "project"):
+    for kind in ("zero", "mean", "scale", "project"):
         saved = load_edit(out / "edits" / f"{kind}-k1.json")
-        assert str(attnprobe.HeadSet(saved.edit.heads)) == edits.set_index("kind").loc[kind, "heads_all"]
+        row = edits[(edits.kind == kind) & (edits.k == 1)].iloc[0]
+        assert str(attnprobe.HeadSet(saved.edit.heads)) == row.heads_all
         source = saved.record["source"]
         assert (
             source["fitted_on"] == "all items"
@@ -93,7 +88,7 @@ def test_the_sweep_saves_each_chosen_edit_with_where_it_came_from(swept):
         for f in range(4):
             quarter = load_edit(out / "edits" / "quarters" / f"{kind}-k1-q{f}.json")
             assert quarter.record["source"]["quarter"] == f and quarter.record["source"]["held_out_items"]
-            heads = edits.set_index("kind").loc[kind, "heads"].split(" | ")[f]
+            heads = row.heads.split(" | ")[f]
             assert str(attnprobe.HeadSet(quarter.edit.heads)) == heads
 
 
@@ -111,7 +106,9 @@ def test_a_saved_quarter_edit_reproduces_the_sweep_and_compare_gives_its_change(
     ]
     # the sweep's values for quarter 0's items, each edited by quarter 0's edit
     raw = pd.read_parquet(out / "edits_items.parquet")
-    sweep = raw[(raw.target == "bias") & (raw.kind == kind) & (raw.draw == -1) & (raw.quarter == 0)]
+    sweep = raw[
+        (raw.target == "bias") & (raw.kind == kind) & (raw.k == 1) & (raw.draw == -1) & (raw.quarter == 0)
+    ]
     run_y = item_log_ratios(attnprobe.Run(edited_out))["pronoun"]
     got = run_y.reindex(sweep["item_id"]).to_numpy()
     assert np.abs(got - sweep["y"].to_numpy()).max() < 1e-4
@@ -204,13 +201,13 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     args = ["edit", str(out), *SWEEP, "--also", str(tmp_path / "coref.yaml"), "--also-k", "1"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert result.output.count("read from an earlier session") == 3  # the sweep itself is not redone
+    assert result.output.count("read from an earlier session") == 4  # the sweep itself is not redone
     table = pd.read_csv(out / "edits_transfer.csv")
-    assert set(table["kind"]) == {"zero", "mean", "project"} and set(table["k"]) == {1}
+    assert set(table["kind"]) == {"zero", "mean", "scale", "project"} and set(table["k"]) == {1}
     gap = table[
         (table.table == "compare_referent_choice") & (table.quantity == "correct") & (table.label == "gap")
     ]
-    assert len(gap) == 3
+    assert len(gap) == 4
     # the pro - anti gap before is the original run's own statistic; after, the edited run's
     original = attnprobe.Run(out / "also" / "coref" / "original")
     before = original.referent_choice_accuracy.set_index("scope").loc["all", "gap"]
