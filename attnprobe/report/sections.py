@@ -160,4 +160,32 @@ def edits_context(directory, figures_dir) -> dict | None:
             f"them by rerunning `attnprobe edit {directory}` with its options (finished kinds are reused)"
         ) from None
     frontier = figure(plots.edit_frontier(summary, draws), figures_dir, "edit_frontier", plots.FRONTIER_ALT)
-    return {"rows": summary.to_dict("records"), "figure": frontier, "reference": summary["reference"].iloc[0]}
+    return {
+        "rows": summary.to_dict("records"),
+        "figure": frontier,
+        "reference": summary["reference"].iloc[0],
+        "heads": _optional(directory, "edits_heads"),
+        "transfer": _transfer_rows(_optional(directory, "edits_transfer")),
+    }
+
+
+def _optional(directory, name: str) -> list[dict]:
+    """The records of a table `attnprobe edit` may have written (none when it did not)."""
+    path = directory / f"{name}.parquet"
+    return pd.read_parquet(path).to_dict("records") if path.is_file() else []
+
+
+TRANSFER_KEYS = ("cut", "quantity", "label", "score", "condition")  # what a comparison row is about
+
+
+def _transfer_rows(rows: list[dict]) -> list[dict]:
+    """Transfer rows with what each compares in one column ("correct gap", "pronoun")."""
+    return [
+        {
+            **r,
+            "what": " ".join(
+                str(r[k]) for k in TRANSFER_KEYS if k in r and r[k] == r[k] and r[k] is not None
+            ),
+        }
+        for r in rows
+    ]

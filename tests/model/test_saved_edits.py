@@ -220,6 +220,11 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
             and row.change_ci_low <= row.mean_change <= row.change_ci_high
         )
         assert edited_run.manifest["edits"][0]["name"] == f"{row.kind}-k1"
+    # the report shows the transfer and each top head alone
+    assert CliRunner().invoke(main, ["report", str(out)]).exit_code == 0
+    html = (out / "report.html").read_text()
+    assert "attnprobe edit --also" in html and "referent_choice correct gap" in html
+    assert "Each of the top heads zeroed alone" in html
     # a suite with no bias to measure is refused before the sweep, in one line
     (tmp_path / "plain.yaml").write_text(
         "name: plain\nslots: {x: {values: [a, b]}}\ntemplates: [{id: t, text: 'The {x} said'}]\n"
