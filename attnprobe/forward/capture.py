@@ -237,6 +237,11 @@ def editing(editor, prefix=None):
         yield editor
 
 
+def active_model_edit():
+    """The model edit in force (None outside `model_edit` blocks)."""
+    return _model_edit.get()
+
+
 @contextmanager
 def model_edit(editor):
     """Within the block the model itself is edited: `editor(site)` rewrites each layer's per-head

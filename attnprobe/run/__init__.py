@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from ..errors import RunError
-from ..forward.capture import model_edit
+from ..forward.capture import active_model_edit, model_edit
 from ..measures import batch_kinds
 from ..model import ProbeModel, load_model
 from ..model.checks import check_device
@@ -35,6 +35,12 @@ def run_suite(
     `options.resume` is on; `options.shard=(k, n)` computes only this process's chunks into its own
     directory (`merge.merge_shards` joins the n directories)."""
     options = options or RunOptions()
+    if active_model_edit() is not None:
+        raise RunError(
+            "run_suite inside `attnprobe.edited(...)`: the run would not record the edit and could resume "
+            "an unedited run; save the edit (attnprobe.edits.save_edit) and pass "
+            "RunOptions(edits=(load_edit(path),))"
+        )
     suite = suite if isinstance(suite, Suite) else load_suite(suite, data_roots=options.data_roots)
     plan = plan_run(suite, model, options)
     if options.device_map is None and not isinstance(model, ProbeModel):

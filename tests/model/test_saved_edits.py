@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import EDIT_SWEEP, build_tiny, one_line_error
+from conftest import EDIT_SWEEP, build_tiny, edit_suite, one_line_error
 
 import attnprobe
 from attnprobe.cli import main
@@ -232,3 +232,12 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     )
     bad = CliRunner().invoke(main, ["edit", str(out), *SWEEP, "--also", str(tmp_path / "plain.yaml")])
     one_line_error(bad, "--also", "plain.yaml: the suite compares no two labels")
+
+
+def test_a_run_inside_an_edited_block_is_refused_instead_of_recorded_unedited(tiny, tmp_path):
+    with (
+        edited(tiny, Zero(heads=((1, 1),))),
+        pytest.raises(attnprobe.RunError, match="inside `attnprobe.edited"),
+    ):
+        attnprobe.run_suite(edit_suite(tmp_path), tiny, out=tmp_path / "o")
+    assert not (tmp_path / "o").exists()
