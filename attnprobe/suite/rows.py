@@ -81,49 +81,56 @@ def line_reader(ctx, item):
 
 
 def read_rows(path: Path, text: str, reader=None, needed=("text",)) -> list[tuple[int, dict]]:
-    """(line number, record) for each sentence: JSONL objects, TSV/CSV rows with a `text` column
-    (or the `needed` sentence columns), or plain-text lines (.txt or a declared line reader), whose
-    key goes to column `line`."""
-    if reader is not None or path.suffix not in (".jsonl", ".tsv", ".tab", ".csv"):
-        rows = []
-        for number, line in enumerate(file_lines(text), start=1):
-            if not line.strip() or line.startswith("#"):
-                continue
-            if reader is None:
-                rows.append((number, {"text": line.strip(), "line": number}))
-                continue
-            try:  # a pattern that backtracks catastrophically would hang on one line
-                match = reader.fullmatch(line, timeout=PATTERN_SECONDS)
-            except TimeoutError:
-                raise SuiteError(
-                    f"{path}:{number}: the entry's `pattern` took over {PATTERN_SECONDS:g} s on this line "
-                    "(nested repetition such as (a+)+ backtracks exponentially); simplify the pattern"
-                ) from None
-            if not match:
-                raise SuiteError(
-                    f"{path}:{number}: the line does not match the entry's line format (`numbered`: a "
-                    "number, "
-                    "then the sentence; or its `pattern`); fix the line or the entry"
-                )
-            key = match.groupdict().get("key")
-            rows.append(
-                (number, {"text": match.group("text"), "line": number_or_text(key) if key else number})
+    """(line number, record) for each sentence: by the file's suffix (FORMATS: JSONL objects, TSV/CSV
+    rows with a `text` column or the `needed` sentence columns), else plain-text lines (.txt, or a
+    declared line reader), whose key goes to column `line`."""
+    if reader is not None or path.suffix not in FORMATS:
+        return line_rows(path, text, reader)
+    return FORMATS[path.suffix](path, text, needed)
+
+
+def line_rows(path: Path, text: str, reader=None) -> list[tuple[int, dict]]:
+    """One sentence per non-blank line not starting with '#'; with `reader` (line_reader) its key and
+    text from the line's match."""
+    rows = []
+    for number, line in enumerate(file_lines(text), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        if reader is None:
+            rows.append((number, {"text": line.strip(), "line": number}))
+            continue
+        try:  # a pattern that backtracks catastrophically would hang on one line
+            match = reader.fullmatch(line, timeout=PATTERN_SECONDS)
+        except TimeoutError:
+            raise SuiteError(
+                f"{path}:{number}: the entry's `pattern` took over {PATTERN_SECONDS:g} s on this line "
+                "(nested repetition such as (a+)+ backtracks exponentially); simplify the pattern"
+            ) from None
+        if not match:
+            raise SuiteError(
+                f"{path}:{number}: the line does not match the entry's line format (`numbered`: a "
+                "number, "
+                "then the sentence; or its `pattern`); fix the line or the entry"
             )
-        return rows
-    if path.suffix == ".jsonl":
-        rows = []
-        for number, line in enumerate(file_lines(text), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SuiteError(f"{path}:{number}: invalid JSON ({exc.msg}); one object per line") from None
-            if not isinstance(record, dict) or not all(isinstance(record.get(c), str) for c in needed):
-                raise SuiteError(f"{path}:{number}: each line needs string fields {', '.join(needed)}")
-            rows.append((number, record))
-        return rows
-    return delimited_rows(path, text, needed)
+        key = match.groupdict().get("key")
+        rows.append((number, {"text": match.group("text"), "line": number_or_text(key) if key else number}))
+    return rows
+
+
+def jsonl_rows(path: Path, text: str, needed=("text",)) -> list[tuple[int, dict]]:
+    """One JSON object per non-blank line, with string fields `needed`."""
+    rows = []
+    for number, line in enumerate(file_lines(text), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SuiteError(f"{path}:{number}: invalid JSON ({exc.msg}); one object per line") from None
+        if not isinstance(record, dict) or not all(isinstance(record.get(c), str) for c in needed):
+            raise SuiteError(f"{path}:{number}: each line needs string fields {', '.join(needed)}")
+        rows.append((number, record))
+    return rows
 
 
 def delimited_rows(path: Path, text: str, needed=("text",)) -> list[tuple[int, dict]]:
@@ -179,3 +186,7 @@ def _unclosed(lines: list[str], dialect: dict) -> bool:
     except csv.Error as exc:
         return "end of data" in str(exc)
     return False
+
+
+# One reader per file format of sentence rows, by suffix: (path, text, needed columns) -> rows.
+FORMATS = {".jsonl": jsonl_rows, ".csv": delimited_rows, ".tsv": delimited_rows, ".tab": delimited_rows}
