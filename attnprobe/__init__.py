@@ -1,5 +1,6 @@
 """attnprobe: attention extraction, from-scratch verification and bias probing for causal LMs."""
 
+from . import model
 from .edits import EditOptions, edited, load_edit
 from .errors import (
     AnalysisError,
@@ -23,6 +24,17 @@ from .report.compare import compare_runs
 from .suite import Suite, load_suite
 from .verify import verify
 from .version import __version__
+
+model.register(  # pm.capture(texts), pm.edited(edit), pm.probe(sentences), pm.verify(), ...
+    capture=capture.capture_texts,
+    edited=edited,
+    probe=probe,
+    str_tokens=str_tokens,
+    span_tokens=span_tokens,
+    verify=verify,
+    head_view=head_view,
+    model_view=model_view,
+)
 
 __all__ = [
     "AnalysisError",

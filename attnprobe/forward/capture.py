@@ -288,6 +288,13 @@ def encode(tokenizer, texts: list[str]) -> dict[str, torch.Tensor]:
     return tokenizer(list(texts), return_tensors="pt", padding=True)
 
 
+def capture_texts(model, texts: list[str], layers=None) -> Captured:
+    """Attention weights of every query row of `texts` (right-padded into one batch) at `layers`
+    (None: all): `pm.capture(texts)`. Row b of a layer's (B, H, T, T) weights is texts[b]."""
+    batch = encode(model.tokenizer, list(texts))
+    return run_with_capture(model, batch["input_ids"], batch["attention_mask"], layers=layers)
+
+
 @torch.inference_mode()
 def run_with_capture(
     model: torch.nn.Module,

@@ -13,6 +13,7 @@ the user cache directory, keyed by the file's SHA-256 and the transformers versi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -54,13 +55,33 @@ class ModelInfo:
     source_sha256: str | None  # SHA-256 of the GGUF file the weights came from, if any
 
 
+# What a loaded model can do, as thin methods `pm.NAME(...)` = function(pm, ...), registered by the
+# package's __init__ (`register`), so model/ imports none of the rooms that own them.
+METHODS: dict = {}
+
+
+def register(**functions) -> None:
+    """Make each function f(model, ...) available as a ProbeModel method: pm.name(...) = f(pm, ...)."""
+    METHODS.update(functions)
+
+
 @dataclass
 class ProbeModel:
-    """A loaded model, its tokenizer (right padding, with a pad token) and its facts."""
+    """A loaded model, its tokenizer (right padding, with a pad token) and its facts. Its methods
+    beyond these are the registered rooms' functions (METHODS: capture, edited, probe, str_tokens,
+    span_tokens, verify, head_view, model_view): `dir(pm)` lists them."""
 
     model: torch.nn.Module
     tokenizer: object
     info: ModelInfo
+
+    def __getattr__(self, name: str):
+        if name in METHODS:
+            return partial(METHODS[name], self)
+        raise AttributeError(f"'ProbeModel' object has no attribute '{name}'")
+
+    def __dir__(self):
+        return sorted({*super().__dir__(), *METHODS})
 
     @property
     def device(self) -> torch.device:
