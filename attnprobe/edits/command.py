@@ -135,7 +135,8 @@ def checked_options(options: EditOptions, manifest: dict, suite) -> tuple:
     return listed, word
 
 
-def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFrame:
+def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.DataFrame, object]:
+    """The sweep; returns the edits table and the model it loaded (for --also)."""
     run, suite = _run_and_suite(directory)
     m = run.manifest
     started = time.monotonic()
@@ -229,12 +230,13 @@ def save_chosen(
         **source,
     }
     own_directory(own_directory(directory / "edits") / "quarters")  # no planted link written through
+    chosen = f"--heads {options.heads}" if options.heads else None  # else the items' ranking
     n = 0
     for kind in options.kinds:
         everywhere = KINDS[kind].fit(inputs, np.arange(4), options)
         quarters = [KINDS[kind].fit(inputs, inputs.training(f), options) for f in range(4)]
         for k, per_fold in sets.items():
-            about = {"k": k, "fitted_on": "all items", "heads_chosen_on": "all items"}
+            about = {"k": k, "fitted_on": "all items", "heads_chosen_on": chosen or "all items"}
             save_edit(
                 everywhere.on(per_fold["all"]),
                 directory / "edits" / f"{kind}-k{k}",
@@ -249,7 +251,7 @@ def save_chosen(
                     "k": k,
                     "quarter": f,
                     "fitted_on": f"quarters {training}",
-                    "heads_chosen_on": f"quarters {training}",
+                    "heads_chosen_on": chosen or f"quarters {training}",
                     "held_out_items": held_out,  # `compare` reports these items as a scope of their own
                 }
                 path = directory / "edits" / "quarters" / f"{kind}-k{k}-q{f}"
