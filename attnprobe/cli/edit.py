@@ -41,6 +41,13 @@ def _int_list(ctx, param, value):
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
+    "--alone",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="The top heads each zeroed alone on every item and control prompt (edits_heads.csv); 0: none.",
+)
+@click.option(
     "--also",
     multiple=True,
     type=click.Path(dir_okay=False),
@@ -55,7 +62,7 @@ def _int_list(ctx, param, value):
     callback=_int_list,
     help="The numbers of heads whose edits --also applies.",
 )
-def edit(run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed, also, also_ks):
+def edit(run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed, alone, also, also_ks):
     """Edit the heads RUN_DIR found (k = 1, 2, 5, 10, 20; against random heads of the same layers)
     and write edits.csv: the stereotype gradient removed, definitional pronouns kept, and the KL cost."""
     from ..edits import EditOptions, run_edits
@@ -69,6 +76,7 @@ def edit(run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed, a
         reference=reference,
         text=text_file,
         seed=seed,
+        alone=alone,
     )
     quiet = click.get_current_context().obj.get("quiet")
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))

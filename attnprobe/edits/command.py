@@ -5,6 +5,7 @@ model's weights; Ctrl-C stops after the current kind), write edits_items, edits 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict
@@ -185,10 +186,12 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
                     f"interrupted after edit kind {kind} ({n} of {len(options.kinds)} kept in "
                     f"{chunks}); rerun the same command to continue"
                 )
-        path = chunks / f"edits-{key}-{SINGLE}.parquet"
+        alone_key = hashlib.sha256(f"{key} {options.alone}".encode()).hexdigest()[:16]
+        path = chunks / f"edits-{alone_key}-{SINGLE}.parquet"
         single = _read_kind(path, log)
         if single is None:
-            single = _describe(measure_single(model, inputs, scores["all"], H, log), inputs)
+            single = measure_single(model, inputs, scores["all"], H, options.alone, log)
+            single = _describe(single, inputs) if len(single) else single
             with ignored_interrupts():
                 _write_kind(path, single)
     raw = pd.concat([*frames, single], ignore_index=True)
@@ -199,7 +202,8 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
     write_table(directory, "edits", summary)
     write_table(directory, "edits_draws", draws)
     write_table(directory, "edits_quarters", quarter_table(sweep))
-    write_table(directory, "edits_heads", head_table(raw[raw["kind"].isin(["none", SINGLE])], H))
+    if options.alone:
+        write_table(directory, "edits_heads", head_table(raw[raw["kind"].isin(["none", SINGLE])], H))
     figure(edit_frontier(summary, draws), directory / "figures", "edit_frontier", FRONTIER_ALT)
     saved = save_chosen(directory, model, weights, inputs, sets, options, source={"reference": word})
     for note in dict.fromkeys(n for n in summary.get("note", []) if n):

@@ -31,11 +31,16 @@ def ranked_heads(scores: np.ndarray, n_heads: int, top: int = TOP) -> list[tuple
     return [(int(i) // n_heads, int(i) % n_heads) for i in order[:top] if np.isfinite(scores[i])]
 
 
-def measure_single(model, inputs, scores: np.ndarray, n_heads: int, log=lambda m: None) -> pd.DataFrame:
-    """Raw values (as sweep.measure_kind's) of each top head zeroed alone: bias on every item,
-    control on every prompt, KL and loss on every text."""
+def measure_single(
+    model, inputs, scores: np.ndarray, n_heads: int, top: int = TOP, log=lambda m: None
+) -> pd.DataFrame:
+    """Raw values (as sweep.measure_kind's) of each of the `top` heads zeroed alone: bias on every
+    item, control on every prompt, KL and loss on every text."""
     L = model.info.n_layers
-    heads = ranked_heads(scores, n_heads)
+    heads = ranked_heads(scores, n_heads, top)
+    if not heads:
+        columns = ["target", "k", "draw", "index", "y", "kl", "loss", "heads", "heads_all", "kind"]
+        return pd.DataFrame(columns=columns)
     frames = []
     for target, bank in (("bias", inputs.bank), ("control", inputs.control), ("text", inputs.texts)):
         n = len(bank.lengths)

@@ -60,6 +60,7 @@ class EditOptions:
     reference: str | None = None  # counterfactual word of the reference set; default the suite's last
     text: str | None = None  # a text file whose log-loss change is reported
     seed: int = 0
+    alone: int = 10  # the top heads each zeroed alone (edits_heads); 0: none
 
     def __post_init__(self):
         unknown = [k for k in self.kinds if k not in KINDS]
@@ -69,8 +70,8 @@ class EditOptions:
             )
         if not self.ks or min(self.ks) < 1:
             raise AttnprobeError("k must be whole numbers of heads >= 1, e.g. --k 1,2,5,10,20")
-        if self.draws < 0:
-            raise AttnprobeError("--draws must be 0 or more")
+        if self.draws < 0 or self.alone < 0:
+            raise AttnprobeError("--draws and --alone must be 0 or more")
         if (
             not (isinstance(self.factor, (int, float)) and math.isfinite(self.factor))
             or abs(self.factor) > 100
@@ -108,9 +109,9 @@ def gradient_scores(
 
 def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> str:
     """What determines an edit kind's values: the run, the options (but the list of kinds: adding a
-    kind to a sweep keeps the kinds already measured), the model's weights, this attnprobe's version
-    and the part of --text that is read."""
-    settings = {key: value for key, value in asdict(options).items() if key != "kinds"}  # a file per kind
+    kind to a sweep keeps the kinds already measured; and --alone, which has a file of its own), the
+    model's weights, this attnprobe's version and the part of --text that is read."""
+    settings = {k: v for k, v in asdict(options).items() if k not in ("kinds", "alone")}  # a file per kind
     payload = json.dumps(
         {"run": run_fingerprint, "weights": weights, "attnprobe": __version__, **settings},
         sort_keys=True,

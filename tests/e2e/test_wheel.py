@@ -75,7 +75,7 @@ import importlib.util, sys
 assert importlib.util.find_spec("attnprobe").origin.startswith({str(site)!r}), "not the wheel's attnprobe"
 from attnprobe.cli import main
 for args in (["run", "gender.yaml", "--limit", "8", "--out", "out", "--no-progress"],
-             ["edit", "out", "--kinds", "zero", "--k", "1", "--draws", "2"]):
+             ["edit", "out", "--kinds", "zero", "--k", "1", "--draws", "2", "--alone", "0"]):
     try:
         main(args, standalone_mode=False)
     except SystemExit as stop:
