@@ -260,6 +260,13 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
     "not allow it.",
 )
 @click.option(
+    "--skip",
+    "skipped",
+    multiple=True,
+    help="Leave out a declared measure with a phase of its own (repeatable): head_effects, "
+    "direct_attribution, referent_choice, ...",
+)
+@click.option(
     "--edit",
     "edit_files",
     multiple=True,
@@ -270,7 +277,7 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
 @remote_code_option
 @pickle_option
 @data_root_option
-def run(suite, model_spec, with_report, edit_files, **settings):
+def run(suite, model_spec, with_report, edit_files, skipped, **settings):
     """Run a probe suite (e.g. probes/gender.yaml) and write its tables to the run directory."""
     import time
 
@@ -284,7 +291,8 @@ def run(suite, model_spec, with_report, edit_files, **settings):
     quiet = click.get_current_context().obj.get("quiet")
     if quiet:
         settings.update(progress=False, log=lambda message: None)
-    settings["skip"] = () if settings.pop("head_effects") else ("head_effects",)
+    head_effects = () if settings.pop("head_effects") else ("head_effects",)
+    settings["skip"] = tuple(dict.fromkeys((*head_effects, *skipped)))
     if edit_files:
         from ..edits.saved import load_edit
 

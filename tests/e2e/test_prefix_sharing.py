@@ -124,7 +124,7 @@ def test_a_shared_run_equals_a_plain_run(smollm, tmp_path):
             out=tmp_path / str(share),
             limit=150,
             progress=False,
-            skip=("head_effects",),
+            skip=("head_effects", "direct_attribution"),
             share_prefixes=share,
         )
         for share in (True, False)

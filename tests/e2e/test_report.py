@@ -71,7 +71,12 @@ HEAD_COLUMNS = [
 def reported(smollm, tmp_path_factory):
     out = tmp_path_factory.mktemp("gender")
     run = attnprobe.run_suite(
-        "probes/gender.yaml", model=smollm, out=out, limit=150, progress=False, skip=("head_effects",)
+        "probes/gender.yaml",
+        model=smollm,
+        out=out,
+        limit=150,
+        progress=False,
+        skip=("head_effects", "direct_attribution"),
     )
     return run, write_report(out)
 
@@ -176,7 +181,7 @@ def test_cli_report_compares_runs(reported, smollm, tmp_path):
         out=tmp_path / "other",
         limit=30,
         progress=False,
-        skip=("head_effects",),
+        skip=("head_effects", "direct_attribution"),
     )
     out = tmp_path / "compare.html"
     result = CliRunner().invoke(main, ["report", str(run.directory), str(other.directory), "--out", str(out)])

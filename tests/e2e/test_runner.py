@@ -35,7 +35,7 @@ def small_run(smollm, tmp_path_factory):
         batch_size=8,
         chunk_size=32,
         progress=False,
-        skip=("head_effects",),
+        skip=("head_effects", "direct_attribution"),
     )
 
 
@@ -159,7 +159,12 @@ def test_prompt_longer_than_context_is_refused_before_running(smollm, tmp_path):
         SuiteError, match=r"gender.yaml:\d+: prompt \d+ has \d+ tokens, more than the model's context of 6"
     ):
         attnprobe.run_suite(
-            GENDER, model=tiny, out=tmp_path / "x", limit=3, progress=False, skip=("head_effects",)
+            GENDER,
+            model=tiny,
+            out=tmp_path / "x",
+            limit=3,
+            progress=False,
+            skip=("head_effects", "direct_attribution"),
         )
     assert not (tmp_path / "x").exists()  # nothing written, nothing run
 
@@ -212,6 +217,8 @@ def test_sigkill_then_resume_gives_identical_outputs(tmp_path):
         "--chunk-size",
         "16",
         "--no-head-effects",
+        "--skip",
+        "direct_attribution",
         "--no-report",  # the run's own files are compared
     ]
     reference = _cli(*args, "--out", str(tmp_path / "whole"), cwd=tmp_path)
@@ -240,13 +247,31 @@ def test_sigkill_then_resume_gives_identical_outputs(tmp_path):
 
 
 def test_resume_with_other_settings_is_refused_and_fresh_replaces(smollm, tmp_path):
-    attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, limit=6, progress=False, skip=("head_effects",))
+    attnprobe.run_suite(
+        GENDER,
+        model=smollm,
+        out=tmp_path,
+        limit=6,
+        progress=False,
+        skip=("head_effects", "direct_attribution"),
+    )
     with pytest.raises(RunError, match="holds a run with other settings .* rerun with --fresh"):
         attnprobe.run_suite(
-            GENDER, model=smollm, out=tmp_path, limit=9, progress=False, skip=("head_effects",)
+            GENDER,
+            model=smollm,
+            out=tmp_path,
+            limit=9,
+            progress=False,
+            skip=("head_effects", "direct_attribution"),
         )
     run = attnprobe.run_suite(
-        GENDER, model=smollm, out=tmp_path, limit=9, resume=False, progress=False, skip=("head_effects",)
+        GENDER,
+        model=smollm,
+        out=tmp_path,
+        limit=9,
+        resume=False,
+        progress=False,
+        skip=("head_effects", "direct_attribution"),
     )
     assert len(run.prompts) == 9
 
@@ -255,7 +280,18 @@ def test_cli_run_reports_and_bad_suite_is_one_line(tmp_path):
     runner = CliRunner()
     result = runner.invoke(
         main,
-        ["run", GENDER, "--limit", "12", "--out", str(tmp_path / "o"), "--no-progress", "--no-head-effects"],
+        [
+            "run",
+            GENDER,
+            "--limit",
+            "12",
+            "--out",
+            str(tmp_path / "o"),
+            "--no-progress",
+            "--no-head-effects",
+            "--skip",
+            "direct_attribution",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "12 prompts on smollm2-135m" in result.output and "prompts/s" in result.output

@@ -58,6 +58,8 @@ ARGS = [
     "16",
     "--no-report",
     "--no-head-effects",
+    "--skip",
+    "direct_attribution",
 ]
 
 
