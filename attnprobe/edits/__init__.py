@@ -1,15 +1,29 @@
 """Head edits: remove or steer heads and measure the bias removed against what it costs.
 
-kinds    Zero, Mean, Resample, Scale, Project (one class each), `edited(model, edit)`
-estimate the edits' parameters from recorded head outputs
+kinds    Zero, Mean, Resample, Scale, Project, Orthogonal, Leace (one class each), `edited(model, *edits)`
+estimate the edits' parameters from recorded head outputs (means, banks, directions, erasers)
 passes   batched edited forward passes (from the lowest edited layer)
-sweep    the sweep of `attnprobe edit`: heads per fold, values per kind and k
-command  `attnprobe edit RUN_DIR`: inputs, resume, tables and figure
+sweep    the sweep of `attnprobe edit`: heads per fold, values per kind and k, the null's sets
+single   each top head zeroed alone (edits_heads)
+command  `attnprobe edit RUN_DIR`: inputs, resume, tables, figure and the saved edits
 saved    a fitted edit as NAME.safetensors + NAME.json: `save_edit`, `load_edit`
+transfer the chosen edits applied to other suites (`--also`)
 """
 
 from .command import run_edits
-from .kinds import KINDS, HeadEdit, Mean, Project, Resample, Scale, Zero, edited, parse_heads
+from .kinds import (
+    KINDS,
+    HeadEdit,
+    Leace,
+    Mean,
+    Orthogonal,
+    Project,
+    Resample,
+    Scale,
+    Zero,
+    edited,
+    parse_heads,
+)
 from .saved import SavedEdit, load_edit, save_edit
 from .sweep import EditOptions
 
@@ -17,7 +31,9 @@ __all__ = [
     "KINDS",
     "EditOptions",
     "HeadEdit",
+    "Leace",
     "Mean",
+    "Orthogonal",
     "Project",
     "Resample",
     "SavedEdit",
