@@ -205,7 +205,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
     if options.alone:
         write_table(directory, "edits_heads", head_table(raw[raw["kind"].isin(["none", SINGLE])], H))
     figure(edit_frontier(summary, draws), directory / "figures", "edit_frontier", FRONTIER_ALT)
-    saved = save_chosen(directory, model, weights, inputs, sets, options, source={"reference": word})
+    saved = save_chosen(directory, m, model, weights, inputs, sets, options, source={"reference": word})
     for note in dict.fromkeys(n for n in summary.get("note", []) if n):
         log(f"note: {note}")
     log(
@@ -216,14 +216,20 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
 
 
 def save_chosen(
-    directory: Path, model, weights: str, inputs, sets: dict, options: EditOptions, source: dict
+    directory: Path,
+    manifest: dict,
+    model,
+    weights: str,
+    inputs,
+    sets: dict,
+    options: EditOptions,
+    source: dict,
 ) -> int:
     """Write every edit the sweep measured, fitted, to RUN_DIR/edits/: per kind and k the edit of
     the heads chosen on all items with parameters fitted on all items (KIND-kK: the one to apply to
     other suites), and under edits/quarters/ each quarter's own (heads chosen and parameters fitted
     on its training quarters: KIND-kK-qF, the edit the sweep's "after" values of quarter F come
     from). Returns how many."""
-    manifest = RunFiles(directory).manifest
     source = {
         "run": str(directory.resolve()),
         "run_fingerprint": manifest["fingerprint"],

@@ -107,8 +107,7 @@ def change_table(a: pd.DataFrame, b: pd.DataFrame, run, scopes: dict[str, list])
         table["change_p"] = test["p"][2 * k :]
         table["change_q"] = bh_qvalues(table["change_p"].to_numpy())
         table["change_df"] = test["df"][2 * k :]
-        binary = np.isin(va, (0, 1)) | np.isnan(va)
-        if (binary & (np.isin(vb, (0, 1)) | np.isnan(vb))).all(0).any():
+        if _outcomes(va, vb).any():
             table = table.assign(**_mcnemar(va, vb))
         if analysis.covariate:
             x = design.cells[analysis.covariate].to_numpy(dtype=float)
@@ -127,10 +126,16 @@ def change_table(a: pd.DataFrame, b: pd.DataFrame, run, scopes: dict[str, list])
     return out[first + [c for c in out.columns if c not in first]]
 
 
+def _outcomes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per column: whether both runs' values are 0/1 outcomes (NaN where an item has none)."""
+    zero_one = lambda v: np.isin(v, (0, 1)) | np.isnan(v)
+    return (zero_one(a) & zero_one(b)).all(0)
+
+
 def _mcnemar(a: np.ndarray, b: np.ndarray) -> dict:
     """Per column: items at 1 in A only and in B only, and McNemar's exact p (NaN for a column that
     is not a 0/1 outcome)."""
-    binary = ((np.isin(a, (0, 1)) | np.isnan(a)) & (np.isin(b, (0, 1)) | np.isnan(b))).all(0)
+    binary = _outcomes(a, b)
     only_a = ((a == 1) & (b == 0)).sum(0)
     only_b = ((a == 0) & (b == 1)).sum(0)
     p = [

@@ -15,6 +15,8 @@ from attnprobe.forward.packing import pack_trie, run_with_shared_prefixes
 from attnprobe.forward.sharing import prefix_sharing_blocker
 from attnprobe.run.plan import Batch, Encoded, plan_batches, plan_chunks, plan_sha256, sharing_summary
 
+SKIP = ("head_effects", "direct_attribution")  # the phases of their own these runs do not read
+
 GENDER = "probes/gender.yaml"
 # packs of sequences: a shared prefix with suffixes of 1-3 tokens, one sequence that is a prefix of
 # another (its last token is an inner node of the trie), a pack of one, and lengths that need padding
@@ -124,7 +126,7 @@ def test_a_shared_run_equals_a_plain_run(smollm, tmp_path):
             out=tmp_path / str(share),
             limit=150,
             progress=False,
-            skip=("head_effects", "direct_attribution"),
+            skip=SKIP,
             share_prefixes=share,
         )
         for share in (True, False)

@@ -15,6 +15,8 @@ import attnprobe
 from attnprobe.cli import main
 from attnprobe.report import write_report
 
+SKIP = ("head_effects", "direct_attribution")  # the phases of their own these runs do not read
+
 pytestmark = pytest.mark.slow
 HEAD_COLUMNS = [
     "scope",
@@ -76,7 +78,7 @@ def reported(smollm, tmp_path_factory):
         out=out,
         limit=150,
         progress=False,
-        skip=("head_effects", "direct_attribution"),
+        skip=SKIP,
     )
     return run, write_report(out)
 
@@ -181,7 +183,7 @@ def test_cli_report_compares_runs(reported, smollm, tmp_path):
         out=tmp_path / "other",
         limit=30,
         progress=False,
-        skip=("head_effects", "direct_attribution"),
+        skip=SKIP,
     )
     out = tmp_path / "compare.html"
     result = CliRunner().invoke(main, ["report", str(run.directory), str(other.directory), "--out", str(out)])

@@ -20,6 +20,8 @@ from attnprobe.errors import RunError
 from attnprobe.model import from_pretrained_objects
 from attnprobe.suite import SuiteError
 
+SKIP = ("head_effects", "direct_attribution")  # the phases of their own these runs do not read
+
 GENDER = "probes/gender.yaml"
 pytestmark = pytest.mark.slow
 
@@ -35,7 +37,7 @@ def small_run(smollm, tmp_path_factory):
         batch_size=8,
         chunk_size=32,
         progress=False,
-        skip=("head_effects", "direct_attribution"),
+        skip=SKIP,
     )
 
 
@@ -164,7 +166,7 @@ def test_prompt_longer_than_context_is_refused_before_running(smollm, tmp_path):
             out=tmp_path / "x",
             limit=3,
             progress=False,
-            skip=("head_effects", "direct_attribution"),
+            skip=SKIP,
         )
     assert not (tmp_path / "x").exists()  # nothing written, nothing run
 
@@ -253,7 +255,7 @@ def test_resume_with_other_settings_is_refused_and_fresh_replaces(smollm, tmp_pa
         out=tmp_path,
         limit=6,
         progress=False,
-        skip=("head_effects", "direct_attribution"),
+        skip=SKIP,
     )
     with pytest.raises(RunError, match="holds a run with other settings .* rerun with --fresh"):
         attnprobe.run_suite(
@@ -262,7 +264,7 @@ def test_resume_with_other_settings_is_refused_and_fresh_replaces(smollm, tmp_pa
             out=tmp_path,
             limit=9,
             progress=False,
-            skip=("head_effects", "direct_attribution"),
+            skip=SKIP,
         )
     run = attnprobe.run_suite(
         GENDER,
@@ -271,7 +273,7 @@ def test_resume_with_other_settings_is_refused_and_fresh_replaces(smollm, tmp_pa
         limit=9,
         resume=False,
         progress=False,
-        skip=("head_effects", "direct_attribution"),
+        skip=SKIP,
     )
     assert len(run.prompts) == 9
 

@@ -97,20 +97,17 @@ def quarter_scores(
 
 
 def random_sets(
-    heads: tuple[int, ...], n_heads: int, rng, draws: int = RANDOM_DRAWS, others: bool = False
+    heads: tuple[int, ...], n_heads: int, rng, draws: int = RANDOM_DRAWS
 ) -> tuple[tuple[int, ...], ...]:
     """`draws` sets of heads drawn at random layer for layer from the layers of `heads` (a set with
     two heads of layer 25 gets two distinct random heads of layer 25): what a set of that size and
-    depth carries without being chosen. `others`: draw from the heads not in `heads` where the
-    layer has enough of them (the edits' null: other heads of the same layers)."""
+    depth carries without being chosen (the edits' null, distinct sets: edits.sweep.null_sets)."""
     out = []
     for _ in range(draws):
         picked: set[int] = set()
         for head in heads:
             layer = head // n_heads
             options = [layer * n_heads + h for h in range(n_heads) if layer * n_heads + h not in picked]
-            if others and len(set(options) - set(heads)) > 0:
-                options = sorted(set(options) - set(heads))
             picked.add(int(rng.choice(options)))
         out.append(tuple(sorted(picked)))
     return tuple(out)
