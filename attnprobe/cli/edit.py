@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import click
 
+from ..edits.kinds import KINDS
+from ..edits.sweep import DEFAULT_K, DEFAULT_KINDS
+
 
 def _int_list(ctx, param, value):
     if value is None:
@@ -18,12 +21,17 @@ def _int_list(ctx, param, value):
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
 @click.option(
     "--kinds",
-    default="zero,mean,project",
+    default=",".join(DEFAULT_KINDS),
     show_default=True,
-    help="Edit kinds, comma-separated: zero, mean, resample, scale, project.",
+    help=f"Head edit kinds, comma-separated: {', '.join(KINDS)}.",
 )
 @click.option(
-    "--k", "ks", default="1,2,5,10,20", show_default=True, callback=_int_list, help="Numbers of heads."
+    "--k",
+    "ks",
+    default=",".join(map(str, DEFAULT_K)),
+    show_default=True,
+    callback=_int_list,
+    help="Numbers of heads.",
 )
 @click.option(
     "--heads", help="Edit these heads on every item instead of the run's ranking, e.g. L26H2,L25H2."
@@ -48,6 +56,12 @@ def _int_list(ctx, param, value):
     help="The top heads each zeroed alone on every item and control prompt (edits_heads.csv); 0: none.",
 )
 @click.option(
+    "--stream/--no-stream",
+    default=True,
+    show_default=True,
+    help="Also erase the covariate from the residual stream entering each layer (edits_stream.csv).",
+)
+@click.option(
     "--also",
     multiple=True,
     type=click.Path(dir_okay=False),
@@ -62,7 +76,7 @@ def _int_list(ctx, param, value):
     callback=_int_list,
     help="The numbers of heads whose edits --also applies.",
 )
-def edit(run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed, alone, also, also_ks):
+def edit(run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed, alone, stream, also, also_ks):
     """Edit the heads RUN_DIR found (k = 1, 2, 5, 10, 20; against random heads of the same layers)
     and write edits.csv: the stereotype gradient removed, definitional pronouns kept, and the KL cost."""
     from ..edits import EditOptions, run_edits
@@ -77,6 +91,7 @@ def edit(run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed, a
         text=text_file,
         seed=seed,
         alone=alone,
+        stream=stream,
     )
     quiet = click.get_current_context().obj.get("quiet")
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))

@@ -26,7 +26,7 @@ from ..run.options import RunOptions
 from ..run.plan import plan_run
 from ..run.reader import RunFiles
 from ..run.storage import content_sha
-from ..stats.edits import edit_tables, head_table, quarter_table
+from ..stats.edits import STREAM, edit_tables, head_table, quarter_table, stream_table
 from ..store import atomic_write, digest, exclusive, write_parquet, write_table
 from ..suite import load_suite
 from ..version import __version__
@@ -35,6 +35,7 @@ from .kinds import KINDS
 from .saved import save_edit
 from .single import NAME as SINGLE
 from .single import measure_single
+from .stream import StreamEdit, measure_stream
 from .sweep import (
     EditOptions,
     clean_values,
@@ -187,25 +188,29 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
                     f"{chunks}); rerun the same command to continue"
                 )
         alone_key = hashlib.sha256(f"{key} {options.alone}".encode()).hexdigest()[:16]
-        path = chunks / f"edits-{alone_key}-{SINGLE}.parquet"
-        single = _read_kind(path, log)
-        if single is None:
-            single = measure_single(model, inputs, scores["all"], H, options.alone, log)
-            single = _describe(single, inputs) if len(single) else single
-            with ignored_interrupts():
-                _write_kind(path, single)
-    raw = pd.concat([*frames, single], ignore_index=True)
+        single = lambda: measure_single(model, inputs, scores["all"], H, options.alone, log)
+        frames.append(_own_chunk(chunks / f"edits-{alone_key}-{SINGLE}.parquet", single, inputs, log))
+        if options.stream:
+            stream = lambda: measure_stream(model, inputs, log)
+            frames.append(_own_chunk(chunks / f"edits-{key}-{STREAM}.parquet", stream, inputs, log))
+    raw = pd.concat(frames, ignore_index=True)
     write_table(directory, "edits_items", raw)
-    sweep = raw[raw["kind"] != SINGLE]
+    sweep = raw[~raw["kind"].isin([SINGLE, STREAM])]
     summary, draws = edit_tables(sweep, H)
     summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
     write_table(directory, "edits", summary)
     write_table(directory, "edits_draws", draws)
-    write_table(directory, "edits_quarters", quarter_table(sweep))
+    stream, chosen = stream_table(raw)
+    chosen = pd.concat([raw[raw["kind"] == "none"], chosen])  # the stream's chosen rows and the clean ones
+    write_table(directory, "edits_quarters", pd.concat([quarter_table(sweep), quarter_table(chosen)]))
+    if len(stream):
+        write_table(directory, "edits_stream", stream)
     if options.alone:
         write_table(directory, "edits_heads", head_table(raw[raw["kind"].isin(["none", SINGLE])], H))
     figure(edit_frontier(summary, draws), directory / "figures", "edit_frontier", FRONTIER_ALT)
     saved = save_chosen(directory, m, model, weights, inputs, sets, options, source={"reference": word})
+    if len(stream):
+        saved += save_stream(directory, m, model, weights, inputs, options, stream, {"reference": word})
     for note in dict.fromkeys(n for n in summary.get("note", []) if n):
         log(f"note: {note}")
     log(
@@ -213,6 +218,49 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
         "edits in edits/ (apply one with `attnprobe run SUITE --edit FILE`)"
     )
     return summary, model
+
+
+def _source(directory: Path, manifest: dict, options: EditOptions, source: dict) -> dict:
+    """Where a saved edit comes from: the run, its suite, the sweep's options, this attnprobe."""
+    own_directory(own_directory(directory / "edits") / "quarters")  # no planted link written through
+    return {
+        "run": str(directory.resolve()),
+        "run_fingerprint": manifest["fingerprint"],
+        "suite": manifest["suite"]["path"],
+        "suite_sha256": manifest["suite"]["sha256"],
+        "options": asdict(options),
+        "attnprobe": __version__,
+        **source,
+    }
+
+
+def _held_out(inputs, f: int) -> list:
+    """The items of quarter f: `compare` reports them as a scope of their own."""
+    return [i.item_id for i, g in zip(inputs.items, inputs.fold) if g == f]
+
+
+def save_stream(directory, manifest, model, weights, inputs, options, table, source) -> int:
+    """Write the chosen stream erasers: edits/stream (the layer chosen on every item, fitted on every
+    item) and edits/quarters/stream-qF (quarter F's layer chosen on the other quarters' items,
+    fitted on its training quarters: the edit the chosen row's values of quarter F come from)."""
+    source = _source(directory, manifest, options, source)
+    chosen = table[table["chosen"]].iloc[0]
+    layer = int(chosen["layer"])
+    about = {"fitted_on": "all items", "layer_chosen_on": "all items"}
+    everywhere = StreamEdit.fit(inputs, layer, np.arange(4))
+    save_edit(everywhere, directory / "edits" / STREAM, model, {**source, **about}, weights)
+    for f, text in enumerate(chosen["heads"].split(" | ")):
+        layer, training = int(text.split()[-1]), [int(g) for g in inputs.training(f)]
+        about = {
+            "quarter": f,
+            "fitted_on": f"quarters {training}",
+            "layer_chosen_on": f"the items outside quarter {f}",
+            "held_out_items": _held_out(inputs, f),
+        }
+        edit = StreamEdit.fit(inputs, layer, inputs.training(f))
+        path = directory / "edits" / "quarters" / f"{STREAM}-q{f}"
+        save_edit(edit, path, model, {**source, **about}, weights)
+    return 5
 
 
 def save_chosen(
@@ -230,16 +278,7 @@ def save_chosen(
     other suites), and under edits/quarters/ each quarter's own (heads chosen and parameters fitted
     on its training quarters: KIND-kK-qF, the edit the sweep's "after" values of quarter F come
     from). Returns how many."""
-    source = {
-        "run": str(directory.resolve()),
-        "run_fingerprint": manifest["fingerprint"],
-        "suite": manifest["suite"]["path"],
-        "suite_sha256": manifest["suite"]["sha256"],
-        "options": asdict(options),
-        "attnprobe": __version__,
-        **source,
-    }
-    own_directory(own_directory(directory / "edits") / "quarters")  # no planted link written through
+    source = _source(directory, manifest, options, source)
     chosen = f"--heads {options.heads}" if options.heads else None  # else the items' ranking
     n = 0
     for kind in options.kinds:
@@ -256,18 +295,29 @@ def save_chosen(
             )
             for f, edit in enumerate(quarters):
                 training = [int(g) for g in inputs.training(f)]
-                held_out = [i.item_id for i, g in zip(inputs.items, inputs.fold) if g == f]
                 about = {
                     "k": k,
                     "quarter": f,
                     "fitted_on": f"quarters {training}",
                     "heads_chosen_on": chosen or f"quarters {training}",
-                    "held_out_items": held_out,  # `compare` reports these items as a scope of their own
+                    "held_out_items": _held_out(inputs, f),
                 }
                 path = directory / "edits" / "quarters" / f"{kind}-k{k}-q{f}"
                 save_edit(edit.on(per_fold[f]), path, model, {**source, **about}, weights)
             n += 5
     return n
+
+
+def _own_chunk(path: Path, measure, inputs, log) -> pd.DataFrame:
+    """Raw values with a chunk file of their own (not a kind of the sweep's list): read back when an
+    earlier session wrote them, else measured (`measure()`) and written."""
+    frame = _read_kind(path, log)
+    if frame is None:
+        frame = measure()
+        frame = _describe(frame, inputs) if len(frame) else frame
+        with ignored_interrupts():
+            _write_kind(path, frame)
+    return frame
 
 
 def _write_kind(path: Path, frame: pd.DataFrame) -> None:

@@ -22,7 +22,7 @@ the model runs edited.
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import ClassVar
 
 import numpy as np
@@ -75,6 +75,51 @@ class HeadEdit:
         """The edit with its parameters estimated on the items (and their reference sequences) of
         the folds `on`; a kind without parameters is itself."""
         return cls()
+
+    def sites(self) -> str:
+        return str(HeadSet(self.heads))
+
+    def applied(self, model):
+        """Within the block every pass of `model` (a ProbeModel) has the heads edited."""
+        if not routes_attention(model.model.config):
+            raise AttnprobeError(
+                f"{model.info.spec}: head edits need attention routed through attnprobe, and this "
+                "family bypasses it (eager-only)"
+            )
+        return model_edit(RowEditor(self, self.mask(model.info.n_layers, model.info.n_heads)[None]))
+
+    def stored(self) -> tuple[dict, dict, dict]:
+        """(tensors, scalars, where) a saved file holds (edits.saved): each tensor parameter
+        (L, H, ...) only at the edited heads, (k, ...) in the order of `heads`."""
+        layers, heads = (torch.tensor(side, dtype=torch.long) for side in zip(*self.heads))
+        tensors, scalars = {}, {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                tensors[f.name] = value[layers, heads].contiguous().float()
+            elif f.name != "heads":
+                scalars[f.name] = value
+        return tensors, scalars, {"heads": self.sites()}
+
+    @classmethod
+    def restored(cls, record: dict, tensors: dict) -> HeadEdit:
+        """The edit a saved file holds, its tensors back at the model's (L, H, ...) size (zero at
+        the heads it does not edit)."""
+        pairs = HeadSet.parse(record["heads"]).pairs
+        scalars, shape = record.get("parameters", {}), record["model"]
+        names = {f.name for f in fields(cls)} - {"heads"}
+        unknown = set(scalars) - names
+        if unknown:
+            raise ValueError(f"parameters {sorted(unknown)} are not the {cls.kind} kind's")
+        full = {}
+        for name, rows in tensors.items():
+            if name not in names or len(rows) != len(pairs):
+                raise ValueError(f"tensor {name} {tuple(rows.shape)} does not fit {len(pairs)} heads")
+            dense = rows.new_zeros(shape["n_layers"], shape["n_heads"], *rows.shape[1:])
+            for i, (layer, head) in enumerate(pairs):
+                dense[layer, head] = rows[i]
+            full[name] = dense
+        return cls(heads=tuple(pairs), **scalars, **full)
 
 
 @dataclass(frozen=True)
@@ -225,20 +270,11 @@ class RowEditor:
 
 
 @contextmanager
-def edited(model, *edits: HeadEdit):
-    """Within the block, `model` (a ProbeModel) runs with `edits` applied to its heads, in order:
-    every forward pass, capture, probe or run of it sees the edited model (`capture.model_edit`).
-    An edit loaded from a file (`load_edit`) is checked against the model first."""
-    if not routes_attention(model.model.config):
-        raise AttnprobeError(
-            f"{model.info.spec}: head edits need attention routed through attnprobe, and this "
-            "family bypasses it (eager-only)"
-        )
+def edited(model, *edits):
+    """Within the block, `model` (a ProbeModel) runs with `edits` applied, in order: every forward
+    pass, capture, probe or run of it sees the edited model. An edit is a head edit, a stream edit
+    (edits.stream) or one loaded from a file (`load_edit`: checked against the model first)."""
     with ExitStack() as stack:
         for edit in edits:
-            if isinstance(edit, HeadEdit):
-                editor = RowEditor(edit, edit.mask(model.info.n_layers, model.info.n_heads)[None])
-            else:  # a SavedEdit (edits.saved): checked against the model first
-                editor = edit.editor(model)
-            stack.enter_context(model_edit(editor))
+            stack.enter_context(edit.applied(model))
         yield model

@@ -203,8 +203,15 @@ def edited_text_costs(
         logits = _pass(module, bank, edit, base, heads, rows, first)[0].logits.float()
         for b, v in enumerate(rows.tolist()):
             n = int(base[v])
-            length = int(bank.lengths[n])
-            logp = torch.log_softmax(logits[b, : length - 1], -1)
-            kl[v] = (clean_p[n] * (clean_logp[n] - logp)).sum(-1).mean().item()
-            loss[v] = -logp.gather(1, bank.ids[n, 1:length, None]).mean().item()
+            kl[v], loss[v] = text_costs(logits[b], bank, n, clean_logp[n], clean_p[n])
     return kl, loss
+
+
+def text_costs(logits: torch.Tensor, bank: Bank, n: int, clean_logp: torch.Tensor, clean_p=None):
+    """(mean KL(clean || edited) over text n's predicted positions, its mean log-loss) from the
+    edited logits (T, vocab) of its pass; `clean_p`: clean_logp.exp() when the caller has it."""
+    length = int(bank.lengths[n])
+    logp = torch.log_softmax(logits[: length - 1].float(), -1)
+    clean_p = clean_logp.exp() if clean_p is None else clean_p
+    kl = (clean_p * (clean_logp - logp)).sum(-1).mean().item()
+    return kl, -logp.gather(1, bank.ids[n, 1:length, None]).mean().item()

@@ -1,31 +1,35 @@
-"""Saved edits: one fitted head edit as NAME.safetensors (its parameters) beside NAME.json (what it
-is and where it came from), written by `attnprobe edit`, applied by `attnprobe run --edit FILE`,
+"""Saved edits: one fitted edit as NAME.safetensors (its parameters) beside NAME.json (what it is
+and where it came from), written by `attnprobe edit`, applied by `attnprobe run --edit FILE`,
 `attnprobe.load_edit` and `attnprobe.edited`.
 
-The safetensors file holds each tensor parameter of the kind only for the edited heads: a
-parameter (L, H, ...) is stored as (k, ...), row i for the i-th head of `heads`; loading puts the
-rows back into zeros of the model's (L, H, ...) (the other heads are never read). Scalar
+Each kind says what it stores (`stored`) and how it is rebuilt (`restored`): a head edit stores
+each tensor parameter (L, H, ...) only for its heads, as (k, ...), row i for the i-th head of
+`heads`, and is rebuilt with the rows back in zeros of the model's (L, H, ...) (the other heads are
+never read); a stream edit (edits.stream) stores its layer and its (E,) parameters. Scalar
 parameters (a factor, a seed) are in the JSON. The JSON also records the model the edit was fitted
-on (spec, layers, heads, head size, weights' content hash), the run, suite and items it was fitted
-on, and the SHA-256 of the tensor file, so a damaged, truncated or swapped file is refused.
+on (spec, layers, heads, head size, width, weights' content hash), the run, suite and items it was
+fitted on, and the SHA-256 of the tensor file, so a damaged, truncated or swapped file is refused.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..errors import AttnprobeError
-from ..heads import HeadSet
+from ..model import head_shape
 from ..run.storage import content_sha
 from ..store import atomic_write
-from .kinds import KINDS, HeadEdit, RowEditor
+from .kinds import KINDS as HEAD_KINDS
+from .kinds import HeadEdit
+from .stream import StreamEdit
+
+KINDS = {**HEAD_KINDS, StreamEdit.kind: StreamEdit}  # what a saved file may hold
 
 FORMAT = "attnprobe-edit"
 FORMAT_VERSION = 1
@@ -35,7 +39,7 @@ FORMAT_VERSION = 1
 class SavedEdit:
     """A fitted edit and its record (the JSON's content); `fitted_to(model)` checks and returns it."""
 
-    edit: HeadEdit
+    edit: HeadEdit | StreamEdit
     record: dict
     path: Path
 
@@ -43,26 +47,23 @@ class SavedEdit:
     def name(self) -> str:
         return self.path.stem
 
-    def check_shape(self, shape: tuple[int, int, int], spec: str) -> None:
-        """Refuse, in one line, a model whose (layers, heads, head size) differ from the ones the
-        edit was fitted on (the weights may differ: another checkpoint of the same architecture)."""
+    def check_shape(self, config, spec: str) -> None:
+        """Refuse, in one line, a model (its config) whose layers, heads, head size or width differ
+        from the ones the edit was fitted on (the weights may differ: another checkpoint of the same
+        architecture)."""
         fitted = self.record["model"]
-        found = dict(zip(("n_layers", "n_heads", "head_dim"), shape))
+        found = model_shape(config)
         if any(fitted.get(key) is not None and fitted[key] != found[key] for key in found):
             raise AttnprobeError(
                 f"{self.path}: this edit was fitted on {fitted['spec']} ({_shape_text(fitted)}) and "
                 f"{spec} has {_shape_text(found)}; apply it to a model of the same shape"
             )
 
-    def fitted_to(self, model) -> HeadEdit:
-        """The edit, once `model` (a ProbeModel) is checked to have its shape."""
-        self.check_shape((model.info.n_layers, model.info.n_heads, model.info.head_dim), model.info.spec)
-        return self.edit
-
-    def editor(self, model):
-        """The editor that applies the edit to every row of `model`'s passes (capture.model_edit)."""
-        edit = self.fitted_to(model)
-        return RowEditor(edit, edit.mask(model.info.n_layers, model.info.n_heads)[None])
+    def applied(self, model):
+        """The edit applied to every pass of `model` (a ProbeModel) within the block, once the
+        model is checked to have its shape."""
+        self.check_shape(model.model.config, model.info.spec)
+        return self.edit.applied(model)
 
     def manifest(self, weights: str | None = None) -> dict:
         """What a run records of an edit it applied (`weights`: the run model's content hash)."""
@@ -70,7 +71,7 @@ class SavedEdit:
             "file": str(self.path),
             "name": self.name,
             "kind": self.edit.kind,
-            "heads": str(HeadSet(self.edit.heads)),
+            "heads": self.edit.sites(),
             "sha256": self.record["sha256"],
             "source": self.record.get("source", {}),
             "fitted_on_model": self.record["model"].get("spec"),
@@ -80,27 +81,28 @@ class SavedEdit:
         return out
 
 
+def model_shape(config) -> dict:
+    """What a saved edit must fit: layers, heads per layer, head size and width of a config."""
+    n_layers, n_heads, head_dim = head_shape(config)
+    return {
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "head_dim": head_dim,
+        "hidden_size": config.get_text_config().hidden_size,
+    }
+
+
 def _shape_text(shape: dict) -> str:
-    return f"{shape['n_layers']} layers x {shape['n_heads']} heads of size {shape['head_dim']}"
+    width = f", width {shape['hidden_size']}" if shape.get("hidden_size") else ""
+    return f"{shape['n_layers']} layers x {shape['n_heads']} heads of size {shape['head_dim']}{width}"
 
 
-def save_edit(edit: HeadEdit, path: str | Path, model, source: dict, weights: str | None = None) -> Path:
-    """Write `edit` (fitted for `model`, a ProbeModel) to PATH.safetensors + PATH.json; `source`
-    says where it came from (run, suite, the items it was fitted and chosen on); `weights`: the
-    model's content hash when the caller has it (computed otherwise)."""
+def save_edit(edit, path: str | Path, model, source: dict, weights: str | None = None) -> Path:
+    """Write `edit` (a head or stream edit fitted for `model`, a ProbeModel) to PATH.safetensors +
+    PATH.json; `source` says where it came from (run, suite, the items it was fitted and chosen on);
+    `weights`: the model's content hash when the caller has it (computed otherwise)."""
     path = Path(path).with_suffix("")
-    pairs = HeadSet(edit.heads).pairs
-    layers = torch.tensor([layer for layer, _ in pairs], dtype=torch.long)
-    heads = torch.tensor([head for _, head in pairs], dtype=torch.long)
-    tensors, scalars = {}, {}
-    for f in fields(edit):
-        value = getattr(edit, f.name)
-        if f.name == "heads":
-            continue
-        if isinstance(value, torch.Tensor):  # (L, H, ...) -> the edited heads' rows (k, ...)
-            tensors[f.name] = value[layers, heads].contiguous().float()
-        else:
-            scalars[f.name] = value
+    tensors, scalars, where = edit.stored()
     tensor_path = path.with_name(path.name + ".safetensors")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(tensor_path, lambda p: save_file(tensors, str(p), metadata={"format": FORMAT}))
@@ -108,14 +110,12 @@ def save_edit(edit: HeadEdit, path: str | Path, model, source: dict, weights: st
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "kind": edit.kind,
-        "heads": str(HeadSet(pairs)),
+        **where,
         "parameters": scalars,
         "tensors": sorted(tensors),
         "model": {
             "spec": model.info.spec,
-            "n_layers": model.info.n_layers,
-            "n_heads": model.info.n_heads,
-            "head_dim": model.info.head_dim,
+            **model_shape(model.model.config),
             "weights_content": weights or content_sha(model.model),
         },
         "source": source,
@@ -165,29 +165,9 @@ def load_edit(path: str | Path) -> SavedEdit:
             "copy both files again or rerun `attnprobe edit`"
         )
     try:
-        tensors = load_file(str(tensor_path))
-        pairs = HeadSet.parse(record["heads"]).pairs
-        shape = record["model"]
-        edit = _rebuilt(KINDS[kind], pairs, record.get("parameters", {}), tensors, shape)
+        edit = KINDS[kind].restored(record, load_file(str(tensor_path)))
     except (SafetensorError, KeyError, TypeError, ValueError, IndexError, AttnprobeError) as exc:
         raise AttnprobeError(
             f"{json_path}: the edit cannot be read ({exc}); rerun `attnprobe edit`"
         ) from None
     return SavedEdit(edit, record, json_path)
-
-
-def _rebuilt(kind, pairs, scalars: dict, tensors: dict, shape: dict) -> HeadEdit:
-    """The kind with its tensors back at full (L, H, ...) size, zero at heads it does not edit."""
-    names = {f.name for f in fields(kind)} - {"heads"}
-    unknown = set(scalars) - names
-    if unknown:
-        raise ValueError(f"parameters {sorted(unknown)} are not the {kind.kind} kind's")
-    full = {}
-    for name, rows in tensors.items():
-        if name not in names or len(rows) != len(pairs):
-            raise ValueError(f"tensor {name} {tuple(rows.shape)} does not fit {len(pairs)} heads")
-        dense = rows.new_zeros(shape["n_layers"], shape["n_heads"], *rows.shape[1:])
-        for i, (layer, head) in enumerate(pairs):
-            dense[layer, head] = rows[i]
-        full[name] = dense
-    return kind(heads=tuple(pairs), **scalars, **full)

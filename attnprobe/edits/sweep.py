@@ -61,6 +61,7 @@ class EditOptions:
     text: str | None = None  # a text file whose log-loss change is reported
     seed: int = 0
     alone: int = 10  # the top heads each zeroed alone (edits_heads); 0: none
+    stream: bool = True  # the stream erased at every layer (edits_stream, edits.stream)
 
     def __post_init__(self):
         unknown = [k for k in self.kinds if k not in KINDS]
@@ -109,9 +110,11 @@ def gradient_scores(
 
 def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> str:
     """What determines an edit kind's values: the run, the options (but the list of kinds: adding a
-    kind to a sweep keeps the kinds already measured; and --alone, which has a file of its own), the
+    kind to a sweep keeps the kinds already measured; and --alone and the stream, which have files of
+    their own), the
     model's weights, this attnprobe's version and the part of --text that is read."""
-    settings = {k: v for k, v in asdict(options).items() if k not in ("kinds", "alone")}  # a file per kind
+    own_files = ("kinds", "alone", "stream")
+    settings = {k: v for k, v in asdict(options).items() if k not in own_files}
     payload = json.dumps(
         {"run": run_fingerprint, "weights": weights, "attnprobe": __version__, **settings},
         sort_keys=True,

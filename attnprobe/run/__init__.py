@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from ..errors import RunError
-from ..forward.capture import active_model_edit, model_edit
+from ..forward.capture import active_model_edit
 from ..measures import batch_kinds
 from ..model import ProbeModel, load_model
 from ..model.checks import check_device
@@ -79,7 +79,7 @@ def _edited(pm: ProbeModel, edits):
     """The run's saved edits applied to every forward pass (the measures see the edited model)."""
     with ExitStack() as stack:
         for edit in edits:
-            stack.enter_context(model_edit(edit.editor(pm)))
+            stack.enter_context(edit.applied(pm))
         yield
 
 

@@ -17,7 +17,7 @@ from ..forward.estimates import prompt_seconds
 from ..forward.packing import distinct_tokens, neighbour_packs
 from ..forward.sharing import prefix_sharing_blocker
 from ..measures import MEASURES, PlanScope, batch_kinds
-from ..model import DEFAULT_MODEL, ProbeModel, head_shape, load_tokenizer
+from ..model import DEFAULT_MODEL, ProbeModel, load_tokenizer
 from ..schema.spans import sink_notes
 from ..suite import Prompt, Suite, spread_key, token_spans
 from ..version import __version__
@@ -304,7 +304,7 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
     chunks = plan_chunks(batches, options.chunk_size)
     sha = plan_sha256(chunks, encoded)
     for edit in options.edits:  # a saved edit must fit the model's heads, before any weights load
-        edit.check_shape(head_shape(config), spec)
+        edit.check_shape(config, spec)
     scope = PlanScope(suite, encoded, tokenizer, max_positions, config, spec, options)
     _check_skip(options.skip)
     parts = {  # every measure's own checks, before any weights load

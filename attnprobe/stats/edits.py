@@ -255,3 +255,53 @@ def _costs(raw, kind, k, draw, loss0, user) -> dict:
         out["text_loss_before"], out["text_loss_after"] = float(loss0[user].mean()), float(loss1[user].mean())
         out["text_loss_change"] = out["text_loss_after"] - out["text_loss_before"]
     return out
+
+
+STREAM, STREAM_CHOSEN = "stream", "stream-chosen"  # edits.stream's raw kind and its chosen rows
+GAP_KEPT, KL_MAX = 0.8, 0.001  # what a chosen stream layer must keep (the goal the README reports)
+
+
+def stream_table(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(edits_stream: one row per layer the stream was erased at, then the "chosen" row; the chosen
+    raw rows, kind STREAM_CHOSEN). The chosen row's bias values are, for each quarter's items, those
+    of the layer chosen on the other quarters' items (chosen_layers); its control and texts those of
+    the layer chosen on every item."""
+    none = raw[raw["kind"] == "none"]
+    layers = raw[raw["kind"] == STREAM]
+    if layers.empty:
+        return pd.DataFrame(), layers
+    summary, _ = edit_tables(pd.concat([none, layers], ignore_index=True))
+    chosen = chosen_layers(raw, summary)
+    bias = layers["target"] == "bias"
+    picked = np.where(bias, layers["quarter"].map(chosen), chosen["all"])
+    rows = layers[layers["k"].to_numpy() == picked].copy()
+    quarters = " | ".join(f"layer {chosen[f]}" for f in range(4) if f in chosen)
+    rows = rows.assign(kind=STREAM_CHOSEN, k=chosen["all"], heads=quarters)
+    best, _ = edit_tables(pd.concat([none, rows], ignore_index=True))
+    table = pd.concat([summary.assign(chosen=False), best.assign(chosen=True)], ignore_index=True)
+    table = table.rename(columns={"k": "layer"}).drop(columns=["heads_all"])
+    drawn = ("random", "n_random", "n_sampled", "gradient_removed_s", "note")  # no random sets here
+    keep = [c for c in table.columns if not c.startswith(drawn)]
+    return table[keep], rows
+
+
+def chosen_layers(raw: pd.DataFrame, per_layer: pd.DataFrame) -> dict:
+    """quarter -> layer, and "all" -> layer: among the layers whose all-items eraser keeps at least
+    GAP_KEPT of the definitional gap with KL at most KL_MAX, the one removing the largest share of
+    the gradient on the items outside the quarter ("all": on every item); where no layer qualifies,
+    the one with the largest specificity there (share removed - gap share removed)."""
+    items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index").sort_index()
+    after = raw[(raw["target"] == "bias") & (raw["kind"] == STREAM)]
+    after = after.pivot(index="index", columns="k", values="y").reindex(items.index)
+    x, before = items["covariate"].to_numpy(dtype=float), items["y"].to_numpy()
+    layers = per_layer.set_index("k")
+    ok = (layers["definitional_gap_kept"] >= GAP_KEPT) & (layers["kl"] <= KL_MAX)
+    out = {}
+    for f in [*sorted(items["quarter"].unique()), "all"]:
+        on = items["quarter"].to_numpy() != f if f != "all" else np.ones(len(items), bool)
+        removed = pd.Series(
+            {k: 1 - _slope(x[on], after[k].to_numpy()[on]) / _slope(x[on], before[on]) for k in after.columns}
+        )
+        score = removed[ok[removed.index]] if ok.any() else removed - (1 - layers["definitional_gap_kept"])
+        out[f if f == "all" else int(f)] = int(score.idxmax())
+    return out

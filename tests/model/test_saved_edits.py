@@ -92,22 +92,23 @@ def test_the_sweep_saves_each_chosen_edit_with_where_it_came_from(swept):
             assert str(attnprobe.HeadSet(quarter.edit.heads)) == heads
 
 
-@pytest.mark.parametrize("kind", ["zero", "project"])
+@pytest.mark.parametrize("kind", ["zero", "project", "stream"])
 def test_a_saved_quarter_edit_reproduces_the_sweep_and_compare_gives_its_change(swept, tiny_llama_dir, kind):
     tmp, suite, out = swept
-    file = out / "edits" / "quarters" / f"{kind}-k1-q0.json"
+    name = "stream-q0" if kind == "stream" else f"{kind}-k1-q0"
+    file = out / "edits" / "quarters" / f"{name}.json"
     edited_out = tmp / f"edited-{kind}"
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(edited_out), "--no-report"]
     result = CliRunner().invoke(main, [*args, "--no-head-effects", "--edit", str(file)])
     assert result.exit_code == 0, result.output
     manifest = attnprobe.Run(edited_out).manifest
-    assert [e["name"] for e in manifest["edits"]] == [f"{kind}-k1-q0"] and manifest["edits"][0][
-        "same_weights"
-    ]
-    # the sweep's values for quarter 0's items, each edited by quarter 0's edit
+    assert [e["name"] for e in manifest["edits"]] == [name] and manifest["edits"][0]["same_weights"]
+    # the sweep's values for quarter 0's items, each edited by quarter 0's edit (the stream's: at the
+    # layer chosen for quarter 0)
     raw = pd.read_parquet(out / "edits_items.parquet")
+    k = load_edit(file).edit.layer if kind == "stream" else 1
     sweep = raw[
-        (raw.target == "bias") & (raw.kind == kind) & (raw.k == 1) & (raw.draw == -1) & (raw.quarter == 0)
+        (raw.target == "bias") & (raw.kind == kind) & (raw.k == k) & (raw.draw == -1) & (raw.quarter == 0)
     ]
     run_y = item_log_ratios(attnprobe.Run(edited_out))["pronoun"]
     got = run_y.reindex(sweep["item_id"]).to_numpy()
@@ -118,9 +119,12 @@ def test_a_saved_quarter_edit_reproduces_the_sweep_and_compare_gives_its_change(
     cmp = CliRunner().invoke(main, ["compare", str(out), str(edited_out), "--out", str(tmp / f"cmp-{kind}")])
     assert cmp.exit_code == 0, cmp.output
     rows = pd.read_csv(tmp / f"cmp-{kind}" / "compare_next_token.csv").set_index("scope")
-    held = rows.loc[f"held out by {kind}-k1-q0"]
+    held = rows.loc[f"held out by {name}"]
     quarter = pd.read_csv(out / "edits_quarters.csv")
-    quarter = quarter[(quarter.kind == kind) & (quarter.k == 1) & (quarter.quarter == 0)].iloc[0]
+    if kind == "stream":  # the chosen row's quarter
+        quarter = quarter[(quarter.kind == "stream-chosen") & (quarter.quarter == 0)].iloc[0]
+    else:
+        quarter = quarter[(quarter.kind == kind) & (quarter.k == 1) & (quarter.quarter == 0)].iloc[0]
     assert held.n_items == quarter.n_items == len(sweep)
     for name in ("gradient_change", "gradient_change_ci_low", "gradient_change_ci_high"):
         assert abs(held[name] - quarter[name]) < 1e-3, name

@@ -1,0 +1,199 @@
+"""Erasure in the residual stream: the covariate erased (LEACE, estimate.erasers, with the
+definitional mean difference kept) from the hidden state entering one decoder layer, at every
+position, fitted at the prediction position (each item's last token).
+
+  h -> h - u f.(h - mu)      u = Cov(h, x), f = a / a.u, mu the mean h (each of the model's width)
+
+The sweep (`measure_stream`) fits and measures it at every layer, as the head kinds are measured:
+the bias on each quarter's items with the eraser fitted on its training quarters, the control
+prompts and the texts with the one fitted on every item. Its raw rows are kind "stream", k = the
+layer; edits_stream.csv holds one row per layer (the statistics of stats.edits.edit_tables) and a
+"chosen" row (`chosen_layers`): for each quarter, the layer chosen on the other quarters' items,
+so no item tests a layer chosen on its own outcome.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..forward.capture import model_edit
+from ..measures.head_effects.engine import Bank, narrowed_head, skipping
+from ..measures.head_effects.sites import behaviour_rows, decoder_layers
+from ..stats.edits import STREAM as NAME
+from .estimate import definitional_directions, erasers
+from .passes import text_costs
+from .sweep import _rows
+
+ROWS = 64  # sequences per pass
+PARAMETERS = ("along", "functional", "mean")
+
+
+@dataclass(frozen=True)
+class StreamEdit:
+    """The eraser of the stream entering `layer`; parameters (E,) or, inside the sweep, (B, E): one
+    per row of the batch (each item's quarter's own)."""
+
+    kind: ClassVar[str] = NAME
+    layer: int = 0
+    along: torch.Tensor = field(default=None, repr=False)
+    functional: torch.Tensor = field(default=None, repr=False)
+    mean: torch.Tensor = field(default=None, repr=False)
+
+    def erase(self, h: torch.Tensor) -> torch.Tensor:
+        """h (B, T, E) with the covariate erased at every position."""
+        u, f, mu = (t.to(h)[:, None, :] if t.dim() == 2 else t.to(h) for t in self.params)
+        return h - u * ((h - mu) * f).sum(-1, keepdim=True)
+
+    @property
+    def params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.along, self.functional, self.mean
+
+    def rows(self, rows: torch.Tensor) -> StreamEdit:
+        """The edit of a batch whose row b has the parameters of row rows[b] (per-row parameters)."""
+        return StreamEdit(self.layer, *(t[rows] for t in self.params))
+
+    def sites(self) -> str:
+        return f"stream entering layer {self.layer}"
+
+    def stored(self) -> tuple[dict, dict, dict]:
+        """(tensors, scalars, where) a saved file holds (edits.saved)."""
+        tensors = {name: t.contiguous().float() for name, t in zip(PARAMETERS, self.params)}
+        return tensors, {}, {"layer": self.layer}
+
+    @classmethod
+    def restored(cls, record: dict, tensors: dict) -> StreamEdit:
+        width, layer = record["model"]["hidden_size"], record["layer"]
+        if set(tensors) != set(PARAMETERS) or any(t.shape != (width,) for t in tensors.values()):
+            raise ValueError(f"a stream edit holds along, functional and mean of size {width}")
+        if not 0 <= layer < record["model"]["n_layers"]:
+            raise ValueError(f"layer {layer} is not one of the model's")
+        return cls(int(layer), tensors["along"], tensors["functional"], tensors["mean"])
+
+    @contextmanager
+    def applied(self, model):
+        """Within the block every pass of `model` (a ProbeModel or its module) has the stream
+        entering `layer` erased. A pre-hook registered after another one (patching's recorded
+        state, `skipping`) erases what that one put in."""
+        module = model if isinstance(model, torch.nn.Module) else model.model
+        layer = decoder_layers(module)[self.layer]
+
+        def erase(_, args, kwargs):
+            if args:
+                return (self.erase(args[0]), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": self.erase(kwargs["hidden_states"])}
+
+        handle = layer.register_forward_pre_hook(erase, with_kwargs=True)
+        try:
+            with model_edit(_untouched):  # marks a model edit in force: run_suite refuses to run in one
+                yield
+        finally:
+            handle.remove()
+
+    @classmethod
+    def fit(cls, inputs, layer: int, on) -> StreamEdit:
+        """Fitted on the items of folds `on` at their last token, keeping the definitional mean
+        difference of half 0 of the control prompts."""
+        chosen = torch.as_tensor(np.isin(inputs.fold, on))
+        states = last_states(inputs.bank, layer)[chosen]
+        fit = inputs.control_half == 0
+        control = last_states(inputs.control, layer)[torch.as_tensor(fit)]
+        keep = definitional_directions(control, inputs.control_sign[fit])
+        along, functional, mean = erasers(states, inputs.covariate[chosen.numpy()], keep)
+        return cls(layer, along[0, 0], functional[0, 0], mean[0, 0])
+
+
+def _untouched(site) -> torch.Tensor:
+    """The head outputs as they are (a stream edit changes no head)."""
+    return site.output
+
+
+def last_states(bank: Bank, layer: int) -> torch.Tensor:
+    """(N, 1, 1, E) the stream entering `layer` at each sequence's last token (one 'head' for the
+    erasers' estimators)."""
+    last = bank.lengths - 1
+    return bank.hidden[layer][torch.arange(len(last)), last].float()[:, None, None, :]
+
+
+def _passes(module, bank: Bank, edit: StreamEdit, vocabulary: torch.Tensor | None = None):
+    """Erased passes of every sequence of `bank`, ROWS at a time, started at the edited layer from
+    the recorded stream; with `vocabulary` the lm head narrowed to it (narrowed_head). Yields (rows,
+    logits (B, T, vocab or the vocabulary's), whether they are narrowed)."""
+    n = len(bank.lengths)
+    for start in range(0, n, ROWS):
+        rows = torch.arange(start, min(n, start + ROWS))
+        T = int(bank.lengths[rows].max())
+        hidden = bank.hidden[edit.layer][rows, :T]
+        one = edit.rows(rows) if edit.along.dim() == 2 else edit
+        with ExitStack() as stack:
+            stack.enter_context(skipping(module, edit.layer, hidden, bank.returns_tuple))
+            stack.enter_context(one.applied(module))
+            narrowed = vocabulary is not None and stack.enter_context(narrowed_head(module, vocabulary))
+            out = module(
+                input_ids=bank.ids[rows, :T],
+                attention_mask=(torch.arange(T)[None] < bank.lengths[rows, None]).long(),
+                use_cache=False,
+            )
+        yield rows, out.logits, narrowed
+
+
+@torch.inference_mode()
+def stream_behaviour(module, bank: Bank, edit: StreamEdit, labels: torch.Tensor) -> np.ndarray:
+    """y (N,) of every sequence of `bank` with the stream erased by `edit` (per row where its
+    parameters are (N, E)); `labels` (N, 2, K)."""
+    y = np.empty(len(bank.lengths))
+    vocabulary = labels[labels >= 0].unique()
+    for rows, logits, narrowed in _passes(module, bank, edit, vocabulary):
+        pos, neg = labels[rows, 0], labels[rows, 1]
+        if narrowed:
+            narrow = lambda ids: torch.where(ids >= 0, torch.searchsorted(vocabulary, ids.clamp(min=0)), -1)
+            pos, neg = narrow(pos), narrow(neg)
+        last = bank.lengths[rows] - 1
+        y[rows.numpy()] = behaviour_rows(logits[torch.arange(len(rows)), last], pos, neg).double().numpy()
+    return y
+
+
+@torch.inference_mode()
+def stream_text_costs(module, bank: Bank, clean_logp, edit: StreamEdit) -> tuple[np.ndarray, np.ndarray]:
+    """Per text: mean KL(original || erased) over its predicted positions and its mean log-loss."""
+    kl, loss = np.empty(len(bank.lengths)), np.empty(len(bank.lengths))
+    for rows, logits, _ in _passes(module, bank, edit):
+        for b, n in enumerate(rows.tolist()):
+            kl[n], loss[n] = text_costs(logits[b], bank, n, clean_logp[n])
+    return kl, loss
+
+
+def _quarter_edits(inputs, layer: int) -> StreamEdit:
+    """Per item the parameters of its quarter's eraser (fitted on the quarter's training quarters)."""
+    fitted = [StreamEdit.fit(inputs, layer, inputs.training(f)) for f in range(4)]
+    which = torch.as_tensor(inputs.fold)
+    stacked = [torch.stack([getattr(e, name) for e in fitted])[which] for name in PARAMETERS]
+    return StreamEdit(layer, *stacked)
+
+
+def measure_stream(model, inputs, log=lambda m: None) -> pd.DataFrame:
+    """Raw values (as sweep.measure_kind's; kind "stream", k = layer) of the stream erased at every
+    layer: bias on every item (its quarter's eraser), control and texts (the all-items eraser)."""
+    module = model.model
+    frames = []
+    for layer in range(model.info.n_layers):
+        quarters = _quarter_edits(inputs, layer)
+        everywhere = StreamEdit.fit(inputs, layer, np.arange(4))
+        n, m = len(inputs.items), len(inputs.control.lengths)
+        y = stream_behaviour(module, inputs.bank, quarters, inputs.labels)
+        y_control = stream_behaviour(module, inputs.control, everywhere, inputs.control_labels)
+        kl, loss = stream_text_costs(module, inputs.texts, inputs.clean_logp, everywhere)
+        frames += [
+            _rows("bias", [(layer, -1, i) for i in range(n)], y=y),
+            _rows("control", [(layer, -1, i) for i in range(m)], y=y_control),
+            _rows("text", [(layer, -1, i) for i in range(len(kl))], kl=kl, loss=loss),
+        ]
+        log(f"edit: stream erased entering layer {layer} of {model.info.n_layers}")
+    out = pd.concat(frames, ignore_index=True)
+    out["heads"] = out["heads_all"] = [f"stream entering layer {k}" for k in out["k"]]
+    return out.assign(kind=NAME)

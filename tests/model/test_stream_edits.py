@@ -1,0 +1,125 @@
+"""The residual-stream eraser (edits.stream): fitted on a tiny model's stream it leaves the planted
+covariate unreadable on held-out rows and keeps the definitional mean difference; the sweep's
+edits_stream table is recomputed from edits_items alone, and each quarter's layer is chosen without
+its own items (changing them does not move it; changing the others' does); applied to a model it
+changes every pass and a run inside it is refused."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import build_tiny
+from test_erasers import _r2
+
+import attnprobe
+from attnprobe.edits import edited, load_edit, save_edit
+from attnprobe.edits.stream import StreamEdit, last_states
+from attnprobe.errors import AttnprobeError, RunError
+from attnprobe.measures.head_effects.engine import record
+from attnprobe.model import from_pretrained_objects
+from attnprobe.stats.edits import STREAM, chosen_layers, stream_table
+
+LAYER = 1
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+    return attnprobe.load_model(str(tiny_llama_dir))
+
+
+def _inputs(tiny, n=2400, seed=0):
+    """What StreamEdit.fit reads, from the tiny model's own stream: random sequences whose covariate
+    is the stream entering LAYER at the last token along one of its principal directions plus noise
+    (R^2 about 0.9), and control
+    prompts labelled by their last token."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = tiny.model.config.vocab_size
+    sequences = [
+        torch.randint(1, vocab, (int(t),), generator=g) for t in torch.randint(3, 9, (n,), generator=g)
+    ]
+    bank = record(tiny.model, sequences)
+    h = last_states(bank, LAYER)[:, 0, 0].double()
+    w = torch.linalg.svd(h - h.mean(0), full_matrices=False).Vh[1]  # the stream's second direction
+    x = ((h - h.mean(0)) @ w / (h @ w).std() + 0.3 * torch.randn(n, generator=g, dtype=torch.float64)).numpy()
+    control_ids = [
+        torch.cat([s[:-1], torch.tensor([7 if i % 2 else 9])]) for i, s in enumerate(sequences[:200])
+    ]
+    sign = np.where(np.arange(200) % 2, 1.0, -1.0)
+    half = (np.arange(200) // 2) % 2
+    return SimpleNamespace(
+        bank=bank,
+        covariate=x,
+        fold=np.arange(n) % 4,
+        control=record(tiny.model, control_ids),
+        control_sign=sign,
+        control_half=half,
+    )
+
+
+def test_the_stream_eraser_leaves_nothing_to_read_and_keeps_the_definitional_difference(tiny):
+    inputs = _inputs(tiny)
+    edit = StreamEdit.fit(inputs, LAYER, np.array([0, 1]))  # fitted on half the rows
+    h = last_states(inputs.bank, LAYER)[:, 0, 0]
+    erased = edit.erase(h[None])[0].double().numpy()
+    x, fold = inputs.covariate, inputs.fold
+    train, a, b = np.isin(fold, [0, 1]), fold == 2, fold == 3
+    before = _r2(h.numpy()[a], x[a], h.numpy()[b], x[b])
+    after = _r2(erased[a], x[a], erased[b], x[b])
+    assert before > 0.9 and abs(after) < 0.01, (before, after)  # a probe on held-out rows reads nothing
+    xc = x[train] - x[train].mean()
+    covariance = (erased[train] - erased[train].mean(0)).T @ xc / train.sum()
+    assert np.abs(covariance).max() < 1e-4 * np.abs(h.numpy()).max()  # none left where it was fitted
+    control = last_states(inputs.control, LAYER)[:, 0, 0]
+    fit = inputs.control_half == 0
+    pos, neg = fit & (inputs.control_sign > 0), fit & (inputs.control_sign < 0)
+    delta = (control[pos].mean(0) - control[neg].mean(0)).double()
+    kept_after = edit.erase(control[None])[0].double()
+    delta_after = kept_after[pos].mean(0) - kept_after[neg].mean(0)
+    assert (delta_after - delta).norm() <= 0.01 * delta.norm()  # the mean difference moves <= 1%
+
+
+def test_a_stream_edit_changes_every_pass_saves_and_refuses_a_run_inside_it(tiny, tiny_llama_dir, tmp_path):
+    inputs = _inputs(tiny, n=400)
+    edit = StreamEdit.fit(inputs, LAYER, np.arange(4))
+    ids = torch.tensor([tiny.tokenizer("The nurse said that she")["input_ids"]])
+    clean = tiny.model(input_ids=ids).logits
+    with edited(tiny, edit):
+        got = tiny.model(input_ids=ids).logits
+        with pytest.raises(RunError, match="inside `attnprobe.edited"):
+            attnprobe.run_suite("probes/gender.yaml", tiny)
+    assert not torch.allclose(got, clean, atol=1e-5)
+    assert torch.equal(tiny.model(input_ids=ids).logits, clean)  # gone after the block
+    loaded = load_edit(save_edit(edit, tmp_path / "s", tiny, {}))
+    assert loaded.edit.layer == LAYER and loaded.record["layer"] == LAYER
+    with edited(tiny, loaded):
+        assert torch.equal(tiny.model(input_ids=ids).logits, got)
+    other = from_pretrained_objects(build_tiny("llama", vocab_size=len(tiny.tokenizer)), tiny.tokenizer, "o")
+    with pytest.raises(AttnprobeError, match="s.json: this edit was fitted on .* same shape"):
+        with edited(other, loaded):
+            pass
+
+
+def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_items(swept_run):
+    _, _, out = swept_run
+    raw = pd.read_parquet(out / "edits_items.parquet")
+    table, _ = stream_table(raw)
+    written = pd.read_csv(out / "edits_stream.csv")
+    assert len(written) == raw.loc[raw.kind == STREAM, "k"].nunique() + 1 and written["chosen"].sum() == 1
+    for column in ("gradient_removed", "definitional_gap_kept", "kl", "specificity"):
+        assert np.allclose(table[column], written[column], rtol=1e-9, atol=1e-12), column
+    per_layer = table[~table["chosen"]].rename(columns={"layer": "k"})
+    chosen = chosen_layers(raw, per_layer)
+    bias = (raw.kind == STREAM) & (raw.target == "bias")
+    # quarter 0's own values at every layer replaced: its choice stays
+    mine = raw.copy()
+    own = bias & (mine.quarter == 0)
+    mine.loc[own, "y"] = np.random.default_rng(1).normal(size=own.sum()) * 5
+    assert chosen_layers(mine, per_layer)[0] == chosen[0]
+    # the other quarters' values at another layer flattened (all of the gradient gone there): it moves
+    other_layer = next(k for k in sorted(raw.loc[bias, "k"].unique()) if k != chosen[0])
+    flat = raw.copy()
+    theirs = bias & (flat.quarter != 0) & (flat.k == other_layer)
+    flat.loc[theirs, "y"] = 0.0
+    assert chosen_layers(flat, per_layer.assign(definitional_gap_kept=1.0, kl=0.0))[0] == other_layer
