@@ -4,7 +4,8 @@
 
 One process, the bundled smollm2-135m in float32, the gender suite's 480 single-entity head-effects
 items (x up to the cut), and the variants one edit kind of `attnprobe edit` runs on them:
-  default  its defaults: per quarter (unit half x template half) and k = 1, 2, 5, 10, 20, the
+  default  its defaults until 2026-11-26 (now k = 1, 5): per quarter (unit half x template half)
+           and k = 1, 2, 5, 10, 20, the
            quarter's k heads on its items and 20 random sets of other heads of the same layers on
            every 4th item (14,400 variants)
   listed   as with `--heads` naming two heads: the same two on every item, 20 random sets

@@ -57,7 +57,7 @@ def _int_list(ctx, param, value):
 )
 @click.option(
     "--stream/--no-stream",
-    default=True,
+    default=False,
     show_default=True,
     help="Also erase the covariate from the residual stream entering each layer (edits_stream.csv).",
 )
@@ -77,7 +77,7 @@ def _int_list(ctx, param, value):
     help="The numbers of heads whose edits --also applies.",
 )
 def edit(run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed, alone, stream, also, also_ks):
-    """Edit the heads RUN_DIR found (k = 1, 2, 5, 10, 20; against random heads of the same layers)
+    """Edit the heads RUN_DIR found (by default k = 1, 5; against random heads of the same layers)
     and write edits.csv: the stereotype gradient removed, definitional pronouns kept, and the KL cost."""
     from ..edits import EditOptions, run_edits
 

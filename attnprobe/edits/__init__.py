@@ -5,6 +5,7 @@ estimate the edits' parameters from recorded head outputs (means, banks, directi
 passes   batched edited forward passes (from the lowest edited layer)
 sweep    the sweep of `attnprobe edit`: heads per fold, values per kind and k, the null's sets
 single   each top head zeroed alone (edits_heads)
+stream   StreamEdit: the covariate erased from the residual stream entering a layer (edits_stream)
 command  `attnprobe edit RUN_DIR`: inputs, resume, tables, figure and the saved edits
 saved    a fitted edit as NAME.safetensors + NAME.json: `save_edit`, `load_edit`
 transfer the chosen edits applied to other suites (`--also`)
@@ -25,6 +26,7 @@ from .kinds import (
     parse_heads,
 )
 from .saved import SavedEdit, load_edit, save_edit
+from .stream import StreamEdit
 from .sweep import EditOptions
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "Resample",
     "SavedEdit",
     "Scale",
+    "StreamEdit",
     "Zero",
     "edited",
     "load_edit",

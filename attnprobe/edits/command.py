@@ -116,7 +116,8 @@ def run_edits(
         summary, model = _run_edits(directory, options, model, log)
         if suites:
             ks = [k for k in also_ks if k in set(summary["k"])]
-            table = transfer(directory, suites, options.kinds, ks, model, log)
+            chosen = [(kind, k) for kind in options.kinds for k in ks] + [(STREAM, 0)] * options.stream
+            table = transfer(directory, suites, chosen, model, log)
             write_table(directory, "edits_transfer", table)
             log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
         return summary

@@ -97,16 +97,34 @@ def orthogonal_directions(u: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return torch.where(norm > 1e-6, rest / norm.clamp(min=1e-12), torch.zeros_like(rest))
 
 
-def erasers(last: torch.Tensor, x: np.ndarray, keep: torch.Tensor | None = None) -> tuple:
+def shrunk(sigma: torch.Tensor, n: int) -> torch.Tensor:
+    """Covariances (..., p, p) of n rows shrunk toward tr/p times the identity by the oracle
+    approximating shrinkage weight (Chen, Wiesel, Eldar and Hero 2010):
+    rho = min(1, ((1 - 2/p) tr(S^2) + tr(S)^2) / ((n + 1 - 2/p) (tr(S^2) - tr(S)^2 / p)))."""
+    p = sigma.shape[-1]
+    tr = sigma.diagonal(dim1=-2, dim2=-1).sum(-1)
+    tr2 = (sigma * sigma).sum((-2, -1))  # tr(S^2) of a symmetric S
+    rho = ((1 - 2 / p) * tr2 + tr**2) / ((n + 1 - 2 / p) * (tr2 - tr**2 / p)).clamp(min=1e-300)
+    rho = rho.clamp(0, 1)[..., None, None]
+    return (1 - rho) * sigma + rho * (tr / p)[..., None, None] * torch.eye(p, dtype=sigma.dtype)
+
+
+def erasers(
+    last: torch.Tensor, x: np.ndarray, keep: torch.Tensor | None = None, shrink: bool = False
+) -> tuple:
     """Per head (u, f, mu), each (L, H, D), of z' = z - u f.(z - mu): LEACE of the covariate x (n,)
     from z (n, L, H, D), with `keep` (L, H, D) a mean difference the edit must not change (None:
-    plain LEACE). f = a / a.u; zero for a head whose output does not covary with x."""
+    plain LEACE). f = a / a.u; zero for a head whose output does not covary with x. `shrink`: the
+    covariance in a = Sigma^+ u is shrunk (`shrunk`): for a site as wide as the model, fitted on fewer
+    rows than it has dimensions, where Sigma^+ would amplify directions the rows barely span. Any a
+    with a.u != 0 erases (Cov(z', x) = 0 on the rows fitted); shrinking only changes which."""
     z = last.double()
     mu = z.mean(0)
     zc = z - mu
     xc = torch.as_tensor(x - x.mean(), dtype=torch.float64)
     u = torch.einsum("n,nlhd->lhd", xc, zc) / len(xc)  # Cov(z, x)
     sigma = torch.einsum("nlhd,nlhe->lhde", zc, zc) / len(xc)  # Cov(z)
+    sigma = shrunk(sigma, len(xc)) if shrink else sigma
     inverse = torch.linalg.pinv(sigma, hermitian=True)
     a = torch.einsum("lhde,lhe->lhd", inverse, u)
     if keep is not None:

@@ -37,7 +37,7 @@ FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class SavedEdit:
-    """A fitted edit and its record (the JSON's content); `fitted_to(model)` checks and returns it."""
+    """A fitted edit and its record (the JSON's content); `applied(model)` checks and applies it."""
 
     edit: HeadEdit | StreamEdit
     record: dict

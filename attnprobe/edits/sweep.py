@@ -1,4 +1,4 @@
-"""`attnprobe edit RUN_DIR`: edit the heads a run found, k = 1, 2, 5, 10, 20, and measure on items
+"""`attnprobe edit RUN_DIR`: edit the heads a run found (by default k = 1, 5), and measure on items
 that did not choose them the bias removed against what it costs.
 
 Heads. Each item belongs to a fold (unit half x template half, measures/head_effects/selection.py). For the
@@ -44,8 +44,8 @@ from .inputs import Inputs, text_head
 from .kinds import KINDS, Heads, parse_heads
 from .passes import edited_behaviour, edited_text_costs
 
-DEFAULT_KINDS = ("zero", "mean", "project")
-DEFAULT_K = (1, 2, 5, 10, 20)
+DEFAULT_KINDS = ("zero", "orthogonal", "leace")  # the classic ablation, and the two that keep gender
+DEFAULT_K = (1, 5)
 DEFAULT_DRAWS = 20
 RANDOM_EVERY = 4  # random head sets are edited on every 4th item
 
@@ -61,7 +61,7 @@ class EditOptions:
     text: str | None = None  # a text file whose log-loss change is reported
     seed: int = 0
     alone: int = 10  # the top heads each zeroed alone (edits_heads); 0: none
-    stream: bool = True  # the stream erased at every layer (edits_stream, edits.stream)
+    stream: bool = False  # also the stream erased at every layer (edits_stream, edits.stream)
 
     def __post_init__(self):
         unknown = [k for k in self.kinds if k not in KINDS]

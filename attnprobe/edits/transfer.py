@@ -54,30 +54,30 @@ def compared_only() -> tuple[str, ...]:
     )
 
 
-def transfer(directory: Path, suites: list, kinds, ks, model, log) -> pd.DataFrame:
-    """Run each suite with and without each chosen edit (kinds x ks the sweep saved) and compare."""
+def transfer(directory: Path, suites: list, chosen: list[tuple[str, int]], model, log) -> pd.DataFrame:
+    """Run each suite with and without each chosen edit and compare; `chosen`: (kind, k) of the
+    edits the sweep saved as edits/KIND-kK, k 0 for one without heads (edits/KIND: the stream's)."""
     rows = []
     for suite in suites:
         base = directory / "also" / suite.name
         options = dict(skip=compared_only(), progress=False, log=log)
         log(f"edit --also {suite.name}: the original model")
         original = run_suite(suite, model, RunOptions(out=base / "original", **options))
-        for kind in kinds:
-            for k in ks:
-                path = directory / "edits" / f"{kind}-k{k}.json"
-                if not path.is_file():
+        for kind, k in chosen:
+            path = directory / "edits" / (f"{kind}-k{k}.json" if k else f"{kind}.json")
+            if not path.is_file():
+                continue
+            saved = load_edit(path)
+            log(f"edit --also {suite.name}: {saved.name}")
+            edited = run_suite(suite, model, RunOptions(out=base / saved.name, edits=(saved,), **options))
+            for name, table in compare_runs(original, edited).items():
+                if "head" in table:  # per-head rows: in the comparison's own files, not here
                     continue
-                saved = load_edit(path)
-                log(f"edit --also {suite.name}: {saved.name}")
-                edited = run_suite(suite, model, RunOptions(out=base / saved.name, edits=(saved,), **options))
-                for name, table in compare_runs(original, edited).items():
-                    if "head" in table:  # per-head rows: in the comparison's own files, not here
-                        continue
-                    rows.append(
-                        table[table["scope"] == "all"].assign(
-                            suite=suite.name, kind=kind, k=k, heads=saved.manifest()["heads"], table=name
-                        )
+                rows.append(
+                    table[table["scope"] == "all"].assign(
+                        suite=suite.name, kind=kind, k=k, heads=saved.manifest()["heads"], table=name
                     )
+                )
     if not rows:
         return pd.DataFrame()
     out = pd.concat(rows, ignore_index=True)

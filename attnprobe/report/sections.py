@@ -165,6 +165,7 @@ def edits_context(directory, figures_dir) -> dict | None:
         "figure": frontier,
         "reference": summary["reference"].iloc[0],
         "heads": _optional(directory, "edits_heads"),
+        "stream": _optional(directory, "edits_stream"),
         "transfer": _transfer_rows(_optional(directory, "edits_transfer")),
     }
 

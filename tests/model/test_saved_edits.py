@@ -195,6 +195,15 @@ def test_bad_saved_edits_and_comparisons_are_one_line_each(swept, tiny_llama_dir
     one_line_error(
         CliRunner().invoke(main, ["compare", str(out), str(elsewhere)]), "runs of different suites"
     )
+    # a model of another shape (2 layers x 4 heads) on the same suite
+    other.model.save_pretrained(tmp_path / "other-model")
+    tokenizer.save_pretrained(tmp_path / "other-model")
+    wider = tmp_path / "wider"
+    args = ["run", str(suite), "--model", str(tmp_path / "other-model"), "--no-report", "--no-head-effects"]
+    assert CliRunner().invoke(main, [*args, "--out", str(wider)]).exit_code == 0
+    one_line_error(
+        CliRunner().invoke(main, ["compare", str(out), str(wider)]), "runs of models of different shapes"
+    )
 
 
 def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
@@ -207,23 +216,27 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output.count("read from an earlier session") == 4  # the sweep itself is not redone
     table = pd.read_csv(out / "edits_transfer.csv")
-    assert set(table["kind"]) == {"zero", "mean", "scale", "project"} and set(table["k"]) == {1}
+    assert set(table["kind"]) == {"zero", "mean", "scale", "project", "stream"}  # the stream's edit too
+    assert set(table.loc[table.kind == "stream", "k"]) == {0} and set(
+        table.loc[table.kind != "stream", "k"]
+    ) == {1}
     gap = table[
         (table.table == "compare_referent_choice") & (table.quantity == "correct") & (table.label == "gap")
     ]
-    assert len(gap) == 4
+    assert len(gap) == 5
     # the pro - anti gap before is the original run's own statistic; after, the edited run's
     original = attnprobe.Run(out / "also" / "coref" / "original")
     before = original.referent_choice_accuracy.set_index("scope").loc["all", "gap"]
     for row in gap.itertuples():
-        edited_run = attnprobe.Run(out / "also" / "coref" / f"{row.kind}-k1")
+        name = "stream" if row.kind == "stream" else f"{row.kind}-k1"
+        edited_run = attnprobe.Run(out / "also" / "coref" / name)
         after = edited_run.referent_choice_accuracy.set_index("scope").loc["all", "gap"]
         assert np.isclose(row.mean_a, before) and np.isclose(row.mean_b, after)
         assert (
             np.isclose(row.mean_change, after - before)
             and row.change_ci_low <= row.mean_change <= row.change_ci_high
         )
-        assert edited_run.manifest["edits"][0]["name"] == f"{row.kind}-k1"
+        assert edited_run.manifest["edits"][0]["name"] == name
     # the report shows the transfer and each top head alone
     assert CliRunner().invoke(main, ["report", str(out)]).exit_code == 0
     html = (out / "report.html").read_text()

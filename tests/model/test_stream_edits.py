@@ -4,16 +4,19 @@ edits_stream table is recomputed from edits_items alone, and each quarter's laye
 its own items (changing them does not move it; changing the others' does); applied to a model it
 changes every pass and a run inside it is refused."""
 
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from click.testing import CliRunner
 from conftest import build_tiny
 from test_erasers import _r2
 
 import attnprobe
+from attnprobe.cli import main
 from attnprobe.edits import edited, load_edit, save_edit
 from attnprobe.edits.stream import StreamEdit, last_states
 from attnprobe.errors import AttnprobeError, RunError
@@ -101,8 +104,10 @@ def test_a_stream_edit_changes_every_pass_saves_and_refuses_a_run_inside_it(tiny
             pass
 
 
-def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_items(swept_run):
-    _, _, out = swept_run
+def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_items(swept_run, tmp_path):
+    _, _, swept = swept_run
+    out = tmp_path / "run"
+    shutil.copytree(swept, out)
     raw = pd.read_parquet(out / "edits_items.parquet")
     table, _ = stream_table(raw)
     written = pd.read_csv(out / "edits_stream.csv")
@@ -123,3 +128,10 @@ def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_item
     theirs = bias & (flat.quarter != 0) & (flat.k == other_layer)
     flat.loc[theirs, "y"] = 0.0
     assert chosen_layers(flat, per_layer.assign(definitional_gap_kept=1.0, kl=0.0))[0] == other_layer
+    # the report shows the table, the chosen row with its quarters' layers
+    assert CliRunner().invoke(main, ["report", str(out)]).exit_code == 0
+    html = (out / "report.html").read_text()
+    chosen_row = written[written["chosen"]].iloc[0]
+    assert (
+        "residual stream entering each layer" in html and f'<td class="text">{chosen_row.heads}</td>' in html
+    )
