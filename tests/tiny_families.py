@@ -71,6 +71,13 @@ def _set(config, name, value) -> None:
         pass  # a derived property, or validated against another field
 
 
+def _other_parts(config, text) -> list:
+    """The sub-configs of a multimodal config beside its text config (vision, audio, ...)."""
+    from transformers import PretrainedConfig
+
+    return [part for part in vars(config).values() if isinstance(part, PretrainedConfig) and part is not text]
+
+
 def tiny_config(name: str, **overrides):
     """The family's default config shrunk to 2 layers of 4 heads (2 key/value heads), width 32;
     windows and chunks of 4 tokens so that they act on short texts; mixed layer types kept mixed.
@@ -81,6 +88,9 @@ def tiny_config(name: str, **overrides):
     text = config.get_text_config()
     for key, value in SIZES.items():
         _set(text, key, value)
+    for part in _other_parts(config, text):  # a multimodal family's encoders: shrunk too (building
+        for key, value in SIZES.items():  # Phi-4-multimodal's full-size ones took 15 s a dtype)
+            _set(part, key, value)
     for key, value in overrides.items():
         setattr(text, key, value)
     layer_types = getattr(text, "layer_types", None)
