@@ -62,6 +62,13 @@ def _int_list(ctx, param, value):
     help="Also erase the covariate from the residual stream entering each layer (edits_stream.csv).",
 )
 @click.option(
+    "--trace/--no-trace",
+    default=False,
+    show_default=True,
+    help="Also patch the residual stream from the reference counterfactual per layer at the occupation, "
+    "the tokens between and the prediction (tracing.csv).",
+)
+@click.option(
     "--also",
     multiple=True,
     type=click.Path(dir_okay=False),
@@ -76,7 +83,9 @@ def _int_list(ctx, param, value):
     callback=_int_list,
     help="The numbers of heads whose edits --also applies.",
 )
-def edit(run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed, alone, stream, also, also_ks):
+def edit(
+    run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed, alone, stream, trace, also, also_ks
+):
     """Edit the heads RUN_DIR found (by default k = 1, 5; against random heads of the same layers)
     and write edits.csv: the stereotype gradient removed, definitional pronouns kept, and the KL cost."""
     from ..edits import EditOptions, run_edits
@@ -92,6 +101,7 @@ def edit(run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed, a
         seed=seed,
         alone=alone,
         stream=stream,
+        trace=trace,
     )
     quiet = click.get_current_context().obj.get("quiet")
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))

@@ -45,6 +45,7 @@ from .sweep import (
     measure_kind,
     settings_hash,
 )
+from .tracing import measure_tracing, tracing_table
 from .transfer import ALSO_K, transfer, transfer_suites
 
 
@@ -194,6 +195,11 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
         if options.stream:
             stream = lambda: measure_stream(model, inputs, log)
             frames.append(_own_chunk(chunks / f"edits-{key}-{STREAM}.parquet", stream, inputs, log))
+        traced = _read_kind(chunks / f"edits-{key}-trace.parquet", log) if options.trace else None
+        if options.trace and traced is None:
+            traced = measure_tracing(model, inputs, word, log)
+            with ignored_interrupts():
+                _write_kind(chunks / f"edits-{key}-trace.parquet", traced)
     raw = pd.concat(frames, ignore_index=True)
     write_table(directory, "edits_items", raw)
     sweep = raw[~raw["kind"].isin([SINGLE, STREAM])]
@@ -201,6 +207,9 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
     summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
     write_table(directory, "edits", summary)
     write_table(directory, "edits_draws", draws)
+    if traced is not None:
+        atomic_write(directory / "tracing_items.parquet", lambda p: write_parquet(traced, p))
+        write_table(directory, "tracing", tracing_table(traced))
     stream, chosen = stream_table(raw)
     chosen = pd.concat([raw[raw["kind"] == "none"], chosen])  # the stream's chosen rows and the clean ones
     write_table(directory, "edits_quarters", pd.concat([quarter_table(sweep), quarter_table(chosen)]))

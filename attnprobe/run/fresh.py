@@ -18,8 +18,8 @@ OWN_FILES = {
         r"|edits-[0-9a-f]{16}-[a-z]+\.(parquet|done)|\..+\.tmp"
     ),
     "figures": re.compile(r"[\w-]+\.(png|svg)"),
-    "edits": re.compile(r"[a-z]+-k\d+\.(json|safetensors)|\..+\.tmp"),
-    "edits/quarters": re.compile(r"[a-z]+-k\d+-q\d\.(json|safetensors)|\..+\.tmp"),
+    "edits": re.compile(r"[a-z]+(-k\d+)?\.(json|safetensors)|\..+\.tmp"),  # KIND-kK, or stream
+    "edits/quarters": re.compile(r"[a-z]+(-k\d+)?-q\d\.(json|safetensors)|\..+\.tmp"),
 }
 
 

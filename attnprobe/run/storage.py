@@ -46,6 +46,9 @@ EDIT_TABLES = (
     "edits_items",
     "edits_quarters",
     "edits_heads",
+    "edits_stream",
+    "tracing",
+    "tracing_items",
     "edits_transfer",
 )  # written by `attnprobe edit`
 DERIVED = tuple(f"{name}.{ext}" for name in STATS_TABLES + EDIT_TABLES for ext in ("csv", "parquet")) + (

@@ -19,6 +19,7 @@ import attnprobe
 from attnprobe.cli import main
 from attnprobe.edits import edited, load_edit, save_edit
 from attnprobe.edits.stream import StreamEdit, last_states
+from attnprobe.edits.tracing import GROUPS, tracing_table
 from attnprobe.errors import AttnprobeError, RunError
 from attnprobe.measures.head_effects.engine import record
 from attnprobe.model import from_pretrained_objects
@@ -135,3 +136,48 @@ def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_item
     assert (
         "residual stream entering each layer" in html and f'<td class="text">{chosen_row.heads}</td>' in html
     )
+
+
+def test_tracing_recomputes_and_is_exact_where_the_answer_is_known(swept_run):
+    """tracing.csv from tracing_items.parquet alone; entering layer 0 the stream is the tokens'
+    embeddings, so patching the occupation's one token from x' is running x' (share 1 item by item),
+    and patching tokens x and x' share changes nothing."""
+    _, _, out = swept_run
+    raw = pd.read_parquet(out / "tracing_items.parquet")
+    written = pd.read_csv(out / "tracing.csv")
+    table = tracing_table(raw).reset_index(drop=True)
+    assert len(written) == 2 * len(GROUPS)  # 2 layers x 3 groups
+    for column in ("te_share", "te_share_ci_low", "gradient_share", "gradient_share_ci_high"):
+        assert np.allclose(table[column], written[column], rtol=1e-9, equal_nan=True), column
+    layer0 = raw[raw.layer == 0].pivot_table(index="item_id", columns="position", values="y_patched")
+    items = raw.drop_duplicates("item_id").set_index("item_id").loc[layer0.index]
+    suite_items = {i.item_id: i for i in _items(out)}
+    one_token = [
+        i
+        for i in layer0.index
+        if len(suite_items[i].x) == len(_reference(suite_items[i]).x_cf)
+        and (suite_items[i].x != _reference(suite_items[i]).x_cf).sum() == 1
+    ]
+    assert len(one_token) >= 10
+    assert np.allclose(layer0.loc[one_token, "occupation"], items.loc[one_token, "y_cf"], atol=1e-4)
+    assert np.allclose(layer0.loc[one_token, "prediction"], items.loc[one_token, "y"], atol=1e-4)
+    between = layer0.loc[one_token, "between"].dropna()
+    assert len(between) and np.allclose(between, items.loc[between.index, "y"], atol=1e-4)
+    # and the check can fail: the occupation patched one layer up is no longer x' exactly
+    assert not np.allclose(layer0.loc[one_token, "occupation"], items.loc[one_token, "y"], atol=1e-4)
+
+
+def _items(out):
+    """The run's head-effects items, as the sweep planned them."""
+    from attnprobe.run.options import RunOptions
+    from attnprobe.run.plan import plan_run
+
+    run = attnprobe.Run(out)
+    suite = attnprobe.load_suite(run.manifest["suite"]["path"])
+    model = attnprobe.load_model(run.manifest["model"]["spec"])
+    plan = plan_run(suite, model, RunOptions(limit=run.manifest["settings"]["limit"], out=out))
+    return plan.parts["head_effects"].items
+
+
+def _reference(item):
+    return next(cf for cf in item.counterfactuals if cf.word == "person")

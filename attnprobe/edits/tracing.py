@@ -1,0 +1,168 @@
+"""Where the effect sits in the residual stream (`attnprobe edit --trace`): for every layer and three
+groups of positions, the hidden state entering that layer at those positions is patched from the
+item's reference counterfactual x' (the occupation replaced by "person") into the clean run x, and
+the run continues from there (causal tracing of the stream, Meng et al. 2022, with x' as the
+corruption). Groups, aligned as the head-effects items align x and x' (Counterfactual.at is the
+slot's last token, the tokens after it are the same in both):
+
+  occupation   the slot's last token (x: at, x': at_cf)
+  between      every token after the slot before the prediction (aligned one to one)
+  prediction   the last token, where the next word is predicted
+
+The effect of a patch is y_patched - y (y = log p(positive) - log p(negative) after x); the total
+effect TE = y(x') - y(x). Per layer and group (tracing.csv): the share of TE the patch carries (ratio
+of means) and the share of TE's covariate gradient (ratio of slopes), each with a two-way
+cluster-robust CI (unit x template; stats.inference.ratio_test, slope_ratio_test). A group that
+carries the whole effect at a layer holds all the information about the swap there: the layer at
+which the share moves from the occupation to the prediction position is where it is moved.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..measures.head_effects.engine import Bank, narrowed_head, skipping
+from ..measures.head_effects.sites import behaviour_rows, decoder_layers
+from ..stats.inference import ratio_test, slope_ratio_test
+
+GROUPS = ("occupation", "between", "prediction")
+ROWS = 64  # sequences per pass
+
+
+def _positions(item, cf) -> dict[str, tuple[list[int], list[int]]]:
+    """Per group the positions in x and the aligned ones in x' (empty where the group has none)."""
+    T, T_cf = len(item.x), len(cf.x_cf)
+    between = list(range(cf.at + 1, T - 1))
+    return {
+        "occupation": ([cf.at], [cf.at_cf]),
+        "between": (between, [p - cf.at + cf.at_cf for p in between]),
+        "prediction": ([T - 1], [T_cf - 1]),
+    }
+
+
+@contextmanager
+def _entering(module, layer: int, hidden: torch.Tensor, returns_tuple: bool):
+    """Within the block `layer` receives `hidden` (B, T, E) (the layers below it skipped)."""
+    if layer > 0:
+        with skipping(module, layer, hidden, returns_tuple):
+            yield
+        return
+
+    def inject(_, args, kwargs):
+        return ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
+
+    handle = decoder_layers(module)[0].register_forward_pre_hook(inject, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@torch.inference_mode()
+def _patched_y(module, bank: Bank, reference: Bank, layer: int, pairs, labels, group: str) -> np.ndarray:
+    """y of every item with the stream entering `layer` at `group`'s positions taken from x'
+    (NaN for an item whose group is empty). `pairs`: (item index, reference index, positions)."""
+    y = np.full(len(bank.lengths), np.nan)
+    todo = [(n, r, where[group]) for n, r, where in pairs if where[group][0]]
+    vocabulary = labels[labels >= 0].unique()
+    for start in range(0, len(todo), ROWS):
+        batch = todo[start : start + ROWS]
+        rows = torch.tensor([n for n, _, _ in batch])
+        T = int(bank.lengths[rows].max())
+        hidden = bank.hidden[layer][rows, :T].clone()
+        for b, (_, r, (here, there)) in enumerate(batch):
+            hidden[b, here] = reference.hidden[layer][r, there]
+        with (
+            _entering(module, layer, hidden, bank.returns_tuple),
+            narrowed_head(module, vocabulary) as narrow,
+        ):
+            logits = module(
+                input_ids=bank.ids[rows, :T],
+                attention_mask=(torch.arange(T)[None] < bank.lengths[rows, None]).long(),
+                use_cache=False,
+            ).logits
+        pos, neg = labels[rows, 0], labels[rows, 1]
+        if narrow:
+            index = lambda ids: torch.where(ids >= 0, torch.searchsorted(vocabulary, ids.clamp(min=0)), -1)
+            pos, neg = index(pos), index(neg)
+        last = bank.lengths[rows] - 1
+        y[rows.numpy()] = behaviour_rows(logits[torch.arange(len(rows)), last], pos, neg).double().numpy()
+    return y
+
+
+def measure_tracing(model, inputs, word: str, log=lambda m: None) -> pd.DataFrame:
+    """Raw values: per item its y, y(x'), and per layer and group y patched (long format: item_id,
+    unit, template_id, covariate, layer, position, y, y_cf, y_patched)."""
+    pairs = []
+    reference = 0
+    for n, item in enumerate(inputs.items):
+        for cf in item.counterfactuals:
+            if cf.word == word:  # the reference bank's order (edits.inputs.record_inputs)
+                pairs.append((n, reference, _positions(item, cf)))
+                reference += 1
+    y = behaviour_rows(inputs.bank.logits, inputs.labels[:, 0], inputs.labels[:, 1]).double().numpy()
+    index = torch.tensor([n for n, _, _ in pairs], dtype=torch.long)
+    y_cf = np.full(len(y), np.nan)
+    y_cf[index.numpy()] = (
+        behaviour_rows(inputs.reference.logits, inputs.labels[index, 0], inputs.labels[index, 1])
+        .double()
+        .numpy()
+    )
+    frames = []
+    for layer in range(model.info.n_layers):
+        for group in GROUPS:
+            patched = _patched_y(
+                model.model, inputs.bank, inputs.reference, layer, pairs, inputs.labels, group
+            )
+            frames.append(
+                pd.DataFrame(
+                    {"index": np.arange(len(y)), "layer": layer, "position": group, "y_patched": patched}
+                )
+            )
+        log(f"trace: the stream entering layer {layer} of {model.info.n_layers} patched")
+    out = pd.concat(frames, ignore_index=True)
+    items = inputs.items
+    out["item_id"] = [items[i].item_id for i in out["index"]]
+    out["unit"] = [items[i].unit for i in out["index"]]
+    out["template_id"] = [items[i].template_id for i in out["index"]]
+    out["covariate"] = inputs.covariate[out["index"]]
+    out["y"], out["y_cf"] = y[out["index"]], y_cf[out["index"]]
+    return out.dropna(subset=["y_cf"]).reset_index(drop=True)
+
+
+def tracing_table(raw: pd.DataFrame) -> pd.DataFrame:
+    """Per layer and group: the share of TE and of its covariate gradient the patch carries (CIs:
+    two-way cluster-robust by unit x template), from the raw values alone."""
+    wide = raw.pivot_table(index="item_id", columns=["layer", "position"], values="y_patched", dropna=False)
+    items = raw.drop_duplicates("item_id").set_index("item_id").loc[wide.index]
+    te = (items["y_cf"] - items["y"]).to_numpy()
+    effect = wide.to_numpy() - items["y"].to_numpy()[:, None]  # (n, layers x groups)
+    x = items["covariate"].to_numpy(dtype=float)
+    clusters = [pd.factorize(items["unit"])[0], pd.factorize(items["template_id"])[0]]
+    w = np.ones(len(items))
+    share = ratio_test(effect, te, w, clusters)
+    gradient = slope_ratio_test(x, effect, te, w, clusters)
+    rows = []
+    for j, (layer, position) in enumerate(wide.columns):
+        rows.append(
+            {
+                "layer": int(layer),
+                "position": position,
+                "n_items": int(np.isfinite(effect[:, j]).sum()),
+                "te_share": float(share["ratio"][j]),
+                "te_share_ci_low": float(share["ci_low"][j]),
+                "te_share_ci_high": float(share["ci_high"][j]),
+                "gradient_share": float(gradient["ratio"][j]),
+                "gradient_share_ci_low": float(gradient["ci_low"][j]),
+                "gradient_share_ci_high": float(gradient["ci_high"][j]),
+                "te_mean": float(np.nanmean(te)),
+                "clusters": "unit x template",
+            }
+        )
+    order = {g: i for i, g in enumerate(GROUPS)}
+    table = pd.DataFrame(rows)
+    return table.sort_values(["layer", "position"], key=lambda s: s.map(order) if s.name == "position" else s)
