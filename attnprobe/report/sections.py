@@ -166,8 +166,17 @@ def edits_context(directory, figures_dir) -> dict | None:
         "reference": summary["reference"].iloc[0],
         "heads": _optional(directory, "edits_heads"),
         "stream": _optional(directory, "edits_stream"),
+        "tracing": _tracing_rows(_optional(directory, "tracing")),
         "transfer": _transfer_rows(_optional(directory, "edits_transfer")),
     }
+
+
+def _tracing_rows(rows: list[dict]) -> list[dict]:
+    """One row per layer with each position group's shares side by side."""
+    layers: dict = {}
+    for r in rows:
+        layers.setdefault(r["layer"], {"layer": r["layer"]})[r["position"]] = r
+    return list(layers.values())
 
 
 def _optional(directory, name: str) -> list[dict]:
