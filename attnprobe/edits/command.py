@@ -259,8 +259,10 @@ def save_stream(directory, manifest, model, weights, inputs, options, table, sou
     about = {"fitted_on": "all items", "layer_chosen_on": "all items"}
     everywhere = StreamEdit.fit(inputs, layer, np.arange(4))
     save_edit(everywhere, directory / "edits" / STREAM, model, {**source, **about}, weights)
-    for f, text in enumerate(chosen["heads"].split(" | ")):
-        layer, training = int(text.split()[-1]), [int(g) for g in inputs.training(f)]
+    for text in chosen["heads"].split(" | "):  # "q0: layer 28 | q1: layer 28 | ..." (stats.edits)
+        quarter, _, layer = text.partition(": layer ")
+        f, layer = int(quarter.removeprefix("q")), int(layer)
+        training = [int(g) for g in inputs.training(f)]
         about = {
             "quarter": f,
             "fitted_on": f"quarters {training}",

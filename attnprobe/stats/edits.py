@@ -275,7 +275,7 @@ def stream_table(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     bias = layers["target"] == "bias"
     picked = np.where(bias, layers["quarter"].map(chosen), chosen["all"])
     rows = layers[layers["k"].to_numpy() == picked].copy()
-    quarters = " | ".join(f"layer {chosen[f]}" for f in range(4) if f in chosen)
+    quarters = " | ".join(f"q{f}: layer {chosen[f]}" for f in range(4) if f in chosen)
     rows = rows.assign(kind=STREAM_CHOSEN, k=chosen["all"], heads=quarters)
     best, _ = edit_tables(pd.concat([none, rows], ignore_index=True))
     table = pd.concat([summary.assign(chosen=False), best.assign(chosen=True)], ignore_index=True)
