@@ -27,11 +27,11 @@ from ..measures.head_effects.engine import (
     ROW_TOKENS,
     Bank,
     lowest_layer,
+    narrowed_behaviour,
     narrowed_head,
     plan_passes,
     skipping,
 )
-from ..measures.head_effects.sites import behaviour_rows
 from .kinds import HeadEdit, Resample, RowEditor
 
 LOGIT_BYTES = 128 * 2**20  # full-vocabulary logits of one text pass
@@ -177,11 +177,9 @@ def edited_behaviour(
     for rows, logits, narrowed in _behaviour_passes(
         module, bank, edit, base, heads, vocabulary, row_tokens, share, which
     ):
-        pos, neg = positive[rows], negative[rows]
-        if narrowed:
-            narrow = lambda ids: torch.where(ids >= 0, torch.searchsorted(vocabulary, ids.clamp(min=0)), -1)
-            pos, neg = narrow(pos), narrow(neg)
-        y[rows] = behaviour_rows(logits, pos, neg).double().cpu()
+        y[rows] = (
+            narrowed_behaviour(logits, positive[rows], negative[rows], vocabulary, narrowed).double().cpu()
+        )
     return y
 
 

@@ -30,8 +30,8 @@ import pandas as pd
 import torch
 
 from ..forward.capture import model_edit
-from ..measures.head_effects.engine import Bank, narrowed_head, skipping
-from ..measures.head_effects.sites import behaviour_rows, decoder_layers
+from ..measures.head_effects.engine import Bank, narrowed_behaviour, narrowed_head, skipping
+from ..measures.head_effects.sites import decoder_layers
 from ..stats.edits import STREAM as NAME
 from .estimate import definitional_directions, erasers
 from .passes import text_costs
@@ -156,12 +156,10 @@ def stream_behaviour(module, bank: Bank, edit: StreamEdit, labels: torch.Tensor)
     y = np.empty(len(bank.lengths))
     vocabulary = labels[labels >= 0].unique()
     for rows, logits, narrowed in _passes(module, bank, edit, vocabulary):
-        pos, neg = labels[rows, 0], labels[rows, 1]
-        if narrowed:
-            narrow = lambda ids: torch.where(ids >= 0, torch.searchsorted(vocabulary, ids.clamp(min=0)), -1)
-            pos, neg = narrow(pos), narrow(neg)
-        last = bank.lengths[rows] - 1
-        y[rows.numpy()] = behaviour_rows(logits[torch.arange(len(rows)), last], pos, neg).double().numpy()
+        last = logits[torch.arange(len(rows)), bank.lengths[rows] - 1]
+        y[rows.numpy()] = (
+            narrowed_behaviour(last, *labels[rows].unbind(1), vocabulary, narrowed).double().numpy()
+        )
     return y
 
 

@@ -19,14 +19,12 @@ which the share moves from the occupation to the prediction position is where it
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 import pandas as pd
 import torch
 
-from ..measures.head_effects.engine import Bank, narrowed_head, skipping
-from ..measures.head_effects.sites import behaviour_rows, decoder_layers
+from ..measures.head_effects.engine import Bank, narrowed_behaviour, narrowed_head, skipping
+from ..measures.head_effects.sites import behaviour_rows
 from ..stats.inference import ratio_test, slope_ratio_test
 
 GROUPS = ("occupation", "between", "prediction")
@@ -44,24 +42,6 @@ def _positions(item, cf) -> dict[str, tuple[list[int], list[int]]]:
     }
 
 
-@contextmanager
-def _entering(module, layer: int, hidden: torch.Tensor, returns_tuple: bool):
-    """Within the block `layer` receives `hidden` (B, T, E) (the layers below it skipped)."""
-    if layer > 0:
-        with skipping(module, layer, hidden, returns_tuple):
-            yield
-        return
-
-    def inject(_, args, kwargs):
-        return ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
-
-    handle = decoder_layers(module)[0].register_forward_pre_hook(inject, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
 @torch.inference_mode()
 def _patched_y(module, bank: Bank, reference: Bank, layer: int, pairs, labels, group: str) -> np.ndarray:
     """y of every item with the stream entering `layer` at `group`'s positions taken from x'
@@ -77,7 +57,7 @@ def _patched_y(module, bank: Bank, reference: Bank, layer: int, pairs, labels, g
         for b, (_, r, (here, there)) in enumerate(batch):
             hidden[b, here] = reference.hidden[layer][r, there]
         with (
-            _entering(module, layer, hidden, bank.returns_tuple),
+            skipping(module, layer, hidden, bank.returns_tuple),
             narrowed_head(module, vocabulary) as narrow,
         ):
             logits = module(
@@ -85,12 +65,10 @@ def _patched_y(module, bank: Bank, reference: Bank, layer: int, pairs, labels, g
                 attention_mask=(torch.arange(T)[None] < bank.lengths[rows, None]).long(),
                 use_cache=False,
             ).logits
-        pos, neg = labels[rows, 0], labels[rows, 1]
-        if narrow:
-            index = lambda ids: torch.where(ids >= 0, torch.searchsorted(vocabulary, ids.clamp(min=0)), -1)
-            pos, neg = index(pos), index(neg)
-        last = bank.lengths[rows] - 1
-        y[rows.numpy()] = behaviour_rows(logits[torch.arange(len(rows)), last], pos, neg).double().numpy()
+        last = logits[torch.arange(len(rows)), bank.lengths[rows] - 1]
+        y[rows.numpy()] = (
+            narrowed_behaviour(last, *labels[rows].unbind(1), vocabulary, narrow).double().numpy()
+        )
     return y
 
 

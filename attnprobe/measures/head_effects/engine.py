@@ -237,10 +237,16 @@ def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int, pre
             logits_to_keep=0,
         )
     logits = out.logits[0]  # (B, vocabulary or vocab)
-    if not narrowed:
-        return behaviour_rows(logits, v.positive[rows], v.negative[rows])
-    narrow = lambda ids: torch.where(ids >= 0, torch.searchsorted(vocabulary, ids.clamp(min=0)), -1)
-    return behaviour_rows(logits, narrow(v.positive[rows]), narrow(v.negative[rows]))
+    return narrowed_behaviour(logits, v.positive[rows], v.negative[rows], vocabulary, narrowed)
+
+
+def narrowed_behaviour(logits, positive, negative, vocabulary: torch.Tensor, narrowed: bool) -> torch.Tensor:
+    """behaviour_rows of logits (B, V) that `narrowed_head` may have narrowed to `vocabulary`: label
+    ids (B, K) are then read at their place in it (-1 padding kept)."""
+    if narrowed:
+        place = lambda ids: torch.where(ids >= 0, torch.searchsorted(vocabulary, ids.clamp(min=0)), -1)
+        positive, negative = place(positive), place(negative)
+    return behaviour_rows(logits, positive, negative)
 
 
 @dataclass
@@ -355,10 +361,8 @@ class _Skipped(torch.nn.Module):
 @contextmanager
 def skipping(model, first: int, hidden: torch.Tensor, returns_tuple: bool):
     """Within the block the decoder layers below `first` pass their input on and layer `first`
-    receives `hidden` (B, T, E), the clean hidden state recorded at its input."""
-    if first == 0:
-        yield
-        return
+    receives `hidden` (B, T, E): the clean hidden state recorded at its input, or one changed from it
+    (edits.tracing patches it, at layer 0 too: there it replaces the embeddings)."""
     layers = decoder_layers(model)
     originals = [layers[i] for i in range(first)]
 
