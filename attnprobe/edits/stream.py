@@ -21,7 +21,7 @@ so no item tests a layer chosen on its own outcome.
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -30,14 +30,14 @@ import pandas as pd
 import torch
 
 from ..forward.capture import model_edit
-from ..measures.head_effects.engine import Bank, narrowed_behaviour, narrowed_head, skipping
+from ..measures.head_effects.engine import Bank
 from ..measures.head_effects.sites import decoder_layers
 from ..stats.edits import STREAM as NAME
 from .estimate import definitional_directions, erasers
 from .passes import text_costs
+from .rerun import ROWS, rerun_logits, rerun_y
 from .sweep import _rows
 
-ROWS = 64  # sequences per pass
 PARAMETERS = ("along", "functional", "mean")
 
 
@@ -134,19 +134,9 @@ def _passes(module, bank: Bank, edit: StreamEdit, vocabulary: torch.Tensor | Non
     n = len(bank.lengths)
     for start in range(0, n, ROWS):
         rows = torch.arange(start, min(n, start + ROWS))
-        T = int(bank.lengths[rows].max())
-        hidden = bank.hidden[edit.layer][rows, :T]
         one = edit.rows(rows) if edit.along.dim() == 2 else edit
-        with ExitStack() as stack:
-            stack.enter_context(skipping(module, edit.layer, hidden, bank.returns_tuple))
-            stack.enter_context(one.applied(module))
-            narrowed = vocabulary is not None and stack.enter_context(narrowed_head(module, vocabulary))
-            out = module(
-                input_ids=bank.ids[rows, :T],
-                attention_mask=(torch.arange(T)[None] < bank.lengths[rows, None]).long(),
-                use_cache=False,
-            )
-        yield rows, out.logits, narrowed
+        hidden = bank.hidden[edit.layer][rows]
+        yield rows, *rerun_logits(module, bank, rows, edit.layer, hidden, vocabulary, [one.applied(module)])
 
 
 @torch.inference_mode()
@@ -154,12 +144,13 @@ def stream_behaviour(module, bank: Bank, edit: StreamEdit, labels: torch.Tensor)
     """y (N,) of every sequence of `bank` with the stream erased by `edit` (per row where its
     parameters are (N, E)); `labels` (N, 2, K)."""
     y = np.empty(len(bank.lengths))
-    vocabulary = labels[labels >= 0].unique()
-    for rows, logits, narrowed in _passes(module, bank, edit, vocabulary):
-        last = logits[torch.arange(len(rows)), bank.lengths[rows] - 1]
-        y[rows.numpy()] = (
-            narrowed_behaviour(last, *labels[rows].unbind(1), vocabulary, narrowed).double().numpy()
-        )
+    for start in range(0, len(y), ROWS):
+        rows = torch.arange(start, min(len(y), start + ROWS))
+        one = edit.rows(rows) if edit.along.dim() == 2 else edit
+        hidden = bank.hidden[edit.layer][rows]
+        y[rows.numpy()] = rerun_y(
+            module, bank, rows, edit.layer, hidden, labels[rows], [one.applied(module)]
+        ).numpy()
     return y
 
 

@@ -23,12 +23,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..measures.head_effects.engine import Bank, narrowed_behaviour, narrowed_head, skipping
+from ..measures.head_effects.engine import Bank
 from ..measures.head_effects.sites import behaviour_rows
 from ..stats.inference import ratio_test, slope_ratio_test
+from .rerun import ROWS, rerun_y
 
 GROUPS = ("occupation", "between", "prediction")
-ROWS = 64  # sequences per pass
 
 
 def _positions(item, cf) -> dict[str, tuple[list[int], list[int]]]:
@@ -48,27 +48,13 @@ def _patched_y(module, bank: Bank, reference: Bank, layer: int, pairs, labels, g
     (NaN for an item whose group is empty). `pairs`: (item index, reference index, positions)."""
     y = np.full(len(bank.lengths), np.nan)
     todo = [(n, r, where[group]) for n, r, where in pairs if where[group][0]]
-    vocabulary = labels[labels >= 0].unique()
     for start in range(0, len(todo), ROWS):
         batch = todo[start : start + ROWS]
         rows = torch.tensor([n for n, _, _ in batch])
-        T = int(bank.lengths[rows].max())
-        hidden = bank.hidden[layer][rows, :T].clone()
+        hidden = bank.hidden[layer][rows].clone()
         for b, (_, r, (here, there)) in enumerate(batch):
             hidden[b, here] = reference.hidden[layer][r, there]
-        with (
-            skipping(module, layer, hidden, bank.returns_tuple),
-            narrowed_head(module, vocabulary) as narrow,
-        ):
-            logits = module(
-                input_ids=bank.ids[rows, :T],
-                attention_mask=(torch.arange(T)[None] < bank.lengths[rows, None]).long(),
-                use_cache=False,
-            ).logits
-        last = logits[torch.arange(len(rows)), bank.lengths[rows] - 1]
-        y[rows.numpy()] = (
-            narrowed_behaviour(last, *labels[rows].unbind(1), vocabulary, narrow).double().numpy()
-        )
+        y[rows.numpy()] = rerun_y(module, bank, rows, layer, hidden, labels[rows]).numpy()
     return y
 
 

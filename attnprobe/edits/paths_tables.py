@@ -1,0 +1,127 @@
+"""The path-patching tables (paths.csv, paths_edges.csv) from the raw values alone (edits.paths).
+
+A patch's effect on an item is y_patched - y (an attribution is already one); TE = y(x') - y(x).
+Shares: of TE (ratio of means) and of TE's covariate gradient (ratio of slopes), with two-way
+cluster-robust CIs (unit x template; stats.inference), p of the effect's slope on the covariate.
+
+A head's role (sets have none), from its value and pattern paths on the pairs where both are defined
+(x and x' of equal length): it *moves* the signal when its value path from the occupation carries a gradient
+share whose CI is above 0 and at least its pattern's; it *computes* it from where it attends when
+its pattern path does so and exceeds its value's; otherwise neither is shown.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..stats.inference import bh_qvalues, cluster_slope_test, ratio_test, slope_ratio_test
+
+TOP, CROSSFIT = "top 5", "top 5, cross-fitted"  # the receivers that are sets (no role)
+
+
+def _wide(raw: pd.DataFrame, key: str, column: str):
+    """(items (item_id, covariate, unit, template_id, y, y_cf), effects (n, columns), columns)."""
+    wide = raw.pivot_table(index="item_id", columns=key, values=column, dropna=False, sort=False)
+    items = raw.drop_duplicates("item_id").set_index("item_id").loc[wide.index]
+    effect = wide.to_numpy()
+    if column == "y_patched":
+        effect = effect - items["y"].to_numpy()[:, None]
+    return items, effect, list(wide.columns)
+
+
+def _shares(items: pd.DataFrame, effect: np.ndarray) -> dict:
+    te = (items["y_cf"] - items["y"]).to_numpy()
+    x = items["covariate"].to_numpy(dtype=float)
+    clusters = [pd.factorize(items["unit"])[0], pd.factorize(items["template_id"])[0]]
+    w = np.ones(len(items))
+    return {
+        "te": ratio_test(effect, te, w, clusters),
+        "gradient": slope_ratio_test(x, effect, te, w, clusters),
+        "slope": cluster_slope_test(x, effect, w, clusters),
+    }
+
+
+def gradient_shares(raw: pd.DataFrame, column: str, key: str = "sender") -> pd.Series:
+    """Per `key` value: the share of TE's covariate gradient its `column` carries."""
+    items, effect, columns = _wide(raw, key, column)
+    return pd.Series(_shares(items, effect)["gradient"]["ratio"], index=columns)
+
+
+def _rows(items, effect, labels: list[dict]) -> list[dict]:
+    s = _shares(items, effect)
+    out = []
+    for j, label in enumerate(labels):
+        out.append(
+            {
+                **label,
+                "n_items": int(np.isfinite(effect[:, j]).sum()),
+                "gradient_share": s["gradient"]["ratio"][j],
+                "gradient_share_ci_low": s["gradient"]["ci_low"][j],
+                "gradient_share_ci_high": s["gradient"]["ci_high"][j],
+                "te_share": s["te"]["ratio"][j],
+                "te_share_ci_low": s["te"]["ci_low"][j],
+                "te_share_ci_high": s["te"]["ci_high"][j],
+                "p": s["slope"]["p"][j],
+            }
+        )
+    return out
+
+
+def paths_table(raw: pd.DataFrame) -> pd.DataFrame:
+    """One row per receiver and path, in the order measured, with the receiver's role."""
+    raw = raw.assign(column=raw["receiver"] + "\x1f" + raw["path"])
+    items, effect, columns = _wide(raw, "column", "y_patched")
+    labels = [dict(zip(("receiver", "path"), c.split("\x1f"))) for c in columns]
+    table = pd.DataFrame(_rows(items, effect, labels))
+    roles = {}
+    for receiver in table["receiver"].unique():
+        if receiver in (TOP, CROSSFIT):
+            continue
+        j = {
+            p: columns.index(f"{receiver}\x1f{p}")
+            for p in ("value", "pattern")
+            if f"{receiver}\x1f{p}" in columns
+        }
+        if len(j) < 2:
+            continue
+        both = np.isfinite(effect[:, j["value"]]) & np.isfinite(effect[:, j["pattern"]])
+        if both.sum() < 3:
+            continue
+        common = _rows(items[both], effect[both][:, [j["value"], j["pattern"]]], [{}, {}])
+        roles[receiver] = {
+            "value_share_same_length": common[0]["gradient_share"],
+            "pattern_share_same_length": common[1]["gradient_share"],
+            "role": _role(*common),
+        }
+    return table.join(pd.DataFrame.from_dict(roles, orient="index"), on="receiver")
+
+
+def _role(value: dict, pattern: dict) -> str:
+    if value["gradient_share_ci_low"] > 0 and value["gradient_share"] >= pattern["gradient_share"]:
+        return "moves"
+    if pattern["gradient_share_ci_low"] > 0 and pattern["gradient_share"] > value["gradient_share"]:
+        return "computes"
+    return "neither shown"
+
+
+def edges_table(screen: pd.DataFrame, confirmed: pd.DataFrame, paths: pd.DataFrame) -> pd.DataFrame:
+    """One row per confirmed edge (receiver, sender): its attribution share on the screening half,
+    its exact shares on the confirming half (CI, p, BH q over the table's rows) and the receiver's
+    whole value path on those same items."""
+    rows = []
+    for receiver, exact in confirmed.groupby("receiver", sort=False):
+        screened = gradient_shares(screen[screen["receiver"] == receiver], "attribution")
+        items, effect, senders = _wide(exact, "sender", "y_patched")
+        value = paths[(paths["receiver"] == receiver) & (paths["path"] == "value")]
+        value = (
+            value.set_index("item_id")["y_patched"].reindex(items.index).to_numpy() - items["y"].to_numpy()
+        )
+        whole = _rows(items, value[:, None], [{}])[0]
+        labels = [{"receiver": receiver, "sender": s, "screen_share": screened[s]} for s in senders]
+        for row in _rows(items, effect, labels):
+            rows.append({**row, "value_path_share": whole["gradient_share"]})
+    table = pd.DataFrame(rows)
+    if len(table):
+        table.insert(table.columns.get_loc("p") + 1, "q", bh_qvalues(table["p"].to_numpy()))
+    return table

@@ -1,0 +1,95 @@
+"""A two-layer Llama with planted heads whose roles are known, for the paths table (issue 38).
+
+Each occupation token stores two copies of its covariate c (scaled to g = 2c - 1): a *gender*
+feature and a *key* feature. At the last token ("that"):
+
+  L0H0  moves the key feature from the occupation to the last token (attends to the slot marker)
+  L1H0  the mover: attends to the occupation and copies its gender feature to the output
+  L1H1  the computer: its query reads the moved key feature and picks which of two cue tokens to
+        attend to (CUE_SHE or CUE_HE); its values carry the cues, none of the occupation
+
+So L1H0 carries the gradient through its value input from the occupation (its pattern is the same
+for "person"), L1H1 through its pattern (its value at the occupation is empty). Queries and keys use
+the last rotary pair, which turns by 1e-10 rad per position at theta 1e12: content only.
+"""
+
+from __future__ import annotations
+
+import torch
+import transformers as T
+
+import attnprobe
+from attnprobe.measures.head_effects.items import Counterfactual, PatchItem
+
+SHE, HE, CUE_SHE, CUE_HE, PERSON, THAT = 1, 2, 3, 4, 5, 6
+FILLERS_A, FILLERS_B = (7, 8, 9, 10), (11, 12)
+OCCUPATIONS = tuple(range(20, 32))
+BIAS, SLOT, GENDER, KEY, LAST, IS_SHE, IS_HE, CUE, MOVED, MOVER_OUT, COMPUTER_OUT = range(11)
+Q, D = 7, 16  # the content dimension of each head (the last rotary pair's first) and head size
+
+
+def planted_model():
+    config = T.LlamaConfig(
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=4,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=D,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e12},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = T.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+        e = model.model.embed_tokens.weight
+        e[:, BIAS] = 4.0
+        for n, token in enumerate(OCCUPATIONS):
+            c = n / (len(OCCUPATIONS) - 1)
+            e[token, SLOT], e[token, GENDER], e[token, KEY] = 1.0, 2 * c - 1, 2 * c - 1
+        e[PERSON, SLOT] = 1.0
+        e[THAT, LAST] = 1.0
+        e[CUE_SHE, IS_SHE] = e[CUE_SHE, CUE] = 1.0
+        e[CUE_HE, IS_HE] = e[CUE_HE, CUE] = 1.0
+        l0, l1 = (layer.self_attn for layer in model.model.layers)
+        # L0H0: at the last token attend to the slot, copy KEY into MOVED
+        l0.q_proj.weight[Q, LAST], l0.k_proj.weight[Q, SLOT] = 20.0, 1.0
+        l0.v_proj.weight[0, KEY], l0.o_proj.weight[MOVED, 0] = 1.0, 1.0
+        # L1H0, the mover: at the last token attend to the slot, copy GENDER into MOVER_OUT
+        l1.q_proj.weight[Q, LAST], l1.k_proj.weight[Q, SLOT] = 20.0, 1.0
+        l1.v_proj.weight[0, GENDER], l1.o_proj.weight[MOVER_OUT, 0] = 1.0, 1.0
+        # L1H1, the computer: attend to the cues, to CUE_SHE as MOVED grows, to CUE_HE as it falls
+        l1.q_proj.weight[D + Q, LAST], l1.k_proj.weight[D + Q, CUE] = 20.0, 1.0
+        l1.q_proj.weight[D + Q - 1, MOVED] = 12.0
+        l1.k_proj.weight[D + Q - 1, IS_SHE], l1.k_proj.weight[D + Q - 1, IS_HE] = 1.0, -1.0
+        l1.v_proj.weight[D, IS_SHE], l1.v_proj.weight[D, IS_HE] = 1.0, -1.0
+        l1.o_proj.weight[COMPUTER_OUT, D] = 1.0
+        model.lm_head.weight[SHE, MOVER_OUT] = model.lm_head.weight[SHE, COMPUTER_OUT] = 3.0
+        model.lm_head.weight[HE, MOVER_OUT] = model.lm_head.weight[HE, COMPUTER_OUT] = -3.0
+    attnprobe.forward.capture.enable(model)
+    return model
+
+
+def planted_items(covariates=None) -> list[PatchItem]:
+    """Occupation x template items: [CUE_SHE, CUE_HE, a, OCC, b, THAT] -> she / he; x' has PERSON.
+    `covariates`: per occupation the covariate recorded (default the planted c; a placebo replaces it)."""
+    covariates = covariates if covariates is not None else [n / 11 for n in range(len(OCCUPATIONS))]
+    out = []
+    for n, occupation in enumerate(OCCUPATIONS):
+        for a in FILLERS_A:
+            for b in FILLERS_B:
+                x = torch.tensor([CUE_SHE, CUE_HE, a, occupation, b, THAT])
+                cf = Counterfactual("person", torch.where(x == occupation, PERSON, x), 3, 3)
+                item = PatchItem(f"o{n}-{a}-{b}", f"t{a}-{b}", str(occupation), f"o{n}", float(covariates[n]),
+                                 x, (cf,), (SHE,), (HE,))  # fmt: skip
+                out.append(item)
+    return out
