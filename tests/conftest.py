@@ -364,7 +364,17 @@ def edit_suite(tmp_path):
     return path
 
 
-EDIT_SWEEP = ["--kinds", "zero,mean,scale,project", "--k", "1,2", "--draws", "3", "--stream", "--trace"]
+EDIT_SWEEP = [
+    "--kinds",
+    "zero,mean,scale,project",
+    "--k",
+    "1,2",
+    "--draws",
+    "3",
+    "--stream",
+    "--trace",
+    "--paths",
+]
 
 
 @pytest.fixture(scope="session")

@@ -69,6 +69,13 @@ def _int_list(ctx, param, value):
     "the tokens between and the prediction (tracing.csv).",
 )
 @click.option(
+    "--paths/--no-paths",
+    default=False,
+    show_default=True,
+    help="Also path-patch the top 5 heads: their value input from the occupation against their pattern, "
+    "and the senders into their value (paths.csv, paths_edges.csv).",
+)
+@click.option(
     "--also",
     multiple=True,
     type=click.Path(dir_okay=False),
@@ -84,7 +91,21 @@ def _int_list(ctx, param, value):
     help="The numbers of heads whose edits --also applies.",
 )
 def edit(
-    run_dir, kinds, ks, heads, draws, factor, reference, text_file, seed, alone, stream, trace, also, also_ks
+    run_dir,
+    kinds,
+    ks,
+    heads,
+    draws,
+    factor,
+    reference,
+    text_file,
+    seed,
+    alone,
+    stream,
+    trace,
+    paths,
+    also,
+    also_ks,
 ):
     """Edit the heads RUN_DIR found (by default k = 1, 5; against random heads of the same layers)
     and write edits.csv: the stereotype gradient removed, definitional pronouns kept, and the KL cost."""
@@ -102,6 +123,7 @@ def edit(
         alone=alone,
         stream=stream,
         trace=trace,
+        paths=paths,
     )
     quiet = click.get_current_context().obj.get("quiet")
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))

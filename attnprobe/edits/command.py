@@ -32,6 +32,7 @@ from ..suite import load_suite
 from ..version import __version__
 from .inputs import check_text, record_inputs
 from .kinds import KINDS
+from .paths import measure_run_paths, write_paths
 from .saved import save_edit
 from .single import NAME as SINGLE
 from .single import measure_single
@@ -200,6 +201,9 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
             traced = measure_tracing(model, inputs, word, log)
             with ignored_interrupts():
                 _write_kind(chunks / f"edits-{key}-trace.parquet", traced)
+        if options.paths:
+            paths = lambda: measure_run_paths(model, inputs, word, scores, listed, H, log)
+            paths = _own_chunk(chunks / f"edits-{key}-paths.parquet", paths, None, log)
     raw = pd.concat(frames, ignore_index=True)
     write_table(directory, "edits_items", raw)
     sweep = raw[~raw["kind"].isin([SINGLE, STREAM])]
@@ -210,6 +214,8 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
     if traced is not None:
         atomic_write(directory / "tracing_items.parquet", lambda p: write_parquet(traced, p))
         write_table(directory, "tracing", tracing_table(traced))
+    if options.paths:
+        write_paths(directory, paths)
     stream, chosen = stream_table(raw)
     chosen = pd.concat([raw[raw["kind"] == "none"], chosen])  # the stream's chosen rows and the clean ones
     write_table(directory, "edits_quarters", pd.concat([quarter_table(sweep), quarter_table(chosen)]))
@@ -326,7 +332,7 @@ def _own_chunk(path: Path, measure, inputs, log) -> pd.DataFrame:
     frame = _read_kind(path, log)
     if frame is None:
         frame = measure()
-        frame = _describe(frame, inputs) if len(frame) else frame
+        frame = _describe(frame, inputs) if len(frame) and inputs is not None else frame
         with ignored_interrupts():
             _write_kind(path, frame)
     return frame

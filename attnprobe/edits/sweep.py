@@ -63,6 +63,7 @@ class EditOptions:
     alone: int = 10  # the top heads each zeroed alone (edits_heads); 0: none
     stream: bool = False  # also the stream erased at every layer (edits_stream, edits.stream)
     trace: bool = False  # also the stream patched per layer and position (tracing, edits.tracing)
+    paths: bool = False  # also the top heads' inputs and senders patched (paths, edits.paths)
 
     def __post_init__(self):
         unknown = [k for k in self.kinds if k not in KINDS]
@@ -114,7 +115,7 @@ def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> s
     kind to a sweep keeps the kinds already measured; and --alone and the stream, which have files of
     their own), the
     model's weights, this attnprobe's version and the part of --text that is read."""
-    own_files = ("kinds", "alone", "stream", "trace")
+    own_files = ("kinds", "alone", "stream", "trace", "paths")
     settings = {k: v for k, v in asdict(options).items() if k not in own_files}
     payload = json.dumps(
         {"run": run_fingerprint, "weights": weights, "attnprobe": __version__, **settings},

@@ -27,17 +27,18 @@ from ..measures.head_effects.engine import Bank
 from ..measures.head_effects.sites import behaviour_rows
 from ..stats.inference import ratio_test, slope_ratio_test
 from .rerun import ROWS, rerun_y
+from .senders import Pair, reference_pairs
 
 GROUPS = ("occupation", "between", "prediction")
 
 
-def _positions(item, cf) -> dict[str, tuple[list[int], list[int]]]:
-    """Per group the positions in x and the aligned ones in x' (empty where the group has none)."""
-    T, T_cf = len(item.x), len(cf.x_cf)
-    between = list(range(cf.at + 1, T - 1))
+def _positions(pair: Pair, T: int, T_cf: int) -> dict[str, tuple[list[int], list[int]]]:
+    """Per group the positions in x (T tokens) and the aligned ones in x' (T_cf tokens; empty where
+    the group has none)."""
+    between = list(range(pair.at + 1, T - 1))
     return {
-        "occupation": ([cf.at], [cf.at_cf]),
-        "between": (between, [p - cf.at + cf.at_cf for p in between]),
+        "occupation": ([pair.at], [pair.at_cf]),
+        "between": (between, [p - pair.at + pair.at_cf for p in between]),
         "prediction": ([T - 1], [T_cf - 1]),
     }
 
@@ -61,13 +62,11 @@ def _patched_y(module, bank: Bank, reference: Bank, layer: int, pairs, labels, g
 def measure_tracing(model, inputs, word: str, log=lambda m: None) -> pd.DataFrame:
     """Raw values: per item its y, y(x'), and per layer and group y patched (long format: item_id,
     unit, template_id, covariate, layer, position, y, y_cf, y_patched)."""
-    pairs = []
-    reference = 0
-    for n, item in enumerate(inputs.items):
-        for cf in item.counterfactuals:
-            if cf.word == word:  # the reference bank's order (edits.inputs.record_inputs)
-                pairs.append((n, reference, _positions(item, cf)))
-                reference += 1
+    lengths, reference_lengths = inputs.bank.lengths.tolist(), inputs.reference.lengths.tolist()
+    pairs = [
+        (p.item, p.donor, _positions(p, lengths[p.item], reference_lengths[p.donor]))
+        for p in reference_pairs(inputs.items, word)
+    ]
     y = behaviour_rows(inputs.bank.logits, inputs.labels[:, 0], inputs.labels[:, 1]).double().numpy()
     index = torch.tensor([n for n, _, _ in pairs], dtype=torch.long)
     y_cf = np.full(len(y), np.nan)

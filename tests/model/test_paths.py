@@ -12,17 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import attnprobe
-from attnprobe.edits.paths import (
-    Anatomy,
-    _sender_pass,
-    edges,
-    measure_paths,
-    path_runs,
-    reference_pairs,
-    screen,
-    writes,
-)
+from attnprobe.edits.paths import measure_paths, path_runs
 from attnprobe.edits.paths_tables import edges_table, paths_table
+from attnprobe.edits.senders import Anatomy, _sender_pass, edges, reference_pairs, screen, writes
 from attnprobe.heads import HeadSet
 from attnprobe.measures.head_effects.engine import record
 from attnprobe.measures.head_effects.items import Counterfactual, PatchItem
@@ -204,3 +196,29 @@ def test_a_placebo_covariate_finds_no_edge_in_at_least_19_of_20_seeds():
         for s in range(20)
     ]
     assert sum(hits) <= 1
+
+
+def test_the_paths_tables_recompute_from_the_parquet_files_alone(swept_run):
+    """`attnprobe edit --paths` on the tiny Llama run: paths.csv and paths_edges.csv from the raw
+    parquet files alone; every receiver has its three paths, the set and the cross-fitted set; the
+    confirmed edges are the screen's best on the other units' items."""
+    import pandas as pd
+
+    from attnprobe.edits.paths import EDGES, chosen_senders
+
+    _, _, out = swept_run
+    raw = pd.read_parquet(out / "paths_items.parquet")
+    screened = pd.read_parquet(out / "paths_screen.parquet")
+    confirmed = pd.read_parquet(out / "paths_edges_items.parquet")
+    for name, table in (("paths", paths_table(raw)), ("paths_edges", edges_table(screened, confirmed, raw))):
+        written = pd.read_csv(out / f"{name}.csv")
+        assert len(written) == len(table) > 0
+        for column in ("gradient_share", "gradient_share_ci_low", "te_share", "p"):
+            assert np.allclose(table[column], written[column], rtol=1e-9, equal_nan=True), (name, column)
+    receivers = [r for r in raw["receiver"].unique() if r.startswith("L")]
+    assert 1 <= len(receivers) <= 5 and {"top 5", "top 5, cross-fitted"} <= set(raw["receiver"])
+    assert set(raw.loc[raw["receiver"] == receivers[0], "path"]) == {"value", "pattern", "output"}
+    assert not set(screened["unit"]) & set(confirmed["unit"])  # screened and confirmed on other units
+    for receiver in receivers:
+        chosen = chosen_senders(screened[screened["receiver"] == receiver], EDGES)
+        assert list(dict.fromkeys(confirmed.loc[confirmed["receiver"] == receiver, "sender"])) == chosen

@@ -1,0 +1,211 @@
+"""Senders: the edges into a receiver head's value at the occupation position p (edits.paths).
+
+What one earlier part S wrote into the stream at p (the embedding, a head of a lower layer, a lower
+layer's MLP; through the post-norm where the family has one) is swapped for what it wrote in x', on
+the one path into the receiver R's value:
+
+  R's value at p is read from N(h_p - c_S(x) + c_S(x'))   (N the layer's pre-attention norm)
+
+with R's weights and the layer's other heads as in x's clean run; the layers above run on.
+`screen` gives every sender's attribution g . (c_S(x') - c_S(x)), g = dy/dh_p along that one path
+(one backward pass per item: exact up to the layers above R); `edges` the exact effect of chosen ones.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import RunError
+from ..forward.capture import editing
+from ..heads import HeadSet
+from ..measures.direct_attribution.compute import parts_of
+from ..measures.head_effects.engine import Bank
+from ..measures.head_effects.sites import decoder_layers, mlp_modules
+from .rerun import ROWS, rerun_y
+
+EMBEDDING = "embedding"
+PRE_NORMS = ("input_layernorm", "ln_1", "self_attn_layer_norm", "attention_norm", "norm_1", "ln_attn")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """An item (its row in the items' bank) and its reference x' (its row in the reference bank),
+    with the occupation's position in each."""
+
+    item: int
+    donor: int
+    at: int
+    at_cf: int
+    same_length: bool
+
+
+def reference_pairs(items, word: str) -> list[Pair]:
+    """The items having a `word` counterfactual, in the reference bank's order (inputs.record_inputs)."""
+    out = []
+    for n, item in enumerate(items):
+        for cf in item.counterfactuals:
+            if cf.word == word:
+                out.append(Pair(n, len(out), cf.at, cf.at_cf, item.same_length(cf)))
+    return out
+
+
+@dataclass(frozen=True)
+class Anatomy:
+    """Per layer: the attention module, its pre-attention norm, the output projection, the norm
+    after attention (None where its output is added as it is), what the MLP adds and whether that is
+    a norm of the MLP's output (Gemma 2/3) rather than the MLP itself."""
+
+    attention: list
+    pre_norm: list
+    outputs: list
+    after_attention: list
+    mlp_added: list
+    mlp_normed: list
+
+    @classmethod
+    def of(cls, module) -> Anatomy:
+        parts = parts_of(module)
+        layers = decoder_layers(module)
+        attention = [
+            next((m for m in la.modules() if type(m).__name__.endswith("Attention")), None) for la in layers
+        ]
+        pre = [next((getattr(la, n) for n in PRE_NORMS if hasattr(la, n)), None) for la in layers]
+        if parts is None or None in attention or None in pre:
+            raise RunError(
+                f"--paths: {type(module).__name__} has no attention module, pre-attention norm, output "
+                "projection, MLP or final norm where path patching looks; run without --paths"
+            )
+        outputs, after_attention, mlp_added, _, _ = parts
+        mlps = mlp_modules(module)
+        return cls(
+            attention, pre, outputs, after_attention, mlp_added, [a is not m for a, m in zip(mlp_added, mlps)]
+        )
+
+
+def pair_tensors(pairs: list[Pair], *fields) -> list[torch.Tensor]:
+    return [torch.tensor([getattr(p, f) for p in pairs]) for f in fields]
+
+
+def writes(anatomy: Anatomy, bank: Bank, reference: Bank, pairs: list[Pair], below: int):
+    """(sender names, (B, S, E)): what each part below layer `below` wrote at p in x' minus in x."""
+    n, r, at, at_cf = pair_tensors(pairs, "item", "donor", "at", "at_cf")
+    rows = torch.arange(len(pairs))
+    names = [EMBEDDING]
+    parts = [(reference.hidden[0][r, at_cf] - bank.hidden[0][n, at])[:, None]]
+    for j in range(below):
+        z, z_cf = bank.outputs[j][n][rows, :, at], reference.outputs[j][r][rows, :, at_cf]  # (B, H, D)
+        B, H, D = z.shape
+        project = anatomy.outputs[j]
+        diagonal = torch.zeros(B, H, H, D, dtype=z.dtype)
+        diagonal[:, torch.arange(H), torch.arange(H)] = z_cf - z
+        per_head = project(diagonal.view(B * H, H * D)).view(B, H, -1) - project(
+            torch.zeros(1, H * D, dtype=z.dtype)
+        )
+        post = anatomy.after_attention[j]
+        if (
+            post is not None
+        ):  # the norm after attention applied to the layer's whole output, x's other heads kept
+            whole = project(z.reshape(B, H * D))[:, None]
+            per_head = post(whole + per_head) - post(whole)
+        parts.append(per_head)
+        names += [HeadSet.name(j, h) for h in range(H)]
+        m, m_cf = bank.mlp[j][n, at], reference.mlp[j][r, at_cf]
+        if anatomy.mlp_normed[j]:
+            m, m_cf = anatomy.mlp_added[j](m), anatomy.mlp_added[j](m_cf)
+        parts.append((m_cf - m)[:, None])
+        names.append(f"MLP {j}")
+    return names, torch.cat(parts, 1)
+
+
+@dataclass
+class _ValueOnly:
+    """Editor at `layer`: every head's output as in x's clean run, but the receiver `head` (per row)
+    reads the values computed in this run with its clean weights: only its value input changes."""
+
+    layer: int
+    head: torch.Tensor  # (B,)
+    outputs: torch.Tensor  # (B, H, T, D) clean
+    weights: torch.Tensor  # (B, H, T, T) clean
+
+    def __call__(self, site) -> torch.Tensor:
+        if site.layer != self.layer:
+            return site.output
+        B, H, T, _ = site.output.shape
+        rows = torch.arange(B)
+        own = torch.matmul(
+            self.weights[rows, self.head, :T, :T].to(site.value.dtype), site.values()[rows, self.head]
+        )
+        chosen = (torch.arange(H)[None] == self.head[:, None])[:, :, None, None]
+        return torch.where(chosen, own[:, None], self.outputs[:, :, :T].to(site.output.dtype))
+
+
+@contextmanager
+def _read_at(anatomy: Anatomy, layer: int, h: torch.Tensor, at: torch.Tensor, delta: torch.Tensor):
+    """Within the block layer `layer`'s attention reads N(h + delta) (B, E) at each row's position
+    `at` (N its pre-attention norm); the residual stream itself is left as it is."""
+
+    def hook(module, args, kwargs):
+        x = args[0] if args else kwargs["hidden_states"]
+        new = anatomy.pre_norm[layer](h + delta).to(x.dtype)
+        x = x.index_put((torch.arange(len(at)), at), new)
+        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+
+    handle = anatomy.attention[layer].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _sender_pass(module, anatomy, bank, pairs: list[Pair], heads, layer: int, labels, delta):
+    """y of the pairs' x with each receiver's (`heads` (B,) of `layer`) value at p read from
+    N(h_p + delta) (B, E); under grad mode when delta needs one."""
+    rows, at = pair_tensors(pairs, "item", "at")
+    T = int(bank.lengths[rows].max())
+    editor = _ValueOnly(layer, heads, bank.outputs[layer][rows, :, :T], bank.weights[layer][rows, :, :T, :T])
+    hidden = bank.hidden[layer][rows]
+    h = hidden[torch.arange(len(rows)), at]
+    contexts = [editing(editor), _read_at(anatomy, layer, h, at, delta)]
+    return rerun_y(module, bank, rows, layer, hidden, labels[rows], contexts)
+
+
+def screen(module, anatomy, bank, reference, pairs: list[Pair], receiver: tuple[int, int], labels):
+    """(sender names, (n pairs, S) attribution of each sender's edge into the receiver's value)."""
+    layer, head = receiver
+    names, out = None, []
+    for start in range(0, len(pairs), ROWS):
+        batch = pairs[start : start + ROWS]
+        delta = torch.zeros(len(batch), bank.hidden[0].shape[-1], requires_grad=True)
+        with torch.enable_grad():
+            y = _sender_pass(
+                module, anatomy, bank, batch, torch.full((len(batch),), head), layer, labels, delta
+            )
+            (g,) = torch.autograd.grad(y.sum(), delta)
+        with torch.inference_mode():
+            names, parts = writes(anatomy, bank, reference, batch, layer)
+            out.append(torch.einsum("be,bse->bs", g.to(parts.dtype), parts).double().numpy())
+    return names, np.concatenate(out)
+
+
+@torch.inference_mode()
+def edges(
+    module, anatomy, bank, reference, pairs: list[Pair], receiver, senders: list[str], labels
+) -> np.ndarray:
+    """(n pairs, len(senders)) y with each sender's write at p swapped on its path into the
+    receiver's value."""
+    layer, head = receiver
+    out = np.empty((len(pairs), len(senders)))
+    per_pair = ROWS // max(1, len(senders)) or 1
+    for start in range(0, len(pairs), per_pair):
+        batch = pairs[start : start + per_pair]
+        names, parts = writes(anatomy, bank, reference, batch, layer)
+        picked = parts[:, [names.index(s) for s in senders]]  # (b, s, E)
+        rows = [p for p in batch for _ in senders]
+        heads = torch.full((len(rows),), head)
+        y = _sender_pass(module, anatomy, bank, rows, heads, layer, labels, picked.reshape(len(rows), -1))
+        out[start : start + len(batch)] = y.numpy().reshape(len(batch), len(senders))
+    return out
