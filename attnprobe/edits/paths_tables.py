@@ -5,9 +5,11 @@ Shares: of TE (ratio of means) and of TE's covariate gradient (ratio of slopes),
 cluster-robust CIs (unit x template; stats.inference), p of the effect's slope on the covariate.
 
 A head's role (sets have none), from its value and pattern paths on the pairs where both are defined
-(x and x' of equal length): it *moves* the signal when its value path from the occupation carries a gradient
-share whose CI is above 0 and at least its pattern's; it *computes* it from where it attends when
-its pattern path does so and exceeds its value's; otherwise neither is shown.
+(x and x' of equal length) and their difference (value share - pattern share, with its CI): it
+*moves* the signal when its value path from the occupation carries a share whose CI is above 0 and
+the difference's CI is above 0; it *computes* it from where it attends when its pattern path carries
+one and the difference's CI is below 0; *both* when both carry one and neither is shown larger;
+otherwise neither is shown.
 """
 
 from __future__ import annotations
@@ -88,20 +90,29 @@ def paths_table(raw: pd.DataFrame) -> pd.DataFrame:
         both = np.isfinite(effect[:, j["value"]]) & np.isfinite(effect[:, j["pattern"]])
         if both.sum() < 3:
             continue
-        common = _rows(items[both], effect[both][:, [j["value"], j["pattern"]]], [{}, {}])
+        common = items[both], effect[both][:, [j["value"], j["pattern"]]]
+        value, pattern, difference = _rows(
+            common[0], np.c_[common[1], common[1][:, 0] - common[1][:, 1]], [{}] * 3
+        )
         roles[receiver] = {
-            "value_share_same_length": common[0]["gradient_share"],
-            "pattern_share_same_length": common[1]["gradient_share"],
-            "role": _role(*common),
+            "value_share_same_length": value["gradient_share"],
+            "pattern_share_same_length": pattern["gradient_share"],
+            "value_minus_pattern": difference["gradient_share"],
+            "value_minus_pattern_ci_low": difference["gradient_share_ci_low"],
+            "value_minus_pattern_ci_high": difference["gradient_share_ci_high"],
+            "role": _role(value, pattern, difference),
         }
     return table.join(pd.DataFrame.from_dict(roles, orient="index"), on="receiver")
 
 
-def _role(value: dict, pattern: dict) -> str:
-    if value["gradient_share_ci_low"] > 0 and value["gradient_share"] >= pattern["gradient_share"]:
+def _role(value: dict, pattern: dict, difference: dict) -> str:
+    carries = lambda r: r["gradient_share_ci_low"] > 0
+    if carries(value) and difference["gradient_share_ci_low"] > 0:
         return "moves"
-    if pattern["gradient_share_ci_low"] > 0 and pattern["gradient_share"] > value["gradient_share"]:
+    if carries(pattern) and difference["gradient_share_ci_high"] < 0:
         return "computes"
+    if carries(value) and carries(pattern):
+        return "both"
     return "neither shown"
 
 

@@ -167,6 +167,8 @@ def edits_context(directory, figures_dir) -> dict | None:
         "heads": _optional(directory, "edits_heads"),
         "stream": _optional(directory, "edits_stream"),
         "tracing": _tracing_rows(_optional(directory, "tracing")),
+        "paths": _paths_rows(_optional(directory, "paths")),
+        "edges": _optional(directory, "paths_edges"),
         "transfer": _transfer_rows(_optional(directory, "edits_transfer")),
     }
 
@@ -177,6 +179,14 @@ def _tracing_rows(rows: list[dict]) -> list[dict]:
     for r in rows:
         layers.setdefault(r["layer"], {"layer": r["layer"]})[r["position"]] = r
     return list(layers.values())
+
+
+def _paths_rows(rows: list[dict]) -> list[dict]:
+    """One row per receiver with its paths' shares side by side (and its role)."""
+    receivers: dict = {}
+    for r in rows:
+        receivers.setdefault(r["receiver"], {"receiver": r["receiver"], "role": r.get("role")})[r["path"]] = r
+    return list(receivers.values())
 
 
 def _optional(directory, name: str) -> list[dict]:

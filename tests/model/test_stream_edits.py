@@ -137,6 +137,7 @@ def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_item
         "residual stream entering each layer" in html and f'<td class="text">{chosen_row.heads}</td>' in html
     )
     assert "attnprobe edit --trace" in html  # and the tracing table
+    assert "attnprobe edit --paths" in html and "Senders into each head" in html  # and the paths tables
 
 
 def test_tracing_recomputes_and_is_exact_where_the_answer_is_known(swept_run):
