@@ -33,6 +33,7 @@ from ..version import __version__
 from .inputs import check_text, record_inputs
 from .kinds import KINDS
 from .paths import measure_run_paths, write_paths
+from .readout import readout_table
 from .saved import save_edit
 from .single import NAME as SINGLE
 from .single import measure_single
@@ -161,12 +162,13 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
     covariate = {i.item_id: i.covariate for i in items}
     head_items, totals = run.head_effect_items, run.head_effect_totals
     fold_of = dict(zip([i.item_id for i in items], inputs.fold))
-    scores = {"all": gradient_scores(head_items, totals, covariate, word, L, H)}
-    for f in range(4):  # the scores the heads tested on quarter f are chosen by
-        ids = {i for i, g in fold_of.items() if g in inputs.training(f)}
-        scores[f] = gradient_scores(
-            head_items[head_items["item_id"].isin(ids)], totals, covariate, word, L, H
-        )
+
+    def quarter_scores(covariate: dict) -> dict:  # the scores the heads tested on quarter f are chosen by
+        training = {f: {i for i, g in fold_of.items() if g in inputs.training(f)} for f in range(4)}
+        rows = {f: head_items[head_items["item_id"].isin(ids)] for f, ids in training.items()}
+        return {f: gradient_scores(rows[f], totals, covariate, word, L, H) for f in range(4)}
+
+    scores = {"all": gradient_scores(head_items, totals, covariate, word, L, H), **quarter_scores(covariate)}
     sets = found_sets(inputs, scores, options.ks, listed, H)
     key = settings_hash(m["fingerprint"], options, weights)
     chunks = own_directory(directory / "chunks")
@@ -202,7 +204,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
             with ignored_interrupts():
                 _write_kind(chunks / f"edits-{key}-trace.parquet", traced)
         if options.paths:
-            paths = lambda: measure_run_paths(model, inputs, word, scores, listed, H, log)
+            paths = lambda: measure_run_paths(model, inputs, word, scores, quarter_scores, listed, H, log)
             paths = _own_chunk(chunks / f"edits-{key}-paths.parquet", paths, None, log)
     raw = pd.concat(frames, ignore_index=True)
     write_table(directory, "edits_items", raw)
@@ -216,6 +218,8 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
         write_table(directory, "tracing", tracing_table(traced))
     if options.paths:
         write_paths(directory, paths)
+        log("paths: the covariate's linear readout per layer at the unit (readout.csv)")
+        write_table(directory, "readout", readout_table(model, suite, suite.analysis.unit, folds=None))
     stream, chosen = stream_table(raw)
     chosen = pd.concat([raw[raw["kind"] == "none"], chosen])  # the stream's chosen rows and the clean ones
     write_table(directory, "edits_quarters", pd.concat([quarter_table(sweep), quarter_table(chosen)]))

@@ -36,7 +36,7 @@ from ..heads import HeadSet
 from ..measures.head_effects.engine import Bank
 from ..measures.head_effects.sites import behaviour_rows
 from ..store import atomic_write, write_parquet, write_table
-from .paths_tables import CROSSFIT, TOP, edges_table, gradient_shares, paths_table
+from .paths_tables import CROSSFIT, NULL, TOP, edges_table, gradient_shares, paths_table
 from .rerun import ROWS, rerun_y
 from .senders import Anatomy, Pair, edges, pair_tensors, reference_pairs, screen
 from .sweep import chosen_heads
@@ -49,6 +49,7 @@ RAW = {  # raw frame -> its own columns
     "paths_edges_items": ("receiver", "sender", "y_patched"),
 }
 EDGES = 8  # senders confirmed exactly per receiver
+SELECTION_DRAWS = 39  # the selection null's permutations (p floor 1/40)
 
 
 @dataclass
@@ -126,6 +127,7 @@ def measure_paths(
     crossfit,
     screen_half,
     log=lambda m: None,
+    null=(),
 ):
     """Raw values of path patching. `receivers`: the top heads (in order); `crossfit`: per item the
     top set chosen without it (HeadSet, or None); `screen_half`: per item True where its unit screens
@@ -145,6 +147,9 @@ def measure_paths(
         if crossfit is not None and crossfit[pair.item] is not None:
             runs.append((i, "value", crossfit[pair.item]))
             names.append((i, CROSSFIT, "value"))
+        for d, sets_ in enumerate(null):  # the selection null: sets chosen on a permuted covariate
+            runs.append((i, "value", sets_[pair.item]))
+            names.append((i, f"{NULL} {d}", "value"))
     log(f"paths: {len(runs)} patched runs ({len(pairs)} items)")
     y = path_runs(module, bank, reference, pairs, labels, runs)
     paths = _frame(items, bank, reference, pairs, labels, [i for i, _, _ in names])
@@ -199,16 +204,26 @@ def chosen_senders(screen_rows: pd.DataFrame, k: int) -> list[str]:
     return shares.abs().sort_values(ascending=False, kind="stable").index[:k].tolist()
 
 
-def measure_run_paths(model, inputs, word: str, scores: dict, listed, n_heads: int, log) -> pd.DataFrame:
+def measure_run_paths(
+    model, inputs, word: str, scores: dict, rescored, listed, n_heads: int, log, draws: int = SELECTION_DRAWS
+) -> pd.DataFrame:
     """`attnprobe edit --paths`: the receivers are the heads listed (--heads) or the top 5 by the
     gradient score on every item; each item's cross-fitted set the top 5 on its training quarters;
-    the units of half 0 screen senders. The three raw frames in one, told apart by `table`."""
+    the units of half 0 screen senders. The selection null: `draws` times the covariate permuted
+    over units, the heads reselected on it (`rescored(covariate by item id)` -> scores per quarter)
+    and their value path measured against the real covariate. The three raw frames in one, told
+    apart by `table`."""
     receivers = HeadSet(listed) if listed else HeadSet(chosen_heads(scores["all"], 5, n_heads))
-    per_quarter = {f: HeadSet(chosen_heads(scores[f], 5, n_heads)) for f in range(4)}
-    crossfit = None if listed else [per_quarter[int(f)] for f in inputs.fold]
+    per_item = lambda quarters: [HeadSet(chosen_heads(quarters[int(f)], 5, n_heads)) for f in inputs.fold]
+    crossfit, null = (None, []) if listed else (per_item(scores), [])
+    rng = np.random.default_rng(0)
+    units = {i.unit: i.covariate for i in inputs.items}
+    for _ in range(0 if listed else draws):
+        shuffled = dict(zip(units, rng.permutation(list(units.values()))))
+        null.append(per_item(rescored({i.item_id: shuffled[i.unit] for i in inputs.items})))
     frames = measure_paths(
         model, inputs.items, inputs.bank, inputs.reference, inputs.labels, word, receivers, crossfit,
-        inputs.fold // 2 == 0, log,
+        inputs.fold // 2 == 0, log, null,
     )  # fmt: skip
     return pd.concat([f.assign(table=t) for f, t in zip(frames, RAW)], ignore_index=True)
 

@@ -20,6 +20,7 @@ import pandas as pd
 from ..stats.inference import bh_qvalues, cluster_slope_test, ratio_test, slope_ratio_test
 
 TOP, CROSSFIT = "top 5", "top 5, cross-fitted"  # the receivers that are sets (no role)
+NULL = "top 5 reselected on a permuted covariate, draw"  # + the draw's number
 
 
 def _wide(raw: pd.DataFrame, key: str, column: str):
@@ -71,7 +72,10 @@ def _rows(items, effect, labels: list[dict]) -> list[dict]:
 
 
 def paths_table(raw: pd.DataFrame) -> pd.DataFrame:
-    """One row per receiver and path, in the order measured, with the receiver's role."""
+    """One row per receiver and path, in the order measured, with the receiver's role; the
+    cross-fitted set's row with its selection null."""
+    is_null = raw["receiver"].str.startswith(NULL)
+    null, raw = raw[is_null], raw[~is_null]
     raw = raw.assign(column=raw["receiver"] + "\x1f" + raw["path"])
     items, effect, columns = _wide(raw, "column", "y_patched")
     labels = [dict(zip(("receiver", "path"), c.split("\x1f"))) for c in columns]
@@ -102,7 +106,24 @@ def paths_table(raw: pd.DataFrame) -> pd.DataFrame:
             "value_minus_pattern_ci_high": difference["gradient_share_ci_high"],
             "role": _role(value, pattern, difference),
         }
-    return table.join(pd.DataFrame.from_dict(roles, orient="index"), on="receiver")
+    table = table.join(pd.DataFrame.from_dict(roles, orient="index"), on="receiver")
+    return _selection_null(table, null)
+
+
+def _selection_null(table: pd.DataFrame, null: pd.DataFrame) -> pd.DataFrame:
+    """The cross-fitted set's value share beside the shares of sets reselected on permuted
+    covariates (each against the real one): their mean, 95th percentile and p = (1 + draws at or
+    above it) / (1 + draws)."""
+    if not len(null) or not (table["receiver"] == CROSSFIT).any():
+        return table
+    shares = gradient_shares(null, "y_patched", key="receiver").to_numpy()
+    at = table.index[table["receiver"] == CROSSFIT][0]
+    observed = table.at[at, "gradient_share"]
+    table.loc[at, "selection_null_mean"] = np.nanmean(shares)
+    table.loc[at, "selection_null_q95"] = np.nanquantile(shares, 0.95)
+    table.loc[at, "selection_p"] = (1 + np.sum(shares >= observed)) / (1 + len(shares))
+    table.loc[at, "selection_draws"] = len(shares)
+    return table
 
 
 def _role(value: dict, pattern: dict, difference: dict) -> str:

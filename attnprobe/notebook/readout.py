@@ -1,145 +1,18 @@
-"""Where a covariate becomes linearly readable: a cross-fitted ridge probe on the residual stream.
-
-For a suite whose covariate belongs to a unit (the occupation and its BLS share of women), take the
-residual stream after every layer (index 0: the embeddings; the last index is after the final norm,
-as transformers returns it) at the last token of the unit's span, averaged over the unit's prompts
-with every template weighing the same: one vector per unit and layer, X (n units, E). Per layer:
-
-  ridge regression of the covariate on X, cross-fitted over units: K folds (seeded); in each, X is
-  centred and scaled by the training units, the penalty chosen on them by generalised
-  cross-validation over a grid, and the held-out units predicted. Held-out R2 = 1 - SSE / SST of the
-  out-of-fold predictions (SST about the mean of all units; R2 <= 0 means no linear readout).
-
-The unit of inference is the unit (an occupation): its CI is a percentile bootstrap over units of
-the out-of-fold predictions (2,000 resamples, seed 0; the fits are not redone, so the interval leaves
-out the variance of choosing the penalty); its null is the same cross-fitting with the covariate
-permuted across units (`permutations` draws, same folds): p = (1 + draws reaching R2) / (1 + draws),
-and Holm's adjustment over the layers (999 draws: a floor of 0.001, 0.03 after adjusting for 31 layers).
-Shapes: N units, E model width, K folds.
-"""
+"""`ap.linear_readout`: where a covariate becomes linearly readable (edits.readout has the method)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
-import torch
 
-from ..stats.inference import holm
-
-ALPHAS = np.logspace(-3, 5, 17)  # ridge penalties tried, relative to the mean squared singular value
-
-
-def _fold_fits(X: np.ndarray, folds: np.ndarray):
-    """Per fold: the held-out mask and what predicting any y needs: the training means and scales,
-    the SVD of the scaled training X, and the scaled held-out X."""
-    fits = []
-    for f in np.unique(folds):
-        test = folds == f
-        train = ~test
-        mean, scale = X[train].mean(0), X[train].std(0) + 1e-8
-        U, S, Vt = np.linalg.svd((X[train] - mean) / scale, full_matrices=False)
-        fits.append((test, U, S, Vt, (X[test] - mean) / scale))
-    return fits
-
-
-def _predict(fits, y: np.ndarray) -> np.ndarray:
-    """Out-of-fold ridge predictions of y (N,), the penalty of each fold chosen by GCV on its
-    training units: with the SVD X = U S V', the fit's hat matrix has eigenvalues S^2 / (S^2 + a)."""
-    out = np.empty(len(y))
-    for test, U, S, Vt, X_test in fits:
-        y_train = y[~test]
-        offset = y_train.mean()
-        Uy = U.T @ (y_train - offset)  # (r,)
-        best, best_gcv = None, np.inf
-        for a in ALPHAS * np.mean(S**2):
-            shrink = S**2 / (S**2 + a)
-            residual = (y_train - offset) - U @ (shrink * Uy)
-            gcv = np.mean(residual**2) / (1 - shrink.sum() / len(y_train)) ** 2
-            if gcv < best_gcv:
-                best, best_gcv = a, gcv
-        coef = Vt.T @ (S / (S**2 + best) * Uy)  # (E,)
-        out[test] = offset + X_test @ coef
-    return out
-
-
-def r_squared(y: np.ndarray, predicted: np.ndarray) -> float:
-    return float(1 - np.sum((y - predicted) ** 2) / np.sum((y - y.mean()) ** 2))
-
-
-def crossfit_r2(
-    X: np.ndarray, y: np.ndarray, folds: int = 10, permutations: int = 200, seed: int = 0
-) -> dict:
-    """Held-out R2 of a ridge readout of y (N,) from X (N, E), its bootstrap CI over units and its
-    permutation p (see the module doc)."""
-    rng = np.random.default_rng(seed)
-    fold = rng.permutation(np.arange(len(y)) % min(folds, len(y)))
-    fits = _fold_fits(np.asarray(X, dtype=np.float64), fold)
-    predicted = _predict(fits, y)
-    r2 = r_squared(y, predicted)
-    boot = rng.integers(0, len(y), (2000, len(y)))
-    draws = [r_squared(y[b], predicted[b]) for b in boot if np.ptp(y[b]) > 0]
-    null = np.array(
-        [r_squared(p, _predict(fits, p)) for p in (rng.permutation(y) for _ in range(permutations))]
-    )
-    return {
-        "r2": r2,
-        "ci_low": float(np.percentile(draws, 2.5)),
-        "ci_high": float(np.percentile(draws, 97.5)),
-        "p_permutation": float((1 + (null >= r2).sum()) / (1 + len(null))) if permutations else np.nan,
-        "null_r2_q95": float(np.quantile(null, 0.95)) if permutations else np.nan,
-    }
-
-
-@torch.no_grad()
-def unit_states(pm, suite, span: str) -> tuple[list, np.ndarray, np.ndarray]:
-    """(units, covariate per unit, (L + 1, N, E) states): the residual stream after every layer at the
-    last token of `span`, averaged per unit over templates (each template weighing the same)."""
-    from ..forward.capture import pad_right
-    from ..run.plan import encode_prompts
-    from ..schema.analysis import value_of
-
-    analysis = suite.analysis
-    prompts = [p for p in suite.prompts if span in p.spans and value_of(p, analysis.covariate) is not None]
-    encoded = encode_prompts(suite, prompts, pm.tokenizer, pm.info.max_positions)
-    prefixes = {}  # the prefix up to the span's last token decides the state (causal): once each
-    for e in encoded:
-        end = e.spans[span][1]
-        key = tuple(e.ids[:end])
-        prefixes.setdefault(key, []).append(e.prompt)
-    keys = sorted(prefixes, key=len)
-    states = []
-    for start in range(0, len(keys), 64):
-        batch = keys[start : start + 64]
-        ids, mask = pad_right(batch, pm.tokenizer.pad_token_id or 0)  # (B, T)
-        out = pm.model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
-        last = torch.tensor([len(k) - 1 for k in batch])
-        hidden = torch.stack(out.hidden_states)  # (L + 1, B, T, E)
-        states.append(hidden[:, torch.arange(len(batch)), last].float())  # (L + 1, B, E)
-    states = torch.cat(states, 1).numpy()  # (L + 1, prefixes, E)
-    rows = pd.DataFrame(
-        [
-            (i, str(value_of(p, analysis.unit)), p.template_id, float(value_of(p, analysis.covariate)))
-            for i, key in enumerate(keys)
-            for p in prefixes[key][:1]
-        ],
-        columns=["row", "unit", "template", "covariate"],
-    )
-    # template means first, then the unit's mean over its templates
-    cells = rows.groupby(["unit", "template"])["row"].apply(list)
-    units = sorted(rows["unit"].unique())
-    X = np.stack(
-        [np.mean([states[:, r].mean(1) for r in cells[u]], axis=0) for u in units], axis=1
-    )  # (L + 1, N, E)
-    y = rows.groupby("unit")["covariate"].first().reindex(units).to_numpy()
-    return units, y, X
+from ..edits.readout import readout_table
 
 
 def linear_readout(
     model, suite, span: str | None = None, folds: int = 10, permutations: int = 999, seed: int = 0
 ) -> pd.DataFrame:
     """Per layer (0: the embeddings): how well the suite's covariate is read linearly from the
-    residual stream at the unit's span, held out over units (module doc). `model`: a ProbeModel or
-    spec; `suite`: a Suite or its path; `span`: default the covariate's unit."""
+    residual stream at the unit's span, held out over units (attnprobe.edits.readout). `model`: a
+    ProbeModel or spec; `suite`: a Suite or its path; `span`: default the covariate's unit."""
     from ..errors import AnalysisError
     from ..suite import Suite, load_suite
     from .adhoc import model_of
@@ -150,15 +23,4 @@ def linear_readout(
         raise AnalysisError(
             f"{suite.path}: the linear readout needs a covariate owned by a unit (analysis: covariate)"
         )
-    span = span or analysis.unit
-    pm = model_of(model)
-    units, y, X = unit_states(pm, suite, span)
-    if len(units) < 2 * folds:
-        raise AnalysisError(f"{len(units)} units for {folds} folds: give fewer folds (at least 2 units each)")
-    rows = []
-    for layer in range(X.shape[0]):
-        rows.append({"layer": layer, **crossfit_r2(X[layer], y, folds, permutations, seed)})
-    table = pd.DataFrame(rows)
-    table["p_holm"] = holm(table["p_permutation"].to_numpy())  # over the layers looked at together
-    table["p_floor"] = 1 / (1 + permutations)  # the smallest p the draws allow, before the adjustment
-    return table.assign(n_units=len(units), span=span, covariate=analysis.name(analysis.covariate))
+    return readout_table(model_of(model), suite, span or analysis.unit, folds, permutations, seed)

@@ -169,6 +169,7 @@ def edits_context(directory, figures_dir) -> dict | None:
         "tracing": _tracing_rows(_optional(directory, "tracing")),
         "paths": _paths_rows(_optional(directory, "paths")),
         "edges": _optional(directory, "paths_edges"),
+        "readout": _readout_summary(_optional(directory, "readout")),
         "transfer": _transfer_rows(_optional(directory, "edits_transfer")),
     }
 
@@ -187,6 +188,21 @@ def _paths_rows(rows: list[dict]) -> list[dict]:
     for r in rows:
         receivers.setdefault(r["receiver"], {"receiver": r["receiver"], "role": r.get("role")})[r["path"]] = r
     return list(receivers.values())
+
+
+def _readout_summary(rows: list[dict]) -> dict | None:
+    """The linear readout's landmarks: the embeddings (layer 0), the first layer whose held-out R2
+    passes (Holm p < 0.05 and CI above 0) and the largest R2 (not adjusted for being the largest)."""
+    if not rows:
+        return None
+    passing = [r for r in rows if r["p_holm"] < 0.05 and r["ci_low"] > 0]
+    return {
+        "embeddings": rows[0],
+        "first": passing[0] if passing else None,
+        "best": max(rows, key=lambda r: r["r2"]),
+        "n_units": rows[0]["n_units"],
+        "floor": rows[0]["p_floor"] * len(rows),
+    }
 
 
 def _optional(directory, name: str) -> list[dict]:

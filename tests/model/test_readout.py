@@ -1,10 +1,10 @@
-"""The linear readout (attnprobe.notebook.readout): cross-fitted ridge R2 over units, its bootstrap CI and
+"""The linear readout (attnprobe.edits.readout): cross-fitted ridge R2 over units, its bootstrap CI and
 permutation null, on planted data (it finds a signal and does not find noise) and end to end."""
 
 import numpy as np
 
 import attnprobe
-from attnprobe.notebook.readout import crossfit_r2
+from attnprobe.edits.readout import crossfit_r2
 
 
 def test_a_planted_readout_is_found_and_noise_is_not():
