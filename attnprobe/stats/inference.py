@@ -127,6 +127,8 @@ def cluster_mean_test(d: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], 
         "t": t,
         "p": p,
         "df": df,
+        "floored": floored,
+        "df_is_clusters": df == np.min(counts, axis=0) - 1,  # else the Satterthwaite df is smaller
         "n_clusters": [len(np.unique(c)) for c in clusters],
         "n_clusters_used": counts,
     }
@@ -200,10 +202,11 @@ def cluster_slope_test(
         slope = (W * xc * yv).sum(0) / sxx
     residual = np.where(W > 0, yv - (W * yv).sum(0) - np.nan_to_num(slope) * xc, 0.0)
     one_way = [_cr2_slope_variance(W, xc, residual, sxx, np.asarray(c)) for c in clusters]
-    variance = one_way[0][0]
+    variance, floored = one_way[0][0], np.zeros(y.shape[1], dtype=bool)
     if len(clusters) == 2:
         both = np.array([f"{a}\x1f{b}" for a, b in zip(*clusters)])
         crossed = one_way[0][0] + one_way[1][0] - _cr2_slope_variance(W, xc, residual, sxx, both)[0]
+        floored = crossed < np.maximum(one_way[0][0], one_way[1][0])  # the larger one-way variance binds
         variance = np.maximum(crossed, np.maximum(one_way[0][0], one_way[1][0]))
     counts = [g for _, g, _ in one_way]
     df = np.minimum(np.min(counts, axis=0) - 1, np.min([d for _, _, d in one_way], axis=0))
@@ -220,6 +223,8 @@ def cluster_slope_test(
         "t": t,
         "p": np.where(has_data, p, np.nan),
         "df": df,
+        "floored": floored,
+        "df_is_clusters": df == np.min(counts, axis=0) - 1,  # else the Satterthwaite df is smaller
         "n_clusters": [len(np.unique(c)) for c in clusters],
         "n_clusters_used": counts,
     }

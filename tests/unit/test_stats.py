@@ -588,3 +588,24 @@ def test_the_held_out_claim_over_random_splits_can_say_yes_and_no(signal):
         assert out["held_out_splits_median_p"] < 0.05 and out["held_out_splits_share_p05"] > 0.5
     else:
         assert out["held_out_splits_median_p"] > 0.1 and out["held_out_splits_share_p05"] < 0.5
+
+
+def test_the_two_way_variance_floor_is_reported_where_it_binds():
+    """Issue 38: the df and the floor described as they are: `floored` marks the columns whose
+    two-way variance fell below the larger one-way variance and was raised to it."""
+    from attnprobe.stats.inference import cluster_slope_test
+
+    rng = np.random.default_rng(3)
+    unit, template = np.repeat(np.arange(12), 6), np.tile(np.arange(6), 12)
+    x = rng.normal(size=12)[unit]
+    y = rng.normal(size=(72, 300)) + rng.normal(size=(12, 300))[unit] + rng.normal(size=(6, 300))[template]
+    w = np.ones(72)
+    two = cluster_slope_test(x, y, w, [unit, template])
+    larger = np.maximum(
+        cluster_slope_test(x, y, w, [unit])["se"], cluster_slope_test(x, y, w, [template])["se"]
+    )
+    floored = two["floored"]
+    assert floored.any() and (~floored).any()
+    assert np.allclose(two["se"][floored], larger[floored])
+    assert (two["se"][~floored] > larger[~floored] - 1e-12).all()
+    assert set(two["df_is_clusters"]) <= {True, False} and (two["df"] <= 5).all()
