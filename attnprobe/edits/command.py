@@ -33,7 +33,7 @@ from ..version import __version__
 from .inputs import check_text, record_inputs
 from .kinds import KINDS
 from .paths import measure_run_paths, write_paths
-from .readout import readout_table
+from .readout import write_readout
 from .saved import save_edit
 from .single import NAME as SINGLE
 from .single import measure_single
@@ -219,7 +219,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
     if options.paths:
         write_paths(directory, paths)
         log("paths: the covariate's linear readout per layer at the unit (readout.csv)")
-        write_table(directory, "readout", readout_table(model, suite, suite.analysis.unit, folds=None))
+        write_readout(directory, model, suite)
     stream, chosen = stream_table(raw)
     chosen = pd.concat([raw[raw["kind"] == "none"], chosen])  # the stream's chosen rows and the clean ones
     write_table(directory, "edits_quarters", pd.concat([quarter_table(sweep), quarter_table(chosen)]))

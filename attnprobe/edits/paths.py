@@ -152,7 +152,8 @@ def measure_paths(
             names.append((i, f"{NULL} {d}", "value"))
     log(f"paths: {len(runs)} patched runs ({len(pairs)} items)")
     y = path_runs(module, bank, reference, pairs, labels, runs)
-    paths = _frame(items, bank, reference, pairs, labels, [i for i, _, _ in names])
+    base = _pair_frame(items, bank, reference, pairs, labels)
+    paths = base.iloc[[i for i, _, _ in names]].reset_index(drop=True)
     paths = paths.assign(receiver=[n for _, n, _ in names], path=[p for _, _, p in names], y_patched=y)
     screening = [i for i, p in enumerate(pairs) if screen_half[p.item]]
     confirming = [i for i, p in enumerate(pairs) if not screen_half[p.item]]
@@ -162,32 +163,29 @@ def measure_paths(
         senders, values = screen(
             module, anatomy, bank, reference, [pairs[i] for i in screening], receiver, labels
         )
-        frame = _frame(items, bank, reference, pairs, labels, screening)
+        frame = base.iloc[screening].reset_index(drop=True)
         screens.append(_long(frame, values, senders, "attribution").assign(receiver=name))
         chosen = chosen_senders(screens[-1], EDGES)
         exact = edges(
             module, anatomy, bank, reference, [pairs[i] for i in confirming], receiver, chosen, labels
         )
-        frame = _frame(items, bank, reference, pairs, labels, confirming)
+        frame = base.iloc[confirming].reset_index(drop=True)
         confirmed.append(_long(frame, exact, chosen, "y_patched").assign(receiver=name))
         log(f"paths: senders into {name}'s value screened, {len(chosen)} confirmed")
     return paths, pd.concat(screens, ignore_index=True), pd.concat(confirmed, ignore_index=True)
 
 
-def _frame(items, bank, reference, pairs, labels, which: list[int]) -> pd.DataFrame:
-    """Per pair index in `which`: its item's ids, covariate, y and y(x')."""
-    ps = [pairs[i] for i in which]
-    n, r = pair_tensors(ps, "item", "donor") if ps else (torch.zeros(0, dtype=torch.long),) * 2
-    y = behaviour_rows(bank.logits[n], labels[n, 0], labels[n, 1]).double().numpy()
-    y_cf = behaviour_rows(reference.logits[r], labels[n, 0], labels[n, 1]).double().numpy()
+def _pair_frame(items, bank, reference, pairs, labels) -> pd.DataFrame:
+    """Per pair: its item's ids, covariate, y and y(x') (rows of a raw frame are taken from it)."""
+    n, r = pair_tensors(pairs, "item", "donor")
     return pd.DataFrame(
         {
-            "item_id": [items[p.item].item_id for p in ps],
-            "unit": [items[p.item].unit for p in ps],
-            "template_id": [items[p.item].template_id for p in ps],
-            "covariate": [items[p.item].covariate for p in ps],
-            "y": y,
-            "y_cf": y_cf,
+            "item_id": [items[p.item].item_id for p in pairs],
+            "unit": [items[p.item].unit for p in pairs],
+            "template_id": [items[p.item].template_id for p in pairs],
+            "covariate": [items[p.item].covariate for p in pairs],
+            "y": behaviour_rows(bank.logits[n], labels[n, 0], labels[n, 1]).double().numpy(),
+            "y_cf": behaviour_rows(reference.logits[r], labels[n, 0], labels[n, 1]).double().numpy(),
         }
     )
 

@@ -20,6 +20,8 @@ Shapes: N units, E model width, K folds.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import torch
@@ -140,17 +142,57 @@ def readout_table(
     """Per layer (0: the embeddings): how well the suite's covariate is read linearly from the
     residual stream at the unit's span, held out over units (module doc). `pm`: a ProbeModel;
     `folds` None: 10, or half the units when there are fewer than 20."""
+    units, y, X = unit_states(pm, suite, span)
+    table = states_readout(y, X, folds, permutations, seed)
+    return table.assign(span=span, covariate=suite.analysis.name(suite.analysis.covariate))
+
+
+def states_readout(
+    y: np.ndarray, X: np.ndarray, folds: int | None = 10, permutations: int = 999, seed: int = 0
+):
+    """The readout table from the per-unit states alone: y (N,) the covariate, X (L + 1, N, E)."""
     from ..errors import AnalysisError
 
-    analysis = suite.analysis
-    units, y, X = unit_states(pm, suite, span)
-    folds = folds or min(10, len(units) // 2)
-    if len(units) < 2 * folds:
-        raise AnalysisError(f"{len(units)} units for {folds} folds: give fewer folds (at least 2 units each)")
+    folds = folds or min(10, len(y) // 2)
+    if len(y) < 2 * folds:
+        raise AnalysisError(f"{len(y)} units for {folds} folds: give fewer folds (at least 2 units each)")
     rows = []
     for layer in range(X.shape[0]):
         rows.append({"layer": layer, **crossfit_r2(X[layer], y, folds, permutations, seed)})
     table = pd.DataFrame(rows)
     table["p_holm"] = holm(table["p_permutation"].to_numpy())  # over the layers looked at together
     table["p_floor"] = 1 / (1 + permutations)  # the smallest p the draws allow, before the adjustment
-    return table.assign(n_units=len(units), span=span, covariate=analysis.name(analysis.covariate))
+    return table.assign(n_units=len(y))
+
+
+def states_frame(units, y: np.ndarray, X: np.ndarray) -> pd.DataFrame:
+    """The per-unit states as a long table (layer, unit, covariate, s0 .. s{E-1}): what
+    readout_states.parquet holds, and `states_readout` recomputes readout.csv from."""
+    L, N, E = X.shape
+    frame = pd.DataFrame(X.reshape(L * N, E).astype(np.float32), columns=[f"s{e}" for e in range(E)])
+    frame.insert(0, "covariate", np.tile(y, L))
+    frame.insert(0, "unit", np.tile(np.asarray(units, dtype=str), L))
+    frame.insert(0, "layer", np.repeat(np.arange(L), N))
+    return frame
+
+
+def frame_states(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(y (N,), X (L + 1, N, E)) back from states_frame's table."""
+    L = frame["layer"].nunique()
+    X = frame.filter(regex=r"^s\d+$").to_numpy(dtype=np.float64).reshape(L, -1, frame.shape[1] - 3)
+    return frame.loc[frame["layer"] == 0, "covariate"].to_numpy(dtype=float), X
+
+
+def write_readout(directory, pm, suite) -> None:
+    """readout_states.parquet (the per-unit states, float32) and readout.csv recomputed from them."""
+    from ..store import atomic_write, write_parquet, write_table
+
+    units, y, X = unit_states(pm, suite, suite.analysis.unit)
+    frame = states_frame(units, y, X)
+    atomic_write(Path(directory) / "readout_states.parquet", lambda p: write_parquet(frame, p))
+    table = states_readout(*frame_states(frame), folds=None)
+    write_table(
+        directory,
+        "readout",
+        table.assign(span=suite.analysis.unit, covariate=suite.analysis.name(suite.analysis.covariate)),
+    )

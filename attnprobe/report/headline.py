@@ -49,11 +49,25 @@ def _chosen_interval(row, column: str, m: int) -> tuple[float, float]:
     return row[column] - wide, row[column] + wide
 
 
-def _not_absence(q: pd.Series) -> str:
-    """What "no head at q < 0.05" does not say, with the smallest q the heads had."""
-    smallest = q.min()
+def _not_absence(group: pd.DataFrame, test: str) -> str:
+    """What "no head at q < 0.05" does not say, with the smallest q the heads had and the placebo's
+    count beside the data's (stats.placebo)."""
+    smallest = group[f"{test}_q"].min()
     shown = f"the smallest q is {smallest:.2g}; " if smallest == smallest else ""
-    return f" ({shown}not passing a test is not evidence that no head does)"
+    return f" ({shown}{_placebo(group, test)}not passing a test is not evidence that no head does)"
+
+
+def _placebo(group: pd.DataFrame, test: str) -> str:
+    """The heads at p < 0.05 beside the placebo's count, or nothing where it was not computed."""
+    if f"{test}_placebo_p05_mean" not in group or group[f"{test}_placebo_p05_mean"].isna().all():
+        return ""
+    row = group.iloc[0]
+    return (
+        f"{int(row[f'{test}_p05'])} heads at p < 0.05 against {row[f'{test}_placebo_p05_mean']:.1f} on "
+        f"average (95th percentile {row[f'{test}_placebo_p05_q95']:.0f}) with "
+        f"the covariate permuted across units in {int(row[f'{test}_placebo_draws'])} draws, "
+        f"which put a head at q < 0.05 in {100 * row[f'{test}_placebo_any_q05']:.0f}% of them; "
+    )
 
 
 def headline(run: RunFiles, tables: dict) -> str:
@@ -115,7 +129,7 @@ def headline(run: RunFiles, tables: dict) -> str:
                 parts.append(
                     f"no head's {pos} - {neg} attention to the {target} changes with "
                     f"{analysis.name(analysis.covariate)} at q < {ALPHA}"
-                    + _not_absence(group["interaction_q"])
+                    + _not_absence(group, "interaction")
                     + (f" ({note})" if note else "")
                     + check
                 )
@@ -142,7 +156,7 @@ def headline(run: RunFiles, tables: dict) -> str:
         else:
             parts.append(
                 f"{text}no head's attention to the {target} changes with "
-                f"{analysis.name(analysis.covariate)} at q < {ALPHA}" + _not_absence(group["level_q"])
+                f"{analysis.name(analysis.covariate)} at q < {ALPHA}" + _not_absence(group, "level")
             )
     if not parts:
         return (

@@ -31,6 +31,7 @@ from .inference import (
     power_note,
     split_halves,
 )
+from .placebo import placebo_counts
 
 KEYS = ["source", "target", "layer", "head"]
 SAME = 1e-5  # paired values closer than this everywhere are one value read twice (float32 weights)
@@ -88,7 +89,8 @@ def head_stats(run) -> pd.DataFrame:
             if np.nanmax(np.abs(wide["d"].to_numpy()), initial=0.0) <= SAME:
                 # read before the contrast (e.g. at the token before the pronoun): both prompts of an
                 # item see the same prefix, so there is no paired difference, only a level
-                table = table.assign(**_level(design, wide["positive"].to_numpy()[keep], analysis))
+                level = _level(design, wide["positive"].to_numpy()[keep], analysis, scope == "all")
+                table = table.assign(**level)
                 tables.append(table)
                 continue
             table = table.assign(
@@ -106,7 +108,7 @@ def head_stats(run) -> pd.DataFrame:
     return out[[c for c in out.columns if c not in level] + level]
 
 
-def _level(design: Design, values: np.ndarray, analysis: Analysis) -> dict:
+def _level(design: Design, values: np.ndarray, analysis: Analysis, placebo: bool = False) -> dict:
     """Statistics of a measure the contrast cannot reach (read before it): the mean attention
     weight with its cluster-robust CI and, with a covariate, its slope per 10 units of the covariate
     (does the prediction position look more at the occupation when the occupation has more women?),
@@ -134,6 +136,8 @@ def _level(design: Design, values: np.ndarray, analysis: Analysis) -> dict:
             level_q=bh_qvalues(slope["p"]),
             level_test=f"cluster-robust slope, CR2 by {design.cluster_text}",
         )
+        if placebo:
+            out.update(placebo_counts(design, cells, analysis.unit, analysis.covariate, "level_"))
     return out
 
 
@@ -174,6 +178,9 @@ def _interaction(design: Design, cells: np.ndarray, analysis: Analysis, layers, 
     units, unit_x, y = design.unit_means(cells, analysis.unit, analysis.covariate)
     i2, same_sign = template_heterogeneity(design, cells, analysis.covariate, test["slope"])
     halves = _held_out_halves(design, cells, analysis)
+    placebo = (
+        placebo_counts(design, cells, analysis.unit, analysis.covariate, "interaction_") if splits else {}
+    )
     splits = held_out_splits(design, cells, analysis, layers) if splits else {}
     return {
         "interaction_per10": PER * test["slope"],
@@ -189,6 +196,7 @@ def _interaction(design: Design, cells: np.ndarray, analysis: Analysis, layers, 
         "interaction_templates_same_sign": same_sign,
         **halves,
         **splits,
+        **placebo,
         "interaction_test": f"cluster-robust slope, CR2 by {design.cluster_text}",
         "interaction_power_note": power_note(test["n_clusters"], design.cluster_text),
     }

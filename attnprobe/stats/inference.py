@@ -127,8 +127,6 @@ def cluster_mean_test(d: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], 
         "t": t,
         "p": p,
         "df": df,
-        "floored": floored,
-        "df_is_clusters": df == np.min(counts, axis=0) - 1,  # else the Satterthwaite df is smaller
         "n_clusters": [len(np.unique(c)) for c in clusters],
         "n_clusters_used": counts,
     }

@@ -222,3 +222,17 @@ def test_the_paths_tables_recompute_from_the_parquet_files_alone(swept_run):
     for receiver in receivers:
         chosen = chosen_senders(screened[screened["receiver"] == receiver], EDGES)
         assert list(dict.fromkeys(confirmed.loc[confirmed["receiver"] == receiver, "sender"])) == chosen
+
+
+def test_the_readout_recomputes_from_its_states_alone(swept_run):
+    """readout.csv (written by --paths) from readout_states.parquet alone: the per-unit states."""
+    import pandas as pd
+
+    from attnprobe.edits.readout import frame_states, states_readout
+
+    _, _, out = swept_run
+    written = pd.read_csv(out / "readout.csv")
+    table = states_readout(*frame_states(pd.read_parquet(out / "readout_states.parquet")), folds=None)
+    assert len(table) == len(written) == 3  # the embeddings and 2 layers
+    for column in ("r2", "ci_low", "ci_high", "p_permutation", "p_holm"):
+        assert np.allclose(table[column], written[column], rtol=1e-9), column

@@ -609,3 +609,25 @@ def test_the_two_way_variance_floor_is_reported_where_it_binds():
     assert np.allclose(two["se"][floored], larger[floored])
     assert (two["se"][~floored] > larger[~floored] - 1e-12).all()
     assert set(two["df_is_clusters"]) <= {True, False} and (two["df"] <= 5).all()
+
+
+def test_placebo_counts_bound_a_no_head_sentence():
+    """Issue 38: beside "no head passes", what the same test finds with the covariate permuted across
+    units: about 5% of heads at p < 0.05 when nothing is there, many more when a slope is planted,
+    and the placebo's count does not move with the data's."""
+    from types import SimpleNamespace
+
+    from attnprobe.stats.placebo import placebo_counts
+
+    rng = np.random.default_rng(5)
+    unit, template = np.repeat(np.arange(30), 8), np.tile(np.arange(8), 30)
+    cells = pd.DataFrame(
+        {"unit": unit, "template_id": template, "x": rng.uniform(0, 100, 30)[unit], "weight": 1 / 240}
+    )
+    design = SimpleNamespace(cells=cells, clusters=[unit.astype(str), template.astype(str)])
+    noise = rng.normal(size=(240, 200)) + rng.normal(size=(30, 200))[unit]
+    null = placebo_counts(design, noise, "unit", "x", "t_")
+    assert null["t_placebo_draws"] == 40 and 3 <= null["t_placebo_p05_mean"] <= 20 and null["t_p05"] <= 25
+    planted = noise + 0.05 * cells["x"].to_numpy()[:, None]
+    found = placebo_counts(design, planted, "unit", "x", "t_")
+    assert found["t_p05"] > 150 and found["t_placebo_p05_mean"] < 30
