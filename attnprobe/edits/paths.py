@@ -157,8 +157,12 @@ def measure_paths(
     paths = paths.assign(receiver=[n for _, n, _ in names], path=[p for _, _, p in names], y_patched=y)
     screening = [i for i, p in enumerate(pairs) if screen_half[p.item]]
     confirming = [i for i, p in enumerate(pairs) if not screen_half[p.item]]
-    screens, confirmed = [], []
-    for receiver in receivers:
+    empty = base.iloc[[]]
+    screens = [_long(empty, np.zeros((0, 0)), [], "attribution").assign(receiver="")]
+    confirmed = [_long(empty, np.zeros((0, 0)), [], "y_patched").assign(receiver="")]
+    if not screening or not confirming:
+        log("paths: no senders screened (they need items of both halves of the units)")
+    for receiver in receivers if screening and confirming else ():
         name = HeadSet.name(*receiver)
         senders, values = screen(
             module, anatomy, bank, reference, [pairs[i] for i in screening], receiver, labels

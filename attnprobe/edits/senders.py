@@ -106,9 +106,7 @@ def writes(anatomy: Anatomy, bank: Bank, reference: Bank, pairs: list[Pair], bel
             torch.zeros(1, H * D, dtype=z.dtype)
         )
         post = anatomy.after_attention[j]
-        if (
-            post is not None
-        ):  # the norm after attention applied to the layer's whole output, x's other heads kept
+        if post is not None:  # the norm after attention: of the layer's whole output, x's other heads kept
             whole = project(z.reshape(B, H * D))[:, None]
             per_head = post(whole + per_head) - post(whole)
         parts.append(per_head)
