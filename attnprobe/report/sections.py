@@ -168,6 +168,7 @@ def edits_context(directory, figures_dir) -> dict | None:
         "stream": _optional(directory, "edits_stream"),
         "tracing": _tracing_rows(_optional(directory, "tracing")),
         "paths": _paths_rows(_optional(directory, "paths")),
+        "paths_sets": {r["receiver"]: r for r in _optional(directory, "paths") if r["path"] == "value"},
         "edges": _optional(directory, "paths_edges"),
         "readout": _readout_summary(_optional(directory, "readout")),
         "transfer": _transfer_rows(_optional(directory, "edits_transfer")),

@@ -138,6 +138,7 @@ def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_item
     )
     assert "attnprobe edit --trace" in html  # and the tracing table
     assert "attnprobe edit --paths" in html and "Senders into each head" in html  # and the paths tables
+    assert "value input from the occupation" in html
     assert "becomes linearly readable" in html  # and the readout
 
 
