@@ -47,6 +47,8 @@ HEAD_COLUMNS = [
     "interaction_p",
     "interaction_q",
     "interaction_df",
+    "interaction_df_is_clusters",
+    "interaction_variance_floored",
     "interaction_i2_templates",
     "interaction_templates_same_sign",
     "interaction_r_half_a",
@@ -54,6 +56,11 @@ HEAD_COLUMNS = [
     "held_out_splits",
     "held_out_splits_median_p",
     "held_out_splits_share_p05",
+    "interaction_p05",
+    "interaction_placebo_p05_mean",
+    "interaction_placebo_p05_q95",
+    "interaction_placebo_any_q05",
+    "interaction_placebo_draws",
     "interaction_test",
     "interaction_power_note",
     # the token before the pronoun: no paired difference (both prompts share the prefix), a level
@@ -66,6 +73,11 @@ HEAD_COLUMNS = [
     "level_p",
     "level_q",
     "level_test",
+    "level_p05",
+    "level_placebo_p05_mean",
+    "level_placebo_p05_q95",
+    "level_placebo_any_q05",
+    "level_placebo_draws",
 ]
 
 
@@ -445,5 +457,14 @@ def test_the_chosen_heads_interval_is_adjusted_for_the_choice():
     low, high = _chosen_interval(row, "x", 270)
     assert high - 0.03 == pytest.approx(t.ppf(1 - 0.025 / 270, df) * se) and low < row["x_ci_low"]
     assert "the smallest q is 0.12; not passing a test is not evidence" in _not_absence(
-        pd.Series([0.5, 0.12])
+        pd.DataFrame({"interaction_q": [0.5, 0.12]}), "interaction"
     )
+    placebo = {
+        "p05": 24,
+        "placebo_p05_mean": 6.3,
+        "placebo_p05_q95": 17.0,
+        "placebo_any_q05": 0.0,
+        "placebo_draws": 40,
+    }
+    group = pd.DataFrame({"level_q": [0.5, 0.42], **{f"level_{k}": [v, v] for k, v in placebo.items()}})
+    assert "24 heads at p < 0.05 against 6.3 on average (95th percentile 17)" in _not_absence(group, "level")
