@@ -27,7 +27,7 @@ from attnprobe.cli import main
 from attnprobe.edits.inputs import TEXT_BYTES, user_text
 from attnprobe.errors import RunError
 
-SWEEP = EDIT_SWEEP
+SWEEP = [a for a in EDIT_SWEEP if a != "--paths"]  # paths resume through the same chunk files as the stream
 
 
 @pytest.fixture(scope="module")

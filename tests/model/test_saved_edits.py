@@ -19,7 +19,7 @@ from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, load_e
 from attnprobe.model import from_pretrained_objects
 from attnprobe.stats.next_token import item_log_ratios
 
-SWEEP = EDIT_SWEEP
+SWEEP = [a for a in EDIT_SWEEP if a != "--paths"]  # paths resume through the same chunk files as the stream
 
 
 @pytest.fixture(scope="module")
