@@ -33,6 +33,7 @@ from ..measures.head_effects.engine import (
     skipping,
 )
 from .kinds import HeadEdit, Resample, RowEditor
+from .rerun import rerun_logits
 
 LOGIT_BYTES = 128 * 2**20  # full-vocabulary logits of one text pass
 
@@ -46,23 +47,6 @@ def _groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_tokens: int
         group = group[torch.argsort(lengths[group], stable=True)]
         for rows in plan_passes(group, lengths, torch.zeros_like(lengths), row_tokens):
             yield min(layer, len(bank.hidden) - 1), rows
-
-
-def _pass(module, bank: Bank, edit, base, heads, rows, first: int, *contexts, which=None):
-    """One edited forward pass of the variants `rows`, starting at layer `first` from the recorded
-    hidden state; `contexts` are entered around it too. Returns (output, what they yielded)."""
-    lengths = bank.lengths[base[rows]]
-    T = int(lengths.max())
-    with ExitStack() as stack:
-        stack.enter_context(skipping(module, first, bank.hidden[first][base[rows], :T], bank.returns_tuple))
-        stack.enter_context(editing(_editor(edit, heads, which, rows)))
-        entered = [stack.enter_context(c) for c in contexts]
-        out = module(
-            input_ids=bank.ids[base[rows], :T],
-            attention_mask=(torch.arange(T)[None] < lengths[:, None]).long(),
-            use_cache=False,
-        )
-    return out, entered
 
 
 def _editor(edit, heads, which, rows) -> RowEditor:
@@ -137,10 +121,11 @@ def _behaviour_passes(module, bank: Bank, edit, base, heads, vocabulary, row_tok
         return
     for first, rows in _groups(bank, base, heads, row_tokens):
         last = picked_logits(module, (torch.arange(len(rows)), bank.lengths[base[rows]] - 1))
-        out, (narrowed, _) = _pass(
-            module, bank, edit, base, heads, rows, first, narrowed_head(module, vocabulary), last, which=which
-        )
-        yield rows, out.logits[0], narrowed
+        editor = editing(_editor(edit, heads, which, rows))
+        sequences = base[rows]
+        hidden = bank.hidden[first][sequences]
+        logits, narrowed = rerun_logits(module, bank, sequences, first, hidden, vocabulary, [editor, last])
+        yield rows, logits[0], narrowed
 
 
 def packs_edits(module, bank: Bank, edit) -> bool:
@@ -198,7 +183,9 @@ def edited_text_costs(
     row_tokens = max(1, LOGIT_BYTES // (4 * vocab))
     clean_p = [logp.exp() for logp in clean_logp]  # once, not per variant
     for first, rows in _groups(bank, base, heads, row_tokens):
-        logits = _pass(module, bank, edit, base, heads, rows, first)[0].logits.float()
+        editor = editing(_editor(edit, heads, None, rows))
+        hidden = bank.hidden[first][base[rows]]
+        logits = rerun_logits(module, bank, base[rows], first, hidden, None, [editor])[0].float()
         for b, v in enumerate(rows.tolist()):
             n = int(base[v])
             kl[v], loss[v] = text_costs(logits[b], bank, n, clean_logp[n], clean_p[n])

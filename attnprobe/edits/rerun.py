@@ -22,9 +22,10 @@ def rerun_logits(
     T = int(bank.lengths[rows].max())
     with ExitStack() as stack:
         stack.enter_context(skipping(module, layer, hidden[:, :T], bank.returns_tuple))
+        # the head is narrowed first, so a context that hooks the lm head (picked_logits) hooks that one
+        narrowed = vocabulary is not None and stack.enter_context(narrowed_head(module, vocabulary))
         for context in contexts:
             stack.enter_context(context)
-        narrowed = vocabulary is not None and stack.enter_context(narrowed_head(module, vocabulary))
         out = module(
             input_ids=bank.ids[rows, :T],
             attention_mask=(torch.arange(T)[None] < bank.lengths[rows, None]).long(),
