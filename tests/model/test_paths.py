@@ -244,3 +244,13 @@ def test_the_readout_recomputes_from_its_states_alone(swept_run):
     assert len(table) == len(written) == 3  # the embeddings and 2 layers
     for column in ("r2", "ci_low", "ci_high", "p_permutation", "p_holm"):
         assert np.allclose(table[column], written[column], rtol=1e-9), column
+
+
+def test_a_model_path_patching_cannot_read_is_refused_in_one_line():
+    """OPT's decoder layers keep their MLP as two loose linear layers: no MLP module to read a
+    sender's write from, so --paths refuses with what is missing and the way out."""
+    from attnprobe.errors import RunError
+    from tests.conftest import build_tiny
+
+    with pytest.raises(RunError, match=r"--paths: OPTForCausalLM has no .* run without --paths"):
+        Anatomy.of(build_tiny("opt", vocab_size=64))
