@@ -26,7 +26,7 @@ from ..run.options import RunOptions
 from ..run.plan import plan_run
 from ..run.reader import RunFiles
 from ..run.storage import content_sha
-from ..stats.edits import STREAM, edit_tables, head_table, quarter_table, stream_table
+from ..stats.edits import STREAM, chosen_layers, edit_tables, head_table, quarter_table, stream_table
 from ..store import atomic_write, digest, exclusive, write_parquet, write_table
 from ..suite import load_suite
 from ..version import __version__
@@ -230,7 +230,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
     figure(edit_frontier(summary, draws), directory / "figures", "edit_frontier", FRONTIER_ALT)
     saved = save_chosen(directory, m, model, weights, inputs, sets, options, source={"reference": word})
     if len(stream):
-        saved += save_stream(directory, m, model, weights, inputs, options, stream, {"reference": word})
+        saved += save_stream(directory, m, model, weights, inputs, options, stream, raw, {"reference": word})
     for note in dict.fromkeys(n for n in summary.get("note", []) if n):
         log(f"note: {note}")
     log(
@@ -259,19 +259,17 @@ def _held_out(inputs, f: int) -> list:
     return [i.item_id for i, g in zip(inputs.items, inputs.fold) if g == f]
 
 
-def save_stream(directory, manifest, model, weights, inputs, options, table, source) -> int:
+def save_stream(directory, manifest, model, weights, inputs, options, table, raw, source) -> int:
     """Write the chosen stream erasers: edits/stream (the layer chosen on every item, fitted on every
     item) and edits/quarters/stream-qF (quarter F's layer chosen on the other quarters' items,
-    fitted on its training quarters: the edit the chosen row's values of quarter F come from)."""
+    fitted on its training quarters: the edit the chosen row's values of quarter F come from). The
+    layers are chosen as the table's chosen row was (stats.edits.chosen_layers)."""
     source = _source(directory, manifest, options, source)
-    chosen = table[table["chosen"]].iloc[0]
-    layer = int(chosen["layer"])
+    chosen = chosen_layers(raw, table[~table["chosen"]].rename(columns={"layer": "k"}))
     about = {"fitted_on": "all items", "layer_chosen_on": "all items"}
-    everywhere = StreamEdit.fit(inputs, layer, np.arange(4))
+    everywhere = StreamEdit.fit(inputs, int(chosen["all"]), np.arange(4))
     save_edit(everywhere, directory / "edits" / STREAM, model, {**source, **about}, weights)
-    for text in chosen["heads"].split(" | "):  # "q0: layer 28 | q1: layer 28 | ..." (stats.edits)
-        quarter, _, layer = text.partition(": layer ")
-        f, layer = int(quarter.removeprefix("q")), int(layer)
+    for f in (int(f) for f in chosen if f != "all"):
         training = [int(g) for g in inputs.training(f)]
         about = {
             "quarter": f,
@@ -279,10 +277,10 @@ def save_stream(directory, manifest, model, weights, inputs, options, table, sou
             "layer_chosen_on": f"the items outside quarter {f}",
             "held_out_items": _held_out(inputs, f),
         }
-        edit = StreamEdit.fit(inputs, layer, inputs.training(f))
+        edit = StreamEdit.fit(inputs, int(chosen[f]), inputs.training(f))
         path = directory / "edits" / "quarters" / f"{STREAM}-q{f}"
         save_edit(edit, path, model, {**source, **about}, weights)
-    return 5
+    return len(chosen)  # the all-items edit and one per quarter
 
 
 def save_chosen(
