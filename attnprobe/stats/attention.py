@@ -137,7 +137,7 @@ def _level(design: Design, values: np.ndarray, analysis: Analysis, placebo: bool
             level_test=f"cluster-robust slope, CR2 by {design.cluster_text}",
         )
         if placebo:
-            out.update(placebo_counts(design, cells, analysis.unit, analysis.covariate, "level_"))
+            out.update(placebo_counts(design, cells, slope["p"], analysis.unit, analysis.covariate, "level_"))
     return out
 
 
@@ -179,7 +179,9 @@ def _interaction(design: Design, cells: np.ndarray, analysis: Analysis, layers, 
     i2, same_sign = template_heterogeneity(design, cells, analysis.covariate, test["slope"])
     halves = _held_out_halves(design, cells, analysis)
     placebo = (
-        placebo_counts(design, cells, analysis.unit, analysis.covariate, "interaction_") if splits else {}
+        placebo_counts(design, cells, test["p"], analysis.unit, analysis.covariate, "interaction_")
+        if splits
+        else {}
     )
     splits = held_out_splits(design, cells, analysis, layers) if splits else {}
     return {

@@ -19,13 +19,18 @@ ALPHA = 0.05
 
 
 def placebo_counts(
-    design, cells: np.ndarray, unit: str, covariate: str, prefix: str, draws=PLACEBO_DRAWS
+    design,
+    cells: np.ndarray,
+    observed: np.ndarray,
+    unit: str,
+    covariate: str,
+    prefix: str,
+    draws=PLACEBO_DRAWS,
 ) -> dict:
-    """{prefix}placebo_p05_mean, _p05_q95, _any_q05 and {prefix}p05 (the count in the data) for the
-    slope test of the cells (n cells, heads) on the covariate."""
+    """{prefix}placebo_p05_mean, _p05_q95, _any_q05 and {prefix}p05 (the count in the data: `observed`,
+    the p of each head's slope test the caller ran) for the slope test of the cells (n cells, heads)
+    on the covariate."""
     w = design.cells["weight"].to_numpy()
-    x = design.cells[covariate].to_numpy(dtype=float)
-    observed = cluster_slope_test(x, cells, w, design.clusters)["p"]
     per_unit = design.cells.groupby(unit)[covariate].first()
     rng = np.random.default_rng(0)
     counts, any_q = [], []

@@ -617,6 +617,7 @@ def test_placebo_counts_bound_a_no_head_sentence():
     and the placebo's count does not move with the data's."""
     from types import SimpleNamespace
 
+    from attnprobe.stats.inference import cluster_slope_test
     from attnprobe.stats.placebo import placebo_counts
 
     rng = np.random.default_rng(5)
@@ -626,8 +627,11 @@ def test_placebo_counts_bound_a_no_head_sentence():
     )
     design = SimpleNamespace(cells=cells, clusters=[unit.astype(str), template.astype(str)])
     noise = rng.normal(size=(240, 200)) + rng.normal(size=(30, 200))[unit]
-    null = placebo_counts(design, noise, "unit", "x", "t_")
+    p_of = lambda y: cluster_slope_test(
+        cells["x"].to_numpy(), y, cells["weight"].to_numpy(), design.clusters
+    )["p"]
+    null = placebo_counts(design, noise, p_of(noise), "unit", "x", "t_")
     assert null["t_placebo_draws"] == 40 and 3 <= null["t_placebo_p05_mean"] <= 20 and null["t_p05"] <= 25
     planted = noise + 0.05 * cells["x"].to_numpy()[:, None]
-    found = placebo_counts(design, planted, "unit", "x", "t_")
+    found = placebo_counts(design, planted, p_of(planted), "unit", "x", "t_")
     assert found["t_p05"] > 150 and found["t_placebo_p05_mean"] < 30
