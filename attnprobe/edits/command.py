@@ -198,11 +198,9 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
         if options.stream:
             stream = lambda: measure_stream(model, inputs, log)
             frames.append(_own_chunk(chunks / f"edits-{key}-{STREAM}.parquet", stream, inputs, log))
-        traced = _read_kind(chunks / f"edits-{key}-trace.parquet", log) if options.trace else None
-        if options.trace and traced is None:
-            traced = measure_tracing(model, inputs, word, log)
-            with ignored_interrupts():
-                _write_kind(chunks / f"edits-{key}-trace.parquet", traced)
+        if options.trace:
+            trace = lambda: measure_tracing(model, inputs, word, log)
+            traced = _own_chunk(chunks / f"edits-{key}-trace.parquet", trace, None, log)
         if options.paths:
             paths = lambda: measure_run_paths(model, inputs, word, scores, quarter_scores, listed, H, log)
             paths = _own_chunk(chunks / f"edits-{key}-paths.parquet", paths, None, log)
@@ -213,7 +211,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
     summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
     write_table(directory, "edits", summary)
     write_table(directory, "edits_draws", draws)
-    if traced is not None:
+    if options.trace:
         atomic_write(directory / "tracing_items.parquet", lambda p: write_parquet(traced, p))
         write_table(directory, "tracing", tracing_table(traced))
     if options.paths:

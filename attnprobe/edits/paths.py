@@ -34,11 +34,10 @@ import torch
 from ..forward.capture import editing, expand_kv
 from ..heads import HeadSet
 from ..measures.head_effects.engine import Bank
-from ..measures.head_effects.sites import behaviour_rows
 from ..store import atomic_write, write_parquet, write_table
 from .paths_tables import CROSSFIT, NULL, TOP, edges_table, gradient_shares, paths_table
 from .rerun import ROWS, rerun_y
-from .senders import Anatomy, Pair, edges, pair_tensors, reference_pairs, screen
+from .senders import Anatomy, Pair, edges, pair_frame, pair_tensors, reference_pairs, screen
 from .sweep import chosen_heads
 
 PATHS = ("value", "pattern", "output")
@@ -152,7 +151,7 @@ def measure_paths(
             names.append((i, f"{NULL} {d}", "value"))
     log(f"paths: {len(runs)} patched runs ({len(pairs)} items)")
     y = path_runs(module, bank, reference, pairs, labels, runs)
-    base = _pair_frame(items, bank, reference, pairs, labels)
+    base = pair_frame(items, bank, reference, pairs, labels)
     paths = base.iloc[[i for i, _, _ in names]].reset_index(drop=True)
     paths = paths.assign(receiver=[n for _, n, _ in names], path=[p for _, _, p in names], y_patched=y)
     screening = [i for i, p in enumerate(pairs) if screen_half[p.item]]
@@ -177,21 +176,6 @@ def measure_paths(
         confirmed.append(_long(frame, exact, chosen, "y_patched").assign(receiver=name))
         log(f"paths: senders into {name}'s value screened, {len(chosen)} confirmed")
     return paths, pd.concat(screens, ignore_index=True), pd.concat(confirmed, ignore_index=True)
-
-
-def _pair_frame(items, bank, reference, pairs, labels) -> pd.DataFrame:
-    """Per pair: its item's ids, covariate, y and y(x') (rows of a raw frame are taken from it)."""
-    n, r = pair_tensors(pairs, "item", "donor")
-    return pd.DataFrame(
-        {
-            "item_id": [items[p.item].item_id for p in pairs],
-            "unit": [items[p.item].unit for p in pairs],
-            "template_id": [items[p.item].template_id for p in pairs],
-            "covariate": [items[p.item].covariate for p in pairs],
-            "y": behaviour_rows(bank.logits[n], labels[n, 0], labels[n, 1]).double().numpy(),
-            "y_cf": behaviour_rows(reference.logits[r], labels[n, 0], labels[n, 1]).double().numpy(),
-        }
-    )
 
 
 def _long(frame: pd.DataFrame, values: np.ndarray, senders: list[str], column: str) -> pd.DataFrame:

@@ -23,9 +23,11 @@ TOP, CROSSFIT = "top 5", "top 5, cross-fitted"  # the receivers that are sets (n
 NULL = "top 5 reselected on a permuted covariate, draw"  # + the draw's number
 
 
-def _wide(raw: pd.DataFrame, key: str, column: str):
-    """(items (item_id, covariate, unit, template_id, y, y_cf), effects (n, columns), columns)."""
-    wide = raw.pivot_table(index="item_id", columns=key, values=column, dropna=False, sort=False)
+def wide_effects(raw: pd.DataFrame, key, column: str, sort: bool = False):
+    """(items (item_id, covariate, unit, template_id, y, y_cf), effects (n, columns), columns): one
+    column per value of `key` (a column name or a list of them). An effect is y_patched - y, or the
+    value of `column` itself for any other column (an attribution)."""
+    wide = raw.pivot_table(index="item_id", columns=key, values=column, dropna=False, sort=sort)
     items = raw.drop_duplicates("item_id").set_index("item_id").loc[wide.index]
     effect = wide.to_numpy()
     if column == "y_patched":
@@ -33,26 +35,34 @@ def _wide(raw: pd.DataFrame, key: str, column: str):
     return items, effect, list(wide.columns)
 
 
-def _shares(items: pd.DataFrame, effect: np.ndarray) -> dict:
+def _design(items: pd.DataFrame):
+    """(covariate, TE, weights, clusters unit x template) of the items."""
     te = (items["y_cf"] - items["y"]).to_numpy()
-    x = items["covariate"].to_numpy(dtype=float)
     clusters = [pd.factorize(items["unit"])[0], pd.factorize(items["template_id"])[0]]
-    w = np.ones(len(items))
+    return items["covariate"].to_numpy(dtype=float), te, np.ones(len(items)), clusters
+
+
+def effect_shares(items: pd.DataFrame, effect: np.ndarray) -> dict:
+    """The share of TE (ratio_test) and of TE's covariate gradient (slope_ratio_test) each column of
+    effect (n, k) carries, two-way cluster-robust."""
+    x, te, w, clusters = _design(items)
     return {
         "te": ratio_test(effect, te, w, clusters),
         "gradient": slope_ratio_test(x, effect, te, w, clusters),
-        "slope": cluster_slope_test(x, effect, w, clusters),
     }
 
 
 def gradient_shares(raw: pd.DataFrame, column: str, key: str = "sender") -> pd.Series:
     """Per `key` value: the share of TE's covariate gradient its `column` carries."""
-    items, effect, columns = _wide(raw, key, column)
-    return pd.Series(_shares(items, effect)["gradient"]["ratio"], index=columns)
+    items, effect, columns = wide_effects(raw, key, column)
+    x, te, w, clusters = _design(items)
+    return pd.Series(slope_ratio_test(x, effect, te, w, clusters)["ratio"], index=columns)
 
 
 def _rows(items, effect, labels: list[dict]) -> list[dict]:
-    s = _shares(items, effect)
+    s = effect_shares(items, effect)
+    x, _, w, clusters = _design(items)
+    p = cluster_slope_test(x, effect, w, clusters)["p"]
     out = []
     for j, label in enumerate(labels):
         out.append(
@@ -65,7 +75,7 @@ def _rows(items, effect, labels: list[dict]) -> list[dict]:
                 "te_share": s["te"]["ratio"][j],
                 "te_share_ci_low": s["te"]["ci_low"][j],
                 "te_share_ci_high": s["te"]["ci_high"][j],
-                "p": s["slope"]["p"][j],
+                "p": p[j],
             }
         )
     return out
@@ -77,7 +87,7 @@ def paths_table(raw: pd.DataFrame) -> pd.DataFrame:
     is_null = raw["receiver"].str.startswith(NULL)
     null, raw = raw[is_null], raw[~is_null]
     raw = raw.assign(column=raw["receiver"] + "\x1f" + raw["path"])
-    items, effect, columns = _wide(raw, "column", "y_patched")
+    items, effect, columns = wide_effects(raw, "column", "y_patched")
     labels = [dict(zip(("receiver", "path"), c.split("\x1f"))) for c in columns]
     table = pd.DataFrame(_rows(items, effect, labels))
     roles = {}
@@ -144,7 +154,7 @@ def edges_table(screen: pd.DataFrame, confirmed: pd.DataFrame, paths: pd.DataFra
     rows = []
     for receiver, exact in confirmed.groupby("receiver", sort=False):
         screened = gradient_shares(screen[screen["receiver"] == receiver], "attribution")
-        items, effect, senders = _wide(exact, "sender", "y_patched")
+        items, effect, senders = wide_effects(exact, "sender", "y_patched")
         value = paths[(paths["receiver"] == receiver) & (paths["path"] == "value")]
         value = (
             value.set_index("item_id")["y_patched"].reindex(items.index).to_numpy() - items["y"].to_numpy()

@@ -143,7 +143,11 @@ def readout_table(
     residual stream at the unit's span, held out over units (module doc). `pm`: a ProbeModel;
     `folds` None: 10, or half the units when there are fewer than 20."""
     units, y, X = unit_states(pm, suite, span)
-    table = states_readout(y, X, folds, permutations, seed)
+    return _labelled(states_readout(y, X, folds, permutations, seed), suite, span)
+
+
+def _labelled(table: pd.DataFrame, suite, span: str) -> pd.DataFrame:
+    """The readout table with the span it was read at and the covariate's name."""
     return table.assign(span=span, covariate=suite.analysis.name(suite.analysis.covariate))
 
 
@@ -190,9 +194,5 @@ def write_readout(directory, pm, suite) -> None:
     units, y, X = unit_states(pm, suite, suite.analysis.unit)
     frame = states_frame(units, y, X)
     atomic_write(Path(directory) / "readout_states.parquet", lambda p: write_parquet(frame, p))
-    table = states_readout(*frame_states(frame), folds=None)
-    write_table(
-        directory,
-        "readout",
-        table.assign(span=suite.analysis.unit, covariate=suite.analysis.name(suite.analysis.covariate)),
-    )
+    table = states_readout(*frame_states(frame), folds=None)  # from the float32 states as written
+    write_table(directory, "readout", _labelled(table, suite, suite.analysis.unit))

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 
 from ..errors import RunError
@@ -24,7 +25,7 @@ from ..forward.capture import editing
 from ..heads import HeadSet
 from ..measures.direct_attribution.compute import parts_of
 from ..measures.head_effects.engine import Bank
-from ..measures.head_effects.sites import decoder_layers, mlp_modules
+from ..measures.head_effects.sites import behaviour_rows, decoder_layers, mlp_modules
 from .rerun import ROWS, rerun_y
 
 EMBEDDING = "embedding"
@@ -88,6 +89,21 @@ class Anatomy:
 
 def pair_tensors(pairs: list[Pair], *fields) -> list[torch.Tensor]:
     return [torch.tensor([getattr(p, f) for p in pairs]) for f in fields]
+
+
+def pair_frame(items, bank, reference, pairs, labels) -> pd.DataFrame:
+    """Per pair: its item's ids, covariate, y and y(x') (rows of a raw frame are taken from it)."""
+    n, r = pair_tensors(pairs, "item", "donor")
+    return pd.DataFrame(
+        {
+            "item_id": [items[p.item].item_id for p in pairs],
+            "unit": [items[p.item].unit for p in pairs],
+            "template_id": [items[p.item].template_id for p in pairs],
+            "covariate": [items[p.item].covariate for p in pairs],
+            "y": behaviour_rows(bank.logits[n], labels[n, 0], labels[n, 1]).double().numpy(),
+            "y_cf": behaviour_rows(reference.logits[r], labels[n, 0], labels[n, 1]).double().numpy(),
+        }
+    )
 
 
 def writes(anatomy: Anatomy, bank: Bank, reference: Bank, pairs: list[Pair], below: int):

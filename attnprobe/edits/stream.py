@@ -127,16 +127,22 @@ def last_states(bank: Bank, layer: int) -> torch.Tensor:
     return bank.hidden[layer][torch.arange(len(last)), last].float()[:, None, None, :]
 
 
-def _passes(module, bank: Bank, edit: StreamEdit, vocabulary: torch.Tensor | None = None):
-    """Erased passes of every sequence of `bank`, ROWS at a time, started at the edited layer from
-    the recorded stream; with `vocabulary` the lm head narrowed to it (narrowed_head). Yields (rows,
-    logits (B, T, vocab or the vocabulary's), whether they are narrowed)."""
+def _batches(module, bank: Bank, edit: StreamEdit):
+    """Per pass of ROWS sequences of `bank`: (rows, the recorded stream entering the edited layer,
+    the eraser applied: its parameters for those rows where they are per row)."""
     n = len(bank.lengths)
     for start in range(0, n, ROWS):
         rows = torch.arange(start, min(n, start + ROWS))
         one = edit.rows(rows) if edit.along.dim() == 2 else edit
-        hidden = bank.hidden[edit.layer][rows]
-        yield rows, *rerun_logits(module, bank, rows, edit.layer, hidden, vocabulary, [one.applied(module)])
+        yield rows, bank.hidden[edit.layer][rows], [one.applied(module)]
+
+
+def _passes(module, bank: Bank, edit: StreamEdit, vocabulary: torch.Tensor | None = None):
+    """Erased passes of every sequence of `bank`, started at the edited layer from the recorded
+    stream; with `vocabulary` the lm head narrowed to it (narrowed_head). Yields (rows, logits (B, T,
+    vocab or the vocabulary's), whether they are narrowed)."""
+    for rows, hidden, applied in _batches(module, bank, edit):
+        yield rows, *rerun_logits(module, bank, rows, edit.layer, hidden, vocabulary, applied)
 
 
 @torch.inference_mode()
@@ -144,13 +150,8 @@ def stream_behaviour(module, bank: Bank, edit: StreamEdit, labels: torch.Tensor)
     """y (N,) of every sequence of `bank` with the stream erased by `edit` (per row where its
     parameters are (N, E)); `labels` (N, 2, K)."""
     y = np.empty(len(bank.lengths))
-    for start in range(0, len(y), ROWS):
-        rows = torch.arange(start, min(len(y), start + ROWS))
-        one = edit.rows(rows) if edit.along.dim() == 2 else edit
-        hidden = bank.hidden[edit.layer][rows]
-        y[rows.numpy()] = rerun_y(
-            module, bank, rows, edit.layer, hidden, labels[rows], [one.applied(module)]
-        ).numpy()
+    for rows, hidden, applied in _batches(module, bank, edit):
+        y[rows.numpy()] = rerun_y(module, bank, rows, edit.layer, hidden, labels[rows], applied).numpy()
     return y
 
 

@@ -24,10 +24,9 @@ import pandas as pd
 import torch
 
 from ..measures.head_effects.engine import Bank
-from ..measures.head_effects.sites import behaviour_rows
-from ..stats.inference import ratio_test, slope_ratio_test
+from .paths_tables import effect_shares, wide_effects
 from .rerun import ROWS, rerun_y
-from .senders import Pair, reference_pairs
+from .senders import Pair, pair_frame, reference_pairs
 
 GROUPS = ("occupation", "between", "prediction")
 
@@ -63,18 +62,10 @@ def measure_tracing(model, inputs, word: str, log=lambda m: None) -> pd.DataFram
     """Raw values: per item its y, y(x'), and per layer and group y patched (long format: item_id,
     unit, template_id, covariate, layer, position, y, y_cf, y_patched)."""
     lengths, reference_lengths = inputs.bank.lengths.tolist(), inputs.reference.lengths.tolist()
-    pairs = [
-        (p.item, p.donor, _positions(p, lengths[p.item], reference_lengths[p.donor]))
-        for p in reference_pairs(inputs.items, word)
-    ]
-    y = behaviour_rows(inputs.bank.logits, inputs.labels[:, 0], inputs.labels[:, 1]).double().numpy()
-    index = torch.tensor([n for n, _, _ in pairs], dtype=torch.long)
-    y_cf = np.full(len(y), np.nan)
-    y_cf[index.numpy()] = (
-        behaviour_rows(inputs.reference.logits, inputs.labels[index, 0], inputs.labels[index, 1])
-        .double()
-        .numpy()
-    )
+    found = reference_pairs(inputs.items, word)
+    pairs = [(p.item, p.donor, _positions(p, lengths[p.item], reference_lengths[p.donor])) for p in found]
+    base = pair_frame(inputs.items, inputs.bank, inputs.reference, found, inputs.labels)
+    which = np.array([p.item for p in found], dtype=np.int64)
     frames = []
     for layer in range(model.info.n_layers):
         for group in GROUPS:
@@ -82,35 +73,23 @@ def measure_tracing(model, inputs, word: str, log=lambda m: None) -> pd.DataFram
                 model.model, inputs.bank, inputs.reference, layer, pairs, inputs.labels, group
             )
             frames.append(
-                pd.DataFrame(
-                    {"index": np.arange(len(y)), "layer": layer, "position": group, "y_patched": patched}
-                )
+                pd.DataFrame({"index": which, "layer": layer, "position": group, "y_patched": patched[which]})
             )
         log(f"trace: the stream entering layer {layer} of {model.info.n_layers} patched")
     out = pd.concat(frames, ignore_index=True)
-    items = inputs.items
-    out["item_id"] = [items[i].item_id for i in out["index"]]
-    out["unit"] = [items[i].unit for i in out["index"]]
-    out["template_id"] = [items[i].template_id for i in out["index"]]
-    out["covariate"] = inputs.covariate[out["index"]]
-    out["y"], out["y_cf"] = y[out["index"]], y_cf[out["index"]]
-    return out.dropna(subset=["y_cf"]).reset_index(drop=True)
+    described = base.iloc[np.tile(np.arange(len(found)), len(frames))].reset_index(drop=True)
+    return pd.concat([out, described], axis=1).dropna(subset=["y_cf"]).reset_index(drop=True)
 
 
 def tracing_table(raw: pd.DataFrame) -> pd.DataFrame:
     """Per layer and group: the share of TE and of its covariate gradient the patch carries (CIs:
     two-way cluster-robust by unit x template), from the raw values alone."""
-    wide = raw.pivot_table(index="item_id", columns=["layer", "position"], values="y_patched", dropna=False)
-    items = raw.drop_duplicates("item_id").set_index("item_id").loc[wide.index]
+    items, effect, columns = wide_effects(raw, ["layer", "position"], "y_patched", sort=True)
     te = (items["y_cf"] - items["y"]).to_numpy()
-    effect = wide.to_numpy() - items["y"].to_numpy()[:, None]  # (n, layers x groups)
-    x = items["covariate"].to_numpy(dtype=float)
-    clusters = [pd.factorize(items["unit"])[0], pd.factorize(items["template_id"])[0]]
-    w = np.ones(len(items))
-    share = ratio_test(effect, te, w, clusters)
-    gradient = slope_ratio_test(x, effect, te, w, clusters)
+    shares = effect_shares(items, effect)  # (n, layers x groups)
+    share, gradient = shares["te"], shares["gradient"]
     rows = []
-    for j, (layer, position) in enumerate(wide.columns):
+    for j, (layer, position) in enumerate(columns):
         rows.append(
             {
                 "layer": int(layer),

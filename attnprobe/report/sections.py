@@ -160,35 +160,29 @@ def edits_context(directory, figures_dir) -> dict | None:
             f"them by rerunning `attnprobe edit {directory}` with its options (finished kinds are reused)"
         ) from None
     frontier = figure(plots.edit_frontier(summary, draws), figures_dir, "edit_frontier", plots.FRONTIER_ALT)
+    paths = _optional(directory, "paths")
     return {
         "rows": summary.to_dict("records"),
         "figure": frontier,
         "reference": summary["reference"].iloc[0],
         "heads": _optional(directory, "edits_heads"),
         "stream": _optional(directory, "edits_stream"),
-        "tracing": _tracing_rows(_optional(directory, "tracing")),
-        "paths": _paths_rows(_optional(directory, "paths")),
-        "paths_sets": {r["receiver"]: r for r in _optional(directory, "paths") if r["path"] == "value"},
+        "tracing": _side_by_side(_optional(directory, "tracing"), "layer", "position"),
+        "paths": _side_by_side(paths, "receiver", "path", ("role",)),
+        "paths_sets": {r["receiver"]: r for r in paths if r["path"] == "value"},
         "edges": _optional(directory, "paths_edges"),
         "readout": _readout_summary(_optional(directory, "readout")),
         "transfer": _transfer_rows(_optional(directory, "edits_transfer")),
     }
 
 
-def _tracing_rows(rows: list[dict]) -> list[dict]:
-    """One row per layer with each position group's shares side by side."""
-    layers: dict = {}
+def _side_by_side(rows: list[dict], key: str, column: str, keep: tuple = ()) -> list[dict]:
+    """One row per `key` (a layer, a receiver) holding each of its rows under that row's `column`
+    (a position group, a path), with the `keep` fields of its first row."""
+    out: dict = {}
     for r in rows:
-        layers.setdefault(r["layer"], {"layer": r["layer"]})[r["position"]] = r
-    return list(layers.values())
-
-
-def _paths_rows(rows: list[dict]) -> list[dict]:
-    """One row per receiver with its paths' shares side by side (and its role)."""
-    receivers: dict = {}
-    for r in rows:
-        receivers.setdefault(r["receiver"], {"receiver": r["receiver"], "role": r.get("role")})[r["path"]] = r
-    return list(receivers.values())
+        out.setdefault(r[key], {key: r[key], **{k: r.get(k) for k in keep}})[r[column]] = r
+    return list(out.values())
 
 
 def _readout_summary(rows: list[dict]) -> dict | None:
