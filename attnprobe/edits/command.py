@@ -1,33 +1,33 @@
-"""`attnprobe edit RUN_DIR`: load what the run found, measure every edit kind (resumable: one file
-per kind under chunks/ with a marker holding its hash, keyed by the run, the options and the
-model's weights; Ctrl-C stops after the current kind), write edits_items, edits and edits_draws
+"""`attnprobe edit RUN_DIR`: load what the run found, measure every edit kind (each a phase of the run
+engine: a chunk per kind under chunks/ whose marker holds the settings hash, keyed by the run, the
+options and the model's weights; resumed, Ctrl-C stopping after the current kind, progress as a
+run's), write edits_items, edits and edits_draws
 (CSV and Parquet) and the frontier figure into the run directory."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
-from ..errors import RunError, RunInterrupted
+from ..errors import RunError
 from ..measures.head_effects.designs import SlotSwap, per_value_column
 from ..model import load_model
 from ..report.figures import figure
 from ..report.plots import FRONTIER_ALT, edit_frontier
-from ..run.execute import deferred_interrupt, ignored_interrupts
+from ..run.execute import deferred_interrupt
 from ..run.fresh import own_directory
 from ..run.options import RunOptions
+from ..run.phases import Phase, run_phase
 from ..run.plan import plan_run
 from ..run.reader import RunFiles
 from ..run.storage import content_sha
 from ..stats.edits import STREAM, chosen_layers, edit_tables, head_table, quarter_table, stream_table
-from ..store import atomic_write, digest, exclusive, write_parquet, write_table
+from ..store import atomic_write, exclusive, read_chunks, write_parquet, write_table
 from ..suite import load_suite
 from ..version import __version__
 from .inputs import check_text, record_inputs
@@ -171,39 +171,24 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
     scores = {"all": gradient_scores(head_items, totals, covariate, word, L, H), **quarter_scores(covariate)}
     sets = found_sets(inputs, scores, options.ks, listed, H)
     key = settings_hash(m["fingerprint"], options, weights)
-    chunks = own_directory(directory / "chunks")
+    engine = RunOptions(out=directory, log=log)  # the phases' log and progress
+    part = lambda name, measure, plan=key, described=True: _part(
+        directory, engine, name, plan, measure, inputs, described
+    )
+    alone_key = hashlib.sha256(f"{key} {options.alone}".encode()).hexdigest()[:16]
     frames = [_describe(clean_values(model, inputs), inputs)]
-    with deferred_interrupt(log) as stop_requested:
-        for n, kind in enumerate(options.kinds, 1):
-            path = chunks / f"edits-{key}-{kind}.parquet"
-            frame = _read_kind(path, log)
-            if frame is not None:
-                frames.append(frame)
-                log(f"edit: {kind} ({n} of {len(options.kinds)}) read from an earlier session")
-                continue
-            t0 = time.monotonic()
-            frame = _describe(measure_kind(model, kind, options, inputs, sets, H, log), inputs)
-            with ignored_interrupts():
-                _write_kind(path, frame)
-            frames.append(frame)
-            log(f"edit: {kind} done ({n} of {len(options.kinds)}, {time.monotonic() - t0:.0f} s)")
-            if stop_requested() and n < len(options.kinds):
-                raise RunInterrupted(
-                    f"interrupted after edit kind {kind} ({n} of {len(options.kinds)} kept in "
-                    f"{chunks}); rerun the same command to continue"
-                )
-        alone_key = hashlib.sha256(f"{key} {options.alone}".encode()).hexdigest()[:16]
+    with deferred_interrupt(log):  # one Ctrl-C stops the sequence after the part in progress
+        for kind in options.kinds:
+            frames.append(part(kind, lambda k=kind: measure_kind(model, k, options, inputs, sets, H, log)))
         single = lambda: measure_single(model, inputs, scores["all"], H, options.alone, log)
-        frames.append(_own_chunk(chunks / f"edits-{alone_key}-{SINGLE}.parquet", single, inputs, log))
+        frames.append(part(SINGLE, single, alone_key))
         if options.stream:
-            stream = lambda: measure_stream(model, inputs, log)
-            frames.append(_own_chunk(chunks / f"edits-{key}-{STREAM}.parquet", stream, inputs, log))
+            frames.append(part(STREAM, lambda: measure_stream(model, inputs, log)))
         if options.trace:
-            trace = lambda: measure_tracing(model, inputs, word, log)
-            traced = _own_chunk(chunks / f"edits-{key}-trace.parquet", trace, None, log)
+            traced = part("trace", lambda: measure_tracing(model, inputs, word, log), described=False)
         if options.paths:
-            paths = lambda: measure_run_paths(model, inputs, word, scores, quarter_scores, listed, H, log)
-            paths = _own_chunk(chunks / f"edits-{key}-paths.parquet", paths, None, log)
+            measure = lambda: measure_run_paths(model, inputs, word, scores, quarter_scores, listed, H, log)
+            paths = part("paths", measure, described=False)
     raw = pd.concat(frames, ignore_index=True)
     write_table(directory, "edits_items", raw)
     sweep = raw[~raw["kind"].isin([SINGLE, STREAM])]
@@ -326,43 +311,32 @@ def save_chosen(
     return n
 
 
-def _own_chunk(path: Path, measure, inputs, log) -> pd.DataFrame:
-    """Raw values with a chunk file of their own (not a kind of the sweep's list): read back when an
-    earlier session wrote them, else measured (`measure()`) and written."""
-    frame = _read_kind(path, log)
-    if frame is None:
+def _part(directory: Path, options: RunOptions, name: str, plan: str, measure, inputs, described: bool):
+    """One part of the sweep (an edit kind, the heads alone, the stream, tracing, paths) as a phase of
+    the run engine: one chunk (chunks/edits-NAME-00000.*, its marker holding `plan`, the settings
+    hash), measured by `measure()` unless an earlier session wrote it for the same plan; Ctrl-C stops
+    after it. Returns its raw values (with the items' columns when `described`)."""
+
+    def compute(k, advance):
         frame = measure()
-        frame = _describe(frame, inputs) if len(frame) and inputs is not None else frame
-        with ignored_interrupts():
-            _write_kind(path, frame)
-    return frame
+        advance(1)
+        return {"edits": _describe(frame, inputs) if described and len(frame) else frame}
 
-
-def _write_kind(path: Path, frame: pd.DataFrame) -> None:
-    """One edit kind's raw values, then its marker: the file's SHA-256 and row count."""
-    atomic_write(path, lambda p: write_parquet(frame, p))
-    marker = json.dumps({"sha256": digest(path), "rows": len(frame)})
-    atomic_write(path.with_suffix(".done"), lambda p: p.write_text(marker))
-
-
-def _read_kind(path: Path, log) -> pd.DataFrame | None:
-    """An edit kind written by an earlier session, or None when there is none or it is damaged or
-    altered (its bytes differ from the marker's hash): then it is measured again."""
-    marker = path.with_suffix(".done")
-    if not marker.is_file():
-        return None
-    try:
-        info = json.loads(marker.read_text())
-        if digest(path) != info["sha256"]:
-            raise ValueError(f"{path.name} differs from what was written")
-        frame = pd.read_parquet(path)
-        if len(frame) != info["rows"]:
-            raise ValueError(f"expected {info['rows']} rows")
-        return frame
-    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
-        log(f"edit: {path.name} is damaged or altered ({exc}); measuring it again")
-        marker.unlink(missing_ok=True)
-        return None
+    phase = Phase(
+        f"edit {name}",
+        f"edits-{name}-",
+        plan,
+        1,
+        (0,),
+        compute,
+        lambda k: 1,
+        "part",
+        f"attnprobe edit {name}",
+        files=("edits.parquet",),
+    )
+    if not run_phase(directory, phase, options, None):
+        options.log(f"edit: {name} read from an earlier session")
+    return read_chunks(directory, 1, phase.files, phase.prefix)["edits"]
 
 
 def _describe(raw: pd.DataFrame, inputs) -> pd.DataFrame:

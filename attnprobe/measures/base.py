@@ -53,6 +53,7 @@ class Phase:
     unit: str = "prompt"
     desc: str = "attnprobe run"  # the progress bar's and progress lines' label
     rate: bool = False  # after the first chunk, log the seconds per unit and the time left
+    files: tuple[str, ...] | None = None  # a chunk's files when no kind's CHUNKS names the prefix
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,18 @@ def measure_batch(
     }
 
 
+_REQUESTS: list = []  # the request list of the active deferred_interrupt (the outermost one)
+
+
 @contextmanager
 def deferred_interrupt(log):
-    """The first Ctrl-C asks the loop to stop after the current chunk; a second one stops at once."""
+    """The first Ctrl-C asks the loop to stop after the current chunk; a second one stops at once.
+    Nested inside another (a sequence of phases, each deferring on its own), it shares the outer
+    one's handler: a Ctrl-C between two phases stops the sequence after the phase in progress."""
+    if _REQUESTS:
+        outer = _REQUESTS[-1]
+        yield lambda: bool(outer)
+        return
     requested = []
 
     def handler(signum, frame):
@@ -56,9 +65,11 @@ def deferred_interrupt(log):
     except ValueError:  # not the main thread: no handler, Ctrl-C behaves as usual
         yield lambda: False
         return
+    _REQUESTS.append(requested)
     try:
         yield lambda: bool(requested)
     finally:
+        _REQUESTS.pop()
         signal.signal(signal.SIGINT, previous)
 
 

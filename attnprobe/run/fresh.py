@@ -14,8 +14,8 @@ from .storage import ARTEFACTS, CHUNK_FILES, DERIVED, read_manifest
 PREFIXES = "|".join(re.escape(prefix) for prefix in CHUNK_FILES if prefix)  # each phase's chunk files
 OWN_FILES = {
     "chunks": re.compile(
-        rf"({PREFIXES})?\d{{5}}\.(done|[a-z_]+\.parquet)"
-        r"|edits-[0-9a-f]{16}-[a-z]+\.(parquet|done)|\..+\.tmp"
+        rf"({PREFIXES}|edits-[a-z]+-)?\d{{5}}\.(done|[a-z_]+\.parquet)|\..+\.tmp"  # edits-PART-: `edit`
+        r"|edits-[0-9a-f]{16}-[a-z]+\.(parquet|done)"  # an `edit` of round 4's first sessions
     ),
     "figures": re.compile(r"[\w-]+\.(png|svg)"),
     "edits": re.compile(r"[a-z]+(-k\d+)?\.(json|safetensors)|\..+\.tmp"),  # KIND-kK, or stream

@@ -19,6 +19,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import store
 from ..errors import RunInterrupted
 from ..measures import Phase, PromptsMeasure, batch_kinds
 from ..progress import Progress
@@ -31,11 +32,14 @@ from .plan import RunPlan
 __all__ = ["Engine", "Phase", "prompts_phase", "recorded_end", "run_phase", "stop"]
 
 
-def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: dict) -> float:
+def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: dict | None) -> float:
     """Compute the phase's chunks this process owns that are not done yet, each written before the
-    next starts; returns the seconds spent (0 when every chunk was already done)."""
+    next starts; returns the seconds spent (0 when every chunk was already done). `manifest`: the
+    run's, where an interruption is recorded (None: a phase run on a finished run, `attnprobe edit`'s,
+    records nothing there)."""
     chunk_dir, log = own_directory(directory / "chunks"), options.log
-    done = storage.complete_chunks(chunk_dir, phase.n_chunks, log, phase.prefix, phase.plan)
+    files = phase.files or storage.CHUNK_FILES[phase.prefix]
+    done = store.complete_chunks(chunk_dir, phase.n_chunks, log, files, phase.prefix, phase.plan)
     todo = [k for k in phase.mine if k not in done]
     if not todo:
         return 0.0
@@ -49,8 +53,11 @@ def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: dict
     started = time.perf_counter()
     with deferred_interrupt(log) as interrupted:
         for k in todo:
+            if interrupted():  # asked between two phases of a sequence (a nested deferral)
+                bar.close()
+                stop(directory, manifest, f"before {phase.name or 'the prompts'}")
             chunk_started = time.perf_counter()
-            storage.write_chunk(chunk_dir, k, phase.compute(k, bar.update), phase.prefix, phase.plan)
+            store.write_chunk(chunk_dir, k, phase.compute(k, bar.update), files, phase.prefix, phase.plan)
             bar.chunk_done(k, phase.n_chunks)
             later = sum(phase.size(j) for j in todo if j > k)
             if k == todo[0] and later and phase.rate:
@@ -61,7 +68,10 @@ def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: dict
                 )
             if interrupted():
                 bar.close()
-                stop(directory, manifest, f"{phase.name} chunk {k + 1} of {phase.n_chunks}".lstrip())
+                where = (
+                    f"{phase.name} chunk {k + 1} of {phase.n_chunks}" if phase.n_chunks > 1 else phase.name
+                )
+                stop(directory, manifest, f"after {where.lstrip()}")
     bar.close()
     return time.perf_counter() - started
 
@@ -160,7 +170,7 @@ def recorded_end(directory: Path, manifest: dict):
     except RunInterrupted:
         raise
     except KeyboardInterrupt:
-        stop(directory, manifest, "a second Ctrl-C (the chunk in progress was dropped)")
+        stop(directory, manifest, "after a second Ctrl-C (the chunk in progress was dropped)")
     except BaseException as exc:
         manifest.update(status="failed", error=f"{type(exc).__name__}: {str(exc)[:300]}")
         with suppress(Exception):  # the error that stopped us (a full disk, say) may stop this write too
@@ -168,12 +178,14 @@ def recorded_end(directory: Path, manifest: dict):
         raise
 
 
-def stop(directory: Path, manifest: dict, where: str) -> None:
-    """After Ctrl-C: record the interruption and stop; every finished chunk is kept."""
-    manifest.update(status="interrupted", interrupted=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    with ignored_interrupts():  # a further Ctrl-C cannot cut this write short
-        storage.write_manifest(directory, manifest)
+def stop(directory: Path, manifest: dict | None, where: str) -> None:
+    """After Ctrl-C: record the interruption in the manifest (if given) and stop; every finished
+    chunk is kept."""
+    if manifest is not None:
+        manifest.update(status="interrupted", interrupted=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        with ignored_interrupts():  # a further Ctrl-C cannot cut this write short
+            storage.write_manifest(directory, manifest)
     raise RunInterrupted(
-        f"interrupted after {where}; the finished chunks are kept in {directory / 'chunks'}: "
+        f"interrupted {where}; the finished chunks are kept in {directory / 'chunks'}: "
         "rerun the same command to resume"
     )

@@ -291,7 +291,8 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
         ["edit", str(out), "--kinds", "zero,mean,resample,scale,project", "--k", "1,2"]
         + ["--draws", "3", "--text", str(tmp_path / "text.txt")],
     )
-    assert again.exit_code == 0 and again.output.count("read from an earlier session") == 5
+    # 5 kinds and the heads alone
+    assert again.exit_code == 0 and again.output.count("read from an earlier session") == 6
     pd.testing.assert_frame_equal(
         pd.read_csv(out / "edits.csv").drop(columns="seconds"), edits.drop(columns="seconds")
     )
