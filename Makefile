@@ -23,14 +23,19 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: setup
 	$(BIN)/attnprobe run probes/gender.yaml
 
+# Test workers (pytest-xdist): one per core of the 2-core machine the times are measured on; a test
+# file's tests stay in one worker (its module fixtures are computed once). JOBS=0 runs in-process.
+JOBS ?= 2
+PYTEST = $(BIN)/python -m pytest -q $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
+
 # The full suite (the README's and CI's command): formatting and lint first, then every test.
 test: setup browser lint
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 # The fast lane: no test that loads a bundled model (tiny random models, the bundled tokenizer at
 # most); a test that tries fails with "mark this test slow".
 test-fast: setup lint
-	ATTNPROBE_FAST=1 $(BIN)/python -m pytest -q -m "not slow and not thorough"
+	ATTNPROBE_FAST=1 $(PYTEST) -m "not slow and not thorough"
 
 lint: setup
 	$(BIN)/ruff format --check .

@@ -34,12 +34,19 @@ def _refuse_bundled_weights() -> None:
     AutoModelForCausalLM.from_pretrained = refuse
 
 
-# examples per hypothesis fuzzer: 1,000 in `make test` (its time budget); more with, e.g.,
-# ATTNPROBE_FUZZ_EXAMPLES=20000 make test
-FUZZ_EXAMPLES = int(os.environ.get("ATTNPROBE_FUZZ_EXAMPLES", "1000"))
+# examples per hypothesis fuzzer: 1,000 in `make test` (its time budget), 200 in the fast lane (the
+# quick check while working); more with, e.g., ATTNPROBE_FUZZ_EXAMPLES=20000 make test
+_FAST_LANE = os.environ.get("ATTNPROBE_FAST") == "1"
+FUZZ_EXAMPLES = int(os.environ.get("ATTNPROBE_FUZZ_EXAMPLES", "200" if _FAST_LANE else "1000"))
 
-if os.environ.get("ATTNPROBE_FAST") == "1":
+if _FAST_LANE:
     _refuse_bundled_weights()
+
+# Under pytest-xdist (`make test` runs one worker per core) each worker computes with one thread, and
+# so do the attnprobe processes tests start: two workers of two threads each on two cores thrash.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 def _tiny_configs() -> dict:

@@ -16,24 +16,14 @@ P packed length, E model width.
 
 from __future__ import annotations
 
-from contextlib import ExitStack
-
 import torch
 
 from ..forward.capture import editing, picked_logits
 from ..forward.packing import pack_trie, packed_inputs, sorted_packs
 from ..forward.sharing import prefix_sharing_blocker
-from ..measures.head_effects.engine import (
-    ROW_TOKENS,
-    Bank,
-    lowest_layer,
-    narrowed_behaviour,
-    narrowed_head,
-    plan_passes,
-    skipping,
-)
+from ..measures.head_effects.engine import ROW_TOKENS, Bank, lowest_layer, plan_passes
+from ..measures.head_effects.rerun import forward_from, narrowed_behaviour, rerun_logits
 from .kinds import HeadEdit, Resample, RowEditor
-from .rerun import rerun_logits
 
 LOGIT_BYTES = 128 * 2**20  # full-vocabulary logits of one text pass
 
@@ -102,13 +92,14 @@ def _packed_pass(module, bank: Bank, edit, base, heads, packs, first: int, vocab
     state = hidden.new_zeros(len(packs), ids.shape[1], hidden.shape[-1])  # (G, P, E); pads stay 0
     state[rows, nodes] = hidden[sequences, depths]
     leaders = torch.tensor([pack[0] for pack in packs])  # one head set (and edit) per packed row
-    with ExitStack() as stack:
-        stack.enter_context(skipping(module, first, state, bank.returns_tuple))
-        stack.enter_context(editing(_editor(edit, heads, which, leaders)))
-        narrowed = stack.enter_context(narrowed_head(module, vocabulary))
-        stack.enter_context(picked_logits(module, (torch.tensor(last[0]), torch.tensor(last[1]))))
-        out = module(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
-    return out.logits[0], narrowed
+    contexts = [
+        editing(_editor(edit, heads, which, leaders)),
+        picked_logits(module, (torch.tensor(last[0]), torch.tensor(last[1]))),
+    ]
+    logits, narrowed = forward_from(
+        module, first, state, ids, mask, pos, vocabulary, contexts, bank.returns_tuple
+    )
+    return logits[0], narrowed
 
 
 def _behaviour_passes(module, bank: Bank, edit, base, heads, vocabulary, row_tokens: int, share: bool, which):

@@ -24,19 +24,18 @@ paths_edges_items parquet files; paths_tables.py makes the tables from them alon
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..forward.capture import editing, expand_kv
+from ..forward.capture import editing
 from ..heads import HeadSet
-from ..measures.head_effects.engine import Bank
+from ..measures.head_effects.engine import Bank, HeadPatch, aligned
+from ..measures.head_effects.rerun import ROWS, rerun_y
 from ..store import atomic_write, write_parquet, write_table
-from .paths_tables import CROSSFIT, NULL, TOP, edges_table, gradient_shares, paths_table
-from .rerun import ROWS, rerun_y
+from .paths_tables import CROSSFIT, LISTED, NULL, TOP, edges_table, gradient_shares, paths_table
 from .senders import Anatomy, Pair, edges, pair_frame, pair_tensors, reference_pairs, screen
 from .sweep import chosen_heads
 
@@ -49,48 +48,6 @@ RAW = {  # raw frame -> its own columns
 }
 EDGES = 8  # senders confirmed exactly per receiver
 SELECTION_DRAWS = 39  # the selection null's permutations (p floor 1/40)
-
-
-@dataclass
-class _PathEdit:
-    """Editor: per row (B), the heads of `value` read x''s value at p, those of `pattern` attend as
-    in x', those of `output` give x''s output at the aligned positions; masks (B, L, H)."""
-
-    reference: Bank
-    donor: torch.Tensor
-    at: torch.Tensor
-    at_cf: torch.Tensor
-    value: torch.Tensor
-    pattern: torch.Tensor
-    output: torch.Tensor
-
-    def __call__(self, site) -> torch.Tensor:
-        out, layer = site.output, site.layer
-        B, H, T, D = out.shape
-        rows = torch.arange(B)
-        if self.value[:, layer].any():
-            values = site.values()  # (B, H, S, D)
-            live = values[rows, :, self.at]  # (B, H, D)
-            donor = expand_kv(self.reference.values[layer][self.donor], H)[rows, :, self.at_cf].to(live.dtype)
-            reach = site.weights()[rows, :, :, self.at]  # (B, H, T): how much each row reads p
-            new = out + reach[..., None].to(out.dtype) * (donor - live)[:, :, None, :]
-            out = torch.where(self.value[:, layer, :, None, None], new, out)
-        if self.pattern[:, layer].any():
-            given = self.reference.weights[layer][self.donor]  # (B, H, T', T') equal lengths: same keys
-            S = site.key.shape[2]
-            weights = torch.zeros(B, H, T, S, dtype=site.value.dtype)
-            t, s = min(T, given.shape[2]), min(S, given.shape[3])
-            weights[..., :t, :s] = given[..., :t, :s]
-            new = torch.matmul(weights, site.values())
-            out = torch.where(self.pattern[:, layer, :, None, None], new, out)
-        if self.output[:, layer].any():
-            given = self.reference.outputs[layer][self.donor]  # (B, H, T', D)
-            positions = torch.arange(T)[None]
-            index = (positions - self.at[:, None] + self.at_cf[:, None]).clamp(0, given.shape[2] - 1)
-            new = given.gather(2, index[:, None, :, None].expand(B, H, T, D)).to(out.dtype)
-            aligned = (positions >= self.at[:, None])[:, None, :, None]
-            out = torch.where(self.output[:, layer, :, None, None] & aligned, new, out)
-        return out
 
 
 @torch.inference_mode()
@@ -108,8 +65,15 @@ def path_runs(module, bank: Bank, reference: Bank, pairs: list[Pair], labels, ru
             for b, i in enumerate(batch):
                 _, path, heads = runs[i]
                 masks[path][b] = heads.mask(L, H)
-            edit = _PathEdit(reference, *pair_tensors(ps, "donor", "at", "at_cf"), **masks)
+            donor, at, at_cf = pair_tensors(ps, "donor", "at", "at_cf")
             rows = pair_tensors(ps, "item")[0]
+            whole = masks["pattern"].any((1, 2))  # a pattern from x' at every query (equal lengths)
+            begin, donor_begin = torch.where(whole, 0, at), torch.where(whole, 0, at_cf)
+            T = int(bank.lengths[rows].max())
+            where, index = aligned(torch.arange(T), begin, donor_begin, bank.lengths[rows], reference)
+            edit = HeadPatch(
+                reference, donor, where, index, masks["output"], masks["pattern"], masks["value"], at
+            )
             hidden = bank.hidden[int(layer)][rows]
             y[batch] = rerun_y(module, bank, rows, int(layer), hidden, labels[rows], [editing(edit)]).numpy()
     return y
@@ -127,15 +91,17 @@ def measure_paths(
     screen_half,
     log=lambda m: None,
     null=(),
+    set_name: str = TOP,
 ):
-    """Raw values of path patching. `receivers`: the top heads (in order); `crossfit`: per item the
+    """Raw values of path patching. `receivers`: the top heads (in order), each alone and together as
+    `set_name` (LISTED for heads given with --heads); `crossfit`: per item the
     top set chosen without it (HeadSet, or None); `screen_half`: per item True where its unit screens
     senders (the others confirm them). Returns (paths, screen, edges) long frames."""
     module = model if isinstance(model, torch.nn.Module) else model.model
     anatomy = Anatomy.of(module)
     pairs = reference_pairs(items, word)
-    top = HeadSet(tuple(receivers)[:5])
-    sets = [(HeadSet.name(*r), HeadSet((r,))) for r in receivers] + [(TOP, top)]
+    top = HeadSet(tuple(receivers))
+    sets = [(HeadSet.name(*r), HeadSet((r,))) for r in receivers] + [(set_name, top)]
     runs, names = [], []
     for i, pair in enumerate(pairs):
         for name, heads in sets:
@@ -209,7 +175,7 @@ def measure_run_paths(
         null.append(per_item(rescored({i.item_id: shuffled[i.unit] for i in inputs.items})))
     frames = measure_paths(
         model, inputs.items, inputs.bank, inputs.reference, inputs.labels, word, receivers, crossfit,
-        inputs.fold // 2 == 0, log, null,
+        inputs.fold // 2 == 0, log, null, LISTED if listed else TOP,
     )  # fmt: skip
     return pd.concat([f.assign(table=t) for f, t in zip(frames, RAW)], ignore_index=True)
 

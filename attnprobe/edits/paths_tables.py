@@ -20,6 +20,7 @@ import pandas as pd
 from ..stats.inference import bh_qvalues, cluster_slope_test, ratio_test, slope_ratio_test
 
 TOP, CROSSFIT = "top 5", "top 5, cross-fitted"  # the receivers that are sets (no role)
+LISTED = "the heads listed (--heads)"  # the set of heads given, in place of the top 5
 NULL = "top 5 reselected on a permuted covariate, draw"  # + the draw's number
 
 
@@ -92,7 +93,7 @@ def paths_table(raw: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(_rows(items, effect, labels))
     roles = {}
     for receiver in table["receiver"].unique():
-        if receiver in (TOP, CROSSFIT):
+        if receiver in (TOP, CROSSFIT, LISTED):
             continue
         j = {
             p: columns.index(f"{receiver}\x1f{p}")

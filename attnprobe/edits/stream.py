@@ -31,11 +31,11 @@ import torch
 
 from ..forward.capture import model_edit
 from ..measures.head_effects.engine import Bank
+from ..measures.head_effects.rerun import ROWS, rerun_logits, rerun_y
 from ..measures.head_effects.sites import decoder_layers
 from ..stats.edits import STREAM as NAME
 from .estimate import definitional_directions, erasers
 from .passes import text_costs
-from .rerun import ROWS, rerun_logits, rerun_y
 from .sweep import _rows
 
 PARAMETERS = ("along", "functional", "mean")

@@ -24,8 +24,8 @@ import pandas as pd
 import torch
 
 from ..measures.head_effects.engine import Bank
+from ..measures.head_effects.rerun import ROWS, rerun_y
 from .paths_tables import effect_shares, wide_effects
-from .rerun import ROWS, rerun_y
 from .senders import Pair, pair_frame, reference_pairs
 
 GROUPS = ("occupation", "between", "prediction")

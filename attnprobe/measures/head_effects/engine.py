@@ -10,8 +10,9 @@ module is tested against). Here, for a chunk of items:
   and what is patched: head outputs, head patterns, MLP outputs;
 - the layers below a variant's lowest patched layer compute exactly what the base's clean run
   computed, so they are skipped: variants are grouped by that layer, the layers below are replaced
-  by pass-through stubs and the lowest one receives the recorded hidden state. Patching a head of
-  layer l costs (L - l) / L of a forward pass;
+  by pass-through stubs and the lowest one receives the recorded hidden state (rerun.py: the one
+  edited pass, which the edit analyses run too). Patching a head of layer l costs (L - l) / L of a
+  forward pass;
 - attribution for every (x, x') pair (attribution.py) comes from one forward and one backward pass
   of each x, the chunk's x together.
 
@@ -21,13 +22,13 @@ dim, E model width, K label ids.
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
 
-from ...forward.capture import editing, pad_right, picked_logits, run_with_capture
+from ...forward.capture import editing, expand_kv, pad_right, picked_logits, run_with_capture
 from ...forward.sharing import prefix_sharing_blocker
+from .rerun import narrowed_behaviour, rerun_logits
 from .sites import (
     Activations,
     behaviour_rows,
@@ -202,51 +203,27 @@ def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int, pre
     base = v.base[rows]
     lengths = bank.lengths[base]
     T = int(lengths.max())
-    positions = torch.arange(prefix, T)[None]  # (1, T - prefix)
-    where = ((positions >= v.at[rows, None]) & (positions < lengths[:, None])).to(
-        device
-    )  # (B, T - prefix) the patched positions
-    donor_index = (
-        (positions - v.at[rows, None] + v.donor_at[rows, None]).clamp(0, bank.ids.shape[1] - 1).to(device)
-    )
-    edit = _Edit(
-        bank, v.donor[rows], where, donor_index, v.output[rows].to(device), v.pattern[rows].to(device)
-    )
+    where, donor_index = aligned(torch.arange(prefix, T), v.at[rows], v.donor_at[rows], lengths, bank)
+    where, donor_index = where.to(device), donor_index.to(device)  # (B, T - prefix)
+    patch = (v.output[rows].to(device), v.pattern[rows].to(device))
+    edit = HeadPatch(bank, v.donor[rows], where, donor_index, *patch)
     found = mlp_modules(model)  # before the stubs replace the layers
     mlps = found if v.mlp[rows].any() else None
     labels = torch.cat([v.positive[rows], v.negative[rows]], 1)
-    vocabulary = labels[
-        labels >= 0
-    ].unique()  # y needs only these logits: log p(a) - log p(b) = logit a - logit b
-    with ExitStack() as stack:
-        stack.enter_context(skipping(model, first, bank.hidden[first][base, prefix:T], bank.returns_tuple))
-        stack.enter_context(editing(edit, _Prefix(bank, base, prefix) if prefix else None))
-        if mlps:
-            stack.enter_context(
-                mlp_outputs(mlps, _mlp_patch(bank, v.donor[rows], where, donor_index, v.mlp[rows].to(device)))
-            )
-        narrowed = stack.enter_context(narrowed_head(module, vocabulary))
-        if found and not mlps:  # no MLP output patched: the top MLP only where the logits are read
-            stack.enter_context(last_position_mlp(found[-1], lengths - 1 - prefix))
-        stack.enter_context(picked_logits(module, (torch.arange(len(rows)), lengths - 1 - prefix)))
-        out = module(
-            input_ids=bank.ids[base, prefix:T].to(device),
-            attention_mask=(positions < lengths[:, None]).long().to(device),
-            position_ids=positions.expand(len(rows), -1).to(device),
-            use_cache=False,
-            logits_to_keep=0,
+    vocabulary = labels[labels >= 0].unique()  # y reads only these: log p(a) - log p(b) = logit a - logit b
+    last = lengths - 1 - prefix
+    contexts = [editing(edit, _Prefix(bank, base, prefix) if prefix else None)]
+    if mlps:
+        contexts.append(
+            mlp_outputs(mlps, _mlp_patch(bank, v.donor[rows], where, donor_index, v.mlp[rows].to(device)))
         )
-    logits = out.logits[0]  # (B, vocabulary or vocab)
-    return narrowed_behaviour(logits, v.positive[rows], v.negative[rows], vocabulary, narrowed)
-
-
-def narrowed_behaviour(logits, positive, negative, vocabulary: torch.Tensor, narrowed: bool) -> torch.Tensor:
-    """behaviour_rows of logits (B, V) that `narrowed_head` may have narrowed to `vocabulary`: label
-    ids (B, K) are then read at their place in it (-1 padding kept)."""
-    if narrowed:
-        place = lambda ids: torch.where(ids >= 0, torch.searchsorted(vocabulary, ids.clamp(min=0)), -1)
-        positive, negative = place(positive), place(negative)
-    return behaviour_rows(logits, positive, negative)
+    elif found:  # no MLP output patched: the top MLP only where the logits are read
+        contexts.append(last_position_mlp(found[-1], last))
+    contexts.append(picked_logits(module, (torch.arange(len(rows)), last)))
+    logits, narrowed = rerun_logits(
+        module, bank, base, first, bank.hidden[first][base], vocabulary, contexts, prefix
+    )
+    return narrowed_behaviour(logits[0], v.positive[rows], v.negative[rows], vocabulary, narrowed)
 
 
 @dataclass
@@ -270,49 +247,45 @@ class _Prefix:
         return key, value, torch.cat([seen, own.to(key.device).expand(B, -1, -1, -1)], 3)
 
 
-@contextmanager
-def narrowed_head(model, vocabulary: torch.Tensor):
-    """Within the block the lm head computes the logits of `vocabulary` (sorted ids) only, in that
-    order, and yields True. Elementwise steps after it (soft-capping, logit scales) still apply. A
-    head that is not a plain linear layer is left whole (yields False: logits by vocabulary id)."""
-    module = model if isinstance(model, torch.nn.Module) else model.model
-    head = module.get_output_embeddings()
-    if type(head) is not torch.nn.Linear:
-        yield False
-        return
-    narrow = torch.nn.Linear(
-        head.in_features,
-        len(vocabulary),
-        bias=head.bias is not None,
-        device=head.weight.device,
-        dtype=head.weight.dtype,
-    )
-    narrow.weight = torch.nn.Parameter(head.weight[vocabulary], requires_grad=False)
-    if head.bias is not None:
-        narrow.bias = torch.nn.Parameter(head.bias[vocabulary], requires_grad=False)
-    module.set_output_embeddings(narrow)
-    try:
-        yield True
-    finally:
-        module.set_output_embeddings(head)
+def aligned(positions, at, donor_at, lengths, donor: Bank):
+    """(where (B, T), donor_index (B, T)) over `positions` (T,) of a pass: the patched positions of
+    each row (from its `at` to its end) and the donor position aligned with each (the row's `at` is
+    the donor's `donor_at`), clamped into the donor's bank."""
+    where = (positions[None] >= at[:, None]) & (positions[None] < lengths[:, None])
+    index = (positions[None] - at[:, None] + donor_at[:, None]).clamp(0, donor.ids.shape[1] - 1)
+    return where, index
 
 
 @dataclass
-class _Edit:
-    """Editor: per row, the heads it patches take the donor's output (or the donor's weights applied
-    to the row's own values) at the patched positions."""
+class HeadPatch:
+    """Editor: per row, the heads it patches take, at the patched positions, the donor's output
+    (`output`), the donor's weights applied to the row's own values (`pattern`: base and donor of
+    equal length), or (`value`) their own live weights applied to values where the row's value at
+    position `at` is the donor's (aligned) one. The donor bank may be another bank than the rows'
+    (path patching's x'), narrower than the pass."""
 
-    bank: Bank
+    bank: Bank  # the donors' clean runs
     donor: torch.Tensor  # (B,)
     where: torch.Tensor  # (B, T)
     donor_index: torch.Tensor  # (B, T) the aligned donor position of each position
     output: torch.Tensor  # (B, L, H)
     pattern: torch.Tensor  # (B, L, H)
+    value: torch.Tensor | None = None  # (B, L, H)
+    at: torch.Tensor | None = None  # (B,) the position whose value `value` patches
 
     def __call__(self, site) -> torch.Tensor:
         out, layer = site.output, site.layer
         B, H, T, D = out.shape
         index = self.donor_index[:, None, :, None]
+        if self.value is not None and self.value[:, layer].any():
+            # z <- z + A[:, p] (v'_p' - v_p): the row's live weights, the donor's value at p'
+            rows, at = torch.arange(B), self.at
+            live = site.values()[rows, :, at]  # (B, H, D)
+            given = expand_kv(self.bank.values[layer][self.donor], H)
+            donor = given[rows, :, self.donor_index[rows, at]].to(live.dtype)
+            reach = site.weights()[rows, :, :, at]  # (B, H, T): how much each position reads p
+            new = out + reach[..., None].to(out.dtype) * (donor - live)[:, :, None, :]
+            out = torch.where(self.value[:, layer, :, None, None], new, out)
         for rows, kind in ((self.output[:, layer], "output"), (self.pattern[:, layer], "pattern")):
             if not rows.any():
                 continue
@@ -320,9 +293,9 @@ class _Edit:
                 new = self.bank.outputs[layer][self.donor].gather(2, index.expand(B, H, T, D)).to(out.dtype)
             else:  # the donor's weights over the row's keys (equal lengths: the same key positions)
                 weights = self.bank.weights[layer][self.donor]  # (B, H, Tb, Tb)
-                weights = weights.gather(2, index.expand(B, H, T, weights.shape[-1]))[
-                    ..., : site.key.shape[2]
-                ]
+                weights = weights.gather(2, index.expand(B, H, T, weights.shape[-1]))
+                S = site.key.shape[2]
+                weights = torch.nn.functional.pad(weights[..., :S], (0, max(0, S - weights.shape[-1])))
                 new = torch.matmul(weights.to(site.value.dtype), site.values())
             out = torch.where(rows[:, :, None, None] & self.where[:, None, :, None], new, out)
         return out
@@ -343,38 +316,3 @@ def _mlp_patch(bank: Bank, donor, where, donor_index, rows):
         return torch.where(rows[:, layer, None, None] & where[:, :, None], new, out)
 
     return change
-
-
-class _Skipped(torch.nn.Module):
-    """Stands in for a decoder layer below the lowest patched one: passes the hidden state on."""
-
-    def __init__(self, layer: torch.nn.Module, returns_tuple: bool):
-        super().__init__()
-        self.returns_tuple = returns_tuple
-        if hasattr(layer, "attention_type"):  # read by the decoder loop of sliding-window families
-            self.attention_type = layer.attention_type
-
-    def forward(self, hidden_states, *args, **kwargs):
-        return (hidden_states,) if self.returns_tuple else hidden_states
-
-
-@contextmanager
-def skipping(model, first: int, hidden: torch.Tensor, returns_tuple: bool):
-    """Within the block the decoder layers below `first` pass their input on and layer `first`
-    receives `hidden` (B, T, E): the clean hidden state recorded at its input, or one changed from it
-    (edits.tracing patches it, at layer 0 too: there it replaces the embeddings)."""
-    layers = decoder_layers(model)
-    originals = [layers[i] for i in range(first)]
-
-    def inject(module, args, kwargs):
-        return ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
-
-    for i, layer in enumerate(originals):
-        layers[i] = _Skipped(layer, returns_tuple)
-    handle = layers[first].register_forward_pre_hook(inject, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
-        for i, layer in enumerate(originals):
-            layers[i] = layer
