@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import fcntl
 import os
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import transformers as T
@@ -175,22 +177,42 @@ def smollm_tokenizer():
     return attnprobe.model.load_tokenizer("smollm2-135m")[0]
 
 
+def made_once(tmp_path_factory, name: str, make) -> Path:
+    """The directory `name`, made once for the whole test session: under pytest-xdist the first
+    worker to ask makes it (`make(folder)`) holding a lock while the others wait, then all read it
+    (tests copy it before changing anything)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's base directory, the workers' common parent
+    folder, made = root / name, root / f"{name}.made"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            made.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(smollm_tokenizer, tmp_path_factory):
     """A tiny random Llama (2 layers x 2 heads) saved with the bundled tokenizer, so real suites run
     through the real CLI in seconds."""
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    config = T.LlamaConfig(
-        vocab_size=len(smollm_tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    smollm_tokenizer.save_pretrained(folder)
-    return folder
+
+    def make(folder):
+        config = T.LlamaConfig(
+            vocab_size=len(smollm_tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+        )
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+        smollm_tokenizer.save_pretrained(folder)
+
+    return made_once(tmp_path_factory, "tiny-llama", make)
 
 
 def save_tiny_with_tokenizer(folder, tokenizer):
@@ -382,6 +404,22 @@ EDIT_SWEEP = [
     "--trace",
     "--paths",
 ]
+# the sweep the resume and interruption tests repeat: paths resume through the same phase code as the
+# stream (the shared swept run keeps them)
+EDIT_SWEEP_NO_PATHS = [a for a in EDIT_SWEEP if a != "--paths"]
+
+
+def unswept_copy(run, tmp_path):
+    """A copy of a swept run without its sweep."""
+    shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("edits*", "edit_frontier*"))
+    return tmp_path / "run"
+
+
+def same_edit_tables(a, b):
+    """The edit tables of two run directories are equal to the bit (but the wall-time column)."""
+    read = lambda run, name: pd.read_parquet(run / f"{name}.parquet").drop(columns="seconds", errors="ignore")
+    for name in ("edits", "edits_draws", "edits_items"):
+        pd.testing.assert_frame_equal(read(a, name), read(b, name), check_exact=True, obj=name)
 
 
 @pytest.fixture(scope="session")
@@ -392,10 +430,13 @@ def swept_run(tiny_llama_dir, tmp_path_factory):
 
     from attnprobe.cli import main
 
-    tmp = tmp_path_factory.mktemp("swept")
-    suite, out = edit_suite(tmp), tmp / "run"
-    args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
-    assert CliRunner().invoke(main, args).exit_code == 0
-    result = CliRunner().invoke(main, ["edit", str(out), *EDIT_SWEEP])
-    assert result.exit_code == 0, result.output
+    def make(tmp):
+        suite, out = edit_suite(tmp), tmp / "run"
+        args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
+        assert CliRunner().invoke(main, args).exit_code == 0
+        result = CliRunner().invoke(main, ["edit", str(out), *EDIT_SWEEP])
+        assert result.exit_code == 0, result.output
+
+    tmp = made_once(tmp_path_factory, "swept", make)
+    suite, out = tmp / "e.yaml", tmp / "run"  # as edit_suite writes them
     return tmp, suite, out

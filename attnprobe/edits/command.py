@@ -115,6 +115,8 @@ def run_edits(
     Holds the run directory's lock: a `run --fresh` or a second edit on it waits its turn (refused)."""
     directory, options = Path(directory), options or EditOptions()
     suites = transfer_suites(tuple(also))  # checked before any work
+    run, suite = _run_and_suite(directory)  # the run and the options too, before waiting for the lock
+    checked_options(options, run.manifest, suite)
     with exclusive(directory):
         summary, model = _run_edits(directory, options, model, log)
         if suites:

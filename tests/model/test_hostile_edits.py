@@ -4,21 +4,21 @@ options validated before weights load, --text read only as far as needed, and in
 and kill) that leave tables identical to an uninterrupted sweep."""
 
 import functools
-import os
-import random
-import re
 import shutil
-import signal
-import subprocess
-import sys
-import time
 import tracemalloc
 
 import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import EDIT_SWEEP, FUZZ_EXAMPLES, edit_suite, one_line_error
+from conftest import (
+    EDIT_SWEEP_NO_PATHS,
+    FUZZ_EXAMPLES,
+    edit_suite,
+    one_line_error,
+    same_edit_tables,
+    unswept_copy,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
@@ -28,31 +28,13 @@ from attnprobe.cli import main
 from attnprobe.edits.inputs import TEXT_BYTES, user_text
 from attnprobe.errors import RunError
 
-SWEEP = [a for a in EDIT_SWEEP if a != "--paths"]  # paths resume through the same chunk files as the stream
+SWEEP = EDIT_SWEEP_NO_PATHS
 
 
 @pytest.fixture(scope="module")
 def edited_run(swept_run):
     """A run of the edit suite on the tiny Llama and its uninterrupted sweep (the reference tables)."""
     return swept_run[2]
-
-
-def _copy(run, tmp_path):
-    """A copy of the run without its sweep."""
-    shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns("edits*", "edit_frontier*"))
-    return tmp_path / "run"
-
-
-def _tables(run):
-    return {
-        name: pd.read_parquet(run / f"{name}.parquet").drop(columns="seconds", errors="ignore")
-        for name in ("edits", "edits_draws", "edits_items")
-    }
-
-
-def _same_tables(a, b):
-    for name, table in _tables(a).items():
-        pd.testing.assert_frame_equal(table, _tables(b)[name], check_exact=True, obj=name)
 
 
 def test_the_manifest_records_the_weights_and_another_models_edit_is_refused(
@@ -66,7 +48,7 @@ def test_the_manifest_records_the_weights_and_another_models_edit_is_refused(
     with torch.no_grad():
         model.model.layers[1].mlp.down_proj.weight[0, 0] += 1e-3  # one weight of one layer
     model.save_pretrained(other)
-    run = _copy(edited_run, tmp_path)
+    run = unswept_copy(edited_run, tmp_path)
     with pytest.raises(RunError, match="the model given is not the one this run was made with"):
         attnprobe.Run(run).edit(kinds=("zero",), ks=(1,), draws=2, model=attnprobe.load_model(str(other)))
     assert not list((run / "chunks").glob("edits-*"))  # nothing measured, nothing cached
@@ -96,7 +78,7 @@ def test_an_altered_or_damaged_edit_chunk_is_measured_again(edited_run, tmp_path
     result = CliRunner().invoke(main, ["edit", str(run), *SWEEP])
     assert result.exit_code == 0, result.output
     assert "is damaged or stale" in result.output and result.output.count("read from an earlier session") == 6
-    _same_tables(edited_run, run)
+    same_edit_tables(edited_run, run)
 
 
 def test_missing_edit_tables_are_one_line_naming_the_command(edited_run, tmp_path):
@@ -152,63 +134,12 @@ def test_a_large_text_is_read_only_as_far_as_needed(tiny_llama_dir, tmp_path):
     assert peaks[100] < 20 * TEXT_BYTES  # far below the file's 100 MB
 
 
-def _edit_process(run):
-    args = [sys.executable, "-m", "attnprobe", "edit", str(run), *SWEEP]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), args
-
-
-def _wait_for_kinds(run, n, process, timeout=300):
-    deadline = time.time() + timeout
-    while len(list((run / "chunks").glob("edits-*.done"))) < n and time.time() < deadline:
-        if process.poll() is not None:
-            break
-        time.sleep(0.01)
-
-
-def test_ctrl_c_during_edit_stops_after_the_kind_and_the_rerun_gives_identical_tables(edited_run, tmp_path):
-    run = _copy(edited_run, tmp_path)
-    process, args = _edit_process(run)
-    _wait_for_kinds(run, 1, process)
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 130 and "Traceback" not in stderr, stderr
-    # after the part in progress, or before the next when the signal came between two
-    assert re.search(r"interrupted (after|before) edit \w+;", stderr.splitlines()[-1]), stderr
-    kept = len(list((run / "chunks").glob("edits-*.done")))
-    assert 1 <= kept < 4 and not (run / "edits.parquet").exists()
-    resumed = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0 and resumed.stderr.count("read from an earlier session") == kept
-    _same_tables(edited_run, run)
-
-
-def test_a_killed_edit_reruns_to_identical_tables(edited_run, tmp_path):
-    """SIGKILL at two random points of `attnprobe edit` (anywhere from start-up through recording and
-    the kinds: the seed is in the message), then a rerun to the end: whatever was half-written is
-    never read back as finished, and the tables equal the uninterrupted sweep's."""
-    seed = int(os.environ.get("ATTNPROBE_KILL_SEED", time.time_ns() % 2**32))
-    rng = random.Random(seed)
-    run = _copy(edited_run, tmp_path)
-    for _ in range(2):
-        process, args = _edit_process(run)
-        deadline = time.time() + rng.uniform(1.0, 12.0)
-        while time.time() < deadline and process.poll() is None:
-            time.sleep(0.01)
-        process.kill()
-        process.communicate(timeout=60)
-    resumed = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, (seed, resumed.stderr)
-    try:
-        _same_tables(edited_run, run)
-    except AssertionError as error:
-        raise AssertionError(f"ATTNPROBE_KILL_SEED={seed}: {error}") from None
-
-
 def test_an_edit_and_a_run_on_one_directory_exclude_each_other(edited_run, tmp_path):
     """The edit holds the run directory's lock, as a run does: while one holds it the other is one
     line (an edit racing `run --fresh` once measured a run that was being deleted)."""
     from attnprobe.run.storage import exclusive
 
-    run = _copy(edited_run, tmp_path)
+    run = unswept_copy(edited_run, tmp_path)
     with exclusive(run):  # a run (e.g. --fresh) writing the directory
         result = CliRunner().invoke(main, ["edit", str(run), "--kinds", "zero", "--k", "1"])
     one_line_error(result, "another attnprobe run is writing")

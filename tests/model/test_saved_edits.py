@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import EDIT_SWEEP, build_tiny, edit_suite, one_line_error
+from conftest import EDIT_SWEEP_NO_PATHS, build_tiny, edit_suite, one_line_error
 
 import attnprobe
 from attnprobe.cli import main
@@ -19,7 +19,7 @@ from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, load_e
 from attnprobe.model import from_pretrained_objects
 from attnprobe.stats.next_token import item_log_ratios
 
-SWEEP = [a for a in EDIT_SWEEP if a != "--paths"]  # paths resume through the same chunk files as the stream
+SWEEP = EDIT_SWEEP_NO_PATHS
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +207,8 @@ def test_bad_saved_edits_and_comparisons_are_one_line_each(swept, tiny_llama_dir
 
 
 def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
-    _, _, out = swept
+    out = tmp_path / "run"
+    shutil.copytree(swept[2], out)  # the swept run is shared: edit a copy
     shutil.copytree("probes/coref", tmp_path / "coref")
     shutil.copy("probes/coref.yaml", tmp_path / "coref.yaml")
     shutil.copy("probes/occupations-bls.tsv", tmp_path / "occupations-bls.tsv")
