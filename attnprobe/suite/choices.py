@@ -19,16 +19,9 @@ condition: k}.
 from __future__ import annotations
 
 from ..errors import SuiteError
+from .formats import named, names
 
 ROLES = ("context", "question", "options", "answer", "target", "unknown", "polarity", "condition")
-BBQ = {
-    "context": "context",
-    "question": "question",
-    "options": ["ans0", "ans1", "ans2"],
-    "answer": "label",
-    "polarity": "question_polarity",
-    "condition": "context_condition",
-}
 
 
 def parse_choices(ctx, item) -> dict | None:
@@ -36,9 +29,13 @@ def parse_choices(ctx, item) -> dict | None:
     node = item.get("choices")
     if node is None:
         return None
-    if node == "bbq":
-        return dict(BBQ, format="bbq")
-    hint = "`choices` is bbq (BBQ's own fields) or a mapping of roles to columns, e.g. {context: context, "
+    published = named(item, "choices")
+    if published is not None:
+        return dict(published.mapping)
+    hint = (
+        f"`choices` names a published format ({names('choices')}) or maps roles to columns, e.g. "
+        "{context: context, "
+    )
     if not isinstance(node, dict) or not {"context", "question", "options", "answer"} <= set(node):
         ctx.fail(item, "choices", hint + "question: question, options: [ans0, ans1, ans2], answer: label}")
     for key, value in node.items():

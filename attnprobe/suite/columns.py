@@ -13,23 +13,18 @@ bias_type). The sentences of a row differ in a few words: two spans are computed
 so `attention: [{source: shared, targets: [differ]}]` reads how the shared words attend to the
 group word, and the likelihood measure scores the shared words conditioned on it.
 
-`columns: stereoset` reads StereoSet's JSON as distributed (Nadeem et al., ACL 2021; dev.json):
-each example of data.intrasentence is one row, its three sentences under their gold labels
-(stereotype, anti-stereotype, unrelated) as the sentence columns, its id, target, bias_type and
-context (with BLANK) as metadata. An example is one item keyed by its id (a file written on one
-line reads as the same file indented); messages name the line of the example's id.
+`columns:` may instead name a published format (formats.FORMATS: `stereoset`, `crows_pairs`).
 """
 
 from __future__ import annotations
 
-import json
 import re
 
 from ..errors import SuiteError
+from .formats import named, names
 
 WORD = re.compile(r"\S+")
 SPANS = ("differ", "shared")
-STEREOSET = {"stereotype": "stereotype", "anti-stereotype": "anti-stereotype", "unrelated": "unrelated"}
 
 
 def parse_columns(ctx, item) -> dict[str, str] | None:
@@ -37,8 +32,9 @@ def parse_columns(ctx, item) -> dict[str, str] | None:
     columns = item.get("columns")
     if columns is None:
         return None
-    if columns == "stereoset":
-        columns = STEREOSET
+    published = named(item, "columns")
+    if published is not None:
+        columns = published.mapping
     if (
         not isinstance(columns, dict)
         or len(columns) < 2
@@ -49,7 +45,7 @@ def parse_columns(ctx, item) -> dict[str, str] | None:
             item,
             "columns",
             "`columns` maps each column holding one of a row's sentences to its label, at least two, "
-            "e.g. {sent_more: more, sent_less: less}, or is `stereoset` (StereoSet's JSON)",
+            f"e.g. {{sent_more: more, sent_less: less}}, or names a published format: {names('columns')}",
         )
     if "spans" in item or "optional_spans" in item or "pair" in item or "files" in item:
         ctx.fail(item, "columns", "an entry with `columns` takes one `file:`; its spans are computed")
@@ -105,48 +101,3 @@ def diff_spans(texts: list[str]) -> list[dict[str, tuple[int, int]]] | None:
             found["shared"] = (ws[len(ws) - suffix][0], ws[-1][1])
         out.append(found)
     return out
-
-
-def stereoset_rows(path, text: str) -> list[tuple[int, dict]]:
-    """(line, record) per example of StereoSet's data.intrasentence: the three sentences under their
-    gold labels, the example's other plain fields as metadata."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SuiteError(
-            f"{path}:{exc.lineno}: invalid JSON ({exc.msg}); give StereoSet's file as distributed"
-        ) from None
-    data = doc.get("data") if isinstance(doc, dict) else None
-    examples = data.get("intrasentence") if isinstance(data, dict) else None
-    if not isinstance(examples, list):
-        raise SuiteError(
-            f"{path}: no data.intrasentence list; `columns: stereoset` reads StereoSet's dev.json as "
-            "distributed"
-        )
-    rows, line, at, seen = [], 1, 0, {}
-    for k, example in enumerate(examples, start=1):
-        key = example.get("id") if isinstance(example, dict) else None
-        key = str(key) if isinstance(key, (str, int)) and str(key).strip() else ""
-        found = text.find(json.dumps(key), at) if key else -1
-        if found >= 0:  # the example's line (for messages), counted on from the previous one
-            line, at = line + text.count("\n", at, found), found
-        where = f"{path}:{line}: example {k}"
-        if not key:
-            raise SuiteError(f"{where} has no `id`; each example is one item keyed by its id")
-        if key in seen:
-            raise SuiteError(f"{where} repeats id {key!r} of example {seen[key]}; each id names one example")
-        seen[key] = k
-        sentences = example.get("sentences") if isinstance(example, dict) else None
-        if not isinstance(sentences, list):
-            raise SuiteError(f"{where} has no `sentences` list; give StereoSet's file as distributed")
-        record = {f: v for f, v in example.items() if isinstance(v, (str, int, float)) and f != "sentences"}
-        for sentence in sentences:
-            label = sentence.get("gold_label") if isinstance(sentence, dict) else None
-            if label not in STEREOSET or not isinstance(sentence.get("sentence"), str) or label in record:
-                raise SuiteError(
-                    f"{where}: each sentence needs a `sentence` and a gold_label, one each of stereotype, "
-                    "anti-stereotype and unrelated"
-                )
-            record[label] = sentence["sentence"]
-        rows.append((line, record))
-    return rows

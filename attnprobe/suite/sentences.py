@@ -18,7 +18,8 @@ from collections import Counter
 from ..errors import SuiteError
 from ..schema.yamllines import Seq, number_or_text, required_str
 from .choices import choice_rows, parse_choices
-from .columns import expand_rows, parse_columns, stereoset_rows
+from .columns import expand_rows, parse_columns
+from .formats import named
 from .rows import check_pairing, line_reader, read_rows
 from .types import Prompt
 
@@ -90,6 +91,7 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
         files = _files(ctx, item)
         column = str(item.get("column", "version"))
         sentence_columns = parse_columns(ctx, item)
+        published = named(item, "columns")
         choice_roles = parse_choices(ctx, item)
         rows = []
         for key, file_name in files.items():
@@ -97,8 +99,8 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
                 item, "files" if "files" in item else "file", file_name, max_lines=max_lines
             )
             needed = (choice_roles["context"], choice_roles["question"]) if choice_roles else ("text",)
-            if item.get("columns") == "stereoset":
-                file_rows = stereoset_rows(path, text)
+            if published is not None and published.read is not None:  # a file that is not rows
+                file_rows = published.read(path, text)
             else:
                 file_rows = read_rows(path, text, reader, tuple(sentence_columns or needed))
             if not file_rows:
@@ -114,8 +116,8 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
                 "pair",
                 f"`pair` must name a column of the sentence file (columns: {', '.join(rows[0][2])})",
             )
-        if item.get("columns") == "stereoset":
-            pair = "id"  # an example is one item, keyed by its id whatever the file's layout
+        if published is not None and published.item is not None:
+            pair = published.item  # an example is one item, keyed by its field whatever the file's layout
         if len(files) > 1:
             pair = "line"  # sentence n of every file is one item
             check_pairing(rows, column, reader is None)

@@ -76,6 +76,20 @@ def test_a_crows_pairs_csv_with_quoted_line_breaks_reads_cell_for_cell(tmp_path,
     assert after.origin.endswith("crows.csv:7")  # lines 4-6 hold the record with two line breaks
 
 
+def test_a_published_format_named_reads_as_its_columns_spelled_out(tmp_path):
+    """`columns: crows_pairs` (suite.formats.FORMATS) is the mapping a user would spell out; a name
+    that is no published format of that key is one line listing those that are."""
+    _write_crows(tmp_path / "crows.csv")
+    spelled = load_suite(_crows_suite(tmp_path)).prompts
+    path = _crows_suite(tmp_path)
+    path.write_text(path.read_text().replace("{sent_more: more, sent_less: less}", "crows_pairs"))
+    named = load_suite(path).prompts
+    assert [(p.text, p.meta, p.spans) for p in named] == [(p.text, p.meta, p.spans) for p in spelled]
+    path.write_text(path.read_text().replace("crows_pairs", "bbq"))  # a format of `choices`, not `columns`
+    with pytest.raises(SuiteError, match=r"s.yaml:4: .*published format: stereoset, crows_pairs$"):
+        load_suite(path)
+
+
 def test_a_crows_pairs_csv_with_quoted_line_breaks_runs_end_to_end(tiny_llama_dir, tmp_path):
     _write_crows(tmp_path / "crows.csv")
     run = attnprobe.run_suite(
