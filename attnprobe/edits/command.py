@@ -115,7 +115,7 @@ def run_edits(
     Holds the run directory's lock: a `run --fresh` or a second edit on it waits its turn (refused)."""
     directory, options = Path(directory), options or EditOptions()
     suites = transfer_suites(tuple(also))  # checked before any work
-    run, suite = _run_and_suite(directory)  # the run and the options too, before waiting for the lock
+    run, suite = _run_and_suite(directory)  # the run and the options too, before taking the lock
     checked_options(options, run.manifest, suite)
     with exclusive(directory):
         summary, model = _run_edits(directory, options, model, log)
@@ -173,9 +173,9 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
     scores = {"all": gradient_scores(head_items, totals, covariate, word, L, H), **quarter_scores(covariate)}
     sets = found_sets(inputs, scores, options.ks, listed, H)
     key = settings_hash(m["fingerprint"], options, weights)
-    engine = RunOptions(out=directory, log=log)  # the phases' log and progress
+    phase_options = RunOptions(out=directory, log=log)  # the phases' log and progress
     part = lambda name, measure, plan=key, described=True: _part(
-        directory, engine, name, plan, measure, inputs, described
+        directory, phase_options, name, plan, measure, inputs, described
     )
     alone_key = hashlib.sha256(f"{key} {options.alone}".encode()).hexdigest()[:16]
     frames = [_describe(clean_values(model, inputs), inputs)]

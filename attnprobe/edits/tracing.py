@@ -85,7 +85,7 @@ def tracing_table(raw: pd.DataFrame) -> pd.DataFrame:
     """Per layer and group: the share of TE and of its covariate gradient the patch carries (CIs:
     two-way cluster-robust by unit x template), from the raw values alone."""
     items, effect, columns = wide_effects(raw, ["layer", "position"], "y_patched", sort=True)
-    te = (items["y_cf"] - items["y"]).to_numpy()
+    te_mean = float(np.nanmean((items["y_cf"] - items["y"]).to_numpy()))
     shares = effect_shares(items, effect)  # (n, layers x groups)
     share, gradient = shares["te"], shares["gradient"]
     rows = []
@@ -101,7 +101,7 @@ def tracing_table(raw: pd.DataFrame) -> pd.DataFrame:
                 "gradient_share": float(gradient["ratio"][j]),
                 "gradient_share_ci_low": float(gradient["ci_low"][j]),
                 "gradient_share_ci_high": float(gradient["ci_high"][j]),
-                "te_mean": float(np.nanmean(te)),
+                "te_mean": te_mean,
                 "clusters": "unit x template",
             }
         )
