@@ -31,3 +31,28 @@ def test_holm_adjusts_over_the_layers():
 
     p = np.array([0.01, 0.04, 0.03, 0.5])
     assert np.allclose(holm(p), [0.04, 0.09, 0.09, 0.5])  # 4 x 0.01; max(3 x 0.03, .); 2 x 0.04 -> 0.09
+
+
+def test_the_batched_ridge_equals_the_normal_equations_outcome_by_outcome():
+    """Every row of the batched out-of-fold predictions (the covariate and its permutations at once)
+    equals ridge written out plainly: per fold and penalty the hat matrix from (X'X + aI)^-1, GCV
+    = mean squared residual / (1 - tr(H) / n)^2, the best penalty's fit predicting the held-out units."""
+    from attnprobe.edits.readout import ALPHAS, _fold_fits, _predict
+
+    rng = np.random.default_rng(5)
+    X, folds = rng.normal(size=(14, 6)), np.arange(14) % 4
+    Y = rng.normal(size=(5, 14))
+    batched = _predict(_fold_fits(X, folds), Y)
+    for y, row in zip(Y, batched):
+        for f in range(4):
+            train, test = folds != f, folds == f
+            mean, scale = X[train].mean(0), X[train].std(0) + 1e-8
+            A, B = (X[train] - mean) / scale, (X[test] - mean) / scale
+            yc = y[train] - y[train].mean()
+            scores = []
+            for a in ALPHAS * np.mean(np.linalg.svd(A, compute_uv=False) ** 2):
+                H = A @ np.linalg.solve(A.T @ A + a * np.eye(6), A.T)
+                scores.append((np.mean((yc - H @ yc) ** 2) / (1 - np.trace(H) / len(yc)) ** 2, a))
+            a = min(scores)[1]
+            coef = np.linalg.solve(A.T @ A + a * np.eye(6), A.T @ yc)
+            assert np.allclose(row[test], y[train].mean() + B @ coef, atol=1e-10)
