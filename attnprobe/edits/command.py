@@ -40,9 +40,9 @@ from .single import measure_single
 from .stream import StreamEdit, measure_stream
 from .sweep import (
     EditOptions,
+    GradientScores,
     clean_values,
     found_sets,
-    gradient_scores,
     listed_heads,
     measure_kind,
     settings_hash,
@@ -162,15 +162,14 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
         model, items, word, options.seed, options.text, suite.control, (measure.positive, measure.negative)
     )
     covariate = {i.item_id: i.covariate for i in items}
-    head_items, totals = run.head_effect_items, run.head_effect_totals
+    gradient = GradientScores(run.head_effect_items, run.head_effect_totals, word, L, H)
     fold_of = dict(zip([i.item_id for i in items], inputs.fold))
+    training = {f: [i for i, g in fold_of.items() if g in inputs.training(f)] for f in range(4)}
 
     def quarter_scores(covariate: dict) -> dict:  # the scores the heads tested on quarter f are chosen by
-        training = {f: {i for i, g in fold_of.items() if g in inputs.training(f)} for f in range(4)}
-        rows = {f: head_items[head_items["item_id"].isin(ids)] for f, ids in training.items()}
-        return {f: gradient_scores(rows[f], totals, covariate, word, L, H) for f in range(4)}
+        return {f: gradient.of(covariate, ids) for f, ids in training.items()}
 
-    scores = {"all": gradient_scores(head_items, totals, covariate, word, L, H), **quarter_scores(covariate)}
+    scores = {"all": gradient.of(covariate), **quarter_scores(covariate)}
     sets = found_sets(inputs, scores, options.ks, listed, H)
     key = settings_hash(m["fingerprint"], options, weights)
     phase_options = RunOptions(out=directory, log=log)  # the phases' log and progress

@@ -90,24 +90,31 @@ def chosen_heads(scores: np.ndarray, k: int, n_heads: int) -> Heads:
     return tuple((i // n_heads, i % n_heads) for i in top_heads(scores, k, len(scores) // n_heads, n_heads))
 
 
-def gradient_scores(
-    head_items: pd.DataFrame, totals: pd.DataFrame, covariate: dict, word: str, n_layers: int, n_heads: int
-) -> np.ndarray:
+class GradientScores:
     """Per head (flat l H + h): the slope over the covariate of its attribution for `word`, signed
-    like the slope of that word's total effect (positive: the head carries the stereotype gradient)."""
-    rows = head_items[head_items["counterfactual"] == word]
-    wide = rows.pivot_table(index="item_id", columns=["layer", "head"], values="attribution_output")
-    grid = pd.MultiIndex.from_product([range(n_layers), range(n_heads)])
-    wide = wide.reindex(columns=grid)
-    x = wide.index.map(covariate).to_numpy(dtype=float)
-    xc = x - x.mean()
-    if not len(x) or (xc**2).sum() == 0:
-        return np.full(n_layers * n_heads, np.nan)
-    values = wide.to_numpy()
-    slopes = np.nansum(xc[:, None] * (values - np.nanmean(values, 0)), 0) / (xc**2).sum()
-    te = totals[totals["counterfactual"] == word].set_index("item_id")["te"].reindex(wide.index).to_numpy()
-    sign = np.sign(np.nansum(xc * (te - np.nanmean(te)))) or 1.0
-    return sign * slopes
+    like the slope of that word's total effect (positive: the head carries the stereotype gradient).
+    The items x heads attributions are pivoted once; `of(covariate, items)` scores any covariate
+    (the real one or a permutation) on any subset of the items."""
+
+    def __init__(self, head_items: pd.DataFrame, totals: pd.DataFrame, word: str, L: int, H: int):
+        rows = head_items[head_items["counterfactual"] == word]
+        wide = rows.pivot_table(index="item_id", columns=["layer", "head"], values="attribution_output")
+        wide = wide.reindex(columns=pd.MultiIndex.from_product([range(L), range(H)]))
+        self.items, self.values = wide.index, wide.to_numpy()  # (items, L H)
+        te = totals[totals["counterfactual"] == word].set_index("item_id")["te"]
+        self.te = te.reindex(wide.index).to_numpy()
+
+    def of(self, covariate: dict, items=None) -> np.ndarray:
+        """The scores on `items` (item ids; None: every item), each item's covariate from `covariate`."""
+        keep = np.ones(len(self.items), bool) if items is None else self.items.isin(items)
+        values, te = self.values[keep], self.te[keep]
+        x = self.items[keep].map(covariate).to_numpy(dtype=float)
+        xc = x - x.mean()
+        if not len(x) or (xc**2).sum() == 0:
+            return np.full(values.shape[1], np.nan)
+        slopes = np.nansum(xc[:, None] * (values - np.nanmean(values, 0)), 0) / (xc**2).sum()
+        sign = np.sign(np.nansum(xc * (te - np.nanmean(te)))) or 1.0
+        return sign * slopes
 
 
 def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> str:
