@@ -11,15 +11,38 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-import pandas as pd
 import pytest
-import torch
-import transformers as T
-from transformers import AutoModelForCausalLM
-
-import attnprobe
 
 VOCAB = 100
+
+
+def pytest_configure(config):
+    """torch, transformers and attnprobe (~8 s of imports) load in the processes that run tests, not in
+    pytest-xdist's controller, which only hands tests to its workers and would hold them back."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    _import_heavy()
+
+
+def _import_heavy() -> None:
+    """The modules and tables this file's helpers use, as module globals (tests import them from here)."""
+    global pd, torch, T, AutoModelForCausalLM, attnprobe, TINY_CONFIGS, INTERFACE_FAMILIES
+    import pandas as pd
+    import torch
+    import transformers as T
+    from transformers import AutoModelForCausalLM
+
+    import attnprobe
+
+    if _FAST_LANE:
+        _refuse_bundled_weights()
+    # Under pytest-xdist (`make test` runs one worker per core) each worker computes with one thread,
+    # and so do the attnprobe processes tests start: two workers of two threads each on two cores thrash.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+    TINY_CONFIGS = _tiny_configs()
+    INTERFACE_FAMILIES = [name for name in TINY_CONFIGS if name != "gpt_neo"]
 
 
 def _refuse_bundled_weights() -> None:
@@ -40,15 +63,6 @@ def _refuse_bundled_weights() -> None:
 # quick check while working); more with, e.g., ATTNPROBE_FUZZ_EXAMPLES=20000 make test
 _FAST_LANE = os.environ.get("ATTNPROBE_FAST") == "1"
 FUZZ_EXAMPLES = int(os.environ.get("ATTNPROBE_FUZZ_EXAMPLES", "200" if _FAST_LANE else "1000"))
-
-if _FAST_LANE:
-    _refuse_bundled_weights()
-
-# Under pytest-xdist (`make test` runs one worker per core) each worker computes with one thread, and
-# so do the attnprobe processes tests start: two workers of two threads each on two cores thrash.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
 
 
 def _tiny_configs() -> dict:
@@ -120,18 +134,16 @@ def _tiny_configs() -> dict:
     }
 
 
-TINY_CONFIGS = _tiny_configs()
-INTERFACE_FAMILIES = [name for name in TINY_CONFIGS if name != "gpt_neo"]
-
-
 def build_tiny(
     name: str,
     attn_implementation: str = "attnprobe",
-    dtype=torch.float32,
+    dtype=None,
     seed: int = 0,
     vocab_size: int = VOCAB,
 ):
-    """A random-initialised model; a large init range gives peaked attention so mistakes show."""
+    """A random-initialised model (float32 unless `dtype`); a large init range gives peaked attention so
+    mistakes show."""
+    dtype = dtype or torch.float32
     config = copy.deepcopy(TINY_CONFIGS[name])
     config.vocab_size = vocab_size
     config.initializer_range = 0.3

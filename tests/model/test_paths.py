@@ -9,6 +9,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_CONFIGS, eager_twin
 from transformers import AutoModelForCausalLM
 
 import attnprobe
@@ -20,7 +21,6 @@ from attnprobe.measures.head_effects.engine import record
 from attnprobe.measures.head_effects.items import Counterfactual, PatchItem
 from attnprobe.measures.head_effects.selection import folds
 from tests import reference_paths as ref
-from tests.conftest import TINY_CONFIGS, eager_twin
 
 POSITIVE, NEGATIVE = 5, 6
 
@@ -133,7 +133,7 @@ def test_attribution_is_the_exact_edge_effect_to_first_order(tiny):
 def test_the_whole_stream_swapped_into_the_value_is_the_value_path(family):
     """For any family (GQA, post-norms, LayerNorm, Conv1D): swapping the whole stream's difference
     h'_p' - h_p on the path into a head's value is reading x''s value there, the value path."""
-    from tests.conftest import build_tiny
+    from conftest import build_tiny
 
     model = build_tiny(family, vocab_size=64)
     items = _items(4)
@@ -249,8 +249,9 @@ def test_the_readout_recomputes_from_its_states_alone(swept_run):
 def test_a_model_path_patching_cannot_read_is_refused_in_one_line():
     """OPT's decoder layers keep their MLP as two loose linear layers: no MLP module to read a
     sender's write from, so --paths refuses with what is missing and the way out."""
+    from conftest import build_tiny
+
     from attnprobe.errors import RunError
-    from tests.conftest import build_tiny
 
     with pytest.raises(RunError, match=r"--paths: OPTForCausalLM has no .* run without --paths"):
         Anatomy.of(build_tiny("opt", vocab_size=64))
