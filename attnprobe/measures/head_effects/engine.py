@@ -221,7 +221,7 @@ def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int, pre
         contexts.append(last_position_mlp(found[-1], last))
     contexts.append(picked_logits(module, (torch.arange(len(rows)), last)))
     logits, narrowed = rerun_logits(
-        module, bank, base, first, bank.hidden[first][base], vocabulary, contexts, prefix
+        module, bank, base, first, bank.hidden[first][base, :T], vocabulary, contexts, prefix
     )
     return narrowed_behaviour(logits[0], v.positive[rows], v.negative[rows], vocabulary, narrowed)
 
@@ -281,8 +281,8 @@ class HeadPatch:
             # z <- z + A[:, p] (v'_p' - v_p): the row's live weights, the donor's value at p'
             rows, at = torch.arange(B), self.at
             live = site.values()[rows, :, at]  # (B, H, D)
-            given = expand_kv(self.bank.values[layer][self.donor], H)
-            donor = given[rows, :, self.donor_index[rows, at]].to(live.dtype)
+            given = self.bank.values[layer][self.donor, :, self.donor_index[rows, at]]  # (B, Hkv, D)
+            donor = expand_kv(given[:, :, None], H)[:, :, 0].to(live.dtype)  # the aligned position only
             reach = site.weights()[rows, :, :, at]  # (B, H, T): how much each position reads p
             new = out + reach[..., None].to(out.dtype) * (donor - live)[:, :, None, :]
             out = torch.where(self.value[:, layer, :, None, None], new, out)
