@@ -452,3 +452,10 @@ def swept_run(tiny_llama_dir, tmp_path_factory):
     tmp = made_once(tmp_path_factory, "swept", make)
     suite, out = tmp / "e.yaml", tmp / "run"  # as edit_suite writes them
     return tmp, suite, out
+
+
+@pytest.fixture(scope="session")
+def edited_run(swept_run):
+    """The swept run's directory: the edit suite's run on the tiny Llama and its uninterrupted sweep
+    (the reference tables of the resume and interruption tests; copy it before changing it)."""
+    return swept_run[2]

@@ -14,7 +14,6 @@ import re
 import signal
 import time
 
-import pytest
 from click.testing import CliRunner
 from conftest import EDIT_SWEEP_NO_PATHS as SWEEP
 from conftest import same_edit_tables, unswept_copy
@@ -23,12 +22,6 @@ from attnprobe.cli import main
 
 SERVER = multiprocessing.get_context("forkserver")
 SERVER.set_forkserver_preload(["attnprobe.cli"])
-
-
-@pytest.fixture(scope="module")
-def edited_run(swept_run):
-    """The edit suite's run on the tiny Llama and its uninterrupted sweep (the reference tables)."""
-    return swept_run[2]
 
 
 def _cli(args: list[str], log: str) -> None:

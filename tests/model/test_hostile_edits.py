@@ -1,7 +1,7 @@
 """Hostile input to `attnprobe edit` (issue 40): every cached edit value keyed by the model's weights
 and checked against its hash, damaged or missing edit artefacts recomputed or refused in one line,
-options validated before weights load, --text read only as far as needed, and interruptions (Ctrl-C
-and kill) that leave tables identical to an uninterrupted sweep."""
+options validated before weights load, --text read only as far as needed (the interruptions, Ctrl-C
+and kill, are in test_edit_interruptions.py)."""
 
 import functools
 import shutil
@@ -29,12 +29,6 @@ from attnprobe.edits.inputs import TEXT_BYTES, user_text
 from attnprobe.errors import RunError
 
 SWEEP = EDIT_SWEEP_NO_PATHS
-
-
-@pytest.fixture(scope="module")
-def edited_run(swept_run):
-    """A run of the edit suite on the tiny Llama and its uninterrupted sweep (the reference tables)."""
-    return swept_run[2]
 
 
 def test_the_manifest_records_the_weights_and_another_models_edit_is_refused(
