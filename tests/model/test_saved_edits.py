@@ -215,9 +215,8 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     args = ["edit", str(out), *SWEEP, "--also", str(tmp_path / "coref.yaml"), "--also-k", "1"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert (
-        result.output.count("read from an earlier session") == 7
-    )  # the sweep (4 kinds, alone, stream, trace)
+    # the sweep is read back: its 4 kinds, the heads alone, the stream and tracing
+    assert result.output.count("read from an earlier session") == 7
     table = pd.read_csv(out / "edits_transfer.csv")
     assert set(table["kind"]) == {"zero", "mean", "scale", "project", "stream"}  # the stream's edit too
     assert set(table.loc[table.kind == "stream", "k"]) == {0} and set(
