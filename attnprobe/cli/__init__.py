@@ -13,10 +13,16 @@ from pathlib import Path
 
 import click
 
+from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_SIZE
 from ..errors import AttnprobeError, RunError, RunInterrupted
-from ..run.options import DEFAULT_CHUNK_SIZE
-from ..run.plan import DEFAULT_BATCH_SIZE
-from .options import data_root_option, dtype_option, model_option, pickle_option, remote_code_option
+from .options import (
+    Command,
+    data_root_option,
+    dtype_option,
+    model_option,
+    pickle_option,
+    remote_code_option,
+)
 
 
 class OneLineErrors(click.Group):
@@ -67,7 +73,28 @@ class ShardType(click.ParamType):
         return k, n
 
 
-@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+EXAMPLES = {
+    "models": "attnprobe models",
+    "verify": "attnprobe verify --model gemma3-270m --long 600",
+    "check": "attnprobe check probes/gender.yaml",
+    "run": "attnprobe run probes/gender.yaml --limit 600 --no-head-effects",
+    "report": "attnprobe report reports/gender/smollm2-135m reports/gender/gemma3-270m",
+    "merge": "attnprobe merge reports/gender/smollm2-135m shard-1 shard-2",
+    "compare": "attnprobe compare reports/gender/smollm2-135m reports/gender/smollm2-135m-edited-leace-k1",
+}
+
+
+def subcommand(name: str):
+    """A command of the group, its help ending with its example."""
+    return main.command(name, cls=Command, epilog=f"Example: {EXAMPLES[name]}")
+
+
+@click.group(
+    cls=OneLineErrors,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Example: attnprobe run probes/gender.yaml (then open reports/gender/smollm2-135m/report.html). "
+    "Each command's help: attnprobe COMMAND --help.",
+)
 @click.version_option(package_name="attnprobe")
 @click.option("-q", "--quiet", is_flag=True, help="Only results and errors: no progress, log lines or notes.")
 @click.option(
@@ -76,17 +103,10 @@ class ShardType(click.ParamType):
 @click.pass_context
 def main(ctx, quiet, verbose):
     """Extract, verify and probe attention in causal language models."""
-    from transformers.utils import logging as hf_logging
-
-    if quiet and verbose:
-        raise click.UsageError("-q and -v contradict each other; give one")
-    hf_logging.disable_progress_bar()  # our own progress bar is enough; keep CI logs readable
-    if verbose or quiet:
-        hf_logging.set_verbosity_info() if verbose else hf_logging.set_verbosity_error()
-    ctx.obj = {"quiet": quiet}
+    ctx.obj = {"quiet": quiet, "verbose": verbose}  # the subcommand (options.Command) applies them
 
 
-@main.command()
+@subcommand("models")
 def models():
     """List the bundled model aliases and whether each is installed."""
     from ..model.bundled import bundled_status
@@ -96,7 +116,7 @@ def models():
         click.echo(f"{row['alias']:<14} {state:<12}  {row['description']}")
 
 
-@main.command()
+@subcommand("verify")
 @model_option
 @click.option(
     "--text", "texts", multiple=True, help="A text to check (repeatable); default: built-in probe sentences."
@@ -160,7 +180,7 @@ def _write_json(table, path: Path) -> None:
         ) from None
 
 
-@main.command()
+@subcommand("check")
 @click.argument("suite", type=click.Path(dir_okay=False))
 @click.option(
     "--model",
@@ -185,7 +205,7 @@ def check(suite, model_spec, limit, trust_remote_code, data_roots):
         click.echo(line)
 
 
-@main.command()
+@subcommand("run")
 @click.argument("suite", type=click.Path(dir_okay=False))
 @click.option(
     "--model", "model_spec", default=None, help="Model spec; default: the suite's `model`, else smollm2-135m."
@@ -310,32 +330,41 @@ def run(suite, model_spec, with_report, edit_files, skipped, **settings):
     n = manifest["n_prompts"]
     effects = manifest.get("head_effects")
     prompt_seconds = seconds - (effects["seconds"] if effects else 0.0)
-    click.echo(
-        f"{n} prompts on {manifest['model']['spec']} in {prompt_seconds:.1f} s ({n / prompt_seconds:.1f} "
-        "prompts/s, "
-        f"including model load) -> {result.directory}"
-    )
+    timing = [
+        f"{n} prompts on {manifest['model']['spec']} in {prompt_seconds:.1f} s "
+        f"({n / prompt_seconds:.1f} prompts/s, including model load) -> {result.directory}"
+    ]
     if effects:
-        click.echo(
-            f"head effects: {effects['n_items']} items, {effects.get('n_pairs', effects['n_items'])} (item, "
-            "counterfactual) pairs "
-            f"in {effects['seconds']:.1f} s ({len(effects['dropped'])} dropped, listed in manifest.json)"
+        timing.append(
+            f"head effects: {effects['n_items']} items, {effects.get('n_pairs', effects['n_items'])} "
+            f"(item, counterfactual) pairs in {effects['seconds']:.1f} s ({len(effects['dropped'])} "
+            "dropped, listed in manifest.json)"
         )
-    if shard:
-        click.echo(
-            f"shard {shard[0]} of {shard[1]} done; join all shards with: "
-            "attnprobe merge OUT_DIR SHARD_DIR ..."
-        )
+    if shard or not with_report:  # no statistics: what was computed, and where, is the result
+        for line in timing:
+            click.echo(line)
+        if shard:
+            click.echo(
+                f"shard {shard[0]} of {shard[1]} done; join all shards with: "
+                "attnprobe merge OUT_DIR SHARD_DIR ..."
+            )
         return
-    if with_report:
-        from ..report import headline, load_tables, write_report
+    import json
 
-        started = time.perf_counter()
-        if not quiet:
-            click.echo("statistics and report ...", err=True)
-        path = write_report(result.directory, progress=settings["progress"])
-        click.echo(f"report ({time.perf_counter() - started:.1f} s): {path}")
-        click.echo(headline(result, load_tables(result)))
+    from ..report import write_report
+    from ..report.summary import summary_lines
+
+    started = time.perf_counter()
+    if not quiet:
+        for line in timing:
+            click.echo(line, err=True)
+        click.echo("statistics and report ...", err=True)
+    write_report(result.directory, progress=settings["progress"])
+    if not quiet:
+        click.echo(f"statistics and report in {time.perf_counter() - started:.1f} s", err=True)
+    summary = json.loads((result.directory / "summary.json").read_text())
+    for line in summary_lines(summary):  # the result: a short table (the full prose is in the report)
+        click.echo(line)
 
 
 def _phases() -> bool | None:
@@ -344,7 +373,7 @@ def _phases() -> bool | None:
     return False if click.get_current_context().obj.get("quiet") else None
 
 
-@main.command()
+@subcommand("report")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
 @click.option(
     "--out",
@@ -358,7 +387,7 @@ def report(run_dirs, out):
     click.echo(f"report: {write_report(list(run_dirs), out, progress=_phases())}")
 
 
-@main.command()
+@subcommand("merge")
 @click.argument("out", type=click.Path(file_okay=False))
 @click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
 @click.option("--report/--no-report", "with_report", default=True, show_default=True)
@@ -376,7 +405,7 @@ def merge(out, shard_dirs, with_report):
         click.echo(f"report: {write_report(result.directory, progress=_phases())}")
 
 
-@main.command()
+@subcommand("compare")
 @click.argument("run_a", type=click.Path(file_okay=False, exists=True))
 @click.argument("run_b", type=click.Path(file_okay=False, exists=True))
 @click.option("--out", type=click.Path(file_okay=False), help="Directory; default reports/compare/<A>--<B>/.")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..edits.kinds import KINDS
-from ..edits.sweep import DEFAULT_K, DEFAULT_KINDS
+from ..defaults import DEFAULT_EDIT_K, DEFAULT_EDIT_KINDS, EDIT_KIND_NAMES
+from .options import command
 
 
 def _int_list(ctx, param, value):
@@ -17,18 +17,18 @@ def _int_list(ctx, param, value):
         raise click.BadParameter(f"{value!r}: whole numbers separated by commas, e.g. 1,2,5,10,20") from None
 
 
-@click.command()
+@command("attnprobe edit reports/gender/smollm2-135m --kinds zero,leace --k 1,5")
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
 @click.option(
     "--kinds",
-    default=",".join(DEFAULT_KINDS),
+    default=",".join(DEFAULT_EDIT_KINDS),
     show_default=True,
-    help=f"Head edit kinds, comma-separated: {', '.join(KINDS)}.",
+    help=f"Head edit kinds, comma-separated: {', '.join(EDIT_KIND_NAMES)}.",
 )
 @click.option(
     "--k",
     "ks",
-    default=",".join(map(str, DEFAULT_K)),
+    default=",".join(map(str, DEFAULT_EDIT_K)),
     show_default=True,
     callback=_int_list,
     help="Numbers of heads.",
@@ -45,7 +45,10 @@ def _int_list(ctx, param, value):
     help="Counterfactual word of the reference set; default the suite's last literal one (person).",
 )
 @click.option(
-    "--text", "text_file", type=click.Path(), help="Also report the log-loss change on this text file."
+    "--cost-text",
+    "text_file",
+    type=click.Path(),
+    help="Also report the log-loss change on this text file (--text in verify is a sentence).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(

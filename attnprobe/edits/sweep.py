@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..defaults import DEFAULT_EDIT_K, DEFAULT_EDIT_KINDS
 from ..errors import AttnprobeError
 from ..heads import HeadSet
 from ..measures.head_effects.selection import top_heads
@@ -44,8 +45,7 @@ from .inputs import Inputs, text_head
 from .kinds import KINDS, Heads, parse_heads
 from .passes import edited_behaviour, edited_text_costs
 
-DEFAULT_KINDS = ("zero", "orthogonal", "leace")  # the classic ablation, and the two that keep gender
-DEFAULT_K = (1, 5)
+DEFAULT_KINDS, DEFAULT_K = DEFAULT_EDIT_KINDS, DEFAULT_EDIT_K
 DEFAULT_DRAWS = 20
 RANDOM_EVERY = 4  # random head sets are edited on every 4th item
 

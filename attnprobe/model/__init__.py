@@ -12,14 +12,16 @@ the user cache directory, keyed by the file's SHA-256 and the transformers versi
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import torch
 
+from ..defaults import DEFAULT_MODEL, DTYPE_NAMES
 from ..errors import ModelSpecError
-from .bundled import BUNDLED, aliases_hint, bundled_gguf, cached_dir, cached_gguf_dir
+from .bundled import BUNDLED, aliases_hint, bundled_gguf, cached_dir, cached_gguf_dir, close_aliases
 from .checks import (
     check_device,
     check_gguf,
@@ -30,14 +32,7 @@ from .checks import (
     refuse_remote_code,
 )
 
-DEFAULT_MODEL = "smollm2-135m"
-
-DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 @dataclass(frozen=True)
@@ -76,11 +71,15 @@ class ProbeModel:
     info: ModelInfo
 
     def __getattr__(self, name: str):
+        if not METHODS and not name.startswith("_"):  # the package's public names register them on load
+            sys.modules[__name__.split(".")[0]]._load()
         if name in METHODS:
             return partial(METHODS[name], self)
         raise AttributeError(f"'ProbeModel' object has no attribute '{name}'")
 
     def __dir__(self):
+        if not METHODS:
+            sys.modules[__name__.split(".")[0]]._load()
         return sorted({*super().__dir__(), *METHODS})
 
     @property
@@ -211,6 +210,9 @@ def _resolve(spec: str, allow_pickle: bool, convert: bool = True) -> tuple[str, 
     if folder.is_dir():
         _check_weight_files(folder, allow_pickle)
         return str(folder), True, folder.name, None
+    near = close_aliases(spec)
+    if near and "/" not in spec:  # a mistyped alias, not a hub id: say which was meant
+        raise ModelSpecError(f"unknown model '{spec}'; did you mean {' or '.join(near)}? ({aliases_hint()})")
     if _looks_like_hub_id(spec):
         return spec, False, spec.split("/")[-1], None
     raise ModelSpecError(

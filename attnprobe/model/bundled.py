@@ -100,6 +100,14 @@ def files_sha256(paths) -> str:
     return digest.hexdigest()
 
 
+def close_aliases(spec: str) -> list[str]:
+    """Bundled aliases a spec is a near miss of (difflib ratio at least 0.75, case ignored)."""
+    import difflib
+
+    lowered = {alias.lower(): alias for alias in BUNDLED}
+    return [lowered[m] for m in difflib.get_close_matches(spec.lower(), list(lowered), n=2, cutoff=0.75)]
+
+
 def aliases_hint() -> str:
     return "bundled models: " + ", ".join(BUNDLED) + " (see `attnprobe models`)"
 

@@ -9,11 +9,14 @@ Numbers come from `attnprobe.stats`; context.py chooses the words, plots.py draw
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 from importlib.resources import files
 from pathlib import Path
 
 import jinja2
+import markupsafe
 import pandas as pd
 
 from .. import stats
@@ -27,8 +30,11 @@ from ..version import __version__
 from . import plots
 from .context import difference_context, run_context, run_labels
 from .headline import headline
+from .summary import summary_html
 
 __all__ = ["headline", "load_tables", "write_report"]
+
+SHARE_SHOWN = 10.0  # shares beyond 1,000% are ratios to a mean near 0: the report shows n/a
 
 
 def load_tables(
@@ -110,6 +116,32 @@ def _check_out(path: Path) -> None:
         )
 
 
+def share_text(value, digits: int = 0, percent: bool = True) -> str:
+    """A share as a percentage, or "n/a" where it is not finite or beyond +-1,000%: a ratio to a
+    mean near zero, which says nothing (the tables keep the number)."""
+    try:
+        ok = math.isfinite(value) and abs(value) <= SHARE_SHOWN
+    except TypeError:
+        ok = False
+    return f"{100 * value:.{digits}f}" + ("%" if percent else "") if ok else "n/a"
+
+
+def with_contents(html: str) -> str:
+    """The page with an id on every section heading (h2, h3) and a table of contents linking them
+    where the template marks it."""
+    entries = []
+
+    def anchor(match):
+        level, text = match[1], match[2]
+        entries.append((level, f"s{len(entries) + 1}", re.sub(r"<[^>]+>", "", text)))
+        return f'<h{level} id="{entries[-1][1]}">{text}</h{level}>'
+
+    html = re.sub(r"<h([23])>(.*?)</h\1>", anchor, html)
+    bold = {"2": ' class="run"', "3": ""}  # a run's own heading stands out from its sections
+    links = " ".join(f'<a href="#{key}"{bold[level]}>{text}</a>' for level, key, text in entries)
+    return html.replace("<!-- toc -->", f'<nav class="toc" aria-label="contents">Contents: {links}</nav>', 1)
+
+
 def write_report(run_dirs, out: str | Path | None = None, progress: bool | None = False) -> Path:
     """Write report.html for one run (into its directory) or a side-by-side report of several.
     `progress`: None shows the statistics and report phases (bars, or log lines off a terminal)."""
@@ -133,6 +165,7 @@ def write_report(run_dirs, out: str | Path | None = None, progress: bool | None 
         else (runs[0].directory / "report.html" if len(runs) == 1 else Path("reports") / "compare.html")
     )
     for context, run, table, label in zip(contexts, runs, tables, run_labels(contexts)):
+        context["findings"] = markupsafe.Markup(summary_html({**context["summary"], "report": None}))
         context["files"] = _table_links(
             run.directory, [name for name, t in table.items() if len(t)], path.parent
         )
@@ -141,6 +174,7 @@ def write_report(run_dirs, out: str | Path | None = None, progress: bool | None 
         difference_context(contexts, tables, path.parent / f"{path.stem}_figures") if len(runs) > 1 else None
     )
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    environment.filters["share"] = share_text
     template = environment.from_string(files(__package__).joinpath("report.html.j2").read_text())
     targets = list(
         dict.fromkeys(t for table in tables for t in table["head_stats"].get("target", pd.Series(dtype=str)))
@@ -156,8 +190,12 @@ def write_report(run_dirs, out: str | Path | None = None, progress: bool | None 
         view_js=files(__package__).joinpath("view.js").read_text(),
         tables_js=files(__package__).joinpath("tables.js").read_text(),
     )
+    html = with_contents(html)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda p: p.write_text(html, encoding="utf-8"))
+    for context, run in zip(contexts, runs):  # each run's key findings, pointing at this report
+        payload = json.dumps({**context["summary"], "report": str(path)}, indent=1)
+        atomic_write(run.directory / "summary.json", lambda p, text=payload: p.write_text(text))
     bar.step(f"written {path}")
     bar.close()
     return path

@@ -21,6 +21,7 @@ from . import plots
 from .figures import figure
 from .headline import _pooled, headline, split_levels
 from .sections import edits_context, effects_context, referents_context
+from .summary import strongest_head, summary
 
 
 def _records(tables: dict, name: str) -> list[dict]:
@@ -122,7 +123,8 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
                 "behaviour r by template",
             ),
         ]
-    rank = "interaction_r" if analysis.covariate else "d_z"
+    # the heads that pass, ordered by the rule that names the strongest head (summary.strongest_head)
+    rank = "interaction_per10" if analysis.covariate else "d_z"
     q_column = "interaction_q" if analysis.covariate else "difference_q"
     significant = heads[heads[q_column] < ALPHA] if len(heads) else heads
     top = (
@@ -130,7 +132,7 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         if len(heads)
         else heads
     )
-    strongest = top.iloc[0] if len(top) else None
+    strongest = strongest_head(heads, bool(analysis.covariate))
     b = _pooled(behavior)
     examples = (
         json.loads((run.directory / "examples.json").read_text())
@@ -167,8 +169,10 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "suite_sha": manifest["suite"]["sha256"],
         "finished": manifest.get("finished", ""),
         "headline": headline(run, tables),
+        "summary": summary(run, tables),
         "heatmaps": heatmaps,
-        "behavior_figures": behavior_figures,
+        "main_figure": behavior_figures[0] if behavior_figures else None,  # beside the key findings
+        "behavior_figures": behavior_figures[1:],
         "top_heads": top.to_dict("records"),
         "behavior": behavior.to_dict("records"),
         "behavior_pooled": b.to_dict() if b is not None else None,
@@ -179,7 +183,7 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         if len(heads)
         else {},
         "strongest": f"{HeadSet.name(strongest['layer'], strongest['head'])} -> {strongest['target']}, "
-        f"{rank} = {strongest[rank]:.2f}"
+        f"{rank} = {strongest[rank]:.4g}"
         if strongest is not None
         else "-",
         "view_start": f"{int(strongest['layer'])},{int(strongest['head'])},{strongest['target']}"

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt  # no backend switch: Jupyter's inline backend shows figures, scripts get Agg
 import numpy as np
 import pandas as pd
 import seaborn as sns
 
 Q_LEVEL = 0.05
+
+
+def _title(ax, text: str) -> None:
+    """A title wrapped to the figure's width (about 11 characters an inch at 9 points), never cut."""
+    width = max(20, int(11 * ax.figure.get_figwidth()))
+    lines = [wrapped for line in text.split("\n") for wrapped in textwrap.wrap(line, width) or [""]]
+    ax.set_title("\n".join(lines), fontsize=9)
 
 
 def head_heatmap(
@@ -46,7 +55,7 @@ def head_heatmap(
     ax.scatter(
         columns + 0.5, rows + 0.5, s=9, color="white", edgecolors="black", marker="o", linewidths=0.5
     )  # seen on any colour
-    ax.set_title(f"{title}\ndots: q < {Q_LEVEL} (BH)" if q else title, fontsize=9)
+    _title(ax, f"{title}\ndots: q < {Q_LEVEL} (BH)" if q else title)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     fig.tight_layout()
@@ -63,14 +72,17 @@ def largest_abs(values) -> float:
 def layer_profile(layers: pd.DataFrame, columns: dict[str, str], title: str):
     """Per layer, for each target: heads with q < 0.05 (one line per statistic and target)."""
     data = layers[layers["scope"] == "all"]
+    keys = [key for key in ("source", "target") if key in data]  # one line per attention entry
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    for target, group in data.groupby("target", sort=False):
+    for key, group in data.groupby(keys, sort=False):
+        group = group.sort_values("layer")  # a line runs through the layers once, never back
+        entry = " -> ".join(key) if len(keys) > 1 else key[0]
         for column, name in columns.items():
-            if column in group:
-                ax.plot(group["layer"], group[column], marker="o", markersize=3, label=f"{name}: {target}")
+            if column in group and group[column].notna().any():
+                ax.plot(group["layer"], group[column], marker="o", markersize=3, label=f"{name}: {entry}")
     ax.set_xlabel("layer")
     ax.set_ylabel(f"heads with q < {Q_LEVEL}")
-    ax.set_title(title, fontsize=9)
+    _title(ax, title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
@@ -94,7 +106,7 @@ def layer_shares(shares: pd.DataFrame, title: str):
     ax.axhline(0, color="#888888", linewidth=0.8)
     ax.set_xlabel("layer")
     ax.set_ylabel("share of the total effect")
-    ax.set_title(title, fontsize=9)
+    _title(ax, title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

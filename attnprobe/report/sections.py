@@ -3,6 +3,8 @@ referents (attention accuracy and the model's own choice), as the values the tem
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pyarrow as pa
 
@@ -28,6 +30,7 @@ def effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: di
             tables["head_effects_layer_shares"]["counterfactual"] == word
         ]
         name = "".join(c if c.isalnum() else "_" for c in str(word))
+        shown = word_name(word)
         exact = (
             info.get("exact", "all") == "all"
         )  # else only k heads were patched exactly: colour by attribution
@@ -38,21 +41,24 @@ def effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: di
                     word,
                     "mean_output_in" if exact else "mean_attribution_output",
                     "q",
-                    title=f"{slot} -> {word}: head output patched in"
+                    title=f"{slot} -> {shown}: head output patched in"
                     + ("" if exact else " (attribution;\nexact for the suite's heads)"),
                     label=label,
                 ),
                 figures_dir,
                 f"head_effects_{name}",
-                f"layer x head mean effect of patching each head's output, {slot} -> {word}",
-            ),
-            figure(
-                plots.layer_shares(shares, f"{slot} -> {word}: share of the total effect per layer"),
-                figures_dir,
-                f"layer_shares_{name}",
-                f"per-layer shares of the total effect, {slot} -> {word}",
+                f"layer x head mean effect of patching each head's output, {slot} -> {shown}",
             ),
         ]
+        if summary.get("te_nonzero", True):  # shares of a total effect near 0 say nothing: no figure
+            figures.append(
+                figure(
+                    plots.layer_shares(shares, f"{slot} -> {shown}: share of the total effect per layer"),
+                    figures_dir,
+                    f"layer_shares_{name}",
+                    f"per-layer shares of the total effect, {slot} -> {shown}",
+                )
+            )
         ranked = effects.dropna(subset=["mean_output_in"])
         direction = 1.0 if summary["te_mean"] >= 0 else -1.0
         top = (
@@ -60,7 +66,15 @@ def effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: di
             .sort_values("score", ascending=False)
             .head(5)
         )
-        sections.append({"word": word, "summary": summary, "figures": figures, "top": top.to_dict("records")})
+        sections.append(
+            {
+                "word": word,
+                "name": shown,
+                "summary": summary,
+                "figures": figures,
+                "top": top.to_dict("records"),
+            }
+        )
     if len(heads) and slot in set(heads["target"]):
         sections[0]["figures"].append(
             figure(
@@ -86,6 +100,19 @@ def effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: di
         "referents": analysis.referents,
         "answer": analysis.name(analysis.answer) if analysis.answer else None,
     }
+
+
+def word_name(word) -> str:
+    """A counterfactual as a reader names it: a word in quotes, a per-value template such as
+    {occupation.anti_stereotype} as "each occupation's anti-stereotype"."""
+    text = str(word)
+    if "{" not in text:
+        return f'"{text}"'
+    return (
+        re.sub(r"\{(\w+)\.(\w+)\}", lambda m: f"each {m[1]}'s {m[2].replace('_', '-')}", text)
+        .replace("{", "")
+        .replace("}", "")
+    )
 
 
 def referents_context(tables: dict, figures_dir, analysis) -> dict | None:

@@ -1,6 +1,6 @@
 // Sortable, filterable report tables, offline and dependency-free. Click a column header to sort
 // by it (numbers by value: "0.65 [0.36, 0.94]" sorts as 0.65, "12%" as 12; again to reverse); a
-// table of five or more rows gets a filter box that keeps the rows containing the typed text.
+// table of five or more rows gets a filter box that keeps the rows containing the typed text. The key-findings table is left as written.
 (function () {
   "use strict";
 
@@ -42,7 +42,7 @@
     table.parentNode.insertBefore(input, table);
   }
 
-  document.querySelectorAll("table").forEach(function (table) {
+  document.querySelectorAll("table:not(.findings)").forEach(function (table) {  // findings: read, not sorted
     if (!table.rows.length) return;
     Array.from(table.rows[0].cells).forEach(function (header, column) {
       header.style.cursor = "pointer";

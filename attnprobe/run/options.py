@@ -11,10 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_SIZE
 from ..errors import RunError
-from .plan import DEFAULT_BATCH_SIZE
-
-DEFAULT_CHUNK_SIZE = 512  # prompts per chunk written to disk
 
 
 def log_to_stderr(message: str) -> None:

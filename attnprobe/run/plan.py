@@ -131,9 +131,6 @@ class Batch:
         return len(self.indices)
 
 
-DEFAULT_BATCH_SIZE = 256  # prompts per forward pass: a packed forward holds few tokens per prompt
-
-
 def plan_batches(
     encoded: list[Encoded], batch_size: int, max_batch_tokens: int | None = None, share_prefixes: bool = False
 ) -> list[Batch]:

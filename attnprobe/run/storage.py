@@ -58,6 +58,7 @@ DERIVED = tuple(f"{name}.{ext}" for name in STATS_TABLES + EDIT_TABLES for ext i
     "edits/quarters",  # the fitted edits `attnprobe edit` saves (edits/NAME.json + .safetensors)
     "edits",
     "report.html",
+    "summary.json",  # the key findings the report writes (report.summary)
 )
 # Chunk files per phase, by file prefix: the prompts (every per-batch kind, the first names the row
 # count) and each kind's own phases.

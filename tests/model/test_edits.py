@@ -220,7 +220,7 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     result = CliRunner().invoke(
         main,
         ["edit", str(out), "--kinds", "zero,mean,resample,scale,project", "--k", "1,2"]
-        + ["--draws", "3", "--text", str(tmp_path / "text.txt")],
+        + ["--draws", "3", "--cost-text", str(tmp_path / "text.txt")],
     )
     assert result.exit_code == 0, result.output
     edits = pd.read_csv(out / "edits.csv")
@@ -289,7 +289,7 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     again = CliRunner().invoke(
         main,
         ["edit", str(out), "--kinds", "zero,mean,resample,scale,project", "--k", "1,2"]
-        + ["--draws", "3", "--text", str(tmp_path / "text.txt")],
+        + ["--draws", "3", "--cost-text", str(tmp_path / "text.txt")],
     )
     # 5 kinds and the heads alone
     assert again.exit_code == 0 and again.output.count("read from an earlier session") == 6
@@ -306,7 +306,7 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     for extra, message in (
         (["--heads", "L40H3"], "head L40H3 is not in this model (2 layers"),
         (["--k", "5"], "k 5 leaves none of this model's 4 heads"),
-        (["--k", "1", "--text", str(tmp_path / "empty.txt")], "has no text to score"),
+        (["--k", "1", "--cost-text", str(tmp_path / "empty.txt")], "has no text to score"),
         (["--kinds", "melt"], "unknown edit kind melt"),
         (
             ["--k", "1", "--reference", "robot"],

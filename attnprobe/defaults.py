@@ -1,0 +1,11 @@
+"""Defaults and names the command line shows in its help, kept free of heavy imports so that
+`attnprobe --help` starts at once (the rooms that use them import them from here; a test checks
+each list against the registry it names)."""
+
+DEFAULT_MODEL = "smollm2-135m"
+DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")  # keys of model.DTYPES
+DEFAULT_BATCH_SIZE = 256  # prompts per forward pass: a packed forward holds few tokens per prompt
+DEFAULT_CHUNK_SIZE = 512  # prompts per chunk written to disk
+EDIT_KIND_NAMES = ("zero", "mean", "resample", "scale", "project", "orthogonal", "leace")  # edits.kinds.KINDS
+DEFAULT_EDIT_KINDS = ("zero", "orthogonal", "leace")  # the classic ablation, and the two that keep gender
+DEFAULT_EDIT_K = (1, 5)
