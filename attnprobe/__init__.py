@@ -58,8 +58,8 @@ def _load() -> None:
     """Import the public names into the package and register what they need, once."""
     from importlib import import_module
 
-    from . import model
-    from .forward import capture  # registers the "attnprobe" attention function with transformers
+    model = import_module(".model", __name__)
+    capture = import_module(".forward.capture", __name__)  # registers the attention function
 
     names = {name: getattr(import_module(f".{where}", __name__), name) for name, where in _WHERE.items()}
     globals().update(names, capture=capture, edits=import_module(".edits", __name__))
@@ -79,6 +79,11 @@ def __getattr__(name: str):
     if name in _WHERE or name in _MODULES:
         _load()
         return globals()[name]
+    from importlib import import_module
+    from importlib.util import find_spec
+
+    if not name.startswith("_") and find_spec(f"{__name__}.{name}") is not None:  # ap.model, ap.stats
+        return import_module(f".{name}", __name__)
     raise AttributeError(f"module 'attnprobe' has no attribute '{name}'")
 
 

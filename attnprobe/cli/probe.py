@@ -10,7 +10,7 @@ import click
 from .options import command, model_option, pickle_option, remote_code_option
 
 
-@command('attnprobe probe doc.txt --source pronoun   (doc.txt: "The [nurse] said that [pronoun: she]")')
+@command("attnprobe probe doc.txt --source occupation   (doc.txt: 'The [occupation: nurse] said ...')")
 @click.argument("text_file", type=click.Path(dir_okay=False, exists=True))
 @model_option
 @click.option("--source", help="The bracketed span to read from; default the last one.")

@@ -15,7 +15,9 @@ Q_LEVEL = 0.05
 def _title(ax, text: str) -> None:
     """A title wrapped to the figure's width (about 11 characters an inch at 9 points), never cut."""
     width = max(20, int(11 * ax.figure.get_figwidth()))
-    lines = [wrapped for line in text.split("\n") for wrapped in textwrap.wrap(line, width) or [""]]
+    lines = [
+        w for line in text.split("\n") for w in textwrap.wrap(line, width, break_on_hyphens=False) or [""]
+    ]
     ax.set_title("\n".join(lines), fontsize=9)
 
 

@@ -89,7 +89,7 @@ def test_quiet_run_prints_only_results(tiny_llama_dir, tmp_path):
         "statistics: held_out (8 of 8",
         "report: figures of ",
         "report: written ",
-        "report (",
+        "statistics and report in ",
     ):
         assert phase in loud.output, (phase, loud.output)
     assert (

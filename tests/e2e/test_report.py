@@ -468,3 +468,47 @@ def test_the_chosen_heads_interval_is_adjusted_for_the_choice():
     }
     group = pd.DataFrame({"level_q": [0.5, 0.42], **{f"level_{k}": [v, v] for k, v in placebo.items()}})
     assert "24 heads at p < 0.05 against 6.3 on average (95th percentile 17)" in _not_absence(group, "level")
+
+
+FIRST_SCREEN = """<script>
+window.addEventListener("load", function () {
+  const box = (selector) => { const el = document.querySelector(selector); return el ? el.getBoundingClientRect() : null; };
+  const table = box("table.findings"), image = box("figure.main img"), text = document.body.innerText;
+  const shares = (text.match(/-?[0-9][0-9,]*(\\.[0-9]+)?%/g) || []).map((s) => Math.abs(parseFloat(s.replace(/,/g, ""))));
+  document.body.setAttribute("data-result", JSON.stringify({
+    table: table && [table.bottom, table.right], image: image && [image.bottom, image.right, image.height],
+    toc: document.querySelectorAll("nav.toc a").length, templates: (text.match(/[{][a-z_]+[.][a-z_]+[}]/g) || []).length,
+    largest_share: Math.max(0, ...shares), infinite: (text.match(/inf%/g) || []).length}));
+});
+</script>"""
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed: `apt-get install -y chromium` (make test installs it)"
+)
+def test_report_opens_on_its_findings_in_chromium(reported, tmp_path):
+    """At 1400 x 900 the key-findings table and the behaviour figure are on the first screen, a table
+    of contents links the sections, and nothing misleads: no unfilled {slot.field} template, no share
+    above 1,000% or infinite, one strongest head wherever one is named."""
+    _, path = reported
+    html = path.read_text()
+    probe = path.with_name("first_screen.html")
+    probe.write_text(html.replace("</body>", FIRST_SCREEN + "</body>"))
+    dom, log = chromium(
+        "--dump-dom", "--window-size=1400,900", "--virtual-time-budget=5000", url=probe.as_uri()
+    )
+    assert "Uncaught" not in log and "ERROR:CONSOLE" not in log, log[-2000:]
+    r = json.loads(re.search(r'data-result="([^"]*)"', dom).group(1).replace("&quot;", '"'))
+    assert r["table"] and r["table"][0] <= 900 and r["table"][1] <= 1400, r
+    assert r["image"] and r["image"][0] <= 900 and r["image"][1] <= 1400 and r["image"][2] > 200, r
+    assert r["toc"] >= 8 and r["templates"] == 0 and r["infinite"] == 0 and r["largest_share"] <= 1000, r
+    named = set(re.findall(r"strongest (L\d+H\d+)", html)) | set(
+        re.findall(r"most strongly (L\d+H\d+)", html)
+    )
+    top = re.search(r"<h3[^>]*>Top heads</h3>.*?<tr><td>(\d+)</td><td>(\d+)</td>", html, re.S)
+    if top:  # the table's first row is the strongest head by the same rule
+        named.add(f"L{top[1]}H{top[2]}")
+    view = re.search(r'data-start="(\d+),(\d+),', html)  # the attention view starts at that head
+    if named and view:
+        named.add(f"L{view[1]}H{view[2]}")
+    assert len(named) <= 1, named

@@ -1,0 +1,75 @@
+"""The user's pages: README.md as a page to read in minutes, every code block in README and docs/
+either checked against the file it shows or marked illustrative, the help defaults in step with
+the registries they name, and the license and citation files present."""
+
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text().splitlines()
+
+
+def first_line(text: str) -> int:
+    """1-based number of the README's first line containing `text`."""
+    return next(i for i, line in enumerate(README, 1) if text in line)
+
+
+def test_readme_is_a_short_page_with_the_essentials_first():
+    assert len(README) <= 200
+    dated = [line for line in README if re.search(r"\b20\d\d-\d\d-\d\d\b", line)]
+    assert not dated, dated  # measurements with dates live in docs/ and benchmarks/results/
+    assert first_line("make demo") <= 30 and first_line("make test") <= 30
+    assert first_line("attnprobe run probes/gender.yaml") <= 60 and first_line("In plain words") <= 60
+    assert first_line("same-as: probes/minimal.yaml") <= 150 and first_line("import attnprobe as ap") <= 150
+
+
+def fenced_blocks(path: Path):
+    """(marker line before the block, the block's text) for every fenced block of a page."""
+    lines = path.read_text().splitlines()
+    inside, start, blocks = False, 0, []
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            if not inside:
+                start = i
+            else:
+                blocks.append((lines[start - 1] if start else "", "\n".join(lines[start + 1 : i])))
+            inside = not inside
+    assert not inside, f"{path}: an unclosed code block"
+    return blocks
+
+
+def test_every_code_block_is_checked_or_marked_illustrative():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    count = 0
+    for page in pages:
+        for marker, body in fenced_blocks(page):
+            count += 1
+            same = re.fullmatch(r"<!-- same-as: (\S+) -->", marker)
+            if same:  # the block shows a shipped file: it must be that file
+                assert body + "\n" == (ROOT / same[1]).read_text(), f"{page}: block differs from {same[1]}"
+            elif body.startswith("--8<--"):  # included from the file itself at build time
+                assert (ROOT / body.split('"')[1]).is_file()
+            else:
+                assert marker == "<!-- illustrative -->", (
+                    f"{page}: a code block without a marker: {body[:60]}"
+                )
+    assert count > 10
+
+
+def test_help_defaults_name_what_the_registries_hold():
+    from attnprobe.defaults import DTYPE_NAMES, EDIT_KIND_NAMES
+    from attnprobe.edits.kinds import KINDS
+    from attnprobe.model import DTYPES
+
+    assert EDIT_KIND_NAMES == tuple(KINDS) and DTYPE_NAMES == tuple(DTYPES)
+
+
+def test_license_citation_and_changelog():
+    assert "MIT License" in (ROOT / "LICENSE").read_text()
+    assert 'license = "MIT"' in (ROOT / "pyproject.toml").read_text()
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert citation["cff-version"] == "1.2.0" and citation["license"] == "MIT" and citation["title"]
+    version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    assert citation["version"] == version and f"## {version}" in (ROOT / "CHANGELOG.md").read_text()
