@@ -15,9 +15,10 @@ import pandas as pd
 from .. import run as run_package
 from ..edits import EditOptions, run_edits
 from ..errors import AnalysisError
-from ..report import headline, load_tables, write_report
+from ..report import load_tables, write_report
 from ..report.compare import compare_runs
 from ..report.plots import head_heatmap
+from ..report.summary import summary, summary_html
 from ..run.merge import merge_shards as _merge_into
 from ..run.options import RunOptions
 from ..run.reader import RunFiles
@@ -151,8 +152,13 @@ class Run(RunFiles):
         return (
             f"<div><b>attnprobe run</b> {escape(m['suite']['name'])} on {escape(m['model']['spec'])}: "
             f"{m['n_prompts']} prompts, {escape(m['dtype'])}, <code>{escape(str(self.directory))}</code>"
-            f"<p>{escape(headline(self, self._tables()))}</p></div>"
+            f"{summary_html(self.summary)}</div>"
         )
+
+    @property
+    def summary(self) -> dict:
+        """The key findings (as summary.json holds them; `attnprobe run`'s closing table)."""
+        return summary(self, self._tables())
 
 
 def run_suite(suite, model=None, options: RunOptions | None = None, **settings) -> Run:
