@@ -88,7 +88,7 @@ def effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: di
         )
     return {
         "slot": slot,
-        "words": words,
+        "words": [word_name(w) for w in words],  # as a reader names them
         "sections": sections,
         "seconds": info.get("seconds"),
         "dropped": info.get("dropped", []),

@@ -473,7 +473,9 @@ def test_the_chosen_heads_interval_is_adjusted_for_the_choice():
 FIRST_SCREEN = """<script>
 window.addEventListener("load", function () {
   const box = (selector) => { const el = document.querySelector(selector); return el ? el.getBoundingClientRect() : null; };
-  const table = box("table.findings"), image = box("figure.main img"), text = document.body.innerText;
+  const page = document.body.cloneNode(true);  // the suite's own templates are shown as written
+  page.querySelectorAll("table.templates, script, style").forEach((el) => el.remove());
+  const table = box("table.findings"), image = box("figure.main img"), text = page.textContent;
   const shares = (text.match(/-?[0-9][0-9,]*(\\.[0-9]+)?%/g) || []).map((s) => Math.abs(parseFloat(s.replace(/,/g, ""))));
   document.body.setAttribute("data-result", JSON.stringify({
     table: table && [table.bottom, table.right], image: image && [image.bottom, image.right, image.height],
