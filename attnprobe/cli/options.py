@@ -20,20 +20,11 @@ class Command(click.Command):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.params += [
-            click.Option(
-                ["-q", "--quiet"],
-                is_flag=True,
-                expose_value=False,
-                callback=_verbosity,
-                help="Only results and errors (as `attnprobe -q`).",
-            ),
-            click.Option(
-                ["-v", "--verbose"],
-                is_flag=True,
-                expose_value=False,
-                callback=_verbosity,
-                help="Also transformers' log lines (as `attnprobe -v`).",
-            ),
+            click.Option(flags, is_flag=True, expose_value=False, callback=_verbosity, help=text)
+            for flags, text in (
+                (["-q", "--quiet"], "Only results and errors (as `attnprobe -q`)."),
+                (["-v", "--verbose"], "Also transformers' log lines (as `attnprobe -v`)."),
+            )
         ]
 
     def invoke(self, ctx):

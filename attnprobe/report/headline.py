@@ -12,6 +12,7 @@ from ..heads import HeadSet
 from ..run.reader import RunFiles
 from ..schema.analysis import few_levels_notes
 from ..stats import ALPHA, held_out_interaction, run_analysis
+from .summary import strongest_head
 
 
 def _pooled(behavior: pd.DataFrame):
@@ -112,7 +113,7 @@ def headline(run: RunFiles, tables: dict) -> str:
                 f"(p = {held['held_out_p']:.2g})"
             )
             if len(hits):
-                top = hits.loc[hits["interaction_per10"].abs().idxmax()]
+                top = strongest_head(group, covariate=True)
                 low, high = _chosen_interval(top, "interaction_per10", len(group))
                 parts.append(
                     f"in {len(hits)} of {len(group)} heads the {pos} - {neg} attention to the {target} "
@@ -146,7 +147,7 @@ def headline(run: RunFiles, tables: dict) -> str:
         where = source.removeprefix("before_")
         text = f"at the token before the {where}, " if where != source else ""
         if len(hits):
-            top = hits.loc[hits["level_per10"].abs().idxmax()]
+            top = strongest_head(group, covariate=True, level=True)
             parts.append(
                 f"{text}the attention to the {target} changes with {analysis.name(analysis.covariate)} in "
                 f"{len(hits)} of {len(group)} heads (q < {ALPHA}), most strongly "

@@ -103,16 +103,9 @@ def effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: di
 
 
 def word_name(word) -> str:
-    """A counterfactual as a reader names it: a word in quotes, a per-value template such as
+    """A counterfactual as a reader names it: a word as it is, a per-value template such as
     {occupation.anti_stereotype} as "each occupation's anti-stereotype"."""
-    text = str(word)
-    if "{" not in text:
-        return f'"{text}"'
-    return (
-        re.sub(r"\{(\w+)\.(\w+)\}", lambda m: f"each {m[1]}'s {m[2].replace('_', '-')}", text)
-        .replace("{", "")
-        .replace("}", "")
-    )
+    return re.sub(r"\{(\w+)\.(\w+)\}", lambda m: f"each {m[1]}'s {m[2].replace('_', '-')}", str(word))
 
 
 def referents_context(tables: dict, figures_dir, analysis) -> dict | None:

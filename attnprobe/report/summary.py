@@ -158,6 +158,11 @@ def _f(value, digits: int = 2, sign: bool = False) -> str:
     return "n/a" if value is None else f"{value:{'+' if sign else ''}.{digits}f}"
 
 
+def _g(value) -> str:
+    """A p-value or a covariate value in two significant digits, "n/a" where there is none."""
+    return "n/a" if value is None else f"{value:.2g}"
+
+
 def summary_rows(s: dict) -> list[tuple[str, str]]:
     """(label, text) rows of the key-findings table, shared by the terminal and the HTML views."""
     rows = [("run", f"{s['suite']} on {s['model']}, {s['n_prompts']:,} prompts")]
@@ -172,11 +177,11 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
             (
                 "",
                 f"{_f(b['slope_per10'], 3, True)} [{_f(low, 3, True)}, {_f(high, 3, True)}], "
-                f"p {b['slope_p']:.2g}, {b['n_units']} {b['unit']}s (clusters: {b['clusters']})",
+                f"p {_g(b['slope_p'])}, {b['n_units']} {b['unit']}s (clusters: {b['clusters']})",
             ),
             (
                 "in words",
-                f"from {b['odds_from']:g} to {b['odds_to']:g} points, the odds of {pos} over {neg} "
+                f"from {_g(b['odds_from'])} to {_g(b['odds_to'])} points, the odds of {pos} over {neg} "
                 f"x{_f(b['odds_ratio'], 1)} [{_f(b['odds_ratio_ci'][0], 1)}, {_f(b['odds_ratio_ci'][1], 1)}]",
             ),
         ]
@@ -206,7 +211,7 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
                     "held out",
                     f"{h['target']}: top {held['k']} heads keep sign {held['same_sign']}/{held['of']} "
                     f"(random {_f(held['same_sign_random'], 1)}), r {_f(held['r'])} "
-                    f"(random {_f(held['r_random'])}), p {held['p']:.2g}",
+                    f"(random {_f(held['r_random'])}), p {_g(held['p'])}",
                 )
             )
     if s["report"]:

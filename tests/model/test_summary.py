@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from attnprobe.cli import main
 from attnprobe.report import share_text, with_contents
+from attnprobe.report.headline import split_levels
 from attnprobe.report.plots import head_heatmap, layer_profile
 from attnprobe.report.sections import word_name
 from attnprobe.report.summary import WIDTH, strongest_head, summary_lines
@@ -50,7 +51,7 @@ def test_summary_json_holds_the_tables_numbers(minimal_run):
     # the BLS shares' 10th and 90th percentiles round to 10 and 90: the odds over 8 tens of points
     assert (b["odds_from"], b["odds_to"]) == (10, 90)
     assert b["odds_ratio"] == pytest.approx(math.exp(8 * behavior["slope_per10"]), rel=1e-12)
-    heads = pd.read_parquet(out / "head_stats.parquet").query("scope == 'all' and level.isna()")
+    heads, _ = split_levels(pd.read_parquet(out / "head_stats.parquet"))
     (entry,) = s["heads"]
     assert entry["n_heads"] == len(heads) == 4  # 2 layers x 2 heads
     assert entry["n_passing"] == int((heads["interaction_q"] < 0.05).sum())
@@ -101,7 +102,7 @@ def test_shares_beyond_a_thousand_percent_or_infinite_are_not_shown():
 
 def test_a_per_value_counterfactual_is_named_in_words():
     assert word_name("{occupation.anti_stereotype}") == "each occupation's anti-stereotype"
-    assert word_name("woman") == '"woman"'
+    assert word_name("woman") == "woman"
 
 
 def test_titles_wrap_instead_of_being_cut():

@@ -53,6 +53,7 @@ def _imports(name: str) -> set[str]:
 FORK_EACH = """
 import importlib, os, sys, traceback
 import attnprobe
+attnprobe._load()  # the public names load lazily: torch, transformers, ... once, in the parent
 for loaded in [m for m in sys.modules if m == "attnprobe" or m.startswith("attnprobe.")]:
     del sys.modules[loaded]
 failed, running = [], {}
