@@ -19,9 +19,9 @@ from ..stats import ALPHA, run_analysis
 from ..stats.multiple_choice import choice_setting
 from . import plots
 from .figures import figure
-from .headline import _pooled, headline, split_levels
+from .headline import headline
 from .sections import edits_context, effects_context, referents_context
-from .summary import strongest_head, summary
+from .summary import pooled_row, split_levels, strongest_head, summary
 
 
 def _records(tables: dict, name: str) -> list[dict]:
@@ -133,7 +133,7 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         else heads
     )
     strongest = strongest_head(heads, bool(analysis.covariate))
-    b = _pooled(behavior)
+    b = pooled_row(behavior)
     examples = (
         json.loads((run.directory / "examples.json").read_text())
         if (run.directory / "examples.json").is_file()

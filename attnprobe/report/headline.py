@@ -12,28 +12,13 @@ from ..heads import HeadSet
 from ..run.reader import RunFiles
 from ..schema.analysis import few_levels_notes
 from ..stats import ALPHA, held_out_interaction, run_analysis
-from .summary import strongest_head
-
-
-def _pooled(behavior: pd.DataFrame):
-    rows = behavior[behavior["scope"] == "all"] if len(behavior) else behavior
-    return rows.iloc[0] if len(rows) else None
+from .summary import pooled_row, split_levels, strongest_head
 
 
 def _fmt(value, digits=2) -> str:
     return (
         "nan" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
     )
-
-
-def split_levels(head_stats: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(paired rows, level rows) of the pooled scope: level rows are measures read before the
-    contrast (no paired difference; stats.attention._level)."""
-    heads = head_stats[head_stats["scope"] == "all"] if len(head_stats) else head_stats
-    if "level" not in heads:
-        return heads, heads.iloc[0:0]
-    level = heads["level"].notna()
-    return heads[~level], heads[level]
 
 
 def _chosen_interval(row, column: str, m: int) -> tuple[float, float]:
@@ -82,7 +67,7 @@ def headline(run: RunFiles, tables: dict) -> str:
         )
     model, pos, neg = run.manifest["model"]["spec"], analysis.positive, analysis.negative
     parts = []
-    b = _pooled(tables["behavior"])
+    b = pooled_row(tables["behavior"])
     if b is not None and analysis.covariate:
         per = f"per 10 {analysis.name(analysis.covariate)} points"
         parts.append(

@@ -31,6 +31,22 @@ def strongest_head(heads: pd.DataFrame, covariate: bool, level: bool = False) ->
     return passing.loc[passing[size].abs().idxmax()] if len(passing) else None
 
 
+def pooled_row(behavior: pd.DataFrame) -> pd.Series | None:
+    """The behaviour table's row over all templates (scope `all`), or None."""
+    rows = behavior[behavior["scope"] == "all"] if len(behavior) else behavior
+    return rows.iloc[0] if len(rows) else None
+
+
+def split_levels(head_stats: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(paired rows, level rows) of the pooled scope: level rows are measures read before the
+    contrast (no paired difference; stats.attention._level)."""
+    heads = head_stats[head_stats["scope"] == "all"] if len(head_stats) else head_stats
+    if "level" not in heads:
+        return heads, heads.iloc[0:0]
+    level = heads["level"].notna()
+    return heads[~level], heads[level]
+
+
 def _test(covariate: bool, level: bool = False) -> tuple[str, str]:
     """(q column, size column) of the head test the summary reports."""
     if level:
@@ -53,11 +69,9 @@ def _span(values: pd.Series) -> tuple[float, float]:
 
 
 def _behaviour(run, tables: dict, analysis) -> dict | None:
-    behavior = tables.get("behavior")
-    rows = behavior[behavior["scope"] == "all"] if behavior is not None and len(behavior) else None
-    if rows is None or not len(rows):
+    b = pooled_row(tables["behavior"]) if "behavior" in tables else None
+    if b is None:
         return None
-    b = rows.iloc[0]
     out = {"cut": str(b["cut"]), "clusters": str(b["clusters"])}
     if analysis.covariate and "slope_per10" in b:
         low, high = _span(run.prompts.groupby(analysis.unit)[analysis.covariate].first())
@@ -84,8 +98,6 @@ def _behaviour(run, tables: dict, analysis) -> dict | None:
 
 
 def _heads(tables: dict, analysis) -> list[dict]:
-    from .headline import split_levels  # headline imports this module
-
     heads, levels = split_levels(tables["head_stats"])
     entries = [(group, False) for _, group in heads.groupby("target", sort=False)]
     if analysis.covariate and "level_q" in levels:

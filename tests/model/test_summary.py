@@ -14,10 +14,9 @@ from click.testing import CliRunner
 
 from attnprobe.cli import main
 from attnprobe.report import share_text, with_contents
-from attnprobe.report.headline import split_levels
 from attnprobe.report.plots import head_heatmap, layer_profile
 from attnprobe.report.sections import word_name
-from attnprobe.report.summary import WIDTH, strongest_head, summary_lines
+from attnprobe.report.summary import WIDTH, split_levels, strongest_head, summary_lines
 
 MINIMAL = Path(__file__).resolve().parents[2] / "probes" / "minimal.yaml"
 
