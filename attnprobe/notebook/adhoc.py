@@ -14,7 +14,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from ..errors import SuiteError
+from ..errors import AnalysisError, SuiteError
 from ..forward.capture import pad_right, run_with_capture
 from ..forward.longdoc import CHUNK_TOKENS, read_rows
 from ..model import ProbeModel, load_model
@@ -185,3 +185,23 @@ def _frame(n: int, sentence: dict, name: str, weights: torch.Tensor) -> pd.DataF
             "weight": weights.reshape(-1).float().numpy(),
         }
     )
+
+
+def recompute_attention(model, text: str, n_tokens: int, layer: int, head: int) -> pd.DataFrame:
+    """The (T, T) attention weights of one head for `text` as a run tokenised it (`n_tokens` with
+    the BOS token a suite's `first_token: bos` prepends): rows are queries, columns keys, each
+    labelled "position:token"."""
+    pm = model_of(model)
+    ids = pm.tokenizer(text)["input_ids"]
+    if len(ids) == n_tokens - 1:  # the run prepended the BOS (else end-of-text) token
+        bos = pm.tokenizer.bos_token_id
+        ids = [pm.tokenizer.eos_token_id if bos is None else bos, *ids]
+    if len(ids) != n_tokens:
+        raise AnalysisError(
+            f"the model's tokenizer gives {len(ids)} tokens for this prompt, the run recorded {n_tokens}: "
+            "pass the run's own model"
+        )
+    captured = run_with_capture(pm, torch.tensor([ids]), layers=[layer])
+    weights = captured.weights[layer][0, head].float().numpy()  # (T, T): queries x keys
+    labels = [f"{i}:{pm.tokenizer.decode([t])}" for i, t in enumerate(ids)]
+    return pd.DataFrame(weights, index=pd.Index(labels, name="query"), columns=pd.Index(labels, name="key"))

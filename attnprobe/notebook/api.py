@@ -10,18 +10,22 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pandas as pd
 
 from .. import run as run_package
 from ..edits import EditOptions, run_edits
 from ..errors import AnalysisError
+from ..measures import table_names
+from ..model import load_model
 from ..report import load_tables, write_report
 from ..report.compare import compare_runs
 from ..report.plots import head_heatmap
-from ..report.summary import summary, summary_html
+from ..report.summary import split_levels, strongest_head, summary, summary_html
 from ..run.merge import merge_shards as _merge_into
 from ..run.options import RunOptions
 from ..run.reader import RunFiles
+from ..store import write_csv, write_parquet
 
 
 class Run(RunFiles):
@@ -93,6 +97,64 @@ class Run(RunFiles):
         {table: rows} per measure (e.g. compare_next_token: the gradient's change with its CI)."""
         return compare_runs(self, other)
 
+    def __getattr__(self, name: str):
+        """Beyond the measures' own tables (RunFiles), every statistics table of the run by its name
+        (held_out, direct_attribution_shares, ...), as the report reads it. Statistics look up
+        optional attributes of the run themselves: while they are computed, a missing one is missing."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("_") or self.__dict__.get("_busy"):
+                raise
+        self.__dict__["_busy"] = True
+        try:
+            found = name in table_names(self) and self._tables()
+        finally:
+            del self.__dict__["_busy"]
+        if not found:
+            raise AttributeError(f"'Run' object has no attribute '{name}'")
+        return found[name]
+
+    def __dir__(self):
+        return sorted({*super().__dir__(), *self._tables()})
+
+    def export(self, name: str, path) -> Path:
+        """Write one of the run's statistics tables (by name, e.g. "head_stats") to `path`: Parquet
+        (typed, as computed) for a .parquet name, else CSV (text a spreadsheet would run as a formula
+        gets a leading ')."""
+        if name not in self._tables():
+            raise AnalysisError(f"no table {name!r} in this run; tables: {', '.join(sorted(self._tables()))}")
+        path = Path(path)
+        (write_parquet if path.suffix == ".parquet" else write_csv)(self._tables()[name], path)
+        return path
+
+    def attention_matrix(self, prompt_id: int, layer: int, head: int, model=None) -> pd.DataFrame:
+        """One head's whole attention matrix for one of the run's prompts: a row per query token and a
+        column per key token ("position:token"), weights after softmax. The run stored only the rows
+        its measures read, so the matrix is recomputed with the run's model (`model`, else loaded from
+        the manifest's spec and dtype); the rows the run recorded are the same weights."""
+        from .adhoc import recompute_attention
+
+        if self.manifest.get("edits"):
+            raise AnalysisError(
+                "this run was made with saved edits applied; recompute its attention inside "
+                "`with ap.edited(model, *edits):` with model.capture([text])"
+            )
+        prompts = self.prompts.set_index("prompt_id")
+        if prompt_id not in prompts.index:
+            some = ", ".join(map(str, prompts.index[:5]))
+            raise AnalysisError(
+                f"no prompt {prompt_id!r} in this run; its prompt ids: {some}, ... (run.prompts)"
+            )
+        m = self.manifest["model"]
+        if not (0 <= layer < m["n_layers"] and 0 <= head < m["n_heads"]):
+            raise AnalysisError(
+                f"L{layer}H{head} is outside the model's {m['n_layers']} layers x {m['n_heads']} heads"
+            )
+        prompt = prompts.loc[prompt_id]
+        model = model or load_model(m["spec"], dtype=self.manifest["dtype"])
+        return recompute_attention(model, prompt["text"], int(prompt["n_tokens"]), layer, head)
+
     def _tables(self) -> dict:
         if "_stats" not in self.__dict__:
             self.__dict__["_stats"] = load_tables(self, write=False)
@@ -131,16 +193,18 @@ class Run(RunFiles):
         if target not in targets:
             raise AnalysisError(f"no attention target {target!r} in this run; targets: {', '.join(targets)}")
         title = f"{source} -> {target}: {statistic}"
-        return head_heatmap(heads, target, value, q, title=title, label=value)
+        figure = head_heatmap(heads, target, value, q, title=title, label=value)
+        plt.close(figure)  # returned, so Jupyter shows it once (pyplot would show it again at the cell's end)
+        return figure
 
     def attention_view(self, start: tuple[int, int] | None = None, html_action: str = "view"):
         """The report's attention view of this run's example prompts, in the notebook (offline)."""
         from .views import attention_view
 
-        heads = self.head_stats[self.head_stats["scope"] == "all"] if len(self.head_stats) else None
-        if start is None and heads is not None and len(heads):
-            best = heads.loc[heads["d_z"].abs().idxmax()]
-            start = (int(best["layer"]), int(best["head"]))
+        if start is None:  # the strongest head, as the report names it (report.summary)
+            heads, _ = split_levels(self.head_stats)
+            best = strongest_head(heads, "interaction_q" in heads)
+            start = (int(best["layer"]), int(best["head"])) if best is not None else None
         return attention_view(self, start=start or (0, 0), html_action=html_action)
 
     def report(self) -> Path:

@@ -134,3 +134,39 @@ def test_contents_link_every_section():
     assert '<nav class="toc" aria-label="contents">' in html
     assert '<h2 id="s1">run</h2>' in html and '<h3 id="s2">heads <b>a</b></h3>' in html
     assert '<a href="#s2">heads a</a>' in html
+
+
+def test_the_notebook_run_opens_every_table_and_one_heads_matrix(minimal_run, tiny_llama_dir, tmp_path):
+    from attnprobe import Run
+    from attnprobe.errors import AnalysisError
+
+    out, _ = minimal_run
+    run = Run(out)
+    assert run.held_out.equals(pd.read_parquet(out / "held_out.parquet"))  # every table by its name
+    assert "held_out" in dir(run) and "summary" in dir(run)
+    with pytest.raises(AttributeError, match="no attribute 'no_such_table'"):
+        assert run.no_such_table is None  # never reached: the lookup raises
+    assert run.export("head_stats", tmp_path / "h.parquet").is_file()
+    assert pd.read_parquet(tmp_path / "h.parquet").equals(run.head_stats)
+    with pytest.raises(AnalysisError, match="no table 'nope' in this run; tables: behavior, "):
+        run.export("nope", tmp_path / "x.csv")
+    fig = run.plot_heads("occupation")
+    assert fig.axes and fig.number not in plt.get_fignums()  # returned, not also left for pyplot to show
+    # one head's whole matrix, recomputed: its pronoun rows give back the recorded attention weight
+    prompts = run.prompts.set_index("prompt_id")
+    attention = pd.read_parquet(out / "attention.parquet")
+    for prompt_id, layer, head in ((0, 1, 0), (7, 0, 1)):
+        matrix = run.attention_matrix(prompt_id, layer, head, model=str(tiny_llama_dir))
+        p = prompts.loc[prompt_id]
+        assert matrix.shape == (p["n_tokens"], p["n_tokens"])
+        assert abs(matrix.to_numpy().sum(axis=1) - 1).max() < 1e-5  # softmax rows
+        source = slice(p["pronoun_tok_start"], p["pronoun_tok_end"])
+        target = slice(p["occupation_tok_start"], p["occupation_tok_end"])
+        recomputed = matrix.to_numpy()[source, target].sum(axis=1).mean()
+        row = attention.query(
+            "prompt_id == @prompt_id and layer == @layer and head == @head and target == 'occupation'"
+        )
+        # float32, a packed batch in the run against one prompt here: rounding only
+        assert abs(recomputed - row["weight"].iloc[0]) < 1e-5
+    with pytest.raises(AnalysisError, match="L9H0 is outside the model's 2 layers x 2 heads"):
+        run.attention_matrix(0, 9, 0, model=str(tiny_llama_dir))
