@@ -80,14 +80,7 @@ class AttentionMeasure:
         for i, item in enumerate(node):
             if not isinstance(item, dict):
                 ctx.fail(node, i, "each attention measure is a mapping with `source:` and `targets:`")
-            unknown = set(item) - {"source", "targets", "source_agg", "target_agg", "at"}
-            if unknown:
-                ctx.fail(
-                    item,
-                    sorted(unknown)[0],
-                    f"unknown key '{sorted(unknown)[0]}'; allowed: source, targets, source_agg, "
-                    "target_agg, at",
-                )
+            ctx.check_keys(item, ["source", "targets", "source_agg", "target_agg", "at"])
             at = item.get("at", "span")
             if at not in ("span", "before"):
                 ctx.fail(item, "at", "`at` is span (the source's own tokens) or before (the token before it)")

@@ -45,9 +45,7 @@ class LikelihoodMeasure:
             node = {}
         if not isinstance(node, dict):
             ctx.fail(doc, "likelihood", "`likelihood` is a mapping, e.g. {by: bias_type}, or {}")
-        for key in node:
-            if key != "by":
-                ctx.fail(node, key, f"unknown key '{key}' in likelihood; allowed: by")
+        ctx.check_keys(node, ["by"], " in likelihood")
         by = node.get("by")
         if by is not None and (not isinstance(by, str) or by not in columns):
             ctx.fail(node, "by", f"`by` names a column of the prompts ({', '.join(sorted(columns))})")

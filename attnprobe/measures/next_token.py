@@ -44,6 +44,7 @@ class NextTokenMeasure:
         for i, item in enumerate(node):
             if not isinstance(item, dict):
                 ctx.fail(node, i, "each next_token measure is a mapping with `cut:` and `candidates:`")
+            ctx.check_keys(item, ["ambiguous", "candidates", "cut"], " in a next_token measure")
             cut = required_str(ctx, item, "cut")
             candidates = item.get("candidates")
             if isinstance(candidates, str):
@@ -67,13 +68,6 @@ class NextTokenMeasure:
                 ctx.fail(
                     item, "candidates", "`candidates` must be a slot name or a non-empty list of strings"
                 )
-            for key in item:
-                if key not in ("cut", "candidates", "ambiguous"):
-                    ctx.fail(
-                        item,
-                        key,
-                        f"unknown key '{key}' in a next_token measure; allowed: ambiguous, candidates, cut",
-                    )
             ambiguous = item.get("ambiguous", "sum")
             if ambiguous not in ("sum", "exclude"):
                 ctx.fail(

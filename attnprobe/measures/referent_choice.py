@@ -44,9 +44,7 @@ class ReferentChoiceMeasure:
                 "`referent_choice` is a mapping with `prompt:`, e.g. {prompt: \" Here, '{pronoun}' refers to "
                 'the"}',
             )
-        for key in node:
-            if key != "prompt":
-                ctx.fail(node, key, f"unknown key '{key}' in referent_choice; allowed: prompt")
+        ctx.check_keys(node, ["prompt"], " in referent_choice")
         if not analysis.referents:
             ctx.fail(
                 doc,

@@ -7,6 +7,7 @@ mappings and lists remember the line of every key and item, so that any parser c
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
 import re
@@ -139,6 +140,17 @@ class Context:
 
     def fail(self, node, key, message: str):
         raise SuiteError(f"{self.path}:{line_of(node, key)}: {message}")
+
+    def check_keys(self, node, allowed, where: str = "", hint: str = "") -> None:
+        """Every key of the mapping `node` is one of `allowed` (listed in the order given); the first
+        that is not is one line naming the allowed keys and, where one is near, the key meant."""
+        for key in node:
+            if key not in allowed:
+                near = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.75)
+                meant = f"did you mean '{near[0]}'? " if near else ""
+                self.fail(
+                    node, key, f"unknown key '{key}'{where}; {meant}allowed: {', '.join(allowed)}{hint}"
+                )
 
     def read_data(self, node, key, relative: str, max_lines: int | None = None) -> tuple[Path, str]:
         """A data file named relative to the suite: it must lie in the suite's directory or below it

@@ -101,9 +101,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
         raise SuiteError(
             f"{path}:1: a suite is a YAML mapping with at least `name` and `templates` or `sentences`"
         )
-    for key in doc:
-        if key not in _TOP_KEYS:
-            ctx.fail(doc, key, f"unknown key '{key}'; allowed: {', '.join(sorted(_TOP_KEYS))}")
+    ctx.check_keys(doc, sorted(_TOP_KEYS))
     name = required_str(ctx, doc, "name")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or set(name) == {"."}:
         ctx.fail(

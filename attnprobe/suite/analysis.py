@@ -16,6 +16,8 @@ a model loads, and resolved to prompts.csv column names (attnprobe.schema.analys
 
 from __future__ import annotations
 
+import difflib
+
 from ..errors import SuiteError
 from ..schema.analysis import ITEM, TEMPLATE, Analysis, value_of
 from ..schema.yamllines import Map, optional_str
@@ -33,6 +35,12 @@ _KEYS = {
 }
 
 
+def _spelled(column: str, slots) -> str:
+    """A prompts column as a suite names it: occupation_bls_pct_female is occupation.bls_pct_female."""
+    slot = next((name for name in slots if column.startswith(f"{name}_") and column != f"{name}_label"), None)
+    return f"{slot}.{column[len(slot) + 1 :]}" if slot else column
+
+
 def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analysis:
     node = doc.get("analysis") or Map()
     if not isinstance(node, dict):
@@ -41,9 +49,7 @@ def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analy
             "analysis",
             "`analysis` is a mapping with contrast, positive, negative, clusters, covariate, groups",
         )
-    for key in node:
-        if key not in _KEYS:
-            ctx.fail(node, key, f"unknown key '{key}' in analysis; allowed: {', '.join(sorted(_KEYS))}")
+    ctx.check_keys(node, sorted(_KEYS), " in analysis")
     columns = {TEMPLATE, ITEM}.union(*({*p.meta, *p.slots} for p in prompts))
     names: dict[str, str] = {}
 
@@ -53,13 +59,18 @@ def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analy
         column = word.replace(".", "_", 1) if "." in word else word
         if key == "contrast" and word in slots and f"{word}_label" in columns:
             column = f"{word}_label"
-        if column not in columns:
-            known = sorted(c for c in columns if c not in (TEMPLATE, ITEM))
+        if column not in columns:  # named as the YAML writes them: a slot's field as slot.field
+            known = [
+                "template",
+                "item",
+                *sorted(_spelled(c, slots) for c in columns if c not in (TEMPLATE, ITEM)),
+            ]
+            near = difflib.get_close_matches(word, known, n=1, cutoff=0.75)
+            meant = f"; did you mean '{near[0]}'?" if near else ""
             ctx.fail(
                 owner,
                 key,
-                f"'{word}' is not a slot, slot.field or sentence column (known: template, item, "
-                f"{', '.join(known)})",
+                f"'{word}' is not a slot, slot.field or sentence column{meant} (known: {', '.join(known)})",
             )
         names[column] = word.split(".")[0] if key == "contrast" else word
         return column

@@ -53,11 +53,7 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
     for i, item in enumerate(node):
         if not isinstance(item, dict):
             ctx.fail(node, i, "each `sentences` entry is a mapping with `id:`, `file:` and `spans:`")
-        for key in item:
-            if key not in _ENTRY_KEYS:
-                ctx.fail(
-                    item, key, f"unknown key '{key}' in a sentences entry; allowed: {', '.join(_ENTRY_KEYS)}"
-                )
+        ctx.check_keys(item, list(_ENTRY_KEYS), " in a sentences entry")
         set_id = required_str(ctx, item, "id")
         if set_id in template_ids or any(s["id"] == set_id for s in sets):
             ctx.fail(item, "id", f"duplicate id '{set_id}'; template and sentence ids must be unique")

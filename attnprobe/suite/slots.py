@@ -28,14 +28,7 @@ def load_slots(ctx, node, doc) -> dict[str, Slot]:
             spec.line, spec.key_lines = line_of(node, name), {"values": line_of(node, name)}
         if not isinstance(spec, dict):
             ctx.fail(node, name, f"slot '{name}' needs `values: [...]` or `table: FILE`")
-        unknown = set(spec) - {"values", "table", "column", "forms", "delimiter"}
-        if unknown:
-            ctx.fail(
-                spec,
-                sorted(unknown)[0],
-                f"unknown key '{sorted(unknown)[0]}' in slot '{name}'; allowed: values, table, column, "
-                "forms, delimiter",
-            )
+        ctx.check_keys(spec, ["values", "table", "column", "forms", "delimiter"], f" in slot '{name}'")
         if ("values" in spec) == ("table" in spec):
             ctx.fail(node, name, f"slot '{name}' needs exactly one of `values:` or `table:`")
         forms = spec.get("forms")

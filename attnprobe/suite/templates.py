@@ -23,13 +23,7 @@ def load_templates(ctx, node: Seq, slots) -> list[Template]:
     for i, item in enumerate(node):
         if not isinstance(item, dict):
             ctx.fail(node, i, "each template is a mapping with `id:` and `text:`")
-        unknown = set(item) - {"id", "text", "where", "values", "meta"}
-        if unknown:
-            ctx.fail(
-                item,
-                sorted(unknown)[0],
-                f"unknown key '{sorted(unknown)[0]}' in a template; allowed: id, meta, text, values, where",
-            )
+        ctx.check_keys(item, ["id", "meta", "text", "values", "where"], " in a template")
         template_id = required_str(ctx, item, "id")
         if template_id in ids:
             ctx.fail(

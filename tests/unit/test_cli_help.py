@@ -1,8 +1,10 @@
 """The command line for a newcomer: help at once (no torch), an example in every help text, -q/-v
 after the command too, and a mistyped model alias answered with the alias meant."""
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -39,3 +41,33 @@ def test_a_mistyped_alias_names_the_alias_meant():
     result = CliRunner().invoke(main, ["check", "probes/minimal.yaml", "--model", "smolm2-135m"])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "unknown model 'smolm2-135m'; did you mean smollm2-135m?" in result.output
+
+
+def test_a_mistyped_key_or_column_names_the_one_meant_in_the_yamls_spelling(tmp_path):
+    import pytest
+
+    from attnprobe.errors import SuiteError
+    from attnprobe.suite import load_suite
+
+    minimal = Path(__file__).resolve().parents[2] / "probes" / "minimal.yaml"
+    (tmp_path / "occupations-bls.tsv").write_text((minimal.parent / "occupations-bls.tsv").read_text())
+    cases = [
+        ("templates:", "templats:", "unknown key 'templats'; did you mean 'templates'? allowed: analysis,"),
+        ("{cut: pronoun, candidates", "{cut: pronoun, candidate", "did you mean 'candidates'?"),
+        ("  clusters: [occupation]", "  clusters: [ocupation]", "'ocupation' is not a slot, slot.field or"),
+        (
+            "covariate: occupation.bls_pct_female",
+            "covariate: occupation.bls_pct_femal",
+            "did you mean 'occupation.bls_pct_female'? (known: template, item, occupation, "
+            "occupation.anti_stereotype,",
+        ),
+    ]
+    for old, new, message in cases:
+        path = tmp_path / "suite.yaml"
+        path.write_text(minimal.read_text().replace(old, new))
+        with pytest.raises(SuiteError, match=re.escape(message)):
+            load_suite(path)
+    path.write_text(minimal.read_text().replace("templates:", "zzz: 1\ntemplates:"))
+    with pytest.raises(SuiteError) as raised:  # nothing near: no guess
+        load_suite(path)
+    assert "did you mean" not in str(raised.value)

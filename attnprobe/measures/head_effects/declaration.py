@@ -63,19 +63,10 @@ def parse(ctx, doc, slots, template_ids, next_token, analysis, choice=None) -> H
         "select",
         "held_out",
     }
-    unknown = set(node) - allowed
-    if unknown:
-        hint = (
-            "; zero and mean ablation were replaced by patching in both directions"
-            if unknown & {"ablations"}
-            else ""
-        )
-        ctx.fail(
-            node,
-            sorted(unknown)[0],
-            f"unknown key '{sorted(unknown)[0]}' in head_effects; allowed: "
-            f"{', '.join(sorted(allowed))}{hint}",
-        )
+    hint = (
+        "; zero and mean ablation were replaced by patching in both directions" if "ablations" in node else ""
+    )
+    ctx.check_keys(node, sorted(allowed), " in head_effects", hint)
     cut = required_str(ctx, node, "cut")
     if cut not in {m.cut for m in next_token}:
         ctx.fail(
@@ -156,14 +147,7 @@ def _parse_pair(ctx, doc, node, template_ids, analysis, choice) -> PairSwap:
     """`counterfactual: pair`: x is an item's positive version (pro) and x' its negative one (anti),
     each followed by the referent_choice question; y is the model's referent choice."""
     allowed = {"counterfactual", "templates", "max_items", "exact", "select", "held_out"}
-    for key in node:
-        if key not in allowed:
-            ctx.fail(
-                node,
-                key,
-                f"unknown key '{key}' in head_effects with counterfactual: pair; allowed: "
-                f"{', '.join(sorted(allowed))}",
-            )
+    ctx.check_keys(node, sorted(allowed), " in head_effects with counterfactual: pair")
     if not analysis.paired or choice is None:
         ctx.fail(
             node,
