@@ -16,6 +16,7 @@ import pandas as pd
 from .. import run as run_package
 from ..edits import EditOptions, run_edits
 from ..errors import AnalysisError
+from ..heads import HeadSet
 from ..measures import table_names
 from ..model import load_model
 from ..report import load_tables, write_report
@@ -149,7 +150,8 @@ class Run(RunFiles):
         m = self.manifest["model"]
         if not (0 <= layer < m["n_layers"] and 0 <= head < m["n_heads"]):
             raise AnalysisError(
-                f"L{layer}H{head} is outside the model's {m['n_layers']} layers x {m['n_heads']} heads"
+                f"{HeadSet.name(layer, head)} is outside the model's {m['n_layers']} layers x "
+                f"{m['n_heads']} heads"
             )
         prompt = prompts.loc[prompt_id]
         model = model or load_model(m["spec"], dtype=self.manifest["dtype"])
