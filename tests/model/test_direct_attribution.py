@@ -113,14 +113,12 @@ def test_the_measure_runs_and_its_statistics_read_back(tiny, tmp_path):
 
     stats = analyse(run)["direct_attribution_shares"]
     total = stats[(stats["position"] == "logit_difference")].iloc[0]
-    heads = stats[
-        (stats["layer"] == "all")
-        & (stats["head"] == "all")
-        & ~stats["position"].isin(["logit_difference", "error"])
-    ]
-    rest = stats[stats["head"].isin(["-1", "mlp"]) & (stats["layer"] != "all")]
-    assert heads["mean"].sum() + rest[rest["position"] != "mlp"]["mean"].sum() + stats[
-        (stats["head"] == "mlp")
+    assert stats["layer"].dtype == "Int64" and stats["head"].dtype == "Int64"  # NA: summed over them
+    sums = stats[stats["layer"].isna()]
+    heads = sums[~sums["position"].isin(["logit_difference", "error", "mlp"])]
+    rest = stats[(stats["head"] == -1) & stats["layer"].notna()]
+    assert heads["mean"].sum() + rest[rest["position"] != "mlp"]["mean"].sum() + sums[
+        (sums["position"] == "mlp")
     ]["mean"].sum() == pytest.approx(total["mean"], abs=1e-4)
 
 

@@ -5,8 +5,9 @@ the same values), per part (embedding; each head's share from each class of sour
 MLP; biases): the mean value (its part of y, the logit difference in nats) with a cluster-robust CI,
 and, when the suite declares a covariate, the slope per 10 units of it with CI, p and BH q over the
 parts, and its share of y's own slope (slope ratio, linearised CI). Rows also for each class of
-source positions summed over every head and layer, for all MLPs, and for y and the error (y minus
-the sum of the parts: the frozen-norm approximation's residual).
+source positions summed over every head and layer, for all MLPs (position `mlp`), and for y and the
+error (y minus the sum of the parts: the frozen-norm approximation's residual): these sums have no
+layer and no head (NA), so `layer` and `head` are integers (-1: not a layer's or not a head's part).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from ...schema.analysis import ITEM
 from ...stats.design import PER, Design, items_table, run_analysis
 from ...stats.inference import bh_qvalues, cluster_mean_test, cluster_slope_test, slope_ratio_test
 
-TOTAL, ERROR = "logit_difference", "error"
+TOTAL, ERROR, MLP = "logit_difference", "error", "mlp"
+SUM = "all"  # the layer and head of a row summed over layers and heads while computing; NA in the table
 KEYS = ["layer", "head", "position"]
 
 
@@ -48,12 +50,12 @@ def direct_attribution(run) -> pd.DataFrame:
     values = item_values(run, cut)
     parts = [c for c in values.columns if c[2] not in (TOTAL, ERROR)]
     summed = {
-        ("all", "all", position): values[[c for c in parts if c[1] >= 0 and c[2] == position]].sum(axis=1)
+        (SUM, SUM, position): values[[c for c in parts if c[1] >= 0 and c[2] == position]].sum(axis=1)
         for position in sorted({c[2] for c in parts if c[1] >= 0})
     }
-    summed[("all", "mlp", "all")] = values[[c for c in parts if c[2] == "mlp"]].sum(axis=1)
-    columns = {**{c: values[c] for c in parts}, **summed, ("all", "all", TOTAL): values[(-1, -1, TOTAL)]}
-    columns[("all", "all", ERROR)] = values[(-1, -1, ERROR)]
+    summed[(SUM, SUM, MLP)] = values[[c for c in parts if c[2] == MLP]].sum(axis=1)
+    columns = {**{c: values[c] for c in parts}, **summed, (SUM, SUM, TOTAL): values[(-1, -1, TOTAL)]}
+    columns[(SUM, SUM, ERROR)] = values[(-1, -1, ERROR)]
     matrix = pd.DataFrame(columns)
     items = items_table(run.prompts, analysis)
     design = Design.build(matrix.index, items, analysis)
@@ -65,7 +67,7 @@ def direct_attribution(run) -> pd.DataFrame:
     if analysis.covariate and analysis.covariate in design.cells:
         x = design.cells[analysis.covariate].to_numpy(dtype=float)
         slope = cluster_slope_test(x, cells, w, design.clusters)
-        total = cells[:, list(matrix.columns).index(("all", "all", TOTAL))]
+        total = cells[:, list(matrix.columns).index((SUM, SUM, TOTAL))]
         share = slope_ratio_test(x, cells, total, w, design.clusters)
         out["gradient_per10"] = PER * slope["slope"]
         out["gradient_ci_low"], out["gradient_ci_high"] = PER * slope["ci_low"], PER * slope["ci_high"]
@@ -81,16 +83,17 @@ def direct_attribution(run) -> pd.DataFrame:
         )
     out["n_items"] = len(matrix)
     out["clusters"] = design.cluster_text
-    return out.astype({"layer": str, "head": str})
+    sums = out["layer"] == SUM
+    out.loc[sums, ["layer", "head"]] = pd.NA
+    return out.astype({"layer": "Int64", "head": "Int64"})
 
 
 def report_section(table: pd.DataFrame, cut: str, analysis: dict) -> dict:
     """The report's words and table: y and its gradient, the shares of the gradient written by the
     heads by source position, the MLPs and the embedding, the error, and the 12 largest parts."""
-    row = lambda layer, head, position: table[
-        (table["layer"] == layer) & (table["head"] == head) & (table["position"] == position)
-    ].iloc[0]
-    total, error = row("all", "all", TOTAL), row("all", "all", ERROR)
+    sums = table[table["layer"].isna()]  # over every layer and head
+    row = lambda position: sums[sums["position"] == position].iloc[0]
+    total, error = row(TOTAL), row(ERROR)
     pos, neg = analysis.get("positive"), analysis.get("negative")
     mean, low, high = total["mean"], total["mean_ci_low"], total["mean_ci_high"]
     text = (
@@ -107,10 +110,10 @@ def report_section(table: pd.DataFrame, cut: str, analysis: dict) -> dict:
         shares = [
             f"heads reading {r['position']} {100 * r['gradient_share']:.0f}% [{100 * r['share_ci_low']:.0f}, "
             f"{100 * r['share_ci_high']:.0f}]"
-            for _, r in table[(table["layer"] == "all") & (table["head"] == "all")].iterrows()
-            if r["position"] not in (TOTAL, ERROR)
+            for _, r in sums.iterrows()
+            if r["position"] not in (TOTAL, ERROR, MLP)
         ]
-        mlp = row("all", "mlp", "all")
+        mlp = row(MLP)
         shares.append(
             f"all MLPs {100 * mlp['gradient_share']:.0f}% [{100 * mlp['share_ci_low']:.0f}, "
             f"{100 * mlp['share_ci_high']:.0f}]"
@@ -121,7 +124,7 @@ def report_section(table: pd.DataFrame, cut: str, analysis: dict) -> dict:
             + ", ".join(shares)
             + " (shares of the gradient, CIs by linearisation). Below: the 12 parts with the largest share."
         )
-    parts = table[table["layer"] != "all"]
+    parts = table[table["layer"].notna()]
     order = (parts["gradient_share"] if has_gradient else parts["mean"]).abs().sort_values(ascending=False)
     columns = [
         ("layer", "layer", ""),
