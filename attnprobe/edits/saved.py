@@ -47,6 +47,14 @@ class SavedEdit:
     def name(self) -> str:
         return self.path.stem
 
+    @property
+    def key(self) -> str:
+        """What the edit does, as one hash: its kind, sites, parameters and its tensors' SHA-256 (not
+        where it came from). Zero and scale edits store no tensors, so the tensors' hash alone would
+        give every one of them the same key."""
+        what = {key: value for key, value in self.record.items() if key not in ("source", "model")}
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
     def check_shape(self, config, spec: str) -> None:
         """Refuse, in one line, a model (its config) whose layers, heads, head size or width differ
         from the ones the edit was fitted on (the weights may differ: another checkpoint of the same
@@ -73,6 +81,7 @@ class SavedEdit:
             "kind": self.edit.kind,
             "heads": self.edit.sites(),
             "sha256": self.record["sha256"],
+            "key": self.key,
             "source": self.record.get("source", {}),
             "fitted_on_model": self.record["model"].get("spec"),
         }

@@ -13,6 +13,7 @@ change with CI.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -54,6 +55,15 @@ def compared_only() -> tuple[str, ...]:
     )
 
 
+def _made_with(out: Path, saved) -> bool:
+    """Whether the run in `out` (if any) was made with this very edit, and so may be continued: a
+    re-sweep with other heads saves a different edit under the same name, whose run starts over."""
+    try:
+        return json.loads((out / "manifest.json").read_text())["settings"].get("edits") == [saved.key]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return True  # no run there yet (a damaged one: the run itself says so)
+
+
 def transfer(directory: Path, suites: list, chosen: list[tuple[str, int]], model, log) -> pd.DataFrame:
     """Run each suite with and without each chosen edit and compare; `chosen`: (kind, k) of the
     edits the sweep saved as edits/KIND-kK, k 0 for one without heads (edits/KIND: the stream's)."""
@@ -69,7 +79,10 @@ def transfer(directory: Path, suites: list, chosen: list[tuple[str, int]], model
                 continue
             saved = load_edit(path)
             log(f"edit --also {suite.name}: {saved.name}")
-            edited = run_suite(suite, model, RunOptions(out=base / saved.name, edits=(saved,), **options))
+            out = base / saved.name
+            edited = run_suite(
+                suite, model, RunOptions(out=out, edits=(saved,), resume=_made_with(out, saved), **options)
+            )
             for name, table in compare_runs(original, edited).items():
                 if "head" in table:  # per-head rows: in the comparison's own files, not here
                     continue

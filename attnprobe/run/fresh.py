@@ -51,7 +51,7 @@ def prepare_directory(
     if resume:
         raise RunError(
             f"{directory} holds a run with other settings (suite, model, dtype, batch or chunk size, "
-            "limit, tokenisation); rerun with --fresh to replace it, or choose --out"
+            "limit, tokenisation, saved edits); rerun with --fresh to replace it, or choose --out"
         )
     other = (previous.get("suite") or {}).get("name")
     if other != suite_name:

@@ -329,8 +329,8 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
         "share_prefixes": blocker is None,
         "plan_sha256": sha,
     }
-    if options.edits:  # an edited run continues only a run with the same edits
-        settings["edits"] = [edit.record["sha256"] for edit in options.edits]
+    if options.edits:  # an edited run continues only a run with the same edits: kind, sites, values
+        settings["edits"] = [edit.key for edit in options.edits]
     return RunPlan(
         suite,
         spec,

@@ -260,3 +260,20 @@ def test_a_run_inside_an_edited_block_is_refused_instead_of_recorded_unedited(ti
     ):
         attnprobe.run_suite(edit_suite(tmp_path), tiny, out=tmp_path / "o")
     assert not (tmp_path / "o").exists()
+
+
+def test_edits_without_tensors_are_told_apart_by_what_they_do(tiny, tmp_path):
+    """Zero and scale edits store no tensors: keyed by the tensors' hash alone, `run --edit` of one
+    into a directory holding a run of another reused that run's numbers under the new edit's name."""
+    one = load_edit(save_edit(Zero(heads=((0, 1),)), tmp_path / "zero-k1", tiny, {}))
+    two = load_edit(save_edit(Zero(heads=((1, 0), (0, 1))), tmp_path / "zero-k2", tiny, {}))
+    half = load_edit(save_edit(Scale(heads=((0, 1),), factor=0.5), tmp_path / "scale-a", tiny, {}))
+    other = load_edit(save_edit(Scale(heads=((0, 1),), factor=0.25), tmp_path / "scale-b", tiny, {}))
+    assert one.record["sha256"] == two.record["sha256"]  # the same (empty) tensor file
+    assert len({one.key, two.key, half.key, other.key}) == 4
+    again = load_edit(save_edit(Zero(heads=((0, 1),)), tmp_path / "again" / "zero-k1", tiny, {"other": 1}))
+    assert again.key == one.key  # where an edit came from is not what it does
+    suite, out = edit_suite(tmp_path), tmp_path / "run"
+    attnprobe.run_suite(suite, tiny, out=out, edits=(one,), progress=False, log=lambda m: None)
+    with pytest.raises(attnprobe.RunError, match="holds a run with other settings .* saved edits"):
+        attnprobe.run_suite(suite, tiny, out=out, edits=(two,), progress=False, log=lambda m: None)
