@@ -170,6 +170,11 @@ def read_chunks(directory: Path, n_chunks: int, files, prefix: str) -> dict[str,
 @contextmanager
 def exclusive(directory: Path):
     """Hold an exclusive lock on the run directory (released by the OS even if we are killed)."""
+    if (directory / ".lock").is_symlink():  # opening it would create or touch the link's target
+        raise RunError(
+            f"{directory / '.lock'} is a symbolic link; attnprobe writes only inside the run directory: "
+            "remove it or choose another --out"
+        )
     try:
         handle = open(directory / ".lock", "a+")
     except OSError as exc:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
@@ -135,6 +137,19 @@ def save_edit(edit, path: str | Path, model, source: dict, weights: str | None =
     return json_path
 
 
+def _refuse_non_finite(json_path: Path, parameters, tensors: dict) -> None:
+    """An edit whose numbers are NaN or infinite would write them into every forward pass and give
+    tables of NaN (or of noise) with exit code 0: refused before it is ever applied."""
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if isinstance(parameters, dict):
+        bad += [name for name, v in parameters.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        raise AttnprobeError(
+            f"{json_path}: {', '.join(sorted(bad))} not finite (NaN or infinite); fit the edit again with "
+            "`attnprobe edit`"
+        )
+
+
 def load_edit(path: str | Path) -> SavedEdit:
     """The edit saved at `path` (NAME.json, NAME.safetensors or NAME); a missing, damaged,
     truncated or unknown file is one AttnprobeError naming it and the fix."""
@@ -174,7 +189,9 @@ def load_edit(path: str | Path) -> SavedEdit:
             "copy both files again or rerun `attnprobe edit`"
         )
     try:
-        edit = KINDS[kind].restored(record, load_file(str(tensor_path)))
+        tensors = load_file(str(tensor_path))
+        _refuse_non_finite(json_path, record.get("parameters"), tensors)
+        edit = KINDS[kind].restored(record, tensors)
     except (SafetensorError, KeyError, TypeError, ValueError, IndexError, AttnprobeError) as exc:
         raise AttnprobeError(
             f"{json_path}: the edit cannot be read ({exc}); rerun `attnprobe edit`"

@@ -22,6 +22,7 @@ from ..errors import RunError
 from ..measures import MEASURES, Measure, batch_kinds
 from ..report.compare import compare_runs
 from ..run import RunOptions, run_suite
+from ..run.fresh import own_directory
 from ..suite import load_suite
 from .saved import load_edit
 
@@ -69,7 +70,7 @@ def transfer(directory: Path, suites: list, chosen: list[tuple[str, int]], model
     edits the sweep saved as edits/KIND-kK, k 0 for one without heads (edits/KIND: the stream's)."""
     rows = []
     for suite in suites:
-        base = directory / "also" / suite.name
+        base = own_directory(directory / "also") / suite.name  # never a link out of the run
         options = dict(skip=compared_only(), progress=False, log=log)
         log(f"edit --also {suite.name}: the original model")
         original = run_suite(suite, model, RunOptions(out=base / "original", **options))

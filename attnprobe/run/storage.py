@@ -50,6 +50,9 @@ EDIT_TABLES = (
     "tracing",
     "tracing_items",
     "edits_transfer",
+    "paths",  # --paths
+    "paths_edges",
+    "readout",
 )  # written by `attnprobe edit`
 DERIVED = tuple(f"{name}.{ext}" for name in STATS_TABLES + EDIT_TABLES for ext in ("csv", "parquet")) + (
     "behavior_by_occupation.csv",  # the first name of behavior_by_unit
@@ -59,6 +62,11 @@ DERIVED = tuple(f"{name}.{ext}" for name in STATS_TABLES + EDIT_TABLES for ext i
     "edits",
     "report.html",
     "summary.json",  # the key findings the report writes (report.summary)
+    # the raw values `attnprobe edit --paths` computes its tables from
+    "paths_items.parquet",
+    "paths_screen.parquet",
+    "paths_edges_items.parquet",
+    "readout_states.parquet",
 )
 # Chunk files per phase, by file prefix: the prompts (every per-batch kind, the first names the row
 # count) and each kind's own phases.

@@ -24,6 +24,13 @@ def test_fresh_removes_every_artefact_of_the_old_run_and_nothing_else(tmp_path):
         "head_effects_totals.csv",
         "head_stats.csv",
         "report.html",
+        "summary.json",
+        # an old model's `attnprobe edit --paths` tables, which the new model's report would show
+        "paths.csv",
+        "paths_edges.parquet",
+        "paths_items.parquet",
+        "readout.csv",
+        "readout_states.parquet",
     ):
         (tmp_path / name).write_text("old")
     (tmp_path / "chunks").mkdir()
@@ -188,3 +195,17 @@ def test_out_at_the_suites_data_is_refused_before_anything_is_written(tmp_path, 
     line = result.output.strip().splitlines()[-1]
     assert f"--out {tmp_path} is the directory of the suite's s.yaml" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == before and data.read_text().startswith("text\n[The")
+
+
+def test_a_planted_lock_link_is_refused_without_touching_its_target(tmp_path):
+    from attnprobe.store import exclusive
+
+    target = tmp_path / "elsewhere" / "target"
+    target.parent.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").symlink_to(target)
+    with pytest.raises(RunError, match="is a symbolic link; attnprobe writes only inside the run directory"):
+        with exclusive(run):
+            pass
+    assert not target.exists()

@@ -277,3 +277,35 @@ def test_edits_without_tensors_are_told_apart_by_what_they_do(tiny, tmp_path):
     attnprobe.run_suite(suite, tiny, out=out, edits=(one,), progress=False, log=lambda m: None)
     with pytest.raises(attnprobe.RunError, match="holds a run with other settings .* saved edits"):
         attnprobe.run_suite(suite, tiny, out=out, edits=(two,), progress=False, log=lambda m: None)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_saved_edit_with_a_non_finite_number_is_never_applied(tiny, tmp_path, value):
+    import hashlib
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    scale = save_edit(Scale(heads=((0, 1),), factor=0.5), tmp_path / "scale", tiny, {})
+    record = json.loads(scale.read_text())
+    record["parameters"]["factor"] = value  # json writes NaN and Infinity, and reads them back
+    scale.write_text(json.dumps(record))
+    with pytest.raises(attnprobe.AttnprobeError, match="factor not finite"):
+        load_edit(scale)
+    L, H, D = tiny.info.n_layers, tiny.info.n_heads, tiny.info.head_dim
+    heads = ((0, 1), (1, 0))
+    for edit in (
+        Mean(heads=heads, means=torch.randn(L, H, D)),
+        Project(heads=heads, directions=torch.randn(L, H, D)),
+    ):
+        saved = save_edit(edit, tmp_path / edit.kind, tiny, {})
+        tensors_path = saved.with_suffix(".safetensors")
+        tensors = load_file(str(tensors_path))
+        name = next(iter(tensors))
+        tensors[name][0, 0] = value
+        save_file(tensors, str(tensors_path), metadata={"format": "attnprobe-edit"})
+        record = json.loads(saved.read_text())
+        record["sha256"] = hashlib.sha256(tensors_path.read_bytes()).hexdigest()  # not merely damaged
+        saved.write_text(json.dumps(record))
+        with pytest.raises(attnprobe.AttnprobeError, match=f"{name} not finite"):
+            load_edit(saved)
