@@ -90,7 +90,36 @@ def _run_and_suite(directory: Path):
             f"{path}: edits measure the gradient of the behaviour over the suite's covariate, and this "
             "suite declares none; add `analysis: {covariate: slot.field}` and rerun the suite"
         )
+    _refuse_degenerate(path, run, suite)
     return run, suite
+
+
+MIN_UNITS = 4  # edits are fitted on one half of the units and measured on the other, each half split again
+
+
+def _refuse_degenerate(path: Path, run, suite) -> None:
+    """A design the edits cannot measure, refused in one line before the model loads (from the run's
+    own tables): too few units with a covariate value, a covariate equal for every unit, or scored
+    outputs equal for every prompt (a share removed would be a ratio of rounding noise)."""
+    name, unit, covariate = suite.analysis.name, suite.analysis.unit, suite.head_effects.covariate
+    values = run.prompts.groupby(unit)[covariate].first().dropna()
+    if len(values) < MIN_UNITS:
+        raise RunError(
+            f"{path}: edits are fitted on half of the {name(unit)}s and measured on the other half; this "
+            f"run has {len(values)} {name(unit)}(s) with a value of {name(covariate)}: give the suite at "
+            f"least {MIN_UNITS}"
+        )
+    if values.nunique() < 2:
+        raise RunError(
+            f"{path}: every {name(unit)} has the same {name(covariate)} ({values.iloc[0]:g}), so there is no "
+            "gradient to remove; give the suite a covariate that varies across them"
+        )
+    spread = run.logprobs.groupby("candidate_label")["logprob"].agg(lambda v: v.max() - v.min())
+    if len(spread) and spread.max() < 1e-6:  # float32 noise aside, the model says the same everywhere
+        raise RunError(
+            f"{run.directory}: the model scores every candidate the same in every prompt (spread "
+            f"{spread.max():.1g} nats): its outputs do not vary, so no edit can change a gradient"
+        )
 
 
 def _same_model(directory: Path, manifest: dict, model) -> str:

@@ -207,3 +207,48 @@ def test_too_few_items_for_the_random_comparison_give_a_note_not_a_floor_p(tiny_
         "no p against random heads" in table["note"].iloc[0]
         and "note: the random-set comparison" in result.output
     )
+
+
+def _degenerate_run(tmp_path, model_dir, rows):
+    """The edit suite run with its occupation table replaced by `rows` (occupation, % female)."""
+    path = edit_suite(tmp_path)
+    (tmp_path / "jobs.tsv").write_text(
+        "occupation\tbls_pct_female\n" + "".join(f"{o}\t{p}\n" for o, p in rows)
+    )
+    out = tmp_path / "run"
+    args = ["-q", "run", str(path), "--model", str(model_dir), "--out", str(out), "--no-report"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    return path, out
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ([("nurse", 88)], "this run has 1 occupation(s) with a value of occupation.bls_pct_female: give"),
+        ([(o, 50) for o in ("nurse", "pilot", "chef", "baker", "lawyer")], "every occupation has the same"),
+    ],
+)
+def test_a_design_edits_cannot_measure_is_refused_before_the_model_loads(
+    tiny_llama_dir, tmp_path, rows, message
+):
+    path, out = _degenerate_run(tmp_path, tiny_llama_dir, rows)
+    result = CliRunner().invoke(main, ["edit", str(out), "--k", "1", "--draws", "2", "--alone", "0"])
+    one_line_error(result, f"{path}: ", message)
+    assert "loading" not in result.output and not (out / "edits.csv").exists()
+
+
+def test_a_model_whose_outputs_never_vary_is_refused(tiny_llama_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    with torch.no_grad():
+        model.lm_head.weight.zero_()  # every logit 0: every candidate log(1 / V) in every prompt
+    flat = tmp_path / "flat"
+    model.save_pretrained(flat)
+    shutil.copy(tiny_llama_dir / "tokenizer.json", flat)
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_llama_dir / name).is_file():
+            shutil.copy(tiny_llama_dir / name, flat)
+    _, out = _degenerate_run(tmp_path, flat, [("nurse", 88), ("pilot", 9), ("chef", 22), ("baker", 60)])
+    result = CliRunner().invoke(main, ["edit", str(out), "--k", "1", "--draws", "2", "--alone", "0"])
+    one_line_error(result, "the model scores every candidate the same in every prompt")
