@@ -19,6 +19,16 @@ from .errors import AttnprobeError
 _HEAD = re.compile(r"[Ll](\d+)[Hh](\d+)")
 
 
+def _check_in_model(layer: int, head: int, n_layers: int, n_heads: int) -> None:
+    """A head of a model with these sizes, or one error naming them (negative indices included: they
+    would count from the end)."""
+    if not (0 <= layer < n_layers and 0 <= head < n_heads):
+        raise AttnprobeError(
+            f"head {HeadSet.name(layer, head)} is not in this model ({n_layers} layers L0-L{n_layers - 1}, "
+            f"{n_heads} heads H0-H{n_heads - 1} per layer)"
+        )
+
+
 @dataclass(frozen=True)
 class HeadSet:
     pairs: tuple[tuple[int, int], ...] = ()
@@ -36,11 +46,8 @@ class HeadSet:
             if not match:
                 raise AttnprobeError(f"head {part!r} is not of the form L<layer>H<head>, e.g. L26H2")
             layer, head = map(int, match.groups())
-            if n_layers is not None and (layer >= n_layers or head >= n_heads):
-                raise AttnprobeError(
-                    f"head {part} is not in this model ({n_layers} layers L0-L{n_layers - 1}, "
-                    f"{n_heads} heads H0-H{n_heads - 1} per layer)"
-                )
+            if n_layers is not None:
+                _check_in_model(layer, head, n_layers, n_heads)
             out.append((layer, head))
         if not out:
             raise AttnprobeError("no heads given: list them as L<layer>H<head>, e.g. --heads L26H2,L25H2")
@@ -58,6 +65,7 @@ class HeadSet:
         """(L, H) bool, True at the set's heads."""
         out = torch.zeros(n_layers, n_heads, dtype=torch.bool)
         for layer, head in self.pairs:
+            _check_in_model(layer, head, n_layers, n_heads)  # never L-1 as the last layer
             out[layer, head] = True
         return out
 

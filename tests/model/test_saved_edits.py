@@ -309,3 +309,12 @@ def test_a_saved_edit_with_a_non_finite_number_is_never_applied(tiny, tmp_path, 
         saved.write_text(json.dumps(record))
         with pytest.raises(attnprobe.AttnprobeError, match=f"{name} not finite"):
             load_edit(saved)
+
+
+@pytest.mark.parametrize("heads", [((-1, -1),), ((0, -1),), ((2, 0),), ((0, 2),)])
+def test_a_head_outside_the_model_is_refused_not_counted_from_the_end(tiny, heads):
+    with pytest.raises(
+        attnprobe.AttnprobeError, match=r"is not in this model \(2 layers L0-L1, 2 heads H0-H1"
+    ):
+        with edited(tiny, Zero(heads=heads)):
+            pass
