@@ -71,8 +71,14 @@ class EditOptions:
             raise AttnprobeError(
                 f"unknown edit kind {', '.join(unknown) or '(none)'}; kinds: {', '.join(KINDS)}"
             )
+        for option, values in (("--kinds", self.kinds), ("--k", self.ks)):
+            repeated = sorted({str(v) for v in values if list(values).count(v) > 1})
+            if repeated:
+                raise AttnprobeError(f"{option} lists {', '.join(repeated)} twice; give each once")
         if not self.ks or min(self.ks) < 1:
             raise AttnprobeError("k must be whole numbers of heads >= 1, e.g. --k 1,2,5,10,20")
+        if not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
+            raise AttnprobeError(f"--seed {self.seed!r}: give a whole number from 0 to 2**63 - 1")
         if self.draws < 0 or self.alone < 0:
             raise AttnprobeError("--draws and --alone must be 0 or more")
         if (

@@ -390,3 +390,22 @@ def test_the_null_draws_distinct_sets_of_the_same_layers_then_from_every_head():
     layers = sorted(layer for layer, _ in five)
     assert len(set(sets)) == 20 and all(sorted(layer for layer, _ in s) == layers for s in sets)
     assert all(not set(s) & set(five) for s in sets)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"kinds": ("zero", "zero")}, "--kinds lists zero twice; give each once"),
+        ({"ks": (1, 5, 1)}, "--k lists 1 twice; give each once"),
+        ({"seed": -1}, "--seed -1: give a whole number from 0 to 2**63 - 1"),
+        ({"seed": 2**64}, "--seed 18446744073709551616: give a whole number"),
+        ({"seed": "3"}, "--seed '3': give a whole number"),
+    ],
+)
+def test_edit_options_repeated_or_out_of_range_are_one_error(settings, message):
+    import re
+
+    from attnprobe.edits import EditOptions
+
+    with pytest.raises(attnprobe.AttnprobeError, match=re.escape(message)):
+        EditOptions(**settings)
