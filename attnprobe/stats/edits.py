@@ -54,6 +54,9 @@ def possible_sets(heads: str, n_heads: int) -> int:
     return int(np.prod([comb(n_heads - c, c) if n_heads - c >= c else comb(n_heads, c) for c in counts]))
 
 
+DRAW_KEYS = ("kind", "k", "draw", "heads", "gradient_removed_sampled")  # then each cost measured
+
+
 def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(edits: one row per kind and k, draws: one row per random head set). With `n_heads`, each row
     also gets the smallest p its null can give (random_p_floor: 1 / (1 + the different random sets
@@ -152,7 +155,8 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
         tested = summary["random_p"].notna()
         floored = np.maximum(summary.loc[tested, "random_p"], summary.loc[tested, "random_p_floor"])
         summary.loc[tested, "random_p_holm"] = holm(floored.to_numpy())
-    return summary, pd.DataFrame(draws)
+    # with --draws 0 no row, but the columns all the same (a CSV with a header, not an empty file)
+    return summary, pd.DataFrame(draws, columns=None if draws else list(DRAW_KEYS))
 
 
 def head_table(raw: pd.DataFrame, n_heads: int) -> pd.DataFrame:

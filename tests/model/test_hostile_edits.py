@@ -252,3 +252,19 @@ def test_a_model_whose_outputs_never_vary_is_refused(tiny_llama_dir, tmp_path):
     _, out = _degenerate_run(tmp_path, flat, [("nurse", 88), ("pilot", 9), ("chef", 22), ("baker", 60)])
     result = CliRunner().invoke(main, ["edit", str(out), "--k", "1", "--draws", "2", "--alone", "0"])
     one_line_error(result, "the model scores every candidate the same in every prompt")
+
+
+def test_no_random_draws_still_write_a_table_with_its_columns(edited_run, tmp_path):
+    run = unswept_copy(edited_run, tmp_path)
+    result = CliRunner().invoke(
+        main, ["-q", "edit", str(run), "--kinds", "zero", "--k", "1", "--draws", "0", "--alone", "0"]
+    )
+    assert result.exit_code == 0, result.output
+    draws = pd.read_csv(run / "edits_draws.csv")  # a 1-byte file once: no header to read
+    assert draws.empty and list(draws.columns)[:5] == [
+        "kind",
+        "k",
+        "draw",
+        "heads",
+        "gradient_removed_sampled",
+    ]
