@@ -26,6 +26,7 @@ from ..report.summary import split_levels, strongest_head, summary, summary_html
 from ..run.merge import merge_shards as _merge_into
 from ..run.options import RunOptions
 from ..run.reader import RunFiles
+from ..stats import run_analysis
 from ..store import write_csv, write_parquet
 
 
@@ -116,8 +117,8 @@ class Run(RunFiles):
             raise AttributeError(f"'Run' object has no attribute '{name}'")
         return found[name]
 
-    def __dir__(self):
-        return sorted({*super().__dir__(), *self._tables()})
+    def __dir__(self):  # the tables' names, without computing them (tab completion stays instant)
+        return sorted({*super().__dir__(), *table_names(self)})
 
     def export(self, name: str, path) -> Path:
         """Write one of the run's statistics tables (by name, e.g. "head_stats") to `path`: Parquet
@@ -205,7 +206,7 @@ class Run(RunFiles):
 
         if start is None:  # the strongest head, as the report names it (report.summary)
             heads, _ = split_levels(self.head_stats)
-            best = strongest_head(heads, "interaction_q" in heads)
+            best = strongest_head(heads, bool(run_analysis(self).covariate))
             start = (int(best["layer"]), int(best["head"])) if best is not None else None
         return attention_view(self, start=start or (0, 0), html_action=html_action)
 

@@ -21,7 +21,7 @@ from . import plots
 from .figures import figure
 from .headline import headline
 from .sections import edits_context, effects_context, referents_context
-from .summary import pooled_row, split_levels, strongest_head, summary
+from .summary import head_test, pooled_row, split_levels, strongest_head, summary
 
 
 def _records(tables: dict, name: str) -> list[dict]:
@@ -124,8 +124,7 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
             ),
         ]
     # the heads that pass, ordered by the rule that names the strongest head (summary.strongest_head)
-    rank = "interaction_per10" if analysis.covariate else "d_z"
-    q_column = "interaction_q" if analysis.covariate else "difference_q"
+    q_column, rank = head_test(bool(analysis.covariate))
     significant = heads[heads[q_column] < ALPHA] if len(heads) else heads
     top = (
         significant.reindex(significant[rank].abs().sort_values(ascending=False).index).head(12)

@@ -26,7 +26,7 @@ def strongest_head(heads: pd.DataFrame, covariate: bool, level: bool = False) ->
     read before the contrast) by the module's rule, or None where no head passes."""
     if not len(heads):
         return None
-    q, size = _test(covariate, level)
+    q, size = head_test(covariate, level)
     passing = heads[heads[q] < ALPHA]
     return passing.loc[passing[size].abs().idxmax()] if len(passing) else None
 
@@ -47,7 +47,7 @@ def split_levels(head_stats: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return heads[~level], heads[level]
 
 
-def _test(covariate: bool, level: bool = False) -> tuple[str, str]:
+def head_test(covariate: bool, level: bool = False) -> tuple[str, str]:
     """(q column, size column) of the head test the summary reports."""
     if level:
         return "level_q", "level_per10"
@@ -104,7 +104,7 @@ def _heads(tables: dict, analysis) -> list[dict]:
         entries += [(group, True) for _, group in levels.groupby(["source", "target"], sort=False)]
     out = []
     for group, level in entries:
-        q, size = _test(bool(analysis.covariate), level)
+        q, size = head_test(bool(analysis.covariate), level)
         top = strongest_head(group, bool(analysis.covariate), level)
         row = {
             "source": str(group["source"].iloc[0]),
