@@ -94,7 +94,7 @@ def _run_and_suite(directory: Path):
     return run, suite
 
 
-MIN_UNITS = 4  # edits are fitted on one half of the units and measured on the other, each half split again
+MIN_UNITS = 2  # edits are fitted on one half of the units and measured on the other: one unit each at least
 
 
 def _refuse_degenerate(path: Path, run, suite) -> None:
