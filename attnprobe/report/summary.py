@@ -184,6 +184,9 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
     b = s["behaviour"]
     if b and "slope_per10" in b:
         low, high = b["slope_per10_ci"]
+        (ratio_low, ratio_high), span = b["odds_ratio_ci"], f"from {_g(b['odds_from'])} to {_g(b['odds_to'])}"
+        ratio = "n/a (no slope)" if b["odds_ratio"] is None else f"x{_f(b['odds_ratio'], 1)}"
+        ratio += "" if b["odds_ratio"] is None else f" [{_f(ratio_low, 1)}, {_f(ratio_high, 1)}]"
         rows += [
             ("behaviour", f"log p({pos}) - log p({neg}) per 10 points of {b['covariate']}:"),
             (
@@ -193,8 +196,7 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
             ),
             (
                 "in words",
-                f"from {_g(b['odds_from'])} to {_g(b['odds_to'])} points, the odds of {pos} over {neg} "
-                f"x{_f(b['odds_ratio'], 1)} [{_f(b['odds_ratio_ci'][0], 1)}, {_f(b['odds_ratio_ci'][1], 1)}]",
+                f"{span} points, the odds of {pos} over {neg} {ratio}",
             ),
         ]
     elif b:
