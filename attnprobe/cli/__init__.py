@@ -16,6 +16,7 @@ from ..errors import AttnprobeError, RunError, RunInterrupted
 from .options import (
     Command,
     data_root_option,
+    device_option,
     dtype_option,
     model_option,
     pickle_option,
@@ -47,7 +48,7 @@ class OneLineErrors(click.Group):
 EXAMPLES = {
     "models": "attnprobe models",
     "verify": "attnprobe verify --model gemma3-270m --long 600",
-    "check": "attnprobe check probes/gender.yaml",
+    "check": "attnprobe check probes/gender.yaml --model random:llama-3.1-8b --device cuda:0 --dtype bfloat16",
     "report": "attnprobe report reports/gender/smollm2-135m reports/gender/gemma3-270m",
     "merge": "attnprobe merge reports/gender/smollm2-135m shard-1 shard-2",
     "compare": "attnprobe compare reports/gender/smollm2-135m reports/gender/smollm2-135m-edited-leace-k1",
@@ -103,9 +104,10 @@ def models():
 @click.option(
     "--json", "json_path", type=click.Path(dir_okay=False), help="Also write the per-layer table as JSON."
 )
+@device_option
 @remote_code_option
 @pickle_option
-def verify(model_spec, texts, dtype, long_tokens, json_path, trust_remote_code, allow_pickle):
+def verify(model_spec, texts, dtype, long_tokens, json_path, device, trust_remote_code, allow_pickle):
     """Recompute every attention layer from scratch and compare with the model.
 
     Exit 0 when every layer is within tolerance, 1 when any is not, 2 when the family has no
@@ -125,6 +127,7 @@ def verify(model_spec, texts, dtype, long_tokens, json_path, trust_remote_code, 
         trust_remote_code=trust_remote_code,
         allow_pickle=allow_pickle,
         long_tokens=long_tokens,
+        device=device,
     )
     click.echo(format_table(table))
     if json_path:
@@ -159,20 +162,39 @@ def _write_json(table, path: Path) -> None:
     help="Tokenizer to count tokens with; default: the suite's `model`.",
 )
 @click.option("--limit", type=click.IntRange(min=1), help="As `run --limit`.")
+@dtype_option
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    help="Estimate memory and time on this device (cuda:0 on a machine without a GPU: an 80 GB H100).",
+)
 @remote_code_option
 @data_root_option
-def check(suite, model_spec, limit, trust_remote_code, data_roots):
+def check(suite, model_spec, limit, dtype, device, trust_remote_code, data_roots):
     """Validate a suite and say what a run would do (prompts, items, analysis, measures, tokens,
-    a time estimate) without loading any model weights."""
+    memory and time on --device) without loading any model weights."""
     from ..run import RunOptions, plan_run
     from ..run.describe import describe
+    from ..run.footprint import footprint_lines
     from ..suite import load_suite
 
-    options = RunOptions(limit=limit, trust_remote_code=trust_remote_code, data_roots=data_roots)
+    options = RunOptions(limit=limit, dtype=dtype, trust_remote_code=trust_remote_code, data_roots=data_roots)
     loaded = load_suite(suite, data_roots=data_roots)
     plan = plan_run(loaded, model_spec, options)
-    for line in describe(plan):
+    for line in describe(plan) + footprint_lines(plan, _estimated_device(device)):
         click.echo(line)
+
+
+def _estimated_device(device: str) -> str:
+    """A device string torch parses (a GPU need not be present: its memory is then assumed)."""
+    import torch
+
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError):
+        raise click.BadParameter(f"'{device}' is not a torch device; use cpu, cuda or cuda:N") from None
+    return device
 
 
 def _phases() -> bool | None:

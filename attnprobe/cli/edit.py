@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..defaults import DEFAULT_EDIT_K, DEFAULT_EDIT_KINDS, EDIT_KIND_NAMES
-from .options import command
+from .options import command, device_option
 
 
 def _int_list(ctx, param, value):
@@ -93,6 +93,7 @@ def _int_list(ctx, param, value):
     callback=_int_list,
     help="The numbers of heads whose edits --also applies.",
 )
+@device_option
 def edit(
     run_dir,
     kinds,
@@ -109,6 +110,7 @@ def edit(
     paths,
     also,
     also_ks,
+    device,
 ):
     """Edit the heads RUN_DIR found (by default k = 1, 5; against random heads of the same layers)
     and write edits.csv: the stereotype gradient removed, definitional pronouns kept, and the KL cost."""
@@ -130,7 +132,7 @@ def edit(
     )
     quiet = click.get_current_context().obj.get("quiet")
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
-    table = run_edits(run_dir, options, log=log, also=also, also_ks=also_ks)
+    table = run_edits(run_dir, options, log=log, also=also, also_ks=also_ks, device=device)
     columns = [
         "kind",
         "k",

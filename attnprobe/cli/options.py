@@ -68,3 +68,6 @@ data_root_option = click.option(
 pickle_option = click.option(
     "--allow-pickle", is_flag=True, help="Allow pickled weights (*.bin), which can run code when loaded."
 )
+device_option = click.option(
+    "--device", default="cpu", show_default=True, help="torch device to run on, e.g. cuda:0."
+)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .options import command, model_option, pickle_option, remote_code_option
+from .options import command, device_option, model_option, pickle_option, remote_code_option
 
 
 @command("attnprobe probe doc.txt --source occupation   (doc.txt: 'The [occupation: nurse] said ...')")
@@ -16,9 +16,10 @@ from .options import command, model_option, pickle_option, remote_code_option
 @click.option("--source", help="The bracketed span to read from; default the last one.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write every layer, head and token to this CSV.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows to print.")
+@device_option
 @remote_code_option
 @pickle_option
-def probe(text_file, model_spec, source, out, top, trust_remote_code, allow_pickle):
+def probe(text_file, model_spec, source, out, top, device, trust_remote_code, allow_pickle):
     """Attention from a [bracketed] span of TEXT_FILE to every token, per layer and head.
 
     Texts longer than 1,024 tokens are read in chunks, recording only the span's rows: memory
@@ -40,7 +41,7 @@ def probe(text_file, model_spec, source, out, top, trust_remote_code, allow_pick
         raise SuiteError(f"{path}: mark the source span with [brackets], e.g. '... said that [it] was late'")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-    pm = load_model(model_spec, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+    pm = load_model(model_spec, device=device, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
     n = len(pm.tokenizer(parse_marked(marked, str(path))[0])["input_ids"])
     if n > CHUNK_TOKENS:
         rows = 8  # a span is a few tokens; the estimate is stated for 8

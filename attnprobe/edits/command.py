@@ -17,6 +17,7 @@ import pandas as pd
 from ..errors import RunError
 from ..measures.head_effects.designs import SlotSwap, per_value_column
 from ..model import load_model
+from ..model.shapes import refuse_random
 from ..report.figures import figure
 from ..report.plots import FRONTIER_ALT, edit_frontier
 from ..run.execute import deferred_interrupt
@@ -137,9 +138,16 @@ def _same_model(directory: Path, manifest: dict, model) -> str:
 
 
 def run_edits(
-    directory, options: EditOptions | None = None, model=None, log=print, also=(), also_ks=ALSO_K
+    directory,
+    options: EditOptions | None = None,
+    model=None,
+    log=print,
+    also=(),
+    also_ks=ALSO_K,
+    device: str = "cpu",
 ) -> pd.DataFrame:
-    """Measure `options` (default EditOptions()) on the run in `directory`; returns the edits table.
+    """Measure `options` (default EditOptions()) on the run in `directory` (its model loaded on
+    `device` unless `model` is given); returns the edits table.
     `also`: other suites each chosen edit (k in `also_ks`) is applied to (edits.transfer).
     Holds the run directory's lock: a `run --fresh` or a second edit on it waits its turn (refused)."""
     directory, options = Path(directory), options or EditOptions()
@@ -147,7 +155,7 @@ def run_edits(
     run, suite = _run_and_suite(directory)  # the run and the options too, before taking the lock
     checked_options(options, run.manifest, suite)
     with exclusive(directory):
-        summary, model = _run_edits(directory, options, model, log)
+        summary, model = _run_edits(directory, options, model, log, device)
         if suites:
             ks = [k for k in also_ks if k in set(summary["k"])]
             chosen = [(kind, k) for kind in options.kinds for k in ks] + [(STREAM, 0)] * options.stream
@@ -172,7 +180,7 @@ def checked_options(options: EditOptions, manifest: dict, suite) -> tuple:
     return listed, word
 
 
-def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.DataFrame, object]:
+def _run_edits(directory: Path, options: EditOptions, model, log, device) -> tuple[pd.DataFrame, object]:
     """The sweep; returns the edits table and the model it loaded (for --also)."""
     run, suite = _run_and_suite(directory)
     m = run.manifest
@@ -180,8 +188,9 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> tuple[pd.Da
     L, H = m["model"]["n_layers"], m["model"]["n_heads"]
     listed, word = checked_options(options, m, suite)
     if model is None:
+        refuse_random(m["model"]["spec"], "attnprobe edit")
         log(f"loading {m['model']['spec']} ({m['dtype']})")
-        model = load_model(m["model"]["spec"], dtype=m["dtype"])
+        model = load_model(m["model"]["spec"], dtype=m["dtype"], device=device)
     weights = _same_model(directory, m, model)
     plan = plan_run(suite, model, RunOptions(limit=m["settings"]["limit"], out=directory, log=log))
     effects = plan.parts["head_effects"]

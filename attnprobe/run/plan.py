@@ -18,6 +18,7 @@ from ..forward.packing import distinct_tokens, neighbour_packs
 from ..forward.sharing import prefix_sharing_blocker
 from ..measures import MEASURES, PlanScope, batch_kinds
 from ..model import DEFAULT_MODEL, ProbeModel, load_tokenizer
+from ..model.shapes import directory_name, is_random
 from ..schema.spans import sink_notes
 from ..suite import Prompt, Suite, spread_key, token_spans
 from ..version import __version__
@@ -232,6 +233,7 @@ class RunPlan:
     parts: dict  # measure name -> its plan part (None where it plans nothing), registry order
     settings: dict  # what the fingerprint and the manifest record
     fingerprint: str
+    config: object = None  # the model's transformers config (memory estimates read its shape)
 
     def kinds(self):
         """(kind, declaration, part) of every registered measure, in registry order."""
@@ -239,7 +241,14 @@ class RunPlan:
 
     @property
     def notes(self) -> list[str]:
-        return list(self.suite.notes) + sink_notes(self.suite, self.encoded)
+        random = (
+            [
+                f"the weights are random ({self.spec}): every table describes noise; this run measures speed and memory"
+            ]
+            if is_random(self.spec)
+            else []
+        )
+        return random + list(self.suite.notes) + sink_notes(self.suite, self.encoded)
 
     @property
     def sharing(self) -> dict:
@@ -271,6 +280,8 @@ def refuse_data_directory(directory: Path, suite: Suite) -> None:
 def model_name(spec: str) -> str:
     """The directory name of a model spec: a path's last part (without .gguf), a hub id with '_' for '/'."""
     path = Path(spec)
+    if is_random(spec):
+        return directory_name(spec)
     if spec.endswith(".gguf"):
         return path.stem
     if path.exists():
@@ -343,6 +354,7 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
         parts,
         settings,
         fingerprint(settings, options.shard),
+        config,
     )
 
 

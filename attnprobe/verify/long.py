@@ -248,10 +248,13 @@ def verify_spec(
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
     long_tokens: int | None = None,
+    device: str = "cpu",
 ) -> pd.DataFrame:
-    """Load `spec` in `dtype` and verify it (what `attnprobe verify` runs); `long_tokens` adds a
+    """Load `spec` in `dtype` on `device` and verify it (what `attnprobe verify` runs); `long_tokens` adds a
     text of that many tokens: in the padded batch up to PADDED_LONG_LIMIT, else in blocks."""
-    model = load_model(spec, dtype=dtype, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+    model = load_model(
+        spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle
+    )
     routed = model.model.config._attn_implementation == ATTN_IMPLEMENTATION
     if long_tokens and (long_tokens > PADDED_LONG_LIMIT and routed):
         if model.info.max_positions and long_tokens > model.info.max_positions:

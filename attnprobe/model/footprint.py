@@ -1,0 +1,174 @@
+"""A model's memory and time from its config alone (no weights): what `attnprobe check` prints and what
+`run`, `verify`, `probe` and `edit` refuse on before any weights load.
+
+Memory (bytes) = the weights (parameters x the dtype's size) + the largest working set of a phase:
+
+- a forward pass without gradients holds about one layer's intermediates at a time, per token
+  (residual, normed input, q, k, v, attention output, the MLP's gate, up and activated rows):
+  (3 E + 3 I + (H + 2 Hkv) D) x bytes, E model width, I MLP width, H heads, Hkv key/value heads, D head
+  size; plus the logits attnprobe reads (one row of V per sequence, float32);
+- head effects keep the clean runs of a chunk for every layer (hidden state, keys, values, head
+  outputs, MLP output: (3 E + 2 Hkv D + H D) per token and layer) beside one patched pass of
+  ROW_TOKENS rows x the padded length, and their attribution holds a backward pass over the chunk:
+  every layer's intermediates at once.
+
+Time = FLOPs / (the device's dense peak for the dtype x the fraction of it a phase reaches), with
+FLOPs = 2 x (parameters besides the embeddings) per forwarded token (+ 2 E V per logits row). The
+fractions were measured by benchmarks/gpu.py (EFFICIENCY below, with card and date); on a CPU the
+reference rate of forward/estimates.py applies instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ModelSpecError
+
+GB = 1e9
+# Dense peak in TFLOP/s by (card, dtype) from the vendors' data sheets (SXM parts, no sparsity);
+# float32 is the CUDA cores' rate (torch leaves TF32 off for matrix products by default).
+PEAK_TFLOPS = {
+    "H100": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0},
+    "H200": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0},
+    "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5},
+}
+ASSUMED_CARD = ("H100", 80 * 2**30)  # what `check --device cuda` assumes on a machine without one
+# The fraction of the dense peak each phase reaches (benchmarks/gpu.py on a lent GPU: card and date in
+# benchmarks/results/gpu.md). Until measured for a card, the prompt phase's goal (30%) is assumed.
+EFFICIENCY = {"prompts": 0.30, "head effects": 0.05}
+ROW_TOKENS = 4096  # measures/head_effects/engine.py: rows x padded length of one patched pass
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes the estimates read, from a config's text part."""
+
+    parameters: int
+    embeddings: int
+    E: int
+    I: int  # noqa: E741 (the MLP width, as in the formulas above)
+    L: int
+    H: int
+    Hkv: int
+    D: int
+    V: int
+
+    @classmethod
+    def of(cls, config) -> Shape | None:
+        """None where the config cannot be counted (a family with its own code)."""
+        from .shapes import parameter_count
+
+        text = config.get_text_config()
+        H = text.num_attention_heads
+        D = getattr(text, "head_dim", None) or text.hidden_size // H
+        counted = parameter_count(config)
+        if counted is None:
+            return None
+        total, embeddings = counted
+        return cls(
+            total,
+            embeddings,
+            text.hidden_size,
+            getattr(text, "intermediate_size", None) or 4 * text.hidden_size,
+            text.num_hidden_layers,
+            H,
+            getattr(text, "num_key_value_heads", None) or H,
+            D,
+            text.vocab_size,
+        )
+
+    def weights(self, dtype: str) -> float:
+        return self.parameters * _bytes(dtype)
+
+    def forward_working(self, dtype: str, tokens: int, sequences: int) -> float:
+        per_token = 3 * self.E + 3 * self.I + (self.H + 2 * self.Hkv) * self.D
+        return tokens * per_token * _bytes(dtype) + sequences * self.V * 4
+
+    def head_effects_working(self, dtype: str, tokens: int, sequences: int, longest: int) -> float:
+        bank = tokens * self.L * (3 * self.E + (2 * self.Hkv + self.H) * self.D) * _bytes(dtype)
+        backward = self.L * self.forward_working(dtype, tokens, 0)
+        return bank + backward + self.forward_working(dtype, ROW_TOKENS, ROW_TOKENS // max(longest, 1))
+
+    def flops_per_token(self) -> float:
+        return 2.0 * (self.parameters - self.embeddings)
+
+
+def _bytes(dtype: str) -> int:
+    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
+
+
+def card(device: str) -> tuple[str, float, float]:
+    """(card name, free bytes, total bytes) of `device`; on a machine without it, what is assumed."""
+    kind = torch.device(device).type
+    if kind == "cuda" and torch.cuda.is_available():
+        index = torch.device(device).index or 0
+        free, total = torch.cuda.mem_get_info(index)
+        name = torch.cuda.get_device_name(index)
+        known = next((k for k in PEAK_TFLOPS if re.search(k, name)), name)
+        return known, float(free), float(total)
+    if kind == "cuda":
+        return ASSUMED_CARD[0] + " (assumed: no GPU here)", float(ASSUMED_CARD[1]), float(ASSUMED_CARD[1])
+    available = _available_cpu_memory()
+    return "cpu", available, available
+
+
+def _available_cpu_memory() -> float:
+    """MemAvailable of /proc/meminfo (Linux), else the physical memory."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def peak_seconds(shape: Shape, dtype: str, tokens: int, device_card: str, phase: str) -> float | None:
+    """Seconds for `tokens` forwarded tokens on a known GPU at the phase's measured share of the peak;
+    None for a card or dtype without a known peak (a CPU: forward/estimates.py's rates)."""
+    peak = PEAK_TFLOPS.get(device_card.split(" ")[0], {}).get(dtype)
+    if peak is None:
+        return None
+    return tokens * shape.flops_per_token() / (peak * 1e12 * EFFICIENCY[phase])
+
+
+def check_fits(
+    config, spec: str, dtype: str, device: str, device_map: str | None, working: float = 0.0
+) -> None:
+    """Refuse, in one line and before any weights load, a model whose weights and working set exceed
+    the device's free memory, naming what would fit (a smaller dtype, --device-map auto)."""
+    if device_map is not None or torch.device(device).type not in ("cpu", "cuda"):
+        return
+    shape = Shape.of(config)
+    if shape is None:
+        return
+    name, free, _ = card(device)
+    need = shape.weights(dtype) + working
+    if need <= free:
+        return
+    options = [
+        f"--dtype {smaller} ({(shape.weights(smaller) + working) / GB:.1f} GB)"
+        for smaller in ("bfloat16",)
+        if _bytes(smaller) < _bytes(dtype) and shape.weights(smaller) + working <= free
+    ]
+    if torch.device(device).type == "cuda" and torch.cuda.device_count() > 1:
+        together = sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
+        if need <= together:
+            options.append(
+                f"--device-map auto ({torch.cuda.device_count()} GPUs, {together / GB:.0f} GB free)"
+            )
+    fix = (
+        "use " + " or ".join(options)
+        if options
+        else "use a device with more memory or --device-map auto across GPUs (--shard splits the prompts, "
+        "not the model)"
+    )
+    raise ModelSpecError(
+        f"'{spec}' needs about {need / GB:.1f} GB in {dtype} ({shape.parameters / 1e9:.2f} B parameters) "
+        f"but {device}{'' if name == 'cpu' else f' ({name})'} has {free / GB:.1f} GB free; {fix}"
+    )

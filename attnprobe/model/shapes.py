@@ -1,0 +1,151 @@
+"""Models of real shapes without their weights: `random:NAME` (a shipped config) or `random:PATH` (a
+directory holding a config.json, or the file itself), randomly initialised, for timing and memory only.
+
+The shipped configs (model/shapes/*.json, their sources in model/shapes/SOURCES.md) are the published
+config.json facts of Llama 3.2 1B, Llama 3.1 8B, Qwen 2.5 7B, Gemma 3 4B (its text model) and Llama 3.1
+70B. The weights are drawn with the family's own initialiser under seed 0, so a run on them measures
+speed and memory, never behaviour: every table of such a run describes noise, and its report says so.
+
+Tokenizer: the directory's own where it holds one (a config and tokenizer fetched without weights),
+else the bundled default model's (49,152 tokens, every id valid in every shipped vocabulary). Token
+counts per prompt then differ from the real tokenizer's by a few percent on English text.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import torch
+
+from ..defaults import DEFAULT_MODEL
+from ..errors import ModelSpecError
+
+PREFIX = "random:"
+SHAPES = Path(__file__).parent / "shapes"
+SEED = 0
+
+
+def is_random(spec) -> bool:
+    return isinstance(spec, str) and spec.startswith(PREFIX)
+
+
+def directory_name(spec: str) -> str:
+    """`random-NAME` (a shipped shape) or `random-DIR` (the config's directory or file stem)."""
+    name = spec[len(PREFIX) :]
+    path = Path(name)
+    stem = path.stem if path.suffix == ".json" and path.name != "config.json" else path.name
+    return "random-" + (stem if path.name != "config.json" else path.parent.name or "config")
+
+
+def refuse_random(spec: str, what: str) -> None:
+    """Random weights serve timing and memory only: refuse what measures behaviour on them."""
+    if is_random(spec):
+        raise ModelSpecError(
+            f"{what} measures what a model learned, and '{spec}' has random weights (for timing and memory "
+            "only); run it on the model's real weights"
+        )
+
+
+def shipped() -> list[str]:
+    """The names of the shipped shapes (`random:NAME`)."""
+    return sorted(p.stem for p in SHAPES.glob("*.json"))
+
+
+def _source(spec: str) -> tuple[dict, Path | None]:
+    """(config.json as a dict, the directory that may hold a tokenizer, or None)."""
+    name = spec[len(PREFIX) :]
+    path = Path(name).expanduser()
+    if (SHAPES / f"{name}.json").is_file():
+        file, folder = SHAPES / f"{name}.json", None
+    elif path.is_dir() and (path / "config.json").is_file():
+        file, folder = path / "config.json", path
+    elif path.is_file():
+        file, folder = path, path.parent
+    else:
+        raise ModelSpecError(
+            f"'{spec}': no shipped shape or config.json of that name; use random:NAME with NAME one of "
+            f"{', '.join(shipped())}, or random:PATH to a config.json or a directory holding one"
+        )
+    try:
+        values = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelSpecError(
+            f"'{spec}': {file} is not a readable JSON file ({exc}); fix or replace it"
+        ) from None
+    if not isinstance(values, dict) or "model_type" not in values:
+        raise ModelSpecError(f"'{spec}': {file} has no model_type; give a transformers config.json")
+    return values, folder
+
+
+def shape_config(spec: str):
+    """The transformers config of a `random:` spec (no weights, no download)."""
+    from transformers import AutoConfig
+
+    values, _ = _source(spec)
+    values = dict(values)
+    model_type = values.pop("model_type")
+    try:
+        return AutoConfig.for_model(model_type, **values)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ModelSpecError(f"'{spec}': transformers cannot build this config ({exc})") from None
+
+
+def shape_tokenizer(spec: str, config):
+    """The tokenizer of a `random:` spec: the config directory's own, else the default model's."""
+    from . import _load_tokenizer, load_tokenizer
+
+    _, folder = _source(spec)
+    has_own = folder is not None and any(
+        (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")
+    )
+    tokenizer = _load_tokenizer(str(folder), True, False) if has_own else load_tokenizer(DEFAULT_MODEL)[0]
+    vocabulary = config.get_text_config().vocab_size
+    if len(tokenizer) > vocabulary:
+        raise ModelSpecError(
+            f"'{spec}': its tokenizer has {len(tokenizer):,} tokens but the config's vocabulary {vocabulary:,}; "
+            "put the model's own tokenizer beside its config.json"
+        )
+    return tokenizer
+
+
+def random_model(spec: str, config, dtype: torch.dtype, device: str):
+    """The model of `config` with weights drawn on `device` (seed 0), built directly in `dtype`."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(SEED)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.name_or_path = spec
+    return model
+
+
+def parameter_count(config) -> tuple[int, int] | None:
+    """(every parameter, the embeddings' among them) of `config`'s causal LM, counted on the meta
+    device: exact for any family, no memory, about 0.1 s (2 s for Gemma 3's initialiser), once."""
+    try:
+        return _counted(config.to_json_string())
+    except Exception:  # a config transformers cannot rebuild (its own code): no estimate, no refusal
+        return None
+
+
+@functools.lru_cache(maxsize=16)
+def _counted(config_json: str) -> tuple[int, int]:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = json.loads(config_json)
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    seen, total = set(), 0
+    for p in model.parameters():  # tied tensors once
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    embeddings = {
+        id(m.weight): m.weight.numel()
+        for m in (model.get_input_embeddings(), model.get_output_embeddings())
+        if m is not None
+    }
+    return total, sum(embeddings.values())

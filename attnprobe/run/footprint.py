@@ -1,0 +1,76 @@
+"""A planned run's memory and time on a device, from the model's config and the plan (no weights): the
+lines `attnprobe check --device` prints and the working set `run` checks before loading
+(model/footprint.py holds the formulas)."""
+
+from __future__ import annotations
+
+from ..forward.estimates import CPU_FLOPS, head_effect_seconds
+from ..model.footprint import GB, Shape, card, peak_seconds
+from .plan import RunPlan
+
+
+def phase_memory(plan: RunPlan, shape: Shape) -> dict[str, float]:
+    """Working bytes of each phase of the plan (the weights besides): the prompt passes, and the head
+    effects' largest chunk where the suite declares them."""
+    longest = max((e.n_forward for e in plan.encoded), default=1)
+    batch = max((len(b.indices) for chunk in plan.chunks for b in chunk), default=1)
+    memory = {"prompts": shape.forward_working(plan.dtype, batch * longest, batch)}
+    part = plan.parts.get("head_effects")
+    if part is not None and part.chunks:
+        tokens = max(sum(len(i.x) * (1 + len(i.counterfactuals)) for i in chunk) for chunk in part.chunks)
+        sequences = max(sum(1 + len(i.counterfactuals) for i in chunk) for chunk in part.chunks)
+        memory["head effects"] = shape.head_effects_working(plan.dtype, tokens, sequences, longest)
+    return memory
+
+
+def phase_seconds(plan: RunPlan, shape: Shape, device_card: str) -> dict[str, float | None]:
+    """Seconds of each phase on a known GPU (None where its peak is unknown, e.g. a CPU)."""
+    tokens = plan.sharing["tokens_forwarded"]
+    seconds = {"prompts": peak_seconds(shape, plan.dtype, tokens, device_card, "prompts")}
+    part = plan.parts.get("head_effects")
+    if part is not None and part.items:
+        reference_flops = head_effect_seconds(part.measure, part.items) * CPU_FLOPS
+        per_token = shape.flops_per_token()
+        seconds["head effects"] = peak_seconds(
+            shape, plan.dtype, reference_flops / per_token * plan_scale(shape), device_card, "head effects"
+        )
+    return seconds
+
+
+def plan_scale(shape: Shape) -> float:
+    """head_effect_seconds counts the reference model's work; a larger model does more per token."""
+    from ..forward.estimates import REFERENCE_PARAMETERS
+
+    return (shape.parameters - shape.embeddings) / REFERENCE_PARAMETERS
+
+
+def working_bytes(plan: RunPlan) -> float:
+    shape = Shape.of(plan.config)
+    return max(phase_memory(plan, shape).values()) if shape else 0.0
+
+
+def footprint_lines(plan: RunPlan, device: str) -> list[str]:
+    """Memory against the device's free memory, and time where the device's peak is known."""
+    shape = Shape.of(plan.config)
+    if shape is None:
+        return [f"memory: not estimated ({plan.spec}'s config needs its own code to count parameters)"]
+    name, free, total = card(device)
+    weights = shape.weights(plan.dtype)
+    memory = phase_memory(plan, shape)
+    each = ", ".join(f"{phase} {(weights + b) / GB:.1f} GB" for phase, b in memory.items())
+    peak = weights + max(memory.values())
+    verdict = "fits" if peak <= free else "does NOT fit: run refuses it (see --dtype, --device-map auto)"
+    lines = [
+        f"memory on {device} ({name}, {free / GB:.1f} of {total / GB:.1f} GB free): weights "
+        f"{weights / GB:.2f} GB ({shape.parameters / 1e9:.2f} B parameters in {plan.dtype}); peak by phase: "
+        f"{each}; {verdict}"
+    ]
+    seconds = phase_seconds(plan, shape, name)
+    if all(s is not None for s in seconds.values()):
+        each = ", ".join(f"{phase} {s / 60:.2f} min" for phase, s in seconds.items())
+        lines.append(
+            f"time on {name} in {plan.dtype}: about {sum(seconds.values()) / 60:.2f} min ({each}), from "
+            f"{shape.flops_per_token() / 1e9:.1f} GFLOP per token at the fractions of the dense peak "
+            "benchmarks/gpu.py measured"
+        )
+    return lines
