@@ -193,7 +193,7 @@ def shape_folder(name: str, tokenizer, work: Path, tiny: bool) -> Path:
         config = dict(FAMILIES["llama"], model_type="llama", vocab_size=len(tokenizer))
         (folder / "config.json").write_text(json.dumps(config))
     else:
-        shutil.copyfile(ROOT / "attnprobe" / "model" / "shapes" / f"{name}.json", folder / "config.json")
+        shutil.copyfile(ROOT / "attnprobe" / "model" / "configs" / f"{name}.json", folder / "config.json")
     tokenizer.save_pretrained(folder)
     return folder
 

@@ -16,6 +16,7 @@ import pandas as pd
 
 from ..errors import RunError
 from ..measures.head_effects.designs import SlotSwap, per_value_column
+from ..forward.capture import on_model_device
 from ..model import load_model
 from ..model.shapes import refuse_random
 from ..report.figures import figure
@@ -155,14 +156,27 @@ def run_edits(
     run, suite = _run_and_suite(directory)  # the run and the options too, before taking the lock
     checked_options(options, run.manifest, suite)
     with exclusive(directory):
-        summary, model = _run_edits(directory, options, model, log, device)
-        if suites:
-            ks = [k for k in also_ks if k in set(summary["k"])]
-            chosen = [(kind, k) for kind in options.kinds for k in ks] + [(STREAM, 0)] * options.stream
-            table = transfer(directory, suites, chosen, model, log)
-            write_table(directory, "edits_transfer", table)
-            log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
-        return summary
+        if model is None:
+            model = _load(run.manifest, device, log)
+        with on_model_device(model):
+            return _sweep_and_transfer(directory, options, model, log, suites, also_ks)
+
+
+def _load(manifest: dict, device: str, log):
+    refuse_random(manifest["model"]["spec"], "attnprobe edit")
+    log(f"loading {manifest['model']['spec']} ({manifest['dtype']})")
+    return load_model(manifest["model"]["spec"], dtype=manifest["dtype"], device=device)
+
+
+def _sweep_and_transfer(directory: Path, options: EditOptions, model, log, suites, also_ks) -> pd.DataFrame:
+    summary = _run_edits(directory, options, model, log)
+    if suites:
+        ks = [k for k in also_ks if k in set(summary["k"])]
+        chosen = [(kind, k) for kind in options.kinds for k in ks] + [(STREAM, 0)] * options.stream
+        table = transfer(directory, suites, chosen, model, log)
+        write_table(directory, "edits_transfer", table)
+        log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
+    return summary
 
 
 def checked_options(options: EditOptions, manifest: dict, suite) -> tuple:
@@ -180,17 +194,13 @@ def checked_options(options: EditOptions, manifest: dict, suite) -> tuple:
     return listed, word
 
 
-def _run_edits(directory: Path, options: EditOptions, model, log, device) -> tuple[pd.DataFrame, object]:
-    """The sweep; returns the edits table and the model it loaded (for --also)."""
+def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFrame:
+    """The sweep; returns the edits table."""
     run, suite = _run_and_suite(directory)
     m = run.manifest
     started = time.monotonic()
     L, H = m["model"]["n_layers"], m["model"]["n_heads"]
     listed, word = checked_options(options, m, suite)
-    if model is None:
-        refuse_random(m["model"]["spec"], "attnprobe edit")
-        log(f"loading {m['model']['spec']} ({m['dtype']})")
-        model = load_model(m["model"]["spec"], dtype=m["dtype"], device=device)
     weights = _same_model(directory, m, model)
     plan = plan_run(suite, model, RunOptions(limit=m["settings"]["limit"], out=directory, log=log))
     effects = plan.parts["head_effects"]
@@ -259,7 +269,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log, device) -> tup
         f"edit: edits.csv, edits_draws.csv and figures/edit_frontier.png in {directory}; {saved} fitted "
         "edits in edits/ (apply one with `attnprobe run SUITE --edit FILE`)"
     )
-    return summary, model
+    return summary
 
 
 def _source(directory: Path, manifest: dict, options: EditOptions, source: dict) -> dict:

@@ -51,7 +51,7 @@ def token_sample(bank: Bank, n: int, seed: int) -> torch.Tensor:
     """(L, H, n', D) z at n' = min(n, tokens) tokens drawn without replacement."""
     rows, positions = _valid(bank).nonzero(as_tuple=True)
     generator = torch.Generator().manual_seed(seed)
-    pick = torch.randperm(len(rows), generator=generator)[:n]
+    pick = torch.randperm(len(rows), generator=generator, device="cpu")[:n].to(rows.device)
     return torch.stack([z[rows[pick], :, positions[pick]].float().transpose(0, 1) for z in bank.outputs])
 
 

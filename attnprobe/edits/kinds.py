@@ -157,9 +157,12 @@ class Resample(HeadEdit):
     def replacement(self, layer, z):
         B, H, T, D = z.shape
         generator = torch.Generator().manual_seed(self.seed * 100_003 + layer)
-        pick = torch.randint(self.bank.shape[2], (B, H, T), generator=generator)  # per row, head, position
+        pick = torch.randint(
+            self.bank.shape[2], (B, H, T), generator=generator, device="cpu"
+        )  # per row, head, position
+        pick = pick.to(z.device)
         per_head = self.bank[layer].to(z)  # (H, N, D)
-        return per_head[torch.arange(H)[None, :, None], pick]  # (B, H, T, D)
+        return per_head[torch.arange(H, device=z.device)[None, :, None], pick]  # (B, H, T, D)
 
     @classmethod
     def fit(cls, inputs, on, options) -> Resample:

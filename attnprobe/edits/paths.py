@@ -75,7 +75,9 @@ def path_runs(module, bank: Bank, reference: Bank, pairs: list[Pair], labels, ru
                 reference, donor, where, index, masks["output"], masks["pattern"], masks["value"], at
             )
             hidden = bank.hidden[int(layer)][rows]
-            y[batch] = rerun_y(module, bank, rows, int(layer), hidden, labels[rows], [editing(edit)]).numpy()
+            y[batch] = (
+                rerun_y(module, bank, rows, int(layer), hidden, labels[rows], [editing(edit)]).cpu().numpy()
+            )
     return y
 
 

@@ -124,7 +124,7 @@ def unit_states(pm, suite, span: str) -> tuple[list, np.ndarray, np.ndarray]:
         last = torch.tensor([len(k) - 1 for k in batch])
         hidden = torch.stack(out.hidden_states)  # (L + 1, B, T, E)
         states.append(hidden[:, torch.arange(len(batch)), last].float())  # (L + 1, B, E)
-    states = torch.cat(states, 1).numpy()  # (L + 1, prefixes, E)
+    states = torch.cat(states, 1).cpu().numpy()  # (L + 1, prefixes, E)
     rows = pd.DataFrame(
         [
             (i, str(value_of(p, analysis.unit)), p.template_id, float(value_of(p, analysis.covariate)))

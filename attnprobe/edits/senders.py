@@ -100,8 +100,8 @@ def pair_frame(items, bank, reference, pairs, labels) -> pd.DataFrame:
             "unit": [items[p.item].unit for p in pairs],
             "template_id": [items[p.item].template_id for p in pairs],
             "covariate": [items[p.item].covariate for p in pairs],
-            "y": behaviour_rows(bank.logits[n], labels[n, 0], labels[n, 1]).double().numpy(),
-            "y_cf": behaviour_rows(reference.logits[r], labels[n, 0], labels[n, 1]).double().numpy(),
+            "y": behaviour_rows(bank.logits[n], labels[n, 0], labels[n, 1]).double().cpu().numpy(),
+            "y_cf": behaviour_rows(reference.logits[r], labels[n, 0], labels[n, 1]).double().cpu().numpy(),
         }
     )
 
@@ -201,7 +201,7 @@ def screen(module, anatomy, bank, reference, pairs: list[Pair], receiver: tuple[
             (g,) = torch.autograd.grad(y.sum(), delta)
         with torch.inference_mode():
             names, parts = writes(anatomy, bank, reference, batch, layer)
-            out.append(torch.einsum("be,bse->bs", g.to(parts.dtype), parts).double().numpy())
+            out.append(torch.einsum("be,bse->bs", g.to(parts.dtype), parts).double().cpu().numpy())
     return names, np.concatenate(out)
 
 
@@ -221,5 +221,5 @@ def edges(
         rows = [p for p in batch for _ in senders]
         heads = torch.full((len(rows),), head)
         y = _sender_pass(module, anatomy, bank, rows, heads, layer, labels, picked.reshape(len(rows), -1))
-        out[start : start + len(batch)] = y.numpy().reshape(len(batch), len(senders))
+        out[start : start + len(batch)] = y.cpu().numpy().reshape(len(batch), len(senders))
     return out

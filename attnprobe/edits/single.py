@@ -49,7 +49,7 @@ def measure_single(
         keys = [(rank, -1, index) for rank in range(1, len(heads) + 1) for index in range(n)]
         if target == "text":
             kl, loss = edited_text_costs(model, bank, inputs.clean_logp, Zero(), torch.stack(masks))
-            frames.append(_rows(target, keys, kl=kl.numpy(), loss=loss.numpy()))
+            frames.append(_rows(target, keys, kl=kl.cpu().numpy(), loss=loss.cpu().numpy()))
         else:
             labels = inputs.labels if target == "bias" else inputs.control_labels
             frames.append(_rows(target, keys, y=_behaviour(model, bank, Zero(), base, masks, labels)))

@@ -111,7 +111,7 @@ class StreamEdit:
         fit = inputs.control_half == 0
         control = last_states(inputs.control, layer)[torch.as_tensor(fit)]
         keep = definitional_directions(control, inputs.control_sign[fit])
-        along, functional, mean = erasers(states, inputs.covariate[chosen.numpy()], keep, shrink=True)
+        along, functional, mean = erasers(states, inputs.covariate[chosen.cpu().numpy()], keep, shrink=True)
         return cls(layer, along[0, 0], functional[0, 0], mean[0, 0])
 
 
@@ -151,7 +151,9 @@ def stream_behaviour(module, bank: Bank, edit: StreamEdit, labels: torch.Tensor)
     parameters are (N, E)); `labels` (N, 2, K)."""
     y = np.empty(len(bank.lengths))
     for rows, hidden, applied in _batches(module, bank, edit):
-        y[rows.numpy()] = rerun_y(module, bank, rows, edit.layer, hidden, labels[rows], applied).numpy()
+        y[rows.cpu().numpy()] = (
+            rerun_y(module, bank, rows, edit.layer, hidden, labels[rows], applied).cpu().numpy()
+        )
     return y
 
 

@@ -233,7 +233,7 @@ def measure_kind(
             frames.append(_rows(target, keys, y=y))
         else:  # variant v is text v % n (the loop above runs over the texts innermost)
             kl, loss = edited_text_costs(model, bank, inputs.clean_logp, everywhere, torch.stack(masks))
-            frames.append(_rows(target, keys, kl=kl.numpy(), loss=loss.numpy()))
+            frames.append(_rows(target, keys, kl=kl.cpu().numpy(), loss=loss.cpu().numpy()))
         log(f"edit: {kind}, {target} ({time.monotonic() - started:.0f} s)")
     out = pd.concat(frames, ignore_index=True)
     heads_text = {k: " | ".join(str(HeadSet(per_fold[f])) for f in range(4)) for k, per_fold in sets.items()}
@@ -250,7 +250,7 @@ def _behaviour(model, bank, edit, base, masks, labels: torch.Tensor, which=None)
     base = torch.as_tensor(base)
     pos, neg = labels[base, 0], labels[base, 1]
     which = None if which is None else torch.as_tensor(which)
-    return edited_behaviour(model, bank, edit, base, torch.stack(masks), pos, neg, which=which).numpy()
+    return edited_behaviour(model, bank, edit, base, torch.stack(masks), pos, neg, which=which).cpu().numpy()
 
 
 def _rows(target: str, keys, **values) -> pd.DataFrame:
@@ -273,8 +273,8 @@ def clean_values(model, inputs: Inputs) -> pd.DataFrame:
         for t, logp in enumerate(inputs.clean_logp)
     ]
     frames = [
-        _rows("bias", [(0, -1, i) for i in range(n)], y=y.double().numpy()),
-        _rows("control", [(0, -1, i) for i in range(m)], y=y_control.double().numpy()),
+        _rows("bias", [(0, -1, i) for i in range(n)], y=y.double().cpu().numpy()),
+        _rows("control", [(0, -1, i) for i in range(m)], y=y_control.double().cpu().numpy()),
         _rows("text", [(0, -1, i) for i in range(len(loss))], kl=0.0, loss=np.array(loss)),
     ]
     return pd.concat(frames, ignore_index=True).assign(kind="none", heads="", heads_all="")

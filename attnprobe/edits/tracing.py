@@ -54,7 +54,7 @@ def _patched_y(module, bank: Bank, reference: Bank, layer: int, pairs, labels, g
         hidden = bank.hidden[layer][rows].clone()
         for b, (_, r, (here, there)) in enumerate(batch):
             hidden[b, here] = reference.hidden[layer][r, there]
-        y[rows.numpy()] = rerun_y(module, bank, rows, layer, hidden, labels[rows]).numpy()
+        y[rows.cpu().numpy()] = rerun_y(module, bank, rows, layer, hidden, labels[rows]).cpu().numpy()
     return y
 
 

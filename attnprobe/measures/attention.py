@@ -223,7 +223,7 @@ def blocks(measures, batch, rows_per_prompt: list[list[int]], W: torch.Tensor) -
                 w = W[:, b, :, src, t0:t1]  # (L, H, source tokens, target tokens)
                 value = _aggregate(_aggregate(w, m.target_agg, -1), m.source_agg, -1)  # (L, H)
                 out.append(
-                    (e.prompt.prompt_id, m.label, target, value.reshape(-1).numpy().astype(np.float32))
+                    (e.prompt.prompt_id, m.label, target, value.reshape(-1).cpu().numpy().astype(np.float32))
                 )
     return out
 
@@ -258,7 +258,7 @@ def attention_table(blocks: list, n_layers: int, n_heads: int) -> pa.Table:
 def pack_weights(weights: torch.Tensor) -> tuple[list[int], str]:
     """(L, H, T, T) weights in [0, 1] for the attention view: quantised to uint16 (error <= 8e-6)
     and base64-encoded, compact and quick to write."""
-    quantised = torch.round(weights.clamp(0, 1) * 65535).to(torch.int32).numpy().astype("<u2")
+    quantised = torch.round(weights.clamp(0, 1) * 65535).to(torch.int32).cpu().numpy().astype("<u2")
     return list(quantised.shape), base64.b64encode(quantised.tobytes()).decode()
 
 

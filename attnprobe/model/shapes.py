@@ -1,7 +1,7 @@
 """Models of real shapes without their weights: `random:NAME` (a shipped config) or `random:PATH` (a
 directory holding a config.json, or the file itself), randomly initialised, for timing and memory only.
 
-The shipped configs (model/shapes/*.json, their sources in model/shapes/SOURCES.md) are the published
+The shipped configs (model/configs/*.json, their sources in model/configs/SOURCES.md) are the published
 config.json facts of Llama 3.2 1B, Llama 3.1 8B, Qwen 2.5 7B, Gemma 3 4B (its text model) and Llama 3.1
 70B. The weights are drawn with the family's own initialiser under seed 0, so a run on them measures
 speed and memory, never behaviour: every table of such a run describes noise, and its report says so.
@@ -23,7 +23,7 @@ from ..defaults import DEFAULT_MODEL
 from ..errors import ModelSpecError
 
 PREFIX = "random:"
-SHAPES = Path(__file__).parent / "shapes"
+SHAPES = Path(__file__).parent / "configs"
 SEED = 0
 
 

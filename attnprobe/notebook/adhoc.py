@@ -176,13 +176,13 @@ def _frame(n: int, sentence: dict, name: str, weights: torch.Tensor) -> pd.DataF
         {
             "sentence": n,
             "text": sentence["text"],
-            "layer": torch.arange(L).repeat_interleave(H * T).numpy(),
-            "head": torch.arange(H).repeat_interleave(T).repeat(L).numpy(),
+            "layer": torch.arange(L).repeat_interleave(H * T).cpu().numpy(),
+            "head": torch.arange(H).repeat_interleave(T).repeat(L).cpu().numpy(),
             "source": name,
-            "position": torch.arange(T).repeat(L * H).numpy(),
+            "position": torch.arange(T).repeat(L * H).cpu().numpy(),
             "token": sentence["tokens"] * (L * H),
             "span": owner * (L * H),
-            "weight": weights.reshape(-1).float().numpy(),
+            "weight": weights.reshape(-1).float().cpu().numpy(),
         }
     )
 
@@ -202,6 +202,6 @@ def recompute_attention(model, text: str, n_tokens: int, layer: int, head: int) 
             "pass the run's own model"
         )
     captured = run_with_capture(pm, torch.tensor([ids]), layers=[layer])
-    weights = captured.weights[layer][0, head].float().numpy()  # (T, T): queries x keys
+    weights = captured.weights[layer][0, head].float().cpu().numpy()  # (T, T): queries x keys
     labels = [f"{i}:{pm.tokenizer.decode([t])}" for i, t in enumerate(ids)]
     return pd.DataFrame(weights, index=pd.Index(labels, name="query"), columns=pd.Index(labels, name="key"))

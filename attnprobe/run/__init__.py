@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from ..errors import RunError
-from ..forward.capture import active_model_edit
+from ..forward.capture import active_model_edit, on_model_device
 from ..measures import batch_kinds
 from ..model import ProbeModel, load_model
 from ..model.checks import check_device
@@ -62,7 +62,7 @@ def run_suite(
             manifest.update(kind.resumed(declared, part, previous, directory))
         storage.write_manifest(directory, manifest)
         started = time.perf_counter()
-        with recorded_end(directory, manifest), _edited(pm, options.edits):
+        with recorded_end(directory, manifest), _edited(pm, options.edits), on_model_device(pm):
             storage.write_table(directory, "prompts", storage.prompts_table(plan.encoded))
             seconds = run_phase(directory, prompts_phase(pm, plan, options), options, manifest)
             manifest["prompt_phase"] = {"seconds": round(seconds, 4), "device": str(pm.device)}

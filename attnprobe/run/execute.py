@@ -32,6 +32,7 @@ def measure_batch(
     else:
         ids, mask = pad_right([e.forward_ids for e in batch], pm.tokenizer.pad_token_id)
         captured = run_with_capture(pm, ids, mask, **asked)
+    captured = captured.cpu()  # the measures read on the CPU, whatever the model's device
     return {
         kind.NAME: kind.read(
             pm, measures[kind.NAME], plan.parts[kind.NAME], batch, captured, states[kind.NAME]

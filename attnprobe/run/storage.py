@@ -127,7 +127,7 @@ def content_sha(module) -> str:
         seen.add(tensor.data_ptr())
         sha.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-        sha.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+        sha.update(flat.view(torch.uint8).cpu().numpy() if flat.numel() else b"")
     return sha.hexdigest()
 
 

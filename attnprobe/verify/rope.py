@@ -126,7 +126,7 @@ def frequencies(
 
 def angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """(..., T, R/2) angle of each pair: position x speed, in float32 as the models do."""
-    return positions.float()[..., None] * inv_freq.float()
+    return positions.float()[..., None] * inv_freq.float().to(positions.device)
 
 
 def rotate(

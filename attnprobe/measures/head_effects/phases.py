@@ -182,8 +182,8 @@ def screen(
             "output_in": effect("output", "in"),
             "output_out": effect("output", "out"),
             "pattern_in": effect("pattern", "in"),
-            "attribution_output": attribution["attribution_output"][k].reshape(-1).numpy(),
-            "attribution_pattern": attribution["attribution_pattern"][k].reshape(-1).numpy(),
+            "attribution_output": attribution["attribution_output"][k].reshape(-1).cpu().numpy(),
+            "attribution_pattern": attribution["attribution_pattern"][k].reshape(-1).cpu().numpy(),
         }
         heads.append(
             pd.DataFrame(
@@ -202,8 +202,8 @@ def screen(
                     **key,
                     "layer": np.arange(L),
                     **{c: nan(L) if layers[c] is None else layers[c] for c in LAYER_COLUMNS},
-                    "attention_attribution": attribution["attribution_output"][k].sum(-1).numpy(),
-                    "mlp_attribution": attribution["attribution_mlp"][k].numpy(),
+                    "attention_attribution": attribution["attribution_output"][k].sum(-1).cpu().numpy(),
+                    "mlp_attribution": attribution["attribution_mlp"][k].cpu().numpy(),
                 }
             )
         )
@@ -218,7 +218,7 @@ def _delta(ys: torch.Tensor | None, direction: str, y: torch.Tensor, y_cf: torch
     """Patch in: how far the patch moves y(x) toward y(x'); patch out: how much of y(x') it removes."""
     if ys is None:
         return None
-    return (ys - y if direction == "in" else y_cf - ys).numpy()
+    return (ys - y if direction == "in" else y_cf - ys).cpu().numpy()
 
 
 def _random_columns(values: np.ndarray | None) -> dict:
@@ -277,8 +277,8 @@ def selected(
             pd.DataFrame(
                 {
                     **key,
-                    "layer": layer.numpy(),
-                    "head": head.numpy(),
+                    "layer": layer.cpu().numpy(),
+                    "head": head.cpu().numpy(),
                     **{c: np.full(len(layer), np.nan) if v is None else v for c, v in columns.items()},
                 }
             )
