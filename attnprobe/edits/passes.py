@@ -154,9 +154,11 @@ def edited_behaviour(
         module, bank, edit, base, heads, vocabulary, row_tokens, share, which
     ):
         y[rows] = (
-            narrowed_behaviour(logits, positive[rows], negative[rows], vocabulary, narrowed).double().cpu()
+            narrowed_behaviour(logits, positive[rows], negative[rows], vocabulary, narrowed)
+            .double()
+            .to(y.device)
         )
-    return y
+    return y.cpu()
 
 
 @torch.inference_mode()

@@ -120,10 +120,11 @@ def unit_states(pm, suite, span: str) -> tuple[list, np.ndarray, np.ndarray]:
     for start in range(0, len(keys), 64):
         batch = keys[start : start + 64]
         ids, mask = pad_right(batch, pm.tokenizer.pad_token_id or 0)  # (B, T)
+        ids, mask = ids.to(pm.device), mask.to(pm.device)
         out = pm.model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
-        last = torch.tensor([len(k) - 1 for k in batch])
+        last = torch.tensor([len(k) - 1 for k in batch], device=pm.device)
         hidden = torch.stack(out.hidden_states)  # (L + 1, B, T, E)
-        states.append(hidden[:, torch.arange(len(batch)), last].float())  # (L + 1, B, E)
+        states.append(hidden[:, torch.arange(len(batch), device=pm.device), last].float())  # (L + 1, B, E)
     states = torch.cat(states, 1).cpu().numpy()  # (L + 1, prefixes, E)
     rows = pd.DataFrame(
         [

@@ -66,7 +66,7 @@ def token_logprobs(
     the logits would exceed LOGIT_BUDGET); `advance(n)` is told after each pass."""
     model, tokenizer = pm.model, pm.tokenizer
     sequences = [tuple(prefix) + tuple(tail) for prefix, tail in pairs]
-    out = [torch.zeros(len(tail), dtype=torch.float64) for _, tail in pairs]
+    out = [torch.zeros(len(tail), dtype=torch.float64, device="cpu") for _, tail in pairs]
     if not sequences:
         return out
     share = prefix_sharing_blocker(model.config, max(map(len, sequences))) is None

@@ -159,7 +159,7 @@ def patched(
                     bank.logits[variants.base[group]], variants.positive[group], variants.negative[group]
                 )
                 .double()
-                .cpu()
+                .to(y.device)
             )
             continue
         for rows in plan_passes(
@@ -170,9 +170,9 @@ def patched(
                     model, bank, variants, rows, layer, int(variants.at[rows].min()) if share_prefix else 0
                 )
                 .double()
-                .cpu()
+                .to(y.device)
             )
-    return y
+    return y.cpu()
 
 
 def plan_passes(
