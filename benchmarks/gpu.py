@@ -386,50 +386,77 @@ def commands(device: str, tokenizer, work: Path) -> list[dict]:
     return rows
 
 
+PARITY_HEADER = (
+    "| family | dtype | verify | max dweights (tol) | tables max rel diff (tol) | edit logits rel diff | ok |"
+)
+SHAPE_HEADER = (
+    "| shape | params (B) | load s | prompts | prompts/s | prompt phase s | forward: tokens, ms, share of "
+    "peak | head-effect pairs/s | eager loop s (ratio) | peak GB | estimate GB (error) | verify: max "
+    "dweights (tol) |"
+)
+
+
+def _parity_line(r: dict) -> str:
+    if "error" in r:
+        return f"| {r['family']} | {r['dtype']} | error: {r['error']} | | | | NO |"
+    cells = [
+        r["family"],
+        r["dtype"],
+        "pass" if r["verify_passed"] else "FAIL",
+        f"{r['verify_max_dweights_capture']:.1e} ({r['verify_tol_weights']:.0e})",
+        f"{r['tables_max_rel_diff']:.1e} ({r['table_tolerance']:.0e})",
+        f"{r['edit_logits_rel_diff']:.1e}",
+        "yes" if r["passed"] else "NO",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _shape_line(r: dict) -> str:
+    share = f"{r['forward_peak_fraction']:.0%}" if r["forward_peak_fraction"] else "n/a"
+    error = f"{r['memory_estimate_error']:+.0%}" if r["memory_estimate_error"] is not None else "n/a"
+    cells = [
+        r["shape"],
+        r["parameters_b"],
+        r["load_s"],
+        r["n_prompts"],
+        r["prompts_per_s"],
+        f"{r['prompt_phase_s']:.2f}",
+        f"{r['forward_tokens']}, {r['forward_s'] * 1e3:.1f}, {share}",
+        r["head_effect_pairs_per_s"],
+        f"{r['eager_loop_s']} ({r['prompt_phase_vs_eager']}x)",
+        r["peak_memory_gb"] or "n/a",
+        f"{r['estimated_memory_gb']} ({error})",
+        f"{'pass' if r['verify_passed'] else 'FAIL'} {r['verify_max_dweights_capture']:.1e} "
+        f"({r['verify_tol_weights']:.0e})",
+    ]
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
 def markdown(result: dict) -> str:
     lines = [
         f"Measured {result['date']} on {result['device']} (torch {result['torch']}, transformers "
-        f"{result['transformers']}); command: `{result['command']}`; an 8192^3 bfloat16 matrix product ran at "
-        f"{result['matmul_bf16_tflops']} TFLOP/s (shares below are of the data sheet's dense peak)",
+        f"{result['transformers']}); command: `{result['command']}`; an 8192^3 bfloat16 matrix product "
+        f"ran at {result['matmul_bf16_tflops']} TFLOP/s (shares below are of the data sheet's dense peak)",
         "",
-        "## Parity: the device against the CPU's float32",
+        "## Parity: the device against the CPU, the same weights in the same dtype",
         "",
-        "| family | dtype | verify | max dweights (tol) | tables max rel diff (tol) | edit logits rel diff | ok |",
+        PARITY_HEADER,
         "|---|---|---|---|---|---|---|",
-    ]
-    for r in result["parity"]:
-        if "error" in r:
-            lines.append(f"| {r['family']} | {r['dtype']} | error: {r['error']} | | | | NO |")
-            continue
-        lines.append(
-            f"| {r['family']} | {r['dtype']} | {'pass' if r['verify_passed'] else 'FAIL'} | "
-            f"{r['verify_max_dweights_capture']:.1e} ({r['verify_tol_weights']:.0e}) | "
-            f"{r['tables_max_rel_diff']:.1e} ({r['table_tolerance']:.0e}) | {r['edit_logits_rel_diff']:.1e} | "
-            f"{'yes' if r['passed'] else 'NO'} |"
-        )
-    lines += [
+        *map(_parity_line, result["parity"]),
         "",
         "## The gender suite at real shapes (random weights)",
         "",
-        "| shape | params (B) | load s | prompts | prompts/s | prompt phase s | forward: tokens, ms, share of "
-        "peak | head-effect pairs/s | eager loop s (ratio) | peak GB | estimate GB (error) | verify: max "
-        "dweights (tol) |",
+        SHAPE_HEADER,
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *map(_shape_line, result["shapes"]),
+        "",
+        "## The commands on the device",
+        "",
+        "| command | exit | s |",
+        "|---|---|---|",
+        *[f"| `{r['command']}` | {r['exit']} | {r['seconds']} |" for r in result["commands"]],
+        *[f"- {note}" for note in result["notes"]],
     ]
-    for r in result["shapes"]:
-        share = f"{r['forward_peak_fraction']:.0%}" if r["forward_peak_fraction"] else "n/a"
-        memory = f"{r['peak_memory_gb']}" if r["peak_memory_gb"] else "n/a"
-        error = f"{r['memory_estimate_error']:+.0%}" if r["memory_estimate_error"] is not None else "n/a"
-        lines.append(
-            f"| {r['shape']} | {r['parameters_b']} | {r['load_s']} | {r['n_prompts']} | {r['prompts_per_s']} | "
-            f"{r['prompt_phase_s']:.2f} | {r['forward_tokens']}, {r['forward_s'] * 1e3:.1f}, {share} | "
-            f"{r['head_effect_pairs_per_s']} | {r['eager_loop_s']} ({r['prompt_phase_vs_eager']}x) | {memory} | "
-            f"{r['estimated_memory_gb']} ({error}) | {'pass' if r['verify_passed'] else 'FAIL'} "
-            f"{r['verify_max_dweights_capture']:.1e} ({r['verify_tol_weights']:.0e}) |"
-        )
-    lines += ["", "## The commands on the device", "", "| command | exit | s |", "|---|---|---|"]
-    lines += [f"| `{r['command']}` | {r['exit']} | {r['seconds']} |" for r in result["commands"]]
-    lines += [f"- {note}" for note in result["notes"]]
     return "\n".join(lines) + "\n"
 
 

@@ -48,7 +48,8 @@ class OneLineErrors(click.Group):
 EXAMPLES = {
     "models": "attnprobe models",
     "verify": "attnprobe verify --model gemma3-270m --long 600",
-    "check": "attnprobe check probes/gender.yaml --model random:llama-3.1-8b --device cuda:0 --dtype bfloat16",
+    "check": "attnprobe check probes/gender.yaml --model random:llama-3.1-8b --device cuda:0 "
+    "--dtype bfloat16",
     "report": "attnprobe report reports/gender/smollm2-135m reports/gender/gemma3-270m",
     "merge": "attnprobe merge reports/gender/smollm2-135m shard-1 shard-2",
     "compare": "attnprobe compare reports/gender/smollm2-135m reports/gender/smollm2-135m-edited-leace-k1",

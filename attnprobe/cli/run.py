@@ -173,7 +173,12 @@ def run(suite, model_spec, with_report, edit_files, skipped, **settings):
             f"(item, counterfactual) pairs in {effects['seconds']:.1f} s ({len(effects['dropped'])} "
             "dropped, listed in manifest.json)"
         )
-    if shard or not with_report:  # no statistics: what was computed, and where, is the result
+    if shard and _launched(shard):  # torchrun: rank 0 joins the shards once every rank is done
+        joined = _join_ranks(result.directory.parent, shard)
+        if joined is None:
+            return
+        result = joined
+    elif shard or not with_report:  # no statistics: what was computed, and where, is the result
         for line in timing:
             click.echo(line)
         if shard:
@@ -181,6 +186,9 @@ def run(suite, model_spec, with_report, edit_files, skipped, **settings):
                 f"shard {shard[0]} of {shard[1]} done; join all shards with: "
                 "attnprobe merge OUT_DIR SHARD_DIR ..."
             )
+        return
+    if not with_report:
+        click.echo(f"merged {shard[1]} shards -> {result.directory}")
         return
     import json
 
@@ -198,3 +206,36 @@ def run(suite, model_spec, with_report, edit_files, skipped, **settings):
     summary = json.loads((result.directory / "summary.json").read_text())
     for line in summary_lines(summary):  # the result: a short table (the full prose is in the report)
         click.echo(line)
+
+
+def _launched(shard) -> bool:
+    """This process is rank shard[0] - 1 of a torchrun / accelerate launch (`--shard auto`)."""
+    env = os.environ
+    return (
+        "MASTER_ADDR" in env
+        and env.get("WORLD_SIZE") == str(shard[1])
+        and env.get("RANK") == str(shard[0] - 1)
+        and shard[1] > 1
+    )
+
+
+def _join_ranks(out, shard):
+    """Wait for every rank (a gloo barrier: CPU only, beside whatever GPUs the ranks use), then on rank 0
+    merge the shard directories into `out`; returns the merged run on rank 0, None elsewhere."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ..notebook.api import merge_shards
+
+    dist.init_process_group("gloo", timeout=timedelta(days=7))  # a shard may run for days
+    try:
+        dist.barrier()
+        merged = None
+        if dist.get_rank() == 0:
+            shards = [out / f"shard-{k}-of-{shard[1]}" for k in range(1, shard[1] + 1)]
+            merged = merge_shards(shards, out)
+        dist.barrier()  # the other ranks end once the merged run is written
+        return merged
+    finally:
+        dist.destroy_process_group()

@@ -1,8 +1,7 @@
 """`attnprobe edit RUN_DIR`: load what the run found, measure every edit kind (each a phase of the run
 engine: a chunk per kind under chunks/ whose marker holds the settings hash, keyed by the run, the
-options and the model's weights; resumed, Ctrl-C stopping after the current kind, progress as a
-run's), write edits_items, edits and edits_draws
-(CSV and Parquet) and the frontier figure into the run directory."""
+options and the model's weights; resumed, Ctrl-C stopping after the current kind, progress as a run's),
+write edits_items, edits and edits_draws (CSV and Parquet) and the frontier figure into the run."""
 
 from __future__ import annotations
 
@@ -15,10 +14,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import RunError
+from ..forward.device import on_model_device
 from ..measures.head_effects.designs import SlotSwap, per_value_column
-from ..forward.capture import on_model_device
-from ..model import load_model
-from ..model.shapes import refuse_random
+from ..model import load_model, refuse_random
 from ..report.figures import figure
 from ..report.plots import FRONTIER_ALT, edit_frontier
 from ..run.execute import deferred_interrupt
@@ -57,6 +55,7 @@ def _run_and_suite(directory: Path):
     run = RunFiles(directory)
     run.require_complete()
     m = run.manifest
+    refuse_random(m["model"]["spec"], "attnprobe edit")
     if m.get("edits"):
         names = ", ".join(e["name"] for e in m["edits"])
         raise RunError(
@@ -157,26 +156,17 @@ def run_edits(
     checked_options(options, run.manifest, suite)
     with exclusive(directory):
         if model is None:
-            model = _load(run.manifest, device, log)
-        with on_model_device(model):
-            return _sweep_and_transfer(directory, options, model, log, suites, also_ks)
-
-
-def _load(manifest: dict, device: str, log):
-    refuse_random(manifest["model"]["spec"], "attnprobe edit")
-    log(f"loading {manifest['model']['spec']} ({manifest['dtype']})")
-    return load_model(manifest["model"]["spec"], dtype=manifest["dtype"], device=device)
-
-
-def _sweep_and_transfer(directory: Path, options: EditOptions, model, log, suites, also_ks) -> pd.DataFrame:
-    summary = _run_edits(directory, options, model, log)
-    if suites:
-        ks = [k for k in also_ks if k in set(summary["k"])]
-        chosen = [(kind, k) for kind in options.kinds for k in ks] + [(STREAM, 0)] * options.stream
-        table = transfer(directory, suites, chosen, model, log)
-        write_table(directory, "edits_transfer", table)
-        log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
-    return summary
+            spec, dtype = run.manifest["model"]["spec"], run.manifest["dtype"]
+            log(f"loading {spec} ({dtype})")
+            model = load_model(spec, dtype=dtype, device=device)
+        with on_model_device(model):  # the passes' index tensors where the activations are
+            summary = _run_edits(directory, options, model, log)
+            if suites:
+                ks = [k for k in also_ks if k in set(summary["k"])]
+                chosen = [(kind, k) for kind in options.kinds for k in ks] + [(STREAM, 0)] * options.stream
+                write_table(directory, "edits_transfer", transfer(directory, suites, chosen, model, log))
+                log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
+        return summary
 
 
 def checked_options(options: EditOptions, manifest: dict, suite) -> tuple:

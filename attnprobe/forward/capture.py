@@ -229,20 +229,6 @@ class AttentionSite:
 
 
 @contextmanager
-def on_model_device(model):
-    """Within the block, tensors made without a device are made on the model's (a GPU's, say), so the
-    index and mask tensors the phases build meet the activations where they are; results leave
-    for the CPU explicitly (`.cpu()`) where tables are written. A no-op for a model on the CPU."""
-    module = model if isinstance(model, torch.nn.Module) else model.model
-    device = next(module.parameters()).device
-    if device.type == "cpu":
-        yield
-        return
-    with torch.device(device):
-        yield
-
-
-@contextmanager
 def editing(editor, prefix=None):
     """Within the block, `editor(site: AttentionSite)` may replace each layer's per-head output
     (B, H, T, D) (see attnprobe.measures.head_effects), and `prefix(layer, key, value, mask)` may prepend
@@ -286,10 +272,9 @@ class Captured:
 
     def cpu(self) -> Captured:
         """The same on the CPU, where the measures read it (a no-op on a CPU model)."""
-        moved = {layer: w.cpu() for layer, w in self.weights.items()}
-        logits = None if self.logits is None else self.logits.cpu()
-        rows = None if self.logit_rows is None else self.logit_rows.cpu()
-        return Captured(moved, self.rows.cpu(), logits, rows)
+        moved = lambda t: None if t is None else t.cpu()
+        weights = {layer: w.cpu() for layer, w in self.weights.items()}
+        return Captured(weights, self.rows.cpu(), moved(self.logits), moved(self.logit_rows))
 
 
 def pad_right(sequences, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,6 +11,8 @@ statistics loop over that registry; none of them names a measure. A suite's decl
   plan(declared, scope)         everything checked before weights load (tokens, context); the part
   describe(declared, part)      the lines `attnprobe check` prints
   estimate(declared, part)      [(phase, seconds on the reference model, tokens or None)]
+  held(declared, part)          [(phase, tokens, sequences)] its phases hold at once, recorded at every
+                                layer with a backward pass (memory estimates); [] for none
   manifest(declared, part)      the keys it adds to manifest.json
   resumed(declared, part, previous, directory)  what a resumed run keeps of the previous manifest
   compute(declared, part, engine)  its phases (the run's engine: markers, Ctrl-C, progress, resume);
@@ -112,6 +114,9 @@ class Measure(ABC):
     def describe(self, declared, part) -> list[str]: ...
 
     def estimate(self, declared, part) -> list[tuple[str, float, int | None]]:
+        return []
+
+    def held(self, declared, part) -> list[tuple[str, int, int]]:
         return []
 
     @abstractmethod

@@ -34,6 +34,7 @@ from .checks import (
 )
 from .footprint import check_fits
 from .shapes import directory_name, is_random, random_model, shape_config, shape_tokenizer
+from .shapes import refuse_random as refuse_random  # for the commands that refuse random weights
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 

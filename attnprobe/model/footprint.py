@@ -7,15 +7,16 @@ Memory (bytes) = the weights (parameters x the dtype's size) + the largest worki
   (residual, normed input, q, k, v, attention output, the MLP's gate, up and activated rows):
   (3 E + 3 I + (H + 2 Hkv) D) x bytes, E model width, I MLP width, H heads, Hkv key/value heads, D head
   size; plus the logits attnprobe reads (one row of V per sequence, float32);
-- head effects keep the clean runs of a chunk for every layer (hidden state, keys, values, head
-  outputs, MLP output: (3 E + 2 Hkv D + H D) per token and layer) beside one patched pass of
-  ROW_TOKENS rows x the padded length, and their attribution holds a backward pass over the chunk:
-  every layer's intermediates at once.
+- a phase that records a chunk's clean runs at every layer (hidden state, keys, values, head
+  outputs, MLP output: (3 E + 2 Hkv D + H D) per token and layer; the head effects) holds them beside
+  one patched pass of ROW_TOKENS rows x the padded length, and a backward pass over the chunk (the
+  attribution): every layer's intermediates at once.
 
-Time = FLOPs / (the device's dense peak for the dtype x the fraction of it a phase reaches), with
-FLOPs = 2 x (parameters besides the embeddings) per forwarded token (+ 2 E V per logits row). The
-fractions were measured by benchmarks/gpu.py (EFFICIENCY below, with card and date); on a CPU the
-reference rate of forward/estimates.py applies instead.
+Time on a GPU = FLOPs / (the card's dense peak for the dtype x the share of it a phase reaches), with
+FLOPs = 2 x (parameters besides the embeddings) per forwarded token, plus the prompt phase's host
+time per prompt (reading the captured rows into tables). Both were measured by benchmarks/gpu.py
+(EFFICIENCY, HOST_SECONDS_PER_PROMPT: card, date and shape beside them; benchmarks/results/gpu.md);
+on a CPU the reference rates of forward/estimates.py apply instead.
 """
 
 from __future__ import annotations
@@ -36,10 +37,14 @@ PEAK_TFLOPS = {
     "H200": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0},
     "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5},
 }
-ASSUMED_CARD = ("H100", 80 * 2**30)  # what `check --device cuda` assumes on a machine without one
-# The fraction of the dense peak each phase reaches (benchmarks/gpu.py on a lent GPU: card and date in
-# benchmarks/results/gpu.md). Until measured for a card, the prompt phase's goal (30%) is assumed.
-EFFICIENCY = {"prompts": 0.30, "head effects": 0.05}
+ASSUMED_CARD = ("H100", 81559 * 2**20)  # what `check --device cuda` assumes without a GPU (nvidia-smi's MiB)
+# Measured by benchmarks/gpu.py on an NVIDIA H200, 2026-11-26, the Llama 3.1 8B shape in bfloat16, 600
+# prompts of probes/gender.yaml: a forward pass of 3,825 tokens reached 42% of the dense peak; the
+# head effects (many small patched passes) 3.3%; the prompt phase spent 6.2 ms a prompt on the host
+# besides its FLOPs. Other shapes and cards are extrapolated from these.
+EFFICIENCY = {"prompts": 0.42, "head effects": 0.033}
+OTHER_PHASES = EFFICIENCY["head effects"]  # an unmeasured phase of small passes: as the head effects
+HOST_SECONDS_PER_PROMPT = 0.0062
 ROW_TOKENS = 4096  # measures/head_effects/engine.py: rows x padded length of one patched pass
 
 
@@ -88,7 +93,7 @@ class Shape:
         per_token = 3 * self.E + 3 * self.I + (self.H + 2 * self.Hkv) * self.D
         return tokens * per_token * _bytes(dtype) + sequences * self.V * 4
 
-    def head_effects_working(self, dtype: str, tokens: int, sequences: int, longest: int) -> float:
+    def recorded_working(self, dtype: str, tokens: int, sequences: int, longest: int) -> float:
         bank = tokens * self.L * (3 * self.E + (2 * self.Hkv + self.H) * self.D) * _bytes(dtype)
         backward = self.L * self.forward_working(dtype, tokens, 0)
         return bank + backward + self.forward_working(dtype, ROW_TOKENS, ROW_TOKENS // max(longest, 1))
@@ -134,7 +139,7 @@ def peak_seconds(shape: Shape, dtype: str, tokens: int, device_card: str, phase:
     peak = PEAK_TFLOPS.get(device_card.split(" ")[0], {}).get(dtype)
     if peak is None:
         return None
-    return tokens * shape.flops_per_token() / (peak * 1e12 * EFFICIENCY[phase])
+    return tokens * shape.flops_per_token() / (peak * 1e12 * EFFICIENCY.get(phase, OTHER_PHASES))
 
 
 def check_fits(

@@ -104,8 +104,8 @@ def shape_tokenizer(spec: str, config):
     vocabulary = config.get_text_config().vocab_size
     if len(tokenizer) > vocabulary:
         raise ModelSpecError(
-            f"'{spec}': its tokenizer has {len(tokenizer):,} tokens but the config's vocabulary {vocabulary:,}; "
-            "put the model's own tokenizer beside its config.json"
+            f"'{spec}': its tokenizer has {len(tokenizer):,} tokens but the config's vocabulary "
+            f"{vocabulary:,}; put the model's own tokenizer beside its config.json"
         )
     return tokenizer
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pandas as pd
 
 from ..measures import MEASURES
+from ..model.shapes import refuse_random
 from ..run.reader import RunFiles
 from ..stats.compare import check_comparable, scopes_of, templates_of
 from ..store import atomic_write, write_table
-from ..model.shapes import refuse_random
 
 SHOWN = 12  # rows of each table in compare.html (the CSV has all)
 

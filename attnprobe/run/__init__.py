@@ -12,7 +12,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from ..errors import RunError
-from ..forward.capture import active_model_edit, on_model_device
+from ..forward.capture import active_model_edit
+from ..forward.device import on_model_device
 from ..measures import batch_kinds
 from ..model import ProbeModel, load_model
 from ..model.checks import check_device
@@ -20,8 +21,8 @@ from ..model.footprint import check_fits
 from ..progress import Progress
 from ..suite import Suite, load_suite
 from . import fresh, storage
-from .manifest import new_manifest
 from .footprint import working_bytes
+from .manifest import new_manifest
 from .options import RunOptions
 from .phases import Engine, prompts_phase, recorded_end, run_phase
 from .plan import RunPlan, model_name, plan_run

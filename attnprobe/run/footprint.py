@@ -4,44 +4,34 @@ lines `attnprobe check --device` prints and the working set `run` checks before 
 
 from __future__ import annotations
 
-from ..forward.estimates import CPU_FLOPS, head_effect_seconds
-from ..model.footprint import GB, Shape, card, peak_seconds
+from ..forward.estimates import CPU_FLOPS, REFERENCE_PARAMETERS
+from ..model.footprint import GB, HOST_SECONDS_PER_PROMPT, Shape, card, peak_seconds
 from .plan import RunPlan
 
 
 def phase_memory(plan: RunPlan, shape: Shape) -> dict[str, float]:
-    """Working bytes of each phase of the plan (the weights besides): the prompt passes, and the head
-    effects' largest chunk where the suite declares them."""
+    """Working bytes of each phase of the plan (the weights besides): the prompt passes, and each
+    measure's phases that record every layer (Measure.held)."""
     longest = max((e.n_forward for e in plan.encoded), default=1)
     batch = max((len(b.indices) for chunk in plan.chunks for b in chunk), default=1)
     memory = {"prompts": shape.forward_working(plan.dtype, batch * longest, batch)}
-    part = plan.parts.get("head_effects")
-    if part is not None and part.chunks:
-        tokens = max(sum(len(i.x) * (1 + len(i.counterfactuals)) for i in chunk) for chunk in part.chunks)
-        sequences = max(sum(1 + len(i.counterfactuals) for i in chunk) for chunk in part.chunks)
-        memory["head effects"] = shape.head_effects_working(plan.dtype, tokens, sequences, longest)
+    for kind, declared, part in plan.kinds():
+        for phase, tokens, sequences in kind.held(declared, part):
+            memory[phase] = shape.recorded_working(plan.dtype, tokens, sequences, longest)
     return memory
 
 
 def phase_seconds(plan: RunPlan, shape: Shape, device_card: str) -> dict[str, float | None]:
-    """Seconds of each phase on a known GPU (None where its peak is unknown, e.g. a CPU)."""
-    tokens = plan.sharing["tokens_forwarded"]
-    seconds = {"prompts": peak_seconds(shape, plan.dtype, tokens, device_card, "prompts")}
-    part = plan.parts.get("head_effects")
-    if part is not None and part.items:
-        reference_flops = head_effect_seconds(part.measure, part.items) * CPU_FLOPS
-        per_token = shape.flops_per_token()
-        seconds["head effects"] = peak_seconds(
-            shape, plan.dtype, reference_flops / per_token * plan_scale(shape), device_card, "head effects"
-        )
+    """Seconds of each phase on a known GPU (None where its peak is unknown, e.g. a CPU): the prompts
+    from their FLOPs and host time, every other phase from its work on the reference CPU
+    (Measure.estimate) converted to FLOPs at this model's size."""
+    flops = peak_seconds(shape, plan.dtype, plan.sharing["tokens_forwarded"], device_card, "prompts")
+    seconds = {"prompts": flops and flops + len(plan.encoded) * HOST_SECONDS_PER_PROMPT}
+    scale = (shape.parameters - shape.embeddings) / REFERENCE_PARAMETERS
+    for phase, reference_seconds, _ in plan.estimate_seconds()[1:]:
+        tokens = reference_seconds * CPU_FLOPS * scale / shape.flops_per_token()
+        seconds[phase.replace("_", " ")] = peak_seconds(shape, plan.dtype, tokens, device_card, phase)
     return seconds
-
-
-def plan_scale(shape: Shape) -> float:
-    """head_effect_seconds counts the reference model's work; a larger model does more per token."""
-    from ..forward.estimates import REFERENCE_PARAMETERS
-
-    return (shape.parameters - shape.embeddings) / REFERENCE_PARAMETERS
 
 
 def working_bytes(plan: RunPlan) -> float:
@@ -70,7 +60,7 @@ def footprint_lines(plan: RunPlan, device: str) -> list[str]:
         each = ", ".join(f"{phase} {s / 60:.2f} min" for phase, s in seconds.items())
         lines.append(
             f"time on {name} in {plan.dtype}: about {sum(seconds.values()) / 60:.2f} min ({each}), from "
-            f"{shape.flops_per_token() / 1e9:.1f} GFLOP per token at the fractions of the dense peak "
-            "benchmarks/gpu.py measured"
+            f"{shape.flops_per_token() / 1e9:.1f} GFLOP per token at the shares of the dense peak "
+            "benchmarks/gpu.py measured on an H200 (Llama 3.1 8B shape)"
         )
     return lines

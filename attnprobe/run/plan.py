@@ -241,13 +241,11 @@ class RunPlan:
 
     @property
     def notes(self) -> list[str]:
-        random = (
-            [
-                f"the weights are random ({self.spec}): every table describes noise; this run measures speed and memory"
-            ]
-            if is_random(self.spec)
-            else []
-        )
+        random = [
+            f"the weights are random ({self.spec}): every table describes noise; this run measures speed "
+            "and memory"
+        ]
+        random = random if is_random(self.spec) else []
         return random + list(self.suite.notes) + sink_notes(self.suite, self.encoded)
 
     @property

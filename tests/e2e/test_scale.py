@@ -137,6 +137,9 @@ def test_torchrun_ranks_take_their_shards(whole, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     shards = sorted(str(p) for p in (tmp_path / "ranks").glob("shard-*-of-2"))
     assert len(shards) == 2
+    # once both ranks were done (a gloo barrier), rank 0 merged them into --out: the unsharded run
+    assert "merged 2 shards" in result.stdout
+    assert_same_run(whole, tmp_path / "ranks")
     merged = CliRunner().invoke(main, ["merge", str(tmp_path / "merged"), *shards, "--no-report"])
     assert merged.exit_code == 0, merged.output
     assert_same_run(whole, tmp_path / "merged")

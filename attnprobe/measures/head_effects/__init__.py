@@ -143,6 +143,15 @@ class HeadEffects(Measure):
         seconds = head_effect_seconds(part.measure, part.items) if part else 0.0
         return [("head effects", seconds, None)]
 
+    def held(self, declared, part) -> list[tuple[str, int, int]]:
+        """The largest chunk's x and x' sequences, recorded at every layer (the Bank) with a backward
+        pass for the attribution."""
+        if not part or not part.chunks:
+            return []
+        count = lambda chunk, size: sum(size(i) * (1 + len(i.counterfactuals)) for i in chunk)
+        tokens = max(count(chunk, lambda i: len(i.x)) for chunk in part.chunks)
+        return [("head effects", tokens, max(count(chunk, lambda i: 1) for chunk in part.chunks))]
+
     def manifest(self, declared, part) -> dict:
         return {"n_effect_chunks": len(part.chunks) if part else 0, "effects_plan": part and part.sha256}
 

@@ -1,0 +1,125 @@
+"""Models of real shapes without their weights (random:NAME), memory and time from the config, the
+refusal of a model that cannot fit, and benchmarks/gpu.py on the CPU (issue 54)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import no_weights, one_line_error
+
+import attnprobe
+from attnprobe.cli import main
+from attnprobe.errors import ModelSpecError
+from attnprobe.model import footprint, shapes
+
+REPO = Path(__file__).resolve().parents[2]
+MINIMAL = str(REPO / "probes" / "minimal.yaml")
+# parameters of each shipped shape (model/configs/SOURCES.md): what the model cards state
+PARAMETERS = {
+    "llama-3.2-1b": 1.236,
+    "llama-3.1-8b": 8.030,
+    "qwen-2.5-7b": 7.616,
+    "gemma-3-4b": 3.880,
+    "llama-3.1-70b": 70.554,
+}
+
+
+def test_every_shipped_shape_is_counted_as_its_model_card_says():
+    assert shapes.shipped() == sorted(PARAMETERS)
+    for name, billions in PARAMETERS.items():
+        shape = footprint.Shape.of(shapes.shape_config(f"random:{name}"))
+        assert round(shape.parameters / 1e9, 3) == billions
+        assert shape.weights("bfloat16") == 2 * shape.parameters  # no weights built: counted on meta
+
+
+@pytest.mark.parametrize("name", sorted(PARAMETERS))
+def test_check_estimates_memory_and_time_on_a_gpu_without_weights(name, monkeypatch):
+    no_weights(monkeypatch)
+    args = ["check", MINIMAL, "--model", f"random:{name}", "--device", "cuda:0", "--dtype", "bfloat16"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    memory = next(line for line in result.output.splitlines() if line.startswith("memory on cuda:0"))
+    assert f"({PARAMETERS[name]:.2f} B parameters in bfloat16)" in memory
+    assert ("does NOT fit" in memory) == (name == "llama-3.1-70b")  # 141 GB of weights on an 80 GB card
+    assert any(line.startswith("time on H100") for line in result.output.splitlines())
+    assert "the weights are random" in result.output
+
+
+def test_an_8b_shape_is_refused_on_a_24_gb_machine_before_loading(monkeypatch, tmp_path):
+    """float32 needs 32 GB: refused in one line naming the dtype that fits; nothing is created."""
+    monkeypatch.setattr(footprint, "_available_cpu_memory", lambda: 24e9)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["run", MINIMAL, "--model", "random:llama-3.1-8b", "--out", str(out)])
+    one_line_error(result, "needs about 32.", "float32", "24.0 GB free", "--dtype bfloat16 (16.")
+    assert not out.exists()
+    with pytest.raises(ModelSpecError, match="141.1 GB in bfloat16.*--device-map auto"):
+        attnprobe.load_model("random:llama-3.1-70b", dtype="bfloat16")
+
+
+def test_random_specs_are_explained_and_refused_where_behaviour_is_measured(tmp_path):
+    with pytest.raises(ModelSpecError, match="no shipped shape.*llama-3.1-8b"):
+        shapes.shape_config("random:llama-9")
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    with pytest.raises(ModelSpecError, match="has no model_type"):
+        shapes.shape_config(f"random:{tmp_path}")
+    with pytest.raises(ModelSpecError, match="random weights .* run it on the model's real weights"):
+        shapes.refuse_random("random:llama-3.2-1b", "attnprobe edit")
+    assert shapes.directory_name("random:llama-3.1-8b") == "random-llama-3.1-8b"
+    assert shapes.directory_name(f"random:{tmp_path / 'config.json'}") == f"random-{tmp_path.name}"
+
+
+def test_a_config_directory_with_its_own_tokenizer(smollm_tokenizer, tmp_path):
+    """random:DIR (a config.json and a tokenizer fetched without weights) uses that tokenizer; one
+    larger than the config's vocabulary is refused."""
+    config = json.loads((shapes.SHAPES / "llama-3.2-1b.json").read_text())
+    config.update(num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=4)
+    config.update(num_key_value_heads=2, head_dim=16)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    smollm_tokenizer.save_pretrained(tmp_path)
+    pm = attnprobe.load_model(f"random:{tmp_path}")
+    assert pm.info.name == f"random-{tmp_path.name}" and len(pm.tokenizer) == len(smollm_tokenizer)
+    config["vocab_size"] = 1000
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelSpecError, match="tokenizer has 49,152 tokens but the config's vocabulary 1,000"):
+        attnprobe.load_model(f"random:{tmp_path}")
+
+
+@pytest.mark.slow
+def test_the_1b_shape_runs_the_gender_suite_end_to_end_on_cpu(tmp_path):
+    """Llama 3.2 1B's shape with random weights (1.24 B parameters, float32) through the real CLI and
+    the report, every measure but head effects (every head of 4 held-out items patched exactly: about
+    9 min on 2 cores; the GPU benchmark times them); the report says the weights were random, and
+    `edit` refuses the run."""
+    out = tmp_path / "r"
+    args = ["run", str(REPO / "probes" / "gender.yaml"), "--model", "random:llama-3.2-1b", "--limit", "30"]
+    args += ["--no-head-effects"]
+    result = subprocess.run(
+        [sys.executable, "-m", "attnprobe", *args, "--out", str(out)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["model"]["n_layers"] == 16 and manifest["model"]["n_heads"] == 32
+    assert manifest["direct_attribution"] and manifest["prompt_phase"]["device"] == "cpu"
+    assert "the weights are random" in (out / "report.html").read_text()
+    edit = CliRunner().invoke(main, ["edit", str(out)])
+    one_line_error(edit, "random weights")
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmark_runs_on_the_cpu_with_tiny_shapes(tmp_path):
+    """benchmarks/gpu.py --tiny: parity of six families in three dtypes (device = CPU here), the tiny
+    shape's row and every command, written as JSON and markdown."""
+    script = REPO / "benchmarks" / "gpu.py"
+    args = ["--tiny", "--out", str(tmp_path), "--limit", "40", "--parity-limit", "20"]
+    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    found = json.loads((tmp_path / "gpu.json").read_text())
+    assert len(found["parity"]) == 18 and all(r["passed"] for r in found["parity"])
+    assert {r["family"] for r in found["parity"]} >= {"llama", "qwen2", "mistral", "gemma3_text", "gpt2"}
+    (row,) = found["shapes"]
+    assert row["prompt_phase_s"] > 0 and row["head_effect_pairs"] > 0 and row["verify_passed"]
+    assert [r["exit"] for r in found["commands"]] == [0] * 6
+    assert "## The commands on the device" in (tmp_path / "gpu.md").read_text()
