@@ -40,7 +40,12 @@ def probe(text_file, model_spec, source, out, top, device, trust_remote_code, al
     if not spans:
         raise SuiteError(f"{path}: mark the source span with [brackets], e.g. '... said that [it] was late'")
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SuiteError(
+                f"--out {out}: cannot create its directory ({exc.strerror or exc}); choose another"
+            ) from None
     pm = load_model(model_spec, device=device, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
     n = len(pm.tokenizer(parse_marked(marked, str(path))[0])["input_ids"])
     if n > CHUNK_TOKENS:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..errors import RunError
 from ..measures import MEASURES
 from ..model.shapes import refuse_random
 from ..run.reader import RunFiles
@@ -41,7 +42,12 @@ def write_comparison(a, b, out: str | Path | None = None) -> tuple[Path, dict]:
         refuse_random(run.manifest["model"]["spec"], f"attnprobe compare ({run.directory})")
     tables = compare_runs(a, b)
     out = Path(out) if out else Path("reports") / "compare" / f"{a.directory.name}--{b.directory.name}"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunError(
+            f"--out {out}: cannot create it ({exc.strerror or exc}); choose a writable directory"
+        ) from None
     for name, table in tables.items():
         write_table(out, name, table)
     about = {name: _identity(run) for name, run in (("a", a), ("b", b))}

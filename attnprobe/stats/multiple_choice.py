@@ -3,9 +3,10 @@
 The model's choice is the option with the highest summed log-probability (measures/multiple_choice.py).
 Rows: all questions, then each value of every `by` column (default: the sentence entry, template_id,
 where there are several, e.g. one BBQ category file each, and BBQ's `category`); within each, every
-question and then each `condition` (ambig, disambig). Per row: accuracy with a cluster-robust t
-interval under the declared clusters (clipped to [0, 1]) and its p against chance (1 / the number
-of options; none where every cluster has the same accuracy, so the interval has no width), and, where
+question and then each `condition` (ambig, disambig). Per row: accuracy (the share of questions
+answered right, each weighing the same) with the cluster-robust t interval of that same share under
+the declared clusters (clipped to [0, 1]) and its p against chance (1 / the number of options; none
+where every cluster has the same accuracy, so the interval has no width), and, where
 the rows name a target option and their question's polarity, the bias score
 of Parrish et al. (2022, section 5):
 
@@ -131,13 +132,15 @@ def _row(part: pd.DataFrame, scope: str, items: pd.DataFrame, analysis) -> dict:
     """Accuracy (cluster-robust, against chance) and the bias score (cluster bootstrap) of one scope."""
     design = Design.build(part[ITEM], items, analysis)
     chance = float(part["chance"].mean())
+    labels = [c[design.cell_of_item] for c in design.clusters]  # each question's clusters
+    # the share of questions answered right, every question weighing the same (as lm-eval reports
+    # it), and its cluster-robust interval and test: one estimand for the point, the CI and p
     tested = cluster_mean_test(
-        design.cell_means(part[["correct"]].to_numpy() - part[["chance"]].to_numpy()),
-        design.cells["weight"].to_numpy(),
-        design.clusters,
+        part[["correct"]].to_numpy(float) - part[["chance"]].to_numpy(float),
+        np.full(len(part), 1.0 / len(part)),
+        labels,
     )
     ambiguous = scope.startswith("ambig")
-    labels = [c[design.cell_of_item] for c in design.clusters]  # each question's clusters
     estimate, low, high, p = _bias(part, ambiguous, scope != "all", labels)
     return {
         "n_items": len(part),

@@ -66,12 +66,13 @@ def choice_rows(rows: list, roles: dict) -> tuple[list, dict]:
         meta["answer"] = _index(record.get(roles["answer"]), len(options), where, roles["answer"])
         if roles.get("format") == "bbq":
             meta.update(_bbq_roles(record, len(options), where))
+            meta.update(_bbq_scopes(record, options, roles, where))
         else:
             for role in ("target", "unknown"):
                 if role in roles:
                     meta[role] = _index(record.get(roles[role]), len(options), where, roles[role])
         for role in ("polarity", "condition"):
-            if role in roles:
+            if role in roles and role not in meta:
                 meta[role] = str(record.get(roles[role], ""))
         meta.pop(roles["answer"], None)
         new = {**meta, "text": f"{text['context']} {text['question']}"}
@@ -104,13 +105,41 @@ def _index(value, n: int, where: str, column: str) -> int:
     return index
 
 
+# BBQ's published values (case ignored): another spelling would silently form another scope
+BBQ_VALUES = {"polarity": ("neg", "nonneg"), "condition": ("ambig", "disambig")}
+
+
+def _bbq_scopes(record: dict, options: list[str], roles: dict, where: str) -> dict:
+    """polarity and condition as BBQ spells them (lower case), and options that differ: each a
+    file:line error otherwise (a tie between identical options has no answer to score)."""
+    out = {}
+    for role, allowed in BBQ_VALUES.items():
+        value = str(record.get(roles[role], "")).strip().lower()
+        if value not in allowed:
+            raise SuiteError(
+                f"{where}: {roles[role]} is {record.get(roles[role])!r}; BBQ's values are "
+                f"{' and '.join(allowed)} (any case); fix the row"
+            )
+        out[role] = value
+    for i, option in enumerate(options):
+        if option in options[:i]:  # scored alike, a tie that would go to the first
+            raise SuiteError(f"{where}: two options read {option!r}; a question needs distinct answers")
+    return out
+
+
 def _bbq_roles(record: dict, n: int, where: str) -> dict:
     """target and unknown from BBQ's answer_info groups and stereotyped_groups (-1 where none)."""
+    for key in ("answer_info", "additional_metadata"):
+        if key not in record:
+            raise SuiteError(
+                f"{where}: no {key}; BBQ's target and unknown answers are read from answer_info and "
+                "additional_metadata.stereotyped_groups: keep them in the row"
+            )
     info = record.get("answer_info") or {}
     meta = record.get("additional_metadata") or {}
     stereotyped = meta.get("stereotyped_groups", []) if isinstance(meta, dict) else None
-    answers = [info.get(f"ans{i}") or ["", ""] for i in range(n)] if isinstance(info, dict) else None
-    if answers is None or not all(isinstance(a, list) and a for a in answers):
+    answers = [info.get(f"ans{i}") for i in range(n)] if isinstance(info, dict) else None
+    if answers is None or not all(isinstance(a, list) and a and str(a[-1]).strip() for a in answers):
         raise SuiteError(
             f"{where}: answer_info must map ans0..ans{n - 1} to [words, group] lists as BBQ publishes it "
             f"(found {type(info).__name__}); fix the row"

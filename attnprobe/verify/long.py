@@ -239,6 +239,7 @@ def _memory(model: ProbeModel, T: int, block: int) -> int:
 # --long texts up to this many tokens join the padded batch (so padding and windows meet); longer
 # ones are verified alone, in blocks of query rows (verify_long), where the families allow it.
 PADDED_LONG_LIMIT = 1024
+LONG_WITHOUT_CONTEXT = 2**20  # the bound on --long for a config that states no context length
 
 
 def verify_spec(
@@ -256,12 +257,13 @@ def verify_spec(
         spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle
     )
     routed = model.model.config._attn_implementation == ATTN_IMPLEMENTATION
+    context = model.info.max_positions or LONG_WITHOUT_CONTEXT
+    if long_tokens and long_tokens > context:  # before any text is built (a GPT-2 has 1,024 positions)
+        raise UnsupportedFamily(
+            f"--long {long_tokens:,} is more than the model's context of {context:,} tokens; give at most "
+            f"{context:,}"
+        )
     if long_tokens and (long_tokens > PADDED_LONG_LIMIT and routed):
-        if model.info.max_positions and long_tokens > model.info.max_positions:
-            raise UnsupportedFamily(
-                f"--long {long_tokens} is more than the model's context of "
-                f"{model.info.max_positions:,} tokens"
-            )
         return combined(verify(model, texts), verify_long(model, long_ids(model.tokenizer, long_tokens)))
     if long_tokens:
         texts = [*texts, long_text(model.tokenizer, long_tokens)]

@@ -116,6 +116,8 @@ def test_two_bbq_files_get_per_file_and_per_category_rows_with_clustered_interva
             part = part[part["condition"] == row.scope]
         assert row.n_items == len(part)
         assert row.accuracy == pytest.approx((part["option"] == part["answer"]).mean())
+        if 0 < row.ci_low and row.ci_high < 1:  # unclipped: the interval is about the point it reports
+            assert (row.ci_low + row.ci_high) / 2 == pytest.approx(row.accuracy)
         assert row.chance == pytest.approx(1 / 3)
         assert np.isnan(row.accuracy_q) == np.isnan(row.accuracy_p)  # one cluster: no interval, no test
         assert row.by == "category" or 0 <= row.accuracy_q <= 1

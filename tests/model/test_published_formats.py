@@ -314,3 +314,44 @@ def test_fuzzed_bbq_jsonl_is_read_or_one_error(tmp_path, picks, damage):
     suite = _loads_or_refuses(tmp_path, "q.jsonl")
     if damage is None:
         assert suite is not None and len(suite.prompts) == len(picks)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda r: r.pop("answer_info"), r"q.jsonl:2 .*no answer_info; .*keep them in the row"),
+        (lambda r: r.pop("additional_metadata"), r"q.jsonl:2 .*no additional_metadata"),
+        (lambda r: r["answer_info"].pop("ans1"), r"q.jsonl:2 .*answer_info must map ans0..ans2"),
+        (
+            lambda r: r.pop("question_polarity"),
+            r"q.jsonl:2 .*question_polarity is None; BBQ's values are neg and",
+        ),
+        (
+            lambda r: r.update(context_condition="ambiguous"),
+            r"context_condition is 'ambiguous'.*ambig and disambig",
+        ),
+        (lambda r: r.update(ans2=r["ans0"]), r"q.jsonl:2 .*two options read .*distinct answers"),
+    ],
+)
+def test_bbq_rows_that_would_change_the_numbers_silently_are_one_error(tmp_path, change, message):
+    """A row without answer_info would count as never biased, an unknown spelling of the condition
+    would form a third scope, identical options would give the tie to the first (issue 55)."""
+    rows = [json.loads(line) for line in open("probes/choices/choices.jsonl")][:3]
+    change(rows[1])
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "s.yaml").write_text(
+        "name: q\nsentences: [{id: q, file: q.jsonl, choices: bbq}]\nmultiple_choice: {}\n"
+    )
+    with pytest.raises(SuiteError, match=message):
+        load_suite(tmp_path / "s.yaml")
+
+
+def test_bbq_values_in_another_case_are_read_as_bbq_spells_them(tmp_path):
+    rows = [json.loads(line) for line in open("probes/choices/choices.jsonl")][:3]
+    rows[0].update(question_polarity="NEG", context_condition="Ambig")
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "s.yaml").write_text(
+        "name: q\nsentences: [{id: q, file: q.jsonl, choices: bbq}]\nmultiple_choice: {}\n"
+    )
+    first = load_suite(tmp_path / "s.yaml").prompts[0]
+    assert (first.meta["polarity"], first.meta["condition"]) == ("neg", "ambig")

@@ -1,0 +1,59 @@
+"""Round 5's hostile inputs that were tracebacks (issue 55): each now one line and exit 2."""
+
+import json
+
+import pytest
+import torch
+import transformers as T
+from click.testing import CliRunner
+from conftest import one_line_error
+from transformers import AutoModelForCausalLM
+
+from attnprobe.cli import main
+
+MINIMAL = "probes/minimal.yaml"
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_llama_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "r"
+    result = CliRunner().invoke(main, ["run", MINIMAL, "--model", str(tiny_llama_dir), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_compare_of_a_damaged_manifest_or_into_an_impossible_out_is_one_line(finished_run, tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    result = CliRunner().invoke(
+        main, ["compare", str(finished_run), str(finished_run), "--out", str(blocked / "c")]
+    )
+    one_line_error(result, "--out", "cannot create it", "choose a writable directory")
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    manifest = json.loads((finished_run / "manifest.json").read_text())
+    del manifest["suite"]["sha256"]
+    (damaged / "manifest.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(main, ["compare", str(finished_run), str(damaged)])
+    one_line_error(result, "manifest.json: suite.sha256 is missing or not a str", "--fresh")
+
+
+def test_probe_out_under_a_file_is_one_line(tiny_llama_dir, tmp_path):
+    (tmp_path / "doc.txt").write_text("The nurse said that [she] was late.\n")
+    (tmp_path / "a-file").write_text("")
+    args = ["probe", str(tmp_path / "doc.txt"), "--model", str(tiny_llama_dir)]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a-file" / "x.csv")])
+    one_line_error(result, "--out", "cannot create its directory")
+
+
+@pytest.mark.parametrize("tokens", [100, 10**12])
+def test_verify_long_beyond_the_context_is_refused_before_any_text_is_built(
+    smollm_tokenizer, tmp_path, tokens
+):
+    """A GPT-2 of 64 positions: --long 100 was an IndexError, --long 10**12 a MemoryError."""
+    config = T.GPT2Config(n_embd=16, n_layer=1, n_head=2, n_positions=64, vocab_size=len(smollm_tokenizer))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "gpt2")
+    smollm_tokenizer.save_pretrained(tmp_path / "gpt2")
+    result = CliRunner().invoke(main, ["verify", "--model", str(tmp_path / "gpt2"), "--long", str(tokens)])
+    one_line_error(result, f"--long {tokens:,} is more than the model's context of 64 tokens")
