@@ -277,6 +277,18 @@ def edited(model, *edits):
     """Within the block, `model` (a ProbeModel) runs with `edits` applied, in order: every forward
     pass, capture, probe or run of it sees the edited model. An edit is a head edit, a stream edit
     (edits.stream) or one loaded from a file (`load_edit`: checked against the model first)."""
+    for edit in edits:  # checked before the model runs: one error naming the argument
+        if not hasattr(edit, "applied"):
+            raise AttnprobeError(
+                f"edited: {edit!r} is not an edit; give an edit of attnprobe.edits (Zero(heads=((26, 2),)), "
+                "Mean(heads=..., means=...), ...) or attnprobe.load_edit(path)"
+            )
+        missing = [f.name for f in fields(edit) if f.name != "heads" and getattr(edit, f.name, 0) is None]
+        if missing:
+            raise AttnprobeError(
+                f"edited: the {getattr(edit, 'kind', 'given')} edit lacks {', '.join(missing)}; fit it "
+                "(attnprobe edit saves fitted edits) or give the values"
+            )
     with ExitStack() as stack:
         for edit in edits:
             stack.enter_context(edit.applied(model))

@@ -96,9 +96,17 @@ class AttentionMeasure:
                 ctx.fail(item, "source_agg", f"source_agg must be one of {', '.join(SOURCE_AGGREGATIONS)}")
             if target_agg not in TARGET_AGGREGATIONS:
                 ctx.fail(item, "target_agg", f"target_agg must be one of {', '.join(TARGET_AGGREGATIONS)}")
-            measures.append(
-                AttentionMeasure(source, tuple(str(t) for t in targets), source_agg, target_agg, at)
-            )
+            measure = AttentionMeasure(source, tuple(str(t) for t in targets), source_agg, target_agg, at)
+            seen = {(m.label, t) for m in measures for t in m.targets}
+            twice = next((t for t in measure.targets if (measure.label, t) in seen), None)
+            if twice is not None:  # its rows would share a key with the earlier entry's, and be averaged
+                ctx.fail(
+                    item,
+                    "targets",
+                    f"attention {measure.label} -> {twice} is declared twice; the tables key rows by source "
+                    "and target: keep one entry (one aggregation) per pair",
+                )
+            measures.append(measure)
         return tuple(measures)
 
 

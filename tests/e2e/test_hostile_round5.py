@@ -57,3 +57,37 @@ def test_verify_long_beyond_the_context_is_refused_before_any_text_is_built(
     smollm_tokenizer.save_pretrained(tmp_path / "gpt2")
     result = CliRunner().invoke(main, ["verify", "--model", str(tmp_path / "gpt2"), "--long", str(tokens)])
     one_line_error(result, f"--long {tokens:,} is more than the model's context of 64 tokens")
+
+
+def test_one_attention_pair_declared_twice_is_a_file_line_error(tmp_path):
+    """Two entries with one source and target (other aggregations) wrote two rows per key that later
+    tables averaged (issue 55)."""
+    from attnprobe.errors import SuiteError
+    from attnprobe.suite import load_suite
+
+    suite = (
+        open(MINIMAL)
+        .read()
+        .replace(
+            "  - {source: pronoun, targets: [occupation]}",
+            "  - {source: pronoun, targets: [occupation]}\n"
+            "  - {source: pronoun, targets: occupation, source_agg: last}",
+        )
+    )
+    (tmp_path / "s.yaml").write_text(suite)
+    (tmp_path / "occupations-bls.tsv").write_text(open("probes/occupations-bls.tsv").read())
+    with pytest.raises(SuiteError, match=r"s.yaml:\d+: .*attention pronoun -> occupation is declared twice"):
+        load_suite(tmp_path / "s.yaml")
+
+
+def test_edited_with_a_string_or_an_unfitted_edit_is_one_error(tiny_llama_dir):
+    import attnprobe as ap
+    from attnprobe.errors import AttnprobeError
+
+    pm = ap.load_model(str(tiny_llama_dir))
+    with pytest.raises(AttnprobeError, match="'zero' is not an edit; give an edit of attnprobe.edits"):
+        with ap.edited(pm, "zero"):
+            pass
+    with pytest.raises(AttnprobeError, match="the mean edit lacks means; fit it"):
+        with ap.edited(pm, ap.edits.Mean(heads=((0, 0),))):
+            pass
