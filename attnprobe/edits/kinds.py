@@ -105,16 +105,26 @@ class HeadEdit:
     def restored(cls, record: dict, tensors: dict) -> HeadEdit:
         """The edit a saved file holds, its tensors back at the model's (L, H, ...) size (zero at
         the heads it does not edit)."""
-        pairs = HeadSet.parse(record["heads"]).pairs
+        if not isinstance(record.get("heads"), str):
+            raise ValueError(f"heads must be a string such as 'L26H2,L25H2', not {record.get('heads')!r}")
+        pairs = HeadSet.parse(record["heads"], record["model"]["n_layers"], record["model"]["n_heads"]).pairs
         scalars, shape = record.get("parameters", {}), record["model"]
-        names = {f.name for f in fields(cls)} - {"heads"}
-        unknown = set(scalars) - names
+        defaults = {f.name: f.default for f in fields(cls) if f.name != "heads"}
+        unknown = set(scalars) - set(defaults) if isinstance(scalars, dict) else {"(not a mapping)"}
         if unknown:
             raise ValueError(f"parameters {sorted(unknown)} are not the {cls.kind} kind's")
+        for name, value in scalars.items():  # of the default's type: a seed a whole number, a factor a number
+            whole = isinstance(defaults[name], int)
+            if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+                raise ValueError(f"parameter {name} is {value!r}, not a {'whole ' * whole}number")
+            if whole and not 0 <= value < 2**63:
+                raise ValueError(f"parameter {name} is {value}, outside 0 .. 2**63 - 1")
         full = {}
         for name, rows in tensors.items():
-            if name not in names or len(rows) != len(pairs):
+            if name not in defaults or len(rows) != len(pairs) or rows.dim() not in (2, 3):
                 raise ValueError(f"tensor {name} {tuple(rows.shape)} does not fit {len(pairs)} heads")
+            if rows.shape[-1] != shape["head_dim"]:
+                raise ValueError(f"tensor {name} is {rows.shape[-1]} wide; the heads are {shape['head_dim']}")
             dense = rows.new_zeros(shape["n_layers"], shape["n_heads"], *rows.shape[1:])
             for i, (layer, head) in enumerate(pairs):
                 dense[layer, head] = rows[i]

@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import AttnprobeError
 from ..model import head_shape
+from ..model.bundled import files_sha256
 from ..run.storage import content_sha
 from ..store import atomic_write
 from .kinds import KINDS as HEAD_KINDS
@@ -130,7 +131,7 @@ def save_edit(edit, path: str | Path, model, source: dict, weights: str | None =
             "weights_content": weights or content_sha(model.model),
         },
         "source": source,
-        "sha256": hashlib.sha256(tensor_path.read_bytes()).hexdigest(),
+        "sha256": files_sha256([tensor_path]),
     }
     json_path = path.with_name(path.name + ".json")
     atomic_write(json_path, lambda p: p.write_text(json.dumps(record, indent=2, default=str) + "\n"))
@@ -164,9 +165,9 @@ def load_edit(path: str | Path) -> SavedEdit:
             )
     try:
         record = json.loads(json_path.read_text())
-        if not isinstance(record, dict):
-            raise ValueError("not a JSON object")
-    except (ValueError, UnicodeDecodeError) as exc:
+        if not isinstance(record, dict) or not isinstance(record.get("model"), dict):
+            raise ValueError("not a JSON object with a model")
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise AttnprobeError(
             f"{json_path}: not an edit record ({exc}); write it again with `attnprobe edit`"
         ) from None
@@ -183,7 +184,7 @@ def load_edit(path: str | Path) -> SavedEdit:
             f"{json_path}: edit kind {kind!r} is not one this attnprobe knows ({', '.join(KINDS)}); "
             "upgrade attnprobe or fit the edit again"
         )
-    if hashlib.sha256(tensor_path.read_bytes()).hexdigest() != record.get("sha256"):
+    if files_sha256([tensor_path]) != record.get("sha256"):  # read in blocks: memory stays flat
         raise AttnprobeError(
             f"{tensor_path}: damaged or truncated (its SHA-256 is not the one {json_path.name} records); "
             "copy both files again or rerun `attnprobe edit`"
@@ -192,7 +193,15 @@ def load_edit(path: str | Path) -> SavedEdit:
         tensors = load_file(str(tensor_path))
         _refuse_non_finite(json_path, record.get("parameters"), tensors)
         edit = KINDS[kind].restored(record, tensors)
-    except (SafetensorError, KeyError, TypeError, ValueError, IndexError, AttnprobeError) as exc:
+    except (
+        SafetensorError,
+        KeyError,
+        TypeError,
+        ValueError,
+        IndexError,
+        AttributeError,
+        AttnprobeError,
+    ) as exc:
         raise AttnprobeError(
             f"{json_path}: the edit cannot be read ({exc}); rerun `attnprobe edit`"
         ) from None

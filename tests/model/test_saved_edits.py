@@ -16,6 +16,7 @@ from conftest import EDIT_SWEEP_NO_PATHS, build_tiny, edit_suite, one_line_error
 import attnprobe
 from attnprobe.cli import main
 from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, load_edit, save_edit
+from attnprobe.errors import AttnprobeError
 from attnprobe.model import from_pretrained_objects
 from attnprobe.stats.next_token import item_log_ratios
 
@@ -318,3 +319,50 @@ def test_a_head_outside_the_model_is_refused_not_counted_from_the_end(tiny, head
     ):
         with edited(tiny, Zero(heads=heads)):
             pass
+
+
+def _replace_record(path, change):
+    record = json.loads(path.read_text())
+    change(record)
+    path.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize(
+    "kind, change, message",
+    [
+        (
+            "scale",
+            lambda r: r["parameters"].update(factor="half"),
+            "parameter factor is 'half', not a number",
+        ),
+        ("resample", lambda r: r["parameters"].update(seed="3"), "parameter seed is '3', not a whole number"),
+        ("resample", lambda r: r["parameters"].update(seed=2**64), "outside 0 .. 2\\*\\*63 - 1"),
+        ("resample", lambda r: r["parameters"].update(seed=True), "not a whole number"),
+        ("zero", lambda r: r.update(heads=[[0, 1]]), "heads must be a string"),
+        ("zero", lambda r: r.update(heads="L9H0"), "head L9H0 is not in this model"),
+        ("scale", lambda r: r.update(parameters=[0.5]), "are not the scale kind's"),
+        ("zero", lambda r: r.update(model=[2, 2]), "not a JSON object with a model"),
+    ],
+)
+def test_a_saved_edit_with_values_of_the_wrong_type_is_one_error(tiny, tmp_path, kind, change, message):
+    """Issue 55: each was applied and failed mid-run with a traceback, or read a list as heads."""
+    made = {
+        "zero": Zero(heads=((0, 1),)),
+        "scale": Scale(heads=((0, 1),), factor=0.5),
+        "resample": Resample(heads=((0, 1),), bank=torch.zeros(2, 2, 3, 8), seed=1),
+    }[kind]
+    path = save_edit(made, tmp_path / kind, tiny, {})
+    _replace_record(path, change)
+    with pytest.raises(AttnprobeError, match=message):
+        load_edit(path)
+
+
+def test_a_saved_edit_of_the_wrong_width_or_nested_deep_is_one_error(tiny, tmp_path):
+    L, H, D = tiny.info.n_layers, tiny.info.n_heads, tiny.info.head_dim
+    path = save_edit(Mean(heads=((0, 1),), means=torch.zeros(L, H, D)), tmp_path / "mean", tiny, {})
+    _replace_record(path, lambda r: r["model"].update(head_dim=D + 1))
+    with pytest.raises(AttnprobeError, match=f"tensor means is {D} wide; the heads are {D + 1}"):
+        load_edit(path)
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(AttnprobeError, match="not an edit record"):
+        load_edit(path)
