@@ -37,7 +37,7 @@ def _int_list(ctx, param, value):
     "--heads", help="Edit these heads on every item instead of the run's ranking, e.g. L26H2,L25H2."
 )
 @click.option(
-    "--draws", type=click.IntRange(min=0), default=20, show_default=True, help="Random head sets per k."
+    "--draws", type=click.IntRange(0, 10_000), default=20, show_default=True, help="Random head sets per k."
 )
 @click.option("--factor", type=float, default=0.5, show_default=True, help="Factor of the scale edit.")
 @click.option(
@@ -53,7 +53,7 @@ def _int_list(ctx, param, value):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--alone",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, 1_000),
     default=10,
     show_default=True,
     help="The top heads each zeroed alone on every item and control prompt (edits_heads.csv); 0: none.",

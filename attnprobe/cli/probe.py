@@ -9,6 +9,8 @@ import click
 
 from .options import command, device_option, model_option, pickle_option, remote_code_option
 
+MAX_BYTES = 16 * 2**20  # a text longer than any context (1M tokens is about 4 MB of English)
+
 
 @command("attnprobe probe doc.txt --source occupation   (doc.txt: 'The [occupation: nurse] said ...')")
 @click.argument("text_file", type=click.Path(dir_okay=False, exists=True))
@@ -24,6 +26,7 @@ def probe(text_file, model_spec, source, out, top, device, trust_remote_code, al
 
     Texts longer than 1,024 tokens are read in chunks, recording only the span's rows: memory
     O(layers x heads x span x tokens), estimated (and refused if it would not fit) before the run.
+    A regular file of at most 16 MiB.
     """
     from ..errors import SuiteError
     from ..forward.longdoc import CHUNK_TOKENS, layer_masks, memory_estimate
@@ -32,6 +35,13 @@ def probe(text_file, model_spec, source, out, top, device, trust_remote_code, al
     from ..suite.sentences import parse_marked
 
     path = Path(text_file)
+    if not path.is_file():  # a FIFO would block, /dev/zero would fill the memory
+        raise SuiteError(f"{path}: not a regular file; give a text file")
+    if path.stat().st_size > MAX_BYTES:
+        raise SuiteError(
+            f"{path}: {path.stat().st_size:,} bytes, more than {MAX_BYTES:,} (no model's context holds that "
+            "much text); give a shorter text"
+        )
     try:
         marked = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:

@@ -50,6 +50,10 @@ DEFAULT_DRAWS = 20
 RANDOM_EVERY = 4  # random head sets are edited on every 4th item
 
 
+MAX_COUNT = {"draws": 10_000, "alone": 1_000}  # random draws per (kind, k); heads zeroed alone
+DEFAULTS = {"kinds": "('zero', 'leace')", "ks": "(1, 5)"}
+
+
 @dataclass(frozen=True)
 class EditOptions:
     kinds: tuple[str, ...] = DEFAULT_KINDS
@@ -66,6 +70,17 @@ class EditOptions:
     paths: bool = False  # also the top heads' inputs and senders patched (paths, edits.paths)
 
     def __post_init__(self):
+        for name, kind in (("kinds", str), ("ks", int)):  # Run.edit(ks=5) was a TypeError after recording
+            values = getattr(self, name)
+            if not isinstance(values, (tuple, list)) or not all(
+                isinstance(v, kind) and not isinstance(v, bool) for v in values
+            ):
+                what = "kind names" if kind is str else "whole numbers"
+                raise AttnprobeError(f"{name} {values!r}: give a list of {what}, e.g. {DEFAULTS[name]}")
+        for name in ("draws", "alone"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT[name]:
+                raise AttnprobeError(f"--{name} {value!r}: give a whole number from 0 to {MAX_COUNT[name]:,}")
         unknown = [k for k in self.kinds if k not in KINDS]
         if unknown or not self.kinds:
             raise AttnprobeError(
@@ -79,8 +94,6 @@ class EditOptions:
             raise AttnprobeError("k must be whole numbers of heads >= 1, e.g. --k 1,2,5,10,20")
         if not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
             raise AttnprobeError(f"--seed {self.seed!r}: give a whole number from 0 to 2**63 - 1")
-        if self.draws < 0 or self.alone < 0:
-            raise AttnprobeError("--draws and --alone must be 0 or more")
         if (
             not (isinstance(self.factor, (int, float)) and math.isfinite(self.factor))
             or abs(self.factor) > 100

@@ -144,10 +144,13 @@ def delimited_rows(path: Path, text: str, needed=("text",)) -> list[tuple[int, d
     dialect = {"delimiter": "\t" if tab else ",", "quoting": csv.QUOTE_NONE if tab else csv.QUOTE_MINIMAL}
     reader = csv.reader(io.StringIO(text, newline=""), **dialect)
     records, start = [], 1
-    for cells in reader:
-        if any(cell.strip() for cell in cells) and not cells[0].startswith("#"):
-            records.append((start, cells))
-        last, start = start, reader.line_num + 1
+    try:
+        for cells in reader:
+            if any(cell.strip() for cell in cells) and not cells[0].startswith("#"):
+                records.append((start, cells))
+            last, start = start, reader.line_num + 1
+    except csv.Error as exc:  # a cell past the field limit (131,072 characters), say
+        raise SuiteError(f"{path}:{start}: {exc}; a cell that long is a damaged row: fix it") from None
     if records and not tab and _unclosed(file_lines(text)[last - 1 :], dialect):
         raise SuiteError(
             f"{path}:{last}: a quote opened in the row starting on this line is never closed (the "

@@ -91,3 +91,44 @@ def test_edited_with_a_string_or_an_unfitted_edit_is_one_error(tiny_llama_dir):
     with pytest.raises(AttnprobeError, match="the mean edit lacks means; fit it"):
         with ap.edited(pm, ap.edits.Mean(heads=((0, 0),))):
             pass
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(ks=5), "ks 5: give a list of whole numbers"),
+        (dict(kinds="zero"), "kinds 'zero': give a list of kind names"),
+        (dict(draws=10**9), "--draws 1000000000: give a whole number from 0 to 10,000"),
+        (dict(alone=-1), "--alone -1: give a whole number from 0 to 1,000"),
+        (dict(ks=(1, True)), "give a list of whole numbers"),
+    ],
+)
+def test_edit_options_of_the_wrong_type_or_size_are_refused_before_any_work(options, message):
+    """Run.edit(ks=5) was a TypeError after 20-40 s of recording; --draws 10**9 ran without a word."""
+    from attnprobe.edits import EditOptions
+    from attnprobe.errors import AttnprobeError
+
+    with pytest.raises(AttnprobeError, match=message):
+        EditOptions(**options)
+
+
+def test_probe_refuses_a_fifo_and_a_text_larger_than_any_context(tiny_llama_dir, tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    result = CliRunner().invoke(main, ["probe", str(tmp_path / "fifo"), "--model", str(tiny_llama_dir)])
+    one_line_error(result, "not a regular file")
+    big = tmp_path / "big.txt"
+    with big.open("wb") as fh:  # sparse: no disk is written
+        fh.truncate(17 * 2**20)
+    result = CliRunner().invoke(main, ["probe", str(big), "--model", str(tiny_llama_dir)])
+    one_line_error(result, "more than 16,777,216", "give a shorter text")
+
+
+def test_a_csv_cell_past_the_field_limit_is_a_file_line_error(tmp_path):
+    from attnprobe.errors import SuiteError
+    from attnprobe.suite.rows import delimited_rows
+
+    text = "text\nok\n" + "x" * 200_000 + "\n"
+    with pytest.raises(SuiteError, match=r"big.csv:3: field larger than field limit"):
+        delimited_rows(tmp_path / "big.csv", text)
