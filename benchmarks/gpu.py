@@ -156,7 +156,7 @@ def parity_row(family: str, dtype: str, base, device: str, tokenizer, suite, wor
     real = batch["attention_mask"].bool()
     edit = Zero(heads=((0, 1), (1, 0)))
     runs, logits = {}, {}
-    for where in ("cpu", device):
+    for where in dict.fromkeys(("cpu", device)):  # on a CPU-only machine the device is the CPU: one run
         model = copy.deepcopy(base).to(device=where, dtype=getattr(torch, dtype))
         pm = from_pretrained_objects(model, tokenizer, name=f"{family}-{dtype}")
         if where == device:
@@ -375,8 +375,7 @@ def commands(device: str, tokenizer, work: Path) -> list[dict]:
         )
         rows.append(
             {
-                "command": "attnprobe "
-                + " ".join(a if not a.startswith(str(work)) else Path(a).name for a in args),
+                "command": "attnprobe " + " ".join(_shown(a, work) for a in args),
                 "exit": done.returncode,
                 "seconds": round(time.perf_counter() - started, 1),
                 "error": done.stderr.strip().splitlines()[-1] if done.returncode else "",
@@ -430,6 +429,13 @@ def _shape_line(r: dict) -> str:
         f"({r['verify_tol_weights']:.0e})",
     ]
     return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _shown(arg: str, work: Path) -> str:
+    """An argument as the results table shows it: paths short."""
+    if arg.startswith(str(work)):
+        return Path(arg).name
+    return arg.replace(f"{ROOT}/", "")
 
 
 def markdown(result: dict) -> str:

@@ -1,7 +1,6 @@
-"""`attnprobe edit RUN_DIR`: load what the run found, measure every edit kind (each a phase of the run
-engine: a chunk per kind under chunks/ whose marker holds the settings hash, keyed by the run, the
-options and the model's weights; resumed, Ctrl-C stopping after the current kind, progress as a run's),
-write edits_items, edits and edits_draws (CSV and Parquet) and the frontier figure into the run."""
+"""`attnprobe edit RUN_DIR`: load what the run found, measure every edit kind (a phase of the run engine
+each: a chunk per kind whose marker holds the settings hash of the run, the options and the weights;
+resumed, Ctrl-C stopping after the current kind), write edits_items, edits, edits_draws and the figure."""
 
 from __future__ import annotations
 
@@ -53,6 +52,7 @@ from .transfer import ALSO_K, transfer, transfer_suites
 
 def _run_and_suite(directory: Path):
     run = RunFiles(directory)
+    run.require_keys(status=str, model__spec=str, model__n_layers=int, model__n_heads=int, dtype=str)
     run.require_complete()
     m = run.manifest
     refuse_random(m["model"]["spec"], "attnprobe edit")

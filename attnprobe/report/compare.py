@@ -26,6 +26,8 @@ def compare_runs(a, b) -> dict[str, pd.DataFrame]:
     `a` and `b` (RunFiles or paths); refused in one line when their items cannot be paired."""
     a, b = (run if isinstance(run, RunFiles) else RunFiles(run) for run in (a, b))
     check_comparable(a, b)
+    for run in (a, b):
+        refuse_random(run.manifest["model"]["spec"], f"attnprobe compare ({run.directory})")
     items = list(dict.fromkeys(a.prompts["item_id"]))
     scopes = scopes_of(a, b, items, templates_of(a, items))
     tables = {}
@@ -38,8 +40,6 @@ def write_comparison(a, b, out: str | Path | None = None) -> tuple[Path, dict]:
     """Compare the runs and write the tables, compare.json and compare.html into `out` (default
     reports/compare/<A>--<B>/); returns compare.html's path and the tables."""
     a, b = RunFiles(a), RunFiles(b)
-    for run in (a, b):
-        refuse_random(run.manifest["model"]["spec"], f"attnprobe compare ({run.directory})")
     tables = compare_runs(a, b)
     out = Path(out) if out else Path("reports") / "compare" / f"{a.directory.name}--{b.directory.name}"
     try:

@@ -14,19 +14,6 @@ from ..measures import MEASURES
 from ..store import read_table
 from .storage import read_manifest
 
-READ_KEYS = {  # manifest keys every reader of a run indexes, and their types
-    ("status",): str,
-    ("suite",): dict,
-    ("suite", "name"): str,
-    ("suite", "sha256"): str,
-    ("model",): dict,
-    ("model", "spec"): str,
-    ("model", "n_layers"): int,
-    ("model", "n_heads"): int,
-    ("dtype",): str,
-    ("n_prompts",): int,
-}
-
 
 class RunFiles:
     """A run directory, read lazily into DataFrames."""
@@ -38,17 +25,20 @@ class RunFiles:
 
     @cached_property
     def manifest(self) -> dict:
-        manifest = read_manifest(self.directory / "manifest.json")
-        for keys, kind in READ_KEYS.items():  # what readers index: a damaged manifest is one line
-            value = manifest
-            for key in keys:
+        return read_manifest(self.directory / "manifest.json")
+
+    def require_keys(self, **wanted: type) -> None:
+        """The manifest's keys a reader is about to index (dotted: suite__sha256=str), each of its type,
+        or one line saying the manifest is damaged."""
+        for dotted, kind in wanted.items():
+            value = self.manifest
+            for key in dotted.split("__"):
                 value = value.get(key) if isinstance(value, dict) else None
             if not isinstance(value, kind):
                 raise RunError(
-                    f"{self.directory}/manifest.json: {'.'.join(keys)} is missing or not a {kind.__name__}; "
-                    "the manifest is damaged: rerun the run's command with --fresh"
+                    f"{self.directory}/manifest.json: {dotted.replace('__', '.')} is missing or not a "
+                    f"{kind.__name__}; the manifest is damaged: rerun the run's command with --fresh"
                 )
-        return manifest
 
     def require_complete(self) -> None:
         """Statistics need every prompt: refuse an unfinished run or a lone shard in one line."""

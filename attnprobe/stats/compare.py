@@ -32,6 +32,7 @@ def check_comparable(a, b) -> None:
     """Refuse, in one line, two runs whose items cannot be paired: other suites, other prompts, models
     of other shapes (heads are paired by layer and index) or an unfinished run."""
     for run in (a, b):
+        run.require_keys(status=str, suite__name=str, suite__sha256=str, model__spec=str, dtype=str)
         run.require_complete()
     sa, sb = a.manifest["suite"], b.manifest["suite"]
     if (sa["name"], sa["sha256"]) != (sb["name"], sb["sha256"]):
