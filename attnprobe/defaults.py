@@ -9,3 +9,4 @@ DEFAULT_CHUNK_SIZE = 512  # prompts per chunk written to disk
 EDIT_KIND_NAMES = ("zero", "mean", "resample", "scale", "project", "orthogonal", "leace")  # edits.kinds.KINDS
 DEFAULT_EDIT_KINDS = ("zero", "orthogonal", "leace")  # the classic ablation, and the two that keep gender
 DEFAULT_EDIT_K = (1, 5)
+ROW_TOKENS = 4096  # rows x padded length of one patched forward pass (head effects, edits; memory estimates)

@@ -17,13 +17,13 @@ keys as one forward of the whole text; only the order of floating-point sums dif
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import CaptureError
 from ..model import ProbeModel
+from ..model.footprint import available_memory
 from ..verify.declared import window_of
 from .capture import ATTN_IMPLEMENTATION, editing, recording
 
@@ -127,21 +127,6 @@ def memory_estimate(
     recorded = (n_layers or len(layers)) * H * rows * T * 4
     chunk_work = chunk * max(kept) + 3 * chunk * width * item + 3 * rows * H * T * 4
     return store + recorded + 2 * chunk_work
-
-
-def available_memory() -> int | None:
-    """Bytes the system can still give (MemAvailable), or None where unknown."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return None
 
 
 def check_fits(needed: int, what: str, available: int | None = None) -> None:

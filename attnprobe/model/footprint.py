@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..defaults import ROW_TOKENS
 from ..errors import ModelSpecError
 
 GB = 1e9
@@ -45,7 +46,6 @@ ASSUMED_CARD = ("H100", 81559 * 2**20)  # what `check --device cuda` assumes wit
 EFFICIENCY = {"prompts": 0.42, "head effects": 0.033}
 OTHER_PHASES = EFFICIENCY["head effects"]  # an unmeasured phase of small passes: as the head effects
 HOST_SECONDS_PER_PROMPT = 0.0062
-ROW_TOKENS = 4096  # measures/head_effects/engine.py: rows x padded length of one patched pass
 
 
 @dataclass(frozen=True)
@@ -121,16 +121,23 @@ def card(device: str) -> tuple[str, float, float]:
     return "cpu", available, available
 
 
-def _available_cpu_memory() -> float:
-    """MemAvailable of /proc/meminfo (Linux), else the physical memory."""
+def available_memory() -> int | None:
+    """Bytes the system can still give (MemAvailable), or None where unknown."""
     try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
                 if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
+                    return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def _available_cpu_memory() -> float:
+    return float(available_memory() or float("inf"))  # unknown: nothing is refused
 
 
 def peak_seconds(shape: Shape, dtype: str, tokens: int, device_card: str, phase: str) -> float | None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...defaults import ROW_TOKENS
 from ...forward.capture import editing, expand_kv, pad_right, picked_logits, run_with_capture
 from ...forward.sharing import prefix_sharing_blocker
 from .rerun import narrowed_behaviour, rerun_logits
@@ -38,8 +39,6 @@ from .sites import (
     mlp_outputs,
     recording_mlp,
 )
-
-ROW_TOKENS = 4096  # rows x padded length of one patched forward pass
 
 
 @dataclass
