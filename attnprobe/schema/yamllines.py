@@ -195,7 +195,7 @@ class Context:
                 data = handle.read(size + 1)
         except OSError as exc:
             self.fail(node, key, f"cannot read data file '{shown}' ({exc.strerror}); fix its permissions")
-        lines = data.count(b"\n")
+        lines = data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")  # LF, CRLF and old-Mac CR
         if max_lines is not None and lines > max_lines + 1:  # + 1: a header line
             self.fail(
                 node,

@@ -52,6 +52,10 @@ def stereoset_rows(path, text: str) -> list[tuple[int, dict]]:
         raise SuiteError(
             f"{path}:{exc.lineno}: invalid JSON ({exc.msg}); give StereoSet's file as distributed"
         ) from None
+    except RecursionError:
+        raise SuiteError(
+            f"{path}:1: JSON nested too deep to read; give StereoSet's file as distributed"
+        ) from None
     data = doc.get("data") if isinstance(doc, dict) else None
     examples = data.get("intrasentence") if isinstance(data, dict) else None
     if not isinstance(examples, list):

@@ -117,16 +117,29 @@ def line_rows(path: Path, text: str, reader=None) -> list[tuple[int, dict]]:
     return rows
 
 
+MAX_LINE_CHARACTERS = 2**20  # a JSONL line: BBQ's longest is under 4,000
+MAX_COLUMNS = 1_000  # a CSV or TSV header
+
+
 def jsonl_rows(path: Path, text: str, needed=("text",)) -> list[tuple[int, dict]]:
     """One JSON object per non-blank line, with string fields `needed`."""
     rows = []
     for number, line in enumerate(file_lines(text), start=1):
         if not line.strip():
             continue
+        if len(line) > MAX_LINE_CHARACTERS:
+            raise SuiteError(
+                f"{path}:{number}: a line of {len(line):,} characters, more than {MAX_LINE_CHARACTERS:,}; "
+                "one question or sentence per line"
+            )
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise SuiteError(f"{path}:{number}: invalid JSON ({exc.msg}); one object per line") from None
+        except RecursionError:
+            raise SuiteError(
+                f"{path}:{number}: JSON nested too deep to read; one flat object per line"
+            ) from None
         if not isinstance(record, dict) or not all(isinstance(record.get(c), str) for c in needed):
             raise SuiteError(f"{path}:{number}: each line needs string fields {', '.join(needed)}")
         rows.append((number, record))
@@ -159,6 +172,11 @@ def delimited_rows(path: Path, text: str, needed=("text",)) -> list[tuple[int, d
     if not records:
         return []
     (header_line, header), *body = records
+    if len(header) > MAX_COLUMNS:
+        raise SuiteError(
+            f"{path}:{header_line}: the header has {len(header):,} columns, more than {MAX_COLUMNS:,}; "
+            "keep the columns the suite reads"
+        )
     repeated = next((c for k, c in enumerate(header) if c in header[:k]), None)
     if repeated is not None:
         raise SuiteError(

@@ -132,3 +132,29 @@ def test_a_csv_cell_past_the_field_limit_is_a_file_line_error(tmp_path):
     text = "text\nok\n" + "x" * 200_000 + "\n"
     with pytest.raises(SuiteError, match=r"big.csv:3: field larger than field limit"):
         delimited_rows(tmp_path / "big.csv", text)
+
+
+def test_json_nested_too_deep_is_a_file_line_error(tmp_path):
+    from attnprobe.errors import SuiteError
+    from attnprobe.suite.formats import stereoset_rows
+    from attnprobe.suite.rows import jsonl_rows
+
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(SuiteError, match=r"q.jsonl:2: JSON nested too deep"):
+        jsonl_rows(tmp_path / "q.jsonl", '{"text": "ok"}\n' + deep + "\n")
+    with pytest.raises(SuiteError, match=r"dev.json:1: JSON nested too deep"):
+        stereoset_rows(tmp_path / "dev.json", deep)
+
+
+def test_a_header_of_too_many_columns_or_a_jsonl_line_too_long_is_refused_at_once(tmp_path):
+    import time
+
+    from attnprobe.errors import SuiteError
+    from attnprobe.suite.rows import delimited_rows, jsonl_rows
+
+    started = time.perf_counter()
+    with pytest.raises(SuiteError, match=r"wide.csv:1: the header has 1,000,000 columns, more than 1,000"):
+        delimited_rows(tmp_path / "wide.csv", ",".join(f"c{i}" for i in range(10**6)) + "\ntext\n")
+    with pytest.raises(SuiteError, match=r"long.jsonl:1: a line of 3,000,012 characters"):
+        jsonl_rows(tmp_path / "long.jsonl", '{"text": "' + "x" * 3_000_000 + '"}\n')
+    assert time.perf_counter() - started < 10

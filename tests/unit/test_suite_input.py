@@ -228,6 +228,12 @@ def test_special_and_oversized_data_files_are_refused_before_reading(tmp_path):
         f"{tmp_path / 'm.yaml'}:4: data file 'many.tsv' has 1,201 lines, more than max_prompts = 1,000"
     )
     assert "raise `max_prompts:`" in message
+    lines.write_text("text\r" + "[She] left.\r" * 1_200, newline="")  # old-Mac line ends count too
+    message = _load_error(
+        tmp_path / "m.yaml",
+        "name: s\nmax_prompts: 1000\nsentences:\n  - {id: b, file: many.tsv, spans: [pronoun]}\n",
+    )
+    assert "has 1,201 lines, more than max_prompts = 1,000" in message
     big = tmp_path / "big.yaml"
     big.write_text("name: s\ndescription: '" + "x" * (2**20) + "'\n")
     started = time.perf_counter()
