@@ -57,6 +57,7 @@ class HeadEdit:
     """The edit of `heads`; subclasses say what replaces their output (`replacement`)."""
 
     kind: ClassVar[str]
+    BOUNDS: ClassVar[dict] = {}  # parameter -> the largest magnitude a saved edit may hold
     heads: Heads = ()
 
     def on(self, heads: Heads) -> HeadEdit:
@@ -119,6 +120,8 @@ class HeadEdit:
                 raise ValueError(f"parameter {name} is {value!r}, not a {'whole ' * whole}number")
             if whole and not 0 <= value < 2**63:
                 raise ValueError(f"parameter {name} is {value}, outside 0 .. 2**63 - 1")
+            if abs(value) > cls.BOUNDS.get(name, float("inf")):  # 1e308 is finite, and overflows a pass
+                raise ValueError(f"parameter {name} is {value}, beyond +-{cls.BOUNDS[name]:g}")
         full = {}
         for name, rows in tensors.items():
             if name not in defaults or len(rows) != len(pairs) or rows.dim() not in (2, 3):
@@ -183,6 +186,7 @@ class Resample(HeadEdit):
 @dataclass(frozen=True)
 class Scale(HeadEdit):
     kind: ClassVar[str] = "scale"
+    BOUNDS: ClassVar[dict] = {"factor": 100.0}  # as `attnprobe edit --factor`
     factor: float = 0.5
 
     def replacement(self, layer, z):

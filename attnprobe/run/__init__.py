@@ -59,6 +59,7 @@ def run_suite(
         )
         pm, weights_sha = _load(model, plan, options)
         manifest = new_manifest(plan, pm, options, weights_sha, storage.content_sha(pm.model))
+        _same_weights(previous, manifest, directory)
         for kind, declared, part in plan.kinds():  # what each measure keeps of a resumed run
             manifest.update(kind.resumed(declared, part, previous, directory))
         storage.write_manifest(directory, manifest)
@@ -88,6 +89,17 @@ def _edited(pm: ProbeModel, edits):
         for edit in edits:
             stack.enter_context(edit.applied(pm))
         yield
+
+
+def _same_weights(previous: dict, manifest: dict, directory: Path) -> None:
+    """A resumed run continues only with the weights it began with: other weights under the same
+    path would mix two models' chunks in one table."""
+    before = previous.get("model", {}).get("weights_content")
+    if before and before != manifest["model"]["weights_content"]:
+        raise RunError(
+            f"{directory}: the weights of {manifest['model']['spec']} changed since this run began (their "
+            "content hash differs); rerun with --fresh to start over on the new weights"
+        )
 
 
 def _open(directory: Path) -> Path:

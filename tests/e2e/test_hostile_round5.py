@@ -158,3 +158,33 @@ def test_a_header_of_too_many_columns_or_a_jsonl_line_too_long_is_refused_at_onc
     with pytest.raises(SuiteError, match=r"long.jsonl:1: a line of 3,000,012 characters"):
         jsonl_rows(tmp_path / "long.jsonl", '{"text": "' + "x" * 3_000_000 + '"}\n')
     assert time.perf_counter() - started < 10
+
+
+def test_resuming_after_the_weights_under_the_same_path_changed_is_refused(smollm_tokenizer, tmp_path):
+    """The old tables were kept and the manifest's hash rewritten (issue 55): now one line, and the
+    first run's files stay as they were."""
+    from conftest import save_tiny_with_tokenizer
+
+    model = tmp_path / "model"
+    save_tiny_with_tokenizer(model, smollm_tokenizer)
+    args = [
+        "run",
+        MINIMAL,
+        "--model",
+        str(model),
+        "--limit",
+        "20",
+        "--out",
+        str(tmp_path / "r"),
+        "--no-report",
+    ]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    manifest = (tmp_path / "r" / "manifest.json").read_text()
+    torch.manual_seed(1)
+    replaced = AutoModelForCausalLM.from_pretrained(model)
+    with torch.no_grad():
+        for weight in replaced.parameters():
+            weight.add_(0.01)
+    replaced.save_pretrained(model)
+    one_line_error(CliRunner().invoke(main, args), "weights of", "changed since this run began", "--fresh")
+    assert (tmp_path / "r" / "manifest.json").read_text() == manifest

@@ -335,6 +335,11 @@ def _replace_record(path, change):
             lambda r: r["parameters"].update(factor="half"),
             "parameter factor is 'half', not a number",
         ),
+        (
+            "scale",
+            lambda r: r["parameters"].update(factor=1e308),
+            r"parameter factor is 1e\+308, beyond \+-100",
+        ),
         ("resample", lambda r: r["parameters"].update(seed="3"), "parameter seed is '3', not a whole number"),
         ("resample", lambda r: r["parameters"].update(seed=2**64), "outside 0 .. 2\\*\\*63 - 1"),
         ("resample", lambda r: r["parameters"].update(seed=True), "not a whole number"),
