@@ -167,19 +167,29 @@ def load_edit(path: str | Path) -> SavedEdit:
         record = json.loads(json_path.read_text())
         if not isinstance(record, dict) or not isinstance(record.get("model"), dict):
             raise ValueError("not a JSON object with a model")
+        shape = {key: record["model"].get(key) for key in ("n_layers", "n_heads", "head_dim")}
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape.values()):
+            raise ValueError(f"the model's shape {shape} is not three whole numbers")
+        if not isinstance(record["model"].get("hidden_size", 0), (int, type(None))):
+            raise ValueError("the model's hidden_size is not a whole number")
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise AttnprobeError(
             f"{json_path}: not an edit record ({exc}); write it again with `attnprobe edit`"
         ) from None
     if record.get("format") != FORMAT:
         raise AttnprobeError(f'{json_path}: not an attnprobe edit (no "format": "{FORMAT}")')
-    if record.get("format_version", 0) > FORMAT_VERSION:
+    version = record.get("format_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise AttnprobeError(
+            f"{json_path}: format_version {version!r} is not a whole number; rerun `attnprobe edit`"
+        )
+    if version > FORMAT_VERSION:
         raise AttnprobeError(
             f"{json_path}: written by a newer attnprobe (edit format {record['format_version']}, this "
             f"version reads {FORMAT_VERSION}); upgrade attnprobe"
         )
     kind = record.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise AttnprobeError(
             f"{json_path}: edit kind {kind!r} is not one this attnprobe knows ({', '.join(KINDS)}); "
             "upgrade attnprobe or fit the edit again"

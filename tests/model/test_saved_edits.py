@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import EDIT_SWEEP_NO_PATHS, build_tiny, edit_suite, one_line_error
+from conftest import EDIT_SWEEP_NO_PATHS, FUZZ_EXAMPLES, build_tiny, edit_suite, one_line_error
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import attnprobe
 from attnprobe.cli import main
@@ -371,3 +373,64 @@ def test_a_saved_edit_of_the_wrong_width_or_nested_deep_is_one_error(tiny, tmp_p
     path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(AttnprobeError, match="not an edit record"):
         load_edit(path)
+
+
+RECORD_FIELDS = [
+    ("kind",),
+    ("heads",),
+    ("parameters",),
+    ("parameters", "factor"),
+    ("parameters", "seed"),
+    ("model",),
+    ("model", "n_layers"),
+    ("model", "n_heads"),
+    ("model", "head_dim"),
+    ("model", "hidden_size"),
+    ("sha256",),
+    ("format_version",),
+    ("tensors",),
+]
+ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@settings(
+    max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(kind=st.sampled_from(["zero", "scale", "mean"]), field=st.sampled_from(RECORD_FIELDS), value=ANY_JSON)
+def test_fuzzed_edit_records_are_read_and_applied_or_one_error(
+    tiny, saved_kinds, tmp_path, kind, field, value
+):
+    """Any field of a saved edit replaced by any JSON value (1,000 examples in `make test`): the edit
+    loads and runs a forward pass, or loading or applying it raises one AttnprobeError; never another
+    exception, never a non-finite output."""
+    record = json.loads(saved_kinds[kind].read_text())
+    target = record
+    for key in field[:-1]:
+        target = target.setdefault(key, {}) if isinstance(target, dict) else {}
+    if isinstance(target, dict):
+        target[field[-1]] = value
+    path = tmp_path / f"{kind}.json"
+    shutil.copy(saved_kinds[kind].with_suffix(".safetensors"), path.with_suffix(".safetensors"))
+    path.write_text(json.dumps(record))
+    try:
+        loaded = load_edit(path)
+        with edited(tiny, loaded):  # applying checks the model's shape against the record's
+            assert torch.isfinite(_logits(tiny)).all()
+    except AttnprobeError:
+        return
+
+
+@pytest.fixture(scope="module")
+def saved_kinds(tiny, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("kinds")
+    L, H, D = tiny.info.n_layers, tiny.info.n_heads, tiny.info.head_dim
+    made = {
+        "zero": Zero(heads=((0, 1),)),
+        "scale": Scale(heads=((0, 1),), factor=0.5),
+        "mean": Mean(heads=((1, 0),), means=torch.zeros(L, H, D)),
+    }
+    return {kind: save_edit(edit, folder / kind, tiny, {}) for kind, edit in made.items()}
