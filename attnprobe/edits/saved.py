@@ -168,8 +168,10 @@ def load_edit(path: str | Path) -> SavedEdit:
         if not isinstance(record, dict) or not isinstance(record.get("model"), dict):
             raise ValueError("not a JSON object with a model")
         shape = {key: record["model"].get(key) for key in ("n_layers", "n_heads", "head_dim")}
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape.values()):
-            raise ValueError(f"the model's shape {shape} is not three whole numbers")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 2**16 for v in shape.values()):
+            raise ValueError(f"the model's shape {shape} is not three whole numbers up to 65,536")
+        if shape["n_layers"] * shape["n_heads"] > 2**20:  # the edit's tensors are allocated at that size
+            raise ValueError(f"the model's shape {shape} holds more heads than any model (1,048,576)")
         if not isinstance(record["model"].get("hidden_size", 0), (int, type(None))):
             raise ValueError("the model's hidden_size is not a whole number")
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:

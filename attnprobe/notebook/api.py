@@ -124,7 +124,7 @@ class Run(RunFiles):
         """Write one of the run's statistics tables (by name, e.g. "head_stats") to `path`: Parquet
         (typed, as computed) for a .parquet name, else CSV (text a spreadsheet would run as a formula
         gets a leading ')."""
-        if name not in self._tables():
+        if not isinstance(name, str) or name not in self._tables():
             raise AnalysisError(f"no table {name!r} in this run; tables: {', '.join(sorted(self._tables()))}")
         path = Path(path)
         (write_parquet if path.suffix == ".parquet" else write_csv)(self._tables()[name], path)
@@ -137,6 +137,11 @@ class Run(RunFiles):
         the manifest's spec and dtype); the rows the run recorded are the same weights."""
         from .adhoc import recompute_attention
 
+        for name, value in (("prompt_id", prompt_id), ("layer", layer), ("head", head)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise AnalysisError(
+                    f"{name} {value!r}: give a whole number (run.prompts lists the prompt ids)"
+                )
         if self.manifest.get("edits"):
             raise AnalysisError(
                 "this run was made with saved edits applied; recompute its attention inside "
@@ -169,6 +174,9 @@ class Run(RunFiles):
         "difference" (d_z of the paired difference) or "level" (slope per 10 covariate units of a
         measure read before the contrast, e.g. `at: before`). `source`: the query span (default
         the first one the statistic exists for)."""
+        for name, value in (("target", target), ("statistic", statistic), ("source", source)):
+            if value is not None and not isinstance(value, str):
+                raise AnalysisError(f"{name} {value!r}: give a name (a string) or leave it out")
         heads = self.head_stats[self.head_stats["scope"] == "all"]
         statistic = statistic or ("interaction" if "interaction_r" in heads else "difference")
         choices = {

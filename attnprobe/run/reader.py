@@ -3,6 +3,7 @@ only; statistics and figures live downstream (attnprobe.stats, attnprobe.report,
 
 from __future__ import annotations
 
+import os
 from functools import cached_property
 from pathlib import Path
 
@@ -19,6 +20,8 @@ class RunFiles:
     """A run directory, read lazily into DataFrames."""
 
     def __init__(self, directory: str | Path):
+        if not isinstance(directory, (str, os.PathLike)):
+            raise RunError(f"{directory!r} is not a run directory; give its path")
         self.directory = Path(directory)
         if not (self.directory / "manifest.json").is_file():
             raise RunError(f"{self.directory}: no manifest.json; not an attnprobe run directory")

@@ -6,7 +6,9 @@ import pytest
 import torch
 import transformers as T
 from click.testing import CliRunner
-from conftest import one_line_error
+from conftest import FUZZ_EXAMPLES, one_line_error
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 from attnprobe.cli import main
@@ -188,3 +190,47 @@ def test_resuming_after_the_weights_under_the_same_path_changed_is_refused(smoll
     replaced.save_pretrained(model)
     one_line_error(CliRunner().invoke(main, args), "weights of", "changed since this run began", "--fresh")
     assert (tmp_path / "r" / "manifest.json").read_text() == manifest
+
+
+NOTEBOOK_CALLS = {"export": 2, "attention_matrix": 3, "plot_heads": 3, "attention_view": 1, "compare": 1}
+ANY_ARGUMENT = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner),
+    max_leaves=4,
+)
+
+
+@settings(
+    max_examples=FUZZ_EXAMPLES // 4,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(call=st.sampled_from(sorted(NOTEBOOK_CALLS)), args=st.lists(ANY_ARGUMENT, min_size=3, max_size=3))
+def test_fuzzed_notebook_calls_return_or_raise_one_error(finished_run, tiny_pm, tmp_path, call, args):
+    """Run's methods given any values (250 examples in `make test`): a result, or one AttnprobeError
+    naming the argument; never another exception (issue 55)."""
+    import matplotlib.pyplot as plt
+
+    import attnprobe as ap
+    from attnprobe.errors import AttnprobeError
+
+    run = ap.Run(finished_run)
+    args = args[: NOTEBOOK_CALLS[call]]  # as many as the method takes
+    if call == "export" and len(args) > 1:
+        args[1] = tmp_path / str(args[1])[:20].replace("/", "_")
+    keywords = {"model": tiny_pm} if call == "attention_matrix" else {}
+    if call == "attention_view":
+        keywords = {"html_action": "return"}
+    try:
+        getattr(run, call)(*args, **keywords)
+    except AttnprobeError:
+        pass
+    finally:
+        plt.close("all")
+
+
+@pytest.fixture(scope="module")
+def tiny_pm(tiny_llama_dir):
+    import attnprobe as ap
+
+    return ap.load_model(str(tiny_llama_dir))

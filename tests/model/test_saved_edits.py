@@ -370,6 +370,12 @@ def test_a_saved_edit_of_the_wrong_width_or_nested_deep_is_one_error(tiny, tmp_p
     _replace_record(path, lambda r: r["model"].update(head_dim=D + 1))
     with pytest.raises(AttnprobeError, match=f"tensor means is {D} wide; the heads are {D + 1}"):
         load_edit(path)
+    _replace_record(path, lambda r: r["model"].update(head_dim=D, n_layers=10**12))  # was a huge allocation
+    with pytest.raises(AttnprobeError, match="not three whole numbers up to 65,536"):
+        load_edit(path)
+    _replace_record(path, lambda r: r["model"].update(n_layers=2**16, n_heads=2**16))
+    with pytest.raises(AttnprobeError, match="more heads than any model"):
+        load_edit(path)
     path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(AttnprobeError, match="not an edit record"):
         load_edit(path)
