@@ -7,6 +7,7 @@ a file. `run.report()` writes the tables, figures and report.html.
 
 from __future__ import annotations
 
+import numbers
 from html import escape
 from pathlib import Path
 
@@ -138,10 +139,11 @@ class Run(RunFiles):
         from .adhoc import recompute_attention
 
         for name, value in (("prompt_id", prompt_id), ("layer", layer), ("head", head)):
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy's ints too
                 raise AnalysisError(
                     f"{name} {value!r}: give a whole number (run.prompts lists the prompt ids)"
                 )
+        prompt_id, layer, head = int(prompt_id), int(layer), int(head)
         if self.manifest.get("edits"):
             raise AnalysisError(
                 "this run was made with saved edits applied; recompute its attention inside "
