@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import warnings
 from importlib.resources import files
 from pathlib import Path
 
@@ -58,7 +59,11 @@ def load_tables(
     if not refresh and _cache_is_valid(run.directory, names, json.loads(json.dumps(stamp))):
         return {name: read_table(run.directory, name) for name in names}
     with Progress(len(MEASURES) + 1, enabled=progress, unit="step", desc="statistics") as bar:
-        tables = analyse(run, step=bar.step)
+        with warnings.catch_warnings():  # a scope without data is NaN in its row, said there: no numpy noise
+            warnings.filterwarnings(
+                "ignore", r"Mean of empty slice|All-NaN slice|invalid value", RuntimeWarning
+            )
+            tables = analyse(run, step=bar.step)
     if write:
         for name, table in tables.items():
             write_table(run.directory, name, table)
