@@ -41,8 +41,9 @@ sys.path.insert(0, str(ROOT))
 import attnprobe  # noqa: E402
 from attnprobe.model import from_pretrained_objects, load_tokenizer  # noqa: E402
 from attnprobe.model.footprint import GB, PEAK_TFLOPS, Shape, card  # noqa: E402
+from attnprobe.model.shapes import SHAPES as SHIPPED  # noqa: E402
 from attnprobe.run import RunOptions, plan_run  # noqa: E402
-from attnprobe.run.footprint import phase_memory  # noqa: E402
+from attnprobe.run.footprint import working_bytes  # noqa: E402
 from attnprobe.suite import load_suite  # noqa: E402
 
 SUITE = ROOT / "probes" / "gender.yaml"
@@ -193,7 +194,7 @@ def shape_folder(name: str, tokenizer, work: Path, tiny: bool) -> Path:
         config = dict(FAMILIES["llama"], model_type="llama", vocab_size=len(tokenizer))
         (folder / "config.json").write_text(json.dumps(config))
     else:
-        shutil.copyfile(ROOT / "attnprobe" / "model" / "configs" / f"{name}.json", folder / "config.json")
+        shutil.copyfile(SHIPPED / f"{name}.json", folder / "config.json")
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -267,7 +268,7 @@ def shape_row(name: str, folder: Path, device: str, dtype: str, limit: int, work
     )
     plan = plan_run(load_suite(SUITE), spec, options)
     shape = Shape.of(plan.config)
-    estimate = shape.weights(dtype) + max(phase_memory(plan, shape).values())
+    estimate = shape.weights(dtype) + working_bytes(plan)  # as `attnprobe check` and `run` count it
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()

@@ -7,6 +7,7 @@ device is unknown until its first chunk.
 
 from __future__ import annotations
 
+from ..model.shapes import module_parameters
 from .packing import sorted_packs
 
 SCORED_BATCH = 256  # sequences per scored pass (run options' default batch size)
@@ -64,12 +65,8 @@ def head_effect_seconds(measure, items, parameters: float = REFERENCE_PARAMETERS
 
 def model_parameters(module) -> int:
     """Parameters besides the input and output embeddings (tied: one tensor, as parameters() counts it)."""
-    embeddings = {
-        id(m.weight): m.weight.numel()
-        for m in (module.get_input_embeddings(), module.get_output_embeddings())
-        if m is not None
-    }
-    return max(sum(p.numel() for p in module.parameters()) - sum(embeddings.values()), 1)
+    total, embeddings = module_parameters(module)
+    return max(total - embeddings, 1)
 
 
 def head_effects_text(measure, items, module) -> str:

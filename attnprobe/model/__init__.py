@@ -249,9 +249,7 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
 
     if is_random(spec):
         config = shape_config(spec)
-        tokenizer = shape_tokenizer(spec, config)
-        tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token or tokenizer.unk_token
-        tokenizer.padding_side = "right"
+        tokenizer = right_padded(shape_tokenizer(spec, config))
         return tokenizer, getattr(config.get_text_config(), "max_position_embeddings", None), config
     source, local, _, _ = _resolve(spec, allow_pickle=True, convert=False)
     refuse_remote_code(source, local, trust_remote_code)
@@ -276,10 +274,16 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
             f"fix or replace those files, or use one of the {aliases_hint()}"
         ) from None
     check_shape(config, spec)
+    return right_padded(tokenizer), getattr(config.get_text_config(), "max_position_embeddings", None), config
+
+
+def right_padded(tokenizer):
+    """The tokenizer with a pad token (its end-of-text or unknown one where it has none) and right
+    padding, which keeps every real token's position and mask."""
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     tokenizer.padding_side = "right"
-    return tokenizer, getattr(config.get_text_config(), "max_position_embeddings", None), config
+    return tokenizer
 
 
 def routes_attention(config) -> bool:
@@ -313,9 +317,7 @@ def _wrap(model, tokenizer, spec, name, source_sha, capture) -> ProbeModel:
     from ..forward import capture as capture_module
 
     if tokenizer is not None:
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-        tokenizer.padding_side = "right"  # right padding keeps every real token's position and mask
+        right_padded(tokenizer)
     if capture:
         capture_module.enable(model)
     config = model.config.get_text_config()

@@ -22,7 +22,6 @@ on a CPU the reference rates of forward/estimates.py apply instead.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
 import torch
@@ -65,21 +64,19 @@ class Shape:
     @classmethod
     def of(cls, config) -> Shape | None:
         """None where the config cannot be counted (a family with its own code)."""
+        from . import head_shape
         from .shapes import parameter_count
 
-        text = config.get_text_config()
-        H = text.num_attention_heads
-        D = getattr(text, "head_dim", None) or text.hidden_size // H
         counted = parameter_count(config)
         if counted is None:
             return None
-        total, embeddings = counted
+        text = config.get_text_config()
+        L, H, D = head_shape(config)
         return cls(
-            total,
-            embeddings,
+            *counted,
             text.hidden_size,
             getattr(text, "intermediate_size", None) or 4 * text.hidden_size,
-            text.num_hidden_layers,
+            L,
             H,
             getattr(text, "num_key_value_heads", None) or H,
             D,
@@ -103,7 +100,7 @@ class Shape:
 
 
 def _bytes(dtype: str) -> int:
-    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return getattr(torch, dtype).itemsize
 
 
 def card(device: str) -> tuple[str, float, float]:
@@ -113,7 +110,7 @@ def card(device: str) -> tuple[str, float, float]:
         index = torch.device(device).index or 0
         free, total = torch.cuda.mem_get_info(index)
         name = torch.cuda.get_device_name(index)
-        known = next((k for k in PEAK_TFLOPS if re.search(k, name)), name)
+        known = next((k for k in PEAK_TFLOPS if k in name), name)
         return known, float(free), float(total)
     if kind == "cuda":
         return ASSUMED_CARD[0] + " (assumed: no GPU here)", float(ASSUMED_CARD[1]), float(ASSUMED_CARD[1])
@@ -163,11 +160,9 @@ def check_fits(
     need = shape.weights(dtype) + working
     if need <= free:
         return
-    options = [
-        f"--dtype {smaller} ({(shape.weights(smaller) + working) / GB:.1f} GB)"
-        for smaller in ("bfloat16",)
-        if _bytes(smaller) < _bytes(dtype) and shape.weights(smaller) + working <= free
-    ]
+    options = []
+    if _bytes("bfloat16") < _bytes(dtype) and shape.weights("bfloat16") + working <= free:
+        options.append(f"--dtype bfloat16 ({(shape.weights('bfloat16') + working) / GB:.1f} GB)")
     if torch.device(device).type == "cuda" and torch.cuda.device_count() > 1:
         together = sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
         if need <= together:

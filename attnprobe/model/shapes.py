@@ -33,10 +33,10 @@ def is_random(spec) -> bool:
 
 def directory_name(spec: str) -> str:
     """`random-NAME` (a shipped shape) or `random-DIR` (the config's directory or file stem)."""
-    name = spec[len(PREFIX) :]
-    path = Path(name)
-    stem = path.stem if path.suffix == ".json" and path.name != "config.json" else path.name
-    return "random-" + (stem if path.name != "config.json" else path.parent.name or "config")
+    path = Path(spec[len(PREFIX) :])
+    if path.name == "config.json":
+        return "random-" + (path.parent.name or "config")
+    return "random-" + (path.stem if path.suffix == ".json" else path.name)
 
 
 def refuse_random(spec: str, what: str) -> None:
@@ -83,8 +83,7 @@ def shape_config(spec: str):
     """The transformers config of a `random:` spec (no weights, no download)."""
     from transformers import AutoConfig
 
-    values, _ = _source(spec)
-    values = dict(values)
+    values, _ = _source(spec)  # read afresh: popping its model_type changes no other caller's dict
     model_type = values.pop("model_type")
     try:
         return AutoConfig.for_model(model_type, **values)
@@ -137,15 +136,15 @@ def _counted(config_json: str) -> tuple[int, int]:
     values = json.loads(config_json)
     config = AutoConfig.for_model(values.pop("model_type"), **values)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    seen, total = set(), 0
-    for p in model.parameters():  # tied tensors once
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel()
+        return module_parameters(AutoModelForCausalLM.from_config(config))
+
+
+def module_parameters(module) -> tuple[int, int]:
+    """(every parameter, the input and output embeddings' among them) of a built model; a tensor two
+    modules share (tied embeddings) counts once, as module.parameters() yields it once."""
     embeddings = {
         id(m.weight): m.weight.numel()
-        for m in (model.get_input_embeddings(), model.get_output_embeddings())
+        for m in (module.get_input_embeddings(), module.get_output_embeddings())
         if m is not None
     }
-    return total, sum(embeddings.values())
+    return sum(p.numel() for p in module.parameters()), sum(embeddings.values())
