@@ -1,6 +1,8 @@
 """Head edits: each kind equals its definition, checked against weight surgery or the recorded
 outputs; `attnprobe edit` end to end on a tiny model; bad input in one line."""
 
+import itertools
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -390,6 +392,13 @@ def test_the_null_draws_distinct_sets_of_the_same_layers_then_from_every_head():
     layers = sorted(layer for layer, _ in five)
     assert len(set(sets)) == 20 and all(sorted(layer for layer, _ in s) == layers for s in sets)
     assert all(not set(s) & set(five) for s in sets)
+    # k above half the model (3 of 2 x 2 heads; edit --k 3 crashed drawing 3 of the 1 head left):
+    # every other set of 3 heads, each once
+    most = ((0, 0), (0, 1), (1, 0))
+    sets = null_sets(most, 2, 2, rng, 20)
+    assert sorted(sets) == sorted(
+        s for s in itertools.combinations(sorted(itertools.product(range(2), range(2))), 3) if s != most
+    )
 
 
 @pytest.mark.parametrize(
