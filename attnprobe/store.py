@@ -187,7 +187,37 @@ def exclusive(directory: Path):
     except BlockingIOError:
         handle.close()
         raise RunError(
-            f"another attnprobe run is writing {directory}; wait for it to finish or choose --out"
+            f"another attnprobe command (a run, an edit or a compare) is using {directory}; wait for it "
+            "to finish or choose --out"
+        ) from None
+    try:
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+@contextmanager
+def shared(directory: Path):
+    """Hold a shared lock on a run directory while reading several of its files, so that no run or
+    edit (which hold it exclusively) rewrites the directory in between: a manifest of one model beside
+    tables of another. One line if one is writing now. A directory that cannot hold a lock file
+    (read-only, or a planted link) is read without one: no attnprobe command can write it either."""
+    lock = directory / ".lock"
+    try:
+        handle = None if lock.is_symlink() else open(lock, "a+")
+    except OSError:
+        handle = None
+    if handle is None:
+        yield
+        return
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise RunError(
+            f"{directory} is being written by another attnprobe command (a run or an edit); wait for it "
+            "to finish and read it again"
         ) from None
     try:
         yield

@@ -172,7 +172,8 @@ def null_sets(heads: Heads, n_layers: int, n_heads: int, rng, draws: int) -> lis
     """`draws` different random head sets to edit instead of `heads`: sets of other heads of the same
     layers, layer for layer (all of them when there are at most `draws`, as for one head of a 9-head
     layer: 8), then, to make up the number, sets of as many heads drawn from every head of the model
-    but `heads` (of every head where fewer are left: k above half the model). All distinct, so the null's p floor is 1 / (1 + draws) (stats.edits)."""
+    but `heads` (of every head where fewer are left: k above half the model). All distinct, so the
+    null's p floor is 1 / (1 + draws) (stats.edits)."""
     if not heads or not draws:
         return []
     per_layer = Counter(layer for layer, _ in heads)

@@ -16,7 +16,7 @@ from ..measures import MEASURES
 from ..model.shapes import refuse_random
 from ..run.reader import RunFiles
 from ..stats.compare import check_comparable, scopes_of, templates_of
-from ..store import atomic_write, write_table
+from ..store import atomic_write, shared, write_table
 
 SHOWN = 12  # rows of each table in compare.html (the CSV has all)
 
@@ -25,6 +25,11 @@ def compare_runs(a, b) -> dict[str, pd.DataFrame]:
     """{table: rows}: each registered measure's paired change between the runs in directories
     `a` and `b` (RunFiles or paths); refused in one line when their items cannot be paired."""
     a, b = (run if isinstance(run, RunFiles) else RunFiles(run) for run in (a, b))
+    with shared(a.directory), shared(b.directory):  # no run --fresh or edit rewrites them meanwhile
+        return _paired(a, b)
+
+
+def _paired(a: RunFiles, b: RunFiles) -> dict[str, pd.DataFrame]:
     check_comparable(a, b)
     for run in (a, b):
         refuse_random(run.manifest["model"]["spec"], f"attnprobe compare ({run.directory})")
@@ -40,7 +45,7 @@ def write_comparison(a, b, out: str | Path | None = None) -> tuple[Path, dict]:
     """Compare the runs and write the tables, compare.json and compare.html into `out` (default
     reports/compare/<A>--<B>/); returns compare.html's path and the tables."""
     a, b = RunFiles(a), RunFiles(b)
-    tables = compare_runs(a, b)
+    tables = compare_runs(a, b)  # reads both manifests (kept for compare.json) under the runs' locks
     out = Path(out) if out else Path("reports") / "compare" / f"{a.directory.name}--{b.directory.name}"
     try:
         out.mkdir(parents=True, exist_ok=True)

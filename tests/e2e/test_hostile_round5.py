@@ -40,6 +40,28 @@ def test_compare_of_a_damaged_manifest_or_into_an_impossible_out_is_one_line(fin
     one_line_error(result, "manifest.json: suite.sha256 is missing or not a str", "--fresh")
 
 
+def test_compare_and_a_writer_of_one_of_its_runs_exclude_each_other(finished_run, tiny_llama_dir, tmp_path):
+    """run --fresh while compare read gave a compare.json naming the old model beside the new model's
+    numbers: compare reads under a shared lock that a writer's exclusive lock excludes."""
+    from attnprobe.store import exclusive, shared
+
+    with exclusive(finished_run):  # a run --fresh or an edit writing it
+        result = CliRunner().invoke(
+            main, ["compare", str(finished_run), str(finished_run), "--out", str(tmp_path / "c")]
+        )
+    one_line_error(result, "is being written by another attnprobe command", "read it again")
+    assert not (tmp_path / "c").exists()
+    with shared(finished_run):  # a compare reading it
+        args = ["run", MINIMAL, "--model", str(tiny_llama_dir), "--out", str(finished_run), "--fresh"]
+        result = CliRunner().invoke(main, args)
+    one_line_error(result, "another attnprobe command (a run, an edit or a compare) is using")
+    assert (finished_run / "manifest.json").exists()  # nothing removed
+    result = CliRunner().invoke(
+        main, ["compare", str(finished_run), str(finished_run), "--out", str(tmp_path / "c")]
+    )
+    assert result.exit_code == 0 and json.loads((tmp_path / "c" / "compare.json").read_text())["a"]["model"]
+
+
 def test_probe_out_under_a_file_is_one_line(tiny_llama_dir, tmp_path):
     (tmp_path / "doc.txt").write_text("The nurse said that [she] was late.\n")
     (tmp_path / "a-file").write_text("")

@@ -102,7 +102,8 @@ def test_two_runs_in_one_directory_are_refused(smollm, tmp_path):
     with storage.exclusive(tmp_path):  # another run holds the directory
         with pytest.raises(
             RunError,
-            match=f"another attnprobe run is writing {tmp_path}; wait for it to finish or choose --out",
+            match=f"another attnprobe command \\(a run, an edit or a compare\\) is using {tmp_path}; "
+            "wait for it to finish or choose --out",
         ):
             attnprobe.run_suite(GENDER, model=smollm, out=tmp_path, **SETTINGS)
     assert not (tmp_path / "manifest.json").exists()  # the refused run wrote nothing

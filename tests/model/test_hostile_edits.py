@@ -136,7 +136,7 @@ def test_an_edit_and_a_run_on_one_directory_exclude_each_other(edited_run, tmp_p
     run = unswept_copy(edited_run, tmp_path)
     with exclusive(run):  # a run (e.g. --fresh) writing the directory
         result = CliRunner().invoke(main, ["edit", str(run), "--kinds", "zero", "--k", "1"])
-    one_line_error(result, "another attnprobe run is writing")
+    one_line_error(result, "another attnprobe command (a run, an edit or a compare) is using")
     assert "loading" not in result.output and not list((run / "chunks").glob("edits-*"))
 
 
