@@ -11,10 +11,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import AttnprobeError
+
+if TYPE_CHECKING:
+    import torch
 
 _HEAD = re.compile(r"[Ll](\d+)[Hh](\d+)")
 
@@ -63,6 +65,8 @@ class HeadSet:
 
     def mask(self, n_layers: int, n_heads: int) -> torch.Tensor:
         """(L, H) bool, True at the set's heads."""
+        import torch  # heads are named and parsed without it
+
         out = torch.zeros(n_layers, n_heads, dtype=torch.bool)
         for layer, head in self.pairs:
             _check_in_model(layer, head, n_layers, n_heads)  # never L-1 as the last layer

@@ -175,13 +175,14 @@ def _write_json(table, path: Path) -> None:
 def check(suite, model_spec, limit, dtype, device, trust_remote_code, data_roots):
     """Validate a suite and say what a run would do (prompts, items, analysis, measures, tokens,
     memory and time on --device) without loading any model weights."""
+    from ..suite import load_suite
+
+    loaded = load_suite(suite, data_roots=data_roots)  # before torch loads: a suite's error at once
     from ..run import RunOptions, plan_run
     from ..run.describe import describe
     from ..run.footprint import footprint_lines
-    from ..suite import load_suite
 
     options = RunOptions(limit=limit, dtype=dtype, trust_remote_code=trust_remote_code, data_roots=data_roots)
-    loaded = load_suite(suite, data_roots=data_roots)
     plan = plan_run(loaded, model_spec, options)
     for line in describe(plan) + footprint_lines(plan, _estimated_device(device)):
         click.echo(line)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from contextlib import contextmanager
+
 import click
 
 from ..defaults import DEFAULT_MODEL, DTYPE_NAMES
@@ -31,12 +35,33 @@ class Command(click.Command):
         flags = ctx.ensure_object(dict)
         if flags.get("quiet") and flags.get("verbose"):
             raise click.UsageError("-q and -v contradict each other; give one")
-        from transformers.utils import logging as hf_logging  # heavy: only once a command runs
+        level = "info" if flags.get("verbose") else "error" if flags.get("quiet") else None
+        with transformers_logging(level):
+            return super().invoke(ctx)
 
-        hf_logging.disable_progress_bar()  # our own progress bar is enough; keep CI logs readable
-        if flags.get("verbose") or flags.get("quiet"):
-            hf_logging.set_verbosity_info() if flags.get("verbose") else hf_logging.set_verbosity_error()
-        return super().invoke(ctx)
+
+@contextmanager
+def transformers_logging(level: str | None):
+    """transformers' log level (None: its default) and no progress bars of its own (ours is enough;
+    CI logs stay readable) for one command. Set directly where transformers is loaded already, else
+    through the environment variables it reads when first imported: a command refused before it
+    needs a model (a suite's error) does not wait 0.7 s for that import."""
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        if level:
+            hf_logging.set_verbosity_info() if level == "info" else hf_logging.set_verbosity_error()
+        yield
+        return
+    wanted = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", **({"TRANSFORMERS_VERBOSITY": level} if level else {})}
+    saved = {key: os.environ.get(key) for key in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:  # a later command in this process (a notebook, a test) sets its own
+        for key, value in saved.items():
+            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
 
 
 def command(example: str, **kwargs):

@@ -29,9 +29,6 @@ def probe(text_file, model_spec, source, out, top, device, trust_remote_code, al
     A regular file of at most 16 MiB.
     """
     from ..errors import SuiteError
-    from ..forward.longdoc import CHUNK_TOKENS, layer_masks, memory_estimate
-    from ..model import load_model
-    from ..notebook.adhoc import probe as probe_text
     from ..suite.sentences import parse_marked
 
     path = Path(text_file)
@@ -56,6 +53,10 @@ def probe(text_file, model_spec, source, out, top, device, trust_remote_code, al
             raise SuiteError(
                 f"--out {out}: cannot create its directory ({exc.strerror or exc}); choose another"
             ) from None
+    from ..forward.longdoc import CHUNK_TOKENS, layer_masks, memory_estimate  # torch: after the text's checks
+    from ..model import load_model
+    from ..notebook.adhoc import probe as probe_text
+
     pm = load_model(model_spec, device=device, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
     n = len(pm.tokenizer(parse_marked(marked, str(path))[0])["input_ids"])
     if n > CHUNK_TOKENS:

@@ -134,10 +134,13 @@ def run(suite, model_spec, with_report, edit_files, skipped, **settings):
     """Run a probe suite (e.g. probes/gender.yaml) and write its tables to the run directory."""
     import time
 
+    from ..suite import load_suite
+
+    started = time.perf_counter()
+    suite = load_suite(suite, data_roots=settings["data_roots"])  # before torch loads: its errors at once
     from ..notebook.api import run_suite
     from ..run import RunOptions
 
-    started = time.perf_counter()
     shard, device = settings["shard"], settings["device"]
     if shard is not None and device.startswith("cuda") and ":" not in device:
         settings["device"] = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"

@@ -7,9 +7,6 @@ device is unknown until its first chunk.
 
 from __future__ import annotations
 
-from ..model.shapes import module_parameters
-from .packing import sorted_packs
-
 SCORED_BATCH = 256  # sequences per scored pass (run options' default batch size)
 
 REFERENCE_MODEL = "smollm2-135m"
@@ -45,6 +42,8 @@ def forwarded_tokens(encoded, sequences) -> int:
         scored = sequences(e)
         if scored is not None and scored[1]:
             rows += [tuple(scored[0]) + tuple(tail) for _, tail in scored[1].values()]
+    from .packing import sorted_packs  # torch: imported where a count is made, not by a suite's parse
+
     return sum(sorted_packs(rows, SCORED_BATCH)[1])
 
 
@@ -65,6 +64,8 @@ def head_effect_seconds(measure, items, parameters: float = REFERENCE_PARAMETERS
 
 def model_parameters(module) -> int:
     """Parameters besides the input and output embeddings (tied: one tensor, as parameters() counts it)."""
+    from ..model.shapes import module_parameters
+
     total, embeddings = module_parameters(module)
     return max(total - embeddings, 1)
 

@@ -13,16 +13,18 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
-from ..forward.capture import pad_right, run_with_capture
 from ..schema.yamllines import as_list, required_str
 from ..store import atomic_write
 from .base import BatchMeasure
+
+if TYPE_CHECKING:  # torch is imported where the measure computes: a suite is parsed without it
+    import torch
 
 SOURCE_AGGREGATIONS = ("mean", "sum", "first", "last")
 TARGET_AGGREGATIONS = ("sum", "mean", "max")
@@ -138,6 +140,8 @@ class Attention(BatchMeasure):
     def request(self, declared, batch) -> tuple[dict, list[list[int]]]:
         """What this kind needs from the batch's forward pass (run_with_capture keywords), and the
         rows each prompt asked for: every token of every source span, padded by repeating the first."""
+        import torch  # where the measure computes: a suite is parsed without torch
+
         rows_per_prompt = [source_rows(declared, e.spans) or [0] for e in batch]
         R = max(len(r) for r in rows_per_prompt)
         rows = torch.tensor([r + [r[0]] * (R - len(r)) for r in rows_per_prompt])  # (B, R)
@@ -145,6 +149,8 @@ class Attention(BatchMeasure):
 
     def read(self, pm, declared, part, batch, captured, rows_per_prompt) -> list:
         """This batch's blocks (see `blocks`) from the captured weights."""
+        import torch
+
         if not declared:
             return []
         W = torch.stack([captured.weights[layer] for layer in sorted(captured.weights)])  # (L, B, H, R, S)
@@ -266,6 +272,8 @@ def attention_table(blocks: list, n_layers: int, n_heads: int) -> pa.Table:
 def pack_weights(weights: torch.Tensor) -> tuple[list[int], str]:
     """(L, H, T, T) weights in [0, 1] for the attention view: quantised to uint16 (error <= 8e-6)
     and base64-encoded, compact and quick to write."""
+    import torch
+
     quantised = torch.round(weights.clamp(0, 1) * 65535).to(torch.int32).cpu().numpy().astype("<u2")
     return list(quantised.shape), base64.b64encode(quantised.tobytes()).decode()
 
@@ -273,6 +281,10 @@ def pack_weights(weights: torch.Tensor) -> tuple[list[int], str]:
 def example_attention(pm, encoded: list, contrast: str | None, n_items: int = 2) -> list[dict]:
     """Full attention (every layer, head, row) of a few prompts, for the report's attention view:
     every variant of the first item of the first and of the last template."""
+    import torch
+
+    from ..forward.capture import pad_right, run_with_capture
+
     templates = list(dict.fromkeys(e.prompt.template_id for e in encoded))
     wanted_templates = list(dict.fromkeys([templates[0], templates[-1]]))[:n_items]
     chosen = []

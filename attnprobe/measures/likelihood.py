@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..forward.scoring import token_logprobs
 from ..schema.yamllines import line_of
 from .base import Scored, ScoredMeasure
 
@@ -63,6 +62,8 @@ def score(pm, encoded, batch_size: int = 256, progress=None) -> pd.DataFrame:
     """One row per prompt: the sentence's and its shared words' log-probabilities (NaN where there
     is nothing to score: a one-token sentence, no shared words). One scored pass per sentence: the
     shared words' values are a part of the sentence's (the same tokens after the same words)."""
+    from ..forward.scoring import token_logprobs  # torch: not loaded by a suite's parse
+
     scored = [e for e in encoded if len(e.ids) > 1]
     values = dict(
         zip(

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..forward.scoring import continuation_logprobs
 from ..schema.yamllines import line_of
 from .base import ScoredMeasure
 
@@ -95,6 +94,8 @@ def score(pm, measure: MultipleChoiceMeasure, encoded, batch_size: int = 256, pr
         for i, (option, tail) in tails.items():
             pairs.append((prefix, tail))
             rows.append((e.prompt.prompt_id, i, option, len(tail)))
+    from ..forward.scoring import continuation_logprobs  # torch: not loaded by a suite's parse
+
     logprobs = continuation_logprobs(pm, pairs, batch_size, progress)
     table = pd.DataFrame(rows, columns=["prompt_id", "option", "candidate", "n_tokens"])
     table.insert(3, "logprob", logprobs)

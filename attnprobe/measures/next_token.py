@@ -11,10 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
-import torch
 
 from ..errors import SuiteError
-from ..forward.capture import pad_right
 from ..schema.yamllines import as_list, line_of, required_str
 from ..store import write_table
 from .base import BatchMeasure
@@ -201,6 +199,8 @@ class NextToken(BatchMeasure):
     def request(self, declared, batch) -> tuple[dict, list[list[int]]]:
         """What this kind needs from the batch's forward pass: the logits before each prompt's cuts,
         (B, P) positions padded by repeating the first (the lm head runs only on those)."""
+        import torch  # torch: not loaded by a suite's parse
+
         positions = logit_positions(batch)
         P = max(map(len, positions))
         if not P:
@@ -249,6 +249,8 @@ def logit_positions(batch) -> list[list[int]]:
 def logprobs(pm, batch, logits, positions, cand_ids) -> dict:
     """Rows of logprobs.csv for one batch, as column lists. logits: (B, P, V), prompt b's at
     `positions[b]`."""
+    import torch
+
     out = {name: [] for name in LOGPROB_COLUMNS}
     if logits is None:
         return out
@@ -269,12 +271,15 @@ def logprobs(pm, batch, logits, positions, cand_ids) -> dict:
     return out
 
 
-@torch.inference_mode()
 def _add_continuations(pm, logprobs: list, continuations: list) -> None:
     """log p(c1..cn | prefix) = sum_i log p(c_i | prefix, c_<i); the first term is already in place."""
+    import torch
+
+    from ..forward.capture import pad_right
+
     ids, mask = pad_right([prefix + tokens for _, prefix, tokens in continuations], pm.tokenizer.pad_token_id)
-    logp = torch.log_softmax(
-        pm.model(input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device)).logits.float(), -1
-    )
+    with torch.inference_mode():
+        logits = pm.model(input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device)).logits
+        logp = torch.log_softmax(logits.float(), -1)
     for b, (slot, prefix, tokens) in enumerate(continuations):
         logprobs[slot] += sum(logp[b, len(prefix) + i - 1, tokens[i]].item() for i in range(1, len(tokens)))

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..forward.scoring import continuation_logprobs
 from ..schema.spans import candidate_words
 from ..schema.yamllines import line_of, required_str
 from .base import ScoredMeasure
@@ -102,6 +101,8 @@ def score(
                     "n_tokens": len(tail),
                 }
             )
+    from ..forward.scoring import continuation_logprobs  # torch: not loaded by a suite's parse
+
     logprobs = continuation_logprobs(pm, pairs, batch_size, progress)
     table = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "logprob"])
     table.insert(3, "logprob", logprobs)

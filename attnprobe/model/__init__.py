@@ -242,15 +242,15 @@ def _resolve(spec: str, allow_pickle: bool, convert: bool = True) -> tuple[str, 
     )
 
 
-def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
+def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False, tokenizer: bool = True):
     """(tokenizer, context length, config) without loading weights: what suite validation and
-    planning need."""
+    planning need (tokenizer=False: the tokenizer None, for a bound checked against the context)."""
     from transformers import AutoConfig
 
     if is_random(spec):
         config = shape_config(spec)
-        tokenizer = right_padded(shape_tokenizer(spec, config))
-        return tokenizer, getattr(config.get_text_config(), "max_position_embeddings", None), config
+        loaded = right_padded(shape_tokenizer(spec, config)) if tokenizer else None
+        return loaded, getattr(config.get_text_config(), "max_position_embeddings", None), config
     source, local, _, _ = _resolve(spec, allow_pickle=True, convert=False)
     refuse_remote_code(source, local, trust_remote_code)
     offline = local or _hub_offline()
@@ -258,11 +258,11 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
     try:
         if cached is not None and not (cached / "config.json").is_file():  # not converted yet: read the GGUF
             folder, name = str(Path(source).parent), Path(source).name
-            tokenizer = _load_tokenizer(folder, True, False, gguf_file=name)
+            loaded = _load_tokenizer(folder, True, False, gguf_file=name) if tokenizer else None
             config = AutoConfig.from_pretrained(folder, gguf_file=name)
         else:
             source = str(cached or source)
-            tokenizer = _load_tokenizer(source, offline, trust_remote_code)
+            loaded = _load_tokenizer(source, offline, trust_remote_code) if tokenizer else None
             config = AutoConfig.from_pretrained(
                 source, local_files_only=offline, trust_remote_code=trust_remote_code
             )
@@ -274,7 +274,8 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False):
             f"fix or replace those files, or use one of the {aliases_hint()}"
         ) from None
     check_shape(config, spec)
-    return right_padded(tokenizer), getattr(config.get_text_config(), "max_position_embeddings", None), config
+    loaded = right_padded(loaded) if loaded is not None else None
+    return loaded, getattr(config.get_text_config(), "max_position_embeddings", None), config
 
 
 def right_padded(tokenizer):

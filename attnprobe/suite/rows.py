@@ -152,23 +152,19 @@ def delimited_rows(path: Path, text: str, needed=("text",)) -> list[tuple[int, d
     where it starts. Blank rows and rows whose first cell starts with '#' are skipped; a repeated
     header name, a row of the wrong width and an unclosed quote are one error naming the line."""
     tab = path.suffix in (".tsv", ".tab")
-    # TSV cells are taken as written (a quote is text: "Hi," she said); CSV cells may be quoted.
-    # Lenient as pandas about a stray quote ("a"b reads ab); an unclosed quote is caught below.
+    # TSV cells are taken as written (a quote is text: "Hi," she said); CSV cells may be quoted, and
+    # are read strictly: a quote that ends a quoted cell early ("a"b, which pandas reads as ab, another
+    # sentence) is an error, as is a quote never closed; a quote inside an unquoted cell (a"b) is text.
     dialect = {"delimiter": "\t" if tab else ",", "quoting": csv.QUOTE_NONE if tab else csv.QUOTE_MINIMAL}
-    reader = csv.reader(io.StringIO(text, newline=""), **dialect)
+    reader = csv.reader(io.StringIO(text, newline=""), strict=not tab, **dialect)
     records, start = [], 1
     try:
         for cells in reader:
             if any(cell.strip() for cell in cells) and not cells[0].startswith("#"):
                 records.append((start, cells))
-            last, start = start, reader.line_num + 1
-    except csv.Error as exc:  # a cell past the field limit (131,072 characters), say
-        raise SuiteError(f"{path}:{start}: {exc}; a cell that long is a damaged row: fix it") from None
-    if records and not tab and _unclosed(file_lines(text)[last - 1 :], dialect):
-        raise SuiteError(
-            f"{path}:{last}: a quote opened in the row starting on this line is never closed (the "
-            'rest of the file would be one cell); close it, or double a quote inside a cell ("")'
-        )
+            start = reader.line_num + 1
+    except csv.Error as exc:
+        raise SuiteError(_csv_error(path, start, reader.line_num, str(exc))) from None
     if not records:
         return []
     (header_line, header), *body = records
@@ -199,14 +195,21 @@ def delimited_rows(path: Path, text: str, needed=("text",)) -> list[tuple[int, d
     return rows
 
 
-def _unclosed(lines: list[str], dialect: dict) -> bool:
-    """Whether the last record (its physical lines) ends inside a quoted cell: the lenient reader
-    would take the rest of the file as one cell, the strict one sees the end of data."""
-    try:
-        list(csv.reader(io.StringIO("\n".join(lines), newline=""), strict=True, **dialect))
-    except csv.Error as exc:
-        return "end of data" in str(exc)
-    return False
+def _csv_error(path: Path, start: int, line: int, message: str) -> str:
+    """One line for what Python's strict CSV reader refused in the row starting on line `start`."""
+    if "end of data" in message:
+        return (
+            f"{path}:{start}: a quote opened in the row starting on this line is never closed (the "
+            'rest of the file would be one cell); close it, or double a quote inside a cell ("")'
+        )
+    if "expected after" in message:
+        return (
+            f'{path}:{line}: a quote ends a quoted cell before its end ("a"b); double each quote '
+            'inside a quoted cell ("a""b"), as CSV writers do'
+        )
+    return (
+        f"{path}:{start}: {message} (a quote never closed makes the rest of the file one cell); fix the row"
+    )
 
 
 # One reader per file format of sentence rows, by suffix: (path, text, needed columns) -> rows.

@@ -27,7 +27,7 @@ import torch
 from ..errors import UnsupportedFamily
 from ..forward.capture import ATTN_IMPLEMENTATION, attention_weights, editing, rows_of_mask
 from ..forward.longdoc import check_fits
-from ..model import ProbeModel, load_model
+from ..model import ProbeModel, load_model, load_tokenizer
 from . import (
     TOLERANCES,
     _attention_modules,
@@ -253,16 +253,17 @@ def verify_spec(
 ) -> pd.DataFrame:
     """Load `spec` in `dtype` on `device` and verify it (what `attnprobe verify` runs); `long_tokens` adds a
     text of that many tokens: in the padded batch up to PADDED_LONG_LIMIT, else in blocks."""
+    if long_tokens:  # from the config, before weights load or any text is built (GPT-2: 1,024)
+        context = load_tokenizer(spec, trust_remote_code, tokenizer=False)[1] or LONG_WITHOUT_CONTEXT
+        if long_tokens > context:
+            raise UnsupportedFamily(
+                f"--long {long_tokens:,} is more than the model's context of {context:,} tokens; give at "
+                f"most {context:,}"
+            )
     model = load_model(
         spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle
     )
     routed = model.model.config._attn_implementation == ATTN_IMPLEMENTATION
-    context = model.info.max_positions or LONG_WITHOUT_CONTEXT
-    if long_tokens and long_tokens > context:  # before any text is built (a GPT-2 has 1,024 positions)
-        raise UnsupportedFamily(
-            f"--long {long_tokens:,} is more than the model's context of {context:,} tokens; give at most "
-            f"{context:,}"
-        )
     if long_tokens and (long_tokens > PADDED_LONG_LIMIT and routed):
         return combined(verify(model, texts), verify_long(model, long_ids(model.tokenizer, long_tokens)))
     if long_tokens:

@@ -7,7 +7,8 @@ import torch
 import transformers as T
 from conftest import EFFECT_SUITE, INTERFACE_FAMILIES, build_tiny
 
-from attnprobe.measures.direct_attribution.compute import PREDICTION, attribute
+from attnprobe.measures.direct_attribution import PREDICTION
+from attnprobe.measures.direct_attribution.compute import attribute
 from attnprobe.model import load_model
 from attnprobe.run import RunOptions, run_suite
 from attnprobe.run.reader import RunFiles

@@ -108,6 +108,10 @@ def test_a_crows_pairs_csv_with_quoted_line_breaks_runs_end_to_end(tiny_llama_di
             'sent_more,sent_less,bias_type\n"A b c.","A d c.",x\n"An open quote,A e c.,y\nmore,text,z\n',
             r"crows.csv:3: a quote opened in the row starting on this line is never closed",
         ),
+        (  # a stray quote inside a quoted cell: pandas reads 'He said hi" to me."', another sentence
+            'sent_more,sent_less,bias_type\n"A b c.","A d c.",x\n"He said "hi" to me.","A e.",y\n',
+            r"crows.csv:3: a quote ends a quoted cell before its end .* double each quote",
+        ),
         (
             "sent_more,sent_less,sent_more\nA b c.,A d c.,x\n",
             r"crows.csv:1: the header names column 'sent_more' twice",

@@ -30,6 +30,24 @@ def test_help_imports_neither_torch_nor_transformers():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_a_suite_is_read_and_refused_without_torch(tmp_path):
+    """A suite's error (the most common first mistake) comes before torch loads: every shipped suite
+    parses without it, and `run`, `check` and `probe` refuse bad input in one line without it."""
+    (tmp_path / "bad.yaml").write_text("name: x\ntemplates: [{id: a, text: hi}]\nbogus: 1\n")
+    code = (
+        "import sys, glob\nfrom click.testing import CliRunner\nfrom attnprobe.cli import main\n"
+        "from attnprobe.suite import load_suite\n"
+        "for path in sorted(glob.glob('probes/*.yaml')):\n    load_suite(path)\n"
+        f"bad = {str(tmp_path / 'bad.yaml')!r}\n"
+        "for args in (['run', bad], ['check', bad], ['probe', '/dev/zero']):\n"
+        "    result = CliRunner().invoke(main, args)\n"
+        "    assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 def test_quiet_and_verbose_after_the_command():
     both = CliRunner().invoke(main, ["check", "probes/minimal.yaml", "-q", "-v"])
     assert both.exit_code == 2 and "-q and -v contradict each other" in both.output

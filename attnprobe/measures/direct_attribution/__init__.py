@@ -22,13 +22,12 @@ import pandas as pd
 
 from ...errors import RunError
 from ...forward.estimates import forwarded_tokens
-from ...model import routes_attention
 from ...schema.yamllines import line_of, required_str
 from ..base import PromptsMeasure, Scored
-from .compute import OTHER, PREDICTION, attribute, parts_of
 from .statistics import ERROR, TOTAL, direct_attribution, report_section
 
 COLUMNS = ("prompt_id", "layer", "head", "position", "value")
+PREDICTION, OTHER = "prediction", "other"  # classes of source positions besides the spans
 BATCH = 32  # prompts per forward: every layer's values of every source position are kept
 
 
@@ -66,6 +65,8 @@ class DirectAttribution(PromptsMeasure):
         return DirectAttributionMeasure(cut, f"{ctx.path}:{line_of(node, 'cut')}")
 
     def plan(self, declared, scope) -> Scored:
+        from ...model import routes_attention  # torch: not imported by a suite's parse
+
         if not routes_attention(scope.config):
             raise RunError(
                 f"{declared.origin}: direct_attribution reads each head through attnprobe's attention "
@@ -88,6 +89,8 @@ class DirectAttribution(PromptsMeasure):
         return 1
 
     def score(self, pm, declared, suite, prompts, batch_size, advance) -> pd.DataFrame:
+        from .compute import attribute, parts_of
+
         if parts_of(pm.model) is None:
             raise RunError(
                 f"{declared.origin}: {pm.info.spec}'s layers are not laid out as direct_attribution reads "

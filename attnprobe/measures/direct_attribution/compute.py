@@ -25,7 +25,6 @@ from ..head_effects.sites import decoder_layers, mlp_modules
 
 FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "final_norm")
 EMBED, MLP, BIAS, FINAL = "embedding", "mlp", "bias", "final bias"
-PREDICTION, OTHER = "prediction", "other"
 
 
 def parts_of(model):

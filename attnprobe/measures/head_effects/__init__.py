@@ -34,9 +34,7 @@ import pyarrow.parquet as pq
 
 from ... import store
 from ...forward.estimates import head_effect_seconds, head_effects_text
-from ...model import routes_attention
 from ..base import Measure, Phase
-from . import phases as effect_phases
 from .declaration import HeadEffectsMeasure, PairSwap, SlotSwap, parse, plan_sha256, summary
 from .items import Counterfactual, Dropped, PatchItem, Selection
 from .selection import select
@@ -107,6 +105,8 @@ class HeadEffects(Measure):
         return effects
 
     def plan(self, declared, scope) -> HeadEffectsPlan | None:
+        from ...model import routes_attention  # torch: not loaded by a suite's parse
+
         measure = declared.for_prompts(len(scope.encoded), len(scope.suite.prompts))
         measure.check_family(routes_attention(scope.config), scope.spec)
         items, dropped = measure.some_items(scope.tokenizer, scope.encoded)
@@ -235,6 +235,8 @@ def assemble(directory: Path, n_chunks: int, selected_plan: str | None = None) -
 def _screen_phases(part: HeadEffectsPlan, engine) -> list[Phase]:
     """The screen: held-out items (every head patched exactly, ~60x the cost of another item) in
     their own chunks and progress, then the others."""
+    from . import phases as effect_phases  # torch: not loaded by a suite's parse
+
     chunks, held_out = part.chunks, part.measure.held_out_ids(part.items)
 
     def compute(k, advance):
@@ -255,6 +257,8 @@ def _screen_phases(part: HeadEffectsPlan, engine) -> list[Phase]:
 
 def _selected_phase(part: HeadEffectsPlan, engine) -> tuple[Phase, object]:
     """The selected heads on every item, once every item is screened; and the selection."""
+    from . import phases as effect_phases
+
     chunks, info = part.chunks, engine.pm.info
     first = store.read_chunks(engine.directory, len(chunks), HeadEffects.CHUNKS[SCREEN], SCREEN)
     selection = select(part.measure, part.items, first["totals"], first["items"], info.n_layers, info.n_heads)

@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
-import torch
 
 from ...errors import SuiteError
 from ...schema.analysis import value_of
@@ -123,6 +122,8 @@ class SlotSwap(HeadEffectsMeasure):
         (capitalised like the original), tokenised and cut the same way. Patching aligns the slot's
         last token and every later one; a pair is dropped only when the words after the slot
         tokenise differently in x and x'."""
+        import torch  # items hold token tensors; a suite's parse does not load torch
+
         items, dropped, seen = [], [], set()
         for e in sorted(encoded, key=lambda e: spread_key(e.prompt.item_id)):
             p = e.prompt
@@ -216,6 +217,8 @@ class PairSwap(HeadEffectsMeasure):
 
     def items(self, tokenizer, encoded) -> tuple[list[PatchItem], list[Dropped]]:
         """Patching starts at the first token where x and x' differ; they must have equal length."""
+        import torch  # items hold token tensors; a suite's parse does not load torch
+
         versions: dict[str, dict] = {}
         for e in encoded:
             if self.wanted(e.prompt):

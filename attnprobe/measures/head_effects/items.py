@@ -7,8 +7,10 @@ Shapes: x is (T,) token ids; a counterfactual's x' is (T',); positions from `at`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # items are made (designs) and read (phases) where torch is loaded
+    import torch
 
 
 @dataclass(frozen=True)

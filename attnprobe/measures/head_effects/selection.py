@@ -3,12 +3,16 @@ sets and the suite's k heads (flat indices l H + h), as a typed `Selection`."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-import torch
 
 from ...heads import HeadSet
 from .items import PatchItem, Selection
+
+if TYPE_CHECKING:
+    import torch
 
 RANDOM_DRAWS = 20  # random head sets per cross-fitted set: the null of its share (p resolves to 1/21)
 RANDOM_EVERY = 4  # ... patched on every 4th item: about a sixth more work in the selected phase
