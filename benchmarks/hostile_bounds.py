@@ -89,12 +89,12 @@ def main() -> None:
             rows.append(
                 {
                     "case": what,
-                    "command": "attnprobe " + " ".join(a if len(a) < 40 else "..." for a in args),
+                    "command": "attnprobe " + " ".join(args).replace(tmp, "TMP"),
                     "median_s": statistics.median(r["seconds"] for r in runs),
                     "peak_mb": max(r["peak_mb"] for r in runs),
                     "exit": last["rc"],
                     "lines": len(last["stderr"]),
-                    "message": last["stderr"][-1][:160] if last["stderr"] else "",
+                    "message": last["stderr"][-1][:160].replace(tmp, "TMP") if last["stderr"] else "",
                 }
             )
             print(f"{what}: {rows[-1]['median_s']:.2f} s, {rows[-1]['peak_mb']:.0f} MB, exit {last['rc']}")

@@ -191,16 +191,15 @@ class Context:
                 "split it",
             )
         try:
-            with open(path, "rb") as handle:
-                data = handle.read(size + 1)
+            with open(path, "rb") as handle:  # + 1: a header line
+                data, lines = counted_read(handle, None if max_lines is None else max_lines + 1)
         except OSError as exc:
             self.fail(node, key, f"cannot read data file '{shown}' ({exc.strerror}); fix its permissions")
-        lines = data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")  # LF, CRLF and old-Mac CR
-        if max_lines is not None and lines > max_lines + 1:  # + 1: a header line
+        if data is None:
             self.fail(
                 node,
                 key,
-                f"data file '{shown}' has {lines:,} lines, more than max_prompts = {max_lines:,}; "
+                f"data file '{shown}' has at least {lines:,} lines, more than max_prompts = {max_lines:,}; "
                 "raise `max_prompts:` in the suite or split the file",
             )
         try:
@@ -210,6 +209,24 @@ class Context:
         self.digest.update(path.name.encode() + b"\0" + text.encode())
         self.files.append(path)
         return path, text
+
+
+READ_BLOCK = 8 * 2**20
+
+
+def counted_read(handle, max_lines: int | None) -> tuple[bytes | None, int]:
+    """(the file's bytes, its lines at LF, CRLF and old-Mac CR alike), read in blocks; (None, the
+    lines so far) as soon as they pass `max_lines`: a file of too many lines is refused after
+    reading only as far as that, in bounded memory."""
+    blocks, lines, previous = [], 0, b""
+    while block := handle.read(READ_BLOCK):
+        lines += block.count(b"\n") + block.count(b"\r") - block.count(b"\r\n")
+        lines -= previous.endswith(b"\r") and block.startswith(b"\n")  # a CRLF across two blocks
+        if max_lines is not None and lines > max_lines:
+            return None, lines
+        blocks.append(block)
+        previous = block
+    return b"".join(blocks), lines
 
 
 def _resolved(root: Path, suite: Path) -> Path:

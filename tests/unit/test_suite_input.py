@@ -225,7 +225,8 @@ def test_special_and_oversized_data_files_are_refused_before_reading(tmp_path):
         "name: s\nmax_prompts: 1000\nsentences:\n  - {id: b, file: many.tsv, spans: [pronoun]}\n",
     )
     assert message.startswith(
-        f"{tmp_path / 'm.yaml'}:4: data file 'many.tsv' has 1,201 lines, more than max_prompts = 1,000"
+        f"{tmp_path / 'm.yaml'}:4: data file 'many.tsv' has at least 1,201 lines, more than "
+        "max_prompts = 1,000"
     )
     assert "raise `max_prompts:`" in message
     lines.write_text("text\r" + "[She] left.\r" * 1_200, newline="")  # old-Mac line ends count too
@@ -233,7 +234,7 @@ def test_special_and_oversized_data_files_are_refused_before_reading(tmp_path):
         tmp_path / "m.yaml",
         "name: s\nmax_prompts: 1000\nsentences:\n  - {id: b, file: many.tsv, spans: [pronoun]}\n",
     )
-    assert "has 1,201 lines, more than max_prompts = 1,000" in message
+    assert "has at least 1,201 lines, more than max_prompts = 1,000" in message
     big = tmp_path / "big.yaml"
     big.write_text("name: s\ndescription: '" + "x" * (2**20) + "'\n")
     started = time.perf_counter()
@@ -543,3 +544,20 @@ def test_degenerate_tables_values_and_labels_are_said(tmp_path):
         )
         for n in notes
     )
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 2**20])
+def test_lines_are_counted_in_blocks_as_in_one_read(monkeypatch, block):
+    """A data file's lines (LF, CRLF, CR) counted block by block equal one count of the whole file,
+    a CRLF split across two blocks included; past the bound the read stops with no data."""
+    import io
+
+    from attnprobe.schema import yamllines
+
+    monkeypatch.setattr(yamllines, "READ_BLOCK", block)
+    data = b"a\r\nb\rc\n\r\n\r\rd\r\n"
+    whole = data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
+    assert yamllines.counted_read(io.BytesIO(data), None) == (data, whole) and whole == 7
+    assert yamllines.counted_read(io.BytesIO(data), 7) == (data, 7)
+    stopped, counted = yamllines.counted_read(io.BytesIO(data), 3)
+    assert stopped is None and counted > 3

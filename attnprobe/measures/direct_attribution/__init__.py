@@ -24,7 +24,6 @@ from ...errors import RunError
 from ...forward.estimates import forwarded_tokens
 from ...schema.yamllines import line_of, required_str
 from ..base import PromptsMeasure, Scored
-from .statistics import ERROR, TOTAL, direct_attribution, report_section
 
 COLUMNS = ("prompt_id", "layer", "head", "position", "value")
 PREDICTION, OTHER = "prediction", "other"  # classes of source positions besides the spans
@@ -90,6 +89,7 @@ class DirectAttribution(PromptsMeasure):
 
     def score(self, pm, declared, suite, prompts, batch_size, advance) -> pd.DataFrame:
         from .compute import attribute, parts_of
+        from .statistics import ERROR, TOTAL
 
         if parts_of(pm.model) is None:
             raise RunError(
@@ -125,6 +125,8 @@ class DirectAttribution(PromptsMeasure):
         return table.astype({"layer": "int16", "head": "int16", "value": "float32", "position": "category"})
 
     def statistics(self, run, tables: dict) -> dict:
+        from .statistics import direct_attribution  # scipy: not loaded by a suite's parse
+
         return {
             "direct_attribution_shares": direct_attribution(run) if run.has(self.NAME) else pd.DataFrame()
         }
@@ -133,6 +135,8 @@ class DirectAttribution(PromptsMeasure):
         table = tables.get("direct_attribution_shares")
         if table is None or table.empty:
             return None
+        from .statistics import report_section
+
         return report_section(table, run.manifest[self.NAME]["cut"], run.manifest["analysis"])
 
 
