@@ -87,7 +87,9 @@ class Run(RunFiles):
         after, against random heads of the same layers, definitional control and KL cost (None
         before any edit sweep)."""
         path = self.directory / "edits.parquet"
-        return pd.read_parquet(path) if path.is_file() else None
+        if not path.is_file():
+            return None
+        return self._read("edits.parquet", lambda: pd.read_parquet(path), "attnprobe edit")
 
     def edit(self, options=None, model=None, also=(), **settings) -> pd.DataFrame:
         """Run the head-edit sweep on this run (`attnprobe edit`): EditOptions or its fields by name;

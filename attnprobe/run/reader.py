@@ -58,14 +58,14 @@ class RunFiles:
                 "`attnprobe run` command to finish it, then report"
             )
 
-    def _read(self, what: str, read) -> pd.DataFrame:
+    def _read(self, what: str, read, command: str = "attnprobe run") -> pd.DataFrame:
         """A table of the run; a missing or damaged file is one line saying how to rebuild it."""
         try:
             return read()
         except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
             raise RunError(
                 f"{self.directory}: {what} is missing or damaged ({type(exc).__name__}: {str(exc)[:120]}); "
-                "rerun the same `attnprobe run` command, which rebuilds it from the finished chunks"
+                f"rerun the same `{command}` command, which rebuilds it from the finished chunks"
             ) from None
 
     @cached_property

@@ -84,6 +84,15 @@ def test_missing_edit_tables_are_one_line_naming_the_command(edited_run, tmp_pat
     )
 
 
+def test_a_truncated_edits_table_read_by_run_is_one_error(edited_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(edited_run, run)
+    data = (run / "edits.parquet").read_bytes()
+    (run / "edits.parquet").write_bytes(data[: len(data) // 2])
+    with pytest.raises(RunError, match="edits.parquet is missing or damaged .* `attnprobe edit` command"):
+        _ = attnprobe.Run(run).edits
+
+
 @pytest.mark.parametrize(
     "extra, phrase",
     [
