@@ -34,9 +34,9 @@ from attnprobe.edits.kinds import Zero, heads_mask
 from attnprobe.edits.passes import _groups, _packed_groups, _sequence, edited_behaviour
 from attnprobe.edits.sweep import RANDOM_EVERY
 from attnprobe.forward.packing import pack_trie
-from attnprobe.measures.head_effects.engine import record
-from attnprobe.measures.head_effects.selection import folds, random_sets
-from attnprobe.measures.head_effects.sites import label_ids
+from attnprobe.intervene.engine import record
+from attnprobe.intervene.selection import folds, random_sets
+from attnprobe.intervene.sites import label_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import gender_prompts  # noqa: E402

@@ -48,8 +48,14 @@ def inputs(folder: Path) -> list[tuple[str, list[str]]]:
     os.mkfifo(folder / "fifo.txt")
     table = "{id: t, file: %s}"
     return [
-        ("200 MB CSV, CR line ends (max_prompts)", ["check", str(suite(folder, table % "cr.csv", "cr.yaml"))]),
-        ("200 MB CSV, LF line ends (max_prompts)", ["check", str(suite(folder, table % "lf.csv", "lf.yaml"))]),
+        (
+            "200 MB CSV, CR line ends (max_prompts)",
+            ["check", str(suite(folder, table % "cr.csv", "cr.yaml"))],
+        ),
+        (
+            "200 MB CSV, LF line ends (max_prompts)",
+            ["check", str(suite(folder, table % "lf.csv", "lf.yaml"))],
+        ),
         ("600 MB data file (512 MB bound)", ["check", str(suite(folder, table % "sparse.csv", "sp.yaml"))]),
         ("CSV header of 10^6 columns", ["check", str(suite(folder, table % "wide.csv", "wide.yaml"))]),
         ("CSV cell of 200,000 characters", ["check", str(suite(folder, table % "cell.csv", "cell.yaml"))]),
@@ -103,7 +109,11 @@ def main() -> None:
 
 def write(rows: list[dict]) -> None:
     out = Path(__file__).parent / "results"
-    about = {"date": str(date.today()), "machine": f"{platform.machine()}, {os.cpu_count()} cores", "runs": RUNS}
+    about = {
+        "date": str(date.today()),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "runs": RUNS,
+    }
     (out / "hostile_bounds.json").write_text(json.dumps({**about, "rows": rows}, indent=1) + "\n")
     lines = [
         f"Measured {about['date']} on {about['machine']} (median of {RUNS} runs, a new process each; "

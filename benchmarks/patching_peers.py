@@ -9,7 +9,7 @@ with head (l, h)'s output (its per-head z, before the output projection) taken f
 position from the swapped word on. x and x' are equal up to the swapped word, so this is also the
 patch at all positions that the peers' functions apply:
 
-  attnprobe         head_effects.engine: every variant starts at its layer from the recorded hidden state,
+  attnprobe         intervene.engine: every variant starts at its layer from the recorded hidden state,
                     the clean prefix read from recorded keys and values, variants of all items in
                     shared passes, the lm head only on the label tokens
   transformer_lens  TransformerBridge + patching.get_act_patch_attn_head_out_all_pos (one forward per
@@ -42,8 +42,8 @@ from pathlib import Path
 import torch
 
 import attnprobe
-from attnprobe.measures.head_effects.engine import Variants, patched, record
-from attnprobe.measures.head_effects.sites import label_ids
+from attnprobe.intervene.engine import Variants, patched, record
+from attnprobe.intervene.sites import label_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import gender_prompts, matmul_peak  # noqa: E402
@@ -83,7 +83,7 @@ def first_patched(x: torch.Tensor, x_cf: torch.Tensor) -> int:
 
 
 def attnprobe_every_head(pm, pairs) -> torch.Tensor:
-    """(N, L, H) through head_effects.engine: one Variants row per item and head."""
+    """(N, L, H) through intervene.engine: one Variants row per item and head."""
     L, H, N = pm.info.n_layers, pm.info.n_heads, len(pairs)
     bank = record(pm, [x for x, *_ in pairs] + [x_cf for _, x_cf, *_ in pairs])
     heads = torch.eye(L * H, dtype=torch.bool).view(L * H, L, H)

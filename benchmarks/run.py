@@ -232,8 +232,8 @@ def bench_head_effects(pm, suite, encoded, n_reference: int = 3, n_items: int = 
     reference exact effects of the suite's heads (float32)."""
     from dataclasses import replace
 
+    from attnprobe.intervene.selection import head_mask, select
     from attnprobe.measures.head_effects import phases
-    from attnprobe.measures.head_effects.selection import head_mask, select
 
     sys.path.insert(0, str(ROOT / "tests"))  # the one-item reference lives with the tests
     from reference_patching import effects

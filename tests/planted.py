@@ -19,7 +19,7 @@ import torch
 import transformers as T
 
 import attnprobe
-from attnprobe.measures.head_effects.items import Counterfactual, PatchItem
+from attnprobe.intervene.items import Counterfactual, PatchItem
 
 SHE, HE, CUE_SHE, CUE_HE, PERSON, THAT = 1, 2, 3, 4, 5, 6
 FILLERS_A, FILLERS_B = (7, 8, 9, 10), (11, 12)

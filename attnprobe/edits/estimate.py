@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..measures.head_effects.engine import Bank
+from ..intervene.engine import Bank
 
 BANK_TOKENS = 2048  # reference tokens kept for resample ablation
 

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 
 from ..errors import AttnprobeError, RunError
-from ..measures.head_effects.engine import Bank, record
-from ..measures.head_effects.items import PatchItem
-from ..measures.head_effects.selection import folds, opposite
-from ..measures.head_effects.sites import label_ids
+from ..intervene.engine import Bank, record
+from ..intervene.items import PatchItem
+from ..intervene.selection import folds, opposite
+from ..intervene.sites import label_ids
 from .estimate import control_halves
 
 OPENINGS = files("attnprobe.edits") / "data" / "openings.txt"

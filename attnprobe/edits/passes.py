@@ -21,8 +21,9 @@ import torch
 from ..forward.capture import editing, picked_logits
 from ..forward.packing import pack_trie, packed_inputs, sorted_packs
 from ..forward.sharing import prefix_sharing_blocker
-from ..measures.head_effects.engine import ROW_TOKENS, Bank, lowest_layer, plan_passes
-from ..measures.head_effects.rerun import forward_from, narrowed_behaviour, rerun_logits
+from ..intervene.engine import ROW_TOKENS, Bank, lowest_layer, plan_passes
+from ..intervene.rerun import forward_from, narrowed_behaviour, rerun_logits
+from ..model.anatomy import module_of
 from .kinds import HeadEdit, Resample, RowEditor
 
 LOGIT_BYTES = 128 * 2**20  # full-vocabulary logits of one text pass
@@ -145,7 +146,7 @@ def edited_behaviour(
     `edit` may be a tuple of edits with `which` (V,) naming each variant's (one call for the sweep's
     quarters, each with its own parameters, so that more variants share a pass and a prefix).
     `share`: pack shared prefixes (None: wherever that is exact, `packs_edits`)."""
-    module = model if isinstance(model, torch.nn.Module) else model.model
+    module = module_of(model)
     y = torch.empty(len(base), dtype=torch.float64)
     labels = torch.cat([positive, negative], 1)
     vocabulary = labels[labels >= 0].unique()
@@ -168,7 +169,7 @@ def edited_text_costs(
     """Per variant v (one per (text, head set): `bank` sequence v % N with heads[v] edited): the mean
     over the text's predicted positions of KL(clean || edited) of the next-token distribution, and
     the mean log-loss of the text's own next tokens. `clean_logp[n]`: (T_n - 1, vocab) float32."""
-    module = model if isinstance(model, torch.nn.Module) else model.model
+    module = module_of(model)
     N = len(bank.lengths)
     base = torch.arange(len(heads)) % N
     vocab = clean_logp[0].shape[-1]

@@ -32,8 +32,9 @@ import torch
 
 from ..forward.capture import editing
 from ..heads import HeadSet
-from ..measures.head_effects.engine import Bank, HeadPatch, aligned
-from ..measures.head_effects.rerun import ROWS, rerun_y
+from ..intervene.engine import Bank, HeadPatch, aligned
+from ..intervene.rerun import ROWS, rerun_y
+from ..model.anatomy import module_of
 from ..store import atomic_write, write_parquet, write_table
 from .paths_tables import CROSSFIT, LISTED, NULL, TOP, edges_table, gradient_shares, paths_table
 from .senders import Anatomy, Pair, edges, pair_frame, pair_tensors, reference_pairs, screen
@@ -99,7 +100,7 @@ def measure_paths(
     `set_name` (LISTED for heads given with --heads); `crossfit`: per item the
     top set chosen without it (HeadSet, or None); `screen_half`: per item True where its unit screens
     senders (the others confirm them). Returns (paths, screen, edges) long frames."""
-    module = model if isinstance(model, torch.nn.Module) else model.model
+    module = module_of(model)
     anatomy = Anatomy.of(module)
     pairs = reference_pairs(items, word)
     top = HeadSet(tuple(receivers))

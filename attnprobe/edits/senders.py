@@ -23,10 +23,11 @@ import torch
 from ..errors import RunError
 from ..forward.capture import editing
 from ..heads import HeadSet
+from ..intervene.engine import Bank
+from ..intervene.rerun import ROWS, rerun_y
+from ..intervene.sites import behaviour_rows
 from ..measures.direct_attribution.compute import parts_of
-from ..measures.head_effects.engine import Bank
-from ..measures.head_effects.rerun import ROWS, rerun_y
-from ..measures.head_effects.sites import behaviour_rows, decoder_layers, mlp_modules
+from ..model.anatomy import decoder_layers, mlp_modules
 
 EMBEDDING = "embedding"
 PRE_NORMS = ("input_layernorm", "ln_1", "self_attn_layer_norm", "attention_norm", "norm_1", "ln_attn")

@@ -30,9 +30,9 @@ import pandas as pd
 import torch
 
 from ..forward.capture import model_edit
-from ..measures.head_effects.engine import Bank
-from ..measures.head_effects.rerun import ROWS, rerun_logits, rerun_y
-from ..measures.head_effects.sites import decoder_layers
+from ..intervene.engine import Bank
+from ..intervene.rerun import ROWS, rerun_logits, rerun_y
+from ..model.anatomy import decoder_layers, module_of
 from ..stats.edits import STREAM as NAME
 from .estimate import definitional_directions, erasers
 from .passes import text_costs
@@ -87,7 +87,7 @@ class StreamEdit:
         """Within the block every pass of `model` (a ProbeModel or its module) has the stream
         entering `layer` erased. A pre-hook registered after another one (patching's recorded
         state, `skipping`) erases what that one put in."""
-        module = model if isinstance(model, torch.nn.Module) else model.model
+        module = module_of(model)
         layer = decoder_layers(module)[self.layer]
 
         def erase(_, args, kwargs):

@@ -38,8 +38,8 @@ import torch
 from ..defaults import DEFAULT_EDIT_K, DEFAULT_EDIT_KINDS
 from ..errors import AttnprobeError
 from ..heads import HeadSet
-from ..measures.head_effects.selection import top_heads
-from ..measures.head_effects.sites import behaviour_rows
+from ..intervene.selection import top_heads
+from ..intervene.sites import behaviour_rows
 from ..version import __version__
 from .inputs import Inputs, text_head
 from .kinds import KINDS, Heads, parse_heads

@@ -23,8 +23,8 @@ import torch
 
 from ..errors import CaptureError
 from ..model import ProbeModel
+from ..model.anatomy import attention_modules, module_of, window_of
 from ..model.footprint import available_memory
-from ..verify.declared import window_of
 from .capture import ATTN_IMPLEMENTATION, editing, recording
 
 CHUNK_TOKENS = 1024  # positions per forward of the prefill
@@ -56,11 +56,8 @@ class _Layer:
 
 def layer_masks(model) -> list[_Layer]:
     """The window or chunk of every attention layer, from the family's declared facts."""
-    from ..verify import _attention_modules
-
-    module = model.model if isinstance(model, ProbeModel) else model
-    config = module.config.get_text_config()
-    return [_Layer(*window_of(m, config, layer)) for layer, m in enumerate(_attention_modules(module))]
+    config = module_of(model).config.get_text_config()
+    return [_Layer(*window_of(m, config, layer)) for layer, m in enumerate(attention_modules(model))]
 
 
 class _Store:

@@ -23,6 +23,7 @@ import torch
 from ..errors import UnsupportedFamily
 from ..forward.capture import ATTN_IMPLEMENTATION, encode, run_with_capture
 from ..model import ProbeModel, load_model
+from ..model.anatomy import attention_modules
 from . import reference as ref
 from .declared import check_parts, generic
 from .recipes import RECIPES
@@ -70,19 +71,6 @@ def recompute_layer(
     group = p.q.shape[1] // p.k.shape[1]
     scores = (p.q @ p.k.repeat_interleave(group, dim=1).transpose(-2, -1)) * p.scale
     return weights, p.out(ref.merge_heads(context)), scores.abs().max().item()
-
-
-def _attention_modules(model) -> list[torch.nn.Module]:
-    """Each layer's attention module (the innermost, when one wraps another, as GPT-Neo's)."""
-
-    def index(m):
-        return getattr(m, "layer_idx", getattr(m, "layer_id", None))
-
-    found = [
-        m for m in model.modules() if type(m).__name__.endswith("Attention") and isinstance(index(m), int)
-    ]
-    inner = [m for m in found if not any(other is not m and other in set(m.modules()) for other in found)]
-    return sorted(inner, key=index)
 
 
 def _run_recorded(model, modules, run) -> tuple[list, list, object]:
@@ -166,7 +154,7 @@ def verify(model: ProbeModel | str, texts: list[str] | None = None) -> pd.DataFr
     config = hf.config.get_text_config()
     family = config.model_type
     interface = bool(getattr(hf, "_supports_attention_backend", False))
-    modules = _attention_modules(hf)
+    modules = attention_modules(hf)
     if not modules:
         raise UnsupportedFamily(
             f"model family '{family}' has no attention module attnprobe can hook (none with a layer index)"

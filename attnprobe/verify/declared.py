@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UnsupportedFamily
+from ..model.anatomy import window_of
 from . import reference as ref
 from . import rope
 
@@ -236,24 +237,6 @@ def scale_of(module, config, D: int) -> float:
             f"from its config (derived {scale:g})"
         )
     return scale
-
-
-def window_of(module, config, layer: int) -> tuple[int | None, int | None]:
-    """(sliding window, chunk) of one layer, from its layer type; without layer types, the
-    module's own window or else the config's one window for all layers (Mistral, Mixtral, Phi-3)."""
-    layer_types = getattr(config, "layer_types", None)
-    kind = layer_types[layer] if layer_types else None
-    if kind == "sliding_attention":
-        return config.sliding_window, None
-    if kind == "chunked_attention":
-        return None, config.attention_chunk_size
-    if kind == "full_attention":
-        return None, None
-    if kind is not None:
-        raise UnsupportedFamily(f"layer type '{kind}' has no from-scratch recomputation yet")
-    if hasattr(module, "sliding_window"):
-        return module.sliding_window, None
-    return getattr(config, "sliding_window", None), None
 
 
 def clip_qkv(q, k, v, clip: float | None):

@@ -28,9 +28,9 @@ from ..errors import UnsupportedFamily
 from ..forward.capture import ATTN_IMPLEMENTATION, attention_weights, editing, rows_of_mask
 from ..forward.longdoc import check_fits
 from ..model import ProbeModel, load_model, load_tokenizer
+from ..model.anatomy import attention_modules
 from . import (
     TOLERANCES,
-    _attention_modules,
     _max_diff,
     _reference_module,
     long_text,
@@ -98,7 +98,7 @@ class _LayerCheck:
     def __init__(self, model: ProbeModel, block: int):
         hf = model.model
         self.config = hf.config.get_text_config()
-        self.modules = _attention_modules(hf)
+        self.modules = attention_modules(hf)
         self.rotary = any(name.endswith("rotary_emb") for name, _ in hf.named_modules())
         self.dtype = model.dtype
         self.low = model.dtype not in TOLERANCES
@@ -163,7 +163,7 @@ def verify_long(model: ProbeModel, input_ids: torch.Tensor, block: int = BLOCK_R
             f"'{config.model_type}' attention bypasses attnprobe's function, so it cannot be verified in "
             "blocks of rows; use a shorter --long"
         )
-    modules = _attention_modules(hf)
+    modules = attention_modules(hf)
     if _eager_function(modules[0]) is None:
         raise UnsupportedFamily(f"'{config.model_type}' has no eager attention function to compare with")
     ids = torch.as_tensor(input_ids).reshape(1, -1)

@@ -11,9 +11,9 @@ import torch
 from conftest import INTERFACE_FAMILIES, build_tiny
 from reference_patching import effects
 
+from attnprobe.intervene.items import Counterfactual, PatchItem, Selection
+from attnprobe.intervene.selection import head_mask
 from attnprobe.measures.head_effects import phases
-from attnprobe.measures.head_effects.items import Counterfactual, PatchItem, Selection
-from attnprobe.measures.head_effects.selection import head_mask
 
 POSITIVE, NEGATIVE = [30], [31, 32]
 # x and x' of different lengths in one padded bank: a same-length x', a longer x' (aligned from the

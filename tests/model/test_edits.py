@@ -17,7 +17,7 @@ from attnprobe.edits.estimate import covariate_directions, token_means, token_sa
 from attnprobe.edits.kinds import RowEditor
 from attnprobe.forward.capture import editing
 from attnprobe.heads import HeadSet
-from attnprobe.measures.head_effects.engine import record
+from attnprobe.intervene.engine import record
 
 LAYER, HEAD = 1, 1
 
@@ -137,7 +137,7 @@ def test_packed_edited_passes_equal_separate_ones_and_a_plain_edited_forward(tin
     """Variants with one head set share their sequences' prefixes in a packed trie; y must equal the
     unpacked passes and a whole forward of the edited model, for heads in either layer and none."""
     from attnprobe.edits.passes import _packed_groups, edited_behaviour, packs_edits
-    from attnprobe.measures.head_effects.sites import behaviour_rows
+    from attnprobe.intervene.sites import behaviour_rows
 
     texts = ["The nurse said that", "The nurse told us that", "The nurse left", "The pilot said that"]
     ids = _ids(tiny, texts + ["My brother told me that he"])

@@ -12,7 +12,7 @@ import attnprobe
 from attnprobe.edits import edited
 from attnprobe.edits.estimate import definitional_directions, erasers, last_outputs, orthogonal_directions
 from attnprobe.edits.kinds import Leace, Orthogonal
-from attnprobe.measures.head_effects.engine import record
+from attnprobe.intervene.engine import record
 
 LAYER, HEAD = 1, 0
 

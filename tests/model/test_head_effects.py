@@ -210,9 +210,9 @@ def test_cross_fitting_chooses_each_quarter_its_heads_on_the_other_units_and_tem
     tested on it)."""
     import torch
 
+    from attnprobe.intervene.items import PatchItem
+    from attnprobe.intervene.selection import folds, opposite, select
     from attnprobe.measures.head_effects.designs import SlotSwap
-    from attnprobe.measures.head_effects.items import PatchItem
-    from attnprobe.measures.head_effects.selection import folds, opposite, select
 
     bls = {"a": 10.0, "b": 40.0, "c": 60.0, "d": 90.0}
     items = [

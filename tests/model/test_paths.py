@@ -17,9 +17,9 @@ from attnprobe.edits.paths import measure_paths, path_runs
 from attnprobe.edits.paths_tables import edges_table, paths_table
 from attnprobe.edits.senders import Anatomy, _sender_pass, edges, reference_pairs, screen, writes
 from attnprobe.heads import HeadSet
-from attnprobe.measures.head_effects.engine import record
-from attnprobe.measures.head_effects.items import Counterfactual, PatchItem
-from attnprobe.measures.head_effects.selection import folds
+from attnprobe.intervene.engine import record
+from attnprobe.intervene.items import Counterfactual, PatchItem
+from attnprobe.intervene.selection import folds
 from tests import reference_paths as ref
 
 POSITIVE, NEGATIVE = 5, 6

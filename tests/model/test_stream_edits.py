@@ -21,7 +21,7 @@ from attnprobe.edits import edited, load_edit, save_edit
 from attnprobe.edits.stream import StreamEdit, last_states
 from attnprobe.edits.tracing import GROUPS, tracing_table
 from attnprobe.errors import AttnprobeError, RunError
-from attnprobe.measures.head_effects.engine import record
+from attnprobe.intervene.engine import record
 from attnprobe.model import from_pretrained_objects
 from attnprobe.stats.edits import STREAM, chosen_layers, stream_table
 

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from ...forward.capture import editing, pad_right
+from ...model.anatomy import decoder_layers, mlp_modules
 from ...verify.declared import OUTPUTS
-from ..head_effects.sites import decoder_layers, mlp_modules
 
 FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "final_norm")
 EMBED, MLP, BIAS, FINAL = "embedding", "mlp", "bias", "final bias"

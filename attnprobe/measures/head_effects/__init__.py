@@ -8,12 +8,11 @@ layer's attention or MLP output, and joint sets of heads. The rooms:
 
   declaration  the suite's `head_effects:` block, parsed; the manifest's summary; the plan's hash
   designs      SlotSwap and PairSwap: which items, x and x' (tokenizer only)
-  items        typed PatchItem, Counterfactual, Dropped, Selection
-  sites        the primitives edits go through (behaviour, layers, MLP hooks, gradients)
-  engine       batched patching: Bank (recorded clean runs), Variants, patched passes
   attribution  first-order estimates of every head and layer from one backward pass
-  selection    halves, cross-fitted sets and the suite's k heads
   phases       one chunk of the screen or of the selected heads
+
+The items, sites, batched engine and head selection it runs on are the intervention library
+(attnprobe.intervene), shared with the edits.
 
 This module is the registered kind: its plan, its two phases (the screen of every item, held-out
 items, every head patched exactly, in their own chunks and progress; then, once every item is
@@ -34,10 +33,10 @@ import pyarrow.parquet as pq
 
 from ... import store
 from ...forward.estimates import head_effect_seconds, head_effects_text
+from ...intervene.items import Counterfactual, Dropped, PatchItem, Selection
+from ...intervene.selection import select
 from ..base import Measure, Phase
 from .declaration import HeadEffectsMeasure, PairSwap, SlotSwap, parse, plan_sha256, summary
-from .items import Counterfactual, Dropped, PatchItem, Selection
-from .selection import select
 
 __all__ = [
     "Counterfactual",

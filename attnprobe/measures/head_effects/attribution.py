@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from ...forward.capture import editing, picked_logits
-from .engine import Bank
-from .sites import Gradients, behaviour_rows, mlp_modules, mlp_outputs
+from ...intervene.engine import Bank
+from ...intervene.sites import Gradients, behaviour_rows, mlp_outputs
+from ...model.anatomy import mlp_modules, module_of
 
 
 @dataclass
@@ -39,7 +40,7 @@ def estimate(
     the aligned positions. Returns attribution_output, attribution_pattern (n, L, H), attribution_mlp (n,
     L)."""
     grads = Gradients()
-    module = model if isinstance(model, torch.nn.Module) else model.model
+    module = module_of(model)
     lengths = bank.lengths[xs]
     T = int(lengths.max())
     device = bank.hidden[0].device

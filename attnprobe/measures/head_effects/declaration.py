@@ -22,6 +22,7 @@ import hashlib
 from dataclasses import asdict
 
 from ...heads import HeadSet
+from ...intervene.items import Dropped, PatchItem, Selection
 from ...schema.yamllines import line_of, required_str
 from .designs import (
     HELD_OUT_DEFAULT,
@@ -31,7 +32,6 @@ from .designs import (
     SlotSwap,
     per_value_column,
 )
-from .items import Dropped, PatchItem, Selection
 
 HEAD_COLUMNS = ("output_in", "output_out", "pattern_in", "attribution_output", "attribution_pattern")
 LAYER_COLUMNS = ("attention_in", "attention_out", "mlp_in", "mlp_out")

@@ -18,9 +18,9 @@ from typing import ClassVar
 import numpy as np
 
 from ...errors import SuiteError
+from ...intervene.items import Counterfactual, Dropped, PatchItem
 from ...schema.analysis import value_of
 from ...schema.spans import candidate_words, spread_key, token_spans
-from .items import Counterfactual, Dropped, PatchItem
 
 SELECT_DEFAULT = 5  # heads per cross-fitted set
 HELD_OUT_DEFAULT = 8  # items on which every head is patched exactly, to check attribution against

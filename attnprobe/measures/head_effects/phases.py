@@ -21,12 +21,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ...intervene.engine import Bank, Variants, patched, record
+from ...intervene.items import Counterfactual, PatchItem, Selection
+from ...intervene.selection import RANDOM_DRAWS, head_mask
+from ...intervene.sites import behaviour_rows, label_ids
 from .attribution import Pairs, estimate
 from .declaration import HEAD_COLUMNS, LAYER_COLUMNS, HeadEffectsMeasure, heads_text
-from .engine import Bank, Variants, patched, record
-from .items import Counterfactual, PatchItem, Selection
-from .selection import RANDOM_DRAWS, head_mask
-from .sites import behaviour_rows, label_ids
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
-from .sites import behaviour_rows, decoder_layers
+from ..model.anatomy import decoder_layers, module_of
+from .sites import behaviour_rows
 
 ROWS = 64  # sequences per pass of the edit analyses
 
@@ -82,7 +83,7 @@ def narrowed_head(model, vocabulary: torch.Tensor):
     """Within the block the lm head computes the logits of `vocabulary` (sorted ids) only, in that
     order, and yields True. Elementwise steps after it (soft-capping, logit scales) still apply. A
     head that is not a plain linear layer is left whole (yields False: logits by vocabulary id)."""
-    module = model if isinstance(model, torch.nn.Module) else model.model
+    module = module_of(model)
     head = module.get_output_embeddings()
     if type(head) is not torch.nn.Linear:
         yield False

@@ -26,19 +26,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ...defaults import ROW_TOKENS
-from ...forward.capture import editing, expand_kv, pad_right, picked_logits, run_with_capture
-from ...forward.sharing import prefix_sharing_blocker
+from ..defaults import ROW_TOKENS
+from ..forward.capture import editing, expand_kv, pad_right, picked_logits, run_with_capture
+from ..forward.sharing import prefix_sharing_blocker
+from ..model.anatomy import decoder_layers, mlp_modules, module_of
 from .rerun import narrowed_behaviour, rerun_logits
-from .sites import (
-    Activations,
-    behaviour_rows,
-    decoder_layers,
-    last_position_mlp,
-    mlp_modules,
-    mlp_outputs,
-    recording_mlp,
-)
+from .sites import Activations, behaviour_rows, last_position_mlp, mlp_outputs, recording_mlp
 
 
 @dataclass
@@ -142,7 +135,7 @@ def patched(
     tokens. With `share_prefix` a pass leaves out the positions before its variants' first patched
     one (clean in every layer) and reads their recorded keys and values instead, where that is exact
     (sharing.prefix_sharing_blocker: no window the sequences reach)."""
-    module = model if isinstance(model, torch.nn.Module) else model.model
+    module = module_of(model)
     share_prefix = share_prefix and prefix_sharing_blocker(module.config, bank.ids.shape[1]) is None
     first = variants.first_layer()
     y = torch.empty(len(first), dtype=torch.float64)
@@ -197,7 +190,7 @@ def plan_passes(
 def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int, prefix: int) -> torch.Tensor:
     """One pass of the variants `rows`, all patching nothing below layer `first` nor before position
     `prefix`: the pass starts at that layer and at that position."""
-    module = model if isinstance(model, torch.nn.Module) else model.model
+    module = module_of(model)
     device = bank.hidden[0].device
     base = v.base[rows]
     lengths = bank.lengths[base]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from ...heads import HeadSet
+from ..heads import HeadSet
 from .items import PatchItem, Selection
 
 if TYPE_CHECKING:

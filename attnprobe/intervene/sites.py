@@ -14,9 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...forward.capture import AttentionSite
-
-MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn")  # a decoder layer's MLP, by family
+from ..forward.capture import AttentionSite
 
 
 def behaviour_rows(logits: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
@@ -37,28 +35,6 @@ def label_ids(sets: list[list[int]]) -> torch.Tensor:
     for i, ids in enumerate(sets):
         out[i, : len(ids)] = torch.as_tensor(ids)
     return out
-
-
-def decoder_layers(model) -> torch.nn.ModuleList:
-    """The model's decoder layers: the module list with one entry per hidden layer (empty if none)."""
-    model = model if isinstance(model, torch.nn.Module) else model.model
-    n = model.config.num_hidden_layers
-    return next(
-        (m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n),
-        torch.nn.ModuleList(),
-    )
-
-
-def mlp_modules(model) -> list[torch.nn.Module] | None:
-    """Each decoder layer's MLP (by the names families use), or None when a layer has none of them."""
-    found = [
-        next(
-            (getattr(layer, n) for n in MLP_NAMES if isinstance(getattr(layer, n, None), torch.nn.Module)),
-            None,
-        )
-        for layer in decoder_layers(model)
-    ]
-    return found if found and all(m is not None for m in found) else None
 
 
 @contextmanager
