@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from ..defaults import DEFAULT_EDIT_K, DEFAULT_EDIT_KINDS, EDIT_KIND_NAMES
@@ -133,6 +135,10 @@ def edit(
     quiet = click.get_current_context().obj.get("quiet")
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
     table = run_edits(run_dir, options, log=log, also=also, also_ks=also_ks, device=device)
+    from ..report.sections import edit_frontier_figure  # the report draws the frontier
+
+    edit_frontier_figure(Path(run_dir), Path(run_dir) / "figures")
+    log(f"edit: figures/edit_frontier.png in {run_dir}")
     columns = [
         "kind",
         "k",

@@ -1,6 +1,7 @@
 """`attnprobe edit RUN_DIR`: load what the run found, measure every edit kind (a phase of the run engine
 each: a chunk per kind whose marker holds the settings hash of the run, the options and the weights;
-resumed, Ctrl-C stopping after the current kind), write edits_items, edits, edits_draws and the figure."""
+resumed, Ctrl-C stopping after the current kind), write edits_items, edits and edits_draws (the
+report draws their frontier)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ from ..errors import RunError
 from ..forward.device import on_model_device
 from ..measures.head_effects.designs import SlotSwap, per_value_column
 from ..model import load_model, refuse_random
-from ..report.figures import figure
-from ..report.plots import FRONTIER_ALT, edit_frontier
 from ..run.execute import deferred_interrupt
 from ..run.fresh import own_directory
 from ..run.options import RunOptions
@@ -249,14 +248,13 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         write_table(directory, "edits_stream", stream)
     if options.alone:
         write_table(directory, "edits_heads", head_table(raw[raw["kind"].isin(["none", SINGLE])], H))
-    figure(edit_frontier(summary, draws), directory / "figures", "edit_frontier", FRONTIER_ALT)
     saved = save_chosen(directory, m, model, weights, inputs, sets, options, source={"reference": word})
     if len(stream):
         saved += save_stream(directory, m, model, weights, inputs, options, stream, raw, {"reference": word})
     for note in dict.fromkeys(n for n in summary.get("note", []) if n):
         log(f"note: {note}")
     log(
-        f"edit: edits.csv, edits_draws.csv and figures/edit_frontier.png in {directory}; {saved} fitted "
+        f"edit: edits.csv and edits_draws.csv in {directory}; {saved} fitted "
         "edits in edits/ (apply one with `attnprobe run SUITE --edit FILE`)"
     )
     return summary

@@ -1,4 +1,4 @@
-"""Edited forward passes, batched like patching (measures/head_effects/engine.py): many (sequence, head set)
+"""Edited forward passes, batched like patching (intervene/engine.py): many (sequence, head set)
 variants per pass, each pass starting at its variants' lowest edited layer from the hidden state
 the clean run recorded there (the layers below compute exactly what the clean run computed).
 

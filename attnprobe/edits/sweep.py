@@ -1,7 +1,7 @@
 """`attnprobe edit RUN_DIR`: edit the heads a run found (by default k = 1, 5), and measure on items
 that did not choose them the bias removed against what it costs.
 
-Heads. Each item belongs to a fold (unit half x template half, measures/head_effects/selection.py). For the
+Heads. Each item belongs to a fold (unit half x template half, intervene/selection.py). For the
 items of a fold, the k heads are the k with the largest share of the stereotype gradient on the
 opposite fold: per head, the least-squares slope over the covariate of its attribution (patch-in
 estimate, from the run's screen) for the reference counterfactual word ("person" in the gender

@@ -19,10 +19,10 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import RunError
-from ..measures import MEASURES, Measure, batch_kinds
-from ..report.compare import compare_runs
+from ..measures import MEASURES, Measure, batch_kinds, paired
 from ..run import RunOptions, run_suite
 from ..run.fresh import own_directory
+from ..run.reader import RunFiles
 from ..suite import load_suite
 from .saved import load_edit
 
@@ -84,7 +84,7 @@ def transfer(directory: Path, suites: list, chosen: list[tuple[str, int]], model
             edited = run_suite(
                 suite, model, RunOptions(out=out, edits=(saved,), resume=_made_with(out, saved), **options)
             )
-            for name, table in compare_runs(original, edited).items():
+            for name, table in paired(RunFiles(original), RunFiles(edited)).items():
                 if "head" in table:  # per-head rows: in the comparison's own files, not here
                     continue
                 rows.append(

@@ -3,7 +3,7 @@
 A document of T tokens is forwarded in chunks of C positions. At every layer a chunk's queries
 attend to the keys and values earlier chunks left there (kept by `_Store` as the model computed
 them, rotary positions applied) and to the chunk's own, under the mask the layer declares
-(`declared.window_of`): causal, and within its sliding window or attention chunk. Only the query
+(`model.anatomy.window_of`): causal, and within its sliding window or attention chunk. Only the query
 rows asked for are recorded (capture's row recording). Memory:
 
   recorded weights  O(layers x heads x rows x T)

@@ -60,6 +60,24 @@ def analyse(run, step=None) -> dict:
     return tables
 
 
+def paired(a, b) -> dict:
+    """{table: rows}: each measure's paired change B - A between two finished runs (their readers,
+    run.reader.RunFiles), its empty tables left out; refused in one line when their items cannot be
+    paired or a run has random weights."""
+    from ..model.shapes import refuse_random
+    from ..stats.compare import check_comparable, scopes_of, templates_of
+
+    check_comparable(a, b)
+    for run in (a, b):
+        refuse_random(run.manifest["model"]["spec"], f"attnprobe compare ({run.directory})")
+    items = list(dict.fromkeys(a.prompts["item_id"]))
+    scopes = scopes_of(a, b, items, templates_of(a, items))
+    tables = {}
+    for kind in MEASURES.values():
+        tables.update({name: t for name, t in kind.paired(a, b, scopes).items() if not t.empty})
+    return tables
+
+
 def table_names(run) -> tuple[str, ...]:
     """The statistics tables `analyse` writes for this run."""
     return (*(name for kind in MEASURES.values() for name in kind.tables(run)), "held_out")
@@ -68,6 +86,7 @@ def table_names(run) -> tuple[str, ...]:
 __all__ = [
     "MEASURES",
     "analyse",
+    "paired",
     "table_names",
     "AttentionMeasure",
     "BatchMeasure",

@@ -12,10 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import RunError
-from ..measures import MEASURES
-from ..model.shapes import refuse_random
+from ..measures import paired
 from ..run.reader import RunFiles
-from ..stats.compare import check_comparable, scopes_of, templates_of
 from ..store import atomic_write, shared, write_table
 
 SHOWN = 12  # rows of each table in compare.html (the CSV has all)
@@ -26,19 +24,7 @@ def compare_runs(a, b) -> dict[str, pd.DataFrame]:
     `a` and `b` (RunFiles or paths); refused in one line when their items cannot be paired."""
     a, b = (run if isinstance(run, RunFiles) else RunFiles(run) for run in (a, b))
     with shared(a.directory), shared(b.directory):  # no run --fresh or edit rewrites them meanwhile
-        return _paired(a, b)
-
-
-def _paired(a: RunFiles, b: RunFiles) -> dict[str, pd.DataFrame]:
-    check_comparable(a, b)
-    for run in (a, b):
-        refuse_random(run.manifest["model"]["spec"], f"attnprobe compare ({run.directory})")
-    items = list(dict.fromkeys(a.prompts["item_id"]))
-    scopes = scopes_of(a, b, items, templates_of(a, items))
-    tables = {}
-    for kind in MEASURES.values():
-        tables.update({name: t for name, t in kind.paired(a, b, scopes).items() if not t.empty})
-    return tables
+        return paired(a, b)
 
 
 def write_comparison(a, b, out: str | Path | None = None) -> tuple[Path, dict]:

@@ -167,10 +167,9 @@ def referents_context(tables: dict, figures_dir, analysis) -> dict | None:
     }
 
 
-def edits_context(directory, figures_dir) -> dict | None:
-    """The head-edit section, when `attnprobe edit` has written edits.parquet into the run."""
-    if not (directory / "edits.parquet").is_file():
-        return None
+def edit_frontier_figure(directory, figures_dir) -> tuple[dict, pd.DataFrame]:
+    """figures/edit_frontier.png (and .svg) drawn from the run's edit tables (the report's, and what
+    `attnprobe edit` writes after a sweep), and the edits table it read."""
     try:
         summary = pd.read_parquet(directory / "edits.parquet")
         draws = pd.read_parquet(directory / "edits_draws.parquet")
@@ -179,7 +178,16 @@ def edits_context(directory, figures_dir) -> dict | None:
             f"{directory}: the edit tables are missing or damaged ({str(exc).splitlines()[0][:99]}); rebuild "
             f"them by rerunning `attnprobe edit {directory}` with its options (finished kinds are reused)"
         ) from None
-    frontier = figure(plots.edit_frontier(summary, draws), figures_dir, "edit_frontier", plots.FRONTIER_ALT)
+    return figure(
+        plots.edit_frontier(summary, draws), figures_dir, "edit_frontier", plots.FRONTIER_ALT
+    ), summary
+
+
+def edits_context(directory, figures_dir) -> dict | None:
+    """The head-edit section, when `attnprobe edit` has written edits.parquet into the run."""
+    if not (directory / "edits.parquet").is_file():
+        return None
+    frontier, summary = edit_frontier_figure(directory, figures_dir)
     paths = _optional(directory, "paths")
     return {
         "rows": summary.to_dict("records"),
