@@ -32,7 +32,7 @@ import torch
 import attnprobe
 from attnprobe.edits.kinds import Zero, heads_mask
 from attnprobe.edits.passes import _groups, _packed_groups, _sequence, edited_behaviour
-from attnprobe.edits.sweep import RANDOM_EVERY
+from attnprobe.edits.sweep.measure import RANDOM_EVERY
 from attnprobe.forward.packing import pack_trie
 from attnprobe.intervene.engine import record
 from attnprobe.intervene.selection import folds, random_sets

@@ -11,7 +11,6 @@ saved    a fitted edit as NAME.safetensors + NAME.json: `save_edit`, `load_edit`
 transfer the chosen edits applied to other suites (`--also`)
 """
 
-from .command import run_edits
 from .kinds import (
     KINDS,
     HeadEdit,
@@ -27,7 +26,8 @@ from .kinds import (
 )
 from .saved import SavedEdit, load_edit, save_edit
 from .stream import StreamEdit
-from .sweep import EditOptions
+from .sweep.command import run_edits
+from .sweep.options import EditOptions
 
 __all__ = [
     "KINDS",

@@ -16,6 +16,8 @@ P packed length, E model width.
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import torch
 
 from ..forward.capture import editing, picked_logits
@@ -194,3 +196,12 @@ def text_costs(logits: torch.Tensor, bank: Bank, n: int, clean_logp: torch.Tenso
     clean_p = clean_logp.exp() if clean_p is None else clean_p
     kl = (clean_p * (clean_logp - logp)).sum(-1).mean().item()
     return kl, -logp.gather(1, bank.ids[n, 1:length, None]).mean().item()
+
+
+def raw_rows(target: str, keys, **values) -> pd.DataFrame:
+    """Raw values of edited passes, one row per (k, draw, index) key: y, or a text's KL and loss."""
+    k, draw, index = zip(*keys) if keys else ((), (), ())
+    frame = pd.DataFrame({"target": target, "k": k, "draw": draw, "index": index})
+    for name in ("y", "kl", "loss"):
+        frame[name] = values.get(name, np.nan)
+    return frame

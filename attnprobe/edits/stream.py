@@ -35,8 +35,7 @@ from ..intervene.rerun import ROWS, rerun_logits, rerun_y
 from ..model.anatomy import decoder_layers, module_of
 from ..stats.edits import STREAM as NAME
 from .estimate import definitional_directions, erasers
-from .passes import text_costs
-from .sweep import _rows
+from .passes import raw_rows, text_costs
 
 PARAMETERS = ("along", "functional", "mean")
 
@@ -188,9 +187,9 @@ def measure_stream(model, inputs, log=lambda m: None) -> pd.DataFrame:
         y_control = stream_behaviour(module, inputs.control, everywhere, inputs.control_labels)
         kl, loss = stream_text_costs(module, inputs.texts, inputs.clean_logp, everywhere)
         frames += [
-            _rows("bias", [(layer, -1, i) for i in range(n)], y=y),
-            _rows("control", [(layer, -1, i) for i in range(m)], y=y_control),
-            _rows("text", [(layer, -1, i) for i in range(len(kl))], kl=kl, loss=loss),
+            raw_rows("bias", [(layer, -1, i) for i in range(n)], y=y),
+            raw_rows("control", [(layer, -1, i) for i in range(m)], y=y_control),
+            raw_rows("text", [(layer, -1, i) for i in range(len(kl))], kl=kl, loss=loss),
         ]
         log(f"edit: stream erased entering layer {layer} of {model.info.n_layers}")
     out = pd.concat(frames, ignore_index=True)

@@ -105,7 +105,7 @@ def random_sets(
 ) -> tuple[tuple[int, ...], ...]:
     """`draws` sets of heads drawn at random layer for layer from the layers of `heads` (a set with
     two heads of layer 25 gets two distinct random heads of layer 25): what a set of that size and
-    depth carries without being chosen (the edits' null, distinct sets: edits.sweep.null_sets)."""
+    depth carries without being chosen (the edits' null, distinct sets: edits.sweep.measure.null_sets)."""
     out = []
     for _ in range(draws):
         picked: set[int] = set()
@@ -126,3 +126,8 @@ def top_heads(score: np.ndarray, k: int, n_layers: int, n_heads: int) -> list[in
 def head_mask(flat, n_layers: int, n_heads: int) -> torch.Tensor:
     """Flat head indices l H + h -> an (L, H) bool mask (HeadSet.mask)."""
     return HeadSet.from_flat(flat, n_heads).mask(n_layers, n_heads)
+
+
+def chosen_heads(scores: np.ndarray, k: int, n_heads: int) -> tuple[tuple[int, int], ...]:
+    """The k heads with the largest finite scores (flat l H + h) as (layer, head) pairs."""
+    return tuple((i // n_heads, i % n_heads) for i in top_heads(scores, k, len(scores) // n_heads, n_heads))

@@ -4,7 +4,8 @@ A caller may hold a ProbeModel (attnprobe's wrapper) or the bare `torch.nn.Modul
 gives the module either way. Decoder layers are the module list with one entry per hidden layer;
 a layer's MLP goes by the names families use; an attention module is the innermost module whose
 class name ends in "Attention" and that knows its layer index; a layer's sliding window or chunk
-comes from the config's layer types, else the module's or the config's one window.
+comes from the config's layer types, else the module's or the config's one window; `parts_of` names
+what direct attribution and the path analysis read (output projections, norms, MLPs, the lm head).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import torch
 from ..errors import UnsupportedFamily
 
 MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn")  # a decoder layer's MLP, by family
+OUTPUTS = ("o_proj", "dense", "out_proj", "c_proj")  # an attention module's output projection
+FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "final_norm")  # after the last layer
 
 
 def module_of(model) -> torch.nn.Module:
@@ -74,3 +77,25 @@ def window_of(module, config, layer: int) -> tuple[int | None, int | None]:
     if hasattr(module, "sliding_window"):
         return module.sliding_window, None
     return getattr(config, "sliding_window", None), None
+
+
+def parts_of(model):
+    """(per-layer attention output projections, the norms after each layer's attention (None where
+    its output is added as it is), what each layer's MLP adds (the MLP, or the norm after it), the
+    final norm, the lm head), or None where the model's anatomy is not one this attribution reads."""
+    outputs, after_attention, mlp_added = [], [], []
+    mlps = mlp_modules(model) or []
+    for i, layer in enumerate(decoder_layers(model)):
+        attention = next((m for m in layer.modules() if type(m).__name__.endswith("Attention")), None)
+        outputs.append(next((getattr(attention, n) for n in OUTPUTS if hasattr(attention, n)), None))
+        # Gemma 2/3 normalise each sublayer's output before adding it (their post_attention_layernorm
+        # is a post-norm only beside a pre_feedforward_layernorm; in Llama that name is the MLP's pre-norm)
+        post = hasattr(layer, "pre_feedforward_layernorm")
+        after_attention.append(getattr(layer, "post_attention_layernorm", None) if post else None)
+        mlp_added.append(
+            getattr(layer, "post_feedforward_layernorm", None) or (mlps[i] if i < len(mlps) else None)
+        )
+    norms = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in FINAL_NORMS]
+    if not outputs or None in outputs or None in mlp_added or not norms:
+        return None
+    return outputs, after_attention, mlp_added, norms[-1], model.get_output_embeddings()

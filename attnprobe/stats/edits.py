@@ -160,7 +160,7 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
 
 
 def head_table(raw: pd.DataFrame, n_heads: int) -> pd.DataFrame:
-    """Per head zeroed alone (edits.single: kind "single", k = its rank): the sweep's statistics but
+    """Per head zeroed alone (edits.sweep.single: kind "single", k = its rank): the sweep's statistics but
     the random-set comparison (none is drawn)."""
     summary, _ = edit_tables(raw, n_heads)
     summary = summary.rename(columns={"k": "rank", "heads_all": "head"}).drop(columns=["kind", "heads"])

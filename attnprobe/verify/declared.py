@@ -21,13 +21,12 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UnsupportedFamily
-from ..model.anatomy import window_of
+from ..model.anatomy import OUTPUTS, window_of
 from . import reference as ref
 from . import rope
 
 # Parts of an attention module that the generic reading understands.
 PROJECTIONS = {"q_proj", "k_proj", "v_proj", "qkv_proj", "query_key_value", "c_attn", "Wqkv"}
-OUTPUTS = ("o_proj", "dense", "out_proj", "c_proj")
 NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"))
 HARMLESS = {"attn_dropout", "resid_dropout", "attention_dropout", "dropout"}  # identity in eval mode
 # How a fused projection lays out q, k and v along its output features:

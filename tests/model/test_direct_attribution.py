@@ -147,7 +147,7 @@ def test_the_parts_add_up_in_every_family(family):
     whose layers this attribution cannot read is refused in one line, not attributed wrongly."""
     from types import SimpleNamespace
 
-    from attnprobe.measures.direct_attribution.compute import parts_of
+    from attnprobe.model.anatomy import parts_of
 
     model = build_tiny(family)
     if parts_of(model) is None:

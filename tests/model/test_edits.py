@@ -373,7 +373,7 @@ def test_the_random_nulls_floor_counts_the_sets_it_can_draw():
 
 
 def test_the_null_draws_distinct_sets_of_the_same_layers_then_from_every_head():
-    from attnprobe.edits.sweep import null_sets
+    from attnprobe.edits.sweep.measure import null_sets
 
     rng = np.random.default_rng(0)
     one = null_sets(((26, 2),), 30, 9, rng, 20)  # 8 other heads of layer 26, then 12 from all heads

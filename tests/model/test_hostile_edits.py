@@ -169,7 +169,7 @@ def test_fuzzed_edit_options_are_accepted_or_one_line_before_weights(
     """1,000 option sets as the command line could give them: each is accepted, or refused as one
     AttnprobeError line before any weights load (never another exception)."""
     from attnprobe.edits import EditOptions
-    from attnprobe.edits.command import checked_options
+    from attnprobe.edits.sweep.command import checked_options
     from attnprobe.errors import AttnprobeError
 
     (tmp_path / "empty.txt").write_text(" \n")

@@ -1,4 +1,4 @@
-"""Path patching (attnprobe edit --paths, edits.paths): equal to the one-item reference written from
+"""Path patching (attnprobe edit --paths, edits.analyses.paths): equal to the one-item reference written from
 the definition (tests/reference_paths.py), the senders' writes add up to the stream, attribution is
 the exact effect's first order, and the tables come from the parquet files alone."""
 
@@ -13,9 +13,9 @@ from conftest import TINY_CONFIGS, eager_twin
 from transformers import AutoModelForCausalLM
 
 import attnprobe
-from attnprobe.edits.paths import measure_paths, path_runs
-from attnprobe.edits.paths_tables import edges_table, paths_table
-from attnprobe.edits.senders import Anatomy, _sender_pass, edges, reference_pairs, screen, writes
+from attnprobe.edits.analyses.paths import measure_paths, path_runs
+from attnprobe.edits.analyses.paths_tables import edges_table, paths_table
+from attnprobe.edits.analyses.senders import Anatomy, _sender_pass, edges, reference_pairs, screen, writes
 from attnprobe.heads import HeadSet
 from attnprobe.intervene.engine import record
 from attnprobe.intervene.items import Counterfactual, PatchItem
@@ -193,7 +193,7 @@ def test_a_placebo_covariate_finds_no_edge_in_at_least_19_of_20_seeds(planted):
     """The covariate permuted over the occupations (seeds 0-19): an edge at q < 0.05 is a false
     positive. (Over 200 seeds 1 had one: 0.5%.) The planted model has 4 senders, fewer than EDGES,
     so every one is confirmed whatever the covariate: the patched values stay, the covariate changes."""
-    from attnprobe.edits.paths import EDGES
+    from attnprobe.edits.analyses.paths import EDGES
 
     assert planted[2]["sender"].nunique() <= EDGES
     units = sorted(planted[0]["unit"].unique(), key=lambda u: int(u[1:]))
@@ -212,7 +212,7 @@ def test_the_paths_tables_recompute_from_the_parquet_files_alone(swept_run):
     confirmed edges are the screen's best on the other units' items."""
     import pandas as pd
 
-    from attnprobe.edits.paths import EDGES, chosen_senders
+    from attnprobe.edits.analyses.paths import EDGES, chosen_senders
 
     _, _, out = swept_run
     raw = pd.read_parquet(out / "paths_items.parquet")
@@ -236,7 +236,7 @@ def test_the_readout_recomputes_from_its_states_alone(swept_run):
     """readout.csv (written by --paths) from readout_states.parquet alone: the per-unit states."""
     import pandas as pd
 
-    from attnprobe.edits.readout import frame_states, states_readout
+    from attnprobe.edits.analyses.readout import frame_states, states_readout
 
     _, _, out = swept_run
     written = pd.read_csv(out / "readout.csv")

@@ -1,10 +1,11 @@
-"""The linear readout (attnprobe.edits.readout): cross-fitted ridge R2 over units, its bootstrap CI and
-permutation null, on planted data (it finds a signal and does not find noise) and end to end."""
+"""The linear readout (attnprobe.edits.analyses.readout): cross-fitted ridge R2 over units, its
+bootstrap CI and permutation null, on planted data (it finds a signal and does not find noise) and end
+to end."""
 
 import numpy as np
 
 import attnprobe
-from attnprobe.edits.readout import crossfit_r2
+from attnprobe.edits.analyses.readout import crossfit_r2
 
 
 def test_a_planted_readout_is_found_and_noise_is_not():
@@ -37,7 +38,7 @@ def test_the_batched_ridge_equals_the_normal_equations_outcome_by_outcome():
     """Every row of the batched out-of-fold predictions (the covariate and its permutations at once)
     equals ridge written out plainly: per fold and penalty the hat matrix from (X'X + aI)^-1, GCV
     = mean squared residual / (1 - tr(H) / n)^2, the best penalty's fit predicting the held-out units."""
-    from attnprobe.edits.readout import ALPHAS, _fold_fits, _predict
+    from attnprobe.edits.analyses.readout import ALPHAS, _fold_fits, _predict
 
     rng = np.random.default_rng(5)
     X, folds = rng.normal(size=(14, 6)), np.arange(14) % 4

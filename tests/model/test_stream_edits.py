@@ -18,8 +18,8 @@ from test_erasers import _r2
 import attnprobe
 from attnprobe.cli import main
 from attnprobe.edits import edited, load_edit, save_edit
+from attnprobe.edits.analyses.tracing import GROUPS, tracing_table
 from attnprobe.edits.stream import StreamEdit, last_states
-from attnprobe.edits.tracing import GROUPS, tracing_table
 from attnprobe.errors import AttnprobeError, RunError
 from attnprobe.intervene.engine import record
 from attnprobe.model import from_pretrained_objects

@@ -176,6 +176,62 @@ def test_downstream_rooms_do_not_reach_upstream():
             assert "attnprobe" not in graph[name], f"{name} imports the package face"
 
 
+# The intended layer order, lowest first: a module imports only from its own room or rooms below it.
+# Shared vocabulary (errors, defaults, heads, store) at the bottom; statistics need only the
+# analysis declaration; models are loaded, then run forward (capture, packing), verified and
+# intervened on; measures declare and compute, suites are parsed with them, runs execute them; the
+# edits reopen runs; the report, the notebook and the command line sit on top.
+LAYERS = [
+    "errors", "defaults", "version", "heads", "progress", "store", "schema", "stats", "model", "forward",
+    "verify", "intervene", "measures", "suite", "run", "edits", "report", "notebook", "cli", "__main__",
+]  # fmt: skip
+# The one import that runs upward: loading a model routes its attention through attnprobe's
+# registered function, which forward.capture defines (imported when a model is wrapped).
+UPWARD_ALLOWED = {("attnprobe.model", "attnprobe.forward.capture")}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs where a room imports from a room above it in LAYERS."""
+    rank = {room: i for i, room in enumerate(LAYERS)}
+    room = lambda module: module.split(".")[1] if module.count(".") else None
+    return sorted(
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if room(name) and room(target) and rank[room(target)] > rank[room(name)]
+    )
+
+
+def test_rooms_import_only_from_rooms_below():
+    graph = {name: _imports(name) for name in MODULES}
+    assert {
+        room for room in (m.split(".")[1] for m in MODULES if m.count(".")) if room not in LAYERS
+    } == set()
+    assert set(upward_imports(graph)) == UPWARD_ALLOWED
+    planted = {"attnprobe.stats.x": {"attnprobe.run.y"}, "attnprobe.run.y": set()}  # the check can fail
+    assert upward_imports(planted) == [("attnprobe.stats.x", "attnprobe.run.y")]
+
+
+def test_edits_use_the_intervention_library_not_a_measure_or_the_report():
+    """The edits import a measure's package face at most (not its modules) and nothing of the report."""
+    for name in (m for m in MODULES if m.startswith("attnprobe.edits")):
+        for target in _imports(name):
+            assert not target.startswith("attnprobe.report"), (name, target)
+            assert target.count(".") <= 2 or not target.startswith("attnprobe.measures"), (name, target)
+
+
+MAX_PER_FOLDER = 8
+# Folders still above it, to be split by role (issue 51); each may shrink, none may grow.
+OVERSIZE = {"run": 12, "stats": 14, "suite": 11}
+
+
+def test_at_most_eight_modules_in_a_folder():
+    for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__")]:
+        n = len(list(folder.glob("*.py")))
+        limit = OVERSIZE.get(folder.name, MAX_PER_FOLDER) if folder != PACKAGE else MAX_TOP_LEVEL
+        assert n <= limit, f"{folder} holds {n} modules (at most {limit}): group them by role"
+
+
 def test_every_error_class_lives_in_errors():
     for name in MODULES:
         if name == "attnprobe.errors":

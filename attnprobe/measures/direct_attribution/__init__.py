@@ -88,7 +88,8 @@ class DirectAttribution(PromptsMeasure):
         return 1
 
     def score(self, pm, declared, suite, prompts, batch_size, advance) -> pd.DataFrame:
-        from .compute import attribute, parts_of
+        from ...model.anatomy import parts_of
+        from .compute import attribute
         from .statistics import ERROR, TOTAL
 
         if parts_of(pm.model) is None:

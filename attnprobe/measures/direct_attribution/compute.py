@@ -20,33 +20,9 @@ import numpy as np
 import torch
 
 from ...forward.capture import editing, pad_right
-from ...model.anatomy import decoder_layers, mlp_modules
-from ...verify.declared import OUTPUTS
+from ...model.anatomy import parts_of
 
-FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "final_norm")
 EMBED, MLP, BIAS, FINAL = "embedding", "mlp", "bias", "final bias"
-
-
-def parts_of(model):
-    """(per-layer attention output projections, the norms after each layer's attention (None where
-    its output is added as it is), what each layer's MLP adds (the MLP, or the norm after it), the
-    final norm, the lm head), or None where the model's anatomy is not one this attribution reads."""
-    outputs, after_attention, mlp_added = [], [], []
-    mlps = mlp_modules(model) or []
-    for i, layer in enumerate(decoder_layers(model)):
-        attention = next((m for m in layer.modules() if type(m).__name__.endswith("Attention")), None)
-        outputs.append(next((getattr(attention, n) for n in OUTPUTS if hasattr(attention, n)), None))
-        # Gemma 2/3 normalise each sublayer's output before adding it (their post_attention_layernorm
-        # is a post-norm only beside a pre_feedforward_layernorm; in Llama that name is the MLP's pre-norm)
-        post = hasattr(layer, "pre_feedforward_layernorm")
-        after_attention.append(getattr(layer, "post_attention_layernorm", None) if post else None)
-        mlp_added.append(
-            getattr(layer, "post_feedforward_layernorm", None) or (mlps[i] if i < len(mlps) else None)
-        )
-    norms = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in FINAL_NORMS]
-    if not outputs or None in outputs or None in mlp_added or not norms:
-        return None
-    return outputs, after_attention, mlp_added, norms[-1], model.get_output_embeddings()
 
 
 def _frozen_norm(

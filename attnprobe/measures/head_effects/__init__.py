@@ -37,6 +37,7 @@ from ...intervene.items import Counterfactual, Dropped, PatchItem, Selection
 from ...intervene.selection import select
 from ..base import Measure, Phase
 from .declaration import HeadEffectsMeasure, PairSwap, SlotSwap, parse, plan_sha256, summary
+from .designs import per_value_column
 
 __all__ = [
     "Counterfactual",
@@ -48,6 +49,7 @@ __all__ = [
     "PatchItem",
     "Selection",
     "SlotSwap",
+    "per_value_column",
 ]
 
 EFFECT_CHUNK_ITEMS = 32  # items per chunk: at most this many items are redone after a kill

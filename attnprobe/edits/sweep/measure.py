@@ -23,90 +23,24 @@ Control, cost and chance use the heads (and parameters) chosen on all items.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import math
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..defaults import DEFAULT_EDIT_K, DEFAULT_EDIT_KINDS
-from ..errors import AttnprobeError
-from ..heads import HeadSet
-from ..intervene.selection import top_heads
-from ..intervene.sites import behaviour_rows
-from ..version import __version__
-from .inputs import Inputs, text_head
-from .kinds import KINDS, Heads, parse_heads
-from .passes import edited_behaviour, edited_text_costs
+from ...heads import HeadSet
+from ...intervene.selection import chosen_heads
+from ...intervene.sites import behaviour_rows
+from ..inputs import Inputs
+from ..kinds import KINDS, Heads
+from ..passes import edited_behaviour, edited_text_costs, raw_rows
+from .options import EditOptions
 
-DEFAULT_KINDS, DEFAULT_K = DEFAULT_EDIT_KINDS, DEFAULT_EDIT_K
-DEFAULT_DRAWS = 20
 RANDOM_EVERY = 4  # random head sets are edited on every 4th item
-
-
-MAX_COUNT = {"draws": 10_000, "alone": 1_000}  # random draws per (kind, k); heads zeroed alone
-DEFAULTS = {"kinds": "('zero', 'leace')", "ks": "(1, 5)"}
-
-
-@dataclass(frozen=True)
-class EditOptions:
-    kinds: tuple[str, ...] = DEFAULT_KINDS
-    ks: tuple[int, ...] = DEFAULT_K
-    heads: str | None = None  # "L26H2,L25H2": these heads on every item instead of the run's ranking
-    draws: int = DEFAULT_DRAWS
-    factor: float = 0.5  # of the scale edit
-    reference: str | None = None  # counterfactual word of the reference set; default the suite's last
-    text: str | None = None  # a text file whose log-loss change is reported
-    seed: int = 0
-    alone: int = 10  # the top heads each zeroed alone (edits_heads); 0: none
-    stream: bool = False  # also the stream erased at every layer (edits_stream, edits.stream)
-    trace: bool = False  # also the stream patched per layer and position (tracing, edits.tracing)
-    paths: bool = False  # also the top heads' inputs and senders patched (paths, edits.paths)
-
-    def __post_init__(self):
-        for name, kind in (("kinds", str), ("ks", int)):  # Run.edit(ks=5) was a TypeError after recording
-            values = getattr(self, name)
-            if not isinstance(values, (tuple, list)) or not all(
-                isinstance(v, kind) and not isinstance(v, bool) for v in values
-            ):
-                what = "kind names" if kind is str else "whole numbers"
-                raise AttnprobeError(f"{name} {values!r}: give a list of {what}, e.g. {DEFAULTS[name]}")
-        for name in ("draws", "alone"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT[name]:
-                raise AttnprobeError(f"--{name} {value!r}: give a whole number from 0 to {MAX_COUNT[name]:,}")
-        unknown = [k for k in self.kinds if k not in KINDS]
-        if unknown or not self.kinds:
-            raise AttnprobeError(
-                f"unknown edit kind {', '.join(unknown) or '(none)'}; kinds: {', '.join(KINDS)}"
-            )
-        for option, values in (("--kinds", self.kinds), ("--k", self.ks)):
-            repeated = sorted({str(v) for v in values if list(values).count(v) > 1})
-            if repeated:
-                raise AttnprobeError(f"{option} lists {', '.join(repeated)} twice; give each once")
-        if not self.ks or min(self.ks) < 1:
-            raise AttnprobeError("k must be whole numbers of heads >= 1, e.g. --k 1,2,5,10,20")
-        if not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
-            raise AttnprobeError(f"--seed {self.seed!r}: give a whole number from 0 to 2**63 - 1")
-        if (
-            not (isinstance(self.factor, (int, float)) and math.isfinite(self.factor))
-            or abs(self.factor) > 100
-        ):
-            raise AttnprobeError(
-                f"--factor {self.factor!r}: the scale edit's factor must be a finite number between -100 and "
-                "100 (0 zeroes the heads, 1 leaves them, 0.5 halves them)"
-            )
-
-
-def chosen_heads(scores: np.ndarray, k: int, n_heads: int) -> Heads:
-    """The k heads with the largest finite scores (flat l H + h) as (layer, head) pairs."""
-    return tuple((i // n_heads, i % n_heads) for i in top_heads(scores, k, len(scores) // n_heads, n_heads))
 
 
 class GradientScores:
@@ -134,23 +68,6 @@ class GradientScores:
         slopes = np.nansum(xc[:, None] * (values - np.nanmean(values, 0)), 0) / (xc**2).sum()
         sign = np.sign(np.nansum(xc * (te - np.nanmean(te)))) or 1.0
         return sign * slopes
-
-
-def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> str:
-    """What determines an edit kind's values: the run, the options (but the list of kinds: adding a
-    kind to a sweep keeps the kinds already measured; and --alone and the stream, which have files of
-    their own), the
-    model's weights, this attnprobe's version and the part of --text that is read."""
-    own_files = ("kinds", "alone", "stream", "trace", "paths")
-    settings = {k: v for k, v in asdict(options).items() if k not in own_files}
-    payload = json.dumps(
-        {"run": run_fingerprint, "weights": weights, "attnprobe": __version__, **settings},
-        sort_keys=True,
-        default=str,
-    )
-    if options.text:
-        payload += hashlib.sha256(text_head(options.text)).hexdigest()
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def found_sets(
@@ -234,8 +151,8 @@ def measure_kind(
                     for r, draw in enumerate(random_by_k[k]):
                         base.append(index), masks.append(HeadSet(draw).mask(L, H)), keys.append((k, r, index))
     if base:  # a variant's edit is its item's quarter's
-        y = _behaviour(model, inputs.bank, edits, base, masks, inputs.labels, inputs.fold[base])
-        frames.append(_rows("bias", keys, y=y))
+        y = behaviour_values(model, inputs.bank, edits, base, masks, inputs.labels, inputs.fold[base])
+        frames.append(raw_rows("bias", keys, y=y))
         log(f"edit: {kind}, bias items of the 4 quarters ({time.monotonic() - started:.0f} s)")
     for target, bank in (("control", inputs.control), ("text", inputs.texts)):
         base, masks, keys = [], [], []
@@ -245,11 +162,11 @@ def measure_kind(
                 for index in range(len(bank.lengths)):
                     base.append(index), masks.append(HeadSet(heads).mask(L, H)), keys.append((k, r, index))
         if target == "control":
-            y = _behaviour(model, bank, everywhere, base, masks, inputs.control_labels)
-            frames.append(_rows(target, keys, y=y))
+            y = behaviour_values(model, bank, everywhere, base, masks, inputs.control_labels)
+            frames.append(raw_rows(target, keys, y=y))
         else:  # variant v is text v % n (the loop above runs over the texts innermost)
             kl, loss = edited_text_costs(model, bank, inputs.clean_logp, everywhere, torch.stack(masks))
-            frames.append(_rows(target, keys, kl=kl.cpu().numpy(), loss=loss.cpu().numpy()))
+            frames.append(raw_rows(target, keys, kl=kl.cpu().numpy(), loss=loss.cpu().numpy()))
         log(f"edit: {kind}, {target} ({time.monotonic() - started:.0f} s)")
     out = pd.concat(frames, ignore_index=True)
     heads_text = {k: " | ".join(str(HeadSet(per_fold[f])) for f in range(4)) for k, per_fold in sets.items()}
@@ -260,21 +177,13 @@ def measure_kind(
     return out.assign(kind=kind)
 
 
-def _behaviour(model, bank, edit, base, masks, labels: torch.Tensor, which=None) -> np.ndarray:
+def behaviour_values(model, bank, edit, base, masks, labels: torch.Tensor, which=None) -> np.ndarray:
     """y of each variant (a sequence of `bank` and its head mask) with its sequence's labels;
     `which` names each variant's edit where `edit` is a tuple."""
     base = torch.as_tensor(base)
     pos, neg = labels[base, 0], labels[base, 1]
     which = None if which is None else torch.as_tensor(which)
     return edited_behaviour(model, bank, edit, base, torch.stack(masks), pos, neg, which=which).cpu().numpy()
-
-
-def _rows(target: str, keys, **values) -> pd.DataFrame:
-    k, draw, index = zip(*keys) if keys else ((), (), ())
-    frame = pd.DataFrame({"target": target, "k": k, "draw": draw, "index": index})
-    for name in ("y", "kl", "loss"):
-        frame[name] = values.get(name, np.nan)
-    return frame
 
 
 def clean_values(model, inputs: Inputs) -> pd.DataFrame:
@@ -289,19 +198,8 @@ def clean_values(model, inputs: Inputs) -> pd.DataFrame:
         for t, logp in enumerate(inputs.clean_logp)
     ]
     frames = [
-        _rows("bias", [(0, -1, i) for i in range(n)], y=y.double().cpu().numpy()),
-        _rows("control", [(0, -1, i) for i in range(m)], y=y_control.double().cpu().numpy()),
-        _rows("text", [(0, -1, i) for i in range(len(loss))], kl=0.0, loss=np.array(loss)),
+        raw_rows("bias", [(0, -1, i) for i in range(n)], y=y.double().cpu().numpy()),
+        raw_rows("control", [(0, -1, i) for i in range(m)], y=y_control.double().cpu().numpy()),
+        raw_rows("text", [(0, -1, i) for i in range(len(loss))], kl=0.0, loss=np.array(loss)),
     ]
     return pd.concat(frames, ignore_index=True).assign(kind="none", heads="", heads_all="")
-
-
-def listed_heads(options: EditOptions, n_layers: int, n_heads: int) -> Heads | None:
-    if options.heads is None:
-        if max(options.ks) >= n_layers * n_heads:
-            raise AttnprobeError(
-                f"k {max(options.ks)} leaves none of this model's {n_layers * n_heads} heads ({n_layers} "
-                f"layers x {n_heads}) to compare with as random sets; choose k < {n_layers * n_heads}"
-            )
-        return None
-    return parse_heads(options.heads, n_layers, n_heads)

@@ -30,15 +30,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..forward.capture import editing
-from ..heads import HeadSet
-from ..intervene.engine import Bank, HeadPatch, aligned
-from ..intervene.rerun import ROWS, rerun_y
-from ..model.anatomy import module_of
-from ..store import atomic_write, write_parquet, write_table
+from ...forward.capture import editing
+from ...heads import HeadSet
+from ...intervene.engine import Bank, HeadPatch, aligned
+from ...intervene.rerun import ROWS, rerun_y
+from ...intervene.selection import chosen_heads
+from ...model.anatomy import module_of
+from ...store import atomic_write, write_parquet, write_table
 from .paths_tables import CROSSFIT, LISTED, NULL, TOP, edges_table, gradient_shares, paths_table
 from .senders import Anatomy, Pair, edges, pair_frame, pair_tensors, reference_pairs, screen
-from .sweep import chosen_heads
 
 PATHS = ("value", "pattern", "output")
 BASE = ("item_id", "unit", "template_id", "covariate", "y", "y_cf")  # every raw row's

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..stats.inference import holm
+from ...stats.inference import holm
 
 ALPHAS = np.logspace(-3, 5, 17)  # ridge penalties tried, relative to the mean squared singular value
 
@@ -103,9 +103,9 @@ def crossfit_r2(
 def unit_states(pm, suite, span: str) -> tuple[list, np.ndarray, np.ndarray]:
     """(units, covariate per unit, (L + 1, N, E) states): the residual stream after every layer at the
     last token of `span`, averaged per unit over templates (each template weighing the same)."""
-    from ..forward.capture import pad_right
-    from ..run.plan import encode_prompts
-    from ..schema.analysis import value_of
+    from ...forward.capture import pad_right
+    from ...run.plan import encode_prompts
+    from ...schema.analysis import value_of
 
     analysis = suite.analysis
     prompts = [p for p in suite.prompts if span in p.spans and value_of(p, analysis.covariate) is not None]
@@ -163,7 +163,7 @@ def states_readout(
     y: np.ndarray, X: np.ndarray, folds: int | None = 10, permutations: int = 999, seed: int = 0
 ):
     """The readout table from the per-unit states alone: y (N,) the covariate, X (L + 1, N, E)."""
-    from ..errors import AnalysisError
+    from ...errors import AnalysisError
 
     folds = folds or min(10, len(y) // 2)
     if len(y) < 2 * folds:
@@ -197,7 +197,7 @@ def frame_states(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 def write_readout(directory, pm, suite) -> None:
     """readout_states.parquet (the per-unit states, float32) and readout.csv recomputed from them."""
-    from ..store import atomic_write, write_parquet, write_table
+    from ...store import atomic_write, write_parquet, write_table
 
     units, y, X = unit_states(pm, suite, suite.analysis.unit)
     frame = states_frame(units, y, X)

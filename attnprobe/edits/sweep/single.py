@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..heads import HeadSet
-from .kinds import Zero
-from .passes import edited_text_costs
-from .sweep import _behaviour, _rows
+from ...heads import HeadSet
+from ..kinds import Zero
+from ..passes import edited_text_costs, raw_rows
+from .measure import behaviour_values
 
 TOP = 10
 NAME = "single"
@@ -49,10 +49,12 @@ def measure_single(
         keys = [(rank, -1, index) for rank in range(1, len(heads) + 1) for index in range(n)]
         if target == "text":
             kl, loss = edited_text_costs(model, bank, inputs.clean_logp, Zero(), torch.stack(masks))
-            frames.append(_rows(target, keys, kl=kl.cpu().numpy(), loss=loss.cpu().numpy()))
+            frames.append(raw_rows(target, keys, kl=kl.cpu().numpy(), loss=loss.cpu().numpy()))
         else:
             labels = inputs.labels if target == "bias" else inputs.control_labels
-            frames.append(_rows(target, keys, y=_behaviour(model, bank, Zero(), base, masks, labels)))
+            frames.append(
+                raw_rows(target, keys, y=behaviour_values(model, bank, Zero(), base, masks, labels))
+            )
         log(f"edit: each of the top {len(heads)} heads alone, {target}")
     out = pd.concat(frames, ignore_index=True)
     out["heads"] = out["heads_all"] = [str(HeadSet((heads[k - 1],))) for k in out["k"]]

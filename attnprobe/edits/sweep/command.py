@@ -13,40 +13,33 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import RunError
-from ..forward.device import on_model_device
-from ..measures.head_effects.designs import SlotSwap, per_value_column
-from ..model import load_model, refuse_random
-from ..run.execute import deferred_interrupt
-from ..run.fresh import own_directory
-from ..run.options import RunOptions
-from ..run.phases import Phase, run_phase
-from ..run.plan import plan_run
-from ..run.reader import RunFiles
-from ..run.storage import content_sha
-from ..stats.edits import STREAM, chosen_layers, edit_tables, head_table, quarter_table, stream_table
-from ..store import atomic_write, exclusive, read_chunks, write_parquet, write_table
-from ..suite import load_suite
-from ..version import __version__
-from .inputs import check_text, record_inputs
-from .kinds import KINDS
-from .paths import measure_run_paths, write_paths
-from .readout import write_readout
-from .saved import save_edit
+from ...errors import RunError
+from ...forward.device import on_model_device
+from ...measures.head_effects import SlotSwap, per_value_column
+from ...model import load_model, refuse_random
+from ...run.execute import deferred_interrupt
+from ...run.fresh import own_directory
+from ...run.options import RunOptions
+from ...run.phases import Phase, run_phase
+from ...run.plan import plan_run
+from ...run.reader import RunFiles
+from ...run.storage import content_sha
+from ...stats.edits import STREAM, chosen_layers, edit_tables, head_table, quarter_table, stream_table
+from ...store import atomic_write, exclusive, read_chunks, write_parquet, write_table
+from ...suite import load_suite
+from ...version import __version__
+from ..analyses.paths import measure_run_paths, write_paths
+from ..analyses.readout import write_readout
+from ..analyses.tracing import measure_tracing, tracing_table
+from ..analyses.transfer import ALSO_K, transfer, transfer_suites
+from ..inputs import check_text, record_inputs
+from ..kinds import KINDS
+from ..saved import save_edit
+from ..stream import StreamEdit, measure_stream
+from .measure import GradientScores, clean_values, found_sets, measure_kind
+from .options import EditOptions, listed_heads, settings_hash
 from .single import NAME as SINGLE
 from .single import measure_single
-from .stream import StreamEdit, measure_stream
-from .sweep import (
-    EditOptions,
-    GradientScores,
-    clean_values,
-    found_sets,
-    listed_heads,
-    measure_kind,
-    settings_hash,
-)
-from .tracing import measure_tracing, tracing_table
-from .transfer import ALSO_K, transfer, transfer_suites
 
 
 def _run_and_suite(directory: Path):
@@ -147,7 +140,7 @@ def run_edits(
 ) -> pd.DataFrame:
     """Measure `options` (default EditOptions()) on the run in `directory` (its model loaded on
     `device` unless `model` is given); returns the edits table.
-    `also`: other suites each chosen edit (k in `also_ks`) is applied to (edits.transfer).
+    `also`: other suites each chosen edit (k in `also_ks`) is applied to (edits.analyses.transfer).
     Holds the run directory's lock: a `run --fresh` or a second edit on it waits its turn (refused)."""
     directory, options = Path(directory), options or EditOptions()
     suites = transfer_suites(tuple(also))  # checked before any work

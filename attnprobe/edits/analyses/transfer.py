@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import RunError
-from ..measures import MEASURES, Measure, batch_kinds, paired
-from ..run import RunOptions, run_suite
-from ..run.fresh import own_directory
-from ..run.reader import RunFiles
-from ..suite import load_suite
-from .saved import load_edit
+from ...errors import RunError
+from ...measures import MEASURES, Measure, batch_kinds, paired
+from ...run import RunOptions, run_suite
+from ...run.fresh import own_directory
+from ...run.reader import RunFiles
+from ...suite import load_suite
+from ..saved import load_edit
 
 ALSO_K = (1, 5)  # the numbers of heads whose edits are transferred, where the sweep measured them
 

@@ -1,0 +1,100 @@
+"""What `attnprobe edit` and `Run.edit` are asked (EditOptions, checked when made), the heads a
+user lists, and the hash of the settings that determine an edit kind's values (its chunk's key)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+
+from ...defaults import DEFAULT_EDIT_K, DEFAULT_EDIT_KINDS
+from ...errors import AttnprobeError
+from ...version import __version__
+from ..inputs import text_head
+from ..kinds import KINDS, Heads, parse_heads
+
+DEFAULT_KINDS, DEFAULT_K = DEFAULT_EDIT_KINDS, DEFAULT_EDIT_K
+DEFAULT_DRAWS = 20
+
+
+MAX_COUNT = {"draws": 10_000, "alone": 1_000}  # random draws per (kind, k); heads zeroed alone
+DEFAULTS = {"kinds": "('zero', 'leace')", "ks": "(1, 5)"}
+
+
+@dataclass(frozen=True)
+class EditOptions:
+    kinds: tuple[str, ...] = DEFAULT_KINDS
+    ks: tuple[int, ...] = DEFAULT_K
+    heads: str | None = None  # "L26H2,L25H2": these heads on every item instead of the run's ranking
+    draws: int = DEFAULT_DRAWS
+    factor: float = 0.5  # of the scale edit
+    reference: str | None = None  # counterfactual word of the reference set; default the suite's last
+    text: str | None = None  # a text file whose log-loss change is reported
+    seed: int = 0
+    alone: int = 10  # the top heads each zeroed alone (edits_heads); 0: none
+    stream: bool = False  # also the stream erased at every layer (edits_stream, edits.stream)
+    trace: bool = False  # also the stream patched per layer and position (tracing, edits.analyses.tracing)
+    paths: bool = False  # also the top heads' inputs and senders patched (paths, edits.analyses.paths)
+
+    def __post_init__(self):
+        for name, kind in (("kinds", str), ("ks", int)):  # Run.edit(ks=5) was a TypeError after recording
+            values = getattr(self, name)
+            if not isinstance(values, (tuple, list)) or not all(
+                isinstance(v, kind) and not isinstance(v, bool) for v in values
+            ):
+                what = "kind names" if kind is str else "whole numbers"
+                raise AttnprobeError(f"{name} {values!r}: give a list of {what}, e.g. {DEFAULTS[name]}")
+        for name in ("draws", "alone"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT[name]:
+                raise AttnprobeError(f"--{name} {value!r}: give a whole number from 0 to {MAX_COUNT[name]:,}")
+        unknown = [k for k in self.kinds if k not in KINDS]
+        if unknown or not self.kinds:
+            raise AttnprobeError(
+                f"unknown edit kind {', '.join(unknown) or '(none)'}; kinds: {', '.join(KINDS)}"
+            )
+        for option, values in (("--kinds", self.kinds), ("--k", self.ks)):
+            repeated = sorted({str(v) for v in values if list(values).count(v) > 1})
+            if repeated:
+                raise AttnprobeError(f"{option} lists {', '.join(repeated)} twice; give each once")
+        if not self.ks or min(self.ks) < 1:
+            raise AttnprobeError("k must be whole numbers of heads >= 1, e.g. --k 1,2,5,10,20")
+        if not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
+            raise AttnprobeError(f"--seed {self.seed!r}: give a whole number from 0 to 2**63 - 1")
+        if (
+            not (isinstance(self.factor, (int, float)) and math.isfinite(self.factor))
+            or abs(self.factor) > 100
+        ):
+            raise AttnprobeError(
+                f"--factor {self.factor!r}: the scale edit's factor must be a finite number between -100 and "
+                "100 (0 zeroes the heads, 1 leaves them, 0.5 halves them)"
+            )
+
+
+def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> str:
+    """What determines an edit kind's values: the run, the options (but the list of kinds: adding a
+    kind to a sweep keeps the kinds already measured; and --alone and the stream, which have files of
+    their own), the
+    model's weights, this attnprobe's version and the part of --text that is read."""
+    own_files = ("kinds", "alone", "stream", "trace", "paths")
+    settings = {k: v for k, v in asdict(options).items() if k not in own_files}
+    payload = json.dumps(
+        {"run": run_fingerprint, "weights": weights, "attnprobe": __version__, **settings},
+        sort_keys=True,
+        default=str,
+    )
+    if options.text:
+        payload += hashlib.sha256(text_head(options.text)).hexdigest()
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def listed_heads(options: EditOptions, n_layers: int, n_heads: int) -> Heads | None:
+    if options.heads is None:
+        if max(options.ks) >= n_layers * n_heads:
+            raise AttnprobeError(
+                f"k {max(options.ks)} leaves none of this model's {n_layers * n_heads} heads ({n_layers} "
+                f"layers x {n_heads}) to compare with as random sets; choose k < {n_layers * n_heads}"
+            )
+        return None
+    return parse_heads(options.heads, n_layers, n_heads)
