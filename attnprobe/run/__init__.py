@@ -59,6 +59,7 @@ def run_suite(
         )
         pm, weights_sha = _load(model, plan, options)
         manifest = new_manifest(plan, pm, options, weights_sha, storage.content_sha(pm.model))
+        manifest["suite"]["copy"] = fresh.copy_suite(directory, suite)
         _same_weights(previous, manifest, directory)
         for kind, declared, part in plan.kinds():  # what each measure keeps of a resumed run
             manifest.update(kind.resumed(declared, part, previous, directory))

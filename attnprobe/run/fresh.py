@@ -1,10 +1,15 @@
 """Starting over in a run directory, and the directories a run writes into: `--fresh` deletes only
 the files attnprobe wrote (storage.ARTEFACTS, storage.DERIVED, and attnprobe's names inside chunks/
-and figures/), and chunks/ or figures/ planted as a link or a file are refused."""
+and figures/), and chunks/ or figures/ planted as a link or a file are refused. A run keeps a copy of
+its suite and data files (suite/, `copy_suite`), which `attnprobe edit` reopens wherever the run
+directory has moved."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 from ..errors import RunError
@@ -65,9 +70,51 @@ def prepare_directory(
     return None
 
 
+SUITE_COPY = "suite"  # RUN/suite/: the suite file and its data files as the run read them
+COPY_LIST = "files.json"  # in it: what attnprobe copied there (the only files --fresh removes there)
+
+
+def copy_suite(directory: Path, suite) -> str:
+    """Copy the suite file and every data file it read into RUN/suite/, each at its place relative to
+    the folder holding them all (a data file `../data/x.tsv` stays at ../data from the copied suite,
+    readable with RUN/suite as the data root); returns the copied suite's path within the run."""
+    target = own_directory(directory / SUITE_COPY)
+    files = [Path(suite.path).resolve(), *(Path(f) for f in suite.data_files)]
+    if files[0].is_relative_to(target.resolve()):  # run from its own copy: it stays as it is
+        return f"{SUITE_COPY}/{files[0].relative_to(target.resolve())}"
+    _remove_copy(target)
+    base = Path(os.path.commonpath([f.parent for f in files]))
+    written = []
+    for source in dict.fromkeys(files):
+        relative = source.relative_to(base)
+        own_directory((target / relative).parent)
+        shutil.copyfile(source, target / relative)
+        written.append(str(relative))
+    (target / COPY_LIST).write_text(json.dumps(written, indent=1) + "\n")
+    return f"{SUITE_COPY}/{written[0]}"
+
+
+def _remove_copy(target: Path) -> None:
+    """The files an earlier copy_suite listed in `target`, removed (and folders left empty)."""
+    try:
+        listed = json.loads((target / COPY_LIST).read_text())
+    except (OSError, ValueError):
+        return
+    for relative in listed if isinstance(listed, list) else []:
+        path = (target / str(relative)).resolve()
+        if path.is_relative_to(target.resolve()) and path.is_file() and not (target / relative).is_symlink():
+            path.unlink()
+            for folder in path.parents:
+                if folder == target.resolve() or any(folder.iterdir()):
+                    break
+                folder.rmdir()
+    (target / COPY_LIST).unlink()
+
+
 def remove_run(directory: Path) -> list[str]:
     """Delete the files a run and its report wrote (ARTEFACTS, DERIVED, and in chunks/ and figures/
-    only files named as attnprobe names them); return what was kept."""
+    only files named as attnprobe names them); return what was kept. The suite's copy stays until the
+    new run copies its own over it (it may be what the new run is reading)."""
     kept = []
     for name in ARTEFACTS + DERIVED:
         target = directory / name

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import platform
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -36,6 +37,7 @@ def new_manifest(plan, pm, options, weights_sha: str | None, weights_content: st
             "description": suite.description,
             "contrast": suite.contrast,
             "templates": {t.id: t.text for t in suite.templates},
+            "data_roots": [str(Path(r).expanduser().resolve()) for r in options.data_roots],
         },
         "analysis": suite.analysis.to_dict(),
         "model": {
@@ -47,6 +49,10 @@ def new_manifest(plan, pm, options, weights_sha: str | None, weights_content: st
             "n_layers": info.n_layers,
             "n_heads": info.n_heads,
             "n_kv_heads": info.n_kv_heads,
+            # what reloads it from anywhere (RunFiles.reopen): a local path resolved, else the spec
+            "source": str(Path(plan.spec).resolve()) if Path(plan.spec).exists() else plan.spec,
+            "trust_remote_code": options.trust_remote_code,
+            "allow_pickle": options.allow_pickle,
         },
         "edits": [edit.manifest(weights_content) for edit in options.edits],  # applied to every pass
         "dtype": str(pm.dtype).removeprefix("torch."),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import RunError
 from ..measures import MEASURES, batch_kinds
-from .fresh import own_directory
+from .fresh import SUITE_COPY, own_directory
 from .plan import fingerprint
 from .storage import CHUNK_FILES, complete_chunks, exclusive, read_manifest, write_manifest
 
@@ -62,6 +62,9 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
         first_dir, first = by_k[1]
         for name in ("prompts.csv", "prompts.parquet"):
             shutil.copyfile(first_dir / name, out / name)
+        copy = first_dir / SUITE_COPY  # the shards' copy of the suite (each rank wrote the same)
+        if copy.is_dir() and not copy.is_symlink() and not (out / SUITE_COPY).exists():
+            shutil.copytree(copy, out / SUITE_COPY, symlinks=True)
         for kind in batch_kinds():
             kind.assemble(out, n_chunks)
         merged = dict(

@@ -4,6 +4,7 @@ only; statistics and figures live downstream (attnprobe.stats, attnprobe.report,
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -14,6 +15,39 @@ from ..errors import RunError
 from ..measures import MEASURES
 from ..store import read_table
 from .storage import read_manifest
+
+
+@dataclass(frozen=True)
+class Reopened:
+    """A finished run's inputs, reopened (RunFiles.reopen)."""
+
+    suite: object  # the Suite, loaded from the run's copy
+    model: str  # what load_model is given: the local path the model was loaded from, else the spec
+    load: dict  # dtype, trust_remote_code, allow_pickle, as the run loaded it
+    settings: dict  # the recorded plan's settings
+
+    def load_model(self, device: str = "cpu"):
+        from ..model import load_model
+
+        return load_model(self.model, device=device, **self.load)
+
+    def plan(self, model, directory: Path, log=lambda message: None):
+        """The run's plan rebuilt with its recorded settings, checked against the recorded one (the
+        same prompts, tokens and chunks) before anything is measured on it."""
+        from .options import RunOptions
+        from .plan import plan_run
+
+        keys = ("limit", "batch_size", "chunk_size", "max_batch_tokens", "share_prefixes")
+        options = RunOptions(
+            out=directory, log=log, **{k: self.settings[k] for k in keys if k in self.settings}
+        )
+        plan = plan_run(self.suite, model, options)
+        if plan.settings["plan_sha256"] != self.settings.get("plan_sha256"):
+            raise RunError(
+                f"{directory}: the run's plan cannot be rebuilt (its prompts or tokens differ with this "
+                "model's tokenizer or this attnprobe); rerun the suite"
+            )
+        return plan
 
 
 class RunFiles:
@@ -42,6 +76,36 @@ class RunFiles:
                     f"{self.directory}/manifest.json: {dotted.replace('__', '.')} is missing or not a "
                     f"{kind.__name__}; the manifest is damaged: rerun the run's command with --fresh"
                 )
+
+    def reopen(self) -> Reopened:
+        """What the run was made from, to work on it again from wherever its directory now is: its
+        suite (the run's own copy, else the file the manifest names, with the run's data roots;
+        refused if it changed), the model's source and load options, the recorded plan's settings."""
+        from ..suite import load_suite
+
+        self.require_keys(suite__path=str, suite__sha256=str, model__spec=str, dtype=str, settings=dict)
+        m = self.manifest
+        copy = self.directory / str(m["suite"].get("copy", ""))
+        if m["suite"].get("copy") and copy.is_file():
+            path, roots = copy, (self.directory / "suite",)
+        else:  # a run made before runs kept a copy of their suite
+            path, roots = Path(m["suite"]["path"]), tuple(m["suite"].get("data_roots", ()))
+            if not path.is_file():
+                raise RunError(
+                    f"{self.directory}: the run's suite {path} is not there and the run holds no copy of it; "
+                    "run the command from the directory the run was made in, or rerun the suite"
+                )
+        suite = load_suite(path, data_roots=roots)
+        if suite.sha256 != m["suite"]["sha256"]:
+            raise RunError(
+                f"{path} changed since the run in {self.directory} was made; rerun the suite first (the "
+                "run's tables are of the suite as it was)"
+            )
+        model = m["model"]
+        load = {k: model.get(k, False) for k in ("trust_remote_code", "allow_pickle")}
+        return Reopened(
+            suite, model.get("source", model["spec"]), {"dtype": m["dtype"], **load}, m["settings"]
+        )
 
     def require_complete(self) -> None:
         """Statistics need every prompt: refuse an unfinished run or a lone shard in one line."""

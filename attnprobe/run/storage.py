@@ -4,6 +4,7 @@
   manifest.json      suite hash, model spec and weights hash, versions, dtype, seed, times, settings
   chunks/            the finished chunks; a chunk counts only once its `.done` marker exists, so a run
                      killed at any moment resumes from the last complete chunk.
+  suite/             a copy of the suite and its data files (fresh.copy_suite; RunFiles.reopen reads it)
   the measures' own files: each registered kind's ARTEFACTS (attnprobe.measures, e.g.
   attention.parquet, logprobs.csv, likelihood.parquet, head_effects_*).
 Every write is atomic (attnprobe.store). `--fresh` removes exactly ARTEFACTS and the report's DERIVED

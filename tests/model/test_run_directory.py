@@ -209,3 +209,75 @@ def test_a_planted_lock_link_is_refused_without_touching_its_target(tmp_path):
         with exclusive(run):
             pass
     assert not target.exists()
+
+
+def _edit(run):
+    """A small sweep of `run` through the real CLI."""
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    args = ["edit", str(run), "--kinds", "zero", "--k", "1", "--draws", "2", "--alone", "0"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    return run
+
+
+def _run(suite, model_dir, out, *extra):
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    args = ["run", str(suite), "--model", str(model_dir), "--out", str(out), "--no-report", *extra]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_a_run_moved_away_from_its_suite_is_edited_from_its_own_copy(tiny_llama_dir, tmp_path):
+    """attnprobe edit reopens a run wherever it is (RunFiles.reopen): the run keeps a copy of its
+    suite and data files, so a run moved elsewhere, its suite deleted, edits to the same tables."""
+    import shutil
+
+    from conftest import edit_suite, same_edit_tables
+
+    made = tmp_path / "made"
+    made.mkdir()
+    run = _run(edit_suite(made), tiny_llama_dir, made / "run")
+    assert sorted(p.name for p in (run / "suite").iterdir()) == [
+        "definitional.tsv",
+        "e.yaml",
+        "files.json",
+        "jobs.tsv",
+    ]
+    shutil.copytree(run, tmp_path / "in-place")
+    moved = tmp_path / "elsewhere" / "run"
+    shutil.move(run, moved)
+    shutil.rmtree(made)  # the suite and its data files are gone
+    same_edit_tables(_edit(tmp_path / "in-place"), _edit(moved))
+    reopened = attnprobe.Run(moved).reopen()
+    assert reopened.suite.sha256 == attnprobe.Run(moved).manifest["suite"]["sha256"]
+    assert reopened.load == {"dtype": "float32", "trust_remote_code": False, "allow_pickle": False}
+
+
+def test_a_run_whose_suite_read_through_a_data_root_is_edited(tiny_llama_dir, tmp_path):
+    """A suite reading `../data/jobs.tsv` needs --data-root; attnprobe edit reloaded it without one
+    and was refused. From the run's copy, and (a run without a copy) with the recorded data roots."""
+    from conftest import edit_suite
+
+    suites, data = tmp_path / "suites", tmp_path / "data"
+    suites.mkdir(), data.mkdir()
+    suite = edit_suite(suites)
+    (suites / "jobs.tsv").rename(data / "jobs.tsv")
+    suite.write_text(suite.read_text().replace("table: jobs.tsv", "table: ../data/jobs.tsv"))
+    run = _run(suite, tiny_llama_dir, tmp_path / "run", "--data-root", str(data))
+    assert (run / "suite" / "data" / "jobs.tsv").is_file() and (run / "suite" / "suites" / "e.yaml").is_file()
+    _edit(run)
+    manifest = json.loads((run / "manifest.json").read_text())  # as a run made before runs kept a copy
+    del manifest["suite"]["copy"]
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert manifest["suite"]["data_roots"] == [str(data.resolve())]
+    assert attnprobe.Run(run).reopen().suite.sha256 == manifest["suite"]["sha256"]
+    (data / "jobs.tsv").write_text((data / "jobs.tsv").read_text() + "welder\t5\n")
+    with pytest.raises(RunError, match="changed since the run .* was made; rerun the suite first"):
+        attnprobe.Run(run).reopen()

@@ -16,17 +16,15 @@ import pandas as pd
 from ...errors import RunError
 from ...forward.device import on_model_device
 from ...measures.head_effects import SlotSwap, per_value_column
-from ...model import load_model, refuse_random
+from ...model import refuse_random
 from ...run.execute import deferred_interrupt
 from ...run.fresh import own_directory
 from ...run.options import RunOptions
 from ...run.phases import Phase, run_phase
-from ...run.plan import plan_run
 from ...run.reader import RunFiles
 from ...run.storage import content_sha
 from ...stats.edits import STREAM, chosen_layers, edit_tables, head_table, quarter_table, stream_table
 from ...store import atomic_write, exclusive, read_chunks, write_parquet, write_table
-from ...suite import load_suite
 from ...version import __version__
 from ..analyses.paths import measure_run_paths, write_paths
 from ..analyses.readout import write_readout
@@ -59,18 +57,8 @@ def _run_and_suite(directory: Path):
             f"{directory}: this run has no head effects, the behaviour and head ranking edits are "
             "measured with; add `head_effects:` (with a next_token cut) to the suite and rerun it"
         )
-    path = Path(m["suite"]["path"])
-    if not path.is_file():
-        raise RunError(
-            f"{directory}: the run's suite {path} is not there; run `attnprobe edit` from the "
-            "directory the run was made in"
-        )
-    suite = load_suite(path)
-    if suite.sha256 != m["suite"]["sha256"]:
-        raise RunError(
-            f"{path} changed since the run in {directory} was made; rerun the suite first (the edits "
-            "are measured on the run's items)"
-        )
+    reopened = run.reopen()  # the run's own copy of its suite, wherever the run now is
+    suite, path = reopened.suite, Path(m["suite"]["path"])  # messages name the suite the user wrote
     if not isinstance(suite.head_effects, SlotSwap):
         raise RunError(f"{path}: edits measure a next-token behaviour; its head_effects use sentence pairs")
     if suite.control is None:
@@ -84,7 +72,7 @@ def _run_and_suite(directory: Path):
             "suite declares none; add `analysis: {covariate: slot.field}` and rerun the suite"
         )
     _refuse_degenerate(path, run, suite)
-    return run, suite
+    return run, reopened
 
 
 MIN_UNITS = 2  # edits are fitted on one half of the units and measured on the other: one unit each at least
@@ -144,13 +132,12 @@ def run_edits(
     Holds the run directory's lock: a `run --fresh` or a second edit on it waits its turn (refused)."""
     directory, options = Path(directory), options or EditOptions()
     suites = transfer_suites(tuple(also))  # checked before any work
-    run, suite = _run_and_suite(directory)  # the run and the options too, before taking the lock
-    checked_options(options, run.manifest, suite)
+    run, reopened = _run_and_suite(directory)  # the run and the options too, before taking the lock
+    checked_options(options, run.manifest, reopened.suite)
     with exclusive(directory):
         if model is None:
-            spec, dtype = run.manifest["model"]["spec"], run.manifest["dtype"]
-            log(f"loading {spec} ({dtype})")
-            model = load_model(spec, dtype=dtype, device=device)
+            log(f"loading {run.manifest['model']['spec']} ({run.manifest['dtype']})")
+            model = reopened.load_model(device)
         with on_model_device(model):  # the passes' index tensors where the activations are
             summary = _run_edits(directory, options, model, log)
             if suites:
@@ -178,13 +165,14 @@ def checked_options(options: EditOptions, manifest: dict, suite) -> tuple:
 
 def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFrame:
     """The sweep; returns the edits table."""
-    run, suite = _run_and_suite(directory)
+    run, reopened = _run_and_suite(directory)
+    suite = reopened.suite
     m = run.manifest
     started = time.monotonic()
     L, H = m["model"]["n_layers"], m["model"]["n_heads"]
     listed, word = checked_options(options, m, suite)
     weights = _same_model(directory, m, model)
-    plan = plan_run(suite, model, RunOptions(limit=m["settings"]["limit"], out=directory, log=log))
+    plan = reopened.plan(model, directory, log)
     effects = plan.parts["head_effects"]
     items, measure = effects.items, effects.measure
     log(f"edit: recording {len(items)} items, their {word!r} versions, the control prompts and texts")
