@@ -31,6 +31,7 @@ import torch
 from ..errors import AttnprobeError
 from ..forward.capture import model_edit
 from ..heads import HeadSet
+from ..measures.base import Registry
 from ..model import routes_attention
 from .estimate import (
     BANK_TOKENS,
@@ -58,6 +59,7 @@ class HeadEdit:
 
     kind: ClassVar[str]
     BOUNDS: ClassVar[dict] = {}  # parameter -> the largest magnitude a saved edit may hold
+    DRAWN: ClassVar[bool] = False  # draws at random (seeded): values depend on the pass's shape
     heads: Heads = ()
 
     def on(self, heads: Heads) -> HeadEdit:
@@ -164,6 +166,7 @@ class Resample(HeadEdit):
     takes one of them, drawn with `seed` (the same draw for the same layer and input shape)."""
 
     kind: ClassVar[str] = "resample"
+    DRAWN: ClassVar[bool] = True
     bank: torch.Tensor = field(default=None, repr=False)
     seed: int = 0
 
@@ -260,7 +263,14 @@ def _definitional(inputs) -> torch.Tensor:
     return definitional_directions(last, inputs.control_sign[fit])
 
 
-KINDS = {kind.kind: kind for kind in (Zero, Mean, Resample, Scale, Project, Orthogonal, Leace)}
+# the built-in kinds, then those other packages register (entry points "attnprobe.edit_kinds", read
+# when the registry is first used; docs/extending.md)
+KINDS = Registry(
+    {kind.kind: kind for kind in (Zero, Mean, Resample, Scale, Project, Orthogonal, Leace)},
+    "attnprobe.edit_kinds",
+    HeadEdit,
+    "kind",
+)
 
 
 @dataclass

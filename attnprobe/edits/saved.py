@@ -32,7 +32,11 @@ from .kinds import KINDS as HEAD_KINDS
 from .kinds import HeadEdit
 from .stream import StreamEdit
 
-KINDS = {**HEAD_KINDS, StreamEdit.kind: StreamEdit}  # what a saved file may hold
+
+def saved_kinds() -> dict:
+    """What a saved file may hold: every registered head kind (KINDS, at the time of reading), the stream."""
+    return {**HEAD_KINDS, StreamEdit.kind: StreamEdit}
+
 
 FORMAT = "attnprobe-edit"
 FORMAT_VERSION = 1
@@ -191,9 +195,10 @@ def load_edit(path: str | Path) -> SavedEdit:
             f"version reads {FORMAT_VERSION}); upgrade attnprobe"
         )
     kind = record.get("kind")
-    if not isinstance(kind, str) or kind not in KINDS:
+    kinds = saved_kinds()
+    if not isinstance(kind, str) or kind not in kinds:
         raise AttnprobeError(
-            f"{json_path}: edit kind {kind!r} is not one this attnprobe knows ({', '.join(KINDS)}); "
+            f"{json_path}: edit kind {kind!r} is not one this attnprobe knows ({', '.join(kinds)}); "
             "upgrade attnprobe or fit the edit again"
         )
     if files_sha256([tensor_path]) != record.get("sha256"):  # read in blocks: memory stays flat
@@ -204,7 +209,7 @@ def load_edit(path: str | Path) -> SavedEdit:
     try:
         tensors = load_file(str(tensor_path))
         _refuse_non_finite(json_path, record.get("parameters"), tensors)
-        edit = KINDS[kind].restored(record, tensors)
+        edit = kinds[kind].restored(record, tensors)
     except (
         SafetensorError,
         KeyError,

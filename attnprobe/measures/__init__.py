@@ -16,7 +16,16 @@ kind is its module plus one line here.
 from __future__ import annotations
 
 from .attention import Attention, AttentionMeasure
-from .base import BatchMeasure, Measure, ParseScope, Phase, PlanScope, PromptsMeasure, ScoredMeasure
+from .base import (
+    BatchMeasure,
+    Measure,
+    ParseScope,
+    Phase,
+    PlanScope,
+    PromptsMeasure,
+    Registry,
+    ScoredMeasure,
+)
 from .direct_attribution import DirectAttribution
 from .head_effects import HeadEffects, HeadEffectsMeasure, PairSwap, SlotSwap
 from .likelihood import Likelihood, LikelihoodMeasure
@@ -24,18 +33,26 @@ from .multiple_choice import MultipleChoice, MultipleChoiceMeasure
 from .next_token import NextToken, NextTokenMeasure
 from .referent_choice import ReferentChoice, ReferentChoiceMeasure
 
-MEASURES: dict[str, Measure] = {
-    kind.NAME: kind
-    for kind in (
-        Attention(),
-        NextToken(),
-        ReferentChoice(),
-        Likelihood(),
-        MultipleChoice(),
-        HeadEffects(),
-        DirectAttribution(),
-    )
-}
+# the built-in kinds, then those other packages register (entry points "attnprobe.measures", read
+# when the registry is first used; docs/extending.md)
+MEASURES: dict[str, Measure] = Registry(
+    {
+        kind.NAME: kind
+        for kind in (
+            Attention(),
+            NextToken(),
+            ReferentChoice(),
+            Likelihood(),
+            MultipleChoice(),
+            HeadEffects(),
+            DirectAttribution(),
+        )
+    },
+    "attnprobe.measures",
+    Measure,
+    "NAME",
+    lambda kind: kind() if isinstance(kind, type) else kind,
+)
 
 
 def batch_kinds() -> tuple[BatchMeasure, ...]:

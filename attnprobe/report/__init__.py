@@ -25,7 +25,7 @@ from ..errors import RunError
 from ..measures import MEASURES, analyse, table_names
 from ..progress import Progress
 from ..run.reader import RunFiles
-from ..run.storage import ARTEFACTS, TABLES_KEY, atomic_write, digest, write_table
+from ..run.storage import TABLES_KEY, artefacts, atomic_write, digest, write_table
 from ..store import read_table
 from ..version import __version__
 from . import plots
@@ -99,9 +99,9 @@ def _cache_is_valid(directory: Path, names, stamp: dict) -> bool:
 
 
 def _table_links(directory: Path, names: list[str], page_dir: Path) -> list[dict]:
-    """The run's own tables (its ARTEFACTS) and each non-empty statistics table, as links relative
+    """The run's own tables (its artefacts()) and each non-empty statistics table, as links relative
     to the page."""
-    own = [name for name in ARTEFACTS if name.endswith((".csv", ".parquet"))]
+    own = [name for name in artefacts() if name.endswith((".csv", ".parquet"))]
     found = [
         name
         for name in [*own, *(f"{n}.{ext}" for n in names for ext in ("csv", "parquet"))]

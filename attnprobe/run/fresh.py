@@ -1,5 +1,5 @@
 """Starting over in a run directory, and the directories a run writes into: `--fresh` deletes only
-the files attnprobe wrote (storage.ARTEFACTS, storage.DERIVED, and attnprobe's names inside chunks/
+the files attnprobe wrote (storage.artefacts(), storage.derived(), and attnprobe's names inside chunks/
 and figures/), and chunks/ or figures/ planted as a link or a file are refused. A run keeps a copy of
 its suite and data files (suite/, `copy_suite`), which `attnprobe edit` reopens wherever the run
 directory has moved."""
@@ -13,19 +13,21 @@ import shutil
 from pathlib import Path
 
 from ..errors import RunError
-from .storage import ARTEFACTS, CHUNK_FILES, DERIVED, read_manifest
+from .storage import artefacts, chunk_files, derived, read_manifest
 
-# what attnprobe writes inside chunks/ and figures/ (anything else there is someone else's)
-PREFIXES = "|".join(re.escape(prefix) for prefix in CHUNK_FILES if prefix)  # each phase's chunk files
-OWN_FILES = {
-    "chunks": re.compile(
-        rf"({PREFIXES}|edits-[a-z]+-)?\d{{5}}\.(done|[a-z_]+\.parquet)|\..+\.tmp"  # edits-PART-: `edit`
-        r"|edits-[0-9a-f]{16}-[a-z]+\.(parquet|done)"  # an `edit` of round 4's first sessions
-    ),
-    "figures": re.compile(r"[\w-]+\.(png|svg)"),
-    "edits": re.compile(r"[a-z]+(-k\d+)?\.(json|safetensors)|\..+\.tmp"),  # KIND-kK, or stream
-    "edits/quarters": re.compile(r"[a-z]+(-k\d+)?-q\d\.(json|safetensors)|\..+\.tmp"),
-}
+
+def own_files() -> dict[str, re.Pattern]:
+    """What attnprobe writes inside chunks/, figures/ and edits/ (anything else there is someone else's)."""
+    prefixes = "|".join(re.escape(prefix) for prefix in chunk_files() if prefix)  # each phase's chunks
+    return {
+        "chunks": re.compile(
+            rf"({prefixes}|edits-[a-z]+-)?\d{{5}}\.(done|[a-z_]+\.parquet)|\..+\.tmp"  # edits-PART-: `edit`
+            r"|edits-[0-9a-f]{16}-[a-z]+\.(parquet|done)"  # an `edit` of round 4's first sessions
+        ),
+        "figures": re.compile(r"[\w-]+\.(png|svg)"),
+        "edits": re.compile(r"[a-z]+(-k\d+)?\.(json|safetensors)|\..+\.tmp"),  # KIND-kK, or stream
+        "edits/quarters": re.compile(r"[a-z]+(-k\d+)?-q\d\.(json|safetensors)|\..+\.tmp"),
+    }
 
 
 def own_directory(path: Path) -> Path:
@@ -112,15 +114,15 @@ def _remove_copy(target: Path) -> None:
 
 
 def remove_run(directory: Path) -> list[str]:
-    """Delete the files a run and its report wrote (ARTEFACTS, DERIVED, and in chunks/ and figures/
+    """Delete the files a run and its report wrote (artefacts(), derived(), and in chunks/ and figures/
     only files named as attnprobe names them); return what was kept. The suite's copy stays until the
     new run copies its own over it (it may be what the new run is reading)."""
-    kept = []
-    for name in ARTEFACTS + DERIVED:
+    kept, own = [], own_files()
+    for name in artefacts() + derived():
         target = directory / name
         if target.is_dir() and not target.is_symlink():
             for child in sorted(target.iterdir()):
-                if child.is_file() and name in OWN_FILES and OWN_FILES[name].fullmatch(child.name):
+                if child.is_file() and name in own and own[name].fullmatch(child.name):
                     child.unlink()
                 else:
                     kept.append(f"{name}/{child.name}")

@@ -11,7 +11,7 @@ from ..errors import RunError
 from ..measures import MEASURES, batch_kinds
 from .fresh import SUITE_COPY, own_directory
 from .plan import fingerprint
-from .storage import CHUNK_FILES, complete_chunks, exclusive, read_manifest, write_manifest
+from .storage import chunk_files, complete_chunks, exclusive, read_manifest, write_manifest
 
 
 def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
@@ -83,5 +83,5 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
 
 
 def _copy_chunk(source: Path, target: Path, k: int, kind: str) -> None:
-    for suffix in (*CHUNK_FILES[kind], "done"):
+    for suffix in (*chunk_files()[kind], "done"):
         shutil.copyfile(source / f"{kind}{k:05d}.{suffix}", target / f"{kind}{k:05d}.{suffix}")

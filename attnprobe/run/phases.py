@@ -38,7 +38,7 @@ def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: dict
     run's, where an interruption is recorded (None: a phase run on a finished run, `attnprobe edit`'s,
     records nothing there)."""
     chunk_dir, log = own_directory(directory / "chunks"), options.log
-    files = phase.files or storage.CHUNK_FILES[phase.prefix]
+    files = phase.files or storage.chunk_files()[phase.prefix]
     done = store.complete_chunks(chunk_dir, phase.n_chunks, log, files, phase.prefix, phase.plan)
     todo = [k for k in phase.mine if k not in done]
     if not todo:

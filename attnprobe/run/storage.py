@@ -7,7 +7,7 @@
   suite/             a copy of the suite and its data files (fresh.copy_suite; RunFiles.reopen reads it)
   the measures' own files: each registered kind's ARTEFACTS (attnprobe.measures, e.g.
   attention.parquet, logprobs.csv, likelihood.parquet, head_effects_*).
-Every write is atomic (attnprobe.store). `--fresh` removes exactly ARTEFACTS and the report's DERIVED
+Every write is atomic (attnprobe.store). `--fresh` removes exactly artefacts() and the report's derived()
 files, never anything else.
 """
 
@@ -31,16 +31,15 @@ from .plan import Encoded
 
 __all__ = ["atomic_write", "digest", "exclusive", "write_table"]  # the run's writes go through store
 
-ARTEFACTS = (
-    "chunks",
-    "prompts.csv",
-    "prompts.parquet",
-    *(name for kind in MEASURES.values() for name in kind.ARTEFACTS),
-    "manifest.json",
-)
+
+def artefacts() -> tuple[str, ...]:
+    """What a run writes: its prompts, manifest and chunks, and every registered measure's files."""
+    own = (name for kind in MEASURES.values() for name in kind.ARTEFACTS)
+    return ("chunks", "prompts.csv", "prompts.parquet", *own, "manifest.json")
+
+
 # written from a run by the report: statistics tables (as <name>.csv), figures, the page
 TABLES_KEY = "tables.json"  # which statistics version and analysis the cached tables were made with
-STATS_TABLES = (*(name for kind in MEASURES.values() for name in kind.TABLES), "held_out")
 EDIT_TABLES = (
     "edits",
     "edits_draws",
@@ -55,7 +54,7 @@ EDIT_TABLES = (
     "paths_edges",
     "readout",
 )  # written by `attnprobe edit`
-DERIVED = tuple(f"{name}.{ext}" for name in STATS_TABLES + EDIT_TABLES for ext in ("csv", "parquet")) + (
+REPORT_FILES = (
     "behavior_by_occupation.csv",  # the first name of behavior_by_unit
     TABLES_KEY,
     "figures",
@@ -69,12 +68,22 @@ DERIVED = tuple(f"{name}.{ext}" for name in STATS_TABLES + EDIT_TABLES for ext i
     "paths_edges_items.parquet",
     "readout_states.parquet",
 )
-# Chunk files per phase, by file prefix: the prompts (every per-batch kind, the first names the row
-# count) and each kind's own phases.
-CHUNK_FILES = {
-    "": tuple(name for kind in batch_kinds() for name in kind.CHUNKS[""]),
-    **{prefix: files for kind in MEASURES.values() for prefix, files in kind.CHUNKS.items() if prefix},
-}
+
+
+def derived() -> tuple[str, ...]:
+    """What the report and `attnprobe edit` write from a run: every statistics table (as CSV and
+    Parquet), the edit tables, figures, the page."""
+    tables = (*(name for kind in MEASURES.values() for name in kind.TABLES), "held_out", *EDIT_TABLES)
+    return tuple(f"{name}.{ext}" for name in tables for ext in ("csv", "parquet")) + REPORT_FILES
+
+
+def chunk_files() -> dict[str, tuple[str, ...]]:
+    """Chunk files per phase, by file prefix: the prompts (every per-batch kind, the first names the
+    row count) and each kind's own phases."""
+    return {
+        "": tuple(name for kind in batch_kinds() for name in kind.CHUNKS[""]),
+        **{prefix: files for kind in MEASURES.values() for prefix, files in kind.CHUNKS.items() if prefix},
+    }
 
 
 def prompts_table(encoded: list[Encoded]) -> pd.DataFrame:
@@ -138,21 +147,21 @@ def write_manifest(directory: Path, manifest: dict) -> None:
 
 def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: str | None = None) -> set[int]:
     """The chunks of phase `kind` (its file prefix) whose markers check out (store.complete_chunks)."""
-    return store.complete_chunks(chunk_dir, n_chunks, log, CHUNK_FILES[kind], kind, plan)
+    return store.complete_chunks(chunk_dir, n_chunks, log, chunk_files()[kind], kind, plan)
 
 
 def write_chunk(chunk_dir: Path, k: int, tables: dict, kind: str = "", plan: str | None = None) -> None:
-    store.write_chunk(chunk_dir, k, tables, CHUNK_FILES[kind], kind, plan)
+    store.write_chunk(chunk_dir, k, tables, chunk_files()[kind], kind, plan)
 
 
 def read_chunks(directory: Path, n_chunks: int, kind: str) -> dict[str, pd.DataFrame]:
-    return store.read_chunks(directory, n_chunks, CHUNK_FILES[kind], kind)
+    return store.read_chunks(directory, n_chunks, chunk_files()[kind], kind)
 
 
 def assemble_phase(directory: Path, kind: str, n_chunks: int, table: str, csv: bool = True) -> None:
     """Join a phase's one-table chunks (`kind`: its file prefix) into the run's table `table` (as
     Parquet, and as CSV unless `csv` is off: a table of millions of rows is Parquet only)."""
-    joined = read_chunks(directory, n_chunks, kind)[CHUNK_FILES[kind][0].removesuffix(".parquet")]
+    joined = read_chunks(directory, n_chunks, kind)[chunk_files()[kind][0].removesuffix(".parquet")]
     if csv:
         write_table(directory, table, joined)
     else:

@@ -31,7 +31,7 @@ from .types import Condition, Prompt, Slot, SlotValue, Suite, Template
 DEFAULT_MAX_PROMPTS = 1_000_000
 MAX_SUITE_BYTES = 2**20  # PyYAML parses about 0.4 MB/s here: a larger suite would take seconds to read
 FIRST_TOKEN = ("keep", "bos", "exclude")
-_TOP_KEYS = {
+SUITE_KEYS = (
     "analysis",
     "name",
     "description",
@@ -43,8 +43,7 @@ _TOP_KEYS = {
     "max_prompts",
     "first_token",
     "control",
-    *MEASURES,
-}
+)  # and every registered measure's key
 
 __all__ = [
     "Condition",
@@ -101,7 +100,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
         raise SuiteError(
             f"{path}:1: a suite is a YAML mapping with at least `name` and `templates` or `sentences`"
         )
-    ctx.check_keys(doc, sorted(_TOP_KEYS))
+    ctx.check_keys(doc, sorted({*SUITE_KEYS, *MEASURES}))
     name = required_str(ctx, doc, "name")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or set(name) == {"."}:
         ctx.fail(

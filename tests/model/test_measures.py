@@ -8,17 +8,13 @@ Each kind names a shipped suite that declares it (`Measure.CONTRACT`: probes/<na
 
 import shutil
 
-import pandas as pd
 import pytest
 from conftest import EFFECT_SUITE
 
-from attnprobe.measures import MEASURES, Measure, analyse
+from attnprobe.measures import MEASURES, Measure, NextToken
 from attnprobe.model import load_model
-from attnprobe.run import RunOptions, plan_run, run_suite
-from attnprobe.run.describe import describe
-from attnprobe.run.merge import merge_shards
-from attnprobe.run.reader import RunFiles
 from attnprobe.suite import load_suite
+from attnprobe.testing import check_measure
 
 CONTRACT_SUITES = sorted({kind.CONTRACT[0] for kind in MEASURES.values() if kind.CONTRACT})
 
@@ -49,59 +45,6 @@ def test_statistics_never_overwrite_a_run_file():
         assert not set(kind.TABLES) & files, f"{kind.NAME}: statistics table {set(kind.TABLES) & files}"
 
 
-def _table(run, attribute):
-    table = getattr(run, attribute)
-    return table.sort_values(list(table.columns)).reset_index(drop=True)
-
-
-def check_contract(kind, path, suite, pm, tmp_path, limit) -> None:
-    """One kind through the whole contract (AssertionError naming the part that fails)."""
-    quiet = dict(limit=limit, chunk_size=4, progress=False, log=lambda m: None)
-    # plan: the kind's own checks and description, before any weights (the tokenizer only)
-    plan = plan_run(suite, pm, RunOptions(out=tmp_path / "whole", **quiet))
-    lines = describe(plan)
-    part = plan.parts[kind.NAME]
-    assert any(line.startswith(kind.NAME) for line in lines), f"{kind.NAME}: describe says nothing"
-    assert all(isinstance(e, tuple) and len(e) == 3 for e in kind.estimate(suite.measures[kind.NAME], part))
-    # compute and schema: every artefact written, every chunk file listed, every table read back
-    whole = run_suite(suite, pm, RunOptions(out=tmp_path / "whole", **quiet))
-    for name in kind.ARTEFACTS:
-        assert (whole / name).exists(), f"{kind.NAME}: {name} was not written"
-    for prefix, files in kind.CHUNKS.items():
-        for file in files:
-            assert list((whole / "chunks").glob(f"{prefix}0*.{file}")), (
-                f"{kind.NAME}: no chunk {prefix}*.{file}"
-            )
-    run = RunFiles(whole)
-    assert run.has(kind.NAME), f"{kind.NAME}: present() does not see its results"
-    for attribute in kind.READS:
-        table = getattr(run, attribute)
-        assert isinstance(table, pd.DataFrame) and len(table), f"{kind.NAME}: {attribute} is empty"
-    # statistics: exactly the tables it declares for this run
-    tables = analyse(run)
-    produced = kind.statistics(run, tables)
-    assert set(produced) == set(kind.tables(run)) <= set(tables), f"{kind.NAME}: tables {set(produced)}"
-    # manifest: its keys are recorded
-    for key in kind.manifest(suite.measures[kind.NAME], part):
-        assert key in run.manifest, f"{kind.NAME}: manifest lacks {key}"
-    # resume: a second run recomputes no chunk and changes no table
-    markers = {p.name: p.stat().st_mtime_ns for p in (whole / "chunks").glob("*.done")}
-    before = {a: _table(run, a) for a in kind.READS}
-    run_suite(suite, pm, RunOptions(out=whole, **quiet))
-    again = RunFiles(whole)
-    assert {p.name: p.stat().st_mtime_ns for p in (whole / "chunks").glob("*.done")} == markers
-    for attribute, table in before.items():
-        pd.testing.assert_frame_equal(_table(again, attribute), table)
-    # merge: two shards joined (and run once more, as the README says) equal the whole run
-    shards = [
-        run_suite(suite, pm, RunOptions(out=tmp_path / "sharded", shard=(k, 2), **quiet)) for k in (1, 2)
-    ]
-    merged = merge_shards(shards, tmp_path / "merged")
-    run_suite(suite, pm, RunOptions(out=merged, **quiet))
-    for attribute, table in before.items():
-        pd.testing.assert_frame_equal(_table(RunFiles(merged), attribute), table, check_dtype=False)
-
-
 @pytest.fixture(scope="module")
 def tiny_pm(tiny_llama_dir):
     return load_model(str(tiny_llama_dir))
@@ -113,7 +56,7 @@ def test_contract(suite_name, tiny_pm, tmp_path):
     path, suite = _shipped(suite_name, tmp_path)
     limit = min(k.CONTRACT[1] for k in MEASURES.values() if k.CONTRACT and k.CONTRACT[0] == suite_name)
     for kind in (k for k in MEASURES.values() if k.declared(suite)):
-        check_contract(kind, path, suite, tiny_pm, tmp_path / kind.NAME, limit)
+        check_measure(kind, suite, tiny_pm, tmp_path / kind.NAME, limit)
 
 
 class _Silent(Measure):
@@ -155,13 +98,45 @@ def test_a_kind_that_lacks_a_part_fails_the_contract(tiny_pm, tmp_path, monkeypa
 
     with pytest.raises(TypeError, match="statistics"):
         NoStatistics()
-    import attnprobe.suite
 
     silent = _Silent()
     monkeypatch.setitem(MEASURES, "silent", silent)
-    monkeypatch.setattr(attnprobe.suite, "_TOP_KEYS", attnprobe.suite._TOP_KEYS | {"silent"})
     (tmp_path / "fx.yaml").write_text(EFFECT_SUITE + "silent: {on: true}\n")
     suite = load_suite(tmp_path / "fx.yaml")
     assert silent.declared(suite)
     with pytest.raises(AssertionError, match="silent.parquet was not written"):
-        check_contract(silent, tmp_path / "fx.yaml", suite, tiny_pm, tmp_path / "silent", None)
+        check_measure(silent, suite, tiny_pm, tmp_path / "silent")
+
+
+class _SectionRaises(NextToken):
+    def section(self, run, tables, figures_dir):
+        raise KeyError("figure")  # breaks `attnprobe report`
+
+
+class _PairedRaises(NextToken):
+    def paired(self, a, b, scopes):
+        raise ValueError("no pairs")  # breaks `attnprobe compare`
+
+
+class _WrongPromptIds(NextToken):
+    def read(self, pm, declared, part, batch, captured, positions):
+        table = super().read(pm, declared, part, batch, captured, positions)
+        return table.assign(prompt_id=table["prompt_id"] + 10**6)
+
+
+@pytest.mark.parametrize(
+    "planted, message",
+    [
+        (_SectionRaises, r"next_token: section\(\) raised KeyError"),
+        (_PairedRaises, r"next_token: paired\(\) raised ValueError: no pairs"),
+        (_WrongPromptIds, r"next_token: logprobs has prompt ids the run does not have: \[100\d{4}"),
+    ],
+)
+def test_the_public_contract_catches_a_planted_fault(planted, message, tiny_pm, tmp_path, monkeypatch):
+    """attnprobe.testing.check_measure catches what the round-4 contract let pass: a section() or
+    paired() that raises (report and compare fail) and rows of prompts the run does not have."""
+    monkeypatch.setitem(MEASURES, "next_token", planted())
+    name, limit = NextToken.CONTRACT
+    _, suite = _shipped(name, tmp_path)
+    with pytest.raises(AssertionError, match=message):
+        check_measure(MEASURES["next_token"], suite, tiny_pm, tmp_path / "planted", limit)

@@ -183,7 +183,8 @@ def test_downstream_rooms_do_not_reach_upstream():
 # edits reopen runs; the report, the notebook and the command line sit on top.
 LAYERS = [
     "errors", "defaults", "version", "heads", "progress", "store", "schema", "stats", "model", "forward",
-    "verify", "intervene", "measures", "suite", "run", "edits", "report", "notebook", "cli", "__main__",
+    "verify", "intervene", "measures", "suite", "run", "edits", "testing", "report", "notebook", "cli",
+    "__main__",
 ]  # fmt: skip
 # The one import that runs upward: loading a model routes its attention through attnprobe's
 # registered function, which forward.capture defines (imported when a model is wrapped).

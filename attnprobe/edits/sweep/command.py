@@ -198,7 +198,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     frames = [_describe(clean_values(model, inputs), inputs)]
     with deferred_interrupt(log):  # one Ctrl-C stops the sequence after the part in progress
         for kind in options.kinds:
-            frames.append(part(kind, lambda k=kind: measure_kind(model, k, options, inputs, sets, H, log)))
+            frames.append(part(kind, lambda k=kind: _kind_values(model, k, options, inputs, sets, H, log)))
         single = lambda: measure_single(model, inputs, scores["all"], H, options.alone, log)
         frames.append(part(SINGLE, single, alone_key))
         if options.stream:
@@ -239,6 +239,20 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         "edits in edits/ (apply one with `attnprobe run SUITE --edit FILE`)"
     )
     return summary
+
+
+def _kind_values(model, kind: str, *args) -> pd.DataFrame:
+    """measure_kind; a kind another package registered that fails is one line naming it (its
+    values are not written; the kinds before it keep theirs)."""
+    if KINDS[kind].__module__.startswith("attnprobe."):
+        return measure_kind(model, kind, *args)
+    try:
+        return measure_kind(model, kind, *args)
+    except Exception as exc:
+        raise RunError(
+            f"edit kind {kind!r} ({KINDS[kind].__module__}) failed: {type(exc).__name__}: {str(exc)[:200]}; "
+            "check it with attnprobe.testing.check_edit_kind"
+        ) from None
 
 
 def _source(directory: Path, manifest: dict, options: EditOptions, source: dict) -> dict:

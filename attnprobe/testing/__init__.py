@@ -1,0 +1,15 @@
+"""Contracts any measure or edit kind can be checked against, attnprobe's own and other packages'
+(as scikit-learn's check_estimator): each runs the kind on a tiny model through every method the
+command line calls and raises AssertionError naming the part that fails.
+
+  check_measure(kind, suite, model, directory)  parse, plan, run, tables, prompt ids, statistics,
+                                                report section, compare's pairing, resume, merge
+  check_edit_kind(kind, model, inputs)          fit, output shape, identity on no heads, save and
+                                                load, packed passes equal to separate ones
+  edit_inputs(model, suite)                     the recorded inputs an edit kind is fitted on
+"""
+
+from .edit_kinds import check_edit_kind, edit_inputs
+from .measures import check_measure
+
+__all__ = ["check_edit_kind", "check_measure", "edit_inputs"]

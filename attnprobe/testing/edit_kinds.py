@@ -1,0 +1,101 @@
+"""check_edit_kind: one head-edit kind through what `attnprobe edit` and `run --edit` ask of it."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+
+def edit_inputs(model, suite, reference: str | None = None, seed: int = 0):
+    """The recorded inputs `attnprobe edit` fits kinds on (edits.inputs.Inputs), for `suite` (a Suite
+    with head effects, a covariate and a control) on `model` (a loaded ProbeModel)."""
+    from ..edits.inputs import record_inputs
+    from ..run import RunOptions, plan_run
+
+    effects = plan_run(suite, model, RunOptions(progress=False, log=lambda m: None)).parts["head_effects"]
+    word = reference or suite.head_effects.replacements[-1]
+    labels = (effects.measure.positive, effects.measure.negative)
+    return record_inputs(model, effects.items, word, seed, None, suite.control, labels)
+
+
+def check_edit_kind(kind, model, inputs) -> None:
+    """Check the HeadEdit subclass `kind` on `model` (a tiny ProbeModel) and `inputs` (edit_inputs):
+    it fits on the inputs, replaces a head's output with one of its shape, edits nothing on no heads,
+    saves and loads to the same edit, and gives the same values in one packed pass as one item at a
+    time. AssertionError naming the part that fails."""
+    import torch
+
+    from ..edits import edited
+    from ..edits.sweep.options import EditOptions
+
+    L, H, D = model.info.n_layers, model.info.n_heads, model.info.head_dim
+    edit = _part(kind, "fit", lambda: kind.fit(inputs, np.arange(4), EditOptions()))
+    assert isinstance(edit, kind), f"{kind.kind}: fit gave {type(edit).__name__}, not a {kind.__name__}"
+    edit = edit.on(((L - 1, 0),))
+    z = torch.randn(2, H, 3, D, generator=torch.Generator().manual_seed(0))
+    for layer in range(L):
+        out = _part(kind, "replacement", lambda layer=layer: edit.replacement(layer, z))
+        assert isinstance(out, torch.Tensor) and out.shape == z.shape and out.dtype == z.dtype, (
+            f"{kind.kind}: replacement gave {getattr(out, 'shape', out)} for head outputs {tuple(z.shape)}"
+        )
+    ids = torch.tensor([model.tokenizer("The nurse said that the doctor left")["input_ids"]])
+    logits = lambda: model.model(input_ids=ids).logits
+    with torch.no_grad():
+        clean = logits()
+        with edited(model, edit.on(())):
+            assert torch.equal(logits(), clean), f"{kind.kind}: an edit of no heads changed the logits"
+        with edited(model, edit):
+            changed = logits()
+    _round_trip(kind, edit, model, changed, logits)
+    if not kind.DRAWN:  # a drawn kind's values depend on the pass's shape (seeded per shape)
+        _packed(kind, edit, model, inputs)
+
+
+def _part(kind, name: str, call):
+    try:
+        return call()
+    except Exception as exc:
+        raise AssertionError(f"{kind.kind}: {name} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _round_trip(kind, edit, model, changed, logits) -> None:
+    """Saved (edits.saved) and loaded back, the edit gives the same logits (its tensors as float32)."""
+    import torch
+
+    from ..edits import edited, load_edit, save_edit
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / kind.kind
+        _part(kind, "save", lambda: save_edit(edit, path, model, {"check": "check_edit_kind"}))
+        loaded = _part(kind, "load", lambda: load_edit(path))
+    assert type(loaded.edit) is kind, f"{kind.kind}: loaded back as {type(loaded.edit).__name__}"
+    with torch.no_grad(), edited(model, loaded):
+        again = logits()
+    assert torch.allclose(again, changed, atol=1e-5), (
+        f"{kind.kind}: the saved and loaded edit changes the logits by {(again - changed).abs().max():.3g}"
+    )
+
+
+def _packed(kind, edit, model, inputs) -> None:
+    """edits.passes.edited_behaviour of every item in one call equals one call per item."""
+    import torch
+
+    from ..edits.passes import edited_behaviour
+
+    n, (L, H) = min(4, len(inputs.items)), (model.info.n_layers, model.info.n_heads)
+    mask = edit.mask(L, H)
+    pos, neg = inputs.labels[:n, 0], inputs.labels[:n, 1]
+    together = edited_behaviour(model, inputs.bank, edit, torch.arange(n), mask.expand(n, L, H), pos, neg)
+    alone = torch.cat(
+        [
+            edited_behaviour(
+                model, inputs.bank, edit, torch.tensor([i]), mask[None], pos[i : i + 1], neg[i : i + 1]
+            )
+            for i in range(n)
+        ]
+    )
+    assert torch.allclose(together, alone, atol=1e-6), (
+        f"{kind.kind}: packed passes differ from separate ones by {(together - alone).abs().max():.3g}"
+    )

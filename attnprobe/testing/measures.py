@@ -1,0 +1,113 @@
+"""check_measure: one measure kind through the whole contract on a tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+
+def check_measure(kind, suite, model, directory, limit: int | None = None) -> None:
+    """Run `kind` (a registered Measure) on `suite` (a Suite declaring it) with `model` (a loaded
+    tiny ProbeModel) in `directory`, checking every part the command line calls; AssertionError
+    naming the part that fails."""
+    from ..measures import analyse
+    from ..run import RunOptions, plan_run, run_suite
+    from ..run.describe import describe
+
+    directory = Path(directory)
+    quiet = dict(limit=limit, chunk_size=4, progress=False, log=lambda m: None)
+    # plan: the kind's own checks and description, before any weights (the tokenizer only)
+    plan = plan_run(suite, model, RunOptions(out=directory / "whole", **quiet))
+    part = plan.parts[kind.NAME]
+    assert any(line.startswith(kind.NAME) for line in describe(plan)), f"{kind.NAME}: describe says nothing"
+    assert all(isinstance(e, tuple) and len(e) == 3 for e in kind.estimate(suite.measures[kind.NAME], part))
+    whole = run_suite(suite, model, RunOptions(out=directory / "whole", **quiet))
+    run = _written(kind, whole)
+    # statistics: exactly the tables it declares for this run; its manifest keys recorded
+    tables = analyse(run)
+    produced = _called(kind, "statistics", run, tables)
+    assert set(produced) == set(kind.tables(run)) <= set(tables), f"{kind.NAME}: tables {set(produced)}"
+    for key in kind.manifest(suite.measures[kind.NAME], part):
+        assert key in run.manifest, f"{kind.NAME}: manifest lacks {key}"
+    _report_and_compare(kind, run, tables, directory)
+    _resume_and_merge(kind, suite, model, whole, directory, quiet)
+
+
+def _called(kind, method: str, *args):
+    """kind.method(*args), a raise named as the contract's failure."""
+    try:
+        return getattr(kind, method)(*args)
+    except Exception as exc:
+        raise AssertionError(f"{kind.NAME}: {method}() raised {type(exc).__name__}: {exc}") from exc
+
+
+def _written(kind, whole: Path):
+    """Every artefact and chunk file written, every table it reads back non-empty and of the run's
+    prompts (prompt ids among prompts.parquet's)."""
+    from ..run.reader import RunFiles
+
+    for name in kind.ARTEFACTS:
+        assert (whole / name).exists(), f"{kind.NAME}: {name} was not written"
+    for prefix, files in kind.CHUNKS.items():
+        for file in files:
+            assert list((whole / "chunks").glob(f"{prefix}0*.{file}")), (
+                f"{kind.NAME}: no chunk {prefix}*.{file}"
+            )
+    run = RunFiles(whole)
+    assert run.has(kind.NAME), f"{kind.NAME}: present() does not see its results"
+    ids = set(run.prompts["prompt_id"])
+    for attribute in kind.READS:
+        table = getattr(run, attribute)
+        assert isinstance(table, pd.DataFrame) and len(table), f"{kind.NAME}: {attribute} is empty"
+        if "prompt_id" in table:
+            stray = set(table["prompt_id"]) - ids
+            assert not stray, (
+                f"{kind.NAME}: {attribute} has prompt ids the run does not have: {sorted(stray)[:5]}"
+            )
+    return run
+
+
+def _report_and_compare(kind, run, tables: dict, directory: Path) -> None:
+    """`attnprobe report` (its section) and `attnprobe compare` (its pairing of a run with itself)."""
+    from ..stats.compare import scopes_of, templates_of
+
+    section = _called(kind, "section", run, tables, directory / "figures")
+    assert section is None or isinstance(section, dict), f"{kind.NAME}: section() gave {type(section)}"
+    items = list(dict.fromkeys(run.prompts["item_id"]))
+    paired = _called(kind, "paired", run, run, scopes_of(run, run, items, templates_of(run, items)))
+    assert isinstance(paired, dict) and all(isinstance(t, pd.DataFrame) for t in paired.values()), (
+        f"{kind.NAME}: paired() must give {{table: DataFrame}}"
+    )
+
+
+def _table(run, attribute):
+    table = getattr(run, attribute)
+    return table.sort_values(list(table.columns)).reset_index(drop=True)
+
+
+def _resume_and_merge(kind, suite, model, whole: Path, directory: Path, quiet: dict) -> None:
+    """A second run recomputes no chunk and changes no table; two shards joined (and run once more)
+    equal the whole run."""
+    from ..run import RunOptions, run_suite
+    from ..run.merge import merge_shards
+    from ..run.reader import RunFiles
+
+    run = RunFiles(whole)
+    markers = {p.name: p.stat().st_mtime_ns for p in (whole / "chunks").glob("*.done")}
+    before = {a: _table(run, a) for a in kind.READS}
+    run_suite(suite, model, RunOptions(out=whole, **quiet))
+    assert {p.name: p.stat().st_mtime_ns for p in (whole / "chunks").glob("*.done")} == markers, (
+        f"{kind.NAME}: a resumed run recomputed chunks"
+    )
+    for attribute, table in before.items():
+        pd.testing.assert_frame_equal(_table(RunFiles(whole), attribute), table, obj=f"{kind.NAME} resumed")
+    shards = [
+        run_suite(suite, model, RunOptions(out=directory / "sharded", shard=(k, 2), **quiet)) for k in (1, 2)
+    ]
+    merged = merge_shards(shards, directory / "merged")
+    run_suite(suite, model, RunOptions(out=merged, **quiet))
+    for attribute, table in before.items():
+        pd.testing.assert_frame_equal(
+            _table(RunFiles(merged), attribute), table, check_dtype=False, obj=f"{kind.NAME} merged"
+        )

@@ -1,0 +1,85 @@
+"""Other packages register a measure and an edit kind through entry points (attnprobe.measures,
+attnprobe.edit_kinds): a tiny outside package, installed as a distribution on the path, is used
+from a suite and from `attnprobe edit --kinds`, end to end through the real command line."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import edit_suite
+
+ROOT = Path(__file__).resolve().parents[2]
+# the example docs/extending.md shows, and a kind that fails when it runs
+PLUGIN = (
+    (ROOT / "docs" / "examples" / "outside_probe.py").read_text()
+    + """
+
+@dataclass(frozen=True)
+class Explode(HeadEdit):
+    kind: ClassVar[str] = "explode"
+
+    def replacement(self, layer, z):
+        raise RuntimeError("boom")
+"""
+)
+ENTRY_POINTS = """
+[attnprobe.measures]
+prompt_length = outside_probe:PromptLength
+broken = outside_probe:NoSuchThing
+
+[attnprobe.edit_kinds]
+negate = outside_probe:Negate
+explode = outside_probe:Explode
+"""
+
+
+@pytest.mark.slow  # three attnprobe processes (torch imported in each): about 30 s
+def test_an_outside_package_registers_a_measure_and_an_edit_kind(tiny_llama_dir, tmp_path):
+    site = tmp_path / "site"
+    (site / "outside_probe-0.1.dist-info").mkdir(parents=True)
+    (site / "outside_probe.py").write_text(PLUGIN)
+    (site / "outside_probe-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: outside-probe\nVersion: 0.1\n"
+    )
+    (site / "outside_probe-0.1.dist-info" / "entry_points.txt").write_text(textwrap.dedent(ENTRY_POINTS))
+    suite = edit_suite(tmp_path)
+    suite.write_text(suite.read_text() + "prompt_length: {}\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    exe = [sys.executable, "-m", "attnprobe"]
+    run = tmp_path / "run"
+    made = subprocess.run(
+        [*exe, "run", str(suite), "--model", str(tiny_llama_dir), "--out", str(run)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    skipped = [line for line in made.stderr.splitlines() if "plug-in broken" in line]
+    assert len(skipped) == 1 and "is skipped: AttributeError" in skipped[0]
+    lengths = pd.read_parquet(run / "prompt_length.parquet")
+    assert sorted(lengths["prompt_id"]) == sorted(pd.read_parquet(run / "prompts.parquet")["prompt_id"])
+    assert (run / "prompt_length_stats.csv").is_file()
+    edited = subprocess.run(
+        [*exe, "edit", str(run), "--kinds", "negate,zero", "--k", "1", "--draws", "2", "--alone", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert edited.returncode == 0, edited.stderr[-3000:]
+    table = pd.read_csv(run / "edits.csv")
+    assert set(table["kind"]) == {"negate", "zero"} and table["gradient_after"].notna().all()
+    assert (run / "edits" / "negate-k1.json").is_file()  # saved, as a built-in kind's edit
+    failed = subprocess.run(
+        [*exe, "edit", str(run), "--kinds", "explode", "--k", "1", "--draws", "2", "--alone", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )  # a plug-in's kind that fails at run time: one line naming it, no traceback
+    lines = [line for line in failed.stderr.splitlines() if line.startswith("attnprobe: error:")]
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    assert lines == [failed.stderr.strip().splitlines()[-1]]
+    assert "edit kind 'explode' (outside_probe) failed: RuntimeError: boom" in lines[0]
