@@ -10,7 +10,8 @@ Benjamini-Hochberg ignores NaN p-values instead of spreading them.
   t with min(G) - 1 degrees of freedom.
 - `cluster_slope_test`: weighted least-squares slope on a covariate with the same variance: the
   interaction test at the declared design.
-- `ratio_test`: a ratio of weighted means (a share of a total effect), linearised CI.
+- `ratio_test`, `slope_ratio_test`: a share (of weighted means or of slopes) with the CI that inverts
+  its numerator's test (Fieller): it excludes 0 exactly when the numerator's p < 1 - level.
 
 Cluster counts and df are per column, from the clusters that have data in that column.
 """
@@ -228,33 +229,63 @@ def cluster_slope_test(
     }
 
 
+def _fieller(A: np.ndarray, B: np.ndarray, q: tuple, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """{s : (A - s B)^2 <= t^2 (q0 + q1 s + q2 s^2)} per column, as (low, high): an interval where B
+    is distinguishable from 0, (-inf, inf) where every s is, NaN where the set is two rays."""
+    a = B**2 - t**2 * q[2]
+    b = -2 * A * B - t**2 * q[1]
+    c = A**2 - t**2 * q[0]
+    disc = b**2 - 4 * a * c
+    with np.errstate(invalid="ignore", divide="ignore"):
+        root = np.sqrt(np.where(disc > 0, disc, 0.0))
+        lows, highs = (-b - root) / (2 * a), (-b + root) / (2 * a)
+    every = (a < 0) & (disc < 0)
+    low = np.where(a > 0, lows, np.where(every, -np.inf, np.nan))
+    high = np.where(a > 0, highs, np.where(every, np.inf, np.nan))
+    return low, high
+
+
+def _inverted_ci(variance, A, B, clusters: list[np.ndarray], df, level: float):
+    """The shares s the test of num - s den = 0 (estimate A - s B, the numerator test's df) does not
+    reject. `variance(s, clustering)` is quadratic in s (scores linear in s): three values give it.
+    Two-way, the larger of the crossed (V1 + V2 - V12) and each one-way variance: the union of sets."""
+    ok = df >= 1
+    t = np.where(ok, sps.t.ppf(0.5 + level / 2, np.where(ok, df, 1)), np.nan)
+    parts = [[c] for c in clusters]
+    if len(clusters) == 2:
+        parts.append([np.array([f"{a}\x1f{b}" for a, b in zip(*clusters)])])
+    quadratics = []
+    for part in parts:
+        v0, v1, v_1 = (variance(s, part) for s in (0.0, 1.0, -1.0))
+        quadratics.append((v0, (v1 - v_1) / 2, (v1 + v_1) / 2 - v0))
+    if len(clusters) == 2:  # the crossed variance's quadratic from the three one-way ones
+        quadratics[2] = tuple(x + y - z for x, y, z in zip(*quadratics))
+    bounds = [_fieller(A, B, q, t) for q in quadratics]
+    return np.min([low for low, _ in bounds], 0), np.max([high for _, high in bounds], 0)
+
+
 def ratio_test(
     num: np.ndarray, den: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], level: float = 0.95
 ) -> dict:
-    """Ratio of weighted means, sum w num / sum w den, per column of num (n, k) against den (n,)
-    (e.g. the share of a total effect that a patch carries), over the observations where both are
-    finite. CI by linearisation: the ratio's error is that of the mean of u = num - ratio den,
-    divided by the mean of den, with the same cluster-robust variance and df as cluster_mean_test."""
+    """Ratio of weighted means, sum w num / sum w den, per column of num (n, k) against den (n,) (the
+    share of a total effect a patch carries), where both are finite. CI: the s the test of the mean of
+    num - s den = 0 keeps (Fieller; at s = 0 cluster_mean_test of num). `se`: the linearised one."""
     num = np.atleast_2d(np.asarray(num, dtype=float).T).T
     den = np.where(np.isfinite(num), np.asarray(den, dtype=float)[:, None], np.nan)
     num = np.where(np.isfinite(den), num, np.nan)
     W = _weights(num, np.asarray(w, dtype=float))
-    mean_den = (W * np.nan_to_num(den)).sum(0)
+    mean_num, mean_den = (W * np.nan_to_num(num)).sum(0), (W * np.nan_to_num(den)).sum(0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = (W * np.nan_to_num(num)).sum(0) / mean_den
+        ratio = mean_num / mean_den
     u = cluster_mean_test(num - ratio * den, w, clusters, level)
     with np.errstate(invalid="ignore", divide="ignore"):
         se = u["se"] / np.abs(mean_den)
-    half = _t_test(ratio, se, u["df"], np.isfinite(ratio), level)[2]
-    return {
-        "ratio": ratio,
-        "se": se,
-        "ci_low": ratio - half,
-        "ci_high": ratio + half,
-        "df": u["df"],
-        "n_clusters": u["n_clusters"],
-        "n": np.isfinite(num).sum(0),
-    }
+    variance = lambda s, part: cluster_mean_test(num - s * den, w, part, level)["se"] ** 2
+    df = cluster_mean_test(num, w, clusters, level)["df"]
+    low, high = _inverted_ci(variance, mean_num, mean_den, clusters, df, level)
+    low, high = (np.where(np.isfinite(ratio), end, np.nan) for end in (low, high))
+    out = {"ratio": ratio, "se": se, "ci_low": low, "ci_high": high, "df": u["df"]}
+    return {**out, "n_clusters": u["n_clusters"], "n": np.isfinite(num).sum(0)}
 
 
 def slope_ratio_test(
@@ -262,20 +293,23 @@ def slope_ratio_test(
 ) -> dict:
     """Ratio of slopes on x, slope(num) / slope(den), per column of num (n, k) against den (n,): the
     share of a covariate gradient (how the total effect changes with the covariate) that a patch
-    carries. Over the rows where both are finite. CI by linearisation, as ratio_test: the ratio's
-    error is the slope of u = num - ratio den (whose slope is 0 at the estimate), divided by |slope
-    of den|, with cluster_slope_test's variance and df."""
+    carries. Over the rows where both are finite. CI by inverting the test of the slope of
+    num - s den = 0 (Fieller, as ratio_test), which at s = 0 is cluster_slope_test of num: the CI
+    excludes 0 exactly when that p < 1 - level. `se` is the linearised one."""
     num = np.atleast_2d(np.asarray(num, dtype=float).T).T
     den = np.where(np.isfinite(num), np.asarray(den, dtype=float)[:, None], np.nan)
     num = np.where(np.isfinite(den), num, np.nan)
     slope_den = cluster_slope_test(x, den, w, clusters, level)["slope"]
+    numerator = cluster_slope_test(x, num, w, clusters, level)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = cluster_slope_test(x, num, w, clusters, level)["slope"] / slope_den
+        ratio = numerator["slope"] / slope_den
     u = cluster_slope_test(x, num - ratio * den, w, clusters, level)
     with np.errstate(invalid="ignore", divide="ignore"):
         se = u["se"] / np.abs(slope_den)
-    half = _t_test(ratio, se, u["df"], np.isfinite(ratio), level)[2]
-    return {"ratio": ratio, "se": se, "ci_low": ratio - half, "ci_high": ratio + half, "df": u["df"]}
+    variance = lambda s, part: cluster_slope_test(x, num - s * den, w, part, level)["se"] ** 2
+    low, high = _inverted_ci(variance, numerator["slope"], slope_den, clusters, numerator["df"], level)
+    low, high = (np.where(np.isfinite(ratio), end, np.nan) for end in (low, high))
+    return {"ratio": ratio, "se": se, "ci_low": low, "ci_high": high, "df": u["df"]}
 
 
 def _rowwise_r(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from conftest import TINY_CONFIGS, eager_twin
@@ -255,3 +256,28 @@ def test_a_model_path_patching_cannot_read_is_refused_in_one_line():
 
     with pytest.raises(RunError, match=r"--paths: OPTForCausalLM has no .* run without --paths"):
         Anatomy.of(build_tiny("opt", vocab_size=64))
+
+
+def test_every_share_interval_agrees_with_its_numerators_p(edited_run):
+    """Issue 53: a share's CI excludes 0 exactly when its numerator's p < 0.05, in every row of the
+    path tables (the gradient share beside the p of the effect's slope) and of the edit tables (the
+    gradient removed beside the p of the slope's change: removed = 0 where kept = 1)."""
+    checked = 0
+    for name, share, p in (
+        ("paths", "gradient_share", "p"),
+        ("paths_edges", "gradient_share", "p"),
+        ("edits", "gradient_removed", "gradient_change_p"),
+        ("edits_heads", "gradient_removed", "gradient_change_p"),
+        ("edits_stream", "gradient_removed", "gradient_change_p"),
+    ):
+        table = pd.read_parquet(edited_run / f"{name}.parquet")
+        low, high = table[f"{share}_ci_low"].to_numpy(float), table[f"{share}_ci_high"].to_numpy(float)
+        rows = ~np.isnan(low) & ~np.isnan(high) & table[p].notna().to_numpy()
+        excludes = (low > 0) | (high < 0)
+        disagree = ((table[p].to_numpy(float) < 0.05) != excludes) & rows
+        assert not disagree.any(), (
+            name,
+            table.loc[disagree, [share, f"{share}_ci_low", f"{share}_ci_high", p]],
+        )
+        checked += rows.sum()
+    assert checked >= 20

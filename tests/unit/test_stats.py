@@ -457,8 +457,15 @@ def test_ratio_test_is_the_linearised_cluster_robust_ratio():
     sums = np.array([u[groups == g].sum() for g in np.unique(groups)])
     se = np.sqrt(G / (G - 1) * (sums**2).sum()) / (W * den).sum()
     assert abs(out["ratio"][0] - ratio) <= 1e-12 and abs(out["se"][0] - se) <= 1e-12
-    half = sps.t.ppf(0.975, G - 1) * se
-    assert abs(out["ci_low"][0] - (ratio - half)) <= 1e-12 and out["df"] == G - 1
+    # the CI inverts the test of num - s den (Fieller), each variance part by hand: CR1 cluster sums
+    A, B, c, t = (W * num).sum(), (W * den).sum(), G / (G - 1), sps.t.ppf(0.975, G - 1)
+    S = [
+        np.array([(W * (v - m))[groups == g].sum() for g in np.unique(groups)])
+        for v, m in ((num, A), (den, B))
+    ]
+    Va, Vb, Cab = c * (S[0] ** 2).sum(), c * (S[1] ** 2).sum(), c * (S[0] * S[1]).sum()
+    ends = np.sort(np.roots([B**2 - t**2 * Vb, -2 * (A * B - t**2 * Cab), A**2 - t**2 * Va]))
+    assert np.allclose([out["ci_low"][0], out["ci_high"][0]], ends, atol=1e-10) and out["df"] == G - 1
     # a column with missing values uses the denominator on its own observations only
     holes = num.copy()
     holes[:5] = np.nan
@@ -484,8 +491,9 @@ def test_ratio_test_covers_the_true_share():
     assert abs(hits / sims - 0.95) <= 3 * np.sqrt(0.95 * 0.05 / sims)
 
 
-def test_gradient_share_is_a_ratio_of_slopes_with_a_linearised_interval():
-    """slope(num) / slope(den) on the covariate; SE from the slope of u = num - ratio den."""
+def test_gradient_share_is_a_ratio_of_slopes_with_an_inverted_interval():
+    """slope(num) / slope(den) on the covariate; SE from the slope of u = num - ratio den; the CI's
+    ends are where the two-way test of the slope of num - s den reaches the critical t."""
     from attnprobe.stats.inference import slope_ratio_test
 
     rng = np.random.default_rng(10)
@@ -499,7 +507,10 @@ def test_gradient_share_is_a_ratio_of_slopes_with_a_linearised_interval():
     u = stats.cluster_slope_test(x, num - ratio * den, w, [occ, tpl])
     se = u["se"][0] / abs(np.polyfit(x, den, 1)[0])
     assert out["ratio"][0] == pytest.approx(ratio) and out["se"][0] == pytest.approx(se)
-    assert out["ci_low"][0] == pytest.approx(ratio - sps.t.ppf(0.975, u["df"][0]) * se)
+    critical = sps.t.ppf(0.975, stats.cluster_slope_test(x, num, w, [occ, tpl])["df"][0])
+    for end in (out["ci_low"][0], out["ci_high"][0]):
+        at = stats.cluster_slope_test(x, num - end * den, w, [occ, tpl])
+        assert abs(at["slope"][0] / at["se"][0]) == pytest.approx(critical, abs=1e-6)
     assert out["ci_low"][0] < 0.4 < out["ci_high"][0]
 
 
@@ -635,3 +646,46 @@ def test_placebo_counts_bound_a_no_head_sentence():
     planted = noise + 0.05 * cells["x"].to_numpy()[:, None]
     found = placebo_counts(design, planted, p_of(planted), "unit", "x", "t_")
     assert found["t_p05"] > 150 and found["t_placebo_p05_mean"] < 30
+
+
+@pytest.mark.parametrize("two_way", [False, True])
+@pytest.mark.parametrize("slope", [False, True])
+def test_a_share_ci_inverts_its_numerators_test(two_way, slope):
+    """Issue 53: a share's CI and its numerator's p agree on whether the share is 0 (in 6 of 19 path
+    rows they did not: a symmetric linearised CI beside a p of the numerator). The CI is every s the
+    test of num - s den = 0 does not reject; at its ends that test's |t| is the critical value."""
+    from scipy import stats as sps
+
+    from attnprobe.stats.inference import cluster_mean_test, cluster_slope_test, ratio_test, slope_ratio_test
+
+    rng = np.random.default_rng(3)
+    units, templates = np.repeat(np.arange(12), 6), np.tile(np.arange(6), 12)
+    clusters = [units, templates] if two_way else [units]
+    x = np.repeat(rng.normal(size=12), 6)
+    den = 3.0 + 0.8 * x + rng.normal(size=72)  # a mean and a slope both clear of 0
+    # columns from no share to a clear one: some near the 5% boundary
+    num = np.column_stack([s * den + rng.normal(scale=1.5, size=72) for s in np.linspace(0, 0.6, 40)])
+    w = np.ones(72)
+    if slope:
+        share, test = (
+            slope_ratio_test(x, num, den, w, clusters),
+            lambda u: cluster_slope_test(x, u, w, clusters),
+        )
+        estimate = lambda r: r["slope"]
+    else:
+        share, test = ratio_test(num, den, w, clusters), lambda u: cluster_mean_test(u, w, clusters)
+        estimate = lambda r: r["mean"]
+    p = test(num)["p"]
+    bounded = np.isfinite(share["ci_low"]) & np.isfinite(share["ci_high"])
+    excludes_zero = (share["ci_low"] > 0) | (share["ci_high"] < 0)
+    defined = ~np.isnan(share["ci_low"])  # NaN: two rays, no interval
+    assert bounded.sum() >= 30 and ((p < 0.05) != excludes_zero)[defined].sum() == 0
+    assert (p < 0.05).any() and (p >= 0.05).any()  # both sides of the boundary are checked
+    assert np.all(share["ci_low"][bounded] <= share["ratio"][bounded])
+    assert np.all(share["ratio"][bounded] <= share["ci_high"][bounded])
+    for end in ("ci_low", "ci_high"):  # the test of num - s den at each end sits at the critical t
+        for j in np.flatnonzero(bounded)[::7]:
+            s = share[end][j]
+            r = test(num[:, j] - s * den)
+            critical = sps.t.ppf(0.975, test(num[:, j])["df"][0])
+            assert abs(abs(estimate(r)[0] / r["se"][0]) - critical) < 1e-6
