@@ -29,7 +29,9 @@ from .multiple_choice import choice_accuracy
 from .next_token import behavior, log_ratios
 from .referents import referent_accuracy, referent_choice
 
-TABLES_VERSION = 20  # 20: shares with test-inverted (Fieller) intervals. Bump when a table's columns or meaning change: cached tables are recomputed
+# bump when a table's columns or meaning change: cached tables are recomputed (20: shares with
+# test-inverted, Fieller, intervals)
+TABLES_VERSION = 20
 
 __all__ = [
     "TABLES_VERSION",
