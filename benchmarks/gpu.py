@@ -43,7 +43,7 @@ from attnprobe.model import from_pretrained_objects, load_tokenizer  # noqa: E40
 from attnprobe.model.footprint import GB, PEAK_TFLOPS, Shape, card  # noqa: E402
 from attnprobe.model.shapes import SHAPES as SHIPPED  # noqa: E402
 from attnprobe.run import RunOptions, plan_run  # noqa: E402
-from attnprobe.run.footprint import working_bytes  # noqa: E402
+from attnprobe.run.resources import working_bytes  # noqa: E402
 from attnprobe.suite import load_suite  # noqa: E402
 
 SUITE = ROOT / "probes" / "gender.yaml"

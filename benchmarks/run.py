@@ -233,7 +233,7 @@ def bench_head_effects(pm, suite, encoded, n_reference: int = 3, n_items: int = 
     from dataclasses import replace
 
     from attnprobe.intervene.selection import head_mask, select
-    from attnprobe.measures.head_effects import phases
+    from attnprobe.measures.head_effects import screen as phases
 
     sys.path.insert(0, str(ROOT / "tests"))  # the one-item reference lives with the tests
     from reference_patching import effects

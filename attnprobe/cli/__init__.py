@@ -180,7 +180,7 @@ def check(suite, model_spec, limit, dtype, device, trust_remote_code, data_roots
     loaded = load_suite(suite, data_roots=data_roots)  # before torch loads: a suite's error at once
     from ..run import RunOptions, plan_run
     from ..run.describe import describe
-    from ..run.footprint import footprint_lines
+    from ..run.resources import footprint_lines
 
     options = RunOptions(limit=limit, dtype=dtype, trust_remote_code=trust_remote_code, data_roots=data_roots)
     plan = plan_run(loaded, model_spec, options)
@@ -243,7 +243,7 @@ def merge(out, shard_dirs, with_report):
 @click.option("--out", type=click.Path(file_okay=False), help="Directory; default reports/compare/<A>--<B>/.")
 def compare(run_a, run_b, out):
     """Paired statistics B - A of two runs of the same prompts (original and edited, two checkpoints)."""
-    from ..report.compare import headline, write_comparison
+    from ..report.comparison import headline, write_comparison
 
     path, tables = write_comparison(run_a, run_b, out)
     for line in headline(tables):

@@ -20,7 +20,7 @@ REFERENCE_TOKENS = 5.6
 # second, prefixes shared, logits only where a scored token is read (benchmarks/run.py --only scoring)
 SCORED_TOKENS_PER_SECOND = 604.0
 # The reference's rate in FLOP/s (2 FLOPs per parameter and forwarded token, prompts of
-# REFERENCE_TOKENS): how GPU estimates convert the CPU-measured phases into work (run/footprint.py).
+# REFERENCE_TOKENS): how GPU estimates convert the CPU-measured phases into work (run/resources.py).
 CPU_FLOPS = PROMPTS_PER_SECOND * REFERENCE_TOKENS * 2 * REFERENCE_PARAMETERS
 
 

@@ -21,7 +21,7 @@ from ..heads import HeadSet
 from ..measures import table_names
 from ..model import load_model
 from ..report import load_tables, write_report
-from ..report.compare import compare_runs
+from ..report.comparison import compare_runs
 from ..report.plots import head_heatmap
 from ..report.summary import split_levels, strongest_head, summary, summary_html
 from ..run.merge import merge_shards as _merge_into

@@ -21,11 +21,11 @@ from ..model.footprint import check_fits
 from ..progress import Progress
 from ..suite import Suite, load_suite
 from . import fresh, storage
-from .footprint import working_bytes
 from .manifest import new_manifest
 from .options import RunOptions
 from .phases import Engine, prompts_phase, recorded_end, run_phase
 from .plan import RunPlan, model_name, plan_run
+from .resources import working_bytes
 
 __all__ = ["RunOptions", "RunPlan", "model_name", "plan_run", "run_suite"]
 

@@ -4,7 +4,7 @@ A suite says which prompts form a pair and which two labels it compares (the con
 units make observations dependent (the clusters, e.g. occupation and template), the covariate a
 bias interaction is measured against (e.g. the occupation's share of women, owned by the unit
 `occupation`) and named groups of templates (e.g. single-entity and two-entity). The suite loader
-parses and checks it (attnprobe.suite.analysis), the run records it in the manifest, and the
+parses and checks it (attnprobe.suite.parse_analysis), the run records it in the manifest, and the
 statistics and the report read it back with `Analysis.from_manifest`. Every name here is a column
 of prompts.csv, so nothing after the run knows which suite, language or bias it is looking at.
 """

@@ -21,8 +21,8 @@ from ..measures import MEASURES, AttentionMeasure, HeadEffectsMeasure, NextToken
 from ..schema.analysis import candidate_notes, contrast_notes, covariate_notes, few_levels_notes
 from ..schema.spans import spread_key, token_spans
 from ..schema.yamllines import Context, Map, as_list, optional_str, required_str, safe_load_with_lines
-from .analysis import parse_analysis, value_of
 from .control import parse_control
+from .parse_analysis import parse_analysis, value_of
 from .sentences import load_sentence_sets, sentence_prompts
 from .slots import load_slots
 from .templates import check_size, expand, load_templates, new_value_notes

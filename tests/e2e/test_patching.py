@@ -13,7 +13,7 @@ from reference_patching import effects
 
 from attnprobe.intervene.items import Counterfactual, PatchItem, Selection
 from attnprobe.intervene.selection import head_mask
-from attnprobe.measures.head_effects import phases
+from attnprobe.measures.head_effects import screen as phases
 
 POSITIVE, NEGATIVE = [30], [31, 32]
 # x and x' of different lengths in one padded bank: a same-length x', a longer x' (aligned from the

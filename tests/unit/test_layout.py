@@ -233,6 +233,19 @@ def test_at_most_eight_modules_in_a_folder():
         assert n <= limit, f"{folder} holds {n} modules (at most {limit}): group them by role"
 
 
+# Modules that share a name by design: each measure's statistics (stats/<kind>.py beside
+# measures/<kind>.py) and a command's options (run/, cli/, edits/sweep/).
+SHARED_NAMES = {"attention", "likelihood", "multiple_choice", "next_token", "options"}
+
+
+def test_one_name_one_place():
+    """No two modules share a name (store and storage aside: the files and the run directory), but
+    the measure/statistics pairs and the options: a twin makes a reader guess which one is meant."""
+    names = [path.stem for path in PACKAGE.rglob("*.py") if path.stem != "__init__"]
+    twins = {name for name in names if names.count(name) > 1} - SHARED_NAMES
+    assert not twins, f"modules sharing a name: {sorted(twins)}"
+
+
 def test_every_error_class_lives_in_errors():
     for name in MODULES:
         if name == "attnprobe.errors":

@@ -9,7 +9,7 @@ layer's attention or MLP output, and joint sets of heads. The rooms:
   declaration  the suite's `head_effects:` block, parsed; the manifest's summary; the plan's hash
   designs      SlotSwap and PairSwap: which items, x and x' (tokenizer only)
   attribution  first-order estimates of every head and layer from one backward pass
-  phases       one chunk of the screen or of the selected heads
+  screen       one chunk of the screen or of the selected heads
 
 The items, sites, batched engine and head selection it runs on are the intervention library
 (attnprobe.intervene), shared with the edits.
@@ -236,7 +236,7 @@ def assemble(directory: Path, n_chunks: int, selected_plan: str | None = None) -
 def _screen_phases(part: HeadEffectsPlan, engine) -> list[Phase]:
     """The screen: held-out items (every head patched exactly, ~60x the cost of another item) in
     their own chunks and progress, then the others."""
-    from . import phases as effect_phases  # torch: not loaded by a suite's parse
+    from . import screen as effect_phases  # torch: not loaded by a suite's parse
 
     chunks, held_out = part.chunks, part.measure.held_out_ids(part.items)
 
@@ -258,7 +258,7 @@ def _screen_phases(part: HeadEffectsPlan, engine) -> list[Phase]:
 
 def _selected_phase(part: HeadEffectsPlan, engine) -> tuple[Phase, object]:
     """The selected heads on every item, once every item is screened; and the selection."""
-    from . import phases as effect_phases
+    from . import screen as effect_phases
 
     chunks, info = part.chunks, engine.pm.info
     first = store.read_chunks(engine.directory, len(chunks), HeadEffects.CHUNKS[SCREEN], SCREEN)
