@@ -182,19 +182,12 @@ def exclusive(directory: Path):
             f"cannot lock {directory / '.lock'} ({exc.strerror}); make the directory writable or choose "
             "another --out"
         ) from None
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise RunError(
-            f"another attnprobe command (a run, an edit or a compare) is using {directory}; wait for it "
-            "to finish or choose --out"
-        ) from None
-    try:
+    busy = (
+        f"another attnprobe command (a run, an edit or a compare) is using {directory}; wait for it "
+        "to finish or choose --out"
+    )
+    with _locked(handle, fcntl.LOCK_EX, busy):
         yield
-    finally:
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
 
 
 @contextmanager
@@ -211,14 +204,22 @@ def shared(directory: Path):
     if handle is None:
         yield
         return
+    busy = (
+        f"{directory} is being written by another attnprobe command (a run or an edit); wait for it "
+        "to finish and read it again"
+    )
+    with _locked(handle, fcntl.LOCK_SH, busy):
+        yield
+
+
+@contextmanager
+def _locked(handle, mode: int, busy: str):
+    """`handle` locked in `mode` (exclusive or shared) within the block, or `busy` as one line."""
     try:
-        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(handle, mode | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        raise RunError(
-            f"{directory} is being written by another attnprobe command (a run or an edit); wait for it "
-            "to finish and read it again"
-        ) from None
+        raise RunError(busy) from None
     try:
         yield
     finally:
