@@ -88,9 +88,13 @@ def copy_suite(directory: Path, suite) -> str:
     base = Path(os.path.commonpath([f.parent for f in files]))
     written = []
     for source in dict.fromkeys(files):
-        relative = source.relative_to(base)
-        own_directory((target / relative).parent)
-        shutil.copyfile(source, target / relative)
+        relative, dest = source.relative_to(base), target / source.relative_to(base)
+        own_directory(dest.parent)
+        if dest.is_symlink():  # copying would write through it, outside the run
+            raise RunError(
+                f"{dest} is a symbolic link; attnprobe writes only inside the run directory: remove it"
+            )
+        shutil.copyfile(source, dest)
         written.append(str(relative))
     (target / COPY_LIST).write_text(json.dumps(written, indent=1) + "\n")
     return f"{SUITE_COPY}/{written[0]}"

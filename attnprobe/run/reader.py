@@ -23,7 +23,7 @@ class Reopened:
 
     suite: object  # the Suite, loaded from the run's copy
     model: str  # what load_model is given: the local path the model was loaded from, else the spec
-    load: dict  # dtype, trust_remote_code, allow_pickle, as the run loaded it
+    load: dict  # the dtype the run loaded it in (remote code and pickles stay off)
     settings: dict  # the recorded plan's settings
 
     def load_model(self, device: str = "cpu"):
@@ -80,16 +80,19 @@ class RunFiles:
     def reopen(self) -> Reopened:
         """What the run was made from, to work on it again from wherever its directory now is: its
         suite (the run's own copy, else the file the manifest names, with the run's data roots;
-        refused if it changed), the model's source and load options, the recorded plan's settings."""
+        refused if it changed), the model's source and dtype, the recorded plan's settings."""
         from ..suite import load_suite
 
         self.require_keys(suite__path=str, suite__sha256=str, model__spec=str, dtype=str, settings=dict)
         m = self.manifest
-        copy = self.directory / str(m["suite"].get("copy", ""))
-        if m["suite"].get("copy") and copy.is_file():
-            path, roots = copy, (self.directory / "suite",)
+        own = (self.directory / "suite").resolve()
+        copy = (self.directory / str(m["suite"].get("copy") or "-")).resolve()
+        if copy.is_relative_to(own) and copy.is_file():  # never a file outside the run's own copy
+            path, roots = copy, (own,)
         else:  # a run made before runs kept a copy of their suite
-            path, roots = Path(m["suite"]["path"]), tuple(m["suite"].get("data_roots", ()))
+            recorded = m["suite"].get("data_roots")
+            roots = tuple(str(r) for r in recorded) if isinstance(recorded, list) else ()
+            path = Path(m["suite"]["path"])
             if not path.is_file():
                 raise RunError(
                     f"{self.directory}: the run's suite {path} is not there and the run holds no copy of it; "
@@ -101,11 +104,9 @@ class RunFiles:
                 f"{path} changed since the run in {self.directory} was made; rerun the suite first (the "
                 "run's tables are of the suite as it was)"
             )
-        model = m["model"]
-        load = {k: model.get(k, False) for k in ("trust_remote_code", "allow_pickle")}
-        return Reopened(
-            suite, model.get("source", model["spec"]), {"dtype": m["dtype"], **load}, m["settings"]
-        )
+        # the dtype only: a manifest (perhaps someone else's) never turns on remote code or pickles
+        source = m["model"].get("source", m["model"]["spec"])
+        return Reopened(suite, str(source), {"dtype": m["dtype"]}, m["settings"])
 
     def require_complete(self) -> None:
         """Statistics need every prompt: refuse an unfinished run or a lone shard in one line."""

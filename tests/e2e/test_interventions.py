@@ -289,12 +289,13 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
     direct = heads["mean_direct"] + heads["mean_output_out"] - summary["te_mean"].reindex(heads.index)
     assert direct.abs().max() <= 1e-9 and heads["gradient_share_output_in"].notna().all()
     shares = pd.read_csv(run.directory / "head_effects_layer_shares.csv")
-    assert (
-        len(shares) == 2 * 30 * 6 and shares["ci_low"].le(shares["share"]).all()
-    )  # attention, mlp x in, out, attribution
-    assert (
-        shares["gradient_share"].notna().all() and shares["search_ci_low"].le(shares["ci_low"] + 1e-12).all()
-    )
+    # attention, mlp x in, out, attribution; a share's CI inverts its numerator's test: on 3
+    # occupations most denominators cannot be told from 0, and those intervals are unbounded or none
+    defined = shares["ci_low"].notna()
+    assert len(shares) == 2 * 30 * 6 and shares.loc[defined, "ci_low"].le(shares.loc[defined, "share"]).all()
+    both = defined & shares["search_ci_low"].notna()  # the search's wider level: a wider interval
+    assert shares["gradient_share"].notna().all()
+    assert shares.loc[both, "search_ci_low"].le(shares.loc[both, "ci_low"] + 1e-12).all()
     # a layer's attention attribution is the sum of its heads'
     per_head = items.groupby(["item_id", "counterfactual", "layer"])["attribution_output"].sum()
     assert (

@@ -257,7 +257,7 @@ def test_a_run_moved_away_from_its_suite_is_edited_from_its_own_copy(tiny_llama_
     same_edit_tables(_edit(tmp_path / "in-place"), _edit(moved))
     reopened = attnprobe.Run(moved).reopen()
     assert reopened.suite.sha256 == attnprobe.Run(moved).manifest["suite"]["sha256"]
-    assert reopened.load == {"dtype": "float32", "trust_remote_code": False, "allow_pickle": False}
+    assert reopened.load == {"dtype": "float32"}  # a manifest never turns on remote code or pickles
 
 
 def test_a_run_whose_suite_read_through_a_data_root_is_edited(tiny_llama_dir, tmp_path):
@@ -281,3 +281,16 @@ def test_a_run_whose_suite_read_through_a_data_root_is_edited(tiny_llama_dir, tm
     (data / "jobs.tsv").write_text((data / "jobs.tsv").read_text() + "welder\t5\n")
     with pytest.raises(RunError, match="changed since the run .* was made; rerun the suite first"):
         attnprobe.Run(run).reopen()
+
+
+def test_a_link_planted_in_the_suite_copy_is_refused_and_its_target_untouched(tiny_llama_dir, tmp_path):
+    from conftest import edit_suite
+
+    suite = edit_suite(tmp_path)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    (tmp_path / "run" / "suite").mkdir(parents=True)
+    (tmp_path / "run" / "suite" / "e.yaml").symlink_to(outside)
+    with pytest.raises(RunError, match="e.yaml is a symbolic link; attnprobe writes only inside the run"):
+        attnprobe.run_suite(suite, str(tiny_llama_dir), out=tmp_path / "run", progress=False)
+    assert outside.read_text() == "keep me"
