@@ -247,7 +247,7 @@ def _fieller(A: np.ndarray, B: np.ndarray, q: tuple, t: np.ndarray) -> tuple[np.
 
 def _inverted_ci(variance, A, B, clusters: list[np.ndarray], df, level: float):
     """The shares s the test of num - s den = 0 (estimate A - s B, the numerator test's df) does not
-    reject. `variance(s, clustering)` is quadratic in s (scores linear in s): three values give it.
+    reject. `variance(ss, clustering)` (one row per s) is quadratic in s: three values give it.
     Two-way, the larger of the crossed (V1 + V2 - V12) and each one-way variance: the union of sets."""
     ok = df >= 1
     t = np.where(ok, sps.t.ppf(0.5 + level / 2, np.where(ok, df, 1)), np.nan)
@@ -256,7 +256,7 @@ def _inverted_ci(variance, A, B, clusters: list[np.ndarray], df, level: float):
         parts.append([np.array([f"{a}\x1f{b}" for a, b in zip(*clusters)])])
     quadratics = []
     for part in parts:
-        v0, v1, v_1 = (variance(s, part) for s in (0.0, 1.0, -1.0))
+        v0, v1, v_1 = variance((0.0, 1.0, -1.0), part)
         quadratics.append((v0, (v1 - v_1) / 2, (v1 + v_1) / 2 - v0))
     if len(clusters) == 2:  # the crossed variance's quadratic from the three one-way ones
         quadratics[2] = tuple(x + y - z for x, y, z in zip(*quadratics))
@@ -280,7 +280,8 @@ def ratio_test(
     u = cluster_mean_test(num - ratio * den, w, clusters, level)
     with np.errstate(invalid="ignore", divide="ignore"):
         se = u["se"] / np.abs(mean_den)
-    variance = lambda s, part: cluster_mean_test(num - s * den, w, part, level)["se"] ** 2
+    stacked = lambda ss: np.hstack([num - s * den for s in ss])  # one test for every s
+    variance = lambda ss, part: cluster_mean_test(stacked(ss), w, part, level)["se"].reshape(len(ss), -1) ** 2
     df = cluster_mean_test(num, w, clusters, level)["df"]
     low, high = _inverted_ci(variance, mean_num, mean_den, clusters, df, level)
     low, high = (np.where(np.isfinite(ratio), end, np.nan) for end in (low, high))
@@ -306,7 +307,10 @@ def slope_ratio_test(
     u = cluster_slope_test(x, num - ratio * den, w, clusters, level)
     with np.errstate(invalid="ignore", divide="ignore"):
         se = u["se"] / np.abs(slope_den)
-    variance = lambda s, part: cluster_slope_test(x, num - s * den, w, part, level)["se"] ** 2
+    stacked = lambda ss: np.hstack([num - s * den for s in ss])  # one test for every s
+    variance = lambda ss, part: (
+        cluster_slope_test(x, stacked(ss), w, part, level)["se"].reshape(len(ss), -1) ** 2
+    )
     low, high = _inverted_ci(variance, numerator["slope"], slope_den, clusters, numerator["df"], level)
     low, high = (np.where(np.isfinite(ratio), end, np.nan) for end in (low, high))
     return {"ratio": ratio, "se": se, "ci_low": low, "ci_high": high, "df": u["df"]}
