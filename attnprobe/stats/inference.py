@@ -245,10 +245,11 @@ def _fieller(A: np.ndarray, B: np.ndarray, q: tuple, t: np.ndarray) -> tuple[np.
     return low, high
 
 
-def _inverted_ci(variance, A, B, clusters: list[np.ndarray], df, level: float):
+def _inverted_ci(se, num, den, A, B, clusters: list[np.ndarray], df, level: float, ratio):
     """The shares s the test of num - s den = 0 (estimate A - s B, the numerator test's df) does not
-    reject. `variance(ss, clustering)` (one row per s) is quadratic in s: three values give it.
-    Two-way, the larger of the crossed (V1 + V2 - V12) and each one-way variance: the union of sets."""
+    reject, NaN where `ratio` is not finite. `se(u, clustering)`: the test's SE of each column of u
+    under one clustering; its square is quadratic in s, so three values of s (one stacked test) give
+    it. Two-way, the larger of the crossed (V1 + V2 - V12) and each one-way variance: the union."""
     ok = df >= 1
     t = np.where(ok, sps.t.ppf(0.5 + level / 2, np.where(ok, df, 1)), np.nan)
     parts = [[c] for c in clusters]
@@ -256,12 +257,14 @@ def _inverted_ci(variance, A, B, clusters: list[np.ndarray], df, level: float):
         parts.append([np.array([f"{a}\x1f{b}" for a, b in zip(*clusters)])])
     quadratics = []
     for part in parts:
-        v0, v1, v_1 = variance((0.0, 1.0, -1.0), part)
+        stacked = np.hstack([num - s * den for s in (0.0, 1.0, -1.0)])
+        v0, v1, v_1 = se(stacked, part).reshape(3, -1) ** 2
         quadratics.append((v0, (v1 - v_1) / 2, (v1 + v_1) / 2 - v0))
     if len(clusters) == 2:  # the crossed variance's quadratic from the three one-way ones
         quadratics[2] = tuple(x + y - z for x, y, z in zip(*quadratics))
     bounds = [_fieller(A, B, q, t) for q in quadratics]
-    return np.min([low for low, _ in bounds], 0), np.max([high for _, high in bounds], 0)
+    ends = np.min([low for low, _ in bounds], 0), np.max([high for _, high in bounds], 0)
+    return tuple(np.where(np.isfinite(ratio), end, np.nan) for end in ends)
 
 
 def ratio_test(
@@ -280,11 +283,9 @@ def ratio_test(
     u = cluster_mean_test(num - ratio * den, w, clusters, level)
     with np.errstate(invalid="ignore", divide="ignore"):
         se = u["se"] / np.abs(mean_den)
-    stacked = lambda ss: np.hstack([num - s * den for s in ss])  # one test for every s
-    variance = lambda ss, part: cluster_mean_test(stacked(ss), w, part, level)["se"].reshape(len(ss), -1) ** 2
+    se_of = lambda u, part: cluster_mean_test(u, w, part, level)["se"]
     df = cluster_mean_test(num, w, clusters, level)["df"]
-    low, high = _inverted_ci(variance, mean_num, mean_den, clusters, df, level)
-    low, high = (np.where(np.isfinite(ratio), end, np.nan) for end in (low, high))
+    low, high = _inverted_ci(se_of, num, den, mean_num, mean_den, clusters, df, level, ratio)
     out = {"ratio": ratio, "se": se, "ci_low": low, "ci_high": high, "df": u["df"]}
     return {**out, "n_clusters": u["n_clusters"], "n": np.isfinite(num).sum(0)}
 
@@ -307,12 +308,9 @@ def slope_ratio_test(
     u = cluster_slope_test(x, num - ratio * den, w, clusters, level)
     with np.errstate(invalid="ignore", divide="ignore"):
         se = u["se"] / np.abs(slope_den)
-    stacked = lambda ss: np.hstack([num - s * den for s in ss])  # one test for every s
-    variance = lambda ss, part: (
-        cluster_slope_test(x, stacked(ss), w, part, level)["se"].reshape(len(ss), -1) ** 2
-    )
-    low, high = _inverted_ci(variance, numerator["slope"], slope_den, clusters, numerator["df"], level)
-    low, high = (np.where(np.isfinite(ratio), end, np.nan) for end in (low, high))
+    se_of = lambda u, part: cluster_slope_test(x, u, w, part, level)["se"]
+    A, B = numerator["slope"], slope_den
+    low, high = _inverted_ci(se_of, num, den, A, B, clusters, numerator["df"], level, ratio)
     return {"ratio": ratio, "se": se, "ci_low": low, "ci_high": high, "df": u["df"]}
 
 
