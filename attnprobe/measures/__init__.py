@@ -82,17 +82,25 @@ def paired(a, b) -> dict:
     run.reader.RunFiles), its empty tables left out; refused in one line when their items cannot be
     paired or a run has random weights."""
     from ..model.shapes import refuse_random
-    from ..stats.compare import check_comparable, scopes_of, templates_of
+    from ..stats.compare import check_comparable
 
     check_comparable(a, b)
     for run in (a, b):
         refuse_random(run.manifest["model"]["spec"], f"attnprobe compare ({run.directory})")
-    items = list(dict.fromkeys(a.prompts["item_id"]))
-    scopes = scopes_of(a, b, items, templates_of(a, items))
+    scopes = comparison_scopes(a, b)
     tables = {}
     for kind in MEASURES.values():
         tables.update({name: t for name, t in kind.paired(a, b, scopes).items() if not t.empty})
     return tables
+
+
+def comparison_scopes(a, b) -> dict:
+    """The scopes each kind's `paired` compares over (name -> item ids, stats.compare.scopes_of),
+    from run A's items in their order."""
+    from ..stats.compare import scopes_of, templates_of
+
+    items = list(dict.fromkeys(a.prompts["item_id"]))
+    return scopes_of(a, b, items, templates_of(a, items))
 
 
 def table_names(run) -> tuple[str, ...]:

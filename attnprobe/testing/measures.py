@@ -70,12 +70,11 @@ def _written(kind, whole: Path):
 
 def _report_and_compare(kind, run, tables: dict, directory: Path) -> None:
     """`attnprobe report` (its section) and `attnprobe compare` (its pairing of a run with itself)."""
-    from ..stats.compare import scopes_of, templates_of
+    from ..measures import comparison_scopes
 
     section = _called(kind, "section", run, tables, directory / "figures")
     assert section is None or isinstance(section, dict), f"{kind.NAME}: section() gave {type(section)}"
-    items = list(dict.fromkeys(run.prompts["item_id"]))
-    paired = _called(kind, "paired", run, run, scopes_of(run, run, items, templates_of(run, items)))
+    paired = _called(kind, "paired", run, run, comparison_scopes(run, run))
     assert isinstance(paired, dict) and all(isinstance(t, pd.DataFrame) for t in paired.values()), (
         f"{kind.NAME}: paired() must give {{table: DataFrame}}"
     )
