@@ -6,7 +6,13 @@ from pathlib import Path
 
 import click
 
-from ..defaults import DEFAULT_EDIT_K, DEFAULT_EDIT_KINDS, EDIT_KIND_NAMES
+from ..defaults import (
+    DEFAULT_EDIT_COUNTS,
+    DEFAULT_EDIT_K,
+    DEFAULT_EDIT_KINDS,
+    EDIT_KIND_NAMES,
+    MAX_EDIT_COUNTS,
+)
 from .options import command, device_option
 
 
@@ -39,7 +45,11 @@ def _int_list(ctx, param, value):
     "--heads", help="Edit these heads on every item instead of the run's ranking, e.g. L26H2,L25H2."
 )
 @click.option(
-    "--draws", type=click.IntRange(0, 10_000), default=20, show_default=True, help="Random head sets per k."
+    "--draws",
+    type=click.IntRange(0, MAX_EDIT_COUNTS["draws"]),
+    default=DEFAULT_EDIT_COUNTS["draws"],
+    show_default=True,
+    help="Random head sets per k.",
 )
 @click.option("--factor", type=float, default=0.5, show_default=True, help="Factor of the scale edit.")
 @click.option(
@@ -55,8 +65,8 @@ def _int_list(ctx, param, value):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--alone",
-    type=click.IntRange(0, 1_000),
-    default=10,
+    type=click.IntRange(0, MAX_EDIT_COUNTS["alone"]),
+    default=DEFAULT_EDIT_COUNTS["alone"],
     show_default=True,
     help="The top heads each zeroed alone on every item and control prompt (edits_heads.csv); 0: none.",
 )

@@ -88,7 +88,8 @@ def copy_suite(directory: Path, suite) -> str:
     base = Path(os.path.commonpath([f.parent for f in files]))
     written = []
     for source in dict.fromkeys(files):
-        relative, dest = source.relative_to(base), target / source.relative_to(base)
+        relative = source.relative_to(base)
+        dest = target / relative
         own_directory(dest.parent)
         if dest.is_symlink():  # copying would write through it, outside the run
             raise RunError(

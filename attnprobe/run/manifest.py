@@ -49,7 +49,8 @@ def new_manifest(plan, pm, options, weights_sha: str | None, weights_content: st
             "n_layers": info.n_layers,
             "n_heads": info.n_heads,
             "n_kv_heads": info.n_kv_heads,
-            # what reloads it from anywhere (RunFiles.reopen): a local path resolved, else the spec
+            # what RunFiles.reopen reloads it from anywhere: a local path resolved, else the spec; and how
+            # it was loaded (a reopened run never turns on remote code or pickles from these)
             "source": str(Path(plan.spec).resolve()) if Path(plan.spec).exists() else plan.spec,
             "trust_remote_code": options.trust_remote_code,
             "allow_pickle": options.allow_pickle,

@@ -23,13 +23,13 @@ class Reopened:
 
     suite: object  # the Suite, loaded from the run's copy
     model: str  # what load_model is given: the local path the model was loaded from, else the spec
-    load: dict  # the dtype the run loaded it in (remote code and pickles stay off)
+    dtype: str  # the dtype the run loaded it in (remote code and pickles stay off)
     settings: dict  # the recorded plan's settings
 
     def load_model(self, device: str = "cpu"):
         from ..model import load_model
 
-        return load_model(self.model, device=device, **self.load)
+        return load_model(self.model, dtype=self.dtype, device=device)
 
     def plan(self, model, directory: Path, log=lambda message: None):
         """The run's plan rebuilt with its recorded settings, checked against the recorded one (the
@@ -106,7 +106,7 @@ class RunFiles:
             )
         # the dtype only: a manifest (perhaps someone else's) never turns on remote code or pickles
         source = m["model"].get("source", m["model"]["spec"])
-        return Reopened(suite, str(source), {"dtype": m["dtype"]}, m["settings"])
+        return Reopened(suite, str(source), m["dtype"], m["settings"])
 
     def require_complete(self) -> None:
         """Statistics need every prompt: refuse an unfinished run or a lone shard in one line."""

@@ -257,7 +257,7 @@ def test_a_run_moved_away_from_its_suite_is_edited_from_its_own_copy(tiny_llama_
     same_edit_tables(_edit(tmp_path / "in-place"), _edit(moved))
     reopened = attnprobe.Run(moved).reopen()
     assert reopened.suite.sha256 == attnprobe.Run(moved).manifest["suite"]["sha256"]
-    assert reopened.load == {"dtype": "float32"}  # a manifest never turns on remote code or pickles
+    assert reopened.dtype == "float32"  # the one load option taken: never remote code or pickles
 
 
 def test_a_run_whose_suite_read_through_a_data_root_is_edited(tiny_llama_dir, tmp_path):

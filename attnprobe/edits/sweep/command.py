@@ -244,11 +244,11 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
 def _kind_values(model, kind: str, *args) -> pd.DataFrame:
     """measure_kind; a kind another package registered that fails is one line naming it (its
     values are not written; the kinds before it keep theirs)."""
-    if KINDS[kind].__module__.startswith("attnprobe."):
-        return measure_kind(model, kind, *args)
     try:
         return measure_kind(model, kind, *args)
     except Exception as exc:
+        if KINDS[kind].__module__.startswith("attnprobe."):  # attnprobe's own: its traceback
+            raise
         raise RunError(
             f"edit kind {kind!r} ({KINDS[kind].__module__}) failed: {type(exc).__name__}: {str(exc)[:200]}; "
             "check it with attnprobe.testing.check_edit_kind"

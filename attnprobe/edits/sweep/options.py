@@ -8,18 +8,14 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-from ...defaults import DEFAULT_EDIT_K, DEFAULT_EDIT_KINDS
+from ...defaults import DEFAULT_EDIT_COUNTS, DEFAULT_EDIT_K, DEFAULT_EDIT_KINDS, MAX_EDIT_COUNTS
 from ...errors import AttnprobeError
 from ...version import __version__
 from ..inputs import text_head
 from ..kinds import KINDS, Heads, parse_heads
 
 DEFAULT_KINDS, DEFAULT_K = DEFAULT_EDIT_KINDS, DEFAULT_EDIT_K
-DEFAULT_DRAWS = 20
-
-
-MAX_COUNT = {"draws": 10_000, "alone": 1_000}  # random draws per (kind, k); heads zeroed alone
-DEFAULTS = {"kinds": "('zero', 'leace')", "ks": "(1, 5)"}
+EXAMPLES = {"kinds": "('zero', 'leace')", "ks": "(1, 5)"}  # what a wrongly typed list is shown
 
 
 @dataclass(frozen=True)
@@ -27,12 +23,12 @@ class EditOptions:
     kinds: tuple[str, ...] = DEFAULT_KINDS
     ks: tuple[int, ...] = DEFAULT_K
     heads: str | None = None  # "L26H2,L25H2": these heads on every item instead of the run's ranking
-    draws: int = DEFAULT_DRAWS
+    draws: int = DEFAULT_EDIT_COUNTS["draws"]
     factor: float = 0.5  # of the scale edit
     reference: str | None = None  # counterfactual word of the reference set; default the suite's last
     text: str | None = None  # a text file whose log-loss change is reported
     seed: int = 0
-    alone: int = 10  # the top heads each zeroed alone (edits_heads); 0: none
+    alone: int = DEFAULT_EDIT_COUNTS["alone"]  # the top heads each zeroed alone (edits_heads); 0: none
     stream: bool = False  # also the stream erased at every layer (edits_stream, edits.stream)
     trace: bool = False  # also the stream patched per layer and position (tracing, edits.analyses.tracing)
     paths: bool = False  # also the top heads' inputs and senders patched (paths, edits.analyses.paths)
@@ -44,11 +40,17 @@ class EditOptions:
                 isinstance(v, kind) and not isinstance(v, bool) for v in values
             ):
                 what = "kind names" if kind is str else "whole numbers"
-                raise AttnprobeError(f"{name} {values!r}: give a list of {what}, e.g. {DEFAULTS[name]}")
+                raise AttnprobeError(f"{name} {values!r}: give a list of {what}, e.g. {EXAMPLES[name]}")
         for name in ("draws", "alone"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT[name]:
-                raise AttnprobeError(f"--{name} {value!r}: give a whole number from 0 to {MAX_COUNT[name]:,}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value <= MAX_EDIT_COUNTS[name]
+            ):
+                raise AttnprobeError(
+                    f"--{name} {value!r}: give a whole number from 0 to {MAX_EDIT_COUNTS[name]:,}"
+                )
         unknown = [k for k in self.kinds if k not in KINDS]
         if unknown or not self.kinds:
             raise AttnprobeError(
