@@ -228,9 +228,7 @@ def merge(out, shard_dirs, with_report):
     from ..notebook.api import merge_shards
 
     result = merge_shards(list(shard_dirs), out)
-    click.echo(
-        f"merged {len(shard_dirs)} shards, {result.manifest['n_prompts']} prompts -> {result.directory}"
-    )
+    click.echo(f"merged {len(shard_dirs)} shards, {result.manifest.n_prompts} prompts -> {result.directory}")
     if with_report:
         from ..report import write_report
 

@@ -157,17 +157,14 @@ def run(suite, model_spec, with_report, edit_files, skipped, **settings):
     seconds = time.perf_counter() - started
     manifest = result.manifest
     for line in (
-        []
-        if quiet
-        else [f"skipped: {s}" for s in manifest["skipped"]]
-        + [f"note: {n}" for n in manifest.get("notes", [])]
+        [] if quiet else [f"skipped: {s}" for s in manifest.skipped] + [f"note: {n}" for n in manifest.notes]
     ):
         click.echo(line, err=True)
-    n = manifest["n_prompts"]
-    effects = manifest.get("head_effects")
+    n = manifest.n_prompts
+    effects = manifest.entry("head_effects")
     prompt_seconds = seconds - (effects["seconds"] if effects else 0.0)
     timing = [
-        f"{n} prompts on {manifest['model']['spec']} in {prompt_seconds:.1f} s "
+        f"{n} prompts on {manifest.model.spec} in {prompt_seconds:.1f} s "
         f"({n / prompt_seconds:.1f} prompts/s, including model load) -> {result.directory}"
     ]
     if effects:

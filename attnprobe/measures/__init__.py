@@ -86,7 +86,7 @@ def paired(a, b) -> dict:
 
     check_comparable(a, b)
     for run in (a, b):
-        refuse_random(run.manifest["model"]["spec"], f"attnprobe compare ({run.directory})")
+        refuse_random(run.manifest.model.spec, f"attnprobe compare ({run.directory})")
     scopes = comparison_scopes(a, b)
     tables = {}
     for kind in MEASURES.values():

@@ -178,7 +178,7 @@ class Measure(ABC):
         found = suite.measures.get(self.NAME, self.NONE)
         return found is not None and found != ()
 
-    def present(self, directory, manifest: dict) -> bool:
+    def present(self, directory, manifest) -> bool:
         """A run directory holds its results (every file it reads is there)."""
         return all(any(directory.glob(f"{file.removesuffix('.parquet')}.*")) for file in self.READS.values())
 
@@ -198,16 +198,21 @@ class Measure(ABC):
         return []
 
     @abstractmethod
-    def manifest(self, declared, part) -> dict: ...
+    def manifest(self, declared, part) -> dict:
+        """The entries it records in the run's manifest (read back with `manifest.entry(key)`)."""
 
-    def resumed(self, declared, part, previous: dict, directory) -> dict:
+    def resumed(self, declared, part, previous, directory) -> dict:
+        """The entries a resumed run keeps from `previous` (its run.manifest.Manifest; None for a
+        new run)."""
         return {}
 
     @abstractmethod
     def compute(self, declared, part, engine) -> None: ...
 
     @abstractmethod
-    def merge(self, shards: list, out, merged: dict) -> None: ...
+    def merge(self, shards: list, out, merged) -> None:
+        """Join its files of `shards` ((directory, Manifest) in shard order) into `out`; it may set
+        its entries of the `merged` Manifest."""
 
     @abstractmethod
     def statistics(self, run, tables: dict) -> dict[str, pd.DataFrame]: ...
@@ -256,7 +261,7 @@ class BatchMeasure(Measure):
     def compute(self, declared, part, engine) -> None:
         return None  # in the prompts phase
 
-    def merge(self, shards: list, out, merged: dict) -> None:
+    def merge(self, shards: list, out, merged) -> None:
         return None  # the prompts' chunks are joined by the run's merge
 
 
@@ -306,7 +311,7 @@ class PromptsMeasure(Measure):
         if part is not None:  # declared and not skipped
             engine.scored(self, declared)
 
-    def merge(self, shards: list, out, merged: dict) -> None:
+    def merge(self, shards: list, out, merged) -> None:
         import shutil
 
         first = shards[0][0]  # shard 1 computes every such phase

@@ -146,7 +146,7 @@ class Run(RunFiles):
                     f"{name} {value!r}: give a whole number (run.prompts lists the prompt ids)"
                 )
         prompt_id, layer, head = int(prompt_id), int(layer), int(head)
-        if self.manifest.get("edits"):
+        if self.manifest.edits:
             raise AnalysisError(
                 "this run was made with saved edits applied; recompute its attention inside "
                 "`with ap.edited(model, *edits):` with model.capture([text])"
@@ -157,14 +157,13 @@ class Run(RunFiles):
             raise AnalysisError(
                 f"no prompt {prompt_id!r} in this run; its prompt ids: {some}, ... (run.prompts)"
             )
-        m = self.manifest["model"]
-        if not (0 <= layer < m["n_layers"] and 0 <= head < m["n_heads"]):
+        m = self.manifest.model
+        if not (0 <= layer < m.n_layers and 0 <= head < m.n_heads):
             raise AnalysisError(
-                f"{HeadSet.name(layer, head)} is outside the model's {m['n_layers']} layers x "
-                f"{m['n_heads']} heads"
+                f"{HeadSet.name(layer, head)} is outside the model's {m.n_layers} layers x {m.n_heads} heads"
             )
         prompt = prompts.loc[prompt_id]
-        model = model or load_model(m["spec"], dtype=self.manifest["dtype"])
+        model = model or load_model(m.spec, dtype=self.manifest.dtype)
         return recompute_attention(model, prompt["text"], int(prompt["n_tokens"]), layer, head)
 
     def _tables(self) -> dict:
@@ -229,8 +228,8 @@ class Run(RunFiles):
     def _repr_html_(self) -> str:
         m = self.manifest
         return (
-            f"<div><b>attnprobe run</b> {escape(m['suite']['name'])} on {escape(m['model']['spec'])}: "
-            f"{m['n_prompts']} prompts, {escape(m['dtype'])}, <code>{escape(str(self.directory))}</code>"
+            f"<div><b>attnprobe run</b> {escape(m.suite.name)} on {escape(m.model.spec)}: "
+            f"{m.n_prompts} prompts, {escape(m.dtype)}, <code>{escape(str(self.directory))}</code>"
             f"{summary_html(self.summary)}</div>"
         )
 

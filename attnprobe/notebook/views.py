@@ -35,7 +35,7 @@ def _inputs(model, text):
     from ..run.reader import RunFiles
 
     if isinstance(model, RunFiles):
-        run, model = model, model.manifest["model"]["spec"]
+        run, model = model, model.manifest.model.spec
         if isinstance(text, int):
             by_id = run.prompts.set_index("prompt_id")["text"]
             if text not in by_id.index:

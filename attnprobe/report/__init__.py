@@ -48,7 +48,7 @@ def load_tables(
     names = table_names(run)
     stamp = {
         "stats": stats.TABLES_VERSION,
-        "analysis": run.manifest.get("analysis"),
+        "analysis": run.manifest.analysis,
         **{
             file: _signature(run.directory / file)  # a rerun measure makes its tables stale
             for kind in MEASURES.values()

@@ -52,11 +52,11 @@ def _identity(run: RunFiles) -> dict:
     m = run.manifest
     return {
         "directory": str(run.directory.resolve()),
-        "suite": m["suite"]["name"],
-        "model": m["model"]["spec"],
-        "dtype": m["dtype"],
-        "weights_content": m["model"].get("weights_content"),
-        "edits": m.get("edits", []),
+        "suite": m.suite.name,
+        "model": m.model.spec,
+        "dtype": m.dtype,
+        "weights_content": m.model.weights_content,
+        "edits": m.edits,
     }
 
 

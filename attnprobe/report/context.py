@@ -138,7 +138,7 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         if (run.directory / "examples.json").is_file()
         else []
     )
-    texts = manifest["suite"].get("templates", {})  # recorded by the run: the suite file is not re-read
+    texts = manifest.suite.templates  # recorded by the run: the suite file is not re-read
     return {
         "analysis": analysis,
         "pos": pos,
@@ -154,19 +154,19 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "preference": _records(tables, "sentence_preference"),
         "choices": _records(tables, "choice_accuracy"),
         "choice_prompt": choice_setting(manifest, "prompt"),
-        "model": manifest["model"]["spec"],
+        "model": manifest.model.spec,
         "directory": run.directory.name,
-        "suite": manifest["suite"]["name"],
-        "family": manifest["model"]["family"],
-        "description": manifest["suite"].get("description", ""),
-        "n_prompts": manifest["n_prompts"],
+        "suite": manifest.suite.name,
+        "family": manifest.model.family,
+        "description": manifest.suite.description,
+        "n_prompts": manifest.n_prompts,
         "n_items": int(run.prompts["item_id"].nunique()),
-        "n_layers": manifest["model"]["n_layers"],
-        "n_heads_per_layer": manifest["model"]["n_heads"],
-        "n_heads": manifest["model"]["n_layers"] * manifest["model"]["n_heads"],
-        "dtype": manifest["dtype"],
-        "suite_sha": manifest["suite"]["sha256"],
-        "finished": manifest.get("finished", ""),
+        "n_layers": manifest.model.n_layers,
+        "n_heads_per_layer": manifest.model.n_heads,
+        "n_heads": manifest.model.n_layers * manifest.model.n_heads,
+        "dtype": manifest.dtype,
+        "suite_sha": manifest.suite.sha256,
+        "finished": manifest.finished or "",
         "headline": headline(run, tables),
         "summary": summary(run, tables),
         "heatmaps": heatmaps,
@@ -189,8 +189,8 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         if strongest is not None
         else "0,0",
         "examples": examples,
-        "skipped": manifest.get("skipped", []),
-        "notes": manifest.get("notes", []),
+        "skipped": manifest.skipped,
+        "notes": manifest.notes,
         "templates": [{"id": t, "text": texts.get(t, "")} for t in dict.fromkeys(run.prompts["template_id"])],
         "groups": analysis.groups,
     }

@@ -65,7 +65,7 @@ def headline(run: RunFiles, tables: dict) -> str:
             f"This suite compares no two labels (contrast labels: {labels}); declare analysis.positive and "
             "analysis.negative for paired statistics. Descriptive means are in condition_means.csv."
         )
-    model, pos, neg = run.manifest["model"]["spec"], analysis.positive, analysis.negative
+    model, pos, neg = run.manifest.model.spec, analysis.positive, analysis.negative
     parts = []
     b = pooled_row(tables["behavior"])
     if b is not None and analysis.covariate:

@@ -14,12 +14,12 @@ from . import plots
 from .figures import figure
 
 
-def effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: dict, analysis) -> dict | None:
+def effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest, analysis) -> dict | None:
     """The head-effects section, when the run has them: per counterfactual word, the total effect,
     the shares of it that patches carry, the layers (figure) and the strongest heads."""
     if "head_effects" not in tables:
         return None
-    info = manifest.get("head_effects", {})
+    info = manifest.entry("head_effects", {})
     slot, words = next(iter(info.get("counterfactual", {}).items()), (None, []))
     label = f"change of log p({analysis.positive}) - log p({analysis.negative})"
     sections = []
@@ -96,7 +96,7 @@ def effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest: di
         "select": info.get("select"),
         "halves_by": analysis.name(info.get("halves_by")),
         "design": info.get("design", "slot"),
-        "question": manifest.get("referent_choice"),
+        "question": manifest.entry("referent_choice"),
         "referents": analysis.referents,
         "answer": analysis.name(analysis.answer) if analysis.answer else None,
     }

@@ -148,9 +148,9 @@ def summary(run, tables: dict, report: str | None = None) -> dict:
     manifest = run.manifest
     out = {
         "summary_version": SUMMARY_VERSION,
-        "suite": manifest["suite"]["name"],
-        "model": manifest["model"]["spec"],
-        "n_prompts": int(manifest["n_prompts"]),
+        "suite": manifest.suite.name,
+        "model": manifest.model.spec,
+        "n_prompts": int(manifest.n_prompts),
         "contrast": [analysis.positive, analysis.negative] if analysis.paired else None,
         "alpha": ALPHA,
         "strongest_head_rule": "largest |slope per 10 covariate points| among heads at q < 0.05"

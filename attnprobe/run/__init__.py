@@ -21,7 +21,7 @@ from ..model.footprint import check_fits
 from ..progress import Progress
 from ..suite import Suite, load_suite
 from . import fresh, storage
-from .manifest import new_manifest
+from .manifest import Manifest, new_manifest
 from .options import RunOptions
 from .phases import Engine, prompts_phase, recorded_end, run_phase
 from .plan import RunPlan, model_name, plan_run
@@ -53,32 +53,30 @@ def run_suite(
         )
     directory = _open(plan.directory)
     with storage.exclusive(directory):
-        previous = (
-            fresh.prepare_directory(directory, plan.fingerprint, options.resume, suite.name, options.log)
-            or {}
+        previous = fresh.prepare_directory(
+            directory, plan.fingerprint, options.resume, suite.name, options.log
         )
         pm, weights_sha = _load(model, plan, options)
         manifest = new_manifest(plan, pm, options, weights_sha, storage.content_sha(pm.model))
-        manifest["suite"]["copy"] = fresh.copy_suite(directory, suite)
+        manifest.suite.copy = fresh.copy_suite(directory, suite)
         _same_weights(previous, manifest, directory)
         for kind, declared, part in plan.kinds():  # what each measure keeps of a resumed run
-            manifest.update(kind.resumed(declared, part, previous, directory))
+            manifest.entries.update(kind.resumed(declared, part, previous, directory))
         storage.write_manifest(directory, manifest)
         started = time.perf_counter()
         with recorded_end(directory, manifest), _edited(pm, options.edits), on_model_device(pm):
             storage.write_table(directory, "prompts", storage.prompts_table(plan.encoded))
             seconds = run_phase(directory, prompts_phase(pm, plan, options), options, manifest)
-            manifest["prompt_phase"] = {"seconds": round(seconds, 4), "device": str(pm.device)}
+            manifest.prompt_phase = {"seconds": round(seconds, 4), "device": str(pm.device)}
             if options.shard is None:
                 for kind in batch_kinds():
                     kind.assemble(directory, len(plan.chunks))
             engine = Engine(pm, plan, options, directory, manifest)
             for kind, declared, part in plan.kinds():  # each measure's own phases, in registry order
                 kind.compute(declared, part, engine)
-        status = "complete" if options.shard is None else "shard complete"
-        finished = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        seconds = round(time.perf_counter() - started, 3)
-        manifest.update(status=status, finished=finished, compute_seconds_this_session=seconds)
+        manifest.status = "complete" if options.shard is None else "shard complete"
+        manifest.finished = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        manifest.compute_seconds_this_session = round(time.perf_counter() - started, 3)
         storage.write_manifest(directory, manifest)
     return directory
 
@@ -92,13 +90,13 @@ def _edited(pm: ProbeModel, edits):
         yield
 
 
-def _same_weights(previous: dict, manifest: dict, directory: Path) -> None:
+def _same_weights(previous: Manifest | None, manifest: Manifest, directory: Path) -> None:
     """A resumed run continues only with the weights it began with: other weights under the same
     path would mix two models' chunks in one table."""
-    before = previous.get("model", {}).get("weights_content")
-    if before and before != manifest["model"]["weights_content"]:
+    before = previous and previous.model.weights_content
+    if before and before != manifest.model.weights_content:
         raise RunError(
-            f"{directory}: the weights of {manifest['model']['spec']} changed since this run began (their "
+            f"{directory}: the weights of {manifest.model.spec} changed since this run began (their "
             "content hash differs); rerun with --fresh to start over on the new weights"
         )
 

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import RunError
+from .manifest import Manifest
 from .storage import artefacts, chunk_files, derived, read_manifest
 
 
@@ -45,7 +46,7 @@ def own_directory(path: Path) -> Path:
 
 def prepare_directory(
     directory: Path, expected: str, resume: bool, suite_name: str, log=print
-) -> dict | None:
+) -> Manifest | None:
     """Make `directory` ready for a run with this fingerprint; return the manifest to continue (the
     same fingerprint and `resume`), else None. Starting over (--fresh) replaces only a run of the
     same suite, and deletes only what attnprobe writes, where manifest.json is an attnprobe manifest."""
@@ -53,14 +54,14 @@ def prepare_directory(
     if not path.is_file():
         return None
     previous = read_manifest(path, check=resume)  # --fresh may replace a run of another format
-    if resume and previous.get("fingerprint") == expected:
+    if resume and previous.fingerprint == expected:
         return previous
     if resume:
         raise RunError(
             f"{directory} holds a run with other settings (suite, model, dtype, batch or chunk size, "
             "limit, tokenisation, saved edits); rerun with --fresh to replace it, or choose --out"
         )
-    other = (previous.get("suite") or {}).get("name")
+    other = previous.suite.name
     if other != suite_name:
         raise RunError(
             f"{directory} holds a run of suite '{other}', not '{suite_name}'; --fresh replaces only a run "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -27,30 +28,30 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
             )
         manifests.append(read_manifest(path))
     for d, m in zip(shard_dirs, manifests):
-        if not m.get("shard") or m.get("status") != "shard complete":
+        if not m.shard or m.status != "shard complete":
             raise RunError(
-                f"{d} is not a finished shard (status: {m.get('status')}); finish it by rerunning its command"
+                f"{d} is not a finished shard (status: {m.status}); finish it by rerunning its command"
             )
-    n = manifests[0]["shard"][1]
-    ks = sorted(m["shard"][0] for m in manifests)
-    if ks != list(range(1, n + 1)) or any(m["shard"][1] != n for m in manifests):
+    n = manifests[0].shard[1]
+    ks = sorted(m.shard[0] for m in manifests)
+    if ks != list(range(1, n + 1)) or any(m.shard[1] != n for m in manifests):
         raise RunError(f"shards {ks} of {n} given; give each of the {n} shard directories exactly once")
-    if len({json.dumps(m["settings"], sort_keys=True) for m in manifests}) != 1:
+    if len({json.dumps(m.settings, sort_keys=True) for m in manifests}) != 1:
         raise RunError(
             "the shards were run with different settings (suite, model, dtype, batch, chunk, limit or "
             "tokenisation)"
         )
-    by_k = {m["shard"][0]: (d, m) for d, m in zip(shard_dirs, manifests)}
+    by_k = {m.shard[0]: (d, m) for d, m in zip(shard_dirs, manifests)}
     out = Path(out)
     if any(out.resolve() == d.resolve() for d in shard_dirs):
         raise RunError(f"{out} is one of the shard directories; merge into a new directory")
-    if (out / "manifest.json").is_file() and read_manifest(out / "manifest.json").get(
-        "settings"
-    ) != manifests[0]["settings"]:
+    if (out / "manifest.json").is_file() and read_manifest(out / "manifest.json").settings != manifests[
+        0
+    ].settings:
         raise RunError(f"{out} holds a run with other settings; merge into a new directory")
     own_directory(out / "chunks")
     with exclusive(out):
-        n_chunks = manifests[0]["n_chunks"]
+        n_chunks = manifests[0].n_chunks
         for k in range(n_chunks):
             source_dir = by_k[k % n + 1][0] / "chunks"
             if k not in complete_chunks(source_dir, n_chunks, lambda m: None):
@@ -67,12 +68,12 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
             shutil.copytree(copy, out / SUITE_COPY, symlinks=True)
         for kind in batch_kinds():
             kind.assemble(out, n_chunks)
-        merged = dict(
+        merged = dataclasses.replace(
             first,
             shard=None,
             status="complete",
             merged_from=[str(d) for d in shard_dirs],
-            fingerprint=fingerprint(first["settings"], None),
+            fingerprint=fingerprint(first.settings, None),
             finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         )
         shards = [by_k[k] for k in range(1, n + 1)]  # (directory, manifest) in shard order

@@ -26,13 +26,14 @@ from ..progress import Progress
 from . import storage
 from .execute import deferred_interrupt, ignored_interrupts, measure_batch
 from .fresh import own_directory
+from .manifest import Manifest
 from .options import RunOptions
 from .plan import RunPlan
 
 __all__ = ["Engine", "Phase", "prompts_phase", "recorded_end", "run_phase", "stop"]
 
 
-def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: dict | None) -> float:
+def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: Manifest | None) -> float:
     """Compute the phase's chunks this process owns that are not done yet, each written before the
     next starts; returns the seconds spent (0 when every chunk was already done). `manifest`: the
     run's, where an interruption is recorded (None: a phase run on a finished run, `attnprobe edit`'s,
@@ -107,7 +108,7 @@ class Engine:
     plan: RunPlan
     options: RunOptions
     directory: Path
-    manifest: dict
+    manifest: Manifest
 
     @property
     def shared(self) -> bool:
@@ -162,7 +163,7 @@ class Engine:
 
 
 @contextmanager
-def recorded_end(directory: Path, manifest: dict):
+def recorded_end(directory: Path, manifest: Manifest):
     """However the computation ends early, the manifest says so: a second Ctrl-C (which drops the
     chunk in progress) is recorded as an interruption, any other error as `failed`."""
     try:
@@ -172,17 +173,17 @@ def recorded_end(directory: Path, manifest: dict):
     except KeyboardInterrupt:
         stop(directory, manifest, "after a second Ctrl-C (the chunk in progress was dropped)")
     except BaseException as exc:
-        manifest.update(status="failed", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        manifest.status, manifest.error = "failed", f"{type(exc).__name__}: {str(exc)[:300]}"
         with suppress(Exception):  # the error that stopped us (a full disk, say) may stop this write too
             storage.write_manifest(directory, manifest)
         raise
 
 
-def stop(directory: Path, manifest: dict | None, where: str) -> None:
+def stop(directory: Path, manifest: Manifest | None, where: str) -> None:
     """After Ctrl-C: record the interruption in the manifest (if given) and stop; every finished
     chunk is kept."""
     if manifest is not None:
-        manifest.update(status="interrupted", interrupted=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        manifest.status, manifest.interrupted = "interrupted", time.strftime("%Y-%m-%dT%H:%M:%S%z")
         with ignored_interrupts():  # a further Ctrl-C cannot cut this write short
             storage.write_manifest(directory, manifest)
     raise RunInterrupted(

@@ -14,6 +14,7 @@ import pyarrow as pa
 from ..errors import RunError
 from ..measures import MEASURES
 from ..store import read_table
+from .manifest import Manifest
 from .storage import read_manifest
 
 
@@ -61,21 +62,13 @@ class RunFiles:
             raise RunError(f"{self.directory}: no manifest.json; not an attnprobe run directory")
 
     @cached_property
-    def manifest(self) -> dict:
+    def manifest(self) -> Manifest:
         return read_manifest(self.directory / "manifest.json")
 
-    def require_keys(self, **wanted: type) -> None:
-        """The manifest's keys a reader is about to index (dotted: suite__sha256=str), each of its type,
-        or one line saying the manifest is damaged."""
-        for dotted, kind in wanted.items():
-            value = self.manifest
-            for key in dotted.split("__"):
-                value = value.get(key) if isinstance(value, dict) else None
-            if not isinstance(value, kind):
-                raise RunError(
-                    f"{self.directory}/manifest.json: {dotted.replace('__', '.')} is missing or not a "
-                    f"{kind.__name__}; the manifest is damaged: rerun the run's command with --fresh"
-                )
+    def require(self, *dotted: str) -> None:
+        """The manifest's fields a reader is about to use (dotted: "suite.sha256"), each set, or one
+        line saying the manifest is damaged."""
+        self.manifest.require(*dotted, where=self.directory)
 
     def reopen(self) -> Reopened:
         """What the run was made from, to work on it again from wherever its directory now is: its
@@ -83,34 +76,33 @@ class RunFiles:
         refused if it changed), the model's source and dtype, the recorded plan's settings."""
         from ..suite import load_suite
 
-        self.require_keys(suite__path=str, suite__sha256=str, model__spec=str, dtype=str, settings=dict)
-        m = self.manifest
+        self.require("suite.path", "suite.sha256", "model.spec", "dtype")
+        recorded = self.manifest.suite
         own = (self.directory / "suite").resolve()
-        copy = (self.directory / str(m["suite"].get("copy") or "-")).resolve()
+        copy = (self.directory / str(recorded.copy or "-")).resolve()
         if copy.is_relative_to(own) and copy.is_file():  # never a file outside the run's own copy
             path, roots = copy, (own,)
         else:  # a run made before runs kept a copy of their suite
-            recorded = m["suite"].get("data_roots")
-            roots = tuple(str(r) for r in recorded) if isinstance(recorded, list) else ()
-            path = Path(m["suite"]["path"])
+            roots = tuple(str(r) for r in recorded.data_roots or ())
+            path = Path(recorded.path)
             if not path.is_file():
                 raise RunError(
                     f"{self.directory}: the run's suite {path} is not there and the run holds no copy of it; "
                     "run the command from the directory the run was made in, or rerun the suite"
                 )
         suite = load_suite(path, data_roots=roots)
-        if suite.sha256 != m["suite"]["sha256"]:
+        if suite.sha256 != recorded.sha256:
             raise RunError(
                 f"{path} changed since the run in {self.directory} was made; rerun the suite first (the "
                 "run's tables are of the suite as it was)"
             )
         # the dtype only: a manifest (perhaps someone else's) never turns on remote code or pickles
-        source = m["model"].get("source", m["model"]["spec"])
-        return Reopened(suite, str(source), m["dtype"], m["settings"])
+        model = self.manifest.model
+        return Reopened(suite, model.source or model.spec, self.manifest.dtype, self.manifest.settings)
 
     def require_complete(self) -> None:
         """Statistics need every prompt: refuse an unfinished run or a lone shard in one line."""
-        status = self.manifest["status"]
+        status = self.manifest.status
         if status == "shard complete":
             raise RunError(
                 f"{self.directory} is one shard of a run; join all shards with `attnprobe merge OUT "
@@ -162,7 +154,7 @@ class RunFiles:
 
     def __repr__(self) -> str:
         m = self.manifest
-        suite, model = m["suite"]["name"], m["model"]["spec"]
         return (
-            f"{type(self).__name__}({self.directory}, suite={suite}, model={model}, prompts={m['n_prompts']})"
+            f"{type(self).__name__}({self.directory}, suite={m.suite.name}, model={m.model.spec}, "
+            f"prompts={m.n_prompts})"
         )

@@ -21,12 +21,11 @@ import pandas as pd
 import torch
 
 from .. import store
-from ..errors import RunError
 from ..measures import MEASURES, batch_kinds
 from ..model import ProbeModel
 from ..model.bundled import files_sha256
 from ..store import atomic_write, digest, exclusive, write_table
-from .manifest import check_format
+from .manifest import Manifest
 from .plan import Encoded
 
 __all__ = ["atomic_write", "digest", "exclusive", "write_table"]  # the run's writes go through store
@@ -141,8 +140,9 @@ def content_sha(module) -> str:
     return sha.hexdigest()
 
 
-def write_manifest(directory: Path, manifest: dict) -> None:
-    atomic_write(directory / "manifest.json", lambda p: p.write_text(json.dumps(manifest, indent=1)))
+def write_manifest(directory: Path, manifest: Manifest) -> None:
+    text = json.dumps(manifest.to_dict(), indent=1)
+    atomic_write(directory / "manifest.json", lambda p: p.write_text(text))
 
 
 def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: str | None = None) -> set[int]:
@@ -168,17 +168,6 @@ def assemble_phase(directory: Path, kind: str, n_chunks: int, table: str, csv: b
         atomic_write(directory / f"{table}.parquet", lambda p: store.write_parquet(joined, p))
 
 
-def read_manifest(path: Path, check: bool = True) -> dict:
-    """An attnprobe manifest, or a RunError saying the file belongs to something else (or, with
-    `check`, to another run format)."""
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise RunError(
-            f"{path}: cannot read it as an attnprobe manifest ({exc}); choose another --out"
-        ) from None
-    if not isinstance(manifest, dict) or not {"fingerprint", "settings", "versions"} <= set(manifest):
-        raise RunError(f"{path} was not written by attnprobe; nothing was deleted: choose another --out")
-    if check:
-        check_format(manifest, path.parent)
-    return manifest
+def read_manifest(path: Path, check: bool = True) -> Manifest:
+    """An attnprobe manifest (Manifest.read)."""
+    return Manifest.read(path, check)

@@ -58,12 +58,13 @@ class Analysis:
         return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
 
     @classmethod
-    def from_manifest(cls, manifest: dict, prompt_columns) -> Analysis:
-        """The run's recorded analysis; for a run made before analyses were recorded, the contrast
-        column alone, compared only when it holds exactly two labels (decided by the caller)."""
-        if "analysis" in manifest:
-            return cls.from_dict(manifest["analysis"])
-        contrast = (manifest.get("suite") or {}).get("contrast")
+    def from_manifest(cls, manifest, prompt_columns) -> Analysis:
+        """The run's recorded analysis (of its run.manifest.Manifest); for a run made before analyses
+        were recorded, the contrast column alone, compared only when it holds exactly two labels
+        (decided by the caller)."""
+        if manifest.analysis is not None:
+            return cls.from_dict(manifest.analysis)
+        contrast = manifest.suite.contrast
         column = next((c for c in (f"{contrast}_label", contrast) if c and c in prompt_columns), None)
         return cls(contrast=column)
 

@@ -32,20 +32,19 @@ def check_comparable(a, b) -> None:
     """Refuse, in one line, two runs whose items cannot be paired: other suites, other prompts, models
     of other shapes (heads are paired by layer and index) or an unfinished run."""
     for run in (a, b):
-        run.require_keys(status=str, suite__name=str, suite__sha256=str, model__spec=str, dtype=str)
+        run.require("suite.name", "suite.sha256", "model.spec", "dtype")
         run.require_complete()
-    sa, sb = a.manifest["suite"], b.manifest["suite"]
-    if (sa["name"], sa["sha256"]) != (sb["name"], sb["sha256"]):
+    sa, sb = a.manifest.suite, b.manifest.suite
+    if (sa.name, sa.sha256) != (sb.name, sb.sha256):
         raise RunError(
-            f"{a.directory} and {b.directory} are runs of different suites ({sa['name']} {sa['sha256'][:12]} "
-            f"against {sb['name']} {sb['sha256'][:12]}); compare pairs the items of one suite: run both on it"
+            f"{a.directory} and {b.directory} are runs of different suites ({sa.name} {sa.sha256[:12]} "
+            f"against {sb.name} {sb.sha256[:12]}); compare pairs the items of one suite: run both on it"
         )
-    ma, mb = a.manifest["model"], b.manifest["model"]
-    shape = lambda m: (m["n_layers"], m["n_heads"])
-    if shape(ma) != shape(mb):
+    ma, mb = a.manifest.model, b.manifest.model
+    if (ma.n_layers, ma.n_heads) != (mb.n_layers, mb.n_heads):
         raise RunError(
-            f"{a.directory} ({ma['spec']}: {ma['n_layers']} layers x {ma['n_heads']} heads) and "
-            f"{b.directory} ({mb['spec']}: {mb['n_layers']} x {mb['n_heads']}) are runs of models of "
+            f"{a.directory} ({ma.spec}: {ma.n_layers} layers x {ma.n_heads} heads) and "
+            f"{b.directory} ({mb.spec}: {mb.n_layers} x {mb.n_heads}) are runs of models of "
             "different shapes; compare pairs heads by layer and index: compare runs of one architecture "
             "(an edit, a checkpoint, a dtype)"
         )
@@ -75,7 +74,7 @@ def scopes_of(a, b, item_ids, templates) -> dict[str, list]:
     for name, ids in analysis.groups.items():
         out[name] = [i for i, t in zip(item_ids, templates) if t in set(ids)]
     for run in (a, b):
-        for edit in run.manifest.get("edits", []):
+        for edit in run.manifest.edits:
             held = set(edit.get("source", {}).get("held_out_items") or ())
             if held:
                 out[f"held out by {edit['name']}"] = [i for i in item_ids if i in held]

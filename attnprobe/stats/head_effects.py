@@ -52,7 +52,7 @@ def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFra
     component, direction) and head_effects_summary (per word)."""
     analysis = run_analysis(run)
     items = items_table(run.prompts, analysis)
-    info = run.manifest.get("head_effects") or {}
+    info = run.manifest.entry("head_effects") or {}
     per_head, per_layer, summaries = [], [], []
     for word, totals in run.head_effect_totals.groupby("counterfactual", sort=False):
         totals = totals.set_index(ITEM)

@@ -50,7 +50,7 @@ def sentence_preference(run) -> pd.DataFrame:
     analysis = run_analysis(run)
     if table is None or table.empty or not analysis.paired:
         return pd.DataFrame(columns=COLUMNS)
-    by = (run.manifest.get("likelihood") or {}).get("by")
+    by = (run.manifest.entry("likelihood") or {}).get("by")
     items = items_table(run.prompts, analysis)
     first = run.prompts.drop_duplicates(ITEM).set_index(ITEM)
     rows = []

@@ -54,10 +54,10 @@ N_BOOT = 2000
 DEFAULT_BY = (TEMPLATE, "category")
 
 
-def choice_setting(manifest: dict, key: str):
-    """The multiple-choice measure's `prompt` or `by` as the run recorded it (runs before `by`
-    recorded the prompt alone)."""
-    node = manifest.get("multiple_choice")
+def choice_setting(manifest, key: str):
+    """The multiple-choice measure's `prompt` or `by` as the run recorded it in its manifest (runs
+    before `by` recorded the prompt alone)."""
+    node = manifest.entry("multiple_choice")
     node = {"prompt": node} if isinstance(node, str) else node or {}
     return node.get(key)
 

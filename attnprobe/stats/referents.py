@@ -56,7 +56,7 @@ def referent_choice(run) -> pd.DataFrame:
     if wide.empty or first not in wide or second not in wide:
         return pd.DataFrame(columns=["question"])
     correct = _correct(run, analysis, wide[first], wide[second]).assign(
-        question=run.manifest.get("referent_choice", "")
+        question=run.manifest.entry("referent_choice", "")
     )
     correct["margin"] = np.where(correct["answer"] == first, 1, -1) * (wide[first] - wide[second]).to_numpy()
     template = run.prompts.set_index("prompt_id").loc[correct["prompt_id"], TEMPLATE].to_numpy()

@@ -29,7 +29,7 @@ def check_measure(kind, suite, model, directory, limit: int | None = None) -> No
     produced = _called(kind, "statistics", run, tables)
     assert set(produced) == set(kind.tables(run)) <= set(tables), f"{kind.NAME}: tables {set(produced)}"
     for key in kind.manifest(suite.measures[kind.NAME], part):
-        assert key in run.manifest, f"{kind.NAME}: manifest lacks {key}"
+        assert key in run.manifest.entries, f"{kind.NAME}: manifest lacks {key}"
     _report_and_compare(kind, run, tables, directory)
     _resume_and_merge(kind, suite, model, whole, directory, quiet)
 

@@ -278,7 +278,7 @@ def test_merge_into_one_of_its_own_shards_is_refused(smollm, tmp_path):
         attnprobe.merge_shards(shards, other)
     assert {p: p.read_bytes() for p in before} == before
     merged = attnprobe.merge_shards(shards, tmp_path / "merged")
-    assert merged.manifest["status"] == "complete" and len(merged.prompts) == merged.manifest["n_prompts"]
+    assert merged.manifest.status == "complete" and len(merged.prompts) == merged.manifest.n_prompts
 
 
 def test_a_planted_chunks_link_is_refused_and_nothing_is_written_outside(smollm, tmp_path):

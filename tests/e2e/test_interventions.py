@@ -236,7 +236,7 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
         """)
     )
     run = attnprobe.run_suite(suite, model=smollm, out=tmp_path / "run", progress=False, log=lambda m: None)
-    info = run.manifest["head_effects"]
+    info = run.manifest.entry("head_effects")
     assert (
         info["n_items"] == 3 and info["n_pairs"] == 6 and not info["dropped"]
     )  # electrician: 2 tokens, aligned
@@ -264,7 +264,7 @@ def test_run_with_head_effects_end_to_end(smollm, tmp_path):
     before = (run.directory / "head_effects_items.parquet").stat().st_mtime_ns
     again = attnprobe.run_suite(suite, model=smollm, out=tmp_path / "run", progress=False, log=lambda m: None)
     assert (
-        again.manifest["head_effects"] == info
+        again.manifest.entry("head_effects") == info
         and (run.directory / "head_effects_items.parquet").stat().st_mtime_ns == before
     )
     html = write_report(run.directory).read_text()

@@ -131,7 +131,7 @@ def test_a_shared_run_equals_a_plain_run(smollm, tmp_path):
         )
         for share in (True, False)
     }
-    on, off = runs[True].manifest["prefix_sharing"], runs[False].manifest["prefix_sharing"]
+    on, off = runs[True].manifest.prefix_sharing, runs[False].manifest.prefix_sharing
     assert on["enabled"] and on["tokens_forwarded"] < 0.6 * on["tokens_without_sharing"]
     assert off == {
         "enabled": False,

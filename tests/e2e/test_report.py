@@ -208,7 +208,7 @@ def test_cli_report_compares_runs(reported, smollm, tmp_path):
         and "difference heads: participant" in table
         and table.count("<td>r = ") == 2
     )
-    spec = run.manifest["model"]["spec"]
+    spec = run.manifest.model.spec
     labels = [f"{spec} ({run.directory.name})", f"{spec} (other)"]  # one model twice: told apart by directory
     assert all(f'<td class="text">{label}</td>' in table for label in labels), table
     differences = sorted(p.name for p in (tmp_path / "compare_figures").glob("*.png"))

@@ -66,8 +66,8 @@ def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_pa
     whole = attnprobe.run_suite(suite, out=tmp_path / "whole", **quiet)
     items = pd.read_parquet(whole.directory / "head_effects_items.parquet")
     totals = pd.read_parquet(whole.directory / "head_effects_totals.parquet")
-    n_items = whole.manifest["head_effects"]["n_items"]
-    assert n_items > EFFECT_CHUNK_ITEMS and whole.manifest["n_effect_chunks"] == -(
+    n_items = whole.manifest.entry("head_effects")["n_items"]
+    assert n_items > EFFECT_CHUNK_ITEMS and whole.manifest.entry("n_effect_chunks") == -(
         -n_items // EFFECT_CHUNK_ITEMS
     )
 
@@ -84,7 +84,7 @@ def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_pa
         [tmp_path / "sharded" / f"shard-{k}-of-2" for k in (1, 2)], tmp_path / "merged"
     )
     pd.testing.assert_frame_equal(pd.read_parquet(merged.directory / "head_effects_items.parquet"), items)
-    assert merged.manifest["head_effects"]["n_items"] == n_items and merged.has("head_effects")
+    assert merged.manifest.entry("head_effects")["n_items"] == n_items and merged.has("head_effects")
     assert "crossfit_in" not in pd.read_parquet(
         merged.directory / "head_effects_totals.parquet"
     )  # needs every item
@@ -93,8 +93,8 @@ def test_head_effects_are_chunked_resumable_and_shardable(tiny_llama_dir, tmp_pa
         pd.read_parquet(completed.directory / "head_effects_totals.parquet"), totals
     )
     assert (
-        completed.manifest["head_effects"]["crossfit_heads"]
-        == whole.manifest["head_effects"]["crossfit_heads"]
+        completed.manifest.entry("head_effects")["crossfit_heads"]
+        == whole.manifest.entry("head_effects")["crossfit_heads"]
     )
 
 
@@ -113,21 +113,23 @@ def test_exact_k_patches_the_same_suite_heads_on_every_item(tiny_llama_dir, tmp_
     totals = pd.read_parquet(run.directory / "head_effects_totals.parquet")
     held = set(totals.loc[totals["held_out"], "item_id"])
     assert (
-        len(held) == run.manifest["head_effects"]["held_out"] == 5
+        len(held) == run.manifest.entry("head_effects")["held_out"] == 5
     )  # 8 by default, at most half of the 10 items
     on_held = items[items["item_id"].isin(held)]
     assert on_held[["output_in", "output_out", "pattern_in"]].notna().all().all()  # every head exact there
     patched = items[items["output_in"].notna() & ~items["item_id"].isin(held)]
     heads = set(map(tuple, patched[["layer", "head"]].to_numpy()))
-    grid = run.manifest["model"]["n_layers"] * run.manifest["model"]["n_heads"]
+    grid = run.manifest.model.n_layers * run.manifest.model.n_heads
     assert len(heads) == 2 and len(patched) == 2 * (
-        run.manifest["head_effects"]["n_pairs"] - len(on_held) // grid
+        run.manifest.entry("head_effects")["n_pairs"] - len(on_held) // grid
     )  # the same 2 heads
     assert (
         patched[["output_out", "pattern_in"]].notna().all().all()
         and items["attribution_output"].notna().all()
     )
-    assert run.manifest["head_effects"]["exact_heads"] == " ".join(f"L{l}H{h}" for l, h in sorted(heads))
+    assert run.manifest.entry("head_effects")["exact_heads"] == " ".join(
+        f"L{l}H{h}" for l, h in sorted(heads)
+    )
     stats = attnprobe.Run(run.directory).head_effects
     assert stats.groupby("counterfactual")["p"].count().eq(2).all()  # tested: the heads patched on every item
 
@@ -182,7 +184,7 @@ def test_limit_scales_the_head_effects_items_and_the_run_says_how_many(tiny_llam
     run = attnprobe.run_suite(
         suite, model=str(tiny_llama_dir), out=tmp_path / "run", limit=10, progress=False, log=lines.append
     )
-    assert run.manifest["n_prompts"] == 10 and run.manifest["head_effects"]["n_items"] == 4
+    assert run.manifest.n_prompts == 10 and run.manifest.entry("head_effects")["n_items"] == 4
     assert any(
         re.fullmatch(
             r"head effects: 4 items \(4 counterfactual pairs\) in 1 chunk; about \d+\.\d min on 2 CPU cores, "
@@ -194,7 +196,7 @@ def test_limit_scales_the_head_effects_items_and_the_run_says_how_many(tiny_llam
     full = attnprobe.run_suite(
         suite, model=str(tiny_llama_dir), out=tmp_path / "full", progress=False, log=lines.append
     )
-    assert full.manifest["head_effects"]["n_items"] == 8
+    assert full.manifest.entry("head_effects")["n_items"] == 8
     assert any(
         line.startswith("head effects: ")
         and " s per item, about " in line
@@ -284,7 +286,7 @@ def test_a_per_value_counterfactual_takes_each_items_own_partner(tiny_llama_dir,
     totals = run.head_effect_totals
     per_value = totals[totals["counterfactual"] == "{occupation.partner}"].set_index("occupation")
     assert set(per_value.index) == {"nurse", "plumber", "chef"}  # baker has no partner: dropped, said why
-    dropped = run.manifest["head_effects"]["dropped"]
+    dropped = run.manifest.entry("head_effects")["dropped"]
     assert any(
         "baker" in d["item_id"] and "has no value of {occupation.partner}" in d["reason"] for d in dropped
     )

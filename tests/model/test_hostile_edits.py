@@ -35,7 +35,7 @@ def test_the_manifest_records_the_weights_and_another_models_edit_is_refused(
     edited_run, tiny_llama_dir, tmp_path
 ):
     manifest = attnprobe.Run(edited_run).manifest
-    assert len(manifest["model"]["weights_content"]) == 64
+    assert len(manifest.model.weights_content) == 64
     other = tmp_path / "other"
     shutil.copytree(tiny_llama_dir, other)
     model = AutoModelForCausalLM.from_pretrained(other)
@@ -175,7 +175,7 @@ def test_fuzzed_edit_options_are_accepted_or_one_line_before_weights(
     (tmp_path / "empty.txt").write_text(" \n")
     (tmp_path / "text.txt").write_text("The market opened early.")
     manifest = attnprobe.Run(edited_run).manifest
-    suite = _suite_of(manifest["suite"]["path"])
+    suite = _suite_of(manifest.suite.path)
     try:
         options = EditOptions(
             kinds=tuple(kinds),

@@ -256,7 +256,7 @@ def test_a_run_moved_away_from_its_suite_is_edited_from_its_own_copy(tiny_llama_
     shutil.rmtree(made)  # the suite and its data files are gone
     same_edit_tables(_edit(tmp_path / "in-place"), _edit(moved))
     reopened = attnprobe.Run(moved).reopen()
-    assert reopened.suite.sha256 == attnprobe.Run(moved).manifest["suite"]["sha256"]
+    assert reopened.suite.sha256 == attnprobe.Run(moved).manifest.suite.sha256
     assert reopened.dtype == "float32"  # the one load option taken: never remote code or pickles
 
 

@@ -105,7 +105,7 @@ def test_a_saved_quarter_edit_reproduces_the_sweep_and_compare_gives_its_change(
     result = CliRunner().invoke(main, [*args, "--no-head-effects", "--edit", str(file)])
     assert result.exit_code == 0, result.output
     manifest = attnprobe.Run(edited_out).manifest
-    assert [e["name"] for e in manifest["edits"]] == [name] and manifest["edits"][0]["same_weights"]
+    assert [e["name"] for e in manifest.edits] == [name] and manifest.edits[0]["same_weights"]
     # the sweep's values for quarter 0's items, each edited by quarter 0's edit (the stream's: at the
     # layer chosen for quarter 0)
     raw = pd.read_parquet(out / "edits_items.parquet")
@@ -241,7 +241,7 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
             np.isclose(row.mean_change, after - before)
             and row.change_ci_low <= row.mean_change <= row.change_ci_high
         )
-        assert edited_run.manifest["edits"][0]["name"] == name
+        assert edited_run.manifest.edits[0]["name"] == name
     # the report shows the transfer and each top head alone
     assert CliRunner().invoke(main, ["report", str(out)]).exit_code == 0
     html = (out / "report.html").read_text()

@@ -177,9 +177,9 @@ def _items(out):
     from attnprobe.run.plan import plan_run
 
     run = attnprobe.Run(out)
-    suite = attnprobe.load_suite(run.manifest["suite"]["path"])
-    model = attnprobe.load_model(run.manifest["model"]["spec"])
-    plan = plan_run(suite, model, RunOptions(limit=run.manifest["settings"]["limit"], out=out))
+    suite = attnprobe.load_suite(run.manifest.suite.path)
+    model = attnprobe.load_model(run.manifest.model.spec)
+    plan = plan_run(suite, model, RunOptions(limit=run.manifest.settings["limit"], out=out))
     return plan.parts["head_effects"].items
 
 

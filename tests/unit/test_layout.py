@@ -275,6 +275,41 @@ def test_functions_are_short():
                 assert n <= limit, f"{path}:{node.lineno} {node.name} has {n} lines (at most {limit})"
 
 
+MANIFEST_READERS = {"run/manifest.py"}  # where manifest.json's keys are named (issue 51: at most 3)
+
+
+def manifest_key_reads(tree: ast.AST) -> list[int]:
+    """Lines reading a manifest by string key: `X[...]` or `X.get(...)` where X is named manifest (a
+    variable, an attribute) or is the object json.loads returns for a manifest.json path."""
+    named = lambda node: (
+        (isinstance(node, ast.Name) and node.id == "manifest")
+        or (isinstance(node, ast.Attribute) and node.attr == "manifest")
+    )
+    loaded = lambda node: "manifest.json" in ast.unparse(node) and "json.loads" in ast.unparse(node)
+    found = []
+    for node in ast.walk(tree):
+        target = None
+        if isinstance(node, ast.Subscript):
+            target = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            target = node.func.value
+        if target is not None and (named(target) or (isinstance(target, ast.Call) and loaded(target))):
+            found.append(node.lineno)
+    return found
+
+
+def test_the_manifest_is_read_by_its_fields():
+    """Readers use run.manifest.Manifest's typed fields (and a measure's own `entry`), not string keys."""
+    readers = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if manifest_key_reads(ast.parse(path.read_text()))
+    }
+    assert readers <= MANIFEST_READERS and len(MANIFEST_READERS) <= 3, sorted(readers - MANIFEST_READERS)
+    planted = "a = run.manifest['model']\nb = manifest.get('x')\nc = json.loads((d / 'manifest.json').read_text())['s']"
+    assert manifest_key_reads(ast.parse(planted)) == [1, 2, 3]  # the check can fail
+
+
 # Modules that share a name by design: each measure's statistics (stats/<kind>.py beside
 # measures/<kind>.py) and a command's options (run/, cli/, edits/sweep/).
 SHARED_NAMES = {"attention", "likelihood", "multiple_choice", "next_token", "options"}

@@ -13,15 +13,15 @@ change with CI.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
-from ...errors import RunError
+from ...errors import AttnprobeError, RunError
 from ...measures import MEASURES, Measure, batch_kinds, paired
 from ...run import RunOptions, run_suite
 from ...run.fresh import own_directory
+from ...run.manifest import Manifest
 from ...run.reader import RunFiles
 from ...suite import load_suite
 from ..saved import load_edit
@@ -60,8 +60,8 @@ def _made_with(out: Path, saved) -> bool:
     """Whether the run in `out` (if any) was made with this very edit, and so may be continued: a
     re-sweep with other heads saves a different edit under the same name, whose run starts over."""
     try:
-        return json.loads((out / "manifest.json").read_text())["settings"].get("edits") == [saved.key]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return Manifest.read(out / "manifest.json").settings.get("edits") == [saved.key]
+    except (AttnprobeError, AttributeError):
         return True  # no run there yet (a damaged one: the run itself says so)
 
 

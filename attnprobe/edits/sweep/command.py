@@ -42,23 +42,23 @@ from .single import measure_single
 
 def _run_and_suite(directory: Path):
     run = RunFiles(directory)
-    run.require_keys(status=str, model__spec=str, model__n_layers=int, model__n_heads=int, dtype=str)
+    run.require("model.spec", "model.n_layers", "model.n_heads", "dtype")
     run.require_complete()
     m = run.manifest
-    refuse_random(m["model"]["spec"], "attnprobe edit")
-    if m.get("edits"):
-        names = ", ".join(e["name"] for e in m["edits"])
+    refuse_random(m.model.spec, "attnprobe edit")
+    if m.edits:
+        names = ", ".join(e["name"] for e in m.edits)
         raise RunError(
             f"{directory}: this run was made with the edit(s) {names} applied; `attnprobe edit` fits edits "
             "of the unedited model: give it a run made without --edit"
         )
-    if not m.get("head_effects") or not run.has("head_effects"):
+    if not m.entry("head_effects") or not run.has("head_effects"):
         raise RunError(
             f"{directory}: this run has no head effects, the behaviour and head ranking edits are "
             "measured with; add `head_effects:` (with a next_token cut) to the suite and rerun it"
         )
     reopened = run.reopen()  # the run's own copy of its suite, wherever the run now is
-    suite, path = reopened.suite, Path(m["suite"]["path"])  # messages name the suite the user wrote
+    suite, path = reopened.suite, Path(m.suite.path)  # messages name the suite the user wrote
     if not isinstance(suite.head_effects, SlotSwap):
         raise RunError(f"{path}: edits measure a next-token behaviour; its head_effects use sentence pairs")
     if suite.control is None:
@@ -103,16 +103,16 @@ def _refuse_degenerate(path: Path, run, suite) -> None:
         )
 
 
-def _same_model(directory: Path, manifest: dict, model) -> str:
+def _same_model(directory: Path, manifest, model) -> str:
     """The content hash of `model`'s weights, refused in one line when the run recorded another:
     edited values are compared with the run's clean ones, so they must come from the same weights."""
     found = content_sha(model.model)
-    expected = manifest["model"].get("weights_content")
+    expected = manifest.model.weights_content
     if expected and found != expected:
         raise RunError(
             f"{directory}: the model given is not the one this run was made with (weights "
             f"{found[:12]} against the run's {expected[:12]}); edit with the run's model "
-            f"({manifest['model']['spec']}, {manifest['dtype']}) or run the suite on this model first"
+            f"({manifest.model.spec}, {manifest.dtype}) or run the suite on this model first"
         )
     return found
 
@@ -136,7 +136,7 @@ def run_edits(
     checked_options(options, run.manifest, reopened.suite)
     with exclusive(directory):
         if model is None:
-            log(f"loading {run.manifest['model']['spec']} ({run.manifest['dtype']})")
+            log(f"loading {run.manifest.model.spec} ({run.manifest.dtype})")
             model = reopened.load_model(device)
         with on_model_device(model):  # the passes' index tensors where the activations are
             summary = _run_edits(directory, options, model, log)
@@ -148,10 +148,10 @@ def run_edits(
         return summary
 
 
-def checked_options(options: EditOptions, manifest: dict, suite) -> tuple:
+def checked_options(options: EditOptions, manifest, suite) -> tuple:
     """What the sweep needs from its options, checked before any weights load: the listed heads (or
     None) and the reference word; a bad head, k, --text or reference is one AttnprobeError."""
-    listed = listed_heads(options, manifest["model"]["n_layers"], manifest["model"]["n_heads"])
+    listed = listed_heads(options, manifest.model.n_layers, manifest.model.n_heads)
     check_text(options.text)
     words = suite.head_effects.replacements
     literal = [w for w in words if per_value_column(w) is None]  # the reference is one word for all items
@@ -169,7 +169,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     suite = reopened.suite
     m = run.manifest
     started = time.monotonic()
-    L, H = m["model"]["n_layers"], m["model"]["n_heads"]
+    L, H = m.model.n_layers, m.model.n_heads
     listed, word = checked_options(options, m, suite)
     weights = _same_model(directory, m, model)
     plan = reopened.plan(model, directory, log)
@@ -189,7 +189,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
 
     scores = {"all": gradient.of(covariate), **quarter_scores(covariate)}
     sets = found_sets(inputs, scores, options.ks, listed, H)
-    key = settings_hash(m["fingerprint"], options, weights)
+    key = settings_hash(m.fingerprint, options, weights)
     phase_options = RunOptions(out=directory, log=log)  # the phases' log and progress
     part = lambda name, measure, plan=key, described=True: _part(
         directory, phase_options, name, plan, measure, inputs, described
@@ -255,14 +255,14 @@ def _kind_values(model, kind: str, *args) -> pd.DataFrame:
         ) from None
 
 
-def _source(directory: Path, manifest: dict, options: EditOptions, source: dict) -> dict:
+def _source(directory: Path, manifest, options: EditOptions, source: dict) -> dict:
     """Where a saved edit comes from: the run, its suite, the sweep's options, this attnprobe."""
     own_directory(own_directory(directory / "edits") / "quarters")  # no planted link written through
     return {
         "run": str(directory.resolve()),
-        "run_fingerprint": manifest["fingerprint"],
-        "suite": manifest["suite"]["path"],
-        "suite_sha256": manifest["suite"]["sha256"],
+        "run_fingerprint": manifest.fingerprint,
+        "suite": manifest.suite.path,
+        "suite_sha256": manifest.suite.sha256,
         "options": asdict(options),
         "attnprobe": __version__,
         **source,

@@ -138,7 +138,7 @@ class DirectAttribution(PromptsMeasure):
             return None
         from .statistics import report_section
 
-        return report_section(table, run.manifest[self.NAME]["cut"], run.manifest["analysis"])
+        return report_section(table, run.manifest.entry(self.NAME)["cut"], run.manifest.analysis)
 
 
 def _wanted(e, cut: str, analysis, tokenizer):

@@ -46,7 +46,7 @@ def direct_attribution(run) -> pd.DataFrame:
     """One row per part and per summary (see the module doc)."""
     if run.direct_attribution is None or run.direct_attribution.empty:
         return pd.DataFrame()
-    analysis, cut = run_analysis(run), run.manifest["direct_attribution"]["cut"]
+    analysis, cut = run_analysis(run), run.manifest.entry("direct_attribution")["cut"]
     values = item_values(run, cut)
     parts = [c for c in values.columns if c[2] not in (TOTAL, ERROR)]
     summed = {

@@ -83,8 +83,8 @@ class HeadEffects(Measure):
     READS |= {"head_effect_layers": FILES["layers"]}
     TABLES = ("head_effects", "head_effects_layer_shares", "head_effects_summary")
 
-    def present(self, directory, manifest: dict) -> bool:
-        return bool(manifest.get("head_effects")) or has_files(directory)
+    def present(self, directory, manifest) -> bool:
+        return bool(manifest.entry(self.NAME)) or has_files(directory)
 
     def parse(self, ctx, doc, scope) -> HeadEffectsMeasure | None:
         declared = scope.declared
@@ -156,36 +156,41 @@ class HeadEffects(Measure):
     def manifest(self, declared, part) -> dict:
         return {"n_effect_chunks": len(part.chunks) if part else 0, "effects_plan": part and part.sha256}
 
-    def resumed(self, declared, part, previous: dict, directory) -> dict:
+    def resumed(self, declared, part, previous, directory) -> dict:
         """A resumed run keeps the summary of the screen when the items are the same."""
-        same = part is None or previous.get("effects_plan") == part.sha256
-        if "head_effects" in previous and same and has_files(directory):
-            return {"head_effects": previous["head_effects"], "effects_plan": previous.get("effects_plan")}
+        plan = previous and previous.entry("effects_plan")
+        if (
+            previous
+            and previous.entry(self.NAME)
+            and (part is None or plan == part.sha256)
+            and has_files(directory)
+        ):
+            return {self.NAME: previous.entry(self.NAME), "effects_plan": plan}
         return {}
 
     def compute(self, declared, part, engine) -> None:
         if part is not None:
             _run(part, engine)
 
-    def merge(self, shards: list, out: Path, merged: dict) -> None:
+    def merge(self, shards: list, out: Path, merged) -> None:
         """The screen's chunks come from the shard that owns each (k mod n); the selected heads need
         every item: `attnprobe run` on the merged directory adds them."""
-        n_chunks, n = merged.get("n_effect_chunks", 0), len(shards)
+        n_chunks, n = merged.entry("n_effect_chunks", 0), len(shards)
         if not n_chunks:
             return
         for k in range(n_chunks):
             source = shards[k % n][0] / "chunks"
             files = self.CHUNKS[SCREEN]
             if k not in store.complete_chunks(
-                source, n_chunks, lambda m: None, files, SCREEN, merged["effects_plan"]
+                source, n_chunks, lambda m: None, files, SCREEN, merged.entry("effects_plan")
             ):
                 raise_missing(source, k)
             for suffix in (*files, "done"):
                 name = f"{SCREEN}{k:05d}.{suffix}"
                 shutil.copyfile(source / name, out / "chunks" / name)
         assemble(out, n_chunks)
-        seconds = round(sum(m["head_effects"]["seconds"] for _, m in shards), 3)
-        merged["head_effects"] = dict(merged["head_effects"], seconds=seconds)
+        seconds = round(sum(m.entry(self.NAME)["seconds"] for _, m in shards), 3)
+        merged.entries[self.NAME] = dict(merged.entry(self.NAME), seconds=seconds)
 
     def tables(self, run) -> tuple[str, ...]:
         return self.TABLES if run.has(self.NAME) else ()
@@ -298,8 +303,8 @@ def _run(part: HeadEffectsPlan, engine) -> None:
         )
     seconds = sum(engine.run(phase) for phase in _screen_phases(part, engine))
     if not _screened(part, engine):
-        if seconds or "head_effects" not in manifest:
-            manifest["head_effects"] = summarise(seconds)
+        if seconds or HeadEffects.NAME not in manifest.entries:
+            manifest.entries[HeadEffects.NAME] = summarise(seconds)
         return
     phase, selection = _selected_phase(part, engine)
     what = (
@@ -310,10 +315,10 @@ def _run(part: HeadEffectsPlan, engine) -> None:
     if len(engine.complete(phase.prefix, phase.n_chunks, phase.plan)) < phase.n_chunks:
         log(f"head effects: patching the selected heads ({what}) on {len(items)} items")
     seconds += engine.run(phase)
-    previous = manifest.get("head_effects", {})
+    previous = manifest.entry(HeadEffects.NAME, {})
     if seconds or not has_files(engine.directory) or "crossfit_heads" not in previous:
         before = previous.get("seconds", 0.0)  # e.g. the shards' time in a merged directory
-        manifest["head_effects"] = summarise(before + seconds, selection, engine.pm.info.n_heads)
+        manifest.entries[HeadEffects.NAME] = summarise(before + seconds, selection, engine.pm.info.n_heads)
         assemble(engine.directory, phase.n_chunks, phase.plan)
 
 
