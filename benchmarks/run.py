@@ -48,7 +48,7 @@ import pandas as pd
 import torch
 
 import attnprobe
-from attnprobe.forward.capture import pad_right
+from attnprobe.forward.packing import pad_right
 from attnprobe.run.plan import encode_prompts, select_prompts
 from attnprobe.suite import load_suite
 
@@ -353,7 +353,7 @@ def bench_scoring(repeats: int) -> dict:
     (SmolLM2, one process, medians): both phases as a run computes them (attnprobe.run.phases), and
     the referent choice as round 2 scored it (each sentence + question + candidate forwarded whole,
     full-vocabulary logits at every position, batches of 16) on the first 256 prompts."""
-    from attnprobe.forward.capture import pad_right
+    from attnprobe.forward.packing import pad_right
     from attnprobe.run import RunOptions, plan_run
     from attnprobe.run.phases import prompts_phase, referent_choice_phase
     from attnprobe.schema.spans import candidate_words

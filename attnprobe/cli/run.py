@@ -154,7 +154,29 @@ def run(suite, model_spec, with_report, edit_files, skipped, **settings):
 
         settings["edits"] = tuple(load_edit(path) for path in edit_files)
     result = run_suite(suite, model_spec, RunOptions(**settings))
-    seconds = time.perf_counter() - started
+    timing = _timing(result, time.perf_counter() - started, quiet)
+    if shard and _launched(shard):  # torchrun: rank 0 joins the shards once every rank is done
+        joined = _join_ranks(result.directory.parent, shard)
+        if joined is None:
+            return
+        result = joined
+    elif shard or not with_report:  # no statistics: what was computed, and where, is the result
+        for line in timing:
+            click.echo(line)
+        if shard:
+            click.echo(
+                f"shard {shard[0]} of {shard[1]} done; join all shards with: "
+                "attnprobe merge OUT_DIR SHARD_DIR ..."
+            )
+        return
+    if not with_report:
+        click.echo(f"merged {shard[1]} shards -> {result.directory}")
+        return
+    _report(result.directory, timing, quiet, settings["progress"])
+
+
+def _timing(result, seconds: float, quiet: bool) -> list[str]:
+    """What the run skipped and noted (on stderr unless quiet), and the lines saying how long it took."""
     manifest = result.manifest
     for line in (
         [] if quiet else [f"skipped: {s}" for s in manifest.skipped] + [f"note: {n}" for n in manifest.notes]
@@ -173,24 +195,13 @@ def run(suite, model_spec, with_report, edit_files, skipped, **settings):
             f"(item, counterfactual) pairs in {effects['seconds']:.1f} s ({len(effects['dropped'])} "
             "dropped, listed in manifest.json)"
         )
-    if shard and _launched(shard):  # torchrun: rank 0 joins the shards once every rank is done
-        joined = _join_ranks(result.directory.parent, shard)
-        if joined is None:
-            return
-        result = joined
-    elif shard or not with_report:  # no statistics: what was computed, and where, is the result
-        for line in timing:
-            click.echo(line)
-        if shard:
-            click.echo(
-                f"shard {shard[0]} of {shard[1]} done; join all shards with: "
-                "attnprobe merge OUT_DIR SHARD_DIR ..."
-            )
-        return
-    if not with_report:
-        click.echo(f"merged {shard[1]} shards -> {result.directory}")
-        return
+    return timing
+
+
+def _report(directory, timing: list[str], quiet: bool, progress) -> None:
+    """Statistics and the report, then the run's result: a short table (the full prose is in the report)."""
     import json
+    import time
 
     from ..report import write_report
     from ..report.summary import summary_lines
@@ -200,11 +211,11 @@ def run(suite, model_spec, with_report, edit_files, skipped, **settings):
         for line in timing:
             click.echo(line, err=True)
         click.echo("statistics and report ...", err=True)
-    write_report(result.directory, progress=settings["progress"])
+    write_report(directory, progress=progress)
     if not quiet:
         click.echo(f"statistics and report in {time.perf_counter() - started:.1f} s", err=True)
-    summary = json.loads((result.directory / "summary.json").read_text())
-    for line in summary_lines(summary):  # the result: a short table (the full prose is in the report)
+    summary = json.loads((directory / "summary.json").read_text())
+    for line in summary_lines(summary):
         click.echo(line)
 
 

@@ -167,21 +167,7 @@ def load_edit(path: str | Path) -> SavedEdit:
                 f"{path}: no edit file {file.name} there; an edit is NAME.json with NAME.safetensors "
                 "beside it, as `attnprobe edit` writes them into RUN_DIR/edits/"
             )
-    try:
-        record = json.loads(json_path.read_text())
-        if not isinstance(record, dict) or not isinstance(record.get("model"), dict):
-            raise ValueError("not a JSON object with a model")
-        shape = {key: record["model"].get(key) for key in ("n_layers", "n_heads", "head_dim")}
-        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 2**16 for v in shape.values()):
-            raise ValueError(f"the model's shape {shape} is not three whole numbers up to 65,536")
-        if shape["n_layers"] * shape["n_heads"] > 2**20:  # the edit's tensors are allocated at that size
-            raise ValueError(f"the model's shape {shape} holds more heads than any model (1,048,576)")
-        if not isinstance(record["model"].get("hidden_size", 0), (int, type(None))):
-            raise ValueError("the model's hidden_size is not a whole number")
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise AttnprobeError(
-            f"{json_path}: not an edit record ({exc}); write it again with `attnprobe edit`"
-        ) from None
+    record = _record(json_path)
     if record.get("format") != FORMAT:
         raise AttnprobeError(f'{json_path}: not an attnprobe edit (no "format": "{FORMAT}")')
     version = record.get("format_version", 0)
@@ -223,3 +209,23 @@ def load_edit(path: str | Path) -> SavedEdit:
             f"{json_path}: the edit cannot be read ({exc}); rerun `attnprobe edit`"
         ) from None
     return SavedEdit(edit, record, json_path)
+
+
+def _record(json_path: Path) -> dict:
+    """An edit's JSON record with a model of a plausible shape, or one line saying it is not one."""
+    try:
+        record = json.loads(json_path.read_text())
+        if not isinstance(record, dict) or not isinstance(record.get("model"), dict):
+            raise ValueError("not a JSON object with a model")
+        shape = {key: record["model"].get(key) for key in ("n_layers", "n_heads", "head_dim")}
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 2**16 for v in shape.values()):
+            raise ValueError(f"the model's shape {shape} is not three whole numbers up to 65,536")
+        if shape["n_layers"] * shape["n_heads"] > 2**20:  # the edit's tensors are allocated at that size
+            raise ValueError(f"the model's shape {shape} holds more heads than any model (1,048,576)")
+        if not isinstance(record["model"].get("hidden_size", 0), (int, type(None))):
+            raise ValueError("the model's hidden_size is not a whole number")
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise AttnprobeError(
+            f"{json_path}: not an edit record ({exc}); write it again with `attnprobe edit`"
+        ) from None
+    return record

@@ -277,17 +277,6 @@ class Captured:
         return Captured(weights, self.rows.cpu(), moved(self.logits), moved(self.logit_rows))
 
 
-def pad_right(sequences, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token id sequences -> input_ids and attention_mask (B, T), padded on the right."""
-    T = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), T), dtype=torch.long)
-    for b, seq in enumerate(sequences):
-        ids[b, : len(seq)] = torch.as_tensor(seq)
-        mask[b, : len(seq)] = 1
-    return ids, mask
-
-
 def encode(tokenizer, texts: list[str]) -> dict[str, torch.Tensor]:
     """Tokenise a batch with right padding: input_ids and attention_mask, (B, T)."""
     tokenizer.padding_side = "right"
@@ -326,19 +315,8 @@ def run_with_capture(
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
     attention_mask = None if attention_mask is None else attention_mask.to(device)
-    keep, pick = 1, None
-    if logit_positions is not None:
-        positions = torch.as_tensor(logit_positions, dtype=torch.long, device=device)
-        keep = positions if positions.ndim == 1 else 0
-        if positions.ndim == 2:  # the lm head sees only the (sequence, position) pairs asked for
-            pick = (
-                torch.arange(B, device=device)[:, None].expand_as(positions).flatten(),
-                positions.flatten(),
-            )
-    if logit_picks is not None:
-        keep, pick = 0, tuple(torch.as_tensor(x, dtype=torch.long, device=device) for x in logit_picks)
+    keep, pick = _logits_wanted(B, device, logit_positions, logit_picks)
     implementation = model.config._attn_implementation
-
     if implementation == ATTN_IMPLEMENTATION:
         with recording(rows, layers) as plan, picked_logits(model, pick):
             out = model(
@@ -354,18 +332,7 @@ def run_with_capture(
                 output_attentions=True,
                 logits_to_keep=keep,
             )
-        wanted = range(len(out.attentions)) if layers is None else layers
-        weights = {}
-        for layer in wanted:
-            full = out.attentions[layer]  # (B, H, T, S), float32 at least (float64 models keep float64)
-            full = full if full.dtype in (torch.float32, torch.float64) else full.float()
-            if rows is None:
-                weights[layer] = full
-            else:
-                index = rows.to(device)[:, None, :, None].expand(
-                    B, full.shape[1], rows.shape[1], full.shape[3]
-                )
-                weights[layer] = full.gather(2, index)  # (B, H, R, S)
+        weights = _eager_rows(out.attentions, rows, layers, device)
     else:
         raise CaptureError(
             f"model attention is '{implementation}'; load it with attnprobe.load_model or call "
@@ -382,6 +349,38 @@ def run_with_capture(
         else out.logits.reshape(B, -1, out.logits.shape[-1])
     )
     return Captured(weights=weights, rows=all_rows, logits=logits)
+
+
+def _logits_wanted(B: int, device, logit_positions, logit_picks) -> tuple:
+    """(logits_to_keep, the (sequences, positions) the lm head alone sees, or None)."""
+    keep, pick = 1, None
+    if logit_positions is not None:
+        positions = torch.as_tensor(logit_positions, dtype=torch.long, device=device)
+        keep = positions if positions.ndim == 1 else 0
+        if positions.ndim == 2:  # the lm head sees only the (sequence, position) pairs asked for
+            pick = (
+                torch.arange(B, device=device)[:, None].expand_as(positions).flatten(),
+                positions.flatten(),
+            )
+    if logit_picks is not None:
+        keep, pick = 0, tuple(torch.as_tensor(x, dtype=torch.long, device=device) for x in logit_picks)
+    return keep, pick
+
+
+def _eager_rows(attentions, rows, layers, device) -> dict:
+    """The wanted layers' rows of an eager pass's attentions, float32 at least (float64 kept)."""
+    wanted = range(len(attentions)) if layers is None else layers
+    weights = {}
+    for layer in wanted:
+        full = attentions[layer]  # (B, H, T, S)
+        full = full if full.dtype in (torch.float32, torch.float64) else full.float()
+        if rows is None:
+            weights[layer] = full
+        else:
+            B, H, _, S = full.shape
+            index = rows.to(device)[:, None, :, None].expand(B, H, rows.shape[1], S)
+            weights[layer] = full.gather(2, index)  # (B, H, R, S)
+    return weights
 
 
 @contextmanager

@@ -13,9 +13,20 @@ from __future__ import annotations
 
 import torch
 
-from .capture import Captured, pad_right, picked_logits, recording
+from .capture import Captured, picked_logits, recording
 
 PACK_TOKENS = 64  # a pack grows to this many distinct tokens, or twice its first sequence if longer
+
+
+def pad_right(sequences, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id sequences -> input_ids and attention_mask (B, T), padded on the right."""
+    T = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), T), dtype=torch.long)
+    for b, seq in enumerate(sequences):
+        ids[b, : len(seq)] = torch.as_tensor(seq)
+        mask[b, : len(seq)] = 1
+    return ids, mask
 
 
 def common_length(a: tuple, b: tuple) -> int:
@@ -128,23 +139,10 @@ def run_with_shared_prefixes(
     for b, path in enumerate(p for *_, where in tries for p in where):
         node[b, : len(path)] = torch.tensor(path)
     in_sequence = torch.arange(T)[None, :] < torch.tensor([len(s) for s in sequences])[:, None]  # (B, T)
-    wanted = node.gather(1, rows)  # (B, R) nodes of the requested rows
-    record = [sorted(set(wanted[owner == g].flatten().tolist())) or [0] for g in range(len(packs))]
-    width = max(len(r) for r in record)
-    group_rows = torch.tensor([r + [r[0]] * (width - len(r)) for r in record])  # (G, Rg)
-    row_index = torch.tensor(
-        [[record[owner[b]].index(r) for r in wanted[b].tolist()] for b in range(B)]
-    )  # (B, R) into Rg
+    group_rows, row_index = _recorded_rows(node.gather(1, rows), owner, len(packs))
 
-    pick = None
-    if logit_positions is not None:  # the lm head sees only the (sequence, position) pairs asked for
-        positions = torch.as_tensor(logit_positions, dtype=torch.long).clamp(max=T - 1)
-        at = node.gather(1, positions.expand(B, -1))  # (B, P) nodes
-        pick = (owner[:, None].expand_as(at).flatten().to(device), at.flatten().to(device))
-    if logit_picks is not None:
-        b, t = (torch.as_tensor(x, dtype=torch.long) for x in logit_picks)
-        distinct, logit_rows = torch.unique(owner[b] * L + node[b, t], return_inverse=True)  # (U,), (N,)
-        pick = ((distinct // L).to(device), (distinct % L).to(device))
+    pick, logit_rows = _packed_picks(node, owner, L, logit_positions, logit_picks)
+    pick = pick and tuple(x.to(device) for x in pick)
     with recording(group_rows, layers) as plan, picked_logits(model, pick):
         out = model(
             input_ids=ids.to(device),
@@ -154,14 +152,51 @@ def run_with_shared_prefixes(
             logits_to_keep=0 if pick else 1,
         )
 
-    weights = {}
-    keys = node.to(device)[:, None, None, :]  # (B, 1, 1, T)
-    for layer, recorded in plan.weights.items():  # (G, H, Rg, L)
-        w = recorded[owner.to(device)]  # (B, H, Rg, L)
-        w = w.gather(2, row_index.to(device)[:, None, :, None].expand(-1, w.shape[1], -1, L))  # (B, H, R, L)
-        w = w.gather(3, keys.expand(-1, w.shape[1], w.shape[2], -1))  # (B, H, R, T)
-        weights[layer] = w * in_sequence.to(device)[:, None, None, :]  # none beyond its own tokens
+    weights = {
+        layer: _unpacked(recorded, owner, row_index, node, in_sequence)
+        for layer, recorded in plan.weights.items()
+    }
     if logit_picks is not None:
         return Captured(weights, rows, out.logits[0], logit_rows)  # (U, V), (N,)
     logits = None if pick is None else out.logits.reshape(B, -1, out.logits.shape[-1])  # (B, P, V)
     return Captured(weights=weights, rows=rows, logits=logits)
+
+
+def _recorded_rows(
+    wanted: torch.Tensor, owner: torch.Tensor, n_packs: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(G, Rg) the packed nodes each row records (the nodes its sequences' requested rows `wanted`
+    (B, R) fall on, padded by repeating the first) and (B, R) where each requested row is among them."""
+    record = [sorted(set(wanted[owner == g].flatten().tolist())) or [0] for g in range(n_packs)]
+    width = max(len(r) for r in record)
+    group_rows = torch.tensor([r + [r[0]] * (width - len(r)) for r in record])
+    row_index = torch.tensor(
+        [[record[owner[b]].index(r) for r in wanted[b].tolist()] for b in range(len(wanted))]
+    )
+    return group_rows, row_index
+
+
+def _unpacked(recorded: torch.Tensor, owner, row_index, node, in_sequence) -> torch.Tensor:
+    """One layer's packed weights (G, H, Rg, L) as each sequence's own (B, H, R, T): its row, its
+    requested query rows, its keys at their packed nodes, 0 beyond its own tokens."""
+    device, L = recorded.device, recorded.shape[-1]
+    w = recorded[owner.to(device)]  # (B, H, Rg, L)
+    w = w.gather(2, row_index.to(device)[:, None, :, None].expand(-1, w.shape[1], -1, L))  # (B, H, R, L)
+    keys = node.to(device)[:, None, None, :]  # (B, 1, 1, T)
+    w = w.gather(3, keys.expand(-1, w.shape[1], w.shape[2], -1))  # (B, H, R, T)
+    return w * in_sequence.to(device)[:, None, None, :]
+
+
+def _packed_picks(node, owner, L: int, logit_positions, logit_picks) -> tuple:
+    """(the packed (row, node) pairs the lm head sees, or None; with `logit_picks`, the row of each
+    pick among the distinct nodes, else None)."""
+    if logit_picks is not None:
+        b, t = (torch.as_tensor(x, dtype=torch.long) for x in logit_picks)
+        distinct, logit_rows = torch.unique(owner[b] * L + node[b, t], return_inverse=True)  # (U,), (N,)
+        return (distinct // L, distinct % L), logit_rows
+    if logit_positions is None:
+        return None, None
+    B, T = node.shape
+    positions = torch.as_tensor(logit_positions, dtype=torch.long).clamp(max=T - 1)
+    at = node.gather(1, positions.expand(B, -1))  # (B, P) nodes
+    return (owner[:, None].expand_as(at).flatten(), at.flatten()), None

@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 
 from ..errors import SuiteError
-from .capture import pad_right, run_with_capture
-from .packing import distinct_tokens, run_with_shared_prefixes, sorted_packs
+from .capture import run_with_capture
+from .packing import distinct_tokens, pad_right, run_with_shared_prefixes, sorted_packs
 from .sharing import prefix_sharing_blocker
 
 LOGIT_BUDGET = 128 * 2**20  # logits (N x V floats) a pass holds at most: 512 MB in float32

@@ -283,7 +283,8 @@ def example_attention(pm, encoded: list, contrast: str | None, n_items: int = 2)
     every variant of the first item of the first and of the last template."""
     import torch
 
-    from ..forward.capture import pad_right, run_with_capture
+    from ..forward.capture import run_with_capture
+    from ..forward.packing import pad_right
 
     templates = list(dict.fromkeys(e.prompt.template_id for e in encoded))
     wanted_templates = list(dict.fromkeys([templates[0], templates[-1]]))[:n_items]

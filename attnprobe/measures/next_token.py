@@ -275,7 +275,7 @@ def _add_continuations(pm, logprobs: list, continuations: list) -> None:
     """log p(c1..cn | prefix) = sum_i log p(c_i | prefix, c_<i); the first term is already in place."""
     import torch
 
-    from ..forward.capture import pad_right
+    from ..forward.packing import pad_right
 
     ids, mask = pad_right([prefix + tokens for _, prefix, tokens in continuations], pm.tokenizer.pad_token_id)
     with torch.inference_mode():

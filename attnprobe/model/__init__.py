@@ -118,8 +118,6 @@ def load_model(
     `allow_pickle`; remote code runs only when `trust_remote_code` is set.
     `device_map="auto"` spreads a model too large for one device over the devices accelerate finds.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM  # heavy import, keep it local
-
     torch_dtype = _parse_dtype(dtype)
     dtype_name = str(torch_dtype).removeprefix("torch.")
     if device_map is None:
@@ -135,6 +133,22 @@ def load_model(
         kwargs["use_safetensors"] = True
     if torch_dtype == torch.float64:
         kwargs["experts_implementation"] = "eager"  # mixture-of-experts' grouped-matmul kernel has no float64
+    tokenizer, model = _load_files(
+        spec, source, local, dtype_name, device, device_map, trust_remote_code, kwargs
+    )
+    check_vocabulary(tokenizer, model, spec)
+    check_finite(model, spec)
+    if device_map is None:
+        model.to(device)
+    model.eval()
+    return _wrap(model, tokenizer, spec, name, source_sha, capture)
+
+
+def _load_files(spec, source, local, dtype_name, device, device_map, trust_remote_code, kwargs) -> tuple:
+    """(tokenizer, model) from `source` (the hub offline where it is local); whatever goes wrong is one
+    ModelSpecError saying what to do."""
+    from transformers import AutoConfig, AutoModelForCausalLM  # heavy import, keep it local
+
     offline = local or _hub_offline()
     try:
         tokenizer = _load_tokenizer(source, offline, trust_remote_code)
@@ -174,12 +188,7 @@ def load_model(
             f"cannot load '{spec}': {type(exc).__name__}: {first_line(exc)}; "
             "the checkpoint's files are damaged or inconsistent, replace them"
         ) from None
-    check_vocabulary(tokenizer, model, spec)
-    check_finite(model, spec)
-    if device_map is None:
-        model.to(device)
-    model.eval()
-    return _wrap(model, tokenizer, spec, name, source_sha, capture)
+    return tokenizer, model
 
 
 def _random(spec: str, dtype: torch.dtype, device: str, device_map, capture: bool) -> ProbeModel:

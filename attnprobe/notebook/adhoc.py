@@ -15,8 +15,9 @@ import pandas as pd
 import torch
 
 from ..errors import AnalysisError, SuiteError
-from ..forward.capture import pad_right, run_with_capture
+from ..forward.capture import run_with_capture
 from ..forward.longdoc import CHUNK_TOKENS, read_rows
+from ..forward.packing import pad_right
 from ..model import ProbeModel, load_model
 from ..schema.spans import token_spans
 from ..suite.sentences import parse_marked

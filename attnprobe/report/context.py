@@ -31,107 +31,11 @@ def _records(tables: dict, name: str) -> list[dict]:
 def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict:
     """The template's values for one run; `limits` (statistic -> colour range) is shared by the
     runs of one report so that equal colours mean equal values."""
-    limits = limits or {}
-    manifest = run.manifest
-    analysis = run_analysis(run)
+    manifest, analysis = run.manifest, run_analysis(run)
     heads, levels = split_levels(tables["head_stats"])
     figures_dir = run.directory / "figures"
-    pos, neg = analysis.positive, analysis.negative
-    heatmaps = []
-    for name, source, target, heads_of in attention_pairs(heads):
-        if analysis.covariate:
-            heatmaps.append(
-                figure(
-                    plots.head_heatmap(
-                        heads_of,
-                        target,
-                        "interaction_r",
-                        "interaction_q",
-                        title=f"{name}: r of {pos} - {neg}\nwith {analysis.name(analysis.covariate)}",
-                        label="interaction r",
-                        limit=1.0,
-                    ),
-                    figures_dir,
-                    f"interaction_{_file_name(name)}",
-                    f"layer x head interaction r, {source} -> {target}",
-                )
-            )
-        lexical = (
-            "lexical difference\n(token identity, not bias)" if analysis.covariate else "paired difference"
-        )
-        heatmaps.append(
-            figure(
-                plots.head_heatmap(
-                    heads_of,
-                    target,
-                    "d_z",
-                    "difference_q",
-                    title=f"{name}: {lexical}",
-                    label=f"d_z ({pos} - {neg})",
-                    limit=limits.get("d_z"),
-                ),
-                figures_dir,
-                f"difference_{_file_name(name)}",
-                f"layer x head d_z of the {pos} - {neg} difference, {source} -> {target}",
-            )
-        )
-    for (source, target), group in levels.groupby(["source", "target"], sort=False):
-        if "level_per10" in group and group["level_per10"].notna().any():
-            heatmaps.append(
-                figure(
-                    plots.head_heatmap(
-                        group,
-                        target,
-                        "level_per10",
-                        "level_q",
-                        title=f"{source} -> {target}: attention change\nper 10 points of "
-                        f"{analysis.name(analysis.covariate)}",
-                        label="attention per 10 points",
-                    ),
-                    figures_dir,
-                    f"level_{source}_{target}",
-                    f"layer x head slope of the attention {source} -> {target} on the covariate",
-                )
-            )
-    if len(tables["layer_stats"]):
-        columns = {"n_interaction_q05": "interaction", "n_difference_q05": "difference"}
-        heatmaps.append(
-            figure(
-                plots.layer_profile(
-                    tables["layer_stats"], columns, "where in depth: heads with q < 0.05 per layer"
-                ),
-                figures_dir,
-                "layer_profile",
-                "heads with q < 0.05 per layer",
-            )
-        )
-    behavior, per_unit = tables["behavior"], tables["behavior_by_unit"]
-    behavior_figures = []
-    if analysis.covariate and len(per_unit):
-        xlabel = analysis.name(analysis.covariate)
-        behavior_figures = [
-            figure(
-                plots.behavior_scatter(per_unit, behavior, xlabel, f"log p({pos}) - log p({neg})"),
-                figures_dir,
-                "behavior_vs_covariate",
-                f"per-{analysis.name(analysis.unit)} log-ratio against {xlabel}",
-            ),
-            figure(
-                plots.template_breakdown(behavior, xlabel),
-                figures_dir,
-                "behavior_by_template",
-                "behaviour r by template",
-            ),
-        ]
-    # the heads that pass, ordered by the rule that names the strongest head (summary.strongest_head)
-    q_column, rank = head_test(bool(analysis.covariate))
-    significant = heads[heads[q_column] < ALPHA] if len(heads) else heads
-    top = (
-        significant.reindex(significant[rank].abs().sort_values(ascending=False).index).head(12)
-        if len(heads)
-        else heads
-    )
-    strongest = strongest_head(heads, bool(analysis.covariate))
+    behavior = tables["behavior"]
+    behavior_figures = _behavior_figures(analysis, behavior, tables["behavior_by_unit"], figures_dir)
     b = pooled_row(behavior)
     examples = (
         json.loads((run.directory / "examples.json").read_text())
@@ -141,8 +45,8 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
     texts = manifest.suite.templates  # recorded by the run: the suite file is not re-read
     return {
         "analysis": analysis,
-        "pos": pos,
-        "neg": neg,
+        "pos": analysis.positive,
+        "neg": analysis.negative,
         "covariate": analysis.name(analysis.covariate) if analysis.covariate else None,
         "unit": analysis.name(analysis.unit) if analysis.unit else None,
         "effects": effects_context(tables, heads, figures_dir, manifest, analysis),
@@ -169,12 +73,33 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "finished": manifest.finished or "",
         "headline": headline(run, tables),
         "summary": summary(run, tables),
-        "heatmaps": heatmaps,
+        "heatmaps": _heatmaps(analysis, heads, levels, tables["layer_stats"], figures_dir, limits or {}),
         "main_figure": behavior_figures[0] if behavior_figures else None,  # beside the key findings
         "behavior_figures": behavior_figures[1:],
-        "top_heads": top.to_dict("records"),
         "behavior": behavior.to_dict("records"),
         "behavior_pooled": b.to_dict() if b is not None else None,
+        **_head_findings(analysis, heads),
+        "examples": examples,
+        "skipped": manifest.skipped,
+        "notes": manifest.notes,
+        "templates": [{"id": t, "text": texts.get(t, "")} for t in dict.fromkeys(run.prompts["template_id"])],
+        "groups": analysis.groups,
+    }
+
+
+def _head_findings(analysis, heads: pd.DataFrame) -> dict:
+    """The heads that pass, ordered by the rule that names the strongest head (summary.strongest_head),
+    their counts per target, and the strongest one."""
+    q_column, rank = head_test(bool(analysis.covariate))
+    significant = heads[heads[q_column] < ALPHA] if len(heads) else heads
+    top = (
+        significant.reindex(significant[rank].abs().sort_values(ascending=False).index).head(12)
+        if len(heads)
+        else heads
+    )
+    strongest = strongest_head(heads, bool(analysis.covariate))
+    return {
+        "top_heads": top.to_dict("records"),
         "n_interaction": significant.groupby("target").size().to_dict()
         if analysis.covariate and len(heads)
         else {},
@@ -188,12 +113,105 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "view_start": f"{int(strongest['layer'])},{int(strongest['head'])},{strongest['target']}"
         if strongest is not None
         else "0,0",
-        "examples": examples,
-        "skipped": manifest.skipped,
-        "notes": manifest.notes,
-        "templates": [{"id": t, "text": texts.get(t, "")} for t in dict.fromkeys(run.prompts["template_id"])],
-        "groups": analysis.groups,
     }
+
+
+def _behavior_figures(analysis, behavior: pd.DataFrame, per_unit: pd.DataFrame, figures_dir) -> list:
+    """The per-unit log-ratio against the covariate (the report's first figure) and the per-template
+    breakdown; none without a covariate."""
+    if not (analysis.covariate and len(per_unit)):
+        return []
+    pos, neg, xlabel = analysis.positive, analysis.negative, analysis.name(analysis.covariate)
+    return [
+        figure(
+            plots.behavior_scatter(per_unit, behavior, xlabel, f"log p({pos}) - log p({neg})"),
+            figures_dir,
+            "behavior_vs_covariate",
+            f"per-{analysis.name(analysis.unit)} log-ratio against {xlabel}",
+        ),
+        figure(
+            plots.template_breakdown(behavior, xlabel),
+            figures_dir,
+            "behavior_by_template",
+            "behaviour r by template",
+        ),
+    ]
+
+
+def _heatmaps(analysis, heads, levels, layer_stats, figures_dir, limits: dict) -> list:
+    """Per attention pair: the interaction and the difference heatmaps; the level slopes; the layer
+    profile."""
+    maps = []
+    for name, source, target, heads_of in attention_pairs(heads):
+        if analysis.covariate:
+            maps.append(_interaction_map(analysis, name, source, target, heads_of, figures_dir))
+        maps.append(_difference_map(analysis, name, source, target, heads_of, figures_dir, limits))
+    for (source, target), group in levels.groupby(["source", "target"], sort=False):
+        if "level_per10" in group and group["level_per10"].notna().any():
+            maps.append(
+                figure(
+                    plots.head_heatmap(
+                        group,
+                        target,
+                        "level_per10",
+                        "level_q",
+                        title=f"{source} -> {target}: attention change\nper 10 points of "
+                        f"{analysis.name(analysis.covariate)}",
+                        label="attention per 10 points",
+                    ),
+                    figures_dir,
+                    f"level_{source}_{target}",
+                    f"layer x head slope of the attention {source} -> {target} on the covariate",
+                )
+            )
+    if len(layer_stats):
+        columns = {"n_interaction_q05": "interaction", "n_difference_q05": "difference"}
+        maps.append(
+            figure(
+                plots.layer_profile(layer_stats, columns, "where in depth: heads with q < 0.05 per layer"),
+                figures_dir,
+                "layer_profile",
+                "heads with q < 0.05 per layer",
+            )
+        )
+    return maps
+
+
+def _interaction_map(analysis, name, source, target, heads_of, figures_dir) -> dict:
+    pos, neg = analysis.positive, analysis.negative
+    return figure(
+        plots.head_heatmap(
+            heads_of,
+            target,
+            "interaction_r",
+            "interaction_q",
+            title=f"{name}: r of {pos} - {neg}\nwith {analysis.name(analysis.covariate)}",
+            label="interaction r",
+            limit=1.0,
+        ),
+        figures_dir,
+        f"interaction_{_file_name(name)}",
+        f"layer x head interaction r, {source} -> {target}",
+    )
+
+
+def _difference_map(analysis, name, source, target, heads_of, figures_dir, limits: dict) -> dict:
+    pos, neg = analysis.positive, analysis.negative
+    lexical = "lexical difference\n(token identity, not bias)" if analysis.covariate else "paired difference"
+    return figure(
+        plots.head_heatmap(
+            heads_of,
+            target,
+            "d_z",
+            "difference_q",
+            title=f"{name}: {lexical}",
+            label=f"d_z ({pos} - {neg})",
+            limit=limits.get("d_z"),
+        ),
+        figures_dir,
+        f"difference_{_file_name(name)}",
+        f"layer x head d_z of the {pos} - {neg} difference, {source} -> {target}",
+    )
 
 
 def run_labels(contexts: list[dict]) -> list[str]:

@@ -65,60 +65,14 @@ def headline(run: RunFiles, tables: dict) -> str:
             f"This suite compares no two labels (contrast labels: {labels}); declare analysis.positive and "
             "analysis.negative for paired statistics. Descriptive means are in condition_means.csv."
         )
-    model, pos, neg = run.manifest.model.spec, analysis.positive, analysis.negative
-    parts = []
-    b = pooled_row(tables["behavior"])
-    if b is not None and analysis.covariate:
-        per = f"per 10 {analysis.name(analysis.covariate)} points"
-        parts.append(
-            f"Across {int(b['n_units'])} {analysis.name(analysis.unit)}s, {model}'s log p({pos}) - log "
-            f"p({neg}) at the token before '{b['cut']}' changes by {_fmt(b['slope_per10'], 3)} nats {per} "
-            f"(95% CI [{_fmt(b['slope_per10_ci_low'], 3)}, {_fmt(b['slope_per10_ci_high'], 3)}], "
-            f"cluster-robust by {b['clusters']}, p = {b['slope_p']:.2g}; Pearson r of the "
-            f"{analysis.name(analysis.unit)} means {_fmt(b['pearson_r'])})"
-        )
-    elif b is not None:
-        parts.append(
-            f"{model}'s mean log p({pos}) - log p({neg}) at the token before '{b['cut']}' is "
-            f"{_fmt(b['mean_log_ratio'], 3)} nats (95% CI [{_fmt(b['mean_ci_low'], 3)}, "
-            f"{_fmt(b['mean_ci_high'], 3)}], clusters: {b['clusters']})"
-        )
+    pos, neg = analysis.positive, analysis.negative
+    parts = _behaviour(analysis, pooled_row(tables["behavior"]), run.manifest.model.spec)
     counts = {c: run.prompts[c].nunique() for c in analysis.clusters if c in run.prompts}
     parts += [f"note: {note}" for note in few_levels_notes(analysis, counts)]
     heads, levels = split_levels(tables["head_stats"])
     for target, group in heads.groupby("target", sort=False):
         if analysis.covariate:
-            hits = group[group["interaction_q"] < ALPHA]
-            held = held_out_interaction(group)
-            check = (
-                f"; held out ({held['split']}), the top {held['k']} heads chosen on one half keep their "
-                f"sign on the other in {held['n_same_sign']} of {held['n_selected']} (random heads of "
-                f"the same layers: {_fmt(held['n_same_sign_null'], 1)}), mean r there "
-                f"{_fmt(held['mean_held_out_r'])} against {_fmt(held['mean_held_out_r_null'])} "
-                f"(p = {held['held_out_p']:.2g})"
-            )
-            if len(hits):
-                top = strongest_head(group, covariate=True)
-                low, high = _chosen_interval(top, "interaction_per10", len(group))
-                parts.append(
-                    f"in {len(hits)} of {len(group)} heads the {pos} - {neg} attention to the {target} "
-                    f"changes with {analysis.name(analysis.covariate)} (q < {ALPHA}, cluster-robust by "
-                    f"{top['clusters']}), most strongly {HeadSet.name(top['layer'], top['head'])} "
-                    f"({_fmt(top['interaction_per10'], 4)} attention weight per 10 points "
-                    f"[{_fmt(top['interaction_per10_ci_low'], 4)}, "
-                    f"{_fmt(top['interaction_per10_ci_high'], 4)}]; chosen as the largest of {len(group)}, "
-                    f"its interval adjusted for that choice (Bonferroni) is [{_fmt(low, 4)}, "
-                    f"{_fmt(high, 4)}]; r = {_fmt(top['interaction_r'])}){check}"
-                )
-            else:
-                note = group["interaction_power_note"].iloc[0]
-                parts.append(
-                    f"no head's {pos} - {neg} attention to the {target} changes with "
-                    f"{analysis.name(analysis.covariate)} at q < {ALPHA}"
-                    + _not_absence(group, "interaction")
-                    + (f" ({note})" if note else "")
-                    + check
-                )
+            parts.append(_interaction(analysis, target, group))
         lexical = int((group["difference_q"] < ALPHA).sum())
         kind = "a token difference, not bias" if analysis.covariate else "the paired difference"
         parts.append(
@@ -126,24 +80,8 @@ def headline(run: RunFiles, tables: dict) -> str:
             f"prompts ({kind})"
         )
     for (source, target), group in levels.groupby(["source", "target"], sort=False):
-        if "level_q" not in group:
-            continue
-        hits = group[group["level_q"] < ALPHA]
-        where = source.removeprefix("before_")
-        text = f"at the token before the {where}, " if where != source else ""
-        if len(hits):
-            top = strongest_head(group, covariate=True, level=True)
-            parts.append(
-                f"{text}the attention to the {target} changes with {analysis.name(analysis.covariate)} in "
-                f"{len(hits)} of {len(group)} heads (q < {ALPHA}), most strongly "
-                f"{HeadSet.name(top['layer'], top['head'])} ({_fmt(top['level_per10'], 4)} attention weight "
-                "per 10 points)"
-            )
-        else:
-            parts.append(
-                f"{text}no head's attention to the {target} changes with "
-                f"{analysis.name(analysis.covariate)} at q < {ALPHA}" + _not_absence(group, "level")
-            )
+        if "level_q" in group:
+            parts.append(_level(analysis, source, target, group))
     if not parts:
         return (
             f"Nothing here compares {pos} with {neg}: no attention measure has paired prompts and no "
@@ -151,3 +89,79 @@ def headline(run: RunFiles, tables: dict) -> str:
             f"candidates carry those labels; the raw tables are attention.parquet and logprobs.csv."
         )
     return "; ".join(parts) + "."
+
+
+def _behaviour(analysis, b, model: str) -> list[str]:
+    """The pooled behaviour: its gradient on the covariate, else its mean log-ratio."""
+    pos, neg = analysis.positive, analysis.negative
+    if b is not None and analysis.covariate:
+        per = f"per 10 {analysis.name(analysis.covariate)} points"
+        return [
+            f"Across {int(b['n_units'])} {analysis.name(analysis.unit)}s, {model}'s log p({pos}) - log "
+            f"p({neg}) at the token before '{b['cut']}' changes by {_fmt(b['slope_per10'], 3)} nats {per} "
+            f"(95% CI [{_fmt(b['slope_per10_ci_low'], 3)}, {_fmt(b['slope_per10_ci_high'], 3)}], "
+            f"cluster-robust by {b['clusters']}, p = {b['slope_p']:.2g}; Pearson r of the "
+            f"{analysis.name(analysis.unit)} means {_fmt(b['pearson_r'])})"
+        ]
+    if b is not None:
+        return [
+            f"{model}'s mean log p({pos}) - log p({neg}) at the token before '{b['cut']}' is "
+            f"{_fmt(b['mean_log_ratio'], 3)} nats (95% CI [{_fmt(b['mean_ci_low'], 3)}, "
+            f"{_fmt(b['mean_ci_high'], 3)}], clusters: {b['clusters']})"
+        ]
+    return []
+
+
+def _interaction(analysis, target: str, group) -> str:
+    """The heads whose attention difference to `target` changes with the covariate, the strongest with
+    its selection-adjusted interval, and the held-out check."""
+    pos, neg = analysis.positive, analysis.negative
+    hits = group[group["interaction_q"] < ALPHA]
+    held = held_out_interaction(group)
+    check = (
+        f"; held out ({held['split']}), the top {held['k']} heads chosen on one half keep their "
+        f"sign on the other in {held['n_same_sign']} of {held['n_selected']} (random heads of "
+        f"the same layers: {_fmt(held['n_same_sign_null'], 1)}), mean r there "
+        f"{_fmt(held['mean_held_out_r'])} against {_fmt(held['mean_held_out_r_null'])} "
+        f"(p = {held['held_out_p']:.2g})"
+    )
+    if not len(hits):
+        note = group["interaction_power_note"].iloc[0]
+        return (
+            f"no head's {pos} - {neg} attention to the {target} changes with "
+            f"{analysis.name(analysis.covariate)} at q < {ALPHA}"
+            + _not_absence(group, "interaction")
+            + (f" ({note})" if note else "")
+            + check
+        )
+    top = strongest_head(group, covariate=True)
+    low, high = _chosen_interval(top, "interaction_per10", len(group))
+    return (
+        f"in {len(hits)} of {len(group)} heads the {pos} - {neg} attention to the {target} "
+        f"changes with {analysis.name(analysis.covariate)} (q < {ALPHA}, cluster-robust by "
+        f"{top['clusters']}), most strongly {HeadSet.name(top['layer'], top['head'])} "
+        f"({_fmt(top['interaction_per10'], 4)} attention weight per 10 points "
+        f"[{_fmt(top['interaction_per10_ci_low'], 4)}, "
+        f"{_fmt(top['interaction_per10_ci_high'], 4)}]; chosen as the largest of {len(group)}, "
+        f"its interval adjusted for that choice (Bonferroni) is [{_fmt(low, 4)}, "
+        f"{_fmt(high, 4)}]; r = {_fmt(top['interaction_r'])}){check}"
+    )
+
+
+def _level(analysis, source: str, target: str, group) -> str:
+    """The heads whose attention itself (not the difference) changes with the covariate."""
+    hits = group[group["level_q"] < ALPHA]
+    where = source.removeprefix("before_")
+    text = f"at the token before the {where}, " if where != source else ""
+    if len(hits):
+        top = strongest_head(group, covariate=True, level=True)
+        return (
+            f"{text}the attention to the {target} changes with {analysis.name(analysis.covariate)} in "
+            f"{len(hits)} of {len(group)} heads (q < {ALPHA}), most strongly "
+            f"{HeadSet.name(top['layer'], top['head'])} ({_fmt(top['level_per10'], 4)} attention weight "
+            "per 10 points)"
+        )
+    return (
+        f"{text}no head's attention to the {target} changes with "
+        f"{analysis.name(analysis.covariate)} at q < {ALPHA}" + _not_absence(group, "level")
+    )

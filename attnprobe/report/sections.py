@@ -21,60 +21,11 @@ def effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest, an
         return None
     info = manifest.entry("head_effects", {})
     slot, words = next(iter(info.get("counterfactual", {}).items()), (None, []))
-    label = f"change of log p({analysis.positive}) - log p({analysis.negative})"
-    sections = []
-    for summary in tables["head_effects_summary"].to_dict("records"):
-        word = summary["counterfactual"]
-        effects = tables["head_effects"][tables["head_effects"]["counterfactual"] == word]
-        shares = tables["head_effects_layer_shares"][
-            tables["head_effects_layer_shares"]["counterfactual"] == word
-        ]
-        name = "".join(c if c.isalnum() else "_" for c in str(word))
-        shown = word_name(word)
-        exact = (
-            info.get("exact", "all") == "all"
-        )  # else only k heads were patched exactly: colour by attribution
-        figures = [
-            figure(
-                plots.head_heatmap(
-                    effects.assign(target=word),
-                    word,
-                    "mean_output_in" if exact else "mean_attribution_output",
-                    "q",
-                    title=f"{slot} -> {shown}: head output patched in"
-                    + ("" if exact else " (attribution;\nexact for the suite's heads)"),
-                    label=label,
-                ),
-                figures_dir,
-                f"head_effects_{name}",
-                f"layer x head mean effect of patching each head's output, {slot} -> {shown}",
-            ),
-        ]
-        if summary.get("te_nonzero", True):  # shares of a total effect near 0 say nothing: no figure
-            figures.append(
-                figure(
-                    plots.layer_shares(shares, f"{slot} -> {shown}: share of the total effect per layer"),
-                    figures_dir,
-                    f"layer_shares_{name}",
-                    f"per-layer shares of the total effect, {slot} -> {shown}",
-                )
-            )
-        ranked = effects.dropna(subset=["mean_output_in"])
-        direction = 1.0 if summary["te_mean"] >= 0 else -1.0
-        top = (
-            ranked.assign(score=direction * ranked["mean_output_in"])
-            .sort_values("score", ascending=False)
-            .head(5)
-        )
-        sections.append(
-            {
-                "word": word,
-                "name": shown,
-                "summary": summary,
-                "figures": figures,
-                "top": top.to_dict("records"),
-            }
-        )
+    exact = info.get("exact", "all") == "all"  # else only k heads were patched exactly: colour by attribution
+    sections = [
+        _word_section(tables, summary, slot, exact, figures_dir, analysis)
+        for summary in tables["head_effects_summary"].to_dict("records")
+    ]
     if len(heads) and slot in set(heads["target"]):
         sections[0]["figures"].append(
             figure(
@@ -99,6 +50,57 @@ def effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest, an
         "question": manifest.entry("referent_choice"),
         "referents": analysis.referents,
         "answer": analysis.name(analysis.answer) if analysis.answer else None,
+    }
+
+
+def _word_section(tables: dict, summary: dict, slot, exact: bool, figures_dir, analysis) -> dict:
+    """One counterfactual word: its summary, the heads' effects (figure), the layers' shares (figure)
+    and the five strongest heads."""
+    word = summary["counterfactual"]
+    effects = tables["head_effects"][tables["head_effects"]["counterfactual"] == word]
+    shares = tables["head_effects_layer_shares"][
+        tables["head_effects_layer_shares"]["counterfactual"] == word
+    ]
+    name = "".join(c if c.isalnum() else "_" for c in str(word))
+    shown = word_name(word)
+    figures = [
+        figure(
+            plots.head_heatmap(
+                effects.assign(target=word),
+                word,
+                "mean_output_in" if exact else "mean_attribution_output",
+                "q",
+                title=f"{slot} -> {shown}: head output patched in"
+                + ("" if exact else " (attribution;\nexact for the suite's heads)"),
+                label=f"change of log p({analysis.positive}) - log p({analysis.negative})",
+            ),
+            figures_dir,
+            f"head_effects_{name}",
+            f"layer x head mean effect of patching each head's output, {slot} -> {shown}",
+        ),
+    ]
+    if summary.get("te_nonzero", True):  # shares of a total effect near 0 say nothing: no figure
+        figures.append(
+            figure(
+                plots.layer_shares(shares, f"{slot} -> {shown}: share of the total effect per layer"),
+                figures_dir,
+                f"layer_shares_{name}",
+                f"per-layer shares of the total effect, {slot} -> {shown}",
+            )
+        )
+    ranked = effects.dropna(subset=["mean_output_in"])
+    direction = 1.0 if summary["te_mean"] >= 0 else -1.0
+    top = (
+        ranked.assign(score=direction * ranked["mean_output_in"])
+        .sort_values("score", ascending=False)
+        .head(5)
+    )
+    return {
+        "word": word,
+        "name": shown,
+        "summary": summary,
+        "figures": figures,
+        "top": top.to_dict("records"),
     }
 
 

@@ -19,35 +19,14 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
     """Join the directories of a sharded run (`--shard K/N`, all N of them) into one run directory
     identical to an unsharded run with the same settings."""
     shard_dirs = [Path(d) for d in shard_dirs]
-    manifests = []
-    for d in shard_dirs:
-        path = d / "manifest.json"
-        if not path.is_file():
-            raise RunError(
-                f"{d}: no manifest.json; give the directories written by `attnprobe run --shard K/N`"
-            )
-        manifests.append(read_manifest(path))
-    for d, m in zip(shard_dirs, manifests):
-        if not m.shard or m.status != "shard complete":
-            raise RunError(
-                f"{d} is not a finished shard (status: {m.status}); finish it by rerunning its command"
-            )
+    manifests = _shard_manifests(shard_dirs)
     n = manifests[0].shard[1]
-    ks = sorted(m.shard[0] for m in manifests)
-    if ks != list(range(1, n + 1)) or any(m.shard[1] != n for m in manifests):
-        raise RunError(f"shards {ks} of {n} given; give each of the {n} shard directories exactly once")
-    if len({json.dumps(m.settings, sort_keys=True) for m in manifests}) != 1:
-        raise RunError(
-            "the shards were run with different settings (suite, model, dtype, batch, chunk, limit or "
-            "tokenisation)"
-        )
     by_k = {m.shard[0]: (d, m) for d, m in zip(shard_dirs, manifests)}
     out = Path(out)
     if any(out.resolve() == d.resolve() for d in shard_dirs):
         raise RunError(f"{out} is one of the shard directories; merge into a new directory")
-    if (out / "manifest.json").is_file() and read_manifest(out / "manifest.json").settings != manifests[
-        0
-    ].settings:
+    settings = manifests[0].settings
+    if (out / "manifest.json").is_file() and read_manifest(out / "manifest.json").settings != settings:
         raise RunError(f"{out} holds a run with other settings; merge into a new directory")
     own_directory(out / "chunks")
     with exclusive(out):
@@ -81,6 +60,33 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
             kind.merge(shards, out, merged)
         write_manifest(out, merged)
     return out
+
+
+def _shard_manifests(shard_dirs: list[Path]) -> list:
+    """The manifests of N finished shards of one run, each given once, or one line saying what is wrong."""
+    manifests = []
+    for d in shard_dirs:
+        path = d / "manifest.json"
+        if not path.is_file():
+            raise RunError(
+                f"{d}: no manifest.json; give the directories written by `attnprobe run --shard K/N`"
+            )
+        manifests.append(read_manifest(path))
+    for d, m in zip(shard_dirs, manifests):
+        if not m.shard or m.status != "shard complete":
+            raise RunError(
+                f"{d} is not a finished shard (status: {m.status}); finish it by rerunning its command"
+            )
+    n = manifests[0].shard[1]
+    ks = sorted(m.shard[0] for m in manifests)
+    if ks != list(range(1, n + 1)) or any(m.shard[1] != n for m in manifests):
+        raise RunError(f"shards {ks} of {n} given; give each of the {n} shard directories exactly once")
+    if len({json.dumps(m.settings, sort_keys=True) for m in manifests}) != 1:
+        raise RunError(
+            "the shards were run with different settings (suite, model, dtype, batch, chunk, limit or "
+            "tokenisation)"
+        )
+    return manifests
 
 
 def _copy_chunk(source: Path, target: Path, k: int, kind: str) -> None:

@@ -297,9 +297,7 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
         tokenizer, max_positions, config = model.tokenizer, model.info.max_positions, model.model.config
     else:
         tokenizer, max_positions, config = load_tokenizer(spec, trust_remote_code=options.trust_remote_code)
-    dtype = (
-        str(model.dtype).removeprefix("torch.") if loaded else options.dtype
-    )  # a loaded model keeps its own
+    dtype = str(model.dtype).removeprefix("torch.") if loaded else options.dtype  # a loaded model's own
     prompts = select_prompts(suite.prompts, options.limit)
     encoded = encode_prompts(suite, prompts, tokenizer, max_positions)
     longest = max((e.n_forward for e in encoded), default=0)
@@ -320,12 +318,7 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
         for name, kind in MEASURES.items()
     }
     name = model.info.name if loaded else model_name(spec)
-    edited = "+".join(edit.name for edit in options.edits)
-    default = Path("reports") / suite.name / (f"{name}-edited-{edited}" if edited else name)
-    directory = Path(options.out) if options.out else default
-    if options.shard is not None:  # every rank may be given the same --out
-        directory = directory / f"shard-{options.shard[0]}-of-{options.shard[1]}"
-    refuse_data_directory(directory, suite)
+    directory = _directory(suite, name, options)
     settings = {
         "suite_sha256": suite.sha256,
         "model": spec,
@@ -354,6 +347,17 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
         fingerprint(settings, options.shard),
         config,
     )
+
+
+def _directory(suite: Suite, name: str, options) -> Path:
+    """--out, else reports/SUITE/MODEL (-edited-EDITS); a shard's own directory below it."""
+    edited = "+".join(edit.name for edit in options.edits)
+    default = Path("reports") / suite.name / (f"{name}-edited-{edited}" if edited else name)
+    directory = Path(options.out) if options.out else default
+    if options.shard is not None:  # every rank may be given the same --out
+        directory = directory / f"shard-{options.shard[0]}-of-{options.shard[1]}"
+    refuse_data_directory(directory, suite)
+    return directory
 
 
 def _check_skip(skip) -> None:

@@ -63,85 +63,20 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
     drawn; the sweep draws distinct sets, of the same layers first and from every head when those are
     too few: random_sets_same_layers says how many are of the same layers), and Holm's adjustment over
     the table's rows of p taken at least at its floor (random_p_holm)."""
-    items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index").sort_index()
-    x = items["covariate"].to_numpy(dtype=float)
-    clusters = [pd.factorize(items["unit"])[0], pd.factorize(items["template_id"])[0]]
-    w = np.ones(len(items))
-    before = items["y"].to_numpy()
-    control0 = raw[(raw["target"] == "control") & (raw["kind"] == "none")].set_index("index").sort_index()
-    sign = control0["sign"].to_numpy()
-    texts0 = raw[(raw["target"] == "text") & (raw["kind"] == "none")].set_index("index").sort_index()
-    user = texts0["user_text"].to_numpy(dtype=bool)
+    base = _Unedited(raw)
     summary, draws = [], []
-    edited = raw[raw["kind"] != "none"]
-    for (kind, k), group in edited.groupby(["kind", "k"], sort=False):
-        after = _bias(raw, kind, k, -1).reindex(items.index).to_numpy()
-        slopes = cluster_slope_test(x, np.column_stack([before, after, after - before]), w, clusters)
-        leans = cluster_mean_test(np.column_stack([before, after]), w, clusters)
+    for (kind, k), group in raw[raw["kind"] != "none"].groupby(["kind", "k"], sort=False):
+        after = _bias(raw, kind, k, -1).reindex(base.items.index).to_numpy()
         row = {"kind": kind, "k": k, "heads": group["heads"].iloc[0], "heads_all": group["heads_all"].iloc[0]}
-        row["n_items"] = len(items)
-        for j, name in enumerate(("gradient_before", "gradient_after", "gradient_change")):
-            row[name] = PER * slopes["slope"][j]
-            row[f"{name}_ci_low"], row[f"{name}_ci_high"] = (
-                PER * slopes["ci_low"][j],
-                PER * slopes["ci_high"][j],
-            )
-        row["gradient_change_p"] = slopes["p"][2]
-        kept = slope_ratio_test(x, after, before, w, clusters)  # slope after / slope before
-        row["gradient_removed"] = 1 - slopes["slope"][1] / slopes["slope"][0]
-        row["gradient_removed_ci_low"], row["gradient_removed_ci_high"] = (
-            1 - kept["ci_high"][0],
-            1 - kept["ci_low"][0],
-        )
-        for j, name in enumerate(("lean_before", "lean_after")):
-            row[name], row[f"{name}_ci_low"], row[f"{name}_ci_high"] = (
-                leans["mean"][j],
-                leans["ci_low"][j],
-                leans["ci_high"][j],
-            )
-        held = control0["half"].to_numpy() == 1 if "half" in control0 else None
-        row.update(_control(raw, kind, k, -1, control0["y"].to_numpy(), sign, held))
+        row["n_items"] = len(base.items)
+        row.update(_gradients(base, after))
+        held = base.control0["half"].to_numpy() == 1 if "half" in base.control0 else None
+        row.update(_control(raw, kind, k, -1, base.control0["y"].to_numpy(), base.sign, held))
         row.update(_specificity(row))
-        row.update(_costs(raw, kind, k, -1, texts0["loss"].to_numpy(), user))
-        # chance: the same edit on random heads of the same layers, on the sampled items
-        random = sorted(d for d in group["draw"].unique() if d >= 0)
-        sampled = _bias(raw, kind, k, random[0]).index if random else items.index[:0]
-        found = _removed(x, before, after, items.index, sampled) if random else np.nan
-        removed = []
-        for d in random:
-            r = _bias(raw, kind, k, d)
-            removed.append(_removed(x, before, r.reindex(items.index).to_numpy(), items.index, sampled))
-            draws.append(
-                {
-                    "kind": kind,
-                    "k": k,
-                    "draw": d,
-                    "heads": group.loc[group["draw"] == d, "heads"].iloc[0],
-                    "gradient_removed_sampled": removed[-1],
-                    **_costs(raw, kind, k, d, texts0["loss"].to_numpy(), user),
-                }
-            )
-        removed = np.array(removed)
-        # too few sampled items (or one covariate value among them) leave no slope to compare: no p
-        # rather than the smallest p the draws allow
-        compared = len(removed) > 0 and np.isfinite(found)
-        n_values = len(np.unique(x[np.isin(items.index, sampled)]))
-        row.update(
-            n_sampled=len(sampled),
-            gradient_removed_sampled=found,
-            n_random=len(removed),
-            random_removed_mean=removed.mean() if len(removed) else np.nan,
-            random_removed_q95=np.quantile(removed, 0.95) if len(removed) else np.nan,
-            random_percentile=100 * (removed < found).mean() if compared else np.nan,
-            random_p=(1 + (removed >= found).sum()) / (1 + len(removed)) if compared else np.nan,
-            note=""
-            if compared or not len(removed)
-            else f"the random-set comparison rests on {len(sampled)} sampled items with {n_values} covariate "
-            "value(s): no gradient there, so no p against random heads; use more items",
-            clusters="unit x template",
-            n_clusters=" x ".join(str(len(np.unique(c))) for c in clusters),
-            test="cluster-robust slope, CR2 by unit x template (two-way)",
-        )
+        row.update(_costs(raw, kind, k, -1, base.loss0, base.user))
+        against, drawn = _against_random(raw, base, kind, k, group, after)
+        row.update(against)
+        draws += drawn
         if n_heads is not None and row["heads_all"]:
             row["random_sets_possible"] = possible_sets(row["heads_all"], n_heads)  # of the same layers
             distinct = group.loc[group["draw"] >= 0, "heads"].nunique()
@@ -157,6 +92,94 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
         summary.loc[tested, "random_p_holm"] = holm(floored.to_numpy())
     # with --draws 0 no row, but the columns all the same (a CSV with a header, not an empty file)
     return summary, pd.DataFrame(draws, columns=None if draws else list(DRAW_KEYS))
+
+
+class _Unedited:
+    """The sweep's unedited values: the bias items (covariate, clusters, y before), the control's y
+    and signs, the texts' losses."""
+
+    def __init__(self, raw: pd.DataFrame):
+        none = lambda target: raw[(raw["target"] == target) & (raw["kind"] == "none")].set_index("index")
+        self.items = none("bias").sort_index()
+        self.x = self.items["covariate"].to_numpy(dtype=float)
+        self.clusters = [pd.factorize(self.items["unit"])[0], pd.factorize(self.items["template_id"])[0]]
+        self.w = np.ones(len(self.items))
+        self.before = self.items["y"].to_numpy()
+        self.control0 = none("control").sort_index()
+        self.sign = self.control0["sign"].to_numpy()
+        texts0 = none("text").sort_index()
+        self.loss0, self.user = texts0["loss"].to_numpy(), texts0["user_text"].to_numpy(dtype=bool)
+
+
+def _gradients(base: _Unedited, after: np.ndarray) -> dict:
+    """The covariate gradient before, after and of the change (per PER units, CIs), the share
+    removed (a test-inverted interval of slope after / slope before) and the mean lean before and after."""
+    x, before, w, clusters = base.x, base.before, base.w, base.clusters
+    slopes = cluster_slope_test(x, np.column_stack([before, after, after - before]), w, clusters)
+    leans = cluster_mean_test(np.column_stack([before, after]), w, clusters)
+    row = {}
+    for j, name in enumerate(("gradient_before", "gradient_after", "gradient_change")):
+        row[name] = PER * slopes["slope"][j]
+        row[f"{name}_ci_low"], row[f"{name}_ci_high"] = PER * slopes["ci_low"][j], PER * slopes["ci_high"][j]
+    row["gradient_change_p"] = slopes["p"][2]
+    kept = slope_ratio_test(x, after, before, w, clusters)  # slope after / slope before
+    row["gradient_removed"] = 1 - slopes["slope"][1] / slopes["slope"][0]
+    row["gradient_removed_ci_low"], row["gradient_removed_ci_high"] = (
+        1 - kept["ci_high"][0],
+        1 - kept["ci_low"][0],
+    )
+    for j, name in enumerate(("lean_before", "lean_after")):
+        row[name], row[f"{name}_ci_low"], row[f"{name}_ci_high"] = (
+            leans["mean"][j],
+            leans["ci_low"][j],
+            leans["ci_high"][j],
+        )
+    return row
+
+
+def _against_random(raw, base: _Unedited, kind, k, group, after) -> tuple[dict, list[dict]]:
+    """Chance: the same edit on random heads of the same layers, on the sampled items (the row's
+    columns, and one row per draw)."""
+    x, before, index = base.x, base.before, base.items.index
+    random = sorted(d for d in group["draw"].unique() if d >= 0)
+    sampled = _bias(raw, kind, k, random[0]).index if random else index[:0]
+    found = _removed(x, before, after, index, sampled) if random else np.nan
+    removed, draws = [], []
+    for d in random:
+        r = _bias(raw, kind, k, d)
+        removed.append(_removed(x, before, r.reindex(index).to_numpy(), index, sampled))
+        draws.append(
+            {
+                "kind": kind,
+                "k": k,
+                "draw": d,
+                "heads": group.loc[group["draw"] == d, "heads"].iloc[0],
+                "gradient_removed_sampled": removed[-1],
+                **_costs(raw, kind, k, d, base.loss0, base.user),
+            }
+        )
+    removed = np.array(removed)
+    # too few sampled items (or one covariate value among them) leave no slope to compare: no p
+    # rather than the smallest p the draws allow
+    compared = len(removed) > 0 and np.isfinite(found)
+    n_values = len(np.unique(x[np.isin(index, sampled)]))
+    row = dict(
+        n_sampled=len(sampled),
+        gradient_removed_sampled=found,
+        n_random=len(removed),
+        random_removed_mean=removed.mean() if len(removed) else np.nan,
+        random_removed_q95=np.quantile(removed, 0.95) if len(removed) else np.nan,
+        random_percentile=100 * (removed < found).mean() if compared else np.nan,
+        random_p=(1 + (removed >= found).sum()) / (1 + len(removed)) if compared else np.nan,
+        note=""
+        if compared or not len(removed)
+        else f"the random-set comparison rests on {len(sampled)} sampled items with {n_values} covariate "
+        "value(s): no gradient there, so no p against random heads; use more items",
+        clusters="unit x template",
+        n_clusters=" x ".join(str(len(np.unique(c))) for c in base.clusters),
+        test="cluster-robust slope, CR2 by unit x template (two-way)",
+    )
+    return row, draws
 
 
 def head_table(raw: pd.DataFrame, n_heads: int) -> pd.DataFrame:

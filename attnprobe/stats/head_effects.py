@@ -92,27 +92,28 @@ def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFra
         )
         summary.update(_gradients(x, totals, design, cells, w, te_cells, gradient))
         summary.update(_random_null(totals, design, cells, w, te_cells, gradient))
-        # the layer whose output, patched in, carries the largest share
-        for component in ("attention", "mlp"):
-            rows = layer_table[
-                (layer_table["component"] == component) & (layer_table["direction"] == "in")
-            ].dropna(subset=["share"])
-            if len(rows):
-                top = rows.loc[rows["share"].idxmax()]
-                summary.update(
-                    {
-                        f"top_{component}_layer": int(top["layer"]),
-                        f"top_{component}_share": float(top["share"]),
-                        f"top_{component}_ci_low": float(top["search_ci_low"]),
-                        f"top_{component}_ci_high": float(top["search_ci_high"]),
-                    }
-                )
+        summary.update(_top_layers(layer_table))
         summaries.append(summary)
     return {
         "head_effects": pd.concat(per_head, ignore_index=True),
         "head_effects_layer_shares": pd.concat(per_layer, ignore_index=True),
         "head_effects_summary": pd.DataFrame(summaries),
     }
+
+
+def _top_layers(layer_table: pd.DataFrame) -> dict:
+    """Per component (attention, MLP): the layer whose output, patched in, carries the largest share."""
+    out = {}
+    for component in ("attention", "mlp"):
+        rows = layer_table[(layer_table["component"] == component) & (layer_table["direction"] == "in")]
+        rows = rows.dropna(subset=["share"])
+        if len(rows):
+            top = rows.loc[rows["share"].idxmax()]
+            out[f"top_{component}_layer"] = int(top["layer"])
+            out[f"top_{component}_share"] = float(top["share"])
+            out[f"top_{component}_ci_low"] = float(top["search_ci_low"])
+            out[f"top_{component}_ci_high"] = float(top["search_ci_high"])
+    return out
 
 
 def _wide(long: pd.DataFrame, word: str, index, columns: list[str], value: str) -> pd.DataFrame:

@@ -62,18 +62,7 @@ def behavior(run, n_boot: int = N_BOOT, seed: int = 0) -> tuple[pd.DataFrame, pd
     items = items_table(run.prompts, analysis)
     summary, per_unit = [], []
     for cut, at_cut in y.groupby("cut", sort=False):
-        templates = list(dict.fromkeys(at_cut[TEMPLATE]))
-        scoped = [
-            (name, "pooled" if name == "all" else "group", ids)
-            for name, ids in scopes(analysis, templates).items()
-        ]
-        sizes = at_cut.groupby(TEMPLATE)[ITEM].nunique()
-        small = [t for t in templates if sizes[t] < MIN_TEMPLATE_ITEMS]
-        small = small if len(small) > 1 else []  # a lone small template keeps its row
-        scoped += [(t, "template", [t]) for t in templates if t not in small]
-        if small:
-            scoped.append((f"{len(small)} templates with < {MIN_TEMPLATE_ITEMS} items each", "folded", small))
-        for scope, kind, ids in scoped:
+        for scope, kind, ids in _behaviour_scopes(analysis, at_cut):
             rows = at_cut[at_cut[TEMPLATE].isin(ids)]
             design = Design.build(rows[ITEM], items, analysis)
             cells = design.cell_means(rows[["y"]].to_numpy())
@@ -94,32 +83,9 @@ def behavior(run, n_boot: int = N_BOOT, seed: int = 0) -> tuple[pd.DataFrame, pd
             }
             notes = [power_note(test["n_clusters"], design.cluster_text)]
             if analysis.covariate:
-                units, x, unit_y = design.unit_means(cells, analysis.unit, analysis.covariate)
-                w = design.cells["weight"].to_numpy()
-                x_cells = design.cells[analysis.covariate].to_numpy(dtype=float)
-                slope = cluster_slope_test(x_cells, cells, w, design.clusters)
-                row.update(n_units=len(units), **correlation_with_ci(x, unit_y[:, 0], n_boot, seed))
-                row.update(
-                    slope_per10=PER * slope["slope"][0],
-                    slope_per10_ci_low=PER * slope["ci_low"][0],
-                    slope_per10_ci_high=PER * slope["ci_high"][0],
-                    slope_p=slope["p"][0],
-                    slope_df=float(slope["df"][0]),
-                    slope_test=f"cluster-robust slope, CR2 by {design.cluster_text}",
-                )
-                counts = pd.Series(design.cell_of_item).map(design.cells[analysis.unit]).value_counts()
-                per_unit.append(
-                    pd.DataFrame(
-                        {
-                            "cut": cut,
-                            "scope": scope,
-                            "unit": units,
-                            "log_ratio": unit_y[:, 0],
-                            "n": counts.reindex(units).to_numpy(),
-                            "covariate": x,
-                        }
-                    )
-                )
+                gradient, means = _gradient(analysis, design, cells, n_boot, seed)
+                row.update(gradient)
+                per_unit.append(pd.DataFrame({"cut": cut, "scope": scope, **means}))
             if kind == "folded":
                 notes.append(
                     f"templates with fewer than {MIN_TEMPLATE_ITEMS} items are folded into this row: "
@@ -131,3 +97,41 @@ def behavior(run, n_boot: int = N_BOOT, seed: int = 0) -> tuple[pd.DataFrame, pd
         pd.concat(per_unit, ignore_index=True) if per_unit else pd.DataFrame(columns=["cut", "scope", "unit"])
     )
     return pd.DataFrame(summary), per_unit_table
+
+
+def _behaviour_scopes(analysis, at_cut: pd.DataFrame) -> list[tuple[str, str, list]]:
+    """(scope, kind, template ids): all, each declared group, each template (those with fewer than
+    MIN_TEMPLATE_ITEMS items folded into one row when there are several)."""
+    templates = list(dict.fromkeys(at_cut[TEMPLATE]))
+    scoped = [
+        (name, "pooled" if name == "all" else "group", ids)
+        for name, ids in scopes(analysis, templates).items()
+    ]
+    sizes = at_cut.groupby(TEMPLATE)[ITEM].nunique()
+    small = [t for t in templates if sizes[t] < MIN_TEMPLATE_ITEMS]
+    small = small if len(small) > 1 else []  # a lone small template keeps its row
+    scoped += [(t, "template", [t]) for t in templates if t not in small]
+    if small:
+        scoped.append((f"{len(small)} templates with < {MIN_TEMPLATE_ITEMS} items each", "folded", small))
+    return scoped
+
+
+def _gradient(analysis, design, cells, n_boot: int, seed: int) -> tuple[dict, dict]:
+    """The log-ratio's slope on the covariate (cluster-robust) and the correlation of the unit means
+    with it; the unit means themselves (columns of the per-unit table)."""
+    units, x, unit_y = design.unit_means(cells, analysis.unit, analysis.covariate)
+    w = design.cells["weight"].to_numpy()
+    x_cells = design.cells[analysis.covariate].to_numpy(dtype=float)
+    slope = cluster_slope_test(x_cells, cells, w, design.clusters)
+    row = dict(n_units=len(units), **correlation_with_ci(x, unit_y[:, 0], n_boot, seed))
+    row.update(
+        slope_per10=PER * slope["slope"][0],
+        slope_per10_ci_low=PER * slope["ci_low"][0],
+        slope_per10_ci_high=PER * slope["ci_high"][0],
+        slope_p=slope["p"][0],
+        slope_df=float(slope["df"][0]),
+        slope_test=f"cluster-robust slope, CR2 by {design.cluster_text}",
+    )
+    counts = pd.Series(design.cell_of_item).map(design.cells[analysis.unit]).value_counts()
+    means = {"unit": units, "log_ratio": unit_y[:, 0], "n": counts.reindex(units).to_numpy(), "covariate": x}
+    return row, means

@@ -65,7 +65,61 @@ __all__ = [
 def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) -> Suite:
     """Read, validate and expand a suite file. Raises SuiteError with `file:line: ...`. Data files
     are read from the suite's directory, or from `data_roots` (directories) when given."""
-    path = Path(path)
+    ctx, doc = _read_document(Path(path), data_roots)
+    ctx.check_keys(doc, sorted({*SUITE_KEYS, *MEASURES}))
+    name = required_str(ctx, doc, "name")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or set(name) == {"."}:
+        ctx.fail(
+            doc,
+            "name",
+            f"name '{name}' must be letters, digits, '_', '-' or '.', not only dots (it names the output "
+            "directory)",
+        )
+    description = optional_str(ctx, doc, "description") or ""
+    slots = load_slots(ctx, doc.get("slots") or Map(), doc)
+    contrast = optional_str(ctx, doc, "contrast")
+    if contrast is not None and contrast not in slots:
+        ctx.fail(
+            doc,
+            "contrast",
+            f"contrast slot '{contrast}' is not defined under slots: ({', '.join(slots) or 'none'})",
+        )
+    templates, sentence_sets, prompts = _expanded(ctx, doc, slots, contrast, max_prompts)
+    span_names = set().union(*(p.spans for p in prompts)) if prompts else set()
+    analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
+    template_ids = {t.id for t in templates} | {s["id"] for s in sentence_sets}
+    columns = {c for p in prompts for c in (*p.meta, *p.slots)} | {"template_id"}
+    measures, kind_notes = {}, []
+    for key, kind in MEASURES.items():  # in registry order: a kind may read those before it
+        scope = ParseScope(slots, span_names, template_ids, analysis, columns, dict(measures), kind_notes)
+        measures[key] = kind.parse(ctx, doc, scope)
+    attention, next_token = measures["attention"], measures["next_token"]
+    _check_measure_spans(ctx, doc, prompts, (*attention, *next_token))
+    skipped, notes = _left_out(prompts, attention, next_token, slots)
+    prompts = _with_candidates(prompts, next_token, slots, analysis)
+    notes += _suite_notes(analysis, prompts, templates, slots, sentence_sets) + kind_notes
+    return Suite(
+        first_token=_first_token(ctx, doc, measures),
+        measures=measures,
+        control=parse_control(ctx, doc, analysis),
+        name=name,
+        description=description,
+        model=optional_str(ctx, doc, "model"),
+        contrast=contrast,
+        slots=slots,
+        templates=tuple(templates),
+        prompts=tuple(prompts),
+        skipped=tuple(skipped),
+        notes=tuple(notes),
+        analysis=analysis,
+        path=str(path),
+        sha256=ctx.digest.hexdigest(),
+        data_files=tuple(str(f) for f in ctx.files),
+    )
+
+
+def _read_document(path: Path, data_roots) -> tuple[Context, Map]:
+    """The suite file parsed with lines (and its error context), or one line saying why not."""
     try:
         found = path.is_file()
     except OSError as exc:  # e.g. a name longer than the file system allows
@@ -100,28 +154,14 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
         raise SuiteError(
             f"{path}:1: a suite is a YAML mapping with at least `name` and `templates` or `sentences`"
         )
-    ctx.check_keys(doc, sorted({*SUITE_KEYS, *MEASURES}))
-    name = required_str(ctx, doc, "name")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or set(name) == {"."}:
-        ctx.fail(
-            doc,
-            "name",
-            f"name '{name}' must be letters, digits, '_', '-' or '.', not only dots (it names the output "
-            "directory)",
-        )
-    description = optional_str(ctx, doc, "description") or ""
-    slots = load_slots(ctx, doc.get("slots") or Map(), doc)
-    contrast = optional_str(ctx, doc, "contrast")
-    if contrast is not None and contrast not in slots:
-        ctx.fail(
-            doc,
-            "contrast",
-            f"contrast slot '{contrast}' is not defined under slots: ({', '.join(slots) or 'none'})",
-        )
+    return ctx, doc
+
+
+def _expanded(ctx, doc, slots, contrast, max_prompts) -> tuple[list, list, list[Prompt]]:
+    """The templates, the sentence sets and every prompt they expand to (at most max_prompts)."""
     limit = doc.get("max_prompts", DEFAULT_MAX_PROMPTS) if max_prompts is None else max_prompts
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         ctx.fail(doc, "max_prompts", "max_prompts must be a positive integer")
-
     templates = load_templates(ctx, as_list(ctx, doc, "templates", "templates {id, text}"), slots)
     sentence_sets = load_sentence_sets(
         ctx,
@@ -133,25 +173,18 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
     if not templates and not sentence_sets:
         ctx.fail(doc, None, "the suite has no templates and no sentences; add a `templates:` list")
     check_size(ctx, doc, templates, slots, sentence_sets, limit)
-
     prompts: list[Prompt] = []
     for template in templates:
         prompts.extend(expand(ctx, template, slots, contrast, len(prompts)))
     for sentence_set in sentence_sets:
         prompts.extend(sentence_prompts(ctx, sentence_set, len(prompts)))
-
     _refuse_reserved_names(ctx, doc, slots, prompts, sentence_sets)
-    span_names = set().union(*(p.spans for p in prompts)) if prompts else set()
-    analysis = parse_analysis(ctx, doc, slots, prompts, contrast)
-    template_ids = {t.id for t in templates} | {s["id"] for s in sentence_sets}
-    columns = {c for p in prompts for c in (*p.meta, *p.slots)} | {"template_id"}
-    measures, kind_notes = {}, []
-    for key, kind in MEASURES.items():  # in registry order: a kind may read those before it
-        scope = ParseScope(slots, span_names, template_ids, analysis, columns, dict(measures), kind_notes)
-        measures[key] = kind.parse(ctx, doc, scope)
-    attention, next_token = measures["attention"], measures["next_token"]
-    prompts, skipped, notes = _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis)
-    notes = list(notes) + [_span_count_note(s) for s in sentence_sets if s["n_required"] < len(s["names"])]
+    return templates, sentence_sets, prompts
+
+
+def _suite_notes(analysis, prompts, templates, slots, sentence_sets) -> list[str]:
+    """What a user should know about the design before a model runs (run.py prints them)."""
+    notes = [_span_count_note(s) for s in sentence_sets if s["n_required"] < len(s["names"])]
     notes += [
         f"sentences '{s['id']}': `mark: {name}` found no word in {len(lines)} of {len(s['rows'])} lines "
         f"(first: {lines[0]}); those prompts have no span '{name}' and drop out of measures that need it"
@@ -162,9 +195,13 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
         analysis, {c: len({value_of(p, c) for p in prompts} - {None}) for c in analysis.clusters}
     )
     notes += covariate_notes(analysis, prompts) + contrast_notes(analysis, prompts)
-    notes += new_value_notes(templates, slots) + candidate_notes(analysis, prompts) + kind_notes
-    # the first position is treated as the suite says; a kind may set the default (likelihood: scored
-    # sentences start after the BOS or end-of-text token, as lm-eval scores them)
+    return notes + new_value_notes(templates, slots) + candidate_notes(analysis, prompts)
+
+
+def _first_token(ctx, doc, measures: dict) -> str:
+    """How the first position (an attention sink) is treated: as the suite says, else as a declared
+    kind prefers (likelihood: scored sentences start after the BOS or end-of-text token, as lm-eval
+    scores them), else kept."""
     preferred = [k.FIRST_TOKEN for n, k in MEASURES.items() if k.FIRST_TOKEN and measures[n] is not None]
     first_token = optional_str(ctx, doc, "first_token") or (preferred[0] if preferred else "keep")
     if first_token not in FIRST_TOKEN:
@@ -174,24 +211,7 @@ def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) 
             f"first_token is one of {', '.join(FIRST_TOKEN)} (how the first position, an attention sink, is "
             "treated)",
         )
-    return Suite(
-        first_token=first_token,
-        measures=measures,
-        control=parse_control(ctx, doc, analysis),
-        name=name,
-        description=description,
-        model=optional_str(ctx, doc, "model"),
-        contrast=contrast,
-        slots=slots,
-        templates=tuple(templates),
-        prompts=tuple(prompts),
-        skipped=tuple(skipped),
-        notes=tuple(notes),
-        analysis=analysis,
-        path=str(path),
-        sha256=ctx.digest.hexdigest(),
-        data_files=tuple(str(f) for f in ctx.files),
-    )
+    return first_token
 
 
 RESERVED_COLUMNS = (
@@ -256,10 +276,10 @@ def _refuse_reserved_names(ctx, doc, slots, prompts, sentence_sets) -> None:
             )
 
 
-def _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis):
-    """Check every measure names spans that exist, derive candidates, and list what is skipped."""
+def _check_measure_spans(ctx, doc, prompts, measures) -> None:
+    """Every span a measure names occurs in some template or sentence."""
     span_names = set().union(*(p.spans for p in prompts)) if prompts else set()
-    for measure in (*attention, *next_token):
+    for measure in measures:
         for name in measure.spans:
             if name not in span_names:
                 ctx.fail(
@@ -268,7 +288,11 @@ def _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis):
                     f"span '{name}' does not occur in any template or sentence (spans: "
                     f"{', '.join(sorted(span_names))})",
                 )
-    # What is left out, grouped: one line per measure and missing span, naming the templates.
+
+
+def _left_out(prompts, attention, next_token, slots) -> tuple[list[str], list[str]]:
+    """What is left out (skipped) and what is measured but worth saying (notes), grouped: one line per
+    measure and reason, naming the templates."""
     first_of_template = {}
     for prompt in prompts:
         first_of_template.setdefault(prompt.template_id, prompt)
@@ -300,6 +324,11 @@ def _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis):
         [f"{reason} ({len(ids)} template(s): {', '.join(ids)})" for reason, ids in found.items()]
         for found in (lacking, noted)
     )
+    return skipped, notes
+
+
+def _with_candidates(prompts, next_token, slots, analysis) -> list[Prompt]:
+    """Each prompt with the candidate words of every next_token cut it carries."""
     items: dict[str, list[Prompt]] = {}
     for prompt in prompts:
         items.setdefault(prompt.item_id, []).append(prompt)
@@ -317,9 +346,9 @@ def _attach_measures(ctx, doc, prompts, attention, next_token, slots, analysis):
                 continue
             if (
                 isinstance(m.candidates, str) and m.candidates not in slots
-            ):  # a sentence span: the item's own words
+            ):  # a sentence span: the item's words
                 candidates[m.cut] = m.candidates_from_item(prompt, items[prompt.item_id], label_of)
             else:
                 candidates[m.cut] = m.candidates_for(prompt, slots)
         result.append(replace(prompt, candidates={cut: c for cut, c in candidates.items() if c}))
-    return result, skipped, notes
+    return result

@@ -50,38 +50,79 @@ def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analy
             "`analysis` is a mapping with contrast, positive, negative, clusters, covariate, groups",
         )
     ctx.check_keys(node, sorted(_KEYS), " in analysis")
-    columns = {TEMPLATE, ITEM}.union(*({*p.meta, *p.slots} for p in prompts))
-    names: dict[str, str] = {}
-
-    def resolve(key: str, word: str, owner=node) -> str:
-        if word in ("template", "item"):
-            return {"template": TEMPLATE, "item": ITEM}[word]
-        column = word.replace(".", "_", 1) if "." in word else word
-        if key == "contrast" and word in slots and f"{word}_label" in columns:
-            column = f"{word}_label"
-        if column not in columns:  # named as the YAML writes them: a slot's field as slot.field
-            known = [
-                "template",
-                "item",
-                *sorted(_spelled(c, slots) for c in columns if c not in (TEMPLATE, ITEM)),
-            ]
-            near = difflib.get_close_matches(word, known, n=1, cutoff=0.75)
-            meant = f"; did you mean '{near[0]}'?" if near else ""
-            ctx.fail(
-                owner,
-                key,
-                f"'{word}' is not a slot, slot.field or sentence column{meant} (known: {', '.join(known)})",
-            )
-        names[column] = word.split(".")[0] if key == "contrast" else word
-        return column
-
+    words = _Words(ctx, node, slots, prompts)
     contrast_word = optional_str(ctx, node, "contrast") or contrast_slot
-    contrast = resolve("contrast", contrast_word) if contrast_word else None
+    contrast = words.resolve("contrast", contrast_word) if contrast_word else None
     labels = (
         tuple(dict.fromkeys(str(value_of(p, contrast)) for p in prompts if value_of(p, contrast) is not None))
         if contrast
         else ()
     )
+    positive, negative = _labels(ctx, node, labels, contrast_word)
+    if contrast:
+        _refuse_duplicate_labels(prompts, contrast)
+    covariate, unit = _covariate(words)
+    templates = list(dict.fromkeys(p.template_id for p in prompts))
+    clusters = _clusters(words, contrast_slot, unit, templates)
+    if covariate is not None:
+        unit = unit or next((c for c in clusters if _constant_within(prompts, covariate, c)), ITEM)
+        if not _constant_within(prompts, covariate, unit):
+            ctx.fail(
+                node,
+                "covariate",
+                f"covariate '{words.names[covariate]}' takes several values within one {unit}",
+            )
+        words.names.setdefault(unit, unit)
+    groups = {**_groups(ctx, node, templates), **_groups_by(words)}
+    referents, answer = _referents(ctx, node, prompts, words.columns, words.resolve)
+    return Analysis(
+        contrast=contrast,
+        positive=positive,
+        negative=negative,
+        labels=labels,
+        clusters=clusters,
+        covariate=covariate,
+        unit=unit,
+        groups=groups,
+        names=words.names,
+        referents=referents,
+        answer=answer,
+    )
+
+
+class _Words:
+    """The section's words resolved to prompts columns (`names`: column -> the word the suite used)."""
+
+    def __init__(self, ctx, node, slots, prompts):
+        self.ctx, self.node, self.slots, self.prompts = ctx, node, slots, prompts
+        self.columns = {TEMPLATE, ITEM}.union(*({*p.meta, *p.slots} for p in prompts))
+        self.names: dict[str, str] = {}
+
+    def resolve(self, key: str, word: str, owner=None) -> str:
+        if word in ("template", "item"):
+            return {"template": TEMPLATE, "item": ITEM}[word]
+        column = word.replace(".", "_", 1) if "." in word else word
+        if key == "contrast" and word in self.slots and f"{word}_label" in self.columns:
+            column = f"{word}_label"
+        if column not in self.columns:  # named as the YAML writes them: a slot's field as slot.field
+            known = [
+                "template",
+                "item",
+                *sorted(_spelled(c, self.slots) for c in self.columns if c not in (TEMPLATE, ITEM)),
+            ]
+            near = difflib.get_close_matches(word, known, n=1, cutoff=0.75)
+            meant = f"; did you mean '{near[0]}'?" if near else ""
+            self.ctx.fail(
+                self.node if owner is None else owner,
+                key,
+                f"'{word}' is not a slot, slot.field or sentence column{meant} (known: {', '.join(known)})",
+            )
+        self.names[column] = word.split(".")[0] if key == "contrast" else word
+        return column
+
+
+def _labels(ctx, node, labels: tuple, contrast_word) -> tuple[str | None, str | None]:
+    """`positive` and `negative`: both given, or both the contrast's two labels."""
     positive, negative = optional_str(ctx, node, "positive"), optional_str(ctx, node, "negative")
     if (positive is None) != (negative is None):
         ctx.fail(
@@ -101,43 +142,47 @@ def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analy
             )
     if positive is not None and positive == negative:
         ctx.fail(node, "negative", "positive and negative must be two different labels")
-    if contrast:
-        _refuse_duplicate_labels(prompts, contrast)
+    return positive, negative
 
-    covariate, unit = None, None
-    if "covariate" in node:
-        word = optional_str(ctx, node, "covariate")
-        covariate = resolve("covariate", word)
-        values = [value_of(p, covariate) for p in prompts if value_of(p, covariate) is not None]
-        if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            ctx.fail(node, "covariate", f"covariate '{word}' must be numeric in every prompt that has it")
-        unit = word.split(".")[0] if "." in word else None
-    templates = list(dict.fromkeys(p.template_id for p in prompts))
+
+def _covariate(words: _Words) -> tuple[str | None, str | None]:
+    """The covariate's column (numeric wherever present) and its owner when written slot.field."""
+    ctx, node = words.ctx, words.node
+    if "covariate" not in node:
+        return None, None
+    word = optional_str(ctx, node, "covariate")
+    covariate = words.resolve("covariate", word)
+    values = [value_of(p, covariate) for p in words.prompts if value_of(p, covariate) is not None]
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        ctx.fail(node, "covariate", f"covariate '{word}' must be numeric in every prompt that has it")
+    return covariate, (word.split(".")[0] if "." in word else None)
+
+
+def _clusters(words: _Words, contrast_slot, unit, templates) -> tuple[str, ...]:
+    """The declared units of inference (one or two, present in every prompt), else the defaults."""
+    ctx, node, prompts = words.ctx, words.node, words.prompts
     if "clusters" in node:
         raw = node["clusters"] if isinstance(node["clusters"], list) else [node["clusters"]]
         if not 1 <= len(raw) <= 2 or not all(isinstance(w, str) for w in raw):
             ctx.fail(node, "clusters", "`clusters` names one or two units, e.g. [occupation, template]")
-        clusters = tuple(resolve("clusters", w) for w in raw)
+        clusters = tuple(words.resolve("clusters", w) for w in raw)
     else:
-        clusters = _default_clusters(slots, prompts, contrast_slot, unit, templates)
-        names.update({c: c for c in clusters if c not in (TEMPLATE, ITEM)})
+        clusters = _default_clusters(words.slots, prompts, contrast_slot, unit, templates)
+        words.names.update({c: c for c in clusters if c not in (TEMPLATE, ITEM)})
     for column in clusters:
         lacking = sorted({p.template_id for p in prompts if value_of(p, column) is None})
         if lacking:
             ctx.fail(
                 node,
                 "clusters",
-                f"cluster '{names.get(column, column)}' is missing in {', '.join(lacking[:5])}; "
+                f"cluster '{words.names.get(column, column)}' is missing in {', '.join(lacking[:5])}; "
                 "clusters must be present in every prompt",
             )
-    if covariate is not None:
-        unit = unit or next((c for c in clusters if _constant_within(prompts, covariate, c)), ITEM)
-        if not _constant_within(prompts, covariate, unit):
-            ctx.fail(
-                node, "covariate", f"covariate '{names[covariate]}' takes several values within one {unit}"
-            )
-        names.setdefault(unit, unit)
+    return clusters
 
+
+def _groups(ctx, node, templates: list) -> dict[str, tuple]:
+    """`groups:` name -> template ids, each id a template, no name taken by a scope."""
     groups = {}
     raw_groups = node.get("groups") or Map()
     if not isinstance(raw_groups, dict):
@@ -161,34 +206,27 @@ def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analy
                 f"{', '.join(templates)})",
             )
         groups[str(group)] = tuple(ids)
-    if "group_by" in node:  # groups from a column that is constant within each template, e.g. answer
-        column = resolve("group_by", optional_str(ctx, node, "group_by"))
-        if not _constant_within(prompts, column, TEMPLATE):
-            ctx.fail(
-                node,
-                "group_by",
-                f"'{names[column]}' varies within a template; group_by takes a column constant per template",
-            )
-        by_value: dict[str, list[str]] = {}
-        for p in prompts:
-            value = value_of(p, column)
-            if value is not None and p.template_id not in by_value.setdefault(f"{names[column]}={value}", []):
-                by_value[f"{names[column]}={value}"].append(p.template_id)
-        groups.update({name: tuple(ids) for name, ids in by_value.items()})
-    referents, answer = _referents(ctx, node, prompts, columns, resolve)
-    return Analysis(
-        contrast=contrast,
-        positive=positive,
-        negative=negative,
-        labels=labels,
-        clusters=clusters,
-        covariate=covariate,
-        unit=unit,
-        groups=groups,
-        names=names,
-        referents=referents,
-        answer=answer,
-    )
+    return groups
+
+
+def _groups_by(words: _Words) -> dict[str, tuple]:
+    """`group_by: column`: a group per value of a column constant within each template (e.g. answer)."""
+    ctx, node, names = words.ctx, words.node, words.names
+    if "group_by" not in node:
+        return {}
+    column = words.resolve("group_by", optional_str(ctx, node, "group_by"))
+    if not _constant_within(words.prompts, column, TEMPLATE):
+        ctx.fail(
+            node,
+            "group_by",
+            f"'{names[column]}' varies within a template; group_by takes a column constant per template",
+        )
+    by_value: dict[str, list[str]] = {}
+    for p in words.prompts:
+        value = value_of(p, column)
+        if value is not None and p.template_id not in by_value.setdefault(f"{names[column]}={value}", []):
+            by_value[f"{names[column]}={value}"].append(p.template_id)
+    return {name: tuple(ids) for name, ids in by_value.items()}
 
 
 def _referents(ctx, node, prompts, columns, resolve) -> tuple[tuple[str, ...], str | None]:

@@ -57,54 +57,15 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
         set_id = required_str(ctx, item, "id")
         if set_id in template_ids or any(s["id"] == set_id for s in sets):
             ctx.fail(item, "id", f"duplicate id '{set_id}'; template and sentence ids must be unique")
-        names = item.get("spans", [])
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            ctx.fail(
-                item,
-                "spans",
-                "`spans` lists the names of the unnamed [bracketed] spans in order, e.g. [occupation, "
-                "pronoun]",
-            )
-        optional = item.get("optional_spans", [])
-        if not isinstance(optional, list) or not all(isinstance(n, str) for n in optional):
-            ctx.fail(
-                item,
-                "optional_spans",
-                "`optional_spans` lists the names of unnamed spans that follow `spans:` in some lines only, "
-                "e.g. [pronoun_2]",
-            )
-        required, names = list(names), list(names) + list(optional)
-        if len(set(names)) != len(names):
-            ctx.fail(item, "spans", "span names must be unique")
-        for name in names:
-            if not _NAME.fullmatch(name):
-                ctx.fail(
-                    item,
-                    "spans",
-                    f"span name {name!r} must be letters, digits and '_' (it names prompts.csv columns)",
-                )
-        reader = line_reader(ctx, item)
-        files = _files(ctx, item)
+        required, names = _span_names(ctx, item)
+        reader, files = line_reader(ctx, item), _files(ctx, item)
         column = str(item.get("column", "version"))
-        sentence_columns = parse_columns(ctx, item)
-        published = named(item, "columns")
+        sentence_columns, published = parse_columns(ctx, item), named(item, "columns")
         choice_roles = parse_choices(ctx, item)
-        rows = []
-        for key, file_name in files.items():
-            path, text = ctx.read_data(
-                item, "files" if "files" in item else "file", file_name, max_lines=max_lines
-            )
-            needed = (choice_roles["context"], choice_roles["question"]) if choice_roles else ("text",)
-            if published is not None and published.read is not None:  # a file that is not rows
-                file_rows = published.read(path, text)
-            else:
-                file_rows = read_rows(path, text, reader, tuple(sentence_columns or needed))
-            if not file_rows:
-                ctx.fail(item, "files" if "files" in item else "file", f"{path.name} holds no sentences")
-            for number, record in file_rows:
-                if key is not None:
-                    record[column] = key
-                rows.append((path, number, record))
+        needed = (choice_roles["context"], choice_roles["question"]) if choice_roles else ("text",)
+        rows = _read_files(
+            ctx, item, files, column, max_lines, published, reader, tuple(sentence_columns or needed)
+        )
         pair = item.get("pair")
         if pair is not None and (not isinstance(pair, str) or pair not in rows[0][2]):
             ctx.fail(
@@ -139,6 +100,57 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
             }
         )
     return sets
+
+
+def _span_names(ctx, item) -> tuple[list[str], list[str]]:
+    """(the required span names, every span name: `spans:` then `optional_spans:`), each a column name."""
+    names = item.get("spans", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        ctx.fail(
+            item,
+            "spans",
+            "`spans` lists the names of the unnamed [bracketed] spans in order, e.g. [occupation, pronoun]",
+        )
+    optional = item.get("optional_spans", [])
+    if not isinstance(optional, list) or not all(isinstance(n, str) for n in optional):
+        ctx.fail(
+            item,
+            "optional_spans",
+            "`optional_spans` lists the names of unnamed spans that follow `spans:` in some lines only, "
+            "e.g. [pronoun_2]",
+        )
+    required, names = list(names), list(names) + list(optional)
+    if len(set(names)) != len(names):
+        ctx.fail(item, "spans", "span names must be unique")
+    for name in names:
+        if not _NAME.fullmatch(name):
+            ctx.fail(
+                item,
+                "spans",
+                f"span name {name!r} must be letters, digits and '_' (it names prompts.csv columns)",
+            )
+    return required, names
+
+
+def _read_files(ctx, item, files: dict, column: str, max_lines, published, reader, needed) -> list:
+    """(path, line number, record) of every row of the entry's files (a file's key, when several, in
+    `column`)."""
+    rows = []
+    for key, file_name in files.items():
+        path, text = ctx.read_data(
+            item, "files" if "files" in item else "file", file_name, max_lines=max_lines
+        )
+        if published is not None and published.read is not None:  # a file that is not rows
+            file_rows = published.read(path, text)
+        else:
+            file_rows = read_rows(path, text, reader, needed)
+        if not file_rows:
+            ctx.fail(item, "files" if "files" in item else "file", f"{path.name} holds no sentences")
+        for number, record in file_rows:
+            if key is not None:
+                record[column] = key
+            rows.append((path, number, record))
+    return rows
 
 
 def _files(ctx, item) -> dict:

@@ -151,9 +151,7 @@ def verify(model: ProbeModel | str, texts: list[str] | None = None) -> pd.DataFr
     bypasses the interface are verified on their eager weights (both columns read them)."""
     model = load_model(model) if isinstance(model, str) else model
     hf = model.model
-    config = hf.config.get_text_config()
-    family = config.model_type
-    interface = bool(getattr(hf, "_supports_attention_backend", False))
+    family = hf.config.get_text_config().model_type
     modules = attention_modules(hf)
     if not modules:
         raise UnsupportedFamily(
@@ -161,13 +159,10 @@ def verify(model: ProbeModel | str, texts: list[str] | None = None) -> pd.DataFr
         )
     if family not in RECIPES:
         check_parts(modules[0], family)
-    rotary = any(name.endswith("rotary_emb") for name, _ in hf.named_modules())
     enc = encode(model.tokenizer, texts or DEFAULT_TEXTS)
     ids, mask = enc["input_ids"].to(model.device), enc["attention_mask"].to(model.device)
     lengths = mask.sum(1).cpu()
-    dtype = model.dtype
-    low = dtype not in TOLERANCES
-    previous = hf.config._attn_implementation
+    dtype, low = model.dtype, model.dtype not in TOLERANCES
     rows = {
         layer: {
             "family": family,
@@ -179,54 +174,60 @@ def verify(model: ProbeModel | str, texts: list[str] | None = None) -> pd.DataFr
         }
         for layer in range(len(modules))
     }
+    previous = hf.config._attn_implementation
     try:
         for path in ("eager", "capture"):
-            hf.set_attn_implementation(ATTN_IMPLEMENTATION if path == "capture" and interface else "eager")
-            if path == "eager":
-                run = lambda: (
-                    hf(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False).attentions
-                )
-            else:
-                run = lambda: run_with_capture(hf, ids, mask).weights
-            inputs, outputs, got_weights = _run_recorded(hf, modules, run)
-            for layer, module in enumerate(modules):
-                x = inputs[layer].get("hidden_states", next(iter(inputs[layer].values())))
-                with torch.no_grad():
-                    weights, output, _ = recompute_layer(
-                        _reference_module(module, dtype),
-                        x.float() if low else x,
-                        layer,
-                        config,
-                        lengths,
-                        rotary,
-                    )
-                if (
-                    inputs[layer].get("residual") is not None
-                ):  # a module given the residual adds it itself (Bloom)
-                    output = output + inputs[layer]["residual"].to(output.dtype)
-                row = rows[layer]
-                dweights, nan_w = _max_diff(got_weights[layer].to(weights.dtype), weights, lengths, False)
-                doutput, nan_o = _max_diff(outputs[layer].to(output.dtype), output, lengths, relative=True)
-                if path == "capture" and nan_w + nan_o:  # attnprobe's own weights: NaN is a failure
-                    dweights = doutput = float("nan")
-                row[f"max_dweights_{path}"], row[f"max_doutput_{path}"] = dweights, doutput
-                row[f"nan_rows_{path}"] = nan_w
-                if low:
-                    tol_w, tol_o = low_precision_tolerances(dtype)
-                else:
-                    tol_w, tol_o = TOLERANCES[dtype][
-                        "capture" if path == "capture" and interface else "eager"
-                    ]
-                row[f"tol_weights_{path}"], row[f"tol_output_{path}"] = tol_w, tol_o
+            _compare_path(hf, modules, path, ids, mask, lengths, dtype, rows)
     finally:
         hf.set_attn_implementation(previous)
-    table = pd.DataFrame(rows.values())
+    return with_verdict(pd.DataFrame(rows.values()))
+
+
+def with_verdict(table: pd.DataFrame) -> pd.DataFrame:
+    """`table` with `passed`: both paths' weights and outputs within their tolerances."""
     table["passed"] = True
     for path in ("eager", "capture"):
         table["passed"] &= (table[f"max_dweights_{path}"] <= table[f"tol_weights_{path}"]) & (
             table[f"max_doutput_{path}"] <= table[f"tol_output_{path}"]
         )
     return table
+
+
+def _compare_path(hf, modules, path: str, ids, mask, lengths, dtype, rows: dict) -> None:
+    """Run the model through `path` (eager, or attnprobe's capture where the family takes the
+    interface), recompute every layer from its recorded input and add the differences to `rows`."""
+    config = hf.config.get_text_config()
+    interface = bool(getattr(hf, "_supports_attention_backend", False))
+    rotary = any(name.endswith("rotary_emb") for name, _ in hf.named_modules())
+    low = dtype not in TOLERANCES
+    hf.set_attn_implementation(ATTN_IMPLEMENTATION if path == "capture" and interface else "eager")
+    if path == "eager":
+        run = lambda: (
+            hf(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False).attentions
+        )
+    else:
+        run = lambda: run_with_capture(hf, ids, mask).weights
+    inputs, outputs, got_weights = _run_recorded(hf, modules, run)
+    for layer, module in enumerate(modules):
+        x = inputs[layer].get("hidden_states", next(iter(inputs[layer].values())))
+        with torch.no_grad():
+            weights, output, _ = recompute_layer(
+                _reference_module(module, dtype), x.float() if low else x, layer, config, lengths, rotary
+            )
+        if inputs[layer].get("residual") is not None:  # a module given the residual adds it itself (Bloom)
+            output = output + inputs[layer]["residual"].to(output.dtype)
+        row = rows[layer]
+        dweights, nan_w = _max_diff(got_weights[layer].to(weights.dtype), weights, lengths, False)
+        doutput, nan_o = _max_diff(outputs[layer].to(output.dtype), output, lengths, relative=True)
+        if path == "capture" and nan_w + nan_o:  # attnprobe's own weights: NaN is a failure
+            dweights = doutput = float("nan")
+        row[f"max_dweights_{path}"], row[f"max_doutput_{path}"] = dweights, doutput
+        row[f"nan_rows_{path}"] = nan_w
+        if low:
+            tol_w, tol_o = low_precision_tolerances(dtype)
+        else:
+            tol_w, tol_o = TOLERANCES[dtype]["capture" if path == "capture" and interface else "eager"]
+        row[f"tol_weights_{path}"], row[f"tol_output_{path}"] = tol_w, tol_o
 
 
 def format_table(table: pd.DataFrame) -> str:

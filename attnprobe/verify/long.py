@@ -36,6 +36,7 @@ from . import (
     long_text,
     low_precision_tolerances,
     verify,
+    with_verdict,
 )
 from . import reference as ref
 from .declared import generic
@@ -170,22 +171,7 @@ def verify_long(model: ProbeModel, input_ids: torch.Tensor, block: int = BLOCK_R
     T = ids.shape[1]
     check_fits(_memory(model, T, block), f"verifying a text of {T:,} tokens in blocks of {block} rows")
     check = _LayerCheck(model, block)
-
-    def pre_hook(layer):
-        def hook(module, args, kwargs):
-            bound = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
-            check.inputs[layer] = bound.get("hidden_states", next(iter(bound.values())))
-
-        return hook
-
-    def post_hook(layer):
-        def hook(module, args, kwargs, output):
-            check.compare_output(layer, output[0] if isinstance(output, tuple) else output)
-
-        return hook
-
-    handles = [m.register_forward_pre_hook(pre_hook(i), with_kwargs=True) for i, m in enumerate(modules)]
-    handles += [m.register_forward_hook(post_hook(i), with_kwargs=True) for i, m in enumerate(modules)]
+    handles = _hooked(modules, check)
     try:
         with torch.inference_mode(), editing(check):
             hf(input_ids=ids.to(model.device), use_cache=False, logits_to_keep=1)
@@ -215,12 +201,27 @@ def verify_long(model: ProbeModel, input_ids: torch.Tensor, block: int = BLOCK_R
         }
         for layer in range(len(modules))
     )
-    table["passed"] = True
-    for path in ("eager", "capture"):
-        table["passed"] &= (table[f"max_dweights_{path}"] <= table[f"tol_weights_{path}"]) & (
-            table[f"max_doutput_{path}"] <= table[f"tol_output_{path}"]
-        )
-    return table
+    return with_verdict(table)
+
+
+def _hooked(modules, check) -> list:
+    """Hooks that hand `check` each attention module's input, then its output to compare."""
+
+    def pre_hook(layer):
+        def hook(module, args, kwargs):
+            bound = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
+            check.inputs[layer] = bound.get("hidden_states", next(iter(bound.values())))
+
+        return hook
+
+    def post_hook(layer):
+        def hook(module, args, kwargs, output):
+            check.compare_output(layer, output[0] if isinstance(output, tuple) else output)
+
+        return hook
+
+    handles = [m.register_forward_pre_hook(pre_hook(i), with_kwargs=True) for i, m in enumerate(modules)]
+    return handles + [m.register_forward_hook(post_hook(i), with_kwargs=True) for i, m in enumerate(modules)]
 
 
 def _memory(model: ProbeModel, T: int, block: int) -> int:

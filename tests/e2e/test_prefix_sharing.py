@@ -10,8 +10,8 @@ from conftest import INTERFACE_FAMILIES, TINY_CONFIGS, VOCAB
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import attnprobe
-from attnprobe.forward.capture import pad_right, run_with_capture
-from attnprobe.forward.packing import pack_trie, run_with_shared_prefixes
+from attnprobe.forward.capture import run_with_capture
+from attnprobe.forward.packing import pack_trie, pad_right, run_with_shared_prefixes
 from attnprobe.forward.sharing import prefix_sharing_blocker
 from attnprobe.run.plan import Batch, Encoded, plan_batches, plan_chunks, plan_sha256, sharing_summary
 

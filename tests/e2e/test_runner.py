@@ -69,8 +69,8 @@ def test_outputs_follow_the_contract(small_run, smollm):
             "their",
         }
     m = small_run.manifest
-    assert m["status"] == "complete" and m["model"]["weights_sha256"] == smollm.info.source_sha256
-    assert m["suite"]["sha256"] and m["versions"]["torch"] == torch.__version__ and m["dtype"] == "float32"
+    assert m.status == "complete" and m.model.weights_sha256 == smollm.info.source_sha256
+    assert m.suite.sha256 and m.versions["torch"] == torch.__version__ and m.dtype == "float32"
 
 
 def test_weights_equal_eager_attention_of_each_prompt_alone(small_run, smollm):

@@ -234,35 +234,6 @@ def test_at_most_eight_modules_in_a_folder():
 
 
 MAX_FUNCTION_LINES = 60
-# Functions still above it, to be split (issue 51), each at its length now: none may grow, none join.
-LONG_FUNCTIONS = {
-    "report/context.py:run_context": 166,
-    "suite/parse_analysis.py:parse_analysis": 148,
-    "suite/__init__.py:load_suite": 130,
-    "measures/head_effects/declaration.py:parse": 102,
-    "stats/edits.py:edit_tables": 100,
-    "report/headline.py:headline": 95,
-    "suite/sentences.py:load_sentence_sets": 93,
-    "measures/head_effects/screen.py:screen": 92,
-    "report/sections.py:effects_context": 86,
-    "verify/__init__.py:verify": 82,
-    "forward/capture.py:run_with_capture": 80,
-    "cli/run.py:run": 79,
-    "model/__init__.py:load_model": 79,
-    "stats/next_token.py:behavior": 78,
-    "edits/sweep/command.py:_run_edits": 76,
-    "forward/packing.py:run_with_shared_prefixes": 73,
-    "measures/direct_attribution/compute.py:attribute": 73,
-    "edits/saved.py:load_edit": 68,
-    "verify/long.py:verify_long": 68,
-    "run/plan.py:plan_run": 67,
-    "suite/__init__.py:_attach_measures": 67,
-    "run/merge.py:merge_shards": 66,
-    "stats/head_effects.py:head_effects": 66,
-    "measures/head_effects/designs.py:items": 65,
-    "edits/analyses/paths.py:measure_paths": 63,
-    "measures/head_effects/attribution.py:estimate": 61,
-}
 
 
 def test_functions_are_short():
@@ -270,9 +241,9 @@ def test_functions_are_short():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
-                where = f"{path.relative_to(PACKAGE)}:{node.name}"
-                limit = max(MAX_FUNCTION_LINES, LONG_FUNCTIONS.get(where, 0))
-                assert n <= limit, f"{path}:{node.lineno} {node.name} has {n} lines (at most {limit})"
+                assert n <= MAX_FUNCTION_LINES, (
+                    f"{path}:{node.lineno} {node.name} has {n} lines (at most {MAX_FUNCTION_LINES})"
+                )
 
 
 MANIFEST_READERS = {"run/manifest.py"}  # where manifest.json's keys are named (issue 51: at most 3)
@@ -306,7 +277,8 @@ def test_the_manifest_is_read_by_its_fields():
         if manifest_key_reads(ast.parse(path.read_text()))
     }
     assert readers <= MANIFEST_READERS and len(MANIFEST_READERS) <= 3, sorted(readers - MANIFEST_READERS)
-    planted = "a = run.manifest['model']\nb = manifest.get('x')\nc = json.loads((d / 'manifest.json').read_text())['s']"
+    planted = "a = run.manifest['model']\nb = manifest.get('x')\n"
+    planted += "c = json.loads((d / 'manifest.json').read_text())['s']"
     assert manifest_key_reads(ast.parse(planted)) == [1, 2, 3]  # the check can fail
 
 

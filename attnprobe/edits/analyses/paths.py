@@ -103,21 +103,8 @@ def measure_paths(
     module = module_of(model)
     anatomy = Anatomy.of(module)
     pairs = reference_pairs(items, word)
-    top = HeadSet(tuple(receivers))
-    sets = [(HeadSet.name(*r), HeadSet((r,))) for r in receivers] + [(set_name, top)]
-    runs, names = [], []
-    for i, pair in enumerate(pairs):
-        for name, heads in sets:
-            for path in PATHS:
-                if path != "pattern" or pair.same_length:
-                    runs.append((i, path, heads))
-                    names.append((i, name, path))
-        if crossfit is not None and crossfit[pair.item] is not None:
-            runs.append((i, "value", crossfit[pair.item]))
-            names.append((i, CROSSFIT, "value"))
-        for d, sets_ in enumerate(null):  # the selection null: sets chosen on a permuted covariate
-            runs.append((i, "value", sets_[pair.item]))
-            names.append((i, f"{NULL} {d}", "value"))
+    sets = [(HeadSet.name(*r), HeadSet((r,))) for r in receivers] + [(set_name, HeadSet(tuple(receivers)))]
+    runs, names = _planned_runs(pairs, sets, crossfit, null)
     log(f"paths: {len(runs)} patched runs ({len(pairs)} items)")
     y = path_runs(module, bank, reference, pairs, labels, runs)
     base = pair_frame(items, bank, reference, pairs, labels)
@@ -145,6 +132,26 @@ def measure_paths(
         confirmed.append(_long(frame, exact, chosen, "y_patched").assign(receiver=name))
         log(f"paths: senders into {name}'s value screened, {len(chosen)} confirmed")
     return paths, pd.concat(screens, ignore_index=True), pd.concat(confirmed, ignore_index=True)
+
+
+def _planned_runs(pairs, sets, crossfit, null) -> tuple[list, list]:
+    """Per pair: every path of every named head set (the pattern only where lengths match), the value
+    path of its cross-fitted set and of each selection-null set (chosen on a permuted covariate);
+    (runs: (pair, path, heads), names: (pair, set name, path))."""
+    runs, names = [], []
+    for i, pair in enumerate(pairs):
+        for name, heads in sets:
+            for path in PATHS:
+                if path != "pattern" or pair.same_length:
+                    runs.append((i, path, heads))
+                    names.append((i, name, path))
+        if crossfit is not None and crossfit[pair.item] is not None:
+            runs.append((i, "value", crossfit[pair.item]))
+            names.append((i, CROSSFIT, "value"))
+        for d, sets_ in enumerate(null):
+            runs.append((i, "value", sets_[pair.item]))
+            names.append((i, f"{NULL} {d}", "value"))
+    return runs, names
 
 
 def _long(frame: pd.DataFrame, values: np.ndarray, senders: list[str], column: str) -> pd.DataFrame:

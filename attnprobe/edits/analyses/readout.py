@@ -103,7 +103,7 @@ def crossfit_r2(
 def unit_states(pm, suite, span: str) -> tuple[list, np.ndarray, np.ndarray]:
     """(units, covariate per unit, (L + 1, N, E) states): the residual stream after every layer at the
     last token of `span`, averaged per unit over templates (each template weighing the same)."""
-    from ...forward.capture import pad_right
+    from ...forward.packing import pad_right
     from ...run.plan import encode_prompts
     from ...schema.analysis import value_of
 

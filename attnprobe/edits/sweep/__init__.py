@@ -1,7 +1,8 @@
 """`attnprobe edit RUN_DIR`: the sweep of edit kinds over the heads a run found.
 
 command  the command: the run reopened, the inputs recorded, each kind a resumable phase, the
-         tables written and the chosen edits saved
+         tables written
+fitted   the chosen edits fitted and saved (all items, and each quarter's own)
 options  EditOptions (what was asked, checked when made), listed heads, the settings hash
 measure  the found and random head sets and each kind's raw values
 single   the top heads each zeroed alone

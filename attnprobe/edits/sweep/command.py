@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -18,22 +17,20 @@ from ...forward.device import on_model_device
 from ...measures.head_effects import SlotSwap, per_value_column
 from ...model import refuse_random
 from ...run.execute import deferred_interrupt
-from ...run.fresh import own_directory
 from ...run.options import RunOptions
 from ...run.phases import Phase, run_phase
 from ...run.reader import RunFiles
 from ...run.storage import content_sha
-from ...stats.edits import STREAM, chosen_layers, edit_tables, head_table, quarter_table, stream_table
+from ...stats.edits import STREAM, edit_tables, head_table, quarter_table, stream_table
 from ...store import atomic_write, exclusive, read_chunks, write_parquet, write_table
-from ...version import __version__
 from ..analyses.paths import measure_run_paths, write_paths
 from ..analyses.readout import write_readout
 from ..analyses.tracing import measure_tracing, tracing_table
 from ..analyses.transfer import ALSO_K, transfer, transfer_suites
 from ..inputs import check_text, record_inputs
 from ..kinds import KINDS
-from ..saved import save_edit
-from ..stream import StreamEdit, measure_stream
+from ..stream import measure_stream
+from .fitted import save_chosen, save_stream
 from .measure import GradientScores, clean_values, found_sets, measure_kind
 from .options import EditOptions, listed_heads, settings_hash
 from .single import NAME as SINGLE
@@ -179,20 +176,11 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     inputs = record_inputs(
         model, items, word, options.seed, options.text, suite.control, (measure.positive, measure.negative)
     )
-    covariate = {i.item_id: i.covariate for i in items}
-    gradient = GradientScores(run.head_effect_items, run.head_effect_totals, word, L, H)
-    fold_of = dict(zip([i.item_id for i in items], inputs.fold))
-    training = {f: [i for i, g in fold_of.items() if g in inputs.training(f)] for f in range(4)}
-
-    def quarter_scores(covariate: dict) -> dict:  # the scores the heads tested on quarter f are chosen by
-        return {f: gradient.of(covariate, ids) for f, ids in training.items()}
-
-    scores = {"all": gradient.of(covariate), **quarter_scores(covariate)}
+    scores, quarter_scores = _gradient_scores(run, items, inputs, word, L, H)
     sets = found_sets(inputs, scores, options.ks, listed, H)
     key = settings_hash(m.fingerprint, options, weights)
-    phase_options = RunOptions(out=directory, log=log)  # the phases' log and progress
     part = lambda name, measure, plan=key, described=True: _part(
-        directory, phase_options, name, plan, measure, inputs, described
+        directory, RunOptions(out=directory, log=log), name, plan, measure, inputs, described
     )
     alone_key = hashlib.sha256(f"{key} {options.alone}".encode()).hexdigest()[:16]
     frames = [_describe(clean_values(model, inputs), inputs)]
@@ -209,12 +197,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
             measure = lambda: measure_run_paths(model, inputs, word, scores, quarter_scores, listed, H, log)
             paths = part("paths", measure, described=False)
     raw = pd.concat(frames, ignore_index=True)
-    write_table(directory, "edits_items", raw)
-    sweep = raw[~raw["kind"].isin([SINGLE, STREAM])]
-    summary, draws = edit_tables(sweep, H)
-    summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
-    write_table(directory, "edits", summary)
-    write_table(directory, "edits_draws", draws)
+    summary, stream = _write_sweep(directory, raw, options, H, word, started)
     if options.trace:
         atomic_write(directory / "tracing_items.parquet", lambda p: write_parquet(traced, p))
         write_table(directory, "tracing", tracing_table(traced))
@@ -222,13 +205,6 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         write_paths(directory, paths)
         log("paths: the covariate's linear readout per layer at the unit (readout.csv)")
         write_readout(directory, model, suite)
-    stream, chosen = stream_table(raw)
-    chosen = pd.concat([raw[raw["kind"] == "none"], chosen])  # the stream's chosen rows and the clean ones
-    write_table(directory, "edits_quarters", pd.concat([quarter_table(sweep), quarter_table(chosen)]))
-    if len(stream):
-        write_table(directory, "edits_stream", stream)
-    if options.alone:
-        write_table(directory, "edits_heads", head_table(raw[raw["kind"].isin(["none", SINGLE])], H))
     saved = save_chosen(directory, m, model, weights, inputs, sets, options, source={"reference": word})
     if len(stream):
         saved += save_stream(directory, m, model, weights, inputs, options, stream, raw, {"reference": word})
@@ -239,6 +215,39 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         "edits in edits/ (apply one with `attnprobe run SUITE --edit FILE`)"
     )
     return summary
+
+
+def _gradient_scores(run, items, inputs, word: str, L: int, H: int) -> tuple[dict, object]:
+    """The heads' gradient scores on every item ("all") and on each quarter's training items (the
+    scores the heads tested on quarter f are chosen by), and the function giving the quarters' scores
+    for another covariate (the paths' placebo)."""
+    gradient = GradientScores(run.head_effect_items, run.head_effect_totals, word, L, H)
+    fold_of = dict(zip([i.item_id for i in items], inputs.fold))
+    training = {f: [i for i, g in fold_of.items() if g in inputs.training(f)] for f in range(4)}
+    quarter_scores = lambda covariate: {f: gradient.of(covariate, ids) for f, ids in training.items()}
+    covariate = {i.item_id: i.covariate for i in items}
+    return {"all": gradient.of(covariate), **quarter_scores(covariate)}, quarter_scores
+
+
+def _write_sweep(
+    directory: Path, raw: pd.DataFrame, options: EditOptions, H: int, word: str, started
+) -> tuple:
+    """The sweep's tables from its raw values: edits, draws, quarters, the stream's and the heads'
+    alone; returns (the edits table, the stream's table)."""
+    write_table(directory, "edits_items", raw)
+    sweep = raw[~raw["kind"].isin([SINGLE, STREAM])]
+    summary, draws = edit_tables(sweep, H)
+    summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
+    write_table(directory, "edits", summary)
+    write_table(directory, "edits_draws", draws)
+    stream, chosen = stream_table(raw)
+    chosen = pd.concat([raw[raw["kind"] == "none"], chosen])  # the stream's chosen rows and the clean ones
+    write_table(directory, "edits_quarters", pd.concat([quarter_table(sweep), quarter_table(chosen)]))
+    if len(stream):
+        write_table(directory, "edits_stream", stream)
+    if options.alone:
+        write_table(directory, "edits_heads", head_table(raw[raw["kind"].isin(["none", SINGLE])], H))
+    return summary, stream
 
 
 def _kind_values(model, kind: str, *args) -> pd.DataFrame:
@@ -253,94 +262,6 @@ def _kind_values(model, kind: str, *args) -> pd.DataFrame:
             f"edit kind {kind!r} ({KINDS[kind].__module__}) failed: {type(exc).__name__}: {str(exc)[:200]}; "
             "check it with attnprobe.testing.check_edit_kind"
         ) from None
-
-
-def _source(directory: Path, manifest, options: EditOptions, source: dict) -> dict:
-    """Where a saved edit comes from: the run, its suite, the sweep's options, this attnprobe."""
-    own_directory(own_directory(directory / "edits") / "quarters")  # no planted link written through
-    return {
-        "run": str(directory.resolve()),
-        "run_fingerprint": manifest.fingerprint,
-        "suite": manifest.suite.path,
-        "suite_sha256": manifest.suite.sha256,
-        "options": asdict(options),
-        "attnprobe": __version__,
-        **source,
-    }
-
-
-def _held_out(inputs, f: int) -> list:
-    """The items of quarter f: `compare` reports them as a scope of their own."""
-    return [i.item_id for i, g in zip(inputs.items, inputs.fold) if g == f]
-
-
-def save_stream(directory, manifest, model, weights, inputs, options, table, raw, source) -> int:
-    """Write the chosen stream erasers: edits/stream (the layer chosen on every item, fitted on every
-    item) and edits/quarters/stream-qF (quarter F's layer chosen on the other quarters' items,
-    fitted on its training quarters: the edit the chosen row's values of quarter F come from). The
-    layers are chosen as the table's chosen row was (stats.edits.chosen_layers)."""
-    source = _source(directory, manifest, options, source)
-    chosen = chosen_layers(raw, table[~table["chosen"]].rename(columns={"layer": "k"}))
-    about = {"fitted_on": "all items", "layer_chosen_on": "all items"}
-    everywhere = StreamEdit.fit(inputs, int(chosen["all"]), np.arange(4))
-    save_edit(everywhere, directory / "edits" / STREAM, model, {**source, **about}, weights)
-    for f in (int(f) for f in chosen if f != "all"):
-        training = [int(g) for g in inputs.training(f)]
-        about = {
-            "quarter": f,
-            "fitted_on": f"quarters {training}",
-            "layer_chosen_on": f"the items outside quarter {f}",
-            "held_out_items": _held_out(inputs, f),
-        }
-        edit = StreamEdit.fit(inputs, int(chosen[f]), inputs.training(f))
-        path = directory / "edits" / "quarters" / f"{STREAM}-q{f}"
-        save_edit(edit, path, model, {**source, **about}, weights)
-    return len(chosen)  # the all-items edit and one per quarter
-
-
-def save_chosen(
-    directory: Path,
-    manifest: dict,
-    model,
-    weights: str,
-    inputs,
-    sets: dict,
-    options: EditOptions,
-    source: dict,
-) -> int:
-    """Write every edit the sweep measured, fitted, to RUN_DIR/edits/: per kind and k the edit of
-    the heads chosen on all items with parameters fitted on all items (KIND-kK: the one to apply to
-    other suites), and under edits/quarters/ each quarter's own (heads chosen and parameters fitted
-    on its training quarters: KIND-kK-qF, the edit the sweep's "after" values of quarter F come
-    from). Returns how many."""
-    source = _source(directory, manifest, options, source)
-    chosen = f"--heads {options.heads}" if options.heads else None  # else the items' ranking
-    n = 0
-    for kind in options.kinds:
-        everywhere = KINDS[kind].fit(inputs, np.arange(4), options)
-        quarters = [KINDS[kind].fit(inputs, inputs.training(f), options) for f in range(4)]
-        for k, per_fold in sets.items():
-            about = {"k": k, "fitted_on": "all items", "heads_chosen_on": chosen or "all items"}
-            save_edit(
-                everywhere.on(per_fold["all"]),
-                directory / "edits" / f"{kind}-k{k}",
-                model,
-                {**source, **about},
-                weights,
-            )
-            for f, edit in enumerate(quarters):
-                training = [int(g) for g in inputs.training(f)]
-                about = {
-                    "k": k,
-                    "quarter": f,
-                    "fitted_on": f"quarters {training}",
-                    "heads_chosen_on": chosen or f"quarters {training}",
-                    "held_out_items": _held_out(inputs, f),
-                }
-                path = directory / "edits" / "quarters" / f"{kind}-k{k}-q{f}"
-                save_edit(edit.on(per_fold[f]), path, model, {**source, **about}, weights)
-            n += 5
-    return n
 
 
 def _part(directory: Path, options: RunOptions, name: str, plan: str, measure, inputs, described: bool):

@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...forward.capture import editing, pad_right
+from ...forward.capture import editing
+from ...forward.packing import pad_right
 from ...model.anatomy import parts_of
 
 EMBED, MLP, BIAS, FINAL = "embedding", "mlp", "bias", "final bias"
@@ -53,11 +54,9 @@ def attribute(
     """For each prompt (its token ids, read up to t[b] inclusive): {"y": the logit difference,
     "parts": {(layer, head, position class): value}, "error": y - their sum}. `labels[b]`: the
     positive and negative words' first token ids; `classes[b][s]`: the class of source position s."""
-    model, anatomy = pm.model, parts_of(pm.model)
-    outputs, after_attention, mlp_added, norm, head = anatomy
+    model, (outputs, after_attention, mlp_added, norm, head) = pm.model, parts_of(pm.model)
     ids, mask = pad_right([p[: i + 1] for p, i in zip(prompts, t)], pm.tokenizer.pad_token_id)
-    rows = torch.arange(len(prompts))
-    at = torch.as_tensor(t)
+    rows, at = torch.arange(len(prompts)), torch.as_tensor(t)
     sites, mlp_out, final, post = {}, {}, {}, {}
 
     def record(site):  # changes nothing: keeps each layer's weights at row t and its values
@@ -82,9 +81,8 @@ def attribute(
     finally:
         for hook in hooks:
             hook.remove()
-    W = head.weight.float()
+    x, h, W = final["x"].float(), final["h"].float(), head.weight.float()
     d = torch.stack([W[pos].mean(0) - W[neg].mean(0) for pos, neg in labels])  # (B, E)
-    x, h = final["x"].float(), final["h"].float()
     y = (d * h).sum(-1)
     if getattr(head, "bias", None) is not None:
         y = y + torch.stack(
@@ -92,7 +90,6 @@ def attribute(
         )
     d_resid, constant = _frozen_norm(norm, x, h, d)
     embed = (out.hidden_states[0][rows, at].float() * d_resid).sum(-1)
-    results = []
     per_layer = []
     for layer, projection in enumerate(outputs):
         weights, values = sites[layer]  # (B, H, S), (B, H, S, D)
@@ -106,20 +103,26 @@ def attribute(
         per_source = weights * (values * g).sum(-1)  # (B, H, S)
         mlp = (mlp_out[layer].float() * d_resid).sum(-1)
         per_layer.append((per_source, bias, mlp))
-    for b in range(len(prompts)):
-        parts = {(-1, -1, EMBED): embed[b].item(), (-1, -1, FINAL): constant[b].item()}
-        if getattr(head, "bias", None) is not None:
-            parts[(-1, -1, FINAL)] += (y[b] - (d[b] * h[b]).sum()).item()
-        for layer, (per_source, bias, mlp) in enumerate(per_layer):
-            parts[(layer, -1, MLP)] = mlp[b].item()
-            parts[(layer, -1, BIAS)] = bias[b].item()
-            names = list(dict.fromkeys(classes[b]))
-            onehot = np.array([[c == name for name in names] for c in classes[b]], dtype=float)  # (S, C)
-            summed = per_source[b, :, : t[b] + 1].double().cpu().numpy() @ onehot  # (H, C)
-            for (h_, c), v in np.ndenumerate(summed):
-                parts[(layer, h_, names[c])] = float(v)
-        results.append({"y": y[b].item(), "parts": parts, "error": y[b].item() - sum(parts.values())})
-    return results
+    biased = getattr(head, "bias", None) is not None  # what its bias adds beside d . h joins the constant
+    ends = [
+        constant[b].item() + ((y[b] - (d[b] * h[b]).sum()).item() if biased else 0.0) for b in range(len(y))
+    ]
+    return [_parts(b, y, embed, ends[b], per_layer, classes[b], t[b]) for b in range(len(prompts))]
+
+
+def _parts(b: int, y, embed, end: float, per_layer: list, classes: list, t: int) -> dict:
+    """Prompt b's parts: the embedding, the final constant (`end`), per layer its MLP, its bias and each
+    head's share from each class of source position (up to t); and what they leave unexplained."""
+    parts = {(-1, -1, EMBED): embed[b].item(), (-1, -1, FINAL): end}
+    names = list(dict.fromkeys(classes))
+    onehot = np.array([[c == name for name in names] for c in classes], dtype=float)  # (S, C)
+    for layer, (per_source, bias, mlp) in enumerate(per_layer):
+        parts[(layer, -1, MLP)] = mlp[b].item()
+        parts[(layer, -1, BIAS)] = bias[b].item()
+        summed = per_source[b, :, : t + 1].double().cpu().numpy() @ onehot  # (H, C)
+        for (h_, c), v in np.ndenumerate(summed):
+            parts[(layer, h_, names[c])] = float(v)
+    return {"y": y[b].item(), "parts": parts, "error": y[b].item() - sum(parts.values())}
 
 
 def _keep(store: dict, layer: int, rows, at):

@@ -31,22 +31,13 @@ class Pairs:
     same_length: torch.Tensor  # (n,) bool: the pattern attribution is defined
 
 
-def estimate(
-    model, bank: Bank, xs: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, pairs: Pairs
-) -> dict:
-    """First-order estimates of every pair's patch-in effects, from one forward and one backward
-    pass of the bank's sequences `xs` (n_x,): per head (z' - z) . dy/dz (output) and (A' - A) . dy/dA
-    (pattern; NaN for pairs of different lengths), per layer (m' - m) . dy/dm (MLP output); sums over
-    the aligned positions. Returns attribution_output, attribution_pattern (n, L, H), attribution_mlp (n,
-    L)."""
-    grads = Gradients()
-    module = module_of(model)
-    lengths = bank.lengths[xs]
-    T = int(lengths.max())
-    device = bank.hidden[0].device
+def _gradients(model, bank: Bank, xs, positive, negative, mlps) -> Gradients:
+    """One forward and backward pass of the bank's sequences `xs`: the behaviour's gradients with
+    respect to every head's output and pattern and every MLP's output (the weights get none)."""
+    grads, module, lengths = Gradients(), module_of(model), bank.lengths[xs]
+    T, device = int(lengths.max()), bank.hidden[0].device
     ids, mask = bank.ids[xs, :T].to(device), (torch.arange(T)[None] < lengths[:, None]).long().to(device)
     trainable = [p for p in module.parameters() if p.requires_grad]
-    mlps = mlp_modules(model)
     try:
         for p in trainable:  # only activations need gradients
             p.requires_grad_(False)
@@ -61,6 +52,20 @@ def estimate(
     finally:
         for p in trainable:
             p.requires_grad_(True)
+    return grads
+
+
+def estimate(
+    model, bank: Bank, xs: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, pairs: Pairs
+) -> dict:
+    """First-order estimates of every pair's patch-in effects, from one forward and one backward
+    pass of the bank's sequences `xs` (n_x,): per head (z' - z) . dy/dz (output) and (A' - A) . dy/dA
+    (pattern; NaN for pairs of different lengths), per layer (m' - m) . dy/dm (MLP output); sums over
+    the aligned positions. Returns attribution_output, attribution_pattern (n, L, H), attribution_mlp (n,
+    L)."""
+    lengths = bank.lengths[xs]
+    T, device, mlps = int(lengths.max()), bank.hidden[0].device, mlp_modules(model)
+    grads = _gradients(model, bank, xs, positive, negative, mlps)
     n, L = len(pairs.x), len(bank.hidden)
     positions = torch.arange(T)[None]
     where = ((positions >= pairs.at[:, None]) & (positions < lengths[pairs.x, None])).to(device)  # (n, T)

@@ -75,6 +75,30 @@ def parse(ctx, doc, slots, template_ids, next_token, analysis, choice=None) -> H
             f"head_effects cut '{cut}' needs a next_token measure with the same cut (its candidates "
             "define y)",
         )
+    slot, words = _counterfactual(ctx, node, slots)
+    chosen, counts, exact = _selection(ctx, node, template_ids, analysis)
+    labels = {key: _label(ctx, node, key, getattr(analysis, key)) for key in ("positive", "negative")}
+    unit = analysis.unit or next((c for c in analysis.clusters if c not in ("template_id", "item_id")), None)
+    return SlotSwap(
+        slot,
+        tuple(str(w) for w in words),
+        labels["positive"],
+        labels["negative"],
+        tuple(chosen) if chosen else None,
+        counts["max_items"],
+        exact,
+        counts["select"],
+        unit,
+        analysis.covariate if unit == analysis.unit else None,
+        origin=f"{ctx.path}:{line_of(doc, 'head_effects')}",
+        held_out=counts["held_out"],
+        cut=cut,
+    )
+
+
+def _counterfactual(ctx, node, slots) -> tuple[str, list]:
+    """`counterfactual: {slot: [words]}`: a slot and its distinct replacement words (a word may be a
+    column of the slot's table per value, '{slot.column}')."""
     counterfactual = node.get("counterfactual")
     if not isinstance(counterfactual, dict) or len(counterfactual) != 1:
         ctx.fail(
@@ -112,35 +136,20 @@ def parse(ctx, doc, slots, template_ids, next_token, analysis, choice=None) -> H
                 f"{word} names no column of slot '{slot}'; write {{{slot}.COLUMN}} with a column of "
                 "its table",
             )
-    chosen, counts, exact = _selection(ctx, node, template_ids, analysis)
-    labels = {}
-    for key in ("positive", "negative"):
-        default = getattr(analysis, key)
-        if key not in node and default is None:
-            ctx.fail(
-                node,
-                "cut",
-                f"head_effects needs `{key}`: a candidate label at the cut (the analysis declares none)",
-            )
-        labels[key] = str(node[key]) if key in node else default
-        if key in node:
-            required_str(ctx, node, key)
-    unit = analysis.unit or next((c for c in analysis.clusters if c not in ("template_id", "item_id")), None)
-    return SlotSwap(
-        slot,
-        tuple(str(w) for w in words),
-        labels["positive"],
-        labels["negative"],
-        tuple(chosen) if chosen else None,
-        counts["max_items"],
-        exact,
-        counts["select"],
-        unit,
-        analysis.covariate if unit == analysis.unit else None,
-        origin=f"{ctx.path}:{line_of(doc, 'head_effects')}",
-        held_out=counts["held_out"],
-        cut=cut,
-    )
+    return slot, words
+
+
+def _label(ctx, node, key: str, default) -> str:
+    """`positive` or `negative`: a candidate label at the cut, else the analysis's."""
+    if key not in node and default is None:
+        ctx.fail(
+            node,
+            "cut",
+            f"head_effects needs `{key}`: a candidate label at the cut (the analysis declares none)",
+        )
+    if key in node:
+        required_str(ctx, node, key)
+    return str(node[key]) if key in node else default
 
 
 def _parse_pair(ctx, doc, node, template_ids, analysis, choice) -> PairSwap:

@@ -139,27 +139,11 @@ class SlotSwap(HeadEffectsMeasure):
             last = e.spans[self.slot][1] - 1  # the slot's last token in x
             counterfactuals = []
             for word in self.replacements:
-                original = p.text[s0:s1]
-                text = replacement_text(p, word)
-                if not text:
-                    dropped.append(Dropped(p.item_id, word, f"the {self.slot} has no value of {word}"))
-                    continue
-                replacement = text[:1].upper() + text[1:] if original[:1].isupper() else text
-                text_cf = p.text[:s0] + replacement + p.text[s1:]
-                shift = len(replacement) - len(original)
-                spans_cf = {
-                    self.cut: tuple(c + shift for c in p.spans[self.cut]),
-                    self.slot: (s0, s0 + len(replacement)),
-                }
-                enc = tokenizer(text_cf, return_offsets_mapping=True)
-                spans = token_spans([tuple(o) for o in enc["offset_mapping"]], spans_cf)
-                x_cf = torch.tensor(enc["input_ids"][: spans[self.cut][0]])
-                last_cf = spans[self.slot][1] - 1
-                if not torch.equal(x[last + 1 :], x_cf[last_cf + 1 :]):
-                    reason = f"the words after {replacement!r} tokenise differently than after {original!r}"
-                    dropped.append(Dropped(p.item_id, word, reason))
-                    continue
-                counterfactuals.append(Counterfactual(word, x_cf, last, last_cf))
+                made = self._counterfactual(tokenizer, p, x, last, word)
+                if isinstance(made, str):
+                    dropped.append(Dropped(p.item_id, word, made))
+                else:
+                    counterfactuals.append(made)
             if not counterfactuals:
                 continue
             covariate = value_of(p, self.covariate) if self.covariate else None
@@ -179,6 +163,31 @@ class SlotSwap(HeadEffectsMeasure):
             if self.max_items and len(items) >= self.max_items:
                 break
         return items, dropped
+
+    def _counterfactual(self, tokenizer, p, x, last: int, word: str) -> Counterfactual | str:
+        """x' of prompt `p` (tokens `x`, the slot's last at `last`) with the slot replaced by `word`, or
+        why the pair is dropped."""
+        import torch
+
+        s0, s1 = p.spans[self.slot]
+        original = p.text[s0:s1]
+        text = replacement_text(p, word)
+        if not text:
+            return f"the {self.slot} has no value of {word}"
+        replacement = text[:1].upper() + text[1:] if original[:1].isupper() else text
+        text_cf = p.text[:s0] + replacement + p.text[s1:]
+        shift = len(replacement) - len(original)
+        spans_cf = {
+            self.cut: tuple(c + shift for c in p.spans[self.cut]),
+            self.slot: (s0, s0 + len(replacement)),
+        }
+        enc = tokenizer(text_cf, return_offsets_mapping=True)
+        spans = token_spans([tuple(o) for o in enc["offset_mapping"]], spans_cf)
+        x_cf = torch.tensor(enc["input_ids"][: spans[self.cut][0]])
+        last_cf = spans[self.slot][1] - 1
+        if not torch.equal(x[last + 1 :], x_cf[last_cf + 1 :]):
+            return f"the words after {replacement!r} tokenise differently than after {original!r}"
+        return Counterfactual(word, x_cf, last, last_cf)
 
     def _label_ids(self, tokenizer, prompt) -> dict[str, list[int]]:
         """The token ids of the positive and of the negative words at this prompt's cut (several

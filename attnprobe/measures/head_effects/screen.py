@@ -137,6 +137,26 @@ def screen(
     )
     positive, negative = label_ids([i.positive for i in items]), label_ids([i.negative for i in items])
     attribution = estimate(pm, bank, xs, positive, negative, which)
+    ys = _patches(pairs, L, H, bank, measure.exact == "all", held_out).run(pm, bank, share_prefix)
+    heads, per_layer, totals = [], [], []
+    for k, pair in enumerate(pairs):
+        effect = lambda what, direction, k=k, pair=pair: _delta(
+            ys.get((k, what, direction)), direction, clean[pair.x], clean[pair.x_cf]
+        )
+        key = {"item_id": pair.item.item_id, "counterfactual": pair.cf.word}
+        totals.append({**key, **_total(pair, measure.slot, clean, held_out, effect)})
+        heads.append(_head_rows(key, L, H, effect, attribution, k))
+        per_layer.append(_layer_rows(key, L, effect, attribution, k))
+    return {
+        "items": pd.concat(heads, ignore_index=True),
+        "layers": pd.concat(per_layer, ignore_index=True),
+        "totals": pd.DataFrame(totals),
+    }
+
+
+def _patches(pairs, L: int, H: int, bank, every_item: bool, held_out: set) -> _Builder:
+    """The patched passes of a chunk: every heads' pattern on each pair of equal lengths; on the items
+    patched exactly (all of them, or the held-out ones) each head, layer, MLP and all heads, both ways."""
     one_head = torch.eye(L * H, dtype=torch.bool).view(L * H, L, H)
     layer_heads = torch.eye(L, dtype=torch.bool)[:, :, None].expand(L, L, H)
     every = torch.ones(1, L, H, dtype=torch.bool)
@@ -145,7 +165,7 @@ def screen(
         same_length = pair.item.same_length(pair.cf)
         if same_length:
             builder.add((k, "all_heads_pattern", "in"), pair, "in", pattern=every)
-        if measure.exact == "all" or pair.item.item_id in held_out:
+        if every_item or pair.item.item_id in held_out:
             for direction in ("in", "out"):
                 builder.add((k, "output", direction), pair, direction, output=one_head)
                 builder.add((k, "attention", direction), pair, direction, output=layer_heads)
@@ -154,64 +174,61 @@ def screen(
                 builder.add((k, "all_heads", direction), pair, direction, output=every)
             if same_length:
                 builder.add((k, "pattern", "in"), pair, "in", pattern=one_head)
-    ys = builder.run(pm, bank, share_prefix)
-    heads, per_layer, totals = [], [], []
-    nan = lambda n: np.full(n, np.nan)
-    for k, pair in enumerate(pairs):
-        item, cf, x, x_cf = pair.item, pair.cf, pair.x, pair.x_cf
-        effect = lambda what, direction, k=k, x=x, x_cf=x_cf: _delta(
-            ys.get((k, what, direction)), direction, clean[x], clean[x_cf]
-        )
-        key = {"item_id": item.item_id, "counterfactual": cf.word}
-        totals.append(
-            {
-                **key,
-                "template_id": item.template_id,
-                measure.slot: item.original,
-                "n_tokens": len(item.x),
-                "n_tokens_cf": len(cf.x_cf),
-                "y": float(clean[x]),
-                "y_cf": float(clean[x_cf]),
-                "te": float(clean[x_cf] - clean[x]),
-                "held_out": item.item_id in held_out,
-                **{f"all_heads_{d}": _first(effect("all_heads", d)) for d in ("in", "out")},
-                "all_heads_pattern_in": _first(effect("all_heads_pattern", "in")),
-            }
-        )
-        columns = {
-            "output_in": effect("output", "in"),
-            "output_out": effect("output", "out"),
-            "pattern_in": effect("pattern", "in"),
-            "attribution_output": attribution["attribution_output"][k].reshape(-1).cpu().numpy(),
-            "attribution_pattern": attribution["attribution_pattern"][k].reshape(-1).cpu().numpy(),
-        }
-        heads.append(
-            pd.DataFrame(
-                {
-                    **key,
-                    "layer": np.repeat(np.arange(L), H),
-                    "head": np.tile(np.arange(H), L),
-                    **{c: nan(L * H) if columns[c] is None else columns[c] for c in HEAD_COLUMNS},
-                }
-            )
-        )
-        layers = {f"{what}_{d}": effect(what, d) for what in ("attention", "mlp") for d in ("in", "out")}
-        per_layer.append(
-            pd.DataFrame(
-                {
-                    **key,
-                    "layer": np.arange(L),
-                    **{c: nan(L) if layers[c] is None else layers[c] for c in LAYER_COLUMNS},
-                    "attention_attribution": attribution["attribution_output"][k].sum(-1).cpu().numpy(),
-                    "mlp_attribution": attribution["attribution_mlp"][k].cpu().numpy(),
-                }
-            )
-        )
+    return builder
+
+
+def _total(pair, slot: str, clean, held_out: set, effect) -> dict:
+    """A pair's totals row (after its item id and counterfactual word)."""
+    item, cf, x, x_cf = pair.item, pair.cf, pair.x, pair.x_cf
     return {
-        "items": pd.concat(heads, ignore_index=True),
-        "layers": pd.concat(per_layer, ignore_index=True),
-        "totals": pd.DataFrame(totals),
+        "template_id": item.template_id,
+        slot: item.original,
+        "n_tokens": len(item.x),
+        "n_tokens_cf": len(cf.x_cf),
+        "y": float(clean[x]),
+        "y_cf": float(clean[x_cf]),
+        "te": float(clean[x_cf] - clean[x]),
+        "held_out": item.item_id in held_out,
+        **{f"all_heads_{d}": _first(effect("all_heads", d)) for d in ("in", "out")},
+        "all_heads_pattern_in": _first(effect("all_heads_pattern", "in")),
     }
+
+
+def _nan(n: int) -> np.ndarray:
+    return np.full(n, np.nan)
+
+
+def _head_rows(key: dict, L: int, H: int, effect, attribution: dict, k: int) -> pd.DataFrame:
+    """A pair's rows per head: the exact patches (NaN where not patched) and the attribution."""
+    columns = {
+        "output_in": effect("output", "in"),
+        "output_out": effect("output", "out"),
+        "pattern_in": effect("pattern", "in"),
+        "attribution_output": attribution["attribution_output"][k].reshape(-1).cpu().numpy(),
+        "attribution_pattern": attribution["attribution_pattern"][k].reshape(-1).cpu().numpy(),
+    }
+    return pd.DataFrame(
+        {
+            **key,
+            "layer": np.repeat(np.arange(L), H),
+            "head": np.tile(np.arange(H), L),
+            **{c: _nan(L * H) if columns[c] is None else columns[c] for c in HEAD_COLUMNS},
+        }
+    )
+
+
+def _layer_rows(key: dict, L: int, effect, attribution: dict, k: int) -> pd.DataFrame:
+    """A pair's rows per layer: attention and MLP patched both ways, and their attribution."""
+    layers = {f"{what}_{d}": effect(what, d) for what in ("attention", "mlp") for d in ("in", "out")}
+    return pd.DataFrame(
+        {
+            **key,
+            "layer": np.arange(L),
+            **{c: _nan(L) if layers[c] is None else layers[c] for c in LAYER_COLUMNS},
+            "attention_attribution": attribution["attribution_output"][k].sum(-1).cpu().numpy(),
+            "mlp_attribution": attribution["attribution_mlp"][k].cpu().numpy(),
+        }
+    )
 
 
 def _delta(ys: torch.Tensor | None, direction: str, y: torch.Tensor, y_cf: torch.Tensor) -> np.ndarray | None:
