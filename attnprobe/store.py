@@ -1,6 +1,6 @@
 """Files on disk: tables (Parquet as the typed source of truth, CSV as a spreadsheet-safe export),
 atomic writes, chunks with their markers, and the run directory's lock. Knows no measure: the
-run's storage (attnprobe.run.storage) names the files each phase writes.
+run's storage (attnprobe.run.files.layout) names the files each phase writes.
 
 Every table a run or a report writes is written twice: `<name>.parquet` with the values as
 computed (readers and the notebook API read this) and `<name>.csv` for spreadsheets.

@@ -29,7 +29,7 @@ def probe(text_file, model_spec, source, out, top, device, trust_remote_code, al
     A regular file of at most 16 MiB.
     """
     from ..errors import SuiteError
-    from ..suite.sentences import parse_marked
+    from ..suite.files.sentences import parse_marked
 
     path = Path(text_file)
     if not path.is_file():  # a FIFO would block, /dev/zero would fill the memory

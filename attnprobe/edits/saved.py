@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from ..errors import AttnprobeError
 from ..model import head_shape
 from ..model.bundled import files_sha256
-from ..run.storage import content_sha
+from ..run.files.layout import content_sha
 from ..store import atomic_write
 from .kinds import KINDS as HEAD_KINDS
 from .kinds import HeadEdit

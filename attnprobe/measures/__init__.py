@@ -79,7 +79,7 @@ def analyse(run, step=None) -> dict:
 
 def paired(a, b) -> dict:
     """{table: rows}: each measure's paired change B - A between two finished runs (their readers,
-    run.reader.RunFiles), its empty tables left out; refused in one line when their items cannot be
+    run.files.reader.RunFiles), its empty tables left out; refused in one line when their items cannot be
     paired or a run has random weights."""
     from ..model.shapes import refuse_random
     from ..stats.compare import check_comparable

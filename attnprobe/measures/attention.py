@@ -82,7 +82,7 @@ class AttentionMeasure:
         for i, item in enumerate(node):
             if not isinstance(item, dict):
                 ctx.fail(node, i, "each attention measure is a mapping with `source:` and `targets:`")
-            ctx.check_keys(item, ["source", "targets", "source_agg", "target_agg", "at"])
+            ctx.check_keys(item, Attention.KEYS["attention"])
             at = item.get("at", "span")
             if at not in ("span", "before"):
                 ctx.fail(item, "at", "`at` is span (the source's own tokens) or before (the token before it)")
@@ -114,6 +114,7 @@ class AttentionMeasure:
 
 class Attention(BatchMeasure):
     NAME = "attention"
+    KEYS = {"attention": ("source", "targets", "source_agg", "target_agg", "at")}
     CONTRACT = ("gender", 16)
     NONE = ()
     ARTEFACTS = ("attention.parquet", "examples.json")
@@ -185,8 +186,8 @@ class Attention(BatchMeasure):
         (out / "examples.json").write_bytes((shards[0][0] / "examples.json").read_bytes())
 
     def paired(self, a, b, scopes):
-        from ..stats.attention import item_values
         from ..stats.compare import change_table
+        from ..stats.kinds.attention import item_values
 
         values = [item_values(run) for run in (a, b)]
         if values[0] is None or values[1] is None:
@@ -194,8 +195,8 @@ class Attention(BatchMeasure):
         return {"compare_attention": change_table(*values, a, scopes)}
 
     def statistics(self, run, tables: dict) -> dict:
-        from ..stats.attention import condition_means, head_stats, layer_stats
-        from ..stats.referents import referent_accuracy
+        from ..stats.kinds.attention import condition_means, head_stats, layer_stats
+        from ..stats.kinds.referents import referent_accuracy
 
         heads = head_stats(run)
         return {

@@ -1,7 +1,7 @@
 """The measure protocol: what each kind of measure gives the suite loader, the run and the statistics.
 
 A kind is a `Measure` subclass registered by its YAML key in `attnprobe.measures.MEASURES`. The suite
-loader, the run's plan, phases, storage, reader, manifest, `check`'s description, merge and the
+loader, the run's plan, phases, directory, reader, manifest, `check`'s description, merge and the
 statistics loop over that registry; none of them names a measure. A suite's declaration of a kind
 (`suite.measures[NAME]`, `NONE` when the suite declares none) and the kind's plan part
 (`plan.parts[NAME]`) are handed to every method:
@@ -164,6 +164,7 @@ class PlanScope:
 
 class Measure(ABC):
     NAME: ClassVar[str] = ""  # the suite's YAML key
+    KEYS: ClassVar[dict[str, tuple[str, ...]]] = {}  # block -> the keys it may hold (schema.keys' table)
     NONE: ClassVar[object] = None  # the declaration of a suite without it
     ARTEFACTS: ClassVar[tuple[str, ...]] = ()
     CHUNKS: ClassVar[dict[str, tuple[str, ...]]] = {}
@@ -202,7 +203,7 @@ class Measure(ABC):
         """The entries it records in the run's manifest (read back with `manifest.entry(key)`)."""
 
     def resumed(self, declared, part, previous, directory) -> dict:
-        """The entries a resumed run keeps from `previous` (its run.manifest.Manifest; None for a
+        """The entries a resumed run keeps from `previous` (its run.files.manifest.Manifest; None for a
         new run)."""
         return {}
 

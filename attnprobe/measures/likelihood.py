@@ -44,7 +44,7 @@ class LikelihoodMeasure:
             node = {}
         if not isinstance(node, dict):
             ctx.fail(doc, "likelihood", "`likelihood` is a mapping, e.g. {by: bias_type}, or {}")
-        ctx.check_keys(node, ["by"], " in likelihood")
+        ctx.check_keys(node, Likelihood.KEYS["likelihood"], " in likelihood")
         by = node.get("by")
         if by is not None and (not isinstance(by, str) or by not in columns):
             ctx.fail(node, "by", f"`by` names a column of the prompts ({', '.join(sorted(columns))})")
@@ -91,6 +91,7 @@ class LikelihoodPlan(Scored):
 
 class Likelihood(ScoredMeasure):
     NAME = "likelihood"
+    KEYS = {"likelihood": ("by",)}
     CONTRACT = ("pairs", 12)
     FIRST_TOKEN = "bos"  # a suite that declares it starts its sentences after BOS unless it says otherwise
     TABLES = ("sentence_preference",)
@@ -128,7 +129,7 @@ class Likelihood(ScoredMeasure):
 
     def paired(self, a, b, scopes):
         from ..stats.compare import change_table
-        from ..stats.likelihood import item_preferences
+        from ..stats.kinds.likelihood import item_preferences
 
         values = [item_preferences(run) for run in (a, b)]
         if values[0] is None or values[1] is None:
@@ -136,6 +137,6 @@ class Likelihood(ScoredMeasure):
         return {"compare_likelihood": change_table(*values, a, scopes)}
 
     def statistics(self, run, tables: dict) -> dict:
-        from ..stats.likelihood import sentence_preference
+        from ..stats.kinds.likelihood import sentence_preference
 
         return {"sentence_preference": sentence_preference(run)}

@@ -36,7 +36,7 @@ class MultipleChoiceMeasure:
         if node is None:
             return None
         node = {} if node is True else node
-        if not isinstance(node, dict) or set(node) - {"prompt", "by"}:
+        if not isinstance(node, dict) or set(node) - set(MultipleChoice.KEYS["multiple_choice"]):
             ctx.fail(
                 doc,
                 "multiple_choice",
@@ -104,6 +104,7 @@ def score(pm, measure: MultipleChoiceMeasure, encoded, batch_size: int = 256, pr
 
 class MultipleChoice(ScoredMeasure):
     NAME = "multiple_choice"
+    KEYS = {"multiple_choice": ("prompt", "by")}
     CONTRACT = ("choices", 8)
     CONTEXT = "the question and its options"
     TABLES = ("choice_accuracy",)
@@ -129,7 +130,7 @@ class MultipleChoice(ScoredMeasure):
 
     def paired(self, a, b, scopes):
         from ..stats.compare import change_table
-        from ..stats.multiple_choice import item_outcomes
+        from ..stats.kinds.multiple_choice import item_outcomes
 
         values = [item_outcomes(run) for run in (a, b)]
         if values[0] is None or values[1] is None:
@@ -137,6 +138,6 @@ class MultipleChoice(ScoredMeasure):
         return {"compare_multiple_choice": change_table(*values, a, scopes)}
 
     def statistics(self, run, tables: dict) -> dict:
-        from ..stats.multiple_choice import choice_accuracy
+        from ..stats.kinds.multiple_choice import choice_accuracy
 
         return {"choice_accuracy": choice_accuracy(run)}

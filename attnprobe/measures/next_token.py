@@ -42,7 +42,7 @@ class NextTokenMeasure:
         for i, item in enumerate(node):
             if not isinstance(item, dict):
                 ctx.fail(node, i, "each next_token measure is a mapping with `cut:` and `candidates:`")
-            ctx.check_keys(item, ["ambiguous", "candidates", "cut"], " in a next_token measure")
+            ctx.check_keys(item, NextToken.KEYS["next_token"], " in a next_token measure")
             cut = required_str(ctx, item, "cut")
             candidates = item.get("candidates")
             if isinstance(candidates, str):
@@ -164,6 +164,7 @@ def candidate_ids(measures, prompts, tokenizer) -> dict[str, tuple[int, ...]]:
 
 class NextToken(BatchMeasure):
     NAME = "next_token"
+    KEYS = {"next_token": ("ambiguous", "candidates", "cut")}
     CONTRACT = ("gender", 16)
     NONE = ()
     ARTEFACTS = ("logprobs.csv", "logprobs.parquet")
@@ -226,14 +227,14 @@ class NextToken(BatchMeasure):
         write_table(directory, "logprobs", table)
 
     def statistics(self, run, tables: dict) -> dict:
-        from ..stats.next_token import behavior
+        from ..stats.kinds.next_token import behavior
 
         table, by_unit = behavior(run)
         return {"behavior": table, "behavior_by_unit": by_unit}
 
     def paired(self, a, b, scopes):
         from ..stats.compare import change_table
-        from ..stats.next_token import item_log_ratios
+        from ..stats.kinds.next_token import item_log_ratios
 
         y = [item_log_ratios(run) for run in (a, b)]
         if y[0] is None or y[1] is None:

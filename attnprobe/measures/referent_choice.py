@@ -43,7 +43,7 @@ class ReferentChoiceMeasure:
                 "`referent_choice` is a mapping with `prompt:`, e.g. {prompt: \" Here, '{pronoun}' refers to "
                 'the"}',
             )
-        ctx.check_keys(node, ["prompt"], " in referent_choice")
+        ctx.check_keys(node, ReferentChoice.KEYS["referent_choice"], " in referent_choice")
         if not analysis.referents:
             ctx.fail(
                 doc,
@@ -111,6 +111,7 @@ def score(
 
 class ReferentChoice(ScoredMeasure):
     NAME = "referent_choice"
+    KEYS = {"referent_choice": ("prompt",)}
     CONTRACT = ("coref", 16)
     CONTEXT = "the referent_choice question ({origin})"
     TABLES = ("referent_choice_accuracy",)
@@ -135,7 +136,7 @@ class ReferentChoice(ScoredMeasure):
 
     def paired(self, a, b, scopes):
         from ..stats.compare import change_table
-        from ..stats.referents import item_choices
+        from ..stats.kinds.referents import item_choices
 
         values = [item_choices(run) for run in (a, b)]
         if values[0] is None or values[1] is None:
@@ -143,6 +144,6 @@ class ReferentChoice(ScoredMeasure):
         return {"compare_referent_choice": change_table(*values, a, scopes)}
 
     def statistics(self, run, tables: dict) -> dict:
-        from ..stats.referents import referent_choice
+        from ..stats.kinds.referents import referent_choice
 
         return {"referent_choice_accuracy": referent_choice(run)}

@@ -20,7 +20,7 @@ from ..forward.longdoc import CHUNK_TOKENS, read_rows
 from ..forward.packing import pad_right
 from ..model import ProbeModel, load_model
 from ..schema.spans import token_spans
-from ..suite.sentences import parse_marked
+from ..suite.files.sentences import parse_marked
 
 
 def model_of(model) -> ProbeModel:

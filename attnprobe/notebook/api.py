@@ -1,6 +1,6 @@
 """The notebook face: `run_suite` and `Run`, a run directory with its statistics, figures and report.
 
-`Run` reads the run's files (attnprobe.run.reader) and computes statistics on first use
+`Run` reads the run's files (attnprobe.run.files.reader) and computes statistics on first use
 (attnprobe.stats), reusing the report's cached tables when they are current; reading never writes
 a file. `run.report()` writes the tables, figures and report.html.
 """
@@ -24,9 +24,9 @@ from ..report import load_tables, write_report
 from ..report.comparison import compare_runs
 from ..report.plots import head_heatmap
 from ..report.summary import split_levels, strongest_head, summary, summary_html
-from ..run.merge import merge_shards as _merge_into
+from ..run.files.merge import merge_shards as _merge_into
+from ..run.files.reader import RunFiles
 from ..run.options import RunOptions
-from ..run.reader import RunFiles
 from ..stats import run_analysis
 from ..store import write_csv, write_parquet
 

@@ -32,7 +32,7 @@ _NOTE = """<div id="{root}-offline" style="display:none;color:#a00;font:13px san
 def _inputs(model, text):
     """(per-layer attention (1, H, T, T), tokens) of one text. `model`: a ProbeModel, a spec, or a
     run (its model; `text` may then be a prompt id of the run)."""
-    from ..run.reader import RunFiles
+    from ..run.files.reader import RunFiles
 
     if isinstance(model, RunFiles):
         run, model = model, model.manifest.model.spec
@@ -160,7 +160,7 @@ def attention_view(
     from IPython.display import HTML, display
 
     if texts is None:
-        from ..run.reader import RunFiles
+        from ..run.files.reader import RunFiles
 
         run = source if isinstance(source, RunFiles) else RunFiles(source)
         examples = json.loads((run.directory / "examples.json").read_text())

@@ -24,9 +24,9 @@ from .. import stats
 from ..errors import RunError
 from ..measures import MEASURES, analyse, table_names
 from ..progress import Progress
-from ..run.reader import RunFiles
-from ..run.storage import TABLES_KEY, artefacts, atomic_write, digest, write_table
-from ..store import read_table
+from ..run.files.layout import TABLES_KEY, artefacts
+from ..run.files.reader import RunFiles
+from ..store import atomic_write, digest, read_table, write_table
 from ..version import __version__
 from . import plots
 from .context import difference_context, run_context, run_labels

@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..errors import RunError
 from ..measures import paired
-from ..run.reader import RunFiles
+from ..run.files.reader import RunFiles
 from ..store import atomic_write, shared, write_table
 
 SHOWN = 12  # rows of each table in compare.html (the CSV has all)

@@ -14,9 +14,9 @@ import pandas as pd
 
 from ..heads import HeadSet
 from ..measures import MEASURES
-from ..run.reader import RunFiles
+from ..run.files.reader import RunFiles
 from ..stats import ALPHA, run_analysis
-from ..stats.multiple_choice import choice_setting
+from ..stats.kinds.multiple_choice import choice_setting
 from . import plots
 from .figures import figure
 from .headline import headline

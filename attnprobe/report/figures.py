@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from ..errors import RunError
-from ..run.fresh import own_directory
+from ..run.files.fresh import own_directory
 
 
 def figure(fig, directory: Path, name: str, alt: str) -> dict:

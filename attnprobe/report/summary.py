@@ -39,7 +39,7 @@ def pooled_row(behavior: pd.DataFrame) -> pd.Series | None:
 
 def split_levels(head_stats: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(paired rows, level rows) of the pooled scope: level rows are measures read before the
-    contrast (no paired difference; stats.attention._level)."""
+    contrast (no paired difference; stats.kinds.attention._level)."""
     heads = head_stats[head_stats["scope"] == "all"] if len(head_stats) else head_stats
     if "level" not in heads:
         return heads, heads.iloc[0:0]

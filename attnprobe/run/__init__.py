@@ -19,9 +19,11 @@ from ..model import ProbeModel, load_model
 from ..model.checks import check_device
 from ..model.footprint import check_fits
 from ..progress import Progress
+from ..store import exclusive, write_table
 from ..suite import Suite, load_suite
-from . import fresh, storage
-from .manifest import Manifest, new_manifest
+from .files import fresh
+from .files.layout import content_sha, prompts_table, weights_sha
+from .files.manifest import Manifest, new_manifest
 from .options import RunOptions
 from .phases import Engine, prompts_phase, recorded_end, run_phase
 from .plan import RunPlan, model_name, plan_run
@@ -52,20 +54,20 @@ def run_suite(
             plan.config, plan.spec, plan.dtype, options.device, options.device_map, working_bytes(plan)
         )
     directory = _open(plan.directory)
-    with storage.exclusive(directory):
+    with exclusive(directory):
         previous = fresh.prepare_directory(
             directory, plan.fingerprint, options.resume, suite.name, options.log
         )
-        pm, weights_sha = _load(model, plan, options)
-        manifest = new_manifest(plan, pm, options, weights_sha, storage.content_sha(pm.model))
+        pm, files_sha = _load(model, plan, options)
+        manifest = new_manifest(plan, pm, options, files_sha, content_sha(pm.model))
         manifest.suite.copy = fresh.copy_suite(directory, suite)
         _same_weights(previous, manifest, directory)
         for kind, declared, part in plan.kinds():  # what each measure keeps of a resumed run
             manifest.entries.update(kind.resumed(declared, part, previous, directory))
-        storage.write_manifest(directory, manifest)
+        manifest.write(directory)
         started = time.perf_counter()
         with recorded_end(directory, manifest), _edited(pm, options.edits), on_model_device(pm):
-            storage.write_table(directory, "prompts", storage.prompts_table(plan.encoded))
+            write_table(directory, "prompts", prompts_table(plan.encoded))
             seconds = run_phase(directory, prompts_phase(pm, plan, options), options, manifest)
             manifest.prompt_phase = {"seconds": round(seconds, 4), "device": str(pm.device)}
             if options.shard is None:
@@ -77,7 +79,7 @@ def run_suite(
         manifest.status = "complete" if options.shard is None else "shard complete"
         manifest.finished = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         manifest.compute_seconds_this_session = round(time.perf_counter() - started, 3)
-        storage.write_manifest(directory, manifest)
+        manifest.write(directory)
     return directory
 
 
@@ -118,7 +120,7 @@ def _load(model, plan: RunPlan, options: RunOptions) -> tuple[ProbeModel, str | 
         2, enabled=False if loaded else options.progress, log=options.log, unit="step", desc="loading"
     ) as bar:
         if loaded:
-            return model, storage.weights_sha(model)
+            return model, weights_sha(model)
         options.log(f"loading {plan.spec} ({plan.dtype})")
         pm = load_model(
             plan.spec,
@@ -129,6 +131,6 @@ def _load(model, plan: RunPlan, options: RunOptions) -> tuple[ProbeModel, str | 
             allow_pickle=options.allow_pickle,
         )
         bar.step("model loaded")
-        weights_sha = storage.weights_sha(pm)
+        files_sha = weights_sha(pm)
         bar.step("weights hashed")
-    return pm, weights_sha
+    return pm, files_sha

@@ -23,10 +23,10 @@ from .. import store
 from ..errors import RunInterrupted
 from ..measures import Phase, PromptsMeasure, batch_kinds
 from ..progress import Progress
-from . import storage
 from .execute import deferred_interrupt, ignored_interrupts, measure_batch
-from .fresh import own_directory
-from .manifest import Manifest
+from .files.fresh import own_directory
+from .files.layout import assemble_phase, chunk_files
+from .files.manifest import Manifest
 from .options import RunOptions
 from .plan import RunPlan
 
@@ -39,7 +39,7 @@ def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: Mani
     run's, where an interruption is recorded (None: a phase run on a finished run, `attnprobe edit`'s,
     records nothing there)."""
     chunk_dir, log = own_directory(directory / "chunks"), options.log
-    files = phase.files or storage.chunk_files()[phase.prefix]
+    files = phase.files or chunk_files()[phase.prefix]
     done = store.complete_chunks(chunk_dir, phase.n_chunks, log, files, phase.prefix, phase.plan)
     todo = [k for k in phase.mine if k not in done]
     if not todo:
@@ -119,7 +119,8 @@ class Engine:
         return run_phase(self.directory, phase, self.options, self.manifest)
 
     def complete(self, prefix: str, n_chunks: int, plan: str | None) -> set[int]:
-        return storage.complete_chunks(self.directory / "chunks", n_chunks, self.options.log, prefix, plan)
+        chunks = self.directory / "chunks"
+        return store.complete_chunks(chunks, n_chunks, self.options.log, chunk_files()[prefix], prefix, plan)
 
     def scored(self, kind: PromptsMeasure, declared) -> None:
         """A scored-continuation phase (file prefix `<name>-`, computed by shard 1): chunks of
@@ -159,7 +160,7 @@ class Engine:
         )
         self.run(phase)
         if phase.mine:
-            storage.assemble_phase(self.directory, prefix, phase.n_chunks, kind.NAME, kind.CSV)
+            assemble_phase(self.directory, prefix, phase.n_chunks, kind.NAME, kind.CSV)
 
 
 @contextmanager
@@ -175,7 +176,7 @@ def recorded_end(directory: Path, manifest: Manifest):
     except BaseException as exc:
         manifest.status, manifest.error = "failed", f"{type(exc).__name__}: {str(exc)[:300]}"
         with suppress(Exception):  # the error that stopped us (a full disk, say) may stop this write too
-            storage.write_manifest(directory, manifest)
+            manifest.write(directory)
         raise
 
 
@@ -185,7 +186,7 @@ def stop(directory: Path, manifest: Manifest | None, where: str) -> None:
     if manifest is not None:
         manifest.status, manifest.interrupted = "interrupted", time.strftime("%Y-%m-%dT%H:%M:%S%z")
         with ignored_interrupts():  # a further Ctrl-C cannot cut this write short
-            storage.write_manifest(directory, manifest)
+            manifest.write(directory)
     raise RunInterrupted(
         f"interrupted {where}; the finished chunks are kept in {directory / 'chunks'}: "
         "rerun the same command to resume"

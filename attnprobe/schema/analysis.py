@@ -59,7 +59,7 @@ class Analysis:
 
     @classmethod
     def from_manifest(cls, manifest, prompt_columns) -> Analysis:
-        """The run's recorded analysis (of its run.manifest.Manifest); for a run made before analyses
+        """The run's recorded analysis (of its run.files.manifest.Manifest); for a run made before analyses
         were recorded, the contrast column alone, compared only when it holds exactly two labels
         (decided by the caller)."""
         if manifest.analysis is not None:

@@ -1,19 +1,17 @@
 """Statistics of a run: pandas in, pandas out, driven by the suite's declared analysis.
 
 Rooms: inference (the tests: cluster-robust t and slope, BH, bootstrap), design (paired
-differences averaged into cells; templates weighted equally), and one room per measure, named after
-it: attention (the interaction with the covariate and the plain difference), next_token (next-token
-log-ratios), head_effects (head interventions), referents (referent accuracy and choice),
-likelihood (sentence preference), multiple_choice; held_out (every held-out claim beside its null).
+differences averaged into cells; templates weighted equally), held_out (every held-out claim beside
+its null), placebo, compare (two runs paired), edits (the edit sweep), effect_checks; and kinds/,
+one room per measure named after it (attention, next_token, head_effects, referents, likelihood,
+multiple_choice, direct_attribution).
 Each registered measure's `statistics` (attnprobe.measures) calls its room; `measures.analyse`
 gathers every table the report writes.
 """
 
 from __future__ import annotations
 
-from .attention import condition_means, head_stats, held_out_interaction, layer_stats
 from .design import run_analysis
-from .head_effects import head_effects
 from .held_out import held_out_summary
 from .inference import (
     ALPHA,
@@ -24,10 +22,12 @@ from .inference import (
     correlation_with_ci,
     split_halves,
 )
-from .likelihood import sentence_preference
-from .multiple_choice import choice_accuracy
-from .next_token import behavior, log_ratios
-from .referents import referent_accuracy, referent_choice
+from .kinds.attention import condition_means, head_stats, held_out_interaction, layer_stats
+from .kinds.head_effects import head_effects
+from .kinds.likelihood import sentence_preference
+from .kinds.multiple_choice import choice_accuracy
+from .kinds.next_token import behavior, log_ratios
+from .kinds.referents import referent_accuracy, referent_choice
 
 # bump when a table's columns or meaning change: cached tables are recomputed (20: shares with
 # test-inverted, Fieller, intervals)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .attention import HELD_OUT_DRAWS, held_out_interaction
 from .inference import holm
+from .kinds.attention import HELD_OUT_DRAWS, held_out_interaction
 
 COLUMNS = [
     "claim",

@@ -19,11 +19,12 @@ import yaml
 from ..errors import SuiteError
 from ..measures import MEASURES, AttentionMeasure, HeadEffectsMeasure, NextTokenMeasure, ParseScope
 from ..schema.analysis import candidate_notes, contrast_notes, covariate_notes, few_levels_notes
+from ..schema.keys import BLOCKS
 from ..schema.spans import spread_key, token_spans
 from ..schema.yamllines import Context, Map, as_list, optional_str, required_str, safe_load_with_lines
 from .control import parse_control
+from .files.sentences import load_sentence_sets, sentence_prompts
 from .parse_analysis import parse_analysis, value_of
-from .sentences import load_sentence_sets, sentence_prompts
 from .slots import load_slots
 from .templates import check_size, expand, load_templates, new_value_notes
 from .types import Condition, Prompt, Slot, SlotValue, Suite, Template
@@ -31,19 +32,6 @@ from .types import Condition, Prompt, Slot, SlotValue, Suite, Template
 DEFAULT_MAX_PROMPTS = 1_000_000
 MAX_SUITE_BYTES = 2**20  # PyYAML parses about 0.4 MB/s here: a larger suite would take seconds to read
 FIRST_TOKEN = ("keep", "bos", "exclude")
-SUITE_KEYS = (
-    "analysis",
-    "name",
-    "description",
-    "model",
-    "contrast",
-    "slots",
-    "templates",
-    "sentences",
-    "max_prompts",
-    "first_token",
-    "control",
-)  # and every registered measure's key
 
 __all__ = [
     "Condition",
@@ -53,6 +41,7 @@ __all__ = [
     "Suite",
     "SuiteError",
     "Template",
+    "key_table",
     "load_suite",
     "spread_key",
     "token_spans",
@@ -62,11 +51,19 @@ __all__ = [
 ]
 
 
+def key_table() -> dict[str, tuple[str, ...]]:
+    """Every block's allowed keys: the suite's own (schema.keys) and each registered measure's."""
+    table = {**BLOCKS, "suite": (*BLOCKS["suite"], *MEASURES)}
+    for kind in MEASURES.values():
+        table.update(kind.KEYS)
+    return table
+
+
 def load_suite(path: str | Path, max_prompts: int | None = None, data_roots=()) -> Suite:
     """Read, validate and expand a suite file. Raises SuiteError with `file:line: ...`. Data files
     are read from the suite's directory, or from `data_roots` (directories) when given."""
     ctx, doc = _read_document(Path(path), data_roots)
-    ctx.check_keys(doc, sorted({*SUITE_KEYS, *MEASURES}))
+    ctx.check_keys(doc, sorted(key_table()["suite"]))
     name = required_str(ctx, doc, "name")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or set(name) == {"."}:
         ctx.fail(

@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import SuiteError
-from .rows import delimited_rows
+from ..schema.keys import BLOCKS
+from .files.rows import delimited_rows
 
-KEYS = ("file", "words", "prompt", "label")
+KEYS = BLOCKS["control"]
 
 
 @dataclass(frozen=True)

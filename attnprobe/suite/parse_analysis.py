@@ -20,19 +20,8 @@ import difflib
 
 from ..errors import SuiteError
 from ..schema.analysis import ITEM, TEMPLATE, Analysis, value_of
+from ..schema.keys import BLOCKS
 from ..schema.yamllines import Map, optional_str
-
-_KEYS = {
-    "contrast",
-    "positive",
-    "negative",
-    "clusters",
-    "covariate",
-    "groups",
-    "group_by",
-    "referents",
-    "answer",
-}
 
 
 def _spelled(column: str, slots) -> str:
@@ -49,7 +38,7 @@ def parse_analysis(ctx, doc, slots, prompts, contrast_slot: str | None) -> Analy
             "analysis",
             "`analysis` is a mapping with contrast, positive, negative, clusters, covariate, groups",
         )
-    ctx.check_keys(node, sorted(_KEYS), " in analysis")
+    ctx.check_keys(node, sorted(BLOCKS["analysis"]), " in analysis")
     words = _Words(ctx, node, slots, prompts)
     contrast_word = optional_str(ctx, node, "contrast") or contrast_slot
     contrast = words.resolve("contrast", contrast_word) if contrast_word else None

@@ -7,6 +7,7 @@ import re
 from collections import Counter
 
 from ..errors import SuiteError
+from ..schema.keys import BLOCKS
 from ..schema.yamllines import Map, file_lines, line_of, number_or_text
 from .types import Slot, SlotValue
 
@@ -28,7 +29,7 @@ def load_slots(ctx, node, doc) -> dict[str, Slot]:
             spec.line, spec.key_lines = line_of(node, name), {"values": line_of(node, name)}
         if not isinstance(spec, dict):
             ctx.fail(node, name, f"slot '{name}' needs `values: [...]` or `table: FILE`")
-        ctx.check_keys(spec, ["values", "table", "column", "forms", "delimiter"], f" in slot '{name}'")
+        ctx.check_keys(spec, BLOCKS["slot"], f" in slot '{name}'")
         if ("values" in spec) == ("table" in spec):
             ctx.fail(node, name, f"slot '{name}' needs exactly one of `values:` or `table:`")
         forms = spec.get("forms")

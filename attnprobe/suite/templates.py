@@ -11,6 +11,7 @@ import itertools
 import math
 import re
 
+from ..schema.keys import BLOCKS
 from ..schema.yamllines import Seq, line_of, number_or_text, required_str
 from .types import Condition, Prompt, SlotValue, Template
 
@@ -23,7 +24,7 @@ def load_templates(ctx, node: Seq, slots) -> list[Template]:
     for i, item in enumerate(node):
         if not isinstance(item, dict):
             ctx.fail(node, i, "each template is a mapping with `id:` and `text:`")
-        ctx.check_keys(item, ["id", "meta", "text", "values", "where"], " in a template")
+        ctx.check_keys(item, BLOCKS["template"], " in a template")
         template_id = required_str(ctx, item, "id")
         if template_id in ids:
             ctx.fail(

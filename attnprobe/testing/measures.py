@@ -45,7 +45,7 @@ def _called(kind, method: str, *args):
 def _written(kind, whole: Path):
     """Every artefact and chunk file written, every table it reads back non-empty and of the run's
     prompts (prompt ids among prompts.parquet's)."""
-    from ..run.reader import RunFiles
+    from ..run.files.reader import RunFiles
 
     for name in kind.ARTEFACTS:
         assert (whole / name).exists(), f"{kind.NAME}: {name} was not written"
@@ -89,8 +89,8 @@ def _resume_and_merge(kind, suite, model, whole: Path, directory: Path, quiet: d
     """A second run recomputes no chunk and changes no table; two shards joined (and run once more)
     equal the whole run."""
     from ..run import RunOptions, run_suite
-    from ..run.merge import merge_shards
-    from ..run.reader import RunFiles
+    from ..run.files.merge import merge_shards
+    from ..run.files.reader import RunFiles
 
     run = RunFiles(whole)
     markers = {p.name: p.stat().st_mtime_ns for p in (whole / "chunks").glob("*.done")}

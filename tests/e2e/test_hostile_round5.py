@@ -151,7 +151,7 @@ def test_probe_refuses_a_fifo_and_a_text_larger_than_any_context(tiny_llama_dir,
 
 def test_a_csv_cell_past_the_field_limit_is_a_file_line_error(tmp_path):
     from attnprobe.errors import SuiteError
-    from attnprobe.suite.rows import delimited_rows
+    from attnprobe.suite.files.rows import delimited_rows
 
     text = "text\nok\n" + "x" * 200_000 + "\n"
     with pytest.raises(SuiteError, match=r"big.csv:3: field larger than field limit"):
@@ -160,8 +160,8 @@ def test_a_csv_cell_past_the_field_limit_is_a_file_line_error(tmp_path):
 
 def test_json_nested_too_deep_is_a_file_line_error(tmp_path):
     from attnprobe.errors import SuiteError
-    from attnprobe.suite.formats import stereoset_rows
-    from attnprobe.suite.rows import jsonl_rows
+    from attnprobe.suite.files.formats import stereoset_rows
+    from attnprobe.suite.files.rows import jsonl_rows
 
     deep = "[" * 100_000 + "]" * 100_000
     with pytest.raises(SuiteError, match=r"q.jsonl:2: JSON nested too deep"):
@@ -174,7 +174,7 @@ def test_a_header_of_too_many_columns_or_a_jsonl_line_too_long_is_refused_at_onc
     import time
 
     from attnprobe.errors import SuiteError
-    from attnprobe.suite.rows import delimited_rows, jsonl_rows
+    from attnprobe.suite.files.rows import delimited_rows, jsonl_rows
 
     started = time.perf_counter()
     with pytest.raises(SuiteError, match=r"wide.csv:1: the header has 1,000,000 columns, more than 1,000"):

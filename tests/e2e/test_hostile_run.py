@@ -16,7 +16,7 @@ from conftest import one_line_error
 
 import attnprobe
 from attnprobe.errors import RunError
-from attnprobe.run import storage
+from attnprobe.store import exclusive
 
 pytestmark = pytest.mark.slow
 GENDER = "probes/gender.yaml"
@@ -99,7 +99,7 @@ def test_corrupted_and_truncated_chunks_are_recomputed(smollm, whole, tmp_path):
 
 
 def test_two_runs_in_one_directory_are_refused(smollm, tmp_path):
-    with storage.exclusive(tmp_path):  # another run holds the directory
+    with exclusive(tmp_path):  # another run holds the directory
         with pytest.raises(
             RunError,
             match=f"another attnprobe command \\(a run, an edit or a compare\\) is using {tmp_path}; "
@@ -244,7 +244,7 @@ def test_a_truncated_table_cache_is_recomputed(whole, tmp_path):
     import shutil
 
     from attnprobe.report import load_tables
-    from attnprobe.run.reader import RunFiles
+    from attnprobe.run.files.reader import RunFiles
 
     run = tmp_path / "run"
     shutil.copytree(whole.directory, run)

@@ -11,7 +11,7 @@ from attnprobe.measures.direct_attribution import PREDICTION
 from attnprobe.measures.direct_attribution.compute import attribute
 from attnprobe.model import load_model
 from attnprobe.run import RunOptions, run_suite
-from attnprobe.run.reader import RunFiles
+from attnprobe.run.files.reader import RunFiles
 
 SUITE = EFFECT_SUITE.replace("head_effects:", "direct_attribution: {cut: pronoun}\n# head_effects:")
 CONFIGS = {

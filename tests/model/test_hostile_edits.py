@@ -140,7 +140,7 @@ def test_a_large_text_is_read_only_as_far_as_needed(tiny_llama_dir, tmp_path):
 def test_an_edit_and_a_run_on_one_directory_exclude_each_other(edited_run, tmp_path):
     """The edit holds the run directory's lock, as a run does: while one holds it the other is one
     line (an edit racing `run --fresh` once measured a run that was being deleted)."""
-    from attnprobe.run.storage import exclusive
+    from attnprobe.store import exclusive
 
     run = unswept_copy(edited_run, tmp_path)
     with exclusive(run):  # a run (e.g. --fresh) writing the directory

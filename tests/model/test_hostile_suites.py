@@ -11,38 +11,10 @@ from conftest import FUZZ_EXAMPLES
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from attnprobe.suite import RESERVED_COLUMNS, SuiteError, load_suite
+from attnprobe.suite import RESERVED_COLUMNS, SuiteError, key_table, load_suite
 
-KEYS = [
-    "name",
-    "description",
-    "model",
-    "contrast",
-    "slots",
-    "templates",
-    "sentences",
-    "attention",
-    "next_token",
-    "max_prompts",
-    "values",
-    "table",
-    "column",
-    "forms",
-    "id",
-    "text",
-    "where",
-    "source",
-    "targets",
-    "cut",
-    "candidates",
-    "file",
-    "spans",
-    "source_agg",
-    "target_agg",
-    "label",
-    "nom",
-    "acc",
-]
+# every key any block may hold (the one table load_suite checks against), and a few slot words
+KEYS = sorted({key for keys in key_table().values() for key in keys} | {"label", "nom", "acc"})
 SLOT_TEXT = st.text(alphabet=string.ascii_letters + " {}.[]|!=<>'\"-_\n\t\u202e\u0301😀", max_size=40)
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**7), st.floats(allow_nan=True), SLOT_TEXT)
 NODES = st.recursive(

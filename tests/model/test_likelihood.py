@@ -10,7 +10,7 @@ from conftest import run_shipped
 import attnprobe
 from attnprobe.errors import SuiteError
 from attnprobe.suite import load_suite
-from attnprobe.suite.columns import diff_spans
+from attnprobe.suite.files.columns import diff_spans
 
 
 def test_spans_are_the_differing_and_the_shared_trailing_words():

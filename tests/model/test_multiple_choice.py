@@ -12,7 +12,7 @@ from conftest import run_shipped
 
 import attnprobe
 from attnprobe.errors import SuiteError
-from attnprobe.stats.multiple_choice import bias_score
+from attnprobe.stats.kinds.multiple_choice import bias_score
 from attnprobe.suite import load_suite
 
 

@@ -102,7 +102,7 @@ def test_a_line_of_20000_repeated_inline_names_is_refused_at_once(tmp_path):
     with pytest.raises(SuiteError, match=r"pro.txt:1: 20,002 bracketed spans, more than 64 in one sentence"):
         load_suite(write(tmp_path, line))
     assert time.perf_counter() - started < 5
-    from attnprobe.suite.sentences import parse_marked
+    from attnprobe.suite.files.sentences import parse_marked
 
     started = time.perf_counter()  # below the cap, repeated names stay linear: s, s_2, s_3, ...
     spans = parse_marked(" ".join("[s: w]" for _ in range(64)), "line")[1]

@@ -18,7 +18,7 @@ import attnprobe
 from attnprobe.errors import SuiteError
 from attnprobe.report import write_report
 from attnprobe.suite import load_suite
-from attnprobe.suite.rows import delimited_rows
+from attnprobe.suite.files.rows import delimited_rows
 
 HEADER = ["", "sent_more", "sent_less", "stereo_antistereo", "bias_type", "annotations"]
 # Rows as CrowS-Pairs publishes them (written for attnprobe): the third holds a quoted line break
@@ -77,7 +77,7 @@ def test_a_crows_pairs_csv_with_quoted_line_breaks_reads_cell_for_cell(tmp_path,
 
 
 def test_a_published_format_named_reads_as_its_columns_spelled_out(tmp_path):
-    """`columns: crows_pairs` (suite.formats.FORMATS) is the mapping a user would spell out; a name
+    """`columns: crows_pairs` (suite.files.formats.FORMATS) is the mapping a user would spell out; a name
     that is no published format of that key is one line listing those that are."""
     _write_crows(tmp_path / "crows.csv")
     spelled = load_suite(_crows_suite(tmp_path)).prompts

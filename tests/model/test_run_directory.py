@@ -11,7 +11,8 @@ from conftest import EFFECT_SUITE, transformers_tokenizer
 import attnprobe
 from attnprobe.errors import RunError
 from attnprobe.report import load_tables, write_report
-from attnprobe.run import fresh, model_name, storage
+from attnprobe.run import model_name
+from attnprobe.run.files import fresh, layout
 
 OLD_RUN = {"fingerprint": "old", "settings": {}, "versions": {}, "suite": {"name": "gender"}}
 
@@ -156,7 +157,7 @@ def test_tables_round_trip_as_computed(tiny_llama_dir, tmp_path):
     )
     suite = load(tmp_path / "s.yaml")
     tokenizer = transformers_tokenizer(tiny_llama_dir)
-    expected = storage.prompts_table(plan.encode_prompts(suite, list(suite.prompts), tokenizer, 10_000))
+    expected = layout.prompts_table(plan.encode_prompts(suite, list(suite.prompts), tokenizer, 10_000))
     pd.testing.assert_frame_equal(attnprobe.Run(run.directory).prompts, expected)
     assert "'-minus" in (run.directory / "prompts.csv").read_text()  # the spreadsheet export is neutralised
     first = attnprobe.Run(run.directory).condition_means  # computed

@@ -20,7 +20,7 @@ from attnprobe.cli import main
 from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, load_edit, save_edit
 from attnprobe.errors import AttnprobeError
 from attnprobe.model import from_pretrained_objects
-from attnprobe.stats.next_token import item_log_ratios
+from attnprobe.stats.kinds.next_token import item_log_ratios
 
 SWEEP = EDIT_SWEEP_NO_PATHS
 

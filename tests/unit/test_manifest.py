@@ -5,7 +5,7 @@ import json
 import pytest
 
 from attnprobe.errors import RunError
-from attnprobe.run.manifest import FORMAT, Manifest
+from attnprobe.run.files.manifest import FORMAT, Manifest
 
 RAW = {
     "format": FORMAT,

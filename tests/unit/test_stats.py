@@ -419,8 +419,8 @@ def test_planted_interaction_in_a_run_directory(tmp_path):
 
 def test_template_heterogeneity_by_hand():
     """I^2 from Cochran's Q over the per-template OLS slopes, each weighted by 1 / its variance."""
-    from attnprobe.stats.attention import template_heterogeneity
     from attnprobe.stats.design import Design
+    from attnprobe.stats.kinds.attention import template_heterogeneity
 
     rng = np.random.default_rng(6)
     x = np.tile(np.linspace(0, 100, 10), 3)
@@ -517,8 +517,8 @@ def test_gradient_share_is_a_ratio_of_slopes_with_an_inverted_interval():
 def test_held_out_p_values_carry_their_floor_and_a_holm_adjustment():
     """Every p of held_out.csv is a share of random draws: printed beside its floor 1 / (1 + draws),
     and Holm-adjusted over the table's rows with each p taken at least at its floor."""
-    from attnprobe.stats.attention import HELD_OUT_DRAWS
     from attnprobe.stats.held_out import held_out_summary
+    from attnprobe.stats.kinds.attention import HELD_OUT_DRAWS
 
     rng = np.random.default_rng(3)
     heads = pd.DataFrame(
@@ -559,8 +559,8 @@ def test_the_held_out_claim_over_random_splits_can_say_yes_and_no(signal):
     are chosen on one half and confirmed on the other (median p small); without a signal the
     median p is not small. Either outcome is possible, so the check can fail."""
     from attnprobe.schema.analysis import Analysis
-    from attnprobe.stats.attention import HELD_OUT_SPLITS, held_out_splits
     from attnprobe.stats.design import Design
+    from attnprobe.stats.kinds.attention import HELD_OUT_SPLITS, held_out_splits
 
     rng = np.random.default_rng(5)
     n_units, templates = 40, ["t0", "t1", "t2", "t3"]

@@ -20,9 +20,9 @@ import pandas as pd
 from ...errors import AttnprobeError, RunError
 from ...measures import MEASURES, Measure, batch_kinds, paired
 from ...run import RunOptions, run_suite
-from ...run.fresh import own_directory
-from ...run.manifest import Manifest
-from ...run.reader import RunFiles
+from ...run.files.fresh import own_directory
+from ...run.files.manifest import Manifest
+from ...run.files.reader import RunFiles
 from ...suite import load_suite
 from ..saved import load_edit
 

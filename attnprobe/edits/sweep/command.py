@@ -17,10 +17,10 @@ from ...forward.device import on_model_device
 from ...measures.head_effects import SlotSwap, per_value_column
 from ...model import refuse_random
 from ...run.execute import deferred_interrupt
+from ...run.files.layout import content_sha
+from ...run.files.reader import RunFiles
 from ...run.options import RunOptions
 from ...run.phases import Phase, run_phase
-from ...run.reader import RunFiles
-from ...run.storage import content_sha
 from ...stats.edits import STREAM, edit_tables, head_table, quarter_table, stream_table
 from ...store import atomic_write, exclusive, read_chunks, write_parquet, write_table
 from ..analyses.paths import measure_run_paths, write_paths

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...run.fresh import own_directory
+from ...run.files.fresh import own_directory
 from ...stats.edits import STREAM, chosen_layers
 from ...version import __version__
 from ..kinds import KINDS

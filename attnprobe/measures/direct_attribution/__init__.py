@@ -9,7 +9,7 @@ part wrote into the residual there, through the final norm with its scale frozen
 head's part splits further over the classes of its source positions: each named span of the prompt,
 `prediction` (the position itself) and `other`. Rows land in direct_attribution.parquet
 (prompt_id, layer, head, position, value; head -1: not a head; layer -1: embedding, final bias, y
-and the error), one prompt per distinct text before the cut in each chunk; statistics.py gives the
+and the error), one prompt per distinct text before the cut in each chunk; stats.kinds.direct_attribution gives the
 `direct_attribution_shares` table. Direct effects only: what a head writes that later layers read is not
 counted here (path patching is).
 """
@@ -38,6 +38,7 @@ class DirectAttributionMeasure:
 
 class DirectAttribution(PromptsMeasure):
     NAME = "direct_attribution"
+    KEYS = {"direct_attribution": ("cut",)}
     CONTRACT = ("gender", 16)
     CSV = False  # a row per prompt, part and class of positions: Parquet only
     TABLES = ("direct_attribution_shares",)
@@ -46,7 +47,7 @@ class DirectAttribution(PromptsMeasure):
         node = doc.get(self.NAME)
         if node is None:
             return None
-        if not isinstance(node, dict) or set(node) - {"cut"}:
+        if not isinstance(node, dict) or set(node) - set(self.KEYS[self.NAME]):
             ctx.fail(doc, self.NAME, "direct_attribution is a mapping {cut: <a next_token cut>}")
         cut = required_str(ctx, node, "cut")
         cuts = [m.cut for m in scope.declared.get("next_token", ())]
@@ -89,8 +90,8 @@ class DirectAttribution(PromptsMeasure):
 
     def score(self, pm, declared, suite, prompts, batch_size, advance) -> pd.DataFrame:
         from ...model.anatomy import parts_of
+        from ...stats.kinds.direct_attribution import ERROR, TOTAL
         from .compute import attribute
-        from .statistics import ERROR, TOTAL
 
         if parts_of(pm.model) is None:
             raise RunError(
@@ -126,7 +127,9 @@ class DirectAttribution(PromptsMeasure):
         return table.astype({"layer": "int16", "head": "int16", "value": "float32", "position": "category"})
 
     def statistics(self, run, tables: dict) -> dict:
-        from .statistics import direct_attribution  # scipy: not loaded by a suite's parse
+        from ...stats.kinds.direct_attribution import (
+            direct_attribution,  # scipy: not loaded by a suite's parse
+        )
 
         return {
             "direct_attribution_shares": direct_attribution(run) if run.has(self.NAME) else pd.DataFrame()
@@ -136,7 +139,7 @@ class DirectAttribution(PromptsMeasure):
         table = tables.get("direct_attribution_shares")
         if table is None or table.empty:
             return None
-        from .statistics import report_section
+        from ...stats.kinds.direct_attribution import report_section
 
         return report_section(table, run.manifest.entry(self.NAME)["cut"], run.manifest.analysis)
 

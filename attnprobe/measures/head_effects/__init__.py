@@ -36,7 +36,7 @@ from ...forward.estimates import head_effect_seconds, head_effects_text
 from ...intervene.items import Counterfactual, Dropped, PatchItem, Selection
 from ...intervene.selection import select
 from ..base import Measure, Phase
-from .declaration import HeadEffectsMeasure, PairSwap, SlotSwap, parse, plan_sha256, summary
+from .declaration import KEYS, HeadEffectsMeasure, PairSwap, SlotSwap, parse, plan_sha256, summary
 from .designs import per_value_column
 
 __all__ = [
@@ -73,6 +73,7 @@ class HeadEffectsPlan:
 
 class HeadEffects(Measure):
     NAME = "head_effects"
+    KEYS = KEYS
     CONTRACT = ("coref", 16)  # the pair design; the gender suite runs the slot swap
     ARTEFACTS = (*FILES.values(), "head_effects_totals.csv")
     CHUNKS = {
@@ -196,7 +197,7 @@ class HeadEffects(Measure):
         return self.TABLES if run.has(self.NAME) else ()
 
     def statistics(self, run, tables: dict) -> dict:
-        from ...stats.head_effects import head_effects
+        from ...stats.kinds.head_effects import head_effects
 
         return head_effects(run, tables.get("head_stats")) if run.has(self.NAME) else {}
 

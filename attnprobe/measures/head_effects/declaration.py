@@ -33,6 +33,12 @@ from .designs import (
     per_value_column,
 )
 
+SELECTION = ("templates", "max_items", "exact", "select", "held_out")  # which items, which heads exactly
+KEYS = {  # the block's keys: a slot swap's, and counterfactual: pair's
+    "head_effects": ("cut", "counterfactual", "positive", "negative", *SELECTION),
+    "head_effects pair": ("counterfactual", *SELECTION),
+}
+
 HEAD_COLUMNS = ("output_in", "output_out", "pattern_in", "attribution_output", "attribution_pattern")
 LAYER_COLUMNS = ("attention_in", "attention_out", "mlp_in", "mlp_out")
 
@@ -52,21 +58,10 @@ def parse(ctx, doc, slots, template_ids, next_token, analysis, choice=None) -> H
             "head_effects",
             "`head_effects` is a mapping with cut, counterfactual, positive, negative (candidate labels)",
         )
-    allowed = {
-        "cut",
-        "counterfactual",
-        "positive",
-        "negative",
-        "templates",
-        "max_items",
-        "exact",
-        "select",
-        "held_out",
-    }
     hint = (
         "; zero and mean ablation were replaced by patching in both directions" if "ablations" in node else ""
     )
-    ctx.check_keys(node, sorted(allowed), " in head_effects", hint)
+    ctx.check_keys(node, sorted(KEYS["head_effects"]), " in head_effects", hint)
     cut = required_str(ctx, node, "cut")
     if cut not in {m.cut for m in next_token}:
         ctx.fail(
@@ -155,8 +150,7 @@ def _label(ctx, node, key: str, default) -> str:
 def _parse_pair(ctx, doc, node, template_ids, analysis, choice) -> PairSwap:
     """`counterfactual: pair`: x is an item's positive version (pro) and x' its negative one (anti),
     each followed by the referent_choice question; y is the model's referent choice."""
-    allowed = {"counterfactual", "templates", "max_items", "exact", "select", "held_out"}
-    ctx.check_keys(node, sorted(allowed), " in head_effects with counterfactual: pair")
+    ctx.check_keys(node, sorted(KEYS["head_effects pair"]), " in head_effects with counterfactual: pair")
     if not analysis.paired or choice is None:
         ctx.fail(
             node,

@@ -18,10 +18,11 @@ condition: k}.
 
 from __future__ import annotations
 
-from ..errors import SuiteError
+from ...errors import SuiteError
+from ...schema.keys import BLOCKS
 from .formats import named, names
 
-ROLES = ("context", "question", "options", "answer", "target", "unknown", "polarity", "condition")
+ROLES = BLOCKS["choices"]
 
 
 def parse_choices(ctx, item) -> dict | None:
@@ -38,9 +39,8 @@ def parse_choices(ctx, item) -> dict | None:
     )
     if not isinstance(node, dict) or not {"context", "question", "options", "answer"} <= set(node):
         ctx.fail(item, "choices", hint + "question: question, options: [ans0, ans1, ans2], answer: label}")
+    ctx.check_keys(node, ROLES, " in choices")
     for key, value in node.items():
-        if key not in ROLES:
-            ctx.fail(node, key, f"unknown role '{key}' in choices; allowed: {', '.join(ROLES)}")
         ok = isinstance(value, list) and len(value) >= 2 if key == "options" else isinstance(value, str)
         if not ok or (key == "options" and not all(isinstance(v, str) for v in value)):
             ctx.fail(node, key, "`options` lists two or more columns; every other role names one column")

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..schema.analysis import ITEM, TEMPLATE
-from .design import Design, items_table, run_analysis, scopes
-from .inference import bh_qvalues, cluster_mean_test
+from ...schema.analysis import ITEM, TEMPLATE
+from ..design import Design, items_table, run_analysis, scopes
+from ..inference import bh_qvalues, cluster_mean_test
 
 COLUMNS = ["source", "layer", "head"]
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..schema.analysis import ITEM, TEMPLATE, Analysis
-from .design import PER, Design, items_table, paired, run_analysis, scopes
-from .inference import (
+from ...schema.analysis import ITEM, TEMPLATE, Analysis
+from ..design import PER, Design, items_table, paired, run_analysis, scopes
+from ..inference import (
     ALPHA,
     bh_qvalues,
     cluster_mean_test,
@@ -31,7 +31,7 @@ from .inference import (
     power_note,
     split_halves,
 )
-from .placebo import placebo_counts
+from ..placebo import placebo_counts
 
 KEYS = ["source", "target", "layer", "head"]
 SAME = 1e-5  # paired values closer than this everywhere are one value read twice (float32 weights)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import SuiteError
+from ...errors import SuiteError
 from .formats import named, names
 
 WORD = re.compile(r"\S+")

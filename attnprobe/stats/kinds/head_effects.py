@@ -23,10 +23,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..schema.analysis import ITEM, TEMPLATE
-from .design import Design, items_table, run_analysis
-from .effect_checks import attention_agreement, attribution_check, spearman
-from .inference import (
+from ...schema.analysis import ITEM, TEMPLATE
+from ..design import Design, items_table, run_analysis
+from ..effect_checks import attention_agreement, attribution_check, spearman
+from ..inference import (
     ALPHA,
     bh_qvalues,
     cluster_mean_test,

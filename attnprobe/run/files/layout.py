@@ -14,21 +14,17 @@ files, never anything else.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from .. import store
-from ..measures import MEASURES, batch_kinds
-from ..model import ProbeModel
-from ..model.bundled import files_sha256
-from ..store import atomic_write, digest, exclusive, write_table
-from .manifest import Manifest
-from .plan import Encoded
-
-__all__ = ["atomic_write", "digest", "exclusive", "write_table"]  # the run's writes go through store
+from ... import store
+from ...measures import MEASURES, batch_kinds
+from ...model import ProbeModel
+from ...model.bundled import files_sha256
+from ...store import atomic_write, write_table
+from ..plan import Encoded
 
 
 def artefacts() -> tuple[str, ...]:
@@ -140,34 +136,12 @@ def content_sha(module) -> str:
     return sha.hexdigest()
 
 
-def write_manifest(directory: Path, manifest: Manifest) -> None:
-    text = json.dumps(manifest.to_dict(), indent=1)
-    atomic_write(directory / "manifest.json", lambda p: p.write_text(text))
-
-
-def complete_chunks(chunk_dir: Path, n_chunks: int, log, kind: str = "", plan: str | None = None) -> set[int]:
-    """The chunks of phase `kind` (its file prefix) whose markers check out (store.complete_chunks)."""
-    return store.complete_chunks(chunk_dir, n_chunks, log, chunk_files()[kind], kind, plan)
-
-
-def write_chunk(chunk_dir: Path, k: int, tables: dict, kind: str = "", plan: str | None = None) -> None:
-    store.write_chunk(chunk_dir, k, tables, chunk_files()[kind], kind, plan)
-
-
-def read_chunks(directory: Path, n_chunks: int, kind: str) -> dict[str, pd.DataFrame]:
-    return store.read_chunks(directory, n_chunks, chunk_files()[kind], kind)
-
-
 def assemble_phase(directory: Path, kind: str, n_chunks: int, table: str, csv: bool = True) -> None:
     """Join a phase's one-table chunks (`kind`: its file prefix) into the run's table `table` (as
     Parquet, and as CSV unless `csv` is off: a table of millions of rows is Parquet only)."""
-    joined = read_chunks(directory, n_chunks, kind)[chunk_files()[kind][0].removesuffix(".parquet")]
+    files = chunk_files()[kind]
+    joined = store.read_chunks(directory, n_chunks, files, kind)[files[0].removesuffix(".parquet")]
     if csv:
         write_table(directory, table, joined)
     else:
         atomic_write(directory / f"{table}.parquet", lambda p: store.write_parquet(joined, p))
-
-
-def read_manifest(path: Path, check: bool = True) -> Manifest:
-    """An attnprobe manifest (Manifest.read)."""
-    return Manifest.read(path, check)

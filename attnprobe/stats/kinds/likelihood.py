@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..schema.analysis import ITEM
-from .design import Design, items_table, paired, run_analysis
-from .inference import bh_qvalues, cluster_mean_test
+from ...schema.analysis import ITEM
+from ..design import Design, items_table, paired, run_analysis
+from ..inference import bh_qvalues, cluster_mean_test
 
 SCORES = {"sentence": "logprob", "shared words": "logprob_shared"}
 COLUMNS = ["score", "by", "value", "n_items", "share_positive", "ci_low", "ci_high", "p", "mean_d"]

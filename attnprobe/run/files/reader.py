@@ -11,11 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from ..errors import RunError
-from ..measures import MEASURES
-from ..store import read_table
+from ...errors import RunError
+from ...measures import MEASURES
+from ...store import read_table
 from .manifest import Manifest
-from .storage import read_manifest
 
 
 @dataclass(frozen=True)
@@ -28,15 +27,15 @@ class Reopened:
     settings: dict  # the recorded plan's settings
 
     def load_model(self, device: str = "cpu"):
-        from ..model import load_model
+        from ...model import load_model
 
         return load_model(self.model, dtype=self.dtype, device=device)
 
     def plan(self, model, directory: Path, log=lambda message: None):
         """The run's plan rebuilt with its recorded settings, checked against the recorded one (the
         same prompts, tokens and chunks) before anything is measured on it."""
-        from .options import RunOptions
-        from .plan import plan_run
+        from ..options import RunOptions
+        from ..plan import plan_run
 
         keys = ("limit", "batch_size", "chunk_size", "max_batch_tokens", "share_prefixes")
         options = RunOptions(
@@ -63,7 +62,7 @@ class RunFiles:
 
     @cached_property
     def manifest(self) -> Manifest:
-        return read_manifest(self.directory / "manifest.json")
+        return Manifest.read(self.directory / "manifest.json")
 
     def require(self, *dotted: str) -> None:
         """The manifest's fields a reader is about to use (dotted: "suite.sha256"), each set, or one
@@ -74,7 +73,7 @@ class RunFiles:
         """What the run was made from, to work on it again from wherever its directory now is: its
         suite (the run's own copy, else the file the manifest names, with the run's data roots;
         refused if it changed), the model's source and dtype, the recorded plan's settings."""
-        from ..suite import load_suite
+        from ...suite import load_suite
 
         self.require("suite.path", "suite.sha256", "model.spec", "dtype")
         recorded = self.manifest.suite

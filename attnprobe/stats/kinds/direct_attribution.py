@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from ...schema.analysis import ITEM
-from ...stats.design import PER, Design, items_table, run_analysis
-from ...stats.inference import bh_qvalues, cluster_mean_test, cluster_slope_test, slope_ratio_test
+from ..design import PER, Design, items_table, run_analysis
+from ..inference import bh_qvalues, cluster_mean_test, cluster_slope_test, slope_ratio_test
 
 TOTAL, ERROR, MLP = "logit_difference", "error", "mlp"
 SUM = "all"  # the layer and head of a row summed over layers and heads while computing; NA in the table

@@ -1,5 +1,5 @@
 """Starting over in a run directory, and the directories a run writes into: `--fresh` deletes only
-the files attnprobe wrote (storage.artefacts(), storage.derived(), and attnprobe's names inside chunks/
+the files attnprobe wrote (directory.artefacts(), directory.derived(), and attnprobe's names inside chunks/
 and figures/), and chunks/ or figures/ planted as a link or a file are refused. A run keeps a copy of
 its suite and data files (suite/, `copy_suite`), which `attnprobe edit` reopens wherever the run
 directory has moved."""
@@ -12,9 +12,9 @@ import re
 import shutil
 from pathlib import Path
 
-from ..errors import RunError
+from ...errors import RunError
+from .layout import artefacts, chunk_files, derived
 from .manifest import Manifest
-from .storage import artefacts, chunk_files, derived, read_manifest
 
 
 def own_files() -> dict[str, re.Pattern]:
@@ -53,7 +53,7 @@ def prepare_directory(
     path = directory / "manifest.json"
     if not path.is_file():
         return None
-    previous = read_manifest(path, check=resume)  # --fresh may replace a run of another format
+    previous = Manifest.read(path, check=resume)  # --fresh may replace a run of another format
     if resume and previous.fingerprint == expected:
         return previous
     if resume:

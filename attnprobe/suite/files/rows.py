@@ -11,8 +11,8 @@ from pathlib import Path
 
 import regex
 
-from ..errors import SuiteError
-from ..schema.yamllines import file_lines, number_or_text
+from ...errors import SuiteError
+from ...schema.yamllines import file_lines, number_or_text
 
 PATTERN_SECONDS = 1.0  # time budget of a line pattern on one line
 

@@ -8,11 +8,14 @@ import shutil
 import time
 from pathlib import Path
 
-from ..errors import RunError
-from ..measures import MEASURES, batch_kinds
+from ... import store
+from ...errors import RunError
+from ...measures import MEASURES, batch_kinds
+from ...store import exclusive
+from ..plan import fingerprint
 from .fresh import SUITE_COPY, own_directory
-from .plan import fingerprint
-from .storage import chunk_files, complete_chunks, exclusive, read_manifest, write_manifest
+from .layout import chunk_files
+from .manifest import Manifest
 
 
 def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
@@ -26,14 +29,16 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
     if any(out.resolve() == d.resolve() for d in shard_dirs):
         raise RunError(f"{out} is one of the shard directories; merge into a new directory")
     settings = manifests[0].settings
-    if (out / "manifest.json").is_file() and read_manifest(out / "manifest.json").settings != settings:
+    if (out / "manifest.json").is_file() and Manifest.read(out / "manifest.json").settings != settings:
         raise RunError(f"{out} holds a run with other settings; merge into a new directory")
     own_directory(out / "chunks")
     with exclusive(out):
         n_chunks = manifests[0].n_chunks
         for k in range(n_chunks):
             source_dir = by_k[k % n + 1][0] / "chunks"
-            if k not in complete_chunks(source_dir, n_chunks, lambda m: None):
+            if k not in store.complete_chunks(
+                source_dir, n_chunks, lambda m: None, chunk_files()[""], "", None
+            ):
                 raise RunError(
                     f"{source_dir} lacks chunk {k} (or it is damaged); "
                     "rerun that shard's command to finish it"
@@ -58,7 +63,7 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
         shards = [by_k[k] for k in range(1, n + 1)]  # (directory, manifest) in shard order
         for kind in MEASURES.values():  # each measure's own files (a scored phase: shard 1's)
             kind.merge(shards, out, merged)
-        write_manifest(out, merged)
+        merged.write(out)
     return out
 
 
@@ -71,7 +76,7 @@ def _shard_manifests(shard_dirs: list[Path]) -> list:
             raise RunError(
                 f"{d}: no manifest.json; give the directories written by `attnprobe run --shard K/N`"
             )
-        manifests.append(read_manifest(path))
+        manifests.append(Manifest.read(path))
     for d, m in zip(shard_dirs, manifests):
         if not m.shard or m.status != "shard complete":
             raise RunError(

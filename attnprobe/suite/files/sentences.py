@@ -15,33 +15,19 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from ..errors import SuiteError
-from ..schema.yamllines import Seq, number_or_text, required_str
+from ...errors import SuiteError
+from ...schema.keys import BLOCKS
+from ...schema.yamllines import Seq, number_or_text, required_str
+from ..types import Prompt
 from .choices import choice_rows, parse_choices
 from .columns import expand_rows, parse_columns
 from .formats import named
 from .rows import check_pairing, line_reader, read_rows
-from .types import Prompt
 
 MAX_SPANS = 64  # bracketed spans in one sentence: each becomes columns of prompts.csv
 _BRACKET = re.compile(r"\[([^\[\]]+)\]")
 
 
-_ENTRY_KEYS = (
-    "column",
-    "choices",
-    "columns",
-    "file",
-    "files",
-    "id",
-    "lookup",
-    "mark",
-    "numbered",
-    "optional_spans",
-    "pair",
-    "pattern",
-    "spans",
-)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAMED = re.compile(r"([A-Za-z_][A-Za-z0-9_]*):\s+(.+)", re.S)  # [name: words]
 
@@ -53,7 +39,7 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
     for i, item in enumerate(node):
         if not isinstance(item, dict):
             ctx.fail(node, i, "each `sentences` entry is a mapping with `id:`, `file:` and `spans:`")
-        ctx.check_keys(item, list(_ENTRY_KEYS), " in a sentences entry")
+        ctx.check_keys(item, BLOCKS["sentences"], " in a sentences entry")
         set_id = required_str(ctx, item, "id")
         if set_id in template_ids or any(s["id"] == set_id for s in sets):
             ctx.fail(item, "id", f"duplicate id '{set_id}'; template and sentence ids must be unique")

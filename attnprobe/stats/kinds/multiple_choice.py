@@ -27,9 +27,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..schema.analysis import ITEM, TEMPLATE
-from .design import Design, items_table, run_analysis
-from .inference import bh_qvalues, cluster_mean_test, cluster_weights
+from ...schema.analysis import ITEM, TEMPLATE
+from ..design import Design, items_table, run_analysis
+from ..inference import bh_qvalues, cluster_mean_test, cluster_weights
 
 COLUMNS = [
     "by",

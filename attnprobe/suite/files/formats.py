@@ -21,7 +21,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import SuiteError
+from ...errors import SuiteError
 
 
 @dataclass(frozen=True)

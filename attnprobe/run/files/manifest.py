@@ -20,8 +20,9 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import RunError
-from ..version import __version__
+from ...errors import RunError
+from ...store import atomic_write
+from ...version import __version__
 
 FORMAT = 2  # 1: the unnumbered manifests of 0.1 (chunk markers without plans, no scored-continuation chunks)
 
@@ -128,6 +129,11 @@ class Manifest:
         values["suite"] = SuiteRecord(**_typed(SuiteRecord, raw.get("suite") or {}, where, "suite."))
         values["model"] = ModelRecord(**_typed(ModelRecord, raw.get("model") or {}, where, "model."))
         return cls(**values, entries={k: v for k, v in raw.items() if k not in known})
+
+    def write(self, directory: Path) -> None:
+        """manifest.json in `directory`, written atomically."""
+        text = json.dumps(self.to_dict(), indent=1)
+        atomic_write(directory / "manifest.json", lambda p: p.write_text(text))
 
     @classmethod
     def read(cls, path: Path, check: bool = True) -> Manifest:
