@@ -10,8 +10,8 @@ head's part splits further over the classes of its source positions: each named 
 `prediction` (the position itself) and `other`. Rows land in direct_attribution.parquet
 (prompt_id, layer, head, position, value; head -1: not a head; layer -1: embedding, final bias, y
 and the error), one prompt per distinct text before the cut in each chunk;
-stats.kinds.direct_attribution gives the `direct_attribution_shares` table. Direct effects only: what a head writes that later layers read is not
-counted here (path patching is).
+stats.kinds.direct_attribution gives the `direct_attribution_shares` table. Direct effects only:
+what a head writes that later layers read is not counted here (path patching is).
 """
 
 from __future__ import annotations
