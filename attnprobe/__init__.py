@@ -26,9 +26,9 @@ _WHERE = {
         ),
         "errors",
     ),
-    "Captured": "forward.capture",
-    "encode": "forward.capture",
-    "run_with_capture": "forward.capture",
+    "Captured": "attention.capture",
+    "encode": "attention.capture",
+    "run_with_capture": "attention.capture",
     "HeadSet": "heads",
     "DEFAULT_MODEL": "model",
     "ModelInfo": "model",
@@ -59,7 +59,7 @@ def _load() -> None:
     from importlib import import_module
 
     model = import_module(".model", __name__)
-    capture = import_module(".forward.capture", __name__)  # registers the attention function
+    capture = import_module(".attention.capture", __name__)  # registers the attention function
 
     names = {name: getattr(import_module(f".{where}", __name__), name) for name, where in _WHERE.items()}
     globals().update(names, capture=capture, edits=import_module(".edits", __name__))

@@ -223,7 +223,7 @@ def synchronize(device: str) -> None:
 
 def forward_rate(pm, plan, device: str) -> dict:
     """One forward pass of the plan's largest prompt batch, capture on (median of 5 after 2 warm-ups)."""
-    from attnprobe.forward.capture import encode, run_with_capture
+    from attnprobe.attention.capture import encode, run_with_capture
 
     texts = [e.prompt.text for e in plan.encoded]
     batch_size = max(len(b.indices) for chunk in plan.chunks for b in chunk)

@@ -151,7 +151,7 @@ def build_tiny(
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(dtype).eval()
     if attn_implementation == "attnprobe":
-        attnprobe.forward.capture.enable(model)
+        attnprobe.attention.capture.enable(model)
     else:
         model.set_attn_implementation(attn_implementation)
     return model

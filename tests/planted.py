@@ -75,7 +75,7 @@ def planted_model():
         l1.o_proj.weight[COMPUTER_OUT, D] = 1.0
         model.lm_head.weight[SHE, MOVER_OUT] = model.lm_head.weight[SHE, COMPUTER_OUT] = 3.0
         model.lm_head.weight[HE, MOVER_OUT] = model.lm_head.weight[HE, COMPUTER_OUT] = -3.0
-    attnprobe.forward.capture.enable(model)
+    attnprobe.attention.capture.enable(model)
     return model
 
 

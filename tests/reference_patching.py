@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnprobe.forward.capture import AttentionSite, editing, run_with_capture
+from attnprobe.attention.capture import AttentionSite, editing, run_with_capture
 
 MAX_ROWS = 160  # patched variants per forward pass (memory: rows x tokens x model width)
 

@@ -28,8 +28,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from ..attention.capture import model_edit
 from ..errors import AttnprobeError
-from ..forward.capture import model_edit
 from ..heads import HeadSet
 from ..measures.base import Registry
 from ..model import routes_attention

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..forward.capture import editing, picked_logits
+from ..attention.capture import editing, picked_logits
 from ..forward.packing import pack_trie, packed_inputs, sorted_packs
 from ..forward.sharing import prefix_sharing_blocker
 from ..intervene.engine import ROW_TOKENS, Bank, lowest_layer, plan_passes

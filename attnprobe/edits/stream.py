@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..forward.capture import model_edit
+from ..attention.capture import model_edit
 from ..intervene.engine import Bank
 from ..intervene.rerun import ROWS, rerun_logits, rerun_y
 from ..model.anatomy import decoder_layers, module_of

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..attention.capture import ATTN_IMPLEMENTATION, editing, recording
 from ..errors import CaptureError
 from ..model import ProbeModel
 from ..model.anatomy import attention_modules, module_of, window_of
 from ..model.footprint import available_memory
-from .capture import ATTN_IMPLEMENTATION, editing, recording
 
 CHUNK_TOKENS = 1024  # positions per forward of the prefill
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .capture import Captured, picked_logits, recording
+from ..attention.capture import Captured, picked_logits, recording
 
 PACK_TOKENS = 64  # a pack grows to this many distinct tokens, or twice its first sequence if longer
 

@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..attention.capture import run_with_capture
 from ..errors import SuiteError
-from .capture import run_with_capture
 from .packing import distinct_tokens, pad_right, run_with_shared_prefixes, sorted_packs
 from .sharing import prefix_sharing_blocker
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..attention.capture import editing, expand_kv, picked_logits, run_with_capture
 from ..defaults import ROW_TOKENS
-from ..forward.capture import editing, expand_kv, picked_logits, run_with_capture
 from ..forward.packing import pad_right
 from ..forward.sharing import prefix_sharing_blocker
 from ..model.anatomy import decoder_layers, mlp_modules, module_of

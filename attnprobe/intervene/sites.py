@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..forward.capture import AttentionSite
+from ..attention.capture import AttentionSite
 
 
 def behaviour_rows(logits: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:

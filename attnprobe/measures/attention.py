@@ -284,7 +284,7 @@ def example_attention(pm, encoded: list, contrast: str | None, n_items: int = 2)
     every variant of the first item of the first and of the last template."""
     import torch
 
-    from ..forward.capture import run_with_capture
+    from ..attention.capture import run_with_capture
     from ..forward.packing import pad_right
 
     templates = list(dict.fromkeys(e.prompt.template_id for e in encoded))

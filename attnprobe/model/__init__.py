@@ -114,7 +114,7 @@ def load_model(
 
     With `capture=True` (default) the model's attention is switched to attnprobe's registered
     function (or to eager attention for families that bypass the interface) so that
-    `attnprobe.forward.capture` can record weights. Pickled checkpoints are refused unless
+    `attnprobe.attention.capture` can record weights. Pickled checkpoints are refused unless
     `allow_pickle`; remote code runs only when `trust_remote_code` is set.
     `device_map="auto"` spreads a model too large for one device over the devices accelerate finds.
     """
@@ -324,7 +324,7 @@ def head_shape(config) -> tuple[int, int, int]:
 
 
 def _wrap(model, tokenizer, spec, name, source_sha, capture) -> ProbeModel:
-    from ..forward import capture as capture_module
+    from ..attention import capture as capture_module
 
     if tokenizer is not None:
         right_padded(tokenizer)

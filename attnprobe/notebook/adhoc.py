@@ -14,8 +14,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
+from ..attention.capture import run_with_capture
 from ..errors import AnalysisError, SuiteError
-from ..forward.capture import run_with_capture
 from ..forward.longdoc import CHUNK_TOKENS, read_rows
 from ..forward.packing import pad_right
 from ..model import ProbeModel, load_model

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from html import escape
 
+from ..attention.capture import run_with_capture
 from ..errors import AttnprobeError
-from ..forward.capture import run_with_capture
 from .adhoc import model_of
 
 MAX_TOKENS = 256  # bertviz's views become unreadable (and slow) beyond a few hundred tokens

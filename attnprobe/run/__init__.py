@@ -11,8 +11,8 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from ..attention.capture import active_model_edit
 from ..errors import RunError
-from ..forward.capture import active_model_edit
 from ..forward.device import on_model_device
 from ..measures import batch_kinds
 from ..model import ProbeModel, load_model

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 from contextlib import contextmanager
 
-from ..forward.capture import run_with_capture
+from ..attention.capture import run_with_capture
 from ..forward.packing import pad_right, run_with_shared_prefixes
 from ..measures import batch_kinds
 from ..model import ProbeModel

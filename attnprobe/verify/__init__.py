@@ -20,8 +20,8 @@ from importlib.resources import files
 import pandas as pd
 import torch
 
+from ..attention.capture import ATTN_IMPLEMENTATION, encode, run_with_capture
 from ..errors import UnsupportedFamily
-from ..forward.capture import ATTN_IMPLEMENTATION, encode, run_with_capture
 from ..model import ProbeModel, load_model
 from ..model.anatomy import attention_modules
 from . import reference as ref

@@ -24,8 +24,8 @@ import sys
 import pandas as pd
 import torch
 
+from ..attention.capture import ATTN_IMPLEMENTATION, attention_weights, editing, rows_of_mask
 from ..errors import UnsupportedFamily
-from ..forward.capture import ATTN_IMPLEMENTATION, attention_weights, editing, rows_of_mask
 from ..forward.longdoc import check_fits
 from ..model import ProbeModel, load_model, load_tokenizer
 from ..model.anatomy import attention_modules

@@ -4,8 +4,8 @@ import pytest
 import torch
 from conftest import INTERFACE_FAMILIES, TINY_CONFIGS, build_tiny, eager_twin, padded_batch
 
+from attnprobe.attention.capture import run_with_capture
 from attnprobe.errors import CaptureError
-from attnprobe.forward.capture import run_with_capture
 
 # fp32 eager vs our float32 recomputation differ only by matmul summation order (~1e-7).
 TOL = 1e-5
@@ -84,7 +84,7 @@ def test_bfloat16_model_records_float32_weights():
 
 def test_weights_stay_float32_under_autocast():
     """Under torch.autocast the q.k products of the recorded rows still run in float32."""
-    from attnprobe.forward.capture import attention_weights
+    from attnprobe.attention.capture import attention_weights
 
     generator = torch.Generator().manual_seed(0)
     query, key = (

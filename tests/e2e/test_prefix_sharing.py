@@ -10,7 +10,7 @@ from conftest import INTERFACE_FAMILIES, TINY_CONFIGS, VOCAB
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import attnprobe
-from attnprobe.forward.capture import run_with_capture
+from attnprobe.attention.capture import run_with_capture
 from attnprobe.forward.packing import pack_trie, pad_right, run_with_shared_prefixes
 from attnprobe.forward.sharing import prefix_sharing_blocker
 from attnprobe.run.plan import Batch, Encoded, plan_batches, plan_chunks, plan_sha256, sharing_summary
@@ -43,7 +43,7 @@ def _tiny(name: str, dtype) -> torch.nn.Module:
         config.sliding_window = 64
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).to(dtype).eval()
-    attnprobe.forward.capture.enable(model)
+    attnprobe.attention.capture.enable(model)
     return model
 
 

@@ -79,7 +79,7 @@ def test_a_wrong_reference_fails(family, break_it, monkeypatch, tiny_tokenizer):
 
 def test_a_wrong_capture_fails(monkeypatch, tiny_tokenizer):
     """A bug in the capture path (here: weights recorded for the wrong row) shows in its column."""
-    from attnprobe.forward import capture
+    from attnprobe.attention import capture
 
     original = capture.attention_weights
     monkeypatch.setattr(capture, "attention_weights", lambda q, *a, **k: original(q.roll(1, dims=2), *a, **k))

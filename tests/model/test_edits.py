@@ -11,11 +11,11 @@ from click.testing import CliRunner
 from conftest import edit_suite
 
 import attnprobe
+from attnprobe.attention.capture import editing
 from attnprobe.cli import main
 from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, parse_heads
 from attnprobe.edits.estimate import covariate_directions, token_means, token_sample
 from attnprobe.edits.kinds import RowEditor
-from attnprobe.forward.capture import editing
 from attnprobe.heads import HeadSet
 from attnprobe.intervene.engine import record
 

@@ -44,7 +44,7 @@ def _eager_rows(pm, ids, rows) -> dict[int, torch.Tensor]:
         with torch.no_grad():
             out = pm.model(input_ids=ids[None], output_attentions=True, use_cache=False)
     finally:
-        attnprobe.forward.capture.enable(pm.model)
+        attnprobe.attention.capture.enable(pm.model)
     return {layer: w[0][:, rows] for layer, w in enumerate(out.attentions)}  # (H, R, T)
 
 

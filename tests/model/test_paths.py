@@ -34,7 +34,7 @@ def _llama(kv: int = 4, seed: int = 0):
     config.bos_token_id = config.eos_token_id = config.pad_token_id = 0
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
-    attnprobe.forward.capture.enable(model)
+    attnprobe.attention.capture.enable(model)
     return model
 
 

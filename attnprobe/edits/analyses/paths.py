@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ...forward.capture import editing
+from ...attention.capture import editing
 from ...heads import HeadSet
 from ...intervene.engine import Bank, HeadPatch, aligned
 from ...intervene.rerun import ROWS, rerun_y

@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ...attention.capture import editing
 from ...errors import RunError
-from ...forward.capture import editing
 from ...heads import HeadSet
 from ...intervene.engine import Bank
 from ...intervene.rerun import ROWS, rerun_y

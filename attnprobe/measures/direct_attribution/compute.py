@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...forward.capture import editing
+from ...attention.capture import editing
 from ...forward.packing import pad_right
 from ...model.anatomy import parts_of
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...forward.capture import editing, picked_logits
+from ...attention.capture import editing, picked_logits
 from ...intervene.engine import Bank
 from ...intervene.sites import Gradients, behaviour_rows, mlp_outputs
 from ...model.anatomy import mlp_modules, module_of

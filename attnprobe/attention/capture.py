@@ -336,7 +336,7 @@ def run_with_capture(
     else:
         raise CaptureError(
             f"model attention is '{implementation}'; load it with attnprobe.load_model or call "
-            "attnprobe.forward.capture.enable(model)"
+            "attnprobe.attention.capture.enable(model)"
         )
     all_rows = torch.arange(T).expand(B, T) if rows is None else rows
     if logit_picks is not None:
