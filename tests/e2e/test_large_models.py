@@ -94,7 +94,7 @@ def test_the_1b_shape_runs_the_gender_suite_end_to_end_on_cpu(tmp_path):
     9 min on 2 cores; the GPU benchmark times them); the report says the weights were random, and
     `edit` refuses the run."""
     out = tmp_path / "r"
-    args = ["run", str(REPO / "probes" / "gender.yaml"), "--model", "random:llama-3.2-1b", "--limit", "30"]
+    args = ["run", str(REPO / "probes" / "gender.yaml"), "--model", "random:llama-3.2-1b", "--limit", "12"]
     args += ["--no-head-effects"]
     result = subprocess.run(
         [sys.executable, "-m", "attnprobe", *args, "--out", str(out)], capture_output=True, text=True

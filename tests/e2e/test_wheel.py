@@ -1,6 +1,7 @@
 """A built wheel, installed (not editable) into a fresh virtual environment, runs `attnprobe run`
-and `attnprobe edit` on the bundled model: the package data it needs (report templates, edit
-openings, verify texts) ships in the wheel, and nothing reads files beside the package."""
+and `attnprobe edit` (on a tiny model: the package is what is tested) and `attnprobe verify` on the
+bundled model: the package data they need (report templates, edit openings, verify texts) ships in
+the wheel, and nothing reads files beside the package."""
 
 import importlib.util
 import shutil
@@ -27,7 +28,7 @@ def _fresh_venv(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_a_built_wheel_runs_and_edits_in_a_fresh_venv(tmp_path):
+def test_a_built_wheel_runs_and_edits_in_a_fresh_venv(tmp_path, tiny_llama_dir):
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
     source = tmp_path / "source"  # built from a copy: setuptools writes build/ beside what it builds
     shutil.copytree(REPO / "attnprobe", source / "attnprobe", ignore=shutil.ignore_patterns("__pycache__"))
@@ -74,8 +75,10 @@ def test_a_built_wheel_runs_and_edits_in_a_fresh_venv(tmp_path):
 import importlib.util, sys
 assert importlib.util.find_spec("attnprobe").origin.startswith({str(site)!r}), "not the wheel's attnprobe"
 from attnprobe.cli import main
-for args in (["run", "gender.yaml", "--limit", "8", "--out", "out", "--no-progress"],
-             ["edit", "out", "--kinds", "zero", "--k", "1", "--draws", "2", "--alone", "0"]):
+for args in (["run", "gender.yaml", "--model", {str(tiny_llama_dir)!r}, "--limit", "24", "--out", "out",
+              "--no-progress"],
+             ["edit", "out", "--kinds", "zero", "--k", "1", "--draws", "2", "--alone", "0"],
+             ["verify", "--model", "smollm2-135m"]):
     try:
         main(args, standalone_mode=False)
     except SystemExit as stop:
