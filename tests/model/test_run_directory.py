@@ -218,9 +218,19 @@ def _edit(run):
 
     from attnprobe.cli import main
 
+    from attnprobe.stats.edits import edit_tables
+
     args = ["edit", str(run), "--kinds", "zero", "--k", "1", "--draws", "2", "--alone", "0"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
+    # with no head alone, the item file still types its numbers (it held strings), and the edits
+    # table recomputes from it alone
+    raw = pd.read_parquet(run / "edits_items.parquet")
+    assert all(pd.api.types.is_numeric_dtype(raw[c]) for c in ("k", "draw", "index", "y", "kl", "loss"))
+    again, _ = edit_tables(raw[raw["kind"].isin(["none", "zero"])], 2)  # 2 heads per layer
+    pd.testing.assert_frame_equal(
+        again.drop(columns="note"), pd.read_parquet(run / "edits.parquet")[again.columns.drop("note")]
+    )
     return run
 
 

@@ -196,7 +196,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         if options.paths:
             measure = lambda: measure_run_paths(model, inputs, word, scores, quarter_scores, listed, H, log)
             paths = part("paths", measure, described=False)
-    raw = pd.concat(frames, ignore_index=True)
+    raw = pd.concat([f for f in frames if len(f)], ignore_index=True)  # an empty part would untype columns
     summary, stream = _write_sweep(directory, raw, options, H, word, started)
     if options.trace:
         atomic_write(directory / "tracing_items.parquet", lambda p: write_parquet(traced, p))
