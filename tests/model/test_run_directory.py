@@ -217,7 +217,6 @@ def _edit(run):
     from click.testing import CliRunner
 
     from attnprobe.cli import main
-
     from attnprobe.stats.edits import edit_tables
 
     args = ["edit", str(run), "--kinds", "zero", "--k", "1", "--draws", "2", "--alone", "0"]
