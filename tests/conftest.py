@@ -394,7 +394,12 @@ def edit_suite(tmp_path):
           negative: male
           clusters: [occupation, template]
           covariate: occupation.bls_pct_female
-        control: {file: definitional.tsv, words: {female: " she", male: " he"}}
+        control:
+          file: definitional.tsv
+          words: {female: " she", male: " he"}
+          pair: pair
+          set: set
+          fit: nouns
         head_effects:
           cut: pronoun
           positive: female

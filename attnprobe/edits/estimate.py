@@ -73,13 +73,27 @@ def covariate_directions(last: torch.Tensor, x: np.ndarray) -> torch.Tensor:
     return torch.where(norm > 0, slope / norm.clamp(min=1e-12), torch.zeros_like(slope))
 
 
-def control_halves(sign: np.ndarray) -> np.ndarray:
-    """0/1 per control prompt, alternating within each label so both halves hold both labels equally:
-    half 0 fits the definitional directions, half 1 is where the sweep also reports the gap kept."""
-    half = np.zeros(len(sign), dtype=int)
+def control_halves(sign: np.ndarray, pairs=(), fitted=None) -> np.ndarray:
+    """Per control prompt: 0 or 1, the cross-fitting half of the prompts a keep constraint may be
+    fitted on (`fitted`, default all), or 2 for prompts no fit uses. With `pairs` (the word pair of
+    each prompt) a pair's prompts share a half, the pairs alternating in file order: a constraint
+    fitted on one half is judged on words it never saw. Without pairs the prompts alternate within
+    each label."""
+    fitted = np.ones(len(sign), bool) if fitted is None else np.asarray(fitted, bool)
+    half = np.full(len(sign), 2)
+    if len(pairs):
+        order = {pair: i % 2 for i, pair in enumerate(dict.fromkeys(np.asarray(pairs)[fitted]))}
+        half[fitted] = [order[pair] for pair in np.asarray(pairs)[fitted]]
+        return half
     for label in np.unique(sign):
-        half[np.flatnonzero(sign == label)[1::2]] = 1
+        rows = np.flatnonzero((sign == label) & fitted)
+        half[rows] = np.arange(len(rows)) % 2
     return half
+
+
+def swapped_halves(half: np.ndarray) -> np.ndarray:
+    """The halves with 0 and 1 exchanged (2 kept): the inputs of the edit fitted on the other half."""
+    return np.where(half == 2, 2, 1 - half)
 
 
 def definitional_directions(last: torch.Tensor, sign: np.ndarray) -> torch.Tensor:

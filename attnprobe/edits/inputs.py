@@ -39,7 +39,9 @@ class Inputs:
     reference_fold: np.ndarray  # fold of each reference sequence
     control: Bank
     control_sign: np.ndarray  # +1 where the positive label is right, -1 where the negative is
-    control_half: np.ndarray  # 0: fits definitional directions, 1: held out (estimate.control_halves)
+    control_half: np.ndarray  # 0: fits definitional directions, 1: the other half, 2: never fitted
+    control_set: np.ndarray  # per control prompt, its set ("" without a set column)
+    control_pair: np.ndarray  # per control prompt, its word pair ("" without a pair column)
     texts: Bank
     text_is_user: np.ndarray  # (n texts,) True for pieces of --text
     clean_logp: list[torch.Tensor]
@@ -85,7 +87,9 @@ def record_inputs(
         reference_fold=np.array([fold_of[i.item_id] for i, _ in with_reference]),
         control=record(model, control_ids),
         control_sign=sign,
-        control_half=control_halves(sign),
+        control_half=control_halves(sign, control.pairs, control.fitted()),
+        control_set=np.array(control.sets or [""] * len(control_ids), dtype=object),
+        control_pair=np.array(control.pairs or [""] * len(control_ids), dtype=object),
         texts=text_bank,
         text_is_user=np.arange(len(generated) + len(pieces)) >= len(generated),
         clean_logp=clean_logp(model, text_bank),

@@ -22,7 +22,7 @@ so no item tests a layer chosen on its own outcome.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import numpy as np
@@ -34,7 +34,7 @@ from ..intervene.engine import Bank
 from ..intervene.rerun import ROWS, rerun_logits, rerun_y
 from ..model.anatomy import decoder_layers, module_of
 from ..stats.edits import STREAM as NAME
-from .estimate import definitional_directions, erasers
+from .estimate import definitional_directions, erasers, swapped_halves
 from .passes import raw_rows, text_costs
 
 PARAMETERS = ("along", "functional", "mean")
@@ -168,15 +168,28 @@ def stream_text_costs(module, bank: Bank, clean_logp, edit: StreamEdit) -> tuple
 
 def _quarter_edits(inputs, layer: int) -> StreamEdit:
     """Per item the parameters of its quarter's eraser (fitted on the quarter's training quarters)."""
-    fitted = [StreamEdit.fit(inputs, layer, inputs.training(f)) for f in range(4)]
-    which = torch.as_tensor(inputs.fold)
+    return _per_row([StreamEdit.fit(inputs, layer, inputs.training(f)) for f in range(4)], inputs.fold)
+
+
+def _crossed_edits(inputs, layer: int) -> StreamEdit:
+    """Per control prompt the all-items eraser whose keep constraint was fitted on the other half of
+    the control's words (a prompt no fit used: the one fitted on half 0)."""
+    swapped = replace(inputs, control_half=swapped_halves(inputs.control_half))
+    fitted = [StreamEdit.fit(inputs, layer, np.arange(4)), StreamEdit.fit(swapped, layer, np.arange(4))]
+    return _per_row(fitted, (inputs.control_half == 0).astype(int))
+
+
+def _per_row(fitted: list[StreamEdit], which) -> StreamEdit:
+    """One edit with per-row parameters: row n's are those of fitted[which[n]]."""
+    which = torch.as_tensor(which)
     stacked = [torch.stack([getattr(e, name) for e in fitted])[which] for name in PARAMETERS]
-    return StreamEdit(layer, *stacked)
+    return StreamEdit(fitted[0].layer, *stacked)
 
 
 def measure_stream(model, inputs, log=lambda m: None) -> pd.DataFrame:
     """Raw values (as sweep.measure_kind's; kind "stream", k = layer) of the stream erased at every
-    layer: bias on every item (its quarter's eraser), control and texts (the all-items eraser)."""
+    layer: bias on every item (its quarter's eraser), texts (the all-items eraser) and control prompts
+    (the all-items eraser cross-fitted by word: _crossed_edits)."""
     module = model.model
     frames = []
     for layer in range(model.info.n_layers):
@@ -184,7 +197,9 @@ def measure_stream(model, inputs, log=lambda m: None) -> pd.DataFrame:
         everywhere = StreamEdit.fit(inputs, layer, np.arange(4))
         n, m = len(inputs.items), len(inputs.control.lengths)
         y = stream_behaviour(module, inputs.bank, quarters, inputs.labels)
-        y_control = stream_behaviour(module, inputs.control, everywhere, inputs.control_labels)
+        y_control = stream_behaviour(
+            module, inputs.control, _crossed_edits(inputs, layer), inputs.control_labels
+        )
         kl, loss = stream_text_costs(module, inputs.texts, inputs.clean_logp, everywhere)
         frames += [
             raw_rows("bias", [(layer, -1, i) for i in range(n)], y=y),

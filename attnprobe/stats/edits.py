@@ -7,14 +7,16 @@ per edit kind and k, on the head-effects items (clusters: unit x template, two-w
 - chance: the share removed on the sampled items by the found heads against `draws` random head
   sets of the same layers: the random mean and 95th percentile, the found heads' percentile among
   the draws (share of draws removing less), and p = (1 + #random >= found) / (1 + draws);
-- control: on the definitional prompts, the share whose y has the label's sign (raw, and after
-  removing the mean shift the edit adds to every prompt, which alone can move a sign count) and the
-  mean y toward the label, before and after; the definitional gap kept (mean y toward the label
-  after / before: offset-free, as the labels are balanced) with a CI (linearised ratio, prompts as
-  units);
-- specificity: the share of the gradient removed minus the share of the definitional gap removed,
-  positive when an edit removes more stereotype than gender (CI half-width: the two independent
-  half-widths combined in quadrature);
+- control: on the definitional prompts an edit may fit its keep constraint on, each edited by the
+  edit fitted on the other half of the words (held out by word), the share whose y has the label's
+  sign (raw, and after removing the mean shift the edit adds to every prompt, which alone can move a
+  sign count), the mean y toward the label before and after, the definitional gap kept (mean y
+  toward the label after / before: offset-free, as the labels are balanced; Fieller CI, word pairs as
+  units) and the offset (the mean shift, nats toward the positive label); the same for each set no
+  fit used (control_<set>_...: names, a new frame);
+- specificity: the share of the gradient removed minus |1 - gap kept| (a gap amplified is as far
+  from kept as one removed), positive when an edit removes more stereotype than it moves gender (CI
+  half-width: the two half-widths in quadrature, estimated on disjoint prompts);
 - cost: mean KL(original || edited) per generated text, and the change of the mean log-loss of
   the user's text (with --text).
 """
@@ -70,8 +72,7 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
         row = {"kind": kind, "k": k, "heads": group["heads"].iloc[0], "heads_all": group["heads_all"].iloc[0]}
         row["n_items"] = len(base.items)
         row.update(_gradients(base, after))
-        held = base.control0["half"].to_numpy() == 1 if "half" in base.control0 else None
-        row.update(_control(raw, kind, k, -1, base.control0["y"].to_numpy(), base.sign, held))
+        row.update(_control(raw, kind, k, -1, base.control0))
         row.update(_specificity(row))
         row.update(_costs(raw, kind, k, -1, base.loss0, base.user))
         against, drawn = _against_random(raw, base, kind, k, group, after)
@@ -234,38 +235,53 @@ def _removed(x, before, after, index, sampled) -> float:
     return 1 - _slope(x[on], after[on]) / _slope(x[on], before[on])
 
 
-def _control(raw, kind, k, draw, y0, sign, held=None) -> dict:
-    """The control before and after; with `held` (the prompts of the half no edit was fitted on),
-    the gap kept there too."""
+def _control(raw, kind, k, draw, control0: pd.DataFrame) -> dict:
+    """The control before and after. The prompts a keep constraint may be fitted on (half 0 or 1) were
+    each edited with the constraint fitted on the other half's words (cross-fitted), so their gap kept
+    is held out by word; each other set (never fitted: names, a new frame) gets its own columns.
+    Clusters: the word pair where the control names one, else each prompt."""
     rows = raw[(raw["target"] == "control") & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == draw)]
-    y1 = rows.set_index("index")["y"].sort_index().to_numpy()
-    kept = ratio_test(sign * y1, sign * y0, np.ones(len(y0)), [np.arange(len(y0))])
-    out = {}
-    if held is not None and held.any():
-        h = ratio_test(
-            sign[held] * y1[held], sign[held] * y0[held], np.ones(held.sum()), [np.arange(held.sum())]
-        )
-        out = {
-            "definitional_gap_kept_held_out": float(h["ratio"][0]),
-            "definitional_gap_kept_held_out_ci_low": float(h["ci_low"][0]),
-            "definitional_gap_kept_held_out_ci_high": float(h["ci_high"][0]),
-        }
-    return out | {
-        "definitional_accuracy_before": float((np.sign(y0) == sign).mean()),
-        "definitional_accuracy_after": float((np.sign(y1) == sign).mean()),
-        "definitional_accuracy_after_centred": float((np.sign(y1 - (y1 - y0).mean()) == sign).mean()),
-        "definitional_logodds_before": float((sign * y0).mean()),
-        "definitional_logodds_after": float((sign * y1).mean()),
-        "definitional_gap_kept": float(kept["ratio"][0]),
-        "definitional_gap_kept_ci_low": float(kept["ci_low"][0]),
-        "definitional_gap_kept_ci_high": float(kept["ci_high"][0]),
+    y1 = rows.set_index("index")["y"].reindex(control0.index).to_numpy()
+    y0, sign = control0["y"].to_numpy(), control0["sign"].to_numpy()
+    half = control0["half"].to_numpy() if "half" in control0 else np.zeros(len(y0))
+    sets = control0["set"].fillna("").to_numpy() if "set" in control0 else np.full(len(y0), "")
+    pairs = control0["pair"].fillna("").astype(str) if "pair" in control0 else pd.Series("", control0.index)
+    units = pd.factorize(pairs if (pairs != "").all() else control0.index)[0]
+    out = _control_set(y0, y1, sign, units, half != 2, "definitional")
+    for name in dict.fromkeys(sets[half == 2]):
+        out |= _control_set(y0, y1, sign, units, (half == 2) & (sets == name), f"control_{name}")
+    return out
+
+
+def _control_set(y0, y1, sign, units, rows, prefix: str) -> dict:
+    """One set's columns: accuracy (the share of prompts whose y has the label's sign: raw, and after
+    removing the edit's mean shift, which alone moves a sign count), the mean log-odds toward the
+    label, the gap kept (after / before: offset-free, as the labels are balanced; Fieller CI) and the
+    offset (mean y after - before, nats toward the positive label, with CI)."""
+    y0, y1, sign, units = y0[rows], y1[rows], sign[rows], [pd.factorize(units[rows])[0]]
+    w = np.ones(len(y0))
+    kept = ratio_test(sign * y1, sign * y0, w, units)
+    offset = cluster_mean_test(y1 - y0, w, units)
+    return {
+        f"{prefix}_accuracy_before": float((np.sign(y0) == sign).mean()),
+        f"{prefix}_accuracy_after": float((np.sign(y1) == sign).mean()),
+        f"{prefix}_accuracy_after_centred": float((np.sign(y1 - (y1 - y0).mean()) == sign).mean()),
+        f"{prefix}_logodds_before": float((sign * y0).mean()),
+        f"{prefix}_logodds_after": float((sign * y1).mean()),
+        f"{prefix}_gap_kept": float(kept["ratio"][0]),
+        f"{prefix}_gap_kept_ci_low": float(kept["ci_low"][0]),
+        f"{prefix}_gap_kept_ci_high": float(kept["ci_high"][0]),
+        f"{prefix}_offset": float(offset["mean"][0]),
+        f"{prefix}_offset_ci_low": float(offset["ci_low"][0]),
+        f"{prefix}_offset_ci_high": float(offset["ci_high"][0]),
     }
 
 
 def _specificity(row: dict) -> dict:
-    """Gradient share removed minus definitional gap share removed, with its CI half-width from the
-    two independent half-widths in quadrature."""
-    spec = row["gradient_removed"] - (1 - row["definitional_gap_kept"])
+    """Gradient share removed minus how far the definitional gap moved either way, |1 - gap kept| (an
+    amplified gap is damage too), with its CI half-width from the two half-widths in quadrature (the
+    two are estimated on disjoint prompts: the items and the control)."""
+    spec = row["gradient_removed"] - abs(1 - row["definitional_gap_kept"])
     half = np.hypot(
         (row["gradient_removed_ci_high"] - row["gradient_removed_ci_low"]) / 2,
         (row["definitional_gap_kept_ci_high"] - row["definitional_gap_kept_ci_low"]) / 2,
@@ -316,7 +332,7 @@ def chosen_layers(raw: pd.DataFrame, per_layer: pd.DataFrame) -> dict:
     """quarter -> layer, and "all" -> layer: among the layers whose all-items eraser keeps at least
     GAP_KEPT of the definitional gap with KL at most KL_MAX, the one removing the largest share of
     the gradient on the items outside the quarter ("all": on every item); where no layer qualifies,
-    the one with the largest specificity there (share removed - gap share removed)."""
+    the one with the largest specificity there (share removed - |1 - gap kept|)."""
     items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index").sort_index()
     after = raw[(raw["target"] == "bias") & (raw["kind"] == STREAM)]
     after = after.pivot(index="index", columns="k", values="y").reindex(items.index)
@@ -329,6 +345,8 @@ def chosen_layers(raw: pd.DataFrame, per_layer: pd.DataFrame) -> dict:
         removed = pd.Series(
             {k: 1 - _slope(x[on], after[k].to_numpy()[on]) / _slope(x[on], before[on]) for k in after.columns}
         )
-        score = removed[ok[removed.index]] if ok.any() else removed - (1 - layers["definitional_gap_kept"])
+        score = (
+            removed[ok[removed.index]] if ok.any() else removed - (1 - layers["definitional_gap_kept"]).abs()
+        )
         out[f if f == "all" else int(f)] = int(score.idxmax())
     return out

@@ -7,9 +7,14 @@ right. Declared in the suite, so nothing about a particular contrast lives in co
       words: {female: " she", male: " he"}  # the next word each label of the contrast expects
       prompt: prompt                       # column names (these are the defaults)
       label: label
+      pair: pair                           # optional: the word pair of each row (king/queen)
+      set: set                             # optional: which set each row belongs to
+      fit: nouns                           # the set edits may fit a keep constraint on (default: all)
 
 Every label must be one of `words`, and `words` names exactly the contrast's two labels (the
-analysis's positive and negative).
+analysis's positive and negative). An edit that keeps the control's direction fits it on half of
+the `fit` set's pairs and is judged on the other half (cross-fitted: held out by word, not by
+frame); the other sets (names, a frame no fit used) are never fitted and are reported each on its own.
 """
 
 from __future__ import annotations
@@ -29,6 +34,13 @@ class Control:
     labels: tuple[str, ...]
     words: tuple[tuple[str, str], ...]  # (label, word) pairs
     origin: str
+    pairs: tuple[str, ...] = ()  # per prompt, its word pair ("" without a pair column)
+    sets: tuple[str, ...] = ()  # per prompt, its set ("" without a set column)
+    fit: str | None = None  # the set a keep constraint may be fitted on (None: every prompt)
+
+    def fitted(self) -> tuple[bool, ...]:
+        """Per prompt: whether it is of the set a keep constraint may be fitted on."""
+        return tuple(self.fit is None or s == self.fit for s in self.sets or [""] * len(self.prompts))
 
     def word(self, label: str) -> str:
         return dict(self.words)[label]
@@ -45,6 +57,44 @@ def parse_control(ctx, doc, analysis) -> Control | None:
     )
     if not isinstance(node, dict) or not {"file", "words"} <= set(node) or set(node) - set(KEYS):
         ctx.fail(doc, "control", hint)
+    words = _words(ctx, node, analysis, hint)
+    columns = (str(node.get("prompt", "prompt")), str(node.get("label", "label")))
+    extra = {key: str(node[key]) for key in ("pair", "set") if key in node}  # optional columns
+    path, text = ctx.read_data(node, "file", str(node["file"]))
+    if path.suffix not in (".tsv", ".tab", ".csv"):
+        ctx.fail(node, "file", "the control file is a TSV or CSV with a prompt and a label column")
+    rows = delimited_rows(path, text, needed=(*columns, *extra.values()))
+    if not rows:
+        ctx.fail(node, "file", f"{path.name} holds no control prompts")
+    for number, record in rows:
+        if record[columns[1]] not in words:
+            raise SuiteError(
+                f"{path}:{number}: label {record[columns[1]]!r} is none of the control's words "
+                f"({', '.join(words)}); fix the row or the `words`"
+            )
+        if not record[columns[0]].strip():
+            raise SuiteError(f"{path}:{number}: the prompt is empty; fill it or drop the row")
+    column = lambda key: tuple(str(r[extra[key]]) for _, r in rows) if key in extra else ()
+    sets, fit = column("set"), node.get("fit")
+    if fit is not None and str(fit) not in sets:
+        ctx.fail(
+            node,
+            "fit",
+            f"`fit` names a value of the `set` column ({', '.join(dict.fromkeys(sets)) or 'none'})",
+        )
+    return Control(
+        prompts=tuple(r[columns[0]] for _, r in rows),
+        labels=tuple(r[columns[1]] for _, r in rows),
+        words=tuple(words.items()),
+        origin=str(path),
+        pairs=column("pair"),
+        sets=sets,
+        fit=None if fit is None else str(fit),
+    )
+
+
+def _words(ctx, node, analysis, hint: str) -> dict[str, str]:
+    """`words`: the contrast's two labels, each with the next word it expects."""
     words = node["words"]
     if (
         not isinstance(words, dict)
@@ -62,24 +112,4 @@ def parse_control(ctx, doc, analysis) -> Control | None:
             f"`words` must name the contrast's labels {analysis.positive} and {analysis.negative} "
             f"(found {', '.join(words)})",
         )
-    columns = (str(node.get("prompt", "prompt")), str(node.get("label", "label")))
-    path, text = ctx.read_data(node, "file", str(node["file"]))
-    if path.suffix not in (".tsv", ".tab", ".csv"):
-        ctx.fail(node, "file", "the control file is a TSV or CSV with a prompt and a label column")
-    rows = delimited_rows(path, text, needed=columns)
-    if not rows:
-        ctx.fail(node, "file", f"{path.name} holds no control prompts")
-    for number, record in rows:
-        if record[columns[1]] not in words:
-            raise SuiteError(
-                f"{path}:{number}: label {record[columns[1]]!r} is none of the control's words "
-                f"({', '.join(words)}); fix the row or the `words`"
-            )
-        if not record[columns[0]].strip():
-            raise SuiteError(f"{path}:{number}: the prompt is empty; fill it or drop the row")
-    return Control(
-        prompts=tuple(r[columns[0]] for _, r in rows),
-        labels=tuple(r[columns[1]] for _, r in rows),
-        words=tuple(words.items()),
-        origin=str(path),
-    )
+    return words

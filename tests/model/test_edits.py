@@ -244,20 +244,28 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     # scale 0.5 edits something, project removes a direction: neither is the clean run
     assert (edits["kl"] > 0).all() and edits["text_loss_change"].notna().all()
     assert edits["definitional_accuracy_before"].between(0, 1).all()
-    # the control measured without a sign count: the gap toward the labels kept, and the accuracy
-    # once the edit's mean shift is removed; specificity = gradient removed - gap removed
+    # the control measured without a sign count, on the nouns (held out by word): the gap toward the
+    # labels kept, the offset and the accuracy once the edit's mean shift is removed; the names and the
+    # new frame (no fit used them) apart; specificity = gradient removed - |1 - gap kept|
     control0 = raw[(raw.target == "control") & (raw.kind == "none")].set_index("index").sort_index()
     control1 = raw[(raw.target == "control") & (raw.kind == "zero") & (raw.k == 2) & (raw.draw == -1)]
     y0, y1, sign = (
         control0["y"].to_numpy(),
         control1.set_index("index").sort_index()["y"].to_numpy(),
-        control0["sign"],
+        control0["sign"].to_numpy(),
     )
-    assert np.isclose(row.definitional_gap_kept, (sign * y1).mean() / (sign * y0).mean())
+    nouns, names = (control0["set"] == "nouns").to_numpy(), (control0["set"] == "names").to_numpy()
+    assert set(control0.loc[nouns, "half"]) == {0, 1} and set(control0.loc[~nouns, "half"]) == {2}
+    for pair, rows in control0[nouns].groupby("pair"):  # a word pair's prompts share a half
+        assert rows["half"].nunique() == 1, pair
+    gap = lambda rows: (sign[rows] * y1[rows]).mean() / (sign[rows] * y0[rows]).mean()
+    assert np.isclose(row.definitional_gap_kept, gap(nouns))
+    assert np.isclose(row.control_names_gap_kept, gap(names))
+    assert np.isclose(row.definitional_offset, (y1 - y0)[nouns].mean())
     assert row.definitional_gap_kept_ci_low <= row.definitional_gap_kept <= row.definitional_gap_kept_ci_high
-    shifted = y1 - (y1 - y0).mean()
-    assert np.isclose(row.definitional_accuracy_after_centred, (np.sign(shifted) == sign).mean())
-    assert np.isclose(row.specificity, row.gradient_removed - (1 - row.definitional_gap_kept))
+    shifted = y1[nouns] - (y1 - y0)[nouns].mean()
+    assert np.isclose(row.definitional_accuracy_after_centred, (np.sign(shifted) == sign[nouns]).mean())
+    assert np.isclose(row.specificity, row.gradient_removed - abs(1 - row.definitional_gap_kept))
     assert row.gradient_removed_ci_low <= row.gradient_removed <= row.gradient_removed_ci_high
     assert row.specificity_ci_low <= row.specificity <= row.specificity_ci_high
     draws = pd.read_csv(out / "edits_draws.csv")
@@ -283,7 +291,8 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     )
     assert np.isclose(heads.gradient_after.iloc[0], slope(first["y"].to_numpy()))
     assert np.isclose(
-        heads.specificity.iloc[0], heads.gradient_removed.iloc[0] - (1 - heads.definitional_gap_kept.iloc[0])
+        heads.specificity.iloc[0],
+        heads.gradient_removed.iloc[0] - abs(1 - heads.definitional_gap_kept.iloc[0]),
     )
     assert heads.specificity_ci_low.iloc[0] <= heads.specificity.iloc[0] <= heads.specificity_ci_high.iloc[0]
     assert (out / "figures" / "edit_frontier.png").stat().st_size > 5000
@@ -338,7 +347,11 @@ def test_edit_needs_the_suites_control_and_reads_it_from_there(tiny_llama_dir, t
     suite, out = edit_suite(tmp_path), tmp_path / "run"
     text = suite.read_text()
     suite.write_text(
-        text.replace('control: {file: definitional.tsv, words: {female: " she", male: " he"}}\n', "")
+        text.replace(
+            'control:\n  file: definitional.tsv\n  words: {female: " she", male: " he"}\n  pair: pair\n'
+            "  set: set\n  fit: nouns\n",
+            "",
+        )
     )
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
     assert CliRunner().invoke(main, args).exit_code == 0
@@ -348,7 +361,9 @@ def test_edit_needs_the_suites_control_and_reads_it_from_there(tiny_llama_dir, t
         and "declare them in the suite: control:" in bad.output
         and "loading" not in bad.output
     )
-    (tmp_path / "definitional.tsv").write_text("prompt\tlabel\nThe king said that\tman\n")
+    (tmp_path / "definitional.tsv").write_text(
+        "prompt\tlabel\tpair\tset\nThe king said that\tman\tking/queen\tnouns\n"
+    )
     suite.write_text(text)
     from attnprobe.suite import load_suite
 

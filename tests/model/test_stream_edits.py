@@ -59,6 +59,8 @@ def _inputs(tiny, n=2400, seed=0):
         control=record(tiny.model, control_ids),
         control_sign=sign,
         control_half=half,
+        control_set=np.full(200, ""),
+        control_pair=np.full(200, ""),
     )
 
 

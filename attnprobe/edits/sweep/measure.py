@@ -27,6 +27,7 @@ import itertools
 import math
 import time
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -35,6 +36,7 @@ import torch
 from ...heads import HeadSet
 from ...intervene.selection import chosen_heads
 from ...intervene.sites import behaviour_rows
+from ..estimate import swapped_halves
 from ..inputs import Inputs
 from ..kinds import KINDS, Heads
 from ..passes import edited_behaviour, edited_text_costs, raw_rows
@@ -161,8 +163,11 @@ def measure_kind(
             for r, heads in [(-1, per_fold["all"]), *random]:
                 for index in range(len(bank.lengths)):
                     base.append(index), masks.append(HeadSet(heads).mask(L, H)), keys.append((k, r, index))
-        if target == "control":
-            y = behaviour_values(model, bank, everywhere, base, masks, inputs.control_labels)
+        if target == "control":  # each prompt's edit kept a direction fitted on the other half's words
+            swapped = replace(inputs, control_half=swapped_halves(inputs.control_half))
+            crossed = (everywhere, KINDS[kind].fit(swapped, np.arange(4), options))
+            which = (inputs.control_half[base] == 0).astype(int)
+            y = behaviour_values(model, bank, crossed, base, masks, inputs.control_labels, which)
             frames.append(raw_rows(target, keys, y=y))
         else:  # variant v is text v % n (the loop above runs over the texts innermost)
             kl, loss = edited_text_costs(model, bank, inputs.clean_logp, everywhere, torch.stack(masks))
