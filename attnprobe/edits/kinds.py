@@ -236,8 +236,9 @@ class Orthogonal(Project):
 @dataclass(frozen=True)
 class Leace(HeadEdit):
     """z -> z - along * functional.(z - mean) (estimate.erasers): the covariate erased from each
-    head's output (no linear covariance with it left on the items fitted on) at least change, with
-    the definitional mean difference between the control prompts' labels kept."""
+    head's output (no linear covariance with it left on the items fitted on) at least change under a
+    shrunk covariance (estimate.shrunk), with the definitional mean difference between the control
+    prompts' labels kept."""
 
     kind: ClassVar[str] = "leace"
     along: torch.Tensor = field(default=None, repr=False)  # (L, H, D) Cov(z, covariate)
@@ -252,7 +253,8 @@ class Leace(HeadEdit):
     def fit(cls, inputs, on, options) -> Leace:
         chosen = np.isin(inputs.fold, on)
         last = last_outputs(inputs.bank)[torch.as_tensor(chosen)]
-        along, functional, mean = erasers(last, inputs.covariate[chosen], _definitional(inputs))
+        # shrunk as the stream's: a head is fitted on about as many items as it has dimensions
+        along, functional, mean = erasers(last, inputs.covariate[chosen], _definitional(inputs), shrink=True)
         return cls(along=along, functional=functional, mean=mean)
 
 

@@ -114,3 +114,25 @@ def test_leace_erases_a_planted_covariate_on_held_out_rows_and_keeps_the_definit
         model, Orthogonal(heads=((LAYER, HEAD),), directions=orthogonal_directions(u, keep)), items
     )
     assert _r2(projected[train], x[train], projected[test], x[test]) > 0.5
+
+
+def test_a_shrunk_eraser_leaves_less_of_the_population_covariance_at_few_rows_per_dimension():
+    """A head fitted on about as many items as it has dimensions (the sweep's n/D is 0.2-1.9): the
+    eraser's Cov(z', x) = 0 holds on the rows fitted, but on the population the unshrunk Sigma^+
+    leaves more of Cov(z, x) than the shrunk covariance (the `leace` kind's and the stream's)."""
+    rng = np.random.default_rng(0)
+    D, n = 24, 30
+    left = {False: [], True: []}
+    for _ in range(40):
+        basis = np.linalg.qr(rng.standard_normal((D, D)))[0]
+        sigma = basis @ np.diag(np.geomspace(10, 0.1, D)) @ basis.T  # population Cov(z)
+        beta = rng.standard_normal(D)
+        cross = sigma @ beta  # population Cov(z, x) for x = z.beta + noise
+        z = rng.multivariate_normal(np.zeros(D), sigma, n)
+        x = z @ beta + rng.standard_normal(n)
+        for shrink in left:
+            u, f, _ = (
+                t[0, 0].double().numpy() for t in erasers(torch.as_tensor(z)[:, None, None], x, None, shrink)
+            )
+            left[shrink].append(np.linalg.norm(cross - u * (f @ cross)) / np.linalg.norm(cross))
+    assert np.median(left[True]) < np.median(left[False]), {k: np.median(v) for k, v in left.items()}
