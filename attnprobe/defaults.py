@@ -9,6 +9,8 @@ DEFAULT_CHUNK_SIZE = 512  # prompts per chunk written to disk
 EDIT_KIND_NAMES = ("zero", "mean", "resample", "scale", "project", "orthogonal", "leace")  # edits.kinds.KINDS
 DEFAULT_EDIT_KINDS = ("zero", "orthogonal", "leace")  # the classic ablation, and the two that keep gender
 DEFAULT_EDIT_K = (1, 5)
-DEFAULT_EDIT_COUNTS = {"draws": 20, "alone": 10}  # random head sets per (kind, k); top heads zeroed alone
-MAX_EDIT_COUNTS = {"draws": 10_000, "alone": 1_000}  # the most `edit --draws` and `--alone` accept
+# random head sets per (kind, k); top heads zeroed alone; generated texts the cost is measured on
+DEFAULT_EDIT_COUNTS = {"draws": 20, "alone": 10, "texts": 64}
+MIN_EDIT_COUNTS = {"draws": 0, "alone": 0, "texts": 2}  # two texts at least: KL's interval needs them
+MAX_EDIT_COUNTS = {"draws": 10_000, "alone": 1_000, "texts": 64}  # texts: the 64 shipped openings
 ROW_TOKENS = 4096  # rows x padded length of one patched forward pass (head effects, edits; memory estimates)

@@ -12,6 +12,7 @@ from ..defaults import (
     DEFAULT_EDIT_KINDS,
     EDIT_KIND_NAMES,
     MAX_EDIT_COUNTS,
+    MIN_EDIT_COUNTS,
 )
 from .options import command, device_option
 
@@ -71,6 +72,13 @@ def _int_list(ctx, param, value):
     help="The top heads each zeroed alone on every item and control prompt (edits_heads.csv); 0: none.",
 )
 @click.option(
+    "--texts",
+    type=click.IntRange(MIN_EDIT_COUNTS["texts"], MAX_EDIT_COUNTS["texts"]),
+    default=DEFAULT_EDIT_COUNTS["texts"],
+    show_default=True,
+    help="Texts the model writes from the shipped openings that KL is measured on (fewer: faster, wider CI).",
+)
+@click.option(
     "--stream/--no-stream",
     default=False,
     show_default=True,
@@ -117,6 +125,7 @@ def edit(
     text_file,
     seed,
     alone,
+    texts,
     stream,
     trace,
     paths,
@@ -138,6 +147,7 @@ def edit(
         text=text_file,
         seed=seed,
         alone=alone,
+        texts=texts,
         stream=stream,
         trace=trace,
         paths=paths,

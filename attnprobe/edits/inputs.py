@@ -58,7 +58,14 @@ class Inputs:
 
 
 def record_inputs(
-    model, items: list[PatchItem], reference_word: str, seed: int, text: str | None, control, labels: tuple
+    model,
+    items: list[PatchItem],
+    reference_word: str,
+    seed: int,
+    text: str | None,
+    control,
+    labels: tuple,
+    n_texts: int = 64,
 ) -> Inputs:
     """Record the clean runs the edits read: the items, their reference counterfactuals, the
     suite's control prompts (`control`: suite.control.Control; `labels`: the positive and negative
@@ -74,7 +81,7 @@ def record_inputs(
     tokenizer = model.tokenizer
     control_ids = [torch.tensor(tokenizer(p)["input_ids"]) for p in control.prompts]
     words = [tokenizer(control.word(label), add_special_tokens=False)["input_ids"][:1] for label in labels]
-    generated, pieces = generated_texts(model, seed), user_text(model, text)
+    generated, pieces = generated_texts(model, seed, n_texts), user_text(model, text)
     sign = np.where(np.array(control.labels) == labels[0], 1.0, -1.0)
     text_bank = record(model, generated + pieces)
     return Inputs(
@@ -115,10 +122,10 @@ def clean_logp(model, bank: Bank) -> list[torch.Tensor]:
 
 
 @torch.inference_mode()
-def generated_texts(model, seed: int) -> list[torch.Tensor]:
-    """The original model's continuations of the neutral openings: seeded sampling (top 40 tokens,
-    temperature 1), GENERATED_TOKENS new tokens each; the opening's tokens included."""
-    openings = [line for line in OPENINGS.read_text().splitlines() if line.strip()]
+def generated_texts(model, seed: int, n: int = 64) -> list[torch.Tensor]:
+    """The original model's continuations of the first `n` neutral openings: seeded sampling (top 40
+    tokens, temperature 1), GENERATED_TOKENS new tokens each; the opening's tokens included."""
+    openings = [line for line in OPENINGS.read_text().splitlines() if line.strip()][:n]
     out = []
     with torch.random.fork_rng():  # the user's random state is left as it was
         torch.manual_seed(seed)

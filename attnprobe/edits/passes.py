@@ -166,14 +166,15 @@ def edited_behaviour(
 
 @torch.inference_mode()
 def edited_text_costs(
-    model, bank: Bank, clean_logp: list[torch.Tensor], edit: HeadEdit, heads: torch.Tensor
+    model, bank: Bank, clean_logp: list[torch.Tensor], edit: HeadEdit, heads: torch.Tensor, base=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per variant v (one per (text, head set): `bank` sequence v % N with heads[v] edited): the mean
-    over the text's predicted positions of KL(clean || edited) of the next-token distribution, and
-    the mean log-loss of the text's own next tokens. `clean_logp[n]`: (T_n - 1, vocab) float32."""
+    """Per variant v (one per (text, head set): `bank` sequence base[v], default v % N, with heads[v]
+    edited): the mean over the text's predicted positions of KL(clean || edited) of the next-token
+    distribution, and the mean log-loss of the text's own next tokens. `clean_logp[n]`: (T_n - 1,
+    vocab) float32."""
     module = module_of(model)
     N = len(bank.lengths)
-    base = torch.arange(len(heads)) % N
+    base = torch.arange(len(heads)) % N if base is None else torch.as_tensor(base)
     vocab = clean_logp[0].shape[-1]
     kl, loss = torch.empty(len(heads), dtype=torch.float64), torch.empty(len(heads), dtype=torch.float64)
     row_tokens = max(1, LOGIT_BYTES // (4 * vocab))

@@ -109,7 +109,7 @@ class _Unedited:
         self.control0 = none("control").sort_index()
         self.sign = self.control0["sign"].to_numpy()
         texts0 = none("text").sort_index()
-        self.loss0, self.user = texts0["loss"].to_numpy(), texts0["user_text"].to_numpy(dtype=bool)
+        self.loss0, self.user = texts0["loss"], texts0["user_text"].astype(bool)
 
 
 def _gradients(base: _Unedited, after: np.ndarray) -> dict:
@@ -289,13 +289,29 @@ def _specificity(row: dict) -> dict:
     return {"specificity": spec, "specificity_ci_low": spec - half, "specificity_ci_high": spec + half}
 
 
-def _costs(raw, kind, k, draw, loss0, user) -> dict:
+def _costs(raw, kind, k, draw, loss0: pd.Series, user: pd.Series) -> dict:
+    """The cost on the texts the edit was measured on (index-aligned with the clean ones): the mean
+    KL(original || edited) over the generated texts with a t interval (texts as units: the goal is
+    judged on its upper bound), the perplexity change on them, and the user's text's loss change."""
     rows = raw[(raw["target"] == "text") & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == draw)]
     rows = rows.set_index("index").sort_index()
-    out = {"kl": float(rows["kl"].to_numpy()[~user].mean())}
-    if user.any():
+    mine, generated = loss0.reindex(rows.index), ~user.reindex(rows.index).to_numpy(bool)
+    kl = rows["kl"].to_numpy()[generated]
+    test = cluster_mean_test(kl, np.ones(len(kl)), [np.arange(len(kl))]) if len(kl) > 1 else None
+    change = rows["loss"].to_numpy()[generated].mean() - mine.to_numpy()[generated].mean()
+    out = {
+        "kl": float(kl.mean()) if len(kl) else np.nan,
+        "kl_ci_low": float(test["ci_low"][0]) if test else np.nan,
+        "kl_ci_high": float(test["ci_high"][0]) if test else np.nan,
+        "n_texts": int(len(kl)),
+        "perplexity_change": float(np.expm1(change)) if len(kl) else np.nan,
+    }
+    if (~generated).any():
         loss1 = rows["loss"].to_numpy()
-        out["text_loss_before"], out["text_loss_after"] = float(loss0[user].mean()), float(loss1[user].mean())
+        out["text_loss_before"], out["text_loss_after"] = (
+            float(mine[~generated].mean()),
+            float(loss1[~generated].mean()),
+        )
         out["text_loss_change"] = out["text_loss_after"] - out["text_loss_before"]
     return out
 
@@ -330,15 +346,16 @@ def stream_table(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def chosen_layers(raw: pd.DataFrame, per_layer: pd.DataFrame) -> dict:
     """quarter -> layer, and "all" -> layer: among the layers whose all-items eraser keeps at least
-    GAP_KEPT of the definitional gap with KL at most KL_MAX, the one removing the largest share of
-    the gradient on the items outside the quarter ("all": on every item); where no layer qualifies,
+    GAP_KEPT of the definitional gap with KL's upper bound at most KL_MAX, the one removing the
+    largest share of the gradient on the items outside the quarter ("all": on every item); where no
+    layer qualifies,
     the one with the largest specificity there (share removed - |1 - gap kept|)."""
     items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index").sort_index()
     after = raw[(raw["target"] == "bias") & (raw["kind"] == STREAM)]
     after = after.pivot(index="index", columns="k", values="y").reindex(items.index)
     x, before = items["covariate"].to_numpy(dtype=float), items["y"].to_numpy()
     layers = per_layer.set_index("k")
-    ok = (layers["definitional_gap_kept"] >= GAP_KEPT) & (layers["kl"] <= KL_MAX)
+    ok = (layers["definitional_gap_kept"] >= GAP_KEPT) & (layers["kl_ci_high"] <= KL_MAX)  # KL's upper bound
     out = {}
     for f in [*sorted(items["quarter"].unique()), "all"]:
         on = items["quarter"].to_numpy() != f if f != "all" else np.ones(len(items), bool)

@@ -8,16 +8,17 @@ from pathlib import Path
 import numpy as np
 
 
-def edit_inputs(model, suite, reference: str | None = None, seed: int = 0):
+def edit_inputs(model, suite, reference: str | None = None, seed: int = 0, texts: int = 8):
     """The recorded inputs `attnprobe edit` fits kinds on (edits.inputs.Inputs), for `suite` (a Suite
-    with head effects, a covariate and a control) on `model` (a loaded ProbeModel)."""
+    with head effects, a covariate and a control) on `model` (a loaded ProbeModel); `texts`: the
+    generated texts of the cost (8 of the 64: the check needs texts, not a tight interval)."""
     from ..edits.inputs import record_inputs
     from ..run import RunOptions, plan_run
 
     effects = plan_run(suite, model, RunOptions(progress=False, log=lambda m: None)).parts["head_effects"]
     word = reference or suite.head_effects.replacements[-1]
     labels = (effects.measure.positive, effects.measure.negative)
-    return record_inputs(model, effects.items, word, seed, None, suite.control, labels)
+    return record_inputs(model, effects.items, word, seed, None, suite.control, labels, texts)
 
 
 def check_edit_kind(kind, model, inputs) -> None:

@@ -77,7 +77,7 @@ assert importlib.util.find_spec("attnprobe").origin.startswith({str(site)!r}), "
 from attnprobe.cli import main
 for args in (["run", "gender.yaml", "--model", {str(tiny_llama_dir)!r}, "--limit", "24", "--out", "out",
               "--no-progress"],
-             ["edit", "out", "--kinds", "zero", "--k", "1", "--draws", "2", "--alone", "0"],
+             ["edit", "out", "--kinds", "zero", "--k", "1", "--draws", "2", "--texts", "8", "--alone", "0"],
              ["verify", "--model", "smollm2-135m"]):
     try:
         main(args, standalone_mode=False)

@@ -222,7 +222,7 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     result = CliRunner().invoke(
         main,
         ["edit", str(out), "--kinds", "zero,mean,resample,scale,project", "--k", "1,2"]
-        + ["--draws", "3", "--cost-text", str(tmp_path / "text.txt")],
+        + ["--draws", "3", "--texts", "8", "--cost-text", str(tmp_path / "text.txt")],
     )
     assert result.exit_code == 0, result.output
     edits = pd.read_csv(out / "edits.csv")
@@ -300,7 +300,7 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     again = CliRunner().invoke(
         main,
         ["edit", str(out), "--kinds", "zero,mean,resample,scale,project", "--k", "1,2"]
-        + ["--draws", "3", "--cost-text", str(tmp_path / "text.txt")],
+        + ["--draws", "3", "--texts", "8", "--cost-text", str(tmp_path / "text.txt")],
     )
     # 5 kinds and the heads alone
     assert again.exit_code == 0 and again.output.count("read from an earlier session") == 6

@@ -44,11 +44,13 @@ def test_the_manifest_records_the_weights_and_another_models_edit_is_refused(
     model.save_pretrained(other)
     run = unswept_copy(edited_run, tmp_path)
     with pytest.raises(RunError, match="the model given is not the one this run was made with"):
-        attnprobe.Run(run).edit(kinds=("zero",), ks=(1,), draws=2, model=attnprobe.load_model(str(other)))
+        attnprobe.Run(run).edit(
+            kinds=("zero",), ks=(1,), draws=2, texts=8, model=attnprobe.load_model(str(other))
+        )
     assert not list((run / "chunks").glob("edits-*"))  # nothing measured, nothing cached
     # the run's own model given in the notebook is accepted and gives the command's values
     table = attnprobe.Run(run).edit(
-        kinds=("zero",), ks=(1, 2), draws=3, model=attnprobe.load_model(str(tiny_llama_dir))
+        kinds=("zero",), ks=(1, 2), draws=3, texts=8, model=attnprobe.load_model(str(tiny_llama_dir))
     )
     reference = pd.read_parquet(edited_run / "edits.parquet")
     own = ["seconds", "random_p_holm"]  # Holm adjusts over the rows of the table a call writes
@@ -208,7 +210,9 @@ def test_too_few_items_for_the_random_comparison_give_a_note_not_a_floor_p(tiny_
     jobs.write_text("".join(jobs.read_text().splitlines(keepends=True)[:3]))  # two occupations
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
     assert CliRunner().invoke(main, args).exit_code == 0
-    result = CliRunner().invoke(main, ["edit", str(out), "--kinds", "zero", "--k", "1", "--draws", "3"])
+    result = CliRunner().invoke(
+        main, ["edit", str(out), "--kinds", "zero", "--k", "1", "--draws", "3", "--texts", "8"]
+    )
     assert result.exit_code == 0, result.output
     table = pd.read_csv(out / "edits.csv")
     assert table["n_sampled"].iloc[0] < 3 and table["random_p"].isna().all()
@@ -241,7 +245,9 @@ def test_a_design_edits_cannot_measure_is_refused_before_the_model_loads(
     tiny_llama_dir, tmp_path, rows, message
 ):
     path, out = _degenerate_run(tmp_path, tiny_llama_dir, rows)
-    result = CliRunner().invoke(main, ["edit", str(out), "--k", "1", "--draws", "2", "--alone", "0"])
+    result = CliRunner().invoke(
+        main, ["edit", str(out), "--k", "1", "--draws", "2", "--texts", "8", "--alone", "0"]
+    )
     one_line_error(result, f"{path}: ", message)
     assert "loading" not in result.output and not (out / "edits.csv").exists()
 
@@ -259,14 +265,31 @@ def test_a_model_whose_outputs_never_vary_is_refused(tiny_llama_dir, tmp_path):
         if (tiny_llama_dir / name).is_file():
             shutil.copy(tiny_llama_dir / name, flat)
     _, out = _degenerate_run(tmp_path, flat, [("nurse", 88), ("pilot", 9), ("chef", 22), ("baker", 60)])
-    result = CliRunner().invoke(main, ["edit", str(out), "--k", "1", "--draws", "2", "--alone", "0"])
+    result = CliRunner().invoke(
+        main, ["edit", str(out), "--k", "1", "--draws", "2", "--texts", "8", "--alone", "0"]
+    )
     one_line_error(result, "the model scores every candidate the same in every prompt")
 
 
 def test_no_random_draws_still_write_a_table_with_its_columns(edited_run, tmp_path):
     run = unswept_copy(edited_run, tmp_path)
     result = CliRunner().invoke(
-        main, ["-q", "edit", str(run), "--kinds", "zero", "--k", "1", "--draws", "0", "--alone", "0"]
+        main,
+        [
+            "-q",
+            "edit",
+            str(run),
+            "--kinds",
+            "zero",
+            "--k",
+            "1",
+            "--draws",
+            "0",
+            "--texts",
+            "8",
+            "--alone",
+            "0",
+        ],
     )
     assert result.exit_code == 0, result.output
     draws = pd.read_csv(run / "edits_draws.csv")  # a 1-byte file once: no header to read

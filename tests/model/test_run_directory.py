@@ -219,7 +219,7 @@ def _edit(run):
     from attnprobe.cli import main
     from attnprobe.stats.edits import edit_tables
 
-    args = ["edit", str(run), "--kinds", "zero", "--k", "1", "--draws", "2", "--alone", "0"]
+    args = ["edit", str(run), "--kinds", "zero", "--k", "1", "--draws", "2", "--texts", "8", "--alone", "0"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     # with no head alone, the item file still types its numbers (it held strings), and the edits

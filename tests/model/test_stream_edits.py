@@ -130,7 +130,7 @@ def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_item
     flat = raw.copy()
     theirs = bias & (flat.quarter != 0) & (flat.k == other_layer)
     flat.loc[theirs, "y"] = 0.0
-    assert chosen_layers(flat, per_layer.assign(definitional_gap_kept=1.0, kl=0.0))[0] == other_layer
+    assert chosen_layers(flat, per_layer.assign(definitional_gap_kept=1.0, kl_ci_high=0.0))[0] == other_layer
     # the report shows the table, the chosen row with its quarters' layers
     assert CliRunner().invoke(main, ["report", str(out)]).exit_code == 0
     html = (out / "report.html").read_text()

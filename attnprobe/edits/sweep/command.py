@@ -173,8 +173,9 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     effects = plan.parts["head_effects"]
     items, measure = effects.items, effects.measure
     log(f"edit: recording {len(items)} items, their {word!r} versions, the control prompts and texts")
+    labels = (measure.positive, measure.negative)
     inputs = record_inputs(
-        model, items, word, options.seed, options.text, suite.control, (measure.positive, measure.negative)
+        model, items, word, options.seed, options.text, suite.control, labels, options.texts
     )
     scores, quarter_scores = _gradient_scores(run, items, inputs, word, L, H)
     sets = found_sets(inputs, scores, options.ks, listed, H)

@@ -43,6 +43,7 @@ from ..passes import edited_behaviour, edited_text_costs, raw_rows
 from .options import EditOptions
 
 RANDOM_EVERY = 4  # random head sets are edited on every 4th item
+RANDOM_TEXTS = 8  # and their cost measured on the first 8 texts (the found heads': on every text)
 
 
 class GradientScores:
@@ -161,7 +162,8 @@ def measure_kind(
         for k, per_fold in sets.items():
             random = enumerate(random_by_k[k]) if target == "text" else ()  # the band's cost, not its control
             for r, heads in [(-1, per_fold["all"]), *random]:
-                for index in range(len(bank.lengths)):
+                n = len(bank.lengths) if r < 0 else min(RANDOM_TEXTS, len(bank.lengths))
+                for index in range(n):
                     base.append(index), masks.append(HeadSet(heads).mask(L, H)), keys.append((k, r, index))
         if target == "control":  # each prompt's edit kept a direction fitted on the other half's words
             swapped = replace(inputs, control_half=swapped_halves(inputs.control_half))
@@ -169,8 +171,8 @@ def measure_kind(
             which = (inputs.control_half[base] == 0).astype(int)
             y = behaviour_values(model, bank, crossed, base, masks, inputs.control_labels, which)
             frames.append(raw_rows(target, keys, y=y))
-        else:  # variant v is text v % n (the loop above runs over the texts innermost)
-            kl, loss = edited_text_costs(model, bank, inputs.clean_logp, everywhere, torch.stack(masks))
+        else:
+            kl, loss = edited_text_costs(model, bank, inputs.clean_logp, everywhere, torch.stack(masks), base)
             frames.append(raw_rows(target, keys, kl=kl.cpu().numpy(), loss=loss.cpu().numpy()))
         log(f"edit: {kind}, {target} ({time.monotonic() - started:.0f} s)")
     out = pd.concat(frames, ignore_index=True)

@@ -8,7 +8,13 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-from ...defaults import DEFAULT_EDIT_COUNTS, DEFAULT_EDIT_K, DEFAULT_EDIT_KINDS, MAX_EDIT_COUNTS
+from ...defaults import (
+    DEFAULT_EDIT_COUNTS,
+    DEFAULT_EDIT_K,
+    DEFAULT_EDIT_KINDS,
+    MAX_EDIT_COUNTS,
+    MIN_EDIT_COUNTS,
+)
 from ...errors import AttnprobeError
 from ...version import __version__
 from ..inputs import text_head
@@ -29,6 +35,7 @@ class EditOptions:
     text: str | None = None  # a text file whose log-loss change is reported
     seed: int = 0
     alone: int = DEFAULT_EDIT_COUNTS["alone"]  # the top heads each zeroed alone (edits_heads); 0: none
+    texts: int = DEFAULT_EDIT_COUNTS["texts"]  # generated texts (of the shipped openings) the cost is on
     stream: bool = False  # also the stream erased at every layer (edits_stream, edits.stream)
     trace: bool = False  # also the stream patched per layer and position (tracing, edits.analyses.tracing)
     paths: bool = False  # also the top heads' inputs and senders patched (paths, edits.analyses.paths)
@@ -41,16 +48,10 @@ class EditOptions:
             ):
                 what = "kind names" if kind is str else "whole numbers"
                 raise AttnprobeError(f"{name} {values!r}: give a list of {what}, e.g. {EXAMPLES[name]}")
-        for name in ("draws", "alone"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or not 0 <= value <= MAX_EDIT_COUNTS[name]
-            ):
-                raise AttnprobeError(
-                    f"--{name} {value!r}: give a whole number from 0 to {MAX_EDIT_COUNTS[name]:,}"
-                )
+        for name in ("draws", "alone", "texts"):
+            value, low, high = getattr(self, name), MIN_EDIT_COUNTS[name], MAX_EDIT_COUNTS[name]
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise AttnprobeError(f"--{name} {value!r}: give a whole number from {low} to {high:,}")
         unknown = [k for k in self.kinds if k not in KINDS]
         if unknown or not self.kinds:
             raise AttnprobeError(
