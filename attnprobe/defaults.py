@@ -10,7 +10,8 @@ EDIT_KIND_NAMES = ("zero", "mean", "resample", "scale", "project", "orthogonal",
 DEFAULT_EDIT_KINDS = ("zero", "orthogonal", "leace")  # the classic ablation, and the two that keep gender
 DEFAULT_EDIT_K = (1, 5)
 # random head sets per (kind, k); top heads zeroed alone; generated texts the cost is measured on
-DEFAULT_EDIT_COUNTS = {"draws": 20, "alone": 10, "texts": 64}
-MIN_EDIT_COUNTS = {"draws": 0, "alone": 0, "texts": 2}  # two texts at least: KL's interval needs them
-MAX_EDIT_COUNTS = {"draws": 10_000, "alone": 1_000, "texts": 64}  # texts: the 64 shipped openings
+# (and placebo: refits of each covariate-fitted kind on a permuted covariate; 0: none)
+DEFAULT_EDIT_COUNTS = {"draws": 20, "alone": 10, "texts": 64, "placebo": 0}
+MIN_EDIT_COUNTS = {"draws": 0, "alone": 0, "texts": 2, "placebo": 0}  # KL's interval needs two texts
+MAX_EDIT_COUNTS = {"draws": 10_000, "alone": 1_000, "texts": 64, "placebo": 10_000}  # 64 openings ship
 ROW_TOKENS = 4096  # rows x padded length of one patched forward pass (head effects, edits; memory estimates)

@@ -79,6 +79,14 @@ def _int_list(ctx, param, value):
     help="Texts the model writes from the shipped openings that KL is measured on (fewer: faster, wider CI).",
 )
 @click.option(
+    "--placebo",
+    type=click.IntRange(MIN_EDIT_COUNTS["placebo"], MAX_EDIT_COUNTS["placebo"]),
+    default=DEFAULT_EDIT_COUNTS["placebo"],
+    show_default=True,
+    help="Refit each covariate-fitted kind on this many permutations of the covariate across units "
+    "(edits_placebo.csv; 199 gives p a floor of 0.005).",
+)
+@click.option(
     "--stream/--no-stream",
     default=False,
     show_default=True,
@@ -126,6 +134,7 @@ def edit(
     seed,
     alone,
     texts,
+    placebo,
     stream,
     trace,
     paths,
@@ -148,6 +157,7 @@ def edit(
         seed=seed,
         alone=alone,
         texts=texts,
+        placebo=placebo,
         stream=stream,
         trace=trace,
         paths=paths,

@@ -60,6 +60,7 @@ class HeadEdit:
     kind: ClassVar[str]
     BOUNDS: ClassVar[dict] = {}  # parameter -> the largest magnitude a saved edit may hold
     DRAWN: ClassVar[bool] = False  # draws at random (seeded): values depend on the pass's shape
+    COVARIATE: ClassVar[bool] = False  # fitted on the covariate (a placebo refits it on a permuted one)
     heads: Heads = ()
 
     def on(self, heads: Heads) -> HeadEdit:
@@ -205,6 +206,7 @@ class Project(HeadEdit):
     """`directions` (L, H, D), unit length: each head's output loses its component along its own."""
 
     kind: ClassVar[str] = "project"
+    COVARIATE: ClassVar[bool] = True
     directions: torch.Tensor = field(default=None, repr=False)
 
     def replacement(self, layer, z):
@@ -224,6 +226,7 @@ class Orthogonal(Project):
     (estimate.orthogonal_directions): the output's component along that direction is kept exactly."""
 
     kind: ClassVar[str] = "orthogonal"
+    COVARIATE: ClassVar[bool] = True
 
     @classmethod
     def fit(cls, inputs, on, options) -> Orthogonal:
@@ -241,6 +244,7 @@ class Leace(HeadEdit):
     prompts' labels kept."""
 
     kind: ClassVar[str] = "leace"
+    COVARIATE: ClassVar[bool] = True
     along: torch.Tensor = field(default=None, repr=False)  # (L, H, D) Cov(z, covariate)
     functional: torch.Tensor = field(default=None, repr=False)  # (L, H, D) a / a.along
     mean: torch.Tensor = field(default=None, repr=False)  # (L, H, D)

@@ -6,6 +6,9 @@ so every template and cell structure stays), the same slope test is rerun on eve
 draw the heads at p < 0.05 are counted and whether any head reaches q < 0.05 (BH over the heads) is
 noted. PLACEBO_DRAWS draws (seeded): the mean and 95th percentile of the count, and the share of draws
 with a head at q < 0.05 (the test's family-wise false-positive rate at this design).
+
+placebo_table does the same for an edit: the gradient it removes against the same edit refitted on
+permuted covariates (`attnprobe edit --placebo N`).
 """
 
 from __future__ import annotations
@@ -48,3 +51,42 @@ def placebo_counts(
         f"{prefix}placebo_any_q05": float(np.mean(any_q)) if draws else np.nan,
         f"{prefix}placebo_draws": draws,
     }
+
+
+PLACEBO_PREFIX = "placebo-"  # the kind of an edit's placebo rows in edits_items (edits.sweep.placebo)
+
+
+def placebo_table(raw):
+    """Per edit kind refitted on permuted covariates (edits_items rows of kind placebo-KIND) and k: the
+    real edit's share of the gradient removed (1 - slope after / slope before, every item edited by
+    its quarter's edit), the placebo refits' mean and 99th percentile of it, p = (1 + #placebo >=
+    real) / (1 + N) and its floor 1 / (1 + N)."""
+    import pandas as pd
+
+    bias = raw[raw["target"] == "bias"]
+    before = bias[bias["kind"] == "none"].set_index("index").sort_index()
+    x, y0 = before["covariate"].to_numpy(dtype=float), before["y"].to_numpy()
+    xc = x - x.mean()
+    slope = lambda y: (xc * (y - y.mean())).sum() / (xc**2).sum()
+    removed = lambda rows: (
+        1 - slope(rows.set_index("index")["y"].reindex(before.index).to_numpy()) / slope(y0)
+    )
+    out = []
+    for kind in (k for k in bias["kind"].unique() if str(k).startswith(PLACEBO_PREFIX)):
+        real_kind = kind[len(PLACEBO_PREFIX) :]
+        for k, rows in bias[bias["kind"] == kind].groupby("k"):
+            real = removed(bias[(bias["kind"] == real_kind) & (bias["k"] == k) & (bias["draw"] == -1)])
+            null = np.array([removed(draw) for _, draw in rows.groupby("draw")])
+            out.append(
+                {
+                    "kind": real_kind,
+                    "k": int(k),
+                    "gradient_removed": real,
+                    "placebo_removed_mean": float(null.mean()),
+                    "placebo_removed_q99": float(np.quantile(null, 0.99)),
+                    "placebo_p": float((1 + (null >= real).sum()) / (1 + len(null))),
+                    "placebo_p_floor": 1 / (1 + len(null)),
+                    "n_placebo": len(null),
+                }
+            )
+    return pd.DataFrame(out)

@@ -433,3 +433,38 @@ def test_edit_options_repeated_or_out_of_range_are_one_error(settings, message):
 
     with pytest.raises(attnprobe.AttnprobeError, match=re.escape(message)):
         EditOptions(**settings)
+
+
+def test_the_placebo_refits_each_covariate_fitted_kind_on_permuted_covariates(tiny_llama_dir, tmp_path):
+    """--placebo N: leace (fitted on the covariate) refitted on N permutations of it across units at the
+    same heads, zero (not fitted on it) left out; p recomputes from the raw rows, its floor is
+    1 / (1 + N), and the edits table carries it; a permuted covariate keeps each unit one value."""
+    from attnprobe.edits.sweep.placebo import permuted
+
+    suite, out = edit_suite(tmp_path), tmp_path / "run"
+    args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    sweep = ["edit", str(out), "--kinds", "zero,leace", "--k", "1", "--draws", "0", "--alone", "0"]
+    result = CliRunner().invoke(main, [*sweep, "--texts", "2", "--placebo", "9"])
+    assert result.exit_code == 0, result.output
+    placebo = pd.read_csv(out / "edits_placebo.csv")
+    assert list(placebo["kind"]) == ["leace"] and list(placebo["n_placebo"]) == [9]
+    assert np.allclose(placebo["placebo_p_floor"], 0.1) and placebo["placebo_p"].between(0.1, 1).all()
+    raw = pd.read_parquet(out / "edits_items.parquet")
+    items = raw[(raw.target == "bias") & (raw.kind == "none")].set_index("index").sort_index()
+    x, y0 = items["covariate"].to_numpy(), items["y"].to_numpy()
+    removed = lambda rows: (
+        1 - np.polyfit(x, rows.set_index("index").sort_index()["y"], 1)[0] / np.polyfit(x, y0, 1)[0]
+    )
+    fake = raw[(raw.target == "bias") & (raw.kind == "placebo-leace")]
+    null = np.array([removed(rows) for _, rows in fake.groupby("draw")])
+    real = removed(raw[(raw.target == "bias") & (raw.kind == "leace") & (raw.draw == -1)])
+    assert len(null) == 9 and np.isclose(placebo["gradient_removed"].iloc[0], real)
+    assert np.isclose(placebo["placebo_p"].iloc[0], (1 + (null >= real).sum()) / 10)
+    edits = pd.read_csv(out / "edits.csv").set_index("kind")
+    assert np.isclose(edits.loc["leace", "placebo_p"], placebo["placebo_p"].iloc[0])
+    assert np.isnan(edits.loc["zero", "placebo_p"])
+    units = ["a", "a", "b", "c", "c", "c"]
+    shuffled = permuted(np.array([1.0, 1.0, 2.0, 3.0, 3.0, 3.0]), units, np.random.default_rng(0))
+    assert shuffled[0] == shuffled[1] and shuffled[3] == shuffled[4] == shuffled[5]
+    assert sorted(set(shuffled)) == [1.0, 2.0, 3.0]

@@ -22,6 +22,7 @@ from ...run.files.reader import RunFiles
 from ...run.options import RunOptions
 from ...run.phases import Phase, run_phase
 from ...stats.edits import STREAM, edit_tables, head_table, quarter_table, stream_table
+from ...stats.placebo import PLACEBO_PREFIX, placebo_table
 from ...store import atomic_write, exclusive, read_chunks, write_parquet, write_table
 from ..analyses.paths import measure_run_paths, write_paths
 from ..analyses.readout import write_readout
@@ -33,6 +34,7 @@ from ..stream import measure_stream
 from .fitted import save_chosen, save_stream
 from .measure import GradientScores, clean_values, found_sets, measure_kind
 from .options import EditOptions, listed_heads, settings_hash
+from .placebo import measure_placebo, placebo_kinds
 from .single import NAME as SINGLE
 from .single import measure_single
 
@@ -183,13 +185,9 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     part = lambda name, measure, plan=key, described=True: _part(
         directory, RunOptions(out=directory, log=log), name, plan, measure, inputs, described
     )
-    alone_key = hashlib.sha256(f"{key} {options.alone}".encode()).hexdigest()[:16]
     frames = [_describe(clean_values(model, inputs), inputs)]
     with deferred_interrupt(log):  # one Ctrl-C stops the sequence after the part in progress
-        for kind in options.kinds:
-            frames.append(part(kind, lambda k=kind: _kind_values(model, k, options, inputs, sets, H, log)))
-        single = lambda: measure_single(model, inputs, scores["all"], H, options.alone, log)
-        frames.append(part(SINGLE, single, alone_key))
+        frames += _head_parts(part, key, model, options, inputs, sets, scores["all"], H, log)
         if options.stream:
             frames.append(part(STREAM, lambda: measure_stream(model, inputs, log)))
         if options.trace:
@@ -218,6 +216,22 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     return summary
 
 
+def _head_parts(part, key: str, model, options, inputs, sets, scores, H: int, log) -> list[pd.DataFrame]:
+    """The head edits' parts: each kind, the top heads alone, the covariate-fitted kinds' placebo
+    (the last two with a plan key of their own: adding them keeps the kinds measured)."""
+    subkey = lambda *more: hashlib.sha256(" ".join(map(str, (key, *more))).encode()).hexdigest()[:16]
+    frames = [
+        part(kind, lambda k=kind: _kind_values(model, k, options, inputs, sets, H, log))
+        for kind in options.kinds
+    ]
+    single = lambda: measure_single(model, inputs, scores, H, options.alone, log)
+    frames.append(part(SINGLE, single, subkey(options.alone)))
+    if options.placebo and (refit := placebo_kinds(options.kinds)):
+        placebo = lambda: measure_placebo(model, refit, options, inputs, sets, H, log)
+        frames.append(part("placebo", placebo, subkey(refit, options.placebo)))
+    return frames
+
+
 def _gradient_scores(run, items, inputs, word: str, L: int, H: int) -> tuple[dict, object]:
     """The heads' gradient scores on every item ("all") and on each quarter's training items (the
     scores the heads tested on quarter f are chosen by), and the function giving the quarters' scores
@@ -234,11 +248,15 @@ def _write_sweep(
     directory: Path, raw: pd.DataFrame, options: EditOptions, H: int, word: str, started
 ) -> tuple:
     """The sweep's tables from its raw values: edits, draws, quarters, the stream's and the heads'
-    alone; returns (the edits table, the stream's table)."""
+    alone, the placebo; returns (the edits table, the stream's table)."""
     write_table(directory, "edits_items", raw)
-    sweep = raw[~raw["kind"].isin([SINGLE, STREAM])]
+    sweep = raw[~raw["kind"].isin([SINGLE, STREAM]) & ~raw["kind"].str.startswith(PLACEBO_PREFIX)]
     summary, draws = edit_tables(sweep, H)
     summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
+    placebo = placebo_table(raw)
+    if len(placebo):  # each refit kind's row gets its placebo p
+        write_table(directory, "edits_placebo", placebo)
+        summary = summary.merge(placebo.drop(columns="gradient_removed"), on=["kind", "k"], how="left")
     write_table(directory, "edits", summary)
     write_table(directory, "edits_draws", draws)
     stream, chosen = stream_table(raw)

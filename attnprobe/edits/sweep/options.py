@@ -36,6 +36,9 @@ class EditOptions:
     seed: int = 0
     alone: int = DEFAULT_EDIT_COUNTS["alone"]  # the top heads each zeroed alone (edits_heads); 0: none
     texts: int = DEFAULT_EDIT_COUNTS["texts"]  # generated texts (of the shipped openings) the cost is on
+    placebo: int = DEFAULT_EDIT_COUNTS[
+        "placebo"
+    ]  # covariate permutations each covariate-fitted kind is refit on
     stream: bool = False  # also the stream erased at every layer (edits_stream, edits.stream)
     trace: bool = False  # also the stream patched per layer and position (tracing, edits.analyses.tracing)
     paths: bool = False  # also the top heads' inputs and senders patched (paths, edits.analyses.paths)
@@ -48,7 +51,7 @@ class EditOptions:
             ):
                 what = "kind names" if kind is str else "whole numbers"
                 raise AttnprobeError(f"{name} {values!r}: give a list of {what}, e.g. {EXAMPLES[name]}")
-        for name in ("draws", "alone", "texts"):
+        for name in ("draws", "alone", "texts", "placebo"):
             value, low, high = getattr(self, name), MIN_EDIT_COUNTS[name], MAX_EDIT_COUNTS[name]
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise AttnprobeError(f"--{name} {value!r}: give a whole number from {low} to {high:,}")
@@ -80,7 +83,7 @@ def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> s
     kind to a sweep keeps the kinds already measured; and --alone and the stream, which have files of
     their own), the
     model's weights, this attnprobe's version and the part of --text that is read."""
-    own_files = ("kinds", "alone", "stream", "trace", "paths")
+    own_files = ("kinds", "alone", "placebo", "stream", "trace", "paths")
     settings = {k: v for k, v in asdict(options).items() if k not in own_files}
     payload = json.dumps(
         {"run": run_fingerprint, "weights": weights, "attnprobe": __version__, **settings},

@@ -1,0 +1,59 @@
+"""The placebo of each edit kind fitted on the covariate (`edit --placebo N`): is it the covariate the
+edit erases that removes the gradient, or would any unit-level variable do? The kind is refitted, per
+quarter on its training quarters and at the same heads (the found sets), with the covariate permuted
+across units (each unit keeps one value, another unit's), N times; each refit edit is measured on
+its quarter's items like the real one. stats.edits.placebo_table compares the real gradient removed
+with the permuted ones (p = (1 + #placebo >= real) / (1 + N), its floor 1 / (1 + N)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from ...heads import HeadSet
+from ...stats.placebo import PLACEBO_PREFIX as PREFIX  # the raw rows' kind: placebo-KIND
+from ..kinds import KINDS
+from ..passes import raw_rows
+from .measure import behaviour_values
+
+
+def placebo_kinds(kinds) -> list[str]:
+    """The kinds whose parameters depend on the covariate (the others' placebo is the edit itself)."""
+    return [kind for kind in kinds if KINDS[kind].COVARIATE]
+
+
+def permuted(covariate: np.ndarray, units: list, rng: np.random.Generator) -> np.ndarray:
+    """The per-item covariate with the units' values shuffled among the units (items of one unit keep
+    one value)."""
+    names = list(dict.fromkeys(units))
+    value = {unit: covariate[units.index(unit)] for unit in names}
+    shuffled = dict(zip(names, rng.permutation([value[u] for u in names])))
+    return np.array([shuffled[u] for u in units], dtype=float)
+
+
+def measure_placebo(
+    model, kinds, options, inputs, sets: dict, n_heads: int, log=lambda m: None
+) -> pd.DataFrame:
+    """Raw bias values (target bias, k, draw d, index, y; kind placebo-KIND) of every item, its quarter's
+    found heads edited by the kind refitted on permutation d of the covariate."""
+    L, units = model.info.n_layers, [i.unit for i in inputs.items]
+    rng = np.random.default_rng(options.seed + 1)
+    frames = []
+    for d in range(options.placebo):
+        fake = replace(inputs, covariate=permuted(inputs.covariate, units, rng))
+        for kind in kinds:
+            edits = tuple(KINDS[kind].fit(fake, inputs.training(f), options) for f in range(4))
+            base, masks, keys = [], [], []
+            for k, per_fold in sets.items():
+                for index in range(len(inputs.items)):
+                    base.append(index), keys.append((k, d, index))
+                    masks.append(HeadSet(per_fold[inputs.fold[index]]).mask(L, n_heads))
+            y = behaviour_values(model, inputs.bank, edits, base, masks, inputs.labels, inputs.fold[base])
+            frames.append(raw_rows("bias", keys, y=y).assign(kind=PREFIX + kind))
+        if (d + 1) % 10 == 0 or d + 1 == options.placebo:
+            log(f"edit: placebo, {d + 1} of {options.placebo} permutations of the covariate")
+    out = pd.concat(frames, ignore_index=True)
+    return out.assign(heads="", heads_all="")
