@@ -75,6 +75,7 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
         row.update(_control(raw, kind, k, -1, base.control0))
         row.update(_specificity(row))
         row.update(_costs(raw, kind, k, -1, base.loss0, base.user))
+        row.update(_readout(raw, kind, k, base))
         against, drawn = _against_random(raw, base, kind, k, group, after)
         row.update(against)
         draws += drawn
@@ -233,6 +234,33 @@ def _removed(x, before, after, index, sampled) -> float:
     """1 - slope after / slope before on the sampled items."""
     on = np.isin(index, sampled)
     return 1 - _slope(x[on], after[on]) / _slope(x[on], before[on])
+
+
+def _readout(raw, kind, k, base: _Unedited, n_boot: int = 1000) -> dict:
+    """R2 of the covariate read on held-out items from the found heads' outputs before and after the
+    edit (edits.sweep.erased: cross-fitted ridge readouts), against the held-out items' mean, with
+    95% intervals resampling units (the readings fixed: the readout is not refitted)."""
+    out, rng = {}, np.random.default_rng(0)
+    for when in ("before", "after"):
+        rows = raw[(raw["target"] == f"readout_{when}") & (raw["kind"] == kind) & (raw["k"] == k)]
+        if len(rows):
+            read = rows.set_index("index")["y"]
+            x, units = (base.items[c].reindex(read.index).to_numpy() for c in ("covariate", "unit"))
+            groups = [np.flatnonzero(units == u) for u in np.unique(units)]
+            picks = [
+                np.concatenate([groups[g] for g in rng.integers(len(groups), size=len(groups))])
+                for _ in range(n_boot)
+            ]
+            draws = [_r2(x[on].astype(float), read.to_numpy()[on]) for on in picks]
+            out[f"readout_r2_{when}"] = _r2(x.astype(float), read.to_numpy())
+            out[f"readout_r2_{when}_ci_low"], out[f"readout_r2_{when}_ci_high"] = np.quantile(
+                draws, [0.025, 0.975]
+            )
+    return out
+
+
+def _r2(x: np.ndarray, read: np.ndarray) -> float:
+    return float(1 - ((x - read) ** 2).sum() / ((x - x.mean()) ** 2).sum())
 
 
 def _control(raw, kind, k, draw, control0: pd.DataFrame) -> dict:

@@ -435,11 +435,11 @@ def test_edit_options_repeated_or_out_of_range_are_one_error(settings, message):
         EditOptions(**settings)
 
 
-def test_the_placebo_refits_each_covariate_fitted_kind_on_permuted_covariates(tiny_llama_dir, tmp_path):
+def test_the_placebo_and_the_readout_after_the_edit(tiny_llama_dir, tmp_path):
     """--placebo N: leace (fitted on the covariate) refitted on N permutations of it across units at the
     same heads, zero (not fitted on it) left out; p recomputes from the raw rows, its floor is
     1 / (1 + N), and the edits table carries it; a permuted covariate keeps each unit one value."""
-    from attnprobe.edits.sweep.placebo import permuted
+    from attnprobe.edits.sweep.permuted import permuted
 
     suite, out = edit_suite(tmp_path), tmp_path / "run"
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
@@ -464,6 +464,14 @@ def test_the_placebo_refits_each_covariate_fitted_kind_on_permuted_covariates(ti
     edits = pd.read_csv(out / "edits.csv").set_index("kind")
     assert np.isclose(edits.loc["leace", "placebo_p"], placebo["placebo_p"].iloc[0])
     assert np.isnan(edits.loc["zero", "placebo_p"])
+    # the erasure checked after the fact: R2 of the covariate read on held-out items from the site
+    for kind in ("zero", "leace"):
+        read = raw[(raw.target == "readout_after") & (raw.kind == kind)].set_index("index")["y"]
+        x_held = items["covariate"].reindex(read.index).to_numpy()
+        r2 = 1 - ((x_held - read) ** 2).sum() / ((x_held - x_held.mean()) ** 2).sum()
+        assert np.isclose(edits.loc[kind, "readout_r2_after"], r2)
+        assert edits.loc[kind, "readout_r2_after_ci_low"] <= r2 <= edits.loc[kind, "readout_r2_after_ci_high"]
+    assert edits.loc["zero", "readout_r2_after"] <= 0.01  # zeroed heads hold nothing to read
     units = ["a", "a", "b", "c", "c", "c"]
     shuffled = permuted(np.array([1.0, 1.0, 2.0, 3.0, 3.0, 3.0]), units, np.random.default_rng(0))
     assert shuffled[0] == shuffled[1] and shuffled[3] == shuffled[4] == shuffled[5]

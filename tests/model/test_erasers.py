@@ -136,3 +136,19 @@ def test_a_shrunk_eraser_leaves_less_of_the_population_covariance_at_few_rows_pe
             )
             left[shrink].append(np.linalg.norm(cross - u * (f @ cross)) / np.linalg.norm(cross))
     assert np.median(left[True]) < np.median(left[False]), {k: np.median(v) for k, v in left.items()}
+
+
+def test_the_readout_after_erasure_reads_nothing_on_held_out_rows():
+    """edits.sweep.erased.ridge_readout: a covariate written linearly into a site is read back on
+    held-out rows (R2 near 1) and not after the site is erased on the training rows (R2 near 0)."""
+    from attnprobe.edits.sweep.erased import ridge_readout
+
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((600, 8)) @ rng.standard_normal((8, 8))
+    x = z @ rng.standard_normal(8) + 0.1 * rng.standard_normal(600)
+    train, held = np.arange(400), np.arange(400, 600)
+    r2 = lambda read: 1 - ((x[held] - read) ** 2).sum() / ((x[held] - x[held].mean()) ** 2).sum()
+    assert r2(ridge_readout(z[train], x[train], z[held])) > 0.9
+    u, f, mu = (t[0, 0].double().numpy() for t in erasers(torch.as_tensor(z[train])[:, None, None], x[train]))
+    erase = lambda rows: rows - u * ((rows - mu) @ f)[:, None]
+    assert abs(r2(ridge_readout(erase(z[train]), x[train], erase(z[held])))) < 0.05

@@ -6,4 +6,6 @@ fitted   the chosen edits fitted and saved (all items, and each quarter's own)
 options  EditOptions (what was asked, checked when made), listed heads, the settings hash
 measure  the found and random head sets and each kind's raw values
 single   the top heads each zeroed alone
+permuted the covariate-fitted kinds refitted on permuted covariates (--placebo)
+erased   the covariate read back from the edited heads on held-out items (R2 before and after)
 """

@@ -34,7 +34,7 @@ from ..stream import measure_stream
 from .fitted import save_chosen, save_stream
 from .measure import GradientScores, clean_values, found_sets, measure_kind
 from .options import EditOptions, listed_heads, settings_hash
-from .placebo import measure_placebo, placebo_kinds
+from .permuted import measure_placebo, placebo_kinds
 from .single import NAME as SINGLE
 from .single import measure_single
 

@@ -36,10 +36,11 @@ import torch
 from ...heads import HeadSet
 from ...intervene.selection import chosen_heads
 from ...intervene.sites import behaviour_rows
-from ..estimate import swapped_halves
+from ..estimate import last_outputs, swapped_halves
 from ..inputs import Inputs
 from ..kinds import KINDS, Heads
 from ..passes import edited_behaviour, edited_text_costs, raw_rows
+from .erased import readout_rows
 from .options import EditOptions
 
 RANDOM_EVERY = 4  # random head sets are edited on every 4th item
@@ -156,6 +157,7 @@ def measure_kind(
     if base:  # a variant's edit is its item's quarter's
         y = behaviour_values(model, inputs.bank, edits, base, masks, inputs.labels, inputs.fold[base])
         frames.append(raw_rows("bias", keys, y=y))
+        frames += readout_rows(last_outputs(inputs.bank), inputs, edits, sets)
         log(f"edit: {kind}, bias items of the 4 quarters ({time.monotonic() - started:.0f} s)")
     for target, bank in (("control", inputs.control), ("text", inputs.texts)):
         base, masks, keys = [], [], []

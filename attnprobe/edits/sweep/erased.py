@@ -1,0 +1,60 @@
+"""Erasure checked after the fact: can the covariate still be read from the edited site? Per quarter,
+a ridge readout of the covariate from the found heads' outputs at the prediction position is fitted
+on the training quarters' items and read on the quarter's own items, from the outputs as they are
+(before) and as the quarter's edit makes them (after). The outputs are the recorded ones with the
+edit applied at its heads: an edit of several layers does not pass its changes on to the later
+heads here (exact for heads of one layer). stats.edits turns the held-out readings into R2.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...heads import HeadSet
+from ..passes import raw_rows
+
+RIDGE = 0.01  # the penalty, a share of X'X's mean diagonal (the features' mean sum of squares)
+
+
+def site_features(last: torch.Tensor, heads, edit=None) -> np.ndarray:
+    """(N, k D) the outputs of `heads` in `last` (N, L, H, D), each edited by `edit` when given."""
+    columns = []
+    for layer, head in HeadSet(heads):
+        z = last[:, layer]  # (N, H, D)
+        if edit is not None:
+            z = edit.replacement(layer, z[:, :, None, :])[:, :, 0, :]
+        columns.append(z[:, head].double().numpy())
+    return np.concatenate(columns, 1)
+
+
+def ridge_readout(train: np.ndarray, x: np.ndarray, test: np.ndarray) -> np.ndarray:
+    """The covariate read on `test` rows by the ridge regression of x on the `train` rows (centred)."""
+    mean, x_mean = train.mean(0), x.mean()
+    a, b = train - mean, test - mean
+    penalty = RIDGE * (a**2).sum() / max(a.shape[1], 1)
+    if penalty <= 0:  # features that do not vary (a zeroed head) read nothing but the mean
+        return np.full(len(test), x_mean)
+    coef = np.linalg.solve(a.T @ a + penalty * np.eye(a.shape[1]), a.T @ (x - x_mean))
+    return x_mean + b @ coef
+
+
+def readout_rows(last: torch.Tensor, inputs, edits: tuple, sets: dict):
+    """Raw rows (targets readout_before and readout_after; k, draw -1, item index; y: the covariate
+    read on the held-out item) of every k, each quarter read by a readout fitted on its training
+    quarters, from its found heads before and after its quarter's edit."""
+    frames = []
+    for target, edited in (("readout_before", False), ("readout_after", True)):
+        keys, values = [], []
+        for k, per_fold in sets.items():
+            for f in range(4):
+                held = np.flatnonzero(inputs.fold == f)
+                train = np.flatnonzero(np.isin(inputs.fold, inputs.training(f)))
+                if not len(held) or not len(train):
+                    continue
+                features = site_features(last, per_fold[f], edits[f] if edited else None)
+                read = ridge_readout(features[train], inputs.covariate[train], features[held])
+                keys += [(k, -1, int(i)) for i in held]
+                values += list(read)
+        frames.append(raw_rows(target, keys, y=np.array(values, dtype=float)))
+    return frames
