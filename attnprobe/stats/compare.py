@@ -11,9 +11,12 @@ for: chosen and fitted on other items, see edits.saved) and per compared column 
 - with a covariate, the slope of A, of B and of the change per 10 covariate units: the change's
   slope is the change of the bias gradient (cluster-robust slope, CR2, the interaction test of the
   run's own statistics), BH q likewise;
+- the share of A removed, -change / A, with a test-inverted (Fieller) interval at the same design
+  (positive: B is nearer 0 than A);
 - for choices (a 0/1 outcome per item): beside the paired mean change, McNemar's exact test on the
   discordant items (A right and B wrong against the reverse; binomial, two-sided), which does not
-  model the clusters: the cluster-robust t is the design's test, McNemar the familiar one.
+  model the clusters: the cluster-robust t is the design's test, McNemar the familiar one; for other
+  values the exact sign test of the items that rose against those that fell.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from scipy.stats import binomtest
 from ..errors import RunError
 from ..schema.analysis import TEMPLATE
 from .design import PER, Design, items_table, run_analysis
-from .inference import bh_qvalues, cluster_mean_test, cluster_slope_test
+from .inference import bh_qvalues, cluster_mean_test, cluster_slope_test, ratio_test
 
 
 def check_comparable(a, b) -> None:
@@ -107,8 +110,10 @@ def change_table(a: pd.DataFrame, b: pd.DataFrame, run, scopes: dict[str, list])
         table["change_p"] = test["p"][2 * k :]
         table["change_q"] = bh_qvalues(table["change_p"].to_numpy())
         table["change_df"] = test["df"][2 * k :]
-        if _outcomes(va, vb).any():
-            table = table.assign(**_mcnemar(va, vb))
+        share = ratio_test(cells[:, 2 * k :], cells[:, :k], w, design.clusters)  # change / A, per column
+        table["share_removed"] = np.where(np.isfinite(share["ratio"]), -share["ratio"], np.nan)  # none of 0
+        table["share_removed_ci_low"], table["share_removed_ci_high"] = -share["ci_high"], -share["ci_low"]
+        table = table.assign(**(_mcnemar(va, vb) if _outcomes(va, vb).any() else _sign_test(va, vb)))
         if analysis.covariate:
             x = design.cells[analysis.covariate].to_numpy(dtype=float)
             slope = cluster_slope_test(x, cells, w, design.clusters)
@@ -143,6 +148,14 @@ def _mcnemar(a: np.ndarray, b: np.ndarray) -> dict:
         for x, y, ok in zip(only_a, only_b, binary)
     ]
     return {"one_in_a_only": only_a, "one_in_b_only": only_b, "mcnemar_p": np.array(p)}
+
+
+def _sign_test(a: np.ndarray, b: np.ndarray) -> dict:
+    """Per column of a change that is not a 0/1 outcome: items that rose and fell from A to B, and the
+    exact two-sided sign test of the two counts (ties left out; items as units)."""
+    up, down = ((b - a) > 0).sum(0), ((b - a) < 0).sum(0)
+    p = [binomtest(int(x), int(x + y)).pvalue if x + y else 1.0 for x, y in zip(up, down)]
+    return {"n_rose": up, "n_fell": down, "sign_p": np.array(p)}
 
 
 def templates_of(run, item_ids) -> list:

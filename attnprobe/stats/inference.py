@@ -270,11 +270,13 @@ def _inverted_ci(se, num, den, A, B, clusters: list[np.ndarray], df, level: floa
 def ratio_test(
     num: np.ndarray, den: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], level: float = 0.95
 ) -> dict:
-    """Ratio of weighted means, sum w num / sum w den, per column of num (n, k) against den (n,) (the
-    share of a total effect a patch carries), where both are finite. CI: the s the test of the mean of
-    num - s den = 0 keeps (Fieller; at s = 0 cluster_mean_test of num). `se`: the linearised one."""
+    """Ratio of weighted means, sum w num / sum w den, per column of num (n, k) against den (n,), or
+    against den's own column (n, k) (the share of a total effect a patch carries), where both are
+    finite. CI: the s the test of the mean of num - s den = 0 keeps (Fieller; at s = 0
+    cluster_mean_test of num). `se`: the linearised one."""
     num = np.atleast_2d(np.asarray(num, dtype=float).T).T
-    den = np.where(np.isfinite(num), np.asarray(den, dtype=float)[:, None], np.nan)
+    den = np.asarray(den, dtype=float)
+    den = np.where(np.isfinite(num), den if den.ndim == 2 else den[:, None], np.nan)
     num = np.where(np.isfinite(den), num, np.nan)
     W = _weights(num, np.asarray(w, dtype=float))
     mean_num, mean_den = (W * np.nan_to_num(num)).sum(0), (W * np.nan_to_num(den)).sum(0)

@@ -242,6 +242,18 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
             and row.change_ci_low <= row.mean_change <= row.change_ci_high
         )
         assert edited_run.manifest.edits[0]["name"] == name
+        # what the row is: its runs and direction, the share of the gap removed, a sign test (not 0/1)
+        assert (row.a, row.b, row.direction) == ("original", name, "change = b - a, per item")
+        if row.mean_a:  # a share of nothing is none
+            assert np.isclose(row.share_removed, -row.mean_change / row.mean_a)
+            assert row.share_removed_ci_low <= row.share_removed <= row.share_removed_ci_high
+        else:
+            assert np.isnan(row.share_removed)
+        binary = np.isfinite(
+            getattr(row, "mcnemar_p", np.nan)
+        )  # 0/1 outcomes: McNemar; others: the sign test
+        assert binary or (row.n_rose + row.n_fell <= row.n_items and 0 <= row.sign_p <= 1)
+    assert (table["change_p_holm"] >= table["change_p"] - 1e-12).all()  # Holm over the whole table
     # the report shows the transfer and each top head alone
     assert CliRunner().invoke(main, ["report", str(out)]).exit_code == 0
     html = (out / "report.html").read_text()

@@ -8,7 +8,9 @@ attribution, which measure the model rather than its bias, are left out); then `
 edited run against the original. edits_transfer.csv holds, per suite, edit kind and k, every row of
 the comparison over all items (scope "all") except the per-head attention rows: e.g. for the
 coreference suite the pro - anti gap of the model's referent choice before, after and its paired
-change with CI.
+change with CI. Each row names its runs (a: the original, b: the edit) and the change's direction,
+the share of a's value the edit removed (Fieller CI), McNemar's test for 0/1 outcomes and the sign
+test for the others, and p adjusted by Holm over every row of the table (every suite and edit).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ...run import RunOptions, run_suite
 from ...run.files.fresh import own_directory
 from ...run.files.manifest import Manifest
 from ...run.files.reader import RunFiles
+from ...stats.inference import holm
 from ...suite import load_suite
 from ..saved import load_edit
 
@@ -87,13 +90,11 @@ def transfer(directory: Path, suites: list, chosen: list[tuple[str, int]], model
             for name, table in paired(RunFiles(original), RunFiles(edited)).items():
                 if "head" in table:  # per-head rows: in the comparison's own files, not here
                     continue
-                rows.append(
-                    table[table["scope"] == "all"].assign(
-                        suite=suite.name, kind=kind, k=k, heads=saved.manifest()["heads"], table=name
-                    )
-                )
+                about = dict(suite=suite.name, kind=kind, k=k, heads=saved.manifest()["heads"], table=name)
+                rows.append(table[table["scope"] == "all"].assign(**about, a="original", b=saved.name))
     if not rows:
         return pd.DataFrame()
-    out = pd.concat(rows, ignore_index=True)
-    first = ["suite", "kind", "k", "heads", "table"]
+    out = pd.concat(rows, ignore_index=True).assign(direction="change = b - a, per item")
+    out["change_p_holm"] = holm(out["change_p"].to_numpy())  # over every row of the table: every suite, edit
+    first = ["suite", "kind", "k", "heads", "table", "a", "b", "direction"]
     return out[first + [c for c in out.columns if c not in first]]

@@ -14,7 +14,7 @@ import torch
 from ...heads import HeadSet
 from ..passes import raw_rows
 
-RIDGE = 0.01  # the penalty, a share of X'X's mean diagonal (the features' mean sum of squares)
+PENALTIES = np.logspace(-4, 4, 33)  # the ridge penalties tried, in units of the mean squared singular value
 
 
 def site_features(last: torch.Tensor, heads, edit=None) -> np.ndarray:
@@ -29,14 +29,22 @@ def site_features(last: torch.Tensor, heads, edit=None) -> np.ndarray:
 
 
 def ridge_readout(train: np.ndarray, x: np.ndarray, test: np.ndarray) -> np.ndarray:
-    """The covariate read on `test` rows by the ridge regression of x on the `train` rows (centred)."""
+    """The covariate read on `test` rows by the ridge regression of x on the `train` rows (centred),
+    its penalty chosen on the training rows by generalised cross-validation over PENALTIES (times
+    the mean squared singular value): a site has about as many dimensions as items to fit on."""
     mean, x_mean = train.mean(0), x.mean()
-    a, b = train - mean, test - mean
-    penalty = RIDGE * (a**2).sum() / max(a.shape[1], 1)
-    if penalty <= 0:  # features that do not vary (a zeroed head) read nothing but the mean
+    u, s, vt = np.linalg.svd(train - mean, full_matrices=False)
+    if not (s > 1e-12 * max(s.max(initial=0.0), 1e-300)).any():  # features that do not vary (a zeroed head)
         return np.full(len(test), x_mean)
-    coef = np.linalg.solve(a.T @ a + penalty * np.eye(a.shape[1]), a.T @ (x - x_mean))
-    return x_mean + b @ coef
+    uy, n, scale = u.T @ (x - x_mean), len(x), (s**2).mean()
+    best = None
+    for penalty in PENALTIES * scale:
+        shrink = s**2 / (s**2 + penalty)
+        residual = ((x - x_mean) ** 2).sum() - (uy**2 * (1 - (1 - shrink) ** 2)).sum()
+        gcv = n * residual / (n - shrink.sum()) ** 2
+        if best is None or gcv < best[0]:
+            best = (gcv, s / (s**2 + penalty))
+    return x_mean + (test - mean) @ (vt.T @ (best[1] * uy))
 
 
 def readout_rows(last: torch.Tensor, inputs, edits: tuple, sets: dict):
