@@ -30,20 +30,21 @@ def site_features(last: torch.Tensor, heads, edit=None) -> np.ndarray:
 
 def ridge_readout(train: np.ndarray, x: np.ndarray, test: np.ndarray) -> np.ndarray:
     """The covariate read on `test` rows by the ridge regression of x on the `train` rows (centred),
-    its penalty chosen on the training rows by generalised cross-validation over PENALTIES (times
-    the mean squared singular value): a site has about as many dimensions as items to fit on."""
-    mean, x_mean = train.mean(0), x.mean()
+    its penalty chosen on the training rows by leave-one-out error (closed form) over PENALTIES
+    (times the mean squared singular value): a site has about as many dimensions as items to fit on,
+    where an unpenalised fit interpolates."""
+    mean, x_mean, n = train.mean(0), x.mean(), len(x)
     u, s, vt = np.linalg.svd(train - mean, full_matrices=False)
     if not (s > 1e-12 * max(s.max(initial=0.0), 1e-300)).any():  # features that do not vary (a zeroed head)
         return np.full(len(test), x_mean)
-    uy, n, scale = u.T @ (x - x_mean), len(x), (s**2).mean()
+    uy, y = u.T @ (x - x_mean), x - x_mean
     best = None
-    for penalty in PENALTIES * scale:
+    for penalty in PENALTIES * (s**2).mean():
         shrink = s**2 / (s**2 + penalty)
-        residual = ((x - x_mean) ** 2).sum() - (uy**2 * (1 - (1 - shrink) ** 2)).sum()
-        gcv = n * residual / (n - shrink.sum()) ** 2
-        if best is None or gcv < best[0]:
-            best = (gcv, s / (s**2 + penalty))
+        leverage = (u**2) @ shrink + 1 / n  # the hat matrix's diagonal, the mean's share included
+        loo = (((y - u @ (shrink * uy)) / (1 - leverage)) ** 2).mean()
+        if best is None or loo < best[0]:
+            best = (loo, s / (s**2 + penalty))
     return x_mean + (test - mean) @ (vt.T @ (best[1] * uy))
 
 
