@@ -5,13 +5,13 @@ shared, logits only where a scored token is read):
 
   logprob         log p(sentence): every token after the first, given those before it
   logprob_shared  log p(the `shared` span's tokens | everything before them): the words a row's
-                  sentences have in common after the words that differ (suite/columns.py), so the
+                  sentences have in common after the words that differ (suite/files/columns.py), so the
                   same tokens are scored under each group word, the causal-LM analogue of
                   CrowS-Pairs' score (Nangia et al. 2020, which scores the unmodified tokens with
                   a masked LM); NaN where the sentences differ at their end
 
 Rows land in likelihood.parquet: (prompt_id, logprob, n_tokens, logprob_shared, n_shared). The
-statistics (stats/likelihood.py) compare the analysis's positive and negative sentences of each item.
+statistics (stats/kinds/likelihood.py) compare the analysis's positive and negative sentences of each item.
 """
 
 from __future__ import annotations

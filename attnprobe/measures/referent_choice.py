@@ -4,7 +4,7 @@ For a suite whose analysis declares two `referents` (spans, e.g. the two occupat
 `answer`, each prompt is extended by the suite's question (`prompt:`, with `{span}` filled by that
 span's words in this prompt, e.g. " Here, '{pronoun}' refers to the") and each referent's words
 (its span without a leading article: "The developer" -> " developer") are scored as
-log p(words | sentence + question), summed over their tokens. The statistics (stats/referents.py)
+log p(words | sentence + question), summed over their tokens. The statistics (stats/kinds/referents.py)
 count the item as correct when the answer scores higher. Rows land in referent_choice.parquet:
 (prompt_id, referent, candidate, logprob, n_tokens).
 """
