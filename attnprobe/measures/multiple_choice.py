@@ -4,10 +4,10 @@ Each prompt (a context and a question, suite/files/choices.py) is followed by th
 (default " Answer:") and each option's words (with a space before them) are scored as
 log p(option | context + question + prompt), summed over their tokens; context, question and prompt
 are forwarded once for all options and shared prefixes once across prompts
-(scoring.continuation_logprobs). The statistics (stats/kinds/multiple_choice.py) take the highest-scoring option
-as the model's choice, for all questions and per value of each `by` column (default: the sentence
-entry, template_id, where there are several, and BBQ's category). Rows land in multiple_choice.parquet:
-(prompt_id, option, candidate, logprob, n_tokens).
+(scoring.continuation_logprobs). The statistics (stats/kinds/multiple_choice.py) take the
+highest-scoring option as the model's choice, for all questions and per value of each `by` column
+(default: the sentence entry, template_id, where there are several, and BBQ's category). Rows land in
+multiple_choice.parquet: (prompt_id, option, candidate, logprob, n_tokens).
 """
 
 from __future__ import annotations
