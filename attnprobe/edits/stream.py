@@ -168,7 +168,7 @@ def stream_text_costs(module, bank: Bank, clean_logp, edit: StreamEdit) -> tuple
 
 def _quarter_edits(inputs, layer: int) -> StreamEdit:
     """Per item the parameters of its quarter's eraser (fitted on the quarter's training quarters)."""
-    return _per_row([StreamEdit.fit(inputs, layer, inputs.training(f)) for f in range(4)], inputs.fold)
+    return per_row([StreamEdit.fit(inputs, layer, inputs.training(f)) for f in range(4)], inputs.fold)
 
 
 def _crossed_edits(inputs, layer: int) -> StreamEdit:
@@ -176,10 +176,10 @@ def _crossed_edits(inputs, layer: int) -> StreamEdit:
     the control's words (a prompt no fit used: the one fitted on half 0)."""
     swapped = replace(inputs, control_half=swapped_halves(inputs.control_half))
     fitted = [StreamEdit.fit(inputs, layer, np.arange(4)), StreamEdit.fit(swapped, layer, np.arange(4))]
-    return _per_row(fitted, (inputs.control_half == 0).astype(int))
+    return per_row(fitted, (inputs.control_half == 0).astype(int))
 
 
-def _per_row(fitted: list[StreamEdit], which) -> StreamEdit:
+def per_row(fitted: list[StreamEdit], which) -> StreamEdit:
     """One edit with per-row parameters: row n's are those of fitted[which[n]]."""
     which = torch.as_tensor(which)
     stacked = [torch.stack([getattr(e, name) for e in fitted])[which] for name in PARAMETERS]

@@ -21,7 +21,15 @@ from ...run.files.layout import content_sha
 from ...run.files.reader import RunFiles
 from ...run.options import RunOptions
 from ...run.phases import Phase, run_phase
-from ...stats.edits import STREAM, edit_tables, head_table, quarter_table, stream_table
+from ...stats.edits import (
+    STREAM,
+    STREAM_CHOSEN,
+    chosen_layers,
+    edit_tables,
+    head_table,
+    quarter_table,
+    stream_table,
+)
 from ...stats.placebo import PLACEBO_PREFIX, placebo_table
 from ...store import atomic_write, exclusive, read_chunks, write_parquet, write_table
 from ..analyses.paths import measure_run_paths, write_paths
@@ -34,7 +42,7 @@ from ..stream import measure_stream
 from .fitted import save_chosen, save_stream
 from .measure import GradientScores, clean_values, found_sets, measure_kind
 from .options import EditOptions, listed_heads, settings_hash
-from .permuted import measure_placebo, placebo_kinds
+from .permuted import measure_placebo, measure_stream_placebo, placebo_kinds
 from .single import NAME as SINGLE
 from .single import measure_single
 
@@ -190,6 +198,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         frames += _head_parts(part, key, model, options, inputs, sets, scores["all"], H, log)
         if options.stream:
             frames.append(part(STREAM, lambda: measure_stream(model, inputs, log)))
+            frames += _stream_placebo(part, key, model, options, inputs, frames, log)
         if options.trace:
             traced = part("trace", lambda: measure_tracing(model, inputs, word, log), described=False)
         if options.paths:
@@ -232,6 +241,18 @@ def _head_parts(part, key: str, model, options, inputs, sets, scores, H: int, lo
     return frames
 
 
+def _stream_placebo(part, key: str, model, options, inputs, frames: list, log) -> list[pd.DataFrame]:
+    """The stream's placebo at the layers the sweep chose (none without --placebo)."""
+    if not options.placebo:
+        return []
+    measured = pd.concat([frames[0], frames[-1]], ignore_index=True)  # the clean values and the stream's
+    per_layer, _ = edit_tables(measured)
+    chosen = chosen_layers(measured, per_layer)
+    plan = hashlib.sha256(f"{key} stream {sorted(chosen.items(), key=str)} {options.placebo}".encode())
+    placebo = lambda: measure_stream_placebo(model, inputs, chosen, options, log)
+    return [part("placebo-stream", placebo, plan.hexdigest()[:16])]
+
+
 def _gradient_scores(run, items, inputs, word: str, L: int, H: int) -> tuple[dict, object]:
     """The heads' gradient scores on every item ("all") and on each quarter's training items (the
     scores the heads tested on quarter f are chosen by), and the function giving the quarters' scores
@@ -253,13 +274,17 @@ def _write_sweep(
     sweep = raw[~raw["kind"].isin([SINGLE, STREAM]) & ~raw["kind"].str.startswith(PLACEBO_PREFIX)]
     summary, draws = edit_tables(sweep, H)
     summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
-    placebo = placebo_table(raw)
-    if len(placebo):  # each refit kind's row gets its placebo p
+    stream, chosen = stream_table(raw)
+    placebo = placebo_table(pd.concat([raw, chosen], ignore_index=True))
+    if len(placebo):  # each refit kind's row (and the stream's chosen row) gets its placebo p
         write_table(directory, "edits_placebo", placebo)
-        summary = summary.merge(placebo.drop(columns="gradient_removed"), on=["kind", "k"], how="left")
+        p = placebo.drop(columns="gradient_removed")
+        summary = summary.merge(p, on=["kind", "k"], how="left")
+        if len(stream):
+            p = p[p["kind"] == STREAM_CHOSEN].drop(columns=["kind", "k"]).assign(chosen=True)
+            stream = stream.merge(p, on="chosen", how="left") if len(p) else stream
     write_table(directory, "edits", summary)
     write_table(directory, "edits_draws", draws)
-    stream, chosen = stream_table(raw)
     chosen = pd.concat([raw[raw["kind"] == "none"], chosen])  # the stream's chosen rows and the clean ones
     write_table(directory, "edits_quarters", pd.concat([quarter_table(sweep), quarter_table(chosen)]))
     if len(stream):

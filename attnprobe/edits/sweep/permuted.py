@@ -14,9 +14,11 @@ import numpy as np
 import pandas as pd
 
 from ...heads import HeadSet
+from ...stats.edits import STREAM_CHOSEN
 from ...stats.placebo import PLACEBO_PREFIX as PREFIX  # the raw rows' kind: placebo-KIND
 from ..kinds import KINDS
 from ..passes import raw_rows
+from ..stream import StreamEdit, per_row, stream_behaviour
 from .measure import behaviour_values
 
 
@@ -57,3 +59,26 @@ def measure_placebo(
             log(f"edit: placebo, {d + 1} of {options.placebo} permutations of the covariate")
     out = pd.concat(frames, ignore_index=True)
     return out.assign(heads="", heads_all="")
+
+
+def measure_stream_placebo(model, inputs, chosen: dict, options, log=lambda m: None) -> pd.DataFrame:
+    """The stream's placebo: raw bias rows (kind placebo-stream-chosen, k the layer chosen on every
+    item, draw d) of each quarter's items with the stream erased at the layer chosen for the quarter
+    (`chosen`: quarter -> layer, stats.edits.chosen_layers) by the eraser refitted on its training
+    quarters with permutation d of the covariate."""
+    units, rng = [i.unit for i in inputs.items], np.random.default_rng(options.seed + 1)
+    quarters = [f for f in range(4) if f in chosen]
+    frames = []
+    for d in range(options.placebo):
+        fake = replace(inputs, covariate=permuted(inputs.covariate, units, rng))
+        y = np.full(len(inputs.items), np.nan)
+        for layer in sorted({chosen[f] for f in quarters}):  # one pass per layer some quarter chose
+            fitted = [StreamEdit.fit(fake, layer, inputs.training(f)) for f in range(4)]
+            read = stream_behaviour(model.model, inputs.bank, per_row(fitted, inputs.fold), inputs.labels)
+            mine = np.isin(inputs.fold, [f for f in quarters if chosen[f] == layer])
+            y[mine] = read[mine]
+        keys = [(chosen["all"], d, i) for i in np.flatnonzero(np.isfinite(y))]
+        frames.append(raw_rows("bias", keys, y=y[np.isfinite(y)]))
+        if (d + 1) % 10 == 0 or d + 1 == options.placebo:
+            log(f"edit: the stream's placebo, {d + 1} of {options.placebo} permutations")
+    return pd.concat(frames, ignore_index=True).assign(kind=PREFIX + STREAM_CHOSEN, heads="", heads_all="")
