@@ -2,8 +2,9 @@
 edit erases that removes the gradient, or would any unit-level variable do? The kind is refitted, per
 quarter on its training quarters and at the same heads (the found sets), with the covariate permuted
 across units (each unit keeps one value, another unit's), N times; each refit edit is measured on
-its quarter's items like the real one. stats.edits.placebo_table compares the real gradient removed
-with the permuted ones (p = (1 + #placebo >= real) / (1 + N), its floor 1 / (1 + N)).
+its quarter's items like the real one; the stream's eraser likewise at the layers the sweep chose.
+stats.placebo.placebo_table compares the real gradient removed with the permuted ones (p = (1 +
+#placebo >= real) / (1 + N), its floor 1 / (1 + N)).
 """
 
 from __future__ import annotations
