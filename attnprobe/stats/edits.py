@@ -97,8 +97,8 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
 
 
 class _Unedited:
-    """The sweep's unedited values: the bias items (covariate, clusters, y before), the control's y
-    and signs, the texts' losses."""
+    """The sweep's unedited values: the bias items (covariate, clusters, y before), the control prompts'
+    rows, the texts' losses."""
 
     def __init__(self, raw: pd.DataFrame):
         none = lambda target: raw[(raw["target"] == target) & (raw["kind"] == "none")].set_index("index")
@@ -108,7 +108,6 @@ class _Unedited:
         self.w = np.ones(len(self.items))
         self.before = self.items["y"].to_numpy()
         self.control0 = none("control").sort_index()
-        self.sign = self.control0["sign"].to_numpy()
         texts0 = none("text").sort_index()
         self.loss0, self.user = texts0["loss"], texts0["user_text"].astype(bool)
 
@@ -145,11 +144,11 @@ def _against_random(raw, base: _Unedited, kind, k, group, after) -> tuple[dict, 
     x, before, index = base.x, base.before, base.items.index
     random = sorted(d for d in group["draw"].unique() if d >= 0)
     sampled = _bias(raw, kind, k, random[0]).index if random else index[:0]
-    found = _removed(x, before, after, index, sampled) if random else np.nan
+    found = share_removed(x, before, after, index, sampled) if random else np.nan
     removed, draws = [], []
     for d in random:
         r = _bias(raw, kind, k, d)
-        removed.append(_removed(x, before, r.reindex(index).to_numpy(), index, sampled))
+        removed.append(share_removed(x, before, r.reindex(index).to_numpy(), index, sampled))
         draws.append(
             {
                 "kind": kind,
@@ -230,7 +229,7 @@ def quarter_table(raw: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _removed(x, before, after, index, sampled) -> float:
+def share_removed(x, before, after, index, sampled) -> float:
     """1 - slope after / slope before on the sampled items."""
     on = np.isin(index, sampled)
     return 1 - _slope(x[on], after[on]) / _slope(x[on], before[on])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .edits import share_removed
 from .inference import bh_qvalues, cluster_slope_test
 
 PLACEBO_DRAWS = 40
@@ -65,12 +66,9 @@ def placebo_table(raw):
 
     bias = raw[raw["target"] == "bias"]
     before = bias[bias["kind"] == "none"].set_index("index").sort_index()
-    x, y0 = before["covariate"].to_numpy(dtype=float), before["y"].to_numpy()
-    xc = x - x.mean()
-    slope = lambda y: (xc * (y - y.mean())).sum() / (xc**2).sum()
-    removed = lambda rows: (
-        1 - slope(rows.set_index("index")["y"].reindex(before.index).to_numpy()) / slope(y0)
-    )
+    x, y0, every = before["covariate"].to_numpy(dtype=float), before["y"].to_numpy(), before.index
+    after = lambda rows: rows.set_index("index")["y"].reindex(every).to_numpy()
+    removed = lambda rows: share_removed(x, y0, after(rows), every, every)
     out = []
     for kind in (k for k in bias["kind"].unique() if str(k).startswith(PLACEBO_PREFIX)):
         real_kind = kind[len(PLACEBO_PREFIX) :]
