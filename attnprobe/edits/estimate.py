@@ -91,11 +91,6 @@ def control_halves(sign: np.ndarray, pairs=(), fitted=None) -> np.ndarray:
     return half
 
 
-def swapped_halves(half: np.ndarray) -> np.ndarray:
-    """The halves with 0 and 1 exchanged (2 kept): the inputs of the edit fitted on the other half."""
-    return np.where(half == 2, 2, 1 - half)
-
-
 def definitional_directions(last: torch.Tensor, sign: np.ndarray) -> torch.Tensor:
     """(L, H, D) mean z (n, L, H, D) of the positive-label rows minus the negative-label rows."""
     sign = torch.as_tensor(sign)

@@ -5,7 +5,7 @@ of the user's --text."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.resources import files
 from pathlib import Path
 
@@ -47,6 +47,11 @@ class Inputs:
     clean_logp: list[torch.Tensor]
     labels: torch.Tensor  # (N, 2, K) each item's positive and negative label ids (-1 padded)
     control_labels: torch.Tensor  # (M, 2, K) the positive and negative label's word for every control prompt
+
+    def other_half(self) -> Inputs:
+        """These inputs with the control's halves 0 and 1 exchanged (2 kept): an edit fitted on them
+        keeps the direction of the other half's words."""
+        return replace(self, control_half=np.where(self.control_half == 2, 2, 1 - self.control_half))
 
     def training(self, fold: int) -> np.ndarray:
         """The folds the heads and parameters tested on `fold` come from: the opposite one, or

@@ -22,7 +22,7 @@ so no item tests a layer chosen on its own outcome.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -34,7 +34,7 @@ from ..intervene.engine import Bank
 from ..intervene.rerun import ROWS, rerun_logits, rerun_y
 from ..model.anatomy import decoder_layers, module_of
 from ..stats.edits import STREAM as NAME
-from .estimate import definitional_directions, erasers, swapped_halves
+from .estimate import definitional_directions, erasers
 from .passes import raw_rows, text_costs
 
 PARAMETERS = ("along", "functional", "mean")
@@ -174,8 +174,10 @@ def _quarter_edits(inputs, layer: int) -> StreamEdit:
 def _crossed_edits(inputs, layer: int) -> StreamEdit:
     """Per control prompt the all-items eraser whose keep constraint was fitted on the other half of
     the control's words (a prompt no fit used: the one fitted on half 0)."""
-    swapped = replace(inputs, control_half=swapped_halves(inputs.control_half))
-    fitted = [StreamEdit.fit(inputs, layer, np.arange(4)), StreamEdit.fit(swapped, layer, np.arange(4))]
+    fitted = [
+        StreamEdit.fit(inputs, layer, np.arange(4)),
+        StreamEdit.fit(inputs.other_half(), layer, np.arange(4)),
+    ]
     return per_row(fitted, (inputs.control_half == 0).astype(int))
 
 

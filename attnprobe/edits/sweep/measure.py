@@ -27,7 +27,6 @@ import itertools
 import math
 import time
 from collections import Counter
-from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -36,7 +35,7 @@ import torch
 from ...heads import HeadSet
 from ...intervene.selection import chosen_heads
 from ...intervene.sites import behaviour_rows
-from ..estimate import last_outputs, swapped_halves
+from ..estimate import last_outputs
 from ..inputs import Inputs
 from ..kinds import KINDS, Heads
 from ..passes import edited_behaviour, edited_text_costs, raw_rows
@@ -168,8 +167,7 @@ def measure_kind(
                 for index in range(n):
                     base.append(index), masks.append(HeadSet(heads).mask(L, H)), keys.append((k, r, index))
         if target == "control":  # each prompt's edit kept a direction fitted on the other half's words
-            swapped = replace(inputs, control_half=swapped_halves(inputs.control_half))
-            crossed = (everywhere, KINDS[kind].fit(swapped, np.arange(4), options))
+            crossed = (everywhere, KINDS[kind].fit(inputs.other_half(), np.arange(4), options))
             which = (inputs.control_half[base] == 0).astype(int)
             y = behaviour_values(model, bank, crossed, base, masks, inputs.control_labels, which)
             frames.append(raw_rows(target, keys, y=y))
