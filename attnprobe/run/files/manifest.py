@@ -161,7 +161,11 @@ def _hint(dotted: str):
     if "." in dotted:
         head, name = dotted.split(".", 1)
         owner = {"suite": SuiteRecord, "model": ModelRecord}[head]
-    hint = typing.get_type_hints(owner)[name]
+    return _runtime(typing.get_type_hints(owner)[name])
+
+
+def _runtime(hint):
+    """The type an annotation asks for, None aside (`str | None` -> str)."""
     kinds = [k for k in typing.get_args(hint) if k is not type(None)] or [hint]
     return kinds[0]
 
@@ -178,7 +182,7 @@ def _typed(cls, raw: dict, where, prefix: str) -> dict:
     for name, value in raw.items():
         if name not in hints:
             continue  # a field a later attnprobe added: not read by this one
-        kind = _hint(prefix + name) if prefix else _hint(name)
+        kind = _runtime(hints[name])
         fits = isinstance(value, (int, float) if kind is float else kind) and not (
             kind is not bool and isinstance(value, bool) and kind in (int, float)
         )
