@@ -26,6 +26,14 @@ def _int_list(ctx, param, value):
         raise click.BadParameter(f"{value!r}: whole numbers separated by commas, e.g. 1,2,5,10,20") from None
 
 
+def _count(name: str, help: str):
+    """The option of one of the sweep's counts, its bounds and default from defaults.py."""
+    bounds = click.IntRange(MIN_EDIT_COUNTS[name], MAX_EDIT_COUNTS[name])
+    return click.option(
+        f"--{name}", type=bounds, default=DEFAULT_EDIT_COUNTS[name], show_default=True, help=help
+    )
+
+
 @command("attnprobe edit reports/gender/smollm2-135m --kinds zero,leace --k 1,5")
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
 @click.option(
@@ -45,12 +53,9 @@ def _int_list(ctx, param, value):
 @click.option(
     "--heads", help="Edit these heads on every item instead of the run's ranking, e.g. L26H2,L25H2."
 )
-@click.option(
-    "--draws",
-    type=click.IntRange(0, MAX_EDIT_COUNTS["draws"]),
-    default=DEFAULT_EDIT_COUNTS["draws"],
-    show_default=True,
-    help="Random head sets per k.",
+@_count(
+    "draws",
+    "Random head sets per k.",
 )
 @click.option("--factor", type=float, default=0.5, show_default=True, help="Factor of the scale edit.")
 @click.option(
@@ -64,26 +69,17 @@ def _int_list(ctx, param, value):
     help="Also report the log-loss change on this text file (--text in verify is a sentence).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option(
-    "--alone",
-    type=click.IntRange(0, MAX_EDIT_COUNTS["alone"]),
-    default=DEFAULT_EDIT_COUNTS["alone"],
-    show_default=True,
-    help="The top heads each zeroed alone on every item and control prompt (edits_heads.csv); 0: none.",
+@_count(
+    "alone",
+    "The top heads each zeroed alone on every item and control prompt (edits_heads.csv); 0: none.",
 )
-@click.option(
-    "--texts",
-    type=click.IntRange(MIN_EDIT_COUNTS["texts"], MAX_EDIT_COUNTS["texts"]),
-    default=DEFAULT_EDIT_COUNTS["texts"],
-    show_default=True,
-    help="Texts the model writes from the shipped openings that KL is measured on (fewer: faster, wider CI).",
+@_count(
+    "texts",
+    "Texts the model writes from the shipped openings that KL is measured on (fewer: faster, wider CI).",
 )
-@click.option(
-    "--placebo",
-    type=click.IntRange(MIN_EDIT_COUNTS["placebo"], MAX_EDIT_COUNTS["placebo"]),
-    default=DEFAULT_EDIT_COUNTS["placebo"],
-    show_default=True,
-    help="Refit each covariate-fitted kind on this many permutations of the covariate across units "
+@_count(
+    "placebo",
+    "Refit each covariate-fitted kind on this many permutations of the covariate across units "
     "(edits_placebo.csv; 199 gives p a floor of 0.005).",
 )
 @click.option(
