@@ -35,6 +35,7 @@ from .checks import (
 from .footprint import check_fits
 from .shapes import directory_name, is_random, random_model, shape_config, shape_tokenizer
 from .shapes import refuse_random as refuse_random  # for the commands that refuse random weights
+from .tokenizers import read_tokenizer
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
@@ -151,7 +152,7 @@ def _load_files(spec, source, local, dtype_name, device, device_map, trust_remot
 
     offline = local or _hub_offline()
     try:
-        tokenizer = _load_tokenizer(source, offline, trust_remote_code)
+        tokenizer = read_tokenizer(source, offline, trust_remote_code)
         config = AutoConfig.from_pretrained(
             source, local_files_only=offline, trust_remote_code=trust_remote_code
         )
@@ -267,11 +268,11 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, trust_remote_code: bool = False, t
     try:
         if cached is not None and not (cached / "config.json").is_file():  # not converted yet: read the GGUF
             folder, name = str(Path(source).parent), Path(source).name
-            loaded = _load_tokenizer(folder, True, False, gguf_file=name) if tokenizer else None
+            loaded = read_tokenizer(folder, True, False, gguf_file=name) if tokenizer else None
             config = AutoConfig.from_pretrained(folder, gguf_file=name)
         else:
             source = str(cached or source)
-            loaded = _load_tokenizer(source, offline, trust_remote_code) if tokenizer else None
+            loaded = read_tokenizer(source, offline, trust_remote_code) if tokenizer else None
             config = AutoConfig.from_pretrained(
                 source, local_files_only=offline, trust_remote_code=trust_remote_code
             )
@@ -378,11 +379,3 @@ def _check_weight_files(folder: Path, allow_pickle: bool) -> None:
             f"{folder} holds no model weights (*.safetensors); give a checkpoint directory or one of the "
             f"{aliases_hint()}"
         )
-
-
-def _load_tokenizer(source: str, offline: bool, trust_remote_code: bool, **kwargs):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(
-        source, local_files_only=offline, trust_remote_code=trust_remote_code, **kwargs
-    )

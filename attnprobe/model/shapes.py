@@ -93,13 +93,14 @@ def shape_config(spec: str):
 
 def shape_tokenizer(spec: str, config):
     """The tokenizer of a `random:` spec: the config directory's own, else the default model's."""
-    from . import _load_tokenizer, load_tokenizer
+    from . import load_tokenizer
+    from .tokenizers import read_tokenizer
 
     _, folder = _source(spec)
     has_own = folder is not None and any(
         (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")
     )
-    tokenizer = _load_tokenizer(str(folder), True, False) if has_own else load_tokenizer(DEFAULT_MODEL)[0]
+    tokenizer = read_tokenizer(str(folder), True, False) if has_own else load_tokenizer(DEFAULT_MODEL)[0]
     vocabulary = config.get_text_config().vocab_size
     if len(tokenizer) > vocabulary:
         raise ModelSpecError(

@@ -87,7 +87,8 @@ def robust_variance(
     one_way = [_cr_variance(scores, np.asarray(c), present) for c in clusters]
     variance = one_way[0][0]
     if len(clusters) == 2:
-        both = np.array([f"{a}\x1f{b}" for a, b in zip(*clusters)])
+        a, b = (np.unique(np.asarray(c), return_inverse=True)[1].ravel() for c in clusters)
+        both = a * (b.max() + 1) + b  # the crossed cells
         crossed = one_way[0][0] + one_way[1][0] - _cr_variance(scores, both, present)[0]
         variance = np.maximum(crossed, np.maximum(one_way[0][0], one_way[1][0]))
     counts = [g for _, g in one_way]
@@ -139,44 +140,46 @@ def _cr2_slope_variance(
     """CR2 (Bell & McCaffrey 2002) variance of weighted least-squares slopes, one per column, and the
     clusters with data per column. Residuals at high-leverage covariate values are shrunk by the fit,
     which makes CR1 reject too often in the tails with few clusters (p < 0.001 about 2.7x too often
-    with 30 units); CR2 undoes the shrinkage per cluster: e~_g = W_g^-1/2 (I - Hs_gg)^-1/2 W_g^1/2 e_g
-    with Hs = W^1/2 X (X'WX)^-1 X' W^1/2, X = [1, xc] (W sums to 1, so X'WX = diag(1, Sxx)). The
-    slope's error is sum_g sum_{i in g} W_i xc_i e~_i / Sxx. Columns sharing rows share the
-    adjustment (computed once per pattern of missing values).
-    Also returns the Satterthwaite df of that variance under equal-variance cells, (sum l_g)^2 /
-    sum l_g^2 with l_g = sum_{i in g} (W_i xc_i)^2: a few extreme covariate values carry most of a
-    slope's variance, so it has fewer effective df than clusters (about 0.56 n for a uniform covariate
-    with one cell per cluster); without this the tails stay about 2x too liberal."""
-    _, index = np.unique(labels, return_inverse=True)
-    k = W.shape[1]
+    with 30 units); CR2 undoes the shrinkage per cluster: e~_g = W_g^-1/2 (I - Hs_gg)^-1/2 W_g^1/2 e_g,
+    Hs = W^1/2 X (X'WX)^-1 X' W^1/2, X = [1, xc] (W sums to 1: X'WX = diag(1, Sxx)); the slope's error
+    is sum_g sum_{i in g} W_i xc_i e~_i / Sxx; once per pattern of missing values. Also returns the
+    Satterthwaite df of that variance under equal-variance cells, (sum l_g)^2 / sum l_g^2 with l_g =
+    sum_{i in g} (W_i xc_i)^2: a few extreme covariate values carry most of a slope's variance, so it
+    has fewer effective df than clusters (about 0.56 n for a uniform covariate with one cell per
+    cluster); without this the tails stay about 2x too liberal."""
+    index, k = np.unique(labels, return_inverse=True)[1].ravel(), W.shape[1]
     variance, G, df = np.full(k, np.nan), np.zeros(k, dtype=int), np.full(k, np.nan)
-    present = W > 0
-    patterns, column_pattern = np.unique(present.T, axis=0, return_inverse=True)
+    patterns, column_pattern = np.unique((W > 0).T, axis=0, return_inverse=True)
     for p, rows in enumerate(patterns):
         columns = np.flatnonzero(column_pattern.ravel() == p)
         j = columns[0]
         if not rows.any() or sxx[j] <= 0:
             continue
-        sums, loads = [], []
-        for members in _groups(index[rows]):
-            r = np.flatnonzero(rows)[members]
-            root = np.sqrt(W[r, j])
-            hat = np.outer(root, root) * (1 + np.outer(xc[r, j], xc[r, j]) / sxx[j])
-            values, vectors = np.linalg.eigh(np.eye(len(r)) - hat)
-            inverse_root = (vectors / np.sqrt(np.clip(values, 1e-12, None))) @ vectors.T
-            adjusted = (inverse_root @ (root[:, None] * residual[r][:, columns])) / root[:, None]
-            sums.append((W[r, j] * xc[r, j])[None] @ adjusted / sxx[j])
-            loads.append(((W[r, j] * xc[r, j]) ** 2).sum())
-        variance[columns] = (np.concatenate(sums) ** 2).sum(0)
-        G[columns] = len(sums)
+        r = np.flatnonzero(rows)
+        r = r[np.argsort(index[r], kind="stable")]
+        starts = np.flatnonzero(np.r_[True, np.diff(index[r]) != 0])
+        # Hs_gg = U U' with U = W^1/2 [1, xc / sqrt(Sxx)] (rank 2), so (I - U U')^-1/2 = I + U h(U'U) U',
+        # h(l) = ((1 - l)^-1/2 - 1) / l on the eigenvalues of the 2 x 2 Gram U'U: every cluster at once
+        root = np.sqrt(W[r, j])
+        U = np.stack([root, root * xc[r, j] / np.sqrt(sxx[j])], 1)  # (n, 2)
+        values, vectors = np.linalg.eigh(_sums(U[:, :, None] * U[:, None, :], starts))  # (G, 2), (G, 2, 2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            h = np.where(values > 1e-9, (np.clip(1 - values, 1e-12, None) ** -0.5 - 1) / values, 0.5)
+        Hg = np.einsum("gik,gk,gjk->gij", vectors, h, vectors)
+        # the slope's score of cluster g: b' (I + U h U') z, b = W^1/2 xc / Sxx, z = W^1/2 e
+        b, z = root * xc[r, j] / sxx[j], root[:, None] * residual[r][:, columns]  # (n,), (n, c)
+        bu, uz = _sums(b[:, None] * U, starts), _sums(U[:, :, None] * z[:, None, :], starts)
+        sums = _sums(b[:, None] * z, starts) + np.einsum("gi,gij,gjc->gc", bu, Hg, uz)
+        loads = _sums((W[r, j] * xc[r, j]) ** 2, starts)
+        variance[columns] = (sums**2).sum(0)
+        G[columns] = len(starts)
         df[columns] = np.sum(loads) ** 2 / np.sum(np.square(loads))
     return variance, G, df
 
 
-def _groups(index: np.ndarray) -> list[np.ndarray]:
-    """Positions of each distinct value of index."""
-    order = np.argsort(index, kind="stable")
-    return np.split(order, np.flatnonzero(np.diff(index[order])) + 1)
+def _sums(v: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Sums of v's rows over consecutive runs beginning at `starts` (rows sorted by cluster)."""
+    return np.add.reduceat(v, starts, axis=0)
 
 
 def cluster_slope_test(
@@ -203,7 +206,8 @@ def cluster_slope_test(
     one_way = [_cr2_slope_variance(W, xc, residual, sxx, np.asarray(c)) for c in clusters]
     variance, floored = one_way[0][0], np.zeros(y.shape[1], dtype=bool)
     if len(clusters) == 2:
-        both = np.array([f"{a}\x1f{b}" for a, b in zip(*clusters)])
+        a, b = (np.unique(np.asarray(c), return_inverse=True)[1].ravel() for c in clusters)
+        both = a * (b.max() + 1) + b  # the crossed cells
         crossed = one_way[0][0] + one_way[1][0] - _cr2_slope_variance(W, xc, residual, sxx, both)[0]
         floored = crossed < np.maximum(one_way[0][0], one_way[1][0])  # the larger one-way variance binds
         variance = np.maximum(crossed, np.maximum(one_way[0][0], one_way[1][0]))

@@ -4,12 +4,14 @@ command line calls and raises AssertionError naming the part that fails.
 
   check_measure(kind, suite, model, directory)  parse, plan, run, tables, prompt ids, statistics,
                                                 report section, compare's pairing, resume, merge
+  check_measures(kinds, suite, model, directory)  the same for several kinds of one suite, its
+                                                runs shared
   check_edit_kind(kind, model, inputs)          fit, output shape, identity on no heads, save and
                                                 load, packed passes equal to separate ones
   edit_inputs(model, suite)                     the recorded inputs an edit kind is fitted on
 """
 
 from .edit_kinds import check_edit_kind, edit_inputs
-from .measures import check_measure
+from .measures import check_measure, check_measures
 
-__all__ = ["check_edit_kind", "check_measure", "edit_inputs"]
+__all__ = ["check_edit_kind", "check_measure", "check_measures", "edit_inputs"]

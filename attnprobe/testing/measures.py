@@ -11,27 +11,40 @@ def check_measure(kind, suite, model, directory, limit: int | None = None) -> No
     """Run `kind` (a registered Measure) on `suite` (a Suite declaring it) with `model` (a loaded
     tiny ProbeModel) in `directory`, checking every part the command line calls; AssertionError
     naming the part that fails."""
+    check_measures([kind], suite, model, directory, limit)
+
+
+def check_measures(kinds, suite, model, directory, limit: int | None = None) -> None:
+    """check_measure for several kinds the suite declares, sharing its runs: a run measures every
+    kind the suite declares, so each run (whole, resumed, two shards, merged) is made once and every
+    kind's part of it checked."""
     from ..measures import analyse
     from ..run import RunOptions, plan_run, run_suite
     from ..run.describe import describe
 
     directory = Path(directory)
     quiet = dict(limit=limit, chunk_size=4, progress=False, log=lambda m: None)
-    # plan: the kind's own checks and description, before any weights (the tokenizer only)
+    # plan: each kind's own checks and description, before any weights (the tokenizer only)
     plan = plan_run(suite, model, RunOptions(out=directory / "whole", **quiet))
-    part = plan.parts[kind.NAME]
-    assert any(line.startswith(kind.NAME) for line in describe(plan)), f"{kind.NAME}: describe says nothing"
-    assert all(isinstance(e, tuple) and len(e) == 3 for e in kind.estimate(suite.measures[kind.NAME], part))
+    lines = describe(plan)
+    for kind in kinds:
+        part = plan.parts[kind.NAME]
+        assert any(line.startswith(kind.NAME) for line in lines), f"{kind.NAME}: describe says nothing"
+        estimates = kind.estimate(suite.measures[kind.NAME], part)
+        assert all(isinstance(e, tuple) and len(e) == 3 for e in estimates), f"{kind.NAME}: estimate()"
     whole = run_suite(suite, model, RunOptions(out=directory / "whole", **quiet))
-    run = _written(kind, whole)
-    # statistics: exactly the tables it declares for this run; its manifest keys recorded
+    run = None
+    for kind in kinds:
+        run = _written(kind, whole)
+    # statistics: exactly the tables each kind declares for this run; its manifest keys recorded
     tables = analyse(run)
-    produced = _called(kind, "statistics", run, tables)
-    assert set(produced) == set(kind.tables(run)) <= set(tables), f"{kind.NAME}: tables {set(produced)}"
-    for key in kind.manifest(suite.measures[kind.NAME], part):
-        assert key in run.manifest.entries, f"{kind.NAME}: manifest lacks {key}"
-    _report_and_compare(kind, run, tables, directory)
-    _resume_and_merge(kind, suite, model, whole, directory, quiet)
+    for kind in kinds:
+        produced = _called(kind, "statistics", run, tables)
+        assert set(produced) == set(kind.tables(run)) <= set(tables), f"{kind.NAME}: tables {set(produced)}"
+        for key in kind.manifest(suite.measures[kind.NAME], plan.parts[kind.NAME]):
+            assert key in run.manifest.entries, f"{kind.NAME}: manifest lacks {key}"
+        _report_and_compare(kind, run, tables, directory)
+    _resume_and_merge(kinds, suite, model, whole, directory, quiet)
 
 
 def _called(kind, method: str, *args):
@@ -85,7 +98,7 @@ def _table(run, attribute):
     return table.sort_values(list(table.columns)).reset_index(drop=True)
 
 
-def _resume_and_merge(kind, suite, model, whole: Path, directory: Path, quiet: dict) -> None:
+def _resume_and_merge(kinds, suite, model, whole: Path, directory: Path, quiet: dict) -> None:
     """A second run recomputes no chunk and changes no table; two shards joined (and run once more)
     equal the whole run."""
     from ..run import RunOptions, run_suite
@@ -94,19 +107,18 @@ def _resume_and_merge(kind, suite, model, whole: Path, directory: Path, quiet: d
 
     run = RunFiles(whole)
     markers = {p.name: p.stat().st_mtime_ns for p in (whole / "chunks").glob("*.done")}
-    before = {a: _table(run, a) for a in kind.READS}
+    before = {(kind.NAME, a): _table(run, a) for kind in kinds for a in kind.READS}
     run_suite(suite, model, RunOptions(out=whole, **quiet))
-    assert {p.name: p.stat().st_mtime_ns for p in (whole / "chunks").glob("*.done")} == markers, (
-        f"{kind.NAME}: a resumed run recomputed chunks"
-    )
-    for attribute, table in before.items():
-        pd.testing.assert_frame_equal(_table(RunFiles(whole), attribute), table, obj=f"{kind.NAME} resumed")
+    recomputed = {p.name: p.stat().st_mtime_ns for p in (whole / "chunks").glob("*.done")} != markers
+    assert not recomputed, f"{'/'.join(k.NAME for k in kinds)}: a resumed run recomputed chunks"
+    for (name, attribute), table in before.items():
+        pd.testing.assert_frame_equal(_table(RunFiles(whole), attribute), table, obj=f"{name} resumed")
     shards = [
         run_suite(suite, model, RunOptions(out=directory / "sharded", shard=(k, 2), **quiet)) for k in (1, 2)
     ]
     merged = merge_shards(shards, directory / "merged")
     run_suite(suite, model, RunOptions(out=merged, **quiet))
-    for attribute, table in before.items():
+    for (name, attribute), table in before.items():
         pd.testing.assert_frame_equal(
-            _table(RunFiles(merged), attribute), table, check_dtype=False, obj=f"{kind.NAME} merged"
+            _table(RunFiles(merged), attribute), table, check_dtype=False, obj=f"{name} merged"
         )

@@ -14,7 +14,7 @@ from conftest import EFFECT_SUITE
 from attnprobe.measures import MEASURES, Measure, NextToken
 from attnprobe.model import load_model
 from attnprobe.suite import load_suite
-from attnprobe.testing import check_measure
+from attnprobe.testing import check_measure, check_measures
 
 CONTRACT_SUITES = sorted({kind.CONTRACT[0] for kind in MEASURES.values() if kind.CONTRACT})
 
@@ -52,11 +52,12 @@ def tiny_pm(tiny_llama_dir):
 
 @pytest.mark.parametrize("suite_name", CONTRACT_SUITES)
 def test_contract(suite_name, tiny_pm, tmp_path):
-    """Every kind declared by a contract suite, on that suite (one tiny-model run per kind's part)."""
+    """Every kind declared by a contract suite, on that suite (its runs shared by the kinds)."""
     path, suite = _shipped(suite_name, tmp_path)
     limit = min(k.CONTRACT[1] for k in MEASURES.values() if k.CONTRACT and k.CONTRACT[0] == suite_name)
-    for kind in (k for k in MEASURES.values() if k.declared(suite)):
-        check_measure(kind, suite, tiny_pm, tmp_path / kind.NAME, limit)
+    kinds = [k for k in MEASURES.values() if k.declared(suite)]
+    assert kinds
+    check_measures(kinds, suite, tiny_pm, tmp_path, limit)
 
 
 class _Silent(Measure):
