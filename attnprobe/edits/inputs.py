@@ -21,6 +21,7 @@ from .estimate import control_halves
 
 OPENINGS = files("attnprobe.edits") / "data" / "openings.txt"
 GENERATED_TOKENS = 24  # per neutral opening
+TEXT_BATCH = 8  # openings sampled together
 TEXT_TOKENS = 1024  # at most this many tokens of --text, in pieces of TEXT_PIECE
 TEXT_PIECE = 128
 TEXT_BYTES = 256 * 1024  # read of --text: 256 bytes per token allowed
@@ -129,24 +130,30 @@ def clean_logp(model, bank: Bank) -> list[torch.Tensor]:
 @torch.inference_mode()
 def generated_texts(model, seed: int, n: int = 64) -> list[torch.Tensor]:
     """The original model's continuations of the first `n` neutral openings: seeded sampling (top 40
-    tokens, temperature 1), GENERATED_TOKENS new tokens each; the opening's tokens included."""
+    tokens, temperature 1), GENERATED_TOKENS new tokens each; the opening's tokens included. Sampled
+    in batches of TEXT_BATCH openings (left padding, masked), so the first 8 texts are the same
+    whatever `n`."""
     openings = [line for line in OPENINGS.read_text().splitlines() if line.strip()][:n]
     out = []
+    pad = model.tokenizer.pad_token_id
     with torch.random.fork_rng():  # the user's random state is left as it was
         torch.manual_seed(seed)
-        for opening in openings:
-            ids = torch.tensor([model.tokenizer(opening)["input_ids"]])
+        for start in range(0, len(openings), TEXT_BATCH):
+            ids = [model.tokenizer(o)["input_ids"] for o in openings[start : start + TEXT_BATCH]]
+            width = max(map(len, ids))
+            padded = torch.tensor([[pad] * (width - len(i)) + i for i in ids])
+            mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
             generated = model.model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
+                input_ids=padded,
+                attention_mask=mask,
                 do_sample=True,
                 top_k=40,
                 temperature=1.0,
                 max_new_tokens=GENERATED_TOKENS,
                 min_new_tokens=GENERATED_TOKENS,
-                pad_token_id=model.tokenizer.pad_token_id,
+                pad_token_id=pad,
             )
-            out.append(generated[0])
+            out.extend(row[width - len(i) :] for row, i in zip(generated, ids))
     return out
 
 

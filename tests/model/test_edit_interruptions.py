@@ -1,6 +1,6 @@
 """`attnprobe edit` interrupted (issue 40): Ctrl-C stops after the part in progress, SIGKILL at random
-points, and the rerun gives tables identical to an uninterrupted sweep. Apart from the other hostile
-edit tests so that the two lanes' workers share these two slow, process-bound tests.
+points, and the rerun gives tables identical to an uninterrupted sweep. Process-bound and slow
+(about 20 s together): they run in the full lane (`make test`), not in the fast one.
 
 The interrupted commands are processes of their own, forked from a server that imported attnprobe
 once (multiprocessing's forkserver): each runs the CLI's `main` from its first line, as `python -m
@@ -14,11 +14,14 @@ import re
 import signal
 import time
 
+import pytest
 from click.testing import CliRunner
 from conftest import EDIT_SWEEP_NO_PATHS as SWEEP
 from conftest import same_edit_tables, unswept_copy
 
 from attnprobe.cli import main
+
+pytestmark = pytest.mark.thorough
 
 SERVER = multiprocessing.get_context("forkserver")
 SERVER.set_forkserver_preload(["attnprobe.cli"])

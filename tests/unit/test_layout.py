@@ -1,6 +1,7 @@
 """The package's layout: every module imports on its own, no import cycle, small documented rooms."""
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -22,12 +23,19 @@ def _module_path(name: str) -> Path:
     return candidate / "__init__.py" if candidate.is_dir() else candidate.with_suffix(".py")
 
 
-def _imports(name: str) -> set[str]:
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """The module's syntax tree, parsed once for all the layout tests of a process."""
+    return ast.parse(path.read_text())
+
+
+@functools.cache
+def _imports(name: str) -> frozenset[str]:
     """The attnprobe modules `name` imports (at any depth of its code), resolved to module names."""
     path = _module_path(name)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -44,7 +52,7 @@ def _imports(name: str) -> set[str]:
         else:
             continue
         found |= {t for t in targets if t in MODULES and t != name}
-    return found
+    return frozenset(found)
 
 
 # One interpreter loads the third-party libraries once (by importing attnprobe, then forgetting every
@@ -157,7 +165,7 @@ def test_rooms_are_small_and_say_what_they_own():
         assert len(text.splitlines()) <= MAX_LINES, (
             f"{path} has {len(text.splitlines())} lines (at most {MAX_LINES})"
         )
-        assert ast.get_docstring(ast.parse(text)), f"{path} opens without a docstring saying what it owns"
+        assert ast.get_docstring(_tree(path)), f"{path} opens without a docstring saying what it owns"
 
 
 def test_downstream_rooms_do_not_reach_upstream():
@@ -236,7 +244,7 @@ MAX_FUNCTION_LINES = 60
 
 def test_functions_are_short():
     for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 assert n <= MAX_FUNCTION_LINES, (
@@ -248,7 +256,7 @@ def test_allowed_keys_come_from_the_table():
     """Every key check reads a declared table (schema.keys, a measure's KEYS), none a literal list."""
     literal = (ast.List, ast.Set, ast.Tuple)
     for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "check_keys":
                 allowed = node.args[1]
                 allowed = allowed.args[0] if isinstance(allowed, ast.Call) else allowed  # sorted(...)
@@ -289,9 +297,7 @@ def manifest_key_reads(tree: ast.AST) -> list[int]:
 def test_the_manifest_is_read_by_its_fields():
     """Readers use the typed fields of run.files.manifest.Manifest (a measure's own through `entry`)."""
     readers = {
-        str(path.relative_to(PACKAGE))
-        for path in PACKAGE.rglob("*.py")
-        if manifest_key_reads(ast.parse(path.read_text()))
+        str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if manifest_key_reads(_tree(path))
     }
     assert readers <= MANIFEST_READERS and len(MANIFEST_READERS) <= 3, sorted(readers - MANIFEST_READERS)
     planted = "a = run.manifest['model']\nb = manifest.get('x')\n"
@@ -316,7 +322,7 @@ def test_every_error_class_lives_in_errors():
     for name in MODULES:
         if name == "attnprobe.errors":
             continue
-        tree = ast.parse(_module_path(name).read_text())
+        tree = _tree(_module_path(name))
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
                 assert not node.name.endswith("Error"), (
@@ -334,7 +340,7 @@ def test_few_modules_at_the_top():
 
 def _code_strings_and_names(path: Path) -> list[tuple[int, str]]:
     """Every identifier and string constant of a module's code, docstrings and comments aside."""
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     docstrings = {
         id(node.body[0].value)
         for node in ast.walk(tree)

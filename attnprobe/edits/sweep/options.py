@@ -82,11 +82,18 @@ def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> s
     """What determines an edit kind's values: the run, the options (but the list of kinds: adding a
     kind to a sweep keeps the kinds already measured; and --alone and the stream, which have files of
     their own), the
-    model's weights, this attnprobe's version and the part of --text that is read."""
+    model's weights, this attnprobe's version, how the neutral texts are sampled and the part of
+    --text that is read."""
     own_files = ("kinds", "alone", "placebo", "stream", "trace", "paths")
     settings = {k: v for k, v in asdict(options).items() if k not in own_files}
     payload = json.dumps(
-        {"run": run_fingerprint, "weights": weights, "attnprobe": __version__, **settings},
+        {
+            "run": run_fingerprint,
+            "weights": weights,
+            "attnprobe": __version__,
+            "texts": "batched",
+            **settings,
+        },
         sort_keys=True,
         default=str,
     )
