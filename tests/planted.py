@@ -7,9 +7,12 @@ feature and a *key* feature. At the last token ("that"):
   L1H0  the mover: attends to the occupation and copies its gender feature to the output
   L1H1  the computer: its query reads the moved key feature and picks which of two cue tokens to
         attend to (CUE_SHE or CUE_HE); its values carry the cues, none of the occupation
+  L1H2  reads elsewhere: attends to the last token itself and copies the key feature L0H0 moved there
+  (the other heads, L0H1-3 and L1H3, have no weights: zero outputs)
 
 So L1H0 carries the gradient through its value input from the occupation (its pattern is the same
-for "person"), L1H1 through its pattern (its value at the occupation is empty). Queries and keys use
+for "person"), L1H1 through its pattern (its value at the occupation is empty), L1H2 through its
+value at another position (the last token's). Queries and keys use
 the last rotary pair, which turns by 1e-10 rad per position at theta 1e12: content only.
 """
 
@@ -24,7 +27,7 @@ from attnprobe.intervene.items import Counterfactual, PatchItem
 SHE, HE, CUE_SHE, CUE_HE, PERSON, THAT = 1, 2, 3, 4, 5, 6
 FILLERS_A, FILLERS_B = (7, 8, 9, 10), (11, 12)
 OCCUPATIONS = tuple(range(20, 32))
-BIAS, SLOT, GENDER, KEY, LAST, IS_SHE, IS_HE, CUE, MOVED, MOVER_OUT, COMPUTER_OUT = range(11)
+BIAS, SLOT, GENDER, KEY, LAST, IS_SHE, IS_HE, CUE, MOVED, MOVER_OUT, COMPUTER_OUT, READER_OUT = range(12)
 Q, D = 7, 16  # the content dimension of each head (the last rotary pair's first) and head size
 
 
@@ -34,8 +37,8 @@ def planted_model():
         hidden_size=32,
         intermediate_size=4,
         num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
         head_dim=D,
         rope_parameters={"rope_type": "default", "rope_theta": 1e12},
         rms_norm_eps=1e-6,
@@ -73,6 +76,10 @@ def planted_model():
         l1.k_proj.weight[D + Q - 1, IS_SHE], l1.k_proj.weight[D + Q - 1, IS_HE] = 1.0, -1.0
         l1.v_proj.weight[D, IS_SHE], l1.v_proj.weight[D, IS_HE] = 1.0, -1.0
         l1.o_proj.weight[COMPUTER_OUT, D] = 1.0
+        # L1H2, reading elsewhere: at the last token attend to itself, copy MOVED into READER_OUT
+        l1.q_proj.weight[2 * D + Q, LAST], l1.k_proj.weight[2 * D + Q, LAST] = 20.0, 1.0
+        l1.v_proj.weight[2 * D, MOVED], l1.o_proj.weight[READER_OUT, 2 * D] = 1.0, 1.0
+        model.lm_head.weight[SHE, READER_OUT], model.lm_head.weight[HE, READER_OUT] = 3.0, -3.0
         model.lm_head.weight[SHE, MOVER_OUT] = model.lm_head.weight[SHE, COMPUTER_OUT] = 3.0
         model.lm_head.weight[HE, MOVER_OUT] = model.lm_head.weight[HE, COMPUTER_OUT] = -3.0
     attnprobe.attention.capture.enable(model)

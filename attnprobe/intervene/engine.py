@@ -254,8 +254,10 @@ class HeadPatch:
     """Editor: per row, the heads it patches take, at the patched positions, the donor's output
     (`output`), the donor's weights applied to the row's own values (`pattern`: base and donor of
     equal length), or (`value`) their own live weights applied to values where the row's value at
-    position `at` is the donor's (aligned) one. The donor bank may be another bank than the rows'
-    (path patching's x'), narrower than the pass."""
+    position `at` is the donor's (aligned) one, or (`values`) where every patched position's value
+    is the donor's; `pattern` with `values` is the donor's weights over the donor's values. The donor
+    bank may be another bank than the rows' (path patching's x'), narrower than the pass; `values`
+    needs a pass without a shared prefix (its keys are the pass's positions)."""
 
     bank: Bank  # the donors' clean runs
     donor: torch.Tensor  # (B,)
@@ -265,11 +267,15 @@ class HeadPatch:
     pattern: torch.Tensor  # (B, L, H)
     value: torch.Tensor | None = None  # (B, L, H)
     at: torch.Tensor | None = None  # (B,) the position whose value `value` patches
+    values: torch.Tensor | None = None  # (B, L, H)
 
     def __call__(self, site) -> torch.Tensor:
         out, layer = site.output, site.layer
         B, H, T, D = out.shape
         index = self.donor_index[:, None, :, None]
+        values = site.values()
+        if self.values is not None and self.values[:, layer].any():
+            values, out = self._every_value(site, layer, out)
         if self.value is not None and self.value[:, layer].any():
             # z <- z + A[:, p] (v'_p' - v_p): the row's live weights, the donor's value at p'
             rows, at = torch.arange(B), self.at
@@ -289,9 +295,22 @@ class HeadPatch:
                 weights = weights.gather(2, index.expand(B, H, T, weights.shape[-1]))
                 S = site.key.shape[2]
                 weights = torch.nn.functional.pad(weights[..., :S], (0, max(0, S - weights.shape[-1])))
-                new = torch.matmul(weights.to(site.value.dtype), site.values())
+                new = torch.matmul(weights.to(values.dtype), values)
             out = torch.where(rows[:, :, None, None] & self.where[:, None, :, None], new, out)
         return out
+
+    def _every_value(self, site, layer: int, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(values, out): the values (B, H, S, D) with the donor's at the patched positions for the
+        heads `values` patches, and the output with those heads' live weights over them."""
+        own = site.values()
+        B, H, S, D = own.shape
+        assert S == self.where.shape[1], "`values` patches a pass without a shared prefix"
+        given = expand_kv(self.bank.values[layer][self.donor], H)  # (B, H, Tb, D)
+        donor = given.gather(2, self.donor_index[:, None, :, None].expand(B, H, S, D)).to(own.dtype)
+        heads = self.values[:, layer, :, None, None]
+        values = torch.where(heads & self.where[:, None, :, None], donor, own)
+        new = torch.matmul(site.weights().to(values.dtype), values).to(out.dtype)
+        return values, torch.where(heads, new, out)
 
 
 def _mlp_patch(bank: Bank, donor, where, donor_index, rows):

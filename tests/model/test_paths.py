@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 import attnprobe
 from attnprobe.edits.analyses.paths import measure_paths, path_runs
+from attnprobe.edits.analyses.paths_parts import part_effects, parts_table
 from attnprobe.edits.analyses.paths_tables import edges_table, paths_table
 from attnprobe.edits.analyses.senders import Anatomy, _sender_pass, edges, reference_pairs, screen, writes
 from attnprobe.heads import HeadSet
@@ -165,7 +166,7 @@ def planted():
     model, items = planted_model(), planted_items()
     bank, reference, labels, _ = _banks(model, items)
     half = np.array([fold // 2 == 0 for fold in (folds(items)[i.item_id] for i in items)])
-    receivers = HeadSet(((1, 0), (1, 1)))
+    receivers = HeadSet(((1, 0), (1, 1), (1, 2)))
     return measure_paths(model, items, bank, reference, labels, "person", receivers, None, half)
 
 
@@ -174,26 +175,36 @@ def _tables(frames):
     return paths_table(paths), edges_table(screened, confirmed, paths)
 
 
-def test_the_paths_table_tells_the_planted_mover_from_the_computer(planted):
-    """tests/planted.py: L1H0 copies the occupation's stored feature (value path, fed by the
-    embedding), L1H1 computes from where it attends (pattern path); the table says so, and the
+def test_the_parts_table_tells_the_planted_mover_computer_and_reader_by_size(planted):
+    """tests/planted.py: L1H0 copies the occupation's stored feature (value at the occupation, fed by
+    the embedding), L1H1 computes from where it attends (pattern), L1H2 copies what L0H0 moved to the
+    last token (value elsewhere); the size rule names each, the parts add up to each output, and the
     embedding's edge into the mover is found on the held-out units."""
     table, edges_ = _tables(planted)
-    role = table.drop_duplicates("receiver").set_index("receiver")["role"]
-    assert role["L1H0"] == "moves" and role["L1H1"] == "computes"
+    parts = parts_table(planted[0])
+    role = parts.drop_duplicates("receiver").set_index("receiver")["role"]
+    assert (role["L1H0"], role["L1H1"], role["L1H2"]) == ("moves", "computes", "reads elsewhere")
+    assert parts.loc[parts["receiver"] == "top 5", "role"].isna().all()  # a set has no role
+    for receiver, rows in parts.groupby("receiver"):  # the four parts add up to the output, per item
+        _, effects = part_effects(planted[0], receiver)
+        np.testing.assert_allclose(effects[:, :4].sum(1), effects[:, 4], atol=1e-12)
+        of = rows.set_index("part")["of_output"]
+        assert of.iloc[:4].sum() == pytest.approx(1.0) and of["output"] == pytest.approx(1.0)
     share = table.set_index(["receiver", "path"])["gradient_share"]
-    assert share["L1H0", "value"] > 0.3 and abs(share["L1H0", "pattern"]) < 0.01
-    assert share["L1H1", "pattern"] > 0.3 and abs(share["L1H1", "value"]) < 0.01
-    assert share["top 5", "output"] == pytest.approx(1.0, abs=1e-6)  # the two heads carry all of it
+    assert share["L1H0", "value"] > 0.2 and abs(share["L1H0", "pattern"]) < 0.01
+    assert share["L1H1", "pattern"] > 0.2 and abs(share["L1H1", "value"]) < 0.01
+    assert share["top 5", "output"] == pytest.approx(1.0, abs=1e-6)  # the three heads carry all of it
     found = edges_[edges_["q"] < 0.05]
     assert ("L1H0", "embedding") in set(zip(found["receiver"], found["sender"]))
     assert not (found["receiver"] == "L1H1").any()  # nothing reaches the computer's value
 
 
-def test_a_placebo_covariate_finds_no_edge_in_at_least_19_of_20_seeds(planted):
+def test_a_placebo_covariate_finds_no_edge_in_at_least_18_of_20_seeds(planted):
     """The covariate permuted over the occupations (seeds 0-19): an edge at q < 0.05 is a false
-    positive. (Over 200 seeds 1 had one: 0.5%.) The planted model has 4 senders, fewer than EDGES,
-    so every one is confirmed whatever the covariate: the patched values stay, the covariate changes."""
+    positive; BH over the table bounds the seeds with one at 5% under this global null. Over 200
+    seeds 6 had one (3%; 5 of them every sender into L1H1, whose value path is float noise of 2e-6
+    nats); seeds 0-19 have 2. The planted model has 6 senders, fewer than EDGES, so every one is
+    confirmed whatever the covariate: the patched values stay, the covariate changes."""
     from attnprobe.edits.analyses.paths import EDGES
 
     assert planted[2]["sender"].nunique() <= EDGES
@@ -204,12 +215,12 @@ def test_a_placebo_covariate_finds_no_edge_in_at_least_19_of_20_seeds(planted):
         placebo = dict(zip(units, np.random.default_rng(seed).permutation(planted_c)))
         paths, screened, confirmed = [f.assign(covariate=f["unit"].map(placebo)) for f in planted]
         hits.append((edges_table(screened, confirmed, paths)["q"] < 0.05).any())
-    assert sum(hits) <= 1
+    assert sum(hits) <= 2
 
 
 def test_the_paths_tables_recompute_from_the_parquet_files_alone(swept_run):
-    """`attnprobe edit --paths` on the tiny Llama run: paths.csv and paths_edges.csv from the raw
-    parquet files alone; every receiver has its three paths, the set and the cross-fitted set; the
+    """`attnprobe edit --paths` on the tiny Llama run: paths.csv, paths_parts.csv and paths_edges.csv
+    from the raw parquet files alone; every receiver has its four paths, the set and the cross-fitted set; the
     confirmed edges are the screen's best on the other units' items."""
     import pandas as pd
 
@@ -219,14 +230,26 @@ def test_the_paths_tables_recompute_from_the_parquet_files_alone(swept_run):
     raw = pd.read_parquet(out / "paths_items.parquet")
     screened = pd.read_parquet(out / "paths_screen.parquet")
     confirmed = pd.read_parquet(out / "paths_edges_items.parquet")
-    for name, table in (("paths", paths_table(raw)), ("paths_edges", edges_table(screened, confirmed, raw))):
+    tables = (
+        ("paths", paths_table(raw), "te_share"),
+        ("paths_parts", parts_table(raw), "of_output"),
+        ("paths_edges", edges_table(screened, confirmed, raw), "te_share"),
+    )
+    for name, table, own in tables:
         written = pd.read_csv(out / f"{name}.csv")
         assert len(written) == len(table) > 0
-        for column in ("gradient_share", "gradient_share_ci_low", "te_share", "p"):
+        for column in ("gradient_share", "gradient_share_ci_low", own, "p"):
             assert np.allclose(table[column], written[column], rtol=1e-9, equal_nan=True), (name, column)
+    parts = pd.read_csv(out / "paths_parts.csv")
+    assert set(parts.loc[parts["role"].notna(), "receiver"]) <= {r for r in parts["receiver"] if r[0] == "L"}
     receivers = [r for r in raw["receiver"].unique() if r.startswith("L")]
     assert 1 <= len(receivers) <= 5 and {"top 5", "top 5, cross-fitted"} <= set(raw["receiver"])
-    assert set(raw.loc[raw["receiver"] == receivers[0], "path"]) == {"value", "pattern", "output"}
+    assert set(raw.loc[raw["receiver"] == receivers[0], "path"]) == {
+        "value",
+        "pattern",
+        "output",
+        "all values",
+    }
     assert not set(screened["unit"]) & set(confirmed["unit"])  # screened and confirmed on other units
     for receiver in receivers:
         chosen = chosen_senders(screened[screened["receiver"] == receiver], EDGES)
@@ -265,6 +288,8 @@ def test_every_share_interval_agrees_with_its_numerators_p(edited_run):
     checked = 0
     for name, share, p in (
         ("paths", "gradient_share", "p"),
+        ("paths_parts", "gradient_share", "p"),
+        ("paths_parts", "of_output", "p"),
         ("paths_edges", "gradient_share", "p"),
         ("edits", "gradient_removed", "gradient_change_p"),
         ("edits_heads", "gradient_removed", "gradient_change_p"),
@@ -281,3 +306,21 @@ def test_every_share_interval_agrees_with_its_numerators_p(edited_run):
         )
         checked += rows.sum()
     assert checked >= 20
+
+
+def test_both_inputs_from_x_prime_are_the_output_so_the_parts_add_up():
+    """Issue 53: a receiver given x''s values at every position and x''s pattern passes on exactly x''s
+    output, so value at the occupation + value elsewhere + pattern + interaction = the output effect
+    (the interaction being output - all values - pattern + clean). In float64, to 1e-6 on y."""
+    model = _llama().to(torch.float64)
+    items = _items(8)
+    bank, reference, labels, pairs = _banks(model, items)
+    sets = [HeadSet(((2, 1),)), HeadSet(((1, 3),)), HeadSet(((1, 3), (2, 1), (2, 0)))]
+    paths = ("output", "pattern+all values", "all values", "pattern", "value")
+    runs = [(i, path, h) for i, p in enumerate(pairs) if p.same_length for h in sets for path in paths]
+    y = path_runs(model, bank, reference, pairs, labels, runs).reshape(-1, len(paths))
+    np.testing.assert_allclose(y[:, 1], y[:, 0], atol=1e-6, rtol=0)
+    eager = eager_twin(model)
+    clean = np.array([ref.y_of(eager, items[i].x, POSITIVE, NEGATIVE) for i, _, _ in runs[:: len(paths)]])
+    for column in (2, 3, 4):  # each part alone moves y: the check is not of a no-op
+        assert np.abs(y[:, column] - clean).max() > 1e-3

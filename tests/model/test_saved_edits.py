@@ -265,6 +265,11 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     html = (out / "report.html").read_text()
     assert "attnprobe edit --also" in html and "referent_choice correct gap" in html
     assert "Each of the top heads zeroed alone" in html
+    # the path parts: a row per receiver, each head with its role by size
+    parts = pd.read_csv(out / "paths_parts.csv").drop_duplicates("receiver")
+    assert "value at the occupation: of the output" in html and len(parts) >= 2
+    for row in parts[parts["role"].notna()].itertuples():
+        assert f'<td class="text">{row.receiver}</td><td class="text">{row.role}</td>' in html
     # a suite with no bias to measure is refused before the sweep, in one line
     (tmp_path / "plain.yaml").write_text(
         "name: plain\nslots: {x: {values: [a, b]}}\ntemplates: [{id: t, text: 'The {x} said'}]\n"

@@ -7,9 +7,14 @@ top 5 chosen on each quarter's training quarters, so no item tests heads chosen 
 outcome): one input of R is taken from x' in a run of x, everything else computed as it comes
 (the layers below R's skipped: there the run is x's clean run):
 
-  value     R reads x''s value vector at p:  z_R <- z_R + A_R[:, p] (v'_p' - v_p)  (A_R as computed)
-  pattern   R attends as in x' (its weights; pairs of equal length only, NaN otherwise)
-  output    R's output at the aligned positions is x''s (everything R passes on)
+  value       R reads x''s value vector at p:  z_R <- z_R + A_R[:, p] (v'_p' - v_p)  (A_R as computed)
+  all values  R reads x''s value vector at every position: z_R <- A_R v'  (pairs of equal length)
+  pattern     R attends as in x' (its weights; pairs of equal length only, NaN otherwise)
+  output      R's output at the aligned positions is x''s (everything R passes on)
+
+On the pairs of equal length these add up: paths_parts.py splits the output effect into the value at
+the occupation, the values elsewhere, the pattern and their interaction, and gives each head a role
+by the size of its parts.
 
 A head that moves a signal computed elsewhere carries the gradient through its value input from the
 occupation; one that computes it from where it attends carries it through its pattern.
@@ -37,13 +42,15 @@ from ...intervene.rerun import ROWS, rerun_y
 from ...intervene.selection import chosen_heads
 from ...model.anatomy import module_of
 from ...store import atomic_write, write_parquet, write_table
+from .paths_parts import parts_table
 from .paths_tables import CROSSFIT, LISTED, NULL, TOP, edges_table, gradient_shares, paths_table
 from .senders import Anatomy, Pair, edges, pair_frame, pair_tensors, reference_pairs, screen
 
-PATHS = ("value", "pattern", "output")
+PATHS = ("value", "pattern", "output", "all values")
+EQUAL_LENGTH = ("pattern", "all values")  # paths defined only where x and x' have equal length
 BASE = ("item_id", "unit", "template_id", "covariate", "y", "y_cf")  # every raw row's
 RAW = {  # raw frame -> its own columns
-    "paths_items": ("receiver", "path", "y_patched"),
+    "paths_items": ("receiver", "path", "heads", "y_patched"),  # heads: the set patched
     "paths_screen": ("receiver", "sender", "attribution"),
     "paths_edges_items": ("receiver", "sender", "y_patched"),
 }
@@ -53,7 +60,8 @@ SELECTION_DRAWS = 39  # the selection null's permutations (p floor 1/40)
 
 @torch.inference_mode()
 def path_runs(module, bank: Bank, reference: Bank, pairs: list[Pair], labels, runs: list) -> np.ndarray:
-    """y of each run (pair index, path, HeadSet): the pair's x with the set's `path` input from x'."""
+    """y of each run (pair index, path, HeadSet): the pair's x with the set's `path` input from x'
+    ("pattern+all values": both at once, which is the output path)."""
     L, H = len(bank.hidden), bank.outputs[0].shape[1]
     first = np.array([min(layer for layer, _ in heads) for _, _, heads in runs])
     y = np.full(len(runs), np.nan)
@@ -65,16 +73,18 @@ def path_runs(module, bank: Bank, reference: Bank, pairs: list[Pair], labels, ru
             masks = {path: torch.zeros(len(batch), L, H, dtype=torch.bool) for path in PATHS}
             for b, i in enumerate(batch):
                 _, path, heads = runs[i]
-                masks[path][b] = heads.mask(L, H)
+                for one in path.split("+"):
+                    masks[one][b] = heads.mask(L, H)
             donor, at, at_cf = pair_tensors(ps, "donor", "at", "at_cf")
             rows = pair_tensors(ps, "item")[0]
-            whole = masks["pattern"].any((1, 2))  # a pattern from x' at every query (equal lengths)
+            whole = (masks["pattern"] | masks["all values"]).any((1, 2))  # every position (equal lengths)
             begin, donor_begin = torch.where(whole, 0, at), torch.where(whole, 0, at_cf)
             T = int(bank.lengths[rows].max())
             where, index = aligned(torch.arange(T), begin, donor_begin, bank.lengths[rows], reference)
             edit = HeadPatch(
-                reference, donor, where, index, masks["output"], masks["pattern"], masks["value"], at
-            )
+                reference, donor, where, index, masks["output"], masks["pattern"], masks["value"], at,
+                masks["all values"],
+            )  # fmt: skip
             hidden = bank.hidden[int(layer)][rows]
             y[batch] = (
                 rerun_y(module, bank, rows, int(layer), hidden, labels[rows], [editing(edit)]).cpu().numpy()
@@ -109,7 +119,9 @@ def measure_paths(
     y = path_runs(module, bank, reference, pairs, labels, runs)
     base = pair_frame(items, bank, reference, pairs, labels)
     paths = base.iloc[[i for i, _, _ in names]].reset_index(drop=True)
-    paths = paths.assign(receiver=[n for _, n, _ in names], path=[p for _, _, p in names], y_patched=y)
+    paths = paths.assign(
+        receiver=[n for _, n, _ in names], path=[p for _, _, p in names], heads=[str(h) for _, _, h in runs]
+    ).assign(y_patched=y)
     screening = [i for i, p in enumerate(pairs) if screen_half[p.item]]
     confirming = [i for i, p in enumerate(pairs) if not screen_half[p.item]]
     empty = base.iloc[[]]
@@ -135,14 +147,14 @@ def measure_paths(
 
 
 def _planned_runs(pairs, sets, crossfit, null) -> tuple[list, list]:
-    """Per pair: every path of every named head set (the pattern only where lengths match), the value
+    """Per pair: every path of every named head set (EQUAL_LENGTH ones only where lengths match), the value
     path of its cross-fitted set and of each selection-null set (chosen on a permuted covariate);
     (runs: (pair, path, heads), names: (pair, set name, path))."""
     runs, names = [], []
     for i, pair in enumerate(pairs):
         for name, heads in sets:
             for path in PATHS:
-                if path != "pattern" or pair.same_length:
+                if path not in EQUAL_LENGTH or pair.same_length:
                     runs.append((i, path, heads))
                     names.append((i, name, path))
         if crossfit is not None and crossfit[pair.item] is not None:
@@ -192,10 +204,11 @@ def measure_run_paths(
 
 def write_paths(directory, raw: pd.DataFrame) -> None:
     """The raw frames (paths_items, paths_screen, paths_edges_items) and the tables made from them
-    (paths.csv, paths_edges.csv) into the run directory."""
+    (paths.csv, paths_parts.csv, paths_edges.csv) into the run directory."""
     frames = {t: raw.loc[raw["table"] == t, [*BASE, *own]] for t, own in RAW.items()}
     for t, frame in frames.items():
         atomic_write(Path(directory) / f"{t}.parquet", lambda p, frame=frame: write_parquet(frame, p))
     write_table(directory, "paths", paths_table(frames["paths_items"]))
+    write_table(directory, "paths_parts", parts_table(frames["paths_items"]))
     edges_ = edges_table(frames["paths_screen"], frames["paths_edges_items"], frames["paths_items"])
     write_table(directory, "paths_edges", edges_)

@@ -4,12 +4,7 @@ A patch's effect on an item is y_patched - y (an attribution is already one); TE
 Shares: of TE (ratio of means) and of TE's covariate gradient (ratio of slopes), with two-way
 cluster-robust CIs (unit x template; stats.inference), p of the effect's slope on the covariate.
 
-A head's role (sets have none), from its value and pattern paths on the pairs where both are defined
-(x and x' of equal length) and their difference (value share - pattern share, with its CI): it
-*moves* the signal when its value path from the occupation carries a share whose CI is above 0 and
-the difference's CI is above 0; it *computes* it from where it attends when its pattern path carries
-one and the difference's CI is below 0; *both* when both carry one and neither is shown larger;
-otherwise neither is shown.
+Each head's role, by the size of its parts, is paths_parts.py's (paths_parts.csv).
 """
 
 from __future__ import annotations
@@ -36,7 +31,7 @@ def wide_effects(raw: pd.DataFrame, key, column: str, sort: bool = False):
     return items, effect, list(wide.columns)
 
 
-def _design(items: pd.DataFrame):
+def item_design(items: pd.DataFrame):
     """(covariate, TE, weights, clusters unit x template) of the items."""
     te = (items["y_cf"] - items["y"]).to_numpy()
     clusters = [pd.factorize(items["unit"])[0], pd.factorize(items["template_id"])[0]]
@@ -46,7 +41,7 @@ def _design(items: pd.DataFrame):
 def effect_shares(items: pd.DataFrame, effect: np.ndarray) -> dict:
     """The share of TE (ratio_test) and of TE's covariate gradient (slope_ratio_test) each column of
     effect (n, k) carries, two-way cluster-robust."""
-    x, te, w, clusters = _design(items)
+    x, te, w, clusters = item_design(items)
     return {
         "te": ratio_test(effect, te, w, clusters),
         "gradient": slope_ratio_test(x, effect, te, w, clusters),
@@ -56,13 +51,13 @@ def effect_shares(items: pd.DataFrame, effect: np.ndarray) -> dict:
 def gradient_shares(raw: pd.DataFrame, column: str, key: str = "sender") -> pd.Series:
     """Per `key` value: the share of TE's covariate gradient its `column` carries."""
     items, effect, columns = wide_effects(raw, key, column)
-    x, te, w, clusters = _design(items)
+    x, te, w, clusters = item_design(items)
     return pd.Series(slope_ratio_test(x, effect, te, w, clusters)["ratio"], index=columns)
 
 
 def _rows(items, effect, labels: list[dict]) -> list[dict]:
     s = effect_shares(items, effect)
-    x, _, w, clusters = _design(items)
+    x, _, w, clusters = item_design(items)
     p = cluster_slope_test(x, effect, w, clusters)["p"]
     out = []
     for j, label in enumerate(labels):
@@ -83,41 +78,14 @@ def _rows(items, effect, labels: list[dict]) -> list[dict]:
 
 
 def paths_table(raw: pd.DataFrame) -> pd.DataFrame:
-    """One row per receiver and path, in the order measured, with the receiver's role; the
-    cross-fitted set's row with its selection null."""
+    """One row per receiver and path, in the order measured; the cross-fitted set's row with its
+    selection null."""
     is_null = raw["receiver"].str.startswith(NULL)
     null, raw = raw[is_null], raw[~is_null]
     raw = raw.assign(column=raw["receiver"] + "\x1f" + raw["path"])
     items, effect, columns = wide_effects(raw, "column", "y_patched")
     labels = [dict(zip(("receiver", "path"), c.split("\x1f"))) for c in columns]
     table = pd.DataFrame(_rows(items, effect, labels))
-    roles = {}
-    for receiver in table["receiver"].unique():
-        if receiver in (TOP, CROSSFIT, LISTED):
-            continue
-        j = {
-            p: columns.index(f"{receiver}\x1f{p}")
-            for p in ("value", "pattern")
-            if f"{receiver}\x1f{p}" in columns
-        }
-        if len(j) < 2:
-            continue
-        both = np.isfinite(effect[:, j["value"]]) & np.isfinite(effect[:, j["pattern"]])
-        if both.sum() < 3:
-            continue
-        common = items[both], effect[both][:, [j["value"], j["pattern"]]]
-        value, pattern, difference = _rows(
-            common[0], np.c_[common[1], common[1][:, 0] - common[1][:, 1]], [{}] * 3
-        )
-        roles[receiver] = {
-            "value_share_same_length": value["gradient_share"],
-            "pattern_share_same_length": pattern["gradient_share"],
-            "value_minus_pattern": difference["gradient_share"],
-            "value_minus_pattern_ci_low": difference["gradient_share_ci_low"],
-            "value_minus_pattern_ci_high": difference["gradient_share_ci_high"],
-            "role": _role(value, pattern, difference),
-        }
-    table = table.join(pd.DataFrame.from_dict(roles, orient="index"), on="receiver")
     return _selection_null(table, null)
 
 
@@ -135,17 +103,6 @@ def _selection_null(table: pd.DataFrame, null: pd.DataFrame) -> pd.DataFrame:
     table.loc[at, "selection_p"] = (1 + np.sum(shares >= observed)) / (1 + len(shares))
     table.loc[at, "selection_draws"] = len(shares)
     return table
-
-
-def _role(value: dict, pattern: dict, difference: dict) -> str:
-    carries = lambda r: r["gradient_share_ci_low"] > 0
-    if carries(value) and difference["gradient_share_ci_low"] > 0:
-        return "moves"
-    if carries(pattern) and difference["gradient_share_ci_high"] < 0:
-        return "computes"
-    if carries(value) and carries(pattern):
-        return "both"
-    return "neither shown"
 
 
 def edges_table(screen: pd.DataFrame, confirmed: pd.DataFrame, paths: pd.DataFrame) -> pd.DataFrame:
