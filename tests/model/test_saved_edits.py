@@ -216,10 +216,13 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(swept[2], out)  # the swept run is shared: edit a copy
     shutil.copytree("probes/coref", tmp_path / "coref")
-    # the suite without its head effects (the transfer reads referent choice; 6 runs of it here)
-    text = Path("probes/coref.yaml").read_text()
-    (tmp_path / "coref.yaml").write_text(re.sub(r"\nhead_effects:\n(  .*\n|\n)*", "\n", text))
-    assert "head_effects" not in (tmp_path / "coref.yaml").read_text().split("referent_choice:")[1]
+    # the suite's first two frames (f1 type 1, f5 type 2) without its head effects: the transfer reads
+    # referent choice, and runs the suite 6 times here
+    text = re.sub(r"\nhead_effects:\n(  .*\n|\n)*", "\n", Path("probes/coref.yaml").read_text())
+    text = re.sub(r"\n  - \{<<: \*shape, id: f[234678],.*", "", text)
+    text = text.replace("[f1, f2, f3, f4]", "[f1]").replace("[f5, f6, f7, f8]", "[f5]")
+    (tmp_path / "coref.yaml").write_text(text)
+    assert "head_effects" not in text.split("referent_choice:")[1] and "id: f2" not in text
     shutil.copy("probes/occupations-bls.tsv", tmp_path / "occupations-bls.tsv")
     args = ["edit", str(out), *SWEEP, "--also", str(tmp_path / "coref.yaml"), "--also-k", "1"]
     result = CliRunner().invoke(main, args)
