@@ -59,10 +59,10 @@ def _refuse_bundled_weights() -> None:
     AutoModelForCausalLM.from_pretrained = refuse
 
 
-# examples per hypothesis fuzzer: 1,000 in `make test` (its time budget), 200 in the fast lane (the
+# examples per hypothesis fuzzer: 1,000 in `make test` (its time budget), 100 in the fast lane (the
 # quick check while working); more with, e.g., ATTNPROBE_FUZZ_EXAMPLES=20000 make test
 _FAST_LANE = os.environ.get("ATTNPROBE_FAST") == "1"
-FUZZ_EXAMPLES = int(os.environ.get("ATTNPROBE_FUZZ_EXAMPLES", "200" if _FAST_LANE else "1000"))
+FUZZ_EXAMPLES = int(os.environ.get("ATTNPROBE_FUZZ_EXAMPLES", "100" if _FAST_LANE else "1000"))
 
 
 def _tiny_configs() -> dict:

@@ -268,6 +268,9 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     html = (out / "report.html").read_text()
     assert "attnprobe edit --also" in html and "referent_choice correct gap" in html
     assert "Each of the top heads zeroed alone" in html
+    # the sweep: its table (project at k 1 and 2, and in the transfer rows), the null's floor shown
+    assert "Editing the heads (attnprobe edit)" in html and html.count('<td class="text">project</td>') >= 2
+    assert "<th>its floor</th>" in html and "<td>0.5</td>" in html
     # the path parts: a row per receiver, each head with its role by size
     parts = pd.read_csv(out / "paths_parts.csv").drop_duplicates("receiver")
     assert "value at the occupation: of the output" in html and len(parts) >= 2
