@@ -65,12 +65,10 @@ ARGS = [
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory):
-    """The unsharded run the sharded ones must reproduce."""
+    """The unsharded run the sharded ones must reproduce (in this process: one thread, as theirs)."""
     out = tmp_path_factory.mktemp("whole")
-    result = subprocess.run(
-        [sys.executable, "-m", "attnprobe", *ARGS, "--out", str(out)], capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr
+    result = CliRunner().invoke(main, [*ARGS, "--out", str(out)])
+    assert result.exit_code == 0, result.output
     return out
 
 
