@@ -273,7 +273,7 @@ class HeadPatch:
         out, layer = site.output, site.layer
         B, H, T, D = out.shape
         index = self.donor_index[:, None, :, None]
-        values = site.values()
+        values = None  # the values the heads read, where a patch needs them (GQA-expanded: not free)
         if self.values is not None and self.values[:, layer].any():
             values, out = self._every_value(site, layer, out)
         if self.value is not None and self.value[:, layer].any():
@@ -295,6 +295,7 @@ class HeadPatch:
                 weights = weights.gather(2, index.expand(B, H, T, weights.shape[-1]))
                 S = site.key.shape[2]
                 weights = torch.nn.functional.pad(weights[..., :S], (0, max(0, S - weights.shape[-1])))
+                values = site.values() if values is None else values
                 new = torch.matmul(weights.to(values.dtype), values)
             out = torch.where(rows[:, :, None, None] & self.where[:, None, :, None], new, out)
         return out
