@@ -49,64 +49,25 @@ def test_an_outside_package_registers_a_measure_and_an_edit_kind(tiny_llama_dir,
     suite = edit_suite(tmp_path)
     suite.write_text(suite.read_text() + "prompt_length: {}\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
-    exe = [sys.executable, "-m", "attnprobe"]
     run = tmp_path / "run"
-    made = subprocess.run(
-        [*exe, "run", str(suite), "--model", str(tiny_llama_dir), "--out", str(run)],
-        env=env,
-        capture_output=True,
-        text=True,
+    attnprobe = lambda *args: subprocess.run(  # the CLI in a process of its own, the plug-in on its path
+        [sys.executable, "-m", "attnprobe", *args], env=env, capture_output=True, text=True
     )
+    sweep = ["--k", "1", "--draws", "2", "--texts", "8", "--alone", "0"]
+    made = attnprobe("run", str(suite), "--model", str(tiny_llama_dir), "--out", str(run))
     assert made.returncode == 0, made.stderr[-3000:]
     skipped = [line for line in made.stderr.splitlines() if "plug-in broken" in line]
     assert len(skipped) == 1 and "is skipped: AttributeError" in skipped[0]
     lengths = pd.read_parquet(run / "prompt_length.parquet")
     assert sorted(lengths["prompt_id"]) == sorted(pd.read_parquet(run / "prompts.parquet")["prompt_id"])
     assert (run / "prompt_length_stats.csv").is_file()
-    edited = subprocess.run(
-        [
-            *exe,
-            "edit",
-            str(run),
-            "--kinds",
-            "negate,zero",
-            "--k",
-            "1",
-            "--draws",
-            "2",
-            "--texts",
-            "8",
-            "--alone",
-            "0",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    edited = attnprobe("edit", str(run), "--kinds", "negate,zero", *sweep)
     assert edited.returncode == 0, edited.stderr[-3000:]
     table = pd.read_csv(run / "edits.csv")
     assert set(table["kind"]) == {"negate", "zero"} and table["gradient_after"].notna().all()
     assert (run / "edits" / "negate-k1.json").is_file()  # saved, as a built-in kind's edit
-    failed = subprocess.run(
-        [
-            *exe,
-            "edit",
-            str(run),
-            "--kinds",
-            "explode",
-            "--k",
-            "1",
-            "--draws",
-            "2",
-            "--texts",
-            "8",
-            "--alone",
-            "0",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )  # a plug-in's kind that fails at run time: one line naming it, no traceback
+    # a plug-in's kind that fails at run time: one line naming it, no traceback
+    failed = attnprobe("edit", str(run), "--kinds", "explode", *sweep)
     lines = [line for line in failed.stderr.splitlines() if line.startswith("attnprobe: error:")]
     assert failed.returncode == 2 and "Traceback" not in failed.stderr
     assert lines == [failed.stderr.strip().splitlines()[-1]]
