@@ -21,6 +21,7 @@ def check_measures(kinds, suite, model, directory, limit: int | None = None) -> 
     from ..measures import analyse
     from ..run import RunOptions, plan_run, run_suite
     from ..run.describe import describe
+    from ..run.files.reader import RunFiles
 
     directory = Path(directory)
     quiet = dict(limit=limit, chunk_size=4, progress=False, log=lambda m: None)
@@ -33,9 +34,9 @@ def check_measures(kinds, suite, model, directory, limit: int | None = None) -> 
         estimates = kind.estimate(suite.measures[kind.NAME], part)
         assert all(isinstance(e, tuple) and len(e) == 3 for e in estimates), f"{kind.NAME}: estimate()"
     whole = run_suite(suite, model, RunOptions(out=directory / "whole", **quiet))
-    run = None
+    run = RunFiles(whole)
     for kind in kinds:
-        run = _written(kind, whole)
+        _written(kind, run)
     # statistics: exactly the tables each kind declares for this run; its manifest keys recorded
     tables = analyse(run)
     for kind in kinds:
@@ -55,11 +56,10 @@ def _called(kind, method: str, *args):
         raise AssertionError(f"{kind.NAME}: {method}() raised {type(exc).__name__}: {exc}") from exc
 
 
-def _written(kind, whole: Path):
+def _written(kind, run) -> None:
     """Every artefact and chunk file written, every table it reads back non-empty and of the run's
-    prompts (prompt ids among prompts.parquet's)."""
-    from ..run.files.reader import RunFiles
-
+    prompts (prompt ids among prompts.parquet's); `run`: the RunFiles of the whole run."""
+    whole = run.directory
     for name in kind.ARTEFACTS:
         assert (whole / name).exists(), f"{kind.NAME}: {name} was not written"
     for prefix, files in kind.CHUNKS.items():
@@ -67,7 +67,6 @@ def _written(kind, whole: Path):
             assert list((whole / "chunks").glob(f"{prefix}0*.{file}")), (
                 f"{kind.NAME}: no chunk {prefix}*.{file}"
             )
-    run = RunFiles(whole)
     assert run.has(kind.NAME), f"{kind.NAME}: present() does not see its results"
     ids = set(run.prompts["prompt_id"])
     for attribute in kind.READS:
@@ -78,7 +77,6 @@ def _written(kind, whole: Path):
             assert not stray, (
                 f"{kind.NAME}: {attribute} has prompt ids the run does not have: {sorted(stray)[:5]}"
             )
-    return run
 
 
 def _report_and_compare(kind, run, tables: dict, directory: Path) -> None:
