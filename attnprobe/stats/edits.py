@@ -375,8 +375,7 @@ def chosen_layers(raw: pd.DataFrame, per_layer: pd.DataFrame) -> dict:
     """quarter -> layer, and "all" -> layer: among the layers whose all-items eraser keeps at least
     GAP_KEPT of the definitional gap with KL's upper bound at most KL_MAX, the one removing the
     largest share of the gradient on the items outside the quarter ("all": on every item); where no
-    layer qualifies,
-    the one with the largest specificity there (share removed - |1 - gap kept|)."""
+    layer qualifies, the one with the largest specificity there (share removed - |1 - gap kept|)."""
     items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index").sort_index()
     after = raw[(raw["target"] == "bias") & (raw["kind"] == STREAM)]
     after = after.pivot(index="index", columns="k", values="y").reindex(items.index)

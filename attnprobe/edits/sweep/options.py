@@ -36,9 +36,8 @@ class EditOptions:
     seed: int = 0
     alone: int = DEFAULT_EDIT_COUNTS["alone"]  # the top heads each zeroed alone (edits_heads); 0: none
     texts: int = DEFAULT_EDIT_COUNTS["texts"]  # generated texts (of the shipped openings) the cost is on
-    placebo: int = DEFAULT_EDIT_COUNTS[
-        "placebo"
-    ]  # covariate permutations each covariate-fitted kind is refit on
+    # covariate permutations each covariate-fitted kind is refitted on (edits.sweep.permuted); 0: none
+    placebo: int = DEFAULT_EDIT_COUNTS["placebo"]
     stream: bool = False  # also the stream erased at every layer (edits_stream, edits.stream)
     trace: bool = False  # also the stream patched per layer and position (tracing, edits.analyses.tracing)
     paths: bool = False  # also the top heads' inputs and senders patched (paths, edits.analyses.paths)
@@ -80,10 +79,9 @@ class EditOptions:
 
 def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> str:
     """What determines an edit kind's values: the run, the options (but the list of kinds: adding a
-    kind to a sweep keeps the kinds already measured; and --alone and the stream, which have files of
-    their own), the
-    model's weights, this attnprobe's version, how the neutral texts are sampled and the part of
-    --text that is read."""
+    kind to a sweep keeps the kinds already measured; and --alone, --placebo and the analyses, which
+    have parts of their own), the model's weights, this attnprobe's version, how the neutral texts are
+    sampled and the part of --text that is read."""
     own_files = ("kinds", "alone", "placebo", "stream", "trace", "paths")
     settings = {k: v for k, v in asdict(options).items() if k not in own_files}
     payload = json.dumps(

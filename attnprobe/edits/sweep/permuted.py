@@ -37,6 +37,12 @@ def permuted(covariate: np.ndarray, units: list, rng: np.random.Generator) -> np
     return np.array([shuffled[u] for u in units], dtype=float)
 
 
+def _progress(log, line: str, d: int, n: int) -> None:
+    """`line` (with {done} and {n}) logged every 10 permutations and after the last."""
+    if (d + 1) % 10 == 0 or d + 1 == n:
+        log(line.format(done=d + 1, n=n))
+
+
 def measure_placebo(
     model, kinds, options, inputs, sets: dict, n_heads: int, log=lambda m: None
 ) -> pd.DataFrame:
@@ -56,8 +62,7 @@ def measure_placebo(
                     masks.append(HeadSet(per_fold[inputs.fold[index]]).mask(L, n_heads))
             y = behaviour_values(model, inputs.bank, edits, base, masks, inputs.labels, inputs.fold[base])
             frames.append(raw_rows("bias", keys, y=y).assign(kind=PREFIX + kind))
-        if (d + 1) % 10 == 0 or d + 1 == options.placebo:
-            log(f"edit: placebo, {d + 1} of {options.placebo} permutations of the covariate")
+        _progress(log, "edit: placebo, {done} of {n} permutations of the covariate", d, options.placebo)
     out = pd.concat(frames, ignore_index=True)
     return out.assign(heads="", heads_all="")
 
@@ -80,6 +85,5 @@ def measure_stream_placebo(model, inputs, chosen: dict, options, log=lambda m: N
             y[mine] = read[mine]
         keys = [(chosen["all"], d, i) for i in np.flatnonzero(np.isfinite(y))]
         frames.append(raw_rows("bias", keys, y=y[np.isfinite(y)]))
-        if (d + 1) % 10 == 0 or d + 1 == options.placebo:
-            log(f"edit: the stream's placebo, {d + 1} of {options.placebo} permutations")
+        _progress(log, "edit: the stream's placebo, {done} of {n} permutations", d, options.placebo)
     return pd.concat(frames, ignore_index=True).assign(kind=PREFIX + STREAM_CHOSEN, heads="", heads_all="")
