@@ -35,6 +35,34 @@ def test_every_shipped_shape_is_counted_as_its_model_card_says():
         assert shape.weights("bfloat16") == 2 * shape.parameters  # no weights built: counted on meta
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "gpt2"])
+def test_random_weights_draw_matrices_fast_and_the_rest_as_the_family_does(family):
+    """random_model fills matrices uniform with the initialiser's std; norms, biases and buffers
+    (rotary tables, Gemma's embedding scale) equal the family's own initialiser's, tied stay tied."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    sizes = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4)
+    sizes |= dict(num_key_value_heads=2, head_dim=16, vocab_size=300, n_layer=2, n_embd=64, n_head=4)
+    config = AutoConfig.for_model(family)
+    for key, value in sizes.items():
+        if hasattr(config, key):
+            setattr(config, key, value)
+    own = AutoModelForCausalLM.from_config(config)
+    drawn = shapes.random_model("random:x", config, torch.float32, "cpu")
+    ours, theirs = dict(drawn.named_parameters()), dict(own.named_parameters())
+    assert ours.keys() == theirs.keys()
+    for name, p in theirs.items():
+        if p.ndim < 2:
+            assert torch.equal(ours[name], p), name
+        else:
+            assert abs(float(ours[name].std()) / config.initializer_range - 1) < 0.1, name
+            assert float(ours[name].abs().max()) <= config.initializer_range * 3**0.5
+    assert all(torch.equal(b, dict(own.named_buffers())[n]) for n, b in drawn.named_buffers())
+    tied = drawn.get_output_embeddings().weight is drawn.get_input_embeddings().weight
+    assert tied == (own.get_output_embeddings().weight is own.get_input_embeddings().weight)
+
+
 @pytest.mark.parametrize("name", sorted(PARAMETERS))
 def test_check_estimates_memory_and_time_on_a_gpu_without_weights(name, monkeypatch):
     no_weights(monkeypatch)
