@@ -59,8 +59,9 @@ def recorded(model, ids: torch.Tensor) -> dict:
 
 
 @torch.no_grad()
-def path_y(model, x, x_cf, at, at_cf, path: str, heads, positive, negative) -> float:
-    """y of x with `path` of each head (layer, head) of `heads` taken from x'."""
+def path_y(model, x, x_cf, at, at_cf, path: str, heads, positive, negative, scale: float = 1.0) -> float:
+    """y of x with `path` of each head (layer, head) of `heads` taken from x' (`value`: moved `scale`
+    of the way from x's value at p to x''s at p')."""
     D = model.config.hidden_size // model.config.num_attention_heads
     donor = recorded(model, x_cf)
     hooks, live_v = [], {}
@@ -71,7 +72,8 @@ def path_y(model, x, x_cf, at, at_cf, path: str, heads, positive, negative) -> f
 
             def swap_v(m, a, o, layer=layer, cols=cols):
                 o = o.clone()
-                o[0, at, cols] = donor["v"][layer][at_cf, cols]
+                given = donor["v"][layer][at_cf, cols]
+                o[0, at, cols] = given if scale == 1 else o[0, at, cols] + scale * (given - o[0, at, cols])
                 return o
 
             hooks.append((attention.v_proj, "post", swap_v))

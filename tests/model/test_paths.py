@@ -17,8 +17,17 @@ import attnprobe
 from attnprobe.edits.analyses.paths import measure_paths, path_runs
 from attnprobe.edits.analyses.paths_parts import part_effects, parts_table
 from attnprobe.edits.analyses.paths_tables import edges_table, paths_table
-from attnprobe.edits.analyses.senders import Anatomy, _sender_pass, edges, reference_pairs, screen, writes
+from attnprobe.edits.analyses.senders import (
+    Anatomy,
+    _sender_pass,
+    edges,
+    pair_tensors,
+    reference_pairs,
+    screen,
+    writes,
+)
 from attnprobe.heads import HeadSet
+from attnprobe.intervene.attribution import value_path_attribution
 from attnprobe.intervene.engine import record
 from attnprobe.intervene.items import Counterfactual, PatchItem
 from attnprobe.intervene.selection import folds
@@ -129,6 +138,25 @@ def test_attribution_is_the_exact_edge_effect_to_first_order(tiny):
             np.testing.assert_allclose(((moved - clean) / e).numpy(), attributed[:, s], atol=2e-3, rtol=2e-2)
     clean_y = torch.tensor([ref.y_of(eager_twin(model), i.x, POSITIVE, NEGATIVE) for i in items]).double()
     torch.testing.assert_close(clean, clean_y, atol=1e-4, rtol=0)  # nothing swapped: x's own y
+
+
+def test_the_value_path_to_first_order_is_its_derivative(tiny):
+    """value_path_attribution (the selection null's measure): each head's value at p moved e of the
+    way to x''s in the one-item reference: (y(e) - y(0)) / e tends to it (e = 1e-3: float32's
+    rounding swamps smaller steps)."""
+    model, eager, items, bank, reference, labels, pairs = tiny
+    rows, donors, at, at_cf = pair_tensors(pairs, "item", "donor", "at", "at_cf")
+    got = value_path_attribution(
+        model, bank, reference, rows, donors, at, at_cf, labels[rows, 0], labels[rows, 1]
+    )
+    e = 1e-3
+    for layer, head in ((0, 2), (1, 3), (2, 1)):
+        for i, p in enumerate(pairs):
+            x, x_cf = items[p.item].x, items[p.item].counterfactuals[0].x_cf
+            moved = ref.path_y(eager, x, x_cf, p.at, p.at_cf, "value", [(layer, head)], POSITIVE, NEGATIVE, e)
+            clean = ref.y_of(eager, x, POSITIVE, NEGATIVE)
+            assert (moved - clean) / e == pytest.approx(float(got[i, layer, head]), abs=2e-3, rel=2e-2)
+    assert got.abs().max() > 1e-2  # the heads' values matter
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "gpt2", "qwen3"])
@@ -250,7 +278,16 @@ def test_the_paths_tables_recompute_from_the_parquet_files_alone(swept_run):
         "output",
         "all values",
     }
-    assert not set(screened["unit"]) & set(confirmed["unit"])  # screened and confirmed on other units
+    # screened and confirmed on other units and other templates
+    assert not set(screened["unit"]) & set(confirmed["unit"])
+    assert not set(screened["template_id"]) & set(confirmed["template_id"])
+    paths = pd.read_csv(out / "paths.csv")
+    (cf,) = paths[(paths["receiver"] == "top 5, cross-fitted") & (paths["path"] == "value")].itertuples()
+    assert cf.selection_draws == 199 and cf.selection_draws_exact == 19
+    assert round(cf.selection_p * 200) == cf.selection_p * 200 >= 1  # (1 + at or above) / (1 + 199)
+    nulls = raw[raw["receiver"].str.startswith("top 5 reselected")]
+    assert nulls.groupby("path")["receiver"].nunique().to_dict() == {"value": 19, "value, first order": 199}
+    assert np.isfinite(cf.first_order_max_diff)  # r: NaN where every draw reselects the same heads
     for receiver in receivers:
         chosen = chosen_senders(screened[screened["receiver"] == receiver], EDGES)
         assert list(dict.fromkeys(confirmed.loc[confirmed["receiver"] == receiver, "sender"])) == chosen
@@ -260,14 +297,15 @@ def test_the_readout_recomputes_from_its_states_alone(swept_run):
     """readout.csv (written by --paths) from readout_states.parquet alone: the per-unit states."""
     import pandas as pd
 
-    from attnprobe.edits.analyses.readout import frame_states, states_readout
+    from attnprobe.edits.analyses.readout import frame_table
 
     _, _, out = swept_run
     written = pd.read_csv(out / "readout.csv")
-    table = states_readout(*frame_states(pd.read_parquet(out / "readout_states.parquet")), folds=None)
+    table = frame_table(pd.read_parquet(out / "readout_states.parquet"), folds=None)
     assert len(table) == len(written) == 3  # the embeddings and 2 layers
-    for column in ("r2", "ci_low", "ci_high", "p_permutation", "p_holm"):
+    for column in ("r2", "ci_low", "ci_high", "p_permutation", "p_holm", "null_r2_median"):
         assert np.allclose(table[column], written[column], rtol=1e-9), column
+    assert (table["shared_last_token"].fillna("") == written["shared_last_token"].fillna("")).all()
 
 
 def test_a_model_path_patching_cannot_read_is_refused_in_one_line():

@@ -3,6 +3,7 @@ bootstrap CI and permutation null, on planted data (it finds a signal and does n
 to end."""
 
 import numpy as np
+import pytest
 
 import attnprobe
 from attnprobe.edits.analyses.readout import crossfit_r2
@@ -57,3 +58,68 @@ def test_the_batched_ridge_equals_the_normal_equations_outcome_by_outcome():
             a = min(scores)[1]
             coef = np.linalg.solve(A.T @ A + a * np.eye(6), A.T @ yc)
             assert np.allclose(row[test], y[train].mean() + B @ coef, atol=1e-10)
+
+
+def _plain_ridge(A: np.ndarray, y: np.ndarray, a: float) -> np.ndarray:
+    return np.linalg.solve(A.T @ A + a * np.eye(A.shape[1]), A.T @ (y - y.mean()))
+
+
+def _plain_penalty(A: np.ndarray, y: np.ndarray) -> float:
+    """The penalty of the grid with the least GCV = mean squared residual / (1 - tr(H) / n)^2, H the
+    hat matrix from (A'A + aI)^-1."""
+    from attnprobe.edits.analyses.readout import ALPHAS
+
+    yc, scores = y - y.mean(), []
+    for a in ALPHAS * np.mean(np.linalg.svd(A, compute_uv=False) ** 2):
+        H = A @ np.linalg.solve(A.T @ A + a * np.eye(A.shape[1]), A.T)
+        scores.append((np.mean((yc - H @ yc) ** 2) / (1 - np.trace(H) / len(yc)) ** 2, a))
+    return min(scores)[1]
+
+
+def _plain_oof(X: np.ndarray, y: np.ndarray, folds: np.ndarray, copies: np.ndarray | None = None):
+    """Out-of-fold ridge predictions written from the definition: per fold, X scaled by the training
+    rows, the penalty by GCV (with `copies`, each row's unit: on the training units once each, then
+    scaled by rows per unit), the held-out rows predicted."""
+    out = np.empty(len(y))
+    for f in np.unique(folds):
+        train, test = folds != f, folds == f
+        mean, scale = X[train].mean(0), X[train].std(0) + 1e-8
+        A, B = (X[train] - mean) / scale, (X[test] - mean) / scale
+        if copies is None:
+            a = _plain_penalty(A, y[train])
+        else:
+            once = np.unique(copies[train], return_index=True)[1]
+            a = _plain_penalty(A[once], y[train][once]) * train.sum() / len(once)
+        out[test] = y[train].mean() + B @ _plain_ridge(A, y[train], a)
+    return out
+
+
+def test_the_readout_point_is_a_median_over_fold_draws_and_its_ci_refits_every_resample():
+    """crossfit_r2 recomputed plainly with the same draws: R2 the median over fold assignments; the
+    CI Efron's bias-corrected percentiles of R2 over bootstrap resamples of the units, each
+    cross-fitted afresh (a unit drawn twice in one fold), not a resample of fixed predictions."""
+    from scipy.stats import norm
+
+    from attnprobe.edits.analyses.readout import crossfit_r2
+
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(16, 5))
+    y = X[:, 0] + 0.8 * rng.normal(size=16)
+    found = crossfit_r2(X, y, folds=4, permutations=3, assignments=5, refits=40, seed=2)
+    draws = np.random.default_rng(2)
+    for _ in range(3):
+        draws.permutation(y)
+    r2 = lambda t, p: 1 - np.sum((t - p) ** 2) / np.sum((t - t.mean()) ** 2)
+    assignments = [draws.permutation(np.arange(16) % 4) for _ in range(5)]
+    point = np.median([r2(y, _plain_oof(X, y, f)) for f in assignments])
+    assert found["r2"] == pytest.approx(point, abs=1e-8)
+    refits = []
+    for _ in range(40):
+        drawn = draws.integers(0, 16, 16)
+        units, unit_of = np.unique(drawn, return_inverse=True)
+        fold = draws.permutation(np.arange(len(units)) % 4)[unit_of]
+        refits.append(r2(y[drawn], _plain_oof(X[drawn], y[drawn], fold, copies=drawn)))
+    z0 = norm.ppf(np.mean(np.array(refits) < point))
+    low, high = np.quantile(refits, norm.cdf([2 * z0 - 1.959964, 2 * z0 + 1.959964]))
+    assert (found["ci_low"], found["ci_high"]) == pytest.approx((low, high), abs=1e-8)
+    assert low < point < high

@@ -20,8 +20,14 @@ A head that moves a signal computed elsewhere carries the gradient through its v
 occupation; one that computes it from where it attends carries it through its pattern.
 
 Senders, the edges into R's value at p (senders.py): what each earlier part wrote at p swapped
-from x to x' on the one path into R's value, screened by attribution on the items of one half of
-the units, the EDGES best per receiver measured exactly on the other half's items.
+from x to x' on the one path into R's value, screened by attribution on the items of one quarter
+(half the units, half the templates), the EDGES best per receiver measured exactly on the quarter of
+the other units and the other templates (edge_roles).
+
+The selection null (paths_tables.py) reselects the cross-fitted top 5 on SELECTION_DRAWS permuted
+covariates and measures each set's value path to first order (intervene.attribution: one forward
+and backward pass per batch gives every head's), the first SELECTION_EXACT draws also exactly, so
+the table shows how far the first order is from the exact shares.
 
 The raw values (effects y_patched - y; TE = y(x') - y(x)) go to paths_items, paths_screen and
 paths_edges_items parquet files; paths_tables.py makes the tables from them alone.
@@ -37,13 +43,14 @@ import torch
 
 from ...attention.capture import editing
 from ...heads import HeadSet
+from ...intervene.attribution import value_path_attribution
 from ...intervene.engine import Bank, HeadPatch, aligned
 from ...intervene.rerun import ROWS, rerun_y
 from ...intervene.selection import chosen_heads
 from ...model.anatomy import module_of
 from ...store import atomic_write, write_parquet, write_table
 from .paths_parts import parts_table
-from .paths_tables import CROSSFIT, LISTED, NULL, TOP, edges_table, gradient_shares, paths_table
+from .paths_tables import CROSSFIT, FIRST_ORDER, LISTED, NULL, TOP, edges_table, gradient_shares, paths_table
 from .senders import Anatomy, Pair, edges, pair_frame, pair_tensors, reference_pairs, screen
 
 PATHS = ("value", "pattern", "output", "all values")
@@ -55,7 +62,8 @@ RAW = {  # raw frame -> its own columns
     "paths_edges_items": ("receiver", "sender", "y_patched"),
 }
 EDGES = 8  # senders confirmed exactly per receiver
-SELECTION_DRAWS = 39  # the selection null's permutations (p floor 1/40)
+SELECTION_DRAWS = 199  # the selection null's permutations, to first order (p floor 1/200)
+SELECTION_EXACT = 19  # of which the first are also measured exactly (p floor 1/20), checking the first order
 
 
 @torch.inference_mode()
@@ -101,20 +109,23 @@ def measure_paths(
     word: str,
     receivers: HeadSet,
     crossfit,
-    screen_half,
+    roles,
     log=lambda m: None,
     null=(),
     set_name: str = TOP,
+    exact: int = SELECTION_EXACT,
 ):
     """Raw values of path patching. `receivers`: the top heads (in order), each alone and together as
     `set_name` (LISTED for heads given with --heads); `crossfit`: per item the
-    top set chosen without it (HeadSet, or None); `screen_half`: per item True where its unit screens
-    senders (the others confirm them). Returns (paths, screen, edges) long frames."""
+    top set chosen without it (HeadSet, or None); `null`: per draw, per item the set chosen on a
+    permuted covariate (its value path to first order; the first `exact` draws also exactly);
+    `roles`: per item 1 where it screens senders, 0 where it confirms them, -1 neither. Returns
+    (paths, screen, edges) long frames."""
     module = module_of(model)
     anatomy = Anatomy.of(module)
     pairs = reference_pairs(items, word)
     sets = [(HeadSet.name(*r), HeadSet((r,))) for r in receivers] + [(set_name, HeadSet(tuple(receivers)))]
-    runs, names = _planned_runs(pairs, sets, crossfit, null)
+    runs, names = _planned_runs(pairs, sets, crossfit, null[:exact])
     log(f"paths: {len(runs)} patched runs ({len(pairs)} items)")
     y = path_runs(module, bank, reference, pairs, labels, runs)
     base = pair_frame(items, bank, reference, pairs, labels)
@@ -122,8 +133,12 @@ def measure_paths(
     paths = paths.assign(
         receiver=[n for _, n, _ in names], path=[p for _, _, p in names], heads=[str(h) for _, _, h in runs]
     ).assign(y_patched=y)
-    screening = [i for i, p in enumerate(pairs) if screen_half[p.item]]
-    confirming = [i for i, p in enumerate(pairs) if not screen_half[p.item]]
+    if crossfit is not None and null:
+        log(f"paths: the selection null's {len(null)} draws to first order")
+        named = [(CROSSFIT, crossfit)] + [(f"{NULL} {d}", sets_) for d, sets_ in enumerate(null)]
+        paths = pd.concat([paths, first_order_rows(module, bank, reference, pairs, labels, base, named)])
+    screening = [i for i, p in enumerate(pairs) if roles[p.item] == 1]
+    confirming = [i for i, p in enumerate(pairs) if roles[p.item] == 0]
     empty = base.iloc[[]]
     screens = [_long(empty, np.zeros((0, 0)), [], "attribution").assign(receiver="")]
     confirmed = [_long(empty, np.zeros((0, 0)), [], "y_patched").assign(receiver="")]
@@ -166,6 +181,37 @@ def _planned_runs(pairs, sets, crossfit, null) -> tuple[list, list]:
     return runs, names
 
 
+def first_order_rows(module, bank, reference, pairs: list[Pair], labels, base, named) -> pd.DataFrame:
+    """Raw rows (path FIRST_ORDER) of each named per-item head set's value path to first order: the
+    sum over the set's heads of each head's attribution (one forward and backward pass per batch)."""
+    L, H = len(bank.hidden), bank.outputs[0].shape[1]
+    parts = []
+    for start in range(0, len(pairs), ROWS):
+        rows, donors, at, at_cf = pair_tensors(pairs[start : start + ROWS], "item", "donor", "at", "at_cf")
+        attributed = value_path_attribution(
+            module, bank, reference, rows, donors, at, at_cf, labels[rows, 0], labels[rows, 1]
+        )
+        parts.append(attributed.reshape(len(rows), L * H).numpy())
+    attribution = np.concatenate(parts)
+    masks: dict = {}
+
+    def mask(heads: HeadSet) -> np.ndarray:
+        if heads not in masks:
+            masks[heads] = heads.mask(L, H).reshape(-1).double().numpy()
+        return masks[heads]
+
+    frames = []
+    for name, per_item in named:
+        chosen = [i for i, p in enumerate(pairs) if per_item[p.item] is not None]
+        effect = [attribution[i] @ mask(per_item[pairs[i].item]) for i in chosen]
+        frame = base.iloc[chosen].reset_index(drop=True)
+        heads = [str(per_item[pairs[i].item]) for i in chosen]
+        frames.append(
+            frame.assign(receiver=name, path=FIRST_ORDER, heads=heads, y_patched=frame["y"] + effect)
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
 def _long(frame: pd.DataFrame, values: np.ndarray, senders: list[str], column: str) -> pd.DataFrame:
     """frame's rows repeated per sender, with values (rows, senders) in `column`."""
     out = frame.loc[frame.index.repeat(len(senders))].reset_index(drop=True)
@@ -183,10 +229,11 @@ def measure_run_paths(
 ) -> pd.DataFrame:
     """`attnprobe edit --paths`: the receivers are the heads listed (--heads) or the top 5 by the
     gradient score on every item; each item's cross-fitted set the top 5 on its training quarters;
-    the units of half 0 screen senders. The selection null: `draws` times the covariate permuted
-    over units, the heads reselected on it (`rescored(covariate by item id)` -> scores per quarter)
-    and their value path measured against the real covariate. The three raw frames in one, told
-    apart by `table`."""
+    senders screened on one quarter and confirmed on the quarter of other units and templates. The
+    selection null: `draws` times the covariate permuted over units, the heads reselected on it
+    (`rescored(covariate by item id)` -> scores per quarter) and their value path measured against
+    the real covariate, to first order (the first SELECTION_EXACT draws also exactly).
+    The three raw frames in one, told apart by `table`."""
     receivers = HeadSet(listed) if listed else HeadSet(chosen_heads(scores["all"], 5, n_heads))
     per_item = lambda quarters: [HeadSet(chosen_heads(quarters[int(f)], 5, n_heads)) for f in inputs.fold]
     crossfit, null = (None, []) if listed else (per_item(scores), [])
@@ -197,9 +244,17 @@ def measure_run_paths(
         null.append(per_item(rescored({i.item_id: shuffled[i.unit] for i in inputs.items})))
     frames = measure_paths(
         model, inputs.items, inputs.bank, inputs.reference, inputs.labels, word, receivers, crossfit,
-        inputs.fold // 2 == 0, log, null, LISTED if listed else TOP,
+        edge_roles(inputs.fold), log, null, LISTED if listed else TOP,
     )  # fmt: skip
     return pd.concat([f.assign(table=t) for f, t in zip(frames, RAW)], ignore_index=True)
+
+
+def edge_roles(fold: np.ndarray) -> np.ndarray:
+    """Per item (its fold 2 u + t: unit half u, template half t): 1 where it screens senders (fold 0),
+    0 where it confirms them (fold 3: other units and other templates; fold 2 where the suite has one
+    template), -1 for the rest, so no confirmation shares a unit or a template with the screen."""
+    confirms = 3 if (fold == 3).any() else 2
+    return np.where(fold == 0, 1, np.where(fold == confirms, 0, -1))
 
 
 def write_paths(directory, raw: pd.DataFrame) -> None:

@@ -17,6 +17,7 @@ from ...stats.inference import bh_qvalues, cluster_slope_test, ratio_test, slope
 TOP, CROSSFIT = "top 5", "top 5, cross-fitted"  # the receivers that are sets (no role)
 LISTED = "the heads listed (--heads)"  # the set of heads given, in place of the top 5
 NULL = "top 5 reselected on a permuted covariate, draw"  # + the draw's number
+FIRST_ORDER = "value, first order"  # the value path by attribution patching (intervene.attribution)
 
 
 def wide_effects(raw: pd.DataFrame, key, column: str, sort: bool = False):
@@ -90,18 +91,35 @@ def paths_table(raw: pd.DataFrame) -> pd.DataFrame:
 
 
 def _selection_null(table: pd.DataFrame, null: pd.DataFrame) -> pd.DataFrame:
-    """The cross-fitted set's value share beside the shares of sets reselected on permuted
-    covariates (each against the real one): their mean, 95th percentile and p = (1 + draws at or
-    above it) / (1 + draws)."""
-    if not len(null) or not (table["receiver"] == CROSSFIT).any():
+    """On the cross-fitted set's value row: the sets reselected on permuted covariates, each's value
+    share against the real covariate. selection_*: every draw to first order, against the cross-fitted
+    set's own share to first order (mean, 95th percentile, p = (1 + draws at or above) / (1 + draws),
+    draws); selection_*_exact: the draws also measured exactly, against its exact share; and
+    first_order_r / first_order_max_diff: how the two measures of those draws agree."""
+    at = table.index[(table["receiver"] == CROSSFIT) & (table["path"] == "value")]
+    if not len(null) or not len(at):
         return table
-    shares = gradient_shares(null, "y_patched", key="receiver").to_numpy()
-    at = table.index[table["receiver"] == CROSSFIT][0]
-    observed = table.at[at, "gradient_share"]
-    table.loc[at, "selection_null_mean"] = np.nanmean(shares)
-    table.loc[at, "selection_null_q95"] = np.nanquantile(shares, 0.95)
-    table.loc[at, "selection_p"] = (1 + np.sum(shares >= observed)) / (1 + len(shares))
-    table.loc[at, "selection_draws"] = len(shares)
+    at = at[0]
+    first = table.index[(table["receiver"] == CROSSFIT) & (table["path"] == FIRST_ORDER)]
+    observed = {"value": table.at[at, "gradient_share"]}
+    if len(first):
+        observed[FIRST_ORDER] = table.at[first[0], "gradient_share"]
+    shares = {}
+    for path, suffix in ((FIRST_ORDER, ""), ("value", "_exact")):
+        rows = null[null["path"] == path]
+        if path not in observed or not len(rows):
+            continue
+        shares[path] = gradient_shares(rows, "y_patched", key="receiver")
+        drawn = shares[path].to_numpy()
+        table.loc[at, f"selection_null_mean{suffix}"] = np.nanmean(drawn)
+        table.loc[at, f"selection_null_q95{suffix}"] = np.nanquantile(drawn, 0.95)
+        table.loc[at, f"selection_p{suffix}"] = (1 + np.sum(drawn >= observed[path])) / (1 + len(drawn))
+        table.loc[at, f"selection_draws{suffix}"] = len(drawn)
+    if len(shares) == 2:
+        both = pd.concat(shares.values(), axis=1, join="inner").to_numpy()
+        if len(both) >= 3:
+            table.loc[at, "first_order_r"] = np.corrcoef(both.T)[0, 1]
+            table.loc[at, "first_order_max_diff"] = np.abs(both[:, 0] - both[:, 1]).max()
     return table
 
 

@@ -2,20 +2,30 @@
 
 For a suite whose covariate belongs to a unit (the occupation and its BLS share of women), take the
 residual stream after every layer (index 0: the embeddings; the last index is after the final norm,
-as transformers returns it) at the last token of the unit's span, averaged over the unit's prompts
-with every template weighing the same: one vector per unit and layer, X (n units, E). Per layer:
+as transformers returns it) at the last token of the unit's span: per unit, the mean over its
+templates of the mean over that template's prompts, so every template weighs the same (templates
+whose text up to the span is the same share one forward pass, not one weight). One vector per unit
+and layer, X (n units, E). Per layer:
 
-  ridge regression of the covariate on X, cross-fitted over units: K folds (seeded); in each, X is
-  centred and scaled by the training units, the penalty chosen on them by generalised
-  cross-validation over a grid, and the held-out units predicted. Held-out R2 = 1 - SSE / SST of the
-  out-of-fold predictions (SST about the mean of all units; R2 <= 0 means no linear readout).
+  ridge regression of the covariate on X, cross-fitted over units: K folds; in each, X is centred
+  and scaled by the training units, the penalty chosen on them by generalised cross-validation over
+  a grid, and the held-out units predicted. Held-out R2 = 1 - SSE / SST of the out-of-fold
+  predictions (SST about the mean of all units; R2 <= 0 means no linear readout). The fold draw
+  moves R2 (on SmolLM2's embeddings from 0.13 to 0.44), so R2 is the median over ASSIGNMENTS
+  random fold assignments.
 
-The unit of inference is the unit (an occupation): its CI is a percentile bootstrap over units of
-the out-of-fold predictions (2,000 resamples, seed 0; the fits are not redone, so the interval leaves
-out the variance of choosing the penalty); its null is the same cross-fitting with the covariate
-permuted across units (`permutations` draws, same folds): p = (1 + draws reaching R2) / (1 + draws),
-and Holm's adjustment over the layers (999 draws: a floor of 0.001, 0.03 after adjusting for 31 layers).
-Shapes: N units, E model width, K folds.
+The unit of inference is the unit (an occupation). CI: Efron's bias-corrected percentile interval
+of R2 over REFITS bootstrap resamples of the units, each cross-fitted afresh (penalty chosen again,
+a new fold draw), so it carries the fitting's and the fold draw's variance; bias-corrected because
+a resample's refit, on about 63% distinct units, predicts worse than the full fit.
+p_permutation tests "no better than a
+readout of a covariate permuted across units", the same median over the same fold assignments for
+each of `permutations` permutations; that null centres below 0 (null_r2_median: ridge on noise
+predicts worse than the mean), so p_permutation is not a test of R2 > 0: read ci_low for that.
+Holm's adjustment over the layers (999 draws: a floor of 0.001, 0.03 after adjusting for 31 layers).
+Units whose span ends in the same token (hygienist and receptionist: `ist`) have the same
+embedding at layer 0 (identical states where positions are rotary) and similar ones early on;
+shared_last_token names them. Shapes: N units, E model width, K folds.
 """
 
 from __future__ import annotations
@@ -24,47 +34,66 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import scipy.stats as sps
 import torch
 
 from ...stats.inference import holm
 
 ALPHAS = np.logspace(-3, 5, 17)  # ridge penalties tried, relative to the mean squared singular value
+ASSIGNMENTS = 20  # fold assignments; the reported R2 is the median over them
+REFITS = 200  # bootstrap resamples of the units for the CI, each cross-fitted afresh
+
+
+def _basis(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What ridge on the training rows A (n, E) needs, from the n x n Gram matrix (n << E: faster
+    than the SVD of A): A = U S V' (singular values above 1e-6 of the largest), and the held-out
+    rows B in that basis, T = B V (n_test, r)."""
+    values, U = np.linalg.eigh(train @ train.T)
+    keep = values > values.max() * 1e-12
+    U, S = U[:, keep], np.sqrt(values[keep])
+    return U, S, (test @ train.T) @ U / S
 
 
 def _fold_fits(X: np.ndarray, folds: np.ndarray):
-    """Per fold: the held-out mask and what predicting any y needs: the training means and scales,
-    the SVD of the scaled training X, and the scaled held-out X."""
+    """Per fold: the held-out mask and what predicting any y needs: U, S of the scaled training X and
+    the scaled held-out X in its basis (_basis), X centred and scaled by the training rows."""
     fits = []
     for f in np.unique(folds):
         test = folds == f
         train = ~test
         mean, scale = X[train].mean(0), X[train].std(0) + 1e-8
-        U, S, Vt = np.linalg.svd((X[train] - mean) / scale, full_matrices=False)
-        fits.append((test, U, S, Vt, (X[test] - mean) / scale))
+        fits.append((test, *_basis((X[train] - mean) / scale, (X[test] - mean) / scale)))
     return fits
+
+
+def _gcv_penalties(U: np.ndarray, S: np.ndarray, centred: np.ndarray) -> np.ndarray:
+    """Per row of `centred` (B, n) training outcomes: the penalty of ALPHAS (times the mean squared
+    singular value) with the least GCV, the first of equal minima. With the SVD X = U S V', the fit's
+    hat matrix has eigenvalues S^2 / (S^2 + a)."""
+    n = centred.shape[1]
+    alphas = ALPHAS * np.mean(S**2)  # (A,)
+    shrink = S**2 / (S**2 + alphas[:, None])  # (A, r)
+    dof = (1 - shrink.sum(1) / n) ** 2  # (A,): GCV's denominator
+    Uy = centred @ U  # (B, r)
+    residual = centred[:, None, :] - (shrink * Uy[:, None, :]) @ U.T  # (B, A, n)
+    return alphas[np.argmin(np.mean(residual**2, axis=2) / dof, axis=1)]
 
 
 def _predict(fits, Y: np.ndarray) -> np.ndarray:
     """Out-of-fold ridge predictions of each row of Y (P, N): P outcomes (the covariate and its
     permutations) at once, the penalty of each fold and outcome chosen by GCV on the fold's training
-    units. With the SVD X = U S V', the fit's hat matrix has eigenvalues S^2 / (S^2 + a)."""
+    units."""
     out = np.empty(Y.shape)
-    for test, U, S, Vt, X_test in fits:
+    for test, U, S, T in fits:
         n = int((~test).sum())
-        alphas = ALPHAS * np.mean(S**2)  # (A,)
-        shrink = S**2 / (S**2 + alphas[:, None])  # (A, r)
-        dof = (1 - shrink.sum(1) / n) ** 2  # (A,): GCV's denominator
-        step = max(1, 2**22 // (len(alphas) * n))  # outcomes per block: (block, A, n) stays ~32 MB
+        step = max(1, 2**22 // (len(ALPHAS) * n))  # outcomes per block: (block, A, n) stays ~32 MB
         for first in range(0, len(Y), step):
             y_train = Y[first : first + step, ~test]  # (B, n)
             offset = y_train.mean(1, keepdims=True)
             centred = y_train - offset
-            Uy = centred @ U  # (B, r)
-            residual = centred[:, None, :] - (shrink * Uy[:, None, :]) @ U.T  # (B, A, n)
-            gcv = np.mean(residual**2, axis=2) / dof  # (B, A)
-            best = alphas[np.argmin(gcv, axis=1)]  # the first of equal minima, (B,)
-            coef = (S / (S**2 + best[:, None]) * Uy) @ Vt  # (B, E)
-            out[first : first + step, test] = offset + coef @ X_test.T
+            best = _gcv_penalties(U, S, centred)  # (B,)
+            coef = S / (S**2 + best[:, None]) * (centred @ U)  # (B, r): in the V basis
+            out[first : first + step, test] = offset + coef @ T.T
     return out
 
 
@@ -74,36 +103,100 @@ def r_squared(y: np.ndarray, predicted: np.ndarray) -> np.ndarray:
     return 1 - np.sum((y - predicted) ** 2, axis=-1) / sst
 
 
+def _assignments(n: int, folds: int, count: int, rng) -> list[np.ndarray]:
+    """`count` random assignments of n units to `folds` folds of near-equal size."""
+    return [rng.permutation(np.arange(n) % folds) for _ in range(count)]
+
+
+def median_r2(X: np.ndarray, Y: np.ndarray, assignments: list[np.ndarray]) -> np.ndarray:
+    """Per row of Y (P, N): the median over fold assignments of the held-out R2."""
+    return np.median([r_squared(Y, _predict(_fold_fits(X, fold), Y)) for fold in assignments], axis=0)
+
+
+def refit_r2s(X: np.ndarray, y: np.ndarray, folds: int, refits: int, rng) -> np.ndarray:
+    """Held-out R2 of `refits` bootstrap resamples of the units, each cross-fitted afresh on one random
+    fold assignment (a unit drawn twice keeps both copies in one fold, so none predicts itself);
+    resamples whose covariate does not vary are skipped."""
+    out = []
+    for _ in range(refits):
+        drawn = rng.integers(0, len(y), len(y))
+        units, unit_of = np.unique(drawn, return_inverse=True)
+        if np.ptp(y[drawn]) == 0 or len(units) < 2:
+            continue
+        fold = rng.permutation(np.arange(len(units)) % min(folds, len(units)))[unit_of]
+        first = np.zeros(len(drawn), dtype=bool)  # each unit's first copy
+        first[np.unique(drawn, return_index=True)[1]] = True
+        predicted = np.empty(len(drawn))
+        for f in np.unique(fold):
+            predicted[fold == f] = _refit_fold(X[drawn], y[drawn], fold != f, fold == f, first)
+        out.append(r_squared(y[drawn], predicted))
+    return np.array(out)
+
+
+def _refit_fold(X: np.ndarray, y: np.ndarray, train, test, first) -> np.ndarray:
+    """One fold of a resample: the penalty chosen by GCV on the training units once each (copies
+    would make GCV, a leave-one-out shortcut, find each held-out row's twin in training and choose
+    almost no penalty), then the ridge fit on every copy, the penalty scaled by copies per unit so
+    data and penalty keep their balance; returns the held-out rows' predictions."""
+    mean, scale = X[train].mean(0), X[train].std(0) + 1e-8
+    Z = (X - mean) / scale
+    once = train & first
+    U, S, _ = _basis(Z[once], Z[:0])
+    best = _gcv_penalties(U, S, (y[once] - y[once].mean())[None])[0] * train.sum() / once.sum()
+    U, S, T = _basis(Z[train], Z[test])
+    offset = y[train].mean()
+    return offset + T @ (S / (S**2 + best) * ((y[train] - offset) @ U))
+
+
+def bias_corrected(draws: np.ndarray, point: float, level: float = 0.95) -> tuple[float, float]:
+    """Efron's bias-corrected percentile interval: the percentiles Phi(2 z0 +- z) of the draws, z0 =
+    Phi^-1(the share of draws below the point, ties counting half). A refitted resample holds about
+    63% distinct units, so its fit predicts worse than the full one and its R2 sits below the
+    point; BC moves the percentiles to where the point sits among the draws."""
+    if not len(draws):
+        return np.nan, np.nan
+    below = (np.sum(draws < point) + 0.5 * np.sum(draws == point)) / len(draws)
+    z0 = sps.norm.ppf(np.clip(below, 1 / (len(draws) + 1), len(draws) / (len(draws) + 1)))
+    z = sps.norm.ppf(0.5 + level / 2)
+    low, high = sps.norm.cdf([2 * z0 - z, 2 * z0 + z])
+    return float(np.quantile(draws, low)), float(np.quantile(draws, high))
+
+
 def crossfit_r2(
-    X: np.ndarray, y: np.ndarray, folds: int = 10, permutations: int = 200, seed: int = 0
+    X: np.ndarray,
+    y: np.ndarray,
+    folds: int = 10,
+    permutations: int = 200,
+    seed: int = 0,
+    assignments: int = ASSIGNMENTS,
+    refits: int = REFITS,
 ) -> dict:
-    """Held-out R2 of a ridge readout of y (N,) from X (N, E), its bootstrap CI over units and its
-    permutation p (see the module doc)."""
+    """Held-out R2 of a ridge readout of y (N,) from X (N, E): the median over `assignments` fold
+    assignments, its CI from `refits` refitted bootstrap resamples and its permutation p (the module
+    doc)."""
     rng = np.random.default_rng(seed)
-    fold = rng.permutation(np.arange(len(y)) % min(folds, len(y)))
-    fits = _fold_fits(np.asarray(X, dtype=np.float64), fold)
-    boot = rng.integers(0, len(y), (2000, len(y)))
-    # row 0 the covariate, then its permutations: one pass fits all, the same arithmetic for each
+    X = np.asarray(X, dtype=np.float64)
+    folds = min(folds, len(y))
+    # row 0 the covariate, then its permutations: every row through the same assignments and arithmetic
     Y = np.stack([y] + [rng.permutation(y) for _ in range(permutations)])
-    fitted = _predict(fits, Y)
-    r2s = r_squared(Y, fitted)
-    r2, null, predicted = r2s[0], r2s[1:], fitted[0]
-    kept = boot[np.ptp(y[boot], axis=1) > 0]  # resamples whose covariate varies
-    draws = r_squared(y[kept], predicted[kept])
+    r2s = median_r2(X, Y, _assignments(len(y), folds, assignments, rng))
+    r2, null = r2s[0], r2s[1:]
+    low, high = bias_corrected(refit_r2s(X, y, folds, refits, rng), r2)
     return {
         "r2": float(r2),
-        "ci_low": float(np.percentile(draws, 2.5)),
-        "ci_high": float(np.percentile(draws, 97.5)),
+        "ci_low": low,
+        "ci_high": high,
         "p_permutation": float((1 + (null >= r2).sum()) / (1 + len(null))) if permutations else np.nan,
+        "null_r2_median": float(np.median(null)) if permutations else np.nan,
         "null_r2_q95": float(np.quantile(null, 0.95)) if permutations else np.nan,
     }
 
 
 @torch.no_grad()
-def unit_states(pm, suite, span: str) -> tuple[list, np.ndarray, np.ndarray]:
-    """(units, covariate per unit, (L + 1, N, E) states): the residual stream after every layer at the
-    last token of `span`, averaged per unit over templates (each template weighing the same)."""
-    from ...forward.packing import pad_right
+def unit_states(pm, suite, span: str) -> tuple[list, np.ndarray, np.ndarray, list[str]]:
+    """(units, covariate per unit, (L + 1, N, E) states, each unit's last token): the residual stream
+    after every layer at the last token of `span`, per unit the mean over templates of each
+    template's mean (each template weighing the same)."""
     from ...run.plan import encode_prompts
     from ...schema.analysis import value_of
 
@@ -116,6 +209,36 @@ def unit_states(pm, suite, span: str) -> tuple[list, np.ndarray, np.ndarray]:
         key = tuple(e.ids[:end])
         prefixes.setdefault(key, []).append(e.prompt)
     keys = sorted(prefixes, key=len)
+    states = _last_states(pm, keys)  # (L + 1, prefixes, E)
+    rows = pd.DataFrame(
+        [
+            (
+                i,
+                str(value_of(p, analysis.unit)),
+                p.template_id,
+                float(value_of(p, analysis.covariate)),
+                key[-1],
+            )
+            for i, key in enumerate(keys)
+            for p in prefixes[key]
+        ],
+        columns=["row", "unit", "template", "covariate", "last"],
+    )
+    # each template's mean over its prompts, then the unit's mean over its templates
+    cells = rows.groupby(["unit", "template"])["row"].apply(list)
+    units = sorted(rows["unit"].unique())
+    X = np.stack(
+        [np.mean([states[:, r].mean(1) for r in cells[u]], axis=0) for u in units], axis=1
+    )  # (L + 1, N, E)
+    y = rows.groupby("unit")["covariate"].first().reindex(units).to_numpy()
+    last = rows.groupby("unit")["last"].agg(lambda t: t.mode().iloc[0]).reindex(units)
+    return units, y, X, [pm.tokenizer.decode([int(t)]) for t in last]
+
+
+def _last_states(pm, keys: list[tuple]) -> np.ndarray:
+    """(L + 1, len(keys), E): the residual stream after every layer at each sequence's last token."""
+    from ...forward.packing import pad_right
+
     states = []
     for start in range(0, len(keys), 64):
         batch = keys[start : start + 64]
@@ -125,23 +248,13 @@ def unit_states(pm, suite, span: str) -> tuple[list, np.ndarray, np.ndarray]:
         last = torch.tensor([len(k) - 1 for k in batch], device=pm.device)
         hidden = torch.stack(out.hidden_states)  # (L + 1, B, T, E)
         states.append(hidden[:, torch.arange(len(batch), device=pm.device), last].float())  # (L + 1, B, E)
-    states = torch.cat(states, 1).cpu().numpy()  # (L + 1, prefixes, E)
-    rows = pd.DataFrame(
-        [
-            (i, str(value_of(p, analysis.unit)), p.template_id, float(value_of(p, analysis.covariate)))
-            for i, key in enumerate(keys)
-            for p in prefixes[key][:1]
-        ],
-        columns=["row", "unit", "template", "covariate"],
-    )
-    # template means first, then the unit's mean over its templates
-    cells = rows.groupby(["unit", "template"])["row"].apply(list)
-    units = sorted(rows["unit"].unique())
-    X = np.stack(
-        [np.mean([states[:, r].mean(1) for r in cells[u]], axis=0) for u in units], axis=1
-    )  # (L + 1, N, E)
-    y = rows.groupby("unit")["covariate"].first().reindex(units).to_numpy()
-    return units, y, X
+    return torch.cat(states, 1).cpu().numpy()
+
+
+def shared_last_tokens(units, last_tokens) -> str:
+    """The groups of units whose span ends in the same token: "hygienist, receptionist (ist); ..."."""
+    groups = pd.Series(list(units)).groupby(pd.Series(list(last_tokens)), sort=True).agg(list)
+    return "; ".join(f"{', '.join(g)} ({t.strip()})" for t, g in groups.items() if len(g) > 1 and t)
 
 
 def readout_table(
@@ -150,8 +263,9 @@ def readout_table(
     """Per layer (0: the embeddings): how well the suite's covariate is read linearly from the
     residual stream at the unit's span, held out over units (module doc). `pm`: a ProbeModel;
     `folds` None: 10, or half the units when there are fewer than 20."""
-    units, y, X = unit_states(pm, suite, span)
-    return _labelled(states_readout(y, X, folds, permutations, seed), suite, span)
+    units, y, X, last = unit_states(pm, suite, span)
+    table = states_readout(y, X, folds, permutations, seed)
+    return _labelled(table.assign(shared_last_token=shared_last_tokens(units, last)), suite, span)
 
 
 def _labelled(table: pd.DataFrame, suite, span: str) -> pd.DataFrame:
@@ -177,11 +291,12 @@ def states_readout(
     return table.assign(n_units=len(y))
 
 
-def states_frame(units, y: np.ndarray, X: np.ndarray) -> pd.DataFrame:
-    """The per-unit states as a long table (layer, unit, covariate, s0 .. s{E-1}): what
+def states_frame(units, y: np.ndarray, X: np.ndarray, last_tokens=None) -> pd.DataFrame:
+    """The per-unit states as a long table (layer, unit, covariate, last_token, s0 .. s{E-1}): what
     readout_states.parquet holds, and `states_readout` recomputes readout.csv from."""
     L, N, E = X.shape
     frame = pd.DataFrame(X.reshape(L * N, E).astype(np.float32), columns=[f"s{e}" for e in range(E)])
+    frame.insert(0, "last_token", np.tile(np.asarray(last_tokens or [""] * N, dtype=str), L))
     frame.insert(0, "covariate", np.tile(y, L))
     frame.insert(0, "unit", np.tile(np.asarray(units, dtype=str), L))
     frame.insert(0, "layer", np.repeat(np.arange(L), N))
@@ -191,16 +306,25 @@ def states_frame(units, y: np.ndarray, X: np.ndarray) -> pd.DataFrame:
 def frame_states(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(y (N,), X (L + 1, N, E)) back from states_frame's table."""
     L = frame["layer"].nunique()
-    X = frame.filter(regex=r"^s\d+$").to_numpy(dtype=np.float64).reshape(L, -1, frame.shape[1] - 3)
+    states = frame.filter(regex=r"^s\d+$")
+    X = states.to_numpy(dtype=np.float64).reshape(L, -1, states.shape[1])
     return frame.loc[frame["layer"] == 0, "covariate"].to_numpy(dtype=float), X
+
+
+def frame_table(frame: pd.DataFrame, **options) -> pd.DataFrame:
+    """The readout table from readout_states.parquet's frame alone (readout.csv's columns but the
+    span and covariate names)."""
+    first = frame[frame["layer"] == 0]
+    shared = shared_last_tokens(first["unit"], first.get("last_token", pd.Series([""] * len(first))))
+    return states_readout(*frame_states(frame), **options).assign(shared_last_token=shared)
 
 
 def write_readout(directory, pm, suite) -> None:
     """readout_states.parquet (the per-unit states, float32) and readout.csv recomputed from them."""
     from ...store import atomic_write, write_parquet, write_table
 
-    units, y, X = unit_states(pm, suite, suite.analysis.unit)
-    frame = states_frame(units, y, X)
+    units, y, X, last = unit_states(pm, suite, suite.analysis.unit)
+    frame = states_frame(units, y, X, last)
     atomic_write(Path(directory) / "readout_states.parquet", lambda p: write_parquet(frame, p))
-    table = states_readout(*frame_states(frame), folds=None)  # from the float32 states as written
+    table = frame_table(frame, folds=None)  # from the float32 states as written
     write_table(directory, "readout", _labelled(table, suite, suite.analysis.unit))

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ...attention.capture import editing, picked_logits
+from ...intervene.attribution import gradients
 from ...intervene.engine import Bank
-from ...intervene.sites import Gradients, behaviour_rows, mlp_outputs
-from ...model.anatomy import mlp_modules, module_of
+from ...model.anatomy import mlp_modules
 
 
 @dataclass
@@ -31,30 +30,6 @@ class Pairs:
     same_length: torch.Tensor  # (n,) bool: the pattern attribution is defined
 
 
-def _gradients(model, bank: Bank, xs, positive, negative, mlps) -> Gradients:
-    """One forward and backward pass of the bank's sequences `xs`: the behaviour's gradients with
-    respect to every head's output and pattern and every MLP's output (the weights get none)."""
-    grads, module, lengths = Gradients(), module_of(model), bank.lengths[xs]
-    T, device = int(lengths.max()), bank.hidden[0].device
-    ids, mask = bank.ids[xs, :T].to(device), (torch.arange(T)[None] < lengths[:, None]).long().to(device)
-    trainable = [p for p in module.parameters() if p.requires_grad]
-    try:
-        for p in trainable:  # only activations need gradients
-            p.requires_grad_(False)
-        with (
-            torch.enable_grad(),
-            editing(grads),
-            mlp_outputs(mlps, grads.keep_mlp),
-            picked_logits(module, (torch.arange(len(xs)), lengths - 1)),
-        ):
-            out = module(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=0)
-            behaviour_rows(out.logits[0], positive, negative).sum().backward()
-    finally:
-        for p in trainable:
-            p.requires_grad_(True)
-    return grads
-
-
 def estimate(
     model, bank: Bank, xs: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, pairs: Pairs
 ) -> dict:
@@ -65,7 +40,7 @@ def estimate(
     L)."""
     lengths = bank.lengths[xs]
     T, device, mlps = int(lengths.max()), bank.hidden[0].device, mlp_modules(model)
-    grads = _gradients(model, bank, xs, positive, negative, mlps)
+    grads = gradients(model, bank, xs, positive, negative, mlps)
     n, L = len(pairs.x), len(bank.hidden)
     positions = torch.arange(T)[None]
     where = ((positions >= pairs.at[:, None]) & (positions < lengths[pairs.x, None])).to(device)  # (n, T)
