@@ -14,7 +14,7 @@ def test_a_planted_readout_is_found_and_noise_is_not():
     X = rng.normal(size=(60, 30))  # 60 units, as the gender suite's occupations
     signal = X[:, :3] @ np.array([1.0, -0.5, 0.8])
     found = crossfit_r2(X, signal + 0.3 * rng.normal(size=60), permutations=99)
-    assert found["r2"] > 0.6 and found["ci_low"] > 0.5 and found["p_permutation"] == 0.01
+    assert found["r2"] > 0.6 and found["ci_low"] > 0.3 and found["p_permutation"] == 0.01
     noise = crossfit_r2(X, rng.normal(size=60), permutations=99)
     assert noise["r2"] < noise["null_r2_q95"] and noise["p_permutation"] > 0.05 and noise["ci_low"] < 0
 
@@ -96,10 +96,8 @@ def _plain_oof(X: np.ndarray, y: np.ndarray, folds: np.ndarray, copies: np.ndarr
 
 def test_the_readout_point_is_a_median_over_fold_draws_and_its_ci_refits_every_resample():
     """crossfit_r2 recomputed plainly with the same draws: R2 the median over fold assignments; the
-    CI Efron's bias-corrected percentiles of R2 over bootstrap resamples of the units, each
-    cross-fitted afresh (a unit drawn twice in one fold), not a resample of fixed predictions."""
-    from scipy.stats import norm
-
+    CI the percentiles of R2 over bootstrap resamples of the units, each cross-fitted afresh (a unit
+    drawn twice in one fold), moved so their median is the point; not a resample of fixed predictions."""
     from attnprobe.edits.analyses.readout import crossfit_r2
 
     rng = np.random.default_rng(7)
@@ -119,7 +117,6 @@ def test_the_readout_point_is_a_median_over_fold_draws_and_its_ci_refits_every_r
         units, unit_of = np.unique(drawn, return_inverse=True)
         fold = draws.permutation(np.arange(len(units)) % 4)[unit_of]
         refits.append(r2(y[drawn], _plain_oof(X[drawn], y[drawn], fold, copies=drawn)))
-    z0 = norm.ppf(np.mean(np.array(refits) < point))
-    low, high = np.quantile(refits, norm.cdf([2 * z0 - 1.959964, 2 * z0 + 1.959964]))
+    low, high = point + np.percentile(refits, [2.5, 97.5]) - np.median(refits)
     assert (found["ci_low"], found["ci_high"]) == pytest.approx((low, high), abs=1e-8)
     assert low < point < high

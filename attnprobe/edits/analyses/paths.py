@@ -61,6 +61,7 @@ RAW = {  # raw frame -> its own columns
     "paths_screen": ("receiver", "sender", "attribution"),
     "paths_edges_items": ("receiver", "sender", "y_patched"),
 }
+PATHS_VERSION = 2  # of the raw rows: a saved part from another version is measured again
 EDGES = 8  # senders confirmed exactly per receiver
 SELECTION_DRAWS = 199  # the selection null's permutations, to first order (p floor 1/200)
 SELECTION_EXACT = 19  # of which the first are also measured exactly (p floor 1/20), checking the first order

@@ -32,7 +32,7 @@ from ...stats.edits import (
 )
 from ...stats.placebo import PLACEBO_PREFIX, placebo_table
 from ...store import atomic_write, exclusive, read_chunks, write_parquet, write_table
-from ..analyses.paths import measure_run_paths, write_paths
+from ..analyses.paths import PATHS_VERSION, measure_run_paths, write_paths
 from ..analyses.readout import write_readout
 from ..analyses.tracing import measure_tracing, tracing_table
 from ..analyses.transfer import ALSO_K, transfer, transfer_suites
@@ -203,7 +203,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
             traced = part("trace", lambda: measure_tracing(model, inputs, word, log), described=False)
         if options.paths:
             measure = lambda: measure_run_paths(model, inputs, word, scores, quarter_scores, listed, H, log)
-            paths = part("paths", measure, described=False)
+            paths = part("paths", measure, f"{key}:paths{PATHS_VERSION}", described=False)
     raw = pd.concat([f for f in frames if len(f)], ignore_index=True)  # an empty part would untype columns
     summary, stream = _write_sweep(directory, raw, options, H, word, started)
     if options.trace:
