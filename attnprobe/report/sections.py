@@ -190,7 +190,11 @@ def edits_context(directory, figures_dir) -> dict | None:
     if not (directory / "edits.parquet").is_file():
         return None
     frontier, summary = edit_frontier_figure(directory, figures_dir)
-    paths = _optional(directory, "paths")
+    paths = [r for r in _optional(directory, "paths") if r.get("direction", "noising") == "noising"]
+    parts = [  # one table: the denoising rows after the noising ones, their receivers so labelled
+        {**r, "receiver": r["receiver"] + (", denoising" if r.get("direction") == "denoising" else "")}
+        for r in _optional(directory, "paths_parts")
+    ]
     return {
         "rows": summary.to_dict("records"),
         "figure": frontier,
@@ -199,7 +203,7 @@ def edits_context(directory, figures_dir) -> dict | None:
         "stream": _optional(directory, "edits_stream"),
         "tracing": _side_by_side(_optional(directory, "tracing"), "layer", "position"),
         "paths": _side_by_side(paths, "receiver", "path"),
-        "parts": _side_by_side(_optional(directory, "paths_parts"), "receiver", "part", ("role", "n_items")),
+        "parts": _side_by_side(parts, "receiver", "part", ("role", "n_items")),
         "paths_sets": {r["receiver"]: r for r in paths if r["path"] == "value"},
         "edges": _optional(directory, "paths_edges"),
         "readout": _readout_summary(_optional(directory, "readout")),

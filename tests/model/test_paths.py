@@ -210,14 +210,18 @@ def test_the_parts_table_tells_the_planted_mover_computer_and_reader_by_size(pla
     embedding's edge into the mover is found on the held-out units."""
     table, edges_ = _tables(planted)
     parts = parts_table(planted[0])
-    role = parts.drop_duplicates("receiver").set_index("receiver")["role"]
-    assert (role["L1H0"], role["L1H1"], role["L1H2"]) == ("moves", "computes", "reads elsewhere")
-    assert parts.loc[parts["receiver"] == "top 5", "role"].isna().all()  # a set has no role
-    for receiver, rows in parts.groupby("receiver"):  # the four parts add up to the output, per item
-        _, effects = part_effects(planted[0], receiver)
-        np.testing.assert_allclose(effects[:, :4].sum(1), effects[:, 4], atol=1e-12)
-        of = rows.set_index("part")["of_output"]
-        assert of.iloc[:4].sum() == pytest.approx(1.0) and of["output"] == pytest.approx(1.0)
+    for direction in ("noising", "denoising"):  # x with one input from x', and x' with one from x
+        rows = parts[parts["direction"] == direction]
+        role = rows.drop_duplicates("receiver").set_index("receiver")["role"]
+        assert (role["L1H0"], role["L1H1"], role["L1H2"]) == ("moves", "computes", "reads elsewhere")
+        assert rows.loc[rows["receiver"] == "top 5", "role"].isna().all()  # a set has no role
+        raw = planted[0][planted[0]["direction"] == direction]
+        for receiver, own in rows.groupby("receiver"):  # the four parts add up to the output, per item
+            _, effects = part_effects(raw, receiver)
+            np.testing.assert_allclose(effects[:, :4].sum(1), effects[:, 4], atol=1e-12)
+            of = own.set_index("part")["of_output"]
+            assert of.iloc[:4].sum() == pytest.approx(1.0) and of["output"] == pytest.approx(1.0)
+    table = table[table["direction"] == "noising"]
     share = table.set_index(["receiver", "path"])["gradient_share"]
     assert share["L1H0", "value"] > 0.2 and abs(share["L1H0", "pattern"]) < 0.01
     assert share["L1H1", "pattern"] > 0.2 and abs(share["L1H1", "value"]) < 0.01

@@ -12,6 +12,11 @@ outcome): one input of R is taken from x' in a run of x, everything else compute
   pattern     R attends as in x' (its weights; pairs of equal length only, NaN otherwise)
   output      R's output at the aligned positions is x''s (everything R passes on)
 
+Both directions: noising runs x with R's input from x' (above); denoising runs x' with R's input
+from x, which asks how much of the effect restoring that one input brings back (its TE is y(x) -
+y(x')). Each raw row says which (`direction`); the tables are made per direction, the selection null
+and the senders on noising only.
+
 On the pairs of equal length these add up: paths_parts.py splits the output effect into the value at
 the occupation, the values elsewhere, the pattern and their interaction, and gives each head a role
 by the size of its parts.
@@ -50,18 +55,29 @@ from ...intervene.selection import chosen_heads
 from ...model.anatomy import module_of
 from ...store import atomic_write, write_parquet, write_table
 from .paths_parts import parts_table
-from .paths_tables import CROSSFIT, FIRST_ORDER, LISTED, NULL, TOP, edges_table, gradient_shares, paths_table
+from .paths_tables import (
+    CROSSFIT,
+    DENOISING,
+    FIRST_ORDER,
+    LISTED,
+    NOISING,
+    NULL,
+    TOP,
+    edges_table,
+    gradient_shares,
+    paths_table,
+)
 from .senders import Anatomy, Pair, edges, pair_frame, pair_tensors, reference_pairs, screen
 
 PATHS = ("value", "pattern", "output", "all values")
 EQUAL_LENGTH = ("pattern", "all values")  # paths defined only where x and x' have equal length
 BASE = ("item_id", "unit", "template_id", "covariate", "y", "y_cf")  # every raw row's
 RAW = {  # raw frame -> its own columns
-    "paths_items": ("receiver", "path", "heads", "y_patched"),  # heads: the set patched
+    "paths_items": ("receiver", "path", "heads", "direction", "y_patched"),  # heads: the set patched
     "paths_screen": ("receiver", "sender", "attribution"),
     "paths_edges_items": ("receiver", "sender", "y_patched"),
 }
-PATHS_VERSION = 2  # of the raw rows: a saved part from another version is measured again
+PATHS_VERSION = 3  # of the raw rows: a saved part from another version is measured again
 EDGES = 8  # senders confirmed exactly per receiver
 SELECTION_DRAWS = 199  # the selection null's permutations, to first order (p floor 1/200)
 SELECTION_EXACT = 19  # of which the first are also measured exactly (p floor 1/20), checking the first order
@@ -123,21 +139,45 @@ def measure_paths(
     `roles`: per item 1 where it screens senders, 0 where it confirms them, -1 neither. Returns
     (paths, screen, edges) long frames."""
     module = module_of(model)
-    anatomy = Anatomy.of(module)
     pairs = reference_pairs(items, word)
     sets = [(HeadSet.name(*r), HeadSet((r,))) for r in receivers] + [(set_name, HeadSet(tuple(receivers)))]
-    runs, names = _planned_runs(pairs, sets, crossfit, null[:exact])
-    log(f"paths: {len(runs)} patched runs ({len(pairs)} items)")
-    y = path_runs(module, bank, reference, pairs, labels, runs)
     base = pair_frame(items, bank, reference, pairs, labels)
-    paths = base.iloc[[i for i, _, _ in names]].reset_index(drop=True)
-    paths = paths.assign(
-        receiver=[n for _, n, _ in names], path=[p for _, _, p in names], heads=[str(h) for _, _, h in runs]
-    ).assign(y_patched=y)
+    runs, names = _planned_runs(pairs, sets, crossfit, null[:exact])
+    log(f"paths: {len(runs)} patched runs, noising ({len(pairs)} items)")
+    paths = _rows(base, names, runs, path_runs(module, bank, reference, pairs, labels, runs), NOISING)
     if crossfit is not None and null:
         log(f"paths: the selection null's {len(null)} draws to first order")
         named = [(CROSSFIT, crossfit)] + [(f"{NULL} {d}", sets_) for d, sets_ in enumerate(null)]
         paths = pd.concat([paths, first_order_rows(module, bank, reference, pairs, labels, base, named)])
+    # denoising: x' run with one input of the receivers from x (the pairs with their roles swapped;
+    # reference row r is pairs[r]'s x', so its labels are that item's)
+    swapped = [Pair(p.donor, p.item, p.at_cf, p.at, p.same_length) for p in pairs]
+    runs, names = _planned_runs(swapped, sets, None, [])
+    log(f"paths: {len(runs)} patched runs, denoising")
+    y = path_runs(module, reference, bank, swapped, labels[[p.item for p in pairs]], runs)
+    paths = pd.concat(
+        [paths, _rows(base.rename(columns={"y": "y_cf", "y_cf": "y"}), names, runs, y, DENOISING)]
+    )
+    screens, confirmed = _senders(module, bank, reference, pairs, labels, base, receivers, roles, log)
+    return paths, screens, confirmed
+
+
+def _rows(base: pd.DataFrame, names, runs, y: np.ndarray, direction: str) -> pd.DataFrame:
+    """Raw rows of patched runs: each pair's base row with the run's receiver, path, heads and y."""
+    rows = base.iloc[[i for i, _, _ in names]].reset_index(drop=True)
+    return rows.assign(
+        receiver=[n for _, n, _ in names],
+        path=[p for _, _, p in names],
+        heads=[str(h) for _, _, h in runs],
+        direction=direction,
+        y_patched=y,
+    )
+
+
+def _senders(module, bank, reference, pairs, labels, base, receivers, roles, log) -> tuple:
+    """(screen, edges) long frames: each receiver's senders screened by attribution on the items
+    whose role is 1, the EDGES best measured exactly on those whose role is 0."""
+    anatomy = Anatomy.of(module)
     screening = [i for i, p in enumerate(pairs) if roles[p.item] == 1]
     confirming = [i for i, p in enumerate(pairs) if roles[p.item] == 0]
     empty = base.iloc[[]]
@@ -159,7 +199,7 @@ def measure_paths(
         frame = base.iloc[confirming].reset_index(drop=True)
         confirmed.append(_long(frame, exact, chosen, "y_patched").assign(receiver=name))
         log(f"paths: senders into {name}'s value screened, {len(chosen)} confirmed")
-    return paths, pd.concat(screens, ignore_index=True), pd.concat(confirmed, ignore_index=True)
+    return pd.concat(screens, ignore_index=True), pd.concat(confirmed, ignore_index=True)
 
 
 def _planned_runs(pairs, sets, crossfit, null) -> tuple[list, list]:
@@ -208,7 +248,9 @@ def first_order_rows(module, bank, reference, pairs: list[Pair], labels, base, n
         frame = base.iloc[chosen].reset_index(drop=True)
         heads = [str(per_item[pairs[i].item]) for i in chosen]
         frames.append(
-            frame.assign(receiver=name, path=FIRST_ORDER, heads=heads, y_patched=frame["y"] + effect)
+            frame.assign(
+                receiver=name, path=FIRST_ORDER, heads=heads, direction=NOISING, y_patched=frame["y"] + effect
+            )
         )
     return pd.concat(frames, ignore_index=True)
 

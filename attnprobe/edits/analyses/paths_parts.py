@@ -22,6 +22,10 @@ within 30%); it *reads elsewhere* when its value elsewhere is, and *computes* it
 when its pattern is; *mixed* when it carries and no part dominates by that rule; *none shown* when it
 does not carry. Every row of a head uses the same items: the equal-length ones on which the head was
 chosen without the item (its cross-fitted top 5 holds it), all of them for heads given by --heads.
+
+In both directions (paths.py): denoising runs x' with the receiver's inputs from x, so y, y' swap
+roles above and each part is what restoring that input brings back; a role holds in a direction,
+and the table gives both.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from ...stats.inference import cluster_slope_test, holm, slope_ratio_test
-from .paths_tables import CROSSFIT, LISTED, NULL, TOP, item_design
+from .paths_tables import CROSSFIT, LISTED, NULL, TOP, by_direction, item_design
 
 PARTS = ("value at the occupation", "value elsewhere", "pattern", "interaction", "output")
 DOMINANT, DOMINANT_LOW = 0.7, 0.5  # a role's part: at least this fraction of the output, CI low at least
@@ -54,8 +58,20 @@ def part_effects(raw: pd.DataFrame, receiver: str) -> tuple[pd.DataFrame, np.nda
 
 
 def parts_table(raw: pd.DataFrame) -> pd.DataFrame:
-    """One row per receiver and part, in PARTS order, with each head's role (paths_items' raw rows)."""
+    """One row per direction, receiver and part, in PARTS order, with each head's role (paths_items'
+    raw rows); a head's rows on the items it was chosen without, in both directions."""
     chosen = _chosen_without(raw)
+    tables = []
+    for direction, rows in by_direction(raw):
+        table = _direction_parts(rows, chosen)
+        if len(table):
+            tables.append(
+                pd.concat([pd.Series(direction, index=table.index, name="direction"), table], axis=1)
+            )
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+
+
+def _direction_parts(raw: pd.DataFrame, chosen: dict | None) -> pd.DataFrame:
     raw = raw[~raw["receiver"].str.startswith(NULL) & (raw["receiver"] != CROSSFIT)]
     rows = []
     for receiver in raw["receiver"].unique():
@@ -74,7 +90,7 @@ def parts_table(raw: pd.DataFrame) -> pd.DataFrame:
 def _chosen_without(raw: pd.DataFrame) -> dict | None:
     """Per item id, the heads of its cross-fitted top 5 (chosen without it); None when the run has none
     (heads given by --heads)."""
-    rows = raw[raw["receiver"] == CROSSFIT]
+    rows = raw[(raw["receiver"] == CROSSFIT) & (raw["path"] == "value")]
     if "heads" not in raw or not len(rows):
         return None
     return {item: set(str(heads).split()) for item, heads in zip(rows["item_id"], rows["heads"])}

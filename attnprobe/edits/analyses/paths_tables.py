@@ -17,6 +17,7 @@ from ...stats.inference import bh_qvalues, cluster_slope_test, ratio_test, slope
 TOP, CROSSFIT = "top 5", "top 5, cross-fitted"  # the receivers that are sets (no role)
 LISTED = "the heads listed (--heads)"  # the set of heads given, in place of the top 5
 NULL = "top 5 reselected on a permuted covariate, draw"  # + the draw's number
+NOISING, DENOISING = "noising", "denoising"  # x with an input from x'; x' with an input from x
 FIRST_ORDER = "value, first order"  # the value path by attribution patching (intervene.attribution)
 
 
@@ -78,16 +79,31 @@ def _rows(items, effect, labels: list[dict]) -> list[dict]:
     return out
 
 
+def by_direction(raw: pd.DataFrame):
+    """(direction, its rows) of a paths_items frame, noising first (a frame without the column, from
+    before the denoising direction, is all noising)."""
+    if "direction" not in raw:
+        raw = raw.assign(direction=NOISING)
+    for direction in (NOISING, DENOISING):
+        rows = raw[raw["direction"] == direction]
+        if len(rows):
+            yield direction, rows
+
+
 def paths_table(raw: pd.DataFrame) -> pd.DataFrame:
-    """One row per receiver and path, in the order measured; the cross-fitted set's row with its
-    selection null."""
-    is_null = raw["receiver"].str.startswith(NULL)
-    null, raw = raw[is_null], raw[~is_null]
-    raw = raw.assign(column=raw["receiver"] + "\x1f" + raw["path"])
-    items, effect, columns = wide_effects(raw, "column", "y_patched")
-    labels = [dict(zip(("receiver", "path"), c.split("\x1f"))) for c in columns]
-    table = pd.DataFrame(_rows(items, effect, labels))
-    return _selection_null(table, null)
+    """One row per direction, receiver and path, in the order measured; the cross-fitted set's row
+    with its selection null."""
+    tables = []
+    for direction, rows in by_direction(raw):
+        is_null = rows["receiver"].str.startswith(NULL)
+        null, rows = rows[is_null], rows[~is_null]
+        rows = rows.assign(column=rows["receiver"] + "\x1f" + rows["path"])
+        items, effect, columns = wide_effects(rows, "column", "y_patched")
+        labels = [
+            dict(direction=direction, **dict(zip(("receiver", "path"), c.split("\x1f")))) for c in columns
+        ]
+        tables.append(_selection_null(pd.DataFrame(_rows(items, effect, labels)), null))
+    return pd.concat(tables, ignore_index=True)
 
 
 def _selection_null(table: pd.DataFrame, null: pd.DataFrame) -> pd.DataFrame:
@@ -131,7 +147,8 @@ def edges_table(screen: pd.DataFrame, confirmed: pd.DataFrame, paths: pd.DataFra
     for receiver, exact in confirmed.groupby("receiver", sort=False):
         screened = gradient_shares(screen[screen["receiver"] == receiver], "attribution")
         items, effect, senders = wide_effects(exact, "sender", "y_patched")
-        value = paths[(paths["receiver"] == receiver) & (paths["path"] == "value")]
+        value = dict(by_direction(paths))[NOISING]
+        value = value[(value["receiver"] == receiver) & (value["path"] == "value")]
         value = (
             value.set_index("item_id")["y_patched"].reindex(items.index).to_numpy() - items["y"].to_numpy()
         )
