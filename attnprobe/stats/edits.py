@@ -199,10 +199,11 @@ def head_table(raw: pd.DataFrame, n_heads: int) -> pd.DataFrame:
 
 def quarter_table(raw: pd.DataFrame) -> pd.DataFrame:
     """Per kind, k and quarter: the gradient before, after and its change on the quarter's items alone,
-    each edited with its own quarter's edit (the one saved as edits/quarters/KIND-kK-qF). Clusters:
-    unit x template, a dimension with one value in the quarter left out (a one-template quarter).
-    `attnprobe compare` of the run and a run with that edit gives the same rows (its scope "held out
-    by KIND-kK-qF")."""
+    each edited with its own quarter's edit (the one saved as edits/quarters/KIND-kK-qF). Weighted as
+    the run's statistics are (stats.design): the mean of each template x unit cell, every template
+    weighing the same, each of its cells equally; clusters unit x template, a dimension with one
+    value in the quarter left out (a one-template quarter). `attnprobe compare` of the run and a run
+    with that edit gives the same rows (its scope "held out by KIND-kK-qF")."""
     if "quarter" not in raw:
         return pd.DataFrame()
     items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index").sort_index()
@@ -212,13 +213,8 @@ def quarter_table(raw: pd.DataFrame) -> pd.DataFrame:
     ):
         after = group[group["target"] == "bias"].set_index("index")["y"]
         for quarter, on in items.groupby("quarter"):
-            used = [c for c in ("unit", "template_id") if on[c].nunique() > 1] or ["unit"]  # as stats.design
-            clusters = [pd.factorize(on[c])[0] for c in used]
-            x, before = on["covariate"].to_numpy(dtype=float), on["y"].to_numpy()
-            y1 = after.reindex(on.index).to_numpy()
-            test = cluster_slope_test(
-                x, np.column_stack([before, y1, y1 - before]), np.ones(len(on)), clusters
-            )
+            before, y1 = on["y"].to_numpy(), after.reindex(on.index).to_numpy()
+            test = cluster_slope_test(*template_cells(on, np.column_stack([before, y1, y1 - before])))
             row = {"kind": kind, "k": k, "quarter": int(quarter), "n_items": len(on)}
             for j, name in enumerate(("gradient_before", "gradient_after", "gradient_change")):
                 row[name] = PER * test["slope"][j]
@@ -227,6 +223,20 @@ def quarter_table(raw: pd.DataFrame) -> pd.DataFrame:
             row["gradient_change_p"] = test["p"][2]
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def template_cells(on: pd.DataFrame, values: np.ndarray) -> tuple:
+    """(covariate per cell, (cells, k) means of the items' values, weights, clusters) of the template
+    x unit cells of items `on` (columns template_id, unit, covariate), as stats.design weighs a run's
+    cells: every template the same, each of its cells equally."""
+    cell, _ = pd.factorize(pd.MultiIndex.from_frame(on[["template_id", "unit"]]))
+    frame = pd.DataFrame(values).groupby(cell).mean()
+    first = on.groupby(cell).first()
+    per_template = first.groupby("template_id")["unit"].transform("size").to_numpy()
+    weight = 1.0 / per_template / first["template_id"].nunique()
+    used = [c for c in ("unit", "template_id") if first[c].nunique() > 1] or ["unit"]  # as stats.design
+    clusters = [pd.factorize(first[c])[0] for c in used]
+    return first["covariate"].to_numpy(dtype=float), frame.to_numpy(), weight, clusters
 
 
 def share_removed(x, before, after, index, sampled) -> float:

@@ -133,7 +133,7 @@ def test_a_saved_quarter_edit_reproduces_the_sweep_and_compare_gives_its_change(
         quarter = quarter[(quarter.kind == kind) & (quarter.k == 1) & (quarter.quarter == 0)].iloc[0]
     assert held.n_items == quarter.n_items == len(sweep)
     for name in ("gradient_change", "gradient_change_ci_low", "gradient_change_ci_high"):
-        assert abs(held[name] - quarter[name]) < 1e-3, name
+        assert abs(held[name] - quarter[name]) < 1e-4, name  # one weighting: every template the same
     assert abs(held.gradient_a - quarter.gradient_before) < 1e-4
     assert abs(held.gradient_b - quarter.gradient_after) < 1e-4
     assert (tmp / f"cmp-{kind}" / "compare.html").read_text().count("<table") >= 2

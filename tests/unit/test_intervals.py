@@ -53,3 +53,33 @@ def test_the_readout_holds_its_point_inside_its_refitted_interval(noise):
     X = rng.normal(size=(40, 20))
     found = crossfit_r2(X, X[:, 0] + noise * rng.normal(size=40), folds=5, permutations=0, refits=100)
     assert found["ci_low"] < found["r2"] < found["ci_high"]
+
+
+def test_edits_quarters_weighs_a_quarter_as_compare_does():
+    """An unbalanced quarter (one template with 8 occupations, one with 3): edits_quarters' cells and
+    weights (stats.edits.template_cells) give compare's gradient and CI (stats.design's cells, every
+    template weighing the same) to 1e-12; every item weighing the same would not."""
+    from attnprobe.schema.analysis import TEMPLATE, Analysis
+    from attnprobe.stats.design import Design
+    from attnprobe.stats.edits import template_cells
+    from attnprobe.stats.inference import cluster_slope_test
+
+    rng = np.random.default_rng(0)
+    units = [f"o{i}" for i in range(8)]
+    on = pd.DataFrame(
+        [(f"t0-{u}", "t0", u) for u in units] + [(f"t1-{u}", "t1", u) for u in units[:3]],
+        columns=["item_id", TEMPLATE, "unit"],
+    )
+    on["covariate"] = on["unit"].str[1:].astype(float) * 10
+    values = np.column_stack([rng.normal(size=len(on)), on["covariate"] * 0.01 + rng.normal(size=len(on))])
+    ours = cluster_slope_test(*template_cells(on, values))
+    analysis = Analysis(clusters=("unit", TEMPLATE), covariate="covariate", unit="unit")
+    design = Design.build(on["item_id"], on.set_index("item_id"), analysis)
+    x = design.cells["covariate"].to_numpy(dtype=float)
+    theirs = cluster_slope_test(
+        x, design.cell_means(values), design.cells["weight"].to_numpy(), design.clusters
+    )
+    for key in ("slope", "ci_low", "ci_high", "p"):
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-12, atol=1e-12)
+    equal = cluster_slope_test(on["covariate"].to_numpy(), values, np.ones(len(on)), design.clusters)
+    assert np.abs(equal["slope"] - theirs["slope"]).max() > 1e-3
