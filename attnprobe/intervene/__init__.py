@@ -6,7 +6,7 @@ tracing run on, whichever measure or analysis asks.
   rerun      the one edited forward pass: recorded sequences run from a decoder layer
   engine     batched patching: Bank (recorded clean runs), Variants, patched passes
   selection  folds, cross-fitted head sets and the suite's k heads
-  attribution  gradients of y for attribution patching; first-order value paths
+  gradients  gradients of y for attribution patching; first-order value paths
 
 It sits above `forward` (capture, packing) and `model` (loading, anatomy) and below `measures` and
 `edits`, which both use it; it imports neither.

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ..heads import HeadSet
+from .design import template_cells
 from .inference import cluster_mean_test, cluster_slope_test, holm, ratio_test, slope_ratio_test
 
 PER = 10
@@ -223,20 +224,6 @@ def quarter_table(raw: pd.DataFrame) -> pd.DataFrame:
             row["gradient_change_p"] = test["p"][2]
             rows.append(row)
     return pd.DataFrame(rows)
-
-
-def template_cells(on: pd.DataFrame, values: np.ndarray) -> tuple:
-    """(covariate per cell, (cells, k) means of the items' values, weights, clusters) of the template
-    x unit cells of items `on` (columns template_id, unit, covariate), as stats.design weighs a run's
-    cells: every template the same, each of its cells equally."""
-    cell, _ = pd.factorize(pd.MultiIndex.from_frame(on[["template_id", "unit"]]))
-    frame = pd.DataFrame(values).groupby(cell).mean()
-    first = on.groupby(cell).first()
-    per_template = first.groupby("template_id")["unit"].transform("size").to_numpy()
-    weight = 1.0 / per_template / first["template_id"].nunique()
-    used = [c for c in ("unit", "template_id") if first[c].nunique() > 1] or ["unit"]  # as stats.design
-    clusters = [pd.factorize(first[c])[0] for c in used]
-    return first["covariate"].to_numpy(dtype=float), frame.to_numpy(), weight, clusters
 
 
 def share_removed(x, before, after, index, sampled) -> float:

@@ -27,8 +27,8 @@ from attnprobe.edits.analyses.senders import (
     writes,
 )
 from attnprobe.heads import HeadSet
-from attnprobe.intervene.attribution import value_path_attribution
 from attnprobe.intervene.engine import record
+from attnprobe.intervene.gradients import value_path_attribution
 from attnprobe.intervene.items import Counterfactual, PatchItem
 from attnprobe.intervene.selection import folds
 from tests import reference_paths as ref

@@ -57,11 +57,10 @@ def test_the_readout_holds_its_point_inside_its_refitted_interval(noise):
 
 def test_edits_quarters_weighs_a_quarter_as_compare_does():
     """An unbalanced quarter (one template with 8 occupations, one with 3): edits_quarters' cells and
-    weights (stats.edits.template_cells) give compare's gradient and CI (stats.design's cells, every
+    weights (stats.design.template_cells) give compare's gradient and CI (stats.design's cells, every
     template weighing the same) to 1e-12; every item weighing the same would not."""
     from attnprobe.schema.analysis import TEMPLATE, Analysis
-    from attnprobe.stats.design import Design
-    from attnprobe.stats.edits import template_cells
+    from attnprobe.stats.design import Design, template_cells
     from attnprobe.stats.inference import cluster_slope_test
 
     rng = np.random.default_rng(0)

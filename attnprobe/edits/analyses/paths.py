@@ -30,7 +30,7 @@ from x to x' on the one path into R's value, screened by attribution on the item
 the other units and the other templates (edge_roles).
 
 The selection null (paths_tables.py) reselects the cross-fitted top 5 on SELECTION_DRAWS permuted
-covariates and measures each set's value path to first order (intervene.attribution: one forward
+covariates and measures each set's value path to first order (intervene.gradients: one forward
 and backward pass per batch gives every head's), the first SELECTION_EXACT draws also exactly, so
 the table shows how far the first order is from the exact shares.
 
@@ -48,8 +48,8 @@ import torch
 
 from ...attention.capture import editing
 from ...heads import HeadSet
-from ...intervene.attribution import value_path_attribution
 from ...intervene.engine import Bank, HeadPatch, aligned
+from ...intervene.gradients import value_path_attribution
 from ...intervene.rerun import ROWS, rerun_y
 from ...intervene.selection import chosen_heads
 from ...model.anatomy import module_of

@@ -18,7 +18,7 @@ TOP, CROSSFIT = "top 5", "top 5, cross-fitted"  # the receivers that are sets (n
 LISTED = "the heads listed (--heads)"  # the set of heads given, in place of the top 5
 NULL = "top 5 reselected on a permuted covariate, draw"  # + the draw's number
 NOISING, DENOISING = "noising", "denoising"  # x with an input from x'; x' with an input from x
-FIRST_ORDER = "value, first order"  # the value path by attribution patching (intervene.attribution)
+FIRST_ORDER = "value, first order"  # the value path by attribution patching (intervene.gradients)
 
 
 def wide_effects(raw: pd.DataFrame, key, column: str, sort: bool = False):

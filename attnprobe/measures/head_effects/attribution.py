@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...intervene.attribution import gradients
 from ...intervene.engine import Bank
+from ...intervene.gradients import gradients
 from ...model.anatomy import mlp_modules
 
 
