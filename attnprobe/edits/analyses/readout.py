@@ -69,14 +69,15 @@ def _fold_fits(X: np.ndarray, folds: np.ndarray):
 def _gcv_penalties(U: np.ndarray, S: np.ndarray, centred: np.ndarray) -> np.ndarray:
     """Per row of `centred` (B, n) training outcomes: the penalty of ALPHAS (times the mean squared
     singular value) with the least GCV, the first of equal minima. With the SVD X = U S V', the fit's
-    hat matrix has eigenvalues S^2 / (S^2 + a)."""
+    hat matrix has eigenvalues h = S^2 / (S^2 + a) on U's columns, so the residual's squared norm is
+    |y|^2 - sum_j (2 h_j - h_j^2) (U'y)_j^2 (y is centred, U's columns orthonormal)."""
     n = centred.shape[1]
     alphas = ALPHAS * np.mean(S**2)  # (A,)
     shrink = S**2 / (S**2 + alphas[:, None])  # (A, r)
     dof = (1 - shrink.sum(1) / n) ** 2  # (A,): GCV's denominator
-    Uy = centred @ U  # (B, r)
-    residual = centred[:, None, :] - (shrink * Uy[:, None, :]) @ U.T  # (B, A, n)
-    return alphas[np.argmin(np.mean(residual**2, axis=2) / dof, axis=1)]
+    Uy2 = (centred @ U) ** 2  # (B, r)
+    residual = (centred**2).sum(1, keepdims=True) - Uy2 @ (2 * shrink - shrink**2).T  # (B, A)
+    return alphas[np.argmin(residual / n / dof, axis=1)]
 
 
 def _predict(fits, Y: np.ndarray) -> np.ndarray:
@@ -85,15 +86,12 @@ def _predict(fits, Y: np.ndarray) -> np.ndarray:
     units."""
     out = np.empty(Y.shape)
     for test, U, S, T in fits:
-        n = int((~test).sum())
-        step = max(1, 2**22 // (len(ALPHAS) * n))  # outcomes per block: (block, A, n) stays ~32 MB
-        for first in range(0, len(Y), step):
-            y_train = Y[first : first + step, ~test]  # (B, n)
-            offset = y_train.mean(1, keepdims=True)
-            centred = y_train - offset
-            best = _gcv_penalties(U, S, centred)  # (B,)
-            coef = S / (S**2 + best[:, None]) * (centred @ U)  # (B, r): in the V basis
-            out[first : first + step, test] = offset + coef @ T.T
+        y_train = Y[:, ~test]  # (P, n)
+        offset = y_train.mean(1, keepdims=True)
+        centred = y_train - offset
+        best = _gcv_penalties(U, S, centred)  # (P,)
+        coef = S / (S**2 + best[:, None]) * (centred @ U)  # (P, r): in the V basis
+        out[:, test] = offset + coef @ T.T
     return out
 
 
