@@ -210,18 +210,22 @@ def test_the_parts_table_tells_the_planted_mover_computer_and_reader_by_size(pla
     embedding's edge into the mover is found on the held-out units."""
     table, edges_ = _tables(planted)
     parts = parts_table(planted[0])
-    for direction in ("noising", "denoising"):  # x with one input from x', and x' with one from x
-        rows = parts[parts["direction"] == direction]
+    # x with one input from x', and x' with one from x; x' the "person" version or another occupation
+    compared = parts[["reference", "direction"]].drop_duplicates().itertuples(index=False)
+    assert set(compared) == {
+        (r, d) for r in ("person", "another occupation") for d in ("noising", "denoising")
+    }
+    for (reference, direction), rows in parts.groupby(["reference", "direction"]):
         role = rows.drop_duplicates("receiver").set_index("receiver")["role"]
         assert (role["L1H0"], role["L1H1"], role["L1H2"]) == ("moves", "computes", "reads elsewhere")
         assert rows.loc[rows["receiver"] == "top 5", "role"].isna().all()  # a set has no role
-        raw = planted[0][planted[0]["direction"] == direction]
+        raw = planted[0][(planted[0]["reference"] == reference) & (planted[0]["direction"] == direction)]
         for receiver, own in rows.groupby("receiver"):  # the four parts add up to the output, per item
             _, effects = part_effects(raw, receiver)
             np.testing.assert_allclose(effects[:, :4].sum(1), effects[:, 4], atol=1e-12)
             of = own.set_index("part")["of_output"]
             assert of.iloc[:4].sum() == pytest.approx(1.0) and of["output"] == pytest.approx(1.0)
-    table = table[table["direction"] == "noising"]
+    table = table[(table["direction"] == "noising") & (table["reference"] == "person")]
     share = table.set_index(["receiver", "path"])["gradient_share"]
     assert share["L1H0", "value"] > 0.2 and abs(share["L1H0", "pattern"]) < 0.01
     assert share["L1H1", "pattern"] > 0.2 and abs(share["L1H1", "value"]) < 0.01
@@ -366,3 +370,19 @@ def test_both_inputs_from_x_prime_are_the_output_so_the_parts_add_up():
     clean = np.array([ref.y_of(eager, items[i].x, POSITIVE, NEGATIVE) for i, _, _ in runs[:: len(paths)]])
     for column in (2, 3, 4):  # each part alone moves y: the check is not of a no-op
         assert np.abs(y[:, column] - clean).max() > 1e-3
+
+
+def test_a_resampled_counterfactual_is_another_occupation_in_the_same_sentence():
+    """resample_pairs: x' is another item of the same template, another unit, the same labels and
+    length, its tokens differing from x only where the "person" version's do (the slot)."""
+    from attnprobe.edits.analyses.senders import resample_pairs
+    from tests.planted import planted_items
+
+    items = planted_items()
+    pairs = resample_pairs(items, "person")
+    assert len(pairs) == len(items) and len({p.donor for p in pairs}) > len(items) // 2
+    for p in pairs:
+        x, other, person = items[p.item], items[p.donor], items[p.item].counterfactuals[0].x_cf
+        assert other.template_id == x.template_id and other.unit != x.unit and p.at == p.at_cf
+        assert not ((other.x != x.x) & (person == x.x)).any() and (other.x != x.x).any()
+    assert resample_pairs(items, "person", seed=1) != pairs  # drawn, not the first in line

@@ -14,8 +14,11 @@ outcome): one input of R is taken from x' in a run of x, everything else compute
 
 Both directions: noising runs x with R's input from x' (above); denoising runs x' with R's input
 from x, which asks how much of the effect restoring that one input brings back (its TE is y(x) -
-y(x')). Each raw row says which (`direction`); the tables are made per direction, the selection null
-and the senders on noising only.
+y(x')). And two references: x' the reference word's version, or (RESAMPLED) another item of the
+same sentence with another occupation of as many tokens, drawn at random (senders.resample_pairs),
+so a path's share does not hang on "person". Each raw row says which (`reference`, `direction`);
+the tables are made per comparison, the selection null and the senders on the reference word's
+noising only.
 
 On the pairs of equal length these add up: paths_parts.py splits the output effect into the value at
 the occupation, the values elsewhere, the pattern and their interaction, and gives each head a role
@@ -62,22 +65,23 @@ from .paths_tables import (
     LISTED,
     NOISING,
     NULL,
+    RESAMPLED,
     TOP,
     edges_table,
     gradient_shares,
     paths_table,
 )
-from .senders import Anatomy, Pair, edges, pair_frame, pair_tensors, reference_pairs, screen
+from .senders import Anatomy, Pair, edges, pair_frame, pair_tensors, reference_pairs, resample_pairs, screen
 
 PATHS = ("value", "pattern", "output", "all values")
 EQUAL_LENGTH = ("pattern", "all values")  # paths defined only where x and x' have equal length
 BASE = ("item_id", "unit", "template_id", "covariate", "y", "y_cf")  # every raw row's
 RAW = {  # raw frame -> its own columns
-    "paths_items": ("receiver", "path", "heads", "direction", "y_patched"),  # heads: the set patched
+    "paths_items": ("receiver", "path", "heads", "reference", "direction", "y_patched"),  # heads: the set
     "paths_screen": ("receiver", "sender", "attribution"),
     "paths_edges_items": ("receiver", "sender", "y_patched"),
 }
-PATHS_VERSION = 3  # of the raw rows: a saved part from another version is measured again
+PATHS_VERSION = 4  # of the raw rows: a saved part from another version is measured again
 EDGES = 8  # senders confirmed exactly per receiver
 SELECTION_DRAWS = 199  # the selection null's permutations, to first order (p floor 1/200)
 SELECTION_EXACT = 19  # of which the first are also measured exactly (p floor 1/20), checking the first order
@@ -142,24 +146,32 @@ def measure_paths(
     pairs = reference_pairs(items, word)
     sets = [(HeadSet.name(*r), HeadSet((r,))) for r in receivers] + [(set_name, HeadSet(tuple(receivers)))]
     base = pair_frame(items, bank, reference, pairs, labels)
-    runs, names = _planned_runs(pairs, sets, crossfit, null[:exact])
-    log(f"paths: {len(runs)} patched runs, noising ({len(pairs)} items)")
-    paths = _rows(base, names, runs, path_runs(module, bank, reference, pairs, labels, runs), NOISING)
+    paths = _direction_rows(
+        module, (bank, reference), pairs, labels, base, sets, NOISING, word, log, crossfit, null[:exact]
+    )
+    frames = [paths]
     if crossfit is not None and null:
         log(f"paths: the selection null's {len(null)} draws to first order")
         named = [(CROSSFIT, crossfit)] + [(f"{NULL} {d}", sets_) for d, sets_ in enumerate(null)]
-        paths = pd.concat([paths, first_order_rows(module, bank, reference, pairs, labels, base, named)])
-    # denoising: x' run with one input of the receivers from x (the pairs with their roles swapped;
-    # reference row r is pairs[r]'s x', so its labels are that item's)
-    swapped = [Pair(p.donor, p.item, p.at_cf, p.at, p.same_length) for p in pairs]
-    runs, names = _planned_runs(swapped, sets, None, [])
-    log(f"paths: {len(runs)} patched runs, denoising")
-    y = path_runs(module, reference, bank, swapped, labels[[p.item for p in pairs]], runs)
-    paths = pd.concat(
-        [paths, _rows(base.rename(columns={"y": "y_cf", "y_cf": "y"}), names, runs, y, DENOISING)]
+        first = first_order_rows(module, bank, reference, pairs, labels, base, named)
+        frames.append(first.assign(reference=word))
+    # denoising: x' run with one input of the receivers from x (reference row r is pairs[r]'s x')
+    swapped = labels[[p.item for p in pairs]]
+    frames.append(
+        _direction_rows(module, (reference, bank), pairs, swapped, base, sets, DENOISING, word, log)
     )
+    # x' another item of the same template and fill with another occupation (the items' own bank)
+    resampled = resample_pairs(items, word)
+    if resampled:
+        other = pair_frame(items, bank, bank, resampled, labels)
+        for direction in (NOISING, DENOISING):
+            frames.append(
+                _direction_rows(
+                    module, (bank, bank), resampled, labels, other, sets, direction, RESAMPLED, log
+                )
+            )
     screens, confirmed = _senders(module, bank, reference, pairs, labels, base, receivers, roles, log)
-    return paths, screens, confirmed
+    return pd.concat(frames, ignore_index=True), screens, confirmed
 
 
 def _rows(base: pd.DataFrame, names, runs, y: np.ndarray, direction: str) -> pd.DataFrame:
@@ -172,6 +184,23 @@ def _rows(base: pd.DataFrame, names, runs, y: np.ndarray, direction: str) -> pd.
         direction=direction,
         y_patched=y,
     )
+
+
+def _direction_rows(
+    module, banks, pairs, labels, base, sets, direction, reference, log, crossfit=None, null=()
+) -> pd.DataFrame:
+    """Raw rows of every path of every named set (and of the cross-fitted and null sets given) for
+    `pairs` in one direction: noising runs each pair's x (banks[0]) with one input from its x'
+    (banks[1]); denoising runs the x' with one input from x (pairs swapped, base's y and y_cf too).
+    `labels` are indexed by the rows of the bank that runs."""
+    run_bank, donor_bank = banks
+    if direction == DENOISING:
+        pairs = [Pair(p.donor, p.item, p.at_cf, p.at, p.same_length) for p in pairs]
+        base = base.rename(columns={"y": "y_cf", "y_cf": "y"})
+    runs, names = _planned_runs(pairs, sets, crossfit, null)
+    log(f"paths: {len(runs)} patched runs, {direction} against {reference!r}")
+    y = path_runs(module, run_bank, donor_bank, pairs, labels, runs)
+    return _rows(base, names, runs, y, direction).assign(reference=reference)
 
 
 def _senders(module, bank, reference, pairs, labels, base, receivers, roles, log) -> tuple:

@@ -23,9 +23,9 @@ when its pattern is; *mixed* when it carries and no part dominates by that rule;
 does not carry. Every row of a head uses the same items: the equal-length ones on which the head was
 chosen without the item (its cross-fitted top 5 holds it), all of them for heads given by --heads.
 
-In both directions (paths.py): denoising runs x' with the receiver's inputs from x, so y, y' swap
-roles above and each part is what restoring that input brings back; a role holds in a direction,
-and the table gives both.
+In every comparison (paths.py): denoising runs x' with the receiver's inputs from x, so y, y' swap
+roles above and each part is what restoring that input brings back; x' is the reference word's
+version or another occupation's sentence. A role holds in one comparison; the table gives each.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from ...stats.inference import cluster_slope_test, holm, slope_ratio_test
-from .paths_tables import CROSSFIT, LISTED, NULL, TOP, by_direction, item_design
+from .paths_tables import CROSSFIT, LISTED, NULL, TOP, comparisons, item_design
 
 PARTS = ("value at the occupation", "value elsewhere", "pattern", "interaction", "output")
 DOMINANT, DOMINANT_LOW = 0.7, 0.5  # a role's part: at least this fraction of the output, CI low at least
@@ -58,16 +58,16 @@ def part_effects(raw: pd.DataFrame, receiver: str) -> tuple[pd.DataFrame, np.nda
 
 
 def parts_table(raw: pd.DataFrame) -> pd.DataFrame:
-    """One row per direction, receiver and part, in PARTS order, with each head's role (paths_items'
-    raw rows); a head's rows on the items it was chosen without, in both directions."""
+    """One row per reference, direction, receiver and part, in PARTS order, with each head's role
+    (paths_items' raw rows); a head's rows on the items it was chosen without, in every comparison."""
     chosen = _chosen_without(raw)
     tables = []
-    for direction, rows in by_direction(raw):
+    for reference, direction, rows in comparisons(raw):
         table = _direction_parts(rows, chosen)
         if len(table):
-            tables.append(
-                pd.concat([pd.Series(direction, index=table.index, name="direction"), table], axis=1)
-            )
+            table.insert(0, "direction", direction)
+            table.insert(0, "reference", reference)
+            tables.append(table)
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
 
 

@@ -18,6 +18,7 @@ TOP, CROSSFIT = "top 5", "top 5, cross-fitted"  # the receivers that are sets (n
 LISTED = "the heads listed (--heads)"  # the set of heads given, in place of the top 5
 NULL = "top 5 reselected on a permuted covariate, draw"  # + the draw's number
 NOISING, DENOISING = "noising", "denoising"  # x with an input from x'; x' with an input from x
+RESAMPLED = "another occupation"  # the reference of pairs whose x' is another item (paths.resample_pairs)
 FIRST_ORDER = "value, first order"  # the value path by attribution patching (intervene.gradients)
 
 
@@ -79,28 +80,30 @@ def _rows(items, effect, labels: list[dict]) -> list[dict]:
     return out
 
 
-def by_direction(raw: pd.DataFrame):
-    """(direction, its rows) of a paths_items frame, noising first (a frame without the column, from
-    before the denoising direction, is all noising)."""
-    if "direction" not in raw:
-        raw = raw.assign(direction=NOISING)
-    for direction in (NOISING, DENOISING):
-        rows = raw[raw["direction"] == direction]
-        if len(rows):
-            yield direction, rows
+def comparisons(raw: pd.DataFrame):
+    """(reference, direction, rows) of a paths_items frame: each reference in the order measured (the
+    reference word, then RESAMPLED), noising before denoising. A frame from before these columns is
+    all noising against an unnamed reference."""
+    raw = raw.assign(**{c: raw[c] if c in raw else d for c, d in (("reference", ""), ("direction", NOISING))})
+    for reference in raw["reference"].unique():
+        for direction in (NOISING, DENOISING):
+            rows = raw[(raw["reference"] == reference) & (raw["direction"] == direction)]
+            if len(rows):
+                yield reference, direction, rows
 
 
 def paths_table(raw: pd.DataFrame) -> pd.DataFrame:
-    """One row per direction, receiver and path, in the order measured; the cross-fitted set's row
-    with its selection null."""
+    """One row per reference, direction, receiver and path, in the order measured; the cross-fitted
+    set's row with its selection null."""
     tables = []
-    for direction, rows in by_direction(raw):
+    for reference, direction, rows in comparisons(raw):
         is_null = rows["receiver"].str.startswith(NULL)
         null, rows = rows[is_null], rows[~is_null]
         rows = rows.assign(column=rows["receiver"] + "\x1f" + rows["path"])
         items, effect, columns = wide_effects(rows, "column", "y_patched")
         labels = [
-            dict(direction=direction, **dict(zip(("receiver", "path"), c.split("\x1f")))) for c in columns
+            dict(reference=reference, direction=direction, **dict(zip(("receiver", "path"), c.split("\x1f"))))
+            for c in columns
         ]
         tables.append(_selection_null(pd.DataFrame(_rows(items, effect, labels)), null))
     return pd.concat(tables, ignore_index=True)
@@ -147,7 +150,7 @@ def edges_table(screen: pd.DataFrame, confirmed: pd.DataFrame, paths: pd.DataFra
     for receiver, exact in confirmed.groupby("receiver", sort=False):
         screened = gradient_shares(screen[screen["receiver"] == receiver], "attribution")
         items, effect, senders = wide_effects(exact, "sender", "y_patched")
-        value = dict(by_direction(paths))[NOISING]
+        value = next(rows for ref, d, rows in comparisons(paths) if d == NOISING and ref != RESAMPLED)
         value = value[(value["receiver"] == receiver) & (value["path"] == "value")]
         value = (
             value.set_index("item_id")["y_patched"].reindex(items.index).to_numpy() - items["y"].to_numpy()

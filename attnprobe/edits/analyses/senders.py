@@ -54,6 +54,37 @@ def reference_pairs(items, word: str) -> list[Pair]:
     return out
 
 
+def resample_pairs(items, word: str, seed: int = 0) -> list[Pair]:
+    """Per item with an equal-length `word` counterfactual: another item drawn at random (seeded) among
+    those of another unit whose tokens differ from x only where x' does (the slot: the same template
+    and fill, another occupation of as many tokens) and whose labels are the same. `donor` indexes
+    the items: the resample's x' is another item, read from the items' own bank."""
+    rng = np.random.default_rng(seed)
+    own = {n: cf for n, item in enumerate(items) for cf in item.counterfactuals if cf.word == word}
+    by_template: dict = {}
+    for n in own:
+        by_template.setdefault(items[n].template_id, []).append(n)
+    out = []
+    for n, cf in own.items():
+        x = items[n].x
+        if not items[n].same_length(cf):
+            continue
+        slot = x != cf.x_cf
+        others = [
+            m
+            for m in by_template[items[n].template_id]
+            if items[m].unit != items[n].unit
+            and own[m].at == cf.at
+            and len(items[m].x) == len(x)
+            and not ((items[m].x != x) & ~slot).any()
+            and (items[m].positive, items[m].negative) == (items[n].positive, items[n].negative)
+        ]
+        if others:
+            m = int(rng.choice(others))
+            out.append(Pair(n, m, cf.at, own[m].at, True))
+    return out
+
+
 @dataclass(frozen=True)
 class Anatomy:
     """Per layer: the attention module, its pre-attention norm, the output projection, the norm
