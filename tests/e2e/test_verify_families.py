@@ -1,6 +1,7 @@
 """verify across transformers' families: the coverage table, each quirk's sabotage, rotary schemes,
 low precision and long contexts."""
 
+import importlib
 import math
 
 import pytest
@@ -275,7 +276,7 @@ def test_gemma3_past_its_sliding_window_in_a_padded_batch(monkeypatch):
         loaded.append(load_model(*args, **kwargs))
         return loaded[-1]
 
-    monkeypatch.setattr("attnprobe.verify.long.load_model", kept)
+    monkeypatch.setattr(importlib.import_module("attnprobe.verify.long"), "load_model", kept)
     table = verify_spec("gemma3-270m", ["Hello"], long_tokens=560)
     assert (
         table["max_tokens"].iloc[0] > 512 and table["n_texts"].iloc[0] == 2

@@ -118,12 +118,12 @@ def refit_r2s(X: np.ndarray, y: np.ndarray, folds: int, refits: int, rng) -> np.
     out = []
     for _ in range(refits):
         drawn = rng.integers(0, len(y), len(y))
-        units, unit_of = np.unique(drawn, return_inverse=True)
+        units, first_copy, unit_of = np.unique(drawn, return_index=True, return_inverse=True)
         if np.ptp(y[drawn]) == 0 or len(units) < 2:
             continue
         fold = rng.permutation(np.arange(len(units)) % min(folds, len(units)))[unit_of]
-        first = np.zeros(len(drawn), dtype=bool)  # each unit's first copy
-        first[np.unique(drawn, return_index=True)[1]] = True
+        first = np.zeros(len(drawn), dtype=bool)
+        first[first_copy] = True
         predicted = np.empty(len(drawn))
         for f in np.unique(fold):
             predicted[fold == f] = _refit_fold(X[drawn], y[drawn], fold != f, fold == f, first)
