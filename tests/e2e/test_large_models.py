@@ -141,7 +141,7 @@ def test_the_gpu_benchmark_runs_on_the_cpu_with_tiny_shapes(tmp_path):
     """benchmarks/gpu.py --tiny: parity of six families in three dtypes (device = CPU here), the tiny
     shape's row and every command, written as JSON and markdown."""
     script = REPO / "benchmarks" / "gpu.py"
-    args = ["--tiny", "--out", str(tmp_path), "--limit", "40", "--parity-limit", "20"]
+    args = ["--tiny", "--out", str(tmp_path), "--limit", "24", "--parity-limit", "8"]
     result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     found = json.loads((tmp_path / "gpu.json").read_text())
