@@ -17,6 +17,7 @@ import pandas as pd
 
 from ..errors import AnalysisError
 from ..schema.analysis import ITEM, TEMPLATE, Analysis
+from .inference import cluster_slope_test
 
 
 def resolve(analysis: Analysis, prompts: pd.DataFrame) -> Analysis:
@@ -129,16 +130,11 @@ def run_analysis(run) -> Analysis:
     return resolve(Analysis.from_manifest(run.manifest, run.prompts.columns), run.prompts)
 
 
-def template_cells(on: pd.DataFrame, values: np.ndarray) -> tuple:
-    """(covariate per cell, (cells, k) means of the items' values, weights, clusters) of the template
-    x unit cells of items `on` (columns template_id, unit, covariate), weighed as Design weighs a run's
-    cells: every template the same, each of its cells equally (for tables kept by item, such as the
-    edit sweep's, that have no suite analysis at hand)."""
-    cell, _ = pd.factorize(pd.MultiIndex.from_frame(on[["template_id", "unit"]]))
-    frame = pd.DataFrame(values).groupby(cell).mean()
-    first = on.groupby(cell).first()
-    per_template = first.groupby("template_id")["unit"].transform("size").to_numpy()
-    weight = 1.0 / per_template / first["template_id"].nunique()
-    used = [c for c in ("unit", "template_id") if first[c].nunique() > 1] or ["unit"]  # as stats.design
-    clusters = [pd.factorize(first[c])[0] for c in used]
-    return first["covariate"].to_numpy(dtype=float), frame.to_numpy(), weight, clusters
+def cell_slopes(items: pd.DataFrame, values: np.ndarray, analysis: Analysis) -> dict:
+    """cluster_slope_test of `values` (items, k) on the covariate, on Design's cells and weights of
+    `items` (every template the same, each of its cells equally): what `compare` tests per scope."""
+    design = Design.build(items.index, items, analysis)
+    x = design.cells[analysis.covariate].to_numpy(dtype=float)
+    return cluster_slope_test(
+        x, design.cell_means(values), design.cells["weight"].to_numpy(), design.clusters
+    )

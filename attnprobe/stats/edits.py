@@ -30,10 +30,13 @@ import numpy as np
 import pandas as pd
 
 from ..heads import HeadSet
-from .design import template_cells
+from ..schema.analysis import TEMPLATE, Analysis
+from .design import cell_slopes
 from .inference import cluster_mean_test, cluster_slope_test, holm, ratio_test, slope_ratio_test
 
 PER = 10
+# a quarter's items as a run's statistics see them: unit x template clusters, the covariate the unit's
+QUARTER_ANALYSIS = Analysis(clusters=("unit", TEMPLATE), covariate="covariate", unit="unit")
 
 
 def _slope(x: np.ndarray, y: np.ndarray) -> float:
@@ -215,7 +218,7 @@ def quarter_table(raw: pd.DataFrame) -> pd.DataFrame:
         after = group[group["target"] == "bias"].set_index("index")["y"]
         for quarter, on in items.groupby("quarter"):
             before, y1 = on["y"].to_numpy(), after.reindex(on.index).to_numpy()
-            test = cluster_slope_test(*template_cells(on, np.column_stack([before, y1, y1 - before])))
+            test = cell_slopes(on, np.column_stack([before, y1, y1 - before]), QUARTER_ANALYSIS)
             row = {"kind": kind, "k": k, "quarter": int(quarter), "n_items": len(on)}
             for j, name in enumerate(("gradient_before", "gradient_after", "gradient_change")):
                 row[name] = PER * test["slope"][j]

@@ -56,29 +56,39 @@ def test_the_readout_holds_its_point_inside_its_refitted_interval(noise):
 
 
 def test_edits_quarters_weighs_a_quarter_as_compare_does():
-    """An unbalanced quarter (one template with 8 occupations, one with 3): edits_quarters' cells and
-    weights (stats.design.template_cells) give compare's gradient and CI (stats.design's cells, every
-    template weighing the same) to 1e-12; every item weighing the same would not."""
+    """An unbalanced quarter (one template with 8 occupations, one with 3): edits_quarters' row gives
+    the gradient change and CI that compare's cells give (stats.design, every template weighing the
+    same; written out here as compare.change_table does), to 1e-12; every item weighing the same
+    would not."""
     from attnprobe.schema.analysis import TEMPLATE, Analysis
-    from attnprobe.stats.design import Design, template_cells
+    from attnprobe.stats.design import Design
+    from attnprobe.stats.edits import PER, quarter_table
     from attnprobe.stats.inference import cluster_slope_test
 
     rng = np.random.default_rng(0)
     units = [f"o{i}" for i in range(8)]
     on = pd.DataFrame(
-        [(f"t0-{u}", "t0", u) for u in units] + [(f"t1-{u}", "t1", u) for u in units[:3]],
-        columns=["item_id", TEMPLATE, "unit"],
-    )
+        [("t0", u) for u in units] + [("t1", u) for u in units[:3]], columns=[TEMPLATE, "unit"]
+    ).rename_axis("index")
     on["covariate"] = on["unit"].str[1:].astype(float) * 10
-    values = np.column_stack([rng.normal(size=len(on)), on["covariate"] * 0.01 + rng.normal(size=len(on))])
-    ours = cluster_slope_test(*template_cells(on, values))
-    analysis = Analysis(clusters=("unit", TEMPLATE), covariate="covariate", unit="unit")
-    design = Design.build(on["item_id"], on.set_index("item_id"), analysis)
-    x = design.cells["covariate"].to_numpy(dtype=float)
-    theirs = cluster_slope_test(
-        x, design.cell_means(values), design.cells["weight"].to_numpy(), design.clusters
+    before, after = rng.normal(size=len(on)), on["covariate"].to_numpy() * 0.01 + rng.normal(size=len(on))
+    common = dict(target="bias", draw=-1, quarter=0)
+    raw = pd.concat(
+        [
+            on.reset_index().assign(kind="none", k=0, y=before, **common),
+            on.reset_index().assign(kind="zero", k=1, y=after, **common),
+        ]
     )
-    for key in ("slope", "ci_low", "ci_high", "p"):
-        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-12, atol=1e-12)
-    equal = cluster_slope_test(on["covariate"].to_numpy(), values, np.ones(len(on)), design.clusters)
-    assert np.abs(equal["slope"] - theirs["slope"]).max() > 1e-3
+    (row,) = quarter_table(raw).itertuples()
+    analysis = Analysis(clusters=("unit", TEMPLATE), covariate="covariate", unit="unit")
+    design = Design.build(on.index, on, analysis)
+    cells = design.cell_means(np.column_stack([after - before]))
+    x = design.cells["covariate"].to_numpy(dtype=float)
+    theirs = cluster_slope_test(x, cells, design.cells["weight"].to_numpy(), design.clusters)
+    found = [row.gradient_change, row.gradient_change_ci_low, row.gradient_change_ci_high]
+    wanted = [PER * theirs[key][0] for key in ("slope", "ci_low", "ci_high")]
+    np.testing.assert_allclose(found, wanted, rtol=1e-12, atol=1e-12)
+    equal = cluster_slope_test(
+        on["covariate"].to_numpy(), (after - before)[:, None], np.ones(len(on)), design.clusters
+    )
+    assert abs(PER * equal["slope"][0] - row.gradient_change) > 1e-2
