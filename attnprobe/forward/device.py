@@ -8,6 +8,8 @@ import torch
 
 from ..model.anatomy import module_of
 
+STAND_IN = None  # attnprobe.testing.stand_in's stand-in GPU while one is active (tests on a CPU)
+
 
 @contextmanager
 def on_model_device(model):
@@ -16,6 +18,10 @@ def on_model_device(model):
     for the CPU explicitly (`.cpu()`) where tables are written. A no-op for a model on the CPU."""
     module = module_of(model)
     device = next(module.parameters()).device
+    if STAND_IN is not None and device.type == "cpu":
+        with STAND_IN.holding(module):
+            yield
+        return
     if device.type == "cpu":
         yield
         return

@@ -9,9 +9,12 @@ command line calls and raises AssertionError naming the part that fails.
   check_edit_kind(kind, model, inputs)          fit, output shape, identity on no heads, save and
                                                 load, packed passes equal to separate ones
   edit_inputs(model, suite)                     the recorded inputs an edit kind is fitted on
+  stand_in_device()                             a CPU standing in for a GPU: refuses what CUDA
+                                                refuses (a table read from a tensor left there)
 """
 
+from .stand_in import stand_in_device
 from .edit_kinds import check_edit_kind, edit_inputs
 from .measures import check_measure, check_measures
 
-__all__ = ["check_edit_kind", "check_measure", "check_measures", "edit_inputs"]
+__all__ = ["check_edit_kind", "check_measure", "check_measures", "edit_inputs", "stand_in_device"]

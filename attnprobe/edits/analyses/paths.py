@@ -267,7 +267,7 @@ def first_order_rows(module, bank, reference, pairs: list[Pair], labels, base, n
 
     def mask(heads: HeadSet) -> np.ndarray:
         if heads not in masks:
-            masks[heads] = heads.mask(L, H).reshape(-1).double().numpy()
+            masks[heads] = heads.mask(L, H).reshape(-1).double().cpu().numpy()
         return masks[heads]
 
     frames = []

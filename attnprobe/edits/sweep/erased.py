@@ -24,7 +24,7 @@ def site_features(last: torch.Tensor, heads, edit=None) -> np.ndarray:
         z = last[:, layer]  # (N, H, D)
         if edit is not None:
             z = edit.replacement(layer, z[:, :, None, :])[:, :, 0, :]
-        columns.append(z[:, head].double().numpy())
+        columns.append(z[:, head].double().cpu().numpy())
     return np.concatenate(columns, 1)
 
 
