@@ -129,13 +129,13 @@ def table_differences(reference: Path, other: Path) -> dict[str, float]:
     return worst
 
 
-def parity(device: str, tokenizer, limit: int, work: Path) -> list[dict]:
+def parity(device: str, tokenizer, limit: int, work: Path, families=tuple(FAMILIES)) -> list[dict]:
     """Each family in each dtype: the device's run against the CPU's run of the same weights in the
     same dtype (reference), and `verify` on the device (its attention against the float32
     from-scratch recomputation, at verify's tolerance for the dtype)."""
     rows, suite = [], load_suite(SUITE)
     options = dict(limit=limit, progress=False, log=lambda m: None)
-    for family in FAMILIES:
+    for family in families:
         base = tiny_model(family, len(tokenizer))
         for dtype in DTYPES:
             try:
@@ -517,6 +517,7 @@ def main(argv=None) -> int:
     parser.add_argument("--parity-limit", type=int, default=40, help="prompts per parity run")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--no-parity", action="store_true", help="skip (a): a rerun of the commands")
+    parser.add_argument("--families", default=",".join(FAMILIES), help="(a)'s families")
     parser.add_argument(
         "--budget-s", type=float, default=420, help="skip the shapes left once this has passed"
     )
@@ -549,7 +550,8 @@ def main(argv=None) -> int:
     stand_in = stand_in_device() if device == "cpu" else contextlib.nullcontext()
     with tempfile.TemporaryDirectory() as tmp, stand_in:
         work = Path(tmp)
-        result["parity"] = [] if args.no_parity else parity(device, tokenizer, args.parity_limit, work)
+        families = [] if args.no_parity else args.families.split(",")
+        result["parity"] = parity(device, tokenizer, args.parity_limit, work, families)
         save()
         names = ["tiny-llama"] if args.tiny else args.shapes.split(",")
         if device.startswith("cuda"):  # CUDA's first use in a process (2 s at 1B on an H100): not timed

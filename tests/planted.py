@@ -31,7 +31,9 @@ BIAS, SLOT, GENDER, KEY, LAST, IS_SHE, IS_HE, CUE, MOVED, MOVER_OUT, COMPUTER_OU
 Q, D = 7, 16  # the content dimension of each head (the last rotary pair's first) and head size
 
 
-def planted_model():
+def planted_model(two_movers: bool = False):
+    """`two_movers`: L1H0 and a second mover, L1H3, alike, carry the whole gradient (L0H0, L1H1 and
+    L1H2 write nothing): the circuit {L1H0, L1H3} is the model's whole route."""
     config = T.LlamaConfig(
         vocab_size=32,
         hidden_size=32,
@@ -82,6 +84,11 @@ def planted_model():
         model.lm_head.weight[SHE, READER_OUT], model.lm_head.weight[HE, READER_OUT] = 3.0, -3.0
         model.lm_head.weight[SHE, MOVER_OUT] = model.lm_head.weight[SHE, COMPUTER_OUT] = 3.0
         model.lm_head.weight[HE, MOVER_OUT] = model.lm_head.weight[HE, COMPUTER_OUT] = -3.0
+        if two_movers:
+            l0.o_proj.weight[:, :D] = 0.0
+            l1.o_proj.weight[:, D : 3 * D] = 0.0
+            l1.q_proj.weight[3 * D + Q, LAST], l1.k_proj.weight[3 * D + Q, SLOT] = 20.0, 1.0
+            l1.v_proj.weight[3 * D, GENDER], l1.o_proj.weight[MOVER_OUT, 3 * D] = 1.0, 1.0
     attnprobe.attention.capture.enable(model)
     return model
 

@@ -13,8 +13,8 @@ command line calls and raises AssertionError naming the part that fails.
                                                 refuses (a table read from a tensor left there)
 """
 
-from .stand_in import stand_in_device
 from .edit_kinds import check_edit_kind, edit_inputs
 from .measures import check_measure, check_measures
+from .stand_in import stand_in_device
 
 __all__ = ["check_edit_kind", "check_measure", "check_measures", "edit_inputs", "stand_in_device"]

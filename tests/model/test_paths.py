@@ -14,8 +14,8 @@ from conftest import TINY_CONFIGS, eager_twin
 from transformers import AutoModelForCausalLM
 
 import attnprobe
-from attnprobe.edits.analyses.paths import measure_paths, path_runs
-from attnprobe.edits.analyses.paths_parts import part_effects, parts_table
+from attnprobe.edits.analyses.paths import measure_circuits, measure_paths, path_runs
+from attnprobe.edits.analyses.paths_parts import circuit_table, part_effects, parts_table
 from attnprobe.edits.analyses.paths_tables import edges_table, paths_table
 from attnprobe.edits.analyses.senders import (
     Anatomy,
@@ -199,7 +199,7 @@ def planted():
 
 
 def _tables(frames):
-    paths, screened, confirmed = frames
+    paths, screened, confirmed, _ = frames
     return paths_table(paths), edges_table(screened, confirmed, paths)
 
 
@@ -235,6 +235,36 @@ def test_the_parts_table_tells_the_planted_mover_computer_and_reader_by_size(pla
     assert not (found["receiver"] == "L1H1").any()  # nothing reaches the computer's value
 
 
+def test_a_planted_circuit_is_faithful_and_complete_and_one_short_of_a_head_is_not():
+    """tests/planted.py with two movers and nothing else: the hypothesis the roles give, {L1H0, L1H3},
+    restores all of the gradient in x' and leaves none once knocked out of x, each head costing about
+    half; the hypothesis {L1H0} alone fails faithfulness and completeness, in both comparisons."""
+    from tests.planted import planted_items, planted_model
+
+    model, items = planted_model(two_movers=True), planted_items()
+    bank, reference, labels, _ = _banks(model, items)
+    roles = np.array([fold // 2 == 0 for fold in (folds(items)[i.item_id] for i in items)])
+    receivers = HeadSet(((1, 0), (1, 3)))
+    frames = measure_paths(model, items, bank, reference, labels, "person", receivers, None, roles)
+    short = measure_circuits(
+        model, items, (bank, reference), labels, "person", frames[0], print,
+        {"person": [(1, 0)], "another occupation": [(1, 0)]},
+    )  # fmt: skip
+    for table, whole in ((circuit_table(frames[3]), True), (circuit_table(short), False)):
+        assert set(table["reference"]) == {"person", "another occupation"}
+        for _, rows in table.groupby("reference"):
+            share, met = (rows.set_index("measure")[c] for c in ("gradient_share", "met"))
+            assert set(rows["heads"]) == {"L1H0 L1H3" if whole else "L1H0"}
+            assert met["faithfulness"] == met["left after knockout"] == whole
+            if whole:  # up to the patterns, which the norm of the slot's token moves by ~1e-4
+                assert share["faithfulness"] == pytest.approx(1.0, abs=1e-3)
+                assert share["left after knockout"] == pytest.approx(0.0, abs=1e-3)
+                for head in ("L1H0", "L1H3"):
+                    assert 0.3 < share[f"cost of {head}"] < 0.7 and met[f"cost of {head}"]
+            else:
+                assert 0.3 < share["faithfulness"] < 0.7 and 0.3 < share["left after knockout"] < 0.7
+
+
 def test_a_placebo_covariate_finds_no_edge_in_at_least_18_of_20_seeds(planted):
     """The covariate permuted over the occupations (seeds 0-19): an edge at q < 0.05 is a false
     positive; BH over the table bounds the seeds with one at 5% under this global null. Over 200
@@ -249,7 +279,7 @@ def test_a_placebo_covariate_finds_no_edge_in_at_least_18_of_20_seeds(planted):
     hits = []
     for seed in range(20):
         placebo = dict(zip(units, np.random.default_rng(seed).permutation(planted_c)))
-        paths, screened, confirmed = [f.assign(covariate=f["unit"].map(placebo)) for f in planted]
+        paths, screened, confirmed = [f.assign(covariate=f["unit"].map(placebo)) for f in planted[:3]]
         hits.append((edges_table(screened, confirmed, paths)["q"] < 0.05).any())
     assert sum(hits) <= 2
 
@@ -270,8 +300,12 @@ def test_the_paths_tables_recompute_from_the_parquet_files_alone(swept_run):
         ("paths", paths_table(raw), "te_share"),
         ("paths_parts", parts_table(raw), "of_output"),
         ("paths_edges", edges_table(screened, confirmed, raw), "te_share"),
+        ("paths_circuit", circuit_table(pd.read_parquet(out / "paths_circuit_items.parquet")), "te_share"),
     )
     for name, table, own in tables:
+        if name == "paths_circuit" and not len(table):  # no head moves the signal in this random model
+            assert (out / "paths_circuit.csv").is_file()
+            continue
         written = pd.read_csv(out / f"{name}.csv")
         assert len(written) == len(table) > 0
         for column in ("gradient_share", "gradient_share_ci_low", own, "p"):
@@ -337,11 +371,14 @@ def test_every_share_interval_agrees_with_its_numerators_p(edited_run):
         ("paths_parts", "gradient_share", "p"),
         ("paths_parts", "of_output", "p"),
         ("paths_edges", "gradient_share", "p"),
+        ("paths_circuit", "gradient_share", "p"),
         ("edits", "gradient_removed", "gradient_change_p"),
         ("edits_heads", "gradient_removed", "gradient_change_p"),
         ("edits_stream", "gradient_removed", "gradient_change_p"),
     ):
         table = pd.read_parquet(edited_run / f"{name}.parquet")
+        if not len(table):  # a circuit needs a head that moves the signal: a random model may have none
+            continue
         low, high = table[f"{share}_ci_low"].to_numpy(float), table[f"{share}_ci_high"].to_numpy(float)
         rows = ~np.isnan(low) & ~np.isnan(high) & table[p].notna().to_numpy()
         excludes = (low > 0) | (high < 0)

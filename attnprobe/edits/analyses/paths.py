@@ -37,8 +37,14 @@ covariates and measures each set's value path to first order (intervene.gradient
 and backward pass per batch gives every head's), the first SELECTION_EXACT draws also exactly, so
 the table shows how far the first order is from the exact shares.
 
-The raw values (effects y_patched - y; TE = y(x') - y(x)) go to paths_items, paths_screen and
-paths_edges_items parquet files; paths_tables.py makes the tables from them alone.
+The circuit test (measure_circuits; paths_parts.circuit_table): per reference, the heads that move
+the signal, path-patched alone by their value input at p: restored alone in x' (faithfulness), each
+left out in turn (minimality), knocked out of x (completeness). The confirmed senders would join it
+once an edge is confirmed (none is on SmolLM2 or Gemma 3); the hypothesis uses the same items it
+is tested on (the roles are decided on the selection-free items of every quarter).
+
+The raw values (effects y_patched - y; TE = y(x') - y(x)) go to paths_items, paths_screen,
+paths_edges_items and paths_circuit_items parquet files; the tables are made from them alone.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ from ...intervene.rerun import ROWS, rerun_y
 from ...intervene.selection import chosen_heads
 from ...model.anatomy import module_of
 from ...store import atomic_write, write_parquet, write_table
-from .paths_parts import parts_table
+from .paths_parts import CIRCUIT, WITHOUT, circuit_heads, circuit_table, parts_table
 from .paths_tables import (
     CROSSFIT,
     DENOISING,
@@ -80,8 +86,9 @@ RAW = {  # raw frame -> its own columns
     "paths_items": ("receiver", "path", "heads", "reference", "direction", "y_patched"),  # heads: the set
     "paths_screen": ("receiver", "sender", "attribution"),
     "paths_edges_items": ("receiver", "sender", "y_patched"),
+    "paths_circuit_items": ("receiver", "path", "heads", "reference", "direction", "y_patched"),
 }
-PATHS_VERSION = 4  # of the raw rows: a saved part from another version is measured again
+PATHS_VERSION = 5  # of the raw rows: a saved part from another version is measured again
 EDGES = 8  # senders confirmed exactly per receiver
 SELECTION_DRAWS = 199  # the selection null's permutations, to first order (p floor 1/200)
 SELECTION_EXACT = 19  # of which the first are also measured exactly (p floor 1/20), checking the first order
@@ -135,13 +142,15 @@ def measure_paths(
     null=(),
     set_name: str = TOP,
     exact: int = SELECTION_EXACT,
+    hypotheses: dict | None = None,
 ):
     """Raw values of path patching. `receivers`: the top heads (in order), each alone and together as
     `set_name` (LISTED for heads given with --heads); `crossfit`: per item the
     top set chosen without it (HeadSet, or None); `null`: per draw, per item the set chosen on a
     permuted covariate (its value path to first order; the first `exact` draws also exactly);
-    `roles`: per item 1 where it screens senders, 0 where it confirms them, -1 neither. Returns
-    (paths, screen, edges) long frames."""
+    `roles`: per item 1 where it screens senders, 0 where it confirms them, -1 neither;
+    `hypotheses`: per reference the circuit to test (default: its movers, measure_circuits). Returns
+    (paths, screen, edges, circuit) long frames."""
     module = module_of(model)
     pairs = reference_pairs(items, word)
     sets = [(HeadSet.name(*r), HeadSet((r,))) for r in receivers] + [(set_name, HeadSet(tuple(receivers)))]
@@ -171,7 +180,49 @@ def measure_paths(
                 )
             )
     screens, confirmed = _senders(module, bank, reference, pairs, labels, base, receivers, roles, log)
-    return pd.concat(frames, ignore_index=True), screens, confirmed
+    paths = pd.concat(frames, ignore_index=True)
+    circuits = measure_circuits(module, items, (bank, reference), labels, word, paths, log, hypotheses)
+    return paths, screens, confirmed, circuits
+
+
+def measure_circuits(module, items, banks, labels, word, paths, log, hypotheses=None) -> pd.DataFrame:
+    """Raw rows of the circuit test (paths_circuit_items). Per comparison (x' the `word` version or
+    another occupation's), the hypothesis C is the heads whose role is "moves" in its noising parts
+    (circuit_heads), or `hypotheses[reference]`: their value input at the occupation, path-patched
+    alone. Denoising runs x' with C's values at p from x (faithfulness: what C alone brings back),
+    and with C less each head in turn (minimality); noising runs x with C's values from x'
+    (completeness: what is left once C is knocked out)."""
+    bank, reference = banks
+    compared = {
+        word: (reference, reference_pairs(items, word)),
+        RESAMPLED: (bank, resample_pairs(items, word)),
+    }
+    parts = parts_table(paths) if hypotheses is None else None
+    frames = []
+    for name, (donor_bank, pairs) in compared.items():
+        heads = circuit_heads(parts, name) if hypotheses is None else hypotheses.get(name, ())
+        if not heads or not pairs:
+            continue
+        circuit = HeadSet(tuple(heads))
+        sets = [(CIRCUIT, circuit)] + [
+            (f"{WITHOUT} {HeadSet.name(*h)}", HeadSet(tuple(o for o in circuit if o != h)))
+            for h in circuit
+            if len(circuit) > 1
+        ]
+        base = pair_frame(items, bank, donor_bank, pairs, labels)
+        swapped = labels if donor_bank is bank else labels[[p.item for p in pairs]]
+        for direction, banks_, own, named in (
+            (NOISING, (bank, donor_bank), labels, sets[:1]),
+            (DENOISING, (donor_bank, bank), swapped, sets),
+        ):
+            frames.append(
+                _direction_rows(
+                    module, banks_, pairs, own, base, named, direction, name, log, paths=("value",)
+                )
+            )
+    if not frames:  # no hypothesis: no mover in either comparison
+        return pd.DataFrame(columns=[*BASE, *RAW["paths_circuit_items"]])
+    return pd.concat(frames, ignore_index=True)
 
 
 def _rows(base: pd.DataFrame, names, runs, y: np.ndarray, direction: str) -> pd.DataFrame:
@@ -187,7 +238,7 @@ def _rows(base: pd.DataFrame, names, runs, y: np.ndarray, direction: str) -> pd.
 
 
 def _direction_rows(
-    module, banks, pairs, labels, base, sets, direction, reference, log, crossfit=None, null=()
+    module, banks, pairs, labels, base, sets, direction, reference, log, crossfit=None, null=(), paths=PATHS
 ) -> pd.DataFrame:
     """Raw rows of every path of every named set (and of the cross-fitted and null sets given) for
     `pairs` in one direction: noising runs each pair's x (banks[0]) with one input from its x'
@@ -197,7 +248,7 @@ def _direction_rows(
     if direction == DENOISING:
         pairs = [Pair(p.donor, p.item, p.at_cf, p.at, p.same_length) for p in pairs]
         base = base.rename(columns={"y": "y_cf", "y_cf": "y"})
-    runs, names = _planned_runs(pairs, sets, crossfit, null)
+    runs, names = _planned_runs(pairs, sets, crossfit, null, paths)
     log(f"paths: {len(runs)} patched runs, {direction} against {reference!r}")
     y = path_runs(module, run_bank, donor_bank, pairs, labels, runs)
     return _rows(base, names, runs, y, direction).assign(reference=reference)
@@ -231,14 +282,14 @@ def _senders(module, bank, reference, pairs, labels, base, receivers, roles, log
     return pd.concat(screens, ignore_index=True), pd.concat(confirmed, ignore_index=True)
 
 
-def _planned_runs(pairs, sets, crossfit, null) -> tuple[list, list]:
+def _planned_runs(pairs, sets, crossfit, null, paths=PATHS) -> tuple[list, list]:
     """Per pair: every path of every named head set (EQUAL_LENGTH ones only where lengths match), the value
     path of its cross-fitted set and of each selection-null set (chosen on a permuted covariate);
     (runs: (pair, path, heads), names: (pair, set name, path))."""
     runs, names = [], []
     for i, pair in enumerate(pairs):
         for name, heads in sets:
-            for path in PATHS:
+            for path in paths:
                 if path not in EQUAL_LENGTH or pair.same_length:
                     runs.append((i, path, heads))
                     names.append((i, name, path))
@@ -330,12 +381,14 @@ def edge_roles(fold: np.ndarray) -> np.ndarray:
 
 
 def write_paths(directory, raw: pd.DataFrame) -> None:
-    """The raw frames (paths_items, paths_screen, paths_edges_items) and the tables made from them
-    (paths.csv, paths_parts.csv, paths_edges.csv) into the run directory."""
-    frames = {t: raw.loc[raw["table"] == t, [*BASE, *own]] for t, own in RAW.items()}
+    """The raw frames (paths_items, paths_screen, paths_edges_items, paths_circuit_items) and the
+    tables made from them (paths.csv, paths_parts.csv, paths_edges.csv, paths_circuit.csv) into the
+    run directory. A part saved before the circuit test has no circuit rows (an empty table)."""
+    frames = {t: raw.loc[raw["table"] == t].reindex(columns=[*BASE, *own]) for t, own in RAW.items()}
     for t, frame in frames.items():
         atomic_write(Path(directory) / f"{t}.parquet", lambda p, frame=frame: write_parquet(frame, p))
     write_table(directory, "paths", paths_table(frames["paths_items"]))
     write_table(directory, "paths_parts", parts_table(frames["paths_items"]))
     edges_ = edges_table(frames["paths_screen"], frames["paths_edges_items"], frames["paths_items"])
     write_table(directory, "paths_edges", edges_)
+    write_table(directory, "paths_circuit", circuit_table(frames["paths_circuit_items"]))

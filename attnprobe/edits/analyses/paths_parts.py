@@ -33,13 +33,26 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ...heads import HeadSet
 from ...stats.inference import cluster_slope_test, holm, slope_ratio_test
-from .paths_tables import CROSSFIT, LISTED, NULL, TOP, comparisons, item_design
+from .paths_tables import (
+    CROSSFIT,
+    DENOISING,
+    LISTED,
+    NOISING,
+    NULL,
+    TOP,
+    comparisons,
+    item_design,
+    share_rows,
+)
 
 PARTS = ("value at the occupation", "value elsewhere", "pattern", "interaction", "output")
 DOMINANT, DOMINANT_LOW = 0.7, 0.5  # a role's part: at least this fraction of the output, CI low at least
 SMALL, SMALL_CI = 0.2, 0.3  # every other part within +-SMALL, its CI within +-SMALL_CI
 ROLES = {"value at the occupation": "moves", "value elsewhere": "reads elsewhere", "pattern": "computes"}
+CIRCUIT, WITHOUT = "circuit", "circuit without"  # the circuit test's head sets (paths.measure_circuits)
+FAITHFUL, FAITHFUL_LOW, LEFT, COST = 0.8, 0.6, 0.2, 0.05  # its targets (issue 53; circuit_table)
 
 
 def part_effects(raw: pd.DataFrame, receiver: str) -> tuple[pd.DataFrame, np.ndarray]:
@@ -145,3 +158,68 @@ def role_by_size(parts: pd.DataFrame, output_p_holm: float) -> str:
         if dominant and small:
             return role
     return "mixed"
+
+
+def circuit_heads(parts: pd.DataFrame, reference: str) -> list[tuple[int, int]]:
+    """The circuit hypothesis against `reference`: the heads that move the signal (role "moves") in
+    its noising parts, in the table's order."""
+    if not len(parts):
+        return []
+    movers = parts[
+        (parts["reference"] == reference) & (parts["direction"] == NOISING) & (parts["role"] == "moves")
+    ]
+    return [head for name in movers["receiver"].unique() for head in HeadSet.parse(name)]
+
+
+def circuit_table(raw: pd.DataFrame) -> pd.DataFrame:
+    """paths_circuit.csv, per comparison (x' the reference word's version or another occupation's):
+    the circuit C (its movers' value input at the occupation) path-patched alone, as shares of TE's
+    covariate gradient with CIs and p (paths_tables.share_rows), each against its target:
+
+      faithfulness          restoring C alone in x' brings back  >= 80%, CI low >= 60%
+      left after knockout   1 - what knocking C out of x removes  <= 20%
+      cost of a head        faithfulness lost without that head   >= 5 points (minimality)
+
+    (Wang et al. 2022's faithfulness, completeness and minimality, on the gradient.)"""
+    rows = []
+    for reference in raw["reference"].unique() if len(raw) else ():
+        own = raw[raw["reference"] == reference]
+        rows += _faithful_and_minimal(reference, own[own["direction"] == DENOISING])
+        rows += _knocked_out(reference, own[own["direction"] == NOISING])
+    return pd.DataFrame(rows)
+
+
+def _faithful_and_minimal(reference: str, raw: pd.DataFrame) -> list[dict]:
+    wide = raw.pivot_table(index="item_id", columns="receiver", values="y_patched", sort=False).dropna()
+    items = raw.drop_duplicates("item_id").set_index("item_id").loc[wide.index]
+    restored = wide.to_numpy() - items["y"].to_numpy()[:, None]  # y(x' + C's values from x) - y(x')
+    whole = restored[:, list(wide.columns).index(CIRCUIT)]
+    heads = raw.loc[raw["receiver"] == CIRCUIT, "heads"].iloc[0]
+    names = str(heads).split()
+    costs = [  # what C brings back less what C without the head does (C itself for a lone head)
+        whole - restored[:, list(wide.columns).index(f"{WITHOUT} {n}")] if len(names) > 1 else whole
+        for n in names
+    ]
+    labels = [{"measure": "faithfulness", "target": f">= {FAITHFUL:.0%}, CI low >= {FAITHFUL_LOW:.0%}"}]
+    labels += [{"measure": f"cost of {n}", "target": f">= {COST:.0%}"} for n in names]
+    out = share_rows(items, np.column_stack([whole, *costs]), labels)
+    for row in out:
+        share = row["gradient_share"]
+        row["met"] = (
+            bool(share >= FAITHFUL and row["gradient_share_ci_low"] >= FAITHFUL_LOW)
+            if row["measure"] == "faithfulness"
+            else bool(share >= COST)
+        )
+    return [{"reference": reference, "heads": heads, **row} for row in out]
+
+
+def _knocked_out(reference: str, raw: pd.DataFrame) -> list[dict]:
+    rows = raw[raw["receiver"] == CIRCUIT].set_index("item_id")
+    items = rows.drop(columns=["y_patched"])
+    te = (items["y_cf"] - items["y"]).to_numpy()
+    left = te - (rows["y_patched"] - items["y"]).to_numpy()  # TE less what knocking C out removes
+    (row,) = share_rows(
+        items, left[:, None], [{"measure": "left after knockout", "target": f"<= {LEFT:.0%}"}]
+    )
+    row["met"] = bool(row["gradient_share"] <= LEFT)
+    return [{"reference": reference, "heads": rows["heads"].iloc[0], **row}]

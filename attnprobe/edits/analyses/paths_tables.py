@@ -58,7 +58,7 @@ def gradient_shares(raw: pd.DataFrame, column: str, key: str = "sender") -> pd.S
     return pd.Series(slope_ratio_test(x, effect, te, w, clusters)["ratio"], index=columns)
 
 
-def _rows(items, effect, labels: list[dict]) -> list[dict]:
+def share_rows(items, effect, labels: list[dict]) -> list[dict]:
     s = effect_shares(items, effect)
     x, _, w, clusters = item_design(items)
     p = cluster_slope_test(x, effect, w, clusters)["p"]
@@ -105,7 +105,7 @@ def paths_table(raw: pd.DataFrame) -> pd.DataFrame:
             dict(reference=reference, direction=direction, **dict(zip(("receiver", "path"), c.split("\x1f"))))
             for c in columns
         ]
-        tables.append(_selection_null(pd.DataFrame(_rows(items, effect, labels)), null))
+        tables.append(_selection_null(pd.DataFrame(share_rows(items, effect, labels)), null))
     return pd.concat(tables, ignore_index=True)
 
 
@@ -155,9 +155,9 @@ def edges_table(screen: pd.DataFrame, confirmed: pd.DataFrame, paths: pd.DataFra
         value = (
             value.set_index("item_id")["y_patched"].reindex(items.index).to_numpy() - items["y"].to_numpy()
         )
-        whole = _rows(items, value[:, None], [{}])[0]
+        whole = share_rows(items, value[:, None], [{}])[0]
         labels = [{"receiver": receiver, "sender": s, "screen_share": screened[s]} for s in senders]
-        for row in _rows(items, effect, labels):
+        for row in share_rows(items, effect, labels):
             rows.append({**row, "value_path_share": whole["gradient_share"]})
     table = pd.DataFrame(rows)
     if len(table):
