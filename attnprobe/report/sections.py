@@ -208,6 +208,7 @@ def edits_context(directory, figures_dir) -> dict | None:
         "parts": _side_by_side(parts, "receiver", "part", ("role", "n_items")),
         "paths_sets": {r["receiver"]: r for r in paths if r["path"] == "value"},
         "edges": _optional(directory, "paths_edges"),
+        "circuit": _optional(directory, "paths_circuit"),
         "readout": _readout_summary(_optional(directory, "readout")),
         "transfer": _transfer_rows(_optional(directory, "edits_transfer")),
     }
