@@ -21,6 +21,7 @@ from attnprobe.edits.analyses.senders import (
     Anatomy,
     _sender_pass,
     edges,
+    pair_frame,
     pair_tensors,
     reference_pairs,
     screen,
@@ -423,3 +424,33 @@ def test_a_resampled_counterfactual_is_another_occupation_in_the_same_sentence()
         assert other.template_id == x.template_id and other.unit != x.unit and p.at == p.at_cf
         assert not ((other.x != x.x) & (person == x.x)).any() and (other.x != x.x).any()
     assert resample_pairs(items, "person", seed=1) != pairs  # drawn, not the first in line
+
+
+@pytest.mark.slow
+def test_the_parts_add_up_on_smollm2_items(smollm):
+    """Issue 53: on SmolLM2 (float64) a head given x''s values at every position and x''s pattern
+    passes on exactly x''s output, so the four parts of its output effect add up, item by item, to
+    1e-6 on y; each part alone moves y."""
+    model = copy.deepcopy(smollm.model).to(torch.float64)
+    tokenizer = smollm.tokenizer
+    ids = lambda text: torch.tensor(tokenizer(text)["input_ids"])
+    she, he = (tokenizer(w, add_special_tokens=False)["input_ids"][0] for w in (" she", " he"))
+    items = []
+    for n, word in enumerate(("nurse", "doctor", "engineer", "secretary")):
+        for t, template in enumerate(("The {} said that", "Yesterday the {} told us that")):
+            x, x_cf = ids(template.format(word)), ids(template.format("person"))
+            at = int((x != x_cf).nonzero()[-1]) if len(x) == len(x_cf) else None
+            if at is None:
+                continue
+            cf = Counterfactual("person", x_cf, at, at)
+            items.append(PatchItem(f"{word}-{t}", f"t{t}", word, word, float(n), x, (cf,), (she,), (he,)))
+    assert len(items) >= 4  # one-token occupations: x and x' of equal length
+    bank, reference, labels, pairs = _banks(model, items)
+    sets = [HeadSet(((25, 2),)), HeadSet(((26, 2),)), HeadSet(((23, 5), (25, 2), (27, 5)))]
+    paths = ("output", "pattern+all values", "all values", "pattern", "value")
+    runs = [(i, path, h) for i, _ in enumerate(pairs) for h in sets for path in paths]
+    y = path_runs(model, bank, reference, pairs, labels, runs).reshape(-1, len(paths))
+    np.testing.assert_allclose(y[:, 1], y[:, 0], atol=1e-6, rtol=0)
+    clean = np.repeat(pair_frame(items, bank, reference, pairs, labels)["y"].to_numpy(), len(sets))
+    for column in (2, 3, 4):
+        assert np.abs(y[:, column] - clean).max() > 1e-4
