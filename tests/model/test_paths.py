@@ -14,7 +14,7 @@ from conftest import TINY_CONFIGS, eager_twin
 from transformers import AutoModelForCausalLM
 
 import attnprobe
-from attnprobe.edits.analyses.paths import measure_circuits, measure_paths, path_runs
+from attnprobe.edits.analyses.paths import compared_pairs, measure_circuits, measure_paths, path_runs
 from attnprobe.edits.analyses.paths_parts import circuit_table, part_effects, parts_table
 from attnprobe.edits.analyses.paths_tables import edges_table, paths_table
 from attnprobe.edits.analyses.senders import (
@@ -247,10 +247,10 @@ def test_a_planted_circuit_is_faithful_and_complete_and_one_short_of_a_head_is_n
     roles = np.array([fold // 2 == 0 for fold in (folds(items)[i.item_id] for i in items)])
     receivers = HeadSet(((1, 0), (1, 3)))
     frames = measure_paths(model, items, bank, reference, labels, "person", receivers, None, roles)
+    compared = compared_pairs(items, bank, reference, labels, "person")
     short = measure_circuits(
-        model, items, (bank, reference), labels, "person", frames[0], print,
-        {"person": [(1, 0)], "another occupation": [(1, 0)]},
-    )  # fmt: skip
+        model, bank, compared, labels, frames[0], print, {"person": [(1, 0)], "another occupation": [(1, 0)]}
+    )
     for table, whole in ((circuit_table(frames[3]), True), (circuit_table(short), False)):
         assert set(table["reference"]) == {"person", "another occupation"}
         for _, rows in table.groupby("reference"):

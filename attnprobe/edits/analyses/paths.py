@@ -152,9 +152,9 @@ def measure_paths(
     `hypotheses`: per reference the circuit to test (default: its movers, measure_circuits). Returns
     (paths, screen, edges, circuit) long frames."""
     module = module_of(model)
-    pairs = reference_pairs(items, word)
+    compared = compared_pairs(items, bank, reference, labels, word)
+    _, pairs, base = compared[word]
     sets = [(HeadSet.name(*r), HeadSet((r,))) for r in receivers] + [(set_name, HeadSet(tuple(receivers)))]
-    base = pair_frame(items, bank, reference, pairs, labels)
     paths = _direction_rows(
         module, (bank, reference), pairs, labels, base, sets, NOISING, word, log, crossfit, null[:exact]
     )
@@ -164,15 +164,12 @@ def measure_paths(
         named = [(CROSSFIT, crossfit)] + [(f"{NULL} {d}", sets_) for d, sets_ in enumerate(null)]
         first = first_order_rows(module, bank, reference, pairs, labels, base, named)
         frames.append(first.assign(reference=word))
-    # denoising: x' run with one input of the receivers from x (reference row r is pairs[r]'s x')
-    swapped = labels[[p.item for p in pairs]]
+    denoised = _donor_labels(labels, reference is bank, pairs)
     frames.append(
-        _direction_rows(module, (reference, bank), pairs, swapped, base, sets, DENOISING, word, log)
+        _direction_rows(module, (reference, bank), pairs, denoised, base, sets, DENOISING, word, log)
     )
-    # x' another item of the same template and fill with another occupation (the items' own bank)
-    resampled = resample_pairs(items, word)
-    if resampled:
-        other = pair_frame(items, bank, bank, resampled, labels)
+    if RESAMPLED in compared:  # x' another item of the same template and fill (the items' own bank)
+        _, resampled, other = compared[RESAMPLED]
         for direction in (NOISING, DENOISING):
             frames.append(
                 _direction_rows(
@@ -181,25 +178,35 @@ def measure_paths(
             )
     screens, confirmed = _senders(module, bank, reference, pairs, labels, base, receivers, roles, log)
     paths = pd.concat(frames, ignore_index=True)
-    circuits = measure_circuits(module, items, (bank, reference), labels, word, paths, log, hypotheses)
+    circuits = measure_circuits(module, bank, compared, labels, paths, log, hypotheses)
     return paths, screens, confirmed, circuits
 
 
-def measure_circuits(module, items, banks, labels, word, paths, log, hypotheses=None) -> pd.DataFrame:
-    """Raw rows of the circuit test (paths_circuit_items). Per comparison (x' the `word` version or
-    another occupation's), the hypothesis C is the heads whose role is "moves" in its noising parts
-    (circuit_heads), or `hypotheses[reference]`: their value input at the occupation, path-patched
-    alone. Denoising runs x' with C's values at p from x (faithfulness: what C alone brings back),
-    and with C less each head in turn (minimality); noising runs x with C's values from x'
-    (completeness: what is left once C is knocked out)."""
-    bank, reference = banks
-    compared = {
-        word: (reference, reference_pairs(items, word)),
-        RESAMPLED: (bank, resample_pairs(items, word)),
-    }
+def compared_pairs(items, bank: Bank, reference: Bank, labels, word: str) -> dict:
+    """Per comparison, the reference word and RESAMPLED (where any item has one): (x''s bank, the
+    pairs, their base rows)."""
+    pairs, resampled = reference_pairs(items, word), resample_pairs(items, word)
+    out = {word: (reference, pairs, pair_frame(items, bank, reference, pairs, labels))}
+    if resampled:
+        out[RESAMPLED] = (bank, resampled, pair_frame(items, bank, bank, resampled, labels))
+    return out
+
+
+def _donor_labels(labels, donors_are_items: bool, pairs):
+    """The labels by the rows of x''s bank (denoising runs x'): the items' own for a resample (same
+    labels), else each pair's item's (reference row r is pairs[r]'s x')."""
+    return labels if donors_are_items else labels[[p.item for p in pairs]]
+
+
+def measure_circuits(module, bank: Bank, compared: dict, labels, paths, log, hypotheses=None) -> pd.DataFrame:
+    """Raw rows of the circuit test (paths_circuit_items). Per comparison (compared_pairs), C is the
+    heads whose role is "moves" in its noising parts (circuit_heads), or `hypotheses[reference]`:
+    their value input at p, path-patched alone. Denoising runs x' with C's values at p from x
+    (faithfulness), and with C less each head in turn (minimality); noising runs x with C's values
+    from x' (completeness: what is left once C is knocked out)."""
     parts = parts_table(paths) if hypotheses is None else None
     frames = []
-    for name, (donor_bank, pairs) in compared.items():
+    for name, (donor_bank, pairs, base) in compared.items():
         heads = circuit_heads(parts, name) if hypotheses is None else hypotheses.get(name, ())
         if not heads or not pairs:
             continue
@@ -209,11 +216,10 @@ def measure_circuits(module, items, banks, labels, word, paths, log, hypotheses=
             for h in circuit
             if len(circuit) > 1
         ]
-        base = pair_frame(items, bank, donor_bank, pairs, labels)
-        swapped = labels if donor_bank is bank else labels[[p.item for p in pairs]]
+        denoised = _donor_labels(labels, donor_bank is bank, pairs)
         for direction, banks_, own, named in (
             (NOISING, (bank, donor_bank), labels, sets[:1]),
-            (DENOISING, (donor_bank, bank), swapped, sets),
+            (DENOISING, (donor_bank, bank), denoised, sets),
         ):
             frames.append(
                 _direction_rows(
