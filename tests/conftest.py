@@ -383,7 +383,7 @@ def _small_control(source: Path, target: Path, pairs_per_set: int = 6) -> None:
     header, *rows = source.read_text().splitlines()
     kept, seen = [header], {}
     for row in rows:
-        _, _, pair, group = row.split("\t")
+        pair, group = row.split("\t")[2:4]
         if pair in seen.setdefault(group, []) or len(seen[group]) < pairs_per_set:
             seen[group] += [pair] if pair not in seen[group] else []
             kept.append(row)
@@ -421,6 +421,7 @@ def edit_suite(tmp_path):
           pair: pair
           set: set
           fit: nouns
+          phrase: phrase
         head_effects:
           cut: pronoun
           positive: female

@@ -18,6 +18,7 @@ from ..intervene.items import PatchItem
 from ..intervene.selection import folds, opposite
 from ..intervene.sites import label_ids
 from .estimate import control_halves
+from .factual import SUFFIX, template_prompts
 
 OPENINGS = files("attnprobe.edits") / "data" / "openings.txt"
 GENERATED_TOKENS = 24  # per neutral opening
@@ -43,6 +44,8 @@ class Inputs:
     control_half: np.ndarray  # 0: fits definitional directions, 1: the other half, 2: never fitted
     control_set: np.ndarray  # per control prompt, its set ("" without a set column)
     control_pair: np.ndarray  # per control prompt, its word pair ("" without a pair column)
+    control_template: np.ndarray  # per control prompt, the template it fills ("" for the file's own)
+    control_fit: np.ndarray  # per control prompt, whether a keep constraint may be fitted on it
     texts: Bank
     text_is_user: np.ndarray  # (n texts,) True for pieces of --text
     clean_logp: list[torch.Tensor]
@@ -53,6 +56,10 @@ class Inputs:
         """These inputs with the control's halves 0 and 1 exchanged (2 kept): an edit fitted on them
         keeps the direction of the other half's words."""
         return replace(self, control_half=np.where(self.control_half == 2, 2, 1 - self.control_half))
+
+    def keep_rows(self) -> np.ndarray:
+        """The control prompts a keep direction is fitted on: half 0 of the fitted set's words."""
+        return (self.control_half == 0) & self.control_fit
 
     def training(self, fold: int) -> np.ndarray:
         """The folds the heads and parameters tested on `fold` come from: the opposite one, or
@@ -84,12 +91,9 @@ def record_inputs(
             f"no item has the reference word {reference_word!r}; choose --reference among the suite's "
             "counterfactual words"
         )
-    tokenizer = model.tokenizer
-    control_ids = [torch.tensor(tokenizer(p)["input_ids"]) for p in control.prompts]
-    words = [tokenizer(control.word(label), add_special_tokens=False)["input_ids"][:1] for label in labels]
     generated, pieces = generated_texts(model, seed, n_texts), user_text(model, text)
-    sign = np.where(np.array(control.labels) == labels[0], 1.0, -1.0)
     text_bank = record(model, generated + pieces)
+    labelled = [(i.positive, i.negative) for i in items]
     return Inputs(
         items=items,
         fold=fold,
@@ -98,16 +102,38 @@ def record_inputs(
         bank=record(model, [i.x for i in items]),
         reference=record(model, [cf.x_cf for _, cf in with_reference]),
         reference_fold=np.array([fold_of[i.item_id] for i, _ in with_reference]),
-        control=record(model, control_ids),
-        control_sign=sign,
-        control_half=control_halves(sign, control.pairs, control.fitted()),
-        control_set=np.array(control.sets or [""] * len(control_ids), dtype=object),
-        control_pair=np.array(control.pairs or [""] * len(control_ids), dtype=object),
         texts=text_bank,
         text_is_user=np.arange(len(generated) + len(pieces)) >= len(generated),
         clean_logp=clean_logp(model, text_bank),
-        labels=_pairs([(i.positive, i.negative) for i in items]),
-        control_labels=_pairs([tuple(words)] * len(control_ids)),
+        labels=_pairs(labelled),
+        **_control_inputs(model, items, control, labels, labelled),
+    )
+
+
+def _control_inputs(model, items, control, labels: tuple, labelled: list[tuple]) -> dict:
+    """The control's fields of Inputs: the file's prompts, then its phrases in the items' templates
+    (edits.factual), which take their item's label words and their phrase's first row's label,
+    pair, half and set (SUFFIX appended)."""
+    tokenizer = model.tokenizer
+    n = len(control.prompts)
+    words = [
+        tuple(tokenizer(control.word(label), add_special_tokens=False)["input_ids"][:1]) for label in labels
+    ]
+    sign = np.where(np.array(control.labels) == labels[0], 1.0, -1.0)
+    half = control_halves(sign, control.pairs, control.fitted())
+    sets = np.array(control.sets or [""] * n, dtype=object)
+    pairs = np.array(control.pairs or [""] * n, dtype=object)
+    made = template_prompts(tokenizer, items, control)
+    row = made.row
+    return dict(
+        control=record(model, [torch.tensor(tokenizer(p)["input_ids"]) for p in control.prompts] + made.ids),
+        control_sign=np.r_[sign, sign[row]],
+        control_half=np.r_[half, half[row]],
+        control_set=np.r_[sets, np.array([f"{s or 'phrases'}{SUFFIX}" for s in sets[row]], dtype=object)],
+        control_pair=np.r_[pairs, pairs[row]],
+        control_template=np.r_[np.full(n, "", dtype=object), [items[i].template_id for i in made.item]],
+        control_fit=np.arange(n + len(row)) < n,
+        control_labels=_pairs([tuple(words)] * n + [labelled[i] for i in made.item]),
     )
 
 

@@ -264,7 +264,7 @@ class Leace(HeadEdit):
 
 def _definitional(inputs) -> torch.Tensor:
     """(L, H, D) each head's definitional direction, from half 0 of the control prompts."""
-    fit = inputs.control_half == 0
+    fit = inputs.keep_rows()
     last = last_outputs(inputs.control)[torch.as_tensor(fit)]
     return definitional_directions(last, inputs.control_sign[fit])
 

@@ -107,7 +107,7 @@ class StreamEdit:
         difference of half 0 of the control prompts."""
         chosen = torch.as_tensor(np.isin(inputs.fold, on))
         states = last_states(inputs.bank, layer)[chosen]
-        fit = inputs.control_half == 0
+        fit = inputs.keep_rows()
         control = last_states(inputs.control, layer)[torch.as_tensor(fit)]
         keep = definitional_directions(control, inputs.control_sign[fit])
         along, functional, mean = erasers(states, inputs.covariate[chosen.cpu().numpy()], keep, shrink=True)

@@ -50,5 +50,5 @@ BLOCKS: dict[str, tuple[str, ...]] = {
     ),
     # a sentences entry's `choices:` roles -> columns
     "choices": ("context", "question", "options", "answer", "target", "unknown", "polarity", "condition"),
-    "control": ("file", "words", "prompt", "label", "pair", "set", "fit"),
+    "control": ("file", "words", "prompt", "label", "pair", "set", "fit", "phrase"),
 }

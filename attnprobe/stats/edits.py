@@ -32,7 +32,8 @@ import pandas as pd
 from ..heads import HeadSet
 from ..schema.analysis import TEMPLATE, Analysis
 from .design import cell_slopes
-from .inference import cluster_mean_test, cluster_slope_test, holm, ratio_test, slope_ratio_test
+from .inference import cluster_mean_test, cluster_slope_test, holm, slope_ratio_test
+from .keeping.definitional import control_columns, joint_columns, specificity_columns
 
 PER = 10
 # a quarter's items as a run's statistics see them: unit x template clusters, the covariate the unit's
@@ -76,8 +77,9 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
         row = {"kind": kind, "k": k, "heads": group["heads"].iloc[0], "heads_all": group["heads_all"].iloc[0]}
         row["n_items"] = len(base.items)
         row.update(_gradients(base, after))
-        row.update(_control(raw, kind, k, -1, base.control0))
-        row.update(_specificity(row))
+        row.update(control_columns(raw, kind, k, -1, base.control0))
+        row.update(joint_columns(raw, kind, k, base.control0, base.items.assign(y0=base.before, y1=after)))
+        row.update({} if "specificity" in row else specificity_columns(row))
         row.update(_costs(raw, kind, k, -1, base.loss0, base.user))
         row.update(_readout(raw, kind, k, base))
         against, drawn = _against_random(raw, base, kind, k, group, after)
@@ -260,60 +262,6 @@ def _readout(raw, kind, k, base: _Unedited, n_boot: int = 1000) -> dict:
 
 def _r2(x: np.ndarray, read: np.ndarray) -> float:
     return float(1 - ((x - read) ** 2).sum() / ((x - x.mean()) ** 2).sum())
-
-
-def _control(raw, kind, k, draw, control0: pd.DataFrame) -> dict:
-    """The control before and after. The prompts a keep constraint may be fitted on (half 0 or 1) were
-    each edited with the constraint fitted on the other half's words (cross-fitted), so their gap kept
-    is held out by word; each other set (never fitted: names, a new frame) gets its own columns.
-    Clusters: the word pair where the control names one, else each prompt."""
-    rows = raw[(raw["target"] == "control") & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == draw)]
-    y1 = rows.set_index("index")["y"].reindex(control0.index).to_numpy()
-    y0, sign = control0["y"].to_numpy(), control0["sign"].to_numpy()
-    half = control0["half"].to_numpy() if "half" in control0 else np.zeros(len(y0))
-    sets = control0["set"].fillna("").to_numpy() if "set" in control0 else np.full(len(y0), "")
-    pairs = control0["pair"].fillna("").astype(str) if "pair" in control0 else pd.Series("", control0.index)
-    units = pd.factorize(pairs if (pairs != "").all() else control0.index)[0]
-    out = _control_set(y0, y1, sign, units, half != 2, "definitional")
-    for name in dict.fromkeys(sets[half == 2]):
-        out |= _control_set(y0, y1, sign, units, (half == 2) & (sets == name), f"control_{name}")
-    return out
-
-
-def _control_set(y0, y1, sign, units, rows, prefix: str) -> dict:
-    """One set's columns: accuracy (the share of prompts whose y has the label's sign: raw, and after
-    removing the edit's mean shift, which alone moves a sign count), the mean log-odds toward the
-    label, the gap kept (after / before: offset-free, as the labels are balanced; Fieller CI) and the
-    offset (mean y after - before, nats toward the positive label, with CI)."""
-    y0, y1, sign, units = y0[rows], y1[rows], sign[rows], [pd.factorize(units[rows])[0]]
-    w = np.ones(len(y0))
-    kept = ratio_test(sign * y1, sign * y0, w, units)
-    offset = cluster_mean_test(y1 - y0, w, units)
-    return {
-        f"{prefix}_accuracy_before": float((np.sign(y0) == sign).mean()),
-        f"{prefix}_accuracy_after": float((np.sign(y1) == sign).mean()),
-        f"{prefix}_accuracy_after_centred": float((np.sign(y1 - (y1 - y0).mean()) == sign).mean()),
-        f"{prefix}_logodds_before": float((sign * y0).mean()),
-        f"{prefix}_logodds_after": float((sign * y1).mean()),
-        f"{prefix}_gap_kept": float(kept["ratio"][0]),
-        f"{prefix}_gap_kept_ci_low": float(kept["ci_low"][0]),
-        f"{prefix}_gap_kept_ci_high": float(kept["ci_high"][0]),
-        f"{prefix}_offset": float(offset["mean"][0]),
-        f"{prefix}_offset_ci_low": float(offset["ci_low"][0]),
-        f"{prefix}_offset_ci_high": float(offset["ci_high"][0]),
-    }
-
-
-def _specificity(row: dict) -> dict:
-    """Gradient share removed minus how far the definitional gap moved either way, |1 - gap kept| (an
-    amplified gap is damage too), with its CI half-width from the two half-widths in quadrature (the
-    two are estimated on disjoint prompts: the items and the control)."""
-    spec = row["gradient_removed"] - abs(1 - row["definitional_gap_kept"])
-    half = np.hypot(
-        (row["gradient_removed_ci_high"] - row["gradient_removed_ci_low"]) / 2,
-        (row["definitional_gap_kept_ci_high"] - row["definitional_gap_kept_ci_low"]) / 2,
-    )
-    return {"specificity": spec, "specificity_ci_low": spec - half, "specificity_ci_high": spec + half}
 
 
 def _costs(raw, kind, k, draw, loss0: pd.Series, user: pd.Series) -> dict:

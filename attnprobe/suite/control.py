@@ -10,6 +10,9 @@ right. Declared in the suite, so nothing about a particular contrast lives in co
       pair: pair                           # optional: the word pair of each row (king/queen)
       set: set                             # optional: which set each row belongs to
       fit: nouns                           # the set edits may fit a keep constraint on (default: all)
+      phrase: phrase                       # optional: the gendered phrase of each row ("the king",
+                                           # "Mary"), also put in place of "the {slot}" in the
+                                           # suite's own head-effects templates (edits/factual.py)
 
 Every label must be one of `words`, and `words` names exactly the contrast's two labels (the
 analysis's positive and negative). An edit that keeps the control's direction fits it on half of
@@ -37,6 +40,7 @@ class Control:
     pairs: tuple[str, ...] = ()  # per prompt, its word pair ("" without a pair column)
     sets: tuple[str, ...] = ()  # per prompt, its set ("" without a set column)
     fit: str | None = None  # the set a keep constraint may be fitted on (None: every prompt)
+    phrases: tuple[str, ...] = ()  # per prompt, its gendered phrase ("" without a phrase column)
 
     def fitted(self) -> tuple[bool, ...]:
         """Per prompt: whether it is of the set a keep constraint may be fitted on."""
@@ -59,7 +63,7 @@ def parse_control(ctx, doc, analysis) -> Control | None:
         ctx.fail(doc, "control", hint)
     words = _words(ctx, node, analysis, hint)
     columns = (str(node.get("prompt", "prompt")), str(node.get("label", "label")))
-    extra = {key: str(node[key]) for key in ("pair", "set") if key in node}  # optional columns
+    extra = {key: str(node[key]) for key in ("pair", "set", "phrase") if key in node}  # optional columns
     path, text = ctx.read_data(node, "file", str(node["file"]))
     if path.suffix not in (".tsv", ".tab", ".csv"):
         ctx.fail(node, "file", "the control file is a TSV or CSV with a prompt and a label column")
@@ -90,6 +94,7 @@ def parse_control(ctx, doc, analysis) -> Control | None:
         pairs=column("pair"),
         sets=sets,
         fit=None if fit is None else str(fit),
+        phrases=column("phrase"),
     )
 
 

@@ -214,6 +214,43 @@ def test_heads_are_parsed_and_refused_in_one_line():
         parse_heads("26.2", 30, 9)
 
 
+def _check_joint_terms(raw: pd.DataFrame, row, kind: str, k: int) -> None:
+    """The joint regression's terms, specificity, offset and accuracy recomputed from the item file
+    alone: statsmodels' OLS of y before and of y after on the covariate / 10, the factual sign and
+    the group x template cells (the occupations, then the nouns put in the templates)."""
+    import statsmodels.api as sm
+
+    def edited(rows):
+        return rows[(rows.kind == kind) & (rows.k == k) & (rows.draw == -1)].set_index("index")["y"]
+
+    none = raw[raw.kind == "none"]
+    bias = none[none.target == "bias"].set_index("index")
+    nouns = none[(none.target == "control") & (none.set == "nouns_templates")].set_index("index")
+    both = pd.concat(
+        [
+            pd.DataFrame({"y0": bias.y, "y1": edited(raw[raw.target == "bias"]).reindex(bias.index)}).assign(
+                cell="o" + bias.template_id, x=bias.covariate / 10, f=0.0
+            ),
+            pd.DataFrame(
+                {"y0": nouns.y, "y1": edited(raw[raw.target == "control"]).reindex(nouns.index)}
+            ).assign(cell="p" + nouns.template_id, x=0.0, f=nouns.sign),
+        ]
+    )
+    X = pd.concat([pd.get_dummies(both.cell, dtype=float), both[["x", "f"]]], axis=1)
+    b0, b1 = (sm.OLS(both[y].to_numpy(), X.to_numpy()).fit().params[-2:] for y in ("y0", "y1"))
+    removed, kept = 1 - b1[0] / b0[0], b1[1] / b0[1]
+    assert np.isclose(row.nouns_templates_stereotype_removed, removed, rtol=0, atol=1e-8)
+    assert np.isclose(row.nouns_templates_factual_kept, kept, rtol=0, atol=1e-8)
+    assert np.isclose(row.specificity, removed - abs(1 - kept), rtol=0, atol=1e-8)
+    assert row.specificity_ci_low <= row.specificity <= row.specificity_ci_high
+    shift = both.y1[both.f != 0] - both.y0[both.f != 0]
+    assert np.isclose(row.control_nouns_templates_offset, shift.mean())
+    signs = both.f[both.f != 0]
+    assert np.isclose(
+        row.control_nouns_templates_accuracy_after, (np.sign(both.y1[both.f != 0]) == signs).mean()
+    )
+
+
 def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     suite, out = edit_suite(tmp_path), tmp_path / "run"
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
@@ -246,7 +283,8 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     assert edits["definitional_accuracy_before"].between(0, 1).all()
     # the control measured without a sign count, on the nouns (held out by word): the gap toward the
     # labels kept, the offset and the accuracy once the edit's mean shift is removed; the names and the
-    # new frame (no fit used them) apart; specificity = gradient removed - |1 - gap kept|
+    # new frame (no fit used them) apart; the phrases in the items' own templates judged like their
+    # file rows (nouns: by the other half's fit), never fitted on
     control0 = raw[(raw.target == "control") & (raw.kind == "none")].set_index("index").sort_index()
     control1 = raw[(raw.target == "control") & (raw.kind == "zero") & (raw.k == 2) & (raw.draw == -1)]
     y0, y1, sign = (
@@ -255,7 +293,11 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
         control0["sign"].to_numpy(),
     )
     nouns, names = (control0["set"] == "nouns").to_numpy(), (control0["set"] == "names").to_numpy()
-    assert set(control0.loc[nouns, "half"]) == {0, 1} and set(control0.loc[~nouns, "half"]) == {2}
+    in_templates = (control0["set"] == "nouns_templates").to_numpy()
+    assert set(control0.loc[nouns, "half"]) == {0, 1} == set(control0.loc[in_templates, "half"])
+    assert set(control0.loc[~nouns & ~in_templates, "half"]) == {2}
+    assert set(control0["set"]) == {"nouns", "frame", "names", "nouns_templates", "names_templates"}
+    assert set(control0.loc[in_templates, "template_id"]) == {"said", "told"}
     for pair, rows in control0[nouns].groupby("pair"):  # a word pair's prompts share a half
         assert rows["half"].nunique() == 1, pair
     gap = lambda rows: (sign[rows] * y1[rows]).mean() / (sign[rows] * y0[rows]).mean()
@@ -265,7 +307,7 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     assert row.definitional_gap_kept_ci_low <= row.definitional_gap_kept <= row.definitional_gap_kept_ci_high
     shifted = y1[nouns] - (y1 - y0)[nouns].mean()
     assert np.isclose(row.definitional_accuracy_after_centred, (np.sign(shifted) == sign[nouns]).mean())
-    assert np.isclose(row.specificity, row.gradient_removed - abs(1 - row.definitional_gap_kept))
+    _check_joint_terms(raw, row, "zero", 2)
     assert row.gradient_removed_ci_low <= row.gradient_removed <= row.gradient_removed_ci_high
     assert row.specificity_ci_low <= row.specificity <= row.specificity_ci_high
     draws = pd.read_csv(out / "edits_draws.csv")
@@ -290,10 +332,7 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
         raw[(raw.target == "bias") & (raw.kind == "single") & (raw.k == 1)].set_index("index").sort_index()
     )
     assert np.isclose(heads.gradient_after.iloc[0], slope(first["y"].to_numpy()))
-    assert np.isclose(
-        heads.specificity.iloc[0],
-        heads.gradient_removed.iloc[0] - abs(1 - heads.definitional_gap_kept.iloc[0]),
-    )
+    assert heads.specificity.iloc[0] == heads.nouns_templates_specificity.iloc[0]
     assert heads.specificity_ci_low.iloc[0] <= heads.specificity.iloc[0] <= heads.specificity_ci_high.iloc[0]
     assert (out / "figures" / "edit_frontier.png").stat().st_size > 5000
     # a second call reads every kind back (resume) and gives the same table
@@ -345,7 +384,7 @@ def test_edit_needs_the_suites_control_and_reads_it_from_there(tiny_llama_dir, t
     suite.write_text(
         text.replace(
             'control:\n  file: definitional.tsv\n  words: {female: " she", male: " he"}\n  pair: pair\n'
-            "  set: set\n  fit: nouns\n",
+            "  set: set\n  fit: nouns\n  phrase: phrase\n",
             "",
         )
     )
@@ -358,7 +397,7 @@ def test_edit_needs_the_suites_control_and_reads_it_from_there(tiny_llama_dir, t
         and "loading" not in bad.output
     )
     (tmp_path / "definitional.tsv").write_text(
-        "prompt\tlabel\tpair\tset\nThe king said that\tman\tking/queen\tnouns\n"
+        "prompt\tlabel\tpair\tset\tphrase\nThe king said that\tman\tking/queen\tnouns\tthe king\n"
     )
     suite.write_text(text)
     from attnprobe.suite import load_suite

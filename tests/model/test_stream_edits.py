@@ -61,6 +61,7 @@ def _inputs(tiny, n=2400, seed=0):
         control_half=half,
         control_set=np.full(200, ""),
         control_pair=np.full(200, ""),
+        keep_rows=lambda: half == 0,
     )
 
 

@@ -339,7 +339,8 @@ def _part(directory: Path, options: RunOptions, name: str, plan: str, measure, i
 def _describe(raw: pd.DataFrame, inputs) -> pd.DataFrame:
     """The columns the statistics need beside the raw values, so edits_items stands alone: per bias
     row its item, unit, template and covariate; per control row the label's sign, its cross-fitting
-    half (2: no fit used it), set and word pair; per text row whether it is the user's text."""
+    half (2: no fit used it), set, word pair and (a phrase put in a template) template; per text row
+    whether it is the user's text."""
     items = inputs.items
     bias = raw["target"] == "bias"
     index = raw["index"].to_numpy()
@@ -355,6 +356,8 @@ def _describe(raw: pd.DataFrame, inputs) -> pd.DataFrame:
     raw["half"] = np.where(control, inputs.control_half[np.where(control, index, 0)], -1)
     raw["set"] = np.where(control, inputs.control_set[np.where(control, index, 0)], "")
     raw["pair"] = np.where(control, inputs.control_pair[np.where(control, index, 0)], "")
+    in_template = control & (inputs.control_template[np.where(control, index, 0)] != "")
+    raw.loc[in_template, "template_id"] = pick(inputs.control_template, in_template)
     text = (raw["target"] == "text").to_numpy()
     raw["user_text"] = np.where(text, inputs.text_is_user[np.where(text, index, 0)], False)
     return raw

@@ -1,0 +1,6 @@
+"""What an edit keeps of the factual contrast while it removes the stereotype.
+
+definitional  the control prompts before and after an edit, per set: accuracy, gap kept, offset;
+              the joint terms of each set put in the items' templates; specificity
+joint         the joint regression (stereotype and factual terms in one fit, one covariance)
+"""
