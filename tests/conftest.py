@@ -442,6 +442,7 @@ EDIT_SWEEP = [
     "--texts",
     "8",  # of the 64 openings: the tiny model's full vocabulary makes each text's KL dear
     "--stream",
+    "--mlp",
     "--trace",
     "--paths",
 ]

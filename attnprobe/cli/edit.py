@@ -89,6 +89,12 @@ def _count(name: str, help: str):
     help="Also erase the covariate from the residual stream entering each layer (edits_stream.csv).",
 )
 @click.option(
+    "--mlp/--no-mlp",
+    default=False,
+    show_default=True,
+    help="Also edit each layer's MLP output (zero, mean, project, leace; edits_mlp.csv).",
+)
+@click.option(
     "--trace/--no-trace",
     default=False,
     show_default=True,
@@ -132,6 +138,7 @@ def edit(
     texts,
     placebo,
     stream,
+    mlp,
     trace,
     paths,
     also,
@@ -155,6 +162,7 @@ def edit(
         texts=texts,
         placebo=placebo,
         stream=stream,
+        mlp=mlp,
         trace=trace,
         paths=paths,
     )

@@ -6,6 +6,7 @@ passes   batched edited forward passes (from the lowest edited layer)
 sweep    the sweep of `attnprobe edit`: heads per fold, values per kind and k, the null's sets
 single   each top head zeroed alone (edits_heads)
 stream   StreamEdit: the covariate erased from the residual stream entering a layer (edits_stream)
+mlp      MlpEdit: a layer's MLP output zeroed, replaced by its mean, projected or erased (edits_mlp)
 command  `attnprobe edit RUN_DIR`: inputs, resume, tables, figure and the saved edits
 saved    a fitted edit as NAME.safetensors + NAME.json: `save_edit`, `load_edit`
 transfer the chosen edits applied to other suites (`--also`)
@@ -24,6 +25,7 @@ from .kinds import (
     edited,
     parse_heads,
 )
+from .mlp import MlpEdit
 from .saved import SavedEdit, load_edit, save_edit
 from .stream import StreamEdit
 from .sweep.command import run_edits
@@ -35,6 +37,7 @@ __all__ = [
     "HeadEdit",
     "Leace",
     "Mean",
+    "MlpEdit",
     "Orthogonal",
     "Project",
     "Resample",

@@ -22,7 +22,7 @@ so no item tests a layer chosen on its own outcome.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import numpy as np
@@ -62,7 +62,7 @@ class StreamEdit:
 
     def rows(self, rows: torch.Tensor) -> StreamEdit:
         """The edit of a batch whose row b has the parameters of row rows[b] (per-row parameters)."""
-        return StreamEdit(self.layer, *(t[rows] for t in self.params))
+        return replace(self, **{name: t[rows] for name, t in zip(PARAMETERS, self.params)})
 
     def sites(self) -> str:
         return f"stream entering layer {self.layer}"
@@ -166,49 +166,44 @@ def stream_text_costs(module, bank: Bank, clean_logp, edit: StreamEdit) -> tuple
     return kl, loss
 
 
-def _quarter_edits(inputs, layer: int) -> StreamEdit:
-    """Per item the parameters of its quarter's eraser (fitted on the quarter's training quarters)."""
-    return per_row([StreamEdit.fit(inputs, layer, inputs.training(f)) for f in range(4)], inputs.fold)
-
-
-def _crossed_edits(inputs, layer: int) -> StreamEdit:
-    """Per control prompt the all-items eraser whose keep constraint was fitted on the other half of
-    the control's words (a prompt no fit used: the one fitted on half 0)."""
-    fitted = [
-        StreamEdit.fit(inputs, layer, np.arange(4)),
-        StreamEdit.fit(inputs.other_half(), layer, np.arange(4)),
-    ]
-    return per_row(fitted, (inputs.control_half == 0).astype(int))
-
-
 def per_row(fitted: list[StreamEdit], which) -> StreamEdit:
     """One edit with per-row parameters: row n's are those of fitted[which[n]]."""
     which = torch.as_tensor(which)
-    stacked = [torch.stack([getattr(e, name) for e in fitted])[which] for name in PARAMETERS]
-    return StreamEdit(fitted[0].layer, *stacked)
+    stacked = {name: torch.stack([getattr(e, name) for e in fitted])[which] for name in PARAMETERS}
+    return replace(fitted[0], **stacked)
 
 
 def measure_stream(model, inputs, log=lambda m: None) -> pd.DataFrame:
     """Raw values (as sweep.measure_kind's; kind "stream", k = layer) of the stream erased at every
-    layer: bias on every item (its quarter's eraser), texts (the all-items eraser) and control prompts
-    (the all-items eraser cross-fitted by word: _crossed_edits)."""
+    layer."""
+    return measure_layers(model, inputs, StreamEdit.fit, NAME, "stream erased entering layer", log)
+
+
+def measure_layers(model, inputs, fit, name: str, what: str, log=lambda m: None) -> pd.DataFrame:
+    """Raw values (kind `name`, k = layer) of a per-layer edit (`fit(inputs, layer, folds)`: a
+    StreamEdit) at every layer: bias on every item (its quarter's edit, fitted on the quarter's
+    training quarters), texts (the all-items edit) and control prompts (the all-items edit whose
+    keep constraint was fitted on the other half of the control's words; a prompt no fit used: the
+    one fitted on half 0)."""
     module = model.model
     frames = []
+    every = np.arange(4)
     for layer in range(model.info.n_layers):
-        quarters = _quarter_edits(inputs, layer)
-        everywhere = StreamEdit.fit(inputs, layer, np.arange(4))
+        quarters = per_row([fit(inputs, layer, inputs.training(f)) for f in range(4)], inputs.fold)
+        everywhere = fit(inputs, layer, every)
+        crossed = per_row(
+            [everywhere, fit(inputs.other_half(), layer, every)], (inputs.control_half == 0).astype(int)
+        )
         n, m = len(inputs.items), len(inputs.control.lengths)
         y = stream_behaviour(module, inputs.bank, quarters, inputs.labels)
-        y_control = stream_behaviour(
-            module, inputs.control, _crossed_edits(inputs, layer), inputs.control_labels
-        )
+        y_control = stream_behaviour(module, inputs.control, crossed, inputs.control_labels)
         kl, loss = stream_text_costs(module, inputs.texts, inputs.clean_logp, everywhere)
         frames += [
             raw_rows("bias", [(layer, -1, i) for i in range(n)], y=y),
             raw_rows("control", [(layer, -1, i) for i in range(m)], y=y_control),
             raw_rows("text", [(layer, -1, i) for i in range(len(kl))], kl=kl, loss=loss),
         ]
-        log(f"edit: stream erased entering layer {layer} of {model.info.n_layers}")
+        log(f"edit: {what} {layer} of {model.info.n_layers}")
     out = pd.concat(frames, ignore_index=True)
-    out["heads"] = out["heads_all"] = [f"stream entering layer {k}" for k in out["k"]]
-    return out.assign(kind=NAME)
+    out["heads"] = out["heads_all"] = [f"{what} {k}" for k in out["k"]]
+    return out.assign(kind=name)

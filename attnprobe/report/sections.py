@@ -203,6 +203,7 @@ def edits_context(directory, figures_dir) -> dict | None:
         "reference": summary["reference"].iloc[0],
         "heads": _optional(directory, "edits_heads"),
         "stream": _optional(directory, "edits_stream"),
+        "goal": _optional(directory, "edits_goal"),
         "tracing": _side_by_side(_optional(directory, "tracing"), "layer", "position"),
         "paths": _side_by_side(paths, "receiver", "path"),
         "parts": _side_by_side(parts, "receiver", "part", ("role", "n_items")),

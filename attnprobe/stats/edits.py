@@ -292,25 +292,27 @@ def _costs(raw, kind, k, draw, loss0: pd.Series, user: pd.Series) -> dict:
 
 
 STREAM, STREAM_CHOSEN = "stream", "stream-chosen"  # edits.stream's raw kind and its chosen rows
+MLP = "mlp-"  # edits.mlp's raw kinds: mlp-MODE
 GAP_KEPT, KL_MAX = 0.8, 0.001  # what a chosen stream layer must keep (the goal the README reports)
 
 
-def stream_table(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def stream_table(raw: pd.DataFrame, kind: str = STREAM) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(edits_stream: one row per layer the stream was erased at, then the "chosen" row; the chosen
     raw rows, kind STREAM_CHOSEN). The chosen row's bias values are, for each quarter's items, those
     of the layer chosen on the other quarters' items (chosen_layers); its control and texts those of
-    the layer chosen on every item."""
+    the layer chosen on every item. Any other per-layer edit (`kind`: an MLP edit's mlp-MODE) alike,
+    its chosen rows of kind KIND-chosen."""
     none = raw[raw["kind"] == "none"]
-    layers = raw[raw["kind"] == STREAM]
+    layers = raw[raw["kind"] == kind]
     if layers.empty:
         return pd.DataFrame(), layers
     summary, _ = edit_tables(pd.concat([none, layers], ignore_index=True))
-    chosen = chosen_layers(raw, summary)
+    chosen = chosen_layers(raw, summary, kind)
     bias = layers["target"] == "bias"
     picked = np.where(bias, layers["quarter"].map(chosen), chosen["all"])
     rows = layers[layers["k"].to_numpy() == picked].copy()
     quarters = " | ".join(f"q{f}: layer {chosen[f]}" for f in range(4) if f in chosen)
-    rows = rows.assign(kind=STREAM_CHOSEN, k=chosen["all"], heads=quarters)
+    rows = rows.assign(kind=f"{kind}-chosen", k=chosen["all"], heads=quarters)
     best, _ = edit_tables(pd.concat([none, rows], ignore_index=True))
     table = pd.concat([summary.assign(chosen=False), best.assign(chosen=True)], ignore_index=True)
     table = table.rename(columns={"k": "layer"}).drop(columns=["heads_all"])
@@ -319,13 +321,13 @@ def stream_table(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return table[keep], rows
 
 
-def chosen_layers(raw: pd.DataFrame, per_layer: pd.DataFrame) -> dict:
+def chosen_layers(raw: pd.DataFrame, per_layer: pd.DataFrame, kind: str = STREAM) -> dict:
     """quarter -> layer, and "all" -> layer: among the layers whose all-items eraser keeps at least
     GAP_KEPT of the definitional gap with KL's upper bound at most KL_MAX, the one removing the
     largest share of the gradient on the items outside the quarter ("all": on every item); where no
     layer qualifies, the one with the largest specificity there (share removed - |1 - gap kept|)."""
     items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index").sort_index()
-    after = raw[(raw["target"] == "bias") & (raw["kind"] == STREAM)]
+    after = raw[(raw["target"] == "bias") & (raw["kind"] == kind)]
     after = after.pivot(index="index", columns="k", values="y").reindex(items.index)
     x, before = items["covariate"].to_numpy(dtype=float), items["y"].to_numpy()
     layers = per_layer.set_index("k")

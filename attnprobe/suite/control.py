@@ -12,7 +12,8 @@ right. Declared in the suite, so nothing about a particular contrast lives in co
       fit: nouns                           # the set edits may fit a keep constraint on (default: all)
       phrase: phrase                       # optional: the gendered phrase of each row ("the king",
                                            # "Mary"), also put in place of "the {slot}" in the
-                                           # suite's own head-effects templates (edits/factual.py)
+                                           # suite's own head-effects templates
+                                           # (edits.inputs.template_prompts)
 
 Every label must be one of `words`, and `words` names exactly the contrast's two labels (the
 analysis's positive and negative). An edit that keeps the control's direction fits it on half of

@@ -227,22 +227,24 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     args = ["edit", str(out), *SWEEP, "--also", str(tmp_path / "coref.yaml"), "--also-k", "1"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    # the sweep is read back: its 4 kinds, the heads alone, the stream and tracing
-    assert result.output.count("read from an earlier session") == 7
+    # the sweep is read back: its 4 kinds, the heads alone, the stream, the 4 MLP modes and tracing
+    assert result.output.count("read from an earlier session") == 11
     table = pd.read_csv(out / "edits_transfer.csv")
-    assert set(table["kind"]) == {"zero", "mean", "scale", "project", "stream"}  # the stream's edit too
-    assert set(table.loc[table.kind == "stream", "k"]) == {0} and set(
-        table.loc[table.kind != "stream", "k"]
-    ) == {1}
+    mlp = {f"mlp-{mode}" for mode in ("zero", "mean", "project", "leace")}
+    assert (
+        set(table["kind"]) == {"zero", "mean", "scale", "project", "stream"} | mlp
+    )  # the stream's and MLPs' too
+    per_layer = table.kind.isin({"stream"} | mlp)  # a layer's edit has no k
+    assert set(table.loc[per_layer, "k"]) == {0} and set(table.loc[~per_layer, "k"]) == {1}
     gap = table[
         (table.table == "compare_referent_choice") & (table.quantity == "correct") & (table.label == "gap")
     ]
-    assert len(gap) == 5
+    assert len(gap) == 9
     # the pro - anti gap before is the original run's own statistic; after, the edited run's
     gap_of = lambda run: referent_choice(run).set_index("scope").loc["all", "gap"]  # its statistic alone
     before = gap_of(attnprobe.Run(out / "also" / "coref" / "original"))
     for row in gap.itertuples():
-        name = "stream" if row.kind == "stream" else f"{row.kind}-k1"
+        name = row.kind if row.k == 0 else f"{row.kind}-k1"
         edited_run = attnprobe.Run(out / "also" / "coref" / name)
         after = gap_of(edited_run)
         assert np.isclose(row.mean_a, before) and np.isclose(row.mean_b, after)

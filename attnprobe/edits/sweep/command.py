@@ -22,6 +22,7 @@ from ...run.files.reader import RunFiles
 from ...run.options import RunOptions
 from ...run.phases import Phase, run_phase
 from ...stats.edits import (
+    MLP,
     STREAM,
     STREAM_CHOSEN,
     chosen_layers,
@@ -30,6 +31,7 @@ from ...stats.edits import (
     quarter_table,
     stream_table,
 )
+from ...stats.keeping.goal import goal_table
 from ...stats.placebo import PLACEBO_PREFIX, placebo_table
 from ...store import atomic_write, exclusive, read_chunks, write_parquet, write_table
 from ..analyses.paths import PATHS_VERSION, measure_run_paths, write_paths
@@ -38,8 +40,9 @@ from ..analyses.tracing import measure_tracing, tracing_table
 from ..analyses.transfer import ALSO_K, transfer, transfer_suites
 from ..inputs import check_text, record_inputs
 from ..kinds import KINDS
+from ..mlp import MODES, Recorded, measure_mlp
 from ..stream import measure_stream
-from .fitted import save_chosen, save_stream
+from .fitted import save_chosen, save_mlp, save_stream
 from .measure import GradientScores, clean_values, found_sets, measure_kind
 from .options import EditOptions, listed_heads, settings_hash
 from .permuted import measure_placebo, measure_stream_placebo, placebo_kinds
@@ -150,6 +153,7 @@ def run_edits(
             if suites:
                 ks = [k for k in also_ks if k in set(summary["k"])]
                 chosen = [(kind, k) for kind in options.kinds for k in ks] + [(STREAM, 0)] * options.stream
+                chosen += [(MLP + mode, 0) for mode in MODES] * options.mlp
                 write_table(directory, "edits_transfer", transfer(directory, suites, chosen, model, log))
                 log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
         return summary
@@ -189,7 +193,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     )
     scores, quarter_scores = _gradient_scores(run, items, inputs, word, L, H)
     sets = found_sets(inputs, scores, options.ks, listed, H)
-    key = settings_hash(m.fingerprint, options, weights)
+    key = settings_hash(m.fingerprint, options, weights, str(inputs.control.ids.tolist()))
     part = lambda name, measure, plan=key, described=True: _part(
         directory, RunOptions(out=directory, log=log), name, plan, measure, inputs, described
     )
@@ -199,13 +203,17 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         if options.stream:
             frames.append(part(STREAM, lambda: measure_stream(model, inputs, log)))
             frames += _stream_placebo(part, key, model, options, inputs, frames, log)
+        if options.mlp:
+            recorded = Recorded(model.model, inputs)  # the MLP outputs, recorded if a mode is measured
+            for mode in MODES:
+                frames.append(part(MLP + mode, lambda m=mode: measure_mlp(model, recorded, m, log)))
         if options.trace:
             traced = part("trace", lambda: measure_tracing(model, inputs, word, log), described=False)
         if options.paths:
             measure = lambda: measure_run_paths(model, inputs, word, scores, quarter_scores, listed, H, log)
             paths = part("paths", measure, f"{key}:paths{PATHS_VERSION}", described=False)
     raw = pd.concat([f for f in frames if len(f)], ignore_index=True)  # an empty part would untype columns
-    summary, stream = _write_sweep(directory, raw, options, H, word, started)
+    summary, stream, mlp = _write_sweep(directory, raw, options, H, word, started)
     if options.trace:
         atomic_write(directory / "tracing_items.parquet", lambda p: write_parquet(traced, p))
         write_table(directory, "tracing", tracing_table(traced))
@@ -216,6 +224,8 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     saved = save_chosen(directory, m, model, weights, inputs, sets, options, source={"reference": word})
     if len(stream):
         saved += save_stream(directory, m, model, weights, inputs, options, stream, raw, {"reference": word})
+    if len(mlp):
+        saved += save_mlp(directory, m, model, weights, inputs, options, mlp, raw, {"reference": word})
     for note in dict.fromkeys(n for n in summary.get("note", []) if n):
         log(f"note: {note}")
     log(
@@ -269,12 +279,14 @@ def _write_sweep(
     directory: Path, raw: pd.DataFrame, options: EditOptions, H: int, word: str, started
 ) -> tuple:
     """The sweep's tables from its raw values: edits, draws, quarters, the stream's and the heads'
-    alone, the placebo; returns (the edits table, the stream's table)."""
+    alone, the MLPs', the placebo, the goal; returns (the edits table, the stream's, the MLPs')."""
     write_table(directory, "edits_items", raw)
-    sweep = raw[~raw["kind"].isin([SINGLE, STREAM]) & ~raw["kind"].str.startswith(PLACEBO_PREFIX)]
+    sweep = raw[~raw["kind"].isin([SINGLE, STREAM]) & ~raw["kind"].str.startswith((PLACEBO_PREFIX, MLP))]
     summary, draws = edit_tables(sweep, H)
     summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
     stream, chosen = stream_table(raw)
+    mlp, mlp_chosen = _mlp_tables(raw)
+    chosen = pd.concat([chosen, mlp_chosen])
     placebo = placebo_table(pd.concat([raw, chosen], ignore_index=True))
     if len(placebo):  # each refit kind's row (and the stream's chosen row) gets its placebo p
         write_table(directory, "edits_placebo", placebo)
@@ -284,14 +296,26 @@ def _write_sweep(
             p = p[p["kind"] == STREAM_CHOSEN].drop(columns=["kind", "k"]).assign(chosen=True)
             stream = stream.merge(p, on="chosen", how="left") if len(p) else stream
     write_table(directory, "edits", summary)
+    write_table(directory, "edits_goal", goal_table(summary, stream, mlp))
     write_table(directory, "edits_draws", draws)
     chosen = pd.concat([raw[raw["kind"] == "none"], chosen])  # the stream's chosen rows and the clean ones
     write_table(directory, "edits_quarters", pd.concat([quarter_table(sweep), quarter_table(chosen)]))
     if len(stream):
         write_table(directory, "edits_stream", stream)
+    if len(mlp):
+        write_table(directory, "edits_mlp", mlp)
     if options.alone:
         write_table(directory, "edits_heads", head_table(raw[raw["kind"].isin(["none", SINGLE])], H))
-    return summary, stream
+    return summary, stream, mlp
+
+
+def _mlp_tables(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(edits_mlp: per mode its rows per layer and its chosen row; the chosen raw rows), empty
+    without --mlp."""
+    tables = [stream_table(raw, MLP + mode) for mode in MODES if (raw["kind"] == MLP + mode).any()]
+    if not tables:
+        return pd.DataFrame(), raw.iloc[:0]
+    return pd.concat([t for t, _ in tables], ignore_index=True), pd.concat([c for _, c in tables])
 
 
 def _kind_values(model, kind: str, *args) -> pd.DataFrame:

@@ -1,7 +1,8 @@
 """The edits a sweep saves, fitted: per kind and k the heads chosen on every item (the edit to apply
 to other suites) and, per quarter, the one whose values the sweep measured on that quarter (heads
-chosen and parameters fitted on its training quarters); the stream's erasers likewise. Each records
-where it comes from (the run, its suite, the options, this attnprobe) and the items it never saw."""
+chosen and parameters fitted on its training quarters); the stream's and the MLPs' edits likewise.
+Each records where it comes from (the run, its suite, the options, this attnprobe) and the items
+it never saw."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from ...run.files.fresh import own_directory
-from ...stats.edits import STREAM, chosen_layers
+from ...stats.edits import MLP, STREAM, chosen_layers
 from ...version import __version__
 from ..kinds import KINDS
+from ..mlp import MODES, Recorded
 from ..saved import save_edit
 from ..stream import StreamEdit
 from .options import EditOptions
@@ -44,10 +46,34 @@ def save_stream(directory, manifest, model, weights, inputs, options, table, raw
     fitted on its training quarters: the edit the chosen row's values of quarter F come from). The
     layers are chosen as the table's chosen row was (stats.edits.chosen_layers)."""
     source = _source(directory, manifest, options, source)
-    chosen = chosen_layers(raw, table[~table["chosen"]].rename(columns={"layer": "k"}))
+    return _save_layers(directory, model, weights, inputs, table, raw, source, STREAM, StreamEdit.fit)
+
+
+def save_mlp(directory, manifest, model, weights, inputs, options, table, raw, source) -> int:
+    """Write each MLP mode's chosen edits as the stream's are written: edits/mlp-MODE and
+    edits/quarters/mlp-MODE-qF."""
+    source, recorded, n = _source(directory, manifest, options, source), Recorded(model.model, inputs), 0
+    for mode in MODES:
+        rows = table[table["kind"].isin([MLP + mode, f"{MLP}{mode}-chosen"])]
+        if len(rows):
+            n += _save_layers(
+                directory, model, weights, inputs, rows, raw, source, MLP + mode, recorded.fit(mode)
+            )
+    return n
+
+
+def _save_layers(directory, model, weights, inputs, table, raw, source, name: str, fit) -> int:
+    """A per-layer edit's chosen edits (`fit(inputs, layer, folds)`), saved as NAME and
+    quarters/NAME-qF."""
+    chosen = chosen_layers(raw, table[~table["chosen"]].rename(columns={"layer": "k"}), name)
     about = {"fitted_on": "all items", "layer_chosen_on": "all items"}
-    everywhere = StreamEdit.fit(inputs, int(chosen["all"]), np.arange(4))
-    save_edit(everywhere, directory / "edits" / STREAM, model, {**source, **about}, weights)
+    save_edit(
+        fit(inputs, int(chosen["all"]), np.arange(4)),
+        directory / "edits" / name,
+        model,
+        {**source, **about},
+        weights,
+    )
     for f in (int(f) for f in chosen if f != "all"):
         training = [int(g) for g in inputs.training(f)]
         about = {
@@ -56,9 +82,10 @@ def save_stream(directory, manifest, model, weights, inputs, options, table, raw
             "layer_chosen_on": f"the items outside quarter {f}",
             "held_out_items": _held_out(inputs, f),
         }
-        edit = StreamEdit.fit(inputs, int(chosen[f]), inputs.training(f))
-        path = directory / "edits" / "quarters" / f"{STREAM}-q{f}"
-        save_edit(edit, path, model, {**source, **about}, weights)
+        edit = fit(inputs, int(chosen[f]), inputs.training(f))
+        save_edit(
+            edit, directory / "edits" / "quarters" / f"{name}-q{f}", model, {**source, **about}, weights
+        )
     return len(chosen)  # the all-items edit and one per quarter
 
 

@@ -39,6 +39,7 @@ class EditOptions:
     # covariate permutations each covariate-fitted kind is refitted on (edits.sweep.permuted); 0: none
     placebo: int = DEFAULT_EDIT_COUNTS["placebo"]
     stream: bool = False  # also the stream erased at every layer (edits_stream, edits.stream)
+    mlp: bool = False  # also each MLP's output edited at every layer (edits_mlp, edits.mlp)
     trace: bool = False  # also the stream patched per layer and position (tracing, edits.analyses.tracing)
     paths: bool = False  # also the top heads' inputs and senders patched (paths, edits.analyses.paths)
 
@@ -77,12 +78,13 @@ class EditOptions:
             )
 
 
-def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> str:
+def settings_hash(run_fingerprint: str, options: EditOptions, weights: str, control: str = "") -> str:
     """What determines an edit kind's values: the run, the options (but the list of kinds: adding a
     kind to a sweep keeps the kinds already measured; and --alone, --placebo and the analyses, which
     have parts of their own), the model's weights, this attnprobe's version, how the neutral texts are
-    sampled and the part of --text that is read."""
-    own_files = ("kinds", "alone", "placebo", "stream", "trace", "paths")
+    sampled, the control prompts measured (`control`: their tokens, the file's and those put in the
+    templates) and the part of --text that is read."""
+    own_files = ("kinds", "alone", "placebo", "stream", "mlp", "trace", "paths")
     settings = {k: v for k, v in asdict(options).items() if k not in own_files}
     payload = json.dumps(
         {
@@ -90,6 +92,7 @@ def settings_hash(run_fingerprint: str, options: EditOptions, weights: str) -> s
             "weights": weights,
             "attnprobe": __version__,
             "texts": "batched",
+            "control": hashlib.sha256(control.encode()).hexdigest(),
             **settings,
         },
         sort_keys=True,

@@ -2,5 +2,6 @@
 
 definitional  the control prompts before and after an edit, per set: accuracy, gap kept, offset;
               the joint terms of each set put in the items' templates; specificity
+goal          the debiasing goal per edit: the conditions met and those that fail (edits_goal.csv)
 joint         the joint regression (stereotype and factual terms in one fit, one covariance)
 """

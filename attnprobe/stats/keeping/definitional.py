@@ -1,7 +1,8 @@
 """The definitional control of an edit sweep (stats/edits.py), before and after each edit: per set
 of control prompts the accuracy, the gap kept and the offset; for each set of the control's phrases
-put in the items' templates (edits.factual) the joint regression's terms (joint.py); and the row's
-specificity (the joint fit's on the words a keep constraint was fitted on, held out by word)."""
+put in the items' templates (edits.inputs.template_prompts) the joint regression's terms
+(joint.py); and the row's specificity (the joint fit's on the words a keep constraint was fitted
+on, held out by word)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pandas as pd
 from ..inference import cluster_mean_test, ratio_test
 from .joint import edit_terms
 
-TEMPLATES = "_templates"  # a control set's phrases put into the items' templates (edits.factual.SUFFIX)
+TEMPLATES = "_templates"  # a control set's phrases put in the items' templates (edits.inputs.SUFFIX)
 
 
 def control_columns(raw, kind, k, draw, control0: pd.DataFrame) -> dict:
@@ -34,10 +35,11 @@ def control_columns(raw, kind, k, draw, control0: pd.DataFrame) -> dict:
 
 
 def joint_columns(raw, kind, k, control0: pd.DataFrame, items: pd.DataFrame) -> dict:
-    """The joint regression (stats/joint.py) of the items with each set of the control's phrases put
-    in their templates (edits.factual; columns prefixed with the set, e.g. nouns_templates_...): the
-    stereotype term removed and the factual term kept in one fit. The set of the words a keep
-    constraint was fitted on (held out by word: halves 0 and 1) gives the row's specificity."""
+    """The joint regression (joint.py) of the items with each set of the control's phrases put in
+    their templates (edits.inputs.template_prompts; columns prefixed with the set, e.g.
+    nouns_templates_...): the stereotype term removed and the factual term kept in one fit. The set
+    of the words a keep constraint was fitted on (held out by word: halves 0 and 1) gives the row's
+    specificity."""
     if "set" not in control0:
         return {}
     sets = control0["set"].fillna("").astype(str)

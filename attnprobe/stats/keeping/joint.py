@@ -1,6 +1,6 @@
 """The joint regression of an edit, as DAMA measures (Limisiewicz, Marecek & Musil, ICLR 2024): the
-occupation items and the control's gendered phrases in the same templates (edits/factual.py) in
-one least-squares fit
+occupation items and the control's gendered phrases in the same templates
+(edits.inputs.template_prompts) in one least-squares fit
 
     y = a_s * covariate / PER + a_f * factual + (group x template) effects + e
 

@@ -1,0 +1,156 @@
+"""MLP-output edits, DAMA's site (Limisiewicz, Marecek & Musil, ICLR 2024): what one decoder layer's
+MLP adds to the residual stream (its output after the post-MLP norm where the model has one, as
+Gemma's) changed at every position by one of four modes, each fitted at the prediction position
+(each item's last token):
+
+  zero     the output removed: out -> 0
+  mean     the output replaced by its mean over the training items
+  project  the covariate's direction removed: out -> out - u u.out, u the unit least-squares slope
+           of out on the covariate (estimate.covariate_directions)
+  leace    the covariate erased keeping the definitional mean difference, with the stream's shrunk
+           covariance (estimate.erasers): out -> out - u f.(out - mu)
+
+The sweep (`edit --mlp`) measures every mode at every layer as the stream is measured
+(edits.stream.measure_layers: each quarter's items by the edit fitted on its training quarters, the
+control cross-fitted by word, the texts by the all-items edit): raw kind "mlp-MODE", k = the layer;
+edits_mlp.csv holds a row per mode and layer and each mode's chosen row (stats.edits.stream_table).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from ..attention.capture import model_edit
+from ..intervene.engine import Bank
+from ..intervene.rerun import ROWS
+from ..model.anatomy import decoder_layers, module_of
+from ..stats.edits import MLP
+from .estimate import covariate_directions, definitional_directions, erasers
+from .stream import StreamEdit, _untouched, measure_layers
+
+MODES = ("zero", "mean", "project", "leace")
+PREFIX = MLP  # the raw rows' kind: mlp-MODE
+
+
+def output_module(layer) -> torch.nn.Module:
+    """The module whose output a decoder layer adds to the stream after its attention: the post-MLP
+    norm where the layer has one (Gemma 2 and 3), else the MLP."""
+    norm = getattr(layer, "post_feedforward_layernorm", None)
+    return layer.mlp if norm is None else norm
+
+
+@dataclass(frozen=True)
+class MlpEdit(StreamEdit):
+    """The edit of the MLP output of `layer`; parameters (E,) or, inside the sweep, (B, E)."""
+
+    kind: ClassVar[str] = "mlp"
+    mode: str = "leace"
+
+    def erase(self, out: torch.Tensor) -> torch.Tensor:
+        """out (B, T, E) edited at every position."""
+        u, f, mu = (t.to(out)[:, None, :] if t.dim() == 2 else t.to(out) for t in self.params)
+        if self.mode in ("zero", "mean"):
+            return torch.zeros_like(out) + mu
+        return out - u * ((out - mu) * f).sum(-1, keepdim=True)
+
+    def sites(self) -> str:
+        return f"MLP output of layer {self.layer} ({self.mode})"
+
+    def stored(self) -> tuple[dict, dict, dict]:
+        tensors, scalars, where = super().stored()  # zero, mean and project share tensors: saved apart
+        return {name: t.clone() for name, t in tensors.items()}, scalars, {**where, "mode": self.mode}
+
+    @classmethod
+    def restored(cls, record: dict, tensors: dict) -> MlpEdit:
+        if record.get("mode") not in MODES:
+            raise ValueError(f"mode {record.get('mode')!r} is none of {', '.join(MODES)}")
+        stream = StreamEdit.restored(record, tensors)
+        return cls(stream.layer, *stream.params, mode=record["mode"])
+
+    @contextmanager
+    def applied(self, model):
+        """Within the block every pass of `model` has the MLP output of `layer` edited."""
+        target = output_module(decoder_layers(module_of(model))[self.layer])
+        handle = target.register_forward_hook(lambda _, args, out: self.erase(out))
+        try:
+            with model_edit(_untouched):  # marks a model edit in force: run_suite refuses to run in one
+                yield
+        finally:
+            handle.remove()
+
+    @classmethod
+    def fitted(
+        cls, outputs: torch.Tensor, control: torch.Tensor, inputs, layer: int, on, mode: str
+    ) -> MlpEdit:
+        """Fitted on the items of folds `on` from `outputs` (N, E: each item's MLP output at its last
+        token) and, for leace, `control` (M, E: each control prompt's), keeping the definitional
+        mean difference of the prompts a keep constraint is fitted on."""
+        chosen = np.isin(inputs.fold, on)
+        z = outputs[torch.as_tensor(chosen)].float()
+        zero = torch.zeros(z.shape[-1], dtype=z.dtype, device=z.device)
+        if mode in ("zero", "mean"):
+            return cls(layer, zero, zero, z.mean(0) if mode == "mean" else zero, mode=mode)
+        x = inputs.covariate[chosen]
+        if mode == "project":
+            u = covariate_directions(z[:, None, None, :], x)[0, 0]
+            return cls(layer, u, u, zero, mode=mode)
+        keep = inputs.keep_rows()
+        g = definitional_directions(
+            control[torch.as_tensor(keep)].float()[:, None, None, :], inputs.control_sign[keep]
+        )
+        along, functional, mean = erasers(z[:, None, None, :], x, g, shrink=True)
+        return cls(layer, along[0, 0], functional[0, 0], mean[0, 0], mode=mode)
+
+
+@torch.inference_mode()
+def mlp_outputs(module, bank: Bank) -> torch.Tensor:
+    """(N, L, E) what each layer's MLP adds to the stream at each sequence's last token."""
+    layers = decoder_layers(module)
+    caught: dict[int, torch.Tensor] = {}
+    hooks = [
+        output_module(layer).register_forward_hook(lambda _, args, out, n=n: caught.__setitem__(n, out))
+        for n, layer in enumerate(layers)
+    ]
+    out = []
+    try:
+        for start in range(0, len(bank.lengths), ROWS):
+            ids, lengths = bank.ids[start : start + ROWS], bank.lengths[start : start + ROWS]
+            mask = (torch.arange(ids.shape[1], device=ids.device)[None] < lengths[:, None]).long()
+            module(input_ids=ids, attention_mask=mask, use_cache=False)
+            last = torch.arange(len(lengths), device=ids.device), lengths - 1
+            out.append(torch.stack([caught[n][last].float() for n in range(len(layers))], 1))
+    finally:
+        for handle in hooks:
+            handle.remove()
+    return torch.cat(out)
+
+
+class Recorded:
+    """The MLP outputs of the items and the control prompts at their last token, recorded on first
+    use (one forward pass of each), and the fit of each mode from them."""
+
+    def __init__(self, module, inputs):
+        self.module, self.inputs, self.outputs = module, inputs, None
+
+    def fit(self, mode: str):
+        """`fit(inputs, layer, folds)` of the MLP edit `mode`, as measure_layers takes it."""
+        if self.outputs is None:
+            self.outputs = (
+                mlp_outputs(self.module, self.inputs.bank),
+                mlp_outputs(self.module, self.inputs.control),
+            )
+        items, control = self.outputs
+        return lambda source, layer, on: MlpEdit.fitted(
+            items[:, layer], control[:, layer], source, layer, on, mode
+        )
+
+
+def measure_mlp(model, recorded: Recorded, mode: str, log=lambda m: None):
+    """Raw values (kind mlp-MODE, k = layer) of `mode` at every layer (stream.measure_layers)."""
+    what = f"MLP output ({mode}) of layer"
+    return measure_layers(model, recorded.inputs, recorded.fit(mode), PREFIX + mode, what, log)

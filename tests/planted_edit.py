@@ -1,0 +1,128 @@
+"""A one-layer Llama whose head L0H0 writes a stereotype feature and a factual-gender feature, for
+the edit tests (issue 52). At the last token ("that") L0H0 attends to the slot and copies three
+things from the slot's embedding into its output, each read by the unembedding as she - he:
+
+  a stereotype feature s = 2c - 1 of an occupation (0 for a gendered noun),
+  a factual feature f = +1 (female noun) / -1 (male noun) (0 for an occupation),
+  NOISE random features of every slot word (seeded), unrelated to either.
+
+Sequences: [BOS, a, WORD, b, THAT] with a in FILLERS_A and b in FILLERS_B (four templates), WORD an
+occupation (the items) or a gendered noun (the control, in the same templates). So an edit of L0H0
+that erases the covariate and keeps the definitional direction removes the stereotype gradient
+and keeps the factual gap; zeroing the head removes both. The other heads write nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import transformers as T
+
+import attnprobe
+from attnprobe.edits.inputs import Inputs, _pairs
+from attnprobe.intervene.engine import record
+from attnprobe.intervene.items import Counterfactual, PatchItem
+from attnprobe.intervene.selection import folds
+
+BOS, SHE, HE, THAT = 0, 1, 2, 3
+FILLERS_A, FILLERS_B = (4, 5), (6, 7)
+OCCUPATIONS = tuple(range(8, 20))
+NOUNS = tuple(range(20, 36))  # 8 pairs: (20 female, 21 male), (22, 23), ...
+BIAS, SLOT, LAST, STEREO, FACT = range(5)
+NOISE = (5, 6, 7, 8)
+OUT_S, OUT_F, OUT_N = 9, 10, 11
+Q, D = 3, 8  # the content dimension of the head (the last rotary pair's first) and head size
+
+
+def planted_edit_model(seed: int = 0):
+    config = T.LlamaConfig(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=4,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=D,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e12},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = T.AutoModelForCausalLM.from_config(config).eval()
+    noise = np.random.default_rng(seed).normal(0, 0.4, (40, len(NOISE)))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+        e = model.model.embed_tokens.weight
+        e[:, BIAS] = 4.0
+        for n, token in enumerate(OCCUPATIONS):
+            e[token, SLOT], e[token, STEREO] = 1.0, 2 * n / (len(OCCUPATIONS) - 1) - 1
+        for n, token in enumerate(NOUNS):
+            e[token, SLOT], e[token, FACT] = 1.0, 1.0 if n % 2 == 0 else -1.0
+        for token in OCCUPATIONS + NOUNS:
+            e[token, list(NOISE)] = torch.tensor(noise[token], dtype=e.dtype)
+        e[THAT, LAST] = 1.0
+        attention = model.model.layers[0].self_attn
+        attention.q_proj.weight[Q, LAST], attention.k_proj.weight[Q, SLOT] = 20.0, 1.0
+        attention.v_proj.weight[0, STEREO], attention.o_proj.weight[OUT_S, 0] = 1.0, 1.0
+        attention.v_proj.weight[1, FACT], attention.o_proj.weight[OUT_F, 1] = 1.0, 1.0
+        for j, dim in enumerate(NOISE):
+            attention.v_proj.weight[2 + j, dim], attention.o_proj.weight[OUT_N, 2 + j] = 1.0, 1.0
+        for out, weight in ((OUT_S, 3.0), (OUT_F, 3.0), (OUT_N, 1.5)):
+            model.lm_head.weight[SHE, out], model.lm_head.weight[HE, out] = weight, -weight
+    attnprobe.attention.capture.enable(model)
+    return model
+
+
+def _sequence(a: int, word: int, b: int) -> torch.Tensor:
+    return torch.tensor([BOS, a, word, b, THAT])
+
+
+def planted_inputs(model, covariates) -> Inputs:
+    """The edit sweep's inputs: the occupation items (`covariates`: per occupation the covariate
+    recorded) and, as the control, every noun in the same four templates (word pairs alternate
+    between the two cross-fitting halves; all may be fitted on). No texts: the items stand in."""
+    items, control, sign, pair, template = [], [], [], [], []
+    for a in FILLERS_A:
+        for b in FILLERS_B:
+            for n, occupation in enumerate(OCCUPATIONS):
+                x = _sequence(a, occupation, b)
+                cf = Counterfactual("person", x, 2, 2)
+                items.append(PatchItem(f"o{n}-{a}-{b}", f"t{a}-{b}", str(occupation), f"o{n}",
+                                       float(covariates[n]), x, (cf,), (SHE,), (HE,)))  # fmt: skip
+            for n, noun in enumerate(NOUNS):
+                control.append(_sequence(a, noun, b))
+                (
+                    sign.append(1.0 if n % 2 == 0 else -1.0),
+                    pair.append(f"p{n // 2}"),
+                    template.append(f"t{a}-{b}"),
+                )
+    fold_of = folds(items)
+    bank, control_bank = record(model, [i.x for i in items]), record(model, control)
+    m = len(control)
+    return Inputs(
+        items=items,
+        fold=np.array([fold_of[i.item_id] for i in items]),
+        n_templates=4,
+        covariate=np.array([i.covariate for i in items]),
+        bank=bank,
+        reference=bank,
+        reference_fold=np.array([fold_of[i.item_id] for i in items]),
+        control=control_bank,
+        control_sign=np.array(sign),
+        control_half=np.array([int(p[1:]) % 2 for p in pair]),
+        control_set=np.full(m, "nouns_templates", dtype=object),
+        control_pair=np.array(pair, dtype=object),
+        control_template=np.array(template, dtype=object),
+        control_fit=np.ones(m, bool),
+        texts=bank,
+        text_is_user=np.zeros(len(items), bool),
+        clean_logp=[],
+        labels=_pairs([((SHE,), (HE,))] * len(items)),
+        control_labels=_pairs([((SHE,), (HE,))] * m),
+    )
