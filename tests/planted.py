@@ -31,17 +31,18 @@ BIAS, SLOT, GENDER, KEY, LAST, IS_SHE, IS_HE, CUE, MOVED, MOVER_OUT, COMPUTER_OU
 Q, D = 7, 16  # the content dimension of each head (the last rotary pair's first) and head size
 
 
-def planted_model(two_movers: bool = False):
-    """`two_movers`: L1H0 and a second mover, L1H3, alike, carry the whole gradient (L0H0, L1H1 and
-    L1H2 write nothing): the circuit {L1H0, L1H3} is the model's whole route."""
+def blank_llama(vocab: int, layers: int, head_dim: int):
+    """A Llama of width 32 with 4 heads a layer whose weights are all 0 (the norms 1): what a planted
+    model writes its features and heads into. Rotary at theta 1e12 turns its last pair by at most
+    1e-9 rad per position (content-only queries and keys there)."""
     config = T.LlamaConfig(
-        vocab_size=32,
+        vocab_size=vocab,
         hidden_size=32,
         intermediate_size=4,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=4,
-        head_dim=D,
+        head_dim=head_dim,
         rope_parameters={"rope_type": "default", "rope_theta": 1e12},
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
@@ -56,6 +57,14 @@ def planted_model(two_movers: bool = False):
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.fill_(1.0)
+    return model
+
+
+def planted_model(two_movers: bool = False):
+    """`two_movers`: L1H0 and a second mover, L1H3, alike, carry the whole gradient (L0H0, L1H1 and
+    L1H2 write nothing): the circuit {L1H0, L1H3} is the model's whole route."""
+    model = blank_llama(32, 2, D)
+    with torch.no_grad():
         e = model.model.embed_tokens.weight
         e[:, BIAS] = 4.0
         for n, token in enumerate(OCCUPATIONS):

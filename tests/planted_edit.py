@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import transformers as T
 
 import attnprobe
 from attnprobe.edits.inputs import Inputs, _pairs
 from attnprobe.intervene.engine import record
 from attnprobe.intervene.items import Counterfactual, PatchItem
 from attnprobe.intervene.selection import folds
+from tests.planted import blank_llama
 
 BOS, SHE, HE, THAT = 0, 1, 2, 3
 FILLERS_A, FILLERS_B = (4, 5), (6, 7)
@@ -35,29 +35,9 @@ Q, D = 3, 8  # the content dimension of the head (the last rotary pair's first) 
 
 
 def planted_edit_model(seed: int = 0):
-    config = T.LlamaConfig(
-        vocab_size=40,
-        hidden_size=32,
-        intermediate_size=4,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        head_dim=D,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e12},
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    model = T.AutoModelForCausalLM.from_config(config).eval()
+    model = blank_llama(40, 1, D)
     noise = np.random.default_rng(seed).normal(0, 0.4, (40, len(NOISE)))
     with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.fill_(1.0)
         e = model.model.embed_tokens.weight
         e[:, BIAS] = 4.0
         for n, token in enumerate(OCCUPATIONS):

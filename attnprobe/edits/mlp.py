@@ -18,20 +18,18 @@ edits_mlp.csv holds a row per mode and layer and each mode's chosen row (stats.e
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import torch
 
-from ..attention.capture import model_edit
 from ..intervene.engine import Bank
 from ..intervene.rerun import ROWS
-from ..model.anatomy import decoder_layers, module_of
+from ..model.anatomy import decoder_layers, layer_mlp
 from ..stats.edits import MLP
 from .estimate import covariate_directions, definitional_directions, erasers
-from .stream import StreamEdit, _untouched, measure_layers
+from .stream import StreamEdit, measure_layers
 
 MODES = ("zero", "mean", "project", "leace")
 PREFIX = MLP  # the raw rows' kind: mlp-MODE
@@ -39,9 +37,22 @@ PREFIX = MLP  # the raw rows' kind: mlp-MODE
 
 def output_module(layer) -> torch.nn.Module:
     """The module whose output a decoder layer adds to the stream after its attention: the post-MLP
-    norm where the layer has one (Gemma 2 and 3), else the MLP."""
+    norm where the layer has one (Gemma 2 and 3: a linear eraser before a norm that scales each
+    dimension would not erase after it), else the MLP (anatomy.layer_mlp)."""
     norm = getattr(layer, "post_feedforward_layernorm", None)
-    return layer.mlp if norm is None else norm
+    return layer_mlp(layer) if norm is None else norm
+
+
+def _replacing(edit):
+    """A forward hook putting `edit.erase(out)` in place of a module's output (an MoE block's extra
+    outputs, e.g. router logits, pass through)."""
+
+    def hook(_, args, output):
+        if isinstance(output, tuple):
+            return (edit.erase(output[0]), *output[1:])
+        return edit.erase(output)
+
+    return hook
 
 
 @dataclass(frozen=True)
@@ -72,16 +83,9 @@ class MlpEdit(StreamEdit):
         stream = StreamEdit.restored(record, tensors)
         return cls(stream.layer, *stream.params, mode=record["mode"])
 
-    @contextmanager
-    def applied(self, model):
-        """Within the block every pass of `model` has the MLP output of `layer` edited."""
-        target = output_module(decoder_layers(module_of(model))[self.layer])
-        handle = target.register_forward_hook(lambda _, args, out: self.erase(out))
-        try:
-            with model_edit(_untouched):  # marks a model edit in force: run_suite refuses to run in one
-                yield
-        finally:
-            handle.remove()
+    def hook(self, layer):
+        """Register the edit on decoder layer `layer`: a hook replacing its MLP's output."""
+        return output_module(layer).register_forward_hook(_replacing(self))
 
     @classmethod
     def fitted(
@@ -108,12 +112,15 @@ class MlpEdit(StreamEdit):
 
 
 @torch.inference_mode()
-def mlp_outputs(module, bank: Bank) -> torch.Tensor:
-    """(N, L, E) what each layer's MLP adds to the stream at each sequence's last token."""
+def last_mlp_outputs(module, bank: Bank) -> torch.Tensor:
+    """(N, L, E) what each layer's MLP adds to the stream at each sequence's last token (a pass of its
+    own: a bank records the MLP modules' outputs, before Gemma's post-MLP norm)."""
     layers = decoder_layers(module)
     caught: dict[int, torch.Tensor] = {}
     hooks = [
-        output_module(layer).register_forward_hook(lambda _, args, out, n=n: caught.__setitem__(n, out))
+        output_module(layer).register_forward_hook(
+            lambda _, args, out, n=n: caught.__setitem__(n, out[0] if isinstance(out, tuple) else out)
+        )
         for n, layer in enumerate(layers)
     ]
     out = []
@@ -140,9 +147,8 @@ class Recorded:
     def fit(self, mode: str):
         """`fit(inputs, layer, folds)` of the MLP edit `mode`, as measure_layers takes it."""
         if self.outputs is None:
-            self.outputs = (
-                mlp_outputs(self.module, self.inputs.bank),
-                mlp_outputs(self.module, self.inputs.control),
+            self.outputs = tuple(
+                last_mlp_outputs(self.module, b) for b in (self.inputs.bank, self.inputs.control)
             )
         items, control = self.outputs
         return lambda source, layer, on: MlpEdit.fitted(

@@ -81,20 +81,23 @@ class StreamEdit:
             raise ValueError(f"layer {layer} is not one of the model's")
         return cls(int(layer), tensors["along"], tensors["functional"], tensors["mean"])
 
-    @contextmanager
-    def applied(self, model):
-        """Within the block every pass of `model` (a ProbeModel or its module) has the stream
-        entering `layer` erased. A pre-hook registered after another one (patching's recorded
-        state, `skipping`) erases what that one put in."""
-        module = module_of(model)
-        layer = decoder_layers(module)[self.layer]
+    def hook(self, layer):
+        """Register the edit on decoder layer `layer`: a pre-hook erasing the stream entering it. A
+        pre-hook registered after another one (patching's recorded state, `skipping`) erases what
+        that one put in."""
 
         def erase(_, args, kwargs):
             if args:
                 return (self.erase(args[0]), *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": self.erase(kwargs["hidden_states"])}
 
-        handle = layer.register_forward_pre_hook(erase, with_kwargs=True)
+        return layer.register_forward_pre_hook(erase, with_kwargs=True)
+
+    @contextmanager
+    def applied(self, model):
+        """Within the block every pass of `model` (a ProbeModel or its module) has the edit at its
+        layer (`hook`)."""
+        handle = self.hook(decoder_layers(module_of(model))[self.layer])
         try:
             with model_edit(_untouched):  # marks a model edit in force: run_suite refuses to run in one
                 yield

@@ -34,15 +34,16 @@ def decoder_layers(model) -> torch.nn.ModuleList:
     )
 
 
+def layer_mlp(layer) -> torch.nn.Module | None:
+    """A decoder layer's MLP (by the names families use), or None."""
+    return next(
+        (getattr(layer, n) for n in MLP_NAMES if isinstance(getattr(layer, n, None), torch.nn.Module)), None
+    )
+
+
 def mlp_modules(model) -> list[torch.nn.Module] | None:
     """Each decoder layer's MLP (by the names families use), or None when a layer has none of them."""
-    found = [
-        next(
-            (getattr(layer, n) for n in MLP_NAMES if isinstance(getattr(layer, n, None), torch.nn.Module)),
-            None,
-        )
-        for layer in decoder_layers(model)
-    ]
+    found = [layer_mlp(layer) for layer in decoder_layers(model)]
     return found if found and all(m is not None for m in found) else None
 
 

@@ -13,7 +13,7 @@ import torch
 
 import attnprobe
 from attnprobe.edits import edited, load_edit
-from attnprobe.edits.mlp import MODES, MlpEdit, mlp_outputs
+from attnprobe.edits.mlp import MODES, MlpEdit, last_mlp_outputs
 from attnprobe.intervene.engine import record
 from attnprobe.stats.edits import MLP, stream_table
 
@@ -34,7 +34,7 @@ def _inputs(tiny, n=600, seed=0):
         torch.randint(1, vocab, (int(t),), generator=g) for t in torch.randint(3, 9, (n,), generator=g)
     ]
     bank = record(tiny.model, sequences)
-    outputs = mlp_outputs(tiny.model, bank)[:, LAYER].double()
+    outputs = last_mlp_outputs(tiny.model, bank)[:, LAYER].double()
     w = torch.linalg.svd(outputs - outputs.mean(0), full_matrices=False).Vh[0]
     x = (outputs - outputs.mean(0)) @ w / (outputs @ w).std() + 0.3 * torch.randn(
         n, generator=g, dtype=torch.float64
@@ -53,7 +53,11 @@ def _inputs(tiny, n=600, seed=0):
         control_half=half,
         keep_rows=lambda: half == 0,
     )
-    return inputs, mlp_outputs(tiny.model, bank)[:, LAYER], mlp_outputs(tiny.model, control)[:, LAYER]
+    return (
+        inputs,
+        last_mlp_outputs(tiny.model, bank)[:, LAYER],
+        last_mlp_outputs(tiny.model, control)[:, LAYER],
+    )
 
 
 def test_each_mode_changes_the_mlp_output_as_it_says(tiny):
@@ -78,7 +82,7 @@ def test_each_mode_changes_the_mlp_output_as_it_says(tiny):
     assert (delta(erased) - delta(control.double())).norm() <= 0.01 * delta(control.double()).norm()
     # applied to the model, the layer's MLP output is the erased one at every position
     with edited(tiny, fitted["zero"]):
-        assert mlp_outputs(tiny.model, inputs.bank)[:, LAYER].abs().max() == 0
+        assert last_mlp_outputs(tiny.model, inputs.bank)[:, LAYER].abs().max() == 0
     assert not torch.equal(z, torch.zeros_like(z))
 
 
@@ -106,3 +110,31 @@ def test_the_mlp_table_recomputes_and_its_chosen_edits_apply(swept_run, tiny, tm
         assert loaded.edit.mode == mode and loaded.record["mode"] == mode
         with edited(tiny, loaded):
             assert not torch.allclose(tiny.model(input_ids=ids).logits, clean, atol=1e-6), mode
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gpt2"])
+def test_the_mlp_site_is_what_the_layer_adds_to_the_stream(family):
+    """Llama and GPT-2 add their MLP's output; Gemma 3 adds it after a norm that scales each dimension,
+    so the edit sits after that norm (an eraser before it would not erase). The site's output is not
+    zero, and zeroing it changes what the layer passes on."""
+    from conftest import build_tiny
+
+    from attnprobe.edits.mlp import output_module
+    from attnprobe.model.anatomy import decoder_layers
+
+    model = build_tiny(family)
+    layer = decoder_layers(model)[0]
+    site = output_module(layer)
+    assert site is (layer.post_feedforward_layernorm if family == "gemma3" else layer.mlp)
+    ids = torch.tensor([[5, 9, 13, 2, 7]])
+    caught = []
+    handle = site.register_forward_hook(lambda _, args, out: caught.append(out))
+    width = model.config.get_text_config().hidden_size
+    zero = MlpEdit(0, *(torch.zeros(width) for _ in range(3)), mode="zero")
+    with edited(model, zero):
+        model(input_ids=ids)
+    handle.remove()
+    assert caught[0].abs().max() > 0  # the site's own output, before the edit replaced it
+    with edited(model, zero):
+        zeroed = model(input_ids=ids, output_hidden_states=True).hidden_states[1]
+    assert not torch.allclose(zeroed, model(input_ids=ids, output_hidden_states=True).hidden_states[1])

@@ -54,3 +54,39 @@ def test_the_joint_terms_find_a_planted_half_removed_and_a_kept_factual_term():
     amplified = edit_terms(*_frames(1, removed=0.5, kept=1.4), "nouns")
     assert amplified["nouns_specificity"] == pytest.approx(0.5 - 0.4, abs=0.06)
     assert amplified["nouns_specificity_ci_high"] < out["nouns_specificity_ci_low"]
+
+
+def test_the_goal_names_each_condition_an_edit_misses():
+    from attnprobe.stats.keeping.goal import failures, goal_table
+
+    met = {
+        "nouns_templates_stereotype_removed": 0.6,
+        "nouns_templates_stereotype_removed_ci_low": 0.3,
+        "definitional_accuracy_after": 0.995,
+        "definitional_offset": -0.05,
+        "placebo_p": 0.005,
+        "kl_ci_high": 0.0008,
+        **{
+            f"{s}_factual_kept{e}": v
+            for s in ("nouns_templates", "names_templates")
+            for e, v in (("", 1.0), ("_ci_low", 0.85), ("_ci_high", 1.15))
+        },
+    }
+    assert failures(pd.Series(met)) == []
+    misses = {
+        "nouns_templates_stereotype_removed_ci_low": (0.2, "stereotype removed"),
+        "names_templates_factual_kept_ci_high": (1.25, "names kept"),
+        "nouns_templates_factual_kept": (1.12, "nouns kept"),
+        "definitional_accuracy_after": (0.98, "accuracy"),
+        "definitional_offset": (0.15, "offset"),
+        "placebo_p": (0.02, "placebo p"),
+        "kl_ci_high": (0.002, "KL upper"),
+    }
+    for column, (value, words) in misses.items():
+        (fail,) = failures(pd.Series({**met, column: value}))
+        assert fail.startswith(words), (column, fail)
+    assert failures(pd.Series({k: v for k, v in met.items() if k != "placebo_p"})) == ["placebo not run"]
+    table = goal_table(
+        pd.DataFrame([met, {**met, "kl_ci_high": 0.01}]).assign(kind=["leace", "zero"], k=1), pd.DataFrame()
+    )
+    assert list(table["goal_met"]) == [True, False] and table["fails"].iloc[1].startswith("KL upper")
