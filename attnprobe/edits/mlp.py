@@ -31,8 +31,7 @@ from ..stats.edits import MLP
 from .estimate import covariate_directions, definitional_directions, erasers
 from .stream import StreamEdit, measure_layers
 
-MODES = ("zero", "mean", "project", "leace")
-PREFIX = MLP  # the raw rows' kind: mlp-MODE
+MODES = ("zero", "mean", "project", "leace")  # the raw rows' kind: MLP + mode ("mlp-leace")
 
 
 def output_module(layer) -> torch.nn.Module:
@@ -159,4 +158,4 @@ class Recorded:
 def measure_mlp(model, recorded: Recorded, mode: str, log=lambda m: None):
     """Raw values (kind mlp-MODE, k = layer) of `mode` at every layer (stream.measure_layers)."""
     what = f"MLP output ({mode}) of layer"
-    return measure_layers(model, recorded.inputs, recorded.fit(mode), PREFIX + mode, what, log)
+    return measure_layers(model, recorded.inputs, recorded.fit(mode), MLP + mode, what, log)

@@ -91,7 +91,7 @@ def _control_set(y0, y1, sign, units, rows, prefix: str) -> dict:
 
 
 def specificity_columns(row: dict) -> dict:
-    """Specificity where the control has no phrases in the items' templates (with them: _joint's):
+    """Specificity where the control has no phrases in the items' templates (with them: joint_columns'):
     the gradient share removed minus how far the definitional gap moved either way, |1 - gap kept|
     (an amplified gap is damage too), its CI half-width from the two half-widths in quadrature (the
     two are estimated on disjoint prompts: the items and the control)."""

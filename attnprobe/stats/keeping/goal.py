@@ -66,8 +66,10 @@ COLUMNS = {
 def goal_table(edits: pd.DataFrame, stream: pd.DataFrame, mlp: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per edit (head kinds per k; the stream and the MLP outputs per layer and chosen): the
     goal's columns with their CIs, the offset, the uncentred accuracy, the placebo's p and floor, the
-    readout R2 after, KL's upper bound, and `fails` (the conditions missed; empty: goal met),
-    sorted by how few conditions fail, then by specificity."""
+    readout R2 after, KL's upper bound, and `fails` (the conditions missed; empty: goal met). The
+    closest first: those removing at least REMOVED of the stereotype term, then by how few
+    conditions fail, then by specificity (an edit removing nothing misses few conditions, but not
+    the one the goal is for)."""
     frames = [edits.assign(site="heads", size=edits.get("k"))]
     for site, table in (("stream", stream), ("mlp", mlp)):
         if table is not None and len(table):
@@ -86,6 +88,6 @@ def goal_table(edits: pd.DataFrame, stream: pd.DataFrame, mlp: pd.DataFrame | No
     out["n_fails"] = [len(f) for f in fails]
     out["fails"] = ["; ".join(f) for f in fails]
     out["goal_met"] = out["n_fails"] == 0
-    return out.sort_values(["n_fails", "specificity"], ascending=[True, False], kind="stable").reset_index(
-        drop=True
-    )
+    out["removes"] = out["stereotype_removed"] >= REMOVED
+    order = ["removes", "n_fails", "specificity"]
+    return out.sort_values(order, ascending=[False, True, False], kind="stable").reset_index(drop=True)
