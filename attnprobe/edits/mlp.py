@@ -32,6 +32,7 @@ from .estimate import covariate_directions, definitional_directions, erasers
 from .stream import StreamEdit, measure_layers
 
 MODES = ("zero", "mean", "project", "leace")  # the raw rows' kind: MLP + mode ("mlp-leace")
+COVARIATE_MODES = ("project", "leace")  # fitted on the covariate: these have a placebo
 
 
 def output_module(layer) -> torch.nn.Module:

@@ -480,7 +480,7 @@ def test_the_placebo_and_the_readout_after_the_edit(tiny_llama_dir, tmp_path):
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
     assert CliRunner().invoke(main, args).exit_code == 0
     sweep = ["edit", str(out), "--kinds", "zero,leace", "--k", "1", "--draws", "0", "--alone", "0"]
-    result = CliRunner().invoke(main, [*sweep, "--texts", "2", "--placebo", "9", "--stream"])
+    result = CliRunner().invoke(main, [*sweep, "--texts", "2", "--placebo", "9", "--stream", "--mlp"])
     assert result.exit_code == 0, result.output
     placebo = pd.read_csv(out / "edits_placebo.csv")
     stream = pd.read_csv(out / "edits_stream.csv")
@@ -490,7 +490,13 @@ def test_the_placebo_and_the_readout_after_the_edit(tiny_llama_dir, tmp_path):
         chosen.gradient_removed, row.gradient_removed
     )
     assert stream.loc[~stream["chosen"], "placebo_p"].isna().all()
-    placebo = placebo[placebo["kind"] != "stream-chosen"]
+    # each MLP mode fitted on the covariate likewise (zero and mean are not: no placebo)
+    mlp = pd.read_csv(out / "edits_mlp.csv").set_index("kind")
+    for mode in ("project", "leace"):
+        row = placebo.set_index("kind").loc[f"mlp-{mode}-chosen"]
+        assert np.isclose(mlp.loc[f"mlp-{mode}-chosen", "placebo_p"], row.placebo_p) and row.n_placebo == 9
+    assert mlp.loc[["mlp-zero-chosen", "mlp-mean-chosen"], "placebo_p"].isna().all()
+    placebo = placebo[~placebo["kind"].str.endswith("-chosen")]
     assert list(placebo["kind"]) == ["leace"] and list(placebo["n_placebo"]) == [9]
     assert np.allclose(placebo["placebo_p_floor"], 0.1) and placebo["placebo_p"].between(0.1, 1).all()
     raw = pd.read_parquet(out / "edits_items.parquet")

@@ -143,6 +143,7 @@ def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_item
     assert "attnprobe edit --paths" in html and "Senders into each head" in html  # and the paths tables
     assert "value input from the occupation" in html
     assert "becomes linearly readable" in html  # and the readout
+    assert "The debiasing goal, per edit" in html and "none meets every condition" in html  # and the goal
 
 
 def test_tracing_recomputes_and_is_exact_where_the_answer_is_known(swept_run):

@@ -40,8 +40,8 @@ from ..analyses.tracing import measure_tracing, tracing_table
 from ..analyses.transfer import ALSO_K, transfer, transfer_suites
 from ..inputs import check_text, record_inputs
 from ..kinds import KINDS
-from ..mlp import MODES, Recorded, measure_mlp
-from ..stream import measure_stream
+from ..mlp import COVARIATE_MODES, MODES, Recorded, measure_mlp
+from ..stream import StreamEdit, measure_stream
 from .fitted import save_chosen, save_mlp, save_stream
 from .measure import GradientScores, clean_values, found_sets, measure_kind
 from .options import EditOptions, listed_heads, settings_hash
@@ -202,11 +202,14 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         frames += _head_parts(part, key, model, options, inputs, sets, scores["all"], H, log)
         if options.stream:
             frames.append(part(STREAM, lambda: measure_stream(model, inputs, log)))
-            frames += _stream_placebo(part, key, model, options, inputs, frames, log)
+            frames += _layer_placebo(part, key, model, options, inputs, frames, STREAM, StreamEdit.fit, log)
         if options.mlp:
             recorded = Recorded(model.model, inputs)  # the MLP outputs, recorded if a mode is measured
             for mode in MODES:
                 frames.append(part(MLP + mode, lambda m=mode: measure_mlp(model, recorded, m, log)))
+                if mode in COVARIATE_MODES:
+                    fit = recorded.fit(mode)
+                    frames += _layer_placebo(part, key, model, options, inputs, frames, MLP + mode, fit, log)
         if options.trace:
             traced = part("trace", lambda: measure_tracing(model, inputs, word, log), described=False)
         if options.paths:
@@ -251,16 +254,17 @@ def _head_parts(part, key: str, model, options, inputs, sets, scores, H: int, lo
     return frames
 
 
-def _stream_placebo(part, key: str, model, options, inputs, frames: list, log) -> list[pd.DataFrame]:
-    """The stream's placebo at the layers the sweep chose (none without --placebo)."""
+def _layer_placebo(part, key: str, model, options, inputs, frames: list, name: str, fit, log) -> list:
+    """A per-layer edit's placebo (the stream's, an MLP mode's: `name`, fitted by `fit`) at the layers
+    the sweep chose (none without --placebo); frames[-1] is that edit's part."""
     if not options.placebo:
         return []
-    measured = pd.concat([frames[0], frames[-1]], ignore_index=True)  # the clean values and the stream's
+    measured = pd.concat([frames[0], frames[-1]], ignore_index=True)  # the clean values and the edit's
     per_layer, _ = edit_tables(measured)
-    chosen = chosen_layers(measured, per_layer)
-    plan = hashlib.sha256(f"{key} stream {sorted(chosen.items(), key=str)} {options.placebo}".encode())
-    placebo = lambda: measure_stream_placebo(model, inputs, chosen, options, log)
-    return [part("placebo-stream", placebo, plan.hexdigest()[:16])]
+    chosen = chosen_layers(measured, per_layer, name)
+    plan = hashlib.sha256(f"{key} {name} {sorted(chosen.items(), key=str)} {options.placebo}".encode())
+    placebo = lambda: measure_stream_placebo(model, inputs, chosen, options, log, fit, name)
+    return [part(f"placebo-{name}", placebo, plan.hexdigest()[:16])]
 
 
 def _gradient_scores(run, items, inputs, word: str, L: int, H: int) -> tuple[dict, object]:
@@ -293,8 +297,10 @@ def _write_sweep(
         p = placebo.drop(columns="gradient_removed")
         summary = summary.merge(p, on=["kind", "k"], how="left")
         if len(stream):
-            p = p[p["kind"] == STREAM_CHOSEN].drop(columns=["kind", "k"]).assign(chosen=True)
-            stream = stream.merge(p, on="chosen", how="left") if len(p) else stream
+            mine = p[p["kind"] == STREAM_CHOSEN].drop(columns=["kind", "k"]).assign(chosen=True)
+            stream = stream.merge(mine, on="chosen", how="left") if len(mine) else stream
+        if len(mlp):  # each mode's chosen row (kind mlp-MODE-chosen)
+            mlp = mlp.merge(p[p["kind"].str.startswith(MLP)].drop(columns="k"), on="kind", how="left")
     write_table(directory, "edits", summary)
     write_table(directory, "edits_goal", goal_table(summary, stream, mlp))
     write_table(directory, "edits_draws", draws)

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ...heads import HeadSet
-from ...stats.edits import STREAM_CHOSEN
+from ...stats.edits import STREAM
 from ...stats.placebo import PLACEBO_PREFIX as PREFIX  # the raw rows' kind: placebo-KIND
 from ..kinds import KINDS
 from ..passes import raw_rows
@@ -67,11 +67,14 @@ def measure_placebo(
     return out.assign(heads="", heads_all="")
 
 
-def measure_stream_placebo(model, inputs, chosen: dict, options, log=lambda m: None) -> pd.DataFrame:
+def measure_stream_placebo(
+    model, inputs, chosen: dict, options, log=lambda m: None, fit=StreamEdit.fit, name: str = STREAM
+) -> pd.DataFrame:
     """The stream's placebo: raw bias rows (kind placebo-stream-chosen, k the layer chosen on every
     item, draw d) of each quarter's items with the stream erased at the layer chosen for the quarter
     (`chosen`: quarter -> layer, stats.edits.chosen_layers) by the eraser refitted on its training
-    quarters with permutation d of the covariate."""
+    quarters with permutation d of the covariate. Any per-layer edit `name` alike (`fit(inputs,
+    layer, folds)`: an MLP mode's, edits.mlp), its rows of kind placebo-NAME-chosen."""
     units, rng = [i.unit for i in inputs.items], np.random.default_rng(options.seed + 1)
     quarters = [f for f in range(4) if f in chosen]
     frames = []
@@ -79,11 +82,11 @@ def measure_stream_placebo(model, inputs, chosen: dict, options, log=lambda m: N
         fake = replace(inputs, covariate=permuted(inputs.covariate, units, rng))
         y = np.full(len(inputs.items), np.nan)
         for layer in sorted({chosen[f] for f in quarters}):  # one pass per layer some quarter chose
-            fitted = [StreamEdit.fit(fake, layer, inputs.training(f)) for f in range(4)]
+            fitted = [fit(fake, layer, inputs.training(f)) for f in range(4)]
             read = stream_behaviour(model.model, inputs.bank, per_row(fitted, inputs.fold), inputs.labels)
             mine = np.isin(inputs.fold, [f for f in quarters if chosen[f] == layer])
             y[mine] = read[mine]
         keys = [(chosen["all"], d, i) for i in np.flatnonzero(np.isfinite(y))]
         frames.append(raw_rows("bias", keys, y=y[np.isfinite(y)]))
-        _progress(log, "edit: the stream's placebo, {done} of {n} permutations", d, options.placebo)
-    return pd.concat(frames, ignore_index=True).assign(kind=PREFIX + STREAM_CHOSEN, heads="", heads_all="")
+        _progress(log, f"edit: {name}'s placebo, {{done}} of {{n}} permutations", d, options.placebo)
+    return pd.concat(frames, ignore_index=True).assign(kind=f"{PREFIX}{name}-chosen", heads="", heads_all="")
