@@ -144,6 +144,11 @@ class Recorded:
     def __init__(self, module, inputs):
         self.module, self.inputs, self.outputs = module, inputs, None
 
+    def site(self, layer: int) -> torch.Tensor:
+        """(N, E) each item's MLP output of `layer` at its last token."""
+        self.fit("zero")  # recorded on first use
+        return self.outputs[0][:, layer]
+
     def fit(self, mode: str):
         """`fit(inputs, layer, folds)` of the MLP edit `mode`, as measure_layers takes it."""
         if self.outputs is None:
@@ -159,4 +164,5 @@ class Recorded:
 def measure_mlp(model, recorded: Recorded, mode: str, log=lambda m: None):
     """Raw values (kind mlp-MODE, k = layer) of `mode` at every layer (stream.measure_layers)."""
     what = f"MLP output ({mode}) of layer"
-    return measure_layers(model, recorded.inputs, recorded.fit(mode), MLP + mode, what, log)
+    fit = recorded.fit(mode)
+    return measure_layers(model, recorded.inputs, fit, recorded.site, MLP + mode, what, log)

@@ -179,15 +179,20 @@ def per_row(fitted: list[StreamEdit], which) -> StreamEdit:
 def measure_stream(model, inputs, log=lambda m: None) -> pd.DataFrame:
     """Raw values (as sweep.measure_kind's; kind "stream", k = layer) of the stream erased at every
     layer."""
-    return measure_layers(model, inputs, StreamEdit.fit, NAME, "stream erased entering layer", log)
+    site = lambda layer: last_states(inputs.bank, layer)[:, 0, 0]
+    return measure_layers(model, inputs, StreamEdit.fit, site, NAME, "stream erased entering layer", log)
 
 
-def measure_layers(model, inputs, fit, name: str, what: str, log=lambda m: None) -> pd.DataFrame:
+def measure_layers(model, inputs, fit, site, name: str, what: str, log=lambda m: None) -> pd.DataFrame:
     """Raw values (kind `name`, k = layer) of a per-layer edit (`fit(inputs, layer, folds)`: a
     StreamEdit) at every layer: bias on every item (its quarter's edit, fitted on the quarter's
     training quarters), texts (the all-items edit) and control prompts (the all-items edit whose
     keep constraint was fitted on the other half of the control's words; a prompt no fit used: the
-    one fitted on half 0)."""
+    one fitted on half 0); and the covariate read on held-out items from `site(layer)` (N, E: the
+    edited vector at each item's last token) before and after its quarter's edit
+    (sweep.erased)."""
+    from .sweep.erased import layer_readout_rows  # the sweep's module (it imports this one)
+
     module = model.model
     frames = []
     every = np.arange(4)
@@ -205,6 +210,7 @@ def measure_layers(model, inputs, fit, name: str, what: str, log=lambda m: None)
             raw_rows("bias", [(layer, -1, i) for i in range(n)], y=y),
             raw_rows("control", [(layer, -1, i) for i in range(m)], y=y_control),
             raw_rows("text", [(layer, -1, i) for i in range(len(kl))], kl=kl, loss=loss),
+            *layer_readout_rows(site(layer), quarters, inputs, layer),
         ]
         log(f"edit: {what} {layer} of {model.info.n_layers}")
     out = pd.concat(frames, ignore_index=True)

@@ -101,6 +101,10 @@ def test_the_mlp_table_recomputes_and_its_chosen_edits_apply(swept_run, tiny, tm
             assert np.allclose(table[column], mine[column], rtol=1e-9, atol=1e-12), (mode, column)
     zeroed = written[(written["kind"] == MLP + "zero") & ~written["chosen"]]
     assert (zeroed["kl"] > 0).all()  # removing an MLP's output costs something
+    # the erasure checked after the fact at each layer's site: a zeroed output holds nothing to read
+    assert written["readout_r2_before"].notna().all() and (zeroed["readout_r2_after"] <= 0.01).all()
+    stream = pd.read_csv(out / "edits_stream.csv")
+    assert stream["readout_r2_after"].notna().all()
     goal = pd.read_csv(out / "edits_goal.csv")
     assert set(goal["site"]) == {"heads", "stream", "mlp"} and goal["fails"].notna().all()
     ids = torch.tensor([tiny.tokenizer("The nurse said that she")["input_ids"]])

@@ -49,6 +49,8 @@ from .permuted import measure_placebo, measure_stream_placebo, placebo_kinds
 from .single import NAME as SINGLE
 from .single import measure_single
 
+LAYER_PARTS = "readout"  # the stream's and the MLPs' parts hold the readout after the edit
+
 
 def _run_and_suite(directory: Path):
     run = RunFiles(directory)
@@ -201,12 +203,13 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     with deferred_interrupt(log):  # one Ctrl-C stops the sequence after the part in progress
         frames += _head_parts(part, key, model, options, inputs, sets, scores["all"], H, log)
         if options.stream:
-            frames.append(part(STREAM, lambda: measure_stream(model, inputs, log)))
+            frames.append(part(STREAM, lambda: measure_stream(model, inputs, log), f"{key}:{LAYER_PARTS}"))
             frames += _layer_placebo(part, key, model, options, inputs, frames, STREAM, StreamEdit.fit, log)
         if options.mlp:
             recorded = Recorded(model.model, inputs)  # the MLP outputs, recorded if a mode is measured
             for mode in MODES:
-                frames.append(part(MLP + mode, lambda m=mode: measure_mlp(model, recorded, m, log)))
+                measure = lambda m=mode: measure_mlp(model, recorded, m, log)
+                frames.append(part(MLP + mode, measure, f"{key}:{LAYER_PARTS}"))
                 if mode in COVARIATE_MODES:
                     fit = recorded.fit(mode)
                     frames += _layer_placebo(part, key, model, options, inputs, frames, MLP + mode, fit, log)

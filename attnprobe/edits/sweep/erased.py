@@ -1,7 +1,8 @@
 """Erasure checked after the fact: can the covariate still be read from the edited site? Per quarter,
-a ridge readout of the covariate from the found heads' outputs at the prediction position is fitted
-on the training quarters' items and read on the quarter's own items, from the outputs as they are
-(before) and as the quarter's edit makes them (after). The outputs are the recorded ones with the
+a ridge readout of the covariate from the found heads' outputs at the prediction position (for a
+per-layer edit: the stream entering its layer, the layer's MLP output) is fitted on the training
+quarters' items and read on the quarter's own items, from the outputs as they are (before) and as
+the quarter's edit makes them (after). The outputs are the recorded ones with the
 edit applied at its heads: an edit of several layers does not pass its changes on to the later
 heads here (exact for heads of one layer). stats.edits turns the held-out readings into R2.
 """
@@ -48,6 +49,21 @@ def ridge_readout(train: np.ndarray, x: np.ndarray, test: np.ndarray) -> np.ndar
     return x_mean + (test - mean) @ (vt.T @ (best[1] * uy))
 
 
+def _held_out_reads(features, inputs, k: int) -> tuple[list, list]:
+    """(keys (k, -1, item), the covariate read on each held-out item): each quarter f read by a
+    readout fitted on its training quarters, from `features(f)` (N, D)."""
+    keys, values = [], []
+    for f in range(4):
+        held = np.flatnonzero(inputs.fold == f)
+        train = np.flatnonzero(np.isin(inputs.fold, inputs.training(f)))
+        if not len(held) or not len(train):
+            continue
+        site = features(f)
+        keys += [(k, -1, int(i)) for i in held]
+        values += list(ridge_readout(site[train], inputs.covariate[train], site[held]))
+    return keys, values
+
+
 def readout_rows(last: torch.Tensor, inputs, edits: tuple, sets: dict):
     """Raw rows (targets readout_before and readout_after; k, draw -1, item index; y: the covariate
     read on the held-out item) of every k, each quarter read by a readout fitted on its training
@@ -56,14 +72,22 @@ def readout_rows(last: torch.Tensor, inputs, edits: tuple, sets: dict):
     for target, edited in (("readout_before", False), ("readout_after", True)):
         keys, values = [], []
         for k, per_fold in sets.items():
-            for f in range(4):
-                held = np.flatnonzero(inputs.fold == f)
-                train = np.flatnonzero(np.isin(inputs.fold, inputs.training(f)))
-                if not len(held) or not len(train):
-                    continue
-                features = site_features(last, per_fold[f], edits[f] if edited else None)
-                read = ridge_readout(features[train], inputs.covariate[train], features[held])
-                keys += [(k, -1, int(i)) for i in held]
-                values += list(read)
+            features = lambda f, chosen=per_fold, edited=edited: site_features(
+                last, chosen[f], edits[f] if edited else None
+            )
+            read = _held_out_reads(features, inputs, k)
+            keys, values = keys + read[0], values + read[1]
         frames.append(raw_rows(target, keys, y=np.array(values, dtype=float)))
+    return frames
+
+
+def layer_readout_rows(site: torch.Tensor, quarters, inputs, layer: int):
+    """The same for a per-layer edit (the stream's, an MLP's; k = `layer`): `site` (N, E) each
+    item's vector at its last token, `quarters` the edit with each item's quarter's parameters."""
+    before = site.double().cpu().numpy()
+    after = quarters.erase(site[:, None, :])[:, 0, :].double().cpu().numpy()
+    frames = []
+    for target, features in (("readout_before", before), ("readout_after", after)):
+        keys, read = _held_out_reads(lambda f, v=features: v, inputs, layer)
+        frames.append(raw_rows(target, keys, y=np.array(read, dtype=float)))
     return frames
