@@ -321,6 +321,16 @@ def stream_table(raw: pd.DataFrame, kind: str = STREAM) -> tuple[pd.DataFrame, p
     return table[keep], rows
 
 
+def mlp_tables(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(edits_mlp: per MLP mode (raw kind mlp-MODE, edits.mlp) its rows per layer and its chosen row;
+    the chosen raw rows), both empty without MLP edits."""
+    modes = [kind for kind in raw["kind"].unique() if str(kind).startswith(MLP)]
+    tables = [stream_table(raw, kind) for kind in modes]
+    if not tables:
+        return pd.DataFrame(), raw.iloc[:0]
+    return pd.concat([t for t, _ in tables], ignore_index=True), pd.concat([c for _, c in tables])
+
+
 def chosen_layers(raw: pd.DataFrame, per_layer: pd.DataFrame, kind: str = STREAM) -> dict:
     """quarter -> layer, and "all" -> layer: among the layers whose all-items eraser keeps at least
     GAP_KEPT of the definitional gap with KL's upper bound at most KL_MAX, the one removing the

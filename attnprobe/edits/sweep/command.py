@@ -28,6 +28,7 @@ from ...stats.edits import (
     chosen_layers,
     edit_tables,
     head_table,
+    mlp_tables,
     quarter_table,
     stream_table,
 )
@@ -42,7 +43,7 @@ from ..inputs import check_text, record_inputs
 from ..kinds import KINDS
 from ..mlp import COVARIATE_MODES, MODES, Recorded, measure_mlp
 from ..stream import StreamEdit, measure_stream
-from .fitted import save_chosen, save_mlp, save_stream
+from .fitted import save_chosen, save_layers
 from .measure import GradientScores, clean_values, found_sets, measure_kind
 from .options import EditOptions, listed_heads, settings_hash
 from .permuted import measure_placebo, measure_stream_placebo, placebo_kinds
@@ -202,17 +203,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     frames = [_describe(clean_values(model, inputs), inputs)]
     with deferred_interrupt(log):  # one Ctrl-C stops the sequence after the part in progress
         frames += _head_parts(part, key, model, options, inputs, sets, scores["all"], H, log)
-        if options.stream:
-            frames.append(part(STREAM, lambda: measure_stream(model, inputs, log), f"{key}:{LAYER_PARTS}"))
-            frames += _layer_placebo(part, key, model, options, inputs, frames, STREAM, StreamEdit.fit, log)
-        if options.mlp:
-            recorded = Recorded(model.model, inputs)  # the MLP outputs, recorded if a mode is measured
-            for mode in MODES:
-                measure = lambda m=mode: measure_mlp(model, recorded, m, log)
-                frames.append(part(MLP + mode, measure, f"{key}:{LAYER_PARTS}"))
-                if mode in COVARIATE_MODES:
-                    fit = recorded.fit(mode)
-                    frames += _layer_placebo(part, key, model, options, inputs, frames, MLP + mode, fit, log)
+        frames += _layer_parts(part, key, model, options, inputs, frames[0], log)
         if options.trace:
             traced = part("trace", lambda: measure_tracing(model, inputs, word, log), described=False)
         if options.paths:
@@ -228,10 +219,9 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         log("paths: the covariate's linear readout per layer at the unit (readout.csv)")
         write_readout(directory, model, suite)
     saved = save_chosen(directory, m, model, weights, inputs, sets, options, source={"reference": word})
-    if len(stream):
-        saved += save_stream(directory, m, model, weights, inputs, options, stream, raw, {"reference": word})
-    if len(mlp):
-        saved += save_mlp(directory, m, model, weights, inputs, options, mlp, raw, {"reference": word})
+    saved += save_layers(
+        directory, m, model, weights, inputs, options, (stream, mlp), raw, {"reference": word}
+    )
     for note in dict.fromkeys(n for n in summary.get("note", []) if n):
         log(f"note: {note}")
     log(
@@ -255,6 +245,24 @@ def _head_parts(part, key: str, model, options, inputs, sets, scores, H: int, lo
         placebo = lambda: measure_placebo(model, refit, options, inputs, sets, H, log)
         frames.append(part("placebo", placebo, subkey(refit, options.placebo)))
     return frames
+
+
+def _layer_parts(part, key: str, model, options, inputs, clean: pd.DataFrame, log) -> list[pd.DataFrame]:
+    """The per-layer edits' parts: the stream's (--stream) and each MLP mode's (--mlp), each with its
+    placebo where it is fitted on the covariate (--placebo)."""
+    frames = [clean]
+    if options.stream:
+        frames.append(part(STREAM, lambda: measure_stream(model, inputs, log), f"{key}:{LAYER_PARTS}"))
+        frames += _layer_placebo(part, key, model, options, inputs, frames, STREAM, StreamEdit.fit, log)
+    if options.mlp:
+        recorded = Recorded(model.model, inputs)  # the MLP outputs, recorded if a mode is measured
+        for mode in MODES:
+            measure = lambda m=mode: measure_mlp(model, recorded, m, log)
+            frames.append(part(MLP + mode, measure, f"{key}:{LAYER_PARTS}"))
+            if mode in COVARIATE_MODES:
+                fit = recorded.fit(mode)
+                frames += _layer_placebo(part, key, model, options, inputs, frames, MLP + mode, fit, log)
+    return frames[1:]
 
 
 def _layer_placebo(part, key: str, model, options, inputs, frames: list, name: str, fit, log) -> list:
@@ -292,7 +300,7 @@ def _write_sweep(
     summary, draws = edit_tables(sweep, H)
     summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
     stream, chosen = stream_table(raw)
-    mlp, mlp_chosen = _mlp_tables(raw)
+    mlp, mlp_chosen = mlp_tables(raw)
     chosen = pd.concat([chosen, mlp_chosen])
     placebo = placebo_table(pd.concat([raw, chosen], ignore_index=True))
     if len(placebo):  # each refit kind's row (and the stream's chosen row) gets its placebo p
@@ -316,15 +324,6 @@ def _write_sweep(
     if options.alone:
         write_table(directory, "edits_heads", head_table(raw[raw["kind"].isin(["none", SINGLE])], H))
     return summary, stream, mlp
-
-
-def _mlp_tables(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(edits_mlp: per mode its rows per layer and its chosen row; the chosen raw rows), empty
-    without --mlp."""
-    tables = [stream_table(raw, MLP + mode) for mode in MODES if (raw["kind"] == MLP + mode).any()]
-    if not tables:
-        return pd.DataFrame(), raw.iloc[:0]
-    return pd.concat([t for t, _ in tables], ignore_index=True), pd.concat([c for _, c in tables])
 
 
 def _kind_values(model, kind: str, *args) -> pd.DataFrame:

@@ -40,6 +40,19 @@ def _held_out(inputs, f: int) -> list:
     return [i.item_id for i, g in zip(inputs.items, inputs.fold) if g == f]
 
 
+def save_layers(directory, manifest, model, weights, inputs, options, tables, raw, source) -> int:
+    """The chosen per-layer edits of `tables` (the stream's, the MLPs'; either may be empty)."""
+    stream, mlp = tables
+    n = (
+        save_stream(directory, manifest, model, weights, inputs, options, stream, raw, source)
+        if len(stream)
+        else 0
+    )
+    return n + (
+        save_mlp(directory, manifest, model, weights, inputs, options, mlp, raw, source) if len(mlp) else 0
+    )
+
+
 def save_stream(directory, manifest, model, weights, inputs, options, table, raw, source) -> int:
     """Write the chosen stream erasers: edits/stream (the layer chosen on every item, fitted on every
     item) and edits/quarters/stream-qF (quarter F's layer chosen on the other quarters' items,
