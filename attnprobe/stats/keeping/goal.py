@@ -11,7 +11,8 @@ edit meets, and for those it misses, which fail. An edit meets the goal when
 - the placebo's p (refits on permuted covariates) is at most 0.01: needs `--placebo 199` or more;
 - the upper bound of the KL's CI is at most 0.001.
 
-A condition whose column is missing (no names set, no placebo run) fails as "not measured".
+A condition whose column is missing fails (a placebo not run says so; a set without names shows
+its numbers as nan).
 """
 
 from __future__ import annotations
