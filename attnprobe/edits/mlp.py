@@ -144,21 +144,26 @@ class Recorded:
     def __init__(self, module, inputs):
         self.module, self.inputs, self.outputs = module, inputs, None
 
-    def site(self, layer: int) -> torch.Tensor:
-        """(N, E) each item's MLP output of `layer` at its last token."""
-        self.fit("zero")  # recorded on first use
-        return self.outputs[0][:, layer]
-
-    def fit(self, mode: str):
-        """`fit(inputs, layer, folds)` of the MLP edit `mode`, as measure_layers takes it."""
+    def _recorded(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.outputs is None:
             self.outputs = tuple(
                 last_mlp_outputs(self.module, b) for b in (self.inputs.bank, self.inputs.control)
             )
-        items, control = self.outputs
-        return lambda source, layer, on: MlpEdit.fitted(
-            items[:, layer], control[:, layer], source, layer, on, mode
-        )
+        return self.outputs
+
+    def site(self, layer: int) -> torch.Tensor:
+        """(N, E) each item's MLP output of `layer` at its last token."""
+        return self._recorded()[0][:, layer]
+
+    def fit(self, mode: str):
+        """`fit(inputs, layer, folds)` of the MLP edit `mode`, as measure_layers takes it (the outputs
+        recorded at its first call: a sweep whose parts are all read back records nothing)."""
+
+        def fit(source, layer: int, on) -> MlpEdit:
+            items, control = self._recorded()
+            return MlpEdit.fitted(items[:, layer], control[:, layer], source, layer, on, mode)
+
+        return fit
 
 
 def measure_mlp(model, recorded: Recorded, mode: str, log=lambda m: None):
