@@ -105,4 +105,6 @@ def planted_inputs(model, covariates) -> Inputs:
         clean_logp=[],
         labels=_pairs([((SHE,), (HE,))] * len(items)),
         control_labels=_pairs([((SHE,), (HE,))] * m),
+        slot_at=np.full(len(items), 2),  # the occupation's position in _sequence
+        control_at=np.full(m, 2),
     )

@@ -61,6 +61,8 @@ class Inputs:
     clean_logp: list[torch.Tensor]
     labels: torch.Tensor  # (N, 2, K) each item's positive and negative label ids (-1 padded)
     control_labels: torch.Tensor  # (M, 2, K) the positive and negative label's word for every control prompt
+    slot_at: np.ndarray  # (N,) each item's slot (occupation): the position of its last token
+    control_at: np.ndarray  # (M,) each control prompt's phrase: its last token's position (-1: no phrase)
 
     def other_half(self) -> Inputs:
         """These inputs with the control's halves 0 and 1 exchanged (2 kept): an edit fitted on them
@@ -116,6 +118,7 @@ def record_inputs(
         text_is_user=np.arange(len(generated) + len(pieces)) >= len(generated),
         clean_logp=clean_logp(model, text_bank),
         labels=_pairs(labelled),
+        slot_at=np.array([i.counterfactuals[0].at for i in items]),  # the slot's last token (designs)
         **_control_inputs(model, items, control, labels, labelled),
     )
 
@@ -144,6 +147,11 @@ def _control_inputs(model, items, control, labels: tuple, labelled: list[tuple])
         control_template=np.r_[np.full(n, "", dtype=object), [items[i].template_id for i in made.item]],
         control_fit=np.arange(n + len(row)) < n,
         control_labels=_pairs([tuple(words)] * n + [labelled[i] for i in made.item]),
+        control_at=np.array(
+            [phrase_end(tokenizer, p, w) for p, w in zip(control.prompts, control.phrases or [""] * n)]
+            + made.at,
+            dtype=int,
+        ),
     )
 
 
@@ -232,6 +240,7 @@ class TemplatePrompts:
     ids: list[torch.Tensor]  # per prompt, its tokens (cut like its item)
     item: np.ndarray  # per prompt, the item whose template, cut and label words it takes
     row: np.ndarray  # per prompt, the first control row with its phrase (its label, pair, set, half)
+    at: list[int]  # per prompt, its phrase's last token (phrase_end)
 
 
 def template_prompts(tokenizer, items, control) -> TemplatePrompts:
@@ -243,7 +252,7 @@ def template_prompts(tokenizer, items, control) -> TemplatePrompts:
     per_template: dict[str, int] = {}
     for i, item in enumerate(items):
         per_template.setdefault(item.template_id, i)
-    ids, item_of, row_of = [], [], []
+    ids, item_of, row_of, at = [], [], [], []
     for i in per_template.values():
         text = tokenizer.decode(items[i].x, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         for phrase, row in first.items():
@@ -252,7 +261,8 @@ def template_prompts(tokenizer, items, control) -> TemplatePrompts:
                 ids.append(torch.tensor(tokenizer(made)["input_ids"]))
                 item_of.append(i)
                 row_of.append(row)
-    return TemplatePrompts(ids, np.array(item_of, dtype=int), np.array(row_of, dtype=int))
+                at.append(phrase_end(tokenizer, made, phrase))
+    return TemplatePrompts(ids, np.array(item_of, dtype=int), np.array(row_of, dtype=int), at)
 
 
 def put_phrase(text: str, original: str, phrase: str) -> str | None:
@@ -266,3 +276,15 @@ def put_phrase(text: str, original: str, phrase: str) -> str | None:
     if found.group(0)[:1].isupper():
         words = words[:1].upper() + words[1:]
     return text[: found.start()] + words + text[found.end() :]
+
+
+def phrase_end(tokenizer, text: str, phrase: str) -> int:
+    """The position, in `text` tokenised, of the last token of the first whole-word occurrence of
+    `phrase`'s last word ("king" of "the king", which put_phrase may have put in without its article;
+    any case); -1 where the phrase is empty or its word absent."""
+    word = phrase.split()[-1] if phrase.strip() else None
+    found = re.search(rf"\b{re.escape(word)}\b", text, re.IGNORECASE) if word else None
+    if found is None:
+        return -1
+    offsets = tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
+    return max(t for t, (start, end) in enumerate(offsets) if end > start and start < found.end())

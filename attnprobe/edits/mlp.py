@@ -1,7 +1,8 @@
 """MLP-output edits, DAMA's site (Limisiewicz, Marecek & Musil, ICLR 2024): what one decoder layer's
 MLP adds to the residual stream (its output after the post-MLP norm where the model has one, as
-Gemma's) changed at every position by one of four modes, each fitted at the prediction position
-(each item's last token):
+Gemma's) changed at every position by one of four modes, each fitted at the prediction position (each
+item's last token) and, but for zero (the same edit wherever fitted), at the slot's last token (the
+occupation's, where DAMA fits; kind mlp-MODE-slot; the control's at its gendered phrase's last token):
 
   zero     the output removed: out -> 0
   mean     the output replaced by its mean over the training items
@@ -33,6 +34,23 @@ from .stream import StreamEdit, measure_layers
 
 MODES = ("zero", "mean", "project", "leace")  # the raw rows' kind: MLP + mode ("mlp-leace")
 COVARIATE_MODES = ("project", "leace")  # fitted on the covariate: these have a placebo
+SLOT = "-slot"  # a mode fitted at the slot's last token: kind MLP + mode + SLOT ("mlp-leace-slot")
+FITTED = tuple((mode, "last") for mode in MODES) + tuple((mode, "slot") for mode in MODES[1:])
+
+
+def kind_of(mode: str, at: str) -> str:
+    """The sweep's kind (and saved file's name) of `mode` fitted `at`: mlp-leace, mlp-leace-slot."""
+    return MLP + mode + (SLOT if at == "slot" else "")
+
+
+MLP_KINDS = tuple(kind_of(mode, at) for mode, at in FITTED)  # every MLP edit the sweep may measure
+
+
+def fitted_where(inputs) -> tuple[tuple[str, str], ...]:
+    """(mode, at) of each MLP edit the sweep measures: at the prediction position ("last") and, where
+    every control prompt has a phrase whose position is known (its `phrase` column), at the slot (but
+    zero: the same edit wherever it is fitted)."""
+    return FITTED if (np.asarray(inputs.control_at) >= 0).all() else FITTED[: len(MODES)]
 
 
 def output_module(layer) -> torch.nn.Module:
@@ -61,6 +79,7 @@ class MlpEdit(StreamEdit):
 
     kind: ClassVar[str] = "mlp"
     mode: str = "leace"
+    at: str = "last"  # where it was fitted: "last" (the prediction position) or "slot"
 
     def erase(self, out: torch.Tensor) -> torch.Tensor:
         """out (B, T, E) edited at every position."""
@@ -69,19 +88,30 @@ class MlpEdit(StreamEdit):
             return torch.zeros_like(out) + mu
         return out - u * ((out - mu) * f).sum(-1, keepdim=True)
 
+    @property
+    def name(self) -> str:
+        return kind_of(self.mode, self.at)
+
     def sites(self) -> str:
-        return f"MLP output of layer {self.layer} ({self.mode})"
+        fitted = ", fitted at the slot" if self.at == "slot" else ""
+        return f"MLP output of layer {self.layer} ({self.mode}{fitted})"
 
     def stored(self) -> tuple[dict, dict, dict]:
         tensors, scalars, where = super().stored()  # zero, mean and project share tensors: saved apart
-        return {name: t.clone() for name, t in tensors.items()}, scalars, {**where, "mode": self.mode}
+        return (
+            {name: t.clone() for name, t in tensors.items()},
+            scalars,
+            {**where, "mode": self.mode, "fitted_at": self.at},
+        )
 
     @classmethod
     def restored(cls, record: dict, tensors: dict) -> MlpEdit:
         if record.get("mode") not in MODES:
             raise ValueError(f"mode {record.get('mode')!r} is none of {', '.join(MODES)}")
+        if record.get("fitted_at", "last") not in ("last", "slot"):
+            raise ValueError(f"fitted_at {record['fitted_at']!r} is neither last nor slot")
         stream = StreamEdit.restored(record, tensors)
-        return cls(stream.layer, *stream.params, mode=record["mode"])
+        return cls(stream.layer, *stream.params, mode=record["mode"], at=record.get("fitted_at", "last"))
 
     def hook(self, layer):
         """Register the edit on decoder layer `layer`: a hook replacing its MLP's output."""
@@ -89,32 +119,35 @@ class MlpEdit(StreamEdit):
 
     @classmethod
     def fitted(
-        cls, outputs: torch.Tensor, control: torch.Tensor, inputs, layer: int, on, mode: str
+        cls, outputs: torch.Tensor, control: torch.Tensor, inputs, layer: int, on, mode: str, at: str = "last"
     ) -> MlpEdit:
         """Fitted on the items of folds `on` from `outputs` (N, E: each item's MLP output at its last
-        token) and, for leace, `control` (M, E: each control prompt's), keeping the definitional
-        mean difference of the prompts a keep constraint is fitted on."""
+        token, or at its slot's where `at` is "slot") and, for leace, `control` (M, E: each control
+        prompt's, at the same site), keeping the definitional mean difference of the prompts a keep
+        constraint is fitted on."""
         chosen = np.isin(inputs.fold, on)
         z = outputs[torch.as_tensor(chosen)].float()
         zero = torch.zeros(z.shape[-1], dtype=z.dtype, device=z.device)
         if mode in ("zero", "mean"):
-            return cls(layer, zero, zero, z.mean(0) if mode == "mean" else zero, mode=mode)
+            return cls(layer, zero, zero, z.mean(0) if mode == "mean" else zero, mode=mode, at=at)
         x = inputs.covariate[chosen]
         if mode == "project":
             u = covariate_directions(z[:, None, None, :], x)[0, 0]
-            return cls(layer, u, u, zero, mode=mode)
+            return cls(layer, u, u, zero, mode=mode, at=at)
         keep = inputs.keep_rows()
         g = definitional_directions(
             control[torch.as_tensor(keep)].float()[:, None, None, :], inputs.control_sign[keep]
         )
         along, functional, mean = erasers(z[:, None, None, :], x, g, shrink=True)
-        return cls(layer, along[0, 0], functional[0, 0], mean[0, 0], mode=mode)
+        return cls(layer, along[0, 0], functional[0, 0], mean[0, 0], mode=mode, at=at)
 
 
 @torch.inference_mode()
-def last_mlp_outputs(module, bank: Bank) -> torch.Tensor:
-    """(N, L, E) what each layer's MLP adds to the stream at each sequence's last token (a pass of its
-    own: a bank records the MLP modules' outputs, before Gemma's post-MLP norm)."""
+def mlp_outputs(module, bank: Bank, at: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, L, E) what each layer's MLP adds to the stream at each sequence's position `at` (N,), by
+    default its last token (a pass of its own: a bank records the MLP modules' outputs, before
+    Gemma's post-MLP norm)."""
+    at = bank.lengths - 1 if at is None else torch.as_tensor(at, device=bank.lengths.device)
     layers = decoder_layers(module)
     caught: dict[int, torch.Tensor] = {}
     hooks = [
@@ -129,8 +162,8 @@ def last_mlp_outputs(module, bank: Bank) -> torch.Tensor:
             ids, lengths = bank.ids[start : start + ROWS], bank.lengths[start : start + ROWS]
             mask = (torch.arange(ids.shape[1], device=ids.device)[None] < lengths[:, None]).long()
             module(input_ids=ids, attention_mask=mask, use_cache=False)
-            last = torch.arange(len(lengths), device=ids.device), lengths - 1
-            out.append(torch.stack([caught[n][last].float() for n in range(len(layers))], 1))
+            where = torch.arange(len(lengths), device=ids.device), at[start : start + ROWS]
+            out.append(torch.stack([caught[n][where].float() for n in range(len(layers))], 1))
     finally:
         for handle in hooks:
             handle.remove()
@@ -138,21 +171,22 @@ def last_mlp_outputs(module, bank: Bank) -> torch.Tensor:
 
 
 class Recorded:
-    """The MLP outputs of the items and the control prompts at their last token, recorded on first
-    use (one forward pass of each), and the fit of each mode from them."""
+    """The MLP outputs of the items and the control prompts at their last token (`at` "last") or at
+    their slot's and phrase's (`at` "slot"), recorded on first use (one forward pass of each), and
+    the fit of each mode from them."""
 
-    def __init__(self, module, inputs):
-        self.module, self.inputs, self.outputs = module, inputs, None
+    def __init__(self, module, inputs, at: str = "last"):
+        self.module, self.inputs, self.at, self.outputs = module, inputs, at, None
 
     def _recorded(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.outputs is None:
-            self.outputs = tuple(
-                last_mlp_outputs(self.module, b) for b in (self.inputs.bank, self.inputs.control)
-            )
+            sites = (self.inputs.slot_at, self.inputs.control_at) if self.at == "slot" else (None, None)
+            banks = (self.inputs.bank, self.inputs.control)
+            self.outputs = tuple(mlp_outputs(self.module, b, at) for b, at in zip(banks, sites))
         return self.outputs
 
     def site(self, layer: int) -> torch.Tensor:
-        """(N, E) each item's MLP output of `layer` at its last token."""
+        """(N, E) each item's MLP output of `layer` where the edits are fitted."""
         return self._recorded()[0][:, layer]
 
     def fit(self, mode: str):
@@ -161,13 +195,14 @@ class Recorded:
 
         def fit(source, layer: int, on) -> MlpEdit:
             items, control = self._recorded()
-            return MlpEdit.fitted(items[:, layer], control[:, layer], source, layer, on, mode)
+            return MlpEdit.fitted(items[:, layer], control[:, layer], source, layer, on, mode, self.at)
 
         return fit
 
 
 def measure_mlp(model, recorded: Recorded, mode: str, log=lambda m: None):
-    """Raw values (kind mlp-MODE, k = layer) of `mode` at every layer (stream.measure_layers)."""
-    what = f"MLP output ({mode}) of layer"
+    """Raw values (kind mlp-MODE or mlp-MODE-slot, k = layer) of `mode` at every layer
+    (stream.measure_layers)."""
+    what = f"MLP output ({mode}{', fitted at the slot' if recorded.at == 'slot' else ''}) of layer"
     fit = recorded.fit(mode)
-    return measure_layers(model, recorded.inputs, fit, recorded.site, MLP + mode, what, log)
+    return measure_layers(model, recorded.inputs, fit, recorded.site, kind_of(mode, recorded.at), what, log)

@@ -1,7 +1,8 @@
 """MLP-output edits (edits.mlp): each mode does what it says to the MLP's output; LEACE leaves no
 covariance with the covariate where it was fitted and keeps the definitional mean difference; the
-sweep's edits_mlp table recomputes from edits_items; the chosen edits are saved, load and change
-every pass of a model."""
+slot's site is the occupation's (and the phrase's) last token; the sweep's edits_mlp table
+recomputes from edits_items; the chosen edits (at both sites) are saved, load and change every pass
+of a model."""
 
 import shutil
 from types import SimpleNamespace
@@ -13,7 +14,7 @@ import torch
 
 import attnprobe
 from attnprobe.edits import edited, load_edit
-from attnprobe.edits.mlp import MODES, MlpEdit, last_mlp_outputs
+from attnprobe.edits.mlp import MLP_KINDS, MODES, MlpEdit, mlp_outputs
 from attnprobe.intervene.engine import record
 from attnprobe.stats.edits import MLP, stream_table
 
@@ -34,7 +35,7 @@ def _inputs(tiny, n=600, seed=0):
         torch.randint(1, vocab, (int(t),), generator=g) for t in torch.randint(3, 9, (n,), generator=g)
     ]
     bank = record(tiny.model, sequences)
-    outputs = last_mlp_outputs(tiny.model, bank)[:, LAYER].double()
+    outputs = mlp_outputs(tiny.model, bank)[:, LAYER].double()
     w = torch.linalg.svd(outputs - outputs.mean(0), full_matrices=False).Vh[0]
     x = (outputs - outputs.mean(0)) @ w / (outputs @ w).std() + 0.3 * torch.randn(
         n, generator=g, dtype=torch.float64
@@ -55,8 +56,8 @@ def _inputs(tiny, n=600, seed=0):
     )
     return (
         inputs,
-        last_mlp_outputs(tiny.model, bank)[:, LAYER],
-        last_mlp_outputs(tiny.model, control)[:, LAYER],
+        mlp_outputs(tiny.model, bank)[:, LAYER],
+        mlp_outputs(tiny.model, control)[:, LAYER],
     )
 
 
@@ -82,7 +83,7 @@ def test_each_mode_changes_the_mlp_output_as_it_says(tiny):
     assert (delta(erased) - delta(control.double())).norm() <= 0.01 * delta(control.double()).norm()
     # applied to the model, the layer's MLP output is the erased one at every position
     with edited(tiny, fitted["zero"]):
-        assert last_mlp_outputs(tiny.model, inputs.bank)[:, LAYER].abs().max() == 0
+        assert mlp_outputs(tiny.model, inputs.bank)[:, LAYER].abs().max() == 0
     assert not torch.equal(z, torch.zeros_like(z))
 
 
@@ -93,12 +94,13 @@ def test_the_mlp_table_recomputes_and_its_chosen_edits_apply(swept_run, tiny, tm
     raw = pd.read_parquet(out / "edits_items.parquet")
     written = pd.read_csv(out / "edits_mlp.csv")
     n_layers = raw.loc[raw.kind == MLP + "leace", "k"].nunique()
-    assert len(written) == len(MODES) * (n_layers + 1) and written["chosen"].sum() == len(MODES)
-    for mode in MODES:
-        table, _ = stream_table(raw, MLP + mode)
-        mine = written[written["kind"].isin([MLP + mode, f"{MLP}{mode}-chosen"])]
+    assert set(raw.loc[raw.kind.str.startswith(MLP), "kind"]) == set(MLP_KINDS)  # both sites
+    assert len(written) == len(MLP_KINDS) * (n_layers + 1) and written["chosen"].sum() == len(MLP_KINDS)
+    for kind in MLP_KINDS:
+        table, _ = stream_table(raw, kind)
+        mine = written[written["kind"].isin([kind, f"{kind}-chosen"])]
         for column in ("gradient_removed", "nouns_templates_factual_kept", "kl", "specificity"):
-            assert np.allclose(table[column], mine[column], rtol=1e-9, atol=1e-12), (mode, column)
+            assert np.allclose(table[column], mine[column], rtol=1e-9, atol=1e-12), (kind, column)
     zeroed = written[(written["kind"] == MLP + "zero") & ~written["chosen"]]
     assert (zeroed["kl"] > 0).all()  # removing an MLP's output costs something
     # the erasure checked after the fact at each layer's site: a zeroed output holds nothing to read
@@ -109,11 +111,12 @@ def test_the_mlp_table_recomputes_and_its_chosen_edits_apply(swept_run, tiny, tm
     assert set(goal["site"]) == {"heads", "stream", "mlp"} and goal["fails"].notna().all()
     ids = torch.tensor([tiny.tokenizer("The nurse said that she")["input_ids"]])
     clean = tiny.model(input_ids=ids).logits
-    for mode in MODES:
-        loaded = load_edit(out / "edits" / f"{MLP}{mode}.json")
-        assert loaded.edit.mode == mode and loaded.record["mode"] == mode
+    for kind in MLP_KINDS:
+        loaded = load_edit(out / "edits" / f"{kind}.json")
+        assert loaded.edit.name == kind and loaded.record["mode"] == loaded.edit.mode
+        assert loaded.edit.at == ("slot" if kind.endswith("-slot") else "last")
         with edited(tiny, loaded):
-            assert not torch.allclose(tiny.model(input_ids=ids).logits, clean, atol=1e-6), mode
+            assert not torch.allclose(tiny.model(input_ids=ids).logits, clean, atol=1e-6), kind
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "gpt2"])
@@ -142,3 +145,54 @@ def test_the_mlp_site_is_what_the_layer_adds_to_the_stream(family):
     with edited(model, zero):
         zeroed = model(input_ids=ids, output_hidden_states=True).hidden_states[1]
     assert not torch.allclose(zeroed, model(input_ids=ids, output_hidden_states=True).hidden_states[1])
+
+
+def test_the_slot_site_is_the_occupations_and_the_phrases_last_token(swept_run, tiny):
+    """The slot's fit reads each item at its occupation's last token and each control prompt (the
+    file's and those put into the templates) at its phrase's last token."""
+    from attnprobe.edits.inputs import phrase_end
+    from attnprobe.suite import load_suite
+    from attnprobe.testing.edit_kinds import edit_inputs
+
+    inputs = edit_inputs(tiny, load_suite(swept_run[1]), texts=1)
+    decode = lambda ids, at: tiny.tokenizer.decode(ids[: at + 1]).lower()
+    for item, at in zip(inputs.items, inputs.slot_at):
+        assert decode(item.x, at).endswith(item.original.lower()), item.item_id
+    assert (inputs.control_at >= 0).all() and len(inputs.control_at) == len(inputs.control.lengths)
+    phrases = {phrase.split()[-1].lower() for phrase in load_suite(swept_run[1]).control.phrases}
+    for ids, at in zip(inputs.control.ids, inputs.control_at):
+        word = decode(ids, at).split()[-1]
+        assert word in phrases and decode(ids, at + 1).split()[-1] not in phrases
+    assert phrase_end(tiny.tokenizer, "The nurse said that", "the king") == -1
+    assert phrase_end(tiny.tokenizer, "The nurse said that", "") == -1
+
+
+def test_an_edit_fitted_at_the_slot_erases_there_and_is_saved_as_such(tiny, tmp_path):
+    """LEACE fitted on the outputs at one position (random here) leaves no covariance with the
+    covariate at that position, though applied at every position it leaves most of it at the last
+    token, whose output the covariate was drawn from; saved, it loads as fitted at the slot."""
+    from attnprobe.edits import save_edit
+
+    inputs, _, _ = _inputs(tiny)
+    g = torch.Generator().manual_seed(1)
+    inputs.slot_at = (torch.rand(len(inputs.covariate), generator=g) * (inputs.bank.lengths - 1)).long()
+    inputs.control_at = inputs.control.lengths - 2
+    at_slot = mlp_outputs(tiny.model, inputs.bank, inputs.slot_at)[:, LAYER]
+    control = mlp_outputs(tiny.model, inputs.control, inputs.control_at)[:, LAYER]
+    on = np.array([0, 1, 2, 3])
+    x = torch.as_tensor(inputs.covariate - inputs.covariate.mean())
+    edit = MlpEdit.fitted(at_slot, control, inputs, LAYER, on, "leace", "slot")
+    with edited(tiny, edit):
+        after = mlp_outputs(tiny.model, inputs.bank, inputs.slot_at)[:, LAYER].double()
+    before = at_slot.double()
+    assert ((after - after.mean(0)).T @ x).norm() < 1e-3 * ((before - before.mean(0)).T @ x).norm()
+    assert edit.name == MLP + "leace-slot" and "fitted at the slot" in edit.sites()
+    # the last token, where the covariate was drawn from, keeps most of its covariance: the site matters
+    with edited(tiny, edit):
+        after = mlp_outputs(tiny.model, inputs.bank)[:, LAYER].double()
+    before = mlp_outputs(tiny.model, inputs.bank)[:, LAYER].double()
+    assert ((after - after.mean(0)).T @ x).norm() > 0.5 * ((before - before.mean(0)).T @ x).norm()
+    path = tmp_path / "mlp-leace-slot"
+    save_edit(edit, path, tiny, {"fitted_on": "all items"})
+    loaded = load_edit(path.with_suffix(".json"))
+    assert loaded.edit.at == "slot" and loaded.edit.mode == "leace"

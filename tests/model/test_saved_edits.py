@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import attnprobe
 from attnprobe.cli import main
 from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, load_edit, save_edit
+from attnprobe.edits.mlp import MLP_KINDS
 from attnprobe.errors import AttnprobeError
 from attnprobe.model import from_pretrained_objects
 from attnprobe.stats.kinds.next_token import item_log_ratios
@@ -227,10 +228,10 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     args = ["edit", str(out), *SWEEP, "--also", str(tmp_path / "coref.yaml"), "--also-k", "1"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    # the sweep is read back: its 4 kinds, the heads alone, the stream, the 4 MLP modes and tracing
-    assert result.output.count("read from an earlier session") == 11
+    # the sweep is read back: its 4 kinds, the heads alone, the stream, the 7 MLP edits and tracing
+    assert result.output.count("read from an earlier session") == 14
     table = pd.read_csv(out / "edits_transfer.csv")
-    mlp = {f"mlp-{mode}" for mode in ("zero", "mean", "project", "leace")}
+    mlp = set(MLP_KINDS)  # the 4 modes at the prediction, 3 at the slot
     assert (
         set(table["kind"]) == {"zero", "mean", "scale", "project", "stream"} | mlp
     )  # the stream's and MLPs' too
@@ -239,7 +240,7 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     gap = table[
         (table.table == "compare_referent_choice") & (table.quantity == "correct") & (table.label == "gap")
     ]
-    assert len(gap) == 9
+    assert len(gap) == 12  # 4 kinds, the stream, 7 MLP edits
     # the pro - anti gap before is the original run's own statistic; after, the edited run's
     gap_of = lambda run: referent_choice(run).set_index("scope").loc["all", "gap"]  # its statistic alone
     before = gap_of(attnprobe.Run(out / "also" / "coref" / "original"))

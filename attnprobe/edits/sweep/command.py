@@ -41,7 +41,7 @@ from ..analyses.tracing import measure_tracing, tracing_table
 from ..analyses.transfer import ALSO_K, transfer, transfer_suites
 from ..inputs import check_text, record_inputs
 from ..kinds import KINDS
-from ..mlp import COVARIATE_MODES, MODES, Recorded, measure_mlp
+from ..mlp import COVARIATE_MODES, MLP_KINDS, Recorded, fitted_where, kind_of, measure_mlp
 from ..stream import StreamEdit, measure_stream
 from .fitted import save_chosen, save_layers
 from .measure import GradientScores, clean_values, found_sets, measure_kind
@@ -156,7 +156,7 @@ def run_edits(
             if suites:
                 ks = [k for k in also_ks if k in set(summary["k"])]
                 chosen = [(kind, k) for kind in options.kinds for k in ks] + [(STREAM, 0)] * options.stream
-                chosen += [(MLP + mode, 0) for mode in MODES] * options.mlp
+                chosen += [(kind, 0) for kind in MLP_KINDS] * options.mlp  # those saved
                 write_table(directory, "edits_transfer", transfer(directory, suites, chosen, model, log))
                 log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
         return summary
@@ -255,13 +255,13 @@ def _layer_parts(part, key: str, model, options, inputs, clean: pd.DataFrame, lo
         frames.append(part(STREAM, lambda: measure_stream(model, inputs, log), f"{key}:{LAYER_PARTS}"))
         frames += _layer_placebo(part, key, model, options, inputs, frames, STREAM, StreamEdit.fit, log)
     if options.mlp:
-        recorded = Recorded(model.model, inputs)  # the MLP outputs, recorded if a mode is measured
-        for mode in MODES:
-            measure = lambda m=mode: measure_mlp(model, recorded, m, log)
-            frames.append(part(MLP + mode, measure, f"{key}:{LAYER_PARTS}"))
+        recorded = {at: Recorded(model.model, inputs, at) for at in ("last", "slot")}  # on first use
+        for mode, at in fitted_where(inputs):
+            measure = lambda m=mode, r=recorded[at]: measure_mlp(model, r, m, log)
+            frames.append(part(kind_of(mode, at), measure, f"{key}:{LAYER_PARTS}"))
             if mode in COVARIATE_MODES:
-                fit = recorded.fit(mode)
-                frames += _layer_placebo(part, key, model, options, inputs, frames, MLP + mode, fit, log)
+                fit, name = recorded[at].fit(mode), kind_of(mode, at)
+                frames += _layer_placebo(part, key, model, options, inputs, frames, name, fit, log)
     return frames[1:]
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from ...run.files.fresh import own_directory
-from ...stats.edits import MLP, STREAM, chosen_layers
+from ...stats.edits import STREAM, chosen_layers
 from ...version import __version__
 from ..kinds import KINDS
-from ..mlp import MODES, Recorded
+from ..mlp import FITTED, Recorded, kind_of
 from ..saved import save_edit
 from ..stream import StreamEdit
 from .options import EditOptions
@@ -65,12 +65,14 @@ def save_stream(directory, manifest, model, weights, inputs, options, table, raw
 def save_mlp(directory, manifest, model, weights, inputs, options, table, raw, source) -> int:
     """Write each MLP mode's chosen edits as the stream's are written: edits/mlp-MODE and
     edits/quarters/mlp-MODE-qF."""
-    source, recorded, n = _source(directory, manifest, options, source), Recorded(model.model, inputs), 0
-    for mode in MODES:
-        rows = table[table["kind"].isin([MLP + mode, f"{MLP}{mode}-chosen"])]
+    source, n = _source(directory, manifest, options, source), 0
+    recorded = {at: Recorded(model.model, inputs, at) for at in ("last", "slot")}
+    for mode, at in FITTED:
+        kind = kind_of(mode, at)
+        rows = table[table["kind"].isin([kind, f"{kind}-chosen"])]
         if len(rows):
             n += _save_layers(
-                directory, model, weights, inputs, rows, raw, source, MLP + mode, recorded.fit(mode)
+                directory, model, weights, inputs, rows, raw, source, kind, recorded[at].fit(mode)
             )
     return n
 
