@@ -92,7 +92,8 @@ def _count(name: str, help: str):
     "--mlp/--no-mlp",
     default=False,
     show_default=True,
-    help="Also edit each layer's MLP output (zero, mean, project, leace; edits_mlp.csv).",
+    help="Also edit each layer's MLP output (zero, mean, project, leace), fitted at the prediction "
+    "and at the slot's last token (mlp-MODE-slot); edits_mlp.csv.",
 )
 @click.option(
     "--trace/--no-trace",

@@ -33,7 +33,7 @@ from ..heads import HeadSet
 from ..schema.analysis import TEMPLATE, Analysis
 from .design import cell_slopes
 from .inference import cluster_mean_test, cluster_slope_test, holm, slope_ratio_test
-from .keeping.definitional import control_columns, joint_columns, specificity_columns
+from .keeping.definitional import control_columns, edited_control, joint_columns, specificity_columns
 
 PER = 10
 # a quarter's items as a run's statistics see them: unit x template clusters, the covariate the unit's
@@ -77,8 +77,9 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
         row = {"kind": kind, "k": k, "heads": group["heads"].iloc[0], "heads_all": group["heads_all"].iloc[0]}
         row["n_items"] = len(base.items)
         row.update(_gradients(base, after))
-        row.update(control_columns(raw, kind, k, -1, base.control0))
-        row.update(joint_columns(raw, kind, k, base.control0, base.items.assign(y0=base.before, y1=after)))
+        control = edited_control(raw, kind, k, base.control0)
+        row.update(control_columns(control, base.control0))
+        row.update(joint_columns(control, base.control0, base.items.assign(y0=base.before, y1=after)))
         row.update({} if "specificity" in row else specificity_columns(row))
         row.update(_costs(raw, kind, k, -1, base.loss0, base.user))
         row.update(_readout(raw, kind, k, base))

@@ -15,13 +15,19 @@ from .joint import edit_terms
 TEMPLATES = "_templates"  # a control set's phrases put in the items' templates (edits.inputs.SUFFIX)
 
 
-def control_columns(raw, kind, k, draw, control0: pd.DataFrame) -> dict:
-    """The control before and after. The prompts a keep constraint may be fitted on (half 0 or 1) were
-    each edited with the constraint fitted on the other half's words (cross-fitted), so their gap kept
-    is held out by word; each other set (never fitted: names, a new frame) gets its own columns.
-    Clusters: the word pair where the control names one, else each prompt."""
-    rows = raw[(raw["target"] == "control") & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == draw)]
-    y1 = rows.set_index("index")["y"].reindex(control0.index).to_numpy()
+def edited_control(raw: pd.DataFrame, kind: str, k, control0: pd.DataFrame) -> pd.Series:
+    """y of each control prompt (control0's rows) after the edit (kind, k) itself (draw -1)."""
+    rows = raw[(raw["target"] == "control") & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == -1)]
+    return rows.set_index("index")["y"].reindex(control0.index)
+
+
+def control_columns(after: pd.Series, control0: pd.DataFrame) -> dict:
+    """The control before (control0) and after (edited_control). The prompts a keep constraint may be
+    fitted on (half 0 or 1) were each edited with the constraint fitted on the other half's words
+    (cross-fitted), so their gap kept is held out by word; each other set (never fitted: names, a new
+    frame) gets its own columns. Clusters: the word pair where the control names one, else each
+    prompt."""
+    y1 = after.to_numpy()
     y0, sign = control0["y"].to_numpy(), control0["sign"].to_numpy()
     half = control0["half"].to_numpy() if "half" in control0 else np.zeros(len(y0))
     sets = control0["set"].fillna("").to_numpy() if "set" in control0 else np.full(len(y0), "")
@@ -34,17 +40,15 @@ def control_columns(raw, kind, k, draw, control0: pd.DataFrame) -> dict:
     return out
 
 
-def joint_columns(raw, kind, k, control0: pd.DataFrame, items: pd.DataFrame) -> dict:
-    """The joint regression (joint.py) of the items with each set of the control's phrases put in
-    their templates (edits.inputs.template_prompts; columns prefixed with the set, e.g.
-    nouns_templates_...): the stereotype term removed and the factual term kept in one fit. The set
-    of the words a keep constraint was fitted on (held out by word: halves 0 and 1) gives the row's
-    specificity."""
+def joint_columns(after: pd.Series, control0: pd.DataFrame, items: pd.DataFrame) -> dict:
+    """The joint regression (joint.py) of the items (y0, y1) with each set of the control's phrases
+    put in their templates (edits.inputs.template_prompts), before (control0) and after
+    (edited_control); columns prefixed with the set, e.g. nouns_templates_...: the stereotype term
+    removed and the factual term kept in one fit. The set of the words a keep constraint was fitted
+    on (held out by word: halves 0 and 1) gives the row's specificity."""
     if "set" not in control0:
         return {}
     sets = control0["set"].fillna("").astype(str)
-    rows = raw[(raw["target"] == "control") & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == -1)]
-    y1 = rows.set_index("index")["y"].reindex(control0.index)
     items = items[["y0", "y1", "covariate", "unit", "template_id"]]
     out = {}
     for name in dict.fromkeys(sets[sets.str.endswith(TEMPLATES)]):
@@ -52,7 +56,7 @@ def joint_columns(raw, kind, k, control0: pd.DataFrame, items: pd.DataFrame) -> 
         phrases = pd.DataFrame(
             {
                 "y0": on["y"],
-                "y1": y1[on.index],
+                "y1": after[on.index],
                 "sign": on["sign"],
                 "unit": on["pair"],
                 "template_id": on["template_id"],
