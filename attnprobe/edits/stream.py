@@ -129,12 +129,13 @@ def last_states(bank: Bank, layer: int) -> torch.Tensor:
     return bank.hidden[layer][torch.arange(len(last)), last].float()[:, None, None, :]
 
 
-def _batches(module, bank: Bank, edit: StreamEdit):
-    """Per pass of ROWS sequences of `bank`: (rows, the recorded stream entering the edited layer,
-    the eraser applied: its parameters for those rows where they are per row)."""
-    n = len(bank.lengths)
-    for start in range(0, n, ROWS):
-        rows = torch.arange(start, min(n, start + ROWS))
+def _batches(module, bank: Bank, edit: StreamEdit, only=None):
+    """Per pass of ROWS sequences of `bank` (those of `only` where given): (rows, the recorded stream
+    entering the edited layer, the eraser applied: its parameters for those rows where they are per
+    row)."""
+    order = torch.arange(len(bank.lengths)) if only is None else torch.as_tensor(only, dtype=torch.long)
+    for start in range(0, len(order), ROWS):
+        rows = order[start : start + ROWS]
         one = edit.rows(rows) if edit.along.dim() == 2 else edit
         yield rows, bank.hidden[edit.layer][rows], [one.applied(module)]
 
@@ -148,11 +149,11 @@ def _passes(module, bank: Bank, edit: StreamEdit, vocabulary: torch.Tensor | Non
 
 
 @torch.inference_mode()
-def stream_behaviour(module, bank: Bank, edit: StreamEdit, labels: torch.Tensor) -> np.ndarray:
-    """y (N,) of every sequence of `bank` with the stream erased by `edit` (per row where its
-    parameters are (N, E)); `labels` (N, 2, K)."""
-    y = np.empty(len(bank.lengths))
-    for rows, hidden, applied in _batches(module, bank, edit):
+def stream_behaviour(module, bank: Bank, edit: StreamEdit, labels: torch.Tensor, only=None) -> np.ndarray:
+    """y (N,) of every sequence of `bank` (of those in `only` where given: NaN elsewhere) with the
+    stream erased by `edit` (per row where its parameters are (N, E)); `labels` (N, 2, K)."""
+    y = np.full(len(bank.lengths), np.nan)
+    for rows, hidden, applied in _batches(module, bank, edit, only):
         y[rows.cpu().numpy()] = (
             rerun_y(module, bank, rows, edit.layer, hidden, labels[rows], applied).cpu().numpy()
         )

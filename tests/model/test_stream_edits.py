@@ -19,7 +19,7 @@ import attnprobe
 from attnprobe.cli import main
 from attnprobe.edits import edited, load_edit, save_edit
 from attnprobe.edits.analyses.tracing import GROUPS, tracing_table
-from attnprobe.edits.stream import StreamEdit, last_states
+from attnprobe.edits.stream import StreamEdit, last_states, stream_behaviour
 from attnprobe.errors import AttnprobeError, RunError
 from attnprobe.intervene.engine import record
 from attnprobe.model import from_pretrained_objects
@@ -85,6 +85,12 @@ def test_the_stream_eraser_leaves_nothing_to_read_and_keeps_the_definitional_dif
     kept_after = edit.erase(control[None])[0].double()
     delta_after = kept_after[pos].mean(0) - kept_after[neg].mean(0)
     assert (delta_after - delta).norm() <= 0.01 * delta.norm()  # the mean difference moves <= 1%
+    # the placebo's passes run only the rows a layer's quarters hold: the same y there, NaN elsewhere
+    labels = torch.tensor([[[3], [4]]]).expand(len(fold), 2, 1)
+    every = stream_behaviour(tiny.model, inputs.bank, edit, labels)
+    some = np.flatnonzero(fold == 2)[::3]
+    only = stream_behaviour(tiny.model, inputs.bank, edit, labels, some)
+    assert np.allclose(only[some], every[some], atol=1e-5) and np.isnan(np.delete(only, some)).all()
 
 
 def test_a_stream_edit_changes_every_pass_saves_and_refuses_a_run_inside_it(tiny, tiny_llama_dir, tmp_path):

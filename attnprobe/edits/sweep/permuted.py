@@ -81,11 +81,11 @@ def measure_stream_placebo(
     for d in range(options.placebo):
         fake = replace(inputs, covariate=permuted(inputs.covariate, units, rng))
         y = np.full(len(inputs.items), np.nan)
-        for layer in sorted({chosen[f] for f in quarters}):  # one pass per layer some quarter chose
+        for layer in sorted({chosen[f] for f in quarters}):  # per layer, the quarters that chose it
             fitted = [fit(fake, layer, inputs.training(f)) for f in range(4)]
-            read = stream_behaviour(model.model, inputs.bank, per_row(fitted, inputs.fold), inputs.labels)
-            mine = np.isin(inputs.fold, [f for f in quarters if chosen[f] == layer])
-            y[mine] = read[mine]
+            mine = np.flatnonzero(np.isin(inputs.fold, [f for f in quarters if chosen[f] == layer]))
+            edit = per_row(fitted, inputs.fold)
+            y[mine] = stream_behaviour(model.model, inputs.bank, edit, inputs.labels, mine)[mine]
         keys = [(chosen["all"], d, i) for i in np.flatnonzero(np.isfinite(y))]
         frames.append(raw_rows("bias", keys, y=y[np.isfinite(y)]))
         _progress(log, f"edit: {name}'s placebo, {{done}} of {{n}} permutations", d, options.placebo)
