@@ -14,7 +14,7 @@ import torch
 
 import attnprobe
 from attnprobe.edits import edited, load_edit
-from attnprobe.edits.mlp import MLP_KINDS, MODES, MlpEdit, mlp_outputs
+from attnprobe.edits.mlp import MLP_KINDS, MODES, MlpEdit, fitted_where, mlp_outputs
 from attnprobe.intervene.engine import record
 from attnprobe.stats.edits import MLP, stream_table
 
@@ -165,6 +165,10 @@ def test_the_slot_site_is_the_occupations_and_the_phrases_last_token(swept_run, 
         assert word in phrases and decode(ids, at + 1).split()[-1] not in phrases
     assert phrase_end(tiny.tokenizer, "The nurse said that", "the king") == -1
     assert phrase_end(tiny.tokenizer, "The nurse said that", "") == -1
+    # a control without phrases (or one not found) has no slot site: the modes at the prediction only
+    without = SimpleNamespace(control_at=np.r_[inputs.control_at[:-1], -1])
+    assert [at for _, at in fitted_where(without)] == ["last"] * len(MODES)
+    assert len(fitted_where(inputs)) == len(MLP_KINDS) == 7
 
 
 def test_an_edit_fitted_at_the_slot_erases_there_and_is_saved_as_such(tiny, tmp_path):
