@@ -180,9 +180,9 @@ class Recorded:
 
     def _recorded(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.outputs is None:
-            sites = (self.inputs.slot_at, self.inputs.control_at) if self.at == "slot" else (None, None)
+            where = (self.inputs.slot_at, self.inputs.control_at) if self.at == "slot" else (None, None)
             banks = (self.inputs.bank, self.inputs.control)
-            self.outputs = tuple(mlp_outputs(self.module, b, at) for b, at in zip(banks, sites))
+            self.outputs = tuple(mlp_outputs(self.module, b, p) for b, p in zip(banks, where))
         return self.outputs
 
     def site(self, layer: int) -> torch.Tensor:
