@@ -35,6 +35,7 @@ from .stream import StreamEdit, measure_layers
 MODES = ("zero", "mean", "project", "leace")  # the raw rows' kind: MLP + mode ("mlp-leace")
 COVARIATE_MODES = ("project", "leace")  # fitted on the covariate: these have a placebo
 SLOT = "-slot"  # a mode fitted at the slot's last token: kind MLP + mode + SLOT ("mlp-leace-slot")
+POSITIONS = ("last", "slot")  # where an MLP edit is fitted: the prediction, the slot's last token
 FITTED = tuple((mode, "last") for mode in MODES) + tuple((mode, "slot") for mode in MODES[1:])
 
 
@@ -50,7 +51,8 @@ def fitted_where(inputs) -> tuple[tuple[str, str], ...]:
     """(mode, at) of each MLP edit the sweep measures: at the prediction position ("last") and, where
     every control prompt has a phrase whose position is known (its `phrase` column), at the slot (but
     zero: the same edit wherever it is fitted)."""
-    return FITTED if (np.asarray(inputs.control_at) >= 0).all() else FITTED[: len(MODES)]
+    slot = (np.asarray(inputs.control_at) >= 0).all()
+    return tuple((mode, at) for mode, at in FITTED if slot or at == "last")
 
 
 def output_module(layer) -> torch.nn.Module:
@@ -108,7 +110,7 @@ class MlpEdit(StreamEdit):
     def restored(cls, record: dict, tensors: dict) -> MlpEdit:
         if record.get("mode") not in MODES:
             raise ValueError(f"mode {record.get('mode')!r} is none of {', '.join(MODES)}")
-        if record.get("fitted_at", "last") not in ("last", "slot"):
+        if record.get("fitted_at", "last") not in POSITIONS:
             raise ValueError(f"fitted_at {record['fitted_at']!r} is neither last nor slot")
         stream = StreamEdit.restored(record, tensors)
         return cls(stream.layer, *stream.params, mode=record["mode"], at=record.get("fitted_at", "last"))

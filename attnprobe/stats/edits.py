@@ -33,7 +33,7 @@ from ..heads import HeadSet
 from ..schema.analysis import TEMPLATE, Analysis
 from .design import cell_slopes
 from .inference import cluster_mean_test, cluster_slope_test, holm, slope_ratio_test
-from .keeping.definitional import control_columns, edited_control, joint_columns, specificity_columns
+from .keeping.definitional import control_columns, joint_columns, specificity_columns
 
 PER = 10
 # a quarter's items as a run's statistics see them: unit x template clusters, the covariate the unit's
@@ -45,9 +45,14 @@ def _slope(x: np.ndarray, y: np.ndarray) -> float:
     return float((xc * (y - y.mean())).sum() / (xc**2).sum()) if (xc**2).sum() > 0 else np.nan
 
 
+def _rows(raw: pd.DataFrame, target: str, kind: str, k, draw: int) -> pd.DataFrame:
+    """The raw rows of `target` (bias, control, text) under the edit (kind, k, draw), by index."""
+    rows = raw[(raw["target"] == target) & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == draw)]
+    return rows.set_index("index")
+
+
 def _bias(raw: pd.DataFrame, kind: str, k: int, draw: int) -> pd.Series:
-    rows = raw[(raw["target"] == "bias") & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == draw)]
-    return rows.set_index("index")["y"]
+    return _rows(raw, "bias", kind, k, draw)["y"]
 
 
 def _layers(heads: str) -> list[int]:
@@ -77,7 +82,7 @@ def edit_tables(raw: pd.DataFrame, n_heads: int | None = None) -> tuple[pd.DataF
         row = {"kind": kind, "k": k, "heads": group["heads"].iloc[0], "heads_all": group["heads_all"].iloc[0]}
         row["n_items"] = len(base.items)
         row.update(_gradients(base, after))
-        control = edited_control(raw, kind, k, base.control0)
+        control = _rows(raw, "control", kind, k, -1)["y"].reindex(base.control0.index)
         row.update(control_columns(control, base.control0))
         row.update(joint_columns(control, base.control0, base.items.assign(y0=base.before, y1=after)))
         row.update({} if "specificity" in row else specificity_columns(row))
@@ -269,8 +274,7 @@ def _costs(raw, kind, k, draw, loss0: pd.Series, user: pd.Series) -> dict:
     """The cost on the texts the edit was measured on (index-aligned with the clean ones): the mean
     KL(original || edited) over the generated texts with a t interval (texts as units: the goal is
     judged on its upper bound), the perplexity change on them, and the user's text's loss change."""
-    rows = raw[(raw["target"] == "text") & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == draw)]
-    rows = rows.set_index("index").sort_index()
+    rows = _rows(raw, "text", kind, k, draw).sort_index()
     mine, generated = loss0.reindex(rows.index), ~user.reindex(rows.index).to_numpy(bool)
     kl = rows["kl"].to_numpy()[generated]
     test = cluster_mean_test(kl, np.ones(len(kl)), [np.arange(len(kl))]) if len(kl) > 1 else None

@@ -41,7 +41,7 @@ from ..analyses.tracing import measure_tracing, tracing_table
 from ..analyses.transfer import ALSO_K, transfer, transfer_suites
 from ..inputs import check_text, record_inputs
 from ..kinds import KINDS
-from ..mlp import COVARIATE_MODES, MLP_KINDS, Recorded, fitted_where, kind_of, measure_mlp
+from ..mlp import COVARIATE_MODES, MLP_KINDS, POSITIONS, Recorded, fitted_where, kind_of, measure_mlp
 from ..stream import StreamEdit, measure_stream
 from .fitted import save_chosen, save_layers
 from .measure import GradientScores, clean_values, found_sets, measure_kind
@@ -255,12 +255,13 @@ def _layer_parts(part, key: str, model, options, inputs, clean: pd.DataFrame, lo
         frames.append(part(STREAM, lambda: measure_stream(model, inputs, log), f"{key}:{LAYER_PARTS}"))
         frames += _layer_placebo(part, key, model, options, inputs, frames, STREAM, StreamEdit.fit, log)
     if options.mlp:
-        recorded = {at: Recorded(model.model, inputs, at) for at in ("last", "slot")}  # on first use
+        recorded = {at: Recorded(model.model, inputs, at) for at in POSITIONS}  # on first use
         for mode, at in fitted_where(inputs):
+            name = kind_of(mode, at)
             measure = lambda m=mode, r=recorded[at]: measure_mlp(model, r, m, log)
-            frames.append(part(kind_of(mode, at), measure, f"{key}:{LAYER_PARTS}"))
+            frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
             if mode in COVARIATE_MODES:
-                fit, name = recorded[at].fit(mode), kind_of(mode, at)
+                fit = recorded[at].fit(mode)
                 frames += _layer_placebo(part, key, model, options, inputs, frames, name, fit, log)
     return frames[1:]
 

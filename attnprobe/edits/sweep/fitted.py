@@ -15,7 +15,7 @@ from ...run.files.fresh import own_directory
 from ...stats.edits import STREAM, chosen_layers
 from ...version import __version__
 from ..kinds import KINDS
-from ..mlp import FITTED, Recorded, kind_of
+from ..mlp import FITTED, POSITIONS, Recorded, kind_of
 from ..saved import save_edit
 from ..stream import StreamEdit
 from .options import EditOptions
@@ -66,7 +66,7 @@ def save_mlp(directory, manifest, model, weights, inputs, options, table, raw, s
     """Write each MLP mode's chosen edits as the stream's are written: edits/mlp-MODE and
     edits/quarters/mlp-MODE-qF."""
     source, n = _source(directory, manifest, options, source), 0
-    recorded = {at: Recorded(model.model, inputs, at) for at in ("last", "slot")}
+    recorded = {at: Recorded(model.model, inputs, at) for at in POSITIONS}
     for mode, at in FITTED:
         kind = kind_of(mode, at)
         rows = table[table["kind"].isin([kind, f"{kind}-chosen"])]

@@ -15,18 +15,12 @@ from .joint import edit_terms
 TEMPLATES = "_templates"  # a control set's phrases put in the items' templates (edits.inputs.SUFFIX)
 
 
-def edited_control(raw: pd.DataFrame, kind: str, k, control0: pd.DataFrame) -> pd.Series:
-    """y of each control prompt (control0's rows) after the edit (kind, k) itself (draw -1)."""
-    rows = raw[(raw["target"] == "control") & (raw["kind"] == kind) & (raw["k"] == k) & (raw["draw"] == -1)]
-    return rows.set_index("index")["y"].reindex(control0.index)
-
-
 def control_columns(after: pd.Series, control0: pd.DataFrame) -> dict:
-    """The control before (control0) and after (edited_control). The prompts a keep constraint may be
-    fitted on (half 0 or 1) were each edited with the constraint fitted on the other half's words
-    (cross-fitted), so their gap kept is held out by word; each other set (never fitted: names, a new
-    frame) gets its own columns. Clusters: the word pair where the control names one, else each
-    prompt."""
+    """The control before (control0) and after the edit (`after`: each prompt's y). The prompts a keep
+    constraint may be fitted on (half 0 or 1) were each edited with the constraint fitted on the other
+    half's words (cross-fitted), so their gap kept is held out by word; each other set (never fitted:
+    names, a new frame) gets its own columns. Clusters: the word pair where the control names one,
+    else each prompt."""
     y1 = after.to_numpy()
     y0, sign = control0["y"].to_numpy(), control0["sign"].to_numpy()
     half = control0["half"].to_numpy() if "half" in control0 else np.zeros(len(y0))
@@ -42,8 +36,8 @@ def control_columns(after: pd.Series, control0: pd.DataFrame) -> dict:
 
 def joint_columns(after: pd.Series, control0: pd.DataFrame, items: pd.DataFrame) -> dict:
     """The joint regression (joint.py) of the items (y0, y1) with each set of the control's phrases
-    put in their templates (edits.inputs.template_prompts), before (control0) and after
-    (edited_control); columns prefixed with the set, e.g. nouns_templates_...: the stereotype term
+    put in their templates (edits.inputs.template_prompts), before (control0) and after the edit
+    (`after`); columns prefixed with the set, e.g. nouns_templates_...: the stereotype term
     removed and the factual term kept in one fit. The set of the words a keep constraint was fitted
     on (held out by word: halves 0 and 1) gives the row's specificity."""
     if "set" not in control0:
