@@ -75,9 +75,47 @@ def read_table(directory, name: str) -> pd.DataFrame:
         return pd.DataFrame()
 
 
+_WRITING: list[tuple[Path, object]] = []  # (run directory, which relative paths may be written there)
+
+
+@contextmanager
+def writing_into(directory: Path, allowed):
+    """Within the block, every atomic_write under `directory` must satisfy `allowed(relative path)`
+    and reach its file through no symbolic link (which would carry the write out of the run)."""
+    _WRITING.append((Path(os.path.abspath(directory)), allowed))
+    try:
+        yield
+    finally:
+        _WRITING.pop()
+
+
+def check_inside(path: Path) -> None:
+    """`path` refused, in one line, where a run being written declares no such file or a link on the
+    way to it leads out of the run (the innermost run holding it decides: --also runs are nested)."""
+    target = Path(os.path.abspath(path))
+    holding = [(root, allowed) for root, allowed in _WRITING if target.is_relative_to(root)]
+    if not holding:
+        return
+    root, allowed = max(holding, key=lambda pair: len(pair[0].parts))
+    relative = target.relative_to(root)
+    for depth in range(1, len(relative.parts)):  # a link at the file itself is replaced, not followed
+        if (root.joinpath(*relative.parts[:depth])).is_symlink():
+            raise RunError(
+                f"{root.joinpath(*relative.parts[:depth])} is a symbolic link; attnprobe writes only "
+                "inside the run directory: remove it or choose another --out"
+            )
+    if not allowed(relative.as_posix()):
+        raise RunError(
+            f"attnprobe bug: {relative.as_posix()} is not a declared file of the run {root} "
+            "(attnprobe.run.files.inventory); please report it"
+        )
+
+
 def atomic_write(path: Path, write) -> None:
     """Write to a temporary sibling, then rename: a reader never sees a half-written file. A failed
-    write (disk full, permissions) leaves what was there before and says how to go on."""
+    write (disk full, permissions) leaves what was there before and says how to go on. Inside a run
+    being written (`writing_into`), only its declared files, and never through a link."""
+    check_inside(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         write(tmp)
@@ -90,9 +128,14 @@ def atomic_write(path: Path, write) -> None:
         ) from None
 
 
-def write_table(directory: Path, name: str, table: pd.DataFrame) -> None:
-    """`<name>.csv` (spreadsheet export), then `<name>.parquet` (the typed table readers use)."""
-    atomic_write(directory / f"{name}.csv", lambda p: write_csv(table, p))
+def write_table(directory: Path, name: str, table: pd.DataFrame, why: str | None = None) -> None:
+    """`<name>.csv` (spreadsheet export), then `<name>.parquet` (the typed table readers use). A table
+    with no columns is exported as one `note` saying why it is empty (`why`), so that every CSV has a
+    header a spreadsheet or pandas reads."""
+    shown = table
+    if table.columns.empty:
+        shown = pd.DataFrame({"note": [f"no rows: {why or 'this run has nothing for ' + name}"]})
+    atomic_write(directory / f"{name}.csv", lambda p: write_csv(shown, p))
     atomic_write(directory / f"{name}.parquet", lambda p: write_parquet(table, p))
 
 

@@ -76,7 +76,80 @@ def _source(spec: str) -> tuple[dict, Path | None]:
         ) from None
     if not isinstance(values, dict) or "model_type" not in values:
         raise ModelSpecError(f"'{spec}': {file} has no model_type; give a transformers config.json")
+    check_values(values, f"'{spec}': {file}")
     return values, folder
+
+
+# The sizes a config may give, as (smallest, largest) whole numbers: each bound is above every
+# published causal LM (126 layers, width 25,600, 262,144 tokens, 10 M positions) and keeps a model
+# built on the meta device (check's parameter count) under a second. None allowed where transformers
+# derives the value (key/value heads, head width, MLP width of GPT-2, no sliding window).
+SIZES = {
+    "num_hidden_layers": (1, 1024),
+    "n_layer": (1, 1024),
+    "num_layers": (1, 1024),
+    "hidden_size": (1, 1 << 17),
+    "n_embd": (1, 1 << 17),
+    "d_model": (1, 1 << 17),
+    "num_attention_heads": (1, 4096),
+    "n_head": (1, 4096),
+    "num_key_value_heads": (1, 4096),
+    "head_dim": (1, 1 << 14),
+    "intermediate_size": (1, 1 << 20),
+    "n_inner": (1, 1 << 20),
+    "ffn_dim": (1, 1 << 20),
+    "vocab_size": (1, 1 << 23),
+    "max_position_embeddings": (1, 1 << 24),
+    "n_positions": (1, 1 << 24),
+    "sliding_window": (1, 1 << 24),
+}
+DERIVED = {"num_key_value_heads", "head_dim", "n_inner", "sliding_window"}
+
+
+def check_values(values: dict, where: str) -> None:
+    """The config's sizes (and its text model's, for a multimodal config) checked for type and bounds
+    before transformers or torch sees them: one ModelSpecError naming the field and what it takes."""
+    if not isinstance(values.get("model_type"), str):
+        raise ModelSpecError(f'{where}: model_type must be a name such as "llama"; fix it')
+    _causal_family(values["model_type"], where)
+    text = values.get("text_config")
+    for part, name in ((values, ""), (text if isinstance(text, dict) else {}, "text_config.")):
+        for key, (low, high) in SIZES.items():
+            if key not in part or (part[key] is None and key in DERIVED):
+                continue
+            value = part[key]
+            if not (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high):
+                raise ModelSpecError(
+                    f"{where}: {name}{key} is {json.dumps(value)[:40]}; it must be a whole number from "
+                    f"{low:,} to {high:,}"
+                )
+        _heads_fit(part, where, name)
+
+
+def _heads_fit(part: dict, where: str, name: str) -> None:
+    """Query heads split the width (unless a head width is given), key/value heads the query heads."""
+    heads = part.get("num_attention_heads", part.get("n_head"))
+    width = part.get("hidden_size", part.get("n_embd"))
+    kv = part.get("num_key_value_heads")
+    if heads and width and part.get("head_dim") is None and width % heads:
+        raise ModelSpecError(
+            f"{where}: {name}hidden_size {width:,} is not divisible by {heads} attention heads; set "
+            "head_dim or a head count that divides the width"
+        )
+    if heads and kv and heads % kv:
+        raise ModelSpecError(
+            f"{where}: {name}num_key_value_heads {kv} does not divide num_attention_heads {heads}"
+        )
+
+
+def _causal_family(model_type: str, where: str) -> None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelSpecError(
+            f"{where}: model_type {model_type[:40]!r} is not a causal language model transformers knows "
+            "(e.g. llama, qwen2, gemma3_text, gpt2); give a decoder's config.json"
+        )
 
 
 def shape_config(spec: str):
@@ -87,8 +160,9 @@ def shape_config(spec: str):
     model_type = values.pop("model_type")
     try:
         return AutoConfig.for_model(model_type, **values)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ModelSpecError(f"'{spec}': transformers cannot build this config ({exc})") from None
+    except Exception as exc:  # any field of any type reaches transformers' own checks
+        message = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise ModelSpecError(f"'{spec}': transformers cannot build this config ({message})") from None
 
 
 def shape_tokenizer(spec: str, config):

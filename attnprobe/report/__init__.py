@@ -13,6 +13,7 @@ import math
 import os
 import re
 import warnings
+from contextlib import ExitStack
 from importlib.resources import files
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from .. import stats
 from ..errors import RunError
 from ..measures import MEASURES, analyse, table_names
 from ..progress import Progress
+from ..run.files.inventory import run_writes
 from ..run.files.layout import TABLES_KEY, artefacts
 from ..run.files.reader import RunFiles
 from ..store import atomic_write, digest, read_table, write_table
@@ -65,18 +67,23 @@ def load_tables(
             )
             tables = analyse(run, step=bar.step)
     if write:
-        for name, table in tables.items():
-            write_table(run.directory, name, table)
-        stale = {name for kind in MEASURES.values() for name in kind.TABLES} - set(tables)
-        for name in stale:  # left by an earlier run: stale now
-            for ext in ("csv", "parquet"):
-                (run.directory / f"{name}.{ext}").unlink(missing_ok=True)
-        sums = {name: digest(run.directory / f"{name}.parquet") for name in tables}
-        payload = json.dumps({"stamp": stamp, "sha256": sums}, indent=1)
-        atomic_write(
-            run.directory / TABLES_KEY, lambda path: path.write_text(payload)
-        )  # last: the tables above are complete
+        with run_writes(run.directory, lock=False):
+            _write_tables(run.directory, tables, stamp)
     return tables
+
+
+def _write_tables(directory: Path, tables: dict, stamp: dict) -> None:
+    """The statistics tables, each measure's stale ones removed, then the cache key (last: the tables
+    above are complete)."""
+    for name, table in tables.items():
+        write_table(directory, name, table)
+    stale = {name for kind in MEASURES.values() for name in kind.TABLES} - set(tables)
+    for name in stale:  # left by an earlier run: stale now
+        for ext in ("csv", "parquet"):
+            (directory / f"{name}.{ext}").unlink(missing_ok=True)
+    sums = {name: digest(directory / f"{name}.parquet") for name in tables}
+    payload = json.dumps({"stamp": stamp, "sha256": sums}, indent=1)
+    atomic_write(directory / TABLES_KEY, lambda path: path.write_text(payload))
 
 
 def _signature(path: Path) -> list:
@@ -149,11 +156,19 @@ def with_contents(html: str) -> str:
 
 def write_report(run_dirs, out: str | Path | None = None, progress: bool | None = False) -> Path:
     """Write report.html for one run (into its directory) or a side-by-side report of several.
-    `progress`: None shows the statistics and report phases (bars, or log lines off a terminal)."""
+    `progress`: None shows the statistics and report phases (bars, or log lines off a terminal).
+    Into a run directory only its declared files are written (run.files.inventory)."""
     run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
     runs = [RunFiles(d) for d in run_dirs]
     if out:
         _check_out(Path(out))  # before any statistics are computed
+    with ExitStack() as guards:
+        for run in runs:
+            guards.enter_context(run_writes(run.directory, lock=False, page=out))
+        return _write_report(runs, out, progress)
+
+
+def _write_report(runs: list[RunFiles], out, progress) -> Path:
     tables = [load_tables(run, progress=progress) for run in runs]
     bar = Progress(len(runs) + 1, enabled=progress, unit="part", desc="report")
     heads = [t["head_stats"][t["head_stats"]["scope"] == "all"] for t in tables if len(t["head_stats"])]

@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 
 from ..errors import RunError
 from ..run.files.fresh import own_directory
+from ..store import check_inside
 
 
 def figure(fig, directory: Path, name: str, alt: str) -> dict:
@@ -19,6 +20,8 @@ def figure(fig, directory: Path, name: str, alt: str) -> dict:
     try:
         fig.savefig(buffer, format="png", dpi=110)
         own_directory(directory)
+        for suffix in ("svg", "png"):  # declared in a run directory, and reached without a link
+            check_inside(directory / f"{name}.{suffix}")
         fig.savefig(directory / f"{name}.svg")
         (directory / f"{name}.png").write_bytes(buffer.getvalue())
     except OSError as exc:

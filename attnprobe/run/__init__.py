@@ -19,9 +19,10 @@ from ..model import ProbeModel, load_model
 from ..model.checks import check_device
 from ..model.footprint import check_fits
 from ..progress import Progress
-from ..store import exclusive, write_table
+from ..store import write_table
 from ..suite import Suite, load_suite
 from .files import fresh
+from .files.inventory import run_writes
 from .files.layout import content_sha, prompts_table, weights_sha
 from .files.manifest import Manifest, new_manifest
 from .options import RunOptions
@@ -54,7 +55,7 @@ def run_suite(
             plan.config, plan.spec, plan.dtype, options.device, options.device_map, working_bytes(plan)
         )
     directory = _open(plan.directory)
-    with exclusive(directory):
+    with run_writes(directory):
         previous = fresh.prepare_directory(
             directory, plan.fingerprint, options.resume, suite.name, options.log
         )

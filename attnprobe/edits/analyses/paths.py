@@ -63,7 +63,7 @@ from ...intervene.rerun import ROWS, rerun_y
 from ...intervene.selection import chosen_heads
 from ...model.anatomy import module_of
 from ...store import atomic_write, write_parquet, write_table
-from .paths_parts import CIRCUIT, WITHOUT, circuit_heads, circuit_table, parts_table
+from .paths_parts import CIRCUIT, NO_CIRCUIT, WITHOUT, circuit_heads, circuit_table, parts_table
 from .paths_tables import (
     CROSSFIT,
     DENOISING,
@@ -397,4 +397,4 @@ def write_paths(directory, raw: pd.DataFrame) -> None:
     write_table(directory, "paths_parts", parts_table(frames["paths_items"]))
     edges_ = edges_table(frames["paths_screen"], frames["paths_edges_items"], frames["paths_items"])
     write_table(directory, "paths_edges", edges_)
-    write_table(directory, "paths_circuit", circuit_table(frames["paths_circuit_items"]))
+    write_table(directory, "paths_circuit", circuit_table(frames["paths_circuit_items"]), NO_CIRCUIT)

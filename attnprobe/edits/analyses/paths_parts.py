@@ -171,6 +171,9 @@ def circuit_heads(parts: pd.DataFrame, reference: str) -> list[tuple[int, int]]:
     return [head for name in movers["receiver"].unique() for head in HeadSet.parse(name)]
 
 
+NO_CIRCUIT = "no head meets the mover rule, so there is no circuit to test (paths.csv says why)"
+
+
 def circuit_table(raw: pd.DataFrame) -> pd.DataFrame:
     """paths_circuit.csv, per comparison (x' the reference word's version or another occupation's):
     the circuit C (its movers' value input at the occupation) path-patched alone, as shares of TE's

@@ -17,6 +17,7 @@ from ...forward.device import on_model_device
 from ...measures.head_effects import SlotSwap, per_value_column
 from ...model import refuse_random
 from ...run.execute import deferred_interrupt
+from ...run.files.inventory import run_writes
 from ...run.files.layout import content_sha
 from ...run.files.reader import RunFiles
 from ...run.options import RunOptions
@@ -34,7 +35,7 @@ from ...stats.edits import (
 )
 from ...stats.keeping.goal import goal_table
 from ...stats.placebo import PLACEBO_PREFIX, placebo_table
-from ...store import atomic_write, exclusive, read_chunks, write_parquet, write_table
+from ...store import atomic_write, read_chunks, write_parquet, write_table
 from ..analyses.paths import PATHS_VERSION, measure_run_paths, write_paths
 from ..analyses.readout import write_readout
 from ..analyses.tracing import measure_tracing, tracing_table
@@ -147,7 +148,7 @@ def run_edits(
     suites = transfer_suites(tuple(also))  # checked before any work
     run, reopened = _run_and_suite(directory)  # the run and the options too, before taking the lock
     checked_options(options, run.manifest, reopened.suite)
-    with exclusive(directory):
+    with run_writes(directory):
         if model is None:
             log(f"loading {run.manifest.model.spec} ({run.manifest.dtype})")
             model = reopened.load_model(device)

@@ -1,6 +1,6 @@
 """Starting over in a run directory, and the directories a run writes into: `--fresh` deletes only
-the files attnprobe wrote (directory.artefacts(), directory.derived(), and attnprobe's names inside chunks/
-and figures/), and chunks/ or figures/ planted as a link or a file are refused. A run keeps a copy of
+the files attnprobe declares (run.files.inventory), and chunks/ or figures/ planted as a link or a file
+are refused. A run keeps a copy of
 its suite and data files (suite/, `copy_suite`), which `attnprobe edit` reopens wherever the run
 directory has moved."""
 
@@ -8,27 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
 from ...errors import RunError
-from .layout import artefacts, chunk_files, derived
+from .inventory import is_declared
 from .manifest import Manifest
-
-
-def own_files() -> dict[str, re.Pattern]:
-    """What attnprobe writes inside chunks/, figures/ and edits/ (anything else there is someone else's)."""
-    prefixes = "|".join(re.escape(prefix) for prefix in chunk_files() if prefix)  # each phase's chunks
-    return {
-        "chunks": re.compile(
-            rf"({prefixes}|edits-[a-z]+-)?\d{{5}}\.(done|[a-z_]+\.parquet)|\..+\.tmp"  # edits-PART-: `edit`
-            r"|edits-[0-9a-f]{16}-[a-z]+\.(parquet|done)"  # an `edit` of round 4's first sessions
-        ),
-        "figures": re.compile(r"[\w-]+\.(png|svg)"),
-        "edits": re.compile(r"[a-z]+(-k\d+)?\.(json|safetensors)|\..+\.tmp"),  # KIND-kK, or stream
-        "edits/quarters": re.compile(r"[a-z]+(-k\d+)?-q\d\.(json|safetensors)|\..+\.tmp"),
-    }
 
 
 def own_directory(path: Path) -> Path:
@@ -120,20 +105,26 @@ def _remove_copy(target: Path) -> None:
 
 
 def remove_run(directory: Path) -> list[str]:
-    """Delete the files a run and its report wrote (artefacts(), derived(), and in chunks/ and figures/
-    only files named as attnprobe names them); return what was kept. The suite's copy stays until the
-    new run copies its own over it (it may be what the new run is reading)."""
-    kept, own = [], own_files()
-    for name in artefacts() + derived():
-        target = directory / name
-        if target.is_dir() and not target.is_symlink():
-            for child in sorted(target.iterdir()):
-                if child.is_file() and name in own and own[name].fullmatch(child.name):
-                    child.unlink()
-                else:
-                    kept.append(f"{name}/{child.name}")
-            if not any(target.iterdir()):
-                target.rmdir()
-        elif target.is_file() or target.is_symlink():
-            target.unlink()
+    """Delete every file attnprobe declares for a run directory (run.files.inventory: the run's, the
+    report's, every `attnprobe edit` table and saved edit, the runs of `--also`), and the folders left
+    empty; return what was kept (anything else, relative to the directory). The suite's copy stays
+    until the new run copies its own over it (it may be what the new run is reading), the lock while
+    it is held."""
+    kept, emptied = [], []
+    for folder, subfolders, names in os.walk(directory):  # links are not followed
+        here = Path(folder)
+        relative = here.relative_to(directory)
+        if relative.parts[:1] == (SUITE_COPY,):
+            subfolders.clear()
+            continue
+        for name in sorted(names) + sorted(s for s in subfolders if (here / s).is_symlink()):
+            path = (relative / name).as_posix()
+            if is_declared(path) and path != ".lock":
+                (here / name).unlink()
+            elif path != ".lock":
+                kept.append(path)
+        emptied.append(here)
+    for folder in reversed(emptied[1:]):  # deepest first
+        if not any(folder.iterdir()):
+            folder.rmdir()
     return kept

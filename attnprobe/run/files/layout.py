@@ -7,8 +7,8 @@
   suite/             a copy of the suite and its data files (fresh.copy_suite; RunFiles.reopen reads it)
   the measures' own files: each registered kind's ARTEFACTS (attnprobe.measures, e.g.
   attention.parquet, logprobs.csv, likelihood.parquet, head_effects_*).
-Every write is atomic (attnprobe.store). `--fresh` removes exactly artefacts() and the report's derived()
-files, never anything else.
+Every write is atomic (attnprobe.store). Every file a command writes here is declared once
+(run.files.inventory): `--fresh` removes exactly those, never anything else.
 """
 
 from __future__ import annotations
@@ -33,43 +33,7 @@ def artefacts() -> tuple[str, ...]:
     return ("chunks", "prompts.csv", "prompts.parquet", *own, "manifest.json")
 
 
-# written from a run by the report: statistics tables (as <name>.csv), figures, the page
 TABLES_KEY = "tables.json"  # which statistics version and analysis the cached tables were made with
-EDIT_TABLES = (
-    "edits",
-    "edits_draws",
-    "edits_items",
-    "edits_quarters",
-    "edits_heads",
-    "edits_stream",
-    "tracing",
-    "tracing_items",
-    "edits_transfer",
-    "paths",  # --paths
-    "paths_edges",
-    "readout",
-)  # written by `attnprobe edit`
-REPORT_FILES = (
-    "behavior_by_occupation.csv",  # the first name of behavior_by_unit
-    TABLES_KEY,
-    "figures",
-    "edits/quarters",  # the fitted edits `attnprobe edit` saves (edits/NAME.json + .safetensors)
-    "edits",
-    "report.html",
-    "summary.json",  # the key findings the report writes (report.summary)
-    # the raw values `attnprobe edit --paths` computes its tables from
-    "paths_items.parquet",
-    "paths_screen.parquet",
-    "paths_edges_items.parquet",
-    "readout_states.parquet",
-)
-
-
-def derived() -> tuple[str, ...]:
-    """What the report and `attnprobe edit` write from a run: every statistics table (as CSV and
-    Parquet), the edit tables, figures, the page."""
-    tables = (*(name for kind in MEASURES.values() for name in kind.TABLES), "held_out", *EDIT_TABLES)
-    return tuple(f"{name}.{ext}" for name in tables for ext in ("csv", "parquet")) + REPORT_FILES
 
 
 def chunk_files() -> dict[str, tuple[str, ...]]:

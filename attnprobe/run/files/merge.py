@@ -11,9 +11,9 @@ from pathlib import Path
 from ... import store
 from ...errors import RunError
 from ...measures import MEASURES, batch_kinds
-from ...store import exclusive
 from ..plan import fingerprint
 from .fresh import SUITE_COPY, own_directory
+from .inventory import run_writes
 from .layout import chunk_files
 from .manifest import Manifest
 
@@ -32,7 +32,7 @@ def merge_shards(shard_dirs: list[str | Path], out: str | Path) -> Path:
     if (out / "manifest.json").is_file() and Manifest.read(out / "manifest.json").settings != settings:
         raise RunError(f"{out} holds a run with other settings; merge into a new directory")
     own_directory(out / "chunks")
-    with exclusive(out):
+    with run_writes(out):
         n_chunks = manifests[0].n_chunks
         for k in range(n_chunks):
             source_dir = by_k[k % n + 1][0] / "chunks"
