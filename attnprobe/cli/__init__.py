@@ -80,12 +80,17 @@ def main(ctx, quiet, verbose):
 
 @subcommand("models")
 def models():
-    """List the bundled model aliases and whether each is installed."""
+    """List the bundled model aliases, whether each is installed, and the shipped shapes
+    (`--model random:NAME`)."""
     from ..model.bundled import bundled_status
+    from ..model.shapes import shape_status
 
     for row in bundled_status():
         state = "installed" if row["installed"] else f"not installed ({row['install']})"
-        click.echo(f"{row['alias']:<14} {state:<12}  {row['description']}")
+        click.echo(f"{row['alias']:<25} {state:<12}  {row['description']}")
+    for name, about in shape_status():
+        shape = f"{'random:' + name:<25} {'shape only':<12}"
+        click.echo(f"{shape}  {about}; random weights, for time and memory (check, run)")
 
 
 @subcommand("verify")
@@ -184,7 +189,8 @@ def check(suite, model_spec, limit, dtype, device, trust_remote_code, data_roots
 
     options = RunOptions(limit=limit, dtype=dtype, trust_remote_code=trust_remote_code, data_roots=data_roots)
     plan = plan_run(loaded, model_spec, options)
-    for line in describe(plan) + footprint_lines(plan, _estimated_device(device)):
+    device = _estimated_device(device)
+    for line in describe(plan, device) + footprint_lines(plan, device):
         click.echo(line)
 
 

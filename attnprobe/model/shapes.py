@@ -53,6 +53,16 @@ def shipped() -> list[str]:
     return sorted(p.stem for p in SHAPES.glob("*.json"))
 
 
+def shape_status() -> list[tuple[str, str]]:
+    """(name, its layers and heads) of each shipped shape, read from its config.json."""
+    rows = []
+    for name in shipped():
+        v = json.loads((SHAPES / f"{name}.json").read_text())
+        layers, heads, kv = v["num_hidden_layers"], v["num_attention_heads"], v["num_key_value_heads"]
+        rows.append((name, f"{v['model_type']}: {layers} layers, {heads} heads, {kv} kv heads"))
+    return rows
+
+
 def _source(spec: str) -> tuple[dict, Path | None]:
     """(config.json as a dict, the directory that may hold a tokenizer, or None)."""
     name = spec[len(PREFIX) :]
@@ -76,7 +86,7 @@ def _source(spec: str) -> tuple[dict, Path | None]:
         ) from None
     if not isinstance(values, dict) or "model_type" not in values:
         raise ModelSpecError(f"'{spec}': {file} has no model_type; give a transformers config.json")
-    check_values(values, f"'{spec}': {file}")
+    check_values(values, f"'{spec}'" if folder is None else str(file))
     return values, folder
 
 
@@ -159,10 +169,23 @@ def shape_config(spec: str):
     values, _ = _source(spec)  # read afresh: popping its model_type changes no other caller's dict
     model_type = values.pop("model_type")
     try:
-        return AutoConfig.for_model(model_type, **values)
+        config = AutoConfig.for_model(model_type, **values)
     except Exception as exc:  # any field of any type reaches transformers' own checks
-        message = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise ModelSpecError(f"'{spec}': transformers cannot build this config ({message})") from None
+        raise ModelSpecError(f"'{spec}': transformers cannot build this config ({_reason(exc)})") from None
+    try:  # the model is built from it (on the meta device, once: parameter_count reads the cache)
+        _counted(config.to_json_string())
+    except Exception as exc:
+        raise ModelSpecError(
+            f"'{spec}': transformers cannot build a model from this config ({_reason(exc)}); fix the field "
+            "it names"
+        ) from None
+    return config
+
+
+def _reason(exc: Exception) -> str:
+    """The line of an exception that says why (a validator's reason comes last)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1][:200] if lines else type(exc).__name__
 
 
 def shape_tokenizer(spec: str, config):
@@ -236,11 +259,40 @@ def parameter_count(config) -> tuple[int, int] | None:
         return None
 
 
+BUILT_LAYERS = 128  # deeper configs are counted from two shallow builds (a meta layer costs ~4 ms)
+
+
 @functools.lru_cache(maxsize=16)
 def _counted(config_json: str) -> tuple[int, int]:
+    """Counted on a meta build; past BUILT_LAYERS layers, from builds of 2 and 4 layers (the layers of
+    one config have the same parameters), so a 1,024-layer config answers in a fraction of a second."""
+    values = json.loads(config_json)
+    layers = _layer_count(values)
+    if layers is None or layers <= BUILT_LAYERS:
+        return _built(values)
+    (two, embedded), (four, _) = _built(_with_layers(values, 2)), _built(_with_layers(values, 4))
+    return two + (layers - 2) * (four - two) // 2, embedded
+
+
+def _layer_count(values: dict) -> int | None:
+    text = values.get("text_config") if isinstance(values.get("text_config"), dict) else values
+    return next((text[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if k in text), None)
+
+
+def _with_layers(values: dict, n: int) -> dict:
+    out = json.loads(json.dumps(values))
+    text = out["text_config"] if isinstance(out.get("text_config"), dict) else out
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        if key in text:
+            text[key] = n
+    text.pop("layer_types", None)  # one per layer: rebuilt from the pattern for n layers
+    return out
+
+
+def _built(values: dict) -> tuple[int, int]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    values = json.loads(config_json)
+    values = dict(values)
     config = AutoConfig.for_model(values.pop("model_type"), **values)
     with torch.device("meta"):
         return module_parameters(AutoModelForCausalLM.from_config(config))

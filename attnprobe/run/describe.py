@@ -6,8 +6,9 @@ from ..forward.estimates import REFERENCE_MODEL
 from .plan import RunPlan
 
 
-def describe(plan: RunPlan) -> list[str]:
-    """Prompts, items, analysis, measures, head effects, notes, tokens and the time estimate."""
+def describe(plan: RunPlan, device: str = "cpu") -> list[str]:
+    """Prompts, items, analysis, measures, head effects, notes, tokens and, on a CPU, the time
+    estimate of the reference model (another device's time is resources.footprint_lines')."""
     lines = []
     prompts = [e.prompt for e in plan.encoded]
     a = plan.suite.analysis
@@ -46,6 +47,10 @@ def describe(plan: RunPlan) -> list[str]:
         f"tokens ({plan.spec} tokenizer): {shared['tokens_without_sharing'] / n:.2f} forwarded per prompt "
         f"({sharing}), longest prompt {longest}"
     )
+    return lines + (_cpu_estimate(plan) if device.startswith("cpu") else [])
+
+
+def _cpu_estimate(plan: RunPlan) -> list[str]:
     phases = plan.estimate_seconds()
     each = ", ".join(
         f"{name.replace('_', ' ')} {seconds / 60:.1f} min"
@@ -53,8 +58,7 @@ def describe(plan: RunPlan) -> list[str]:
         for name, seconds, tokens in phases
     )
     total = sum(seconds for _, seconds, _ in phases)
-    lines.append(
+    return [
         f"estimate: about {total / 60:.1f} min for {REFERENCE_MODEL} on 2 CPU cores ({each}); larger models "
         "take longer in proportion to their size"
-    )
-    return lines
+    ]
