@@ -44,3 +44,8 @@ class UnsupportedFamily(AttnprobeError):
 
 class AnalysisError(AttnprobeError):
     """A run whose tables cannot be analysed as declared (e.g. two prompts of one item share a label)."""
+
+
+class RegistryError(AttnprobeError):
+    """A measure or edit kind whose name or files clash with another's, or whose name cannot name a
+    file (attnprobe.registry)."""

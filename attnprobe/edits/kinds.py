@@ -31,8 +31,8 @@ import torch
 from ..attention.capture import model_edit
 from ..errors import AttnprobeError
 from ..heads import HeadSet
-from ..measures.base import Registry
 from ..model import routes_attention
+from ..registry import Registry
 from .estimate import (
     BANK_TOKENS,
     covariate_directions,
@@ -271,12 +271,21 @@ def _definitional(inputs) -> torch.Tensor:
 
 # the built-in kinds, then those other packages register (entry points "attnprobe.edit_kinds", read
 # when the registry is first used; docs/extending.md)
+# the names the sweep's own rows and files carry (the clean model, each head alone, the stream's
+# erasure, its parts' chunks): a head kind of one of them would mix its rows or files with theirs
+SWEEP_NAMES = ("none", "single", "stream", "placebo", "paths", "tracing", "readout", "transfer")
 KINDS = Registry(
-    {kind.kind: kind for kind in (Zero, Mean, Resample, Scale, Project, Orthogonal, Leace)},
     "attnprobe.edit_kinds",
     HeadEdit,
     "kind",
+    clash=lambda kind, others: (
+        f"is named {kind.kind!r}, a name the edit sweep's own rows carry"
+        if kind.kind in SWEEP_NAMES
+        else None
+    ),
 )
+for _kind in (Zero, Mean, Resample, Scale, Project, Orthogonal, Leace):
+    KINDS.register(_kind)
 
 
 @dataclass
@@ -298,8 +307,21 @@ class RowEditor:
         for i, edit in enumerate(edits):
             mine = chosen & (which.to(chosen.device) == i)[:, None]  # (B, H): rows of edit i
             if mine.any():
-                out = torch.where(mine[:, :, None, None], edit.replacement(site.layer, site.output), out)
+                out = torch.where(mine[:, :, None, None], replaced(edit, site.layer, site.output), out)
         return out
+
+
+def replaced(edit: HeadEdit, layer: int, z: torch.Tensor) -> torch.Tensor:
+    """`edit.replacement(layer, z)`, refused in one line unless it has z's shape (B, H, T, D): a kind's
+    output that would broadcast (one row for every row, say) edits what it was not asked to."""
+    out = edit.replacement(layer, z)
+    if not isinstance(out, torch.Tensor) or out.shape != z.shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise AttnprobeError(
+            f"edit kind {edit.kind!r} ({type(edit).__module__}) replaced layer {layer}'s heads with {got}, "
+            f"not their shape {tuple(z.shape)} (B, H, T, D); fix its replacement()"
+        )
+    return out
 
 
 @contextmanager

@@ -161,6 +161,10 @@ def _refuse_non_finite(json_path: Path, parameters, tensors: dict) -> None:
 def load_edit(path: str | Path) -> SavedEdit:
     """The edit saved at `path` (NAME.json, NAME.safetensors or NAME); a missing, damaged,
     truncated or unknown file is one AttnprobeError naming it and the fix."""
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise AttnprobeError(
+            f"load_edit({path!r}): give the path of a saved edit, e.g. RUN_DIR/edits/leace-k5.json"
+        )
     path = Path(path)
     stem = path.with_suffix("") if path.suffix in (".json", ".safetensors") else path
     json_path, tensor_path = (stem.with_name(stem.name + s) for s in (".json", ".safetensors"))

@@ -15,6 +15,10 @@ kind is its module plus one line here.
 
 from __future__ import annotations
 
+import pandas as pd
+
+from ..errors import AnalysisError
+from ..registry import Registry
 from .attention import Attention, AttentionMeasure
 from .base import (
     BatchMeasure,
@@ -23,7 +27,6 @@ from .base import (
     Phase,
     PlanScope,
     PromptsMeasure,
-    Registry,
     ScoredMeasure,
 )
 from .direct_attribution import DirectAttribution
@@ -33,26 +36,39 @@ from .multiple_choice import MultipleChoice, MultipleChoiceMeasure
 from .next_token import NextToken, NextTokenMeasure
 from .referent_choice import ReferentChoice, ReferentChoiceMeasure
 
-# the built-in kinds, then those other packages register (entry points "attnprobe.measures", read
-# when the registry is first used; docs/extending.md)
+
+def _files(kind) -> set[str]:
+    """Every file a kind writes into a run (its own, its chunks', its statistics tables') and the run
+    attributes it reads them as."""
+    chunks = {f"chunks/{prefix}*.{name}" for prefix, names in kind.CHUNKS.items() for name in names}
+    tables = {f"{table}.{ext}" for table in kind.TABLES for ext in ("csv", "parquet")}
+    return {*kind.ARTEFACTS, *chunks, *tables, *(f"Run.{attribute}" for attribute in kind.READS)}
+
+
+def _clash(kind, others) -> str | None:
+    """A kind may not write a file (or read a run attribute) another kind already does."""
+    for other in others:
+        shared = sorted(_files(kind) & _files(other))
+        if shared:
+            return f"writes {shared[0]}, as the measure {other.NAME} ({type(other).__module__}) does"
+    return None
+
+
+# the built-in kinds in order, then those other packages register (entry points "attnprobe.measures",
+# read when the registry is first used; docs/extending.md)
 MEASURES: dict[str, Measure] = Registry(
-    {
-        kind.NAME: kind
-        for kind in (
-            Attention(),
-            NextToken(),
-            ReferentChoice(),
-            Likelihood(),
-            MultipleChoice(),
-            HeadEffects(),
-            DirectAttribution(),
-        )
-    },
-    "attnprobe.measures",
-    Measure,
-    "NAME",
-    lambda kind: kind() if isinstance(kind, type) else kind,
+    "attnprobe.measures", Measure, "NAME", lambda kind: kind() if isinstance(kind, type) else kind, _clash
 )
+for _kind in (
+    Attention(),
+    NextToken(),
+    ReferentChoice(),
+    Likelihood(),
+    MultipleChoice(),
+    HeadEffects(),
+    DirectAttribution(),
+):
+    MEASURES.register(_kind)
 
 
 def batch_kinds() -> tuple[BatchMeasure, ...]:
@@ -70,11 +86,37 @@ def analyse(run, step=None) -> dict:
     step = step or (lambda name: None)
     tables = {}
     for name, kind in MEASURES.items():
-        tables.update(kind.statistics(run, tables))
+        tables.update(_statistics(kind, run, tables))
         step(name)
     tables["held_out"] = held_out_summary(tables["head_stats"], tables.get("head_effects_summary"))
     step("held_out")
     return tables
+
+
+def _statistics(kind, run, tables: dict) -> dict:
+    """A kind's statistics tables, checked before anything is written: {one of its TABLES: DataFrame}
+    (a plug-in's that returns anything else, or a table it does not declare, is one line naming it)."""
+    out = kind.statistics(run, tables)
+    wrong = (
+        f"gave {type(out).__name__}"
+        if not isinstance(out, dict)
+        else next(
+            (
+                f"gave {type(t).__name__} for {name!r}"
+                if name in kind.TABLES
+                else f"gave {name!r}, not in its TABLES"
+                for name, t in out.items()
+                if name not in kind.TABLES or not isinstance(t, pd.DataFrame)
+            ),
+            None,
+        )
+    )
+    if wrong:
+        raise AnalysisError(
+            f"the measure {kind.NAME} ({type(kind).__module__}) statistics {wrong}; it must return "
+            f"{{table: DataFrame}} for its TABLES {list(kind.TABLES)} (the run's own files are kept)"
+        )
+    return out
 
 
 def paired(a, b) -> dict:

@@ -33,90 +33,12 @@ every registered kind through the whole contract on a tiny model.
 
 from __future__ import annotations
 
-import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 import pandas as pd
-
-
-def registered_outside(group: str, base: type, key: str, taken) -> list:
-    """What installed packages register under the entry-point `group` (their pyproject:
-    [project.entry-points."attnprobe.measures"] name = "package.module:Class"): each a subclass of
-    `base` (or an instance of one, for measures) whose `key` attribute names it, not one of `taken`.
-    One that cannot load or does not fit is skipped with a line on stderr: a broken plug-in does
-    not stop attnprobe."""
-    from importlib.metadata import entry_points
-
-    found = []
-    for point in entry_points(group=group):
-        try:
-            loaded = point.load()
-            cls = loaded if isinstance(loaded, type) else type(loaded)
-            if not issubclass(cls, base) or not isinstance(getattr(loaded, key, None), str):
-                raise TypeError(f"not a {base.__name__} with a {key}")
-            name = getattr(loaded, key)
-            if not name or name in taken or name in {getattr(f, key) for f in found}:
-                raise TypeError(f"its {key} {name!r} is empty or taken")
-            found.append(loaded)
-        except Exception as exc:  # a plug-in's own bug: named, and skipped
-            print(
-                f"attnprobe: the {group} plug-in {point.name} ({point.value}) is skipped: "
-                f"{type(exc).__name__}: {exc}",
-                file=sys.stderr,
-            )
-    return found
-
-
-class Registry(dict):
-    """Kinds by name: the built-in ones, then those other packages register under the entry-point
-    `group` (registered_outside), added when the registry is first read: at call time, never while
-    attnprobe is being imported, so a plug-in may import any of attnprobe."""
-
-    def __init__(self, builtin: dict, group: str, base: type, key: str, make=lambda found: found):
-        super().__init__(builtin)
-        self._outside, self._complete = (group, base, key, make), False
-
-    def _completed(self) -> None:
-        if not self._complete:
-            self._complete = True  # first: a plug-in reading the registry while it loads sees the rest
-            group, base, key, make = self._outside
-            for found in registered_outside(group, base, key, set(super().keys())):
-                super().__setitem__(getattr(found, key), make(found))
-
-    def __getitem__(self, name):
-        self._completed()
-        return super().__getitem__(name)
-
-    def __iter__(self):
-        self._completed()
-        return super().__iter__()
-
-    def __contains__(self, name):
-        self._completed()
-        return super().__contains__(name)
-
-    def __len__(self):
-        self._completed()
-        return super().__len__()
-
-    def get(self, name, default=None):
-        self._completed()
-        return super().get(name, default)
-
-    def keys(self):
-        self._completed()
-        return super().keys()
-
-    def values(self):
-        self._completed()
-        return super().values()
-
-    def items(self):
-        self._completed()
-        return super().items()
 
 
 @dataclass(frozen=True)

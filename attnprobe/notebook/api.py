@@ -24,6 +24,7 @@ from ..report import load_tables, write_report
 from ..report.comparison import compare_runs
 from ..report.plots import head_heatmap
 from ..report.summary import split_levels, strongest_head, summary, summary_html
+from ..run.files.layout import same_weights
 from ..run.files.merge import merge_shards as _merge_into
 from ..run.files.reader import RunFiles
 from ..run.options import RunOptions
@@ -129,7 +130,7 @@ class Run(RunFiles):
         gets a leading ')."""
         if not isinstance(name, str) or name not in self._tables():
             raise AnalysisError(f"no table {name!r} in this run; tables: {', '.join(sorted(self._tables()))}")
-        path = Path(path)
+        path = _export_path(path)
         (write_parquet if path.suffix == ".parquet" else write_csv)(self._tables()[name], path)
         return path
 
@@ -164,6 +165,7 @@ class Run(RunFiles):
             )
         prompt = prompts.loc[prompt_id]
         model = model or load_model(m.spec, dtype=self.manifest.dtype)
+        same_weights(self.manifest, model, f"attention_matrix of {self.directory}", AnalysisError)
         return recompute_attention(model, prompt["text"], int(prompt["n_tokens"]), layer, head)
 
     def _tables(self) -> dict:
@@ -253,3 +255,26 @@ def merge_shards(shard_dirs, out) -> Run:
     """Join the directories of a sharded run (`--shard K/N`, all N of them) into one run directory
     identical to an unsharded run with the same settings."""
     return Run(_merge_into(shard_dirs, out))
+
+
+def _export_path(path) -> Path:
+    """Where `Run.export` may write: a file name in an existing folder that is no run directory (the
+    notebook never writes into a run: a file there could replace one of its own)."""
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise AnalysisError(f"export to {path!r}: give a file name, e.g. 'head_stats.csv'")
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise AnalysisError(
+            f"export to {path}: it is a directory; give a file name in it, e.g. {path / 'x.csv'}"
+        )
+    if not path.parent.is_dir():
+        raise AnalysisError(f"export to {path}: the folder {path.parent} does not exist; make it first")
+    run = next(
+        (p for p in (path.parent, *path.parent.resolve().parents) if (p / "manifest.json").is_file()), None
+    )
+    if run is not None:
+        raise AnalysisError(
+            f"export to {path}: {run} is a run directory, and the notebook never writes into one; "
+            "export somewhere else"
+        )
+    return path

@@ -62,6 +62,13 @@ def run_suite(
         pm, files_sha = _load(model, plan, options)
         manifest = new_manifest(plan, pm, options, files_sha, content_sha(pm.model))
         manifest.suite.copy = fresh.copy_suite(directory, suite)
+        for applied in manifest.edits:  # recorded as same_weights: false, and said
+            if applied.get("same_weights") is False:
+                fitted = applied["fitted_on_model"]
+                options.log(
+                    f"note: the edit {applied['name']} was fitted on other weights ({fitted}) than "
+                    f"{plan.spec}'s, of the same shape; its parameters are theirs"
+                )
         _same_weights(previous, manifest, directory)
         for kind, declared, part in plan.kinds():  # what each measure keeps of a resumed run
             manifest.entries.update(kind.resumed(declared, part, previous, directory))

@@ -19,8 +19,11 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+import pyarrow as pa
+
 from .. import store
-from ..errors import RunInterrupted
+from ..errors import RunError, RunInterrupted
 from ..measures import Phase, PromptsMeasure, batch_kinds
 from ..progress import Progress
 from .execute import deferred_interrupt, ignored_interrupts, measure_batch
@@ -31,6 +34,25 @@ from .options import RunOptions
 from .plan import RunPlan
 
 __all__ = ["Engine", "Phase", "prompts_phase", "recorded_end", "run_phase", "stop"]
+
+
+def _tables(phase: Phase, computed, files) -> dict:
+    """A chunk's tables as the phase declares them ({file stem: a DataFrame or an Arrow table}),
+    checked before anything is written: a measure (a plug-in's, say) that returns anything else is
+    one line naming it."""
+    stems = [name.removesuffix(".parquet") for name in files]
+    bad = next((s for s in stems if not isinstance(computed, dict) or not _is_table(computed.get(s))), None)
+    if bad is not None:
+        got = type(computed.get(bad) if isinstance(computed, dict) else computed).__name__
+        raise RunError(
+            f"the phase {phase.name or 'of the prompts'} ({phase.desc or phase.prefix}) gave {got} for its "
+            f"table {bad}, not a pandas DataFrame; fix the measure that computes it (chunks done are kept)"
+        )
+    return computed
+
+
+def _is_table(value) -> bool:
+    return isinstance(value, (pd.DataFrame, pa.Table))
 
 
 def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: Manifest | None) -> float:
@@ -58,7 +80,8 @@ def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: Mani
                 bar.close()
                 stop(directory, manifest, f"before {phase.name or 'the prompts'}")
             chunk_started = time.perf_counter()
-            store.write_chunk(chunk_dir, k, phase.compute(k, bar.update), files, phase.prefix, phase.plan)
+            tables = _tables(phase, phase.compute(k, bar.update), files)
+            store.write_chunk(chunk_dir, k, tables, files, phase.prefix, phase.plan)
             bar.chunk_done(k, phase.n_chunks)
             later = sum(phase.size(j) for j in todo if j > k)
             if k == todo[0] and later and phase.rate:

@@ -122,8 +122,9 @@ def _read_document(path: Path, data_roots) -> tuple[Context, Map]:
     except OSError as exc:  # e.g. a name longer than the file system allows
         raise SuiteError(f"{str(path)[:120]}: cannot be read ({exc.strerror}); give a shorter path") from None
     if not found:
+        what = "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "not found"
         raise SuiteError(
-            f"{path}: suite file not found; give the path of a .yaml suite (e.g. probes/gender.yaml)"
+            f"{path}: suite file {what}; give the path of a .yaml suite (e.g. probes/gender.yaml)"
         )
     if path.stat().st_size > MAX_SUITE_BYTES:
         raise SuiteError(

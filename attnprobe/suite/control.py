@@ -80,6 +80,7 @@ def parse_control(ctx, doc, analysis) -> Control | None:
         if not record[columns[0]].strip():
             raise SuiteError(f"{path}:{number}: the prompt is empty; fill it or drop the row")
     column = lambda key: tuple(str(r[extra[key]]) for _, r in rows) if key in extra else ()
+    _both_labels(path, rows, columns, column("set"), words)
     sets, fit = column("set"), node.get("fit")
     if fit is not None and str(fit) not in sets:
         ctx.fail(
@@ -97,6 +98,29 @@ def parse_control(ctx, doc, analysis) -> Control | None:
         fit=None if fit is None else str(fit),
         phrases=column("phrase"),
     )
+
+
+def _both_labels(path, rows, columns, sets, words) -> None:
+    """Each set of control prompts (the file, without a set column) holds both labels, and no prompt
+    carries both: the factual term is the difference the two labels' words make, so a set of one
+    label, or a prompt that predicts either word, leaves it unidentified."""
+    prompt, label = columns
+    first = {}
+    for number, record in rows:
+        seen = first.setdefault(record[prompt], (number, record[label]))
+        if seen[1] != record[label]:
+            raise SuiteError(
+                f"{path}:{number}: this prompt is also row {seen[0]}'s, with the label {seen[1]!r}; a "
+                "control prompt predicts one label's word: drop or reword one of them"
+            )
+    for name in dict.fromkeys(sets or ("",)):
+        held = {r[label] for (_, r), s in zip(rows, sets or ("",) * len(rows)) if s == name}
+        if len(held) < 2:
+            where = f"the set {name!r}" if name else "every prompt"
+            raise SuiteError(
+                f"{path}: {where} carries the label {next(iter(held))!r} only; the factual term compares "
+                f"the words of both labels ({', '.join(words)}): give that set prompts of each"
+            )
 
 
 def _words(ctx, node, analysis, hint: str) -> dict[str, str]:

@@ -108,7 +108,9 @@ def _table_values(ctx, spec, name, form_names) -> list[SlotValue]:
         ctx.fail(
             spec, "delimiter", f"delimiter is one character (e.g. ';' or '|'), got {str(delimiter)[:20]!r}"
         )
-    rows = list(csv.reader(file_lines(text), delimiter=delimiter))
+    # a TSV cell is taken as written (a quote is text: "Weird Al" Yankovic), as files.rows reads TSV
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    rows = list(csv.reader(file_lines(text), delimiter=delimiter, quoting=quoting))
     rows = [r for r in rows if r and not r[0].startswith("#")]  # '#' lines carry provenance
     if not rows:
         ctx.fail(spec, "table", f"table {path.name} is empty; it needs a header row and data rows")

@@ -72,3 +72,28 @@ def test_an_outside_package_registers_a_measure_and_an_edit_kind(tiny_llama_dir,
     assert failed.returncode == 2 and "Traceback" not in failed.stderr
     assert lines == [failed.stderr.strip().splitlines()[-1]]
     assert "edit kind 'explode' (outside_probe) failed: RuntimeError: boom" in lines[0]
+
+
+def test_a_plugin_named_like_a_builtin_is_refused_in_one_line_at_the_command_line(tmp_path):
+    """Round 5 skipped it with a line on stderr and went on; now the command stops before any work."""
+    site = tmp_path / "site"
+    (site / "clash-0.1.dist-info").mkdir(parents=True)
+    (site / "clashing.py").write_text(PLUGIN + "\n\nclass Clash(PromptLength):\n    NAME = 'next_token'\n")
+    (site / "clash-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: clash\nVersion: 0.1\n"
+    )
+    (site / "clash-0.1.dist-info" / "entry_points.txt").write_text(
+        "[attnprobe.measures]\nmine = clashing:Clash\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    checked = subprocess.run(
+        [sys.executable, "-m", "attnprobe", "check", str(ROOT / "probes" / "minimal.yaml")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 2 and "Traceback" not in checked.stderr, checked.stderr[-2000:]
+    assert checked.stderr.strip().splitlines() == [
+        "attnprobe: error: attnprobe.measures: the plug-in mine (clashing:Clash) is named 'next_token' like "
+        "attnprobe.measures.next_token.NextToken; rename one of them (its NAME)"
+    ]

@@ -32,13 +32,29 @@ from ..saved import load_edit
 ALSO_K = (1, 5)  # the numbers of heads whose edits are transferred, where the sweep measured them
 
 
-def transfer_suites(paths: tuple[str, ...]) -> list:
-    """The --also suites, loaded and checked before the sweep starts: each must compare two labels
-    (its analysis' positive and negative, the contrast a bias is measured on) or ask multiple-choice
-    questions (BBQ's shape: the biased answers are its measure)."""
-    suites = []
+def transfer_suites(paths: tuple[str, ...], also_ks=ALSO_K, ks=None) -> list:
+    """The --also suites, loaded and checked before the sweep starts: each given once, with a name of
+    its own (its runs go under RUN_DIR/also/NAME/), and each must compare two labels (its analysis'
+    positive and negative, the contrast a bias is measured on) or ask multiple-choice questions
+    (BBQ's shape: the biased answers are its measure). `also_ks` must name edits the sweep measures
+    (`ks`, None where the heads are listed)."""
+    if paths and (any(k < 1 for k in also_ks) or (ks is not None and not set(also_ks) & set(ks))):
+        raise RunError(
+            f"--also-k {','.join(map(str, also_ks))}: the edits --also applies are those of the sweep's "
+            f"numbers of heads (--k {','.join(map(str, ks or ()))}); give some of those"
+        )
+    suites, seen = [], {}
     for path in paths:
         suite = load_suite(path)
+        same = seen.get(suite.name)
+        if same is not None:
+            twice = Path(same).resolve() == Path(path).resolve()
+            which = f"--also {path} is given twice" if twice else f"--also {same} and --also {path} are both"
+            raise RunError(
+                f"{which} (suite '{suite.name}'); each --also suite runs under RUN_DIR/also/{suite.name}/: "
+                "give each suite once, with a name of its own"
+            )
+        seen[suite.name] = path
         contrast = suite.analysis.positive and suite.analysis.negative
         if not (contrast or suite.measures.get("multiple_choice")):
             raise RunError(

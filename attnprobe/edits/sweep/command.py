@@ -18,7 +18,7 @@ from ...measures.head_effects import SlotSwap, per_value_column
 from ...model import refuse_random
 from ...run.execute import deferred_interrupt
 from ...run.files.inventory import run_writes
-from ...run.files.layout import content_sha
+from ...run.files.layout import same_weights
 from ...run.files.reader import RunFiles
 from ...run.options import RunOptions
 from ...run.phases import Phase, run_phase
@@ -109,26 +109,21 @@ def _refuse_degenerate(path: Path, run, suite) -> None:
             f"{path}: every {name(unit)} has the same {name(covariate)} ({values.iloc[0]:g}), so there is no "
             "gradient to remove; give the suite a covariate that varies across them"
         )
+    ordered = values.sort_index(kind="stable").sort_values(kind="stable")  # as intervene.selection.folds
+    halves = [ordered.iloc[h::2] for h in (0, 1)]
+    if min(half.nunique() for half in halves) < 2:
+        raise RunError(
+            f"{path}: edits choose heads on one half of the {name(unit)}s and test them on the other, and "
+            f"a half needs two different values of {name(covariate)} for a gradient; this run's halves "
+            f"have {' and '.join(str(h.nunique()) for h in halves)}: give the suite at least 4 {name(unit)}s "
+            "with different values"
+        )
     spread = run.logprobs.groupby("candidate_label")["logprob"].agg(lambda v: v.max() - v.min())
     if len(spread) and spread.max() < 1e-6:  # float32 noise aside, the model says the same everywhere
         raise RunError(
             f"{run.directory}: the model scores every candidate the same in every prompt (spread "
             f"{spread.max():.1g} nats): its outputs do not vary, so no edit can change a gradient"
         )
-
-
-def _same_model(directory: Path, manifest, model) -> str:
-    """The content hash of `model`'s weights, refused in one line when the run recorded another:
-    edited values are compared with the run's clean ones, so they must come from the same weights."""
-    found = content_sha(model.model)
-    expected = manifest.model.weights_content
-    if expected and found != expected:
-        raise RunError(
-            f"{directory}: the model given is not the one this run was made with (weights "
-            f"{found[:12]} against the run's {expected[:12]}); edit with the run's model "
-            f"({manifest.model.spec}, {manifest.dtype}) or run the suite on this model first"
-        )
-    return found
 
 
 def run_edits(
@@ -145,7 +140,9 @@ def run_edits(
     `also`: other suites each chosen edit (k in `also_ks`) is applied to (edits.analyses.transfer).
     Holds the run directory's lock: a `run --fresh` or a second edit on it waits its turn (refused)."""
     directory, options = Path(directory), options or EditOptions()
-    suites = transfer_suites(tuple(also))  # checked before any work
+    suites = transfer_suites(
+        tuple(also), tuple(also_ks), None if options.heads else options.ks
+    )  # before work
     run, reopened = _run_and_suite(directory)  # the run and the options too, before taking the lock
     checked_options(options, run.manifest, reopened.suite)
     with run_writes(directory):
@@ -166,6 +163,12 @@ def run_edits(
 def checked_options(options: EditOptions, manifest, suite) -> tuple:
     """What the sweep needs from its options, checked before any weights load: the listed heads (or
     None) and the reference word; a bad head, k, --text or reference is one AttnprobeError."""
+    if not manifest.model.weights_content:
+        raise RunError(
+            f"this run's manifest.json records no content hash of its model's weights "
+            f"(model.weights_content), so `attnprobe edit` cannot tell whether {manifest.model.spec} still "
+            "holds the weights the run was made with; run the suite again (run --fresh) and edit that run"
+        )
     listed = listed_heads(options, manifest.model.n_layers, manifest.model.n_heads)
     check_text(options.text)
     words = suite.head_effects.replacements
@@ -186,7 +189,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     started = time.monotonic()
     L, H = m.model.n_layers, m.model.n_heads
     listed, word = checked_options(options, m, suite)
-    weights = _same_model(directory, m, model)
+    weights = same_weights(m, model, str(directory))
     plan = reopened.plan(model, directory, log)
     effects = plan.parts["head_effects"]
     items, measure = effects.items, effects.measure

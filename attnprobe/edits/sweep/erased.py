@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ...heads import HeadSet
+from ..kinds import replaced
 from ..passes import raw_rows
 
 PENALTIES = np.logspace(-4, 4, 33)  # the ridge penalties tried, in units of the mean squared singular value
@@ -24,7 +25,7 @@ def site_features(last: torch.Tensor, heads, edit=None) -> np.ndarray:
     for layer, head in HeadSet(heads):
         z = last[:, layer]  # (N, H, D)
         if edit is not None:
-            z = edit.replacement(layer, z[:, :, None, :])[:, :, 0, :]
+            z = replaced(edit, layer, z[:, :, None, :])[:, :, 0, :]
         columns.append(z[:, head].double().cpu().numpy())
     return np.concatenate(columns, 1)
 

@@ -76,11 +76,13 @@ def copy_suite(directory: Path, suite) -> str:
     for source in dict.fromkeys(files):
         relative = source.relative_to(base)
         dest = target / relative
+        for depth in range(1, len(relative.parts) + 1):  # a planted link anywhere on the way leads out
+            step = target.joinpath(*relative.parts[:depth])
+            if step.is_symlink():
+                raise RunError(
+                    f"{step} is a symbolic link; attnprobe writes only inside the run directory: remove it"
+                )
         own_directory(dest.parent)
-        if dest.is_symlink():  # copying would write through it, outside the run
-            raise RunError(
-                f"{dest} is a symbolic link; attnprobe writes only inside the run directory: remove it"
-            )
         shutil.copyfile(source, dest)
         written.append(str(relative))
     (target / COPY_LIST).write_text(json.dumps(written, indent=1) + "\n")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import store
+from ...errors import RegistryError, RunError
 from ...measures import MEASURES
 from .layout import TABLES_KEY
 
@@ -81,12 +82,12 @@ EDIT_VALUES = {  # the raw values the tables above are computed from (Parquet on
     "paths_circuit_items": "edit --paths",
     "readout_states": "edit --paths",
 }
-SAVED_EDIT_NAME = r"[a-z][a-z0-9-]*"  # KIND, KIND-kK, mlp-MODE-slot, each with -qF for a quarter's fit
+SAVED_EDIT_NAME = r"[a-z][a-z0-9_-]*"  # KIND, KIND-kK, mlp-MODE-slot, each with -qF for a quarter's fit
 
 
 def _run_files() -> list[Declared]:
     chunk_prefixes = "|".join(re.escape(prefix) for prefix in _chunk_prefixes() if prefix)
-    own = [
+    return [
         _table("prompts", "run", "one row per prompt: ids, text, slots, metadata, spans"),
         _file("manifest.json", JSON, "run", "suite hash, model, weights hash, versions, settings, times"),
         _file(".lock", "lock", "run, edit, merge", "the directory's lock (held while a command writes)"),
@@ -99,21 +100,26 @@ def _run_files() -> list[Declared]:
         ),
         Declared(r"suite/.+", COPY, "run", "the suite file and its data files as the run read them"),
     ]
-    measures = [
-        Declared(re.escape(name), PARQUET if name.endswith(".parquet") else "file", "run", f"{kind.NAME}")
+
+
+def _measure_files() -> list[Declared]:
+    """Each registered measure's files (its ARTEFACTS, written by the run) and statistics tables
+    (TABLES, written by the report)."""
+    own = [
+        Declared(re.escape(name), PARQUET if name.endswith(".parquet") else "file", "run", kind.NAME)
         for kind in MEASURES.values()
         for name in kind.ARTEFACTS
     ]
-    return own + measures
-
-
-def _report_files() -> list[Declared]:
     stats = [
         _table(name, "report", f"{kind.NAME} statistics")
         for kind in MEASURES.values()
         for name in kind.TABLES
     ]
-    return stats + [
+    return own + stats
+
+
+def _report_files() -> list[Declared]:
+    return [
         _table("held_out", "report", "held-out checks of the head rankings"),
         _file("behavior_by_occupation.csv", "csv", "report", "behavior_by_unit under its first name"),
         _file(TABLES_KEY, JSON, "report", "which statistics version the cached tables were made with"),
@@ -144,8 +150,18 @@ def _chunk_prefixes() -> set[str]:
 
 
 def declared() -> tuple[Declared, ...]:
-    """Every file a run directory may hold, with the command that writes it."""
-    return (*_run_files(), *_report_files(), *_edit_files())
+    """Every file a run directory may hold, with the command that writes it. A measure (a plug-in)
+    whose file is one the run, the report or `attnprobe edit` writes is refused (RegistryError)."""
+    own = (*_run_files(), *_report_files(), *_edit_files())
+    for kind in MEASURES.values():
+        for name in (*kind.ARTEFACTS, *(f"{table}.csv" for table in kind.TABLES)):
+            taken = next((d for d in own if d.matches(name)), None)
+            if taken is not None:
+                raise RegistryError(
+                    f"the measure {kind.NAME} ({type(kind).__module__}) writes {name}, which `attnprobe "
+                    f"{taken.writer}` writes ({taken.what}); rename that measure's table or file"
+                )
+    return (*own, *_measure_files())
 
 
 ALSO = re.compile(r"also/[^/]+/[^/]+/(?P<inner>.+)")  # edit --also: RUN/also/SUITE/EDIT/ is a run of its own
@@ -178,5 +194,22 @@ def run_writes(directory: Path, lock: bool = True, page: Path | None = None):
                 return True
         return is_declared(relative)
 
+    _refuse_links(root)
     with store.exclusive(directory) if lock else nullcontext(), store.writing_into(directory, allowed):
         yield
+
+
+FOLDERS = ("chunks", "figures", "edits", "edits/quarters", "also", "suite")  # the folders commands write
+
+
+def _refuse_links(root: Path) -> None:
+    """A folder a command writes into, planted as a link (or a file), refused before any work: the
+    command would write outside the run, or fail at its end with the work lost."""
+    for folder in FOLDERS:
+        path = root / folder
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            kind = "a symbolic link" if path.is_symlink() else "not a directory"
+            raise RunError(
+                f"{path} is {kind}; attnprobe writes only inside the run directory: remove it or choose "
+                "another --out"
+            )

@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from ... import store
+from ...errors import RunError
 from ...measures import MEASURES, batch_kinds
 from ...model import ProbeModel
 from ...model.bundled import files_sha256
@@ -98,6 +99,22 @@ def content_sha(module) -> str:
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
         sha.update(flat.view(torch.uint8).cpu().numpy() if flat.numel() else b"")
     return sha.hexdigest()
+
+
+def same_weights(manifest, model, what: str, error=RunError) -> str:
+    """The content hash of `model`'s weights (a ProbeModel), refused in one line (`error`) unless the
+    run's manifest records these very weights: values computed with the model are compared with the
+    run's, so they must come from the weights the run was made with, whatever path or object holds
+    them now (a relative path read from another folder, say)."""
+    found, expected = content_sha(model.model), manifest.model.weights_content
+    if found != expected:
+        recorded = f"the run's {expected[:12]}" if expected else "a run that recorded no content hash"
+        raise error(
+            f"{what}: the model is not the one this run was made with (weights {found[:12]} against "
+            f"{recorded}); use the run's model ({manifest.model.spec}, {manifest.dtype}, loaded from the "
+            "folder the run was made in) or run the suite on this model first"
+        )
+    return found
 
 
 def assemble_phase(directory: Path, kind: str, n_chunks: int, table: str, csv: bool = True) -> None:

@@ -91,6 +91,16 @@ def _shard_manifests(shard_dirs: list[Path]) -> list:
             "the shards were run with different settings (suite, model, dtype, batch, chunk, limit or "
             "tokenisation)"
         )
+    weights = {m.model.weights_content for m in manifests}
+    if len(weights) != 1 or None in weights:
+        found = ", ".join(
+            f"{d.name}: {(m.model.weights_content or 'none recorded')[:12]}"
+            for d, m in zip(shard_dirs, manifests)
+        )
+        raise RunError(
+            f"the shards were made with different weights under one model path ({found}); rerun every "
+            "shard with the same weights and merge those"
+        )
     return manifests
 
 

@@ -56,23 +56,22 @@ def stereoset_rows(path, text: str) -> list[tuple[int, dict]]:
         raise SuiteError(
             f"{path}:1: JSON nested too deep to read; give StereoSet's file as distributed"
         ) from None
-    data = doc.get("data") if isinstance(doc, dict) else None
-    examples = data.get("intrasentence") if isinstance(data, dict) else None
-    if not isinstance(examples, list):
-        raise SuiteError(
-            f"{path}: no data.intrasentence list; `columns: stereoset` reads StereoSet's dev.json as "
-            "distributed"
-        )
+    examples = _intrasentence(path, doc)
     rows, line, at, seen = [], 1, 0, {}
     for k, example in enumerate(examples, start=1):
-        key = example.get("id") if isinstance(example, dict) else None
-        key = str(key) if isinstance(key, (str, int)) and str(key).strip() else ""
+        raw = example.get("id") if isinstance(example, dict) else None
+        key = (
+            str(raw) if isinstance(raw, (str, int)) and not isinstance(raw, bool) and str(raw).strip() else ""
+        )
         found = text.find(json.dumps(key), at) if key else -1
         if found >= 0:  # the example's line (for messages), counted on from the previous one
             line, at = line + text.count("\n", at, found), found
         where = f"{path}:{line}: example {k}"
         if not key:
-            raise SuiteError(f"{where} has no `id`; each example is one item keyed by its id")
+            got = "has no `id`" if raw in (None, "") else f"has the id {json.dumps(raw)[:40]}, not a string"
+            raise SuiteError(
+                f"{where} {got}; each example is one item keyed by its id (a string, as distributed)"
+            )
         if key in seen:
             raise SuiteError(f"{where} repeats id {key!r} of example {seen[key]}; each id names one example")
         seen[key] = k
@@ -94,6 +93,25 @@ def stereoset_rows(path, text: str) -> list[tuple[int, dict]]:
             record[label] = sentence["sentence"]
         rows.append((line, record))
     return rows
+
+
+def _intrasentence(path, doc) -> list:
+    """StereoSet's data.intrasentence examples, or one line saying what the file holds instead."""
+    data = doc.get("data") if isinstance(doc, dict) else None
+    examples = data.get("intrasentence") if isinstance(data, dict) else None
+    if not isinstance(examples, list) or not examples:
+        other = isinstance(data, dict) and data.get("intersentence")
+        raise SuiteError(
+            f"{path}: "
+            + (
+                "its examples are all data.intersentence (a context, then a sentence after it); "
+                if other
+                else ""
+            )
+            + "`columns: stereoset` reads data.intrasentence (one sentence with a BLANK, three fillings), "
+            "as in StereoSet's dev.json: give a file with intrasentence examples"
+        )
+    return examples
 
 
 STEREOSET_LABELS = ("stereotype", "anti-stereotype", "unrelated")
