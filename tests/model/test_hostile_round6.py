@@ -6,6 +6,7 @@ or argument and the fix, before the expensive work, and nothing is written outsi
 import json
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -240,3 +241,31 @@ def test_a_tsv_cell_keeps_its_quotes(tmp_path):
     (tmp_path / "jobs.tsv").write_text('occupation\tbls_pct_female\n"Weird Al" Yankovic\t10\nnurse\t88\n')
     texts = [p.text for p in load_suite(suite).prompts]
     assert any('The "Weird Al" Yankovic said that' in t for t in texts)
+
+
+def test_an_edit_of_a_one_template_design_clusters_by_unit_alone(tiny_llama_dir, tmp_path):
+    """Round 6: a ZeroDivisionError in the joint regression's template clustering (one cluster)."""
+    suite = edit_suite(tmp_path)
+    text = suite.read_text().replace(
+        '  - {id: told, text: "The {occupation} told us that {pronoun} was tired."}\n', ""
+    )
+    suite.write_text(text)
+    out = tmp_path / "run"
+    assert _invoke("-q", "run", suite, "--model", tiny_llama_dir, "--out", out, "--no-report").exit_code == 0
+    result = _invoke("edit", out, *SWEEP)
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "edits.csv")
+    assert table["gradient_removed"].notna().all() and table["definitional_gap_kept"].notna().all()
+
+
+def test_the_joint_fit_of_one_template_is_the_one_way_fit_by_unit():
+    from attnprobe.stats.keeping.joint import stacked_fit
+
+    rng = np.random.default_rng(0)
+    X, Y = np.c_[np.ones(40), rng.normal(size=40)], rng.normal(size=(40, 2))
+    units = np.repeat(np.arange(10), 4)
+    one = stacked_fit(X, Y, [units, np.zeros(40, dtype=int)])
+    assert one["G"] == [10]
+    np.testing.assert_allclose(one["cov"], one["one_way"][0], atol=1e-15)
+    two = stacked_fit(X, Y, [units, np.tile([0, 1], 20)])
+    assert two["G"] == [10, 2] and not np.allclose(two["cov_raw"], one["cov_raw"])

@@ -15,7 +15,8 @@ G / (G - 1) * (N - 1) / (N - K) of the stacked system (N, K its rows and columns
 OLS with cov_type="cluster" and two groups computes it (tests/unit/test_joint.py); where the sum is
 not positive semi-definite its negative eigenvalues are set to 0 (CGM 2011, section 2.3). As in
 stats/inference.py, an interval is the widest of those the two-way and each one-way covariance
-give (the two-way variance floored at the larger one-way one).
+give (the two-way variance floored at the larger one-way one). A suite of one template has no
+template dimension: the covariance is then the one-way one by unit, and G counts the units.
 
 From it: the stereotype term removed, 1 - a_s' / a_s, and the factual term kept, a_f' / a_f, each
 with the Fieller interval of its ratio (the CI that inverts the test of a_s' - r a_s = 0), and
@@ -78,8 +79,14 @@ def stacked_fit(X: np.ndarray, Y: np.ndarray, clusters: list[np.ndarray]) -> dic
         return correction * full_bread @ (sums.T @ sums) @ full_bread
 
     a, b = (np.unique(c, return_inverse=True)[1].ravel() for c in clusters)
-    ways = [one_way(a), one_way(b)]
-    raw = ways[0] + ways[1] - one_way(a * (b.max() + 1) + b)
+    if min(a.max(), b.max()) == 0:  # one cluster in a dimension (a suite of one template): the other's
+        kept = [c for c in (a, b) if c.max() > 0] or [a]
+        ways = [one_way(kept[0])] * 2
+        raw = ways[0]
+        clusters = [kept[0]]
+    else:
+        ways = [one_way(a), one_way(b)]
+        raw = ways[0] + ways[1] - one_way(a * (b.max() + 1) + b)
     values, vectors = np.linalg.eigh((raw + raw.T) / 2)
     cov = (vectors * np.clip(values, 0, None)) @ vectors.T
     return {
