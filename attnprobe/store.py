@@ -96,14 +96,16 @@ def check_inside(path: Path) -> None:
     holding = [(root, allowed) for root, allowed in _WRITING if target.is_relative_to(root)]
     if not holding:
         return
-    root, allowed = max(holding, key=lambda pair: len(pair[0].parts))
-    relative = target.relative_to(root)
-    for depth in range(1, len(relative.parts)):  # a link at the file itself is replaced, not followed
-        if (root.joinpath(*relative.parts[:depth])).is_symlink():
+    outer = min(holding, key=lambda pair: len(pair[0].parts))[0]  # links: anywhere below the outermost
+    inside = target.relative_to(outer)
+    for depth in range(1, len(inside.parts)):  # a link at the file itself is replaced, not followed
+        if (outer.joinpath(*inside.parts[:depth])).is_symlink():
             raise RunError(
-                f"{root.joinpath(*relative.parts[:depth])} is a symbolic link; attnprobe writes only "
+                f"{outer.joinpath(*inside.parts[:depth])} is a symbolic link; attnprobe writes only "
                 "inside the run directory: remove it or choose another --out"
             )
+    root, allowed = max(holding, key=lambda pair: len(pair[0].parts))
+    relative = target.relative_to(root)
     if not allowed(relative.as_posix()):
         raise RunError(
             f"attnprobe bug: {relative.as_posix()} is not a declared file of the run {root} "

@@ -139,7 +139,7 @@ class Run(RunFiles):
         column per key token ("position:token"), weights after softmax. The run stored only the rows
         its measures read, so the matrix is recomputed with the run's model (`model`, else loaded from
         the manifest's spec and dtype); the rows the run recorded are the same weights."""
-        from .adhoc import recompute_attention
+        from .adhoc import model_of, recompute_attention
 
         for name, value in (("prompt_id", prompt_id), ("layer", layer), ("head", head)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # numpy's ints too
@@ -164,7 +164,7 @@ class Run(RunFiles):
                 f"{HeadSet.name(layer, head)} is outside the model's {m.n_layers} layers x {m.n_heads} heads"
             )
         prompt = prompts.loc[prompt_id]
-        model = model or load_model(m.spec, dtype=self.manifest.dtype)
+        model = load_model(m.spec, dtype=self.manifest.dtype) if model is None else model_of(model)
         same_weights(self.manifest, model, f"attention_matrix of {self.directory}", AnalysisError)
         return recompute_attention(model, prompt["text"], int(prompt["n_tokens"]), layer, head)
 

@@ -43,7 +43,7 @@ def test_the_manifest_records_the_weights_and_another_models_edit_is_refused(
         model.model.layers[1].mlp.down_proj.weight[0, 0] += 1e-3  # one weight of one layer
     model.save_pretrained(other)
     run = unswept_copy(edited_run, tmp_path)
-    with pytest.raises(RunError, match="the model given is not the one this run was made with"):
+    with pytest.raises(RunError, match="the model is not the one this run was made with"):
         attnprobe.Run(run).edit(
             kinds=("zero",), ks=(1,), draws=2, texts=8, model=attnprobe.load_model(str(other))
         )
@@ -208,8 +208,10 @@ def test_too_few_items_for_the_random_comparison_give_a_note_not_a_floor_p(tiny_
     """Issue 40: with a handful of items the sampled slope is undefined; random_p was then reported
     at its floor. Now it is empty, and the table and the log say why."""
     suite, out = edit_suite(tmp_path), tmp_path / "run"
-    jobs = tmp_path / "jobs.tsv"
-    jobs.write_text("".join(jobs.read_text().splitlines(keepends=True)[:3]))  # two occupations
+    # four occupations, two covariate values: each half of the units has both (edits need that), and
+    # the few items the random sets are sampled on share one
+    rows = "".join(f"{o}\t{p}\n" for o, p in (("nurse", 88), ("pilot", 9), ("chef", 88), ("baker", 9)))
+    (tmp_path / "jobs.tsv").write_text("occupation\tbls_pct_female\n" + rows)
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
     assert CliRunner().invoke(main, args).exit_code == 0
     result = CliRunner().invoke(

@@ -227,7 +227,7 @@ def test_stereoset_intersentence_only_and_float_ids_say_what_is_wrong(tmp_path):
         "name: s\nsentences:\n  - {id: intra, file: dev.json, columns: stereoset}\nlikelihood: {}\n"
     )
     with pytest.raises(
-        SuiteError, match="its examples are all data.intersentence .* reads data.intrasentence"
+        SuiteError, match="data.intrasentence is empty; its examples are all data.intersentence"
     ):
         load_suite(tmp_path / "s.yaml")
     floats = json.loads(json.dumps(EXAMPLES))
@@ -269,3 +269,13 @@ def test_the_joint_fit_of_one_template_is_the_one_way_fit_by_unit():
     np.testing.assert_allclose(one["cov"], one["one_way"][0], atol=1e-15)
     two = stacked_fit(X, Y, [units, np.tile([0, 1], 20)])
     assert two["G"] == [10, 2] and not np.allclose(two["cov_raw"], one["cov_raw"])
+
+
+def test_a_link_planted_below_also_is_refused_before_the_sweep(edited_run, tmp_path):
+    run = unswept_copy(edited_run, tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    (run / "also").mkdir()
+    (run / "also" / "e").symlink_to(tmp_path / "elsewhere")
+    result = _invoke("edit", run, *SWEEP, "--also", edited_run.parent / "e.yaml")
+    one_line_error(result, f"{run / 'also' / 'e'} is a symbolic link")
+    assert "loading" not in result.output and list((tmp_path / "elsewhere").iterdir()) == []

@@ -66,7 +66,12 @@ def test_a_write_into_a_run_must_be_declared_and_reached_without_a_link(tmp_path
     (tmp_path / "outside").mkdir()
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "figures").symlink_to(tmp_path / "outside")
+    with pytest.raises(RunError, match=r"figures is a symbolic link; attnprobe writes only inside"):
+        with run_writes(tmp_path / "run"):  # planted before: refused before any work
+            pass
+    (tmp_path / "run" / "figures").unlink()
     with run_writes(tmp_path / "run"):
+        (tmp_path / "run" / "figures").symlink_to(tmp_path / "outside")  # planted while it writes
         store.write_table(tmp_path / "run", "edits_goal", pd.DataFrame({"a": [1]}))  # declared
         with pytest.raises(RunError, match=r"attnprobe bug: notes\.csv is not a declared file"):
             store.write_table(tmp_path / "run", "notes", pd.DataFrame({"a": [1]}))

@@ -73,3 +73,31 @@ def test_license_citation_and_changelog():
     assert citation["cff-version"] == "1.2.0" and citation["license"] == "MIT" and citation["title"]
     version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
     assert citation["version"] == version and f"## {version}" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def _room_rows() -> dict[str, str]:
+    """docs/extending.md's room table: first cell (the room's or the files' names) -> the row."""
+    rows = {}
+    for line in (ROOT / "docs" / "extending.md").read_text().splitlines():
+        cells = line.split(" | ")
+        if line.startswith("| `") and len(cells) >= 2:
+            rows[cells[0].removeprefix("| ")] = line
+    return rows
+
+
+def test_the_room_table_names_every_module_of_the_tree():
+    """Each module is named in its room's row (`stem`), each top-level file in a row of its own."""
+    rows, missing = _room_rows(), []
+    for path in sorted((ROOT / "attnprobe").rglob("*.py")):
+        relative = path.relative_to(ROOT / "attnprobe")
+        if len(relative.parts) == 1:
+            if not any(f"`{relative.name}`" in first for first in rows):
+                missing.append(str(relative))
+        elif relative.name != "__init__.py":
+            row = rows.get(f"`{relative.parts[0]}/`", "")
+            if not any(f"`{relative.stem}{end}" in row for end in ("`", " ", ".")):
+                missing.append(str(relative))
+    assert missing == [], f"docs/extending.md's room table does not name: {missing}"
+    rooms = {p.name for p in (ROOT / "attnprobe").iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    named = {first.strip("`/") for first in rows if first.endswith("/`")}
+    assert named == rooms, f"rooms in the table but not the tree, or the reverse: {named ^ rooms}"

@@ -89,17 +89,17 @@ def transfer(directory: Path, suites: list, chosen: list[tuple[str, int]], model
     edits the sweep saved as edits/KIND-kK, k 0 for one without heads (edits/KIND: the stream's)."""
     rows = []
     for suite in suites:
-        base = own_directory(directory / "also") / suite.name  # never a link out of the run
+        base = own_directory(own_directory(directory / "also") / suite.name)  # never a link out of the run
         options = dict(skip=compared_only(), progress=False, log=log)
         log(f"edit --also {suite.name}: the original model")
-        original = run_suite(suite, model, RunOptions(out=base / "original", **options))
+        original = run_suite(suite, model, RunOptions(out=own_directory(base / "original"), **options))
         for kind, k in chosen:
             path = directory / "edits" / (f"{kind}-k{k}.json" if k else f"{kind}.json")
             if not path.is_file():
                 continue
             saved = load_edit(path)
             log(f"edit --also {suite.name}: {saved.name}")
-            out = base / saved.name
+            out = own_directory(base / saved.name)
             edited = run_suite(
                 suite, model, RunOptions(out=out, edits=(saved,), resume=_made_with(out, saved), **options)
             )

@@ -10,6 +10,7 @@ report and `attnprobe edit` write is listed below.
 
 from __future__ import annotations
 
+import os
 import re
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -207,9 +208,11 @@ def _refuse_links(root: Path) -> None:
     command would write outside the run, or fail at its end with the work lost."""
     for folder in FOLDERS:
         path = root / folder
-        if path.is_symlink() or (path.exists() and not path.is_dir()):
-            kind = "a symbolic link" if path.is_symlink() else "not a directory"
-            raise RunError(
-                f"{path} is {kind}; attnprobe writes only inside the run directory: remove it or choose "
-                "another --out"
-            )
+        below = [Path(at) / name for at, names, _ in os.walk(path) for name in names] if path.is_dir() else []
+        for planted in [path, *below]:  # os.walk lists a linked folder but does not enter it
+            if planted.is_symlink() or (planted.exists() and not planted.is_dir()):
+                kind = "a symbolic link" if planted.is_symlink() else "not a directory"
+                raise RunError(
+                    f"{planted} is {kind}; attnprobe writes only inside the run directory: remove it or "
+                    "choose another --out"
+                )

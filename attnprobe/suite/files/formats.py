@@ -99,19 +99,16 @@ def _intrasentence(path, doc) -> list:
     """StereoSet's data.intrasentence examples, or one line saying what the file holds instead."""
     data = doc.get("data") if isinstance(doc, dict) else None
     examples = data.get("intrasentence") if isinstance(data, dict) else None
-    if not isinstance(examples, list) or not examples:
-        other = isinstance(data, dict) and data.get("intersentence")
-        raise SuiteError(
-            f"{path}: "
-            + (
-                "its examples are all data.intersentence (a context, then a sentence after it); "
-                if other
-                else ""
-            )
-            + "`columns: stereoset` reads data.intrasentence (one sentence with a BLANK, three fillings), "
-            "as in StereoSet's dev.json: give a file with intrasentence examples"
-        )
-    return examples
+    other = isinstance(data, dict) and bool(data.get("intersentence"))
+    if isinstance(examples, list) and (examples or not other):
+        return examples  # an empty list: the suite says it holds no sentences
+    found = "no data.intrasentence list" if not isinstance(examples, list) else "data.intrasentence is empty"
+    raise SuiteError(
+        f"{path}: {found}"
+        + ("; its examples are all data.intersentence (a context, then a sentence after it)" if other else "")
+        + "; `columns: stereoset` reads the intrasentence examples (a sentence with a BLANK and three "
+        "fillings) of StereoSet's dev.json as distributed"
+    )
 
 
 STEREOSET_LABELS = ("stereotype", "anti-stereotype", "unrelated")
