@@ -6,7 +6,7 @@ outcome at a time.
 STATES: a run's readout_states.parquet (`attnprobe edit --paths` writes it; on the gender suite and
 smollm2-135m: 31 layers x 60 occupations x 576). Each round computes the readout table of every
 layer (10 folds, 20 fold assignments, --permutations permutations; `attnprobe edit --paths` uses 999)
-twice, in turn: with `edits.analyses.readout.states_readout` (all outcomes of a fold in one batched
+twice, in turn: with `analyses.readout.states_readout` (all outcomes of a fold in one batched
 pass) and with the loop it replaced, written out below (per outcome: its own GCV search over the
 penalties). Figures are medians of the rounds. Agreement: the largest |difference| of R2 and the
 null's median and 95th percentile, and whether every p is equal. Writes readout.json and readout.md.
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnprobe.edits.analyses.readout import ALPHAS, ASSIGNMENTS, _fold_fits, frame_states, states_readout
+from attnprobe.analyses.readout import ALPHAS, ASSIGNMENTS, _fold_fits, frame_states, states_readout
 
 
 def _one_outcome(fits, y: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Path patching for one item at a time, written from the definition with plain forward hooks on a
 Llama-style model with transformers' eager attention and as many key/value heads as query heads
 (so head h's value is columns h D .. (h + 1) D of v_proj's output). Imports nothing from attnprobe:
-the reference attnprobe.edits.analyses.paths is tested against.
+the reference attnprobe.analyses.paths is tested against.
 
   value    head (l, h)'s value at the occupation position p is x''s at p'
   pattern  head (l, h)'s attention weights are x''s (equal lengths)

@@ -3,13 +3,13 @@
 kinds    Zero, Mean, Resample, Scale, Project, Orthogonal, Leace (one class each), `edited(model, *edits)`
 estimate the edits' parameters from recorded head outputs (means, banks, directions, erasers)
 passes   batched edited forward passes (from the lowest edited layer)
-sweep    the sweep of `attnprobe edit`: heads per fold, values per kind and k, the null's sets
-single   each top head zeroed alone (edits_heads)
+sweep    the sweep of `attnprobe edit`: heads per fold, values per kind and k, the null's sets,
+         each top head zeroed alone (edits_heads), the chosen edits applied to other suites (--also)
 stream   StreamEdit: the covariate erased from the residual stream entering a layer (edits_stream)
 mlp      MlpEdit: a layer's MLP output zeroed, replaced by its mean, projected or erased (edits_mlp)
-command  `attnprobe edit RUN_DIR`: inputs, resume, tables, figure and the saved edits
+command  `attnprobe edit RUN_DIR`: inputs, resume, tables, figure and the saved edits; it runs the
+         analyses of attnprobe.analyses (paths, tracing, readout) on the same inputs
 saved    a fitted edit as NAME.safetensors + NAME.json: `save_edit`, `load_edit`
-transfer the chosen edits applied to other suites (`--also`)
 """
 
 from .kinds import (

@@ -3,7 +3,7 @@ the behaviour's gradient with respect to every head's output and pattern and eve
 weights get none), and the first-order effect of each head's value path from them.
 
 Used by head effects' screen (measures/head_effects/attribution.py) and by the path analysis's
-selection null (edits/analyses/paths.py).
+selection null (analyses/paths.py).
 """
 
 from __future__ import annotations

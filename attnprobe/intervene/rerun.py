@@ -122,7 +122,7 @@ class _Skipped(torch.nn.Module):
 def skipping(model, first: int, hidden: torch.Tensor, returns_tuple: bool):
     """Within the block the decoder layers below `first` pass their input on and layer `first`
     receives `hidden` (B, T, E): the clean hidden state recorded at its input, or one changed from it
-    (edits.analyses.tracing patches it, at layer 0 too: there it replaces the embeddings)."""
+    (analyses.tracing patches it, at layer 0 too: there it replaces the embeddings)."""
     layers = decoder_layers(model)
     originals = [layers[i] for i in range(first)]
 

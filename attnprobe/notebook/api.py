@@ -269,9 +269,8 @@ def _export_path(path) -> Path:
         )
     if not path.parent.is_dir():
         raise AnalysisError(f"export to {path}: the folder {path.parent} does not exist; make it first")
-    run = next(
-        (p for p in (path.parent, *path.parent.resolve().parents) if (p / "manifest.json").is_file()), None
-    )
+    where = path.resolve().parent  # where the bytes would land, through any link on the way
+    run = next((p for p in (path.parent, where, *where.parents) if (p / "manifest.json").is_file()), None)
     if run is not None:
         raise AnalysisError(
             f"export to {path}: {run} is a run directory, and the notebook never writes into one; "

@@ -190,7 +190,7 @@ def edits_context(directory, figures_dir) -> dict | None:
     if not (directory / "edits.parquet").is_file():
         return None
     frontier, summary = edit_frontier_figure(directory, figures_dir)
-    # the values of edits.analyses.paths_tables' NOISING and RESAMPLED (importing it would load torch)
+    # the values of analyses.paths_tables' NOISING and RESAMPLED (importing it would load torch)
     main = lambda r: r.get("direction", "noising") == "noising" and r.get("reference") != "another occupation"
     paths = [r for r in _optional(directory, "paths") if main(r)]
     parts = [  # one table: each comparison's rows after the main one's, their receivers so labelled

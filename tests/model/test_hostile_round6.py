@@ -85,6 +85,17 @@ def test_a_control_prompt_with_both_labels_is_refused(tmp_path):
         load_suite(_control(tmp_path, rows))
 
 
+def test_the_suite_copys_list_planted_as_a_link_is_replaced_not_followed(tiny_llama_dir, tmp_path):
+    suite, out = _run(tmp_path, tiny_llama_dir)
+    (tmp_path / "precious.txt").write_text("mine")
+    (out / "suite" / "files.json").unlink()
+    (out / "suite" / "files.json").symlink_to(tmp_path / "precious.txt")
+    result = _invoke("-q", "run", suite, "--model", tiny_llama_dir, "--out", out, "--no-report", "--fresh")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "precious.txt").read_text() == "mine"
+    assert not (out / "suite" / "files.json").is_symlink()
+
+
 def test_a_data_folder_planted_as_a_link_in_the_suite_copy_is_refused(tiny_llama_dir, tmp_path):
     (tmp_path / "data").mkdir()
     suite = edit_suite(tmp_path / "data")
@@ -141,6 +152,9 @@ def test_the_notebook_refuses_another_models_attention_and_writes_into_no_run(
     ]:
         with pytest.raises(AnalysisError, match=phrase):
             run.export("head_stats", path)
+    (tmp_path / "innocent.csv").symlink_to(run.directory / "manifest.json")  # a link into the run
+    with pytest.raises(AnalysisError, match="is a run directory"):
+        run.export("head_stats", tmp_path / "innocent.csv")
     assert (run.directory / "manifest.json").read_bytes() == manifest
     written = run.export("head_stats", tmp_path / "head_stats.csv")
     assert len(pd.read_csv(written)) == len(run.head_stats)

@@ -1,4 +1,4 @@
-"""Path patching (attnprobe edit --paths, edits.analyses.paths): equal to the one-item reference written from
+"""Path patching (attnprobe edit --paths, analyses.paths): equal to the one-item reference written from
 the definition (tests/reference_paths.py), the senders' writes add up to the stream, attribution is
 the exact effect's first order, and the tables come from the parquet files alone."""
 
@@ -14,10 +14,10 @@ from conftest import TINY_CONFIGS, eager_twin
 from transformers import AutoModelForCausalLM
 
 import attnprobe
-from attnprobe.edits.analyses.paths import compared_pairs, measure_circuits, measure_paths, path_runs
-from attnprobe.edits.analyses.paths_parts import circuit_table, part_effects, parts_table
-from attnprobe.edits.analyses.paths_tables import edges_table, paths_table
-from attnprobe.edits.analyses.senders import (
+from attnprobe.analyses.paths import compared_pairs, measure_circuits, measure_paths, path_runs
+from attnprobe.analyses.paths_parts import circuit_table, part_effects, parts_table
+from attnprobe.analyses.paths_tables import edges_table, paths_table
+from attnprobe.analyses.senders import (
     Anatomy,
     _sender_pass,
     edges,
@@ -272,7 +272,7 @@ def test_a_placebo_covariate_finds_no_edge_in_at_least_18_of_20_seeds(planted):
     seeds 6 had one (3%; 5 of them every sender into L1H1, whose value path is float noise of 2e-6
     nats); seeds 0-19 have 2. The planted model has 6 senders, fewer than EDGES, so every one is
     confirmed whatever the covariate: the patched values stay, the covariate changes."""
-    from attnprobe.edits.analyses.paths import EDGES
+    from attnprobe.analyses.paths import EDGES
 
     assert planted[2]["sender"].nunique() <= EDGES
     units = sorted(planted[0]["unit"].unique(), key=lambda u: int(u[1:]))
@@ -291,7 +291,7 @@ def test_the_paths_tables_recompute_from_the_parquet_files_alone(swept_run):
     confirmed edges are the screen's best on the other units' items."""
     import pandas as pd
 
-    from attnprobe.edits.analyses.paths import EDGES, chosen_senders
+    from attnprobe.analyses.paths import EDGES, chosen_senders
 
     _, _, out = swept_run
     raw = pd.read_parquet(out / "paths_items.parquet")
@@ -340,7 +340,7 @@ def test_the_readout_recomputes_from_its_states_alone(swept_run):
     """readout.csv (written by --paths) from readout_states.parquet alone: the per-unit states."""
     import pandas as pd
 
-    from attnprobe.edits.analyses.readout import frame_table
+    from attnprobe.analyses.readout import frame_table
 
     _, _, out = swept_run
     written = pd.read_csv(out / "readout.csv")
@@ -413,7 +413,7 @@ def test_both_inputs_from_x_prime_are_the_output_so_the_parts_add_up():
 def test_a_resampled_counterfactual_is_another_occupation_in_the_same_sentence():
     """resample_pairs: x' is another item of the same template, another unit, the same labels and
     length, its tokens differing from x only where the "person" version's do (the slot)."""
-    from attnprobe.edits.analyses.senders import resample_pairs
+    from attnprobe.analyses.senders import resample_pairs
     from tests.planted import planted_items
 
     items = planted_items()

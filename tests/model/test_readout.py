@@ -1,4 +1,4 @@
-"""The linear readout (attnprobe.edits.analyses.readout): cross-fitted ridge R2 over units, its
+"""The linear readout (attnprobe.analyses.readout): cross-fitted ridge R2 over units, its
 bootstrap CI and permutation null, on planted data (it finds a signal and does not find noise) and end
 to end."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import attnprobe
-from attnprobe.edits.analyses.readout import crossfit_r2
+from attnprobe.analyses.readout import crossfit_r2
 
 
 def test_a_planted_readout_is_found_and_noise_is_not():
@@ -39,7 +39,7 @@ def test_the_batched_ridge_equals_the_normal_equations_outcome_by_outcome():
     """Every row of the batched out-of-fold predictions (the covariate and its permutations at once)
     equals ridge written out plainly: per fold and penalty the hat matrix from (X'X + aI)^-1, GCV
     = mean squared residual / (1 - tr(H) / n)^2, the best penalty's fit predicting the held-out units."""
-    from attnprobe.edits.analyses.readout import ALPHAS, _fold_fits, _predict
+    from attnprobe.analyses.readout import ALPHAS, _fold_fits, _predict
 
     rng = np.random.default_rng(5)
     X, folds = rng.normal(size=(14, 6)), np.arange(14) % 4
@@ -67,7 +67,7 @@ def _plain_ridge(A: np.ndarray, y: np.ndarray, a: float) -> np.ndarray:
 def _plain_penalty(A: np.ndarray, y: np.ndarray) -> float:
     """The penalty of the grid with the least GCV = mean squared residual / (1 - tr(H) / n)^2, H the
     hat matrix from (A'A + aI)^-1."""
-    from attnprobe.edits.analyses.readout import ALPHAS
+    from attnprobe.analyses.readout import ALPHAS
 
     yc, scores = y - y.mean(), []
     for a in ALPHAS * np.mean(np.linalg.svd(A, compute_uv=False) ** 2):
@@ -98,7 +98,7 @@ def test_the_readout_point_is_a_median_over_fold_draws_and_its_ci_refits_every_r
     """crossfit_r2 recomputed plainly with the same draws: R2 the median over fold assignments; the
     CI the percentiles of R2 over bootstrap resamples of the units, each cross-fitted afresh (a unit
     drawn twice in one fold), moved so their median is the point; not a resample of fixed predictions."""
-    from attnprobe.edits.analyses.readout import crossfit_r2
+    from attnprobe.analyses.readout import crossfit_r2
 
     rng = np.random.default_rng(7)
     X = rng.normal(size=(16, 5))

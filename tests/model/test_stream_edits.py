@@ -16,9 +16,9 @@ from conftest import build_tiny
 from test_erasers import _r2
 
 import attnprobe
+from attnprobe.analyses.tracing import GROUPS, tracing_table
 from attnprobe.cli import main
 from attnprobe.edits import edited, load_edit, save_edit
-from attnprobe.edits.analyses.tracing import GROUPS, tracing_table
 from attnprobe.edits.stream import StreamEdit, last_states, stream_behaviour
 from attnprobe.errors import AttnprobeError, RunError
 from attnprobe.intervene.engine import record

@@ -194,8 +194,8 @@ def test_downstream_rooms_do_not_reach_upstream():
 # edits reopen runs; the report, the notebook and the command line sit on top.
 LAYERS = [
     "errors", "defaults", "version", "registry", "heads", "progress", "store", "schema", "stats", "attention",
-    "model", "forward", "verify", "intervene", "measures", "suite", "run", "edits", "testing", "report",
-    "notebook", "cli", "__main__",
+    "model", "forward", "verify", "intervene", "measures", "suite", "run", "analyses", "edits", "testing",
+    "report", "notebook", "cli", "__main__",
 ]  # fmt: skip
 
 

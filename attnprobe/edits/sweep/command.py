@@ -12,6 +12,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ...analyses.paths import PATHS_VERSION, measure_run_paths, write_paths
+from ...analyses.readout import write_readout
+from ...analyses.tracing import measure_tracing, tracing_table
 from ...errors import RunError
 from ...forward.device import on_model_device
 from ...measures.head_effects import SlotSwap, per_value_column
@@ -36,20 +39,15 @@ from ...stats.edits import (
 from ...stats.keeping.goal import goal_table
 from ...stats.placebo import PLACEBO_PREFIX, placebo_table
 from ...store import atomic_write, read_chunks, write_parquet, write_table
-from ..analyses.paths import PATHS_VERSION, measure_run_paths, write_paths
-from ..analyses.readout import write_readout
-from ..analyses.tracing import measure_tracing, tracing_table
-from ..analyses.transfer import ALSO_K, transfer, transfer_suites
 from ..inputs import check_text, record_inputs
 from ..kinds import KINDS
 from ..mlp import COVARIATE_MODES, MLP_KINDS, POSITIONS, Recorded, fitted_where, kind_of, measure_mlp
 from ..stream import StreamEdit, measure_stream
 from .fitted import save_chosen, save_layers
-from .measure import GradientScores, clean_values, found_sets, measure_kind
+from .measure import SINGLE, GradientScores, clean_values, found_sets, measure_kind, measure_single
 from .options import EditOptions, listed_heads, settings_hash
 from .permuted import measure_placebo, measure_stream_placebo, placebo_kinds
-from .single import NAME as SINGLE
-from .single import measure_single
+from .transfer import ALSO_K, transfer, transfer_suites
 
 LAYER_PARTS = "readout"  # the stream's and the MLPs' parts hold the readout after the edit
 
@@ -137,7 +135,7 @@ def run_edits(
 ) -> pd.DataFrame:
     """Measure `options` (default EditOptions()) on the run in `directory` (its model loaded on
     `device` unless `model` is given); returns the edits table.
-    `also`: other suites each chosen edit (k in `also_ks`) is applied to (edits.analyses.transfer).
+    `also`: other suites each chosen edit (k in `also_ks`) is applied to (edits.sweep.transfer).
     Holds the run directory's lock: a `run --fresh` or a second edit on it waits its turn (refused)."""
     directory, options = Path(directory), options or EditOptions()
     suites = transfer_suites(

@@ -40,8 +40,8 @@ class EditOptions:
     placebo: int = DEFAULT_EDIT_COUNTS["placebo"]
     stream: bool = False  # also the stream erased at every layer (edits_stream, edits.stream)
     mlp: bool = False  # also each MLP's output edited at every layer (edits_mlp, edits.mlp)
-    trace: bool = False  # also the stream patched per layer and position (tracing, edits.analyses.tracing)
-    paths: bool = False  # also the top heads' inputs and senders patched (paths, edits.analyses.paths)
+    trace: bool = False  # also the stream patched per layer and position (tracing, analyses.tracing)
+    paths: bool = False  # also the top heads' inputs and senders patched (paths, analyses.paths)
 
     def __post_init__(self):
         for name, kind in (("kinds", str), ("ks", int)):  # Run.edit(ks=5) was a TypeError after recording

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from ...errors import RunError
+from ...store import atomic_write
 from .inventory import is_declared
 from .manifest import Manifest
 
@@ -85,7 +86,8 @@ def copy_suite(directory: Path, suite) -> str:
         own_directory(dest.parent)
         shutil.copyfile(source, dest)
         written.append(str(relative))
-    (target / COPY_LIST).write_text(json.dumps(written, indent=1) + "\n")
+    listed = json.dumps(written, indent=1) + "\n"
+    atomic_write(target / COPY_LIST, lambda p: p.write_text(listed))  # replaces a planted link, never follows
     return f"{SUITE_COPY}/{written[0]}"
 
 

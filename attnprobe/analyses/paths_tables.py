@@ -1,4 +1,4 @@
-"""The path-patching tables (paths.csv, paths_edges.csv) from the raw values alone (edits.analyses.paths).
+"""The path-patching tables (paths.csv, paths_edges.csv) from the raw values alone (analyses.paths).
 
 A patch's effect on an item is y_patched - y (an attribution is already one); TE = y(x') - y(x).
 Shares: of TE (ratio of means) and of TE's covariate gradient (ratio of slopes), with two-way
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ...stats.inference import bh_qvalues, cluster_slope_test, ratio_test, slope_ratio_test
+from ..stats.inference import bh_qvalues, cluster_slope_test, ratio_test, slope_ratio_test
 
 TOP, CROSSFIT = "top 5", "top 5, cross-fitted"  # the receivers that are sets (no role)
 LISTED = "the heads listed (--heads)"  # the set of heads given, in place of the top 5

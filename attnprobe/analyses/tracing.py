@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ...intervene.engine import Bank
-from ...intervene.rerun import ROWS, rerun_y
+from ..intervene.engine import Bank
+from ..intervene.rerun import ROWS, rerun_y
 from .paths_tables import effect_shares, wide_effects
 from .senders import Pair, pair_frame, reference_pairs
 

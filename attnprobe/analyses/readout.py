@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ...stats.inference import holm
+from ..stats.inference import holm
 
 ALPHAS = np.logspace(-3, 5, 17)  # ridge penalties tried, relative to the mean squared singular value
 ASSIGNMENTS = 20  # fold assignments; the reported R2 is the median over them
@@ -193,8 +193,8 @@ def unit_states(pm, suite, span: str) -> tuple[list, np.ndarray, np.ndarray, lis
     """(units, covariate per unit, (L + 1, N, E) states, each unit's last token): the residual stream
     after every layer at the last token of `span`, per unit the mean over templates of each
     template's mean (each template weighing the same)."""
-    from ...run.plan import encode_prompts
-    from ...schema.analysis import value_of
+    from ..run.plan import encode_prompts
+    from ..schema.analysis import value_of
 
     analysis = suite.analysis
     prompts = [p for p in suite.prompts if span in p.spans and value_of(p, analysis.covariate) is not None]
@@ -233,7 +233,7 @@ def unit_states(pm, suite, span: str) -> tuple[list, np.ndarray, np.ndarray, lis
 
 def _last_states(pm, keys: list[tuple]) -> np.ndarray:
     """(L + 1, len(keys), E): the residual stream after every layer at each sequence's last token."""
-    from ...forward.packing import pad_right
+    from ..forward.packing import pad_right
 
     states = []
     for start in range(0, len(keys), 64):
@@ -273,7 +273,7 @@ def states_readout(
     y: np.ndarray, X: np.ndarray, folds: int | None = 10, permutations: int = 999, seed: int = 0
 ):
     """The readout table from the per-unit states alone: y (N,) the covariate, X (L + 1, N, E)."""
-    from ...errors import AnalysisError
+    from ..errors import AnalysisError
 
     folds = folds or min(10, len(y) // 2)
     if len(y) < 2 * folds:
@@ -317,7 +317,7 @@ def frame_table(frame: pd.DataFrame, **options) -> pd.DataFrame:
 
 def write_readout(directory, pm, suite) -> None:
     """readout_states.parquet (the per-unit states, float32) and readout.csv recomputed from them."""
-    from ...store import atomic_write, write_parquet, write_table
+    from ..store import atomic_write, write_parquet, write_table
 
     units, y, X, last = unit_states(pm, suite, suite.analysis.unit)
     frame = states_frame(units, y, X, last)

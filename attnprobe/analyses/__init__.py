@@ -1,9 +1,11 @@
-"""What `attnprobe edit` measures beside the sweep, each with its own tables:
+"""Analyses of a finished run: where the covariate goes in the model, measured beside the edits
+(`attnprobe edit --trace --paths`), each with its own tables. They reopen nothing themselves and
+import no edit: the edit sweep (edits.sweep.command) runs them on its recorded inputs.
 
 paths         path patching of the top heads: value against pattern, and their senders
+paths_parts   each receiver's output effect split into parts that add up, and each head's role
 paths_tables  the path tables' shares, tests and edges
 senders       which heads and MLPs write into a receiver's value (the screen and exact pairs)
 tracing       the residual stream patched per layer and position
 readout       a cross-fitted linear readout of the covariate from each layer
-transfer      each chosen edit applied to other suites (--also)
 """

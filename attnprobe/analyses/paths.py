@@ -55,14 +55,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ...attention.capture import editing
-from ...heads import HeadSet
-from ...intervene.engine import Bank, HeadPatch, aligned
-from ...intervene.gradients import value_path_attribution
-from ...intervene.rerun import ROWS, rerun_y
-from ...intervene.selection import chosen_heads
-from ...model.anatomy import module_of
-from ...store import atomic_write, write_parquet, write_table
+from ..attention.capture import editing
+from ..heads import HeadSet
+from ..intervene.engine import Bank, HeadPatch, aligned
+from ..intervene.gradients import value_path_attribution
+from ..intervene.rerun import ROWS, rerun_y
+from ..intervene.selection import chosen_heads
+from ..model.anatomy import module_of
+from ..store import atomic_write, write_parquet, write_table
 from .paths_parts import CIRCUIT, NO_CIRCUIT, WITHOUT, circuit_heads, circuit_table, parts_table
 from .paths_tables import (
     CROSSFIT,

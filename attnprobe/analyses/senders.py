@@ -1,4 +1,4 @@
-"""Senders: the edges into a receiver head's value at the occupation position p (edits.analyses.paths).
+"""Senders: the edges into a receiver head's value at the occupation position p (analyses.paths).
 
 What one earlier part S wrote into the stream at p (the embedding, a head of a lower layer, a lower
 layer's MLP; through the post-norm where the family has one) is swapped for what it wrote in x', on
@@ -20,13 +20,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ...attention.capture import editing
-from ...errors import RunError
-from ...heads import HeadSet
-from ...intervene.engine import Bank
-from ...intervene.rerun import ROWS, rerun_y
-from ...intervene.sites import behaviour_rows
-from ...model.anatomy import decoder_layers, mlp_modules, parts_of
+from ..attention.capture import editing
+from ..errors import RunError
+from ..heads import HeadSet
+from ..intervene.engine import Bank
+from ..intervene.rerun import ROWS, rerun_y
+from ..intervene.sites import behaviour_rows
+from ..model.anatomy import decoder_layers, mlp_modules, parts_of
 
 EMBEDDING = "embedding"
 PRE_NORMS = ("input_layernorm", "ln_1", "self_attn_layer_norm", "attention_norm", "norm_1", "ln_attn")
