@@ -24,8 +24,7 @@ On the pairs of equal length these add up: paths_parts.py splits the output effe
 the occupation, the values elsewhere, the pattern and their interaction, and gives each head a role
 by the size of its parts.
 
-A head that moves a signal computed elsewhere carries the gradient through its value input from the
-occupation; one that computes it from where it attends carries it through its pattern.
+A head moving a signal computed elsewhere carries it by its value at the occupation; else by its pattern.
 
 Senders, the edges into R's value at p (senders.py): what each earlier part wrote at p swapped
 from x to x' on the one path into R's value, screened by attribution on the items of one quarter
@@ -39,9 +38,8 @@ the table shows how far the first order is from the exact shares.
 
 The circuit test (measure_circuits; paths_parts.circuit_table): per reference, the heads that move
 the signal, path-patched alone by their value input at p: restored alone in x' (faithfulness), each
-left out in turn (minimality), knocked out of x (completeness). The confirmed senders would join it
-once an edge is confirmed (none is on SmolLM2 or Gemma 3); the hypothesis uses the same items it
-is tested on (the roles are decided on the selection-free items of every quarter).
+left out in turn (minimality), knocked out of x (completeness). The hypothesis uses the same items
+it is tested on (the roles are decided on the selection-free items of every quarter).
 
 The raw values (effects y_patched - y; TE = y(x') - y(x)) go to paths_items, paths_screen,
 paths_edges_items and paths_circuit_items parquet files; the tables are made from them alone.
@@ -77,7 +75,7 @@ from .paths_tables import (
     gradient_shares,
     paths_table,
 )
-from .senders import Anatomy, Pair, edges, pair_frame, pair_tensors, reference_pairs, resample_pairs, screen
+from .senders import Pair, edges, pair_frame, pair_tensors, reference_pairs, resample_pairs, screen
 
 PATHS = ("value", "pattern", "output", "all values")
 EQUAL_LENGTH = ("pattern", "all values")  # paths defined only where x and x' have equal length
@@ -263,7 +261,9 @@ def _direction_rows(
 def _senders(module, bank, reference, pairs, labels, base, receivers, roles, log) -> tuple:
     """(screen, edges) long frames: each receiver's senders screened by attribution on the items
     whose role is 1, the EDGES best measured exactly on those whose role is 0."""
-    anatomy = Anatomy.of(module)
+    from .senders import path_sites
+
+    anatomy = path_sites(module)
     screening = [i for i, p in enumerate(pairs) if roles[p.item] == 1]
     confirming = [i for i, p in enumerate(pairs) if roles[p.item] == 0]
     empty = base.iloc[[]]

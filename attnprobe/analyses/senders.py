@@ -26,10 +26,9 @@ from ..heads import HeadSet
 from ..intervene.engine import Bank
 from ..intervene.rerun import ROWS, rerun_y
 from ..intervene.sites import behaviour_rows
-from ..model.anatomy import decoder_layers, mlp_modules, parts_of
+from ..model.anatomy import Sites, sites_of
 
 EMBEDDING = "embedding"
-PRE_NORMS = ("input_layernorm", "ln_1", "self_attn_layer_norm", "attention_norm", "norm_1", "ln_attn")
 
 
 @dataclass(frozen=True)
@@ -85,37 +84,16 @@ def resample_pairs(items, word: str, seed: int = 0) -> list[Pair]:
     return out
 
 
-@dataclass(frozen=True)
-class Anatomy:
-    """Per layer: the attention module, its pre-attention norm, the output projection, the norm
-    after attention (None where its output is added as it is), what the MLP adds and whether that is
-    a norm of the MLP's output (Gemma 2/3) rather than the MLP itself."""
-
-    attention: list
-    pre_norm: list
-    outputs: list
-    after_attention: list
-    mlp_added: list
-    mlp_normed: list
-
-    @classmethod
-    def of(cls, module) -> Anatomy:
-        parts = parts_of(module)
-        layers = decoder_layers(module)
-        attention = [
-            next((m for m in la.modules() if type(m).__name__.endswith("Attention")), None) for la in layers
-        ]
-        pre = [next((getattr(la, n) for n in PRE_NORMS if hasattr(la, n)), None) for la in layers]
-        if parts is None or None in attention or None in pre:
-            raise RunError(
-                f"--paths: {type(module).__name__} has no attention module, pre-attention norm, output "
-                "projection, MLP or final norm where path patching looks; run without --paths"
-            )
-        outputs, after_attention, mlp_added, _, _ = parts
-        mlps = mlp_modules(module)
-        return cls(
-            attention, pre, outputs, after_attention, mlp_added, [a is not m for a, m in zip(mlp_added, mlps)]
+def path_sites(module) -> Sites:
+    """The model's sites (model.anatomy.Sites) path patching reads: every layer's attention module,
+    pre-attention norm, output projection and what its MLP adds, the final norm; else one line."""
+    sites = sites_of(module)
+    if not sites.complete("attention", "pre_norm", "outputs", "mlp_added"):
+        raise RunError(
+            f"--paths: {type(module).__name__} has no attention module, pre-attention norm, output "
+            "projection, MLP or final norm where path patching looks; run without --paths"
         )
+    return sites
 
 
 def pair_tensors(pairs: list[Pair], *fields) -> list[torch.Tensor]:
@@ -137,7 +115,7 @@ def pair_frame(items, bank, reference, pairs, labels) -> pd.DataFrame:
     )
 
 
-def writes(anatomy: Anatomy, bank: Bank, reference: Bank, pairs: list[Pair], below: int):
+def writes(anatomy: Sites, bank: Bank, reference: Bank, pairs: list[Pair], below: int):
     """(sender names, (B, S, E)): what each part below layer `below` wrote at p in x' minus in x."""
     n, r, at, at_cf = pair_tensors(pairs, "item", "donor", "at", "at_cf")
     rows = torch.arange(len(pairs))
@@ -189,7 +167,7 @@ class _ValueOnly:
 
 
 @contextmanager
-def _read_at(anatomy: Anatomy, layer: int, h: torch.Tensor, at: torch.Tensor, delta: torch.Tensor):
+def _read_at(anatomy: Sites, layer: int, h: torch.Tensor, at: torch.Tensor, delta: torch.Tensor):
     """Within the block layer `layer`'s attention reads N(h + delta) (B, E) at each row's position
     `at` (N its pre-attention norm); the residual stream itself is left as it is."""
 

@@ -27,7 +27,7 @@ import torch
 
 from ..intervene.engine import Bank
 from ..intervene.rerun import ROWS
-from ..model.anatomy import decoder_layers, layer_mlp
+from ..model.anatomy import decoder_layers, mlp_added
 from ..stats.edits import MLP
 from .estimate import covariate_directions, definitional_directions, erasers
 from .stream import StreamEdit, measure_layers
@@ -56,11 +56,10 @@ def fitted_where(inputs) -> tuple[tuple[str, str], ...]:
 
 
 def output_module(layer) -> torch.nn.Module:
-    """The module whose output a decoder layer adds to the stream after its attention: the post-MLP
-    norm where the layer has one (Gemma 2 and 3: a linear eraser before a norm that scales each
-    dimension would not erase after it), else the MLP (anatomy.layer_mlp)."""
-    norm = getattr(layer, "post_feedforward_layernorm", None)
-    return layer_mlp(layer) if norm is None else norm
+    """The module whose output a decoder layer's MLP adds to the stream (model.anatomy.mlp_added: the
+    post-MLP norm where the layer has one, Gemma 2 and 3, since a linear eraser before a norm that
+    scales each dimension would not erase after it; else the MLP)."""
+    return mlp_added(layer)
 
 
 def _replacing(edit):

@@ -4,11 +4,15 @@ A caller may hold a ProbeModel (attnprobe's wrapper) or the bare `torch.nn.Modul
 gives the module either way. Decoder layers are the module list with one entry per hidden layer;
 a layer's MLP goes by the names families use; an attention module is the innermost module whose
 class name ends in "Attention" and that knows its layer index; a layer's sliding window or chunk
-comes from the config's layer types, else the module's or the config's one window; `parts_of` names
-what direct attribution and the path analysis read (output projections, norms, MLPs, the lm head).
+comes from the config's layer types, else the module's or the config's one window. `sites_of` is
+the one site vocabulary (`Sites`: attention, pre-norms, head outputs, post-norms, MLPs and what they
+add, final norm, lm head) that direct attribution, path patching, senders and the MLP edits read;
+`mlp_added` is the one rule for what a layer's MLP adds (the post-MLP norm where there is one).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -17,6 +21,7 @@ from ..errors import UnsupportedFamily
 MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn")  # a decoder layer's MLP, by family
 OUTPUTS = ("o_proj", "dense", "out_proj", "c_proj")  # an attention module's output projection
 FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "final_norm")  # after the last layer
+PRE_NORMS = ("input_layernorm", "ln_1", "self_attn_layer_norm", "attention_norm", "norm_1", "ln_attn")
 
 
 def module_of(model) -> torch.nn.Module:
@@ -80,23 +85,75 @@ def window_of(module, config, layer: int) -> tuple[int | None, int | None]:
     return getattr(config, "sliding_window", None), None
 
 
-def parts_of(model):
-    """(per-layer attention output projections, the norms after each layer's attention (None where
-    its output is added as it is), what each layer's MLP adds (the MLP, or the norm after it), the
-    final norm, the lm head), or None where the model's anatomy is not one this attribution reads."""
-    outputs, after_attention, mlp_added = [], [], []
-    mlps = mlp_modules(model) or []
-    for i, layer in enumerate(decoder_layers(model)):
-        attention = next((m for m in layer.modules() if type(m).__name__.endswith("Attention")), None)
-        outputs.append(next((getattr(attention, n) for n in OUTPUTS if hasattr(attention, n)), None))
-        # Gemma 2/3 normalise each sublayer's output before adding it (their post_attention_layernorm
-        # is a post-norm only beside a pre_feedforward_layernorm; in Llama that name is the MLP's pre-norm)
-        post = hasattr(layer, "pre_feedforward_layernorm")
-        after_attention.append(getattr(layer, "post_attention_layernorm", None) if post else None)
-        mlp_added.append(
-            getattr(layer, "post_feedforward_layernorm", None) or (mlps[i] if i < len(mlps) else None)
+def mlp_added(layer, mlp: torch.nn.Module | None = None) -> torch.nn.Module | None:
+    """What a decoder layer's MLP adds to the residual stream: the norm after the MLP where the family
+    has one (Gemma 2/3: a linear edit or patch before a norm that scales each dimension would not
+    hold after it), else the MLP itself (`mlp`, by default the layer's)."""
+    norm = getattr(layer, "post_feedforward_layernorm", None)
+    return norm if norm is not None else (mlp if mlp is not None else layer_mlp(layer))
+
+
+@dataclass(frozen=True)
+class Sites:
+    """The one vocabulary of a model's sites, per decoder layer (an entry None where the family has
+    none of the names looked for): the attention module, its pre-norm, its output projection (the
+    heads' outputs), the norm after attention (None where the output is added as it is), the MLP and
+    what it adds to the stream (mlp_added); the final norm and the lm head."""
+
+    attention: list
+    pre_norm: list
+    outputs: list
+    after_attention: list
+    mlp: list
+    mlp_added: list
+    final_norm: torch.nn.Module | None
+    lm_head: torch.nn.Module | None
+
+    @property
+    def mlp_normed(self) -> list[bool]:
+        """Per layer, whether what the MLP adds is a norm of its output (Gemma 2/3) rather than it."""
+        return [a is not m for a, m in zip(self.mlp_added, self.mlp)]
+
+    def complete(self, *names: str) -> bool:
+        """Whether every layer has each of the named sites (and the model a final norm and head)."""
+        lists = [getattr(self, name) for name in names]
+        return all(x is not None for x in (self.final_norm, self.lm_head)) and all(
+            entries and None not in entries for entries in lists
         )
-    norms = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in FINAL_NORMS]
-    if not outputs or None in outputs or None in mlp_added or not norms:
+
+
+def sites_of(model) -> Sites:
+    """Where each site of `model` (a ProbeModel or module) is (Sites)."""
+    module = module_of(model)
+    layers = decoder_layers(module)
+    attention = [
+        next((m for m in la.modules() if type(m).__name__.endswith("Attention")), None) for la in layers
+    ]
+    mlps = [layer_mlp(layer) for layer in layers]
+    # Gemma 2/3 normalise each sublayer's output before adding it (their post_attention_layernorm
+    # is a post-norm only beside a pre_feedforward_layernorm; in Llama that name is the MLP's pre-norm)
+    after = [
+        getattr(la, "post_attention_layernorm", None) if hasattr(la, "pre_feedforward_layernorm") else None
+        for la in layers
+    ]
+    norms = [m for name, m in module.named_modules() if name.rsplit(".", 1)[-1] in FINAL_NORMS]
+    return Sites(
+        attention=attention,
+        pre_norm=[next((getattr(la, n) for n in PRE_NORMS if hasattr(la, n)), None) for la in layers],
+        outputs=[next((getattr(a, n) for n in OUTPUTS if hasattr(a, n)), None) for a in attention],
+        after_attention=after,
+        mlp=mlps,
+        mlp_added=[mlp_added(la, m) for la, m in zip(layers, mlps)],
+        final_norm=norms[-1] if norms else None,
+        lm_head=module.get_output_embeddings(),
+    )
+
+
+def parts_of(model):
+    """(per-layer attention output projections, the norms after each layer's attention, what each
+    layer's MLP adds, the final norm, the lm head) as direct attribution reads them, or None where the
+    model's anatomy is not one this attribution reads."""
+    sites = sites_of(model)
+    if not sites.complete("outputs", "mlp_added"):
         return None
-    return outputs, after_attention, mlp_added, norms[-1], model.get_output_embeddings()
+    return sites.outputs, sites.after_attention, sites.mlp_added, sites.final_norm, sites.lm_head

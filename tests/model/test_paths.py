@@ -18,11 +18,11 @@ from attnprobe.analyses.paths import compared_pairs, measure_circuits, measure_p
 from attnprobe.analyses.paths_parts import circuit_table, part_effects, parts_table
 from attnprobe.analyses.paths_tables import edges_table, paths_table
 from attnprobe.analyses.senders import (
-    Anatomy,
     _sender_pass,
     edges,
     pair_frame,
     pair_tensors,
+    path_sites,
     reference_pairs,
     screen,
     writes,
@@ -103,7 +103,7 @@ def test_path_patching_equals_the_one_item_reference(tiny):
 
 def test_edges_equal_the_reference_and_writes_add_up_to_the_stream(tiny):
     model, eager, items, bank, reference, labels, pairs = tiny
-    anatomy = Anatomy.of(model)
+    anatomy = path_sites(model)
     receiver = (2, 1)
     names, parts = writes(anatomy, bank, reference, pairs, 2)
     n = torch.tensor([p.item for p in pairs])
@@ -127,7 +127,7 @@ def test_edges_equal_the_reference_and_writes_add_up_to_the_stream(tiny):
 def test_attribution_is_the_exact_edge_effect_to_first_order(tiny):
     """A sender's write scaled by e: the exact change in y over e tends to the attribution."""
     model, _, items, bank, reference, labels, pairs = tiny
-    anatomy = Anatomy.of(model)
+    anatomy = path_sites(model)
     names, attributed = screen(model, anatomy, bank, reference, pairs, (2, 1), labels)
     _, parts = writes(anatomy, bank, reference, pairs, 2)
     heads = torch.full((len(pairs),), 1)
@@ -178,10 +178,10 @@ def test_the_whole_stream_swapped_into_the_value_is_the_value_path(family):
     )
     with torch.inference_mode():
         swapped = _sender_pass(
-            model, Anatomy.of(model), bank, pairs, torch.full((4,), head), layer, labels, stream
+            model, path_sites(model), bank, pairs, torch.full((4,), head), layer, labels, stream
         )
     clean = _sender_pass(
-        model, Anatomy.of(model), bank, pairs, torch.full((4,), head), layer, labels, 0 * stream
+        model, path_sites(model), bank, pairs, torch.full((4,), head), layer, labels, 0 * stream
     )
     assert np.abs(got - clean.detach().numpy()).max() > 1e-4
     np.testing.assert_allclose(swapped.numpy(), got, atol=1e-4)
@@ -359,7 +359,7 @@ def test_a_model_path_patching_cannot_read_is_refused_in_one_line():
     from attnprobe.errors import RunError
 
     with pytest.raises(RunError, match=r"--paths: OPTForCausalLM has no .* run without --paths"):
-        Anatomy.of(build_tiny("opt", vocab_size=64))
+        path_sites(build_tiny("opt", vocab_size=64))
 
 
 def test_every_share_interval_agrees_with_its_numerators_p(edited_run):
