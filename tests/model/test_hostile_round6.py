@@ -293,3 +293,25 @@ def test_a_link_planted_below_also_is_refused_before_the_sweep(edited_run, tmp_p
     result = _invoke("edit", run, *SWEEP, "--also", edited_run.parent / "e.yaml")
     one_line_error(result, f"{run / 'also' / 'e'} is a symbolic link")
     assert "loading" not in result.output and list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_relative_model_path_read_from_another_folder_is_checked_by_its_weights(
+    tiny_llama_dir, tmp_path, monkeypatch
+):
+    """Round 6: from another working directory, the manifest's relative model path named other
+    weights, and attention_matrix recomputed the run's prompt with them."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+    shutil.copytree(tiny_llama_dir, tmp_path / "a" / "model")
+    _other_weights(tiny_llama_dir, tmp_path / "b" / "model")
+    monkeypatch.chdir(tmp_path / "a")
+    suite = edit_suite(tmp_path)
+    assert (
+        _invoke("-q", "run", suite, "--model", "model", "--out", tmp_path / "run", "--no-report").exit_code
+        == 0
+    )
+    run = attnprobe.Run(tmp_path / "run")
+    assert len(run.attention_matrix(0, 0, 0)) > 0  # from the folder it was made in: its own weights
+    monkeypatch.chdir(tmp_path / "b")
+    with pytest.raises(AnalysisError, match="the model is not the one this run was made with"):
+        run.attention_matrix(0, 0, 0)
