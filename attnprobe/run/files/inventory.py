@@ -3,9 +3,9 @@ or a pattern inside a folder), its format and the command that writes it.
 
 `store.atomic_write` refuses, while a command writes into a run (`writing_into`), any file that is
 not declared here or that a link would carry out of the run; `--fresh` removes exactly the declared
-files (fresh.remove_run); the report links the declared tables; `Run` reads them. A measure declares
-its own files on its class (ARTEFACTS, CHUNKS, TABLES: attnprobe.measures); what the run itself, the
-report and `attnprobe edit` write is listed below.
+files (fresh.remove_run). A measure declares its own files on its class (ARTEFACTS, CHUNKS, TABLES:
+attnprobe.measures); what the run itself, the report and `attnprobe edit` write is listed below, and
+`edit --also`'s runs (also/SUITE/EDIT/) are runs of their own, declared as any run.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 import re
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from ... import store
@@ -21,7 +22,7 @@ from ...errors import RegistryError, RunError
 from ...measures import MEASURES
 from .layout import TABLES_KEY
 
-TABLE, PARQUET, JSON, HTML, FIGURE, SAVED_EDIT, CHUNK, NESTED_RUN, COPY = (
+TABLE, PARQUET, JSON, HTML, FIGURE, SAVED_EDIT, CHUNK, COPY = (
     "table (.csv and .parquet)",
     "parquet",
     "json",
@@ -29,7 +30,6 @@ TABLE, PARQUET, JSON, HTML, FIGURE, SAVED_EDIT, CHUNK, NESTED_RUN, COPY = (
     "figure (.png and .svg)",
     "saved edit (.json and .safetensors)",
     "chunk",
-    "a run of its own",
     "copy",
 )
 
@@ -153,6 +153,11 @@ def _chunk_prefixes() -> set[str]:
 def declared() -> tuple[Declared, ...]:
     """Every file a run directory may hold, with the command that writes it. A measure (a plug-in)
     whose file is one the run, the report or `attnprobe edit` writes is refused (RegistryError)."""
+    return _declared(tuple(MEASURES))  # made once per set of registered measures
+
+
+@cache
+def _declared(measures: tuple[str, ...]) -> tuple[Declared, ...]:
     own = (*_run_files(), *_report_files(), *_edit_files())
     for kind in MEASURES.values():
         for name in (*kind.ARTEFACTS, *(f"{table}.csv" for table in kind.TABLES)):
