@@ -304,8 +304,8 @@ def test_a_relative_model_path_read_from_another_folder_is_checked_by_its_weight
         (tmp_path / folder).mkdir()
     shutil.copytree(tiny_llama_dir, tmp_path / "a" / "model")
     _other_weights(tiny_llama_dir, tmp_path / "b" / "model")
+    suite = edit_suite(tmp_path)  # from the repository root: it copies the shipped control file
     monkeypatch.chdir(tmp_path / "a")
-    suite = edit_suite(tmp_path)
     assert (
         _invoke("-q", "run", suite, "--model", "model", "--out", tmp_path / "run", "--no-report").exit_code
         == 0

@@ -14,7 +14,7 @@ from attnprobe.errors import RunError
 from attnprobe.run.files.inventory import is_declared, run_writes
 
 EVERY_OPTION = [
-    *("--kinds", "zero,mean,project,leace", "--k", "1", "--draws", "2", "--texts", "2", "--alone", "2"),
+    *("--kinds", "zero,leace", "--k", "1", "--draws", "2", "--texts", "2", "--alone", "1"),
     *("--placebo", "2", "--stream", "--mlp", "--trace", "--paths", "--also-k", "1"),
 ]
 
