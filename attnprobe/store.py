@@ -89,6 +89,24 @@ def writing_into(directory: Path, allowed):
         _WRITING.pop()
 
 
+def refuse_planted(path: Path, folder: bool = True) -> None:
+    """One line where `path` is a symbolic link (a write through it would leave the run) or, where a
+    folder is expected (`folder`), a file."""
+    if path.is_symlink() or (folder and path.exists() and not path.is_dir()):
+        kind = "a symbolic link" if path.is_symlink() else "not a directory"
+        raise RunError(
+            f"{path} is {kind}; attnprobe writes only inside the run directory: remove it or choose "
+            "another --out"
+        )
+
+
+def refuse_links_on_the_way(root: Path, relative: Path, to_the_file: bool = False) -> None:
+    """refuse_planted for every step from `root` down to `relative` (its file too with `to_the_file`:
+    a copy writes through a link, a rename replaces it)."""
+    for depth in range(1, len(relative.parts) + to_the_file):
+        refuse_planted(root.joinpath(*relative.parts[:depth]), folder=False)
+
+
 def check_inside(path: Path) -> None:
     """`path` refused, in one line, where a run being written declares no such file or a link on the
     way to it leads out of the run (the innermost run holding it decides: --also runs are nested)."""
@@ -97,13 +115,7 @@ def check_inside(path: Path) -> None:
     if not holding:
         return
     outer = min(holding, key=lambda pair: len(pair[0].parts))[0]  # links: anywhere below the outermost
-    inside = target.relative_to(outer)
-    for depth in range(1, len(inside.parts)):  # a link at the file itself is replaced, not followed
-        if (outer.joinpath(*inside.parts[:depth])).is_symlink():
-            raise RunError(
-                f"{outer.joinpath(*inside.parts[:depth])} is a symbolic link; attnprobe writes only "
-                "inside the run directory: remove it or choose another --out"
-            )
+    refuse_links_on_the_way(outer, target.relative_to(outer))  # the file itself is replaced, not followed
     root, allowed = max(holding, key=lambda pair: len(pair[0].parts))
     relative = target.relative_to(root)
     if not allowed(relative.as_posix()):
@@ -215,11 +227,7 @@ def read_chunks(directory: Path, n_chunks: int, files, prefix: str) -> dict[str,
 @contextmanager
 def exclusive(directory: Path):
     """Hold an exclusive lock on the run directory (released by the OS even if we are killed)."""
-    if (directory / ".lock").is_symlink():  # opening it would create or touch the link's target
-        raise RunError(
-            f"{directory / '.lock'} is a symbolic link; attnprobe writes only inside the run directory: "
-            "remove it or choose another --out"
-        )
+    refuse_planted(directory / ".lock", folder=False)  # opening a link would create or touch its target
     try:
         handle = open(directory / ".lock", "a+")
     except OSError as exc:

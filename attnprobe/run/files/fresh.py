@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from ...errors import RunError
-from ...store import atomic_write
+from ...store import atomic_write, refuse_links_on_the_way, refuse_planted
 from .inventory import is_declared
 from .manifest import Manifest
 
@@ -20,12 +20,7 @@ from .manifest import Manifest
 def own_directory(path: Path) -> Path:
     """`path` (chunks/, figures/ of a run) made as a real directory: a symbolic link or a file planted
     there would make the run write outside --out, so it is refused."""
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
-        kind = "a symbolic link" if path.is_symlink() else "not a directory"
-        raise RunError(
-            f"{path} is {kind}; attnprobe writes only inside the run directory: remove it or choose "
-            "another --out"
-        )
+    refuse_planted(path)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -77,12 +72,7 @@ def copy_suite(directory: Path, suite) -> str:
     for source in dict.fromkeys(files):
         relative = source.relative_to(base)
         dest = target / relative
-        for depth in range(1, len(relative.parts) + 1):  # a planted link anywhere on the way leads out
-            step = target.joinpath(*relative.parts[:depth])
-            if step.is_symlink():
-                raise RunError(
-                    f"{step} is a symbolic link; attnprobe writes only inside the run directory: remove it"
-                )
+        refuse_links_on_the_way(target, relative, to_the_file=True)  # a copy writes through a link
         own_directory(dest.parent)
         shutil.copyfile(source, dest)
         written.append(str(relative))

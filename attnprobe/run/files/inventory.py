@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 
 from ... import store
-from ...errors import RegistryError, RunError
+from ...errors import RegistryError
 from ...measures import MEASURES
 from .layout import TABLES_KEY
 
@@ -215,9 +215,4 @@ def _refuse_links(root: Path) -> None:
         path = root / folder
         below = [Path(at) / name for at, names, _ in os.walk(path) for name in names] if path.is_dir() else []
         for planted in [path, *below]:  # os.walk lists a linked folder but does not enter it
-            if planted.is_symlink() or (planted.exists() and not planted.is_dir()):
-                kind = "a symbolic link" if planted.is_symlink() else "not a directory"
-                raise RunError(
-                    f"{planted} is {kind}; attnprobe writes only inside the run directory: remove it or "
-                    "choose another --out"
-                )
+            store.refuse_planted(planted)
