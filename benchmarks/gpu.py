@@ -330,7 +330,7 @@ def shape_row(name: str, folder: Path, device: str, dtype: str, limit: int, work
 def commands(device: str, tokenizer, work: Path, tiny: bool = False) -> list[dict]:
     """(d) Each command on the device, as a user types it, on a tiny checkpoint saved with the tokenizer:
     exit code and seconds (the tables' values are (a)'s business). `tiny` (a check on any machine):
-    40 prompts and 8 cost texts in place of 240 and the default 64, each command in this process, the
+    24 prompts and 8 cost texts in place of 240 and the default 64, each command in this process, the
     edited run without its report."""
 
     model = work / "tiny-checkpoint"
@@ -338,7 +338,7 @@ def commands(device: str, tokenizer, work: Path, tiny: bool = False) -> list[dic
     tokenizer.save_pretrained(model)
     (work / "doc.txt").write_text("The doctor spoke to the nurse because [she] was late.\n")
     run_a, run_b = work / "cli-run", work / "cli-edited"
-    on, limit = ["--device", device], "40" if tiny else "240"
+    on, limit = ["--device", device], "24" if tiny else "240"
     texts = ["--texts", "8"] if tiny else []
     steps = [
         ["run", str(SUITE), "--model", str(model), "--limit", limit, "--out", str(run_a), *on],

@@ -122,7 +122,7 @@ def test_the_1b_shape_runs_the_gender_suite_end_to_end_on_cpu(tmp_path):
     9 min on 2 cores; the GPU benchmark times them); the report says the weights were random, and
     `edit` refuses the run."""
     out = tmp_path / "r"
-    args = ["run", str(REPO / "probes" / "gender.yaml"), "--model", "random:llama-3.2-1b", "--limit", "12"]
+    args = ["run", str(REPO / "probes" / "gender.yaml"), "--model", "random:llama-3.2-1b", "--limit", "4"]
     args += ["--no-head-effects"]
     result = subprocess.run(
         [sys.executable, "-m", "attnprobe", *args, "--out", str(out)], capture_output=True, text=True
@@ -139,16 +139,16 @@ def test_the_1b_shape_runs_the_gender_suite_end_to_end_on_cpu(tmp_path):
 @pytest.mark.slow
 def test_the_gpu_benchmark_runs_on_the_cpu_with_tiny_shapes(tmp_path):
     """benchmarks/gpu.py --tiny: parity in three dtypes (device = the CPU standing in for a GPU here;
-    two of its six families: the others differ in the model only, which the family tests cover), the
+    one of its six families: the others differ in the model only, which the family tests cover), the
     tiny shape's row and every command, written as JSON and markdown."""
     script = REPO / "benchmarks" / "gpu.py"
     args = ["--tiny", "--out", str(tmp_path), "--limit", "24", "--parity-limit", "8"]
-    args += ["--families", "llama,gemma3_text"]
+    args += ["--families", "llama"]
     result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     found = json.loads((tmp_path / "gpu.json").read_text())
-    assert len(found["parity"]) == 6 and all(r["passed"] for r in found["parity"])
-    assert {r["family"] for r in found["parity"]} == {"llama", "gemma3_text"}
+    assert len(found["parity"]) == 3 and all(r["passed"] for r in found["parity"])
+    assert {r["family"] for r in found["parity"]} == {"llama"}
     (row,) = found["shapes"]
     assert row["prompt_phase_s"] > 0 and row["head_effect_pairs"] > 0 and row["verify_passed"]
     assert [r["exit"] for r in found["commands"]] == [0] * 6

@@ -88,16 +88,17 @@ def test_leace_removes_the_planted_stereotype_and_keeps_the_factual_term_on_held
 
 
 @pytest.mark.slow
-def test_the_placebo_of_a_null_covariate_gives_p_above_005_in_95_of_100_seeds(planted):
+def test_the_placebo_of_a_null_covariate_gives_p_at_most_005_in_at_most_5_of_50_seeds(planted):
     """The covariate handed to the edit is drawn per occupation at random (seed s): the model never
     saw it. The real LEACE edit's share of its gradient removed against 19 refits on permutations of
-    it (p floor 0.05): under the null p <= 0.05 in 5% of seeds."""
+    it (p floor 0.05): under the null p <= 0.05 in 5% of seeds, so at most 5 of 50 with probability
+    0.96; a placebo rejecting in 20% of seeds would pass with probability 0.05."""
     model, inputs = planted
     wrapped = SimpleNamespace(model=model, info=SimpleNamespace(n_layers=1))
     sets = {1: {f: HEADS for f in (0, 1, 2, 3, "all")}}
     n = len(inputs.items)
     ps = []
-    for seed in range(100):
+    for seed in range(50):
         null = np.random.default_rng(seed).uniform(0, 100, len(OCCUPATIONS))
         fake = replace(inputs, covariate=null[[int(i.unit[1:]) for i in inputs.items]])
         real, _ = _edited(model, fake, "leace")
@@ -113,4 +114,4 @@ def test_the_placebo_of_a_null_covariate_gives_p_above_005_in_95_of_100_seeds(pl
         )
         ps.append(placebo_table(raw)["placebo_p"].iloc[0])
     ps = np.array(ps)
-    assert (ps > 0.05).sum() >= 95, np.sort(ps)[:10]
+    assert (ps <= 0.05).sum() <= 5, np.sort(ps)[:10]
