@@ -116,3 +116,65 @@ def planted_items(covariates=None) -> list[PatchItem]:
                                  x, (cf,), (SHE,), (HE,))  # fmt: skip
                 out.append(item)
     return out
+
+
+RAW, UNREAD = 12, 20  # the occupation's raw feature; a dimension nothing reads
+
+
+def planted_mlp_model():
+    """A known circuit through an MLP (issue 68): each occupation token stores its covariate only as
+    RAW; layer 0's MLP turns RAW into GENDER at the occupation (its gate reads the constant BIAS, so
+    the output grows with RAW); the movers L1H0 and L1H3 copy GENDER to the last token, which the
+    logits read. Distractors read the same positions and write where nothing reads: layer 1's MLP
+    (RAW -> UNREAD) and L1H1 (attends to the occupation, copies RAW -> UNREAD). The circuit is
+    {embeddings, MLP0, L1H0, L1H3}: without MLP0 nothing reaches the movers, without a mover half."""
+    model = blank_llama(32, 2, D)
+    with torch.no_grad():
+        e = model.model.embed_tokens.weight
+        e[:, BIAS] = 4.0
+        for n, token in enumerate(OCCUPATIONS):
+            e[token, SLOT], e[token, RAW] = 1.0, 2 * n / (len(OCCUPATIONS) - 1) - 1
+        e[PERSON, SLOT] = 1.0
+        e[THAT, LAST] = 1.0
+        for layer, target in ((0, GENDER), (1, UNREAD)):
+            mlp = model.model.layers[layer].mlp
+            mlp.gate_proj.weight[0, BIAS], mlp.up_proj.weight[0, RAW] = 1.0, 1.0
+            mlp.down_proj.weight[target, 0] = 1.0
+        l1 = model.model.layers[1].self_attn
+        for head, read, write in ((0, GENDER, MOVER_OUT), (3, GENDER, MOVER_OUT), (1, RAW, UNREAD)):
+            l1.q_proj.weight[head * D + Q, LAST], l1.k_proj.weight[head * D + Q, SLOT] = 20.0, 1.0
+            l1.v_proj.weight[head * D, read], l1.o_proj.weight[write, head * D] = 1.0, 1.0
+        model.lm_head.weight[SHE, MOVER_OUT], model.lm_head.weight[HE, MOVER_OUT] = 3.0, -3.0
+    attnprobe.attention.capture.enable(model)
+    return model
+
+
+def planted_noisy_movers(seed: int = 0, noise: float = 1.0):
+    """Eight movers (every head of both layers) each copy a feature of their own from the occupation
+    to the last token, which the logits read: the covariate (scaled to [-1, 1]) plus noise of its
+    own per occupation (normal, SD `noise`, seeded). Every mover carries the gradient alike in
+    expectation; which ones carry most on a set of occupations is chance, so heads chosen on the
+    judged occupations look better there than on others (the selection a held-out split removes)."""
+    model = blank_llama(32, 2, D)
+    rng = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        e = model.model.embed_tokens.weight
+        e[:, BIAS] = 4.0
+        for n, token in enumerate(OCCUPATIONS):
+            c = 2 * n / (len(OCCUPATIONS) - 1) - 1
+            e[token, SLOT] = 1.0
+            e[token, RAW : RAW + 8] = c + noise * torch.randn(8, generator=rng)
+        e[PERSON, SLOT] = 1.0
+        e[THAT, LAST] = 1.0
+        for layer in (0, 1):
+            attention = model.model.layers[layer].self_attn
+            for head in range(4):
+                attention.q_proj.weight[head * D + Q, LAST], attention.k_proj.weight[head * D + Q, SLOT] = (
+                    20.0,
+                    1.0,
+                )
+                attention.v_proj.weight[head * D, RAW + 4 * layer + head] = 1.0
+                attention.o_proj.weight[MOVER_OUT, head * D] = 0.25
+        model.lm_head.weight[SHE, MOVER_OUT], model.lm_head.weight[HE, MOVER_OUT] = 3.0, -3.0
+    attnprobe.attention.capture.enable(model)
+    return model

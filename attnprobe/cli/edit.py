@@ -110,6 +110,13 @@ def _count(name: str, help: str):
     "and the senders into their value (paths.csv, paths_edges.csv).",
 )
 @click.option(
+    "--circuits/--no-circuits",
+    default=False,
+    show_default=True,
+    help="Also find circuits of heads and MLPs by attribution (EAP, EAP-IG) and judge each size by exact "
+    "patching on held-out items (circuits.csv, circuit_parts.csv, circuit_agreement.csv).",
+)
+@click.option(
     "--also",
     multiple=True,
     type=click.Path(dir_okay=False),
@@ -125,48 +132,13 @@ def _count(name: str, help: str):
     help="The numbers of heads whose edits --also applies.",
 )
 @device_option
-def edit(
-    run_dir,
-    kinds,
-    ks,
-    heads,
-    draws,
-    factor,
-    reference,
-    text_file,
-    seed,
-    alone,
-    texts,
-    placebo,
-    stream,
-    mlp,
-    trace,
-    paths,
-    also,
-    also_ks,
-    device,
-):
+def edit(run_dir, kinds, text_file, also, also_ks, device, **settings):
     """Edit the heads RUN_DIR found (by default k = 1, 5; against random heads of the same layers)
     and write edits.csv: the stereotype gradient removed, definitional pronouns kept, and the KL cost."""
     from ..edits import EditOptions, run_edits
 
-    options = EditOptions(
-        kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()),
-        ks=ks,
-        heads=heads,
-        draws=draws,
-        factor=factor,
-        reference=reference,
-        text=text_file,
-        seed=seed,
-        alone=alone,
-        texts=texts,
-        placebo=placebo,
-        stream=stream,
-        mlp=mlp,
-        trace=trace,
-        paths=paths,
-    )
+    kinds = tuple(k.strip() for k in kinds.split(",") if k.strip())
+    options = EditOptions(kinds=kinds, text=text_file, **settings)  # the other options by their names
     quiet = click.get_current_context().obj.get("quiet")
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
     table = run_edits(run_dir, options, log=log, also=also, also_ks=also_ks, device=device)

@@ -21,6 +21,7 @@ from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
 from ..errors import AttnprobeError, RunError
@@ -80,6 +81,32 @@ class Inputs:
         if (self.fold == on).any():
             return np.array([on])
         return np.array([g for g in range(4) if g // 2 != fold // 2])
+
+    def describe(self, raw: pd.DataFrame) -> pd.DataFrame:
+        """The columns the statistics need beside the raw values, so edits_items stands alone: per bias
+        row its item, unit, template and covariate; per control row the label's sign, its cross-fitting
+        half (2: no fit used it), set, word pair and (a phrase put in a template) template; per text row
+        whether it is the user's text."""
+        items = self.items
+        bias = raw["target"] == "bias"
+        index = raw["index"].to_numpy()
+        pick = lambda values, rows: np.asarray(values, dtype=object)[index[rows]]
+        raw["item_id"] = None
+        raw.loc[bias, "item_id"] = pick([i.item_id for i in items], bias)
+        raw.loc[bias, "unit"] = pick([i.unit for i in items], bias)
+        raw.loc[bias, "template_id"] = pick([i.template_id for i in items], bias)
+        raw["covariate"] = np.where(bias, self.covariate[np.where(bias, index, 0)], np.nan)
+        raw["quarter"] = np.where(bias, self.fold[np.where(bias, index, 0)], -1)  # whose edit it had
+        control = (raw["target"] == "control").to_numpy()
+        raw["sign"] = np.where(control, self.control_sign[np.where(control, index, 0)], np.nan)
+        raw["half"] = np.where(control, self.control_half[np.where(control, index, 0)], -1)
+        raw["set"] = np.where(control, self.control_set[np.where(control, index, 0)], "")
+        raw["pair"] = np.where(control, self.control_pair[np.where(control, index, 0)], "")
+        in_template = control & (self.control_template[np.where(control, index, 0)] != "")
+        raw.loc[in_template, "template_id"] = pick(self.control_template, in_template)
+        text = (raw["target"] == "text").to_numpy()
+        raw["user_text"] = np.where(text, self.text_is_user[np.where(text, index, 0)], False)
+        return raw
 
 
 def record_inputs(

@@ -208,7 +208,7 @@ def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int, pre
     contexts = [editing(edit, _Prefix(bank, base, prefix) if prefix else None)]
     if mlps:
         contexts.append(
-            mlp_outputs(mlps, _mlp_patch(bank, v.donor[rows], where, donor_index, v.mlp[rows].to(device)))
+            mlp_outputs(mlps, mlp_patch(bank, v.donor[rows], where, donor_index, v.mlp[rows].to(device)))
         )
     elif found:  # no MLP output patched: the top MLP only where the logits are read
         contexts.append(last_position_mlp(found[-1], last))
@@ -314,7 +314,7 @@ class HeadPatch:
         return values, torch.where(heads, new, out)
 
 
-def _mlp_patch(bank: Bank, donor, where, donor_index, rows):
+def mlp_patch(bank: Bank, donor, where, donor_index, rows):
     """For `sites.mlp_outputs`: in the rows `rows` (B, L) selects, the MLP output at the
     patched positions is the donor's."""
 

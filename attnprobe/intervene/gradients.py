@@ -2,11 +2,13 @@
 the behaviour's gradient with respect to every head's output and pattern and every MLP's output (the
 weights get none), and the first-order effect of each head's value path from them.
 
-Used by head effects' screen (measures/head_effects/attribution.py) and by the path analysis's
-selection null (analyses/paths.py).
+Used by head effects' screen (measures/head_effects/attribution.py), by the path analysis's
+selection null (analyses/paths.py) and, frozen weights, by the circuits' attribution.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
@@ -22,22 +24,29 @@ def gradients(model, bank: Bank, xs, positive, negative, mlps) -> Gradients:
     grads, module, lengths = Gradients(), module_of(model), bank.lengths[xs]
     T, device = int(lengths.max()), bank.hidden[0].device
     ids, mask = bank.ids[xs, :T].to(device), (torch.arange(T)[None] < lengths[:, None]).long().to(device)
+    with (
+        frozen_weights(module),
+        torch.enable_grad(),
+        editing(grads),
+        mlp_outputs(mlps, grads.keep_mlp),
+        picked_logits(module, (torch.arange(len(xs)), lengths - 1)),
+    ):
+        out = module(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=0)
+        behaviour_rows(out.logits[0], positive, negative).sum().backward()
+    return grads
+
+
+@contextmanager
+def frozen_weights(module):
+    """Within the block no parameter of `module` takes a gradient (only activations need them)."""
     trainable = [p for p in module.parameters() if p.requires_grad]
     try:
-        for p in trainable:  # only activations need gradients
+        for p in trainable:
             p.requires_grad_(False)
-        with (
-            torch.enable_grad(),
-            editing(grads),
-            mlp_outputs(mlps, grads.keep_mlp),
-            picked_logits(module, (torch.arange(len(xs)), lengths - 1)),
-        ):
-            out = module(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=0)
-            behaviour_rows(out.logits[0], positive, negative).sum().backward()
+        yield
     finally:
         for p in trainable:
             p.requires_grad_(True)
-    return grads
 
 
 def value_path_attribution(

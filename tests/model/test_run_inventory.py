@@ -15,7 +15,7 @@ from attnprobe.run.files.inventory import is_declared, run_writes
 
 EVERY_OPTION = [
     *("--kinds", "zero,leace", "--k", "1", "--draws", "2", "--texts", "2", "--alone", "1"),
-    *("--placebo", "2", "--stream", "--mlp", "--trace", "--paths", "--also-k", "1"),
+    *("--placebo", "2", "--stream", "--mlp", "--trace", "--paths", "--circuits", "--also-k", "1"),
 ]
 
 
@@ -49,6 +49,7 @@ def test_run_edit_with_every_option_and_report_write_only_declared_files_and_fre
     for name in ("edits_mlp.csv", "edits_placebo.csv", "edits_goal.csv", "paths_parts.csv"):
         assert name in written, name
     assert "paths_circuit.csv" in written and "paths_circuit_items.parquet" in written
+    assert {"circuits.csv", "circuit_parts.csv", "circuit_agreement.csv", "circuit_runs.parquet"} <= set(written)
     assert "edits/mlp-leace.json" in written and "edits/quarters/mlp-leace-slot-q2.json" in written
     assert any(name.startswith("also/e/") and name.endswith("manifest.json") for name in written)
     for name in (n for n in written if n.endswith(".csv")):  # every CSV a run writes reads back
@@ -58,7 +59,7 @@ def test_run_edit_with_every_option_and_report_write_only_declared_files_and_fre
     after = _files(out)
     old = [name for name, mtime in after.items() if written.get(name) == mtime and name != ".lock"]
     assert old == []  # every file there now was written by the new run
-    assert not any(name.startswith(("edits", "paths", "also/", "readout", "tracing")) for name in after)
+    assert not any(name.startswith(("edits", "paths", "also/", "readout", "tracing", "circuit")) for name in after)
     assert set(after) <= set(written)  # and the new run wrote nothing the old one had not
 
 

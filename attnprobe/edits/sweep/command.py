@@ -9,9 +9,9 @@ import hashlib
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from ...analyses.circuits import CIRCUITS_VERSION, measure_run_circuits, write_circuits
 from ...analyses.paths import PATHS_VERSION, measure_run_paths, write_paths
 from ...analyses.readout import write_readout
 from ...analyses.tracing import measure_tracing, tracing_table
@@ -202,7 +202,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     part = lambda name, measure, plan=key, described=True: _part(
         directory, RunOptions(out=directory, log=log), name, plan, measure, inputs, described
     )
-    frames = [_describe(clean_values(model, inputs), inputs)]
+    frames = [inputs.describe(clean_values(model, inputs))]
     with deferred_interrupt(log):  # one Ctrl-C stops the sequence after the part in progress
         frames += _head_parts(part, key, model, options, inputs, sets, scores["all"], H, log)
         frames += _layer_parts(part, key, model, options, inputs, frames[0], log)
@@ -211,6 +211,9 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         if options.paths:
             measure = lambda: measure_run_paths(model, inputs, word, scores, quarter_scores, listed, H, log)
             paths = part("paths", measure, f"{key}:paths{PATHS_VERSION}", described=False)
+        if options.circuits:
+            measure = lambda: measure_run_circuits(model, inputs, word, log)
+            circuits = part("circuits", measure, f"{key}:circuits{CIRCUITS_VERSION}", described=False)
     raw = pd.concat([f for f in frames if len(f)], ignore_index=True)  # an empty part would untype columns
     summary, stream, mlp = _write_sweep(directory, raw, options, H, word, started)
     if options.trace:
@@ -220,6 +223,8 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         write_paths(directory, paths)
         log("paths: the covariate's linear readout per layer at the unit (readout.csv)")
         write_readout(directory, model, suite)
+    if options.circuits:
+        write_circuits(directory, circuits)
     saved = save_chosen(directory, m, model, weights, inputs, sets, options, source={"reference": word})
     saved += save_layers(
         directory, m, model, weights, inputs, options, (stream, mlp), raw, {"reference": word}
@@ -352,7 +357,7 @@ def _part(directory: Path, options: RunOptions, name: str, plan: str, measure, i
     def compute(k, advance):
         frame = measure()
         advance(1)
-        return {"edits": _describe(frame, inputs) if described and len(frame) else frame}
+        return {"edits": inputs.describe(frame) if described and len(frame) else frame}
 
     phase = Phase(
         f"edit {name}",
@@ -369,30 +374,3 @@ def _part(directory: Path, options: RunOptions, name: str, plan: str, measure, i
     if not run_phase(directory, phase, options, None):
         options.log(f"edit: {name} read from an earlier session")
     return read_chunks(directory, 1, phase.files, phase.prefix)["edits"]
-
-
-def _describe(raw: pd.DataFrame, inputs) -> pd.DataFrame:
-    """The columns the statistics need beside the raw values, so edits_items stands alone: per bias
-    row its item, unit, template and covariate; per control row the label's sign, its cross-fitting
-    half (2: no fit used it), set, word pair and (a phrase put in a template) template; per text row
-    whether it is the user's text."""
-    items = inputs.items
-    bias = raw["target"] == "bias"
-    index = raw["index"].to_numpy()
-    pick = lambda values, rows: np.asarray(values, dtype=object)[index[rows]]
-    raw["item_id"] = None
-    raw.loc[bias, "item_id"] = pick([i.item_id for i in items], bias)
-    raw.loc[bias, "unit"] = pick([i.unit for i in items], bias)
-    raw.loc[bias, "template_id"] = pick([i.template_id for i in items], bias)
-    raw["covariate"] = np.where(bias, inputs.covariate[np.where(bias, index, 0)], np.nan)
-    raw["quarter"] = np.where(bias, inputs.fold[np.where(bias, index, 0)], -1)  # whose edit it had
-    control = (raw["target"] == "control").to_numpy()
-    raw["sign"] = np.where(control, inputs.control_sign[np.where(control, index, 0)], np.nan)
-    raw["half"] = np.where(control, inputs.control_half[np.where(control, index, 0)], -1)
-    raw["set"] = np.where(control, inputs.control_set[np.where(control, index, 0)], "")
-    raw["pair"] = np.where(control, inputs.control_pair[np.where(control, index, 0)], "")
-    in_template = control & (inputs.control_template[np.where(control, index, 0)] != "")
-    raw.loc[in_template, "template_id"] = pick(inputs.control_template, in_template)
-    text = (raw["target"] == "text").to_numpy()
-    raw["user_text"] = np.where(text, inputs.text_is_user[np.where(text, index, 0)], False)
-    return raw

@@ -74,6 +74,9 @@ EDIT_TABLES = {
     "paths_edges": "edit --paths",
     "paths_circuit": "edit --paths",
     "readout": "edit --paths",
+    "circuits": "edit --circuits",
+    "circuit_parts": "edit --circuits",
+    "circuit_agreement": "edit --circuits",
 }
 EDIT_VALUES = {  # the raw values the tables above are computed from (Parquet only)
     "tracing_items": "edit --trace",
@@ -82,6 +85,8 @@ EDIT_VALUES = {  # the raw values the tables above are computed from (Parquet on
     "paths_edges_items": "edit --paths",
     "paths_circuit_items": "edit --paths",
     "readout_states": "edit --paths",
+    "circuit_runs": "edit --circuits",
+    "circuit_attribution": "edit --circuits",
 }
 SAVED_EDIT_NAME = r"[a-z][a-z0-9_-]*"  # KIND, KIND-kK, mlp-MODE-slot, each with -qF for a quarter's fit
 

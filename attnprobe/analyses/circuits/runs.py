@@ -1,0 +1,145 @@
+"""The exact runs that judge circuits: x with a set of parts taking x''s output (graph.py).
+
+Per comparison (x' the reference word's version, or another occupation's item: paths.compared_pairs)
+and per circuit size n (graph.Graph.sizes, and 0: the embeddings alone):
+
+  faithfulness, in-sample   x with every part outside C patched, C the top n on every item
+  faithfulness, held-out    the same, C the top n on the item's opposite quarter (other units and
+                            other templates: no item judges a circuit chosen on its unit or template)
+  knocked out, held-out     x with C's parts (not the embeddings) patched: what is left without C
+  faithfulness, random d    C n parts drawn at random (the same draw for every item): the baseline
+  alone                     x with one part patched: AGREEMENT_TOP parts of largest |score| and as
+                            many drawn at random, exact beside their attribution (agreement)
+
+Raw rows: the pair's item, y = y(x), y_cf = y(x'), and the run's measure, circuit, size (parts
+beside the embeddings) and y_patched; the attributions per item and part; the tables (tables.py)
+are made from them alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ...attention.capture import editing
+from ...intervene.engine import Bank, HeadPatch, aligned, mlp_patch
+from ...intervene.rerun import ROWS, rerun_y
+from ...intervene.sites import behaviour_rows, mlp_outputs
+from ...model.anatomy import mlp_modules, module_of
+from ..paths import compared_pairs
+from ..senders import pair_tensors
+from .eap import attributions
+from .graph import Graph, part_scores, random_parts, top_parts
+
+RANDOM_CIRCUITS = 5  # random circuits per size (the baseline's spread)
+AGREEMENT_TOP = 10  # parts patched alone: the top by |score| on every item, and as many at random
+IN_SAMPLE, HELD_OUT, RANDOM = "in-sample", "held-out", "random"
+FAITHFULNESS, KNOCKED_OUT, ALONE = "faithfulness", "knocked out", "alone"
+CIRCUITS_VERSION = 1  # of the raw rows: a saved part of another version is measured again
+
+
+def measure_run_circuits(model, inputs, word: str, log=lambda m: None) -> pd.DataFrame:
+    """`attnprobe edit --circuits`: attribution and exact runs per comparison; one long frame,
+    its parts told apart by `table` (circuit_runs, circuit_attribution)."""
+    module = module_of(model)
+    bank = inputs.bank
+    graph = Graph(len(bank.hidden), bank.outputs[0].shape[1], bank.mlp is not None)
+    frames = []
+    for name, (donor, pairs, base) in compared_pairs(
+        inputs.items, bank, inputs.reference, inputs.labels, word
+    ).items():
+        log(f"circuits: attribution of {graph.size} parts on {len(pairs)} pairs against {name!r}")
+        scores = attributions(module, bank, donor, pairs, inputs.labels, graph)
+        fold = np.array([inputs.fold[p.item] for p in pairs])
+        plan = plan_runs(graph, scores["eap_ig"], base["covariate"].to_numpy(), fold, inputs.training)
+        log(f"circuits: {len(plan)} patched runs against {name!r}")
+        y = part_runs(module, bank, donor, pairs, inputs.labels, graph, plan)
+        runs = base.iloc[[i for i, *_ in plan]].reset_index(drop=True)
+        runs = runs.assign(
+            measure=[m for _, m, *_ in plan], circuit=[c for *_, c, _, _ in plan],
+            size=[n for *_, n, _ in plan], y_patched=y,
+        )  # fmt: skip
+        frames += [runs.assign(table="circuit_runs", reference=name)]
+        frames += [_attribution_rows(base, graph, scores).assign(table="circuit_attribution", reference=name)]
+    return pd.concat(frames, ignore_index=True)
+
+
+def _attribution_rows(base: pd.DataFrame, graph: Graph, scores: dict) -> pd.DataFrame:
+    """Per pair and part: its EAP and EAP-IG attribution."""
+    rows = base.loc[base.index.repeat(graph.size)].reset_index(drop=True)
+    return rows.assign(
+        part=np.tile(graph.names(), len(base)),
+        eap=scores["eap"].reshape(-1),
+        eap_ig=scores["eap_ig"].reshape(-1),
+    )
+
+
+def plan_runs(graph: Graph, attribution, covariate, fold, training, seed: int = 0) -> list[tuple]:
+    """(pair, measure, circuit, size, patched parts (size,) bool) of every run, as the module says.
+    `training(f)`: the folds whose items choose the circuit fold f's items are judged with."""
+    everything = part_scores(attribution, covariate)
+    quarter = {}
+    for f in np.unique(fold):
+        on = np.isin(fold, training(int(f)))
+        quarter[int(f)] = part_scores(attribution[on], covariate[on])
+    rng = np.random.default_rng(seed)
+    sizes = [0, *graph.sizes()]
+    drawn = {n: [random_parts(graph.size, n, rng) for _ in range(RANDOM_CIRCUITS)] for n in sizes}
+    names = graph.names()
+    ranked = np.argsort(-np.abs(np.nan_to_num(everything[1:])), kind="stable")[:AGREEMENT_TOP] + 1
+    others = np.setdiff1d(np.arange(1, graph.size), ranked)
+    sampled = [*ranked, *rng.choice(others, min(AGREEMENT_TOP, len(others)), replace=False)]
+    plan = []
+    for i, f in enumerate(fold):
+        for n in sizes:
+            own, chosen = top_parts(everything, n), top_parts(quarter[int(f)], n)
+            plan.append((i, FAITHFULNESS, IN_SAMPLE, n, ~own))
+            plan.append((i, FAITHFULNESS, HELD_OUT, n, ~chosen))
+            plan.append((i, KNOCKED_OUT, HELD_OUT, n, chosen & (np.arange(graph.size) > 0)))
+            plan += [(i, FAITHFULNESS, f"{RANDOM} {d}", n, ~c) for d, c in enumerate(drawn[n])]
+        for j in sampled:
+            alone = np.zeros(graph.size, dtype=bool)
+            alone[j] = True
+            plan.append((i, ALONE, names[j], 1, alone))
+    return plan
+
+
+@torch.inference_mode()
+def part_runs(module, bank: Bank, donor: Bank, pairs, labels, graph: Graph, plan: list[tuple]) -> np.ndarray:
+    """y (float64) of each planned run: its pair's x with the patched parts' outputs from x' at the
+    aligned positions, run from the lowest patched layer (the embeddings: layer 0 with x''s there)."""
+    patched = np.stack([p[-1] for p in plan]) if plan else np.zeros((0, graph.size), dtype=bool)
+    layers = np.maximum(graph.layers(), 0)
+    first = np.where(patched.any(1), np.where(patched, layers[None], graph.n_layers).min(1), graph.n_layers)
+    pair_of = np.array([p[0] for p in plan], dtype=int)
+    y = np.full(len(plan), np.nan)
+    mlps = mlp_modules(module) if graph.mlps else []
+    for layer in np.unique(first):
+        todo = np.flatnonzero(first == layer)
+        for start in range(0, len(todo), ROWS):
+            batch = todo[start : start + ROWS]
+            ps = [pairs[i] for i in pair_of[batch]]
+            y[batch] = _pass(module, bank, donor, ps, labels, graph, patched[batch], int(layer), mlps)
+    return y
+
+
+def _pass(module, bank, donor, pairs, labels, graph: Graph, patched: np.ndarray, layer: int, mlps):
+    rows, donors, at, at_cf = pair_tensors(pairs, "item", "donor", "at", "at_cf")
+    if layer == graph.n_layers:  # nothing patched: x's clean y
+        return behaviour_rows(bank.logits[rows], labels[rows, 0], labels[rows, 1]).double().cpu().numpy()
+    device = bank.hidden[0].device
+    T = int(bank.lengths[rows].max())
+    where, index = aligned(torch.arange(T), at, at_cf, bank.lengths[rows], donor)
+    where, index = where.to(device), index.to(device)
+    embedding, heads, mlp = (
+        None if m is None else torch.as_tensor(m).to(device) for m in graph.masks(patched)
+    )
+    contexts = [editing(HeadPatch(donor, donors, where, index, heads, torch.zeros_like(heads)))]
+    if mlp is not None:
+        contexts.append(mlp_outputs(mlps, mlp_patch(donor, donors, where, index, mlp)))
+    hidden = bank.hidden[layer][rows][:, :T]
+    if layer == 0 and embedding.any():
+        given = donor.hidden[0][donors].gather(1, index[:, :, None].expand(-1, -1, hidden.shape[-1]))
+        hidden = torch.where(embedding[:, None, None] & where[:, :, None], given.to(hidden.dtype), hidden)
+    return rerun_y(module, bank, rows, layer, hidden, labels[rows], contexts).cpu().numpy()

@@ -1,0 +1,147 @@
+"""The circuit tables from the raw rows alone (runs.py): circuits.csv, circuit_parts.csv and
+circuit_agreement.csv, and the raw rows as circuit_runs.parquet and circuit_attribution.parquet.
+
+Shares are of TE's covariate gradient (ratio of slopes, TE = y(x) - y(x')), with two-way
+cluster-robust Fieller intervals (unit x template, paths_tables.effect_shares); the interval is the
+share's own inference, so no p stands beside it.
+
+  faithfulness          slope of y(circuit) - y(x') over the slope of y(x) - y(x')
+  left after knockout   slope of y(x') - y(x without C) over the same: what C's absence leaves
+  random                the faithfulness of RANDOM_CIRCUITS circuits of n random parts (point
+                        estimates: their median and range)
+
+A circuit meets the target where its held-out faithfulness is >= 80% with the interval's low end
+>= 60% and at most 20% is left after knocking it out (Hanna et al. 2024 and Wang et al. 2022's
+measures; the targets are the issue's). In-sample figures choose and judge on the same items: the
+held-out ones are the ones to quote.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ...store import atomic_write, write_parquet, write_table
+from ..paths_tables import effect_shares
+from .graph import EMBEDDING, part_scores
+from .runs import ALONE, FAITHFULNESS, HELD_OUT, IN_SAMPLE, KNOCKED_OUT, RANDOM
+
+FAITHFUL, FAITHFUL_LOW, LEFT = 0.8, 0.6, 0.2
+RAW = ("circuit_runs", "circuit_attribution")
+NO_RUNS = "no comparison had pairs to patch"
+
+
+def write_circuits(directory, raw: pd.DataFrame) -> None:
+    """The raw frames and the tables made from them into the run directory."""
+    frames = {t: raw.loc[raw["table"] == t].drop(columns="table").dropna(axis=1, how="all") for t in RAW}
+    for t, frame in frames.items():
+        atomic_write(Path(directory) / f"{t}.parquet", lambda p, frame=frame: write_parquet(frame, p))
+    runs, attribution = frames["circuit_runs"], frames["circuit_attribution"]
+    write_table(directory, "circuits", circuits_table(runs), NO_RUNS)
+    write_table(directory, "circuit_parts", parts_table(attribution), NO_RUNS)
+    write_table(directory, "circuit_agreement", agreement_table(runs, attribution), NO_RUNS)
+
+
+def _wide(rows: pd.DataFrame, key) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(items indexed by item_id with y, y_cf, covariate, unit, template_id; y_patched wide by key)."""
+    wide = rows.pivot_table(index="item_id", columns=key, values="y_patched", sort=False)
+    items = rows.drop_duplicates("item_id").set_index("item_id").loc[wide.index]
+    return items, wide
+
+
+def _shares(items: pd.DataFrame, effect: np.ndarray) -> dict:
+    """Share of TE's covariate gradient each column of effect carries, TE = y(x) - y(x')."""
+    flipped = items.rename(columns={"y": "y_cf", "y_cf": "y"})  # te = y_cf - y in effect_shares
+    return effect_shares(flipped, effect)["gradient"]
+
+
+def circuits_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per comparison and size: faithfulness in-sample and held-out, left after knocking the held-out
+    circuit out, the random circuits' faithfulness, and whether the target is met."""
+    out = []
+    for reference, own in runs.groupby("reference", sort=False):
+        items, wide = _wide(own[own["measure"] != ALONE], ["measure", "circuit", "size"])
+        columns = list(wide.columns)
+        # y(run) - y(x'): a circuit's restored effect; for a knockout, what is left without C
+        share = _shares(items, wide.to_numpy() - items["y_cf"].to_numpy()[:, None])
+        at = {c: j for j, c in enumerate(columns)}
+        for n in sorted({c[2] for c in columns}):
+            row = {"reference": reference, "size": n, "parts": n + 1, "n_items": len(items)}
+            for name, circuit in (("in_sample", IN_SAMPLE), ("held_out", HELD_OUT)):
+                j = at[(FAITHFULNESS, circuit, n)]
+                row[name] = share["ratio"][j]
+                row[f"{name}_ci_low"], row[f"{name}_ci_high"] = share["ci_low"][j], share["ci_high"][j]
+            j = at[(KNOCKED_OUT, HELD_OUT, n)]
+            for column, k in (
+                ("left_after_knockout", "ratio"),
+                ("left_ci_low", "ci_low"),
+                ("left_ci_high", "ci_high"),
+            ):
+                row[column] = share[k][j] if n else np.nan  # size 0 knocks nothing out
+            drawn = [
+                share["ratio"][j]
+                for c, j in at.items()
+                if c[:2] != (FAITHFULNESS, IN_SAMPLE) and c[1].startswith(RANDOM) and c[2] == n
+            ]
+            row["random_median"], row["random_low"], row["random_high"] = (
+                np.median(drawn),
+                min(drawn),
+                max(drawn),
+            )
+            row["met"] = bool(
+                row["held_out"] >= FAITHFUL
+                and row["held_out_ci_low"] >= FAITHFUL_LOW
+                and row["left_after_knockout"] <= LEFT
+            )
+            out.append(row)
+    return pd.DataFrame(out)
+
+
+def parts_table(attribution: pd.DataFrame) -> pd.DataFrame:
+    """Per comparison and part: its score (graph.part_scores: the slope of its attribution over the
+    covariate) by EAP and EAP-IG on every item, as a share of TE's covariate gradient, and its rank
+    by |EAP-IG| (the circuit of size n on every item: the embeddings and the parts ranked below n)."""
+    out = []
+    for reference, own in attribution.groupby("reference", sort=False):
+        items = own.drop_duplicates("item_id")
+        x = items["covariate"].to_numpy(dtype=float)
+        te = part_scores((items["y"] - items["y_cf"]).to_numpy()[:, None], x)[0]
+        table = pd.DataFrame({"reference": reference, "part": own["part"].unique()})
+        for method in ("eap", "eap_ig"):
+            wide = own.pivot_table(index="item_id", columns="part", values=method, sort=False)
+            wide = wide.loc[items["item_id"], table["part"]]
+            table[f"{method}_share"] = -part_scores(wide.to_numpy(), x) / te  # noising moves y by -TE
+        ranked = table["eap_ig_share"].abs().where(table["part"] != EMBEDDING)
+        table["rank"] = ranked.rank(ascending=False, method="first").astype("Int64")
+        out.append(table.sort_values("rank", na_position="first", kind="stable"))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+def agreement_table(runs: pd.DataFrame, attribution: pd.DataFrame) -> pd.DataFrame:
+    """Per comparison and part patched alone (runs.ALONE): its exact share of TE's covariate gradient
+    (the effect of x with the part from x'), with its interval, beside EAP's and EAP-IG's first-order
+    shares; and, repeated on each row, the rank correlation of each method with the exact shares
+    (Spearman over the parts patched) and the part whose share each misses most."""
+    out = []
+    parts = parts_table(attribution).set_index(["reference", "part"])
+    for reference, own in runs[runs["measure"] == ALONE].groupby("reference", sort=False):
+        items, wide = _wide(own, "circuit")
+        removed = wide.to_numpy() - items["y"].to_numpy()[:, None]  # y(x, part from x') - y(x)
+        share = _shares(items, -removed)
+        table = pd.DataFrame(
+            {"reference": reference, "part": list(wide.columns), "exact_share": share["ratio"],
+             "exact_ci_low": share["ci_low"], "exact_ci_high": share["ci_high"]}
+        )  # fmt: skip
+        for method in ("eap", "eap_ig"):
+            table[f"{method}_share"] = parts.loc[
+                [(reference, p) for p in table["part"]], f"{method}_share"
+            ].to_numpy()
+            gap = (table[f"{method}_share"] - table["exact_share"]).abs()
+            table[f"{method}_spearman"] = table["exact_share"].corr(
+                table[f"{method}_share"], method="spearman"
+            )
+            table[f"{method}_worst_part"] = table["part"].iloc[int(gap.to_numpy().argmax())]
+        out.append(table.sort_values("exact_share", key=abs, ascending=False, kind="stable"))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
