@@ -92,6 +92,16 @@ class Run(RunFiles):
             return None
         return self._read("edits.parquet", lambda: pd.read_parquet(path), "attnprobe edit")
 
+    @property
+    def circuits(self) -> pd.DataFrame | None:
+        """Per comparison and circuit size (`attnprobe edit --circuits`): faithfulness held out and
+        in-sample with intervals, what is left after knocking the circuit out, random circuits (None
+        before a circuit search). The parts' ranking: `run.circuit_parts`."""
+        path = self.directory / "circuits.parquet"
+        if not path.is_file():
+            return None
+        return self._read("circuits.parquet", lambda: pd.read_parquet(path), "attnprobe edit --circuits")
+
     def edit(self, options=None, model=None, also=(), **settings) -> pd.DataFrame:
         """Run the head-edit sweep on this run (`attnprobe edit`): EditOptions or its fields by name;
         `also`: other suites each chosen edit is applied to (edits_transfer)."""

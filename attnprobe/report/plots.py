@@ -208,3 +208,33 @@ def edit_frontier(summary: pd.DataFrame, draws: pd.DataFrame):
     ax.legend(fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
+
+
+CIRCUIT_ALT = (
+    "share of the covariate gradient a circuit restores against its size: in-sample, held-out, random"
+)
+
+
+def circuit_curve(table: pd.DataFrame):
+    """Faithfulness against circuit size (parts beside the embeddings, log axis; size 0 drawn at
+    0.5), per comparison: held-out with its interval, in-sample, the random circuits' range; the
+    target at 80%."""
+    references = list(dict.fromkeys(table["reference"]))
+    fig, axes = plt.subplots(1, len(references), figsize=(5.2 * len(references), 3.8), squeeze=False)
+    for ax, reference in zip(axes[0], references):
+        rows = table[table["reference"] == reference].sort_values("size")
+        size = rows["size"].clip(lower=0.5)
+        ax.fill_between(
+            size, rows["random_low"], rows["random_high"], color="#dddddd", label="random circuits"
+        )
+        ax.fill_between(size, rows["held_out_ci_low"], rows["held_out_ci_high"], color="#9ecae1", alpha=0.6)
+        ax.plot(size, rows["held_out"], marker="o", color="#08519c", label="held-out (95% CI)")
+        ax.plot(size, rows["in_sample"], marker=".", linestyle="--", color="#e6550d", label="in-sample")
+        ax.axhline(0.8, color="#888888", linewidth=0.8, linestyle=":")
+        ax.set_xscale("log")
+        ax.set_xlabel("parts beside the embeddings")
+        _title(ax, f"against {reference}")
+    axes[0][0].set_ylabel("faithfulness (share of the gradient)")
+    axes[0][0].legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig

@@ -210,9 +210,19 @@ def edits_context(directory, figures_dir) -> dict | None:
         "paths_sets": {r["receiver"]: r for r in paths if r["path"] == "value"},
         "edges": _optional(directory, "paths_edges"),
         "circuit": _optional(directory, "paths_circuit"),
+        "circuits": _circuits(directory, figures_dir),
         "readout": _readout_summary(_optional(directory, "readout")),
         "transfer": _transfer_rows(_optional(directory, "edits_transfer")),
     }
+
+
+def _circuits(directory, figures_dir) -> dict | None:
+    """The circuit search's size curve (figure) and its rows, when `edit --circuits` wrote them."""
+    rows = _optional(directory, "circuits")
+    if not rows:
+        return None
+    curve = figure(plots.circuit_curve(pd.DataFrame(rows)), figures_dir, "circuit_curve", plots.CIRCUIT_ALT)
+    return {"rows": rows, "figure": curve}
 
 
 def _side_by_side(rows: list[dict], key: str, column: str, keep: tuple = ()) -> list[dict]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attnprobe.analyses.circuits.graph import Graph
-from attnprobe.analyses.circuits.runs import measure_run_circuits, part_runs
+from attnprobe.analyses.circuits.runs import Patching, measure_run_circuits, part_runs
 from attnprobe.analyses.circuits.tables import agreement_table, circuits_table, parts_table
 from attnprobe.analyses.senders import pair_frame, reference_pairs
 from attnprobe.intervene.engine import record
@@ -56,7 +56,7 @@ def test_every_part_patched_gives_x_prime_and_none_gives_x_also_for_words_of_oth
     base = pair_frame(items, inputs.bank, inputs.reference, pairs, inputs.labels)
     graph = Graph(3, 4, True)
     plan = [(i, "", "", 0, np.full(graph.size, every)) for every in (True, False) for i in range(len(pairs))]
-    y = part_runs(model, inputs.bank, inputs.reference, pairs, inputs.labels, graph, plan)
+    y = part_runs(Patching(model, inputs.bank, inputs.reference, pairs, inputs.labels, graph), plan)
     assert any(not p.same_length for p in pairs)
     np.testing.assert_allclose(y[: len(pairs)], base["y_cf"], atol=1e-5)
     np.testing.assert_allclose(y[len(pairs) :], base["y"], atol=1e-6)

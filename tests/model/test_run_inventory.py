@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import edit_suite
 
+import attnprobe
 from attnprobe import store
 from attnprobe.cli import main
 from attnprobe.errors import RunError
@@ -49,9 +50,16 @@ def test_run_edit_with_every_option_and_report_write_only_declared_files_and_fre
     for name in ("edits_mlp.csv", "edits_placebo.csv", "edits_goal.csv", "paths_parts.csv"):
         assert name in written, name
     assert "paths_circuit.csv" in written and "paths_circuit_items.parquet" in written
-    assert {"circuits.csv", "circuit_parts.csv", "circuit_agreement.csv", "circuit_runs.parquet"} <= set(written)
+    assert {"circuits.csv", "circuit_parts.csv", "circuit_agreement.csv", "circuit_runs.parquet"} <= set(
+        written
+    )
     assert "edits/mlp-leace.json" in written and "edits/quarters/mlp-leace-slot-q2.json" in written
     assert any(name.startswith("also/e/") and name.endswith("manifest.json") for name in written)
+    assert "Circuits found by attribution" in (out / "report.html").read_text()  # the size curve
+    circuits = attnprobe.Run(out).circuits
+    assert (
+        set(circuits["reference"]) == {"person", "another occupation"} and circuits["held_out"].notna().all()
+    )
     for name in (n for n in written if n.endswith(".csv")):  # every CSV a run writes reads back
         assert isinstance(pd.read_csv(out / name), pd.DataFrame), name
 
@@ -59,7 +67,9 @@ def test_run_edit_with_every_option_and_report_write_only_declared_files_and_fre
     after = _files(out)
     old = [name for name, mtime in after.items() if written.get(name) == mtime and name != ".lock"]
     assert old == []  # every file there now was written by the new run
-    assert not any(name.startswith(("edits", "paths", "also/", "readout", "tracing", "circuit")) for name in after)
+    assert not any(
+        name.startswith(("edits", "paths", "also/", "readout", "tracing", "circuit")) for name in after
+    )
     assert set(after) <= set(written)  # and the new run wrote nothing the old one had not
 
 

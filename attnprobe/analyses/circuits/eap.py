@@ -31,11 +31,14 @@ from .graph import Graph
 IG_STEPS = 5
 
 
-def attributions(module, bank: Bank, donor: Bank, pairs: list[Pair], labels, graph: Graph) -> dict:
-    """{"eap": (n, size), "eap_ig": (n, size)} float64: every part's attribution on every pair."""
+def attributions(patching) -> dict:
+    """{"eap": (n, size), "eap_ig": (n, size)} float64: every part's attribution on every pair of a
+    comparison (runs.Patching)."""
+    graph, pairs = patching.graph, patching.pairs
     out: dict = {"eap": [], "eap_ig": []}
     for start in range(0, len(pairs), ROWS):
-        eap, ig = _batch(module, bank, donor, pairs[start : start + ROWS], labels, graph)
+        args = (patching.bank, patching.donor, pairs[start : start + ROWS], patching.labels, graph)
+        eap, ig = _batch(patching.module, *args)
         out["eap"].append(eap)
         out["eap_ig"].append(ig)
     return {k: np.concatenate(v) if v else np.zeros((0, graph.size)) for k, v in out.items()}

@@ -11,6 +11,9 @@ and per circuit size n (graph.Graph.sizes, and 0: the embeddings alone):
   alone                     x with one part patched: AGREEMENT_TOP parts of largest |score| and as
                             many drawn at random, exact beside their attribution (agreement)
 
+The last two on every SAMPLED_EVERY-th pair only. A run that repeats another of its pair (the
+circuit of size 0 in- and out of sample; nothing patched) is computed once.
+
 Raw rows: the pair's item, y = y(x), y_cf = y(x'), and the run's measure, circuit, size (parts
 beside the embeddings) and y_patched; the attributions per item and part; the tables (tables.py)
 are made from them alone.
@@ -18,13 +21,16 @@ are made from them alone.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 import torch
 
 from ...attention.capture import editing
+from ...defaults import ROW_TOKENS
 from ...intervene.engine import Bank, HeadPatch, aligned, mlp_patch
-from ...intervene.rerun import ROWS, rerun_y
+from ...intervene.rerun import rerun_y
 from ...intervene.sites import behaviour_rows, mlp_outputs
 from ...model.anatomy import mlp_modules, module_of
 from ..paths import compared_pairs
@@ -34,9 +40,23 @@ from .graph import Graph, part_scores, random_parts, top_parts
 
 RANDOM_CIRCUITS = 5  # random circuits per size (the baseline's spread)
 AGREEMENT_TOP = 10  # parts patched alone: the top by |score| on every item, and as many at random
+SAMPLED_EVERY = 4  # the random circuits and the parts alone are run on every 4th pair (a quarter of the cost)
 IN_SAMPLE, HELD_OUT, RANDOM = "in-sample", "held-out", "random"
 FAITHFULNESS, KNOCKED_OUT, ALONE = "faithfulness", "knocked out", "alone"
 CIRCUITS_VERSION = 1  # of the raw rows: a saved part of another version is measured again
+
+
+@dataclass(frozen=True)
+class Patching:
+    """What every run of one comparison reads: the model, x's and x''s clean runs, the pairs, the
+    label ids by x's rows, and the parts."""
+
+    module: torch.nn.Module
+    bank: Bank
+    donor: Bank
+    pairs: list
+    labels: torch.Tensor
+    graph: Graph
 
 
 def measure_run_circuits(model, inputs, word: str, log=lambda m: None) -> pd.DataFrame:
@@ -50,11 +70,12 @@ def measure_run_circuits(model, inputs, word: str, log=lambda m: None) -> pd.Dat
         inputs.items, bank, inputs.reference, inputs.labels, word
     ).items():
         log(f"circuits: attribution of {graph.size} parts on {len(pairs)} pairs against {name!r}")
-        scores = attributions(module, bank, donor, pairs, inputs.labels, graph)
+        patching = Patching(module, bank, donor, pairs, inputs.labels, graph)
+        scores = attributions(patching)
         fold = np.array([inputs.fold[p.item] for p in pairs])
         plan = plan_runs(graph, scores["eap_ig"], base["covariate"].to_numpy(), fold, inputs.training)
         log(f"circuits: {len(plan)} patched runs against {name!r}")
-        y = part_runs(module, bank, donor, pairs, inputs.labels, graph, plan)
+        y = part_runs(patching, plan)
         runs = base.iloc[[i for i, *_ in plan]].reset_index(drop=True)
         runs = runs.assign(
             measure=[m for _, m, *_ in plan], circuit=[c for *_, c, _, _ in plan],
@@ -97,8 +118,9 @@ def plan_runs(graph: Graph, attribution, covariate, fold, training, seed: int = 
             plan.append((i, FAITHFULNESS, IN_SAMPLE, n, ~own))
             plan.append((i, FAITHFULNESS, HELD_OUT, n, ~chosen))
             plan.append((i, KNOCKED_OUT, HELD_OUT, n, chosen & (np.arange(graph.size) > 0)))
-            plan += [(i, FAITHFULNESS, f"{RANDOM} {d}", n, ~c) for d, c in enumerate(drawn[n])]
-        for j in sampled:
+            if i % SAMPLED_EVERY == 0:
+                plan += [(i, FAITHFULNESS, f"{RANDOM} {d}", n, ~c) for d, c in enumerate(drawn[n])]
+        for j in sampled if i % SAMPLED_EVERY == 0 else ():
             alone = np.zeros(graph.size, dtype=bool)
             alone[j] = True
             plan.append((i, ALONE, names[j], 1, alone))
@@ -106,26 +128,36 @@ def plan_runs(graph: Graph, attribution, covariate, fold, training, seed: int = 
 
 
 @torch.inference_mode()
-def part_runs(module, bank: Bank, donor: Bank, pairs, labels, graph: Graph, plan: list[tuple]) -> np.ndarray:
+def part_runs(patching: Patching, plan: list[tuple]) -> np.ndarray:
     """y (float64) of each planned run: its pair's x with the patched parts' outputs from x' at the
     aligned positions, run from the lowest patched layer (the embeddings: layer 0 with x''s there)."""
-    patched = np.stack([p[-1] for p in plan]) if plan else np.zeros((0, graph.size), dtype=bool)
-    layers = np.maximum(graph.layers(), 0)
-    first = np.where(patched.any(1), np.where(patched, layers[None], graph.n_layers).min(1), graph.n_layers)
+    graph = patching.graph
     pair_of = np.array([p[0] for p in plan], dtype=int)
-    y = np.full(len(plan), np.nan)
-    mlps = mlp_modules(module) if graph.mlps else []
+    patched = np.stack([p[-1] for p in plan]) if plan else np.zeros((0, graph.size), dtype=bool)
+    unique, again = np.unique(np.concatenate([pair_of[:, None], patched], 1), axis=0, return_inverse=True)
+    pair_of, patched = unique[:, 0], unique[:, 1:].astype(bool)  # each distinct run once
+    first = np.where(
+        patched.any(1),
+        np.where(patched, np.maximum(graph.layers(), 0), graph.n_layers).min(1),
+        graph.n_layers,
+    )
+    lengths = patching.bank.lengths.numpy()[[patching.pairs[i].item for i in pair_of]]
+    y = np.full(len(patched), np.nan)
     for layer in np.unique(first):
         todo = np.flatnonzero(first == layer)
-        for start in range(0, len(todo), ROWS):
-            batch = todo[start : start + ROWS]
-            ps = [pairs[i] for i in pair_of[batch]]
-            y[batch] = _pass(module, bank, donor, ps, labels, graph, patched[batch], int(layer), mlps)
-    return y
+        todo = todo[np.argsort(lengths[todo], kind="stable")]  # rows of like length share a pass
+        rows = max(1, ROW_TOKENS // int(lengths.max()))
+        for start in range(0, len(todo), rows):
+            batch = todo[start : start + rows]
+            y[batch] = _pass(patching, pair_of[batch], patched[batch], int(layer))
+    return y[again.reshape(-1)]
 
 
-def _pass(module, bank, donor, pairs, labels, graph: Graph, patched: np.ndarray, layer: int, mlps):
-    rows, donors, at, at_cf = pair_tensors(pairs, "item", "donor", "at", "at_cf")
+def _pass(patching: Patching, pair_of: np.ndarray, patched: np.ndarray, layer: int) -> np.ndarray:
+    bank, donor, graph, labels = patching.bank, patching.donor, patching.graph, patching.labels
+    rows, donors, at, at_cf = pair_tensors(
+        [patching.pairs[i] for i in pair_of], "item", "donor", "at", "at_cf"
+    )
     if layer == graph.n_layers:  # nothing patched: x's clean y
         return behaviour_rows(bank.logits[rows], labels[rows, 0], labels[rows, 1]).double().cpu().numpy()
     device = bank.hidden[0].device
@@ -137,9 +169,10 @@ def _pass(module, bank, donor, pairs, labels, graph: Graph, patched: np.ndarray,
     )
     contexts = [editing(HeadPatch(donor, donors, where, index, heads, torch.zeros_like(heads)))]
     if mlp is not None:
+        mlps = mlp_modules(patching.module)
         contexts.append(mlp_outputs(mlps, mlp_patch(donor, donors, where, index, mlp)))
     hidden = bank.hidden[layer][rows][:, :T]
     if layer == 0 and embedding.any():
         given = donor.hidden[0][donors].gather(1, index[:, :, None].expand(-1, -1, hidden.shape[-1]))
         hidden = torch.where(embedding[:, None, None] & where[:, :, None], given.to(hidden.dtype), hidden)
-    return rerun_y(module, bank, rows, layer, hidden, labels[rows], contexts).cpu().numpy()
+    return rerun_y(patching.module, bank, rows, layer, hidden, labels[rows], contexts).cpu().numpy()

@@ -33,15 +33,36 @@ RAW = ("circuit_runs", "circuit_attribution")
 NO_RUNS = "no comparison had pairs to patch"
 
 
-def write_circuits(directory, raw: pd.DataFrame) -> None:
-    """The raw frames and the tables made from them into the run directory."""
+def write_circuits(directory, raw: pd.DataFrame) -> list[str]:
+    """The raw frames and the tables made from them into the run directory; returns a line per
+    comparison naming its smallest circuit that meets the target (smallest_met)."""
     frames = {t: raw.loc[raw["table"] == t].drop(columns="table").dropna(axis=1, how="all") for t in RAW}
     for t, frame in frames.items():
         atomic_write(Path(directory) / f"{t}.parquet", lambda p, frame=frame: write_parquet(frame, p))
     runs, attribution = frames["circuit_runs"], frames["circuit_attribution"]
-    write_table(directory, "circuits", circuits_table(runs), NO_RUNS)
+    table = circuits_table(runs)
+    write_table(directory, "circuits", table, NO_RUNS)
     write_table(directory, "circuit_parts", parts_table(attribution), NO_RUNS)
     write_table(directory, "circuit_agreement", agreement_table(runs, attribution), NO_RUNS)
+    return [smallest_met(rows) for _, rows in table.groupby("reference", sort=False)] if len(table) else []
+
+
+def smallest_met(rows: pd.DataFrame) -> str:
+    """One comparison's verdict: its smallest circuit meeting the target short of the whole model
+    (which restores everything by construction), or the best held-out faithfulness short of it."""
+    reference, parts = rows["reference"].iloc[0], rows["size"].max()
+    short = rows[rows["size"] < parts]
+    met = short[short["met"]]
+    if len(met):
+        row = met.iloc[0]
+        return (
+            f"circuits against {reference!r}: the smallest meeting the target has {row['size']} of {parts} "
+            f"parts, held-out faithfulness {row['held_out']:.0%} [{row['held_out_ci_low']:.0%}, "
+            f"{row['held_out_ci_high']:.0%}], {row['left_after_knockout']:.0%} left after knockout"
+        )
+    best = short.loc[short["held_out"].idxmax()] if short["held_out"].notna().any() else None
+    plateau = "" if best is None else f"; the best held-out is {best['held_out']:.0%} at {best['size']} parts"
+    return f"circuits against {reference!r}: no circuit short of all {parts} parts meets the target{plateau}"
 
 
 def _wide(rows: pd.DataFrame, key) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -61,6 +82,7 @@ def circuits_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per comparison and size: faithfulness in-sample and held-out, left after knocking the held-out
     circuit out, the random circuits' faithfulness, and whether the target is met."""
     out = []
+    runs = runs.astype({"size": int})
     for reference, own in runs.groupby("reference", sort=False):
         items, wide = _wide(own[own["measure"] != ALONE], ["measure", "circuit", "size"])
         columns = list(wide.columns)

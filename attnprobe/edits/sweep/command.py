@@ -224,7 +224,8 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         log("paths: the covariate's linear readout per layer at the unit (readout.csv)")
         write_readout(directory, model, suite)
     if options.circuits:
-        write_circuits(directory, circuits)
+        for line in write_circuits(directory, circuits):
+            log(line)
     saved = save_chosen(directory, m, model, weights, inputs, sets, options, source={"reference": word})
     saved += save_layers(
         directory, m, model, weights, inputs, options, (stream, mlp), raw, {"reference": word}
