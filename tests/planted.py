@@ -136,15 +136,15 @@ def planted_mlp_model():
             e[token, SLOT], e[token, RAW] = 1.0, 2 * n / (len(OCCUPATIONS) - 1) - 1
         e[PERSON, SLOT] = 1.0
         e[THAT, LAST] = 1.0
-        for layer, target in ((0, GENDER), (1, UNREAD)):
+        for layer, target in ((0, GENDER), (1, UNREAD)):  # small writes: the norms stay about constant
             mlp = model.model.layers[layer].mlp
             mlp.gate_proj.weight[0, BIAS], mlp.up_proj.weight[0, RAW] = 1.0, 1.0
-            mlp.down_proj.weight[target, 0] = 1.0
+            mlp.down_proj.weight[target, 0] = 0.1
         l1 = model.model.layers[1].self_attn
         for head, read, write in ((0, GENDER, MOVER_OUT), (3, GENDER, MOVER_OUT), (1, RAW, UNREAD)):
             l1.q_proj.weight[head * D + Q, LAST], l1.k_proj.weight[head * D + Q, SLOT] = 20.0, 1.0
-            l1.v_proj.weight[head * D, read], l1.o_proj.weight[write, head * D] = 1.0, 1.0
-        model.lm_head.weight[SHE, MOVER_OUT], model.lm_head.weight[HE, MOVER_OUT] = 3.0, -3.0
+            l1.v_proj.weight[head * D, read], l1.o_proj.weight[write, head * D] = 1.0, 0.25
+        model.lm_head.weight[SHE, MOVER_OUT], model.lm_head.weight[HE, MOVER_OUT] = 12.0, -12.0
     attnprobe.attention.capture.enable(model)
     return model
 

@@ -75,17 +75,17 @@ def test_a_planted_circuit_through_an_mlp_is_found_at_its_size_faithful_and_comp
         assert set(ranked["part"]) == {"MLP0", "L1H0", "L1H3"}
         distractors = parts[(parts["reference"] == reference) & parts["part"].isin(["MLP1", "L1H1"])]
         assert distractors["eap_ig_share"].abs().max() < 0.01  # through the final norm's scale only
-        table = circuits[circuits["reference"] == reference].set_index("size")
+        own = circuits[circuits["reference"] == reference]
+        table = own[own["circuit"] == "top n by EAP-IG"].set_index("size")
         assert (
             table.loc[3, "held_out"] == pytest.approx(1.0, abs=0.01) and table.loc[3, "met"]
         )  # the norm: 0.4%
         assert table.loc[3, "left_after_knockout"] == pytest.approx(0.0, abs=0.01)
-        assert not table.loc[[1, 2], "met"].any() and table.loc[2, "held_out"] < 0.8
+        assert not table.loc[[1, 2], "met"].any() and table.loc[2, "held_out"] < 0.7  # a mover: half
         assert table.loc[2, "random_high"] < 0.8  # two parts of the right three by chance: not all
         smallest = table.index[table["met"]].min()
         assert smallest == 3
-        own = agreement[agreement["reference"] == reference]
-        assert own["eap_ig_spearman"].iloc[0] > 0.8
+        assert agreement.loc[agreement["reference"] == reference, "eap_ig_spearman"].iloc[0] > 0.8
 
 
 def test_the_held_out_figure_falls_below_the_in_sample_one_where_selection_inflates_it():

@@ -57,6 +57,14 @@ class Graph:
         heads = patched[:, 1 : 1 + L * H].reshape(-1, L, H)
         return patched[:, 0], heads, patched[:, 1 + L * H :] if self.mlps else None
 
+    def of_heads(self, heads) -> np.ndarray:
+        """(size,) bool: the embeddings and these (layer, head) pairs."""
+        chosen = np.zeros(self.size, dtype=bool)
+        chosen[0] = True
+        for layer, head in heads:
+            chosen[1 + layer * self.n_heads + head] = True
+        return chosen
+
     def sizes(self) -> list[int]:
         """The circuit sizes evaluated (parts beside the embeddings): SIZES below the parts there
         are, and all of them (the full model, faithful by construction: a check)."""

@@ -8,13 +8,14 @@ and per circuit size n (graph.Graph.sizes, and 0: the embeddings alone):
                             other templates: no item judges a circuit chosen on its unit or template)
   knocked out, held-out     x with C's parts (not the embeddings) patched: what is left without C
   faithfulness, random d    C n parts drawn at random (the same draw for every item): the baseline
+  a hypothesis               a circuit given (the run's top heads), in-sample, held out, knocked out
   alone                     x with one part patched: AGREEMENT_TOP parts of largest |score| and as
                             many drawn at random, exact beside their attribution (agreement)
 
 The last two on every SAMPLED_EVERY-th pair only. A run that repeats another of its pair (the
 circuit of size 0 in- and out of sample; nothing patched) is computed once.
 
-Raw rows: the pair's item, y = y(x), y_cf = y(x'), and the run's measure, circuit, size (parts
+Raw rows: the pair's item, y = y(x), y_cf = y(x'), and the run's family, measure, circuit, size (parts
 beside the embeddings) and y_patched; the attributions per item and part; the tables (tables.py)
 are made from them alone.
 """
@@ -42,6 +43,7 @@ RANDOM_CIRCUITS = 5  # random circuits per size (the baseline's spread)
 AGREEMENT_TOP = 10  # parts patched alone: the top by |score| on every item, and as many at random
 SAMPLED_EVERY = 4  # the random circuits and the parts alone are run on every 4th pair (a quarter of the cost)
 IN_SAMPLE, HELD_OUT, RANDOM = "in-sample", "held-out", "random"
+ATTRIBUTED = "top n by EAP-IG"  # the family of the circuits found (others: the hypotheses' names)
 FAITHFULNESS, KNOCKED_OUT, ALONE = "faithfulness", "knocked out", "alone"
 CIRCUITS_VERSION = 1  # of the raw rows: a saved part of another version is measured again
 
@@ -59,9 +61,11 @@ class Patching:
     graph: Graph
 
 
-def measure_run_circuits(model, inputs, word: str, log=lambda m: None) -> pd.DataFrame:
+def measure_run_circuits(model, inputs, word: str, log=lambda m: None, heads=None) -> pd.DataFrame:
     """`attnprobe edit --circuits`: attribution and exact runs per comparison; one long frame,
-    its parts told apart by `table` (circuit_runs, circuit_attribution)."""
+    its parts told apart by `table` (circuit_runs, circuit_attribution). `heads`: name -> {"all":
+    heads, fold: heads chosen without that fold's items} ((layer, head) pairs), hypotheses judged
+    beside the circuits found."""
     module = module_of(model)
     bank = inputs.bank
     graph = Graph(len(bank.hidden), bank.outputs[0].shape[1], bank.mlp is not None)
@@ -73,14 +77,15 @@ def measure_run_circuits(model, inputs, word: str, log=lambda m: None) -> pd.Dat
         patching = Patching(module, bank, donor, pairs, inputs.labels, graph)
         scores = attributions(patching)
         fold = np.array([inputs.fold[p.item] for p in pairs])
-        plan = plan_runs(graph, scores["eap_ig"], base["covariate"].to_numpy(), fold, inputs.training)
+        given = {
+            name: {k: graph.of_heads(v) for k, v in sets.items()} for name, sets in (heads or {}).items()
+        }
+        plan = plan_runs(graph, scores["eap_ig"], base["covariate"].to_numpy(), fold, inputs.training, given)
         log(f"circuits: {len(plan)} patched runs against {name!r}")
         y = part_runs(patching, plan)
         runs = base.iloc[[i for i, *_ in plan]].reset_index(drop=True)
-        runs = runs.assign(
-            measure=[m for _, m, *_ in plan], circuit=[c for *_, c, _, _ in plan],
-            size=[n for *_, n, _ in plan], y_patched=y,
-        )  # fmt: skip
+        columns = ("family", "measure", "circuit", "size")
+        runs = runs.assign(**{c: [run[1 + k] for run in plan] for k, c in enumerate(columns)}, y_patched=y)
         frames += [runs.assign(table="circuit_runs", reference=name)]
         frames += [_attribution_rows(base, graph, scores).assign(table="circuit_attribution", reference=name)]
     return pd.concat(frames, ignore_index=True)
@@ -96,35 +101,56 @@ def _attribution_rows(base: pd.DataFrame, graph: Graph, scores: dict) -> pd.Data
     )
 
 
-def plan_runs(graph: Graph, attribution, covariate, fold, training, seed: int = 0) -> list[tuple]:
-    """(pair, measure, circuit, size, patched parts (size,) bool) of every run, as the module says.
-    `training(f)`: the folds whose items choose the circuit fold f's items are judged with."""
+def plan_runs(graph: Graph, attribution, covariate, fold, training, hypotheses=None, seed: int = 0) -> list:
+    """(pair, family, measure, circuit, size, patched parts (size,) bool) of every run, as the module
+    says. `training(f)`: the folds whose items choose the circuit fold f's items are judged with;
+    `hypotheses`: name -> {"all": parts (size,) bool, fold: parts chosen without that fold's items},
+    circuits given rather than found, judged the same way (their family is their name)."""
     everything = part_scores(attribution, covariate)
-    quarter = {}
+    chosen = {}
     for f in np.unique(fold):
         on = np.isin(fold, training(int(f)))
-        quarter[int(f)] = part_scores(attribution[on], covariate[on])
+        chosen[int(f)] = part_scores(attribution[on], covariate[on])
     rng = np.random.default_rng(seed)
     sizes = [0, *graph.sizes()]
+    grid = {
+        n: {"all": top_parts(everything, n), **{f: top_parts(q, n) for f, q in chosen.items()}} for n in sizes
+    }
     drawn = {n: [random_parts(graph.size, n, rng) for _ in range(RANDOM_CIRCUITS)] for n in sizes}
-    names = graph.names()
-    ranked = np.argsort(-np.abs(np.nan_to_num(everything[1:])), kind="stable")[:AGREEMENT_TOP] + 1
-    others = np.setdiff1d(np.arange(1, graph.size), ranked)
-    sampled = [*ranked, *rng.choice(others, min(AGREEMENT_TOP, len(others)), replace=False)]
+    sampled = _sampled_parts(everything, rng)
     plan = []
     for i, f in enumerate(fold):
         for n in sizes:
-            own, chosen = top_parts(everything, n), top_parts(quarter[int(f)], n)
-            plan.append((i, FAITHFULNESS, IN_SAMPLE, n, ~own))
-            plan.append((i, FAITHFULNESS, HELD_OUT, n, ~chosen))
-            plan.append((i, KNOCKED_OUT, HELD_OUT, n, chosen & (np.arange(graph.size) > 0)))
+            plan += _judged(i, int(f), ATTRIBUTED, n, grid[n])
             if i % SAMPLED_EVERY == 0:
-                plan += [(i, FAITHFULNESS, f"{RANDOM} {d}", n, ~c) for d, c in enumerate(drawn[n])]
+                plan += [
+                    (i, ATTRIBUTED, FAITHFULNESS, f"{RANDOM} {d}", n, ~c) for d, c in enumerate(drawn[n])
+                ]
+        for name, parts in (hypotheses or {}).items():
+            plan += _judged(i, int(f), name, int(parts["all"].sum()) - 1, parts)
         for j in sampled if i % SAMPLED_EVERY == 0 else ():
-            alone = np.zeros(graph.size, dtype=bool)
-            alone[j] = True
-            plan.append((i, ALONE, names[j], 1, alone))
+            plan.append((i, ALONE, ALONE, graph.names()[j], 1, np.arange(graph.size) == j))
     return plan
+
+
+def _judged(i: int, fold: int, family: str, n: int, parts: dict) -> list[tuple]:
+    """Pair i's runs of one circuit: faithfulness in-sample (parts["all"]) and held out (parts[fold]),
+    and the held-out circuit knocked out (its parts but the embeddings)."""
+    held = parts[fold]
+    knocked = held.copy()
+    knocked[0] = False
+    return [
+        (i, family, FAITHFULNESS, IN_SAMPLE, n, ~parts["all"]),
+        (i, family, FAITHFULNESS, HELD_OUT, n, ~held),
+        (i, family, KNOCKED_OUT, HELD_OUT, n, knocked),
+    ]
+
+
+def _sampled_parts(scores: np.ndarray, rng) -> list[int]:
+    """The parts patched alone: AGREEMENT_TOP of largest |score| and as many others at random."""
+    ranked = np.argsort(-np.abs(np.nan_to_num(scores[1:])), kind="stable")[:AGREEMENT_TOP] + 1
+    others = np.setdiff1d(np.arange(1, len(scores)), ranked)
+    return [*ranked, *rng.choice(others, min(AGREEMENT_TOP, len(others)), replace=False)]
 
 
 @torch.inference_mode()

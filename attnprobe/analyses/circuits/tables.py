@@ -26,7 +26,7 @@ import pandas as pd
 from ...store import atomic_write, write_parquet, write_table
 from ..paths_tables import effect_shares
 from .graph import EMBEDDING, part_scores
-from .runs import ALONE, FAITHFULNESS, HELD_OUT, IN_SAMPLE, KNOCKED_OUT, RANDOM
+from .runs import ALONE, ATTRIBUTED, FAITHFULNESS, HELD_OUT, IN_SAMPLE, KNOCKED_OUT, RANDOM
 
 FAITHFUL, FAITHFUL_LOW, LEFT = 0.8, 0.6, 0.2
 RAW = ("circuit_runs", "circuit_attribution")
@@ -44,7 +44,8 @@ def write_circuits(directory, raw: pd.DataFrame) -> list[str]:
     write_table(directory, "circuits", table, NO_RUNS)
     write_table(directory, "circuit_parts", parts_table(attribution), NO_RUNS)
     write_table(directory, "circuit_agreement", agreement_table(runs, attribution), NO_RUNS)
-    return [smallest_met(rows) for _, rows in table.groupby("reference", sort=False)] if len(table) else []
+    found = table[table["circuit"] == ATTRIBUTED] if len(table) else table
+    return [smallest_met(rows) for _, rows in found.groupby("reference", sort=False)]
 
 
 def smallest_met(rows: pd.DataFrame) -> str:
@@ -79,38 +80,44 @@ def _shares(items: pd.DataFrame, effect: np.ndarray) -> dict:
 
 
 def circuits_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per comparison and size: faithfulness in-sample and held-out, left after knocking the held-out
-    circuit out, the random circuits' faithfulness, and whether the target is met."""
+    """Per comparison, family (the circuits found, a hypothesis) and size: faithfulness in-sample and
+    held out, left after knocking the held-out circuit out, the random circuits of that size, and
+    whether the target is met."""
     out = []
     runs = runs.astype({"size": int})
     for reference, own in runs.groupby("reference", sort=False):
-        items, wide = _wide(own[own["measure"] != ALONE], ["measure", "circuit", "size"])
-        columns = list(wide.columns)
+        items, wide = _wide(own[own["measure"] != ALONE], ["family", "measure", "circuit", "size"])
         # y(run) - y(x'): a circuit's restored effect; for a knockout, what is left without C
         share = _shares(items, wide.to_numpy() - items["y_cf"].to_numpy()[:, None])
-        at = {c: j for j, c in enumerate(columns)}
-        for n in sorted({c[2] for c in columns}):
-            row = {"reference": reference, "size": n, "parts": n + 1, "n_items": len(items)}
+        at = {c: j for j, c in enumerate(wide.columns)}
+        random = pd.DataFrame(
+            [(c[3], share["ratio"][j]) for c, j in at.items() if c[2].startswith(RANDOM)],
+            columns=["size", "f"],
+        ).groupby("size")["f"]
+        for family, n in dict.fromkeys((c[0], c[3]) for c in at if not c[2].startswith(RANDOM)):
+            row = {
+                "reference": reference,
+                "circuit": family,
+                "size": n,
+                "parts": n + 1,
+                "n_items": len(items),
+            }
             for name, circuit in (("in_sample", IN_SAMPLE), ("held_out", HELD_OUT)):
-                j = at[(FAITHFULNESS, circuit, n)]
+                j = at[(family, FAITHFULNESS, circuit, n)]
                 row[name] = share["ratio"][j]
                 row[f"{name}_ci_low"], row[f"{name}_ci_high"] = share["ci_low"][j], share["ci_high"][j]
-            j = at[(KNOCKED_OUT, HELD_OUT, n)]
+            j = at[(family, KNOCKED_OUT, HELD_OUT, n)]
             for column, k in (
                 ("left_after_knockout", "ratio"),
                 ("left_ci_low", "ci_low"),
                 ("left_ci_high", "ci_high"),
             ):
                 row[column] = share[k][j] if n else np.nan  # size 0 knocks nothing out
-            drawn = [
-                share["ratio"][j]
-                for c, j in at.items()
-                if c[:2] != (FAITHFULNESS, IN_SAMPLE) and c[1].startswith(RANDOM) and c[2] == n
-            ]
+            drawn = random.get_group(n) if n in random.groups else pd.Series(dtype=float)
             row["random_median"], row["random_low"], row["random_high"] = (
-                np.median(drawn),
-                min(drawn),
-                max(drawn),
+                drawn.median(),
+                drawn.min(),
+                drawn.max(),
             )
             row["met"] = bool(
                 row["held_out"] >= FAITHFUL

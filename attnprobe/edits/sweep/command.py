@@ -17,6 +17,7 @@ from ...analyses.readout import write_readout
 from ...analyses.tracing import measure_tracing, tracing_table
 from ...errors import RunError
 from ...forward.device import on_model_device
+from ...intervene.selection import chosen_heads
 from ...measures.head_effects import SlotSwap, per_value_column
 from ...model import refuse_random
 from ...run.execute import deferred_interrupt
@@ -50,6 +51,7 @@ from .permuted import measure_placebo, measure_stream_placebo, placebo_kinds
 from .transfer import ALSO_K, transfer, transfer_suites
 
 LAYER_PARTS = "readout"  # the stream's and the MLPs' parts hold the readout after the edit
+TOP_HEADS = "top 5 heads by gradient score"  # the circuit hypothesis the edits' heads make
 
 
 def _run_and_suite(directory: Path):
@@ -211,8 +213,9 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         if options.paths:
             measure = lambda: measure_run_paths(model, inputs, word, scores, quarter_scores, listed, H, log)
             paths = part("paths", measure, f"{key}:paths{PATHS_VERSION}", described=False)
-        if options.circuits:
-            measure = lambda: measure_run_circuits(model, inputs, word, log)
+        if options.circuits:  # beside the circuits found: the run's top 5 heads, chosen as the edits' are
+            top = {f: chosen_heads(scores[f], 5, H) for f in ("all", 0, 1, 2, 3)}
+            measure = lambda: measure_run_circuits(model, inputs, word, log, {TOP_HEADS: top})
             circuits = part("circuits", measure, f"{key}:circuits{CIRCUITS_VERSION}", described=False)
     raw = pd.concat([f for f in frames if len(f)], ignore_index=True)  # an empty part would untype columns
     summary, stream, mlp = _write_sweep(directory, raw, options, H, word, started)
