@@ -45,7 +45,7 @@ SAMPLED_EVERY = 4  # the random circuits and the parts alone are run on every 4t
 IN_SAMPLE, HELD_OUT, RANDOM = "in-sample", "held-out", "random"
 ATTRIBUTED = "top n by EAP-IG"  # the family of the circuits found (others: the hypotheses' names)
 FAITHFULNESS, KNOCKED_OUT, ALONE = "faithfulness", "knocked out", "alone"
-CIRCUITS_VERSION = 1  # of the raw rows: a saved part of another version is measured again
+CIRCUITS_VERSION = 2  # of the raw rows: a saved part of another version is measured again
 
 
 @dataclass(frozen=True)
