@@ -10,10 +10,10 @@ share's own inference, so no p stands beside it.
   random                the faithfulness of RANDOM_CIRCUITS circuits of n random parts (point
                         estimates: their median and range)
 
-A circuit meets the target where its held-out faithfulness is >= 80% with the interval's low end
->= 60% and at most 20% is left after knocking it out (Hanna et al. 2024 and Wang et al. 2022's
-measures; the targets are the issue's). In-sample figures choose and judge on the same items: the
-held-out ones are the ones to quote.
+A circuit meets the target where its held-out faithfulness is 80% to 120% (restoring more than the
+model does is no credit) with the interval's low end >= 60%, and at most 20% is left after knocking
+it out (Hanna et al. 2024's and Wang et al. 2022's measures). In-sample figures choose and judge on
+the same items: the held-out ones are the ones to quote.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..paths_tables import effect_shares
 from .graph import EMBEDDING, part_scores
 from .runs import ALONE, ATTRIBUTED, FAITHFULNESS, HELD_OUT, IN_SAMPLE, KNOCKED_OUT, RANDOM
 
-FAITHFUL, FAITHFUL_LOW, LEFT = 0.8, 0.6, 0.2
+FAITHFUL, FAITHFUL_LOW, OVERSHOOT, LEFT = 0.8, 0.6, 1.2, 0.2
 RAW = ("circuit_runs", "circuit_attribution")
 NO_RUNS = "no comparison had pairs to patch"
 
@@ -120,7 +120,7 @@ def circuits_table(runs: pd.DataFrame) -> pd.DataFrame:
                 drawn.max(),
             )
             row["met"] = bool(
-                row["held_out"] >= FAITHFUL
+                FAITHFUL <= row["held_out"] <= OVERSHOOT  # restoring more than the model is no credit
                 and row["held_out_ci_low"] >= FAITHFUL_LOW
                 and row["left_after_knockout"] <= LEFT
             )
