@@ -1,4 +1,4 @@
-"""`attnprobe edit RUN_DIR`: the head-edit sweep (attnprobe.edits) as a command of the group in cli.py."""
+"""`attnprobe edit RUN_DIR`: the head-edit sweep (attnprobe.edits) as a command of the group in cli/__init__.py."""
 
 from __future__ import annotations
 

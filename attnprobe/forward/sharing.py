@@ -2,7 +2,7 @@
 
 Two users: the run packs prompts with common prefixes into one sequence (packing.run_with_shared_prefixes),
 and batched patching leaves out the clean prefix of x and x' and reads its recorded keys and values
-(patching.py). Both are exact only when every position sees every earlier one as a plain forward
+(intervene/engine.py). Both are exact only when every position sees every earlier one as a plain forward
 would: no sliding window or attention chunk that the sequence reaches, and attention layers only.
 """
 

@@ -1,6 +1,6 @@
 """Attention from first principles, in plain torch. Read top to bottom.
 
-Nothing here imports transformers. `verify.py` feeds these functions a layer's own weights and the
+Nothing here imports transformers. `verify/__init__.py` feeds these functions a layer's own weights and the
 hidden states that entered it, and compares what comes out with what the model computed.
 
 Vocabulary: *scores* are before the softmax, *weights* after.

@@ -321,8 +321,3 @@ def _run(part: HeadEffectsPlan, engine) -> None:
         before = previous.get("seconds", 0.0)  # e.g. the shards' time in a merged directory
         manifest.entries[HeadEffects.NAME] = summarise(before + seconds, selection, engine.pm.info.n_heads)
         assemble(engine.directory, phase.n_chunks, phase.plan)
-
-
-def read_screen(directory: Path, n_chunks: int) -> dict[str, pd.DataFrame]:
-    """The screen's chunk tables, joined (for tests and benchmarks)."""
-    return store.read_chunks(directory, n_chunks, HeadEffects.CHUNKS[SCREEN], SCREEN)
