@@ -51,7 +51,8 @@ _active_editor: contextvars.ContextVar = contextvars.ContextVar("attnprobe_edito
 # The model's own edit (a saved edit applied to a whole run, `model_edit`): rewrites per-head outputs
 # before any measure's editor sees them, so the measures see the edited model.
 _model_edit: contextvars.ContextVar = contextvars.ContextVar("attnprobe_model_edit", default=None)
-# A prefix: (key, value, mask) -> the same with keys and values of earlier positions prepended (intervene/engine.py).
+# A prefix: (key, value, mask) -> the same with keys and values of earlier positions prepended
+# (intervene/engine.py).
 _active_prefix: contextvars.ContextVar = contextvars.ContextVar("attnprobe_prefix", default=None)
 
 

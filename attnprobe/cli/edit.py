@@ -1,4 +1,4 @@
-"""`attnprobe edit RUN_DIR`: the head-edit sweep (attnprobe.edits) as a command of the group in cli/__init__.py."""
+"""`attnprobe edit RUN_DIR`: the head-edit sweep (attnprobe.edits), a command of cli/__init__.py's group."""
 
 from __future__ import annotations
 

@@ -27,7 +27,6 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
