@@ -152,3 +152,55 @@ def test_the_readout_after_erasure_reads_nothing_on_held_out_rows():
     u, f, mu = (t[0, 0].double().numpy() for t in erasers(torch.as_tensor(z[train])[:, None, None], x[train]))
     erase = lambda rows: rows - u * ((rows - mu) @ f)[:, None]
     assert abs(r2(ridge_readout(erase(z[train]), x[train], erase(z[held])))) < 0.05
+
+
+def _quarters(units: int, templates: int, rng):
+    """Items of `units` units x `templates` templates in the edits' four quarters (unit half x
+    template half), each unit with a covariate: what erased.readout_splits reads."""
+    from types import SimpleNamespace
+
+    from attnprobe.intervene.selection import opposite
+
+    unit, template = np.repeat(np.arange(units), templates), np.tile(np.arange(templates), units)
+    covariate = rng.uniform(0, 1, units)[unit]
+    fold = 2 * (unit % 2) + template % 2
+    items = [SimpleNamespace(unit=f"u{u}") for u in unit]
+    inputs = SimpleNamespace(fold=fold, covariate=covariate, items=items)
+    inputs.training = lambda f: np.array([opposite(f, templates)])
+    return inputs
+
+
+def test_the_readout_after_erasure_catches_what_the_eraser_missed_out_of_sample():
+    """LEACE fitted on one quarter's 40 rows of a 48-dimensional site removes the covariate's direction
+    as those rows estimate it: a readout trained on those erased rows (round 5's design) reads
+    nothing, whatever is left elsewhere. Trained on rows the eraser never saw (erased.readout_splits:
+    the other units' quarter of the same templates), it still reads the covariate on held-out units:
+    the check fails the leaky erasure. An eraser fitted on many rows passes it."""
+    from attnprobe.edits.sweep.erased import _held_out_reads, ridge_readout
+
+    rng = np.random.default_rng(0)
+    inputs = _quarters(40, 4, rng)
+    x = inputs.covariate
+    w = rng.standard_normal(48)
+    z = x[:, None] * w * 2 + rng.standard_normal((len(x), 48))
+    big = rng.uniform(0, 1, 4000)
+    z_big = big[:, None] * w * 2 + rng.standard_normal((4000, 48))
+
+    def erased(rows_z, rows_x):  # each quarter's LEACE, fitted on the given rows
+        u, f, mu = (t[0, 0].double().numpy() for t in erasers(torch.as_tensor(rows_z)[:, None, None], rows_x))
+        return lambda rows: rows - u * ((rows - mu) @ f)[:, None]
+
+    leaky = {f: erased(z[inputs.fold == 3 - f], x[inputs.fold == 3 - f]) for f in range(4)}
+    sound = erased(z_big, big)
+    r2 = lambda read, on: 1 - ((x[on] - read) ** 2).sum() / ((x[on] - x[on].mean()) ** 2).sum()
+    old = []  # round 5: trained on the eraser's own rows
+    for f in range(4):
+        train, held = inputs.fold == 3 - f, inputs.fold == f
+        old.append(r2(ridge_readout(leaky[f](z[train]), x[train], leaky[f](z[held])), held))
+    keys, read = _held_out_reads(lambda f: leaky[f](z), inputs, 1)
+    on = np.array([i for _, _, i in keys])
+    assert max(old) < 0.05 and r2(np.array(read), on) > 0.1, (old, r2(np.array(read), on))  # 0.16
+    keys, read = _held_out_reads(lambda f: sound(z), inputs, 1)
+    assert r2(np.array(read), np.array([i for _, _, i in keys])) < 0.05
+    before_keys, _ = _held_out_reads(lambda f: z, inputs, 1)
+    assert sorted(before_keys) == sorted(keys) and len(keys) == len(x)  # every item read once

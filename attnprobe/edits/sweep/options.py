@@ -93,6 +93,7 @@ def settings_hash(run_fingerprint: str, options: EditOptions, weights: str, cont
             "weights": weights,
             "attnprobe": __version__,
             "texts": "batched",
+            "readout": "trained on rows the edit was not fitted on",  # sweep.erased, since round 6
             "control": hashlib.sha256(control.encode()).hexdigest(),
             **settings,
         },
