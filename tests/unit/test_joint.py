@@ -62,6 +62,7 @@ def test_the_goal_names_each_condition_an_edit_misses():
     met = {
         "nouns_templates_stereotype_removed": 0.6,
         "nouns_templates_stereotype_removed_ci_low": 0.3,
+        "nouns_templates_stereotype_removed_ci_high": 0.9,
         "definitional_accuracy_after": 0.995,
         "definitional_offset": -0.05,
         "placebo_p": 0.005,
@@ -75,6 +76,7 @@ def test_the_goal_names_each_condition_an_edit_misses():
     assert failures(pd.Series(met)) == []
     misses = {
         "nouns_templates_stereotype_removed_ci_low": (0.2, "stereotype removed"),
+        "nouns_templates_stereotype_removed_ci_high": (1.6, "stereotype removed"),  # over-removal: no credit
         "names_templates_factual_kept_ci_high": (1.25, "names kept"),
         "nouns_templates_factual_kept": (1.12, "nouns kept"),
         "definitional_accuracy_after": (0.98, "accuracy"),

@@ -2,7 +2,8 @@
 edit meets, and for those it misses, which fail. An edit meets the goal when
 
 - the stereotype term of the joint regression (on the held-out nouns in the items' templates) is
-  reduced by at least half, its CI low at least a quarter;
+  reduced by at least half, its CI inside [25%, 150%]: an edit that reverses the stereotype (removing
+  more than there was) is not credited for it;
 - the factual term is kept within [0.9, 1.1], its CI inside [0.8, 1.2], on held-out nouns and on
   names (each in the items' templates);
 - the uncentred accuracy on the definitional prompts (the control file's nouns, each judged by the
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-REMOVED, REMOVED_LOW = 0.5, 0.25
+REMOVED, REMOVED_CI = 0.5, (0.25, 1.5)
 KEPT, KEPT_CI = (0.9, 1.1), (0.8, 1.2)
 ACCURACY, OFFSET, PLACEBO_P, KL = 0.99, 0.1, 0.01, 0.001
 HELD_OUT = ("nouns_templates", "names_templates")  # the phrase sets the factual term is judged on
@@ -34,9 +35,10 @@ def failures(row: pd.Series) -> list[str]:
     """The goal's conditions `row` (a row of edits.csv or edits_stream.csv) fails, in words."""
     get = lambda name: float(row[name]) if name in row and pd.notna(row[name]) else np.nan
     out = []
-    removed, low = get("nouns_templates_stereotype_removed"), get("nouns_templates_stereotype_removed_ci_low")
-    if not (removed >= REMOVED and low >= REMOVED_LOW):
-        out.append(f"stereotype removed {removed:.0%} (CI low {low:.0%})")
+    removed = get("nouns_templates_stereotype_removed")
+    low, high = (get(f"nouns_templates_stereotype_removed_ci_{end}") for end in ("low", "high"))
+    if not (removed >= REMOVED and _within(low, REMOVED_CI) and _within(high, REMOVED_CI)):
+        out.append(f"stereotype removed {removed:.0%} [{low:.0%}, {high:.0%}]")
     for name in HELD_OUT:
         kept = get(f"{name}_factual_kept")
         ci = get(f"{name}_factual_kept_ci_low"), get(f"{name}_factual_kept_ci_high")
@@ -68,7 +70,7 @@ def goal_table(edits: pd.DataFrame, stream: pd.DataFrame, mlp: pd.DataFrame | No
     """One row per edit (head kinds per k; the stream and the MLP outputs per layer and chosen): the
     goal's columns with their CIs, the offset, the uncentred accuracy, the placebo's p and floor, the
     readout R2 after, KL's upper bound, and `fails` (the conditions missed; empty: goal met). The
-    closest first: those removing at least REMOVED of the stereotype term, then by how few
+    closest first: those removing REMOVED to 150% of the stereotype term, then by how few
     conditions fail, then by specificity (an edit removing nothing misses few conditions, but not
     the one the goal is for)."""
     frames = [edits.assign(site="heads", size=edits.get("k"))]
@@ -89,6 +91,6 @@ def goal_table(edits: pd.DataFrame, stream: pd.DataFrame, mlp: pd.DataFrame | No
     out["n_fails"] = [len(f) for f in fails]
     out["fails"] = ["; ".join(f) for f in fails]
     out["goal_met"] = out["n_fails"] == 0
-    out["removes"] = out["stereotype_removed"] >= REMOVED
+    out["removes"] = out["stereotype_removed"].between(REMOVED, REMOVED_CI[1])  # not over-removal
     order = ["removes", "n_fails", "specificity"]
     return out.sort_values(order, ascending=[False, True, False], kind="stable").reset_index(drop=True)
