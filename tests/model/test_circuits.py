@@ -85,6 +85,9 @@ def test_a_planted_circuit_through_an_mlp_is_found_at_its_size_faithful_and_comp
         assert table.loc[2, "random_high"] < 0.8  # two parts of the right three by chance: not all
         smallest = table.index[table["met"]].min()
         assert smallest == 3
+        area, chance = table["area_held_out"].iloc[0], table["area_random"].iloc[0]
+        # the curve: 0 up to a tenth of the parts, half at two tenths, 1 from three tenths on
+        assert area == pytest.approx(0.8, abs=0.01) and chance < 0.7
         assert agreement.loc[agreement["reference"] == reference, "eap_ig_spearman"].iloc[0] > 0.8
 
 
