@@ -7,8 +7,8 @@ and per circuit size n (graph.Graph.sizes, and 0: the embeddings alone):
   faithfulness, held-out    the same, C the top n on the item's opposite quarter (other units and
                             other templates: no item judges a circuit chosen on its unit or template)
   knocked out, held-out     x with C's parts (not the embeddings) patched: what is left without C
+  a hypothesis              a circuit given (the run's top heads), in-sample, held out, knocked out
   faithfulness, random d    C n parts drawn at random (the same draw for every item): the baseline
-  a hypothesis               a circuit given (the run's top heads), in-sample, held out, knocked out
   alone                     x with one part patched: AGREEMENT_TOP parts of largest |score| and as
                             many drawn at random, exact beside their attribution (agreement)
 
@@ -77,9 +77,7 @@ def measure_run_circuits(model, inputs, word: str, log=lambda m: None, heads=Non
         patching = Patching(module, bank, donor, pairs, inputs.labels, graph)
         scores = attributions(patching)
         fold = np.array([inputs.fold[p.item] for p in pairs])
-        given = {
-            name: {k: graph.of_heads(v) for k, v in sets.items()} for name, sets in (heads or {}).items()
-        }
+        given = {h: {k: graph.of_heads(v) for k, v in sets.items()} for h, sets in (heads or {}).items()}
         plan = plan_runs(graph, scores["eap_ig"], base["covariate"].to_numpy(), fold, inputs.training, given)
         log(f"circuits: {len(plan)} patched runs against {name!r}")
         y = part_runs(patching, plan)
