@@ -50,7 +50,7 @@ def _batch(module, bank: Bank, donor: Bank, pairs: list[Pair], labels, graph: Gr
     where, index = aligned(torch.arange(T), at, at_cf, bank.lengths[rows], donor)
     device = bank.hidden[0].device
     where, index = where.to(device), index.to(device)
-    deltas = _differences(bank, donor, rows, donors, where, index, T, graph)
+    deltas = _differences(bank, donor, rows, donors, where, index, graph)
     mlps = mlp_modules(module) if graph.mlps else []
     summed, last = None, None
     for k in range(1, IG_STEPS + 1):
@@ -63,10 +63,10 @@ def _batch(module, bank: Bank, donor: Bank, pairs: list[Pair], labels, graph: Gr
     return eap.double().cpu().numpy(), ig.double().cpu().numpy()
 
 
-def _differences(bank, donor, rows, donors, where, index, T: int, graph: Graph) -> list[torch.Tensor]:
+def _differences(bank, donor, rows, donors, where, index, graph: Graph) -> list[torch.Tensor]:
     """o(x') - o(x) at the aligned positions (zero elsewhere), per part group in the graph's order:
-    embeddings (B, 1, T, E), heads L x (B, H, T, D), MLPs L x (B, 1, T, E)."""
-    at_positions = where[:, :, None]
+    embeddings (B, 1, T, E), heads L x (B, H, T, D), MLPs L x (B, 1, T, E); T the pass's (where's)."""
+    at_positions, T = where[:, :, None], where.shape[1]
 
     def stream(recorded):  # (N, T', E) per bank -> (B, 1, T, E)
         own = recorded(bank)[rows][:, :T]
