@@ -82,6 +82,9 @@ def test_a_planted_circuit_through_an_mlp_is_found_at_its_size_faithful_and_comp
         )  # the norm: 0.4%
         assert table.loc[3, "left_after_knockout"] == pytest.approx(0.0, abs=0.01)
         assert not table.loc[[1, 2], "met"].any() and table.loc[2, "held_out"] < 0.7  # a mover: half
+        # completeness over subsets: without one mover the 2-part circuit keeps nothing, the model half
+        assert table.loc[2, "worst_subset_difference"] == pytest.approx(-0.5, abs=0.02)
+        assert abs(table.loc[3, "worst_subset_difference"]) < 0.01
         assert table.loc[2, "random_high"] < 0.8  # two parts of the right three by chance: not all
         smallest = table.index[table["met"]].min()
         assert smallest == 3

@@ -8,11 +8,13 @@ and per circuit size n (graph.Graph.sizes, and 0: the embeddings alone):
                             other templates: no item judges a circuit chosen on its unit or template)
   knocked out, held-out     x with C's parts (not the embeddings) patched: what is left without C
   a hypothesis              a circuit given (the run's top heads), in-sample, held out, knocked out
+  subsets K                 completeness (Wang et al. 2022): C less K and the model less K, for
+                            SUBSETS random halves of the held-out C and its top half by |score|
   faithfulness, random d    C n parts drawn at random (the same draw for every item): the baseline
   alone                     x with one part patched: AGREEMENT_TOP parts of largest |score| and as
                             many drawn at random, exact beside their attribution (agreement)
 
-The last two on every SAMPLED_EVERY-th pair only. A run that repeats another of its pair (the
+The last three on every SAMPLED_EVERY-th pair only. A run that repeats another of its pair (the
 circuit of size 0 in- and out of sample; nothing patched) is computed once.
 
 Raw rows: the pair's item, y = y(x), y_cf = y(x'), and the run's family, measure, circuit, size (parts
@@ -45,7 +47,9 @@ SAMPLED_EVERY = 4  # the random circuits and the parts alone are run on every 4t
 IN_SAMPLE, HELD_OUT, RANDOM = "in-sample", "held-out", "random"
 ATTRIBUTED = "top n by EAP-IG"  # the family of the circuits found (others: the hypotheses' names)
 FAITHFULNESS, KNOCKED_OUT, ALONE = "faithfulness", "knocked out", "alone"
-CIRCUITS_VERSION = 2  # of the raw rows: a saved part of another version is measured again
+LESS_C, LESS_M = "circuit less K", "model less K"  # completeness over subsets K (Wang et al. 2022)
+SUBSETS = 3  # random halves of a circuit (and its top half by |score|) whose removal is judged
+CIRCUITS_VERSION = 3  # of the raw rows: a saved part of another version is measured again
 
 
 @dataclass(frozen=True)
@@ -118,14 +122,18 @@ def plan_runs(graph: Graph, attribution, covariate, fold, training, hypotheses=N
     sampled = _sampled_parts(everything, rng)
     plan = []
     for i, f in enumerate(fold):
+        sampled_pair = i % SAMPLED_EVERY == 0
         for n in sizes:
             plan += _judged(i, int(f), ATTRIBUTED, n, grid[n])
-            if i % SAMPLED_EVERY == 0:
+            if sampled_pair:
                 plan += [
                     (i, ATTRIBUTED, FAITHFULNESS, f"{RANDOM} {d}", n, ~c) for d, c in enumerate(drawn[n])
                 ]
+                plan += _subsets(i, int(f), ATTRIBUTED, n, grid[n][int(f)], chosen[int(f)])
         for name, parts in (hypotheses or {}).items():
-            plan += _judged(i, int(f), name, int(parts["all"].sum()) - 1, parts)
+            n = int(parts["all"].sum()) - 1
+            plan += _judged(i, int(f), name, n, parts)
+            plan += _subsets(i, int(f), name, n, parts[int(f)], chosen[int(f)]) if sampled_pair else []
         for j in sampled if i % SAMPLED_EVERY == 0 else ():
             plan.append((i, ALONE, ALONE, graph.names()[j], 1, np.arange(graph.size) == j))
     return plan
@@ -142,6 +150,26 @@ def _judged(i: int, fold: int, family: str, n: int, parts: dict) -> list[tuple]:
         (i, family, FAITHFULNESS, HELD_OUT, n, ~held),
         (i, family, KNOCKED_OUT, HELD_OUT, n, knocked),
     ]
+
+
+def _subsets(i: int, fold: int, family: str, n: int, held: np.ndarray, scores: np.ndarray) -> list[tuple]:
+    """Pair i's completeness runs of its held-out circuit C (Wang et al. 2022): for subsets K of C's
+    parts (SUBSETS random halves, seeded per size and quarter, and the half of largest |score|), C
+    less K (x with every part outside C \\ K patched) and the model less K (x with K patched): a
+    complete circuit loses as much without K as the model does."""
+    parts = np.flatnonzero(held[1:]) + 1
+    if len(parts) < 2:
+        return []
+    half, rng = len(parts) // 2, np.random.default_rng([n, fold])
+    subsets = [rng.choice(parts, half, replace=False) for _ in range(SUBSETS)]
+    subsets.append(parts[np.argsort(-np.abs(np.nan_to_num(scores[parts])), kind="stable")[:half]])
+    out = []
+    for d, chosen in enumerate(subsets):
+        k = np.zeros_like(held)
+        k[chosen] = True
+        name = "subset top half" if d == SUBSETS else f"subset {d}"
+        out += [(i, family, LESS_C, name, n, ~(held & ~k)), (i, family, LESS_M, name, n, k)]
+    return out
 
 
 def _sampled_parts(scores: np.ndarray, rng) -> list[int]:
