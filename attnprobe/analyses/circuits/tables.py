@@ -59,10 +59,11 @@ def smallest_met(rows: pd.DataFrame) -> str:
     met = short[short["met"]]
     if len(met):
         row = met.iloc[0]
+        left = round(row["left_after_knockout"], 2) + 0.0  # no "-0%"
         return (
             f"circuits against {reference!r}: the smallest meeting the target has {row['size']} of {parts} "
             f"parts, held-out faithfulness {row['held_out']:.0%} [{row['held_out_ci_low']:.0%}, "
-            f"{row['held_out_ci_high']:.0%}], {row['left_after_knockout']:.0%} left after knockout; area "
+            f"{row['held_out_ci_high']:.0%}], {left:.0%} left after knockout; area "
             f"under the held-out curve {row['area_held_out']:.2f} (random circuits {row['area_random']:.2f})"
         )
     best = short.loc[short["held_out"].idxmax()] if short["held_out"].notna().any() else None
