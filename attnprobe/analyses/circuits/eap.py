@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ...attention.capture import editing
-from ...intervene.engine import Bank, aligned
+from ...intervene.engine import aligned
 from ...intervene.gradients import frozen_weights
 from ...intervene.rerun import ROWS, rerun_y
 from ...intervene.sites import Gradients, mlp_outputs
@@ -34,31 +34,28 @@ IG_STEPS = 5
 def attributions(patching) -> dict:
     """{"eap": (n, size), "eap_ig": (n, size)} float64: every part's attribution on every pair of a
     comparison (runs.Patching)."""
-    graph, pairs = patching.graph, patching.pairs
     out: dict = {"eap": [], "eap_ig": []}
-    for start in range(0, len(pairs), ROWS):
-        args = (patching.bank, patching.donor, pairs[start : start + ROWS], patching.labels, graph)
-        eap, ig = _batch(patching.module, *args)
+    for start in range(0, len(patching.pairs), ROWS):
+        eap, ig = _batch(patching, patching.pairs[start : start + ROWS])
         out["eap"].append(eap)
         out["eap_ig"].append(ig)
-    return {k: np.concatenate(v) if v else np.zeros((0, graph.size)) for k, v in out.items()}
+    return {k: np.concatenate(v) if v else np.zeros((0, patching.graph.size)) for k, v in out.items()}
 
 
-def _batch(module, bank: Bank, donor: Bank, pairs: list[Pair], labels, graph: Graph):
+def _batch(patching, pairs: list[Pair]):
+    bank, donor = patching.bank, patching.donor
     rows, donors, at, at_cf = pair_tensors(pairs, "item", "donor", "at", "at_cf")
     T = int(bank.lengths[rows].max())
     where, index = aligned(torch.arange(T), at, at_cf, bank.lengths[rows], donor)
     device = bank.hidden[0].device
     where, index = where.to(device), index.to(device)
-    deltas = _differences(bank, donor, rows, donors, where, index, graph)
-    mlps = mlp_modules(module) if graph.mlps else []
-    summed, last = None, None
+    deltas = _differences(bank, donor, rows, donors, where, index, patching.graph)
+    summed = None
     for k in range(1, IG_STEPS + 1):
-        grads = _gradients(module, bank, rows, deltas[0], 1 - k / IG_STEPS, labels, mlps)
+        grads = _gradients(patching, rows, deltas[0], 1 - k / IG_STEPS)
         summed = grads if summed is None else [a + b for a, b in zip(summed, grads)]
-        last = grads
     dot = lambda gs: torch.cat([(d * g).flatten(2).sum(-1) for d, g in zip(deltas, gs)], 1)
-    eap = dot(last)
+    eap = dot(grads)  # the last step, k = m, is x itself
     ig = dot([g / IG_STEPS for g in summed])
     return eap.double().cpu().numpy(), ig.double().cpu().numpy()
 
@@ -84,18 +81,18 @@ def _differences(bank, donor, rows, donors, where, index, graph: Graph) -> list[
     return out
 
 
-def _gradients(
-    module, bank: Bank, rows, embedding_delta, fraction: float, labels, mlps
-) -> list[torch.Tensor]:
+def _gradients(patching, rows, embedding_delta, fraction: float) -> list[torch.Tensor]:
     """dy/do for every part group (as _differences) in the run of x whose embeddings are moved
     `fraction` of the way to x''s at the aligned positions."""
+    bank, module = patching.bank, patching.module
+    mlps = mlp_modules(module) if patching.graph.mlps else []
     hidden = bank.hidden[0][rows][:, : embedding_delta.shape[2]].float()
     hidden = (hidden + fraction * embedding_delta[:, 0]).to(bank.hidden[0].dtype)
     hidden.requires_grad_(True)
     grads = Gradients()
     with frozen_weights(module), torch.enable_grad():
         contexts = [editing(grads), mlp_outputs(mlps, grads.keep_mlp)]
-        rerun_y(module, bank, rows, 0, hidden, labels[rows], contexts).sum().backward()
+        rerun_y(module, bank, rows, 0, hidden, patching.labels[rows], contexts).sum().backward()
     L = len(bank.hidden)
     zero = lambda t: torch.zeros_like(t) if t.grad is None else t.grad  # a part y does not read
     out = [hidden.grad.float()[:, None]]

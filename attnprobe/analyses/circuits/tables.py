@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from ...store import atomic_write, write_parquet, write_table
-from ..paths_tables import effect_shares
-from .graph import EMBEDDING, part_scores
+from ..paths_tables import effect_shares, gradient_shares, wide_effects
+from .graph import EMBEDDING
 from .runs import ALONE, ATTRIBUTED, FAITHFULNESS, HELD_OUT, IN_SAMPLE, KNOCKED_OUT, LESS_C, LESS_M, RANDOM
 
 FAITHFUL, FAITHFUL_LOW, OVERSHOOT, LEFT = 0.8, 0.6, 1.2, 0.2
@@ -71,13 +71,6 @@ def smallest_met(rows: pd.DataFrame) -> str:
     return f"circuits against {reference!r}: no circuit short of all {parts} parts meets the target{plateau}"
 
 
-def _wide(rows: pd.DataFrame, key) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(items indexed by item_id with y, y_cf, covariate, unit, template_id; y_patched wide by key)."""
-    wide = rows.pivot_table(index="item_id", columns=key, values="y_patched", sort=False)
-    items = rows.drop_duplicates("item_id").set_index("item_id").loc[wide.index]
-    return items, wide
-
-
 def _shares(items: pd.DataFrame, effect: np.ndarray) -> dict:
     """Share of TE's covariate gradient each column of effect carries, TE = y(x) - y(x')."""
     flipped = items.rename(columns={"y": "y_cf", "y_cf": "y"})  # te = y_cf - y in effect_shares
@@ -91,10 +84,13 @@ def circuits_table(runs: pd.DataFrame) -> pd.DataFrame:
     out = []
     runs = runs.astype({"size": int})
     for reference, own in runs.groupby("reference", sort=False):
-        items, wide = _wide(own[own["measure"] != ALONE], ["family", "measure", "circuit", "size"])
+        key = ["family", "measure", "circuit", "size"]
+        items, effect, columns = wide_effects(own[own["measure"] != ALONE], key, "y_patched")
+        measured = ~np.isnan(effect).all(0)  # the pivot crosses every level of the key: keep runs made
+        effect, columns = effect[:, measured], [c for c, kept in zip(columns, measured) if kept]
         # y(run) - y(x'): a circuit's restored effect; for a knockout, what is left without C
-        share = _shares(items, wide.to_numpy() - items["y_cf"].to_numpy()[:, None])
-        at = {c: j for j, c in enumerate(wide.columns)}
+        share = _shares(items, effect + (items["y"] - items["y_cf"]).to_numpy()[:, None])
+        at = {c: j for j, c in enumerate(columns)}
         random = pd.DataFrame(
             [(c[3], share["ratio"][j]) for c, j in at.items() if c[2].startswith(RANDOM)],
             columns=["size", "f"],
@@ -118,7 +114,7 @@ def circuits_table(runs: pd.DataFrame) -> pd.DataFrame:
                 ("left_ci_high", "ci_high"),
             ):
                 row[column] = share[k][j] if n else np.nan  # size 0 knocks nothing out
-            row.update(_worst_subset(items, wide, at, family, n))
+            row.update(_worst_subset(items, effect, at, family, n))
             drawn = random.get_group(n) if n in random.groups else pd.Series(dtype=float)
             row["random_median"], row["random_low"], row["random_high"] = (
                 drawn.median(),
@@ -135,7 +131,7 @@ def circuits_table(runs: pd.DataFrame) -> pd.DataFrame:
     return _with_areas(pd.DataFrame(out))
 
 
-def _worst_subset(items: pd.DataFrame, wide: pd.DataFrame, at: dict, family: str, n: int) -> dict:
+def _worst_subset(items: pd.DataFrame, effect: np.ndarray, at: dict, family: str, n: int) -> dict:
     """Completeness over subsets K of the held-out circuit (runs._subsets; Wang et al. 2022): per K
     the share of the gradient C less K keeps minus the share the model less K keeps, with its
     interval; the K of largest |difference| (a complete circuit keeps as much as the model)."""
@@ -144,9 +140,8 @@ def _worst_subset(items: pd.DataFrame, wide: pd.DataFrame, at: dict, family: str
     out.update({f"worst_subset_difference_ci_{end}": np.nan for end in ("low", "high")})
     if not names:
         return out
-    values = wide.to_numpy()
-    difference = [
-        values[:, at[(family, LESS_C, k, n)]] - values[:, at[(family, LESS_M, k, n)]] for k in names
+    difference = [  # y(C less K) - y(model less K)
+        effect[:, at[(family, LESS_C, k, n)]] - effect[:, at[(family, LESS_M, k, n)]] for k in names
     ]
     share = _shares(items, np.column_stack(difference))
     j = int(np.nanargmax(np.abs(share["ratio"])))
@@ -180,19 +175,15 @@ def _with_areas(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def parts_table(attribution: pd.DataFrame) -> pd.DataFrame:
-    """Per comparison and part: its score (graph.part_scores: the slope of its attribution over the
-    covariate) by EAP and EAP-IG on every item, as a share of TE's covariate gradient, and its rank
-    by |EAP-IG| (the circuit of size n on every item: the embeddings and the parts ranked below n)."""
+    """Per comparison and part: its EAP and EAP-IG attribution's share of TE's covariate gradient on
+    every item (paths_tables.gradient_shares: the ratio of slopes, as graph.part_scores ranks them),
+    and its rank by |EAP-IG| (the circuit of size n on every item: the embeddings and the parts
+    ranked below n)."""
     out = []
     for reference, own in attribution.groupby("reference", sort=False):
-        items = own.drop_duplicates("item_id")
-        x = items["covariate"].to_numpy(dtype=float)
-        te = part_scores((items["y"] - items["y_cf"]).to_numpy()[:, None], x)[0]
         table = pd.DataFrame({"reference": reference, "part": own["part"].unique()})
         for method in ("eap", "eap_ig"):
-            wide = own.pivot_table(index="item_id", columns="part", values=method, sort=False)
-            wide = wide.loc[items["item_id"], table["part"]]
-            table[f"{method}_share"] = -part_scores(wide.to_numpy(), x) / te  # noising moves y by -TE
+            table[f"{method}_share"] = gradient_shares(own, method, "part").reindex(table["part"]).to_numpy()
         ranked = table["eap_ig_share"].abs().where(table["part"] != EMBEDDING)
         table["rank"] = ranked.rank(ascending=False, method="first").astype("Int64")
         out.append(table.sort_values("rank", na_position="first", kind="stable"))
@@ -207,11 +198,10 @@ def agreement_table(runs: pd.DataFrame, attribution: pd.DataFrame) -> pd.DataFra
     out = []
     parts = parts_table(attribution).set_index(["reference", "part"])
     for reference, own in runs[runs["measure"] == ALONE].groupby("reference", sort=False):
-        items, wide = _wide(own, "circuit")
-        removed = wide.to_numpy() - items["y"].to_numpy()[:, None]  # y(x, part from x') - y(x)
-        share = _shares(items, -removed)
+        items, effect, columns = wide_effects(own, "circuit", "y_patched")  # y(x, part from x') - y(x)
+        share = effect_shares(items, effect)["gradient"]
         table = pd.DataFrame(
-            {"reference": reference, "part": list(wide.columns), "exact_share": share["ratio"],
+            {"reference": reference, "part": columns, "exact_share": share["ratio"],
              "exact_ci_low": share["ci_low"], "exact_ci_high": share["ci_high"]}
         )  # fmt: skip
         for method in ("eap", "eap_ig"):
