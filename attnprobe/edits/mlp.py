@@ -55,13 +55,6 @@ def fitted_where(inputs) -> tuple[tuple[str, str], ...]:
     return tuple((mode, at) for mode, at in FITTED if slot or at == "last")
 
 
-def output_module(layer) -> torch.nn.Module:
-    """The module whose output a decoder layer's MLP adds to the stream (model.anatomy.mlp_added: the
-    post-MLP norm where the layer has one, Gemma 2 and 3, since a linear eraser before a norm that
-    scales each dimension would not erase after it; else the MLP)."""
-    return mlp_added(layer)
-
-
 def _replacing(edit):
     """A forward hook putting `edit.erase(out)` in place of a module's output (an MoE block's extra
     outputs, e.g. router logits, pass through)."""
@@ -115,8 +108,9 @@ class MlpEdit(StreamEdit):
         return cls(stream.layer, *stream.params, mode=record["mode"], at=record.get("fitted_at", "last"))
 
     def hook(self, layer):
-        """Register the edit on decoder layer `layer`: a hook replacing its MLP's output."""
-        return output_module(layer).register_forward_hook(_replacing(self))
+        """Register the edit on decoder layer `layer`: a hook replacing what its MLP adds to the stream
+        (model.anatomy.mlp_added: after Gemma's post-MLP norm, where a linear eraser still erases)."""
+        return mlp_added(layer).register_forward_hook(_replacing(self))
 
     @classmethod
     def fitted(
@@ -152,7 +146,7 @@ def mlp_outputs(module, bank: Bank, at: torch.Tensor | None = None) -> torch.Ten
     layers = decoder_layers(module)
     caught: dict[int, torch.Tensor] = {}
     hooks = [
-        output_module(layer).register_forward_hook(
+        mlp_added(layer).register_forward_hook(
             lambda _, args, out, n=n: caught.__setitem__(n, out[0] if isinstance(out, tuple) else out)
         )
         for n, layer in enumerate(layers)

@@ -126,12 +126,11 @@ def test_the_mlp_site_is_what_the_layer_adds_to_the_stream(family):
     zero, and zeroing it changes what the layer passes on."""
     from conftest import build_tiny
 
-    from attnprobe.edits.mlp import output_module
-    from attnprobe.model.anatomy import decoder_layers
+    from attnprobe.model.anatomy import decoder_layers, mlp_added
 
     model = build_tiny(family)
     layer = decoder_layers(model)[0]
-    site = output_module(layer)
+    site = mlp_added(layer)
     assert site is (layer.post_feedforward_layernorm if family == "gemma3" else layer.mlp)
     ids = torch.tensor([[5, 9, 13, 2, 7]])
     caught = []
