@@ -87,20 +87,21 @@ class Run(RunFiles):
         """Per edit kind and k (`attnprobe edit` / `Run.edit`): the stereotype gradient before and
         after, against random heads of the same layers, definitional control and KL cost (None
         before any edit sweep)."""
-        path = self.directory / "edits.parquet"
-        if not path.is_file():
-            return None
-        return self._read("edits.parquet", lambda: pd.read_parquet(path), "attnprobe edit")
+        return self._edit_table("edits", "attnprobe edit")
 
     @property
     def circuits(self) -> pd.DataFrame | None:
         """Per comparison and circuit size (`attnprobe edit --circuits`): faithfulness held out and
         in-sample with intervals, what is left after knocking the circuit out, random circuits (None
-        before a circuit search). The parts' ranking: `run.circuit_parts`."""
-        path = self.directory / "circuits.parquet"
+        before a circuit search). The parts' ranking is circuit_parts.csv beside it."""
+        return self._edit_table("circuits", "attnprobe edit --circuits")
+
+    def _edit_table(self, name: str, command: str) -> pd.DataFrame | None:
+        """The table NAME.parquet `command` writes into the run (None before it has)."""
+        path = self.directory / f"{name}.parquet"
         if not path.is_file():
             return None
-        return self._read("circuits.parquet", lambda: pd.read_parquet(path), "attnprobe edit --circuits")
+        return self._read(f"{name}.parquet", lambda: pd.read_parquet(path), command)
 
     def edit(self, options=None, model=None, also=(), **settings) -> pd.DataFrame:
         """Run the head-edit sweep on this run (`attnprobe edit`): EditOptions or its fields by name;
