@@ -15,8 +15,9 @@ The sweep (`measure_stream`) fits and measures it at every layer, as the head ki
 the bias on each quarter's items with the eraser fitted on its training quarters, the control
 prompts and the texts with the one fitted on every item. Its raw rows are kind "stream", k = the
 layer; edits_stream.csv holds one row per layer (the statistics of stats.edits.edit_tables) and a
-"chosen" row (`chosen_layers`): for each quarter, the layer chosen on the other quarters' items,
-so no item tests a layer chosen on its own outcome.
+"chosen" row (stats.keeping.layers): each item's values from the layer chosen on the other quarters'
+items, each control prompt's and text's from the layer whose gate was judged on the other half of
+the words and texts, so no value tests a layer chosen on it.
 """
 
 from __future__ import annotations
@@ -190,8 +191,8 @@ def measure_layers(model, inputs, fit, site, name: str, what: str, log=lambda m:
     training quarters), texts (the all-items edit) and control prompts (the all-items edit whose
     keep constraint was fitted on the other half of the control's words; a prompt no fit used: the
     one fitted on half 0); and the covariate read on held-out items from `site(layer)` (N, E: the
-    edited vector at each item's last token) before and after its quarter's edit
-    (sweep.erased)."""
+    edited vector at each item's last token) before and after its quarter's edit (sweep.erased;
+    `site` None: not read)."""
     from .sweep.erased import layer_readout_rows  # the sweep's module (it imports this one)
 
     module = model.model
@@ -211,7 +212,7 @@ def measure_layers(model, inputs, fit, site, name: str, what: str, log=lambda m:
             raw_rows("bias", [(layer, -1, i) for i in range(n)], y=y),
             raw_rows("control", [(layer, -1, i) for i in range(m)], y=y_control),
             raw_rows("text", [(layer, -1, i) for i in range(len(kl))], kl=kl, loss=loss),
-            *layer_readout_rows(site(layer), quarters, inputs, layer),
+            *(layer_readout_rows(site(layer), quarters, inputs, layer) if site else []),
         ]
         log(f"edit: {what} {layer} of {model.info.n_layers}")
     out = pd.concat(frames, ignore_index=True)

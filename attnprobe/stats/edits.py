@@ -40,7 +40,7 @@ PER = 10
 QUARTER_ANALYSIS = Analysis(clusters=("unit", TEMPLATE), covariate="covariate", unit="unit")
 
 
-def _slope(x: np.ndarray, y: np.ndarray) -> float:
+def slope(x: np.ndarray, y: np.ndarray) -> float:
     xc = x - x.mean()
     return float((xc * (y - y.mean())).sum() / (xc**2).sum()) if (xc**2).sum() > 0 else np.nan
 
@@ -240,7 +240,7 @@ def quarter_table(raw: pd.DataFrame) -> pd.DataFrame:
 def share_removed(x, before, after, index, sampled) -> float:
     """1 - slope after / slope before on the sampled items."""
     on = np.isin(index, sampled)
-    return 1 - _slope(x[on], after[on]) / _slope(x[on], before[on])
+    return 1 - slope(x[on], after[on]) / slope(x[on], before[on])
 
 
 def _readout(raw, kind, k, base: _Unedited, n_boot: int = 1000) -> dict:
@@ -298,63 +298,3 @@ def _costs(raw, kind, k, draw, loss0: pd.Series, user: pd.Series) -> dict:
 
 STREAM, STREAM_CHOSEN = "stream", "stream-chosen"  # edits.stream's raw kind and its chosen rows
 MLP = "mlp-"  # edits.mlp's raw kinds: mlp-MODE
-GAP_KEPT, KL_MAX = 0.8, 0.001  # what a chosen stream layer must keep (the goal the README reports)
-
-
-def stream_table(raw: pd.DataFrame, kind: str = STREAM) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(edits_stream: one row per layer the stream was erased at, then the "chosen" row; the chosen
-    raw rows, kind STREAM_CHOSEN). The chosen row's bias values are, for each quarter's items, those
-    of the layer chosen on the other quarters' items (chosen_layers); its control and texts those of
-    the layer chosen on every item. Any other per-layer edit (`kind`: an MLP edit's mlp-MODE) alike,
-    its chosen rows of kind KIND-chosen."""
-    none = raw[raw["kind"] == "none"]
-    layers = raw[raw["kind"] == kind]
-    if layers.empty:
-        return pd.DataFrame(), layers
-    summary, _ = edit_tables(pd.concat([none, layers], ignore_index=True))
-    chosen = chosen_layers(raw, summary, kind)
-    bias = layers["target"] == "bias"
-    picked = np.where(bias, layers["quarter"].map(chosen), chosen["all"])
-    rows = layers[layers["k"].to_numpy() == picked].copy()
-    quarters = " | ".join(f"q{f}: layer {chosen[f]}" for f in range(4) if f in chosen)
-    rows = rows.assign(kind=f"{kind}-chosen", k=chosen["all"], heads=quarters)
-    best, _ = edit_tables(pd.concat([none, rows], ignore_index=True))
-    table = pd.concat([summary.assign(chosen=False), best.assign(chosen=True)], ignore_index=True)
-    table = table.rename(columns={"k": "layer"}).drop(columns=["heads_all"])
-    drawn = ("random", "n_random", "n_sampled", "gradient_removed_s", "note")  # no random sets here
-    keep = [c for c in table.columns if not c.startswith(drawn)]
-    return table[keep], rows
-
-
-def mlp_tables(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(edits_mlp: per MLP mode (raw kind mlp-MODE, edits.mlp) its rows per layer and its chosen row;
-    the chosen raw rows), both empty without MLP edits."""
-    modes = [kind for kind in raw["kind"].unique() if str(kind).startswith(MLP)]
-    tables = [stream_table(raw, kind) for kind in modes]
-    if not tables:
-        return pd.DataFrame(), raw.iloc[:0]
-    return pd.concat([t for t, _ in tables], ignore_index=True), pd.concat([c for _, c in tables])
-
-
-def chosen_layers(raw: pd.DataFrame, per_layer: pd.DataFrame, kind: str = STREAM) -> dict:
-    """quarter -> layer, and "all" -> layer: among the layers whose all-items eraser keeps at least
-    GAP_KEPT of the definitional gap with KL's upper bound at most KL_MAX, the one removing the
-    largest share of the gradient on the items outside the quarter ("all": on every item); where no
-    layer qualifies, the one with the largest specificity there (share removed - |1 - gap kept|)."""
-    items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index").sort_index()
-    after = raw[(raw["target"] == "bias") & (raw["kind"] == kind)]
-    after = after.pivot(index="index", columns="k", values="y").reindex(items.index)
-    x, before = items["covariate"].to_numpy(dtype=float), items["y"].to_numpy()
-    layers = per_layer.set_index("k")
-    ok = (layers["definitional_gap_kept"] >= GAP_KEPT) & (layers["kl_ci_high"] <= KL_MAX)  # KL's upper bound
-    out = {}
-    for f in [*sorted(items["quarter"].unique()), "all"]:
-        on = items["quarter"].to_numpy() != f if f != "all" else np.ones(len(items), bool)
-        removed = pd.Series(
-            {k: 1 - _slope(x[on], after[k].to_numpy()[on]) / _slope(x[on], before[on]) for k in after.columns}
-        )
-        score = (
-            removed[ok[removed.index]] if ok.any() else removed - (1 - layers["definitional_gap_kept"]).abs()
-        )
-        out[f if f == "all" else int(f)] = int(score.idxmax())
-    return out

@@ -470,21 +470,35 @@ def test_edit_options_repeated_or_out_of_range_are_one_error(settings, message):
         EditOptions(**settings)
 
 
-def test_the_placebo_and_the_readout_after_the_edit(tiny_llama_dir, tmp_path):
-    """--placebo N: leace (fitted on the covariate) refitted on N permutations of it across units at the
-    same heads, zero (not fitted on it) left out; p recomputes from the raw rows, its floor is
-    1 / (1 + N), and the edits table carries it; a permuted covariate keeps each unit one value."""
+def test_the_placebo_and_the_readout_after_the_edit(tiny_llama_dir, tmp_path, monkeypatch):
+    """--placebo N: leace (fitted on the covariate) refitted on N permutations of it across units, each
+    choosing its heads and layers again, zero (not fitted on it) left out; p recomputes from the raw
+    rows, its floor is 1 / (1 + N), and the edits table carries it; a permuted covariate keeps each
+    unit one value."""
+    from attnprobe.edits.stream import StreamEdit
     from attnprobe.edits.sweep.permuted import permuted
 
+    fits = []  # the layer of every stream eraser fitted
+    fit = StreamEdit.fit.__func__
+    monkeypatch.setattr(StreamEdit, "fit", classmethod(lambda cls, *a: fits.append(a[1]) or fit(cls, *a)))
     suite, out = edit_suite(tmp_path), tmp_path / "run"
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
     assert CliRunner().invoke(main, args).exit_code == 0
     sweep = ["edit", str(out), "--kinds", "zero,leace", "--k", "1", "--draws", "0", "--alone", "0"]
     result = CliRunner().invoke(main, [*sweep, "--texts", "2", "--placebo", "9", "--stream", "--mlp"])
     assert result.exit_code == 0, result.output
+    # the stream's layer chosen again by every refit: each layer fitted for the 4 quarters, every item
+    # and the other half's words, by the real sweep and by each of the 9 permutations (the saved
+    # edits add their chosen layers' fits)
+    assert all(fits.count(layer) >= 6 * (1 + 9) for layer in (0, 1)), sorted(fits)
+    raw = pd.read_parquet(out / "edits_items.parquet")
+    again = raw[raw.kind == "placebo-stream-chosen"].groupby("draw")["heads"].first()
+    assert len(again) == 9 and again.str.contains("q0: layer").all()  # the layers each refit chose
+    heads = raw[raw.kind == "placebo-leace"].groupby("draw")["heads"].first()
+    assert len(heads) == 9 and heads.str.match(r"L\dH\d( \| L\dH\d){3}$").all()  # and its heads
     placebo = pd.read_csv(out / "edits_placebo.csv")
     stream = pd.read_csv(out / "edits_stream.csv")
-    chosen = stream[stream["chosen"]].iloc[0]  # the stream's placebo: at the layers the sweep chose
+    chosen = stream[stream["chosen"]].iloc[0]  # the stream's placebo
     row = placebo.set_index("kind").loc["stream-chosen"]
     assert np.isclose(chosen.placebo_p, row.placebo_p) and np.isclose(
         chosen.gradient_removed, row.gradient_removed
@@ -499,7 +513,6 @@ def test_the_placebo_and_the_readout_after_the_edit(tiny_llama_dir, tmp_path):
     placebo = placebo[~placebo["kind"].str.endswith("-chosen")]
     assert list(placebo["kind"]) == ["leace"] and list(placebo["n_placebo"]) == [9]
     assert np.allclose(placebo["placebo_p_floor"], 0.1) and placebo["placebo_p"].between(0.1, 1).all()
-    raw = pd.read_parquet(out / "edits_items.parquet")
     items = raw[(raw.target == "bias") & (raw.kind == "none")].set_index("index").sort_index()
     x, y0 = items["covariate"].to_numpy(), items["y"].to_numpy()
     removed = lambda rows: (

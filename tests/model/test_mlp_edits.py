@@ -16,7 +16,8 @@ import attnprobe
 from attnprobe.edits import edited, load_edit
 from attnprobe.edits.mlp import MLP_KINDS, MODES, MlpEdit, fitted_where, mlp_outputs
 from attnprobe.intervene.engine import record
-from attnprobe.stats.edits import MLP, stream_table
+from attnprobe.stats.edits import MLP
+from attnprobe.stats.keeping.layers import stream_table
 
 LAYER = 1
 

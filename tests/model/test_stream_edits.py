@@ -23,7 +23,8 @@ from attnprobe.edits.stream import StreamEdit, last_states, stream_behaviour
 from attnprobe.errors import AttnprobeError, RunError
 from attnprobe.intervene.engine import record
 from attnprobe.model import from_pretrained_objects
-from attnprobe.stats.edits import STREAM, chosen_layers, stream_table
+from attnprobe.stats.edits import STREAM
+from attnprobe.stats.keeping.layers import chosen_layers, stream_table
 
 LAYER = 1
 
@@ -124,20 +125,29 @@ def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_item
     assert len(written) == raw.loc[raw.kind == STREAM, "k"].nunique() + 1 and written["chosen"].sum() == 1
     for column in ("gradient_removed", "definitional_gap_kept", "kl", "specificity"):
         assert np.allclose(table[column], written[column], rtol=1e-9, atol=1e-12), column
-    per_layer = table[~table["chosen"]].rename(columns={"layer": "k"})
-    chosen = chosen_layers(raw, per_layer)
+    chosen = chosen_layers(raw)
     bias = (raw.kind == STREAM) & (raw.target == "bias")
     # quarter 0's own values at every layer replaced: its choice stays
     mine = raw.copy()
     own = bias & (mine.quarter == 0)
     mine.loc[own, "y"] = np.random.default_rng(1).normal(size=own.sum()) * 5
-    assert chosen_layers(mine, per_layer)[0] == chosen[0]
-    # the other quarters' values at another layer flattened (all of the gradient gone there): it moves
-    other_layer = next(k for k in sorted(raw.loc[bias, "k"].unique()) if k != chosen[0])
-    flat = raw.copy()
-    theirs = bias & (flat.quarter != 0) & (flat.k == other_layer)
-    flat.loc[theirs, "y"] = 0.0
-    assert chosen_layers(flat, per_layer.assign(definitional_gap_kept=1.0, kl_ci_high=0.0))[0] == other_layer
+    assert chosen_layers(mine)[0] == chosen[0]
+    # every layer passing the gate (the gap kept whole, no KL), the other quarters' values at another
+    # layer flattened (all of the gradient gone there): quarter 0's choice moves to it
+    passing = _gate_passed(raw)
+    other_layer = next(k for k in sorted(raw.loc[bias, "k"].unique()) if k != chosen_layers(passing)[0])
+    flat = passing.copy()
+    flat.loc[bias & (flat.quarter != 0) & (flat.k == other_layer), "y"] = 0.0
+    assert chosen_layers(flat)[0] == other_layer
+    # the control prompts and texts of half 0 take the layer whose gate was judged on half 1 alone:
+    # the gap broken at that layer on half 1's words moves it, on half 0's words it does not
+    best = chosen_layers(passing)["all"]
+    for h in (0, 1):
+        broken = passing.copy()
+        at = (broken.kind == STREAM) & (broken.k == best) & (broken.target == "control") & (broken.half == h)
+        broken.loc[at, "y"] = 0.0  # no gap left there
+        got = chosen_layers(broken)
+        assert got[f"half{1 - h}"] != best and got[f"half{h}"] == best and got["all"] != best
     # the report shows the table, the chosen row with its quarters' layers
     assert CliRunner().invoke(main, ["report", str(out)]).exit_code == 0
     html = (out / "report.html").read_text()
@@ -195,3 +205,14 @@ def _items(out):
 
 def _reference(item):
     return next(cf for cf in item.counterfactuals if cf.word == "person")
+
+
+def _gate_passed(raw: pd.DataFrame) -> pd.DataFrame:
+    """The sweep's raw rows with every stream layer keeping the definitional gap whole and costing no
+    KL: each layer passes the gate on any half of the words and texts."""
+    out = raw.copy()
+    control0 = out[(out.kind == "none") & (out.target == "control")].set_index("index")["y"]
+    layer_control = (out.kind == STREAM) & (out.target == "control")
+    out.loc[layer_control, "y"] = out.loc[layer_control, "index"].map(control0).to_numpy()
+    out.loc[(out.kind == STREAM) & (out.target == "text"), "kl"] = 0.0
+    return out

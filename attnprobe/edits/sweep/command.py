@@ -26,18 +26,9 @@ from ...run.files.layout import same_weights
 from ...run.files.reader import RunFiles
 from ...run.options import RunOptions
 from ...run.phases import Phase, run_phase
-from ...stats.edits import (
-    MLP,
-    STREAM,
-    STREAM_CHOSEN,
-    chosen_layers,
-    edit_tables,
-    head_table,
-    mlp_tables,
-    quarter_table,
-    stream_table,
-)
+from ...stats.edits import MLP, STREAM, STREAM_CHOSEN, edit_tables, head_table, quarter_table
 from ...stats.keeping.goal import goal_table
+from ...stats.keeping.layers import chosen_layers, mlp_tables, stream_table
 from ...stats.placebo import PLACEBO_PREFIX, placebo_table
 from ...store import atomic_write, read_chunks, write_parquet, write_table
 from ..inputs import check_text, record_inputs
@@ -47,10 +38,11 @@ from ..stream import StreamEdit, measure_stream
 from .fitted import save_chosen, save_layers
 from .measure import SINGLE, GradientScores, clean_values, found_sets, measure_kind, measure_single
 from .options import EditOptions, listed_heads, settings_hash
-from .permuted import measure_placebo, measure_stream_placebo, placebo_kinds
+from .permuted import measure_layer_placebo, measure_placebo, placebo_kinds
 from .transfer import ALSO_K, transfer, transfer_suites
 
 LAYER_PARTS = "readout"  # the stream's and the MLPs' parts hold the readout after the edit
+PLACEBO_CHOICES = "repeated"  # each placebo refit chooses its heads and layers again (since round 6)
 TOP_HEADS = "top 5 heads by gradient score"  # the circuit hypothesis the edits' heads make
 
 
@@ -206,7 +198,7 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     )
     frames = [inputs.describe(clean_values(model, inputs))]
     with deferred_interrupt(log):  # one Ctrl-C stops the sequence after the part in progress
-        frames += _head_parts(part, key, model, options, inputs, sets, scores["all"], H, log)
+        frames += _head_parts(part, key, model, options, inputs, (sets, scores["all"], quarter_scores), log)
         frames += _layer_parts(part, key, model, options, inputs, frames[0], log)
         if options.trace:
             traced = part("trace", lambda: measure_tracing(model, inputs, word, log), described=False)
@@ -242,9 +234,12 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     return summary
 
 
-def _head_parts(part, key: str, model, options, inputs, sets, scores, H: int, log) -> list[pd.DataFrame]:
+def _head_parts(part, key: str, model, options, inputs, ranked: tuple, log) -> list[pd.DataFrame]:
     """The head edits' parts: each kind, the top heads alone, the covariate-fitted kinds' placebo
-    (the last two with a plan key of their own: adding them keeps the kinds measured)."""
+    (the last two with a plan key of their own: adding them keeps the kinds measured). `ranked`: the
+    found sets, every item's head scores, the quarters' scores of any covariate (the placebo's)."""
+    sets, scores, rescore = ranked
+    H = len(scores) // model.info.n_layers
     subkey = lambda *more: hashlib.sha256(" ".join(map(str, (key, *more))).encode()).hexdigest()[:16]
     frames = [
         part(kind, lambda k=kind: _kind_values(model, k, options, inputs, sets, H, log))
@@ -253,8 +248,9 @@ def _head_parts(part, key: str, model, options, inputs, sets, scores, H: int, lo
     single = lambda: measure_single(model, inputs, scores, H, options.alone, log)
     frames.append(part(SINGLE, single, subkey(options.alone)))
     if options.placebo and (refit := placebo_kinds(options.kinds)):
-        placebo = lambda: measure_placebo(model, refit, options, inputs, sets, H, log)
-        frames.append(part("placebo", placebo, subkey(refit, options.placebo)))
+        rescore = None if options.heads else rescore  # heads the user listed are not chosen again
+        placebo = lambda: measure_placebo(model, refit, options, inputs, sets, H, rescore, log)
+        frames.append(part("placebo", placebo, subkey(refit, options.placebo, PLACEBO_CHOICES)))
     return frames
 
 
@@ -278,16 +274,15 @@ def _layer_parts(part, key: str, model, options, inputs, clean: pd.DataFrame, lo
 
 
 def _layer_placebo(part, key: str, model, options, inputs, frames: list, name: str, fit, log) -> list:
-    """A per-layer edit's placebo (the stream's, an MLP mode's: `name`, fitted by `fit`) at the layers
-    the sweep chose (none without --placebo); frames[-1] is that edit's part."""
+    """A per-layer edit's placebo (the stream's, an MLP mode's: `name`, fitted by `fit`), its layers
+    chosen again on every permutation (none without --placebo); frames[0] holds the clean values,
+    frames[-1] that edit's part."""
     if not options.placebo:
         return []
-    measured = pd.concat([frames[0], frames[-1]], ignore_index=True)  # the clean values and the edit's
-    per_layer, _ = edit_tables(measured)
-    chosen = chosen_layers(measured, per_layer, name)
-    plan = hashlib.sha256(f"{key} {name} {sorted(chosen.items(), key=str)} {options.placebo}".encode())
-    placebo = lambda: measure_stream_placebo(model, inputs, chosen, options, log, fit, name)
-    return [part(f"placebo-{name}", placebo, plan.hexdigest()[:16])]
+    chosen = chosen_layers(pd.concat([frames[0], frames[-1]], ignore_index=True), name)
+    plan = f"{key} {name} {sorted(chosen.items(), key=str)} {options.placebo} {PLACEBO_CHOICES}"
+    placebo = lambda: measure_layer_placebo(model, inputs, frames[0], chosen["all"], options, fit, name, log)
+    return [part(f"placebo-{name}", placebo, hashlib.sha256(plan.encode()).hexdigest()[:16])]
 
 
 def _gradient_scores(run, items, inputs, word: str, L: int, H: int) -> tuple[dict, object]:

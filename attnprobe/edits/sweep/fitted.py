@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from ...run.files.fresh import own_directory
-from ...stats.edits import STREAM, chosen_layers
+from ...stats.edits import STREAM
+from ...stats.keeping.layers import chosen_layers
 from ...version import __version__
 from ..kinds import KINDS
 from ..mlp import FITTED, POSITIONS, Recorded, kind_of
@@ -57,9 +58,9 @@ def save_stream(directory, manifest, model, weights, inputs, options, table, raw
     """Write the chosen stream erasers: edits/stream (the layer chosen on every item, fitted on every
     item) and edits/quarters/stream-qF (quarter F's layer chosen on the other quarters' items,
     fitted on its training quarters: the edit the chosen row's values of quarter F come from). The
-    layers are chosen as the table's chosen row was (stats.edits.chosen_layers)."""
+    layers are chosen as the table's chosen row was (stats.keeping.layers.chosen_layers)."""
     source = _source(directory, manifest, options, source)
-    return _save_layers(directory, model, weights, inputs, table, raw, source, STREAM, StreamEdit.fit)
+    return _save_layers(directory, model, weights, inputs, raw, source, STREAM, StreamEdit.fit)
 
 
 def save_mlp(directory, manifest, model, weights, inputs, options, table, raw, source) -> int:
@@ -69,18 +70,15 @@ def save_mlp(directory, manifest, model, weights, inputs, options, table, raw, s
     recorded = {at: Recorded(model.model, inputs, at) for at in POSITIONS}
     for mode, at in FITTED:
         kind = kind_of(mode, at)
-        rows = table[table["kind"].isin([kind, f"{kind}-chosen"])]
-        if len(rows):
-            n += _save_layers(
-                directory, model, weights, inputs, rows, raw, source, kind, recorded[at].fit(mode)
-            )
+        if table["kind"].isin([kind, f"{kind}-chosen"]).any():
+            n += _save_layers(directory, model, weights, inputs, raw, source, kind, recorded[at].fit(mode))
     return n
 
 
-def _save_layers(directory, model, weights, inputs, table, raw, source, name: str, fit) -> int:
+def _save_layers(directory, model, weights, inputs, raw, source, name: str, fit) -> int:
     """A per-layer edit's chosen edits (`fit(inputs, layer, folds)`), saved as NAME and
     quarters/NAME-qF."""
-    chosen = chosen_layers(raw, table[~table["chosen"]].rename(columns={"layer": "k"}), name)
+    chosen = chosen_layers(raw, name)
     about = {"fitted_on": "all items", "layer_chosen_on": "all items"}
     save_edit(
         fit(inputs, int(chosen["all"]), np.arange(4)),
@@ -89,7 +87,7 @@ def _save_layers(directory, model, weights, inputs, table, raw, source, name: st
         {**source, **about},
         weights,
     )
-    for f in (int(f) for f in chosen if f != "all"):
+    for f in (f for f in range(4) if f in chosen):
         training = [int(g) for g in inputs.training(f)]
         about = {
             "quarter": f,
@@ -101,7 +99,7 @@ def _save_layers(directory, model, weights, inputs, table, raw, source, name: st
         save_edit(
             edit, directory / "edits" / "quarters" / f"{name}-q{f}", model, {**source, **about}, weights
         )
-    return len(chosen)  # the all-items edit and one per quarter
+    return 1 + sum(f in chosen for f in range(4))  # the all-items edit and one per quarter
 
 
 def save_chosen(

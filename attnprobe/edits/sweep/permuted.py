@@ -1,8 +1,15 @@
-"""The placebo of each edit kind fitted on the covariate (`edit --placebo N`): is it the covariate the
-edit erases that removes the gradient, or would any unit-level variable do? The kind is refitted, per
-quarter on its training quarters and at the same heads (the found sets), with the covariate permuted
-across units (each unit keeps one value, another unit's), N times; each refit edit is measured on
-its quarter's items like the real one; the stream's eraser likewise at the layers the sweep chose.
+"""The placebo of each edit fitted on the covariate (`edit --placebo N`): is it the covariate the edit
+erases that removes the gradient, or would any unit-level variable do, chosen as the real edit was?
+The covariate is permuted across units (each unit keeps one value, another unit's), N times, and
+every choice the sweep makes from the data is made again on each permutation:
+
+- a head kind: per quarter, the top k heads by the permuted covariate's gradient scores on its
+  training quarters (unless the user listed the heads), the kind refitted there on them;
+- a per-layer edit (the stream's eraser, an MLP mode): refitted at every layer and its layers chosen
+  as the real edit's are (stats.keeping.layers: the gate on the refit's own control prompts and
+  texts, the score on the real gradient).
+
+Each refit is measured on the items like the real edit; the rows name the heads or layers chosen.
 stats.placebo.placebo_table compares the real gradient removed with the permuted ones (p = (1 +
 #placebo >= real) / (1 + N), its floor 1 / (1 + N)).
 """
@@ -15,11 +22,12 @@ import numpy as np
 import pandas as pd
 
 from ...heads import HeadSet
-from ...stats.edits import STREAM
+from ...intervene.selection import chosen_heads
+from ...stats.keeping.layers import stream_table
 from ...stats.placebo import PLACEBO_PREFIX as PREFIX  # the raw rows' kind: placebo-KIND
 from ..kinds import KINDS
 from ..passes import raw_rows
-from ..stream import StreamEdit, per_row, stream_behaviour
+from ..stream import measure_layers
 from .measure import behaviour_values
 
 
@@ -44,49 +52,55 @@ def _progress(log, line: str, d: int, n: int) -> None:
 
 
 def measure_placebo(
-    model, kinds, options, inputs, sets: dict, n_heads: int, log=lambda m: None
+    model, kinds, options, inputs, sets: dict, n_heads: int, rescore=None, log=lambda m: None
 ) -> pd.DataFrame:
     """Raw bias values (target bias, k, draw d, index, y; kind placebo-KIND) of every item, its quarter's
-    found heads edited by the kind refitted on permutation d of the covariate."""
+    heads edited by the kind refitted on permutation d of the covariate. `rescore(covariate)` (item id
+    -> value) gives the quarters' head scores of a covariate: with it each permutation chooses its own
+    heads, as the sweep chose `sets` (k -> fold -> heads); without it (heads the user listed) the
+    heads are `sets`'."""
     L, units = model.info.n_layers, [i.unit for i in inputs.items]
+    ids = [i.item_id for i in inputs.items]
     rng = np.random.default_rng(options.seed + 1)
     frames = []
     for d in range(options.placebo):
         fake = replace(inputs, covariate=permuted(inputs.covariate, units, rng))
+        scores = rescore(dict(zip(ids, fake.covariate))) if rescore else None
+        chosen = {
+            k: {f: chosen_heads(scores[f], k, n_heads) if scores else per_fold[f] for f in range(4)}
+            for k, per_fold in sets.items()
+        }
         for kind in kinds:
             edits = tuple(KINDS[kind].fit(fake, inputs.training(f), options) for f in range(4))
             base, masks, keys = [], [], []
-            for k, per_fold in sets.items():
+            for k, per_fold in chosen.items():
                 for index in range(len(inputs.items)):
                     base.append(index), keys.append((k, d, index))
                     masks.append(HeadSet(per_fold[inputs.fold[index]]).mask(L, n_heads))
             y = behaviour_values(model, inputs.bank, edits, base, masks, inputs.labels, inputs.fold[base])
-            frames.append(raw_rows("bias", keys, y=y).assign(kind=PREFIX + kind))
+            rows = raw_rows("bias", keys, y=y).assign(kind=PREFIX + kind)
+            named = {
+                k: " | ".join(str(HeadSet(per_fold[f])) for f in range(4)) for k, per_fold in chosen.items()
+            }
+            frames.append(rows.assign(heads=rows["k"].map(named)))
         _progress(log, "edit: placebo, {done} of {n} permutations of the covariate", d, options.placebo)
-    out = pd.concat(frames, ignore_index=True)
-    return out.assign(heads="", heads_all="")
+    return pd.concat(frames, ignore_index=True).assign(heads_all="")
 
 
-def measure_stream_placebo(
-    model, inputs, chosen: dict, options, log=lambda m: None, fit=StreamEdit.fit, name: str = STREAM
+def measure_layer_placebo(
+    model, inputs, clean: pd.DataFrame, k: int, options, fit, name: str, log
 ) -> pd.DataFrame:
-    """The stream's placebo: raw bias rows (kind placebo-stream-chosen, k the layer chosen on every
-    item, draw d) of each quarter's items with the stream erased at the layer chosen for the quarter
-    (`chosen`: quarter -> layer, stats.edits.chosen_layers) by the eraser refitted on its training
-    quarters with permutation d of the covariate. Any per-layer edit `name` alike (`fit(inputs,
-    layer, folds)`: an MLP mode's, edits.mlp), its rows of kind placebo-NAME-chosen."""
+    """A per-layer edit's placebo, its layer choice repeated: per permutation d of the covariate the
+    edit `name` (`fit(inputs, layer, folds)`) refitted at every layer (stream.measure_layers) and its
+    chosen rows taken as the real edit's are (stats.keeping.layers.stream_table, beside the unedited
+    rows `clean`); returns their bias rows (kind placebo-NAME-chosen, k the real chosen layer `k`,
+    draw d, heads: the layers permutation d chose)."""
     units, rng = [i.unit for i in inputs.items], np.random.default_rng(options.seed + 1)
-    quarters = [f for f in range(4) if f in chosen]
     frames = []
     for d in range(options.placebo):
         fake = replace(inputs, covariate=permuted(inputs.covariate, units, rng))
-        y = np.full(len(inputs.items), np.nan)
-        for layer in sorted({chosen[f] for f in quarters}):  # per layer, the quarters that chose it
-            fitted = [fit(fake, layer, inputs.training(f)) for f in range(4)]
-            mine = np.flatnonzero(np.isin(inputs.fold, [f for f in quarters if chosen[f] == layer]))
-            edit = per_row(fitted, inputs.fold)
-            y[mine] = stream_behaviour(model.model, inputs.bank, edit, inputs.labels, mine)[mine]
-        keys = [(chosen["all"], d, i) for i in np.flatnonzero(np.isfinite(y))]
-        frames.append(raw_rows("bias", keys, y=y[np.isfinite(y)]))
+        layers = inputs.describe(measure_layers(model, fake, fit, None, name, name))
+        _, rows = stream_table(pd.concat([clean, layers], ignore_index=True), name)
+        frames.append(rows[rows["target"] == "bias"].assign(kind=f"{PREFIX}{name}-chosen", k=k, draw=d))
         _progress(log, f"edit: {name}'s placebo, {{done}} of {{n}} permutations", d, options.placebo)
-    return pd.concat(frames, ignore_index=True).assign(kind=f"{PREFIX}{name}-chosen", heads="", heads_all="")
+    return pd.concat(frames, ignore_index=True)

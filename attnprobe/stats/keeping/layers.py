@@ -1,0 +1,124 @@
+"""The layer a per-layer edit (the stream's eraser, an MLP mode) is judged at, chosen so that no value
+of its "chosen" row comes from a layer chosen on that value: the gate is what the edit keeps (the
+definitional gap, the generated texts' KL), the score the share of the gradient it removes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..edits import MLP, STREAM, edit_tables, slope
+from ..inference import cluster_mean_test
+from .definitional import control_columns
+
+GAP_KEPT, KL_MAX = 0.8, 0.001  # what a chosen stream layer must keep (the goal the README reports)
+PER_ITEM = ("bias", "readout_before", "readout_after")  # a layer edit's rows of one item each
+
+
+def stream_table(raw: pd.DataFrame, kind: str = STREAM) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(edits_stream: one row per layer the stream was erased at, then the "chosen" row; the chosen
+    raw rows, kind STREAM_CHOSEN). No value of the chosen row comes from a layer chosen on it
+    (chosen_layers): an item's values are those of the layer chosen on the other quarters' items, a
+    control prompt's and a generated text's those of the layer whose gate was judged on the other
+    half of the words and texts. Any other per-layer edit (`kind`: an MLP edit's mlp-MODE) alike,
+    its chosen rows of kind KIND-chosen."""
+    none = raw[raw["kind"] == "none"]
+    layers = raw[raw["kind"] == kind]
+    if layers.empty:
+        return pd.DataFrame(), layers
+    summary, _ = edit_tables(pd.concat([none, layers], ignore_index=True))
+    chosen = chosen_layers(raw, kind)
+    rows = layers[layers["k"].to_numpy() == _picked(raw, layers, chosen)].copy()
+    quarters = " | ".join(f"q{f}: layer {chosen[f]}" for f in range(4) if f in chosen)
+    halves = f"words and texts of half 0: layer {chosen['half0']}, of half 1: layer {chosen['half1']}"
+    rows = rows.assign(kind=f"{kind}-chosen", k=chosen["all"], heads=f"{quarters} | {halves}")
+    best, _ = edit_tables(pd.concat([none, rows], ignore_index=True))
+    table = pd.concat([summary.assign(chosen=False), best.assign(chosen=True)], ignore_index=True)
+    table = table.rename(columns={"k": "layer"}).drop(columns=["heads_all"])
+    drawn = ("random", "n_random", "n_sampled", "gradient_removed_s", "note")  # no random sets here
+    keep = [c for c in table.columns if not c.startswith(drawn)]
+    return table[keep], rows
+
+
+def _picked(raw: pd.DataFrame, layers: pd.DataFrame, chosen: dict) -> np.ndarray:
+    """Per row of `layers`, the layer whose value it gives to the chosen row: an item's (bias,
+    readout) its quarter's; a control prompt's of word half h and the h-th half of the generated
+    texts (alternately) that of half h ("halfH"); the rest (prompts no fit used, the user's text)
+    the layer chosen on everything ("all")."""
+    items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index")["quarter"]
+    target, index = layers["target"].to_numpy(), layers["index"].to_numpy()
+    picked = np.full(len(layers), chosen["all"])
+    per_item = np.isin(target, PER_ITEM)
+    picked[per_item] = items.reindex(index[per_item]).map(chosen).to_numpy()
+    half = layers["half"].to_numpy() if "half" in layers else np.full(len(layers), -1)
+    for h in (0, 1):
+        picked[(target == "control") & (half == h)] = chosen[f"half{h}"]
+        picked[(target == "text") & np.isin(index, _generated(raw)[h::2])] = chosen[f"half{h}"]
+    return picked
+
+
+def _generated(raw: pd.DataFrame) -> np.ndarray:
+    """The indexes of the generated texts (not the user's), in order."""
+    texts = raw[(raw["target"] == "text") & (raw["kind"] == "none")]
+    user = texts["user_text"].astype(bool) if "user_text" in texts else pd.Series(False, texts.index)
+    return np.sort(texts.loc[~user, "index"].to_numpy())
+
+
+def mlp_tables(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(edits_mlp: per MLP mode (raw kind mlp-MODE, edits.mlp) its rows per layer and its chosen row;
+    the chosen raw rows), both empty without MLP edits."""
+    modes = [kind for kind in raw["kind"].unique() if str(kind).startswith(MLP)]
+    tables = [stream_table(raw, kind) for kind in modes]
+    if not tables:
+        return pd.DataFrame(), raw.iloc[:0]
+    return pd.concat([t for t, _ in tables], ignore_index=True), pd.concat([c for _, c in tables])
+
+
+def chosen_layers(raw: pd.DataFrame, kind: str = STREAM) -> dict:
+    """quarter -> layer, "all" -> layer, "half0" and "half1" -> layer: among the layers whose gate
+    passes (the all-items edit keeps at least GAP_KEPT of the definitional gap with KL's upper bound
+    at most KL_MAX), the one removing the largest share of the gradient; where no layer passes, the
+    one with the largest share removed - |1 - gap kept|. The share is taken on the items outside the
+    quarter (for a quarter) or on every item; the gate on every control prompt and text, but for
+    "halfH" (the layer of the prompts of word half H and of half H of the texts) on the other half's."""
+    items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index").sort_index()
+    after = raw[(raw["target"] == "bias") & (raw["kind"] == kind)]
+    after = after.pivot(index="index", columns="k", values="y").reindex(items.index)
+    x, before = items["covariate"].to_numpy(dtype=float), items["y"].to_numpy()
+
+    def best(on: np.ndarray, gate: tuple[pd.Series, pd.Series]) -> int:
+        removed = pd.Series(
+            {k: 1 - slope(x[on], after[k].to_numpy()[on]) / slope(x[on], before[on]) for k in after.columns}
+        )
+        passes, kept = gate[0].reindex(removed.index, fill_value=False), gate[1].reindex(removed.index)
+        score = removed[passes] if passes.any() else removed - (1 - kept).abs()
+        return int((score if score.notna().any() else removed).idxmax())
+
+    every, quarter = _gate(raw, kind), items["quarter"].to_numpy()
+    out = {int(f): best(quarter != f, every) for f in sorted(np.unique(quarter))}
+    out["all"] = best(np.ones(len(items), bool), every)
+    for h in (0, 1):
+        out[f"half{h}"] = best(np.ones(len(items), bool), _gate(raw, kind, 1 - h))
+    return out
+
+
+def _gate(raw: pd.DataFrame, kind: str, half: int | None = None) -> tuple[pd.Series, pd.Series]:
+    """Per layer of `kind`: (whether its all-items edit passes the gate, the definitional gap it
+    keeps), judged on the control prompts of word half `half` and on that half of the generated
+    texts (alternately; None: on every one)."""
+    control0 = raw[(raw["target"] == "control") & (raw["kind"] == "none")].set_index("index").sort_index()
+    texts = _generated(raw)
+    if half is not None:
+        control0, texts = control0[control0["half"] == half], texts[half::2]
+    passes, kept = {}, {}
+    for k, rows in raw[(raw["kind"] == kind) & (raw["draw"] == -1)].groupby("k"):
+        control = rows[rows["target"] == "control"].set_index("index")["y"].reindex(control0.index)
+        kept[k] = control_columns(control, control0).get("definitional_gap_kept", np.nan)
+        kl = rows[rows["target"] == "text"].set_index("index")["kl"].reindex(texts).to_numpy()
+        high = (
+            cluster_mean_test(kl, np.ones(len(kl)), [np.arange(len(kl))])["ci_high"][0]
+            if len(kl) > 1
+            else np.nan
+        )
+        passes[k] = bool(kept[k] >= GAP_KEPT and high <= KL_MAX)
+    return pd.Series(passes, dtype=bool), pd.Series(kept, dtype=float)
