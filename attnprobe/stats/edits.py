@@ -251,15 +251,20 @@ def _readout(raw, kind, k, base: _Unedited, n_boot: int = 1000) -> dict:
     for when in ("before", "after"):
         rows = raw[(raw["target"] == f"readout_{when}") & (raw["kind"] == kind) & (raw["k"] == k)]
         if len(rows):
-            read = rows.set_index("index")["y"]
-            x, units = (base.items[c].reindex(read.index).to_numpy() for c in ("covariate", "unit"))
-            groups = [np.flatnonzero(units == u) for u in np.unique(units)]
-            picks = [
-                np.concatenate([groups[g] for g in rng.integers(len(groups), size=len(groups))])
-                for _ in range(n_boot)
-            ]
-            draws = [_r2(x[on].astype(float), read.to_numpy()[on]) for on in picks]
-            out[f"readout_r2_{when}"] = _r2(x.astype(float), read.to_numpy())
+            read = rows.set_index("index")["y"].to_numpy()
+            x, units = (base.items[c].reindex(rows["index"]).to_numpy() for c in ("covariate", "unit"))
+            x = x.astype(float)
+            unit = np.unique(units, return_inverse=True)[1]
+            # per unit: items, sums of x and x^2, squared reading errors; a resample is counts of units
+            per_unit = np.stack(
+                [np.bincount(unit, v) for v in (np.ones(len(x)), x, x**2, (x - read) ** 2)], 1
+            )
+            U = per_unit.shape[0]
+            picked = rng.integers(U, size=(n_boot, U)) + U * np.arange(n_boot)[:, None]
+            counts = np.bincount(picked.ravel(), minlength=n_boot * U).reshape(n_boot, U)
+            n, sx, sxx, residual = (counts @ per_unit).T
+            draws = 1 - residual / (sxx - sx**2 / n)
+            out[f"readout_r2_{when}"] = _r2(x, read)
             out[f"readout_r2_{when}_ci_low"], out[f"readout_r2_{when}_ci_high"] = np.quantile(
                 draws, [0.025, 0.975]
             )

@@ -64,7 +64,7 @@ class GradientScores:
         """The scores on `items` (item ids; None: every item), each item's covariate from `covariate`."""
         keep = np.ones(len(self.items), bool) if items is None else self.items.isin(items)
         values, te = self.values[keep], self.te[keep]
-        x = self.items[keep].map(covariate).to_numpy(dtype=float)
+        x = np.array([covariate[i] for i in self.items[keep]], dtype=float)
         xc = x - x.mean()
         if not len(x) or (xc**2).sum() == 0:
             return np.full(values.shape[1], np.nan)

@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..edits import MLP, STREAM, edit_tables, slope
 from ..inference import cluster_mean_test
-from .definitional import control_columns
+from .definitional import TEMPLATES
 
 GAP_KEPT, KL_MAX = 0.8, 0.001  # what a chosen stream layer must keep (the goal the README reports)
 PER_ITEM = ("bias", "readout_before", "readout_after")  # a layer edit's rows of one item each
@@ -107,18 +107,22 @@ def _gate(raw: pd.DataFrame, kind: str, half: int | None = None) -> tuple[pd.Ser
     keeps), judged on the control prompts of word half `half` and on that half of the generated
     texts (alternately; None: on every one)."""
     control0 = raw[(raw["target"] == "control") & (raw["kind"] == "none")].set_index("index").sort_index()
+    # the prompts whose gap control_columns reports as definitional_gap_kept: those of word halves
+    # 0 and 1 outside the items' templates (its ratio of sums, here without the interval)
+    in_templates = control0["set"].fillna("").astype(str).str.endswith(TEMPLATES)
+    control0 = control0[(control0["half"] != 2) & ~in_templates]
     texts = _generated(raw)
     if half is not None:
         control0, texts = control0[control0["half"] == half], texts[half::2]
+    y0 = control0["sign"].to_numpy(dtype=float) * control0["y"].to_numpy()
     passes, kept = {}, {}
     for k, rows in raw[(raw["kind"] == kind) & (raw["draw"] == -1)].groupby("k"):
-        control = rows[rows["target"] == "control"].set_index("index")["y"].reindex(control0.index)
-        kept[k] = control_columns(control, control0).get("definitional_gap_kept", np.nan)
+        after = rows[rows["target"] == "control"].set_index("index")["y"].reindex(control0.index)
+        y1 = control0["sign"].to_numpy(dtype=float) * after.to_numpy()
+        both = np.isfinite(y1) & np.isfinite(y0)
+        kept[k] = y1[both].sum() / y0[both].sum() if both.any() else np.nan
         kl = rows[rows["target"] == "text"].set_index("index")["kl"].reindex(texts).to_numpy()
-        high = (
-            cluster_mean_test(kl, np.ones(len(kl)), [np.arange(len(kl))])["ci_high"][0]
-            if len(kl) > 1
-            else np.nan
-        )
+        one_each = [np.arange(len(kl))]  # each text its own cluster
+        high = cluster_mean_test(kl, np.ones(len(kl)), one_each)["ci_high"][0] if len(kl) > 1 else np.nan
         passes[k] = bool(kept[k] >= GAP_KEPT and high <= KL_MAX)
     return pd.Series(passes, dtype=bool), pd.Series(kept, dtype=float)
