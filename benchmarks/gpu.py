@@ -330,8 +330,8 @@ def shape_row(name: str, folder: Path, device: str, dtype: str, limit: int, work
 def commands(device: str, tokenizer, work: Path, tiny: bool = False) -> list[dict]:
     """(d) Each command on the device, as a user types it, on a tiny checkpoint saved with the tokenizer:
     exit code and seconds (the tables' values are (a)'s business). `tiny` (a check on any machine):
-    24 prompts and 8 cost texts in place of 240 and the default 64, each command in this process, the
-    edited run without its report."""
+    24 prompts, 8 cost texts and 1 placebo refit in place of 240, the default 64 and 2, each command
+    in this process, the edited run without its report."""
 
     model = work / "tiny-checkpoint"
     tiny_model("llama", len(tokenizer)).save_pretrained(model)
@@ -354,7 +354,7 @@ def commands(device: str, tokenizer, work: Path, tiny: bool = False) -> list[dic
             "--alone",
             "1",
             "--placebo",
-            "2",
+            "1" if tiny else "2",  # each refit measures the stream at every layer again
             "--paths",
             "--stream",
             "--trace",

@@ -272,7 +272,10 @@ class TemplatePrompts:
 
 def template_prompts(tokenizer, items, control) -> TemplatePrompts:
     """Every distinct phrase of `control` in one item of each template `items` use (in the order of
-    the items); a template whose item has no "the <slot>" or bare slot word to replace is skipped."""
+    the items); a template whose item has no "the <slot>" or bare slot word to replace is skipped,
+    and so is a prompt word for word one of the control's own (a template cut where the control's
+    frame ends: "The king said that"), so no template prompt is one a keep constraint was fitted on."""
+    own = {prompt.strip() for prompt in control.prompts}
     first: dict[str, int] = {}
     for row, phrase in enumerate(control.phrases):
         first.setdefault(phrase, row)
@@ -284,7 +287,7 @@ def template_prompts(tokenizer, items, control) -> TemplatePrompts:
         text = tokenizer.decode(items[i].x, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         for phrase, row in first.items():
             made = put_phrase(text, items[i].original, phrase)
-            if made is not None:
+            if made is not None and made.strip() not in own:
                 ids.append(torch.tensor(tokenizer(made)["input_ids"]))
                 item_of.append(i)
                 row_of.append(row)

@@ -2,6 +2,7 @@
 outputs; `attnprobe edit` end to end on a tiny model; bad input in one line."""
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -297,7 +298,8 @@ def test_edit_command_end_to_end_and_its_statistics(tiny_llama_dir, tmp_path):
     assert set(control0.loc[nouns, "half"]) == {0, 1} == set(control0.loc[in_templates, "half"])
     assert set(control0.loc[~nouns & ~in_templates, "half"]) == {2}
     assert set(control0["set"]) == {"nouns", "frame", "names", "nouns_templates", "names_templates"}
-    assert set(control0.loc[in_templates, "template_id"]) == {"said", "told"}
+    # "said" cut at its pronoun is the control's own frame ("The king said that"): never a template prompt
+    assert set(control0.loc[in_templates, "template_id"]) == {"told"}
     for pair, rows in control0[nouns].groupby("pair"):  # a word pair's prompts share a half
         assert rows["half"].nunique() == 1, pair
     gap = lambda rows: (sign[rows] * y1[rows]).mean() / (sign[rows] * y0[rows]).mean()
@@ -485,17 +487,17 @@ def test_the_placebo_and_the_readout_after_the_edit(tiny_llama_dir, tmp_path, mo
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(out), "--no-report"]
     assert CliRunner().invoke(main, args).exit_code == 0
     sweep = ["edit", str(out), "--kinds", "zero,leace", "--k", "1", "--draws", "0", "--alone", "0"]
-    result = CliRunner().invoke(main, [*sweep, "--texts", "2", "--placebo", "9", "--stream", "--mlp"])
+    result = CliRunner().invoke(main, [*sweep, "--texts", "2", "--placebo", "4", "--stream", "--mlp"])
     assert result.exit_code == 0, result.output
     # the stream's layer chosen again by every refit: each layer fitted for the 4 quarters, every item
-    # and the other half's words, by the real sweep and by each of the 9 permutations (the saved
+    # and the other half's words, by the real sweep and by each of the 4 permutations (the saved
     # edits add their chosen layers' fits)
-    assert all(fits.count(layer) >= 6 * (1 + 9) for layer in (0, 1)), sorted(fits)
+    assert all(fits.count(layer) >= 6 * (1 + 4) for layer in (0, 1)), sorted(fits)
     raw = pd.read_parquet(out / "edits_items.parquet")
     again = raw[raw.kind == "placebo-stream-chosen"].groupby("draw")["heads"].first()
-    assert len(again) == 9 and again.str.contains("q0: layer").all()  # the layers each refit chose
+    assert len(again) == 4 and again.str.contains("q0: layer").all()  # the layers each refit chose
     heads = raw[raw.kind == "placebo-leace"].groupby("draw")["heads"].first()
-    assert len(heads) == 9 and heads.str.match(r"L\dH\d( \| L\dH\d){3}$").all()  # and its heads
+    assert len(heads) == 4 and heads.str.match(r"L\dH\d( \| L\dH\d){3}$").all()  # and its heads
     placebo = pd.read_csv(out / "edits_placebo.csv")
     stream = pd.read_csv(out / "edits_stream.csv")
     chosen = stream[stream["chosen"]].iloc[0]  # the stream's placebo
@@ -508,11 +510,11 @@ def test_the_placebo_and_the_readout_after_the_edit(tiny_llama_dir, tmp_path, mo
     mlp = pd.read_csv(out / "edits_mlp.csv").set_index("kind")
     for mode in ("project", "leace"):
         row = placebo.set_index("kind").loc[f"mlp-{mode}-chosen"]
-        assert np.isclose(mlp.loc[f"mlp-{mode}-chosen", "placebo_p"], row.placebo_p) and row.n_placebo == 9
+        assert np.isclose(mlp.loc[f"mlp-{mode}-chosen", "placebo_p"], row.placebo_p) and row.n_placebo == 4
     assert mlp.loc[["mlp-zero-chosen", "mlp-mean-chosen"], "placebo_p"].isna().all()
     placebo = placebo[~placebo["kind"].str.endswith("-chosen")]
-    assert list(placebo["kind"]) == ["leace"] and list(placebo["n_placebo"]) == [9]
-    assert np.allclose(placebo["placebo_p_floor"], 0.1) and placebo["placebo_p"].between(0.1, 1).all()
+    assert list(placebo["kind"]) == ["leace"] and list(placebo["n_placebo"]) == [4]
+    assert np.allclose(placebo["placebo_p_floor"], 0.2) and placebo["placebo_p"].between(0.2, 1).all()
     items = raw[(raw.target == "bias") & (raw.kind == "none")].set_index("index").sort_index()
     x, y0 = items["covariate"].to_numpy(), items["y"].to_numpy()
     removed = lambda rows: (
@@ -521,8 +523,8 @@ def test_the_placebo_and_the_readout_after_the_edit(tiny_llama_dir, tmp_path, mo
     fake = raw[(raw.target == "bias") & (raw.kind == "placebo-leace")]
     null = np.array([removed(rows) for _, rows in fake.groupby("draw")])
     real = removed(raw[(raw.target == "bias") & (raw.kind == "leace") & (raw.draw == -1)])
-    assert len(null) == 9 and np.isclose(placebo["gradient_removed"].iloc[0], real)
-    assert np.isclose(placebo["placebo_p"].iloc[0], (1 + (null >= real).sum()) / 10)
+    assert len(null) == 4 and np.isclose(placebo["gradient_removed"].iloc[0], real)
+    assert np.isclose(placebo["placebo_p"].iloc[0], (1 + (null >= real).sum()) / 5)
     edits = pd.read_csv(out / "edits.csv").set_index("kind")
     assert np.isclose(edits.loc["leace", "placebo_p"], placebo["placebo_p"].iloc[0])
     assert np.isnan(edits.loc["zero", "placebo_p"])
@@ -538,3 +540,21 @@ def test_the_placebo_and_the_readout_after_the_edit(tiny_llama_dir, tmp_path, mo
     shuffled = permuted(np.array([1.0, 1.0, 2.0, 3.0, 3.0, 3.0]), units, np.random.default_rng(0))
     assert shuffled[0] == shuffled[1] and shuffled[3] == shuffled[4] == shuffled[5]
     assert sorted(set(shuffled)) == [1.0, 2.0, 3.0]
+
+
+def test_no_template_prompt_is_word_for_word_a_control_prompt(smollm_tokenizer):
+    """A template cut where the control's frame ends ("The nurse said that" -> "The king said that")
+    would judge a phrase on a prompt a keep constraint was fitted on: it is left out, the others kept."""
+    from attnprobe.edits.inputs import template_prompts
+
+    cut = lambda text, template: SimpleNamespace(
+        x=np.array(smollm_tokenizer(text)["input_ids"]), original="nurse", template_id=template
+    )
+    items = [cut("The nurse said that", "said"), cut("Yesterday the nurse told us that", "told")]
+    control = SimpleNamespace(
+        prompts=("The king said that", "The queen said that"), phrases=("the king", "the queen")
+    )
+    made = template_prompts(smollm_tokenizer, items, control)
+    texts = [smollm_tokenizer.decode(ids) for ids in made.ids]
+    assert texts == ["Yesterday the king told us that", "Yesterday the queen told us that"]
+    assert list(made.item) == [1, 1] and list(made.row) == [0, 1]

@@ -16,7 +16,7 @@ from attnprobe.run.files.inventory import is_declared, run_writes
 
 EVERY_OPTION = [
     *("--kinds", "zero,leace", "--k", "1", "--draws", "2", "--texts", "2", "--alone", "1"),
-    *("--placebo", "2", "--stream", "--mlp", "--trace", "--paths", "--circuits", "--also-k", "1"),
+    *("--placebo", "1", "--stream", "--mlp", "--trace", "--paths", "--circuits", "--also-k", "1"),
 ]
 
 
