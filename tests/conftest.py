@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import fcntl
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -195,6 +196,30 @@ def smollm():
 def smollm_tokenizer():
     """The bundled model's tokenizer alone (no weights are loaded)."""
     return attnprobe.model.load_tokenizer("smollm2-135m")[0]
+
+
+FORKS = multiprocessing.get_context("forkserver")  # one server per test process, attnprobe imported once
+FORKS.set_forkserver_preload(["attnprobe.cli"])
+
+
+def run_cli_logged(args: list[str], log: str) -> None:
+    """In a forked process: `attnprobe ARGS` from the CLI's first line, as `python -m attnprobe` runs
+    it, its stdout and stderr written to the file `log`."""
+    from attnprobe.cli import main
+
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    main(args, prog_name="attnprobe")
+
+
+def forked_cli(args, log) -> multiprocessing.Process:
+    """`attnprobe ARGS` in a process of its own, started (forked from a server that imported attnprobe
+    once: without the interpreter's 5-6 s of imports a process; signals reach it as they would a
+    terminal's). Its exit code is `exitcode` once joined; what it printed, the file `log`."""
+    process = FORKS.Process(target=run_cli_logged, args=([str(a) for a in args], str(log)))
+    process.start()
+    return process
 
 
 def made_once(tmp_path_factory, name: str, make) -> Path:

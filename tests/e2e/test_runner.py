@@ -2,8 +2,6 @@
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -12,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import forked_cli
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import attnprobe
@@ -197,16 +196,6 @@ def test_candidate_that_tokenises_to_nothing(tmp_path):
         )
 
 
-def _cli(*args, cwd):
-    return subprocess.Popen(
-        [sys.executable, "-m", "attnprobe", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def test_sigkill_then_resume_gives_identical_outputs(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     args = [
@@ -226,20 +215,21 @@ def test_sigkill_then_resume_gives_identical_outputs(tmp_path):
     reference = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "whole")])  # uninterrupted: here
     assert reference.exit_code == 0, reference.output
 
-    killed = _cli(*args, "--out", str(tmp_path / "killed"), cwd=tmp_path)
+    killed = forked_cli([*args, "--out", tmp_path / "killed"], tmp_path / "killed.log")
     chunks = tmp_path / "killed" / "chunks"
     deadline = time.time() + 300
-    while len(list(chunks.glob("*.done"))) < 4 and time.time() < deadline and killed.poll() is None:
+    while len(list(chunks.glob("*.done"))) < 4 and time.time() < deadline and killed.is_alive():
         time.sleep(0.05)
-    assert killed.poll() is None, "the run finished before it could be killed; make it longer"
+    assert killed.is_alive(), "the run finished before it could be killed; make it longer"
     os.kill(killed.pid, signal.SIGKILL)
-    killed.wait()
+    killed.join()
     done_before = len(list(chunks.glob("*.done")))
     assert 4 <= done_before < 10 and not (tmp_path / "killed" / "attention.parquet").exists()
 
-    resumed = _cli(*args, "--out", str(tmp_path / "killed"), cwd=tmp_path)
-    _, stderr = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, stderr
+    resumed = forked_cli([*args, "--out", tmp_path / "killed"], tmp_path / "resumed.log")
+    resumed.join(timeout=600)
+    stderr = (tmp_path / "resumed.log").read_text()
+    assert resumed.exitcode == 0, stderr
     assert f"resuming {tmp_path / 'killed'}: {done_before} of 10 chunks already complete" in stderr
     for name in ("prompts.csv", "logprobs.csv"):
         assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "killed" / name).read_bytes()

@@ -3,11 +3,8 @@ points, and the rerun gives tables identical to an uninterrupted sweep. Process-
 (about 20 s together): they run in the full lane (`make test`), not in the fast one.
 
 The interrupted commands are processes of their own, forked from a server that imported attnprobe
-once (multiprocessing's forkserver): each runs the CLI's `main` from its first line, as `python -m
-attnprobe` does, without paying the interpreter's 5-6 s of imports again; signals reach it as they
-would a terminal's. The reruns that finish a sweep run in this process (CliRunner)."""
+once (conftest.forked_cli). The reruns that finish a sweep run in this process (CliRunner)."""
 
-import multiprocessing
 import os
 import random
 import re
@@ -17,28 +14,15 @@ import time
 import pytest
 from click.testing import CliRunner
 from conftest import EDIT_SWEEP_NO_PATHS as SWEEP
-from conftest import same_edit_tables, unswept_copy
+from conftest import forked_cli, same_edit_tables, unswept_copy
 
 from attnprobe.cli import main
 
 pytestmark = pytest.mark.thorough
 
-SERVER = multiprocessing.get_context("forkserver")
-SERVER.set_forkserver_preload(["attnprobe.cli"])
-
-
-def _cli(args: list[str], log: str) -> None:
-    """In the forked process: `attnprobe ARGS`, its stdout and stderr written to `log`."""
-    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    main(args, prog_name="attnprobe")
-
 
 def _edit_process(run, log):
-    process = SERVER.Process(target=_cli, args=(["edit", str(run), *SWEEP], str(log)))
-    process.start()
-    return process
+    return forked_cli(["edit", str(run), *SWEEP], log)
 
 
 def _wait_for_parts(run, n, process, timeout=300):

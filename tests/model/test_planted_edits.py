@@ -108,7 +108,17 @@ def test_the_placebo_of_a_null_covariate_gives_p_at_most_005_in_at_most_5_of_50_
                     kind="none", covariate=fake.covariate
                 ),
                 raw_rows("bias", [(1, -1, i) for i in range(n)], y=real).assign(kind="leace"),
-                measure_placebo(wrapped, ["leace"], SimpleNamespace(seed=seed, placebo=19), fake, sets, 4),
+                measure_placebo(
+                    SimpleNamespace(
+                        model=wrapped,
+                        options=SimpleNamespace(seed=seed, placebo=19),
+                        inputs=fake,
+                        n_heads=4,
+                        log=lambda m: None,
+                    ),
+                    ["leace"],
+                    sets,
+                ),
             ],
             ignore_index=True,
         )

@@ -56,6 +56,19 @@ def test_the_joint_terms_find_a_planted_half_removed_and_a_kept_factual_term():
     assert amplified["nouns_specificity_ci_high"] < out["nouns_specificity_ci_low"]
 
 
+def test_specificity_is_unbounded_where_a_ratio_is():
+    """No stereotype gradient before the edit (its term cannot be told from 0): the share removed has
+    no bounded Fieller interval, and specificity, a difference built on it, gets none either (round
+    5's delta method gave it a finite one)."""
+    jobs, words = _frames(2)
+    jobs["y0"] = jobs["y0"] - 0.03 * jobs["covariate"]  # no gradient to remove
+    out = edit_terms(jobs, words, "nouns")
+    removed = (out["nouns_stereotype_removed_ci_low"], out["nouns_stereotype_removed_ci_high"])
+    assert not np.isfinite(removed).all()
+    assert out["nouns_specificity_ci_low"] == -np.inf and out["nouns_specificity_ci_high"] == np.inf
+    assert np.isfinite(out["nouns_specificity"])
+
+
 def test_the_goal_names_each_condition_an_edit_misses():
     from attnprobe.stats.keeping.goal import failures, goal_table
 

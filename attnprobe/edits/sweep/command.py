@@ -37,7 +37,7 @@ from ..mlp import COVARIATE_MODES, MLP_KINDS, POSITIONS, Recorded, fitted_where,
 from ..stream import StreamEdit, measure_stream
 from .fitted import save_chosen, save_layers
 from .measure import SINGLE, GradientScores, clean_values, found_sets, measure_kind, measure_single
-from .options import EditOptions, listed_heads, settings_hash
+from .options import EditOptions, Sweep, listed_heads, settings_hash
 from .permuted import measure_layer_placebo, measure_placebo, placebo_kinds
 from .transfer import ALSO_K, transfer, transfer_suites
 
@@ -193,13 +193,14 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     scores, quarter_scores = _gradient_scores(run, items, inputs, word, L, H)
     sets = found_sets(inputs, scores, options.ks, listed, H)
     key = settings_hash(m.fingerprint, options, weights, str(inputs.control.ids.tolist()))
+    sweep = Sweep(directory, m, model, weights, inputs, options, log)
     part = lambda name, measure, plan=key, described=True: _part(
         directory, RunOptions(out=directory, log=log), name, plan, measure, inputs, described
     )
     frames = [inputs.describe(clean_values(model, inputs))]
     with deferred_interrupt(log):  # one Ctrl-C stops the sequence after the part in progress
-        frames += _head_parts(part, key, model, options, inputs, (sets, scores["all"], quarter_scores), log)
-        frames += _layer_parts(part, key, model, options, inputs, frames[0], log)
+        frames += _head_parts(part, key, sweep, (sets, scores["all"], quarter_scores))
+        frames += _layer_parts(part, key, sweep, frames[0])
         if options.trace:
             traced = part("trace", lambda: measure_tracing(model, inputs, word, log), described=False)
         if options.paths:
@@ -221,9 +222,8 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     if options.circuits:
         for line in write_circuits(directory, circuits):
             log(line)
-    saved = save_chosen(directory, m, model, weights, inputs, sets, options, source={"reference": word})
-    saved += save_layers(
-        directory, m, model, weights, inputs, options, (stream, mlp), raw, {"reference": word}
+    saved = save_chosen(sweep, sets, {"reference": word}) + save_layers(
+        sweep, (stream, mlp), raw, {"reference": word}
     )
     for note in dict.fromkeys(n for n in summary.get("note", []) if n):
         log(f"note: {note}")
@@ -234,12 +234,12 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     return summary
 
 
-def _head_parts(part, key: str, model, options, inputs, ranked: tuple, log) -> list[pd.DataFrame]:
+def _head_parts(part, key: str, sweep: Sweep, ranked: tuple) -> list[pd.DataFrame]:
     """The head edits' parts: each kind, the top heads alone, the covariate-fitted kinds' placebo
     (the last two with a plan key of their own: adding them keeps the kinds measured). `ranked`: the
     found sets, every item's head scores, the quarters' scores of any covariate (the placebo's)."""
     sets, scores, rescore = ranked
-    H = len(scores) // model.info.n_layers
+    model, options, inputs, H, log = sweep.model, sweep.options, sweep.inputs, sweep.n_heads, sweep.log
     subkey = lambda *more: hashlib.sha256(" ".join(map(str, (key, *more))).encode()).hexdigest()[:16]
     frames = [
         part(kind, lambda k=kind: _kind_values(model, k, options, inputs, sets, H, log))
@@ -249,39 +249,40 @@ def _head_parts(part, key: str, model, options, inputs, ranked: tuple, log) -> l
     frames.append(part(SINGLE, single, subkey(options.alone)))
     if options.placebo and (refit := placebo_kinds(options.kinds)):
         rescore = None if options.heads else rescore  # heads the user listed are not chosen again
-        placebo = lambda: measure_placebo(model, refit, options, inputs, sets, H, rescore, log)
+        placebo = lambda: measure_placebo(sweep, refit, sets, rescore)
         frames.append(part("placebo", placebo, subkey(refit, options.placebo, PLACEBO_CHOICES)))
     return frames
 
 
-def _layer_parts(part, key: str, model, options, inputs, clean: pd.DataFrame, log) -> list[pd.DataFrame]:
+def _layer_parts(part, key: str, sweep: Sweep, clean: pd.DataFrame) -> list[pd.DataFrame]:
     """The per-layer edits' parts: the stream's (--stream) and each MLP mode's (--mlp), each with its
     placebo where it is fitted on the covariate (--placebo)."""
+    model, inputs, log = sweep.model, sweep.inputs, sweep.log
     frames = [clean]
-    if options.stream:
+    if sweep.options.stream:
         frames.append(part(STREAM, lambda: measure_stream(model, inputs, log), f"{key}:{LAYER_PARTS}"))
-        frames += _layer_placebo(part, key, model, options, inputs, frames, STREAM, StreamEdit.fit, log)
-    if options.mlp:
+        frames += _layer_placebo(part, key, sweep, frames, STREAM, StreamEdit.fit)
+    if sweep.options.mlp:
         recorded = {at: Recorded(model.model, inputs, at) for at in POSITIONS}  # on first use
         for mode, at in fitted_where(inputs):
             name = kind_of(mode, at)
             measure = lambda m=mode, r=recorded[at]: measure_mlp(model, r, m, log)
             frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
             if mode in COVARIATE_MODES:
-                fit = recorded[at].fit(mode)
-                frames += _layer_placebo(part, key, model, options, inputs, frames, name, fit, log)
+                frames += _layer_placebo(part, key, sweep, frames, name, recorded[at].fit(mode))
     return frames[1:]
 
 
-def _layer_placebo(part, key: str, model, options, inputs, frames: list, name: str, fit, log) -> list:
+def _layer_placebo(part, key: str, sweep: Sweep, frames: list, name: str, fit) -> list:
     """A per-layer edit's placebo (the stream's, an MLP mode's: `name`, fitted by `fit`), its layers
     chosen again on every permutation (none without --placebo); frames[0] holds the clean values,
     frames[-1] that edit's part."""
-    if not options.placebo:
+    if not sweep.options.placebo:
         return []
     chosen = chosen_layers(pd.concat([frames[0], frames[-1]], ignore_index=True), name)
-    plan = f"{key} {name} {sorted(chosen.items(), key=str)} {options.placebo} {PLACEBO_CHOICES}"
-    placebo = lambda: measure_layer_placebo(model, inputs, frames[0], chosen["all"], options, fit, name, log)
+    plan = f"{key} {name} {sorted(chosen.items(), key=str)} {sweep.options.placebo} {PLACEBO_CHOICES}"
+    clean = frames[0]
+    placebo = lambda: measure_layer_placebo(sweep, clean, chosen["all"], fit, name)
     return [part(f"placebo-{name}", placebo, hashlib.sha256(plan.encode()).hexdigest()[:16])]
 
 

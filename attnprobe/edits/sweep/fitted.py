@@ -7,7 +7,6 @@ it never saw."""
 from __future__ import annotations
 
 from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 
@@ -19,18 +18,19 @@ from ..kinds import KINDS
 from ..mlp import FITTED, POSITIONS, Recorded, kind_of
 from ..saved import save_edit
 from ..stream import StreamEdit
-from .options import EditOptions
+from .options import Sweep
 
 
-def _source(directory: Path, manifest, options: EditOptions, source: dict) -> dict:
+def _source(sweep: Sweep, source: dict) -> dict:
     """Where a saved edit comes from: the run, its suite, the sweep's options, this attnprobe."""
-    own_directory(own_directory(directory / "edits") / "quarters")  # no planted link written through
+    own_directory(own_directory(sweep.directory / "edits") / "quarters")  # no planted link written through
+    manifest = sweep.manifest
     return {
-        "run": str(directory.resolve()),
+        "run": str(sweep.directory.resolve()),
         "run_fingerprint": manifest.fingerprint,
         "suite": manifest.suite.path,
         "suite_sha256": manifest.suite.sha256,
-        "options": asdict(options),
+        "options": asdict(sweep.options),
         "attnprobe": __version__,
         **source,
     }
@@ -41,52 +41,36 @@ def _held_out(inputs, f: int) -> list:
     return [i.item_id for i, g in zip(inputs.items, inputs.fold) if g == f]
 
 
-def save_layers(directory, manifest, model, weights, inputs, options, tables, raw, source) -> int:
-    """The chosen per-layer edits of `tables` (the stream's, the MLPs'; either may be empty)."""
+def _save(sweep: Sweep, edit, name: str, about: dict) -> None:
+    """One fitted edit, saved as RUN_DIR/edits/NAME with its source and `about`."""
+    save_edit(edit, sweep.directory / "edits" / name, sweep.model, about, sweep.weights)
+
+
+def save_layers(sweep: Sweep, tables: tuple, raw, source: dict) -> int:
+    """The chosen per-layer edits of `tables` (the stream's, the MLPs'; either may be empty): the
+    stream's erasers as edits/stream (the layer chosen on every item, fitted on every item) and
+    edits/quarters/stream-qF (quarter F's layer chosen on the other quarters' items, fitted on its
+    training quarters: the edit the chosen row's values of quarter F come from); each MLP mode's as
+    edits/mlp-MODE and edits/quarters/mlp-MODE-qF. The layers are chosen as the tables' chosen rows
+    were (stats.keeping.layers.chosen_layers). Returns how many."""
     stream, mlp = tables
-    n = (
-        save_stream(directory, manifest, model, weights, inputs, options, stream, raw, source)
-        if len(stream)
-        else 0
-    )
-    return n + (
-        save_mlp(directory, manifest, model, weights, inputs, options, mlp, raw, source) if len(mlp) else 0
-    )
-
-
-def save_stream(directory, manifest, model, weights, inputs, options, table, raw, source) -> int:
-    """Write the chosen stream erasers: edits/stream (the layer chosen on every item, fitted on every
-    item) and edits/quarters/stream-qF (quarter F's layer chosen on the other quarters' items,
-    fitted on its training quarters: the edit the chosen row's values of quarter F come from). The
-    layers are chosen as the table's chosen row was (stats.keeping.layers.chosen_layers)."""
-    source = _source(directory, manifest, options, source)
-    return _save_layers(directory, model, weights, inputs, raw, source, STREAM, StreamEdit.fit)
-
-
-def save_mlp(directory, manifest, model, weights, inputs, options, table, raw, source) -> int:
-    """Write each MLP mode's chosen edits as the stream's are written: edits/mlp-MODE and
-    edits/quarters/mlp-MODE-qF."""
-    source, n = _source(directory, manifest, options, source), 0
-    recorded = {at: Recorded(model.model, inputs, at) for at in POSITIONS}
-    for mode, at in FITTED:
+    source, n = _source(sweep, source), 0
+    if len(stream):
+        n += _save_layers(sweep, raw, source, STREAM, StreamEdit.fit)
+    recorded = {at: Recorded(sweep.model.model, sweep.inputs, at) for at in POSITIONS}
+    for mode, at in FITTED if len(mlp) else ():
         kind = kind_of(mode, at)
-        if table["kind"].isin([kind, f"{kind}-chosen"]).any():
-            n += _save_layers(directory, model, weights, inputs, raw, source, kind, recorded[at].fit(mode))
+        if mlp["kind"].isin([kind, f"{kind}-chosen"]).any():
+            n += _save_layers(sweep, raw, source, kind, recorded[at].fit(mode))
     return n
 
 
-def _save_layers(directory, model, weights, inputs, raw, source, name: str, fit) -> int:
+def _save_layers(sweep: Sweep, raw, source: dict, name: str, fit) -> int:
     """A per-layer edit's chosen edits (`fit(inputs, layer, folds)`), saved as NAME and
     quarters/NAME-qF."""
-    chosen = chosen_layers(raw, name)
+    inputs, chosen = sweep.inputs, chosen_layers(raw, name)
     about = {"fitted_on": "all items", "layer_chosen_on": "all items"}
-    save_edit(
-        fit(inputs, int(chosen["all"]), np.arange(4)),
-        directory / "edits" / name,
-        model,
-        {**source, **about},
-        weights,
-    )
+    _save(sweep, fit(inputs, int(chosen["all"]), np.arange(4)), name, {**source, **about})
     for f in (f for f in range(4) if f in chosen):
         training = [int(g) for g in inputs.training(f)]
         about = {
@@ -95,29 +79,22 @@ def _save_layers(directory, model, weights, inputs, raw, source, name: str, fit)
             "layer_chosen_on": f"the items outside quarter {f}",
             "held_out_items": _held_out(inputs, f),
         }
-        edit = fit(inputs, int(chosen[f]), inputs.training(f))
-        save_edit(
-            edit, directory / "edits" / "quarters" / f"{name}-q{f}", model, {**source, **about}, weights
+        _save(
+            sweep,
+            fit(inputs, int(chosen[f]), inputs.training(f)),
+            f"quarters/{name}-q{f}",
+            {**source, **about},
         )
     return 1 + sum(f in chosen for f in range(4))  # the all-items edit and one per quarter
 
 
-def save_chosen(
-    directory: Path,
-    manifest,
-    model,
-    weights: str,
-    inputs,
-    sets: dict,
-    options: EditOptions,
-    source: dict,
-) -> int:
+def save_chosen(sweep: Sweep, sets: dict, source: dict) -> int:
     """Write every edit the sweep measured, fitted, to RUN_DIR/edits/: per kind and k the edit of
     the heads chosen on all items with parameters fitted on all items (KIND-kK: the one to apply to
     other suites), and under edits/quarters/ each quarter's own (heads chosen and parameters fitted
     on its training quarters: KIND-kK-qF, the edit the sweep's "after" values of quarter F come
     from). Returns how many."""
-    source = _source(directory, manifest, options, source)
+    source, inputs, options = _source(sweep, source), sweep.inputs, sweep.options
     chosen = f"--heads {options.heads}" if options.heads else None  # else the items' ranking
     n = 0
     for kind in options.kinds:
@@ -125,13 +102,7 @@ def save_chosen(
         quarters = [KINDS[kind].fit(inputs, inputs.training(f), options) for f in range(4)]
         for k, per_fold in sets.items():
             about = {"k": k, "fitted_on": "all items", "heads_chosen_on": chosen or "all items"}
-            save_edit(
-                everywhere.on(per_fold["all"]),
-                directory / "edits" / f"{kind}-k{k}",
-                model,
-                {**source, **about},
-                weights,
-            )
+            _save(sweep, everywhere.on(per_fold["all"]), f"{kind}-k{k}", {**source, **about})
             for f, edit in enumerate(quarters):
                 training = [int(g) for g in inputs.training(f)]
                 about = {
@@ -141,7 +112,6 @@ def save_chosen(
                     "heads_chosen_on": chosen or f"quarters {training}",
                     "held_out_items": _held_out(inputs, f),
                 }
-                path = directory / "edits" / "quarters" / f"{kind}-k{k}-q{f}"
-                save_edit(edit.on(per_fold[f]), path, model, {**source, **about}, weights)
+                _save(sweep, edit.on(per_fold[f]), f"quarters/{kind}-k{k}-q{f}", {**source, **about})
             n += 5
     return n

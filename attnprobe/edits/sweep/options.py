@@ -1,12 +1,15 @@
-"""What `attnprobe edit` and `Run.edit` are asked (EditOptions, checked when made), the heads a
-user lists, and the hash of the settings that determine an edit kind's values (its chunk's key)."""
+"""What `attnprobe edit` and `Run.edit` are asked (EditOptions, checked when made), the context of
+one sweep (Sweep), the heads a user lists, and the hash of the settings that determine an edit
+kind's values (its chunk's key)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from ...defaults import (
     DEFAULT_EDIT_COUNTS,
@@ -77,6 +80,25 @@ class EditOptions:
                 f"--factor {self.factor!r}: the scale edit's factor must be a finite number between -100 and "
                 "100 (0 zeroes the heads, 1 leaves them, 0.5 halves them)"
             )
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One `attnprobe edit`, built once and handed to its parts: the run directory and manifest, the
+    model and its weights' content hash, the recorded inputs (edits.inputs.Inputs), the options and
+    the log."""
+
+    directory: Path
+    manifest: object
+    model: object
+    weights: str
+    inputs: object
+    options: EditOptions
+    log: Callable[[str], None] = field(default=lambda m: None)
+
+    @property
+    def n_heads(self) -> int:
+        return self.manifest.model.n_heads
 
 
 def settings_hash(run_fingerprint: str, options: EditOptions, weights: str, control: str = "") -> str:

@@ -51,14 +51,13 @@ def _progress(log, line: str, d: int, n: int) -> None:
         log(line.format(done=d + 1, n=n))
 
 
-def measure_placebo(
-    model, kinds, options, inputs, sets: dict, n_heads: int, rescore=None, log=lambda m: None
-) -> pd.DataFrame:
+def measure_placebo(sweep, kinds, sets: dict, rescore=None) -> pd.DataFrame:
     """Raw bias values (target bias, k, draw d, index, y; kind placebo-KIND) of every item, its quarter's
     heads edited by the kind refitted on permutation d of the covariate. `rescore(covariate)` (item id
     -> value) gives the quarters' head scores of a covariate: with it each permutation chooses its own
     heads, as the sweep chose `sets` (k -> fold -> heads); without it (heads the user listed) the
     heads are `sets`'."""
+    model, options, inputs, n_heads = sweep.model, sweep.options, sweep.inputs, sweep.n_heads
     L, units = model.info.n_layers, [i.unit for i in inputs.items]
     ids = [i.item_id for i in inputs.items]
     rng = np.random.default_rng(options.seed + 1)
@@ -83,18 +82,17 @@ def measure_placebo(
                 k: " | ".join(str(HeadSet(per_fold[f])) for f in range(4)) for k, per_fold in chosen.items()
             }
             frames.append(rows.assign(heads=rows["k"].map(named)))
-        _progress(log, "edit: placebo, {done} of {n} permutations of the covariate", d, options.placebo)
+        _progress(sweep.log, "edit: placebo, {done} of {n} permutations of the covariate", d, options.placebo)
     return pd.concat(frames, ignore_index=True).assign(heads_all="")
 
 
-def measure_layer_placebo(
-    model, inputs, clean: pd.DataFrame, k: int, options, fit, name: str, log
-) -> pd.DataFrame:
+def measure_layer_placebo(sweep, clean: pd.DataFrame, k: int, fit, name: str) -> pd.DataFrame:
     """A per-layer edit's placebo, its layer choice repeated: per permutation d of the covariate the
     edit `name` (`fit(inputs, layer, folds)`) refitted at every layer (stream.measure_layers) and its
     chosen rows taken as the real edit's are (stats.keeping.layers.stream_table, beside the unedited
     rows `clean`); returns their bias rows (kind placebo-NAME-chosen, k the real chosen layer `k`,
     draw d, heads: the layers permutation d chose)."""
+    model, options, inputs = sweep.model, sweep.options, sweep.inputs
     units, rng = [i.unit for i in inputs.items], np.random.default_rng(options.seed + 1)
     frames = []
     for d in range(options.placebo):
@@ -102,5 +100,5 @@ def measure_layer_placebo(
         layers = inputs.describe(measure_layers(model, fake, fit, None, name, name))
         _, rows = stream_table(pd.concat([clean, layers], ignore_index=True), name)
         frames.append(rows[rows["target"] == "bias"].assign(kind=f"{PREFIX}{name}-chosen", k=k, draw=d))
-        _progress(log, f"edit: {name}'s placebo, {{done}} of {{n}} permutations", d, options.placebo)
+        _progress(sweep.log, f"edit: {name}'s placebo, {{done}} of {{n}} permutations", d, options.placebo)
     return pd.concat(frames, ignore_index=True)

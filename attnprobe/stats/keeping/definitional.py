@@ -94,8 +94,11 @@ def specificity_columns(row: dict) -> dict:
     (an amplified gap is damage too), its CI half-width from the two half-widths in quadrature (the
     two are estimated on disjoint prompts: the items and the control)."""
     spec = row["gradient_removed"] - abs(1 - row["definitional_gap_kept"])
-    half = np.hypot(
-        (row["gradient_removed_ci_high"] - row["gradient_removed_ci_low"]) / 2,
-        (row["definitional_gap_kept_ci_high"] - row["definitional_gap_kept_ci_low"]) / 2,
-    )
+    bounds = [
+        row[f"{name}_ci_{end}"]
+        for name in ("gradient_removed", "definitional_gap_kept")
+        for end in ("low", "high")
+    ]
+    half = np.hypot((bounds[1] - bounds[0]) / 2, (bounds[3] - bounds[2]) / 2)
+    half = half if np.isfinite(bounds).all() else np.inf  # an unbounded part leaves it unbounded
     return {"specificity": spec, "specificity_ci_low": spec - half, "specificity_ci_high": spec + half}

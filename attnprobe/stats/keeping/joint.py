@@ -21,8 +21,9 @@ template dimension: the covariance is then the one-way one by unit, and G counts
 From it: the stereotype term removed, 1 - a_s' / a_s, and the factual term kept, a_f' / a_f, each
 with the Fieller interval of its ratio (the CI that inverts the test of a_s' - r a_s = 0), and
 specificity = removed - |1 - kept| (a factual gap amplified is as far from kept as one lost) with a
-delta-method interval from the joint covariance: one fit, not two intervals in quadrature. t has
-min(G) - 1 degrees of freedom.
+delta-method interval from the joint covariance: one fit, not two intervals in quadrature; where
+either ratio's Fieller set is unbounded (its denominator not told from 0), so is specificity's
+interval (round 5 gave it a finite one there). t has min(G) - 1 degrees of freedom.
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ def edit_terms(occupations: pd.DataFrame, phrases: pd.DataFrame, prefix: str, le
     grad = np.zeros(len(b))
     grad[[s0, s1, f0, f1]] = b[s1] / b[s0] ** 2, -1 / b[s0], -side * b[f1] / b[f0] ** 2, side / b[f0]
     half = t * np.sqrt(max(grad @ V @ grad for V in covs))
+    if not np.isfinite([*removed, *kept]).all():  # a ratio's Fieller set unbounded: so is the difference
+        half = np.inf
     out[f"{prefix}_specificity"] = spec
     out[f"{prefix}_specificity_ci_low"], out[f"{prefix}_specificity_ci_high"] = spec - half, spec + half
     out[f"{prefix}_n"] = f"{len(occupations)} + {len(phrases)}"
