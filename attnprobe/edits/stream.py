@@ -199,13 +199,12 @@ def measure_layers(model, inputs, fit, site, name: str, what: str, log=lambda m:
     frames = []
     every = np.arange(4)
     for layer in range(model.info.n_layers):
-        quarters = per_row([fit(inputs, layer, inputs.training(f)) for f in range(4)], inputs.fold)
+        quarters, y = quarters_bias(model, inputs, fit, layer)
         everywhere = fit(inputs, layer, every)
         crossed = per_row(
             [everywhere, fit(inputs.other_half(), layer, every)], (inputs.control_half == 0).astype(int)
         )
         n, m = len(inputs.items), len(inputs.control.lengths)
-        y = stream_behaviour(module, inputs.bank, quarters, inputs.labels)
         y_control = stream_behaviour(module, inputs.control, crossed, inputs.control_labels)
         kl, loss = stream_text_costs(module, inputs.texts, inputs.clean_logp, everywhere)
         frames += [
@@ -218,3 +217,10 @@ def measure_layers(model, inputs, fit, site, name: str, what: str, log=lambda m:
     out = pd.concat(frames, ignore_index=True)
     out["heads"] = out["heads_all"] = [f"{what} {k}" for k in out["k"]]
     return out.assign(kind=name)
+
+
+def quarters_bias(model, inputs, fit, layer: int) -> tuple[StreamEdit, np.ndarray]:
+    """(the edit at `layer` with each item's quarter's parameters, fitted on the quarter's training
+    quarters; y (N,) of every item so edited)."""
+    quarters = per_row([fit(inputs, layer, inputs.training(f)) for f in range(4)], inputs.fold)
+    return quarters, stream_behaviour(model.model, inputs.bank, quarters, inputs.labels)

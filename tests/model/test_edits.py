@@ -490,9 +490,9 @@ def test_the_placebo_and_the_readout_after_the_edit(tiny_llama_dir, tmp_path, mo
     result = CliRunner().invoke(main, [*sweep, "--texts", "2", "--placebo", "4", "--stream", "--mlp"])
     assert result.exit_code == 0, result.output
     # the stream's layer chosen again by every refit: each layer fitted for the 4 quarters, every item
-    # and the other half's words, by the real sweep and by each of the 4 permutations (the saved
-    # edits add their chosen layers' fits)
-    assert all(fits.count(layer) >= 6 * (1 + 4) for layer in (0, 1)), sorted(fits)
+    # and the other half's words by the real sweep, for the 4 quarters by each of the 4 permutations
+    # (the saved edits add their chosen layers' fits)
+    assert all(fits.count(layer) >= 6 + 4 * 4 for layer in (0, 1)), sorted(fits)
     raw = pd.read_parquet(out / "edits_items.parquet")
     again = raw[raw.kind == "placebo-stream-chosen"].groupby("draw")["heads"].first()
     assert len(again) == 4 and again.str.contains("q0: layer").all()  # the layers each refit chose

@@ -279,10 +279,10 @@ def _layer_placebo(part, key: str, sweep: Sweep, frames: list, name: str, fit) -
     frames[-1] that edit's part."""
     if not sweep.options.placebo:
         return []
-    chosen = chosen_layers(pd.concat([frames[0], frames[-1]], ignore_index=True), name)
+    measured = pd.concat([frames[0], frames[-1]], ignore_index=True)  # the clean rows and the edit's
+    chosen = chosen_layers(measured, name)
     plan = f"{key} {name} {sorted(chosen.items(), key=str)} {sweep.options.placebo} {PLACEBO_CHOICES}"
-    clean = frames[0]
-    placebo = lambda: measure_layer_placebo(sweep, clean, chosen["all"], fit, name)
+    placebo = lambda: measure_layer_placebo(sweep, measured, chosen["all"], fit, name)
     return [part(f"placebo-{name}", placebo, hashlib.sha256(plan.encode()).hexdigest()[:16])]
 
 

@@ -5,9 +5,11 @@ every choice the sweep makes from the data is made again on each permutation:
 
 - a head kind: per quarter, the top k heads by the permuted covariate's gradient scores on its
   training quarters (unless the user listed the heads), the kind refitted there on them;
-- a per-layer edit (the stream's eraser, an MLP mode): refitted at every layer and its layers chosen
-  as the real edit's are (stats.keeping.layers: the gate on the refit's own control prompts and
-  texts, the score on the real gradient).
+- a per-layer edit (the stream's eraser, an MLP mode): refitted at every layer and each quarter's
+  layer chosen as the real edit's was (stats.keeping.layers: the most gradient removed on the other
+  quarters' items among the layers the gate admits; the gate, what the edit keeps of the
+  definitional gap and its KL, is the real edit's: measuring it again for every refit would cost
+  N times the whole sweep of that edit, its control prompts and texts at every layer).
 
 Each refit is measured on the items like the real edit; the rows name the heads or layers chosen.
 stats.placebo.placebo_table compares the real gradient removed with the permuted ones (p = (1 +
@@ -23,11 +25,11 @@ import pandas as pd
 
 from ...heads import HeadSet
 from ...intervene.selection import chosen_heads
-from ...stats.keeping.layers import stream_table
+from ...stats.keeping.layers import chosen_layers
 from ...stats.placebo import PLACEBO_PREFIX as PREFIX  # the raw rows' kind: placebo-KIND
 from ..kinds import KINDS
 from ..passes import raw_rows
-from ..stream import measure_layers
+from ..stream import quarters_bias
 from .measure import behaviour_values
 
 
@@ -86,19 +88,31 @@ def measure_placebo(sweep, kinds, sets: dict, rescore=None) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).assign(heads_all="")
 
 
-def measure_layer_placebo(sweep, clean: pd.DataFrame, k: int, fit, name: str) -> pd.DataFrame:
+def measure_layer_placebo(sweep, measured: pd.DataFrame, k: int, fit, name: str) -> pd.DataFrame:
     """A per-layer edit's placebo, its layer choice repeated: per permutation d of the covariate the
-    edit `name` (`fit(inputs, layer, folds)`) refitted at every layer (stream.measure_layers) and its
-    chosen rows taken as the real edit's are (stats.keeping.layers.stream_table, beside the unedited
-    rows `clean`); returns their bias rows (kind placebo-NAME-chosen, k the real chosen layer `k`,
-    draw d, heads: the layers permutation d chose)."""
+    edit `name` (`fit(inputs, layer, folds)`) refitted on every quarter's training quarters at every
+    layer and measured on the items; each quarter's layer chosen as the real edit's was
+    (stats.keeping.layers.chosen_layers: the most gradient removed on the other quarters' items among
+    the layers the gate admits), the gate that of the real edit in `measured` (its clean and per-layer
+    rows: what the edit keeps of the definitional gap and its KL, which the covariate does not
+    choose). Returns the bias rows (kind placebo-NAME-chosen, k the real chosen layer `k`, draw d,
+    heads: the layers permutation d chose)."""
     model, options, inputs = sweep.model, sweep.options, sweep.inputs
     units, rng = [i.unit for i in inputs.items], np.random.default_rng(options.seed + 1)
-    frames = []
+    gate = measured[(measured["kind"] != name) | (measured["target"] != "bias")]
+    n, frames = len(inputs.items), []
     for d in range(options.placebo):
         fake = replace(inputs, covariate=permuted(inputs.covariate, units, rng))
-        layers = inputs.describe(measure_layers(model, fake, fit, None, name, name))
-        _, rows = stream_table(pd.concat([clean, layers], ignore_index=True), name)
-        frames.append(rows[rows["target"] == "bias"].assign(kind=f"{PREFIX}{name}-chosen", k=k, draw=d))
+        bias = [
+            raw_rows("bias", [(layer, -1, i) for i in range(n)], y=quarters_bias(model, fake, fit, layer)[1])
+            for layer in range(model.info.n_layers)
+        ]
+        refits = inputs.describe(pd.concat(bias, ignore_index=True).assign(kind=name))
+        chosen = chosen_layers(pd.concat([gate, refits], ignore_index=True), name)
+        layer = pd.Series(inputs.fold).map(chosen).to_numpy()
+        y = refits.set_index(["k", "index"])["y"]
+        picked = y.reindex(list(zip(layer, range(n)))).to_numpy()
+        label = " | ".join(f"q{f}: layer {chosen[f]}" for f in range(4) if f in chosen)
+        frames.append(raw_rows("bias", [(k, d, i) for i in range(n)], y=picked).assign(heads=label))
         _progress(sweep.log, f"edit: {name}'s placebo, {{done}} of {{n}} permutations", d, options.placebo)
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True).assign(kind=f"{PREFIX}{name}-chosen", heads_all="")
