@@ -70,6 +70,16 @@ class Inputs:
         keeps the direction of the other half's words."""
         return replace(self, control_half=np.where(self.control_half == 2, 2, 1 - self.control_half))
 
+    def judged_by_other_half(self) -> np.ndarray:
+        """Per control prompt, 1 where the edit judging it keeps the direction fitted on half 1's words
+        (`other_half`), 0 where on half 0's: a prompt of one of half 0's word pairs, whether a fit
+        used it or not (the same words in a new frame, in the items' templates), is judged by the fit
+        on the other half, so no prompt is judged by a constraint fitted on its own words. Prompts
+        without a pair: by their own half."""
+        pairs = np.asarray(self.control_pair, dtype=object)
+        half0 = pairs[self.keep_rows() & (pairs != "")]
+        return np.where(pairs != "", np.isin(pairs, half0), self.control_half == 0).astype(int)
+
     def keep_rows(self) -> np.ndarray:
         """The control prompts a keep direction is fitted on: half 0 of the fitted set's words."""
         return (self.control_half == 0) & self.control_fit

@@ -201,9 +201,7 @@ def measure_layers(model, inputs, fit, site, name: str, what: str, log=lambda m:
     for layer in range(model.info.n_layers):
         quarters, y = quarters_bias(model, inputs, fit, layer)
         everywhere = fit(inputs, layer, every)
-        crossed = per_row(
-            [everywhere, fit(inputs.other_half(), layer, every)], (inputs.control_half == 0).astype(int)
-        )
+        crossed = per_row([everywhere, fit(inputs.other_half(), layer, every)], inputs.judged_by_other_half())
         n, m = len(inputs.items), len(inputs.control.lengths)
         y_control = stream_behaviour(module, inputs.control, crossed, inputs.control_labels)
         kl, loss = stream_text_costs(module, inputs.texts, inputs.clean_logp, everywhere)

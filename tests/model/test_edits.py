@@ -558,3 +558,26 @@ def test_no_template_prompt_is_word_for_word_a_control_prompt(smollm_tokenizer):
     texts = [smollm_tokenizer.decode(ids) for ids in made.ids]
     assert texts == ["Yesterday the king told us that", "Yesterday the queen told us that"]
     assert list(made.item) == [1, 1] and list(made.row) == [0, 1]
+
+
+def test_a_fitted_word_in_a_new_frame_is_judged_by_the_fit_on_the_other_half():
+    """Round 5 judged the "frame" prompts (the nouns in a new frame, never fitted) by the fit on half
+    0's words, which holds half of those very words; now a prompt of a half-0 pair is judged by the
+    fit on half 1, fitted or not; prompts of no fitted pair (names) as before."""
+    from attnprobe.edits.inputs import Inputs
+
+    rows = [  # (pair, half, fitted): the nouns, their frame, a name pair, a pairless prompt
+        ("king/queen", 0, True),
+        ("son/daughter", 1, True),
+        ("king/queen", 2, False),
+        ("son/daughter", 2, False),
+        ("John/Mary", 2, False),
+        ("", 0, True),
+    ]
+    inputs = SimpleNamespace(
+        control_pair=np.array([r[0] for r in rows], dtype=object),
+        control_half=np.array([r[1] for r in rows]),
+        control_fit=np.array([r[2] for r in rows]),
+    )
+    inputs.keep_rows = lambda: Inputs.keep_rows(inputs)
+    assert list(Inputs.judged_by_other_half(inputs)) == [1, 0, 1, 0, 0, 1]

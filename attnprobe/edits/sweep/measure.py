@@ -168,7 +168,7 @@ def measure_kind(
                     base.append(index), masks.append(HeadSet(heads).mask(L, H)), keys.append((k, r, index))
         if target == "control":  # each prompt's edit kept a direction fitted on the other half's words
             crossed = (everywhere, KINDS[kind].fit(inputs.other_half(), np.arange(4), options))
-            which = (inputs.control_half[base] == 0).astype(int)
+            which = inputs.judged_by_other_half()[base]
             y = behaviour_values(model, bank, crossed, base, masks, inputs.control_labels, which)
             frames.append(raw_rows(target, keys, y=y))
         else:
