@@ -116,6 +116,7 @@ def settings_hash(run_fingerprint: str, options: EditOptions, weights: str, cont
             "attnprobe": __version__,
             "texts": "batched",
             "readout": "trained on rows the edit was not fitted on",  # sweep.erased, since round 6
+            "crossing": "judged by the other half's fit wherever its words are",  # edits.inputs
             "control": hashlib.sha256(control.encode()).hexdigest(),
             **settings,
         },
