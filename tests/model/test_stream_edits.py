@@ -24,7 +24,7 @@ from attnprobe.errors import AttnprobeError, RunError
 from attnprobe.intervene.engine import record
 from attnprobe.model import from_pretrained_objects
 from attnprobe.stats.edits import STREAM
-from attnprobe.stats.keeping.layers import chosen_layers, stream_table
+from attnprobe.stats.keeping.layers import _picked, chosen_layers, stream_table
 
 LAYER = 1
 
@@ -148,6 +148,12 @@ def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_item
         broken.loc[at, "y"] = 0.0  # no gap left there
         got = chosen_layers(broken)
         assert got[f"half{1 - h}"] != best and got[f"half{h}"] == best and got["all"] != best
+    # a fitted pair's words in the new frame (half 2: no fit used them) take their pair's half's layer
+    layers = raw[raw.kind == STREAM]
+    picked = _picked(raw, layers, {**chosen, "half0": 100, "half1": 101})
+    of_pair = layers[(layers.target == "control") & layers.half.isin([0, 1])].groupby("pair")["half"].first()
+    frame = ((layers.target == "control") & (layers.half == 2) & layers.pair.isin(of_pair.index)).to_numpy()
+    assert frame.any() and (picked[frame] == 100 + layers.loc[frame, "pair"].map(of_pair).to_numpy()).all()
     # the report shows the table, the chosen row with its quarters' layers
     assert CliRunner().invoke(main, ["report", str(out)]).exit_code == 0
     html = (out / "report.html").read_text()

@@ -42,15 +42,19 @@ def stream_table(raw: pd.DataFrame, kind: str = STREAM) -> tuple[pd.DataFrame, p
 
 def _picked(raw: pd.DataFrame, layers: pd.DataFrame, chosen: dict) -> np.ndarray:
     """Per row of `layers`, the layer whose value it gives to the chosen row: an item's (bias,
-    readout) its quarter's; a control prompt's of word half h and the h-th half of the generated
-    texts (alternately) that of half h ("halfH"); the rest (prompts no fit used, the user's text)
-    the layer chosen on everything ("all")."""
+    readout) its quarter's; a control prompt of word half h (or of one of its pairs in a frame no fit
+    used) and the h-th half of the generated texts (alternately) that of half h ("halfH"); the rest
+    (prompts of no fitted pair, the user's text) the layer chosen on everything ("all")."""
     items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index")["quarter"]
     target, index = layers["target"].to_numpy(), layers["index"].to_numpy()
     picked = np.full(len(layers), chosen["all"])
     per_item = np.isin(target, PER_ITEM)
     picked[per_item] = items.reindex(index[per_item]).map(chosen).to_numpy()
     half = layers["half"].to_numpy() if "half" in layers else np.full(len(layers), -1)
+    if "pair" in layers:  # a fitted pair's words in another frame: its pair's half
+        fitted = layers[(target == "control") & np.isin(half, (0, 1)) & (layers["pair"] != "").to_numpy()]
+        of_pair = fitted.groupby("pair")["half"].first()
+        half = np.where(half == 2, layers["pair"].map(of_pair).fillna(2).to_numpy(), half)
     for h in (0, 1):
         picked[(target == "control") & (half == h)] = chosen[f"half{h}"]
         picked[(target == "text") & np.isin(index, _generated(raw)[h::2])] = chosen[f"half{h}"]
