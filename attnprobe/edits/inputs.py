@@ -70,15 +70,20 @@ class Inputs:
         keeps the direction of the other half's words."""
         return replace(self, control_half=np.where(self.control_half == 2, 2, 1 - self.control_half))
 
+    def words_half(self) -> np.ndarray:
+        """Per control prompt, the cross-fitting half of its words: its word pair's half where a fit
+        used that pair, whatever frame the prompt is in (its own, a new one, the items' templates); 2
+        for words no fit used; a prompt without a pair, its own half."""
+        pairs = np.asarray(self.control_pair, dtype=object)
+        fitted = self.control_fit & (self.control_half != 2) & (pairs != "")
+        of_pair = dict(zip(pairs[fitted], self.control_half[fitted]))
+        return np.array([of_pair.get(p, 2) if p != "" else h for p, h in zip(pairs, self.control_half)])
+
     def judged_by_other_half(self) -> np.ndarray:
         """Per control prompt, 1 where the edit judging it keeps the direction fitted on half 1's words
-        (`other_half`), 0 where on half 0's: a prompt of one of half 0's word pairs, whether a fit
-        used it or not (the same words in a new frame, in the items' templates), is judged by the fit
-        on the other half, so no prompt is judged by a constraint fitted on its own words. Prompts
-        without a pair: by their own half."""
-        pairs = np.asarray(self.control_pair, dtype=object)
-        half0 = pairs[self.keep_rows() & (pairs != "")]
-        return np.where(pairs != "", np.isin(pairs, half0), self.control_half == 0).astype(int)
+        (`other_half`), 0 where on half 0's: a prompt of half 0's words (words_half) is judged by the
+        fit on the other half, so no prompt is judged by a constraint fitted on its own words."""
+        return (self.words_half() == 0).astype(int)
 
     def keep_rows(self) -> np.ndarray:
         """The control prompts a keep direction is fitted on: half 0 of the fitted set's words."""
@@ -95,8 +100,8 @@ class Inputs:
     def describe(self, raw: pd.DataFrame) -> pd.DataFrame:
         """The columns the statistics need beside the raw values, so edits_items stands alone: per bias
         row its item, unit, template and covariate; per control row the label's sign, its cross-fitting
-        half (2: no fit used it), set, word pair and (a phrase put in a template) template; per text row
-        whether it is the user's text."""
+        half (2: no fit used it), the half of its words (words_half), set, word pair and (a phrase put
+        in a template) template; per text row whether it is the user's text."""
         items = self.items
         bias = raw["target"] == "bias"
         index = raw["index"].to_numpy()
@@ -110,6 +115,7 @@ class Inputs:
         control = (raw["target"] == "control").to_numpy()
         raw["sign"] = np.where(control, self.control_sign[np.where(control, index, 0)], np.nan)
         raw["half"] = np.where(control, self.control_half[np.where(control, index, 0)], -1)
+        raw["words_half"] = np.where(control, self.words_half()[np.where(control, index, 0)], -1)
         raw["set"] = np.where(control, self.control_set[np.where(control, index, 0)], "")
         raw["pair"] = np.where(control, self.control_pair[np.where(control, index, 0)], "")
         in_template = control & (self.control_template[np.where(control, index, 0)] != "")

@@ -579,5 +579,5 @@ def test_a_fitted_word_in_a_new_frame_is_judged_by_the_fit_on_the_other_half():
         control_half=np.array([r[1] for r in rows]),
         control_fit=np.array([r[2] for r in rows]),
     )
-    inputs.keep_rows = lambda: Inputs.keep_rows(inputs)
+    inputs.words_half = lambda: Inputs.words_half(inputs)
     assert list(Inputs.judged_by_other_half(inputs)) == [1, 0, 1, 0, 0, 1]

@@ -25,7 +25,7 @@ import pandas as pd
 
 from ...heads import HeadSet
 from ...intervene.selection import chosen_heads
-from ...stats.keeping.layers import chosen_layers
+from ...stats.keeping.layers import chosen_layers, quarter_layers
 from ...stats.placebo import PLACEBO_PREFIX as PREFIX  # the raw rows' kind: placebo-KIND
 from ..kinds import KINDS
 from ..passes import raw_rows
@@ -71,6 +71,7 @@ def measure_placebo(sweep, kinds, sets: dict, rescore=None) -> pd.DataFrame:
             k: {f: chosen_heads(scores[f], k, n_heads) if scores else per_fold[f] for f in range(4)}
             for k, per_fold in sets.items()
         }
+        named = {k: " | ".join(str(HeadSet(per_fold[f])) for f in range(4)) for k, per_fold in chosen.items()}
         for kind in kinds:
             edits = tuple(KINDS[kind].fit(fake, inputs.training(f), options) for f in range(4))
             base, masks, keys = [], [], []
@@ -80,9 +81,6 @@ def measure_placebo(sweep, kinds, sets: dict, rescore=None) -> pd.DataFrame:
                     masks.append(HeadSet(per_fold[inputs.fold[index]]).mask(L, n_heads))
             y = behaviour_values(model, inputs.bank, edits, base, masks, inputs.labels, inputs.fold[base])
             rows = raw_rows("bias", keys, y=y).assign(kind=PREFIX + kind)
-            named = {
-                k: " | ".join(str(HeadSet(per_fold[f])) for f in range(4)) for k, per_fold in chosen.items()
-            }
             frames.append(rows.assign(heads=rows["k"].map(named)))
         _progress(sweep.log, "edit: placebo, {done} of {n} permutations of the covariate", d, options.placebo)
     return pd.concat(frames, ignore_index=True).assign(heads_all="")
@@ -112,7 +110,8 @@ def measure_layer_placebo(sweep, measured: pd.DataFrame, k: int, fit, name: str)
         layer = pd.Series(inputs.fold).map(chosen).to_numpy()
         y = refits.set_index(["k", "index"])["y"]
         picked = y.reindex(list(zip(layer, range(n)))).to_numpy()
-        label = " | ".join(f"q{f}: layer {chosen[f]}" for f in range(4) if f in chosen)
-        frames.append(raw_rows("bias", [(k, d, i) for i in range(n)], y=picked).assign(heads=label))
+        frames.append(
+            raw_rows("bias", [(k, d, i) for i in range(n)], y=picked).assign(heads=quarter_layers(chosen))
+        )
         _progress(sweep.log, f"edit: {name}'s placebo, {{done}} of {{n}} permutations", d, options.placebo)
     return pd.concat(frames, ignore_index=True).assign(kind=f"{PREFIX}{name}-chosen", heads_all="")

@@ -29,9 +29,8 @@ def stream_table(raw: pd.DataFrame, kind: str = STREAM) -> tuple[pd.DataFrame, p
     summary, _ = edit_tables(pd.concat([none, layers], ignore_index=True))
     chosen = chosen_layers(raw, kind)
     rows = layers[layers["k"].to_numpy() == _picked(raw, layers, chosen)].copy()
-    quarters = " | ".join(f"q{f}: layer {chosen[f]}" for f in range(4) if f in chosen)
     halves = f"words and texts of half 0: layer {chosen['half0']}, of half 1: layer {chosen['half1']}"
-    rows = rows.assign(kind=f"{kind}-chosen", k=chosen["all"], heads=f"{quarters} | {halves}")
+    rows = rows.assign(kind=f"{kind}-chosen", k=chosen["all"], heads=f"{quarter_layers(chosen)} | {halves}")
     best, _ = edit_tables(pd.concat([none, rows], ignore_index=True))
     table = pd.concat([summary.assign(chosen=False), best.assign(chosen=True)], ignore_index=True)
     table = table.rename(columns={"k": "layer"}).drop(columns=["heads_all"])
@@ -40,24 +39,28 @@ def stream_table(raw: pd.DataFrame, kind: str = STREAM) -> tuple[pd.DataFrame, p
     return table[keep], rows
 
 
+def quarter_layers(chosen: dict) -> str:
+    """The quarters' layers of chosen_layers' choice, as the chosen rows name them."""
+    return " | ".join(f"q{f}: layer {chosen[f]}" for f in range(4) if f in chosen)
+
+
 def _picked(raw: pd.DataFrame, layers: pd.DataFrame, chosen: dict) -> np.ndarray:
     """Per row of `layers`, the layer whose value it gives to the chosen row: an item's (bias,
-    readout) its quarter's; a control prompt of word half h (or of one of its pairs in a frame no fit
-    used) and the h-th half of the generated texts (alternately) that of half h ("halfH"); the rest
-    (prompts of no fitted pair, the user's text) the layer chosen on everything ("all")."""
+    readout) its quarter's; a control prompt of half h's words (edits.inputs.Inputs.words_half: in
+    any frame) and the h-th half of the generated texts (alternately) that of half h ("halfH"); the
+    rest (words no fit used, the user's text) the layer chosen on everything ("all")."""
     items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index")["quarter"]
     target, index = layers["target"].to_numpy(), layers["index"].to_numpy()
     picked = np.full(len(layers), chosen["all"])
     per_item = np.isin(target, PER_ITEM)
     picked[per_item] = items.reindex(index[per_item]).map(chosen).to_numpy()
-    half = layers["half"].to_numpy() if "half" in layers else np.full(len(layers), -1)
-    if "pair" in layers:  # a fitted pair's words in another frame: its pair's half
-        fitted = layers[(target == "control") & np.isin(half, (0, 1)) & (layers["pair"] != "").to_numpy()]
-        of_pair = fitted.groupby("pair")["half"].first()
-        half = np.where(half == 2, layers["pair"].map(of_pair).fillna(2).to_numpy(), half)
+    words = (
+        layers["words_half"] if "words_half" in layers else layers.get("half", pd.Series(-1, layers.index))
+    )
+    generated = _generated(raw)
     for h in (0, 1):
-        picked[(target == "control") & (half == h)] = chosen[f"half{h}"]
-        picked[(target == "text") & np.isin(index, _generated(raw)[h::2])] = chosen[f"half{h}"]
+        picked[(target == "control") & (words.to_numpy() == h)] = chosen[f"half{h}"]
+        picked[(target == "text") & np.isin(index, generated[h::2])] = chosen[f"half{h}"]
     return picked
 
 
@@ -90,19 +93,21 @@ def chosen_layers(raw: pd.DataFrame, kind: str = STREAM) -> dict:
     after = after.pivot(index="index", columns="k", values="y").reindex(items.index)
     x, before = items["covariate"].to_numpy(dtype=float), items["y"].to_numpy()
 
-    def best(on: np.ndarray, gate: tuple[pd.Series, pd.Series]) -> int:
-        removed = pd.Series(
+    def removed(on: np.ndarray) -> pd.Series:  # per layer, the share of the gradient removed on `on`
+        return pd.Series(
             {k: 1 - slope(x[on], after[k].to_numpy()[on]) / slope(x[on], before[on]) for k in after.columns}
         )
+
+    def best(removed: pd.Series, gate: tuple[pd.Series, pd.Series]) -> int:
         passes, kept = gate[0].reindex(removed.index, fill_value=False), gate[1].reindex(removed.index)
         score = removed[passes] if passes.any() else removed - (1 - kept).abs()
         return int((score if score.notna().any() else removed).idxmax())
 
-    every, quarter = _gate(raw, kind), items["quarter"].to_numpy()
-    out = {int(f): best(quarter != f, every) for f in sorted(np.unique(quarter))}
-    out["all"] = best(np.ones(len(items), bool), every)
+    every, quarter, on_all = _gate(raw, kind), items["quarter"].to_numpy(), removed(np.ones(len(items), bool))
+    out = {int(f): best(removed(quarter != f), every) for f in sorted(np.unique(quarter))}
+    out["all"] = best(on_all, every)
     for h in (0, 1):
-        out[f"half{h}"] = best(np.ones(len(items), bool), _gate(raw, kind, 1 - h))
+        out[f"half{h}"] = best(on_all, _gate(raw, kind, 1 - h))
     return out
 
 
