@@ -346,7 +346,7 @@ def commands(device: str, tokenizer, work: Path, tiny: bool = False) -> list[dic
             "edit",
             str(run_a),
             "--kinds",
-            "zero,mean,resample,scale,project,orthogonal,leace",
+            "zero,leace" if tiny else "zero,mean,resample,scale,project,orthogonal,leace",
             "--k",
             "1",
             "--draws",

@@ -66,18 +66,22 @@ def _fold_fits(X: np.ndarray, folds: np.ndarray):
     return fits
 
 
-def _gcv_penalties(U: np.ndarray, S: np.ndarray, centred: np.ndarray) -> np.ndarray:
-    """Per row of `centred` (B, n) training outcomes: the penalty of ALPHAS (times the mean squared
-    singular value) with the least GCV, the first of equal minima. With the SVD X = U S V', the fit's
-    hat matrix has eigenvalues h = S^2 / (S^2 + a) on U's columns, so the residual's squared norm is
-    |y|^2 - sum_j (2 h_j - h_j^2) (U'y)_j^2 (y is centred, U's columns orthonormal)."""
-    n = centred.shape[1]
-    alphas = ALPHAS * np.mean(S**2)  # (A,)
-    shrink = S**2 / (S**2 + alphas[:, None])  # (A, r)
-    dof = (1 - shrink.sum(1) / n) ** 2  # (A,): GCV's denominator
-    Uy2 = (centred @ U) ** 2  # (B, r)
-    residual = (centred**2).sum(1, keepdims=True) - Uy2 @ (2 * shrink - shrink**2).T  # (B, A)
-    return alphas[np.argmin(residual / n / dof, axis=1)]
+def _gcv_penalties(U: np.ndarray, S: np.ndarray, centred: np.ndarray, n=None) -> np.ndarray:
+    """Per row of `centred` (..., B, n) training outcomes: the penalty of ALPHAS (times the mean
+    squared singular value) with the least GCV, the first of equal minima; (..., B). With the SVD
+    X = U S V', the fit's hat matrix has eigenvalues h = S^2 / (S^2 + a) on U's columns, so the
+    residual's squared norm is |y|^2 - sum_j (2 h_j - h_j^2) (U'y)_j^2 (y is centred, U's columns
+    orthonormal). Stacked fits (leading axes) may pad: a singular value of 0 is no component, and
+    `n` (...,) counts each fit's rows (default: centred's last axis)."""
+    n = np.asarray(centred.shape[-1] if n is None else n, dtype=float)[..., None, None]
+    S2 = S**2
+    alphas = ALPHAS * (S2.sum(-1) / (S2 > 0).sum(-1))[..., None]  # (..., A)
+    shrink = S2[..., None, :] / (S2[..., None, :] + alphas[..., None])  # (..., A, r)
+    dof = (1 - shrink.sum(-1)[..., None, :] / n) ** 2  # (..., 1, A): GCV's denominator
+    Uy2 = (centred @ U) ** 2  # (..., B, r)
+    residual = (centred**2).sum(-1, keepdims=True) - Uy2 @ (2 * shrink - shrink**2).swapaxes(-1, -2)
+    best = np.argmin(residual / n / dof, axis=-1)  # (..., B)
+    return np.take_along_axis(alphas, best, axis=-1)
 
 
 def _predict(fits, Y: np.ndarray) -> np.ndarray:
@@ -114,36 +118,77 @@ def median_r2(X: np.ndarray, Y: np.ndarray, assignments: list[np.ndarray]) -> np
 def refit_r2s(X: np.ndarray, y: np.ndarray, folds: int, refits: int, rng) -> np.ndarray:
     """Held-out R2 of `refits` bootstrap resamples of the units, each cross-fitted afresh on one random
     fold assignment (a unit drawn twice keeps both copies in one fold, so none predicts itself);
-    resamples whose covariate does not vary are skipped."""
-    out = []
+    resamples whose covariate does not vary are skipped. Every fold of every resample is fitted in
+    stacked batches (_refit_predictions)."""
+    resamples, tasks = [], []  # tasks: (resample, training rows, held-out rows)
     for _ in range(refits):
         drawn = rng.integers(0, len(y), len(y))
-        units, first_copy, unit_of = np.unique(drawn, return_index=True, return_inverse=True)
+        units, unit_of = np.unique(drawn, return_inverse=True)
         if np.ptp(y[drawn]) == 0 or len(units) < 2:
             continue
         fold = rng.permutation(np.arange(len(units)) % min(folds, len(units)))[unit_of]
-        first = np.zeros(len(drawn), dtype=bool)
-        first[first_copy] = True
-        predicted = np.empty(len(drawn))
-        for f in np.unique(fold):
-            predicted[fold == f] = _refit_fold(X[drawn], y[drawn], fold != f, fold == f, first)
-        out.append(r_squared(y[drawn], predicted))
-    return np.array(out)
+        tasks += [(len(resamples), fold != f, fold == f) for f in np.unique(fold)]
+        resamples.append(drawn)
+    if not resamples:
+        return np.array([])
+    drawn = np.stack(resamples)  # (R, N)
+    which, train, test = (np.stack(column) for column in zip(*tasks))  # (F,), (F, N), (F, N)
+    predicted = np.empty(drawn.shape)
+    step = max(1, 2**24 // (X.shape[0] * X.shape[1]))  # tasks per batch: about 128 MB of states
+    for start in range(0, len(which), step):
+        part = slice(start, start + step)
+        fitted = _refit_predictions(X, y, drawn[which[part]], train[part])
+        for r, held, values in zip(which[part], test[part], fitted):
+            predicted[r, held] = values[held]
+    return r_squared(y[drawn], predicted)
 
 
-def _refit_fold(X: np.ndarray, y: np.ndarray, train, test, first) -> np.ndarray:
-    """One fold of a resample: the penalty chosen by GCV on the training units once each (copies
-    would make GCV, a leave-one-out shortcut, find each held-out row's twin in training and choose
-    almost no penalty), then the ridge fit on every copy, the penalty scaled by copies per unit so
-    data and penalty keep their balance; returns the held-out rows' predictions."""
-    mean, scale = X[train].mean(0), X[train].std(0) + 1e-8
-    Z = (X - mean) / scale
-    once = train & first
-    U, S, _ = _basis(Z[once], Z[:0])
-    best = _gcv_penalties(U, S, (y[once] - y[once].mean())[None])[0] * train.sum() / once.sum()
-    U, S, T = _basis(Z[train], Z[test])
-    offset = y[train].mean()
-    return offset + T @ (S / (S**2 + best) * ((y[train] - offset) @ U))
+def _unit_penalties(gram: np.ndarray, y: np.ndarray, copies: np.ndarray) -> np.ndarray:
+    """(F,) each fold's penalty, chosen by GCV on its training units once each (`copies` (F, units)
+    > 0; gram (F, units, units)), the folds with as many training units fitted as one stack."""
+    best = np.empty(len(gram))
+    sizes = (copies > 0).sum(1)
+    for size in np.unique(sizes):
+        fits = np.flatnonzero(sizes == size)
+        held = np.nonzero(copies[fits] > 0)[1].reshape(len(fits), size)  # (G, size) unit indices
+        values, U = np.linalg.eigh(gram[fits[:, None, None], held[:, :, None], held[:, None, :]])
+        keep = values > values.max(-1, keepdims=True) * 1e-12  # as _basis
+        S = np.sqrt(np.where(keep, values, 0))
+        centred = y[held] - y[held].mean(1, keepdims=True)
+        best[fits] = _gcv_penalties(U, S, centred[:, None])[:, 0]
+    return best
+
+
+def _refit_predictions(X: np.ndarray, y: np.ndarray, drawn, train) -> np.ndarray:
+    """(F, N) predictions of every row of F resampled folds (rows X[drawn] (F, N, E)), each fold's
+    ridge fitted on its `train` rows: X centred and scaled by them, the penalty chosen by GCV on the
+    training units once each (copies would make GCV, a leave-one-out shortcut, find each
+    held-out row's twin in training and choose almost no penalty), scaled by copies per unit so data
+    and penalty keep their balance. The fit's prediction of row i is the kernel form of ridge,
+    offset + G[i, train] (G[train, train] + a I)^-1 y_c with G = Z Z' (exact: G's null directions on
+    the training rows are orthogonal to every row's G[i, train])."""
+    F, units = len(drawn), np.arange(len(X))
+    copies = ((drawn[..., None] == units) & train[..., None]).sum(1)  # (F, units): training copies
+    n = train.sum(1)  # (F,)
+    # X centred and scaled by the training rows (copies counted), on the units (a row is its unit's):
+    # G = (X - m) W (X - m)' with W = diag(1 / (s + 1e-8)^2), expanded so that the one product over
+    # the model's width is a single matrix product; X is shifted by its column means first, so the
+    # expansion's terms stay of the size of the spread
+    X = X - X.mean(0)
+    mean = copies @ X / n[:, None]  # (F, E)
+    w = 1 / (np.sqrt(np.maximum(copies @ X**2 / n[:, None] - mean**2, 0)) + 1e-8) ** 2  # (F, E)
+    weighted = (X[None] * w[:, None, :]).reshape(F * len(units), -1)
+    a = (w * mean) @ X.T  # (F, units)
+    gram = (weighted @ X.T).reshape(F, len(units), len(units)) - a[:, :, None] - a[:, None, :]
+    gram += (w * mean**2).sum(1)[:, None, None]
+    G = gram[np.arange(F)[:, None, None], drawn[:, :, None], drawn[:, None, :]]  # (F, N, N)
+    yd = y[drawn]
+    best = _unit_penalties(gram, y, copies) * n / (copies > 0).sum(1)  # (F,)
+    offset = (yd * train).sum(1) / n
+    # the other rows' rows and columns zeroed, a on their diagonal: their dual coefficient is 0
+    kernel = G * train[:, :, None] * train[:, None, :] + best[:, None, None] * np.eye(G.shape[1])
+    dual = np.linalg.solve(kernel, np.where(train, yd - offset[:, None], 0)[..., None])  # (F, N, 1)
+    return offset[:, None] + ((G * train[:, None, :]) @ dual)[..., 0]
 
 
 def median_centred(draws: np.ndarray, point: float, level: float = 0.95) -> tuple[float, float]:

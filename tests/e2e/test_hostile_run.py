@@ -4,8 +4,6 @@ import errno
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -142,9 +140,6 @@ def test_ctrl_c_finishes_the_chunk_writes_the_manifest_and_exits_130(whole, tmp_
 def test_a_second_ctrl_c_stops_at_once_and_the_manifest_says_so(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     args = [
-        sys.executable,
-        "-m",
-        "attnprobe",
         "run",
         str(repo / GENDER),
         "--limit",
@@ -160,15 +155,16 @@ def test_a_second_ctrl_c_stops_at_once_and_the_manifest_says_so(tmp_path):
         "--skip",
         "direct_attribution",
     ]  # one long chunk
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = forked_cli(args, tmp_path / "run.log")
     deadline = time.time() + 300
-    while not (tmp_path / "chunks").is_dir() and time.time() < deadline and process.poll() is None:
+    while not (tmp_path / "chunks").is_dir() and time.time() < deadline and process.is_alive():
         time.sleep(0.02)
     for _ in range(2):  # the first asks to finish the chunk, the second stops at once
         time.sleep(0.5)
-        process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 130 and "Traceback" not in stderr, stderr
+        os.kill(process.pid, signal.SIGINT)
+    process.join(timeout=300)
+    stderr = (tmp_path / "run.log").read_text()
+    assert process.exitcode == 130 and "Traceback" not in stderr, stderr
     assert "interrupted after a second Ctrl-C" in stderr.splitlines()[-1]
     assert json.loads((tmp_path / "manifest.json").read_text())["status"] == "interrupted"
     assert not list((tmp_path / "chunks").glob("*.done"))  # the chunk in progress was dropped, not half-kept

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import no_weights, one_line_error
+from conftest import forked_cli, no_weights, one_line_error
 
 import attnprobe
 from attnprobe.cli import main
@@ -124,10 +124,9 @@ def test_the_1b_shape_runs_the_gender_suite_end_to_end_on_cpu(tmp_path):
     out = tmp_path / "r"
     args = ["run", str(REPO / "probes" / "gender.yaml"), "--model", "random:llama-3.2-1b", "--limit", "4"]
     args += ["--no-head-effects"]
-    result = subprocess.run(
-        [sys.executable, "-m", "attnprobe", *args, "--out", str(out)], capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    process = forked_cli([*args, "--out", out], tmp_path / "run.log")
+    process.join()
+    assert process.exitcode == 0, (tmp_path / "run.log").read_text()[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["model"]["n_layers"] == 16 and manifest["model"]["n_heads"] == 32
     assert manifest["direct_attribution"] and manifest["prompt_phase"]["device"] == "cpu"

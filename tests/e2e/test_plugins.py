@@ -2,15 +2,13 @@
 attnprobe.edit_kinds): a tiny outside package, installed as a distribution on the path, is used
 from a suite and from `attnprobe edit --kinds`, end to end through the real command line."""
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-from conftest import edit_suite
+from conftest import edit_suite, forked_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 # the example docs/extending.md shows, and a kind that fails when it runs
@@ -37,7 +35,7 @@ explode = outside_probe:Explode
 """
 
 
-@pytest.mark.slow  # three attnprobe processes (torch imported in each): about 30 s
+@pytest.mark.slow  # three attnprobe commands, each in a process of its own
 def test_an_outside_package_registers_a_measure_and_an_edit_kind(tiny_llama_dir, tmp_path):
     site = tmp_path / "site"
     (site / "outside_probe-0.1.dist-info").mkdir(parents=True)
@@ -48,11 +46,14 @@ def test_an_outside_package_registers_a_measure_and_an_edit_kind(tiny_llama_dir,
     (site / "outside_probe-0.1.dist-info" / "entry_points.txt").write_text(textwrap.dedent(ENTRY_POINTS))
     suite = edit_suite(tmp_path)
     suite.write_text(suite.read_text() + "prompt_length: {}\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     run = tmp_path / "run"
-    attnprobe = lambda *args: subprocess.run(  # the CLI in a process of its own, the plug-in on its path
-        [sys.executable, "-m", "attnprobe", *args], env=env, capture_output=True, text=True
-    )
+
+    def attnprobe(*args):  # the CLI in a process of its own (forked), the plug-in first on its path
+        log = tmp_path / f"{args[0]}-{len(list(tmp_path.glob('*.log')))}.log"
+        process = forked_cli(args, log, path=[site])
+        process.join()
+        return SimpleNamespace(returncode=process.exitcode, stderr=log.read_text())
+
     sweep = ["--k", "1", "--draws", "2", "--texts", "8", "--alone", "0"]
     made = attnprobe("run", str(suite), "--model", str(tiny_llama_dir), "--out", str(run))
     assert made.returncode == 0, made.stderr[-3000:]
@@ -85,13 +86,9 @@ def test_a_plugin_named_like_a_builtin_is_refused_in_one_line_at_the_command_lin
     (site / "clash-0.1.dist-info" / "entry_points.txt").write_text(
         "[attnprobe.measures]\nmine = clashing:Clash\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
-    checked = subprocess.run(
-        [sys.executable, "-m", "attnprobe", "check", str(ROOT / "probes" / "minimal.yaml")],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    process = forked_cli(["check", ROOT / "probes" / "minimal.yaml"], tmp_path / "check.log", path=[site])
+    process.join()
+    checked = SimpleNamespace(returncode=process.exitcode, stderr=(tmp_path / "check.log").read_text())
     assert checked.returncode == 2 and "Traceback" not in checked.stderr, checked.stderr[-2000:]
     assert checked.stderr.strip().splitlines() == [
         "attnprobe: error: attnprobe.measures: the plug-in mine (clashing:Clash) is named 'next_token' like "
