@@ -31,7 +31,7 @@ import torch
 
 import attnprobe
 from attnprobe.edits.kinds import Zero, heads_mask
-from attnprobe.edits.passes import _groups, _packed_groups, _sequence, edited_behaviour
+from attnprobe.edits.passes import Variants, _groups, _packed_groups, _sequence, edited_behaviour
 from attnprobe.edits.sweep.measure import RANDOM_EVERY
 from attnprobe.forward.packing import pack_trie
 from attnprobe.intervene.engine import record
@@ -112,7 +112,7 @@ def main():
             for name, share in (("packed", True), ("separate", False)):
                 started = time.perf_counter()
                 results[name] = edited_behaviour(
-                    pm, bank, Zero(), base, heads, positive, negative, share=share
+                    pm, Variants(bank, Zero(), base, heads), positive, negative, share=share
                 )
                 times[name].append(round(time.perf_counter() - started, 2))
                 print(f"{scenario}, round {round_ + 1}: {name} {times[name][-1]} s", flush=True)

@@ -7,7 +7,7 @@ STATES: a run's readout_states.parquet (`attnprobe edit --paths` writes it; on t
 smollm2-135m: 31 layers x 60 occupations x 576). Each round computes the readout table of every
 layer (10 folds, 20 fold assignments, --permutations permutations; `attnprobe edit --paths` uses 999)
 twice, in turn: with `analyses.readout.states_readout` (all outcomes of a fold in one batched
-pass) and with the loop it replaced, written out below (per outcome: its own GCV search over the
+pass) and with the loop it replaced, written out below (per outcome: its own leave-one-out search over the
 penalties). Figures are medians of the rounds. Agreement: the largest |difference| of R2 and the
 null's median and 95th percentile, and whether every p is equal. Writes readout.json and readout.md.
 """
@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnprobe.analyses.readout import ALPHAS, ASSIGNMENTS, _fold_fits, frame_states, states_readout
+from attnprobe.analyses.readout import frame_states, states_readout
+from attnprobe.stats.analyses.ridge import ALPHAS, ASSIGNMENTS, _fold_fits
 
 
 def _one_outcome(fits, y: np.ndarray) -> np.ndarray:
@@ -33,13 +34,14 @@ def _one_outcome(fits, y: np.ndarray) -> np.ndarray:
         y_train = y[~test]
         offset = y_train.mean()
         Uy = U.T @ (y_train - offset)
-        best, best_gcv = None, np.inf
-        for a in ALPHAS * np.mean(S**2):
+        leverage = 1 / len(y_train) + (U**2) @ (S**2 / (S**2 + ALPHAS[:, None] * np.mean(S**2))).T  # (n, A)
+        best, best_loo = None, np.inf
+        for j, a in enumerate(ALPHAS * np.mean(S**2)):
             shrink = S**2 / (S**2 + a)
             residual = (y_train - offset) - U @ (shrink * Uy)
-            gcv = np.mean(residual**2) / (1 - shrink.sum() / len(y_train)) ** 2
-            if gcv < best_gcv:
-                best, best_gcv = a, gcv
+            loo = np.mean((residual / (1 - leverage[:, j])) ** 2)  # exact leave-one-out
+            if loo < best_loo:
+                best, best_loo = a, loo
         out[test] = offset + T @ (S / (S**2 + best) * Uy)
     return out
 

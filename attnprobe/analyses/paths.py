@@ -22,14 +22,13 @@ noising only.
 
 On the pairs of equal length these add up: paths_parts.py splits the output effect into the value at
 the occupation, the values elsewhere, the pattern and their interaction, and gives each head a role
-by the size of its parts.
-
-A head moving a signal computed elsewhere carries it by its value at the occupation; else by its pattern.
+by the size of its parts (a head moving a signal computed elsewhere carries it by its value at the
+occupation; else by its pattern).
 
 Senders, the edges into R's value at p (senders.py): what each earlier part wrote at p swapped
 from x to x' on the one path into R's value, screened by attribution on the items of one quarter
 (half the units, half the templates), the EDGES best per receiver measured exactly on the quarter of
-the other units and the other templates (edge_roles).
+the other units and the other templates (senders.edge_roles).
 
 The selection null (paths_tables.py) reselects the cross-fitted top 5 on SELECTION_DRAWS permuted
 covariates and measures each set's value path to first order (intervene.gradients: one forward
@@ -47,6 +46,8 @@ paths_edges_items and paths_circuit_items parquet files; the tables are made fro
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +57,7 @@ import torch
 from ..attention.capture import editing
 from ..heads import HeadSet
 from ..intervene.engine import Bank, HeadPatch, aligned
-from ..intervene.gradients import value_path_attribution
+from ..intervene.gradients import PairRows, value_path_attribution
 from ..intervene.rerun import ROWS, rerun_y
 from ..intervene.selection import chosen_heads
 from ..model.anatomy import module_of
@@ -75,7 +76,7 @@ from .paths_tables import (
     gradient_shares,
     paths_table,
 )
-from .senders import Pair, edges, pair_frame, pair_tensors, reference_pairs, resample_pairs, screen
+from .senders import Pair, Patching, compared_pairs, edge_roles, edges, pair_tensors, screen
 
 PATHS = ("value", "pattern", "output", "all values")
 EQUAL_LENGTH = ("pattern", "all values")  # paths defined only where x and x' have equal length
@@ -92,10 +93,51 @@ SELECTION_DRAWS = 199  # the selection null's permutations, to first order (p fl
 SELECTION_EXACT = 19  # of which the first are also measured exactly (p floor 1/20), checking the first order
 
 
+@dataclass(frozen=True)
+class Planned:
+    """What one direction's runs patch: the `sets` (name, HeadSet) on each of `paths`; per item its
+    `crossfit` set (or None) and each `null` draw's set (per draw, per item), their value path alone."""
+
+    sets: list
+    crossfit: list | None = None
+    null: tuple | list = ()
+    paths: tuple = PATHS
+
+
+@dataclass(frozen=True)
+class PathsDesign:
+    """What measure_paths measures: the `receivers` (the top heads, in order: each alone and all
+    together as `set_name`); `roles` per item (1 screens senders, 0 confirms them, -1 neither);
+    `crossfit` per item the top set chosen without it (or None); `null` per draw, per item the set
+    chosen on a permuted covariate (its value path to first order; the first `exact` draws also
+    exactly); `hypotheses` per reference the circuit to test (default: its movers, measure_circuits)."""
+
+    receivers: HeadSet
+    roles: np.ndarray
+    crossfit: list | None = None
+    null: tuple | list = ()
+    set_name: str = TOP
+    exact: int = SELECTION_EXACT
+    hypotheses: dict | None = None
+
+
+@dataclass(frozen=True)
+class HeadChoice:
+    """How `attnprobe edit --paths` chooses: the gradient `scores` ("all" and per quarter), a
+    `rescored(covariate by item id)` -> scores per quarter (the selection null's), the heads
+    `listed` with --heads (then no cross-fitting and no null) and `n_heads`."""
+
+    scores: dict
+    rescored: Callable
+    listed: tuple
+    n_heads: int  # per layer
+
+
 @torch.inference_mode()
-def path_runs(module, bank: Bank, reference: Bank, pairs: list[Pair], labels, runs: list) -> np.ndarray:
+def path_runs(patching: Patching, pairs: list[Pair], runs: list) -> np.ndarray:
     """y of each run (pair index, path, HeadSet): the pair's x with the set's `path` input from x'
     ("pattern+all values": both at once, which is the output path)."""
+    module, bank, reference, labels = patching.module, patching.bank, patching.donor, patching.labels
     L, H = len(bank.hidden), bank.outputs[0].shape[1]
     first = np.array([min(layer for layer, _ in heads) for _, _, heads in runs])
     y = np.full(len(runs), np.nan)
@@ -126,68 +168,33 @@ def path_runs(module, bank: Bank, reference: Bank, pairs: list[Pair], labels, ru
     return y
 
 
-def measure_paths(
-    model,
-    items,
-    bank: Bank,
-    reference: Bank,
-    labels,
-    word: str,
-    receivers: HeadSet,
-    crossfit,
-    roles,
-    log=lambda m: None,
-    null=(),
-    set_name: str = TOP,
-    exact: int = SELECTION_EXACT,
-    hypotheses: dict | None = None,
-):
-    """Raw values of path patching. `receivers`: the top heads (in order), each alone and together as
-    `set_name` (LISTED for heads given with --heads); `crossfit`: per item the
-    top set chosen without it (HeadSet, or None); `null`: per draw, per item the set chosen on a
-    permuted covariate (its value path to first order; the first `exact` draws also exactly);
-    `roles`: per item 1 where it screens senders, 0 where it confirms them, -1 neither;
-    `hypotheses`: per reference the circuit to test (default: its movers, measure_circuits). Returns
-    (paths, screen, edges, circuit) long frames."""
-    module = module_of(model)
-    compared = compared_pairs(items, bank, reference, labels, word)
+def measure_paths(model, recorded, word: str, design: PathsDesign, log=lambda m: None):
+    """Raw values of path patching on `recorded` (items, their bank, the reference bank and labels:
+    edits.inputs.Inputs, or any object with those four) as `design` says. Returns (paths, screen,
+    edges, circuit) long frames."""
+    module, bank, reference, labels = module_of(model), recorded.bank, recorded.reference, recorded.labels
+    compared = compared_pairs(recorded.items, bank, reference, labels, word)
     _, pairs, base = compared[word]
-    sets = [(HeadSet.name(*r), HeadSet((r,))) for r in receivers] + [(set_name, HeadSet(tuple(receivers)))]
-    paths = _direction_rows(
-        module, (bank, reference), pairs, labels, base, sets, NOISING, word, log, crossfit, null[:exact]
-    )
-    frames = [paths]
-    if crossfit is not None and null:
-        log(f"paths: the selection null's {len(null)} draws to first order")
-        named = [(CROSSFIT, crossfit)] + [(f"{NULL} {d}", sets_) for d, sets_ in enumerate(null)]
-        first = first_order_rows(module, bank, reference, pairs, labels, base, named)
-        frames.append(first.assign(reference=word))
-    denoised = _donor_labels(labels, reference is bank, pairs)
-    frames.append(
-        _direction_rows(module, (reference, bank), pairs, denoised, base, sets, DENOISING, word, log)
-    )
+    sets = [(HeadSet.name(*r), HeadSet((r,))) for r in design.receivers]
+    sets.append((design.set_name, HeadSet(tuple(design.receivers))))
+    noising = Patching(module, bank, reference, labels)
+    planned = Planned(sets, design.crossfit, design.null[: design.exact])
+    frames = [_direction_rows(noising, pairs, base, planned, NOISING, word, log)]
+    if design.crossfit is not None and design.null:
+        log(f"paths: the selection null's {len(design.null)} draws to first order")
+        named = [(CROSSFIT, design.crossfit)] + [(f"{NULL} {d}", s_) for d, s_ in enumerate(design.null)]
+        frames.append(first_order_rows(noising, pairs, base, named).assign(reference=word))
+    denoising = Patching(module, reference, bank, _donor_labels(labels, reference is bank, pairs))
+    frames.append(_direction_rows(denoising, pairs, base, Planned(sets), DENOISING, word, log))
     if RESAMPLED in compared:  # x' another item of the same template and fill (the items' own bank)
         _, resampled, other = compared[RESAMPLED]
         for direction in (NOISING, DENOISING):
-            frames.append(
-                _direction_rows(
-                    module, (bank, bank), resampled, labels, other, sets, direction, RESAMPLED, log
-                )
-            )
-    screens, confirmed = _senders(module, bank, reference, pairs, labels, base, receivers, roles, log)
+            own = Patching(module, bank, bank, labels)
+            frames.append(_direction_rows(own, resampled, other, Planned(sets), direction, RESAMPLED, log))
+    screens, confirmed = _senders(noising, pairs, base, design, log)
     paths = pd.concat(frames, ignore_index=True)
-    circuits = measure_circuits(module, bank, compared, labels, paths, log, hypotheses)
+    circuits = measure_circuits(module, bank, compared, labels, paths, log, design.hypotheses)
     return paths, screens, confirmed, circuits
-
-
-def compared_pairs(items, bank: Bank, reference: Bank, labels, word: str) -> dict:
-    """Per comparison, the reference word and RESAMPLED (where any item has one): (x''s bank, the
-    pairs, their base rows)."""
-    pairs, resampled = reference_pairs(items, word), resample_pairs(items, word)
-    out = {word: (reference, pairs, pair_frame(items, bank, reference, pairs, labels))}
-    if resampled:
-        out[RESAMPLED] = (bank, resampled, pair_frame(items, bank, bank, resampled, labels))
-    return out
 
 
 def _donor_labels(labels, donors_are_items: bool, pairs):
@@ -215,15 +222,12 @@ def measure_circuits(module, bank: Bank, compared: dict, labels, paths, log, hyp
             if len(circuit) > 1
         ]
         denoised = _donor_labels(labels, donor_bank is bank, pairs)
-        for direction, banks_, own, named in (
-            (NOISING, (bank, donor_bank), labels, sets[:1]),
-            (DENOISING, (donor_bank, bank), denoised, sets),
+        for direction, patching, named in (
+            (NOISING, Patching(module, bank, donor_bank, labels), sets[:1]),
+            (DENOISING, Patching(module, donor_bank, bank, denoised), sets),
         ):
-            frames.append(
-                _direction_rows(
-                    module, banks_, pairs, own, base, named, direction, name, log, paths=("value",)
-                )
-            )
+            planned = Planned(named, paths=("value",))
+            frames.append(_direction_rows(patching, pairs, base, planned, direction, name, log))
     if not frames:  # no hypothesis: no mover in either comparison
         return pd.DataFrame(columns=[*BASE, *RAW["paths_circuit_items"]])
     return pd.concat(frames, ignore_index=True)
@@ -242,60 +246,52 @@ def _rows(base: pd.DataFrame, names, runs, y: np.ndarray, direction: str) -> pd.
 
 
 def _direction_rows(
-    module, banks, pairs, labels, base, sets, direction, reference, log, crossfit=None, null=(), paths=PATHS
+    patching: Patching, pairs, base, planned: Planned, direction: str, reference: str, log
 ) -> pd.DataFrame:
-    """Raw rows of every path of every named set (and of the cross-fitted and null sets given) for
-    `pairs` in one direction: noising runs each pair's x (banks[0]) with one input from its x'
-    (banks[1]); denoising runs the x' with one input from x (pairs swapped, base's y and y_cf too).
-    `labels` are indexed by the rows of the bank that runs."""
-    run_bank, donor_bank = banks
+    """Raw rows of every path of every planned set for `pairs` in one direction: noising runs each
+    pair's x (patching.bank) with one input from its x' (patching.donor); denoising runs the x' with
+    one input from x (pairs swapped, base's y and y_cf too; the patching's banks given swapped).
+    The patching's labels are indexed by the rows of the bank that runs."""
     if direction == DENOISING:
         pairs = [Pair(p.donor, p.item, p.at_cf, p.at, p.same_length) for p in pairs]
         base = base.rename(columns={"y": "y_cf", "y_cf": "y"})
-    runs, names = _planned_runs(pairs, sets, crossfit, null, paths)
+    runs, names = _planned_runs(pairs, planned)
     log(f"paths: {len(runs)} patched runs, {direction} against {reference!r}")
-    y = path_runs(module, run_bank, donor_bank, pairs, labels, runs)
+    y = path_runs(patching, pairs, runs)
     return _rows(base, names, runs, y, direction).assign(reference=reference)
 
 
-def _senders(module, bank, reference, pairs, labels, base, receivers, roles, log) -> tuple:
+def _senders(patching: Patching, pairs, base, design: PathsDesign, log) -> tuple:
     """(screen, edges) long frames: each receiver's senders screened by attribution on the items
     whose role is 1, the EDGES best measured exactly on those whose role is 0."""
-    from .senders import path_sites
-
-    anatomy = path_sites(module)
-    screening = [i for i, p in enumerate(pairs) if roles[p.item] == 1]
-    confirming = [i for i, p in enumerate(pairs) if roles[p.item] == 0]
+    screening = [i for i, p in enumerate(pairs) if design.roles[p.item] == 1]
+    confirming = [i for i, p in enumerate(pairs) if design.roles[p.item] == 0]
     empty = base.iloc[[]]
     screens = [_long(empty, np.zeros((0, 0)), [], "attribution").assign(receiver="")]
     confirmed = [_long(empty, np.zeros((0, 0)), [], "y_patched").assign(receiver="")]
     if not screening or not confirming:
         log("paths: no senders screened (they need items of both halves of the units)")
-    for receiver in receivers if screening and confirming else ():
+    for receiver in design.receivers if screening and confirming else ():
         name = HeadSet.name(*receiver)
-        senders, values = screen(
-            module, anatomy, bank, reference, [pairs[i] for i in screening], receiver, labels
-        )
+        senders, values = screen(patching, [pairs[i] for i in screening], receiver)
         frame = base.iloc[screening].reset_index(drop=True)
         screens.append(_long(frame, values, senders, "attribution").assign(receiver=name))
         chosen = chosen_senders(screens[-1], EDGES)
-        exact = edges(
-            module, anatomy, bank, reference, [pairs[i] for i in confirming], receiver, chosen, labels
-        )
+        exact = edges(patching, [pairs[i] for i in confirming], receiver, chosen)
         frame = base.iloc[confirming].reset_index(drop=True)
         confirmed.append(_long(frame, exact, chosen, "y_patched").assign(receiver=name))
         log(f"paths: senders into {name}'s value screened, {len(chosen)} confirmed")
     return pd.concat(screens, ignore_index=True), pd.concat(confirmed, ignore_index=True)
 
 
-def _planned_runs(pairs, sets, crossfit, null, paths=PATHS) -> tuple[list, list]:
+def _planned_runs(pairs, planned: Planned) -> tuple[list, list]:
     """Per pair: every path of every named head set (EQUAL_LENGTH ones only where lengths match), the value
     path of its cross-fitted set and of each selection-null set (chosen on a permuted covariate);
     (runs: (pair, path, heads), names: (pair, set name, path))."""
-    runs, names = [], []
+    crossfit, null, runs, names = planned.crossfit, planned.null, [], []
     for i, pair in enumerate(pairs):
-        for name, heads in sets:
-            for path in paths:
+        for name, heads in planned.sets:
+            for path in planned.paths:
                 if path not in EQUAL_LENGTH or pair.same_length:
                     runs.append((i, path, heads))
                     names.append((i, name, path))
@@ -308,17 +304,17 @@ def _planned_runs(pairs, sets, crossfit, null, paths=PATHS) -> tuple[list, list]
     return runs, names
 
 
-def first_order_rows(module, bank, reference, pairs: list[Pair], labels, base, named) -> pd.DataFrame:
+def first_order_rows(patching: Patching, pairs: list[Pair], base, named) -> pd.DataFrame:
     """Raw rows (path FIRST_ORDER) of each named per-item head set's value path to first order: the
     sum over the set's heads of each head's attribution (one forward and backward pass per batch)."""
+    module, bank, reference, labels = patching.module, patching.bank, patching.donor, patching.labels
     L, H = len(bank.hidden), bank.outputs[0].shape[1]
     parts = []
     for start in range(0, len(pairs), ROWS):
-        rows, donors, at, at_cf = pair_tensors(pairs[start : start + ROWS], "item", "donor", "at", "at_cf")
-        attributed = value_path_attribution(
-            module, bank, reference, rows, donors, at, at_cf, labels[rows, 0], labels[rows, 1]
-        )
-        parts.append(attributed.reshape(len(rows), L * H).numpy())
+        rows = PairRows(*pair_tensors(pairs[start : start + ROWS], "item", "donor", "at", "at_cf"))
+        positive, negative = labels[rows.xs, 0], labels[rows.xs, 1]
+        attributed = value_path_attribution(module, bank, reference, rows, positive, negative)
+        parts.append(attributed.reshape(len(rows.xs), L * H).numpy())
     attribution = np.concatenate(parts)
     masks: dict = {}
 
@@ -353,37 +349,25 @@ def chosen_senders(screen_rows: pd.DataFrame, k: int) -> list[str]:
     return shares.abs().sort_values(ascending=False, kind="stable").index[:k].tolist()
 
 
-def measure_run_paths(
-    model, inputs, word: str, scores: dict, rescored, listed, n_heads: int, log, draws: int = SELECTION_DRAWS
-) -> pd.DataFrame:
+def measure_run_paths(model, inputs, word: str, choice: HeadChoice, log, draws: int = SELECTION_DRAWS):
     """`attnprobe edit --paths`: the receivers are the heads listed (--heads) or the top 5 by the
     gradient score on every item; each item's cross-fitted set the top 5 on its training quarters;
     senders screened on one quarter and confirmed on the quarter of other units and templates. The
     selection null: `draws` times the covariate permuted over units, the heads reselected on it
-    (`rescored(covariate by item id)` -> scores per quarter) and their value path measured against
-    the real covariate, to first order (the first SELECTION_EXACT draws also exactly).
-    The three raw frames in one, told apart by `table`."""
-    receivers = HeadSet(listed) if listed else HeadSet(chosen_heads(scores["all"], 5, n_heads))
-    per_item = lambda quarters: [HeadSet(chosen_heads(quarters[int(f)], 5, n_heads)) for f in inputs.fold]
-    crossfit, null = (None, []) if listed else (per_item(scores), [])
+    (choice.rescored) and their value path measured against the real covariate, to first order (the
+    first SELECTION_EXACT draws also exactly). The four raw frames in one, told apart by `table`."""
+    listed, H = choice.listed, choice.n_heads
+    receivers = HeadSet(listed) if listed else HeadSet(chosen_heads(choice.scores["all"], 5, H))
+    per_item = lambda quarters: [HeadSet(chosen_heads(quarters[int(f)], 5, H)) for f in inputs.fold]
+    crossfit, null = (None, []) if listed else (per_item(choice.scores), [])
     rng = np.random.default_rng(0)
     units = {i.unit: i.covariate for i in inputs.items}
     for _ in range(0 if listed else draws):
         shuffled = dict(zip(units, rng.permutation(list(units.values()))))
-        null.append(per_item(rescored({i.item_id: shuffled[i.unit] for i in inputs.items})))
-    frames = measure_paths(
-        model, inputs.items, inputs.bank, inputs.reference, inputs.labels, word, receivers, crossfit,
-        edge_roles(inputs.fold), log, null, LISTED if listed else TOP,
-    )  # fmt: skip
+        null.append(per_item(choice.rescored({i.item_id: shuffled[i.unit] for i in inputs.items})))
+    design = PathsDesign(receivers, edge_roles(inputs.fold), crossfit, null, LISTED if listed else TOP)
+    frames = measure_paths(model, inputs, word, design, log)
     return pd.concat([f.assign(table=t) for f, t in zip(frames, RAW)], ignore_index=True)
-
-
-def edge_roles(fold: np.ndarray) -> np.ndarray:
-    """Per item (its fold 2 u + t: unit half u, template half t): 1 where it screens senders (fold 0),
-    0 where it confirms them (fold 3: other units and other templates; fold 2 where the suite has one
-    template), -1 for the rest, so no confirmation shares a unit or a template with the screen."""
-    confirms = 3 if (fold == 3).any() else 2
-    return np.where(fold == 0, 1, np.where(fold == confirms, 0, -1))
 
 
 def write_paths(directory, raw: pd.DataFrame) -> None:

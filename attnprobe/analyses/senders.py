@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -27,6 +28,7 @@ from ..intervene.engine import Bank
 from ..intervene.rerun import ROWS, rerun_y
 from ..intervene.sites import behaviour_rows
 from ..model.anatomy import Sites, sites_of
+from .paths_tables import RESAMPLED
 
 EMBEDDING = "embedding"
 
@@ -84,6 +86,22 @@ def resample_pairs(items, word: str, seed: int = 0) -> list[Pair]:
     return out
 
 
+@dataclass(frozen=True)
+class Patching:
+    """What patched runs of pairs read: the model's decoder `module`, the bank that runs (`bank`, each
+    pair's x), the donors' bank (`donor`, each pair's x'), the `labels` by the running bank's rows;
+    `sites` the parts path patching reads (path_sites)."""
+
+    module: torch.nn.Module
+    bank: Bank
+    donor: Bank
+    labels: torch.Tensor
+
+    @cached_property
+    def sites(self) -> Sites:
+        return path_sites(self.module)
+
+
 def path_sites(module) -> Sites:
     """The model's sites (model.anatomy.Sites) path patching reads: every layer's attention module,
     pre-attention norm, output projection and what its MLP adds, the final norm; else one line."""
@@ -115,8 +133,9 @@ def pair_frame(items, bank, reference, pairs, labels) -> pd.DataFrame:
     )
 
 
-def writes(anatomy: Sites, bank: Bank, reference: Bank, pairs: list[Pair], below: int):
+def writes(patching: Patching, pairs: list[Pair], below: int):
     """(sender names, (B, S, E)): what each part below layer `below` wrote at p in x' minus in x."""
+    anatomy, bank, reference = patching.sites, patching.bank, patching.donor
     n, r, at, at_cf = pair_tensors(pairs, "item", "donor", "at", "at_cf")
     rows = torch.arange(len(pairs))
     names = [EMBEDDING]
@@ -184,40 +203,37 @@ def _read_at(anatomy: Sites, layer: int, h: torch.Tensor, at: torch.Tensor, delt
         handle.remove()
 
 
-def _sender_pass(module, anatomy, bank, pairs: list[Pair], heads, layer: int, labels, delta):
+def _sender_pass(patching: Patching, pairs: list[Pair], heads, layer: int, delta):
     """y of the pairs' x with each receiver's (`heads` (B,) of `layer`) value at p read from
     N(h_p + delta) (B, E); under grad mode when delta needs one."""
+    bank = patching.bank
     rows, at = pair_tensors(pairs, "item", "at")
     T = int(bank.lengths[rows].max())
     editor = _ValueOnly(layer, heads, bank.outputs[layer][rows, :, :T], bank.weights[layer][rows, :, :T, :T])
     hidden = bank.hidden[layer][rows]
     h = hidden[torch.arange(len(rows)), at]
-    contexts = [editing(editor), _read_at(anatomy, layer, h, at, delta)]
-    return rerun_y(module, bank, rows, layer, hidden, labels[rows], contexts)
+    contexts = [editing(editor), _read_at(patching.sites, layer, h, at, delta)]
+    return rerun_y(patching.module, bank, rows, layer, hidden, patching.labels[rows], contexts)
 
 
-def screen(module, anatomy, bank, reference, pairs: list[Pair], receiver: tuple[int, int], labels):
+def screen(patching: Patching, pairs: list[Pair], receiver: tuple[int, int]):
     """(sender names, (n pairs, S) attribution of each sender's edge into the receiver's value)."""
     layer, head = receiver
     names, out = None, []
     for start in range(0, len(pairs), ROWS):
         batch = pairs[start : start + ROWS]
-        delta = torch.zeros(len(batch), bank.hidden[0].shape[-1], requires_grad=True)
+        delta = torch.zeros(len(batch), patching.bank.hidden[0].shape[-1], requires_grad=True)
         with torch.enable_grad():
-            y = _sender_pass(
-                module, anatomy, bank, batch, torch.full((len(batch),), head), layer, labels, delta
-            )
+            y = _sender_pass(patching, batch, torch.full((len(batch),), head), layer, delta)
             (g,) = torch.autograd.grad(y.sum(), delta)
         with torch.inference_mode():
-            names, parts = writes(anatomy, bank, reference, batch, layer)
+            names, parts = writes(patching, batch, layer)
             out.append(torch.einsum("be,bse->bs", g.to(parts.dtype), parts).double().cpu().numpy())
     return names, np.concatenate(out)
 
 
 @torch.inference_mode()
-def edges(
-    module, anatomy, bank, reference, pairs: list[Pair], receiver, senders: list[str], labels
-) -> np.ndarray:
+def edges(patching: Patching, pairs: list[Pair], receiver, senders: list[str]) -> np.ndarray:
     """(n pairs, len(senders)) y with each sender's write at p swapped on its path into the
     receiver's value."""
     layer, head = receiver
@@ -225,10 +241,28 @@ def edges(
     per_pair = ROWS // max(1, len(senders)) or 1
     for start in range(0, len(pairs), per_pair):
         batch = pairs[start : start + per_pair]
-        names, parts = writes(anatomy, bank, reference, batch, layer)
+        names, parts = writes(patching, batch, layer)
         picked = parts[:, [names.index(s) for s in senders]]  # (b, s, E)
         rows = [p for p in batch for _ in senders]
         heads = torch.full((len(rows),), head)
-        y = _sender_pass(module, anatomy, bank, rows, heads, layer, labels, picked.reshape(len(rows), -1))
+        y = _sender_pass(patching, rows, heads, layer, picked.reshape(len(rows), -1))
         out[start : start + len(batch)] = y.cpu().numpy().reshape(len(batch), len(senders))
+    return out
+
+
+def edge_roles(fold: np.ndarray) -> np.ndarray:
+    """Per item (its fold 2 u + t: unit half u, template half t): 1 where it screens senders (fold 0),
+    0 where it confirms them (fold 3: other units and other templates; fold 2 where the suite has one
+    template), -1 for the rest, so no confirmation shares a unit or a template with the screen."""
+    confirms = 3 if (fold == 3).any() else 2
+    return np.where(fold == 0, 1, np.where(fold == confirms, 0, -1))
+
+
+def compared_pairs(items, bank: Bank, reference: Bank, labels, word: str) -> dict:
+    """Per comparison, the reference word and RESAMPLED (where any item has one): (x''s bank, the
+    pairs, their base rows)."""
+    pairs, resampled = reference_pairs(items, word), resample_pairs(items, word)
+    out = {word: (reference, pairs, pair_frame(items, bank, reference, pairs, labels))}
+    if resampled:
+        out[RESAMPLED] = (bank, resampled, pair_frame(items, bank, bank, resampled, labels))
     return out

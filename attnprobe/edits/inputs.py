@@ -125,19 +125,22 @@ class Inputs:
         return raw
 
 
+@dataclass(frozen=True)
+class Texts:
+    """The texts an edit's cost is measured on: `count` neutral texts generated from `seed`, then the
+    pieces of a user's `text` (--text), if any."""
+
+    seed: int = 0
+    count: int = 64
+    text: str | None = None
+
+
 def record_inputs(
-    model,
-    items: list[PatchItem],
-    reference_word: str,
-    seed: int,
-    text: str | None,
-    control,
-    labels: tuple,
-    n_texts: int = 64,
+    model, items: list[PatchItem], reference_word: str, control, labels: tuple, texts: Texts
 ) -> Inputs:
     """Record the clean runs the edits read: the items, their reference counterfactuals, the
     suite's control prompts (`control`: suite.control.Control; `labels`: the positive and negative
-    label), the neutral texts (generated here) and pieces of --text."""
+    label) and the `texts`."""
     fold_of = folds(items)
     fold = np.array([fold_of[i.item_id] for i in items])
     with_reference = [(i, cf) for i in items for cf in i.counterfactuals if cf.word == reference_word]
@@ -146,7 +149,7 @@ def record_inputs(
             f"no item has the reference word {reference_word!r}; choose --reference among the suite's "
             "counterfactual words"
         )
-    generated, pieces = generated_texts(model, seed, n_texts), user_text(model, text)
+    generated, pieces = generated_texts(model, texts.seed, texts.count), user_text(model, texts.text)
     text_bank = record(model, generated + pieces)
     labelled = [(i.positive, i.negative) for i in items]
     return Inputs(

@@ -16,6 +16,8 @@ P packed length, E model width.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 import torch
@@ -24,11 +26,25 @@ from ..attention.capture import editing, picked_logits
 from ..forward.packing import pack_trie, packed_inputs, sorted_packs
 from ..forward.sharing import prefix_sharing_blocker
 from ..intervene.engine import ROW_TOKENS, Bank, lowest_layer, plan_passes
-from ..intervene.rerun import forward_from, narrowed_behaviour, rerun_logits
+from ..intervene.rerun import Changes, forward_from, narrowed_behaviour, rerun_logits
 from ..model.anatomy import module_of
 from .kinds import HeadEdit, Resample, RowEditor
 
 LOGIT_BYTES = 128 * 2**20  # full-vocabulary logits of one text pass
+
+
+@dataclass(frozen=True)
+class Variants:
+    """Edited variants of a bank's sequences: variant v runs sequence `base[v]` (V,) of `bank` with
+    the heads `heads[v]` (V, L, H) edited by `edit`, or by `edit[which[v]]` where `edit` is a tuple
+    (one call for the sweep's quarters, each with its own parameters, so that more variants share a
+    pass and a prefix)."""
+
+    bank: Bank
+    edit: HeadEdit | tuple
+    base: torch.Tensor
+    heads: torch.Tensor
+    which: torch.Tensor | None = None
 
 
 def _groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_tokens: int):
@@ -42,9 +58,10 @@ def _groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_tokens: int
             yield min(layer, len(bank.hidden) - 1), rows
 
 
-def _editor(edit, heads, which, rows) -> RowEditor:
+def _editor(variants: Variants, rows) -> RowEditor:
     """The editor of a pass whose batch rows are the variants `rows`."""
-    return RowEditor(edit, heads[rows], None if which is None else which[rows])
+    which = variants.which
+    return RowEditor(variants.edit, variants.heads[rows], None if which is None else which[rows])
 
 
 def _sequence(bank: Bank, n: int) -> tuple[int, ...]:
@@ -76,11 +93,12 @@ def _packed_groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_toke
             yield min(layer, len(bank.hidden) - 1), [packs[i] for i in run.tolist()]
 
 
-def _packed_pass(module, bank: Bank, edit, base, heads, packs, first: int, vocabulary, which=None):
+def _packed_pass(module, variants: Variants, packs, first: int, vocabulary):
     """One edited forward pass of packed tries, starting at layer `first` from the recorded hidden
     state of each node (a node's state is that of every sequence through it, at its depth). Returns
     the logits after each variant's last token, in the order of the packs' variants, and whether
     the lm head was narrowed to `vocabulary`."""
+    bank, base = variants.bank, variants.base
     tries = [pack_trie([_sequence(bank, int(base[v])) for v in pack]) for pack in packs]
     ids, pos, mask = packed_inputs(tries, pad_id=0)  # (G, P), (G, P), (G, 1, P, P)
     rows, nodes, sequences, depths, last = [], [], [], [], ([], [])
@@ -96,29 +114,33 @@ def _packed_pass(module, bank: Bank, edit, base, heads, packs, first: int, vocab
     state[rows, nodes] = hidden[sequences, depths]
     leaders = torch.tensor([pack[0] for pack in packs])  # one head set (and edit) per packed row
     contexts = [
-        editing(_editor(edit, heads, which, leaders)),
+        editing(_editor(variants, leaders)),
         picked_logits(module, (torch.tensor(last[0]), torch.tensor(last[1]))),
     ]
+    inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
     logits, narrowed = forward_from(
-        module, first, state, ids, mask, pos, vocabulary, contexts, bank.returns_tuple
+        module, first, state, inputs, Changes(contexts, vocabulary), bank.returns_tuple
     )
     return logits[0], narrowed
 
 
-def _behaviour_passes(module, bank: Bank, edit, base, heads, vocabulary, row_tokens: int, share: bool, which):
+def _behaviour_passes(module, variants: Variants, vocabulary, row_tokens: int, share: bool):
     """Per pass: (variant indices, logits after each one's last token, whether they are narrowed to
     `vocabulary`), packed (shared prefixes) or one padded row per variant."""
+    bank, base, heads = variants.bank, variants.base, variants.heads
     if share:
-        for first, packs in _packed_groups(bank, base, heads, row_tokens, which):
-            logits, narrowed = _packed_pass(module, bank, edit, base, heads, packs, first, vocabulary, which)
+        for first, packs in _packed_groups(bank, base, heads, row_tokens, variants.which):
+            logits, narrowed = _packed_pass(module, variants, packs, first, vocabulary)
             yield torch.tensor([v for pack in packs for v in pack]), logits, narrowed
         return
     for first, rows in _groups(bank, base, heads, row_tokens):
         last = picked_logits(module, (torch.arange(len(rows)), bank.lengths[base[rows]] - 1))
-        editor = editing(_editor(edit, heads, which, rows))
+        editor = editing(_editor(variants, rows))
         sequences = base[rows]
         hidden = bank.hidden[first][sequences]
-        logits, narrowed = rerun_logits(module, bank, sequences, first, hidden, vocabulary, [editor, last])
+        logits, narrowed = rerun_logits(
+            module, bank, sequences, first, hidden, Changes([editor, last], vocabulary)
+        )
         yield rows, logits[0], narrowed
 
 
@@ -132,30 +154,17 @@ def packs_edits(module, bank: Bank, edit) -> bool:
 
 @torch.inference_mode()
 def edited_behaviour(
-    model,
-    bank: Bank,
-    edit: HeadEdit,
-    base: torch.Tensor,
-    heads: torch.Tensor,
-    positive: torch.Tensor,
-    negative: torch.Tensor,
-    row_tokens: int = ROW_TOKENS,
-    share: bool | None = None,
-    which: torch.Tensor | None = None,
+    model, variants: Variants, positive, negative, row_tokens: int = ROW_TOKENS, share: bool | None = None
 ) -> torch.Tensor:
-    """y = log p(positive) - log p(negative) after each variant's sequence `bank[base]` with the heads
-    `heads` (V, L, H) edited by `edit`: (V,) float64. A variant editing nothing gets the clean y.
-    `edit` may be a tuple of edits with `which` (V,) naming each variant's (one call for the sweep's
-    quarters, each with its own parameters, so that more variants share a pass and a prefix).
-    `share`: pack shared prefixes (None: wherever that is exact, `packs_edits`)."""
+    """y = log p(positive) - log p(negative) after each of the `variants` (V,): float64. A variant
+    editing nothing gets the clean y. `share`: pack shared prefixes (None: wherever that is exact,
+    `packs_edits`)."""
     module = module_of(model)
-    y = torch.empty(len(base), dtype=torch.float64)
+    y = torch.empty(len(variants.base), dtype=torch.float64)
     labels = torch.cat([positive, negative], 1)
     vocabulary = labels[labels >= 0].unique()
-    share = packs_edits(module, bank, edit) if share is None else share
-    for rows, logits, narrowed in _behaviour_passes(
-        module, bank, edit, base, heads, vocabulary, row_tokens, share, which
-    ):
+    share = packs_edits(module, variants.bank, variants.edit) if share is None else share
+    for rows, logits, narrowed in _behaviour_passes(module, variants, vocabulary, row_tokens, share):
         y[rows] = (
             narrowed_behaviour(logits, positive[rows], negative[rows], vocabulary, narrowed)
             .double()
@@ -180,9 +189,9 @@ def edited_text_costs(
     row_tokens = max(1, LOGIT_BYTES // (4 * vocab))
     clean_p = [logp.exp() for logp in clean_logp]  # once, not per variant
     for first, rows in _groups(bank, base, heads, row_tokens):
-        editor = editing(_editor(edit, heads, None, rows))
+        editor = editing(_editor(Variants(bank, edit, base, heads), rows))
         hidden = bank.hidden[first][base[rows]]
-        logits = rerun_logits(module, bank, base[rows], first, hidden, None, [editor])[0].float()
+        logits = rerun_logits(module, bank, base[rows], first, hidden, Changes([editor]))[0].float()
         for b, v in enumerate(rows.tolist()):
             n = int(base[v])
             kl[v], loss[v] = text_costs(logits[b], bank, n, clean_logp[n], clean_p[n])

@@ -32,7 +32,7 @@ import torch
 
 from ..attention.capture import model_edit
 from ..intervene.engine import Bank
-from ..intervene.rerun import ROWS, rerun_logits, rerun_y
+from ..intervene.rerun import ROWS, Changes, rerun_logits, rerun_y
 from ..model.anatomy import decoder_layers, module_of
 from ..stats.edits import STREAM as NAME
 from .estimate import definitional_directions, erasers
@@ -146,7 +146,7 @@ def _passes(module, bank: Bank, edit: StreamEdit, vocabulary: torch.Tensor | Non
     stream; with `vocabulary` the lm head narrowed to it (narrowed_head). Yields (rows, logits (B, T,
     vocab or the vocabulary's), whether they are narrowed)."""
     for rows, hidden, applied in _batches(module, bank, edit):
-        yield rows, *rerun_logits(module, bank, rows, edit.layer, hidden, vocabulary, applied)
+        yield rows, *rerun_logits(module, bank, rows, edit.layer, hidden, Changes(applied, vocabulary))
 
 
 @torch.inference_mode()

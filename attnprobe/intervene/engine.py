@@ -31,7 +31,7 @@ from ..defaults import ROW_TOKENS
 from ..forward.packing import pad_right
 from ..forward.sharing import prefix_sharing_blocker
 from ..model.anatomy import decoder_layers, mlp_modules, module_of
-from .rerun import narrowed_behaviour, rerun_logits
+from .rerun import Changes, narrowed_behaviour, rerun_logits
 from .sites import Activations, behaviour_rows, last_position_mlp, mlp_outputs, recording_mlp
 
 
@@ -213,9 +213,8 @@ def _forward(model, bank: Bank, v: Variants, rows: torch.Tensor, first: int, pre
     elif found:  # no MLP output patched: the top MLP only where the logits are read
         contexts.append(last_position_mlp(found[-1], last))
     contexts.append(picked_logits(module, (torch.arange(len(rows)), last)))
-    logits, narrowed = rerun_logits(
-        module, bank, base, first, bank.hidden[first][base, :T], vocabulary, contexts, prefix
-    )
+    hidden = bank.hidden[first][base, :T]
+    logits, narrowed = rerun_logits(module, bank, base, first, hidden, Changes(contexts, vocabulary), prefix)
     return narrowed_behaviour(logits[0], v.positive[rows], v.negative[rows], vocabulary, narrowed)
 
 

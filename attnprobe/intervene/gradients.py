@@ -9,6 +9,7 @@ selection null (analyses/paths.py) and, frozen weights, by the circuits' attribu
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -49,17 +50,29 @@ def frozen_weights(module):
             p.requires_grad_(True)
 
 
+@dataclass(frozen=True)
+class PairRows:
+    """Rows of item pairs: x is row `xs[i]` of the items' bank and its counterfactual row `donors[i]`
+    of the donors' bank, read at positions `at[i]` and `donor_at[i]` (each (n,))."""
+
+    xs: torch.Tensor
+    donors: torch.Tensor
+    at: torch.Tensor
+    donor_at: torch.Tensor
+
+
 def value_path_attribution(
-    model, bank: Bank, donor: Bank, xs, donors, at, donor_at, positive, negative
+    model, bank: Bank, donor: Bank, pairs: PairRows, positive, negative
 ) -> torch.Tensor:
     """(n, L, H) float64: the first-order effect on y of each head reading the donor's value at one
-    position, per row (xs[i] of `bank`, its counterfactual donors[i] of `donor`):
+    position, per pair (its x in `bank`, its counterfactual in `donor`):
 
       z[q] <- z[q] + A[q, p] (v'_p' - v_p)  for every query q   (p = at[i], p' = donor_at[i])
       effect ~ sum_q dy/dz[q] . A[q, p] (v'_p' - v_p)
 
     with A, v and dy/dz from x's clean run: engine.HeadPatch's `value` path to first order, summed
     over heads for a set (exact where the heads' effects do not interact)."""
+    xs, donors, at, donor_at = pairs.xs, pairs.donors, pairs.at, pairs.donor_at
     grads = gradients(model, bank, xs, positive, negative, [])
     rows, out = torch.arange(len(xs)), []
     for layer in range(len(bank.hidden)):

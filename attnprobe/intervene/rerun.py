@@ -14,6 +14,7 @@ Shapes: B rows, T positions, E model width.
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -23,48 +24,50 @@ from .sites import behaviour_rows
 ROWS = 64  # sequences per pass of the edit analyses
 
 
-def forward_from(
-    module, layer: int, hidden, ids, mask, positions=None, vocabulary=None, contexts=(), returns_tuple=True
-):
-    """(logits, narrowed): the model on `ids` (B, T) with `mask` (2-D padding or 4-D packed) and
-    `positions` (None: 0..T-1), run from `layer`, which receives `hidden` (B, T, E); with
-    `vocabulary` the lm head computes those ids' logits only (narrowed True where it could).
-    `contexts` are entered around the pass after the head is narrowed (so a hook on the lm head
-    hooks the narrowed one). Gradients flow where the caller enables them."""
+@dataclass(frozen=True)
+class Changes:
+    """What a rerun changes and reads: the `contexts` entered around the pass (editors on the heads'
+    outputs, hooks on MLPs, the picked logits), after the lm head is narrowed to `vocabulary` (the
+    label ids y needs; None: every logit), so a hook on the lm head hooks the narrowed one."""
+
+    contexts: tuple | list = ()
+    vocabulary: torch.Tensor | None = None
+
+
+def forward_from(module, layer: int, hidden, inputs: dict, changes: Changes = Changes(), returns_tuple=True):
+    """(logits, narrowed): the model on `inputs` (input_ids (B, T), attention_mask 2-D padding or 4-D
+    packed, position_ids or None: 0..T-1), run from `layer`, which receives `hidden` (B, T, E), with
+    the `changes` (narrowed True where the head could be narrowed). Gradients flow where the caller
+    enables them."""
     with ExitStack() as stack:
         stack.enter_context(skipping(module, layer, hidden, returns_tuple))
+        vocabulary = changes.vocabulary
         narrowed = vocabulary is not None and stack.enter_context(narrowed_head(module, vocabulary))
-        for context in contexts:
+        for context in changes.contexts:
             stack.enter_context(context)
-        out = module(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+        out = module(**inputs, use_cache=False)
     return out.logits, narrowed
 
 
-def rerun_logits(module, bank, rows, layer: int, hidden, vocabulary=None, contexts=(), start: int = 0):
+def rerun_logits(module, bank, rows, layer: int, hidden, changes: Changes = Changes(), start: int = 0):
     """forward_from for the sequences `rows` of a Bank over positions start..T (T their longest
     length; `hidden` (B, >= T, E) from position 0): (logits (B, T - start, vocab or the
     vocabulary's), narrowed)."""
     T = int(bank.lengths[rows].max())
     device = hidden.device
     positions = torch.arange(start, T)[None]
-    mask = (positions < bank.lengths[rows, None]).long().to(device)
-    return forward_from(
-        module,
-        layer,
-        hidden[:, start:T],
-        bank.ids[rows, start:T].to(device),
-        mask,
-        positions.expand(len(rows), -1).to(device),
-        vocabulary,
-        contexts,
-        bank.returns_tuple,
-    )
+    inputs = {
+        "input_ids": bank.ids[rows, start:T].to(device),
+        "attention_mask": (positions < bank.lengths[rows, None]).long().to(device),
+        "position_ids": positions.expand(len(rows), -1).to(device),
+    }
+    return forward_from(module, layer, hidden[:, start:T], inputs, changes, bank.returns_tuple)
 
 
 def rerun_y(module, bank, rows: torch.Tensor, layer: int, hidden: torch.Tensor, labels, contexts=()):
     """y (B,) float64 of the rows run as rerun_logits does; `labels` (B, 2, K) their label ids."""
     vocabulary = labels[labels >= 0].unique()
-    logits, narrowed = rerun_logits(module, bank, rows, layer, hidden, vocabulary, contexts)
+    logits, narrowed = rerun_logits(module, bank, rows, layer, hidden, Changes(contexts, vocabulary))
     last = logits[torch.arange(len(rows)), bank.lengths[rows] - 1]
     return narrowed_behaviour(last, *labels.unbind(1), vocabulary, narrowed).double()
 

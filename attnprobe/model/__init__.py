@@ -120,7 +120,6 @@ def load_model(
     `device_map="auto"` spreads a model too large for one device over the devices accelerate finds.
     """
     torch_dtype = _parse_dtype(dtype)
-    dtype_name = str(torch_dtype).removeprefix("torch.")
     if device_map is None:
         check_device(device)
     if is_random(spec):
@@ -134,9 +133,7 @@ def load_model(
         kwargs["use_safetensors"] = True
     if torch_dtype == torch.float64:
         kwargs["experts_implementation"] = "eager"  # mixture-of-experts' grouped-matmul kernel has no float64
-    tokenizer, model = _load_files(
-        spec, source, local, dtype_name, device, device_map, trust_remote_code, kwargs
-    )
+    tokenizer, model = _load_files(spec, source, local, device, kwargs)
     check_vocabulary(tokenizer, model, spec)
     check_finite(model, spec)
     if device_map is None:
@@ -145,10 +142,14 @@ def load_model(
     return _wrap(model, tokenizer, spec, name, source_sha, capture)
 
 
-def _load_files(spec, source, local, dtype_name, device, device_map, trust_remote_code, kwargs) -> tuple:
-    """(tokenizer, model) from `source` (the hub offline where it is local); whatever goes wrong is one
+def _load_files(spec, source, local, device, kwargs: dict) -> tuple:
+    """(tokenizer, model) from `source` (the hub offline where it is local), `kwargs` those of
+    from_pretrained (dtype, trust_remote_code, device_map where given); whatever goes wrong is one
     ModelSpecError saying what to do."""
     from transformers import AutoConfig, AutoModelForCausalLM  # heavy import, keep it local
+
+    trust_remote_code, device_map = kwargs["trust_remote_code"], kwargs.get("device_map")
+    dtype_name = str(kwargs["dtype"]).removeprefix("torch.")
 
     offline = local or _hub_offline()
     try:

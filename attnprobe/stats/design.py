@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import AnalysisError
-from ..schema.analysis import ITEM, TEMPLATE, Analysis
+from ..schema.analysis import FEW_LEVELS, ITEM, TEMPLATE, Analysis
 from .inference import cluster_slope_test
 
 
@@ -138,3 +138,23 @@ def cell_slopes(items: pd.DataFrame, values: np.ndarray, analysis: Analysis) -> 
     return cluster_slope_test(
         x, design.cell_means(values), design.cells["weight"].to_numpy(), design.clusters
     )
+
+
+def power_note(n_clusters: list[int], cluster_text: str) -> str:
+    """What the design lets a cluster-robust test conclude: nothing with one cluster; with fewer than
+    FEW_LEVELS levels of a dimension, an interval from t with so few df that it says little (and what
+    to declare instead); approximate p below 10 clusters."""
+    names = cluster_text.split(" x ")
+    fewest = min(n_clusters)
+    if fewest < 2:
+        return f"one cluster of {cluster_text}: no test"
+    few = [f"{name} has {n}" for name, n in zip(names, n_clusters) if n < FEW_LEVELS]
+    if few:
+        return (
+            f"{', '.join(few)} levels: t with {fewest - 1} df gives intervals too wide to conclude "
+            "much; add levels, or drop that dimension from analysis.clusters if its levels are fixed "
+            "conditions rather than a sample"
+        )
+    if fewest < 10:
+        return f"{' x '.join(map(str, n_clusters))} clusters ({cluster_text}): p is approximate"
+    return ""

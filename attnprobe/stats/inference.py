@@ -24,8 +24,6 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from ..schema.analysis import FEW_LEVELS
-
 ALPHA = 0.05
 N_BOOT = 2000
 
@@ -249,13 +247,20 @@ def _fieller(A: np.ndarray, B: np.ndarray, q: tuple, t: np.ndarray) -> tuple[np.
     return low, high
 
 
-def _inverted_ci(se, num, den, A, B, clusters: list[np.ndarray], df, level: float, ratio):
-    """The shares s the test of num - s den = 0 (estimate A - s B, the numerator test's df) does not
-    reject, NaN where `ratio` is not finite. `se(u, clustering)`: the test's SE of each column of u
-    under one clustering; its square is quadratic in s, so three values of s (one stacked test) give
-    it. Two-way, the larger of the crossed (V1 + V2 - V12) and each one-way variance: the union."""
+def _critical(df, level: float) -> np.ndarray:
+    """The two-sided t quantile of `level` at each df, NaN where df < 1."""
     ok = df >= 1
-    t = np.where(ok, sps.t.ppf(0.5 + level / 2, np.where(ok, df, 1)), np.nan)
+    return np.where(ok, sps.t.ppf(0.5 + level / 2, np.where(ok, df, 1)), np.nan)
+
+
+def _inverted_ci(se, num, den, A, B, clusters: list[np.ndarray], t):
+    """The shares s the test of num - s den = 0 (estimate A - s B, critical value `t`: the numerator
+    test's) does not reject, NaN where A / B is not finite. `se(u, clustering)`: the test's SE of
+    each column of u under one clustering; its square is quadratic in s, so three values of s (one
+    stacked test) give it. Two-way, the larger of the crossed (V1 + V2 - V12) and each one-way
+    variance: the union."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = A / B
     parts = [[c] for c in clusters]
     if len(clusters) == 2:
         parts.append([np.array([f"{a}\x1f{b}" for a, b in zip(*clusters)])])
@@ -291,7 +296,7 @@ def ratio_test(
         se = u["se"] / np.abs(mean_den)
     se_of = lambda u, part: cluster_mean_test(u, w, part, level)["se"]
     df = cluster_mean_test(num, w, clusters, level)["df"]
-    low, high = _inverted_ci(se_of, num, den, mean_num, mean_den, clusters, df, level, ratio)
+    low, high = _inverted_ci(se_of, num, den, mean_num, mean_den, clusters, _critical(df, level))
     out = {"ratio": ratio, "se": se, "ci_low": low, "ci_high": high, "df": u["df"]}
     return {**out, "n_clusters": u["n_clusters"], "n": np.isfinite(num).sum(0)}
 
@@ -316,7 +321,7 @@ def slope_ratio_test(
         se = u["se"] / np.abs(slope_den)
     se_of = lambda u, part: cluster_slope_test(x, u, w, part, level)["se"]
     A, B = numerator["slope"], slope_den
-    low, high = _inverted_ci(se_of, num, den, A, B, clusters, numerator["df"], level, ratio)
+    low, high = _inverted_ci(se_of, num, den, A, B, clusters, _critical(numerator["df"], level))
     return {"ratio": ratio, "se": se, "ci_low": low, "ci_high": high, "df": u["df"]}
 
 
@@ -378,23 +383,3 @@ def cluster_weights(labels: list[np.ndarray], rng, n: int):
             levels = code.max() + 1
             weight *= rng.multinomial(levels, np.full(levels, 1.0 / levels))[code]
         yield weight
-
-
-def power_note(n_clusters: list[int], cluster_text: str) -> str:
-    """What the design lets a cluster-robust test conclude: nothing with one cluster; with fewer than
-    FEW_LEVELS levels of a dimension, an interval from t with so few df that it says little (and what
-    to declare instead); approximate p below 10 clusters."""
-    names = cluster_text.split(" x ")
-    fewest = min(n_clusters)
-    if fewest < 2:
-        return f"one cluster of {cluster_text}: no test"
-    few = [f"{name} has {n}" for name, n in zip(names, n_clusters) if n < FEW_LEVELS]
-    if few:
-        return (
-            f"{', '.join(few)} levels: t with {fewest - 1} df gives intervals too wide to conclude "
-            "much; add levels, or drop that dimension from analysis.clusters if its levels are fixed "
-            "conditions rather than a sample"
-        )
-    if fewest < 10:
-        return f"{' x '.join(map(str, n_clusters))} clusters ({cluster_text}): p is approximate"
-    return ""

@@ -12,13 +12,13 @@ def edit_inputs(model, suite, reference: str | None = None, seed: int = 0, texts
     """The recorded inputs `attnprobe edit` fits kinds on (edits.inputs.Inputs), for `suite` (a Suite
     with head effects, a covariate and a control) on `model` (a loaded ProbeModel); `texts`: the
     generated texts of the cost (8 of the 64: the check needs texts, not a tight interval)."""
-    from ..edits.inputs import record_inputs
+    from ..edits.inputs import Texts, record_inputs
     from ..run import RunOptions, plan_run
 
     effects = plan_run(suite, model, RunOptions(progress=False, log=lambda m: None)).parts["head_effects"]
     word = reference or suite.head_effects.replacements[-1]
     labels = (effects.measure.positive, effects.measure.negative)
-    return record_inputs(model, effects.items, word, seed, None, suite.control, labels, texts)
+    return record_inputs(model, effects.items, word, suite.control, labels, Texts(seed, texts))
 
 
 def check_edit_kind(kind, model, inputs) -> None:
@@ -83,16 +83,21 @@ def _packed(kind, edit, model, inputs) -> None:
     """edits.passes.edited_behaviour of every item in one call equals one call per item."""
     import torch
 
-    from ..edits.passes import edited_behaviour
+    from ..edits.passes import Variants, edited_behaviour
 
     n, (L, H) = min(4, len(inputs.items)), (model.info.n_layers, model.info.n_heads)
     mask = edit.mask(L, H)
     pos, neg = inputs.labels[:n, 0], inputs.labels[:n, 1]
-    together = edited_behaviour(model, inputs.bank, edit, torch.arange(n), mask.expand(n, L, H), pos, neg)
+    together = edited_behaviour(
+        model, Variants(inputs.bank, edit, torch.arange(n), mask.expand(n, L, H)), pos, neg
+    )
     alone = torch.cat(
         [
             edited_behaviour(
-                model, inputs.bank, edit, torch.tensor([i]), mask[None], pos[i : i + 1], neg[i : i + 1]
+                model,
+                Variants(inputs.bank, edit, torch.tensor([i]), mask[None]),
+                pos[i : i + 1],
+                neg[i : i + 1],
             )
             for i in range(n)
         ]

@@ -177,7 +177,7 @@ def verify(model: ProbeModel | str, texts: list[str] | None = None) -> pd.DataFr
     previous = hf.config._attn_implementation
     try:
         for path in ("eager", "capture"):
-            _compare_path(hf, modules, path, ids, mask, lengths, dtype, rows)
+            _compare_path(hf, modules, path, ids, mask, dtype, rows)
     finally:
         hf.set_attn_implementation(previous)
     return with_verdict(pd.DataFrame(rows.values()))
@@ -193,9 +193,11 @@ def with_verdict(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def _compare_path(hf, modules, path: str, ids, mask, lengths, dtype, rows: dict) -> None:
+def _compare_path(hf, modules, path: str, ids, mask, dtype, rows: dict) -> None:
     """Run the model through `path` (eager, or attnprobe's capture where the family takes the
-    interface), recompute every layer from its recorded input and add the differences to `rows`."""
+    interface) on `ids` with their padding `mask`, recompute every layer from its recorded input and
+    add the differences to `rows`."""
+    lengths = mask.sum(1).cpu()
     config = hf.config.get_text_config()
     interface = bool(getattr(hf, "_supports_attention_backend", False))
     rotary = any(name.endswith("rotary_emb") for name, _ in hf.named_modules())

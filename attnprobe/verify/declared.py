@@ -198,13 +198,14 @@ def rope_parameters(config, layer: int) -> dict | None:
     return dict(params) if params else None
 
 
-def rotate(q, k, params: dict, config, D: int, positions, interleaved: bool, direction: float = 1.0):
+def rotate(q, k, params: dict, config, positions, interleaved: bool, direction: float = 1.0):
     """Rotary positions on q and k (B, heads, T, D); in float32 for the families that do so."""
     if config.model_type in ROUNDED_BEFORE_ROTARY:
         q, k = q.float().to(q.dtype), k.float().to(k.dtype)
     if config.model_type in ROTARY_IN_FLOAT32 and q.dtype != torch.float32:
-        q32, k32 = rotate(q.float(), k.float(), params, config, D, positions, interleaved, direction)
+        q32, k32 = rotate(q.float(), k.float(), params, config, positions, interleaved, direction)
         return q32.to(q.dtype), k32.to(k.dtype)
+    D = q.shape[-1]
     factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
     rotary_dim = int(D * factor)
     try:
@@ -263,7 +264,7 @@ def generic(module, x, layer, config, positions, rotary: bool) -> Projected:
     q, k, v = ref.split_heads(q, H), ref.split_heads(k, Hkv), ref.split_heads(v, Hkv)
     params = rope_parameters(config, layer) if rotary else None
     if params is not None:
-        q, k = rotate(q, k, params, config, D, positions, *pair_layout(module, config.model_type))
+        q, k = rotate(q, k, params, config, positions, *pair_layout(module, config.model_type))
     if after:
         q, k = norms(ref.merge_heads(q), ref.merge_heads(k))
         q, k = ref.split_heads(q, H), ref.split_heads(k, Hkv)

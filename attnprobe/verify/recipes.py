@@ -109,7 +109,7 @@ def _falcon(module, x, layer, config, positions) -> Projected:
         q, k, v = ref.split_heads(q, H), ref.split_heads(k, 1), ref.split_heads(v, 1)
     else:
         q, k, v = _per_head_fused(fused, H, D)
-    q, k = rotate(q, k, rope_parameters(config, layer), config, D, positions, interleaved=False)
+    q, k = rotate(q, k, rope_parameters(config, layer), config, positions, interleaved=False)
     return Projected(q, k, v, D**-0.5, None, None, out=lambda context: apply_linear(module.dense, context))
 
 

@@ -137,7 +137,7 @@ def test_resample_takes_each_position_from_the_reference_bank(tiny):
 def test_packed_edited_passes_equal_separate_ones_and_a_plain_edited_forward(tiny, kind):
     """Variants with one head set share their sequences' prefixes in a packed trie; y must equal the
     unpacked passes and a whole forward of the edited model, for heads in either layer and none."""
-    from attnprobe.edits.passes import _packed_groups, edited_behaviour, packs_edits
+    from attnprobe.edits.passes import Variants, _packed_groups, edited_behaviour, packs_edits
     from attnprobe.intervene.sites import behaviour_rows
 
     texts = ["The nurse said that", "The nurse told us that", "The nurse left", "The pilot said that"]
@@ -154,8 +154,8 @@ def test_packed_edited_passes_equal_separate_ones_and_a_plain_edited_forward(tin
     heads = torch.stack([edit.on(s).mask(L, H) for s in sets for _ in ids])  # (V, L, H)
     positive, negative = torch.tensor([[7]] * len(base)), torch.tensor([[11, 12]] * len(base))
     assert packs_edits(tiny.model, bank, edit)
-    packed = edited_behaviour(tiny, bank, edit, base, heads, positive, negative, share=True)
-    separate = edited_behaviour(tiny, bank, edit, base, heads, positive, negative, share=False)
+    packed = edited_behaviour(tiny, Variants(bank, edit, base, heads), positive, negative, share=True)
+    separate = edited_behaviour(tiny, Variants(bank, edit, base, heads), positive, negative, share=False)
     assert torch.allclose(packed, separate, atol=1e-5)  # float32 sums in rows of other shapes
     for v in (6, 13, 19):  # a few variants, each as one whole forward of the edited model
         with edited(tiny, edit.on(sets[v // len(ids)])):
@@ -175,7 +175,7 @@ def test_packed_edited_passes_equal_separate_ones_and_a_plain_edited_forward(tin
 def test_one_call_with_an_edit_per_variant_equals_a_call_per_edit(tiny):
     """The sweep edits each quarter with its own parameters in one call (`which`): every variant's y
     must be what a call with its edit alone gives, packed or not."""
-    from attnprobe.edits.passes import edited_behaviour
+    from attnprobe.edits.passes import Variants, edited_behaviour
 
     ids = _ids(tiny, ["The nurse said that", "The nurse told us that", "The pilot left"])
     bank = record(tiny, ids)
@@ -188,12 +188,12 @@ def test_one_call_with_an_edit_per_variant_equals_a_call_per_edit(tiny):
     positive, negative = torch.tensor([[7]] * len(base)), torch.tensor([[11]] * len(base))
     for share in (True, False):
         together = edited_behaviour(
-            tiny, bank, edits, base, heads, positive, negative, share=share, which=which
+            tiny, Variants(bank, edits, base, heads, which), positive, negative, share=share
         )
         for i, edit in enumerate(edits):
             mine = (which == i).nonzero()[:, 0]
             alone = edited_behaviour(
-                tiny, bank, edit, base[mine], heads[mine], positive[mine], negative[mine]
+                tiny, Variants(bank, edit, base[mine], heads[mine]), positive[mine], negative[mine]
             )
             assert torch.allclose(together[mine], alone, atol=1e-5)
     assert not torch.allclose(together[which == 0], together[which == 1], atol=1e-4)  # the edits differ

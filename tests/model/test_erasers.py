@@ -139,19 +139,20 @@ def test_a_shrunk_eraser_leaves_less_of_the_population_covariance_at_few_rows_pe
 
 
 def test_the_readout_after_erasure_reads_nothing_on_held_out_rows():
-    """edits.sweep.erased.ridge_readout: a covariate written linearly into a site is read back on
-    held-out rows (R2 near 1) and not after the site is erased on the training rows (R2 near 0)."""
-    from attnprobe.edits.sweep.erased import ridge_readout
+    """stats.analyses.ridge.ridge_predict (the readout after an edit): a covariate written linearly
+    into a site is read back on held-out rows (R2 near 1) and not after the site is erased on the
+    training rows (R2 near 0)."""
+    from attnprobe.stats.analyses.ridge import ridge_predict
 
     rng = np.random.default_rng(0)
     z = rng.standard_normal((600, 8)) @ rng.standard_normal((8, 8))
     x = z @ rng.standard_normal(8) + 0.1 * rng.standard_normal(600)
     train, held = np.arange(400), np.arange(400, 600)
     r2 = lambda read: 1 - ((x[held] - read) ** 2).sum() / ((x[held] - x[held].mean()) ** 2).sum()
-    assert r2(ridge_readout(z[train], x[train], z[held])) > 0.9
+    assert r2(ridge_predict(z[train], x[train], z[held])) > 0.9
     u, f, mu = (t[0, 0].double().numpy() for t in erasers(torch.as_tensor(z[train])[:, None, None], x[train]))
     erase = lambda rows: rows - u * ((rows - mu) @ f)[:, None]
-    assert abs(r2(ridge_readout(erase(z[train]), x[train], erase(z[held])))) < 0.05
+    assert abs(r2(ridge_predict(erase(z[train]), x[train], erase(z[held])))) < 0.05
 
 
 def _quarters(units: int, templates: int, rng):
@@ -176,7 +177,8 @@ def test_the_readout_after_erasure_catches_what_the_eraser_missed_out_of_sample(
     nothing, whatever is left elsewhere. Trained on rows the eraser never saw (erased.readout_splits:
     the other units' quarter of the same templates), it still reads the covariate on held-out units:
     the check fails the leaky erasure. An eraser fitted on many rows passes it."""
-    from attnprobe.edits.sweep.erased import _held_out_reads, ridge_readout
+    from attnprobe.edits.sweep.erased import _held_out_reads
+    from attnprobe.stats.analyses.ridge import ridge_predict
 
     rng = np.random.default_rng(0)
     inputs = _quarters(40, 4, rng)
@@ -196,7 +198,7 @@ def test_the_readout_after_erasure_catches_what_the_eraser_missed_out_of_sample(
     old = []  # round 5: trained on the eraser's own rows
     for f in range(4):
         train, held = inputs.fold == 3 - f, inputs.fold == f
-        old.append(r2(ridge_readout(leaky[f](z[train]), x[train], leaky[f](z[held])), held))
+        old.append(r2(ridge_predict(leaky[f](z[train]), x[train], leaky[f](z[held])), held))
     keys, read = _held_out_reads(lambda f: leaky[f](z), inputs, 1)
     on = np.array([i for _, _, i in keys])
     assert max(old) < 0.05 and r2(np.array(read), on) > 0.1, (old, r2(np.array(read), on))  # 0.16

@@ -5,6 +5,7 @@ the exact effect's first order, and the tables come from the parquet files alone
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -14,11 +15,13 @@ from conftest import TINY_CONFIGS, eager_twin
 from transformers import AutoModelForCausalLM
 
 import attnprobe
-from attnprobe.analyses.paths import compared_pairs, measure_circuits, measure_paths, path_runs
+from attnprobe.analyses.paths import PathsDesign, measure_circuits, measure_paths, path_runs
 from attnprobe.analyses.paths_parts import circuit_table, part_effects, parts_table
 from attnprobe.analyses.paths_tables import edges_table, paths_table
 from attnprobe.analyses.senders import (
+    Patching,
     _sender_pass,
+    compared_pairs,
     edges,
     pair_frame,
     pair_tensors,
@@ -29,7 +32,7 @@ from attnprobe.analyses.senders import (
 )
 from attnprobe.heads import HeadSet
 from attnprobe.intervene.engine import record
-from attnprobe.intervene.gradients import value_path_attribution
+from attnprobe.intervene.gradients import PairRows, value_path_attribution
 from attnprobe.intervene.items import Counterfactual, PatchItem
 from attnprobe.intervene.selection import folds
 from tests import reference_paths as ref
@@ -89,7 +92,7 @@ def test_path_patching_equals_the_one_item_reference(tiny):
         for path in ("value", "pattern", "output")
         if path != "pattern" or pair.same_length
     ]
-    got = path_runs(model, bank, reference, pairs, labels, runs)
+    got = path_runs(Patching(model, bank, reference, labels), pairs, runs)
     want = [
         ref.path_y(eager, items[i].x, items[i].counterfactuals[0].x_cf, pairs[i].at, pairs[i].at_cf, path,
                    list(heads), POSITIVE, NEGATIVE)
@@ -103,9 +106,9 @@ def test_path_patching_equals_the_one_item_reference(tiny):
 
 def test_edges_equal_the_reference_and_writes_add_up_to_the_stream(tiny):
     model, eager, items, bank, reference, labels, pairs = tiny
-    anatomy = path_sites(model)
+    patching = Patching(model, bank, reference, labels)
     receiver = (2, 1)
-    names, parts = writes(anatomy, bank, reference, pairs, 2)
+    names, parts = writes(patching, pairs, 2)
     n = torch.tensor([p.item for p in pairs])
     stream = torch.stack(
         [reference.hidden[2][p.donor, p.at_cf] - bank.hidden[2][p.item, p.at] for p in pairs]
@@ -113,7 +116,7 @@ def test_edges_equal_the_reference_and_writes_add_up_to_the_stream(tiny):
     torch.testing.assert_close(parts.sum(1), stream, atol=1e-4, rtol=1e-4)
     assert len(names) == 1 + 2 * (4 + 1) and len(n) == len(pairs)
     senders = ["embedding", "L0H2", "MLP 0", "L1H3", "MLP 1"]
-    got = edges(model, anatomy, bank, reference, pairs, receiver, senders, labels)
+    got = edges(patching, pairs, receiver, senders)
     as_reference = lambda s: tuple(HeadSet.parse(s).pairs[0]) if s.startswith("L") else s
     want = np.array(
         [[ref.edge_y(eager, items[p.item].x, items[p.item].counterfactuals[0].x_cf, p.at, p.at_cf, receiver,
@@ -127,15 +130,15 @@ def test_edges_equal_the_reference_and_writes_add_up_to_the_stream(tiny):
 def test_attribution_is_the_exact_edge_effect_to_first_order(tiny):
     """A sender's write scaled by e: the exact change in y over e tends to the attribution."""
     model, _, items, bank, reference, labels, pairs = tiny
-    anatomy = path_sites(model)
-    names, attributed = screen(model, anatomy, bank, reference, pairs, (2, 1), labels)
-    _, parts = writes(anatomy, bank, reference, pairs, 2)
+    patching = Patching(model, bank, reference, labels)
+    names, attributed = screen(patching, pairs, (2, 1))
+    _, parts = writes(patching, pairs, 2)
     heads = torch.full((len(pairs),), 1)
     with torch.inference_mode():
-        clean = _sender_pass(model, anatomy, bank, pairs, heads, 2, labels, torch.zeros_like(parts[:, 0]))
+        clean = _sender_pass(patching, pairs, heads, 2, torch.zeros_like(parts[:, 0]))
         for s in (0, names.index("L1H3"), names.index("MLP 1")):
             e = 1e-3
-            moved = _sender_pass(model, anatomy, bank, pairs, heads, 2, labels, e * parts[:, s])
+            moved = _sender_pass(patching, pairs, heads, 2, e * parts[:, s])
             np.testing.assert_allclose(((moved - clean) / e).numpy(), attributed[:, s], atol=2e-3, rtol=2e-2)
     clean_y = torch.tensor([ref.y_of(eager_twin(model), i.x, POSITIVE, NEGATIVE) for i in items]).double()
     torch.testing.assert_close(clean, clean_y, atol=1e-4, rtol=0)  # nothing swapped: x's own y
@@ -146,10 +149,8 @@ def test_the_value_path_to_first_order_is_its_derivative(tiny):
     way to x''s in the one-item reference: (y(e) - y(0)) / e tends to it (e = 1e-3: float32's
     rounding swamps smaller steps)."""
     model, eager, items, bank, reference, labels, pairs = tiny
-    rows, donors, at, at_cf = pair_tensors(pairs, "item", "donor", "at", "at_cf")
-    got = value_path_attribution(
-        model, bank, reference, rows, donors, at, at_cf, labels[rows, 0], labels[rows, 1]
-    )
+    rows = PairRows(*pair_tensors(pairs, "item", "donor", "at", "at_cf"))
+    got = value_path_attribution(model, bank, reference, rows, labels[rows.xs, 0], labels[rows.xs, 1])
     e = 1e-3
     for layer, head in ((0, 2), (1, 3), (2, 1)):
         for i, p in enumerate(pairs):
@@ -170,19 +171,14 @@ def test_the_whole_stream_swapped_into_the_value_is_the_value_path(family):
     items = _items(4)
     bank, reference, labels, pairs = _banks(model, items)
     layer, head = 1, 3
-    got = path_runs(
-        model, bank, reference, pairs, labels, [(i, "value", HeadSet(((layer, head),))) for i in range(4)]
-    )
+    patching = Patching(model, bank, reference, labels)
+    got = path_runs(patching, pairs, [(i, "value", HeadSet(((layer, head),))) for i in range(4)])
     stream = torch.stack(
         [reference.hidden[layer][p.donor, p.at_cf] - bank.hidden[layer][p.item, p.at] for p in pairs]
     )
     with torch.inference_mode():
-        swapped = _sender_pass(
-            model, path_sites(model), bank, pairs, torch.full((4,), head), layer, labels, stream
-        )
-    clean = _sender_pass(
-        model, path_sites(model), bank, pairs, torch.full((4,), head), layer, labels, 0 * stream
-    )
+        swapped = _sender_pass(patching, pairs, torch.full((4,), head), layer, stream)
+    clean = _sender_pass(patching, pairs, torch.full((4,), head), layer, 0 * stream)
     assert np.abs(got - clean.detach().numpy()).max() > 1e-4
     np.testing.assert_allclose(swapped.numpy(), got, atol=1e-4)
 
@@ -196,7 +192,8 @@ def planted():
     bank, reference, labels, _ = _banks(model, items)
     half = np.array([fold // 2 == 0 for fold in (folds(items)[i.item_id] for i in items)])
     receivers = HeadSet(((1, 0), (1, 1), (1, 2)))
-    return measure_paths(model, items, bank, reference, labels, "person", receivers, None, half)
+    recorded = SimpleNamespace(items=items, bank=bank, reference=reference, labels=labels)
+    return measure_paths(model, recorded, "person", PathsDesign(receivers, half))
 
 
 def _tables(frames):
@@ -246,7 +243,8 @@ def test_a_planted_circuit_is_faithful_and_complete_and_one_short_of_a_head_is_n
     bank, reference, labels, _ = _banks(model, items)
     roles = np.array([fold // 2 == 0 for fold in (folds(items)[i.item_id] for i in items)])
     receivers = HeadSet(((1, 0), (1, 3)))
-    frames = measure_paths(model, items, bank, reference, labels, "person", receivers, None, roles)
+    recorded = SimpleNamespace(items=items, bank=bank, reference=reference, labels=labels)
+    frames = measure_paths(model, recorded, "person", PathsDesign(receivers, roles))
     compared = compared_pairs(items, bank, reference, labels, "person")
     short = measure_circuits(
         model, bank, compared, labels, frames[0], print, {"person": [(1, 0)], "another occupation": [(1, 0)]}
@@ -402,7 +400,7 @@ def test_both_inputs_from_x_prime_are_the_output_so_the_parts_add_up():
     sets = [HeadSet(((2, 1),)), HeadSet(((1, 3),)), HeadSet(((1, 3), (2, 1), (2, 0)))]
     paths = ("output", "pattern+all values", "all values", "pattern", "value")
     runs = [(i, path, h) for i, p in enumerate(pairs) if p.same_length for h in sets for path in paths]
-    y = path_runs(model, bank, reference, pairs, labels, runs).reshape(-1, len(paths))
+    y = path_runs(Patching(model, bank, reference, labels), pairs, runs).reshape(-1, len(paths))
     np.testing.assert_allclose(y[:, 1], y[:, 0], atol=1e-6, rtol=0)
     eager = eager_twin(model)
     clean = np.array([ref.y_of(eager, items[i].x, POSITIVE, NEGATIVE) for i, _, _ in runs[:: len(paths)]])
@@ -449,7 +447,7 @@ def test_the_parts_add_up_on_smollm2_items(smollm):
     sets = [HeadSet(((25, 2),)), HeadSet(((26, 2),)), HeadSet(((23, 5), (25, 2), (27, 5)))]
     paths = ("output", "pattern+all values", "all values", "pattern", "value")
     runs = [(i, path, h) for i, _ in enumerate(pairs) for h in sets for path in paths]
-    y = path_runs(model, bank, reference, pairs, labels, runs).reshape(-1, len(paths))
+    y = path_runs(Patching(model, bank, reference, labels), pairs, runs).reshape(-1, len(paths))
     np.testing.assert_allclose(y[:, 1], y[:, 0], atol=1e-6, rtol=0)
     clean = np.repeat(pair_frame(items, bank, reference, pairs, labels)["y"].to_numpy(), len(sets))
     for column in (2, 3, 4):

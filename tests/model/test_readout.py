@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import attnprobe
-from attnprobe.analyses.readout import crossfit_r2
+from attnprobe.stats.analyses.ridge import crossfit_r2
 
 
 def test_a_planted_readout_is_found_and_noise_is_not():
@@ -37,9 +37,10 @@ def test_holm_adjusts_over_the_layers():
 
 def test_the_batched_ridge_equals_the_normal_equations_outcome_by_outcome():
     """Every row of the batched out-of-fold predictions (the covariate and its permutations at once)
-    equals ridge written out plainly: per fold and penalty the hat matrix from (X'X + aI)^-1, GCV
-    = mean squared residual / (1 - tr(H) / n)^2, the best penalty's fit predicting the held-out units."""
-    from attnprobe.analyses.readout import ALPHAS, _fold_fits, _predict
+    equals ridge written out plainly: per fold and penalty the hat matrix from (X'X + aI)^-1 (the
+    intercept's 11'/n added), the exact leave-one-out error mean ((y - Hy)_i / (1 - H_ii))^2, the best
+    penalty's fit predicting the held-out units."""
+    from attnprobe.stats.analyses.ridge import _fold_fits, _predict
 
     rng = np.random.default_rng(5)
     X, folds = rng.normal(size=(14, 6)), np.arange(14) % 4
@@ -51,11 +52,7 @@ def test_the_batched_ridge_equals_the_normal_equations_outcome_by_outcome():
             mean, scale = X[train].mean(0), X[train].std(0) + 1e-8
             A, B = (X[train] - mean) / scale, (X[test] - mean) / scale
             yc = y[train] - y[train].mean()
-            scores = []
-            for a in ALPHAS * np.mean(np.linalg.svd(A, compute_uv=False) ** 2):
-                H = A @ np.linalg.solve(A.T @ A + a * np.eye(6), A.T)
-                scores.append((np.mean((yc - H @ yc) ** 2) / (1 - np.trace(H) / len(yc)) ** 2, a))
-            a = min(scores)[1]
+            a = _plain_penalty(A, y[train])
             coef = np.linalg.solve(A.T @ A + a * np.eye(6), A.T @ yc)
             assert np.allclose(row[test], y[train].mean() + B @ coef, atol=1e-10)
 
@@ -65,20 +62,27 @@ def _plain_ridge(A: np.ndarray, y: np.ndarray, a: float) -> np.ndarray:
 
 
 def _plain_penalty(A: np.ndarray, y: np.ndarray) -> float:
-    """The penalty of the grid with the least GCV = mean squared residual / (1 - tr(H) / n)^2, H the
-    hat matrix from (A'A + aI)^-1."""
-    from attnprobe.analyses.readout import ALPHAS
+    """The penalty of the grid with the least exact leave-one-out error: the ridge with an intercept
+    refitted without each row in turn, written out (no shortcut), A's columns centred as given."""
+    from attnprobe.stats.analyses.ridge import ALPHAS
 
-    yc, scores = y - y.mean(), []
-    for a in ALPHAS * np.mean(np.linalg.svd(A, compute_uv=False) ** 2):
-        H = A @ np.linalg.solve(A.T @ A + a * np.eye(A.shape[1]), A.T)
-        scores.append((np.mean((yc - H @ yc) ** 2) / (1 - np.trace(H) / len(yc)) ** 2, a))
+    n, scores = len(y), []
+    s2 = np.linalg.svd(A - A.mean(0), compute_uv=False) ** 2
+    for a in ALPHAS * np.mean(s2[s2 > s2.max() * 1e-12]):
+        errors = []
+        for i in range(n):
+            keep = np.arange(n) != i
+            Ak, yk = A[keep], y[keep]
+            Ac = Ak - Ak.mean(0)
+            coef = np.linalg.solve(Ac.T @ Ac + a * np.eye(A.shape[1]), Ac.T @ (yk - yk.mean()))
+            errors.append(y[i] - yk.mean() - (A[i] - Ak.mean(0)) @ coef)
+        scores.append((np.mean(np.square(errors)), a))
     return min(scores)[1]
 
 
 def _plain_oof(X: np.ndarray, y: np.ndarray, folds: np.ndarray, copies: np.ndarray | None = None):
     """Out-of-fold ridge predictions written from the definition: per fold, X scaled by the training
-    rows, the penalty by GCV (with `copies`, each row's unit: on the training units once each, then
+    rows, the penalty by leave-one-out (with `copies`, each row's unit: on the training units once each, then
     scaled by rows per unit), the held-out rows predicted."""
     out = np.empty(len(y))
     for f in np.unique(folds):
@@ -98,7 +102,7 @@ def test_the_readout_point_is_a_median_over_fold_draws_and_its_ci_refits_every_r
     """crossfit_r2 recomputed plainly with the same draws: R2 the median over fold assignments; the
     CI the percentiles of R2 over bootstrap resamples of the units, each cross-fitted afresh (a unit
     drawn twice in one fold), moved so their median is the point; not a resample of fixed predictions."""
-    from attnprobe.analyses.readout import crossfit_r2
+    from attnprobe.stats.analyses.ridge import crossfit_r2
 
     rng = np.random.default_rng(7)
     X = rng.normal(size=(16, 5))
@@ -120,3 +124,20 @@ def test_the_readout_point_is_a_median_over_fold_draws_and_its_ci_refits_every_r
     low, high = point + np.percentile(refits, [2.5, 97.5]) - np.median(refits)
     assert (found["ci_low"], found["ci_high"]) == pytest.approx((low, high), abs=1e-8)
     assert low < point < high
+
+
+def test_the_penalty_is_chosen_by_the_data_where_the_rows_can_be_fitted_exactly():
+    """More features than training rows (SmolLM2's stream: 576 for 54 units): a criterion that leaves
+    the intercept's leverage out (round 6's GCV) falls to 0 at the least penalty whatever the data.
+    The closed form's choice equals refitting without each row in turn; the signal's is not the least
+    (noise may take any: every penalty predicts it about as badly)."""
+    from attnprobe.stats.analyses.ridge import ALPHAS, _basis, _loo_penalties
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(30, 120))
+    Z = (X - X.mean(0)) / X.std(0)
+    U, S, _ = _basis(Z, Z[:0])
+    outcomes = [rng.normal(size=30), Z[:, :3].sum(1) + 0.1 * rng.normal(size=30)]  # noise, a signal
+    chosen = _loo_penalties(U, S, np.stack([y - y.mean() for y in outcomes]))
+    assert chosen == pytest.approx([_plain_penalty(Z, y) for y in outcomes], rel=1e-9)
+    assert chosen[1] / np.mean(S**2) > ALPHAS[0], chosen

@@ -47,7 +47,7 @@ def test_the_bias_score_sits_near_the_centre_of_its_cluster_bootstrap(seed):
 
 @pytest.mark.parametrize("noise", [0.3, 1.0, 3.0])
 def test_the_readout_holds_its_point_inside_its_refitted_interval(noise):
-    from attnprobe.analyses.readout import crossfit_r2
+    from attnprobe.stats.analyses.ridge import crossfit_r2
 
     rng = np.random.default_rng(4)
     X = rng.normal(size=(40, 20))

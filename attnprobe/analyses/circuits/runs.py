@@ -1,6 +1,6 @@
 """The exact runs that judge circuits: x with a set of parts taking x''s output (graph.py).
 
-Per comparison (x' the reference word's version, or another occupation's item: paths.compared_pairs)
+Per comparison (x' the reference word's version, or another occupation's item: senders.compared_pairs)
 and per circuit size n (graph.Graph.sizes, and 0: the embeddings alone):
 
   faithfulness, in-sample   x with every part outside C patched, C the top n on every item
@@ -36,8 +36,7 @@ from ...intervene.engine import Bank, HeadPatch, aligned, mlp_patch
 from ...intervene.rerun import rerun_y
 from ...intervene.sites import behaviour_rows, mlp_outputs
 from ...model.anatomy import mlp_modules, module_of
-from ..paths import compared_pairs
-from ..senders import pair_tensors
+from ..senders import compared_pairs, pair_tensors
 from .eap import attributions
 from .graph import Graph, part_scores, random_parts, top_parts
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...analyses.circuits import CIRCUITS_VERSION, measure_run_circuits, write_circuits
-from ...analyses.paths import PATHS_VERSION, measure_run_paths, write_paths
+from ...analyses.paths import PATHS_VERSION, HeadChoice, measure_run_paths, write_paths
 from ...analyses.readout import write_readout
 from ...analyses.tracing import measure_tracing, tracing_table
 from ...errors import RunError
@@ -31,7 +31,7 @@ from ...stats.keeping.goal import goal_table
 from ...stats.keeping.layers import chosen_layers, mlp_tables, stream_table
 from ...stats.placebo import PLACEBO_PREFIX, placebo_table
 from ...store import atomic_write, read_chunks, write_parquet, write_table
-from ..inputs import check_text, record_inputs
+from ..inputs import Texts, check_text, record_inputs
 from ..kinds import KINDS
 from ..mlp import COVARIATE_MODES, MLP_KINDS, POSITIONS, Recorded, fitted_where, kind_of, measure_mlp
 from ..stream import StreamEdit, measure_stream
@@ -187,9 +187,8 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
     items, measure = effects.items, effects.measure
     log(f"edit: recording {len(items)} items, their {word!r} versions, the control prompts and texts")
     labels = (measure.positive, measure.negative)
-    inputs = record_inputs(
-        model, items, word, options.seed, options.text, suite.control, labels, options.texts
-    )
+    texts = Texts(options.seed, options.texts, options.text)
+    inputs = record_inputs(model, items, word, suite.control, labels, texts)
     scores, quarter_scores = _gradient_scores(run, items, inputs, word, L, H)
     sets = found_sets(inputs, scores, options.ks, listed, H)
     key = settings_hash(m.fingerprint, options, weights, str(inputs.control.ids.tolist()))
@@ -204,7 +203,8 @@ def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFram
         if options.trace:
             traced = part("trace", lambda: measure_tracing(model, inputs, word, log), described=False)
         if options.paths:
-            measure = lambda: measure_run_paths(model, inputs, word, scores, quarter_scores, listed, H, log)
+            choice = HeadChoice(scores, quarter_scores, listed, H)
+            measure = lambda: measure_run_paths(model, inputs, word, choice, log)
             paths = part("paths", measure, f"{key}:paths{PATHS_VERSION}", described=False)
         if options.circuits:  # beside the circuits found: the run's top 5 heads, chosen as the edits' are
             top = {f: chosen_heads(scores[f], 5, H) for f in ("all", 0, 1, 2, 3)}

@@ -1,7 +1,8 @@
 """Erasure checked after the fact: can the covariate still be read from the edited site? Per quarter
-f, a ridge readout of the covariate from the found heads' outputs at the prediction position (for a
-per-layer edit: the stream entering its layer, the layer's MLP output) is read on f's items, from
-the outputs as they are (before) and as f's edit makes them (after).
+f, a ridge readout of the covariate (stats.analyses.ridge's rule, the readout per layer's) from the
+found heads' outputs at the prediction position (for a per-layer edit: the stream entering its
+layer, the layer's MLP output) is read on f's items, from the outputs as they are (before) and as
+f's edit makes them (after).
 
 The readout is trained on rows the edit was not fitted on: f's edit (and heads) come from its
 training quarters (the other units and templates), which an eraser leaves with no covariance with
@@ -22,10 +23,9 @@ import pandas as pd
 import torch
 
 from ...heads import HeadSet
+from ...stats.analyses.ridge import ridge_predict
 from ..kinds import replaced
 from ..passes import raw_rows
-
-PENALTIES = np.logspace(-4, 4, 33)  # the ridge penalties tried, in units of the mean squared singular value
 
 
 def site_features(last: torch.Tensor, heads, edit=None) -> np.ndarray:
@@ -37,26 +37,6 @@ def site_features(last: torch.Tensor, heads, edit=None) -> np.ndarray:
             z = replaced(edit, layer, z[:, :, None, :])[:, :, 0, :]
         columns.append(z[:, head].double().cpu().numpy())
     return np.concatenate(columns, 1)
-
-
-def ridge_readout(train: np.ndarray, x: np.ndarray, test: np.ndarray) -> np.ndarray:
-    """The covariate read on `test` rows by the ridge regression of x on the `train` rows (centred),
-    its penalty chosen on the training rows by leave-one-out error (closed form) over PENALTIES
-    (times the mean squared singular value): a site has about as many dimensions as items to fit on,
-    where an unpenalised fit interpolates."""
-    mean, x_mean, n = train.mean(0), x.mean(), len(x)
-    u, s, vt = np.linalg.svd(train - mean, full_matrices=False)
-    if not (s > 1e-12 * max(s.max(initial=0.0), 1e-300)).any():  # features that do not vary (a zeroed head)
-        return np.full(len(test), x_mean)
-    uy, y = u.T @ (x - x_mean), x - x_mean
-    best = None
-    for penalty in PENALTIES * (s**2).mean():
-        shrink = s**2 / (s**2 + penalty)
-        leverage = (u**2) @ shrink + 1 / n  # the hat matrix's diagonal, the mean's share included
-        loo = (((y - u @ (shrink * uy)) / (1 - leverage)) ** 2).mean()
-        if best is None or loo < best[0]:
-            best = (loo, s / (s**2 + penalty))
-    return x_mean + (test - mean) @ (vt.T @ (best[1] * uy))
 
 
 def readout_splits(inputs, f: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -83,7 +63,7 @@ def _held_out_reads(features, inputs, k: int) -> tuple[list, list]:
         site = features(f) if splits else None
         for train, read in splits:
             keys += [(k, -1, int(i)) for i in read]
-            values += list(ridge_readout(site[train], inputs.covariate[train], site[read]))
+            values += list(ridge_predict(site[train], inputs.covariate[train], site[read]))
     return keys, values
 
 

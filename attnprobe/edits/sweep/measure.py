@@ -38,7 +38,7 @@ from ...intervene.sites import behaviour_rows
 from ..estimate import last_outputs
 from ..inputs import Inputs
 from ..kinds import KINDS, Heads, Zero
-from ..passes import edited_behaviour, edited_text_costs, raw_rows
+from ..passes import Variants, edited_behaviour, edited_text_costs, raw_rows
 from .erased import readout_rows
 from .options import EditOptions
 
@@ -190,7 +190,8 @@ def behaviour_values(model, bank, edit, base, masks, labels: torch.Tensor, which
     base = torch.as_tensor(base)
     pos, neg = labels[base, 0], labels[base, 1]
     which = None if which is None else torch.as_tensor(which)
-    return edited_behaviour(model, bank, edit, base, torch.stack(masks), pos, neg, which=which).cpu().numpy()
+    variants = Variants(bank, edit, base, torch.stack(masks), which)
+    return edited_behaviour(model, variants, pos, neg).cpu().numpy()
 
 
 def clean_values(model, inputs: Inputs) -> pd.DataFrame:

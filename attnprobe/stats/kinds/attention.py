@@ -21,14 +21,13 @@ import numpy as np
 import pandas as pd
 
 from ...schema.analysis import ITEM, TEMPLATE, Analysis
-from ..design import PER, Design, items_table, paired, run_analysis, scopes
+from ..design import PER, Design, items_table, paired, power_note, run_analysis, scopes
 from ..inference import (
     ALPHA,
     bh_qvalues,
     cluster_mean_test,
     cluster_slope_test,
     pearson_columns,
-    power_note,
     split_halves,
 )
 from ..placebo import placebo_counts

@@ -24,14 +24,13 @@ import numpy as np
 import pandas as pd
 
 from ...schema.analysis import ITEM, TEMPLATE
-from ..design import Design, items_table, run_analysis
+from ..design import Design, items_table, power_note, run_analysis
 from ..effect_checks import attention_agreement, attribution_check, spearman
 from ..inference import (
     ALPHA,
     bh_qvalues,
     cluster_mean_test,
     cluster_slope_test,
-    power_note,
     ratio_test,
     slope_ratio_test,
 )
@@ -47,6 +46,31 @@ SHARES = {
 }
 
 
+class _Cells:
+    """One counterfactual word's items on the design's cells: its `totals` per item, the `design`,
+    the cells' weights `w`, TE per cell `te`, the covariate per cell `x` (None without one) and the
+    items every head was patched exactly on (`held`)."""
+
+    def __init__(self, word: str, totals: pd.DataFrame, design: Design, covariate, held):
+        self.word, self.totals, self.design = word, totals, design
+        self.w = design.cells["weight"].to_numpy()
+        self.te = self.cells(totals["te"])[:, 0]
+        self.x = design.cells[covariate].to_numpy(float) if covariate else None
+        self.held = np.zeros(len(totals), bool) if held is None else held
+
+    def cells(self, values) -> np.ndarray:
+        """Per-item values (items, ...) as the design's cell means (cells, columns)."""
+        return self.design.cell_means(np.asarray(values, float).reshape(len(self.totals), -1))
+
+    def gradient(self, values) -> dict | None:
+        """The share of TE's covariate gradient `values` (per cell) carry; None without a covariate."""
+        return (
+            slope_ratio_test(self.x, values, self.te, self.w, self.design.clusters)
+            if self.x is not None
+            else None
+        )
+
+
 def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
     """Tables head_effects (per word and head), head_effects_layer_shares (per word, layer,
     component, direction) and head_effects_summary (per word)."""
@@ -57,41 +81,15 @@ def head_effects(run, heads: pd.DataFrame | None = None) -> dict[str, pd.DataFra
     for word, totals in run.head_effect_totals.groupby("counterfactual", sort=False):
         totals = totals.set_index(ITEM)
         design = Design.build(totals.index, items, analysis)
-        w = design.cells["weight"].to_numpy()
-        cells = lambda values: design.cell_means(np.asarray(values, float).reshape(len(totals), -1))  # noqa: B023 (called in this iteration)
-        te_cells = cells(totals["te"])[:, 0]
-        x = design.cells[analysis.covariate].to_numpy(float) if analysis.covariate else None
-
-        def gradient(values, x=x, te_cells=te_cells, w=w, design=design):  # share of TE's covariate gradient
-            return slope_ratio_test(x, values, te_cells, w, design.clusters) if x is not None else None
-
-        held = (
-            totals["held_out"].fillna(False).to_numpy(bool)
-            if "held_out" in totals
-            else np.zeros(len(totals), bool)
-        )
-        head_table = _heads(run.head_effect_items, word, totals, design, cells, w, te_cells, held, gradient)
+        held = totals["held_out"].fillna(False).to_numpy(bool) if "held_out" in totals else None
+        c = _Cells(word, totals, design, analysis.covariate, held)
+        head_table = _heads(run.head_effect_items, c)
         per_head.append(head_table)
-        layer_table = _layers(
-            run.head_effect_layers, word, totals.index, cells, w, design, te_cells, gradient
-        )
+        layer_table = _layers(run.head_effect_layers, c)
         per_layer.append(layer_table)
-        summary = _summary(
-            word,
-            totals,
-            design,
-            cells,
-            w,
-            te_cells,
-            head_table,
-            info,
-            items,
-            analysis,
-            heads,
-            int(held.sum()),
-        )
-        summary.update(_gradients(x, totals, design, cells, w, te_cells, gradient))
-        summary.update(_random_null(totals, design, cells, w, te_cells, gradient))
+        summary = _summary(c, head_table, info, items, analysis, heads)
+        summary.update(_gradients(c))
+        summary.update(_random_null(c))
         summary.update(_top_layers(layer_table))
         summaries.append(summary)
     return {
@@ -122,42 +120,44 @@ def _wide(long: pd.DataFrame, word: str, index, columns: list[str], value: str) 
     return rows.pivot_table(index=ITEM, columns=columns, values=value, dropna=False).reindex(index)
 
 
-def _heads(long, word, totals, design, cells, w, te_cells, held, gradient) -> pd.DataFrame:
-    index, out = totals.index, None
+def _heads(long, c: _Cells) -> pd.DataFrame:
+    index, out = c.totals.index, None
     for column in ("output_in", "output_out", "pattern_in", "attribution_output", "attribution_pattern"):
-        wide = _wide(long, word, index, ["layer", "head"], column)
+        wide = _wide(long, c.word, index, ["layer", "head"], column)
         if out is None:
-            out = wide.columns.to_frame(index=False).assign(counterfactual=word, n_items=len(index))
+            out = wide.columns.to_frame(index=False).assign(counterfactual=c.word, n_items=len(index))
         values = wide.to_numpy()
         # heads patched on every item that has this channel (with exact: k only the suite's heads;
         # the pattern channel only on items whose x and x' have equal length)
         counts = np.isfinite(values).sum(axis=0)
         complete = (counts == counts.max()) & (counts > 0)
-        test = cluster_mean_test(cells(values), w, design.clusters)
+        test = cluster_mean_test(c.cells(values), c.w, c.design.clusters)
         name = column.removeprefix("attribution_")
         if column in ("output_in", "attribution_output"):  # the exact/attribution check on the held-out items
             on = lambda rows, values=values: cluster_mean_test(
-                cells(np.where(rows[:, None], values, np.nan)),
-                w,
-                design.clusters,
+                c.cells(np.where(rows[:, None], values, np.nan)),
+                c.w,
+                c.design.clusters,
             )["mean"]
-            out[f"heldout_{column}"] = on(held) if held.any() else np.nan
+            out[f"heldout_{column}"] = on(c.held) if c.held.any() else np.nan
             if column == "attribution_output":
-                out["choosing_attribution_output"] = on(~held)
+                out["choosing_attribution_output"] = on(~c.held)
         if column.startswith("attribution"):
             out[f"mean_attribution_{name}"] = test["mean"]
-            if column == "attribution_output" and (share := gradient(cells(values))) is not None:
+            if column == "attribution_output" and (share := c.gradient(c.cells(values))) is not None:
                 out["gradient_share_attribution_output"] = share["ratio"]  # every head: for the agreement
             continue
         out[f"mean_{column}"] = np.where(complete, test["mean"], np.nan)
         out[f"{column}_ci_low"] = np.where(complete, test["ci_low"], np.nan)
         out[f"{column}_ci_high"] = np.where(complete, test["ci_high"], np.nan)
-        share = gradient(cells(values))
+        share = c.gradient(c.cells(values))
         if share is not None:  # the share of the stereotype gradient this channel carries
             for key, name in (("ratio", ""), ("ci_low", "_ci_low"), ("ci_high", "_ci_high")):
                 out[f"gradient_share_{column}{name}"] = np.where(complete, share[key], np.nan)
         if column == "output_out":  # natural direct effect: TE with the head held at x's value
-            direct = cluster_mean_test(cells(totals["te"].to_numpy()[:, None] - values), w, design.clusters)
+            direct = cluster_mean_test(
+                c.cells(c.totals["te"].to_numpy()[:, None] - values), c.w, c.design.clusters
+            )
             out["mean_direct"] = np.where(complete, direct["mean"], np.nan)
             out["direct_ci_low"] = np.where(complete, direct["ci_low"], np.nan)
             out["direct_ci_high"] = np.where(complete, direct["ci_high"], np.nan)
@@ -170,18 +170,18 @@ def _heads(long, word, totals, design, cells, w, te_cells, held, gradient) -> pd
             out["q"] = np.where(complete, bh_qvalues(searched), np.nan)
             # Vig et al. 2020's relative indirect effect, exp(IE) - 1 averaged (items, then cells)
             out["mean_relative_in"] = np.where(
-                complete, cluster_mean_test(cells(np.expm1(values)), w, design.clusters)["mean"], np.nan
+                complete, cluster_mean_test(c.cells(np.expm1(values)), c.w, c.design.clusters)["mean"], np.nan
             )
-    te = float(np.nansum(w * te_cells) / w[np.isfinite(te_cells)].sum())
+    te = float(np.nansum(c.w * c.te) / c.w[np.isfinite(c.te)].sum())
     out["share_output_in"] = out["mean_output_in"] / te if te else np.nan
-    out["clusters"] = design.cluster_text
+    out["clusters"] = c.design.cluster_text
     return out[["counterfactual", *[c for c in out.columns if c != "counterfactual"]]]
 
 
-def _layers(long, word, index, cells, w, design, te_cells, gradient) -> pd.DataFrame:
+def _layers(long, c: _Cells) -> pd.DataFrame:
     """Per layer, component (attention, mlp) and direction (in, out: exact; attribution: its estimate
     of the patch-in effect, on every item) the share of TE."""
-    rows = []
+    index, rows = c.totals.index, []
     for column in (
         "attention_in",
         "attention_out",
@@ -192,14 +192,14 @@ def _layers(long, word, index, cells, w, design, te_cells, gradient) -> pd.DataF
     ):
         if column not in long:  # runs from before attribution per layer
             continue
-        wide = _wide(long, word, index, ["layer"], column)
-        share = ratio_test(cells(wide.to_numpy()), te_cells, w, design.clusters)
+        wide = _wide(long, c.word, index, ["layer"], column)
+        share = ratio_test(c.cells(wide.to_numpy()), c.te, c.w, c.design.clusters)
         # the top layer is a maximum over every layer: its interval is Bonferroni-adjusted for that search
-        search = ratio_test(cells(wide.to_numpy()), te_cells, w, design.clusters, 1 - ALPHA / wide.shape[1])
+        search = ratio_test(c.cells(wide.to_numpy()), c.te, c.w, c.design.clusters, 1 - ALPHA / wide.shape[1])
         component, direction = column.split("_")
         table = pd.DataFrame(
             {
-                "counterfactual": word,
+                "counterfactual": c.word,
                 "layer": wide.columns.to_numpy(),
                 "component": component,
                 "direction": direction,
@@ -211,7 +211,7 @@ def _layers(long, word, index, cells, w, design, te_cells, gradient) -> pd.DataF
                 "n_items": np.isfinite(wide.to_numpy()).sum(0),
             }
         )
-        by_gradient = gradient(cells(wide.to_numpy()))
+        by_gradient = c.gradient(c.cells(wide.to_numpy()))
         if by_gradient is not None:
             table["gradient_share"] = by_gradient["ratio"]
             table["gradient_ci_low"] = by_gradient["ci_low"]
@@ -220,26 +220,26 @@ def _layers(long, word, index, cells, w, design, te_cells, gradient) -> pd.DataF
     return pd.concat(rows, ignore_index=True)
 
 
-def _summary(
-    word, totals, design, cells, w, te_cells, head_table, info, items, analysis, heads, n_held
-) -> dict:
-    te = cluster_mean_test(te_cells, w, design.clusters)
+def _summary(c: _Cells, head_table, info, items, analysis, heads) -> dict:
+    te = cluster_mean_test(c.te, c.w, c.design.clusters)
     out = {
-        "counterfactual": word,
-        "n_items": len(totals),
+        "counterfactual": c.word,
+        "n_items": len(c.totals),
         "te_nonzero": bool(te["ci_low"][0] > 0 or te["ci_high"][0] < 0),
-        "n_aligned": int((totals["n_tokens"] != totals["n_tokens_cf"]).sum()),
+        "n_aligned": int((c.totals["n_tokens"] != c.totals["n_tokens_cf"]).sum()),
         "te_mean": float(te["mean"][0]),
         "te_ci_low": float(te["ci_low"][0]),
         "te_ci_high": float(te["ci_high"][0]),
         "te_p": float(te["p"][0]),
-        "te_relative": float(cluster_mean_test(cells(np.expm1(totals["te"])), w, design.clusters)["mean"][0]),
-        "clusters": design.cluster_text,
+        "te_relative": float(
+            cluster_mean_test(c.cells(np.expm1(c.totals["te"])), c.w, c.design.clusters)["mean"][0]
+        ),
+        "clusters": c.design.cluster_text,
         "n_clusters": " x ".join(map(str, te["n_clusters"])),
     }
     for column in SHARES:
-        values = totals[column] if column in totals else pd.Series(np.nan, index=totals.index)
-        share = ratio_test(cells(values), te_cells, w, design.clusters)
+        values = c.totals[column] if column in c.totals else pd.Series(np.nan, index=c.totals.index)
+        share = ratio_test(c.cells(values), c.te, c.w, c.design.clusters)
         out.update(
             {
                 f"share_{column}": float(share["ratio"][0]),
@@ -248,16 +248,16 @@ def _summary(
                 f"n_{column}": int(share["n"][0]),
             }
         )
-    halves = (info.get("crossfit_heads") or {}).get(word)
+    halves = (info.get("crossfit_heads") or {}).get(c.word)
     out["crossfit_heads"] = " | ".join(halves) if halves else ""
     tested = head_table["p"].notna()
     out["n_heads_tested"] = int(tested.sum())
     out["n_heads_q05"] = int((head_table["q"] < ALPHA).sum())
     out["exact_heads"] = info.get("exact_heads", "all")
     out["power_note"] = power_note(
-        te["n_clusters"], design.cluster_text
+        te["n_clusters"], c.design.cluster_text
     )  # a t test has no p floor; few clusters do limit it
-    out.update(attribution_check(head_table, n_held, info, te["mean"][0]))
+    out.update(attribution_check(head_table, int(c.held.sum()), info, te["mean"][0]))
     slot = next(iter(info.get("counterfactual", {})), None)
     if heads is not None and len(heads) and slot in set(heads["target"]):
         rows = heads[(heads["target"] == slot) & (heads["scope"] == "all")]
@@ -270,25 +270,25 @@ def _summary(
     dropped = {
         d["item_id"]
         for d in info.get("dropped", [])
-        if isinstance(d, dict) and d.get("counterfactual") in (word, None)
+        if isinstance(d, dict) and d.get("counterfactual") in (c.word, None)
     }
     out["n_dropped"] = len(dropped)
     if analysis.covariate and analysis.covariate in items and dropped:
         covariate = items.set_index(ITEM)[analysis.covariate]
-        out["covariate_kept"] = float(covariate.reindex(totals.index).mean())
+        out["covariate_kept"] = float(covariate.reindex(c.totals.index).mean())
         out["covariate_dropped"] = float(covariate.reindex(sorted(dropped)).mean())
     return out
 
 
-def _gradients(x, totals, design, cells, w, te_cells, gradient) -> dict:
+def _gradients(c: _Cells) -> dict:
     """The stereotype in the causal tables: how the total effect changes per 10 units of the
     covariate (e.g. how much more replacing the occupation by "woman" raises log p(she) - log p(he)
     for an occupation with 10 points more women), and the share of that gradient each joint patch
     carries (all heads, all heads' patterns, the cross-fitted sets), with two-way CIs; and per
     template, the spread of the cross-fitted set's share of TE."""
-    if x is None:
+    if c.x is None:
         return {}
-    te = cluster_slope_test(x, te_cells, w, design.clusters)
+    te = cluster_slope_test(c.x, c.te, c.w, c.design.clusters)
     out = {
         "te_gradient_per10": PER * float(te["slope"][0]),
         "te_gradient_ci_low": PER * float(te["ci_low"][0]),
@@ -296,38 +296,38 @@ def _gradients(x, totals, design, cells, w, te_cells, gradient) -> dict:
         "te_gradient_p": float(te["p"][0]),
     }
     for column in SHARES:
-        values = totals[column] if column in totals else pd.Series(np.nan, index=totals.index)
-        share = gradient(cells(values))
+        values = c.totals[column] if column in c.totals else pd.Series(np.nan, index=c.totals.index)
+        share = c.gradient(c.cells(values))
         out[f"gradient_share_{column}"] = float(share["ratio"][0])
         out[f"gradient_share_{column}_ci_low"] = float(share["ci_low"][0])
         out[f"gradient_share_{column}_ci_high"] = float(share["ci_high"][0])
         if column.startswith("crossfit"):  # per template: does one template carry the set's share?
-            by_template = pd.DataFrame({"num": cells(values)[:, 0], "te": te_cells})
-            sums = by_template.groupby(design.cells[TEMPLATE].to_numpy()).sum(min_count=1)
+            by_template = pd.DataFrame({"num": c.cells(values)[:, 0], "te": c.te})
+            sums = by_template.groupby(c.design.cells[TEMPLATE].to_numpy()).sum(min_count=1)
             shares = (sums["num"] / sums["te"]).dropna()
             out[f"share_{column}_template_min"] = float(shares.min()) if len(shares) else np.nan
             out[f"share_{column}_template_max"] = float(shares.max()) if len(shares) else np.nan
     return out
 
 
-def _random_null(totals, design, cells, w, te_cells, gradient) -> dict:
+def _random_null(c: _Cells) -> dict:
     """The cross-fitted set against chance: on the items patched with random head sets of the same
     layers (`random_in_*`, RANDOM_DRAWS draws), each draw's share of TE (and of TE's gradient) beside
     the cross-fitted set's share on the same items; p = (1 + draws reaching it) / (1 + draws)."""
-    columns = [c for c in totals if c.startswith("random_in_")]
-    rows = totals[columns[0]].notna().to_numpy() if columns else np.zeros(len(totals), bool)
+    columns = [name for name in c.totals if name.startswith("random_in_")]
+    rows = c.totals[columns[0]].notna().to_numpy() if columns else np.zeros(len(c.totals), bool)
     if not rows.any():
         return {}
-    on = lambda values: cells(
-        np.where(rows[:, None], np.asarray(values, float).reshape(len(totals), -1), np.nan)
+    on = lambda values: c.cells(
+        np.where(rows[:, None], np.asarray(values, float).reshape(len(c.totals), -1), np.nan)
     )
-    te = on(totals["te"])[:, 0]
+    te = on(c.totals["te"])[:, 0]
     out = {"n_random_items": int(rows.sum()), "n_random_draws": len(columns)}
     for what, share in (
-        ("share", lambda v: ratio_test(v, te, w, design.clusters)),
-        ("gradient_share", gradient),
+        ("share", lambda v: ratio_test(v, te, c.w, c.design.clusters)),
+        ("gradient_share", c.gradient),
     ):
-        chosen, draws = share(on(totals["crossfit_in"])), share(on(totals[columns].to_numpy()))
+        chosen, draws = share(on(c.totals["crossfit_in"])), share(on(c.totals[columns].to_numpy()))
         if chosen is None:
             continue
         chosen, draws = float(chosen["ratio"][0]), draws["ratio"]

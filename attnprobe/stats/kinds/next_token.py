@@ -16,8 +16,8 @@ import pandas as pd
 from scipy.special import logsumexp
 
 from ...schema.analysis import ITEM, TEMPLATE
-from ..design import PER, Design, items_table, run_analysis, scopes
-from ..inference import N_BOOT, cluster_mean_test, cluster_slope_test, correlation_with_ci, power_note
+from ..design import PER, Design, items_table, power_note, run_analysis, scopes
+from ..inference import N_BOOT, cluster_mean_test, cluster_slope_test, correlation_with_ci
 
 MIN_TEMPLATE_ITEMS = 5  # templates with fewer items share one row (a benchmark with 120 one-item templates)
 

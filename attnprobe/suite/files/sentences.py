@@ -49,9 +49,7 @@ def load_sentence_sets(ctx, node: Seq, template_ids, slots=None, max_lines: int 
         sentence_columns, published = parse_columns(ctx, item), named(item, "columns")
         choice_roles = parse_choices(ctx, item)
         needed = (choice_roles["context"], choice_roles["question"]) if choice_roles else ("text",)
-        rows = _read_files(
-            ctx, item, files, column, max_lines, published, reader, tuple(sentence_columns or needed)
-        )
+        rows = _read_files(ctx, item, files, max_lines, published, reader, tuple(sentence_columns or needed))
         pair = item.get("pair")
         if pair is not None and (not isinstance(pair, str) or pair not in rows[0][2]):
             ctx.fail(
@@ -118,10 +116,10 @@ def _span_names(ctx, item) -> tuple[list[str], list[str]]:
     return required, names
 
 
-def _read_files(ctx, item, files: dict, column: str, max_lines, published, reader, needed) -> list:
+def _read_files(ctx, item, files: dict, max_lines, published, reader, needed) -> list:
     """(path, line number, record) of every row of the entry's files (a file's key, when several, in
-    `column`)."""
-    rows = []
+    the entry's `column`)."""
+    rows, column = [], str(item.get("column", "version"))
     for key, file_name in files.items():
         path, text = ctx.read_data(
             item, "files" if "files" in item else "file", file_name, max_lines=max_lines
