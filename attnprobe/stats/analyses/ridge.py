@@ -51,12 +51,16 @@ def _loo_penalties(U: np.ndarray, S: np.ndarray, centred: np.ndarray) -> np.ndar
     S2 = S**2
     alphas = ALPHAS * (S2.sum(-1) / (S2 > 0).sum(-1))[..., None]  # (..., A)
     shrink = S2[..., None, :] / (S2[..., None, :] + alphas[..., None])  # (..., A, r)
-    leverage = 1 / n + (U**2) @ shrink.swapaxes(-1, -2)  # (..., n, A)
-    fitted = (shrink[..., None, :, :] * (centred @ U)[..., None, :]) @ U.swapaxes(-1, -2)[..., None, :, :]
-    left_out = (centred[..., None, :] - fitted) / (1 - leverage.swapaxes(-1, -2))[
-        ..., None, :, :
-    ]  # (..., B, A, n)
-    best = np.argmin((left_out**2).mean(-1), axis=-1)  # (..., B)
+    if U.ndim == 2:  # one fit, many outcomes: the error as a quadratic form, |D M y|^2 = y' Q y
+        H = 1 / n + (U * shrink[:, None, :]) @ U.T  # (A, n, n)
+        W = (np.eye(n) - H) / (1 - np.diagonal(H, axis1=1, axis2=2))[:, :, None]  # D M: left-out residuals
+        error = ((centred @ (W.swapaxes(1, 2) @ W)) * centred).sum(-1).T / n  # (B, A)
+    else:  # stacked fits, one outcome each: the residuals themselves
+        leverage = 1 / n + (U**2) @ shrink.swapaxes(-1, -2)  # (..., n, A)
+        fitted = (shrink[..., None, :, :] * (centred @ U)[..., None, :]) @ U.swapaxes(-1, -2)[..., None, :, :]
+        left_out = (centred[..., None, :] - fitted) / (1 - leverage.swapaxes(-1, -2))[..., None, :, :]
+        error = (left_out**2).mean(-1)  # (..., B, A)
+    best = np.argmin(error, axis=-1)  # (..., B)
     return np.take_along_axis(alphas, best, axis=-1)
 
 
