@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -44,6 +45,26 @@ from .transfer import ALSO_K, transfer, transfer_suites
 LAYER_PARTS = "readout"  # the stream's and the MLPs' parts hold the readout after the edit
 PLACEBO_CHOICES = "repeated"  # each placebo refit chooses its heads and layers again (since round 6)
 TOP_HEADS = "top 5 heads by gradient score"  # the circuit hypothesis the edits' heads make
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A run as `attnprobe edit` reads it, once: its files, the run reopened (its own copy of its
+    suite), the heads listed with --heads (or None), the reference word, and the manifest's bytes (read
+    again under the run's lock: a run changed while the edit waited is read anew)."""
+
+    run: RunFiles
+    reopened: object
+    listed: tuple | None
+    word: str
+    manifest: bytes
+
+
+def _open(directory: Path, options: EditOptions) -> Opened:
+    """The run and the options checked (one AttnprobeError otherwise), before any weights load."""
+    run, reopened = _run_and_suite(directory)
+    listed, word = checked_options(options, run.manifest, reopened.suite)
+    return Opened(run, reopened, listed, word, (directory / "manifest.json").read_bytes())
 
 
 def _run_and_suite(directory: Path):
@@ -135,14 +156,16 @@ def run_edits(
     suites = transfer_suites(
         tuple(also), tuple(also_ks), None if options.heads else options.ks
     )  # before work
-    run, reopened = _run_and_suite(directory)  # the run and the options too, before taking the lock
-    checked_options(options, run.manifest, reopened.suite)
+    opened = _open(directory, options)  # the run and the options, before taking the lock
     with run_writes(directory):
+        if (directory / "manifest.json").read_bytes() != opened.manifest:  # changed while it waited
+            opened = _open(directory, options)
+        m = opened.run.manifest
         if model is None:
-            log(f"loading {run.manifest.model.spec} ({run.manifest.dtype})")
-            model = reopened.load_model(device)
+            log(f"loading {m.model.spec} ({m.dtype})")
+            model = opened.reopened.load_model(device)
         with on_model_device(model):  # the passes' index tensors where the activations are
-            summary = _run_edits(directory, options, model, log)
+            summary = _run_edits(directory, opened, options, model, log)
             if suites:
                 ks = [k for k in also_ks if k in set(summary["k"])]
                 chosen = [(kind, k) for kind in options.kinds for k in ks] + [(STREAM, 0)] * options.stream
@@ -173,14 +196,12 @@ def checked_options(options: EditOptions, manifest, suite) -> tuple:
     return listed, word
 
 
-def _run_edits(directory: Path, options: EditOptions, model, log) -> pd.DataFrame:
+def _run_edits(directory: Path, opened: Opened, options: EditOptions, model, log) -> pd.DataFrame:
     """The sweep; returns the edits table."""
-    run, reopened = _run_and_suite(directory)
-    suite = reopened.suite
-    m = run.manifest
+    run, reopened, listed, word = opened.run, opened.reopened, opened.listed, opened.word
+    suite, m = reopened.suite, run.manifest
     started = time.monotonic()
     L, H = m.model.n_layers, m.model.n_heads
-    listed, word = checked_options(options, m, suite)
     weights = same_weights(m, model, str(directory))
     plan = reopened.plan(model, directory, log)
     effects = plan.parts["head_effects"]
