@@ -2,10 +2,11 @@
 (`attnprobe edit --trace --paths`), each with its own tables. They reopen nothing themselves and
 import no edit: the edit sweep (edits.sweep.command) runs them on its recorded inputs.
 
-paths         path patching of the top heads: value against pattern, and their senders
-paths_parts   each receiver's output effect split into parts that add up, and each head's role
-paths_tables  the path tables' shares, tests and edges
+paths         path patching of the top heads: value against pattern, and their senders (their
+              tables and parts: stats.analyses)
 senders       which heads and MLPs write into a receiver's value (the screen and exact pairs)
 tracing       the residual stream patched per layer and position
-readout       a cross-fitted linear readout of the covariate from each layer
+readout       a cross-fitted linear readout of the covariate from each layer (its ridge:
+              stats.analyses.ridge)
+circuits/     circuits found by attribution over heads and MLPs, judged by exact runs
 """

@@ -20,17 +20,17 @@ so a path's share does not hang on "person". Each raw row says which (`reference
 the tables are made per comparison, the selection null and the senders on the reference word's
 noising only.
 
-On the pairs of equal length these add up: paths_parts.py splits the output effect into the value at
-the occupation, the values elsewhere, the pattern and their interaction, and gives each head a role
-by the size of its parts (a head moving a signal computed elsewhere carries it by its value at the
-occupation; else by its pattern).
+On the pairs of equal length these add up: stats.analyses.paths_parts splits the output effect into
+the value at the occupation, the values elsewhere, the pattern and their interaction, and gives each
+head a role by the size of its parts (a head moving a signal computed elsewhere carries it by its
+value at the occupation; else by its pattern).
 
 Senders, the edges into R's value at p (senders.py): what each earlier part wrote at p swapped
 from x to x' on the one path into R's value, screened by attribution on the items of one quarter
 (half the units, half the templates), the EDGES best per receiver measured exactly on the quarter of
 the other units and the other templates (senders.edge_roles).
 
-The selection null (paths_tables.py) reselects the cross-fitted top 5 on SELECTION_DRAWS permuted
+The selection null (stats.analyses.paths_tables) reselects the cross-fitted top 5 on SELECTION_DRAWS permuted
 covariates and measures each set's value path to first order (intervene.gradients: one forward
 and backward pass per batch gives every head's), the first SELECTION_EXACT draws also exactly, so
 the table shows how far the first order is from the exact shares.
@@ -61,9 +61,15 @@ from ..intervene.gradients import PairRows, value_path_attribution
 from ..intervene.rerun import ROWS, rerun_y
 from ..intervene.selection import chosen_heads
 from ..model.anatomy import module_of
-from ..store import atomic_write, write_parquet, write_table
-from .paths_parts import CIRCUIT, NO_CIRCUIT, WITHOUT, circuit_heads, circuit_table, parts_table
-from .paths_tables import (
+from ..stats.analyses.paths_parts import (
+    CIRCUIT,
+    NO_CIRCUIT,
+    WITHOUT,
+    circuit_heads,
+    circuit_table,
+    parts_table,
+)
+from ..stats.analyses.paths_tables import (
     CROSSFIT,
     DENOISING,
     FIRST_ORDER,
@@ -76,6 +82,7 @@ from .paths_tables import (
     gradient_shares,
     paths_table,
 )
+from ..store import atomic_write, write_parquet, write_table
 from .senders import Pair, Patching, compared_pairs, edge_roles, edges, pair_tensors, screen
 
 PATHS = ("value", "pattern", "output", "all values")

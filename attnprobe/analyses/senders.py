@@ -28,7 +28,7 @@ from ..intervene.engine import Bank
 from ..intervene.rerun import ROWS, rerun_y
 from ..intervene.sites import behaviour_rows
 from ..model.anatomy import Sites, sites_of
-from .paths_tables import RESAMPLED
+from ..stats.analyses.paths_tables import RESAMPLED
 
 EMBEDDING = "embedding"
 

@@ -25,7 +25,7 @@ import torch
 
 from ..intervene.engine import Bank
 from ..intervene.rerun import ROWS, rerun_y
-from .paths_tables import effect_shares, wide_effects
+from ..stats.analyses.paths_tables import effect_shares, wide_effects
 from .senders import Pair, pair_frame, reference_pairs
 
 GROUPS = ("occupation", "between", "prediction")

@@ -4,7 +4,7 @@ Rooms: inference (the tests: cluster-robust t and slope, BH, bootstrap), design 
 differences averaged into cells; templates weighted equally), held_out (every held-out claim beside
 its null), placebo, compare (two runs paired), edits (the edit sweep), effect_checks; keeping/ (what
 an edit keeps of the factual contrast: the control, the joint regression); analyses/ (the analyses'
-statistics: the one ridge readout rule); and kinds/, one room per
+statistics: the one ridge readout rule, the path tables and parts); and kinds/, one room per
 measure named after it (attention, next_token, head_effects, referents, likelihood,
 multiple_choice, direct_attribution).
 Each registered measure's `statistics` (attnprobe.measures) calls its room; `measures.analyse`

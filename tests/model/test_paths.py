@@ -16,8 +16,6 @@ from transformers import AutoModelForCausalLM
 
 import attnprobe
 from attnprobe.analyses.paths import PathsDesign, measure_circuits, measure_paths, path_runs
-from attnprobe.analyses.paths_parts import circuit_table, part_effects, parts_table
-from attnprobe.analyses.paths_tables import edges_table, paths_table
 from attnprobe.analyses.senders import (
     Patching,
     _sender_pass,
@@ -35,6 +33,8 @@ from attnprobe.intervene.engine import record
 from attnprobe.intervene.gradients import PairRows, value_path_attribution
 from attnprobe.intervene.items import Counterfactual, PatchItem
 from attnprobe.intervene.selection import folds
+from attnprobe.stats.analyses.paths_parts import circuit_table, part_effects, parts_table
+from attnprobe.stats.analyses.paths_tables import edges_table, paths_table
 from tests import reference_paths as ref
 
 POSITIVE, NEGATIVE = 5, 6

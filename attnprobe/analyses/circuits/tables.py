@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ...stats.analyses.paths_tables import effect_shares, gradient_shares, wide_effects
 from ...store import atomic_write, write_parquet, write_table
-from ..paths_tables import effect_shares, gradient_shares, wide_effects
 from .graph import EMBEDDING
 from .runs import ALONE, ATTRIBUTED, FAITHFULNESS, HELD_OUT, IN_SAMPLE, KNOCKED_OUT, LESS_C, LESS_M, RANDOM
 

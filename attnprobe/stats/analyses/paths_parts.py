@@ -33,8 +33,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..heads import HeadSet
-from ..stats.inference import cluster_slope_test, holm, slope_ratio_test
+from ...heads import HeadSet
+from ..inference import cluster_slope_test, holm, slope_ratio_test
 from .paths_tables import (
     CROSSFIT,
     DENOISING,

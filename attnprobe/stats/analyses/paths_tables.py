@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..stats.inference import bh_qvalues, cluster_slope_test, ratio_test, slope_ratio_test
+from ..inference import bh_qvalues, cluster_slope_test, ratio_test, slope_ratio_test
 
 TOP, CROSSFIT = "top 5", "top 5, cross-fitted"  # the receivers that are sets (no role)
 LISTED = "the heads listed (--heads)"  # the set of heads given, in place of the top 5
