@@ -69,7 +69,7 @@ def _word_section(tables: dict, summary: dict, slot, exact: bool, figures_dir, a
                 effects.assign(target=word),
                 word,
                 "mean_output_in" if exact else "mean_attribution_output",
-                "q",
+                "output_in_q",
                 title=f"{slot} -> {shown}: head output patched in"
                 + ("" if exact else " (attribution;\nexact for the suite's heads)"),
                 label=f"change of log p({analysis.positive}) - log p({analysis.negative})",

@@ -37,7 +37,7 @@ def attribution_check(head_table: pd.DataFrame, n_held: int, info: dict, te: flo
     suite's k heads are among the k largest exact effects there (in the direction of TE). With
     exact: all, Spearman over every head on every item."""
     if not n_held:
-        tested = head_table["p"].notna()
+        tested = head_table["output_in_p"].notna()
         return {
             "n_held_out": 0,
             "spearman_attribution_exact": spearman(

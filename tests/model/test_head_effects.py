@@ -131,7 +131,8 @@ def test_exact_k_patches_the_same_suite_heads_on_every_item(tiny_llama_dir, tmp_
         f"L{l}H{h}" for l, h in sorted(heads)
     )
     stats = attnprobe.Run(run.directory).head_effects
-    assert stats.groupby("counterfactual")["p"].count().eq(2).all()  # tested: the heads patched on every item
+    tested = stats.groupby("counterfactual")["output_in_p"].count()  # the heads patched on every item
+    assert tested.eq(2).all()
 
 
 def test_pronoun_swap_needs_paired_versions_and_a_question(tmp_path):

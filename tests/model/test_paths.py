@@ -228,7 +228,7 @@ def test_the_parts_table_tells_the_planted_mover_computer_and_reader_by_size(pla
     assert share["L1H0", "value"] > 0.2 and abs(share["L1H0", "pattern"]) < 0.01
     assert share["L1H1", "pattern"] > 0.2 and abs(share["L1H1", "value"]) < 0.01
     assert share["top 5", "output"] == pytest.approx(1.0, abs=1e-6)  # the three heads carry all of it
-    found = edges_[edges_["q"] < 0.05]
+    found = edges_[edges_["gradient_q"] < 0.05]
     assert ("L1H0", "embedding") in set(zip(found["receiver"], found["sender"]))
     assert not (found["receiver"] == "L1H1").any()  # nothing reaches the computer's value
 
@@ -279,7 +279,7 @@ def test_a_placebo_covariate_finds_no_edge_in_at_least_18_of_20_seeds(planted):
     for seed in range(20):
         placebo = dict(zip(units, np.random.default_rng(seed).permutation(planted_c)))
         paths, screened, confirmed = [f.assign(covariate=f["unit"].map(placebo)) for f in planted[:3]]
-        hits.append((edges_table(screened, confirmed, paths)["q"] < 0.05).any())
+        hits.append((edges_table(screened, confirmed, paths)["gradient_q"] < 0.05).any())
     assert sum(hits) <= 2
 
 
@@ -307,7 +307,7 @@ def test_the_paths_tables_recompute_from_the_parquet_files_alone(swept_run):
             continue
         written = pd.read_csv(out / f"{name}.csv")
         assert len(written) == len(table) > 0
-        for column in ("gradient_share", "gradient_share_ci_low", own, "p"):
+        for column in ("gradient_share", "gradient_share_ci_low", own, "gradient_p"):
             assert np.allclose(table[column], written[column], rtol=1e-9, equal_nan=True), (name, column)
     parts = pd.read_csv(out / "paths_parts.csv")
     assert set(parts.loc[parts["role"].notna(), "receiver"]) <= {r for r in parts["receiver"] if r[0] == "L"}
@@ -366,11 +366,11 @@ def test_every_share_interval_agrees_with_its_numerators_p(edited_run):
     gradient removed beside the p of the slope's change: removed = 0 where kept = 1)."""
     checked = 0
     for name, share, p in (
-        ("paths", "gradient_share", "p"),
-        ("paths_parts", "gradient_share", "p"),
-        ("paths_parts", "of_output", "p"),
-        ("paths_edges", "gradient_share", "p"),
-        ("paths_circuit", "gradient_share", "p"),
+        ("paths", "gradient_share", "gradient_p"),
+        ("paths_parts", "gradient_share", "gradient_p"),
+        ("paths_parts", "of_output", "gradient_p"),
+        ("paths_edges", "gradient_share", "gradient_p"),
+        ("paths_circuit", "gradient_share", "gradient_p"),
         ("edits", "gradient_removed", "gradient_change_p"),
         ("edits_heads", "gradient_removed", "gradient_change_p"),
         ("edits_stream", "gradient_removed", "gradient_change_p"),

@@ -124,10 +124,10 @@ def _receiver_rows(receiver: str, items, effects: np.ndarray, is_head: bool, cro
             "gradient_share": of_te["ratio"][j],
             "gradient_share_ci_low": of_te["ci_low"][j],
             "gradient_share_ci_high": of_te["ci_high"][j],
+            "gradient_p": p[j],  # the test of both shares' numerator, the part's slope
             "of_output": of_output["ratio"][j],
             "of_output_ci_low": of_output["ci_low"][j],
             "of_output_ci_high": of_output["ci_high"][j],
-            "p": p[j],
             "is_head": is_head,
         }
         for j, part in enumerate(PARTS)
@@ -137,7 +137,7 @@ def _receiver_rows(receiver: str, items, effects: np.ndarray, is_head: bool, cro
 def _roles(table: pd.DataFrame) -> pd.DataFrame:
     """Each head's role by the size rule, its output p Holm-adjusted over the table's heads."""
     output = table[(table["part"] == "output") & table["is_head"]].set_index("receiver")
-    p_holm = pd.Series(holm(output["p"].to_numpy()), index=output.index)
+    p_holm = pd.Series(holm(output["gradient_p"].to_numpy()), index=output.index)
     roles = {
         r: role_by_size(table[table["receiver"] == r].set_index("part"), p_holm[r]) for r in output.index
     }

@@ -71,10 +71,10 @@ def share_rows(items, effect, labels: list[dict]) -> list[dict]:
                 "gradient_share": s["gradient"]["ratio"][j],
                 "gradient_share_ci_low": s["gradient"]["ci_low"][j],
                 "gradient_share_ci_high": s["gradient"]["ci_high"][j],
+                "gradient_p": p[j],  # the gradient share's own test: its numerator's slope (no p for TE's)
                 "te_share": s["te"]["ratio"][j],
                 "te_share_ci_low": s["te"]["ci_low"][j],
                 "te_share_ci_high": s["te"]["ci_high"][j],
-                "p": p[j],
             }
         )
     return out
@@ -161,5 +161,7 @@ def edges_table(screen: pd.DataFrame, confirmed: pd.DataFrame, paths: pd.DataFra
             rows.append({**row, "value_path_share": whole["gradient_share"]})
     table = pd.DataFrame(rows)
     if len(table):
-        table.insert(table.columns.get_loc("p") + 1, "q", bh_qvalues(table["p"].to_numpy()))
+        table.insert(
+            table.columns.get_loc("gradient_p") + 1, "gradient_q", bh_qvalues(table["gradient_p"].to_numpy())
+        )
     return table

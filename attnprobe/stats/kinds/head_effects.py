@@ -162,12 +162,13 @@ def _heads(long, c: _Cells) -> pd.DataFrame:
             out["direct_ci_low"] = np.where(complete, direct["ci_low"], np.nan)
             out["direct_ci_high"] = np.where(complete, direct["ci_high"], np.nan)
         if column == "output_in":
-            out["p"] = np.where(complete, test["p"], np.nan)
+            # the mean patch-in effect's own test, named so (not a share's: those carry their CIs)
+            out["output_in_p"] = np.where(complete, test["p"], np.nan)
             # with exact: k the k heads were chosen from every head: BH counts the whole search
             # (an untested head enters as p = 1), not the k alone
-            p = out["p"].to_numpy()
+            p = out["output_in_p"].to_numpy()
             searched = np.where(np.isfinite(p), p, 1.0) if not complete.all() else p
-            out["q"] = np.where(complete, bh_qvalues(searched), np.nan)
+            out["output_in_q"] = np.where(complete, bh_qvalues(searched), np.nan)
             # Vig et al. 2020's relative indirect effect, exp(IE) - 1 averaged (items, then cells)
             out["mean_relative_in"] = np.where(
                 complete, cluster_mean_test(c.cells(np.expm1(values)), c.w, c.design.clusters)["mean"], np.nan
@@ -250,9 +251,9 @@ def _summary(c: _Cells, head_table, info, items, analysis, heads) -> dict:
         )
     halves = (info.get("crossfit_heads") or {}).get(c.word)
     out["crossfit_heads"] = " | ".join(halves) if halves else ""
-    tested = head_table["p"].notna()
+    tested = head_table["output_in_p"].notna()
     out["n_heads_tested"] = int(tested.sum())
-    out["n_heads_q05"] = int((head_table["q"] < ALPHA).sum())
+    out["n_heads_q05"] = int((head_table["output_in_q"] < ALPHA).sum())
     out["exact_heads"] = info.get("exact_heads", "all")
     out["power_note"] = power_note(
         te["n_clusters"], c.design.cluster_text
