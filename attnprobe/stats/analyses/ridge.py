@@ -76,8 +76,8 @@ def _fitted(U: np.ndarray, S: np.ndarray, T: np.ndarray, Y: np.ndarray) -> np.nd
 
 def _predict(fits, Y: np.ndarray) -> np.ndarray:
     """Out-of-fold ridge predictions of each row of Y (P, N): P outcomes (the covariate and its
-    permutations) at once, the penalty of each fold and outcome chosen by leave-one-out on the fold's training
-    units."""
+    permutations) at once, the penalty of each fold and outcome chosen by leave-one-out on the
+    fold's training units."""
     out = np.empty(Y.shape)
     for test, U, S, T in fits:
         out[:, test] = _fitted(U, S, T, Y[:, ~test])
@@ -140,8 +140,8 @@ def refit_r2s(X: np.ndarray, y: np.ndarray, folds: int, refits: int, rng) -> np.
 
 
 def _unit_penalties(gram: np.ndarray, y: np.ndarray, copies: np.ndarray) -> np.ndarray:
-    """(F,) each fold's penalty, chosen by leave-one-out on its training units once each (`copies` (F, units)
-    > 0; gram (F, units, units)), the folds with as many training units fitted as one stack."""
+    """(F,) each fold's penalty, chosen by leave-one-out on its training units once each (`copies` (F,
+    units) > 0; gram (F, units, units)), the folds with as many training units fitted as one stack."""
     best = np.empty(len(gram))
     sizes = (copies > 0).sum(1)
     for size in np.unique(sizes):
