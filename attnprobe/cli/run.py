@@ -177,22 +177,24 @@ def run(suite, model_spec, with_report, edit_files, skipped, **settings):
 
 def _timing(result, seconds: float, quiet: bool) -> list[str]:
     """What the run skipped and noted (on stderr unless quiet), and the lines saying how long it took."""
+    from ..measures.head_effects import EffectsRecord
+
     manifest = result.manifest
     for line in (
         [] if quiet else [f"skipped: {s}" for s in manifest.skipped] + [f"note: {n}" for n in manifest.notes]
     ):
         click.echo(line, err=True)
     n = manifest.n_prompts
-    effects = manifest.entry("head_effects")
-    prompt_seconds = seconds - (effects["seconds"] if effects else 0.0)
+    effects = EffectsRecord.of(manifest)
+    prompt_seconds = seconds - (effects.seconds if effects else 0.0)
     timing = [
         f"{n} prompts on {manifest.model.spec} in {prompt_seconds:.1f} s "
         f"({n / prompt_seconds:.1f} prompts/s, including model load) -> {result.directory}"
     ]
     if effects:
         timing.append(
-            f"head effects: {effects['n_items']} items, {effects.get('n_pairs', effects['n_items'])} "
-            f"(item, counterfactual) pairs in {effects['seconds']:.1f} s ({len(effects['dropped'])} "
+            f"head effects: {effects.n_items} items, {effects.n_pairs} "
+            f"(item, counterfactual) pairs in {effects.seconds:.1f} s ({len(effects.dropped)} "
             "dropped, listed in manifest.json)"
         )
     return timing

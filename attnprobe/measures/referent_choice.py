@@ -147,3 +147,8 @@ class ReferentChoice(ScoredMeasure):
         from ..stats.kinds.referents import referent_choice
 
         return {"referent_choice_accuracy": referent_choice(run)}
+
+
+def question_of(manifest) -> str | None:
+    """The question a run scored the referents with (its manifest entry), or None."""
+    return manifest.entry(ReferentChoice.NAME)

@@ -9,6 +9,8 @@ import pandas as pd
 import pyarrow as pa
 
 from ..errors import RunError
+from ..measures.head_effects import EffectsRecord
+from ..measures.referent_choice import question_of
 from ..stats import ALPHA
 from . import plots
 from .figures import figure
@@ -19,9 +21,9 @@ def effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest, an
     the shares of it that patches carry, the layers (figure) and the strongest heads."""
     if "head_effects" not in tables:
         return None
-    info = manifest.entry("head_effects", {})
-    slot, words = next(iter(info.get("counterfactual", {}).items()), (None, []))
-    exact = info.get("exact", "all") == "all"  # else only k heads were patched exactly: colour by attribution
+    info = EffectsRecord.of(manifest) or EffectsRecord({})
+    slot, words = info.swap
+    exact = (info.exact or "all") == "all"  # else only k heads were patched exactly: colour by attribution
     sections = [
         _word_section(tables, summary, slot, exact, figures_dir, analysis)
         for summary in tables["head_effects_summary"].to_dict("records")
@@ -41,13 +43,13 @@ def effects_context(tables: dict, heads: pd.DataFrame, figures_dir, manifest, an
         "slot": slot,
         "words": [word_name(w) for w in words],  # as a reader names them
         "sections": sections,
-        "seconds": info.get("seconds"),
-        "dropped": info.get("dropped", []),
-        "exact": info.get("exact"),
-        "select": info.get("select"),
-        "halves_by": analysis.name(info.get("halves_by")),
-        "design": info.get("design", "slot"),
-        "question": manifest.entry("referent_choice"),
+        "seconds": info.seconds,
+        "dropped": info.dropped,
+        "exact": info.exact,
+        "select": info.select,
+        "halves_by": analysis.name(info.halves_by),
+        "design": info.design,
+        "question": question_of(manifest),
         "referents": analysis.referents,
         "answer": analysis.name(analysis.answer) if analysis.answer else None,
     }

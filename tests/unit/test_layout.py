@@ -333,6 +333,32 @@ def test_the_manifest_is_read_by_its_fields():
     assert manifest_key_reads(ast.parse(planted)) == [1, 2, 3]  # the check can fail
 
 
+def entry_reads(tree: ast.AST) -> list[int]:
+    """Lines that read a measure's manifest entry by key: `x.entry("name", ...)` with a literal."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "attr", None) == "entry"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ]
+
+
+def test_a_measure_entry_is_read_by_key_only_by_its_measure_and_its_statistics():
+    """Issue 66: other rooms read a measure's record through the fields its measure gives them
+    (measures.head_effects.EffectsRecord, measures.referent_choice.question_of), not by key."""
+    owners = ("measures/", "stats/kinds/")
+    readers = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if entry_reads(_tree(path)) and not str(path.relative_to(PACKAGE)).startswith(owners)
+    )
+    assert readers == [], readers
+    assert entry_reads(ast.parse("a = m.entry('head_effects', {})\nb = m.entry(name)")) == [1]  # can fail
+
+
 # Modules that share a name by design: each measure's statistics (stats/<kind>.py beside
 # measures/<kind>.py) and a command's options (run/, cli/, edits/sweep/).
 SHARED_NAMES = {"attention", "likelihood", "multiple_choice", "next_token", "options"}

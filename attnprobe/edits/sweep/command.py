@@ -19,7 +19,7 @@ from ...analyses.tracing import measure_tracing, tracing_table
 from ...errors import RunError
 from ...forward.device import on_model_device
 from ...intervene.selection import chosen_heads
-from ...measures.head_effects import SlotSwap, per_value_column
+from ...measures.head_effects import EffectsRecord, SlotSwap, per_value_column
 from ...model import refuse_random
 from ...run.execute import deferred_interrupt
 from ...run.files.inventory import run_writes
@@ -79,7 +79,7 @@ def _run_and_suite(directory: Path):
             f"{directory}: this run was made with the edit(s) {names} applied; `attnprobe edit` fits edits "
             "of the unedited model: give it a run made without --edit"
         )
-    if not m.entry("head_effects") or not run.has("head_effects"):
+    if EffectsRecord.of(m) is None or not run.has("head_effects"):
         raise RunError(
             f"{directory}: this run has no head effects, the behaviour and head ranking edits are "
             "measured with; add `head_effects:` (with a next_token cut) to the suite and rerun it"

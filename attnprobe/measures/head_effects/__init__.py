@@ -62,6 +62,34 @@ SCREEN, SELECTED = "effects-", "selected-"
 
 
 @dataclass(frozen=True)
+class EffectsRecord:
+    """What a run's head effects recorded (its manifest entry, written by `summary`), as the rooms
+    that do not own it read it: by these fields, never by key."""
+
+    entry: dict
+
+    @classmethod
+    def of(cls, manifest) -> EffectsRecord | None:
+        """The run's record, or None where it measured no head effects."""
+        entry = manifest.entry(HeadEffects.NAME)
+        return cls(entry) if entry else None
+
+    seconds = property(lambda self: float(self.entry.get("seconds", 0.0)))
+    n_items = property(lambda self: int(self.entry["n_items"]))
+    n_pairs = property(lambda self: int(self.entry.get("n_pairs", self.entry["n_items"])))
+    dropped = property(lambda self: list(self.entry.get("dropped", [])))
+    exact = property(lambda self: self.entry.get("exact"))  # "all", or the k heads patched exactly
+    select = property(lambda self: self.entry.get("select"))
+    halves_by = property(lambda self: self.entry.get("halves_by"))
+    design = property(lambda self: self.entry.get("design", "slot"))
+
+    @property
+    def swap(self) -> tuple:
+        """(the slot swapped, its counterfactual words), or (None, [])."""
+        return next(iter(self.entry.get("counterfactual", {}).items()), (None, []))
+
+
+@dataclass(frozen=True)
 class HeadEffectsPlan:
     measure: HeadEffectsMeasure  # sized for the run's prompts
     items: list[PatchItem]
