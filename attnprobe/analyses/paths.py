@@ -185,6 +185,7 @@ def measure_paths(model, recorded, word: str, design: PathsDesign, log=lambda m:
     sets = [(HeadSet.name(*r), HeadSet((r,))) for r in design.receivers]
     sets.append((design.set_name, HeadSet(tuple(design.receivers))))
     noising = Patching(module, bank, reference, labels)
+    noising.sites  # noqa: B018 (read for its check: a model without the senders' sites is refused here, before any run)
     planned = Planned(sets, design.crossfit, design.null[: design.exact])
     frames = [_direction_rows(noising, pairs, base, planned, NOISING, word, log)]
     if design.crossfit is not None and design.null:
@@ -195,8 +196,8 @@ def measure_paths(model, recorded, word: str, design: PathsDesign, log=lambda m:
     frames.append(_direction_rows(denoising, pairs, base, Planned(sets), DENOISING, word, log))
     if RESAMPLED in compared:  # x' another item of the same template and fill (the items' own bank)
         _, resampled, other = compared[RESAMPLED]
+        own = Patching(module, bank, bank, labels)
         for direction in (NOISING, DENOISING):
-            own = Patching(module, bank, bank, labels)
             frames.append(_direction_rows(own, resampled, other, Planned(sets), direction, RESAMPLED, log))
     screens, confirmed = _senders(noising, pairs, base, design, log)
     paths = pd.concat(frames, ignore_index=True)

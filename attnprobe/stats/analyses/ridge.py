@@ -22,9 +22,16 @@ def _basis(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     than the SVD of A): A = U S V' (singular values above 1e-6 of the largest), and the held-out
     rows B in that basis, T = B V (n_test, r)."""
     values, U = np.linalg.eigh(train @ train.T)
-    keep = values > max(values.max(initial=0.0), 0.0) * 1e-12  # none where the rows do not vary
-    U, S = U[:, keep], np.sqrt(values[keep])
+    S, keep = _singular(values)
+    U, S = U[:, keep], S[keep]
     return U, S, (test @ train.T) @ U / S
+
+
+def _singular(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(singular values, kept) from a Gram matrix's eigenvalues (last axis, stacked or not): a value
+    not above 1e-12 of the largest is no component (0, not kept), none where the rows do not vary."""
+    keep = values > values.max(-1, keepdims=True, initial=0.0) * 1e-12
+    return np.sqrt(np.where(keep, values, 0)), keep
 
 
 def _fold_fits(X: np.ndarray, folds: np.ndarray):
@@ -151,8 +158,7 @@ def _unit_penalties(gram: np.ndarray, y: np.ndarray, copies: np.ndarray) -> np.n
         # the units' states centred on their own mean (as leave-one-out's fit with an intercept has them)
         sub = sub - sub.mean(1, keepdims=True) - sub.mean(2, keepdims=True) + sub.mean((1, 2), keepdims=True)
         values, U = np.linalg.eigh(sub)
-        keep = values > values.max(-1, keepdims=True) * 1e-12  # as _basis
-        S = np.sqrt(np.where(keep, values, 0))
+        S = _singular(values)[0]
         centred = y[held] - y[held].mean(1, keepdims=True)
         best[fits] = _loo_penalties(U, S, centred[:, None])[:, 0]
     return best
