@@ -34,13 +34,45 @@ def _frames(seed: int, removed: float = 0.5, kept: float = 1.0):
 def test_the_joint_fit_matches_statsmodels_two_way_clustered_ols():
     jobs, words = _frames(0)
     X, Y, clusters = design(jobs, words)
-    fit = stacked_fit(X, Y, clusters)
+    templates = X[:, :-3]  # one intercept per template, fitted on the occupations and the phrases alike
+    assert templates[: len(jobs)].all(0).sum() == 0 and templates[: len(jobs)].any(0).all()
+    assert templates[len(jobs) :].any(0).all()
     stacked = np.block([[X, np.zeros_like(X)], [np.zeros_like(X), X]])
     groups = np.column_stack([np.r_[clusters[0], clusters[0]], np.r_[clusters[1], clusters[1]]])
     theirs = sm.OLS(np.r_[Y[:, 0], Y[:, 1]], stacked).fit(cov_type="cluster", cov_kwds={"groups": groups})
+    fit = stacked_fit(X, Y, clusters, rule="CR1")
     assert np.allclose(fit["beta"], theirs.params, rtol=0, atol=1e-10)
     scale = np.abs(theirs.cov_params()).max()
     assert np.abs(fit["cov_raw"] - theirs.cov_params()).max() <= 1e-8 * scale
+    assert np.allclose(stacked_fit(X, Y, clusters)["beta"], theirs.params, rtol=0, atol=1e-10)
+
+
+def test_cr2_of_one_row_clusters_is_statsmodels_hc2():
+    jobs, words = _frames(3)
+    X, Y, _ = design(jobs, words)
+    rows = np.arange(len(X))
+    fit = stacked_fit(X, Y[:, :1], [rows, np.zeros(len(X), dtype=int)])
+    theirs = sm.OLS(Y[:, 0], X).fit(cov_type="HC2")
+    scale = np.abs(theirs.cov_params()).max()
+    assert np.abs(fit["one_way"][0] - theirs.cov_params()).max() <= 1e-8 * scale
+
+
+def test_cr2_of_a_slope_is_the_slope_tests_variance_and_wider_than_cr1():
+    """The joint fit's CR2 is the rule of every slope the toolkit reports (cluster_slope_test), and
+    widens CR1's small-sample intervals where a few units carry the slope."""
+    from attnprobe.stats.inference import cluster_slope_test
+
+    rng = np.random.default_rng(4)
+    units = np.repeat(np.arange(12), 5)
+    x = rng.exponential(size=12)[units]
+    y = 0.4 * x + rng.normal(0, 1, 12)[units] + rng.normal(0, 0.5, len(x))
+    X = np.c_[np.ones(len(x)), x]
+    one_template = np.zeros(len(x), dtype=int)
+    cr2 = stacked_fit(X, y[:, None], [units, one_template])
+    slope = cluster_slope_test(x, y, np.ones(len(x)), [units])
+    assert np.sqrt(cr2["cov"][1, 1]) == pytest.approx(slope["se"][0], rel=1e-9)
+    assert cr2["df"][1] == pytest.approx(slope["df"][0], rel=1e-9)
+    assert cr2["cov"][1, 1] > stacked_fit(X, y[:, None], [units, one_template], rule="CR1")["cov"][1, 1]
 
 
 def test_the_joint_terms_find_a_planted_half_removed_and_a_kept_factual_term():
