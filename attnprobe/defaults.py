@@ -6,8 +6,10 @@ DEFAULT_MODEL = "smollm2-135m"
 DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")  # keys of model.DTYPES
 DEFAULT_BATCH_SIZE = 256  # prompts per forward pass: a packed forward holds few tokens per prompt
 DEFAULT_CHUNK_SIZE = 512  # prompts per chunk written to disk
-EDIT_KIND_NAMES = ("zero", "mean", "resample", "scale", "project", "orthogonal", "leace")  # edits.kinds.KINDS
-DEFAULT_EDIT_KINDS = ("zero", "orthogonal", "leace")  # the classic ablation, and the two that keep gender
+# edits.kinds.KINDS
+EDIT_KIND_NAMES = ("zero", "mean", "resample", "scale", "project", "orthogonal", "leace", "leace_mid")
+# the classic ablation, and the three that keep gender
+DEFAULT_EDIT_KINDS = ("zero", "orthogonal", "leace", "leace_mid")
 DEFAULT_EDIT_K = (1, 5)
 # random head sets per (kind, k); top heads zeroed alone; generated texts the cost is measured on
 # (and placebo: refits of each covariate-fitted kind on a permuted covariate; 0: none)

@@ -16,6 +16,8 @@ the outputs z (N, H, T, D) of N right-padded sequences).
   LEACE's a = Sigma^+ u changes z least in expectation. Keeping the definitional mean difference
   delta (a.delta = 0) at least change gives a = Sigma^+ u - (delta' Sigma^+ u / delta' Sigma^+ delta)
   Sigma^+ delta; then z'(positive) - z'(negative) = delta - u a.delta / a.u = delta in the mean.
+  Keeping the definitional midpoint m as well (a.(m - mu) = 0: kind leace_mid) leaves each label's
+  mean where it was, so the edit cannot shift the gendered prompts toward one label at this site.
 """
 
 from __future__ import annotations
@@ -97,6 +99,12 @@ def definitional_directions(last: torch.Tensor, sign: np.ndarray) -> torch.Tenso
     return last[sign > 0].mean(0) - last[sign < 0].mean(0)
 
 
+def definitional_midpoints(last: torch.Tensor, sign: np.ndarray) -> torch.Tensor:
+    """(L, H, D) the midpoint of the positive-label rows' mean and the negative-label rows' mean."""
+    sign = torch.as_tensor(sign)
+    return (last[sign > 0].mean(0) + last[sign < 0].mean(0)) / 2
+
+
 def orthogonal_directions(u: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """(L, H, D) unit directions u (L, H, D) with their component along g removed (zero where none
     is left)."""
@@ -119,14 +127,20 @@ def shrunk(sigma: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def erasers(
-    last: torch.Tensor, x: np.ndarray, keep: torch.Tensor | None = None, shrink: bool = False
+    last: torch.Tensor,
+    x: np.ndarray,
+    keep: torch.Tensor | None = None,
+    shrink: bool = False,
+    midpoint: torch.Tensor | None = None,
 ) -> tuple:
     """Per head (u, f, mu), each (L, H, D), of z' = z - u f.(z - mu): LEACE of the covariate x (n,)
     from z (n, L, H, D), with `keep` (L, H, D) a mean difference the edit must not change (None:
-    plain LEACE). f = a / a.u; zero for a head whose output does not covary with x. `shrink`: the
-    covariance in a = Sigma^+ u is shrunk (`shrunk`): for a site as wide as the model, fitted on fewer
-    rows than it has dimensions, where Sigma^+ would amplify directions the rows barely span. Any a
-    with a.u != 0 erases (Cov(z', x) = 0 on the rows fitted); shrinking only changes which."""
+    plain LEACE) and `midpoint` (L, H, D) a point it must leave where it is (the definitional
+    midpoint: with both kept, each label's mean is unmoved). f = a / a.u; zero for a head whose
+    output does not covary with x. `shrink`: the covariance in a = Sigma^+ u is shrunk (`shrunk`): for
+    a site as wide as the model, fitted on fewer rows than it has dimensions, where Sigma^+ would
+    amplify directions the rows barely span. Any a with a.u != 0 erases (Cov(z', x) = 0 on the rows
+    fitted); shrinking and the kept constraints only change which."""
     z = last.double()
     mu = z.mean(0)
     zc = z - mu
@@ -136,11 +150,14 @@ def erasers(
     sigma = shrunk(sigma, len(xc)) if shrink else sigma
     inverse = torch.linalg.pinv(sigma, hermitian=True)
     a = torch.einsum("lhde,lhe->lhd", inverse, u)
-    if keep is not None:
-        k_inv = torch.einsum("lhde,lhe->lhd", inverse, keep.double())
-        denominator = (keep.double() * k_inv).sum(-1, keepdim=True)
-        ratio = torch.where(denominator > 0, (keep.double() * a).sum(-1, keepdim=True) / denominator, 0.0)
-        a = a - ratio * k_inv
+    kept = [k.double() for k in (keep, None if midpoint is None else midpoint.double() - mu) if k is not None]
+    if kept:
+        # least change subject to a.k = 0 for each kept column k of K (the edit moves z by u f.(z - mu),
+        # so a difference k, or a point mu + k, is untouched): a = S u - S K (K'S K)^+ K'S u, S = Sigma^+
+        K = torch.stack(kept, -1)  # (L, H, D, c)
+        SK = inverse @ K
+        gram = torch.linalg.pinv(K.transpose(-1, -2) @ SK, hermitian=True)  # (L, H, c, c)
+        a = a - (SK @ (gram @ (SK.transpose(-1, -2) @ u[..., None])))[..., 0]
     au = (a * u).sum(-1, keepdim=True)
     scale = (u.norm(dim=-1, keepdim=True) * a.norm(dim=-1, keepdim=True)).clamp(min=1e-30)
     f = torch.where(au.abs() > 1e-9 * scale, a / au, torch.zeros_like(a))

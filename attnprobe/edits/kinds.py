@@ -12,6 +12,7 @@ position:
             head's output follows the stereotype covariate on training items)
   Orthogonal  Project along that direction made orthogonal to the head's definitional direction
   Leace     z -> z - u f.(z - mu): the covariate erased (LEACE), the definitional contrast kept
+  LeaceMid  the same with the definitional midpoint kept too: each label's mean output unmoved
 
 Heads are (layer, head) pairs; `edit.on(heads)` is the same edit on other heads. Each kind fits its
 own parameters: `Kind.fit(inputs, on, options)` from the recorded inputs of the items in folds `on`
@@ -37,6 +38,7 @@ from .estimate import (
     BANK_TOKENS,
     covariate_directions,
     definitional_directions,
+    definitional_midpoints,
     erasers,
     last_outputs,
     orthogonal_directions,
@@ -262,6 +264,31 @@ class Leace(HeadEdit):
         return cls(along=along, functional=functional, mean=mean)
 
 
+@dataclass(frozen=True)
+class LeaceMid(Leace):
+    """Leace keeping, besides the definitional mean difference, the definitional midpoint (the mean of
+    the two labels' mean outputs on the control prompts fitted on): the eraser is centred on the
+    occupation items' mean, so plain Leace moves a gendered prompt by as far as its label's mean lies
+    from the items'; with both kept, neither label's mean output moves (estimate.erasers)."""
+
+    kind: ClassVar[str] = "leace_mid"
+
+    @classmethod
+    def fit(cls, inputs, on, options) -> LeaceMid:
+        chosen = np.isin(inputs.fold, on)
+        last = last_outputs(inputs.bank)[torch.as_tensor(chosen)]
+        fit = inputs.keep_rows()
+        control, sign = last_outputs(inputs.control)[torch.as_tensor(fit)], inputs.control_sign[fit]
+        along, functional, mean = erasers(
+            last,
+            inputs.covariate[chosen],
+            definitional_directions(control, sign),
+            shrink=True,
+            midpoint=definitional_midpoints(control, sign),
+        )
+        return cls(along=along, functional=functional, mean=mean)
+
+
 def _definitional(inputs) -> torch.Tensor:
     """(L, H, D) each head's definitional direction, from half 0 of the control prompts."""
     fit = inputs.keep_rows()
@@ -284,7 +311,7 @@ KINDS = Registry(
         else None
     ),
 )
-for _kind in (Zero, Mean, Resample, Scale, Project, Orthogonal, Leace):
+for _kind in (Zero, Mean, Resample, Scale, Project, Orthogonal, Leace, LeaceMid):
     KINDS.register(_kind)
 
 

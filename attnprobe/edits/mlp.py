@@ -1,6 +1,6 @@
 """MLP-output edits, DAMA's site (Limisiewicz, Marecek & Musil, ICLR 2024): what one decoder layer's
 MLP adds to the residual stream (its output after the post-MLP norm where the model has one, as
-Gemma's) changed at every position by one of four modes, each fitted at the prediction position (each
+Gemma's) changed at every position by one of five modes, each fitted at the prediction position (each
 item's last token) and, but for zero (the same edit wherever fitted), at the slot's last token (the
 occupation's, where DAMA fits; kind mlp-MODE-slot; the control's at its gendered phrase's last token):
 
@@ -10,6 +10,7 @@ occupation's, where DAMA fits; kind mlp-MODE-slot; the control's at its gendered
            of out on the covariate (estimate.covariate_directions)
   leace    the covariate erased keeping the definitional mean difference, with the stream's shrunk
            covariance (estimate.erasers): out -> out - u f.(out - mu)
+  leace_mid  leace keeping the definitional midpoint too: neither label's mean output moves
 
 The sweep (`edit --mlp`) measures every mode at every layer as the stream is measured
 (edits.stream.measure_layers: each quarter's items by the edit fitted on its training quarters, the
@@ -29,11 +30,11 @@ from ..intervene.engine import Bank
 from ..intervene.rerun import ROWS
 from ..model.anatomy import decoder_layers, mlp_added
 from ..stats.edits import MLP
-from .estimate import covariate_directions, definitional_directions, erasers
+from .estimate import covariate_directions, definitional_directions, definitional_midpoints, erasers
 from .stream import StreamEdit, measure_layers
 
-MODES = ("zero", "mean", "project", "leace")  # the raw rows' kind: MLP + mode ("mlp-leace")
-COVARIATE_MODES = ("project", "leace")  # fitted on the covariate: these have a placebo
+MODES = ("zero", "mean", "project", "leace", "leace_mid")  # the raw rows' kind: MLP + mode ("mlp-leace")
+COVARIATE_MODES = ("project", "leace", "leace_mid")  # fitted on the covariate: these have a placebo
 SLOT = "-slot"  # a mode fitted at the slot's last token: kind MLP + mode + SLOT ("mlp-leace-slot")
 POSITIONS = ("last", "slot")  # where an MLP edit is fitted: the prediction, the slot's last token
 FITTED = tuple((mode, "last") for mode in MODES) + tuple((mode, "slot") for mode in MODES[1:])
@@ -130,10 +131,10 @@ class MlpEdit(StreamEdit):
             u = covariate_directions(z[:, None, None, :], x)[0, 0]
             return cls(layer, u, u, zero, mode=mode, at=at)
         keep = inputs.keep_rows()
-        g = definitional_directions(
-            control[torch.as_tensor(keep)].float()[:, None, None, :], inputs.control_sign[keep]
-        )
-        along, functional, mean = erasers(z[:, None, None, :], x, g, shrink=True)
+        fit, sign = control[torch.as_tensor(keep)].float()[:, None, None, :], inputs.control_sign[keep]
+        midpoint = definitional_midpoints(fit, sign) if mode == "leace_mid" else None
+        g = definitional_directions(fit, sign)
+        along, functional, mean = erasers(z[:, None, None, :], x, g, shrink=True, midpoint=midpoint)
         return cls(layer, along[0, 0], functional[0, 0], mean[0, 0], mode=mode, at=at)
 
 

@@ -206,3 +206,35 @@ def test_the_readout_after_erasure_catches_what_the_eraser_missed_out_of_sample(
     assert r2(np.array(read), np.array([i for _, _, i in keys])) < 0.05
     before_keys, _ = _held_out_reads(lambda f: z, inputs, 1)
     assert sorted(before_keys) == sorted(keys) and len(keys) == len(x)  # every item read once
+
+
+def test_leace_mid_keeps_each_labels_mean_where_leace_moves_it_by_its_distance_from_the_items():
+    """Gendered rows whose mean lies away from the occupation items' (as "the king" lies from "the
+    nurse"): plain LEACE with the difference kept moves both labels' means along the erased direction
+    by the same amount (the offset of round 5's near misses); with the midpoint kept too (leace_mid)
+    neither mean moves, the difference is kept and the covariate is still erased on the items."""
+    from attnprobe.edits.estimate import definitional_midpoints
+
+    rng = np.random.default_rng(2)
+    D, n = 6, 300
+    w = rng.standard_normal(D)
+    x = rng.uniform(0, 1, n)
+    items = x[:, None] * w + rng.standard_normal((n, D))
+    sign = np.repeat([1.0, -1.0], 50)
+    # their mean lies where the items of covariate 2 would (outside the items' 0 to 1)
+    gendered = 2.0 * w + sign[:, None] * rng.standard_normal(D) + 0.3 * rng.standard_normal((100, D))
+    as_heads = lambda rows: torch.as_tensor(rows)[:, None, None]
+    keep = definitional_directions(as_heads(gendered), sign)
+    midpoint = definitional_midpoints(as_heads(gendered), sign)
+    means = lambda rows: np.stack([rows[sign > 0].mean(0), rows[sign < 0].mean(0)])
+    moved = {}
+    for name, mid in (("leace", None), ("leace_mid", midpoint)):
+        u, f, mu = (t[0, 0].double().numpy() for t in erasers(as_heads(items), x, keep, midpoint=mid))
+        erase = lambda rows, u=u, f=f, mu=mu: rows - u * ((rows - mu) @ f)[:, None]
+        after = erase(items)
+        assert np.abs(((after - after.mean(0)) * (x - x.mean())[:, None]).mean(0)).max() < 1e-5
+        before_means, after_means = means(gendered), means(erase(gendered))
+        difference = lambda m: m[0] - m[1]
+        assert np.allclose(difference(after_means), difference(before_means), atol=1e-4)
+        moved[name] = np.linalg.norm(after_means - before_means, axis=1)
+    assert moved["leace"].min() > 0.1 and moved["leace_mid"].max() < 1e-4, moved

@@ -229,7 +229,7 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     # the sweep is read back: its 4 kinds, the heads alone, the stream, the 7 MLP edits and tracing
-    assert result.output.count("read from an earlier session") == 14
+    assert result.output.count("read from an earlier session") == 16
     table = pd.read_csv(out / "edits_transfer.csv")
     mlp = set(MLP_KINDS)  # the 4 modes at the prediction, 3 at the slot
     assert (
