@@ -108,3 +108,41 @@ def planted_inputs(model, covariates) -> Inputs:
         slot_at=np.full(len(items), 2),  # the occupation's position in _sequence
         control_at=np.full(m, 2),
     )
+
+
+A, B = 12, 13  # the dimensions the two MLPs of planted_two_layer_model write the stereotype into
+SMALL = 0.05  # their scale
+
+
+def planted_two_layer_model(seed: int = 0):
+    """planted_edit_model with a second layer, the stereotype reaching the logits only through the two
+    layers' MLPs at the last token: L0H0 copies s into OUT_S, which the unembedding no longer reads;
+    MLP 0 writes s / 2 into A and MLP 1 writes s - A into B (a backup: with A erased it writes all
+    of s), and the unembedding reads A + B. The factual feature still goes straight to the logits.
+    So erasing MLP 0 alone removes nothing, MLP 1 alone about half, both (each fitted on the model
+    edited below it) all of the stereotype; none touches the factual term. Each MLP is linear in what
+    it reads: its gate reads the constant BIAS dimension (SiLU of a large value is the value)."""
+    one = planted_edit_model(seed)
+    model = blank_llama(40, 2, D)
+    model.load_state_dict(one.state_dict(), strict=False)  # layer 0 and the embeddings as planted
+    with torch.no_grad():
+        model.lm_head.weight.copy_(one.lm_head.weight)
+        model.lm_head.weight[:, OUT_S] = 0.0
+        for dim in (A, B):  # the MLPs write SMALL times the stereotype: erasing it barely moves the rms
+            model.lm_head.weight[SHE, dim], model.lm_head.weight[HE, dim] = 3.0 / SMALL, -3.0 / SMALL
+        for n, (target, reads) in enumerate(((A, {OUT_S: SMALL / 2}), (B, {OUT_S: SMALL, A: -1.0}))):
+            mlp = model.model.layers[n].mlp
+            mlp.gate_proj.weight[0, BIAS] = 5.0  # SiLU(5 * BIAS / rms) ~ 5 * BIAS / rms: ~27
+            for dim, weight in reads.items():
+                mlp.up_proj.weight[0, dim] = weight
+            mlp.down_proj.weight[target, 0] = _inverse_gain(model, n)
+    attnprobe.attention.capture.enable(model)
+    return model
+
+
+def _inverse_gain(model, layer: int) -> float:
+    """1 / (gate x rms) at the last token, so the MLP's output is what its up projection reads in the
+    stream's own units (the norm divides by the rms, which the BIAS and LAST dimensions dominate)."""
+    rms = ((4.0**2 + 1.0) / 32) ** 0.5
+    gate = 5.0 * 4.0 / rms
+    return rms / gate

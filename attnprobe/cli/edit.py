@@ -96,6 +96,14 @@ def _count(name: str, help: str):
     "and at the slot's last token (mlp-MODE-slot); edits_mlp.csv.",
 )
 @click.option(
+    "--mlp-layers/--no-mlp-layers",
+    default=False,
+    show_default=True,
+    help="Also edit the MLP outputs of several consecutive layers at once, each fitted on the model "
+    "edited below it (DAMA's design: its layer counts scaled to the model's depth; project and "
+    "leace_mid, fitted at the slot: mlp-layers-MODE-slot); edits_mlp.csv.",
+)
+@click.option(
     "--trace/--no-trace",
     default=False,
     show_default=True,
@@ -142,10 +150,11 @@ def edit(run_dir, kinds, text_file, also, also_ks, device, **settings):
     quiet = click.get_current_context().obj.get("quiet")
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
     table = run_edits(run_dir, options, log=log, also=also, also_ks=also_ks, device=device)
-    from ..report.sections import edit_frontier_figure  # the report draws the frontier
+    from ..report.sections import edit_frontier_figure, goal_figure  # the report draws both
 
     edit_frontier_figure(Path(run_dir), Path(run_dir) / "figures")
-    log(f"edit: figures/edit_frontier.png in {run_dir}")
+    goal_figure(Path(run_dir), Path(run_dir) / "figures")
+    log(f"edit: figures/edit_frontier.png and edit_goal.png in {run_dir}")
     columns = [
         "kind",
         "k",

@@ -16,22 +16,32 @@ The sweep (`edit --mlp`) measures every mode at every layer as the stream is mea
 (edits.stream.measure_layers: each quarter's items by the edit fitted on its training quarters, the
 control cross-fitted by word, the texts by the all-items edit): raw kind "mlp-MODE", k = the layer;
 edits_mlp.csv holds a row per mode and layer and each mode's chosen row (stats.edits.stream_table).
+
+Several layers at once (`edit --mlp-layers`, DAMA's design: the MLP outputs of consecutive layers
+edited together): MlpLayers, an ordered set of MLP edits, each fitted on the MLP outputs of the model
+with the edits of the layers below it already applied (fitted_layers). The sweep measures windows of
+DAMA's layer counts (1, 5 and 9 of LLaMA 7B's 32 layers) scaled to the model's depth, ending at a
+mid-upper layer, for DAMA's projection (mode project: out -> (I - u u') out, no affine term) and for
+leace_mid, fitted at the slot where the control names its phrases: raw kind "mlp-layers-MODE(-slot)",
+k = the number of layers, so the chosen row takes each quarter's count from the other quarters.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
 import torch
 
+from ..attention.capture import model_edit
 from ..intervene.engine import Bank
 from ..intervene.rerun import ROWS
-from ..model.anatomy import decoder_layers, mlp_added
-from ..stats.edits import MLP
+from ..model.anatomy import decoder_layers, mlp_added, module_of
+from ..stats.edits import MLP, MLP_LAYERS
 from .estimate import covariate_directions, definitional_directions, definitional_midpoints, erasers
-from .stream import StreamEdit, measure_layers
+from .stream import PARAMETERS, PerLayer, StreamEdit, measure_layers, untouched
 
 MODES = ("zero", "mean", "project", "leace", "leace_mid")  # the raw rows' kind: MLP + mode ("mlp-leace")
 COVARIATE_MODES = ("project", "leace", "leace_mid")  # fitted on the covariate: these have a placebo
@@ -40,19 +50,31 @@ POSITIONS = ("last", "slot")  # where an MLP edit is fitted: the prediction, the
 FITTED = tuple((mode, "last") for mode in MODES) + tuple((mode, "slot") for mode in MODES[1:])
 
 
-def kind_of(mode: str, at: str) -> str:
-    """The sweep's kind (and saved file's name) of `mode` fitted `at`: mlp-leace, mlp-leace-slot."""
-    return MLP + mode + (SLOT if at == "slot" else "")
+LAYERS_MODES = ("project", "leace_mid")  # DAMA's projection; the midpoint-kept eraser
+DAMA_COUNTS, DAMA_DEPTH = (1, 5, 9), 32  # DAMA's layer counts on LLaMA 7B's 32 layers
+
+
+def layers_at(inputs) -> str:
+    """Where an edit of several layers is fitted: at the slot (DAMA's site) where every control prompt
+    has a phrase whose position is known, else at the prediction."""
+    return "slot" if (np.asarray(inputs.control_at) >= 0).all() else "last"
+
+
+def kind_of(mode: str, at: str, several: bool = False) -> str:
+    """The sweep's kind (and saved file's name) of `mode` fitted `at`: mlp-leace, mlp-leace-slot, and
+    of several layers mlp-layers-project-slot."""
+    return (MLP_LAYERS if several else MLP) + mode + (SLOT if at == "slot" else "")
 
 
 MLP_KINDS = tuple(kind_of(mode, at) for mode, at in FITTED)  # every MLP edit the sweep may measure
+LAYERS_KINDS = tuple(kind_of(mode, at, True) for mode in LAYERS_MODES for at in POSITIONS)
 
 
 def fitted_where(inputs) -> tuple[tuple[str, str], ...]:
     """(mode, at) of each MLP edit the sweep measures: at the prediction position ("last") and, where
     every control prompt has a phrase whose position is known (its `phrase` column), at the slot (but
     zero: the same edit wherever it is fitted)."""
-    slot = (np.asarray(inputs.control_at) >= 0).all()
+    slot = layers_at(inputs) == "slot"
     return tuple((mode, at) for mode, at in FITTED if slot or at == "last")
 
 
@@ -138,6 +160,161 @@ class MlpEdit(StreamEdit):
         return cls(layer, along[0, 0], functional[0, 0], mean[0, 0], mode=mode, at=at)
 
 
+@dataclass(frozen=True)
+class MlpLayers:
+    """MLP edits of several layers applied together, in layer order (`parts`); saved, applied and
+    transferred as one edit. Inside the sweep each part may hold per-row parameters (StreamEdit.rows)."""
+
+    kind: ClassVar[str] = "mlp_layers"
+    parts: tuple[MlpEdit, ...] = ()
+
+    @property
+    def layer(self) -> int:
+        """The first edited layer (a rerun starts from the stream entering it)."""
+        return self.parts[0].layer
+
+    @property
+    def along(self) -> torch.Tensor:
+        return self.parts[0].along
+
+    @property
+    def name(self) -> str:
+        first = self.parts[0]
+        return kind_of(first.mode, first.at, several=True)
+
+    def rows(self, rows: torch.Tensor) -> MlpLayers:
+        return replace(self, parts=tuple(part.rows(rows) for part in self.parts))
+
+    def sites(self) -> str:
+        first, layers = self.parts[0], [part.layer for part in self.parts]
+        fitted = ", fitted at the slot" if first.at == "slot" else ""
+        return f"MLP outputs of layers {', '.join(map(str, layers))} ({first.mode}{fitted})"
+
+    @contextmanager
+    def applied(self, model):
+        """Within the block every pass of `model` has each part at its layer."""
+        layers = decoder_layers(module_of(model))
+        handles = [part.hook(layers[part.layer]) for part in self.parts]
+        try:
+            with model_edit(untouched):
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def stored(self) -> tuple[dict, dict, dict]:
+        tensors = {
+            f"{i}.{name}": t for i, part in enumerate(self.parts) for name, t in part.stored()[0].items()
+        }
+        first = self.parts[0]
+        return (
+            tensors,
+            {},
+            {"layers": [part.layer for part in self.parts], "mode": first.mode, "fitted_at": first.at},
+        )
+
+    @classmethod
+    def restored(cls, record: dict, tensors: dict) -> MlpLayers:
+        layers = record.get("layers")
+        if not (isinstance(layers, list) and layers and all(type(n) is int for n in layers)):
+            raise ValueError(f"layers must be a list of layer numbers, not {layers!r}")
+        if sorted(set(layers)) != layers:
+            raise ValueError(f"layers {layers} must be increasing, each once")
+        names = {f"{i}.{name}" for i in range(len(layers)) for name in PARAMETERS}
+        if set(tensors) != names:
+            raise ValueError(f"an edit of {len(layers)} MLP layers holds {', '.join(sorted(names))}")
+        return cls(
+            tuple(
+                MlpEdit.restored(
+                    {**record, "layer": n}, {name: tensors[f"{i}.{name}"] for name in PARAMETERS}
+                )
+                for i, n in enumerate(layers)
+            )
+        )
+
+
+def dama_windows(n_layers: int) -> tuple[tuple[int, ...], int]:
+    """(layer counts, last layer) of the windows measured: DAMA's counts scaled to the model's depth
+    (at least 1, 2 and 3 layers, so a shallow model has windows of several layers too; at most the
+    layers up to the last), ending at the layer 85% of the way up (a mid-upper layer, where DAMA's
+    causal tracing put gender bias). SmolLM2's 30 layers: 1, 5, 8 ending at 25; Gemma 3's 18: 1, 3, 5
+    ending at 14."""
+    end = round(0.85 * (n_layers - 1))
+    scaled = (max(i + 1, round(c * n_layers / DAMA_DEPTH)) for i, c in enumerate(DAMA_COUNTS))
+    return tuple(sorted({min(end + 1, c) for c in scaled})), end
+
+
+class _Stop(Exception):
+    """Raised by a hook once the one MLP output a pass is run for is recorded."""
+
+
+@torch.inference_mode()
+def mlp_output_at(module, bank: Bank, at, layer: int) -> torch.Tensor:
+    """(N, E) what layer `layer`'s MLP adds to the stream at each sequence's position `at` (None: its
+    last token), under whatever edits are in force; each pass stops at that layer."""
+    at = bank.lengths - 1 if at is None else torch.as_tensor(at, device=bank.lengths.device)
+    caught = {}
+
+    def stop(_, args, out):
+        caught["out"] = out[0] if isinstance(out, tuple) else out
+        raise _Stop
+
+    handle = mlp_added(decoder_layers(module)[layer]).register_forward_hook(stop)
+    out = []
+    try:
+        for start in range(0, len(bank.lengths), ROWS):
+            ids, lengths = bank.ids[start : start + ROWS], bank.lengths[start : start + ROWS]
+            mask = (torch.arange(ids.shape[1], device=ids.device)[None] < lengths[:, None]).long()
+            try:
+                module(input_ids=ids, attention_mask=mask, use_cache=False)
+            except _Stop:
+                pass
+            out.append(
+                caught["out"][torch.arange(len(lengths), device=ids.device), at[start : start + ROWS]].float()
+            )
+    finally:
+        handle.remove()
+    return torch.cat(out)
+
+
+def fitted_layers(recorded: Recorded, source, layers, on, mode: str) -> MlpLayers:
+    """The edit of `layers` (in order), each part fitted (MlpEdit.fitted, on the items of folds `on`)
+    on the MLP outputs of the model with the parts below it applied: the first from the recorded
+    outputs, each next one from passes of its own."""
+    parts: list[MlpEdit] = []
+    for layer in layers:
+        if parts:
+            where = (source.slot_at, source.control_at) if recorded.at == "slot" else (None, None)
+            with MlpLayers(tuple(parts)).applied(recorded.module):
+                items, control = (
+                    mlp_output_at(recorded.module, bank, p, layer)
+                    for bank, p in zip((source.bank, source.control), where)
+                )
+        else:
+            items, control = recorded.both(layer)
+        parts.append(MlpEdit.fitted(items, control, source, layer, on, mode, recorded.at))
+    return MlpLayers(tuple(parts))
+
+
+def layers_fit(recorded: Recorded, mode: str, n_layers: int):
+    """`fit(inputs, count, folds)` of `mode` on the `count` layers ending at dama_windows' last layer."""
+    end = dama_windows(n_layers)[1]
+    return lambda source, count, on: fitted_layers(
+        recorded, source, range(end - count + 1, end + 1), on, mode
+    )
+
+
+def measure_mlp_layers(model, recorded: Recorded, mode: str, log=lambda m: None):
+    """Raw values (kind mlp-layers-MODE(-slot), k = the number of layers) of `mode` on each window of
+    dama_windows (stream.measure_layers; no readout: the edited vectors are several)."""
+    counts, end = dama_windows(model.info.n_layers)
+    fit = layers_fit(recorded, mode, model.info.n_layers)
+    fitted = ", fitted at the slot" if recorded.at == "slot" else ""
+    what = f"MLP outputs ({mode}{fitted}) of the layers up to {end}, count"
+    name = kind_of(mode, recorded.at, several=True)
+    return measure_layers(model, recorded.inputs, PerLayer(fit, None, name, what, counts), log)
+
+
 @torch.inference_mode()
 def mlp_outputs(module, bank: Bank, at: torch.Tensor | None = None) -> torch.Tensor:
     """(N, L, E) what each layer's MLP adds to the stream at each sequence's position `at` (N,), by
@@ -181,6 +358,11 @@ class Recorded:
             self.outputs = tuple(mlp_outputs(self.module, b, p) for b, p in zip(banks, where))
         return self.outputs
 
+    def both(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, E) the items' and (M, E) the control prompts' MLP outputs of `layer` where fitted."""
+        items, control = self._recorded()
+        return items[:, layer], control[:, layer]
+
     def site(self, layer: int) -> torch.Tensor:
         """(N, E) each item's MLP output of `layer` where the edits are fitted."""
         return self._recorded()[0][:, layer]
@@ -201,4 +383,6 @@ def measure_mlp(model, recorded: Recorded, mode: str, log=lambda m: None):
     (stream.measure_layers)."""
     what = f"MLP output ({mode}{', fitted at the slot' if recorded.at == 'slot' else ''}) of layer"
     fit = recorded.fit(mode)
-    return measure_layers(model, recorded.inputs, fit, recorded.site, kind_of(mode, recorded.at), what, log)
+    return measure_layers(
+        model, recorded.inputs, PerLayer(fit, recorded.site, kind_of(mode, recorded.at), what), log
+    )

@@ -31,14 +31,14 @@ from ..run.files.layout import content_sha
 from ..store import atomic_write
 from .kinds import KINDS as HEAD_KINDS
 from .kinds import HeadEdit
-from .mlp import MlpEdit
+from .mlp import MlpEdit, MlpLayers
 from .stream import StreamEdit
 
 
 def saved_kinds() -> dict:
     """What a saved file may hold: every registered head kind (KINDS, at the time of reading), the
-    stream, an MLP output."""
-    return {**HEAD_KINDS, StreamEdit.kind: StreamEdit, MlpEdit.kind: MlpEdit}
+    stream, an MLP output, the MLP outputs of several layers."""
+    return {**HEAD_KINDS, StreamEdit.kind: StreamEdit, MlpEdit.kind: MlpEdit, MlpLayers.kind: MlpLayers}
 
 
 FORMAT = "attnprobe-edit"

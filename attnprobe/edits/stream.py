@@ -100,7 +100,7 @@ class StreamEdit:
         layer (`hook`)."""
         handle = self.hook(decoder_layers(module_of(model))[self.layer])
         try:
-            with model_edit(_untouched):  # marks a model edit in force: run_suite refuses to run in one
+            with model_edit(untouched):  # marks a model edit in force: run_suite refuses to run in one
                 yield
         finally:
             handle.remove()
@@ -118,7 +118,7 @@ class StreamEdit:
         return cls(layer, along[0, 0], functional[0, 0], mean[0, 0])
 
 
-def _untouched(site) -> torch.Tensor:
+def untouched(site) -> torch.Tensor:
     """The head outputs as they are (a stream edit changes no head)."""
     return site.output
 
@@ -172,8 +172,12 @@ def stream_text_costs(module, bank: Bank, clean_logp, edit: StreamEdit) -> tuple
 
 
 def per_row(fitted: list[StreamEdit], which) -> StreamEdit:
-    """One edit with per-row parameters: row n's are those of fitted[which[n]]."""
+    """One edit with per-row parameters: row n's are those of fitted[which[n]] (of an edit of several
+    layers, each part's)."""
     which = torch.as_tensor(which)
+    if hasattr(fitted[0], "parts"):
+        parts = zip(*(edit.parts for edit in fitted))
+        return replace(fitted[0], parts=tuple(per_row(list(same), which) for same in parts))
     stacked = {name: torch.stack([getattr(e, name) for e in fitted])[which] for name in PARAMETERS}
     return replace(fitted[0], **stacked)
 
@@ -182,23 +186,38 @@ def measure_stream(model, inputs, log=lambda m: None) -> pd.DataFrame:
     """Raw values (as sweep.measure_kind's; kind "stream", k = layer) of the stream erased at every
     layer."""
     site = lambda layer: last_states(inputs.bank, layer)[:, 0, 0]
-    return measure_layers(model, inputs, StreamEdit.fit, site, NAME, "stream erased entering layer", log)
+    return measure_layers(
+        model, inputs, PerLayer(StreamEdit.fit, site, NAME, "stream erased entering layer"), log
+    )
 
 
-def measure_layers(model, inputs, fit, site, name: str, what: str, log=lambda m: None) -> pd.DataFrame:
-    """Raw values (kind `name`, k = layer) of a per-layer edit (`fit(inputs, layer, folds)`: a
-    StreamEdit) at every layer: bias on every item (its quarter's edit, fitted on the quarter's
-    training quarters), texts (the all-items edit) and control prompts (the all-items edit whose
-    keep constraint was fitted on the other half of the control's words; a prompt no fit used: the
-    one fitted on half 0); and the covariate read on held-out items from `site(layer)` (N, E: the
-    edited vector at each item's last token) before and after its quarter's edit (sweep.erased;
-    `site` None: not read)."""
+@dataclass(frozen=True)
+class PerLayer:
+    """An edit measured layer by layer: `fit(inputs, k, folds)` (a StreamEdit, or an edit of several
+    layers: MlpLayers), `site(k)` (N, E: the edited vector at each item's last token; None: no
+    readout), the raw rows' kind `name`, `what` the edit is in words, and the k measured (`layers`;
+    None: every layer of the model)."""
+
+    fit: object
+    site: object
+    name: str
+    what: str
+    layers: tuple[int, ...] | None = None
+
+
+def measure_layers(model, inputs, edit: PerLayer, log=lambda m: None) -> pd.DataFrame:
+    """Raw values (kind `edit.name`, k = layer) of a per-layer edit at each of its layers: bias on
+    every item (its quarter's edit, fitted on the quarter's training quarters), texts (the all-items
+    edit) and control prompts (the all-items edit whose keep constraint was fitted on the other half
+    of the control's words; a prompt no fit used: the one fitted on half 0); and the covariate read
+    on held-out items from `edit.site(layer)` before and after its quarter's edit (sweep.erased)."""
     from .sweep.erased import layer_readout_rows  # the sweep's module (it imports this one)
 
     module = model.model
     frames = []
     every = np.arange(4)
-    for layer in range(model.info.n_layers):
+    fit, site, name, what, layers = edit.fit, edit.site, edit.name, edit.what, edit.layers
+    for layer in range(model.info.n_layers) if layers is None else layers:
         quarters, y = quarters_bias(model, inputs, fit, layer)
         everywhere = fit(inputs, layer, every)
         crossed = per_row([everywhere, fit(inputs.other_half(), layer, every)], inputs.judged_by_other_half())
@@ -211,7 +230,7 @@ def measure_layers(model, inputs, fit, site, name: str, what: str, log=lambda m:
             raw_rows("text", [(layer, -1, i) for i in range(len(kl))], kl=kl, loss=loss),
             *(layer_readout_rows(site(layer), quarters, inputs, layer) if site else []),
         ]
-        log(f"edit: {what} {layer} of {model.info.n_layers}")
+        log(f"edit: {what} {layer}" + (f" of {model.info.n_layers}" if layers is None else ""))
     out = pd.concat(frames, ignore_index=True)
     out["heads"] = out["heads_all"] = [f"{what} {k}" for k in out["k"]]
     return out.assign(kind=name)

@@ -210,6 +210,51 @@ def edit_frontier(summary: pd.DataFrame, draws: pd.DataFrame):
     return fig
 
 
+GOAL_ALT = (
+    "every edit's stereotype term removed against its factual term kept on held-out nouns, KL's upper "
+    "bound as colour, edits of several MLP layers (DAMA's design) as stars, the goal's box dashed"
+)
+GOAL_MARKERS = {"heads": "o", "stream": "s", "mlp": "^", "mlp layers": "*"}
+
+
+def goal_frontier(goal: pd.DataFrame):
+    """The goal table (stats.keeping.goal) as a frontier: per edit the stereotype term removed against
+    the factual term kept on held-out nouns, both from the joint regression; colour log10 of KL's upper
+    bound; marker by site; the goal's box (kept 0.9-1.1, removed 50-150%). An edit meeting the goal
+    lies in the box with KL's colour at -3 or below (and its other conditions, the table's)."""
+    from matplotlib.patches import Rectangle
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    log_kl = np.log10(goal["kl_ci_high"].astype(float).clip(lower=1e-6))
+    top = max(0.0, float(np.nanmax(log_kl))) if len(goal) else 0.0
+    points = None
+    for site, rows in goal.groupby("site", sort=False):
+        points = ax.scatter(
+            rows["nouns_kept"].astype(float).clip(-0.5, 2.0),
+            rows["stereotype_removed"].astype(float).clip(-1.0, 2.0),
+            c=log_kl[rows.index],
+            cmap="viridis_r",
+            vmin=-6,
+            vmax=top,
+            marker=GOAL_MARKERS.get(site, "o"),
+            s=90 if site == "mlp layers" else 28,
+            edgecolors="black",
+            linewidths=0.3,
+            label=site,
+        )
+    box = Rectangle((0.9, 0.5), 0.2, 1.0, fill=False, linestyle="--", edgecolor="#c0392b", label="the goal")
+    ax.add_patch(box)
+    ax.axhline(0, color="#888888", linewidth=0.8)
+    ax.axvline(1, color="#888888", linewidth=0.8)
+    ax.set_xlabel("factual term kept on held-out nouns (1: kept; clipped to -0.5..2)")
+    ax.set_ylabel("stereotype term removed (1: all; clipped to -1..2)")
+    if points is not None:
+        fig.colorbar(points, ax=ax, label="KL upper bound, log10 nats (goal: -3 or below)")
+    ax.legend(fontsize=8, frameon=False, loc="best")
+    fig.tight_layout()
+    return fig
+
+
 CIRCUIT_ALT = (
     "share of the covariate gradient a circuit restores against its size: in-sample, held-out, random"
 )

@@ -187,6 +187,14 @@ def edit_frontier_figure(directory, figures_dir) -> tuple[dict, pd.DataFrame]:
     ), summary
 
 
+def goal_figure(directory, figures_dir) -> dict | None:
+    """figures/edit_goal.png (and .svg): the goal table as a frontier, when the sweep wrote one."""
+    goal = pd.DataFrame(_optional(directory, "edits_goal"))
+    if not len(goal):
+        return None
+    return figure(plots.goal_frontier(goal), figures_dir, "edit_goal", plots.GOAL_ALT)
+
+
 def edits_context(directory, figures_dir) -> dict | None:
     """The head-edit section, when `attnprobe edit` has written edits.parquet into the run."""
     if not (directory / "edits.parquet").is_file():
@@ -206,6 +214,7 @@ def edits_context(directory, figures_dir) -> dict | None:
         "heads": _optional(directory, "edits_heads"),
         "stream": _optional(directory, "edits_stream"),
         "goal": _optional(directory, "edits_goal"),
+        "goal_figure": goal_figure(directory, figures_dir),
         "tracing": _side_by_side(_optional(directory, "tracing"), "layer", "position"),
         "paths": _side_by_side(paths, "receiver", "path"),
         "parts": _side_by_side(parts, "receiver", "part", ("role", "n_items")),

@@ -200,3 +200,77 @@ def test_an_edit_fitted_at_the_slot_erases_there_and_is_saved_as_such(tiny, tmp_
     save_edit(edit, path, tiny, {"fitted_on": "all items"})
     loaded = load_edit(path.with_suffix(".json"))
     assert loaded.edit.at == "slot" and loaded.edit.mode == "leace"
+
+
+def test_an_edit_of_several_layers_fits_each_on_the_model_edited_below_it(tiny, tmp_path):
+    """DAMA's design (edits.mlp.MlpLayers): layer 0's part is fitted on the clean outputs, layer 1's on
+    the outputs of the model with layer 0 already edited (not on the clean ones); applied together
+    neither layer's output keeps covariance with the covariate on the rows fitted; saved and loaded it
+    is the same edit."""
+    from attnprobe.edits import save_edit
+    from attnprobe.edits.mlp import MlpLayers, Recorded, fitted_layers, mlp_output_at
+
+    inputs, _, _ = _inputs(tiny, n=400)
+    recorded = Recorded(tiny.model, inputs, "last")
+    on = np.arange(4)
+    both = fitted_layers(recorded, inputs, [0, 1], on, "leace")
+    first = MlpEdit.fitted(*recorded.both(0), inputs, 0, on, "leace")
+    assert torch.equal(both.parts[0].functional, first.functional)
+    with edited(tiny, first):
+        under = [mlp_outputs(tiny.model, bank)[:, 1] for bank in (inputs.bank, inputs.control)]
+        assert torch.allclose(mlp_output_at(tiny.model, inputs.bank, None, 1), under[0], atol=1e-6)
+    sequential = MlpEdit.fitted(*under, inputs, 1, on, "leace")
+    independent = MlpEdit.fitted(*recorded.both(1), inputs, 1, on, "leace")
+    assert torch.allclose(both.parts[1].functional, sequential.functional, atol=1e-5)
+    assert not torch.allclose(both.parts[1].functional, independent.functional, atol=1e-3)
+    x = torch.as_tensor(inputs.covariate - inputs.covariate.mean())
+    clean = mlp_outputs(tiny.model, inputs.bank).double()
+    with edited(tiny, both):
+        after = mlp_outputs(tiny.model, inputs.bank).double()
+    for layer in (0, 1):
+        left = lambda z, n=layer: ((z[:, n] - z[:, n].mean(0)).T @ x).norm()
+        assert left(after) < 1e-3 * left(clean), layer
+    assert both.name == MLP + "layers-leace" and both.sites() == "MLP outputs of layers 0, 1 (leace)"
+    path = tmp_path / "mlp-layers-leace"
+    save_edit(both, path, tiny, {"fitted_on": "all items"})
+    loaded = load_edit(path.with_suffix(".json"))
+    assert isinstance(loaded.edit, MlpLayers) and [p.layer for p in loaded.edit.parts] == [0, 1]
+    ids = torch.tensor([tiny.tokenizer("The nurse said that she")["input_ids"]])
+    with edited(tiny, both):
+        fitted_logits = tiny.model(input_ids=ids).logits
+    with edited(tiny, loaded):
+        assert torch.allclose(tiny.model(input_ids=ids).logits, fitted_logits, atol=1e-6)
+    assert not torch.allclose(tiny.model(input_ids=ids).logits, fitted_logits, atol=1e-6)
+
+
+def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run, tiny_llama_dir, tmp_path):
+    """edit --mlp-layers on a tiny model of 2 layers: windows of 1 and 2 layers ending at layer 1, for
+    DAMA's projection and leace_mid, at the slot; a chosen row whose count each quarter takes from
+    the other quarters; the chosen edit saved with its layers and applied by run --edit."""
+    from click.testing import CliRunner
+    from conftest import EDIT_SWEEP
+
+    from attnprobe.cli import main
+    from attnprobe.edits.mlp import LAYERS_MODES, MlpLayers
+
+    _, suite, swept = swept_run
+    out = tmp_path / "run"
+    shutil.copytree(swept, out)
+    result = CliRunner().invoke(main, ["edit", str(out), *EDIT_SWEEP, "--mlp-layers"])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "edits_mlp.csv")
+    for mode in LAYERS_MODES:
+        kind = f"{MLP}layers-{mode}-slot"
+        rows = table[table["kind"] == kind]
+        assert sorted(rows["layer"]) == [1, 2] and (table["kind"] == f"{kind}-chosen").sum() == 1
+        loaded = load_edit(out / "edits" / f"{kind}.json")
+        assert isinstance(loaded.edit, MlpLayers) and loaded.edit.parts[-1].layer == 1
+        assert {p.mode for p in loaded.edit.parts} == {mode}
+    goal = pd.read_csv(out / "edits_goal.csv")
+    assert goal["kind"].str.startswith(f"{MLP}layers-").any()
+    again = tmp_path / "again"
+    args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(again), "--no-report"]
+    result = CliRunner().invoke(
+        main, [*args, "--edit", str(out / "edits" / f"{MLP}layers-project-slot.json")]
+    )
+    assert result.exit_code == 0, result.output

@@ -53,7 +53,11 @@ def _edited(model, inputs, kind: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _terms(model, inputs, kind: str) -> dict:
-    items, nouns = _edited(model, inputs, kind)
+    return _terms_of(inputs, *_edited(model, inputs, kind))
+
+
+def _terms_of(inputs, items: np.ndarray, nouns: np.ndarray) -> dict:
+    """The joint regression's terms (stats.keeping.joint) of the items and nouns so edited."""
     occupations = pd.DataFrame(
         {
             "y0": _clean(inputs.bank, inputs.labels),
@@ -125,3 +129,39 @@ def test_the_placebo_of_a_null_covariate_gives_p_at_most_005_in_at_most_5_of_50_
         ps.append(placebo_table(raw)["placebo_p"].iloc[0])
     ps = np.array(ps)
     assert (ps <= 0.05).sum() <= 5, np.sort(ps)[:10]
+
+
+def test_a_stereotype_carried_by_two_mlps_is_removed_only_by_the_edit_of_both():
+    """planted_two_layer_model: MLP 0 writes half of the stereotype and MLP 1 the rest, backing up
+    whatever MLP 0 does not write. Held out (each quarter's edit fitted on the other quarters), DAMA's
+    projection of MLP 0 alone removes about nothing, of MLP 1 alone about half, of both (MLP 1 fitted
+    on the model with MLP 0 projected) all of it; the factual term is kept by each. (The midpoint-kept
+    eraser has nothing to erase here: the nouns' midpoint lies off the items' mean along the very
+    direction the covariate moves the one-dimensional output, so keeping it forbids the erasure.)"""
+    from attnprobe.edits.mlp import Recorded, fitted_layers
+    from attnprobe.edits.stream import per_row, quarters_bias, stream_behaviour
+    from tests.planted_edit import planted_two_layer_model
+
+    model = planted_two_layer_model()
+    inputs = planted_inputs(model, PLANTED)
+    recorded = Recorded(model, inputs, "last")
+    fits = {
+        "MLP 0": lambda source, k, on: recorded.fit("project")(source, 0, on),
+        "MLP 1": lambda source, k, on: recorded.fit("project")(source, 1, on),
+        "both": lambda source, k, on: fitted_layers(recorded, source, [0, 1], on, "project"),
+    }
+    removed = {}
+    for name, fit in fits.items():
+        _, items = quarters_bias(SimpleNamespace(model=model), inputs, fit, 0)
+        every = np.arange(4)  # each noun judged by the fit whose keep constraints saw the other half
+        crossed = per_row(
+            [fit(inputs, 0, every), fit(inputs.other_half(), 0, every)], inputs.judged_by_other_half()
+        )
+        terms = _terms_of(
+            inputs, items, stream_behaviour(model, inputs.control, crossed, inputs.control_labels)
+        )
+        removed[name] = terms["nouns_stereotype_removed"]
+        assert 0.95 <= terms["nouns_factual_kept"] <= 1.05, (name, terms["nouns_factual_kept"])
+        if name == "both":
+            assert terms["nouns_stereotype_removed_ci_low"] >= 0.5, terms
+    assert removed["MLP 0"] < 0.2 and 0.3 < removed["MLP 1"] < 0.75 and removed["both"] > 0.9, removed

@@ -29,21 +29,20 @@ from ...run.options import RunOptions
 from ...run.phases import Phase, run_phase
 from ...stats.edits import MLP, STREAM, STREAM_CHOSEN, edit_tables, head_table, quarter_table
 from ...stats.keeping.goal import goal_table
-from ...stats.keeping.layers import chosen_layers, mlp_tables, stream_table
+from ...stats.keeping.layers import mlp_tables, stream_table
 from ...stats.placebo import PLACEBO_PREFIX, placebo_table
 from ...store import atomic_write, read_chunks, write_parquet, write_table
+from .. import mlp as mlps
 from ..inputs import Texts, check_text, record_inputs
 from ..kinds import KINDS
-from ..mlp import COVARIATE_MODES, MLP_KINDS, POSITIONS, Recorded, fitted_where, kind_of, measure_mlp
 from ..stream import StreamEdit, measure_stream
 from .fitted import save_chosen, save_layers
 from .measure import SINGLE, GradientScores, clean_values, found_sets, measure_kind, measure_single
 from .options import EditOptions, Sweep, listed_heads, settings_hash
-from .permuted import measure_layer_placebo, measure_placebo, placebo_kinds
+from .permuted import PLACEBO_CHOICES, layer_placebo, measure_placebo, placebo_kinds
 from .transfer import ALSO_K, transfer, transfer_suites
 
 LAYER_PARTS = "readout"  # the stream's and the MLPs' parts hold the readout after the edit
-PLACEBO_CHOICES = "repeated"  # each placebo refit chooses its heads and layers again (since round 6)
 TOP_HEADS = "top 5 heads by gradient score"  # the circuit hypothesis the edits' heads make
 
 
@@ -169,7 +168,8 @@ def run_edits(
             if suites:
                 ks = [k for k in also_ks if k in set(summary["k"])]
                 chosen = [(kind, k) for kind in options.kinds for k in ks] + [(STREAM, 0)] * options.stream
-                chosen += [(kind, 0) for kind in MLP_KINDS] * options.mlp  # those saved
+                chosen += [(kind, 0) for kind in mlps.MLP_KINDS] * options.mlp  # those saved
+                chosen += [(kind, 0) for kind in mlps.LAYERS_KINDS] * options.mlp_layers
                 write_table(directory, "edits_transfer", transfer(directory, suites, chosen, model, log))
                 log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
         return summary
@@ -282,29 +282,22 @@ def _layer_parts(part, key: str, sweep: Sweep, clean: pd.DataFrame) -> list[pd.D
     frames = [clean]
     if sweep.options.stream:
         frames.append(part(STREAM, lambda: measure_stream(model, inputs, log), f"{key}:{LAYER_PARTS}"))
-        frames += _layer_placebo(part, key, sweep, frames, STREAM, StreamEdit.fit)
+        frames += layer_placebo(part, key, sweep, frames, STREAM, StreamEdit.fit)
     if sweep.options.mlp:
-        recorded = {at: Recorded(model.model, inputs, at) for at in POSITIONS}  # on first use
-        for mode, at in fitted_where(inputs):
-            name = kind_of(mode, at)
-            measure = lambda m=mode, r=recorded[at]: measure_mlp(model, r, m, log)
+        recorded = {at: mlps.Recorded(model.model, inputs, at) for at in mlps.POSITIONS}  # on first use
+        for mode, at in mlps.fitted_where(inputs):
+            name = mlps.kind_of(mode, at)
+            measure = lambda m=mode, r=recorded[at]: mlps.measure_mlp(model, r, m, log)
             frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
-            if mode in COVARIATE_MODES:
-                frames += _layer_placebo(part, key, sweep, frames, name, recorded[at].fit(mode))
+            if mode in mlps.COVARIATE_MODES:
+                frames += layer_placebo(part, key, sweep, frames, name, recorded[at].fit(mode))
+    if sweep.options.mlp_layers:  # several layers at once: no placebo yet (each refit is n passes a fold)
+        at = mlps.layers_at(inputs)
+        recorded = mlps.Recorded(model.model, inputs, at)
+        for mode in mlps.LAYERS_MODES:
+            measure = lambda m=mode: mlps.measure_mlp_layers(model, recorded, m, log)
+            frames.append(part(mlps.kind_of(mode, at, several=True), measure, f"{key}:{LAYER_PARTS}"))
     return frames[1:]
-
-
-def _layer_placebo(part, key: str, sweep: Sweep, frames: list, name: str, fit) -> list:
-    """A per-layer edit's placebo (the stream's, an MLP mode's: `name`, fitted by `fit`), its layers
-    chosen again on every permutation (none without --placebo); frames[0] holds the clean values,
-    frames[-1] that edit's part."""
-    if not sweep.options.placebo:
-        return []
-    measured = pd.concat([frames[0], frames[-1]], ignore_index=True)  # the clean rows and the edit's
-    chosen = chosen_layers(measured, name)
-    plan = f"{key} {name} {sorted(chosen.items(), key=str)} {sweep.options.placebo} {PLACEBO_CHOICES}"
-    placebo = lambda: measure_layer_placebo(sweep, measured, chosen["all"], fit, name)
-    return [part(f"placebo-{name}", placebo, hashlib.sha256(plan.encode()).hexdigest()[:16])]
 
 
 def _gradient_scores(run, items, inputs, word: str, L: int, H: int) -> tuple[dict, object]:

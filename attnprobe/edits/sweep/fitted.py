@@ -15,7 +15,7 @@ from ...stats.edits import STREAM
 from ...stats.keeping.layers import chosen_layers
 from ...version import __version__
 from ..kinds import KINDS
-from ..mlp import FITTED, POSITIONS, Recorded, kind_of
+from ..mlp import FITTED, LAYERS_MODES, POSITIONS, Recorded, kind_of, layers_fit
 from ..saved import save_edit
 from ..stream import StreamEdit
 from .options import Sweep
@@ -62,6 +62,12 @@ def save_layers(sweep: Sweep, tables: tuple, raw, source: dict) -> int:
         kind = kind_of(mode, at)
         if mlp["kind"].isin([kind, f"{kind}-chosen"]).any():
             n += _save_layers(sweep, raw, source, kind, recorded[at].fit(mode))
+    for mode, at in [(mode, at) for mode in LAYERS_MODES for at in POSITIONS] if len(mlp) else ():
+        kind = kind_of(mode, at, several=True)  # an edit of several layers: k is how many
+        if mlp["kind"].isin([kind, f"{kind}-chosen"]).any():
+            n += _save_layers(
+                sweep, raw, source, kind, layers_fit(recorded[at], mode, sweep.manifest.model.n_layers)
+            )
     return n
 
 

@@ -43,6 +43,7 @@ class EditOptions:
     placebo: int = DEFAULT_EDIT_COUNTS["placebo"]
     stream: bool = False  # also the stream erased at every layer (edits_stream, edits.stream)
     mlp: bool = False  # also each MLP's output edited at every layer (edits_mlp, edits.mlp)
+    mlp_layers: bool = False  # also several consecutive MLP outputs edited at once (DAMA's design; edits_mlp)
     trace: bool = False  # also the stream patched per layer and position (tracing, analyses.tracing)
     paths: bool = False  # also the top heads' inputs and senders patched (paths, analyses.paths)
     circuits: bool = False  # also circuits found by attribution and judged held out (analyses.circuits)
@@ -107,7 +108,7 @@ def settings_hash(run_fingerprint: str, options: EditOptions, weights: str, cont
     have parts of their own), the model's weights, this attnprobe's version, how the neutral texts are
     sampled, the control prompts measured (`control`: their tokens, the file's and those put in the
     templates) and the part of --text that is read."""
-    own_files = ("kinds", "alone", "placebo", "stream", "mlp", "trace", "paths", "circuits")
+    own_files = ("kinds", "alone", "placebo", "stream", "mlp", "mlp_layers", "trace", "paths", "circuits")
     settings = {k: v for k, v in asdict(options).items() if k not in own_files}
     payload = json.dumps(
         {

@@ -18,6 +18,7 @@ stats.placebo.placebo_table compares the real gradient removed with the permuted
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
 import numpy as np
@@ -31,6 +32,9 @@ from ..kinds import KINDS
 from ..passes import raw_rows
 from ..stream import quarters_bias
 from .measure import behaviour_values
+from .options import Sweep
+
+PLACEBO_CHOICES = "repeated"  # each placebo refit chooses its heads and layers again (since round 6)
 
 
 def placebo_kinds(kinds) -> list[str]:
@@ -115,3 +119,16 @@ def measure_layer_placebo(sweep, measured: pd.DataFrame, k: int, fit, name: str)
         )
         _progress(sweep.log, f"edit: {name}'s placebo, {{done}} of {{n}} permutations", d, options.placebo)
     return pd.concat(frames, ignore_index=True).assign(kind=f"{PREFIX}{name}-chosen", heads_all="")
+
+
+def layer_placebo(part, key: str, sweep: Sweep, frames: list, name: str, fit) -> list:
+    """A per-layer edit's placebo (the stream's, an MLP mode's: `name`, fitted by `fit`), its layers
+    chosen again on every permutation (none without --placebo); frames[0] holds the clean values,
+    frames[-1] that edit's part."""
+    if not sweep.options.placebo:
+        return []
+    measured = pd.concat([frames[0], frames[-1]], ignore_index=True)  # the clean rows and the edit's
+    chosen = chosen_layers(measured, name)
+    plan = f"{key} {name} {sorted(chosen.items(), key=str)} {sweep.options.placebo} {PLACEBO_CHOICES}"
+    placebo = lambda: measure_layer_placebo(sweep, measured, chosen["all"], fit, name)
+    return [part(f"placebo-{name}", placebo, hashlib.sha256(plan.encode()).hexdigest()[:16])]

@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..edits import MLP_LAYERS
+
 REMOVED, REMOVED_CI = 0.5, (0.25, 1.5)
 KEPT, KEPT_CI = (0.9, 1.1), (0.8, 1.2)
 ACCURACY, OFFSET, PLACEBO_P, KL = 0.99, 0.1, 0.01, 0.001
@@ -80,6 +82,7 @@ def goal_table(edits: pd.DataFrame, stream: pd.DataFrame, mlp: pd.DataFrame | No
             label = table["layer"].astype(str).where(~chosen.astype(bool), "chosen")
             frames.append(table.assign(site=site, size=label))
     rows = pd.concat(frames, ignore_index=True)
+    rows.loc[rows["kind"].astype(str).str.startswith(MLP_LAYERS), "site"] = "mlp layers"  # size: how many
     out = rows[["site", "kind", "size"]].copy()
     for column, name in COLUMNS.items():
         for end in ("", "_ci_low", "_ci_high"):
