@@ -37,7 +37,7 @@ import torch
 
 from ..attention.capture import model_edit
 from ..intervene.engine import Bank
-from ..intervene.rerun import ROWS
+from ..intervene.rerun import ROWS, rerun_logits
 from ..model.anatomy import decoder_layers, mlp_added, module_of
 from ..stats.edits import MLP, MLP_LAYERS
 from .estimate import covariate_directions, definitional_directions, definitional_midpoints, erasers
@@ -249,9 +249,10 @@ class _Stop(Exception):
 
 
 @torch.inference_mode()
-def mlp_output_at(module, bank: Bank, at, layer: int) -> torch.Tensor:
+def mlp_output_at(module, bank: Bank, at, layer: int, start: int = 0) -> torch.Tensor:
     """(N, E) what layer `layer`'s MLP adds to the stream at each sequence's position `at` (None: its
-    last token), under whatever edits are in force; each pass stops at that layer."""
+    last token), under whatever edits are in force at layers `start` and above: each pass starts from
+    the recorded stream entering layer `start` and stops at `layer`."""
     at = bank.lengths - 1 if at is None else torch.as_tensor(at, device=bank.lengths.device)
     caught = {}
 
@@ -262,16 +263,13 @@ def mlp_output_at(module, bank: Bank, at, layer: int) -> torch.Tensor:
     handle = mlp_added(decoder_layers(module)[layer]).register_forward_hook(stop)
     out = []
     try:
-        for start in range(0, len(bank.lengths), ROWS):
-            ids, lengths = bank.ids[start : start + ROWS], bank.lengths[start : start + ROWS]
-            mask = (torch.arange(ids.shape[1], device=ids.device)[None] < lengths[:, None]).long()
+        for first in range(0, len(bank.lengths), ROWS):
+            rows = torch.arange(first, min(first + ROWS, len(bank.lengths)), device=bank.lengths.device)
             try:
-                module(input_ids=ids, attention_mask=mask, use_cache=False)
+                rerun_logits(module, bank, rows, start, bank.hidden[start][rows])
             except _Stop:
                 pass
-            out.append(
-                caught["out"][torch.arange(len(lengths), device=ids.device), at[start : start + ROWS]].float()
-            )
+            out.append(caught["out"][torch.arange(len(rows), device=rows.device), at[rows]].float())
     finally:
         handle.remove()
     return torch.cat(out)
@@ -287,7 +285,7 @@ def fitted_layers(recorded: Recorded, source, layers, on, mode: str) -> MlpLayer
             where = (source.slot_at, source.control_at) if recorded.at == "slot" else (None, None)
             with MlpLayers(tuple(parts)).applied(recorded.module):
                 items, control = (
-                    mlp_output_at(recorded.module, bank, p, layer)
+                    mlp_output_at(recorded.module, bank, p, layer, start=layers[0])
                     for bank, p in zip((source.bank, source.control), where)
                 )
         else:

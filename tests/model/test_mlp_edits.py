@@ -219,6 +219,9 @@ def test_an_edit_of_several_layers_fits_each_on_the_model_edited_below_it(tiny, 
     with edited(tiny, first):
         under = [mlp_outputs(tiny.model, bank)[:, 1] for bank in (inputs.bank, inputs.control)]
         assert torch.allclose(mlp_output_at(tiny.model, inputs.bank, None, 1), under[0], atol=1e-6)
+    # from the recorded stream entering layer 1 (no edit below it): the clean output
+    clean_1 = mlp_outputs(tiny.model, inputs.bank)[:, 1]
+    assert torch.allclose(mlp_output_at(tiny.model, inputs.bank, None, 1, start=1), clean_1, atol=1e-5)
     sequential = MlpEdit.fitted(*under, inputs, 1, on, "leace")
     independent = MlpEdit.fitted(*recorded.both(1), inputs, 1, on, "leace")
     assert torch.allclose(both.parts[1].functional, sequential.functional, atol=1e-5)
