@@ -8,8 +8,9 @@ DEFAULT_BATCH_SIZE = 256  # prompts per forward pass: a packed forward holds few
 DEFAULT_CHUNK_SIZE = 512  # prompts per chunk written to disk
 # edits.kinds.KINDS
 EDIT_KIND_NAMES = ("zero", "mean", "resample", "scale", "project", "orthogonal", "leace", "leace_mid")
-# the classic ablation, and the three that keep gender
-DEFAULT_EDIT_KINDS = ("zero", "orthogonal", "leace", "leace_mid")
+# the classic ablation, and the erasers that keep gender's difference (leace) and its midpoint too (leace_mid;
+# orthogonal, a default until round 6, amplified the factual term on both bundled models: --kinds adds it)
+DEFAULT_EDIT_KINDS = ("zero", "leace", "leace_mid")
 DEFAULT_EDIT_K = (1, 5)
 # random head sets per (kind, k); top heads zeroed alone; generated texts the cost is measured on
 # (and placebo: refits of each covariate-fitted kind on a permuted covariate; 0: none)

@@ -25,9 +25,10 @@ import torch
 from ..attention.capture import editing, picked_logits
 from ..forward.packing import pack_trie, packed_inputs, sorted_packs
 from ..forward.sharing import prefix_sharing_blocker
-from ..intervene.engine import ROW_TOKENS, Bank, lowest_layer, plan_passes
+from ..intervene.engine import Bank, lowest_layer, plan_passes
 from ..intervene.rerun import Changes, forward_from, narrowed_behaviour, rerun_logits
 from ..model.anatomy import module_of
+from ..model.footprint import device_patch_budget
 from .kinds import HeadEdit, Resample, RowEditor
 
 LOGIT_BYTES = 128 * 2**20  # full-vocabulary logits of one text pass
@@ -154,12 +155,14 @@ def packs_edits(module, bank: Bank, edit) -> bool:
 
 @torch.inference_mode()
 def edited_behaviour(
-    model, variants: Variants, positive, negative, row_tokens: int = ROW_TOKENS, share: bool | None = None
+    model, variants: Variants, positive, negative, row_tokens: int | None = None, share: bool | None = None
 ) -> torch.Tensor:
     """y = log p(positive) - log p(negative) after each of the `variants` (V,): float64. A variant
-    editing nothing gets the clean y. `share`: pack shared prefixes (None: wherever that is exact,
-    `packs_edits`)."""
+    editing nothing gets the clean y. Passes of at most `row_tokens` rows x tokens (None: the
+    device's budget, model.footprint.device_patch_budget). `share`: pack shared prefixes (None:
+    wherever that is exact, `packs_edits`)."""
     module = module_of(model)
+    row_tokens = row_tokens or device_patch_budget(module, int(variants.bank.lengths.max()))
     y = torch.empty(len(variants.base), dtype=torch.float64)
     labels = torch.cat([positive, negative], 1)
     vocabulary = labels[labels >= 0].unique()

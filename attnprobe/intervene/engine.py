@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 
 from ..attention.capture import editing, expand_kv, picked_logits, run_with_capture
-from ..defaults import ROW_TOKENS
 from ..forward.packing import pad_right
 from ..forward.sharing import prefix_sharing_blocker
 from ..model.anatomy import decoder_layers, mlp_modules, module_of
+from ..model.footprint import device_patch_budget
 from .rerun import Changes, narrowed_behaviour, rerun_logits
 from .sites import Activations, behaviour_rows, last_position_mlp, mlp_outputs, recording_mlp
 
@@ -129,14 +129,16 @@ def lowest_layer(touched: torch.Tensor) -> torch.Tensor:
 
 
 def patched(
-    model, bank: Bank, variants: Variants, share_prefix: bool = True, row_tokens: int = ROW_TOKENS
+    model, bank: Bank, variants: Variants, share_prefix: bool = True, row_tokens: int | None = None
 ) -> torch.Tensor:
     """y of every variant, (V,) float64. Variants are grouped by their lowest patched layer, sorted
     by their first patched position and length, and run in passes of at most `row_tokens` rows x
-    tokens. With `share_prefix` a pass leaves out the positions before its variants' first patched
-    one (clean in every layer) and reads their recorded keys and values instead, where that is exact
-    (sharing.prefix_sharing_blocker: no window the sequences reach)."""
+    tokens (None: the device's budget, model.footprint.device_patch_budget). With `share_prefix` a
+    pass leaves out the positions before its variants' first patched one (clean in every layer) and
+    reads their recorded keys and values instead, where that is exact (sharing.prefix_sharing_blocker:
+    no window the sequences reach)."""
     module = module_of(model)
+    row_tokens = row_tokens or device_patch_budget(module, int(bank.lengths.max()))
     share_prefix = share_prefix and prefix_sharing_blocker(module.config, bank.ids.shape[1]) is None
     first = variants.first_layer()
     y = torch.empty(len(first), dtype=torch.float64)
@@ -158,14 +160,27 @@ def patched(
         for rows in plan_passes(
             group, lengths, variants.at if share_prefix else torch.zeros_like(lengths), row_tokens
         ):
-            y[rows] = (
-                _forward(
-                    model, bank, variants, rows, layer, int(variants.at[rows].min()) if share_prefix else 0
-                )
-                .double()
-                .to(y.device)
+            run = lambda part, layer=layer: _forward(
+                model, bank, variants, part, layer, int(variants.at[part].min()) if share_prefix else 0
             )
+            for part, values in halved_on_oom(run, rows):
+                y[part] = values.double().to(y.device)
     return y.cpu()
+
+
+def halved_on_oom(run, rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """[(rows, run(rows))], or where the device runs out of memory the same for each half of `rows`
+    (recursively): a pass sized from an estimate of the free memory (model.footprint.patch_budget)
+    that proves too large costs a retry, not the run."""
+    try:
+        return [(rows, run(rows))]
+    except torch.OutOfMemoryError:
+        if len(rows) == 1:
+            raise
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        half = len(rows) // 2
+        return halved_on_oom(run, rows[:half]) + halved_on_oom(run, rows[half:])
 
 
 def plan_passes(

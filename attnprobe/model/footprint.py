@@ -12,6 +12,10 @@ Memory (bytes) = the weights (parameters x the dtype's size) + the largest worki
   one patched pass of ROW_TOKENS rows x the padded length, and a backward pass over the chunk (the
   attribution): every layer's intermediates at once.
 
+A patched pass on a GPU is sized from the memory free when the patching starts (patch_budget: the
+largest power of two of rows x length whose working set takes at most half of it), so a GPU runs
+few, large passes; on a CPU it stays ROW_TOKENS.
+
 Time on a GPU = FLOPs / (the card's dense peak for the dtype x the share of it a phase reaches), with
 FLOPs = 2 x (parameters besides the embeddings) per forwarded token, plus the prompt phase's host
 time per prompt (reading the captured rows into tables). Both were measured by benchmarks/gpu.py
@@ -99,6 +103,36 @@ class Shape:
 
     def flops_per_token(self) -> float:
         return 2.0 * (self.parameters - self.embeddings)
+
+
+FREE_SHARE = 0.5  # of the memory free when patching starts, what one patched pass may take on a GPU
+MAX_ROW_TOKENS = 1 << 20
+
+
+def patch_budget(shape: Shape | None, dtype: str, free: float, longest: int, on_gpu: bool) -> int:
+    """Rows x padded length of one patched pass (head effects, edits): ROW_TOKENS on a CPU (two cores
+    gain nothing from larger passes, and the CPU times were measured at it); on a GPU the largest
+    power of two whose pass fits in FREE_SHARE of `free` bytes at a token's working set there
+    (forward_working per token, its row of attention scores over `longest` keys in float32, its share
+    of a sequence's logit row), never below ROW_TOKENS nor above MAX_ROW_TOKENS."""
+    if not on_gpu or shape is None:
+        return ROW_TOKENS
+    longest = max(longest, 1)
+    per_token = shape.forward_working(dtype, 1, 0) + shape.H * longest * 4 + shape.V * 4 / longest
+    fit = int(FREE_SHARE * max(free, 0.0) / per_token)
+    return max(ROW_TOKENS, min(MAX_ROW_TOKENS, 1 << max(fit.bit_length() - 1, 0)))
+
+
+def device_patch_budget(module, longest: int) -> int:
+    """patch_budget of a loaded model (its module) where it runs, from the memory free there now (the
+    blocks torch's caching allocator holds unused included)."""
+    parameter = next(module.parameters())
+    if parameter.device.type != "cuda":
+        return ROW_TOKENS
+    free, _ = torch.cuda.mem_get_info(parameter.device)
+    free += torch.cuda.memory_reserved(parameter.device) - torch.cuda.memory_allocated(parameter.device)
+    dtype = str(parameter.dtype).removeprefix("torch.")
+    return patch_budget(Shape.of(module.config), dtype, free, longest, True)
 
 
 def _bytes(dtype: str) -> int:

@@ -4,8 +4,9 @@ lines `attnprobe check --device` prints and the working set `run` checks before 
 
 from __future__ import annotations
 
+from ..defaults import ROW_TOKENS
 from ..forward.estimates import CPU_FLOPS, REFERENCE_PARAMETERS
-from ..model.footprint import GB, HOST_SECONDS_PER_PROMPT, Shape, card, peak_seconds
+from ..model.footprint import GB, HOST_SECONDS_PER_PROMPT, Shape, card, patch_budget, peak_seconds
 from .plan import RunPlan
 
 
@@ -19,6 +20,22 @@ def phase_memory(plan: RunPlan, shape: Shape) -> dict[str, float]:
         for phase, tokens, sequences in kind.held(declared, part):
             memory[phase] = shape.recorded_working(plan.dtype, tokens, sequences, longest)
     return memory
+
+
+def _budget_line(plan: RunPlan, shape: Shape, device: str, left: float) -> str:
+    """The patched passes' budget (model.footprint.patch_budget) from what is left at the peak."""
+    longest = max((e.n_forward for e in plan.encoded), default=1)
+    on_gpu = str(device).startswith("cuda")
+    budget = patch_budget(
+        shape, plan.dtype, left + shape.forward_working(plan.dtype, ROW_TOKENS, 0), longest, on_gpu
+    )
+    where = (
+        f"half of the {max(left, 0) / GB:.1f} GB left at the peak; the run sizes them from the memory free "
+        "when it patches"
+        if on_gpu
+        else "the CPU's budget"
+    )
+    return f"patched passes (head effects, edits): up to {budget:,} rows x tokens each ({where})"
 
 
 def phase_seconds(plan: RunPlan, shape: Shape, device_card: str) -> dict[str, float | None]:
@@ -53,7 +70,8 @@ def footprint_lines(plan: RunPlan, device: str) -> list[str]:
     lines = [
         f"memory on {device} ({name}, {free / GB:.1f} of {total / GB:.1f} GB free): weights "
         f"{weights / GB:.2f} GB ({shape.parameters / 1e9:.2f} B parameters in {plan.dtype}); peak by phase: "
-        f"{each}; {verdict}"
+        f"{each}; {verdict}",
+        _budget_line(plan, shape, device, free - peak),
     ]
     seconds = phase_seconds(plan, shape, name)
     if all(s is not None for s in seconds.values()):

@@ -7,11 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from conftest import forked_cli, no_weights, one_line_error
 
 import attnprobe
 from attnprobe.cli import main
+from attnprobe.defaults import ROW_TOKENS
 from attnprobe.errors import ModelSpecError
 from attnprobe.model import footprint, shapes
 
@@ -74,6 +76,47 @@ def test_check_estimates_memory_and_time_on_a_gpu_without_weights(name, monkeypa
     assert ("does NOT fit" in memory) == (name == "llama-3.1-70b")  # 141 GB of weights on an 80 GB card
     assert any(line.startswith("time on H100") for line in result.output.splitlines())
     assert "the weights are random" in result.output
+    budget = next(line for line in result.output.splitlines() if line.startswith("patched passes"))
+    rows = int(budget.split("up to ")[1].split(" rows")[0].replace(",", ""))
+    # a card with room beside the weights patches in passes larger than the CPU's; one without: the CPU's
+    assert (rows > ROW_TOKENS) == (name != "llama-3.1-70b"), budget
+
+
+def test_a_patch_budget_fits_its_share_of_the_free_memory_and_grows_with_it():
+    """model.footprint.patch_budget: the CPU's budget on a CPU; on a GPU a power of two whose pass
+    takes at most half of the free memory, larger with more memory free, never below the CPU's."""
+    shape = footprint.Shape.of(shapes.shape_config("random:llama-3.1-8b"))
+    assert footprint.patch_budget(shape, "bfloat16", 80e9, 16, on_gpu=False) == ROW_TOKENS
+    budgets = [
+        footprint.patch_budget(shape, "bfloat16", free * 1e9, 16, on_gpu=True) for free in (1, 10, 40, 80)
+    ]
+    assert budgets[0] == ROW_TOKENS and budgets == sorted(budgets) and budgets[-1] > 8 * ROW_TOKENS
+    per_token = shape.forward_working("bfloat16", 1, 0) + shape.H * 16 * 4 + shape.V * 4 / 16
+    assert all(b & (b - 1) == 0 for b in budgets) and budgets[-1] * per_token <= footprint.FREE_SHARE * 80e9
+
+
+def test_patched_passes_give_the_same_values_whatever_their_budget(tiny_llama_dir, monkeypatch):
+    """The head effects and the edits read the device's budget (1 pass or many): the same y."""
+    from attnprobe.edits.kinds import Zero
+    from attnprobe.edits.passes import Variants, edited_behaviour
+    from attnprobe.intervene.engine import record
+
+    model = attnprobe.load_model(str(tiny_llama_dir))
+    g = torch.Generator().manual_seed(0)
+    bank = record(
+        model,
+        [torch.randint(5, 90, (int(n),), generator=g) for n in torch.randint(4, 12, (40,), generator=g)],
+    )
+    n = len(bank.lengths)
+    heads = torch.zeros(n, model.info.n_layers, model.info.n_heads, dtype=torch.bool)
+    heads[:, 1, 0] = True
+    variants = Variants(bank, Zero(heads=((1, 0),)), torch.arange(n), heads)
+    labels = torch.tensor([[7]] * n), torch.tensor([[9]] * n)
+    values = {}
+    for budget in (16, 1 << 16):
+        monkeypatch.setattr("attnprobe.edits.passes.device_patch_budget", lambda module, longest, b=budget: b)
+        values[budget] = edited_behaviour(model, variants, *labels)
+    assert torch.allclose(values[16], values[1 << 16], atol=1e-5)
 
 
 def test_an_8b_shape_is_refused_on_a_24_gb_machine_before_loading(monkeypatch, tmp_path):
@@ -152,3 +195,24 @@ def test_the_gpu_benchmark_runs_on_the_cpu_with_tiny_shapes(tmp_path):
     assert row["prompt_phase_s"] > 0 and row["head_effect_pairs"] > 0 and row["verify_passed"]
     assert [r["exit"] for r in found["commands"]] == [0] * 6
     assert "## The commands on the device" in (tmp_path / "gpu.md").read_text()
+
+
+def test_a_pass_too_large_for_the_device_is_run_again_in_halves():
+    """intervene.engine.halved_on_oom: a pass that runs out of memory is split until its halves fit,
+    every row computed once with the values it would have had."""
+    from attnprobe.intervene.engine import halved_on_oom
+
+    calls = []
+
+    def run(rows):
+        calls.append(len(rows))
+        if len(rows) > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory (planted)")
+        return rows * 10
+
+    parts = halved_on_oom(run, torch.arange(10))
+    assert torch.equal(torch.cat([p for p, _ in parts]), torch.arange(10))
+    assert all(torch.equal(values, rows * 10) for rows, values in parts)
+    assert max(len(p) for p, _ in parts) <= 3 and calls[0] == 10
+    with pytest.raises(torch.OutOfMemoryError):
+        halved_on_oom(lambda rows: (_ for _ in ()).throw(torch.OutOfMemoryError("always")), torch.arange(2))

@@ -31,11 +31,11 @@ import pandas as pd
 import torch
 
 from ...attention.capture import editing
-from ...defaults import ROW_TOKENS
 from ...intervene.engine import Bank, HeadPatch, aligned, mlp_patch
 from ...intervene.rerun import rerun_y
 from ...intervene.sites import behaviour_rows, mlp_outputs
 from ...model.anatomy import mlp_modules, module_of
+from ...model.footprint import device_patch_budget
 from ..senders import compared_pairs, pair_tensors
 from .eap import attributions
 from .graph import Graph, part_scores, random_parts, top_parts
@@ -197,7 +197,7 @@ def part_runs(patching: Patching, plan: list[tuple]) -> np.ndarray:
     for layer in np.unique(first):
         todo = np.flatnonzero(first == layer)
         todo = todo[np.argsort(lengths[todo], kind="stable")]  # rows of like length share a pass
-        rows = max(1, ROW_TOKENS // int(lengths.max()))
+        rows = max(1, device_patch_budget(patching.module, int(lengths.max())) // int(lengths.max()))
         for start in range(0, len(todo), rows):
             batch = todo[start : start + rows]
             y[batch] = _pass(patching, pair_of[batch], patched[batch], int(layer))
