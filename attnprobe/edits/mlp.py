@@ -1,8 +1,9 @@
 """MLP-output edits, DAMA's site (Limisiewicz, Marecek & Musil, ICLR 2024): what one decoder layer's
 MLP adds to the residual stream (its output after the post-MLP norm where the model has one, as
-Gemma's) changed at every position by one of five modes, each fitted at the prediction position (each
-item's last token) and, but for zero (the same edit wherever fitted), at the slot's last token (the
-occupation's, where DAMA fits; kind mlp-MODE-slot; the control's at its gendered phrase's last token):
+Gemma's) changed at every position by one of five modes (four at every layer), each fitted at the
+prediction position (each item's last token) and, but for zero (the same edit wherever fitted), at
+the slot's last token (the occupation's, where DAMA fits; kind mlp-MODE-slot; the control's at its
+gendered phrase's last token):
 
   zero     the output removed: out -> 0
   mean     the output replaced by its mean over the training items
@@ -10,7 +11,8 @@ occupation's, where DAMA fits; kind mlp-MODE-slot; the control's at its gendered
            of out on the covariate (estimate.covariate_directions)
   leace    the covariate erased keeping the definitional mean difference, with the stream's shrunk
            covariance (estimate.erasers): out -> out - u f.(out - mu)
-  leace_mid  leace keeping the definitional midpoint too: neither label's mean output moves
+  leace_mid  leace keeping the definitional midpoint too: neither label's mean output moves (in
+           edits of several layers, --mlp-layers; not measured at every layer)
 
 The sweep (`edit --mlp`) measures every mode at every layer as the stream is measured
 (edits.stream.measure_layers: each quarter's items by the edit fitted on its training quarters, the
@@ -43,8 +45,9 @@ from ..stats.edits import MLP, MLP_LAYERS
 from .estimate import covariate_directions, definitional_directions, definitional_midpoints, erasers
 from .stream import PARAMETERS, PerLayer, StreamEdit, measure_layers, untouched
 
-MODES = ("zero", "mean", "project", "leace", "leace_mid")  # the raw rows' kind: MLP + mode ("mlp-leace")
-COVARIATE_MODES = ("project", "leace", "leace_mid")  # fitted on the covariate: these have a placebo
+MODES = ("zero", "mean", "project", "leace")  # --mlp's, at every layer; the raw rows' kind: MLP + mode
+COVARIATE_MODES = ("project", "leace")  # fitted on the covariate: these have a placebo
+EVERY_MODE = (*MODES, "leace_mid")  # what an MLP edit may do (leace_mid: in edits of several layers)
 SLOT = "-slot"  # a mode fitted at the slot's last token: kind MLP + mode + SLOT ("mlp-leace-slot")
 POSITIONS = ("last", "slot")  # where an MLP edit is fitted: the prediction, the slot's last token
 FITTED = tuple((mode, "last") for mode in MODES) + tuple((mode, "slot") for mode in MODES[1:])
@@ -123,8 +126,8 @@ class MlpEdit(StreamEdit):
 
     @classmethod
     def restored(cls, record: dict, tensors: dict) -> MlpEdit:
-        if record.get("mode") not in MODES:
-            raise ValueError(f"mode {record.get('mode')!r} is none of {', '.join(MODES)}")
+        if record.get("mode") not in EVERY_MODE:
+            raise ValueError(f"mode {record.get('mode')!r} is none of {', '.join(EVERY_MODE)}")
         if record.get("fitted_at", "last") not in POSITIONS:
             raise ValueError(f"fitted_at {record['fitted_at']!r} is neither last nor slot")
         stream = StreamEdit.restored(record, tensors)

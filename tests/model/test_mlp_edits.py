@@ -168,7 +168,7 @@ def test_the_slot_site_is_the_occupations_and_the_phrases_last_token(swept_run, 
     # a control without phrases (or one not found) has no slot site: the modes at the prediction only
     without = SimpleNamespace(control_at=np.r_[inputs.control_at[:-1], -1])
     assert [at for _, at in fitted_where(without)] == ["last"] * len(MODES)
-    assert len(fitted_where(inputs)) == len(MLP_KINDS) == 9
+    assert len(fitted_where(inputs)) == len(MLP_KINDS) == 7
 
 
 def test_an_edit_fitted_at_the_slot_erases_there_and_is_saved_as_such(tiny, tmp_path):

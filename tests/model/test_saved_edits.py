@@ -228,10 +228,10 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     args = ["edit", str(out), *SWEEP, "--also", str(tmp_path / "coref.yaml"), "--also-k", "1"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    # the sweep is read back: its 4 kinds, the heads alone, the stream, the 9 MLP edits and tracing
-    assert result.output.count("read from an earlier session") == 16
+    # the sweep is read back: its 4 kinds, the heads alone, the stream, the 7 MLP edits and tracing
+    assert result.output.count("read from an earlier session") == 14
     table = pd.read_csv(out / "edits_transfer.csv")
-    mlp = set(MLP_KINDS)  # the 5 modes at the prediction, 4 at the slot
+    mlp = set(MLP_KINDS)  # the 4 modes at the prediction, 3 at the slot
     assert (
         set(table["kind"]) == {"zero", "mean", "scale", "project", "stream"} | mlp
     )  # the stream's and MLPs' too
@@ -240,7 +240,7 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     gap = table[
         (table.table == "compare_referent_choice") & (table.quantity == "correct") & (table.label == "gap")
     ]
-    assert len(gap) == 14  # 4 kinds, the stream, 9 MLP edits
+    assert len(gap) == 12  # 4 kinds, the stream, 7 MLP edits
     # the pro - anti gap before is the original run's own statistic; after, the edited run's
     gap_of = lambda run: referent_choice(run).set_index("scope").loc["all", "gap"]  # its statistic alone
     before = gap_of(attnprobe.Run(out / "also" / "coref" / "original"))
