@@ -168,10 +168,10 @@ def patched(
     return y.cpu()
 
 
-def halved_on_oom(run, rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """[(rows, run(rows))], or where the device runs out of memory the same for each half of `rows`
-    (recursively): a pass sized from an estimate of the free memory (model.footprint.patch_budget)
-    that proves too large costs a retry, not the run."""
+def halved_on_oom(run, rows) -> list[tuple]:
+    """[(rows, run(rows))], or where the device runs out of memory the same for each half of `rows` (row
+    indices, a tensor or an array), recursively: a pass sized from an estimate of the free memory
+    (model.footprint.patch_budget) that proves too large costs a retry, not the run."""
     try:
         return [(rows, run(rows))]
     except torch.OutOfMemoryError:

@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from ...attention.capture import editing
-from ...intervene.engine import Bank, HeadPatch, aligned, mlp_patch
+from ...intervene.engine import Bank, HeadPatch, aligned, halved_on_oom, mlp_patch
 from ...intervene.rerun import rerun_y
 from ...intervene.sites import behaviour_rows, mlp_outputs
 from ...model.anatomy import mlp_modules, module_of
@@ -199,8 +199,9 @@ def part_runs(patching: Patching, plan: list[tuple]) -> np.ndarray:
         todo = todo[np.argsort(lengths[todo], kind="stable")]  # rows of like length share a pass
         rows = max(1, device_patch_budget(patching.module, int(lengths.max())) // int(lengths.max()))
         for start in range(0, len(todo), rows):
-            batch = todo[start : start + rows]
-            y[batch] = _pass(patching, pair_of[batch], patched[batch], int(layer))
+            run = lambda part, layer=layer: _pass(patching, pair_of[part], patched[part], int(layer))
+            for part, values in halved_on_oom(run, todo[start : start + rows]):
+                y[part] = values
     return y[again.reshape(-1)]
 
 
