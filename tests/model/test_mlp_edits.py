@@ -259,13 +259,22 @@ def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run,
     _, suite, swept = swept_run
     out = tmp_path / "run"
     shutil.copytree(swept, out)
-    result = CliRunner().invoke(main, ["edit", str(out), *EDIT_SWEEP, "--mlp-layers"])
+    # the swept run's settings, its parts read back, but for the kinds (zero alone: no head placebo)
+    kinds = ["--kinds", "zero"]
+    result = CliRunner().invoke(
+        main, ["edit", str(out), *EDIT_SWEEP, *kinds, "--mlp-layers", "--placebo", "2"]
+    )
     assert result.exit_code == 0, result.output
     table = pd.read_csv(out / "edits_mlp.csv")
+    raw = pd.read_parquet(out / "edits_items.parquet")
     for mode in LAYERS_MODES:
         kind = f"{MLP}layers-{mode}-slot"
         rows = table[table["kind"] == kind]
         assert sorted(rows["layer"]) == [1, 2] and (table["kind"] == f"{kind}-chosen").sum() == 1
+        # the placebo repeats the choice of how many layers: each refit names the counts it chose
+        placebo = raw[raw["kind"] == f"placebo-{kind}-chosen"]
+        assert placebo["draw"].nunique() == 2 and placebo["heads"].notna().all()
+        assert table.loc[table["kind"] == f"{kind}-chosen", "placebo_p"].notna().all()
         loaded = load_edit(out / "edits" / f"{kind}.json")
         assert isinstance(loaded.edit, MlpLayers) and loaded.edit.parts[-1].layer == 1
         assert {p.mode for p in loaded.edit.parts} == {mode}

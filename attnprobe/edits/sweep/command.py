@@ -291,12 +291,15 @@ def _layer_parts(part, key: str, sweep: Sweep, clean: pd.DataFrame) -> list[pd.D
             frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
             if mode in mlps.COVARIATE_MODES:
                 frames += layer_placebo(part, key, sweep, frames, name, recorded[at].fit(mode))
-    if sweep.options.mlp_layers:  # several layers at once: no placebo yet (each refit is n passes a fold)
+    if sweep.options.mlp_layers:  # several layers at once (a placebo refit costs a pass per layer and fold)
         at = mlps.layers_at(inputs)
         recorded = mlps.Recorded(model.model, inputs, at)
         for mode in mlps.LAYERS_MODES:
             measure = lambda m=mode: mlps.measure_mlp_layers(model, recorded, m, log)
-            frames.append(part(mlps.kind_of(mode, at, several=True), measure, f"{key}:{LAYER_PARTS}"))
+            name = mlps.kind_of(mode, at, several=True)
+            frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
+            fit = mlps.layers_fit(recorded, mode, model.info.n_layers)
+            frames += layer_placebo(part, key, sweep, frames, name, fit)
     return frames[1:]
 
 

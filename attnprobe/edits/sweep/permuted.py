@@ -93,7 +93,8 @@ def measure_placebo(sweep, kinds, sets: dict, rescore=None) -> pd.DataFrame:
 def measure_layer_placebo(sweep, measured: pd.DataFrame, k: int, fit, name: str) -> pd.DataFrame:
     """A per-layer edit's placebo, its layer choice repeated: per permutation d of the covariate the
     edit `name` (`fit(inputs, layer, folds)`) refitted on every quarter's training quarters at every
-    layer and measured on the items; each quarter's layer chosen as the real edit's was
+    layer the real edit was measured at (an edit of several layers: every number of layers) and
+    measured on the items; each quarter's layer chosen as the real edit's was
     (stats.keeping.layers.chosen_layers: the most gradient removed on the other quarters' items among
     the layers the gate admits), the gate that of the real edit in `measured` (its clean and per-layer
     rows: what the edit keeps of the definitional gap and its KL, which the covariate does not
@@ -102,12 +103,13 @@ def measure_layer_placebo(sweep, measured: pd.DataFrame, k: int, fit, name: str)
     model, options, inputs = sweep.model, sweep.options, sweep.inputs
     units, rng = [i.unit for i in inputs.items], np.random.default_rng(options.seed + 1)
     gate = measured[(measured["kind"] != name) | (measured["target"] != "bias")]
+    layers = sorted(int(k) for k in measured.loc[measured["kind"] == name, "k"].unique())
     n, frames = len(inputs.items), []
     for d in range(options.placebo):
         fake = replace(inputs, covariate=permuted(inputs.covariate, units, rng))
         bias = [
             raw_rows("bias", [(layer, -1, i) for i in range(n)], y=quarters_bias(model, fake, fit, layer)[1])
-            for layer in range(model.info.n_layers)
+            for layer in layers
         ]
         refits = inputs.describe(pd.concat(bias, ignore_index=True).assign(kind=name))
         chosen = chosen_layers(pd.concat([gate, refits], ignore_index=True), name)
