@@ -283,13 +283,13 @@ def fitted_layers(recorded: Recorded, source, layers, on, mode: str) -> MlpLayer
     on the MLP outputs of the model with the parts below it applied: the first from the recorded
     outputs, each next one from passes of its own."""
     parts: list[MlpEdit] = []
+    banks = (source.bank, source.control)
     for layer in layers:
         if parts:
-            where = (source.slot_at, source.control_at) if recorded.at == "slot" else (None, None)
             with MlpLayers(tuple(parts)).applied(recorded.module):
                 items, control = (
                     mlp_output_at(recorded.module, bank, p, layer, start=layers[0])
-                    for bank, p in zip((source.bank, source.control), where)
+                    for bank, p in zip(banks, recorded.positions(source))
                 )
         else:
             items, control = recorded.both(layer)
@@ -352,10 +352,15 @@ class Recorded:
     def __init__(self, module, inputs, at: str = "last"):
         self.module, self.inputs, self.at, self.outputs = module, inputs, at, None
 
+    def positions(self, source) -> tuple:
+        """Where the items and the control prompts of `source` (an Inputs) are read: their slot's and
+        phrase's last token, or None for each one's last token."""
+        return (source.slot_at, source.control_at) if self.at == "slot" else (None, None)
+
     def _recorded(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.outputs is None:
-            where = (self.inputs.slot_at, self.inputs.control_at) if self.at == "slot" else (None, None)
             banks = (self.inputs.bank, self.inputs.control)
+            where = self.positions(self.inputs)
             self.outputs = tuple(mlp_outputs(self.module, b, p) for b, p in zip(banks, where))
         return self.outputs
 

@@ -276,15 +276,18 @@ def _head_parts(part, key: str, sweep: Sweep, ranked: tuple) -> list[pd.DataFram
 
 
 def _layer_parts(part, key: str, sweep: Sweep, clean: pd.DataFrame) -> list[pd.DataFrame]:
-    """The per-layer edits' parts: the stream's (--stream) and each MLP mode's (--mlp), each with its
-    placebo where it is fitted on the covariate (--placebo)."""
+    """The per-layer edits' parts: the stream's (--stream), each MLP mode's (--mlp) and each edit of
+    several MLP layers (--mlp-layers), each with its placebo where it is fitted on the covariate
+    (--placebo)."""
     model, inputs, log = sweep.model, sweep.inputs, sweep.log
     frames = [clean]
+    # the MLP outputs where each position's edits are fitted, recorded on first use: once for --mlp and
+    # --mlp-layers together
+    recorded = {at: mlps.Recorded(model.model, inputs, at) for at in mlps.POSITIONS}
     if sweep.options.stream:
         frames.append(part(STREAM, lambda: measure_stream(model, inputs, log), f"{key}:{LAYER_PARTS}"))
         frames += layer_placebo(part, key, sweep, frames, STREAM, StreamEdit.fit)
     if sweep.options.mlp:
-        recorded = {at: mlps.Recorded(model.model, inputs, at) for at in mlps.POSITIONS}  # on first use
         for mode, at in mlps.fitted_where(inputs):
             name = mlps.kind_of(mode, at)
             measure = lambda m=mode, r=recorded[at]: mlps.measure_mlp(model, r, m, log)
@@ -293,12 +296,11 @@ def _layer_parts(part, key: str, sweep: Sweep, clean: pd.DataFrame) -> list[pd.D
                 frames += layer_placebo(part, key, sweep, frames, name, recorded[at].fit(mode))
     if sweep.options.mlp_layers:  # several layers at once (a placebo refit costs a pass per layer and fold)
         at = mlps.layers_at(inputs)
-        recorded = mlps.Recorded(model.model, inputs, at)
         for mode in mlps.LAYERS_MODES:
-            measure = lambda m=mode: mlps.measure_mlp_layers(model, recorded, m, log)
+            measure = lambda m=mode: mlps.measure_mlp_layers(model, recorded[at], m, log)
             name = mlps.kind_of(mode, at, several=True)
             frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
-            fit = mlps.layers_fit(recorded, mode, model.info.n_layers)
+            fit = mlps.layers_fit(recorded[at], mode, model.info.n_layers)
             frames += layer_placebo(part, key, sweep, frames, name, fit)
     return frames[1:]
 
