@@ -177,8 +177,14 @@ class MlpLayers:
         return self.parts[0].layer
 
     @property
-    def along(self) -> torch.Tensor:
-        return self.parts[0].along
+    def rowwise(self) -> bool:
+        return self.parts[0].rowwise
+
+    @classmethod
+    def stacked(cls, fitted: list, which: torch.Tensor) -> MlpLayers:
+        """One edit whose every part has per-row parameters: row n's are fitted[which[n]]'s."""
+        same_layer = zip(*(edit.parts for edit in fitted))
+        return replace(fitted[0], parts=tuple(MlpEdit.stacked(list(parts), which) for parts in same_layer))
 
     @property
     def name(self) -> str:

@@ -65,6 +65,17 @@ class StreamEdit:
         """The edit of a batch whose row b has the parameters of row rows[b] (per-row parameters)."""
         return replace(self, **{name: t[rows] for name, t in zip(PARAMETERS, self.params)})
 
+    @property
+    def rowwise(self) -> bool:
+        """Whether the parameters are one set per row of the sweep's bank ((B, E)), not one (E,)."""
+        return self.along.dim() == 2
+
+    @classmethod
+    def stacked(cls, fitted: list, which: torch.Tensor):
+        """One edit with per-row parameters: row n's are those of fitted[which[n]]."""
+        params = {name: torch.stack([getattr(e, name) for e in fitted])[which] for name in PARAMETERS}
+        return replace(fitted[0], **params)
+
     def sites(self) -> str:
         return f"stream entering layer {self.layer}"
 
@@ -137,7 +148,7 @@ def _batches(module, bank: Bank, edit: StreamEdit, only=None):
     order = torch.arange(len(bank.lengths)) if only is None else torch.as_tensor(only, dtype=torch.long)
     for start in range(0, len(order), ROWS):
         rows = order[start : start + ROWS]
-        one = edit.rows(rows) if edit.along.dim() == 2 else edit
+        one = edit.rows(rows) if edit.rowwise else edit
         yield rows, bank.hidden[edit.layer][rows], [one.applied(module)]
 
 
@@ -172,14 +183,9 @@ def stream_text_costs(module, bank: Bank, clean_logp, edit: StreamEdit) -> tuple
 
 
 def per_row(fitted: list[StreamEdit], which) -> StreamEdit:
-    """One edit with per-row parameters: row n's are those of fitted[which[n]] (of an edit of several
-    layers, each part's)."""
-    which = torch.as_tensor(which)
-    if hasattr(fitted[0], "parts"):
-        parts = zip(*(edit.parts for edit in fitted))
-        return replace(fitted[0], parts=tuple(per_row(list(same), which) for same in parts))
-    stacked = {name: torch.stack([getattr(e, name) for e in fitted])[which] for name in PARAMETERS}
-    return replace(fitted[0], **stacked)
+    """One edit with per-row parameters: row n's are those of fitted[which[n]] (each edit class stacks
+    its own: StreamEdit.stacked, edits.mlp.MlpLayers.stacked)."""
+    return type(fitted[0]).stacked(fitted, torch.as_tensor(which))
 
 
 def measure_stream(model, inputs, log=lambda m: None) -> pd.DataFrame:
