@@ -118,7 +118,7 @@ def patch_budget(shape: Shape | None, dtype: str, free: float, longest: int, on_
     if not on_gpu or shape is None:
         return ROW_TOKENS
     longest = max(longest, 1)
-    per_token = shape.forward_working(dtype, 1, 0) + shape.H * longest * 4 + shape.V * 4 / longest
+    per_token = shape.forward_working(dtype, 1, 1 / longest) + shape.H * longest * 4
     fit = int(FREE_SHARE * max(free, 0.0) / per_token)
     return max(ROW_TOKENS, min(MAX_ROW_TOKENS, 1 << max(fit.bit_length() - 1, 0)))
 

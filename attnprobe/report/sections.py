@@ -187,9 +187,10 @@ def edit_frontier_figure(directory, figures_dir) -> tuple[dict, pd.DataFrame]:
     ), summary
 
 
-def goal_figure(directory, figures_dir) -> dict | None:
-    """figures/edit_goal.png (and .svg): the goal table as a frontier, when the sweep wrote one."""
-    goal = pd.DataFrame(_optional(directory, "edits_goal"))
+def goal_figure(directory, figures_dir, goal: list[dict] | None = None) -> dict | None:
+    """figures/edit_goal.png (and .svg): the goal table (its records, read from `directory` unless
+    given) as a frontier, when the sweep wrote one."""
+    goal = pd.DataFrame(_optional(directory, "edits_goal") if goal is None else goal)
     if not len(goal):
         return None
     return figure(plots.goal_frontier(goal), figures_dir, "edit_goal", plots.GOAL_ALT)
@@ -200,6 +201,7 @@ def edits_context(directory, figures_dir) -> dict | None:
     if not (directory / "edits.parquet").is_file():
         return None
     frontier, summary = edit_frontier_figure(directory, figures_dir)
+    goal = _optional(directory, "edits_goal")
     # the values of analyses.paths_tables' NOISING and RESAMPLED (importing it would load torch)
     main = lambda r: r.get("direction", "noising") == "noising" and r.get("reference") != "another occupation"
     paths = [r for r in _optional(directory, "paths") if main(r)]
@@ -213,8 +215,8 @@ def edits_context(directory, figures_dir) -> dict | None:
         "reference": summary["reference"].iloc[0],
         "heads": _optional(directory, "edits_heads"),
         "stream": _optional(directory, "edits_stream"),
-        "goal": _optional(directory, "edits_goal"),
-        "goal_figure": goal_figure(directory, figures_dir),
+        "goal": goal,
+        "goal_figure": goal_figure(directory, figures_dir, goal),
         "tracing": _side_by_side(_optional(directory, "tracing"), "layer", "position"),
         "paths": _side_by_side(paths, "receiver", "path"),
         "parts": _side_by_side(parts, "receiver", "part", ("role", "n_items")),

@@ -13,7 +13,7 @@ from .plan import RunPlan
 def phase_memory(plan: RunPlan, shape: Shape) -> dict[str, float]:
     """Working bytes of each phase of the plan (the weights besides): the prompt passes, and each
     measure's phases that record every layer (Measure.held)."""
-    longest = max((e.n_forward for e in plan.encoded), default=1)
+    longest = _longest(plan)
     batch = max((len(b.indices) for chunk in plan.chunks for b in chunk), default=1)
     memory = {"prompts": shape.forward_working(plan.dtype, batch * longest, batch)}
     for kind, declared, part in plan.kinds():
@@ -22,16 +22,20 @@ def phase_memory(plan: RunPlan, shape: Shape) -> dict[str, float]:
     return memory
 
 
+def _longest(plan: RunPlan) -> int:
+    """Tokens of the plan's longest forwarded prompt."""
+    return max((e.n_forward for e in plan.encoded), default=1)
+
+
 def _budget_line(plan: RunPlan, shape: Shape, device: str, left: float) -> str:
-    """The patched passes' budget (model.footprint.patch_budget) from what is left at the peak."""
-    longest = max((e.n_forward for e in plan.encoded), default=1)
+    """The patched passes' budget (model.footprint.patch_budget) from the memory free at the peak
+    (`left`) plus what the peak's own patched pass of ROW_TOKENS holds."""
     on_gpu = str(device).startswith("cuda")
-    budget = patch_budget(
-        shape, plan.dtype, left + shape.forward_working(plan.dtype, ROW_TOKENS, 0), longest, on_gpu
-    )
+    room = left + shape.forward_working(plan.dtype, ROW_TOKENS, 0)
+    budget = patch_budget(shape, plan.dtype, room, _longest(plan), on_gpu)
     where = (
-        f"half of the {max(left, 0) / GB:.1f} GB left at the peak; the run sizes them from the memory free "
-        "when it patches"
+        f"half of the {max(room, 0) / GB:.1f} GB a patched pass may use at the peak; the run sizes them "
+        "from the memory free when it patches"
         if on_gpu
         else "the CPU's budget"
     )
