@@ -122,7 +122,16 @@ def _count(name: str, help: str):
     default=False,
     show_default=True,
     help="Also find circuits of heads and MLPs by attribution (EAP, EAP-IG) and judge each size by exact "
-    "patching on held-out items (circuits.csv, circuit_parts.csv, circuit_agreement.csv).",
+    "patching on held-out items (circuits.csv, circuit_parts.csv or circuit_edges.parquet, "
+    "circuit_agreement.csv).",
+)
+@click.option(
+    "--circuit-grain",
+    type=click.Choice(["parts", "edges"]),
+    default="parts",
+    show_default=True,
+    help="What --circuits chooses: parts (heads and MLPs) or edges (a part's write into one query, key, "
+    "value, MLP input or the logits, at the occupation, between or at the last position).",
 )
 @click.option(
     "--also",

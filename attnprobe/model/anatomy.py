@@ -21,6 +21,9 @@ from ..errors import UnsupportedFamily
 MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn")  # a decoder layer's MLP, by family
 OUTPUTS = ("o_proj", "dense", "out_proj", "c_proj")  # an attention module's output projection
 FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "final_norm")  # after the last layer
+# a layer's MLP pre-norm: Gemma 2/3's pre_feedforward_layernorm first (there post_attention_layernorm
+# is the norm after attention), Llama's post_attention_layernorm, GPT-2's ln_2
+MLP_NORMS = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2", "ffn_norm", "norm_2")
 PRE_NORMS = ("input_layernorm", "ln_1", "self_attn_layer_norm", "attention_norm", "norm_1", "ln_attn")
 
 
@@ -97,13 +100,14 @@ def mlp_added(layer, mlp: torch.nn.Module | None = None) -> torch.nn.Module | No
 class Sites:
     """The one vocabulary of a model's sites, per decoder layer (an entry None where the family has
     none of the names looked for): the attention module, its pre-norm, its output projection (the
-    heads' outputs), the norm after attention (None where the output is added as it is), the MLP and
-    what it adds to the stream (mlp_added); the final norm and the lm head."""
+    heads' outputs), the norm after attention (None where the output is added as it is), the MLP's
+    pre-norm, the MLP and what it adds to the stream (mlp_added); the final norm and the lm head."""
 
     attention: list
     pre_norm: list
     outputs: list
     after_attention: list
+    mlp_norm: list
     mlp: list
     mlp_added: list
     final_norm: torch.nn.Module | None
@@ -142,6 +146,7 @@ def sites_of(model) -> Sites:
         pre_norm=[next((getattr(la, n) for n in PRE_NORMS if hasattr(la, n)), None) for la in layers],
         outputs=[next((getattr(a, n) for n in OUTPUTS if hasattr(a, n)), None) for a in attention],
         after_attention=after,
+        mlp_norm=[next((getattr(la, n) for n in MLP_NORMS if hasattr(la, n)), None) for la in layers],
         mlp=mlps,
         mlp_added=[mlp_added(la, m) for la, m in zip(layers, mlps)],
         final_norm=norms[-1] if norms else None,

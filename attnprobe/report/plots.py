@@ -261,13 +261,23 @@ CIRCUIT_ALT = (
 
 
 def circuit_curve(table: pd.DataFrame):
-    """Faithfulness against circuit size (parts beside the embeddings, log axis; size 0 drawn at
-    0.5), per comparison: held-out with its interval, in-sample, the random circuits' range; the
-    target at 80%."""
+    """Faithfulness against circuit size (parts beside the embeddings or edges, log axis; size 0
+    drawn at 0.5), per comparison: the circuits found held-out with its interval, in-sample, the
+    random circuits' range; each hypothesis judged beside them as one held-out point; the target at
+    80%."""
     references = list(dict.fromkeys(table["reference"]))
     fig, axes = plt.subplots(1, len(references), figsize=(5.2 * len(references), 3.8), squeeze=False)
+    found = table["circuit"] == "top n by EAP-IG"
+    unit = (
+        "edges" if "grain" in table and (table["grain"] == "edges").any() else "parts beside the embeddings"
+    )
     for ax, reference in zip(axes[0], references):
-        rows = table[table["reference"] == reference].sort_values("size")
+        own = table[table["reference"] == reference]
+        for name, row in own[~found].set_index("circuit").iterrows():
+            ax.plot(
+                max(row["size"], 0.5), row["held_out"], marker="D", linestyle="", label=f"{name} (held-out)"
+            )
+        rows = own[found].sort_values("size")
         size = rows["size"].clip(lower=0.5)
         ax.fill_between(
             size, rows["random_low"], rows["random_high"], color="#dddddd", label="random circuits"
@@ -277,7 +287,7 @@ def circuit_curve(table: pd.DataFrame):
         ax.plot(size, rows["in_sample"], marker=".", linestyle="--", color="#e6550d", label="in-sample")
         ax.axhline(0.8, color="#888888", linewidth=0.8, linestyle=":")
         ax.set_xscale("log")
-        ax.set_xlabel("parts beside the embeddings")
+        ax.set_xlabel(unit)
         _title(ax, f"against {reference}")
     axes[0][0].set_ylabel("faithfulness (share of the gradient)")
     axes[0][0].legend(fontsize=8, frameon=False)

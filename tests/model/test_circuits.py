@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from attnprobe.analyses.circuits.edges import EdgeGraph
 from attnprobe.analyses.circuits.graph import Graph
-from attnprobe.analyses.circuits.runs import Patching, measure_run_circuits, part_runs
+from attnprobe.analyses.circuits.runs import Masks, Patching, measure_run_circuits, part_runs
 from attnprobe.analyses.circuits.tables import agreement_table, circuits_table, parts_table
 from attnprobe.analyses.senders import pair_frame, reference_pairs
 from attnprobe.intervene.engine import record
@@ -41,7 +42,7 @@ def _tables(model, items):
     runs, attribution = (
         raw[raw["table"] == t].dropna(axis=1, how="all") for t in ("circuit_runs", "circuit_attribution")
     )
-    return circuits_table(runs), parts_table(attribution), agreement_table(runs, attribution)
+    return circuits_table(runs), parts_table(attribution), agreement_table(runs, parts_table(attribution))
 
 
 def test_every_part_patched_gives_x_prime_and_none_gives_x_also_for_words_of_other_length():
@@ -55,8 +56,13 @@ def test_every_part_patched_gives_x_prime_and_none_gives_x_also_for_words_of_oth
     pairs = reference_pairs(items, "person")
     base = pair_frame(items, inputs.bank, inputs.reference, pairs, inputs.labels)
     graph = Graph(3, 4, True)
-    plan = [(i, "", "", 0, np.full(graph.size, every)) for every in (True, False) for i in range(len(pairs))]
-    y = part_runs(Patching(model, inputs.bank, inputs.reference, pairs, inputs.labels, graph), plan)
+    masks = Masks()
+    plan = [
+        (i, "", "", 0, masks.add(np.full(graph.size, every)))
+        for every in (True, False)
+        for i in range(len(pairs))
+    ]
+    y = part_runs(Patching(model, inputs.bank, inputs.reference, pairs, inputs.labels, graph), plan, masks)
     assert any(not p.same_length for p in pairs)
     np.testing.assert_allclose(y[: len(pairs)], base["y_cf"], atol=1e-5)
     np.testing.assert_allclose(y[len(pairs) :], base["y"], atol=1e-6)
@@ -106,3 +112,138 @@ def test_the_held_out_figure_falls_below_the_in_sample_one_where_selection_infla
     assert len(small) == 6 and (gap > 0).all() and gap.mean() > 0.05, small
     one = small[small["size"] == 1]
     assert (one["held_out"] < 0.2).all() and (one["in_sample"] > 0.18).all()  # an eighth is 0.125
+
+
+PLANTED_EDGES = {
+    "embedding -> MLP0 @ occupation",
+    "MLP0 -> L1H0.v @ occupation",
+    "MLP0 -> L1H3.v @ occupation",
+    "L1H0 -> logits @ last",
+    "L1H3 -> logits @ last",
+}
+
+
+def test_a_planted_circuit_is_found_at_the_grain_of_edges_with_its_five_edges():
+    """tests/planted.planted_mlp_model at the grain of edges (--circuit-grain edges): the circuit is
+    five edges (the embeddings into MLP0's input at the occupation, MLP0 into each mover's value there,
+    each mover into the logits at the last token). EAP-IG ranks them first; the top 5 keep all five
+    after pruning and restore all of the gradient held out with none left after knockout; the top 3
+    (no edge into the logits) are pruned to nothing; single edges patched alone agree with their
+    attribution; the top 5 heads' hypothesis at this grain is judged beside it."""
+    model, items = planted_mlp_model(), planted_items()
+    heads = {"two movers": {f: [(1, 0), (1, 3)] for f in ("all", 0, 1, 2, 3)}}
+    raw = measure_run_circuits(model, _inputs(model, items), "person", heads=heads, grain="edges")
+    runs, edges = (
+        raw[raw["table"] == t].dropna(axis=1, how="all") for t in ("circuit_runs", "circuit_edges")
+    )
+    table = circuits_table(runs)
+    agreement = agreement_table(runs, edges.rename(columns={"edge": "part"}))
+    for reference in ("person", "another occupation"):
+        own = edges[edges["reference"] == reference]
+        assert set(own.loc[own["rank"] <= 5, "edge"]) == PLANTED_EDGES
+        found = table[(table["reference"] == reference) & (table["circuit"] == "top n by EAP-IG")]
+        found = found.set_index("size")
+        assert (found["grain"] == "edges").all()
+        assert found.loc[5, "edges"] == 5 and found.loc[5, "parts"] == 4  # MLP0, two movers, embeddings
+        assert found.loc[5, "held_out"] == pytest.approx(1.0, abs=0.03) and found.loc[5, "met"]
+        assert abs(found.loc[5, "left_after_knockout"]) < 0.01
+        assert found.loc[3, "edges"] == 0 and not found.loc[[1, 2, 3], "met"].any()
+        assert found.index[found["met"]].min() == 5
+        hypothesis = table[(table["reference"] == reference) & (table["circuit"] == "two movers")]
+        # the movers with every edge among them and the embeddings, MLP0 outside: nothing reaches them
+        assert hypothesis["held_out"].abs().max() < 0.05
+        assert agreement.loc[agreement["reference"] == reference, "eap_ig_spearman"].iloc[0] > 0.8
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "qwen3"])
+def test_every_edge_patched_is_every_part_patched_and_none_is_x(family):
+    """Each receiver reads its own copy of the stream (analyses.circuits.wiring): with every edge
+    patched every receiver reads x''s stream at the aligned positions, which is the run with every
+    part patched; with none it is x. Grouped key/value heads (2 of 4), Gemma 3's norms after
+    attention and its query/key norms, Qwen 3's query/key norms; words of other length."""
+    from conftest import build_tiny
+
+    from tests.model.test_paths import _items
+
+    model, items = build_tiny(family, vocab_size=64), _items()
+    inputs = _inputs(model, items)
+    pairs = reference_pairs(items, "person")
+    bank = inputs.bank
+    graphs = (Graph(2, 4, True), EdgeGraph(2, 4, bank.keys[0].shape[1]))
+    y = {}
+    for graph in graphs:
+        patching = Patching(model, bank, inputs.reference, pairs, inputs.labels, graph)
+        masks = Masks()
+        plan = [
+            (i, "", "", 0, masks.add(np.full(graph.size, every)))
+            for every in (True, False)
+            for i in range(len(pairs))
+        ]
+        y[type(graph).__name__] = part_runs(patching, plan, masks)
+    every_part, every_edge = y["Graph"][: len(pairs)], y["EdgeGraph"][: len(pairs)]
+    np.testing.assert_allclose(every_edge, every_part, atol=1e-5)
+    np.testing.assert_allclose(y["EdgeGraph"][len(pairs) :], y["Graph"][len(pairs) :], atol=1e-6)
+    assert np.abs(every_part - y["Graph"][len(pairs) :]).max() > 1e-3  # the two ends differ
+
+
+def test_the_edges_into_one_value_at_the_occupation_are_the_value_path():
+    """Every edge into L1H3's value at the occupation patched is the stream's difference swapped into
+    that head's value there (analyses.senders' value path: its pattern and the other heads as in x)."""
+    from attnprobe.analyses.senders import Patching as PathPatching
+    from attnprobe.analyses.senders import _sender_pass
+    from tests.model.test_paths import _banks, _items, _llama
+
+    model, items = _llama(kv=4), _items(4)
+    bank, reference, labels, pairs = _banks(model, items)
+    graph = EdgeGraph(3, 4, 4)
+    patched = np.array([name.endswith("-> L1H3.v @ occupation") for name in graph.names()])
+    masks = Masks()
+    plan = [(i, "", "", 0, masks.add(patched)) for i in range(len(pairs))]
+    got = part_runs(Patching(model, bank, reference, pairs, labels, graph), plan, masks)
+    stream = torch.stack(
+        [reference.hidden[1][p.donor, p.at_cf] - bank.hidden[1][p.item, p.at] for p in pairs]
+    )
+    with torch.inference_mode():
+        swapped = _sender_pass(
+            PathPatching(model, bank, reference, labels), pairs, torch.full((4,), 3), 1, stream
+        )
+    np.testing.assert_allclose(got, swapped.numpy(), atol=1e-5)
+    assert np.abs(got - np.array([float(v) for v in bank_y(bank, labels)])).max() > 1e-4
+
+
+def bank_y(bank, labels):
+    from attnprobe.intervene.sites import behaviour_rows
+
+    return behaviour_rows(bank.logits, labels[:, 0], labels[:, 1])
+
+
+def test_edge_runs_summed_sparsely_equal_the_dense_sums(monkeypatch):
+    """wiring.Patched sums, per receiver, the sparser of the patched edges and the others (the others
+    from a running total of every sender's diff); the plain dense sum is the reference. Masks of every
+    density, one whose first layer's attention inputs are untouched (its MLP's are: the total must
+    still count that layer's heads once), runs started from their first patched layer."""
+    from attnprobe.analyses.circuits import wiring
+    from tests.model.test_paths import _items, _llama
+
+    model, items = _llama(kv=2), _items()
+    inputs = _inputs(model, items)
+    pairs = reference_pairs(items, "person")
+    graph = EdgeGraph(3, 4, 2)
+    rng = np.random.default_rng(0)
+    names = np.array(graph.names())
+    into_mlp0 = np.char.find(names, "-> MLP0 @") >= 0
+    chosen = [rng.random(graph.size) < p for p in (0.05, 0.5, 0.95)] + [
+        into_mlp0,
+        ~into_mlp0 | (rng.random(graph.size) < 0.5),
+    ]
+    masks = Masks()
+    plan = [(i, "", "", 0, masks.add(m)) for m in chosen for i in range(len(pairs))]
+    patching = Patching(model, inputs.bank, inputs.reference, pairs, inputs.labels, graph)
+    sparse = part_runs(patching, plan, masks)
+    monkeypatch.setattr(wiring.Patched, "sparse", False)
+    dense = part_runs(patching, plan, masks)
+    np.testing.assert_allclose(sparse, dense, atol=1e-5)
+    clean = part_runs(
+        patching, [(i, "", "", 0, masks.add(np.zeros(graph.size, bool))) for i in range(len(pairs))], masks
+    )
+    assert np.abs(dense - np.tile(clean, len(chosen))).max() > 1e-3  # the masks matter

@@ -16,7 +16,8 @@ from attnprobe.run.files.inventory import is_declared, run_writes
 
 EVERY_OPTION = [
     *("--kinds", "zero,leace", "--k", "1", "--draws", "2", "--texts", "2", "--alone", "1"),
-    *("--placebo", "1", "--stream", "--mlp", "--trace", "--paths", "--circuits", "--also-k", "1"),
+    *("--placebo", "1", "--stream", "--mlp", "--trace", "--paths", "--circuits", "--circuit-grain", "edges"),
+    *("--also-k", "1"),
 ]
 
 
@@ -50,7 +51,7 @@ def test_run_edit_with_every_option_and_report_write_only_declared_files_and_fre
     for name in ("edits_mlp.csv", "edits_placebo.csv", "edits_goal.csv", "paths_parts.csv"):
         assert name in written, name
     assert "paths_circuit.csv" in written and "paths_circuit_items.parquet" in written
-    assert {"circuits.csv", "circuit_parts.csv", "circuit_agreement.csv", "circuit_runs.parquet"} <= set(
+    assert {"circuits.csv", "circuit_edges.parquet", "circuit_agreement.csv", "circuit_runs.parquet"} <= set(
         written
     )
     assert "edits/mlp-leace.json" in written and "edits/quarters/mlp-leace-slot-q2.json" in written

@@ -34,6 +34,14 @@ class Graph:
     n_layers: int
     n_heads: int
     mlps: bool
+    always = 1  # the embeddings are in every circuit
+    sampled_every = 4  # random circuits, subsets and single parts are run on every 4th pair
+
+    def top(self, scores: np.ndarray, n: int) -> np.ndarray:
+        return top_parts(scores, n)
+
+    def random(self, n: int, rng) -> np.ndarray:
+        return random_parts(self.size, n, rng)
 
     @property
     def size(self) -> int:

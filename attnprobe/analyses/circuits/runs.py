@@ -14,8 +14,9 @@ and per circuit size n (graph.Graph.sizes, and 0: the embeddings alone):
   alone                     x with one part patched: AGREEMENT_TOP parts of largest |score| and as
                             many drawn at random, exact beside their attribution (agreement)
 
-The last three on every SAMPLED_EVERY-th pair only. A run that repeats another of its pair (the
-circuit of size 0 in- and out of sample; nothing patched) is computed once.
+The last three on every graph.sampled_every-th pair only (4th for parts, 8th for edges). A run that
+repeats another of its pair (the circuit of size 0 in- and out of sample; nothing patched) is
+computed once.
 
 Raw rows: the pair's item, y = y(x), y_cf = y(x'), and the run's family, measure, circuit, size (parts
 beside the embeddings) and y_patched; the attributions per item and part; the tables (tables.py)
@@ -24,7 +25,9 @@ are made from them alone.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -38,57 +41,108 @@ from ...model.anatomy import mlp_modules, module_of
 from ...model.footprint import device_patch_budget
 from ..senders import compared_pairs, pair_tensors
 from .eap import attributions
-from .graph import Graph, part_scores, random_parts, top_parts
+from .edge_passes import edge_attributions, edge_pass, first_layer, rows_per_pass
+from .edges import EdgeGraph
+from .graph import Graph, part_scores
+from .wiring import edge_sites
 
 RANDOM_CIRCUITS = 5  # random circuits per size (the baseline's spread)
 AGREEMENT_TOP = 10  # parts patched alone: the top by |score| on every item, and as many at random
-SAMPLED_EVERY = 4  # the random circuits and the parts alone are run on every 4th pair (a quarter of the cost)
 IN_SAMPLE, HELD_OUT, RANDOM = "in-sample", "held-out", "random"
 ATTRIBUTED = "top n by EAP-IG"  # the family of the circuits found (others: the hypotheses' names)
 FAITHFULNESS, KNOCKED_OUT, ALONE = "faithfulness", "knocked out", "alone"
 LESS_C, LESS_M = "circuit less K", "model less K"  # completeness over subsets K (Wang et al. 2022)
 SUBSETS = 3  # random halves of a circuit (and its top half by |score|) whose removal is judged
-CIRCUITS_VERSION = 3  # of the raw rows: a saved part of another version is measured again
+PARTS, EDGES = "parts", "edges"  # the grains a circuit is searched at
+CIRCUITS_VERSION = 4  # of the raw rows: a saved part of another version is measured again
 
 
 @dataclass(frozen=True)
 class Patching:
     """What every run of one comparison reads: the model, x's and x''s clean runs, the pairs, the
-    label ids by x's rows, and the parts."""
+    label ids by x's rows, and the parts or edges (graph.Graph, edges.EdgeGraph)."""
 
     module: torch.nn.Module
     bank: Bank
     donor: Bank
     pairs: list
     labels: torch.Tensor
-    graph: Graph
+    graph: Graph | EdgeGraph
+
+    @cached_property
+    def sites(self):
+        return edge_sites(self.module)
 
 
-def measure_run_circuits(model, inputs, word: str, log=lambda m: None, heads=None) -> pd.DataFrame:
+class Masks:
+    """The distinct masks of patched parts or edges of a plan, each held once; runs name them by index."""
+
+    def __init__(self):
+        self.arrays: list[np.ndarray] = []
+        self._ids: dict = {}
+
+    def add(self, mask: np.ndarray) -> int:
+        key = np.packbits(mask).tobytes()
+        if key not in self._ids:
+            self._ids[key] = len(self.arrays)
+            self.arrays.append(mask)
+        return self._ids[key]
+
+
+@dataclass
+class Plan:
+    """The runs (pair, family, measure, circuit, size, mask id), the masks, and per (family, size) the
+    in-sample circuit's (units kept, parts touched)."""
+
+    runs: list
+    masks: Masks
+    counts: dict
+
+
+def measure_run_circuits(
+    model, inputs, word: str, log=lambda m: None, heads=None, grain=PARTS
+) -> pd.DataFrame:
     """`attnprobe edit --circuits`: attribution and exact runs per comparison; one long frame,
-    its parts told apart by `table` (circuit_runs, circuit_attribution). `heads`: name -> {"all":
-    heads, fold: heads chosen without that fold's items} ((layer, head) pairs), hypotheses judged
-    beside the circuits found."""
+    its parts told apart by `table` (circuit_runs, and circuit_attribution per pair and part or
+    circuit_edges per edge). `heads`: name -> {"all": heads, fold: heads chosen without that fold's
+    items} ((layer, head) pairs), hypotheses judged beside the circuits found; `grain`: parts or
+    edges."""
     module = module_of(model)
     bank = inputs.bank
     graph = Graph(len(bank.hidden), bank.outputs[0].shape[1], bank.mlp is not None)
+    if grain == EDGES:
+        graph = EdgeGraph(len(bank.hidden), bank.outputs[0].shape[1], bank.keys[0].shape[1])
     frames = []
     for name, (donor, pairs, base) in compared_pairs(
         inputs.items, bank, inputs.reference, inputs.labels, word
     ).items():
-        log(f"circuits: attribution of {graph.size} parts on {len(pairs)} pairs against {name!r}")
+        log(f"circuits: attribution of {graph.size} {grain} on {len(pairs)} pairs against {name!r}")
         patching = Patching(module, bank, donor, pairs, inputs.labels, graph)
-        scores = attributions(patching)
-        fold = np.array([inputs.fold[p.item] for p in pairs])
+        fold = np.array([inputs.fold[p.item] for p in pairs], dtype=int)
+        covariate = base["covariate"].to_numpy(dtype=float)
+        if grain == EDGES:
+            sums = edge_attributions(patching, patching.sites, covariate, fold)
+            scores = {"all": sums["eap_ig"].slope()}
+            scores.update({int(f): sums["eap_ig"].slope(inputs.training(int(f))) for f in np.unique(fold)})
+            frames.append(_edge_rows(graph, sums, base).assign(table="circuit_edges", reference=name))
+        else:
+            attributed = attributions(patching)
+            scores = fold_scores(attributed["eap_ig"], covariate, fold, inputs.training)
+            frames.append(
+                _attribution_rows(base, graph, attributed).assign(table="circuit_attribution", reference=name)
+            )
         given = {h: {k: graph.of_heads(v) for k, v in sets.items()} for h, sets in (heads or {}).items()}
-        plan = plan_runs(graph, scores["eap_ig"], base["covariate"].to_numpy(), fold, inputs.training, given)
-        log(f"circuits: {len(plan)} patched runs against {name!r}")
-        y = part_runs(patching, plan)
-        runs = base.iloc[[i for i, *_ in plan]].reset_index(drop=True)
+        plan = plan_runs(graph, scores, fold, given)
+        log(f"circuits: {len(plan.runs)} patched runs against {name!r}")
+        y = part_runs(patching, plan.runs, plan.masks, log)
+        runs = base.iloc[[i for i, *_ in plan.runs]].reset_index(drop=True)
         columns = ("family", "measure", "circuit", "size")
-        runs = runs.assign(**{c: [run[1 + k] for run in plan] for k, c in enumerate(columns)}, y_patched=y)
+        runs = runs.assign(
+            **{c: [run[1 + k] for run in plan.runs] for k, c in enumerate(columns)}, y_patched=y
+        )
+        kept = [plan.counts.get((run[1], run[4]), (np.nan, np.nan)) for run in plan.runs]
+        runs = runs.assign(kept=[k for k, _ in kept], parts=[p for _, p in kept], grain=grain)
         frames += [runs.assign(table="circuit_runs", reference=name)]
-        frames += [_attribution_rows(base, graph, scores).assign(table="circuit_attribution", reference=name)]
     return pd.concat(frames, ignore_index=True)
 
 
@@ -102,61 +156,93 @@ def _attribution_rows(base: pd.DataFrame, graph: Graph, scores: dict) -> pd.Data
     )
 
 
-def plan_runs(graph: Graph, attribution, covariate, fold, training, hypotheses=None, seed: int = 0) -> list:
-    """(pair, family, measure, circuit, size, patched parts (size,) bool) of every run, as the module
-    says. `training(f)`: the folds whose items choose the circuit fold f's items are judged with;
-    `hypotheses`: name -> {"all": parts (size,) bool, fold: parts chosen without that fold's items},
-    circuits given rather than found, judged the same way (their family is their name)."""
-    everything = part_scores(attribution, covariate)
-    chosen = {}
+def _edge_rows(graph: EdgeGraph, sums: dict, base: pd.DataFrame) -> pd.DataFrame:
+    """Per edge: its EAP and EAP-IG share of TE's covariate gradient on every pair (the slope of its
+    attribution over the slope of TE = y(x') - y(x), OLS as the scores), and its rank by |EAP-IG|."""
+    x = base["covariate"].to_numpy(dtype=float)
+    te = (base["y_cf"] - base["y"]).to_numpy()
+    spread = float(((x - x.mean()) ** 2).sum())
+    te_slope = float((x - x.mean()) @ te / spread) if spread else np.nan
+    names = graph.names()
+    frame = pd.DataFrame({"edge": names})
+    frame[["sender", "receiver", "positions"]] = frame["edge"].str.extract(r"^(\S+) -> (\S+) @ (\S+)$")
+    for method, fold_sums in sums.items():
+        frame[f"{method}_share"] = fold_sums.slope() / te_slope
+    frame["rank"] = frame["eap_ig_share"].abs().rank(ascending=False, method="first").astype("Int64")
+    return frame
+
+
+def fold_scores(attribution: np.ndarray, covariate: np.ndarray, fold: np.ndarray, training) -> dict:
+    """{"all": (size,), f: (size,)} each part's score on every item and on the items fold f's circuit
+    is chosen from (`training(f)`: the folds whose items choose it)."""
+    out = {"all": part_scores(attribution, covariate)}
     for f in np.unique(fold):
         on = np.isin(fold, training(int(f)))
-        chosen[int(f)] = part_scores(attribution[on], covariate[on])
-    rng = np.random.default_rng(seed)
+        out[int(f)] = part_scores(attribution[on], covariate[on])
+    return out
+
+
+def plan_runs(graph, scores: dict, fold, hypotheses=None, seed: int = 0) -> Plan:
+    """Every run, as the module says. `scores`: fold_scores; `hypotheses`: name -> {"all": (size,) bool,
+    fold: chosen without that fold's items}, circuits given rather than found, judged the same way
+    (their family is their name)."""
+    masks, rng = Masks(), np.random.default_rng(seed)
     sizes = [0, *graph.sizes()]
-    grid = {
-        n: {"all": top_parts(everything, n), **{f: top_parts(q, n) for f, q in chosen.items()}} for n in sizes
-    }
-    drawn = {n: [random_parts(graph.size, n, rng) for _ in range(RANDOM_CIRCUITS)] for n in sizes}
-    sampled = _sampled_parts(everything, rng)
+    grid = {n: {f: graph.top(q, n) for f, q in scores.items()} for n in sizes}
+    drawn = {n: [masks.add(~graph.random(n, rng)) for _ in range(RANDOM_CIRCUITS)] for n in sizes}
+    sampled = _sampled_parts(masks, graph, scores["all"], rng)
+    counts = {(ATTRIBUTED, n): _count(graph, grid[n]["all"]) for n in sizes}
+    judged, subsets = {}, {}
+    for family, n, parts in [(ATTRIBUTED, n, grid[n]) for n in sizes] + [
+        (name, int(p["all"].sum()) - graph.always, p) for name, p in (hypotheses or {}).items()
+    ]:
+        counts[(family, n)] = _count(graph, parts["all"])
+        for f in np.unique(fold):
+            f = int(f)
+            judged[(family, n, f)] = _judged(masks, graph, parts, f)
+            subsets[(family, n, f)] = _subsets(masks, graph, n, f, parts[f], scores[f])
     plan = []
     for i, f in enumerate(fold):
-        sampled_pair = i % SAMPLED_EVERY == 0
-        for n in sizes:
-            plan += _judged(i, int(f), ATTRIBUTED, n, grid[n])
+        sampled_pair = i % graph.sampled_every == 0
+        for (family, n, g), runs in judged.items():
+            if g != f:
+                continue
+            plan += [(i, family, *run[:2], n, run[2]) for run in runs]
             if sampled_pair:
-                plan += [
-                    (i, ATTRIBUTED, FAITHFULNESS, f"{RANDOM} {d}", n, ~c) for d, c in enumerate(drawn[n])
-                ]
-                plan += _subsets(i, int(f), ATTRIBUTED, n, grid[n][int(f)], chosen[int(f)])
-        for name, parts in (hypotheses or {}).items():
-            n = int(parts["all"].sum()) - 1
-            plan += _judged(i, int(f), name, n, parts)
-            plan += _subsets(i, int(f), name, n, parts[int(f)], chosen[int(f)]) if sampled_pair else []
-        for j in sampled if i % SAMPLED_EVERY == 0 else ():
-            plan.append((i, ALONE, ALONE, graph.names()[j], 1, np.arange(graph.size) == j))
-    return plan
+                plan += [(i, family, *run[:2], n, run[2]) for run in subsets[(family, n, g)]]
+                if family == ATTRIBUTED:
+                    plan += [(i, family, FAITHFULNESS, f"{RANDOM} {d}", n, m) for d, m in enumerate(drawn[n])]
+        if sampled_pair:
+            plan += [(i, ALONE, ALONE, name, 1, m) for name, m in sampled]
+    return Plan(plan, masks, counts)
 
 
-def _judged(i: int, fold: int, family: str, n: int, parts: dict) -> list[tuple]:
-    """Pair i's runs of one circuit: faithfulness in-sample (parts["all"]) and held out (parts[fold]),
-    and the held-out circuit knocked out (its parts but the embeddings)."""
+def _count(graph, chosen: np.ndarray) -> tuple[int, int]:
+    """(units kept: parts beside the embeddings or edges, parts touched with the embeddings)."""
+    if isinstance(graph, EdgeGraph):
+        return int(chosen.sum()), graph.parts(chosen) + 1
+    return int(chosen.sum()) - 1, int(chosen.sum())
+
+
+def _judged(masks: Masks, graph, parts: dict, fold: int) -> list[tuple]:
+    """A fold's runs of one circuit: faithfulness in-sample (parts["all"]) and held out (parts[fold]),
+    and the held-out circuit knocked out (its parts but the embeddings): (measure, circuit, mask id)."""
     held = parts[fold]
     knocked = held.copy()
-    knocked[0] = False
+    knocked[: graph.always] = False
     return [
-        (i, family, FAITHFULNESS, IN_SAMPLE, n, ~parts["all"]),
-        (i, family, FAITHFULNESS, HELD_OUT, n, ~held),
-        (i, family, KNOCKED_OUT, HELD_OUT, n, knocked),
+        (FAITHFULNESS, IN_SAMPLE, masks.add(~parts["all"])),
+        (FAITHFULNESS, HELD_OUT, masks.add(~held)),
+        (KNOCKED_OUT, HELD_OUT, masks.add(knocked)),
     ]
 
 
-def _subsets(i: int, fold: int, family: str, n: int, held: np.ndarray, scores: np.ndarray) -> list[tuple]:
-    """Pair i's completeness runs of its held-out circuit C (Wang et al. 2022): for subsets K of C's
-    parts (SUBSETS random halves, seeded per size and quarter, and the half of largest |score|), C
-    less K (x with every part outside C \\ K patched) and the model less K (x with K patched): a
-    complete circuit loses as much without K as the model does."""
-    parts = np.flatnonzero(held[1:]) + 1
+def _subsets(masks: Masks, graph, n: int, fold: int, held: np.ndarray, scores: np.ndarray) -> list[tuple]:
+    """A fold's completeness runs of its held-out circuit C (Wang et al. 2022): for subsets K of C's
+    units (SUBSETS random halves, seeded per size and quarter, and the half of largest |score|), C
+    less K (every unit outside C \\ K patched) and the model less K (K patched): a complete circuit
+    loses as much without K as the model does. (measure, circuit, mask id)."""
+    parts = np.flatnonzero(held[graph.always :]) + graph.always
     if len(parts) < 2:
         return []
     half, rng = len(parts) // 2, np.random.default_rng([n, fold])
@@ -167,42 +253,69 @@ def _subsets(i: int, fold: int, family: str, n: int, held: np.ndarray, scores: n
         k = np.zeros_like(held)
         k[chosen] = True
         name = "subset top half" if d == SUBSETS else f"subset {d}"
-        out += [(i, family, LESS_C, name, n, ~(held & ~k)), (i, family, LESS_M, name, n, k)]
+        out += [(LESS_C, name, masks.add(~(held & ~k))), (LESS_M, name, masks.add(k))]
     return out
 
 
-def _sampled_parts(scores: np.ndarray, rng) -> list[int]:
-    """The parts patched alone: AGREEMENT_TOP of largest |score| and as many others at random."""
-    ranked = np.argsort(-np.abs(np.nan_to_num(scores[1:])), kind="stable")[:AGREEMENT_TOP] + 1
-    others = np.setdiff1d(np.arange(1, len(scores)), ranked)
-    return [*ranked, *rng.choice(others, min(AGREEMENT_TOP, len(others)), replace=False)]
+def _sampled_parts(masks: Masks, graph, scores: np.ndarray, rng) -> list[tuple[str, int]]:
+    """(name, mask id) of the units patched alone: AGREEMENT_TOP of largest |score| and as many others
+    at random."""
+    free = graph.always
+    ranked = np.argsort(-np.abs(np.nan_to_num(scores[free:])), kind="stable")[:AGREEMENT_TOP] + free
+    others = np.setdiff1d(np.arange(free, len(scores)), ranked)
+    chosen = [*ranked, *rng.choice(others, min(AGREEMENT_TOP, len(others)), replace=False)]
+    names = graph.names()
+    return [(names[j], masks.add(np.arange(len(scores)) == j)) for j in chosen]
 
 
 @torch.inference_mode()
-def part_runs(patching: Patching, plan: list[tuple]) -> np.ndarray:
-    """y (float64) of each planned run: its pair's x with the patched parts' outputs from x' at the
-    aligned positions, run from the lowest patched layer (the embeddings: layer 0 with x''s there)."""
+def part_runs(patching: Patching, plan: list[tuple], masks: Masks, log=lambda m: None) -> np.ndarray:
+    """y (float64) of each planned run: its pair's x with the patched parts' outputs (or edges' senders'
+    writes) from x' at the aligned positions, run from the lowest layer a patch reaches. `log` hears
+    how many distinct runs are done, once a minute."""
     graph = patching.graph
+    edges = isinstance(graph, EdgeGraph)
     pair_of = np.array([p[0] for p in plan], dtype=int)
-    patched = np.stack([p[-1] for p in plan]) if plan else np.zeros((0, graph.size), dtype=bool)
-    unique, again = np.unique(np.concatenate([pair_of[:, None], patched], 1), axis=0, return_inverse=True)
-    pair_of, patched = unique[:, 0], unique[:, 1:].astype(bool)  # each distinct run once
-    first = np.where(
-        patched.any(1),
-        np.where(patched, np.maximum(graph.layers(), 0), graph.n_layers).min(1),
-        graph.n_layers,
-    )
+    ids = np.array([p[-1] for p in plan], dtype=int)
+    unique, again = np.unique(np.stack([pair_of, ids], 1).reshape(-1, 2), axis=0, return_inverse=True)
+    pair_of, ids = unique[:, 0], unique[:, 1]  # each distinct run once
+    first = np.array([(first_layer if edges else _first_layer)(graph, m) for m in masks.arrays], dtype=int)[
+        ids
+    ]
     lengths = patching.bank.lengths.numpy()[[patching.pairs[i].item for i in pair_of]]
-    y = np.full(len(patched), np.nan)
+    longest = int(lengths.max()) if len(lengths) else 1
+    rows = max(1, device_patch_budget(patching.module, longest) // longest)
+    if edges:
+        aligned = max(int(patching.bank.lengths[p.item]) - p.at for p in patching.pairs)
+        rows = min(rows, rows_per_pass(graph, patching.bank.hidden[0].shape[-1], aligned, 2))
+    y = np.full(len(ids), np.nan)
+    said = time.monotonic()
     for layer in np.unique(first):
         todo = np.flatnonzero(first == layer)
         todo = todo[np.argsort(lengths[todo], kind="stable")]  # rows of like length share a pass
-        rows = max(1, device_patch_budget(patching.module, int(lengths.max())) // int(lengths.max()))
         for start in range(0, len(todo), rows):
-            run = lambda part, layer=layer: _pass(patching, pair_of[part], patched[part], int(layer))
+
+            def run(part, layer=int(layer)):
+                patched = np.stack([masks.arrays[m] for m in ids[part]])
+                if edges and layer < graph.n_layers:
+                    return edge_pass(patching, patching.sites, pair_of[part], patched, layer)
+                return _pass(patching, pair_of[part], patched, layer)
+
             for part, values in halved_on_oom(run, todo[start : start + rows]):
                 y[part] = values
+            if time.monotonic() - said > 60:
+                said = time.monotonic()
+                log(f"circuits: {np.isfinite(y).sum():,} of {len(y):,} distinct runs done")
     return y[again.reshape(-1)]
+
+
+def _first_layer(graph: Graph, patched: np.ndarray) -> int:
+    """The lowest layer of a patched part (the embeddings: 0), or n_layers where none is patched."""
+    return (
+        int(np.where(patched, np.maximum(graph.layers(), 0), graph.n_layers).min())
+        if patched.any()
+        else graph.n_layers
+    )
 
 
 def _pass(patching: Patching, pair_of: np.ndarray, patched: np.ndarray, layer: int) -> np.ndarray:

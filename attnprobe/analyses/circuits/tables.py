@@ -29,11 +29,25 @@ import pandas as pd
 from ...stats.analyses.paths_tables import effect_shares, gradient_shares, wide_effects
 from ...store import atomic_write, write_parquet, write_table
 from .graph import EMBEDDING
-from .runs import ALONE, ATTRIBUTED, FAITHFULNESS, HELD_OUT, IN_SAMPLE, KNOCKED_OUT, LESS_C, LESS_M, RANDOM
+from .runs import (
+    ALONE,
+    ATTRIBUTED,
+    EDGES,
+    FAITHFULNESS,
+    HELD_OUT,
+    IN_SAMPLE,
+    KNOCKED_OUT,
+    LESS_C,
+    LESS_M,
+    RANDOM,
+)
+
+FOUND = (ATTRIBUTED,)  # the families of circuits found (the rest: hypotheses)
 
 FAITHFUL, FAITHFUL_LOW, OVERSHOOT, LEFT = 0.8, 0.6, 1.2, 0.2
-RAW = ("circuit_runs", "circuit_attribution")
+RAW = ("circuit_runs", "circuit_attribution", "circuit_edges")
 NO_RUNS = "no comparison had pairs to patch"
+OTHER_GRAIN = "the circuits were searched at the grain of {} (see circuits.csv)"
 
 
 def write_circuits(directory, raw: pd.DataFrame) -> list[str]:
@@ -42,12 +56,14 @@ def write_circuits(directory, raw: pd.DataFrame) -> list[str]:
     frames = {t: raw.loc[raw["table"] == t].drop(columns="table").dropna(axis=1, how="all") for t in RAW}
     for t, frame in frames.items():
         atomic_write(Path(directory) / f"{t}.parquet", lambda p, frame=frame: write_parquet(frame, p))
-    runs, attribution = frames["circuit_runs"], frames["circuit_attribution"]
+    runs, attribution, edges = (frames[t] for t in RAW)
     table = circuits_table(runs)
     write_table(directory, "circuits", table, NO_RUNS)
-    write_table(directory, "circuit_parts", parts_table(attribution), NO_RUNS)
-    write_table(directory, "circuit_agreement", agreement_table(runs, attribution), NO_RUNS)
-    found = table[table["circuit"] == ATTRIBUTED] if len(table) else table
+    parts = parts_table(attribution)
+    write_table(directory, "circuit_parts", parts, OTHER_GRAIN.format("edges") if len(edges) else NO_RUNS)
+    shares = edges.rename(columns={"edge": "part"}) if len(edges) else parts
+    write_table(directory, "circuit_agreement", agreement_table(runs, shares), NO_RUNS)
+    found = table[table["circuit"].isin(FOUND)] if len(table) else table
     return [smallest_met(rows) for _, rows in found.groupby("reference", sort=False)]
 
 
@@ -55,6 +71,7 @@ def smallest_met(rows: pd.DataFrame) -> str:
     """One comparison's verdict: its smallest circuit meeting the target short of the whole model
     (which restores everything by construction), or the best held-out faithfulness short of it."""
     reference, parts = rows["reference"].iloc[0], rows["size"].max()
+    unit = rows["grain"].iloc[0] if "grain" in rows else "parts"
     short = rows[rows["size"] < parts]
     met = short[short["met"]]
     if len(met):
@@ -62,13 +79,21 @@ def smallest_met(rows: pd.DataFrame) -> str:
         left = round(row["left_after_knockout"], 2) + 0.0  # no "-0%"
         return (
             f"circuits against {reference!r}: the smallest meeting the target has {row['size']} of {parts} "
-            f"parts, held-out faithfulness {row['held_out']:.0%} [{row['held_out_ci_low']:.0%}, "
-            f"{row['held_out_ci_high']:.0%}], {left:.0%} left after knockout; area "
-            f"under the held-out curve {row['area_held_out']:.2f} (random circuits {row['area_random']:.2f})"
+            f"{unit}{_touching(row, unit)}, held-out faithfulness {row['held_out']:.0%} "
+            f"[{row['held_out_ci_low']:.0%}, {row['held_out_ci_high']:.0%}], {left:.0%} left after "
+            f"knockout; area under the held-out curve {row['area_held_out']:.2f} (random circuits "
+            f"{row['area_random']:.2f})"
         )
     best = short.loc[short["held_out"].idxmax()] if short["held_out"].notna().any() else None
-    plateau = "" if best is None else f"; the best held-out is {best['held_out']:.0%} at {best['size']} parts"
-    return f"circuits against {reference!r}: no circuit short of all {parts} parts meets the target{plateau}"
+    plateau = "" if best is None else f"; the best held-out is {best['held_out']:.0%} at {best['size']}"
+    return f"circuits against {reference!r}: no circuit short of all {parts} {unit} meets the target{plateau}"
+
+
+def _touching(row, unit: str) -> str:
+    """For an edge circuit: how many edges survive pruning and how many parts they join."""
+    if unit != "edges":
+        return ""
+    return f" ({row['edges']:.0f} after pruning, joining {row['parts']:.0f} parts with the embeddings)"
 
 
 def _shares(items: pd.DataFrame, effect: np.ndarray) -> dict:
@@ -95,14 +120,19 @@ def circuits_table(runs: pd.DataFrame) -> pd.DataFrame:
             [(c[3], share["ratio"][j]) for c, j in at.items() if c[2].startswith(RANDOM)],
             columns=["size", "f"],
         ).groupby("size")["f"]
+        counts = own.drop_duplicates(["family", "size"]).set_index(["family", "size"])
         for family, n in dict.fromkeys((c[0], c[3]) for c in at if not c[2].startswith(RANDOM)):
             row = {
                 "reference": reference,
+                "grain": counts.loc[(family, n), "grain"] if "grain" in counts else "parts",
                 "circuit": family,
                 "size": n,
-                "parts": n + 1,
+                "edges": counts.loc[(family, n), "kept"] if "grain" in counts else np.nan,
+                "parts": counts.loc[(family, n), "parts"] if "parts" in counts else n + 1,
                 "n_items": len(items),
             }
+            if row["grain"] != EDGES:
+                row["edges"] = np.nan
             for name, circuit in (("in_sample", IN_SAMPLE), ("held_out", HELD_OUT)):
                 j = at[(family, FAITHFULNESS, circuit, n)]
                 row[name] = share["ratio"][j]
@@ -160,7 +190,7 @@ def _with_areas(table: pd.DataFrame) -> pd.DataFrame:
     that restores everything with no part, 0.5 a straight line."""
     if not len(table):
         return table
-    found = table["circuit"] == ATTRIBUTED
+    found = table["circuit"].isin(FOUND)
     for reference, rows in table[found].groupby("reference", sort=False):
         x = rows["size"].to_numpy(dtype=float) / rows["size"].max()
         on = found & (table["reference"] == reference)
@@ -190,13 +220,14 @@ def parts_table(attribution: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
-def agreement_table(runs: pd.DataFrame, attribution: pd.DataFrame) -> pd.DataFrame:
+def agreement_table(runs: pd.DataFrame, shares: pd.DataFrame) -> pd.DataFrame:
     """Per comparison and part patched alone (runs.ALONE): its exact share of TE's covariate gradient
     (the effect of x with the part from x'), with its interval, beside EAP's and EAP-IG's first-order
-    shares; and, repeated on each row, the rank correlation of each method with the exact shares
-    (Spearman over the parts patched) and the part whose share each misses most."""
+    shares (`shares`: parts_table's, or the edges' with the edge as `part`); and, repeated on each
+    row, the rank correlation of each method with the exact shares (Spearman over the parts patched)
+    and the part whose share each misses most."""
     out = []
-    parts = parts_table(attribution).set_index(["reference", "part"])
+    parts = shares.set_index(["reference", "part"])
     for reference, own in runs[runs["measure"] == ALONE].groupby("reference", sort=False):
         items, effect, columns = wide_effects(own, "circuit", "y_patched")  # y(x, part from x') - y(x)
         share = effect_shares(items, effect)["gradient"]

@@ -229,8 +229,9 @@ def _run_edits(directory: Path, opened: Opened, options: EditOptions, model, log
             paths = part("paths", measure, f"{key}:paths{PATHS_VERSION}", described=False)
         if options.circuits:  # beside the circuits found: the run's top 5 heads, chosen as the edits' are
             top = {f: chosen_heads(scores[f], 5, H) for f in ("all", 0, 1, 2, 3)}
-            measure = lambda: measure_run_circuits(model, inputs, word, log, {TOP_HEADS: top})
-            circuits = part("circuits", measure, f"{key}:circuits{CIRCUITS_VERSION}", described=False)
+            grain = options.circuit_grain
+            measure = lambda: measure_run_circuits(model, inputs, word, log, {TOP_HEADS: top}, grain)
+            circuits = part("circuits", measure, f"{key}:circuits{CIRCUITS_VERSION}:{grain}", described=False)
     raw = pd.concat([f for f in frames if len(f)], ignore_index=True)  # an empty part would untype columns
     summary, stream, mlp = _write_sweep(directory, raw, options, H, word, started)
     if options.trace:

@@ -47,6 +47,7 @@ class EditOptions:
     trace: bool = False  # also the stream patched per layer and position (tracing, analyses.tracing)
     paths: bool = False  # also the top heads' inputs and senders patched (paths, analyses.paths)
     circuits: bool = False  # also circuits found by attribution and judged held out (analyses.circuits)
+    circuit_grain: str = "parts"  # what the circuits are made of: parts (heads, MLPs) or edges
 
     def __post_init__(self):
         for name, kind in (("kinds", str), ("ks", int)):  # Run.edit(ks=5) was a TypeError after recording
@@ -69,6 +70,8 @@ class EditOptions:
             repeated = sorted({str(v) for v in values if list(values).count(v) > 1})
             if repeated:
                 raise AttnprobeError(f"{option} lists {', '.join(repeated)} twice; give each once")
+        if self.circuit_grain not in ("parts", "edges"):
+            raise AttnprobeError(f"--circuit-grain {self.circuit_grain!r}: give parts or edges")
         if not self.ks or min(self.ks) < 1:
             raise AttnprobeError("k must be whole numbers of heads >= 1, e.g. --k 1,2,5,10,20")
         if not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
@@ -109,6 +112,7 @@ def settings_hash(run_fingerprint: str, options: EditOptions, weights: str, cont
     sampled, the control prompts measured (`control`: their tokens, the file's and those put in the
     templates) and the part of --text that is read."""
     own_files = ("kinds", "alone", "placebo", "stream", "mlp", "mlp_layers", "trace", "paths", "circuits")
+    own_files += ("circuit_grain",)
     settings = {k: v for k, v in asdict(options).items() if k not in own_files}
     payload = json.dumps(
         {

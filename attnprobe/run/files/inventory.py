@@ -87,6 +87,7 @@ EDIT_VALUES = {  # the raw values the tables above are computed from (Parquet on
     "readout_states": "edit --paths",
     "circuit_runs": "edit --circuits",
     "circuit_attribution": "edit --circuits",
+    "circuit_edges": "edit --circuits",
 }
 SAVED_EDIT_NAME = r"[a-z][a-z0-9_-]*"  # KIND, KIND-kK, mlp-MODE-slot, each with -qF for a quarter's fit
 
