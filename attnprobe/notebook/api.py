@@ -93,7 +93,8 @@ class Run(RunFiles):
     def circuits(self) -> pd.DataFrame | None:
         """Per comparison and circuit size (`attnprobe edit --circuits`): faithfulness held out and
         in-sample with intervals, what is left after knocking the circuit out, random circuits (None
-        before a circuit search). The parts' ranking is circuit_parts.csv beside it."""
+        before a circuit search; `grain`: parts, or edges with `run.edit(circuits=True,
+        circuit_grain="edges")`). The ranking is circuit_parts.csv or circuit_edges.parquet beside it."""
         return self._edit_table("circuits", "attnprobe edit --circuits")
 
     def _edit_table(self, name: str, command: str) -> pd.DataFrame | None:

@@ -210,6 +210,8 @@ def parts_table(attribution: pd.DataFrame) -> pd.DataFrame:
     and its rank by |EAP-IG| (the circuit of size n on every item: the embeddings and the parts
     ranked below n)."""
     out = []
+    if "reference" not in attribution:  # searched at the grain of edges: no part was attributed
+        return pd.DataFrame()
     for reference, own in attribution.groupby("reference", sort=False):
         table = pd.DataFrame({"reference": reference, "part": own["part"].unique()})
         for method in ("eap", "eap_ig"):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -143,7 +144,7 @@ class Patched:
     diff: torch.Tensor
     window: Window
     limits: torch.Tensor  # (R,) the senders a receiver can read are those below its limit
-    sparse: bool = True  # False: every block summed densely, nothing from the total (a test's reference)
+    sparse: ClassVar[bool] = True  # False: every block summed densely, nothing from the total (tests)
 
     def added(self, start: int, stop: int) -> torch.Tensor | None:
         """(B, r, A, E) minus the sum of the patched edges' diffs into receivers start..stop (one
