@@ -24,7 +24,7 @@ receivers, H heads, D head dim.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -196,76 +196,103 @@ def receivers_read(sites: Sites, graph: EdgeGraph, window: Window, reads):
     """Within the block each receiver reads N(h + a_r) at the window's positions, a_r from
     `reads.added(start, stop)` (None: those receivers read h), and each sender reports its writes to
     `reads.wrote(start, stop, writes)` (B, s, A, E). Layers skipped by the run fire no hook."""
+    hooks = _Hooks(sites, graph, window, reads)
     H, G = graph.n_heads, graph.n_kv
-    state: dict = {}
     handles = []
-
-    def hook(module, kind, fn):
-        register = module.register_forward_pre_hook if kind == "pre" else module.register_forward_hook
-        handles.append(register(fn))
-
     for layer in range(graph.n_layers):
-        attention, mlp = graph.receivers_of(layer)
-        base = attention.start
-
-        def read_stream(module, args, layer=layer, base=base):
-            h = window.gather(args[0])
-            state[layer] = (h, reads.added(base, base + H + 2 * G))
-
-        def project(slot, count, layer=layer):
-            def replace(module, args, output):
-                h, added = state[layer]
-                if added is None:
-                    return None
-                normed = sites.pre_norm[layer].forward(
-                    (h[:, None].float() + added[:, slot : slot + count]).to(h.dtype)
-                )  # (B, count, A, E)
-                weight = module.weight.view(count, -1, module.weight.shape[-1])
-                new = torch.einsum("bcae,cde->bacd", normed.to(weight.dtype), weight)
-                if module.bias is not None:
-                    new = new + module.bias.view(count, -1)
-                B, T, _ = output.shape
-                return window.put(output.view(B, T, count, -1), new).view(B, T, -1)
-
-            return replace
-
-        def heads_wrote(module, args, output, layer=layer):
-            z = window.gather(args[0])
-            writes = head_writes(sites, layer, z.unflatten(-1, (H, -1)))
-            reads.wrote(graph.sender(layer, 0), graph.sender(layer), writes)
-
-        def read_mlp_stream(module, args, layer=layer, mlp=mlp):
-            state[("mlp", layer)] = (window.gather(args[0]), reads.added(mlp, mlp + 1))
-
-        def mlp_input(module, args, layer=layer):
-            h, added = state[("mlp", layer)]
-            if added is None:
-                return None
-            normed = sites.mlp_norm[layer].forward((h.float() + added[:, 0]).to(h.dtype))
-            return (window.put(args[0], normed), *args[1:])
-
-        def mlp_wrote(module, args, output, layer=layer):
-            out = output[0] if isinstance(output, tuple) else output
-            written = mlp_write(sites, layer, window.gather(out), normed=True)[:, None]
-            reads.wrote(graph.sender(layer), graph.sender(layer) + 1, written)
-
-        hook(sites.pre_norm[layer], "pre", read_stream)
-        attention_module = sites.attention[layer]
-        for slot, (name, count) in zip((0, H, H + G), zip(PROJECTIONS, (H, G, G))):
-            hook(getattr(attention_module, name), "post", project(slot, count))
-        hook(sites.outputs[layer], "post", heads_wrote)
-        hook(sites.mlp_norm[layer], "pre", read_mlp_stream)
-        hook(sites.mlp[layer], "pre", mlp_input)
-        hook(sites.mlp_added[layer], "post", mlp_wrote)
-
-    def logits_input(module, args):
-        h = window.gather(args[0])
-        added = reads.added(graph.n_receivers - 1, graph.n_receivers)
-        return None if added is None else (window.put(args[0], (h.float() + added[:, 0]).to(h.dtype)),)
-
-    hook(sites.final_norm, "pre", logits_input)
+        attention = sites.attention[layer]
+        handles.append(sites.pre_norm[layer].register_forward_pre_hook(hooks.read_stream(layer)))
+        for slot, name, count in zip((0, H, H + G), PROJECTIONS, (H, G, G)):
+            handles.append(getattr(attention, name).register_forward_hook(hooks.project(layer, slot, count)))
+        handles.append(sites.outputs[layer].register_forward_hook(hooks.heads_wrote(layer)))
+        handles.append(sites.mlp_norm[layer].register_forward_pre_hook(hooks.read_mlp_stream(layer)))
+        handles.append(sites.mlp[layer].register_forward_pre_hook(hooks.mlp_input(layer)))
+        handles.append(sites.mlp_added[layer].register_forward_hook(hooks.mlp_wrote(layer)))
+    handles.append(sites.final_norm.register_forward_pre_hook(hooks.logits_input))
     try:
         yield
     finally:
         for handle in handles:
             handle.remove()
+
+
+@dataclass
+class _Hooks:
+    """The hooks of receivers_read, per layer: the stream each block of receivers reads and what is
+    added for each (`state`), the projections and the MLP's input recomputed from it, the senders'
+    writes reported."""
+
+    sites: Sites
+    graph: EdgeGraph
+    window: Window
+    reads: object
+    state: dict = field(default_factory=dict)
+
+    def read_stream(self, layer: int):
+        attention, _ = self.graph.receivers_of(layer)
+
+        def hook(module, args):
+            self.state[layer] = (
+                self.window.gather(args[0]),
+                self.reads.added(attention.start, attention.stop),
+            )
+
+        return hook
+
+    def project(self, layer: int, slot: int, count: int):
+        """A projection's output with each of its heads' rows applied to N(h + a_r) (B, count, A, E)."""
+
+        def hook(module, args, output):
+            h, added = self.state[layer]
+            if added is None:
+                return None
+            own = (h[:, None].float() + added[:, slot : slot + count]).to(h.dtype)
+            normed = self.sites.pre_norm[layer].forward(own)
+            weight = module.weight.view(count, -1, module.weight.shape[-1])
+            new = torch.einsum("bcae,cde->bacd", normed.to(weight.dtype), weight)
+            if module.bias is not None:
+                new = new + module.bias.view(count, -1)
+            B, T, _ = output.shape
+            return self.window.put(output.view(B, T, count, -1), new).view(B, T, -1)
+
+        return hook
+
+    def heads_wrote(self, layer: int):
+        def hook(module, args, output):
+            z = self.window.gather(args[0]).unflatten(-1, (self.graph.n_heads, -1))
+            self.reads.wrote(
+                self.graph.sender(layer, 0), self.graph.sender(layer), head_writes(self.sites, layer, z)
+            )
+
+        return hook
+
+    def read_mlp_stream(self, layer: int):
+        _, mlp = self.graph.receivers_of(layer)
+
+        def hook(module, args):
+            self.state[("mlp", layer)] = (self.window.gather(args[0]), self.reads.added(mlp, mlp + 1))
+
+        return hook
+
+    def mlp_input(self, layer: int):
+        def hook(module, args):
+            h, added = self.state[("mlp", layer)]
+            if added is None:
+                return None
+            normed = self.sites.mlp_norm[layer].forward((h.float() + added[:, 0]).to(h.dtype))
+            return (self.window.put(args[0], normed), *args[1:])
+
+        return hook
+
+    def mlp_wrote(self, layer: int):
+        def hook(module, args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            written = mlp_write(self.sites, layer, self.window.gather(out), normed=True)[:, None]
+            self.reads.wrote(self.graph.sender(layer), self.graph.sender(layer) + 1, written)
+
+        return hook
+
+    def logits_input(self, module, args):
+        h = self.window.gather(args[0])
+        added = self.reads.added(self.graph.n_receivers - 1, self.graph.n_receivers)
+        return None if added is None else (self.window.put(args[0], (h.float() + added[:, 0]).to(h.dtype)),)
