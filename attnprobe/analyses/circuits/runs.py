@@ -191,8 +191,7 @@ def plan_runs(graph, scores: dict, fold, hypotheses=None, seed: int = 0) -> Plan
     grid = {n: {f: graph.top(q, n) for f, q in scores.items()} for n in sizes}
     drawn = {n: [masks.add(~graph.random(n, rng)) for _ in range(RANDOM_CIRCUITS)] for n in sizes}
     sampled = _sampled_parts(masks, graph, scores["all"], rng)
-    counts = {(ATTRIBUTED, n): _count(graph, grid[n]["all"]) for n in sizes}
-    judged, subsets = {}, {}
+    counts, judged, subsets = {}, {}, {}
     for family, n, parts in [(ATTRIBUTED, n, grid[n]) for n in sizes] + [
         (name, int(p["all"].sum()) - graph.always, p) for name, p in (hypotheses or {}).items()
     ]:

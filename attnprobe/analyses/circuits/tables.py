@@ -42,8 +42,6 @@ from .runs import (
     RANDOM,
 )
 
-FOUND = (ATTRIBUTED,)  # the families of circuits found (the rest: hypotheses)
-
 FAITHFUL, FAITHFUL_LOW, OVERSHOOT, LEFT = 0.8, 0.6, 1.2, 0.2
 RAW = ("circuit_runs", "circuit_attribution", "circuit_edges")
 NO_RUNS = "no comparison had pairs to patch"
@@ -63,7 +61,7 @@ def write_circuits(directory, raw: pd.DataFrame) -> list[str]:
     write_table(directory, "circuit_parts", parts, OTHER_GRAIN.format("edges") if len(edges) else NO_RUNS)
     shares = edges.rename(columns={"edge": "part"}) if len(edges) else parts
     write_table(directory, "circuit_agreement", agreement_table(runs, shares), NO_RUNS)
-    found = table[table["circuit"].isin(FOUND)] if len(table) else table
+    found = table[table["circuit"] == ATTRIBUTED] if len(table) else table
     return [smallest_met(rows) for _, rows in found.groupby("reference", sort=False)]
 
 
@@ -127,12 +125,12 @@ def circuits_table(runs: pd.DataFrame) -> pd.DataFrame:
                 "grain": counts.loc[(family, n), "grain"] if "grain" in counts else "parts",
                 "circuit": family,
                 "size": n,
-                "edges": counts.loc[(family, n), "kept"] if "grain" in counts else np.nan,
-                "parts": counts.loc[(family, n), "parts"] if "parts" in counts else n + 1,
+                "edges": np.nan,  # after pruning, at the grain of edges
+                "parts": int(counts.loc[(family, n), "parts"]) if "parts" in counts else n + 1,
                 "n_items": len(items),
             }
-            if row["grain"] != EDGES:
-                row["edges"] = np.nan
+            if row["grain"] == EDGES:
+                row["edges"] = int(counts.loc[(family, n), "kept"])
             for name, circuit in (("in_sample", IN_SAMPLE), ("held_out", HELD_OUT)):
                 j = at[(family, FAITHFULNESS, circuit, n)]
                 row[name] = share["ratio"][j]
@@ -190,7 +188,7 @@ def _with_areas(table: pd.DataFrame) -> pd.DataFrame:
     that restores everything with no part, 0.5 a straight line."""
     if not len(table):
         return table
-    found = table["circuit"].isin(FOUND)
+    found = table["circuit"] == ATTRIBUTED
     for reference, rows in table[found].groupby("reference", sort=False):
         x = rows["size"].to_numpy(dtype=float) / rows["size"].max()
         on = found & (table["reference"] == reference)
