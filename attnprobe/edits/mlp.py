@@ -40,6 +40,7 @@ import torch
 from ..attention.capture import model_edit
 from ..intervene.engine import Bank
 from ..intervene.rerun import ROWS, rerun_logits
+from ..intervene.sites import registered
 from ..model.anatomy import decoder_layers, mlp_added, module_of
 from ..stats.edits import MLP, MLP_LAYERS
 from .estimate import covariate_directions, definitional_directions, definitional_midpoints, erasers
@@ -203,13 +204,8 @@ class MlpLayers:
     def applied(self, model):
         """Within the block every pass of `model` has each part at its layer."""
         layers = decoder_layers(module_of(model))
-        handles = [part.hook(layers[part.layer]) for part in self.parts]
-        try:
-            with model_edit(untouched):
-                yield
-        finally:
-            for handle in handles:
-                handle.remove()
+        with registered([part.hook(layers[part.layer]) for part in self.parts]), model_edit(untouched):
+            yield
 
     def stored(self) -> tuple[dict, dict, dict]:
         tensors = {

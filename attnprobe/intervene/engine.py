@@ -32,7 +32,7 @@ from ..forward.sharing import prefix_sharing_blocker
 from ..model.anatomy import decoder_layers, mlp_modules, module_of
 from ..model.footprint import device_patch_budget
 from .rerun import Changes, narrowed_behaviour, rerun_logits
-from .sites import Activations, behaviour_rows, last_position_mlp, mlp_outputs, recording_mlp
+from .sites import Activations, behaviour_rows, last_position_mlp, mlp_outputs, recording_mlp, registered
 
 
 @dataclass
@@ -78,14 +78,10 @@ def record(model, sequences: list[torch.Tensor]) -> Bank:
         )
     )
     mlps = mlp_modules(model)
-    try:
-        with editing(recorder), recording_mlp(mlps, acts):
-            logits = run_with_capture(
-                model, ids, mask, layers=[], logit_positions=(lengths - 1)[:, None]
-            ).logits[:, 0]
-    finally:
-        for handle in handles:
-            handle.remove()
+    with registered(handles), editing(recorder), recording_mlp(mlps, acts):
+        logits = run_with_capture(model, ids, mask, layers=[], logit_positions=(lengths - 1)[:, None]).logits[
+            :, 0
+        ]
     n = len(layers)
     return Bank(
         ids,

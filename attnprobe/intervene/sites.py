@@ -89,9 +89,16 @@ def mlp_outputs(modules, change):
 
         return replace
 
-    handles = [m.register_forward_hook(hook(layer)) for layer, m in enumerate(modules or [])]
-    try:
+    with registered([m.register_forward_hook(hook(layer)) for layer, m in enumerate(modules or [])]):
         yield
+
+
+@contextmanager
+def registered(handles: list):
+    """Within the block the hooks whose `handles` are given stay registered; on leaving (an error
+    too) each is removed. A caller may append handles to the list inside the block."""
+    try:
+        yield handles
     finally:
         for handle in handles:
             handle.remove()

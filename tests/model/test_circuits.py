@@ -247,3 +247,17 @@ def test_edge_runs_summed_sparsely_equal_the_dense_sums(monkeypatch):
         patching, [(i, "", "", 0, masks.add(np.zeros(graph.size, bool))) for i in range(len(pairs))], masks
     )
     assert np.abs(dense - np.tile(clean, len(chosen))).max() > 1e-3  # the masks matter
+
+
+def test_a_family_without_separate_query_key_value_projections_is_refused_in_one_line():
+    """GPT-2 computes queries, keys and values in one Conv1D: edges cannot be read there; the search
+    at the grain of parts still can. The line names the option to use."""
+    from conftest import build_tiny
+
+    from attnprobe.analyses.circuits.wiring import edge_sites
+    from attnprobe.errors import RunError
+
+    with pytest.raises(
+        RunError, match=r"^--circuit-grain edges: .*run --circuits with --circuit-grain parts$"
+    ):
+        edge_sites(build_tiny("gpt2", vocab_size=64))

@@ -21,6 +21,7 @@ import torch
 
 from ...intervene.gradients import frozen_weights
 from ...intervene.rerun import rerun_y
+from ...intervene.sites import registered
 from ..senders import pair_tensors
 from .eap import IG_STEPS
 from .wiring import PROJECTIONS, Patched, Window, bank_writes, receivers_read
@@ -127,7 +128,7 @@ def receiver_gradients(sites, graph, window: Window):
     value), its MLP's input and the final norm's input, and the stream each norm read; yields
     `collect()`, after backward: (B, R, A, E) dy/da_r, each receiver's gradient taken back through
     its own rows of the projection and its norm (the gradient of y in a_r, wiring's added input)."""
-    streams, grads, handles = {}, {}, []
+    streams, grads = {}, {}
 
     def keep(key):
         return lambda grad: grads.__setitem__(key, window.gather(grad))
@@ -140,15 +141,6 @@ def receiver_gradients(sites, graph, window: Window):
 
     def hook_input(key):
         return lambda module, args: args[0].register_hook(keep(key)) and None
-
-    for layer in range(graph.n_layers):
-        handles.append(sites.pre_norm[layer].register_forward_pre_hook(stream(("attention", layer))))
-        for name in PROJECTIONS:
-            module = getattr(sites.attention[layer], name)
-            handles.append(module.register_forward_hook(hook_output((name, layer))))
-        handles.append(sites.mlp_norm[layer].register_forward_pre_hook(stream(("mlp", layer))))
-        handles.append(sites.mlp[layer].register_forward_pre_hook(hook_input(("mlp", layer))))
-    handles.append(sites.final_norm.register_forward_pre_hook(hook_input("logits")))
 
     def collect() -> torch.Tensor:
         h = streams[("attention", 0)]
@@ -170,11 +162,16 @@ def receiver_gradients(sites, graph, window: Window):
         out[:, -1] = grads.get("logits", torch.zeros(B, A, E)).float()
         return out
 
-    try:
+    with registered([]) as handles:
+        for layer in range(graph.n_layers):
+            handles.append(sites.pre_norm[layer].register_forward_pre_hook(stream(("attention", layer))))
+            for name in PROJECTIONS:
+                module = getattr(sites.attention[layer], name)
+                handles.append(module.register_forward_hook(hook_output((name, layer))))
+            handles.append(sites.mlp_norm[layer].register_forward_pre_hook(stream(("mlp", layer))))
+            handles.append(sites.mlp[layer].register_forward_pre_hook(hook_input(("mlp", layer))))
+        handles.append(sites.final_norm.register_forward_pre_hook(hook_input("logits")))
         yield collect
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _norm_vjp(norm, h: torch.Tensor, cotangents: torch.Tensor) -> torch.Tensor:

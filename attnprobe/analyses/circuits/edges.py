@@ -76,9 +76,14 @@ class EdgeGraph:
         return np.append(order, 2 * self.n_layers)
 
     @cached_property
+    def reads(self) -> np.ndarray:
+        """(R, S) bool: whether a receiver reads what a sender writes (the sender is below it)."""
+        return self.sender_order[None, :] < self.receiver_order[:, None]
+
+    @cached_property
     def limits(self) -> np.ndarray:
         """(R,) the senders a receiver can read are those below its limit (senders are in order)."""
-        return (self.sender_order[None, :] < self.receiver_order[:, None]).sum(1)
+        return self.reads.sum(1)
 
     def receivers_of(self, layer: int) -> tuple[slice, int]:
         """(the attention inputs' slice, the MLP's index) of one layer's receivers."""
@@ -89,8 +94,7 @@ class EdgeGraph:
     def valid(self) -> np.ndarray:
         """(R, S, 3) bool: the edges that exist (the sender writes before the receiver reads; the
         logits read the last position only)."""
-        out = self.sender_order[None, :] < self.receiver_order[:, None]
-        out = np.repeat(out[:, :, None], len(GROUPS), 2)
+        out = np.repeat(self.reads[:, :, None], len(GROUPS), 2)
         out[-1, :, :-1] = False
         return out
 
@@ -123,18 +127,23 @@ class EdgeGraph:
             names += [f"{kv(l, g)}.{side}" for side in "kv" for g in range(self.n_kv)] + [f"MLP{l}"]
         return [*names, LOGITS]
 
-    def names(self) -> list[str]:
-        """Each edge's name: 'sender -> receiver @ positions'."""
+    def ends(self) -> tuple[list[str], list[str], list[str]]:
+        """Per edge: its sender's name, its receiver's and its positions' group."""
         r, s, g = np.unravel_index(self.index, self.valid.shape)
         senders, receivers = self.sender_names(), self.receiver_names()
-        return [f"{senders[a]} -> {receivers[b]} @ {GROUPS[c]}" for a, b, c in zip(s, r, g)]
+        return [senders[a] for a in s], [receivers[b] for b in r], [GROUPS[c] for c in g]
+
+    def names(self) -> list[str]:
+        """Each edge's name: 'sender -> receiver @ positions'."""
+        return [f"{s} -> {r} @ {g}" for s, r, g in zip(*self.ends())]
 
     def sizes(self) -> list[int]:
         return [n for n in EDGE_SIZES if n < self.size] + [self.size]
 
-    # which receivers belong to which head: a key/value head's inputs serve its group of query heads
-    def _heads_read(self, layer: int) -> list[list[int]]:
-        """Per attention receiver of a layer, the query heads whose output it changes."""
+    @cached_property
+    def _heads_read(self) -> list[list[int]]:
+        """Per attention receiver of a layer, the query heads whose output it changes (a key/value
+        head's inputs serve its group of query heads)."""
         group = self.n_heads // self.n_kv
         per_kv = [list(range(g * group, (g + 1) * group)) for g in range(self.n_kv)]
         return [[h] for h in range(self.n_heads)] + per_kv + per_kv
@@ -161,7 +170,7 @@ class EdgeGraph:
         for l in range(self.n_layers):
             attention, mlp = self.receivers_of(l)
             reached = (edges[attention] & fed).any(1)
-            for r, heads in enumerate(self._heads_read(l)):
+            for r, heads in enumerate(self._heads_read):
                 if reached[r]:
                     fed[[self.sender(l, h) for h in heads]] = True
             fed[self.sender(l)] = (edges[mlp] & fed).any()
@@ -177,7 +186,7 @@ class EdgeGraph:
             attention, mlp = self.receivers_of(l)
             useful[mlp] = feeds[self.sender(l)]
             feeds |= edges[mlp] & useful[mlp]
-            for r, heads in enumerate(self._heads_read(l)):
+            for r, heads in enumerate(self._heads_read):
                 useful[attention.start + r] = feeds[[self.sender(l, h) for h in heads]].any()
             feeds |= (edges[attention] & useful[attention, None]).any(0)
         return useful

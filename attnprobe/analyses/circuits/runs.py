@@ -159,13 +159,12 @@ def _attribution_rows(base: pd.DataFrame, graph: Graph, scores: dict) -> pd.Data
 def _edge_rows(graph: EdgeGraph, sums: dict, base: pd.DataFrame) -> pd.DataFrame:
     """Per edge: its EAP and EAP-IG share of TE's covariate gradient on every pair (the slope of its
     attribution over the slope of TE = y(x') - y(x), OLS as the scores), and its rank by |EAP-IG|."""
-    x = base["covariate"].to_numpy(dtype=float)
-    te = (base["y_cf"] - base["y"]).to_numpy()
-    spread = float(((x - x.mean()) ** 2).sum())
-    te_slope = float((x - x.mean()) @ te / spread) if spread else np.nan
-    names = graph.names()
-    frame = pd.DataFrame({"edge": names})
-    frame[["sender", "receiver", "positions"]] = frame["edge"].str.extract(r"^(\S+) -> (\S+) @ (\S+)$")
+    te = (base["y_cf"] - base["y"]).to_numpy()[:, None]
+    te_slope = part_scores(te, base["covariate"].to_numpy(dtype=float))[0]
+    senders, receivers, positions = graph.ends()
+    frame = pd.DataFrame(
+        {"edge": graph.names(), "sender": senders, "receiver": receivers, "positions": positions}
+    )
     for method, fold_sums in sums.items():
         frame[f"{method}_share"] = fold_sums.slope() / te_slope
     frame["rank"] = frame["eap_ig_share"].abs().rank(ascending=False, method="first").astype("Int64")

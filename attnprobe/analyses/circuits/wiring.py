@@ -30,6 +30,7 @@ from typing import ClassVar
 import torch
 
 from ...errors import RunError
+from ...intervene.sites import registered
 from ...model.anatomy import Sites, sites_of
 from .edges import GROUPS, EdgeGraph
 
@@ -44,8 +45,8 @@ def edge_sites(module) -> Sites:
     names = ("attention", "pre_norm", "outputs", "mlp_norm", "mlp", "mlp_added")
     if not sites.complete(*names) or not all(hasattr(a, p) for a in sites.attention for p in PROJECTIONS):
         raise RunError(
-            f"--grain edges: {type(module).__name__} has no separate query, key and value projections, "
-            "pre-norms or MLP where edges are read; run --circuits with --grain parts"
+            f"--circuit-grain edges: {type(module).__name__} has no separate query, key and value "
+            "projections, pre-norms or MLP where edges are read; run --circuits with --circuit-grain parts"
         )
     return sites
 
@@ -93,7 +94,9 @@ def norm_gain(norm, x: torch.Tensor) -> torch.Tensor:
     `forward` here and below: their hooks (the wiring's own) must not fire on these side computations."""
     eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
     if eps is None:
-        raise RunError(f"--grain edges: the norm after attention ({type(norm).__name__}) is not an RMS norm")
+        raise RunError(
+            f"--circuit-grain edges: the norm after attention ({type(norm).__name__}) is not an RMS norm"
+        )
     ones = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
     weight = norm.forward(ones).float() * (1 + eps) ** 0.5
     x = x.float()
@@ -112,9 +115,9 @@ def head_writes(sites: Sites, layer: int, z: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def mlp_write(sites: Sites, layer: int, out: torch.Tensor, normed: bool = False) -> torch.Tensor:
-    """(B, A, E) float32: what the MLP adds, from its output (`normed`: already through its post-norm)."""
-    if sites.mlp_normed[layer] and not normed:
+def mlp_write(sites: Sites, layer: int, out: torch.Tensor) -> torch.Tensor:
+    """(B, A, E) float32: what the MLP adds, from its output (through its post-norm where it has one)."""
+    if sites.mlp_normed[layer]:
         out = sites.mlp_added[layer].forward(out)
     return out.float()
 
@@ -198,22 +201,20 @@ def receivers_read(sites: Sites, graph: EdgeGraph, window: Window, reads):
     `reads.wrote(start, stop, writes)` (B, s, A, E). Layers skipped by the run fire no hook."""
     hooks = _Hooks(sites, graph, window, reads)
     H, G = graph.n_heads, graph.n_kv
-    handles = []
-    for layer in range(graph.n_layers):
-        attention = sites.attention[layer]
-        handles.append(sites.pre_norm[layer].register_forward_pre_hook(hooks.read_stream(layer)))
-        for slot, name, count in zip((0, H, H + G), PROJECTIONS, (H, G, G)):
-            handles.append(getattr(attention, name).register_forward_hook(hooks.project(layer, slot, count)))
-        handles.append(sites.outputs[layer].register_forward_hook(hooks.heads_wrote(layer)))
-        handles.append(sites.mlp_norm[layer].register_forward_pre_hook(hooks.read_mlp_stream(layer)))
-        handles.append(sites.mlp[layer].register_forward_pre_hook(hooks.mlp_input(layer)))
-        handles.append(sites.mlp_added[layer].register_forward_hook(hooks.mlp_wrote(layer)))
-    handles.append(sites.final_norm.register_forward_pre_hook(hooks.logits_input))
-    try:
+    with registered([]) as handles:
+        for layer in range(graph.n_layers):
+            attention = sites.attention[layer]
+            handles.append(sites.pre_norm[layer].register_forward_pre_hook(hooks.read_stream(layer)))
+            for slot, name, count in zip((0, H, H + G), PROJECTIONS, (H, G, G)):
+                handles.append(
+                    getattr(attention, name).register_forward_hook(hooks.project(layer, slot, count))
+                )
+            handles.append(sites.outputs[layer].register_forward_hook(hooks.heads_wrote(layer)))
+            handles.append(sites.mlp_norm[layer].register_forward_pre_hook(hooks.read_mlp_stream(layer)))
+            handles.append(sites.mlp[layer].register_forward_pre_hook(hooks.mlp_input(layer)))
+            handles.append(sites.mlp_added[layer].register_forward_hook(hooks.mlp_wrote(layer)))
+        handles.append(sites.final_norm.register_forward_pre_hook(hooks.logits_input))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @dataclass
@@ -287,7 +288,7 @@ class _Hooks:
     def mlp_wrote(self, layer: int):
         def hook(module, args, output):
             out = output[0] if isinstance(output, tuple) else output
-            written = mlp_write(self.sites, layer, self.window.gather(out), normed=True)[:, None]
+            written = self.window.gather(out).float()[:, None]  # mlp_added's output: what the MLP adds
             self.reads.wrote(self.graph.sender(layer), self.graph.sender(layer) + 1, written)
 
         return hook
