@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from attnprobe.analyses.circuits.edges import EdgeGraph
-from attnprobe.analyses.circuits.graph import Graph
-from attnprobe.analyses.circuits.runs import Masks, Patching, measure_run_circuits, part_runs
+from attnprobe.analyses.circuits.graph import Graph, part_scores
+from attnprobe.analyses.circuits.runs import Masks, Patching, part_runs
+from attnprobe.analyses.circuits.search import measure_run_circuits
 from attnprobe.analyses.circuits.tables import agreement_table, circuits_table, parts_table
 from attnprobe.analyses.senders import pair_frame, reference_pairs
 from attnprobe.intervene.engine import record
@@ -91,6 +92,7 @@ def test_a_planted_circuit_through_an_mlp_is_found_at_its_size_faithful_and_comp
         # completeness over subsets: without one mover the 2-part circuit keeps nothing, the model half
         assert table.loc[2, "worst_subset_difference"] == pytest.approx(-0.5, abs=0.02)
         assert abs(table.loc[3, "worst_subset_difference"]) < 0.01
+        assert table.loc[3, "greedy_searched"] and not table.loc[2, "greedy_searched"]  # only where met
         assert table.loc[2, "random_high"] < 0.8  # two parts of the right three by chance: not all
         smallest = table.index[table["met"]].min()
         assert smallest == 3
@@ -98,6 +100,43 @@ def test_a_planted_circuit_through_an_mlp_is_found_at_its_size_faithful_and_comp
         # the curve: 0 up to a tenth of the parts, half at two tenths, 1 from three tenths on
         assert area == pytest.approx(0.8, abs=0.01) and chance < 0.7
         assert agreement.loc[agreement["reference"] == reference, "eap_ig_spearman"].iloc[0] > 0.8
+
+
+def test_the_greedy_subset_is_the_worst_of_the_circuit_less_k_and_found_on_other_pairs():
+    """An incomplete hypothesis on the planted MLP model: C = the embeddings, the mover L1H0 and the
+    distractor L1H1 (MLP0 and the other mover outside). Without the distractor C keeps nothing while
+    the model keeps everything (a gap of the whole gradient); without L1H0, C keeps nothing and the
+    model half; without both, the same half. The greedy search, choosing on the other folds' pairs,
+    takes the distractor first and keeps that K (the largest gap on its path), which exact patching
+    of every subset confirms is the worst."""
+    from attnprobe.analyses.circuits.search import _Search, grow
+
+    model, items = planted_mlp_model(), planted_items()
+    inputs = _inputs(model, items)
+    pairs = reference_pairs(items, "person")
+    base = pair_frame(items, inputs.bank, inputs.reference, pairs, inputs.labels)
+    graph = Graph(2, 4, True)
+    patching = Patching(model, inputs.bank, inputs.reference, pairs, inputs.labels, graph)
+    circuit = graph.of_heads([(1, 0), (1, 1)])
+    fold = np.array([inputs.fold[p.item] for p in pairs])
+    choosing = np.flatnonzero(fold != 0)[::3]
+    search = _Search("hypothesis", 2, 0, circuit, graph.groups(circuit), choosing)
+    masks, covariate = Masks(), base["covariate"].to_numpy(dtype=float)
+    grow(patching, [search], masks, covariate, lambda m: None)
+    names = graph.names()
+    assert [names[search.groups[g][0]] for g in search.k] == ["L1H1"]
+    judged = np.flatnonzero(fold == 0)
+    te = part_scores((base["y"] - base["y_cf"]).to_numpy()[judged, None], covariate[judged])[0]
+    gaps = {}
+    for k in ([0], [1], [0, 1]):  # every subset of the two heads, exactly, on the judged fold
+        y = part_runs(patching, search.runs(masks, k, judged), masks).reshape(-1, 2)
+        gaps[tuple(names[search.groups[g][0]] for g in k)] = (
+            part_scores((y[:, :1] - y[:, 1:]), covariate[judged])[0] / te
+        )
+    assert max(gaps, key=lambda k: abs(gaps[k])) == ("L1H1",)
+    assert gaps[("L1H1",)] == pytest.approx(-1.0, abs=0.02) and gaps[("L1H0",)] == pytest.approx(
+        -0.5, abs=0.02
+    )
 
 
 def test_the_held_out_figure_falls_below_the_in_sample_one_where_selection_inflates_it():
@@ -129,10 +168,13 @@ def test_a_planted_circuit_is_found_at_the_grain_of_edges_with_its_five_edges():
     each mover into the logits at the last token). EAP-IG ranks them first; the top 5 keep all five
     after pruning and restore all of the gradient held out with none left after knockout; the top 3
     (no edge into the logits) are pruned to nothing; single edges patched alone agree with their
-    attribution; the top 5 heads' hypothesis at this grain is judged beside it."""
+    attribution; the top 5 heads' hypothesis at this grain is judged beside it, and a hypothesis of
+    one comparison's own in that comparison alone. The greedy worst subset (by sending part) of the
+    five edges changes nothing."""
     model, items = planted_mlp_model(), planted_items()
     heads = {"two movers": {f: [(1, 0), (1, 3)] for f in ("all", 0, 1, 2, 3)}}
-    raw = measure_run_circuits(model, _inputs(model, items), "person", heads=heads, grain="edges")
+    heads["person's own"] = {"person": {f: [(1, 0)] for f in ("all", 0, 1, 2, 3)}}
+    raw = measure_run_circuits(model, _inputs(model, items), "person", hypotheses=heads, grain="edges")
     runs, edges = (
         raw[raw["table"] == t].dropna(axis=1, how="all") for t in ("circuit_runs", "circuit_edges")
     )
@@ -147,6 +189,9 @@ def test_a_planted_circuit_is_found_at_the_grain_of_edges_with_its_five_edges():
         assert found.loc[5, "edges"] == 5 and found.loc[5, "parts"] == 4  # MLP0, two movers, embeddings
         assert found.loc[5, "held_out"] == pytest.approx(1.0, abs=0.03) and found.loc[5, "met"]
         assert abs(found.loc[5, "left_after_knockout"]) < 0.01
+        assert found.loc[5, "greedy_searched"] and abs(found.loc[5, "worst_subset_difference"]) < 0.03
+        own_hypothesis = table.loc[table["reference"] == reference, "circuit"].eq("person's own").any()
+        assert own_hypothesis == (reference == "person")
         assert found.loc[3, "edges"] == 0 and not found.loc[[1, 2, 3], "met"].any()
         assert found.index[found["met"]].min() == 5
         hypothesis = table[(table["reference"] == reference) & (table["circuit"] == "two movers")]

@@ -233,6 +233,22 @@ def test_the_parts_table_tells_the_planted_mover_computer_and_reader_by_size(pla
     assert not (found["receiver"] == "L1H1").any()  # nothing reaches the computer's value
 
 
+def test_the_circuit_search_judges_the_heads_the_parts_table_calls_movers(planted):
+    """With --paths, `edit --circuits` judges round 5's hypothesis beside the circuits it finds: per
+    comparison the heads the parts table calls movers (the planted L1H0), the same for every fold
+    (chosen on every item), beside the top 5 heads by gradient score chosen per fold."""
+    from attnprobe.analyses.circuits.search import MOVERS, TOP_HEADS, hypotheses
+
+    scores = {f: np.arange(8.0) + (f == 0) * np.eye(8)[0] * 10 for f in ("all", 0, 1, 2, 3)}
+    given = hypotheses(scores, 4, planted[0].assign(table="paths_items"))
+    assert given[MOVERS] == {
+        r: {f: [(1, 0)] for f in ("all", 0, 1, 2, 3)} for r in ("person", "another occupation")
+    }
+    assert set(given[TOP_HEADS]["all"]) == {(1, 3), (1, 2), (1, 1), (1, 0), (0, 3)}
+    assert (0, 0) in given[TOP_HEADS][0] and (0, 0) not in given[TOP_HEADS][1]  # each fold's own scores
+    assert MOVERS not in hypotheses(scores, 4)  # without the paths: the top heads alone
+
+
 def test_a_planted_circuit_is_faithful_and_complete_and_one_short_of_a_head_is_not():
     """tests/planted.py with two movers and nothing else: the hypothesis the roles give, {L1H0, L1H3},
     restores all of the gradient in x' and leaves none once knocked out of x, each head costing about

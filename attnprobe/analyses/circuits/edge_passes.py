@@ -23,7 +23,7 @@ from ...intervene.gradients import frozen_weights
 from ...intervene.rerun import rerun_y
 from ...intervene.sites import registered
 from ..senders import pair_tensors
-from .eap import IG_STEPS
+from .graph import IG_STEPS
 from .wiring import PROJECTIONS, Patched, Window, bank_writes, receivers_read
 
 PASS_BYTES = 2**28  # what one pass's per-edge tensors may take (rows are sized from it)

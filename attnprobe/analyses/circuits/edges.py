@@ -133,6 +133,13 @@ class EdgeGraph:
         senders, receivers = self.sender_names(), self.receiver_names()
         return [senders[a] for a in s], [receivers[b] for b in r], [GROUPS[c] for c in g]
 
+    def groups(self, chosen: np.ndarray) -> list[np.ndarray]:
+        """The groups a worst subset of circuit `chosen` is drawn from (search.py): each sending
+        part's edges in the circuit."""
+        edges = np.flatnonzero(chosen)
+        senders = np.unravel_index(self.index[edges], self.valid.shape)[1]
+        return [edges[senders == s] for s in np.unique(senders)]
+
     def names(self) -> list[str]:
         """Each edge's name: 'sender -> receiver @ positions'."""
         return [f"{s} -> {r} @ {g}" for s, r, g in zip(*self.ends())]

@@ -30,20 +30,18 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-import pandas as pd
 import torch
 
 from ...attention.capture import editing
 from ...intervene.engine import Bank, HeadPatch, aligned, halved_on_oom, mlp_patch
 from ...intervene.rerun import rerun_y
 from ...intervene.sites import behaviour_rows, mlp_outputs
-from ...model.anatomy import mlp_modules, module_of
+from ...model.anatomy import mlp_modules
 from ...model.footprint import device_patch_budget
-from ..senders import compared_pairs, pair_tensors
-from .eap import attributions
-from .edge_passes import edge_attributions, edge_pass, first_layer, rows_per_pass
+from ..senders import pair_tensors
+from .edge_passes import edge_pass, first_layer, rows_per_pass
 from .edges import EdgeGraph
-from .graph import Graph, part_scores
+from .graph import Graph
 from .wiring import edge_sites
 
 RANDOM_CIRCUITS = 5  # random circuits per size (the baseline's spread)
@@ -52,9 +50,10 @@ IN_SAMPLE, HELD_OUT, RANDOM = "in-sample", "held-out", "random"
 ATTRIBUTED = "top n by EAP-IG"  # the family of the circuits found (others: the hypotheses' names)
 FAITHFULNESS, KNOCKED_OUT, ALONE = "faithfulness", "knocked out", "alone"
 LESS_C, LESS_M = "circuit less K", "model less K"  # completeness over subsets K (Wang et al. 2022)
+GREEDY = "subset greedy"  # the worst subset found greedily (search.py)
 SUBSETS = 3  # random halves of a circuit (and its top half by |score|) whose removal is judged
 PARTS, EDGES = "parts", "edges"  # the grains a circuit is searched at
-CIRCUITS_VERSION = 4  # of the raw rows: a saved part of another version is measured again
+CIRCUITS_VERSION = 5  # of the raw rows: a saved part of another version is measured again
 
 
 @dataclass(frozen=True)
@@ -97,88 +96,6 @@ class Plan:
     runs: list
     masks: Masks
     counts: dict
-
-
-def measure_run_circuits(
-    model, inputs, word: str, log=lambda m: None, heads=None, grain=PARTS
-) -> pd.DataFrame:
-    """`attnprobe edit --circuits`: attribution and exact runs per comparison; one long frame,
-    its parts told apart by `table` (circuit_runs, and circuit_attribution per pair and part or
-    circuit_edges per edge). `heads`: name -> {"all": heads, fold: heads chosen without that fold's
-    items} ((layer, head) pairs), hypotheses judged beside the circuits found; `grain`: parts or
-    edges."""
-    module = module_of(model)
-    bank = inputs.bank
-    graph = Graph(len(bank.hidden), bank.outputs[0].shape[1], bank.mlp is not None)
-    if grain == EDGES:
-        graph = EdgeGraph(len(bank.hidden), bank.outputs[0].shape[1], bank.keys[0].shape[1])
-    frames = []
-    for name, (donor, pairs, base) in compared_pairs(
-        inputs.items, bank, inputs.reference, inputs.labels, word
-    ).items():
-        log(f"circuits: attribution of {graph.size} {grain} on {len(pairs)} pairs against {name!r}")
-        patching = Patching(module, bank, donor, pairs, inputs.labels, graph)
-        fold = np.array([inputs.fold[p.item] for p in pairs], dtype=int)
-        covariate = base["covariate"].to_numpy(dtype=float)
-        if grain == EDGES:
-            sums = edge_attributions(patching, patching.sites, covariate, fold)
-            scores = {"all": sums["eap_ig"].slope()}
-            scores.update({int(f): sums["eap_ig"].slope(inputs.training(int(f))) for f in np.unique(fold)})
-            frames.append(_edge_rows(graph, sums, base).assign(table="circuit_edges", reference=name))
-        else:
-            attributed = attributions(patching)
-            scores = fold_scores(attributed["eap_ig"], covariate, fold, inputs.training)
-            frames.append(
-                _attribution_rows(base, graph, attributed).assign(table="circuit_attribution", reference=name)
-            )
-        given = {h: {k: graph.of_heads(v) for k, v in sets.items()} for h, sets in (heads or {}).items()}
-        plan = plan_runs(graph, scores, fold, given)
-        log(f"circuits: {len(plan.runs)} patched runs against {name!r}")
-        y = part_runs(patching, plan.runs, plan.masks, log)
-        runs = base.iloc[[i for i, *_ in plan.runs]].reset_index(drop=True)
-        columns = ("family", "measure", "circuit", "size")
-        runs = runs.assign(
-            **{c: [run[1 + k] for run in plan.runs] for k, c in enumerate(columns)}, y_patched=y
-        )
-        kept = [plan.counts.get((run[1], run[4]), (np.nan, np.nan)) for run in plan.runs]
-        runs = runs.assign(kept=[k for k, _ in kept], parts=[p for _, p in kept], grain=grain)
-        frames += [runs.assign(table="circuit_runs", reference=name)]
-    return pd.concat(frames, ignore_index=True)
-
-
-def _attribution_rows(base: pd.DataFrame, graph: Graph, scores: dict) -> pd.DataFrame:
-    """Per pair and part: its EAP and EAP-IG attribution."""
-    rows = base.loc[base.index.repeat(graph.size)].reset_index(drop=True)
-    return rows.assign(
-        part=np.tile(graph.names(), len(base)),
-        eap=scores["eap"].reshape(-1),
-        eap_ig=scores["eap_ig"].reshape(-1),
-    )
-
-
-def _edge_rows(graph: EdgeGraph, sums: dict, base: pd.DataFrame) -> pd.DataFrame:
-    """Per edge: its EAP and EAP-IG share of TE's covariate gradient on every pair (the slope of its
-    attribution over the slope of TE = y(x') - y(x), OLS as the scores), and its rank by |EAP-IG|."""
-    te = (base["y_cf"] - base["y"]).to_numpy()[:, None]
-    te_slope = part_scores(te, base["covariate"].to_numpy(dtype=float))[0]
-    senders, receivers, positions = graph.ends()
-    frame = pd.DataFrame(
-        {"edge": graph.names(), "sender": senders, "receiver": receivers, "positions": positions}
-    )
-    for method, fold_sums in sums.items():
-        frame[f"{method}_share"] = fold_sums.slope() / te_slope
-    frame["rank"] = frame["eap_ig_share"].abs().rank(ascending=False, method="first").astype("Int64")
-    return frame
-
-
-def fold_scores(attribution: np.ndarray, covariate: np.ndarray, fold: np.ndarray, training) -> dict:
-    """{"all": (size,), f: (size,)} each part's score on every item and on the items fold f's circuit
-    is chosen from (`training(f)`: the folds whose items choose it)."""
-    out = {"all": part_scores(attribution, covariate)}
-    for f in np.unique(fold):
-        on = np.isin(fold, training(int(f)))
-        out[int(f)] = part_scores(attribution[on], covariate[on])
-    return out
 
 
 def plan_runs(graph, scores: dict, fold, hypotheses=None, seed: int = 0) -> Plan:

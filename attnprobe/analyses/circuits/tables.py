@@ -7,8 +7,9 @@ share's own inference, so no p stands beside it.
 
   faithfulness          slope of y(circuit) - y(x') over the slope of y(x) - y(x')
   left after knockout   slope of y(x') - y(x without C) over the same: what C's absence leaves
-  worst subset          for subsets K of C (random halves, the top half), the share C less K keeps
-                        minus the share the model less K keeps; the K of largest |difference|
+  worst subset          for subsets K of C (random halves, the top half, and where C meets the
+                        target otherwise the greedy worst subset: search.py), the share C less K
+                        keeps minus the share the model less K keeps; the K of largest |difference|
   random                the faithfulness of RANDOM_CIRCUITS circuits of n random parts (point
                         estimates: their median and range)
 
@@ -34,6 +35,7 @@ from .runs import (
     ATTRIBUTED,
     EDGES,
     FAITHFULNESS,
+    GREEDY,
     HELD_OUT,
     IN_SAMPLE,
     KNOCKED_OUT,
@@ -79,12 +81,20 @@ def smallest_met(rows: pd.DataFrame) -> str:
             f"circuits against {reference!r}: the smallest meeting the target has {row['size']} of {parts} "
             f"{unit}{_touching(row, unit)}, held-out faithfulness {row['held_out']:.0%} "
             f"[{row['held_out_ci_low']:.0%}, {row['held_out_ci_high']:.0%}], {left:.0%} left after "
-            f"knockout; area under the held-out curve {row['area_held_out']:.2f} (random circuits "
-            f"{row['area_random']:.2f})"
+            f"knockout, {_worst(row)}; area under the held-out curve {row['area_held_out']:.2f} "
+            f"(random circuits {row['area_random']:.2f})"
         )
     best = short.loc[short["held_out"].idxmax()] if short["held_out"].notna().any() else None
     plateau = "" if best is None else f"; the best held-out is {best['held_out']:.0%} at {best['size']}"
     return f"circuits against {reference!r}: no circuit short of all {parts} {unit} meets the target{plateau}"
+
+
+def _worst(row) -> str:
+    """The worst subset's difference, and whether the greedy search was among the subsets."""
+    if not row["worst_subset"]:
+        return "no subset (one part)"
+    searched = "greedy searched" if row["greedy_searched"] else "greedy not searched at this size"
+    return f"worst subset {row['worst_subset_difference']:+.0%} ({row['worst_subset']}; {searched})"
 
 
 def _touching(row, unit: str) -> str:
@@ -164,7 +174,7 @@ def _worst_subset(items: pd.DataFrame, effect: np.ndarray, at: dict, family: str
     the share of the gradient C less K keeps minus the share the model less K keeps, with its
     interval; the K of largest |difference| (a complete circuit keeps as much as the model)."""
     names = sorted({c[2] for c in at if c[0] == family and c[1] == LESS_C and c[3] == n})
-    out = {"worst_subset": "", "worst_subset_difference": np.nan}
+    out = {"worst_subset": "", "worst_subset_difference": np.nan, "greedy_searched": GREEDY in names}
     out.update({f"worst_subset_difference_ci_{end}": np.nan for end in ("low", "high")})
     if not names:
         return out

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...analyses.circuits import CIRCUITS_VERSION, measure_run_circuits, write_circuits
+from ...analyses.circuits import CIRCUITS_VERSION, hypotheses, measure_run_circuits, write_circuits
 from ...analyses.paths import PATHS_VERSION, HeadChoice, measure_run_paths, write_paths
 from ...analyses.readout import write_readout
 from ...analyses.tracing import measure_tracing, tracing_table
 from ...errors import RunError
 from ...forward.device import on_model_device
-from ...intervene.selection import chosen_heads
 from ...measures.head_effects import EffectsRecord, SlotSwap, per_value_column
 from ...model import refuse_random
 from ...run.execute import deferred_interrupt
@@ -43,7 +42,6 @@ from .permuted import PLACEBO_CHOICES, layer_placebo, measure_placebo, placebo_k
 from .transfer import ALSO_K, transfer, transfer_suites
 
 LAYER_PARTS = "readout"  # the stream's and the MLPs' parts hold the readout after the edit
-TOP_HEADS = "top 5 heads by gradient score"  # the circuit hypothesis the edits' heads make
 
 
 @dataclass(frozen=True)
@@ -227,11 +225,12 @@ def _run_edits(directory: Path, opened: Opened, options: EditOptions, model, log
             choice = HeadChoice(scores, quarter_scores, listed, H)
             measure = lambda: measure_run_paths(model, inputs, word, choice, log)
             paths = part("paths", measure, f"{key}:paths{PATHS_VERSION}", described=False)
-        if options.circuits:  # beside the circuits found: the run's top 5 heads, chosen as the edits' are
-            top = {f: chosen_heads(scores[f], 5, H) for f in ("all", 0, 1, 2, 3)}
-            grain = options.circuit_grain
-            measure = lambda: measure_run_circuits(model, inputs, word, log, {TOP_HEADS: top}, grain)
-            circuits = part("circuits", measure, f"{key}:circuits{CIRCUITS_VERSION}:{grain}", described=False)
+        if options.circuits:  # beside the circuits found: the top 5 heads, and the movers with --paths
+            given = hypotheses(scores, H, paths if options.paths else None)
+            grain, movers = options.circuit_grain, ":movers" if options.paths else ""
+            measure = lambda: measure_run_circuits(model, inputs, word, log, given, grain)
+            circuit_plan = f"{key}:circuits{CIRCUITS_VERSION}:{grain}{movers}"
+            circuits = part("circuits", measure, circuit_plan, described=False)
     raw = pd.concat([f for f in frames if len(f)], ignore_index=True)  # an empty part would untype columns
     summary, stream, mlp = _write_sweep(directory, raw, options, H, word, started)
     if options.trace:
