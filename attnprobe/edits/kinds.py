@@ -362,7 +362,8 @@ def edited(model, *edits):
                 f"edited: {edit!r} is not an edit; give an edit of attnprobe.edits (Zero(heads=((26, 2),)), "
                 "Mean(heads=..., means=...), ...) or attnprobe.load_edit(path)"
             )
-        missing = [f.name for f in fields(edit) if f.name != "heads" and getattr(edit, f.name, 0) is None]
+        optional = getattr(edit, "OPTIONAL", ("heads",))  # fields an edit may leave None
+        missing = [f.name for f in fields(edit) if f.name not in optional and getattr(edit, f.name, 0) is None]
         if missing:
             raise AttnprobeError(
                 f"edited: the {getattr(edit, 'kind', 'given')} edit lacks {', '.join(missing)}; fit it "

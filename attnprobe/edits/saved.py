@@ -17,8 +17,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from safetensors import SafetensorError
@@ -30,15 +32,70 @@ from ..model.bundled import files_sha256
 from ..run.files.layout import content_sha
 from ..store import atomic_write
 from .kinds import KINDS as HEAD_KINDS
-from .kinds import HeadEdit
+from .kinds import HeadEdit, Mean
 from .mlp import MlpEdit, MlpLayers
 from .stream import StreamEdit
 
 
 def saved_kinds() -> dict:
     """What a saved file may hold: every registered head kind (KINDS, at the time of reading), the
-    stream, an MLP output, the MLP outputs of several layers."""
-    return {**HEAD_KINDS, StreamEdit.kind: StreamEdit, MlpEdit.kind: MlpEdit, MlpLayers.kind: MlpLayers}
+    stream, an MLP output, the MLP outputs of several layers, a circuit knocked out."""
+    return {
+        **HEAD_KINDS,
+        StreamEdit.kind: StreamEdit,
+        MlpEdit.kind: MlpEdit,
+        MlpLayers.kind: MlpLayers,
+        CircuitKnockout.kind: CircuitKnockout,
+    }
+
+
+@dataclass(frozen=True)
+class CircuitKnockout:
+    """A circuit of heads and MLPs knocked out (`attnprobe edit --circuits`): at every position its
+    heads' outputs (a Mean head edit) and its MLPs' (mean MLP edits) replaced by their mean over the
+    tokens of the reference prompts, the mean ablation a knockout applies where no counterfactual of
+    each prompt is at hand. Either part may be None."""
+
+    kind: ClassVar[str] = "circuit_knockout"
+    OPTIONAL: ClassVar[tuple] = ("heads", "mlps")
+    heads: Mean | None = None
+    mlps: MlpLayers | None = None
+
+    @property
+    def parts(self) -> tuple:
+        return tuple(part for part in (self.heads, self.mlps) if part is not None)
+
+    def sites(self) -> str:
+        heads = [self.heads.sites()] if self.heads else []
+        return ", ".join(heads + [f"MLP{part.layer}" for part in (self.mlps.parts if self.mlps else ())])
+
+    @contextmanager
+    def applied(self, model):
+        with ExitStack() as stack:
+            for part in self.parts:
+                stack.enter_context(part.applied(model))
+            yield
+
+    def stored(self) -> tuple[dict, dict, dict]:
+        tensors, where = {}, {}
+        for prefix, part in (("heads", self.heads), ("mlps", self.mlps)):
+            if part is not None:
+                own, _, at = part.stored()
+                tensors.update({f"{prefix}.{name}": t for name, t in own.items()})
+                where.update({key: at[key] for key in ("heads", "layers") if key in at})
+        return tensors, {}, where
+
+    @classmethod
+    def restored(cls, record: dict, tensors: dict) -> CircuitKnockout:
+        own = lambda prefix: {k.split(".", 1)[1]: t for k, t in tensors.items() if k.startswith(prefix + ".")}
+        if set(tensors) - {k for k in tensors if k.startswith(("heads.", "mlps."))}:
+            raise ValueError("a circuit knockout holds heads.* and mlps.* tensors only")
+        heads = Mean.restored({**record, "parameters": {}}, own("heads")) if "heads" in record else None
+        layers = {**record, "mode": "mean", "fitted_at": "last"}
+        mlps = MlpLayers.restored(layers, own("mlps")) if "layers" in record else None
+        if heads is None and mlps is None:
+            raise ValueError("a circuit knockout names heads, MLP layers or both")
+        return cls(heads, mlps)
 
 
 FORMAT = "attnprobe-edit"

@@ -92,8 +92,14 @@ def mlp_added(layer, mlp: torch.nn.Module | None = None) -> torch.nn.Module | No
     """What a decoder layer's MLP adds to the residual stream: the norm after the MLP where the family
     has one (Gemma 2/3: a linear edit or patch before a norm that scales each dimension would not
     hold after it), else the MLP itself (`mlp`, by default the layer's)."""
-    norm = getattr(layer, "post_feedforward_layernorm", None)
+    norm = getattr(layer, "post_feedforward_layernorm", None)  # as mlp_written
     return norm if norm is not None else (mlp if mlp is not None else layer_mlp(layer))
+
+
+def mlp_written(layer, out: torch.Tensor) -> torch.Tensor:
+    """What a decoder layer's MLP adds to the stream given its output `out` (mlp_added's site)."""
+    norm = getattr(layer, "post_feedforward_layernorm", None)
+    return norm(out) if norm is not None else out
 
 
 @dataclass(frozen=True)

@@ -293,3 +293,79 @@ def circuit_curve(table: pd.DataFrame):
     axes[0][0].legend(fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
+
+
+CIRCUIT_GRAPH_ALT = "the circuit of each comparison drawn over the layers: its heads and MLPs, edges by score"
+DRAWN_EDGES = 150  # edges drawn per circuit at the grain of edges (those of largest score)
+POSITION_COLOURS = {"occupation": "#d95f02", "between": "#7570b3", "last": "#1b9e77"}
+
+
+def circuit_graph(chosen: list[tuple[str, str, pd.DataFrame]]):
+    """Per comparison, one circuit drawn: layers left to right, the heads of a layer in a column (MLPs
+    in a row below, the embeddings at left, the logits at right), the circuit's parts filled, their
+    area by |EAP-IG share|; at the grain of edges its DRAWN_EDGES edges of largest |share| as lines
+    whose width is the share, coloured by position group, a part's area the sum over its drawn edges
+    out. `chosen`: (comparison, title, rows): circuit_parts' rows (part, eap_ig_share) or
+    circuit_edges' (sender, receiver, positions, eap_ig_share) of the circuit's units."""
+    fig, axes = plt.subplots(1, len(chosen), figsize=(6.4 * len(chosen), 4.2), squeeze=False)
+    for ax, (reference, title, rows) in zip(axes[0], chosen):
+        edges = "part" not in rows
+        if edges:
+            rows = rows.iloc[np.argsort(-rows["eap_ig_share"].abs().to_numpy(), kind="stable")[:DRAWN_EDGES]]
+        names = [*rows["sender"], *rows["receiver"]] if edges else list(rows["part"])
+        parsed = [_parsed(n) for n in names]
+        shape = tuple(1 + max([i for k, _, i in parsed if k == kind] + [0]) for kind in ("head", "kv"))
+        layers = 1 + max(layer for _, layer, _ in parsed)
+        at = lambda name, layers=layers, shape=shape: _node(_parsed(name), layers, *shape)
+        grid = [(l, h) for l in range(layers) for h in range(shape[0])] + [
+            (l + 0.5, -1.5) for l in range(layers)
+        ]
+        ax.scatter(*zip(*grid), s=6, color="#cccccc", zorder=1)
+        if edges:
+            top = rows["eap_ig_share"].abs().max() or 1.0
+            for sender, receiver, group, share in rows[
+                ["sender", "receiver", "positions", "eap_ig_share"]
+            ].itertuples(index=False):
+                (x0, y0), (x1, y1) = at(sender), at(receiver)
+                colour = POSITION_COLOURS.get(group, "#999999")
+                ax.plot([x0, x1], [y0, y1], color=colour, lw=0.3 + 3 * abs(share) / top, alpha=0.6, zorder=2)
+        score = rows.groupby("sender" if edges else "part")["eap_ig_share"].apply(lambda s: s.abs().sum())
+        for name, value in score.items():
+            ax.scatter(*at(name), s=20 + 280 * value / (score.max() or 1.0), color="#08519c", zorder=3)
+        for name in ("embedding", "logits"):
+            ax.annotate(name, at(name), fontsize=7, ha="center", va="bottom")
+        ax.set_xlim(-1.6, layers + 0.8)
+        ax.set_xlabel("layer (MLPs in the bottom row)")
+        ax.set_ylabel("head")
+        _title(ax, f"against {reference}: {title}")
+    if any("part" not in rows for _, _, rows in chosen):
+        for group, colour in POSITION_COLOURS.items():
+            axes[0][0].plot([], [], color=colour, label=f"at {group}")
+        axes[0][0].legend(fontsize=7, frameon=False, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def _parsed(name: str) -> tuple[str, int, int]:
+    """(kind, layer, index) of a part or receiver name: ("head", l, h) for LlHh (and its .q/.k/.v),
+    ("kv", l, g) for LlKVg.k/.v, ("mlp", l, 0), ("embedding" or "logits", -1, 0)."""
+    base = name.split(".")[0]
+    if base in ("embedding", "logits"):
+        return base, -1, 0
+    if base.startswith("MLP"):
+        return "mlp", int(base[3:]), 0
+    kind, (layer, index) = ("kv", base[1:].split("KV")) if "KV" in base else ("head", base[1:].split("H"))
+    return kind, int(layer), int(index)
+
+
+def _node(parsed: tuple[str, int, int], n_layers: int, n_heads: int, n_kv: int) -> tuple[float, float]:
+    """Where a part or receiver sits in circuit_graph: (layer, head); a key/value head amid its group's
+    query heads; an MLP at (layer + 0.5, -1.5)."""
+    kind, layer, index = parsed
+    middle = (n_heads - 1) / 2
+    return {
+        "embedding": (-1.0, middle),
+        "logits": (n_layers + 0.3, middle),
+        "mlp": (layer + 0.5, -1.5),
+        "kv": (layer, (index + 0.5) * n_heads / max(n_kv, 1) - 0.5),
+    }.get(kind, (layer, index))

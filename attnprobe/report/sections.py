@@ -234,8 +234,37 @@ def _circuits(directory, figures_dir) -> dict | None:
     rows = _optional(directory, "circuits")
     if not rows:
         return None
-    curve = figure(plots.circuit_curve(pd.DataFrame(rows)), figures_dir, "circuit_curve", plots.CIRCUIT_ALT)
-    return {"rows": rows, "figure": curve}
+    table = pd.DataFrame(rows)
+    curve = figure(plots.circuit_curve(table), figures_dir, "circuit_curve", plots.CIRCUIT_ALT)
+    chosen = _drawn_circuits(directory, table)
+    graph = chosen and figure(
+        plots.circuit_graph(chosen), figures_dir, "circuit_graph", plots.CIRCUIT_GRAPH_ALT
+    )
+    return {"rows": rows, "figure": curve, "graph": graph}
+
+
+def _drawn_circuits(directory, table: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
+    """Per comparison the circuit found that the graph draws: the smallest meeting the target short
+    of the whole model, else the one with the best held-out faithfulness short of it; its units are
+    those ranked 1 to its size on every item (circuit_parts, or circuit_edges before pruning)."""
+    edges = "grain" in table and (table["grain"] == "edges").any()
+    path = directory / ("circuit_edges.parquet" if edges else "circuit_parts.parquet")
+    if not path.is_file():
+        return []
+    units, out = pd.read_parquet(path), []
+    found = table[table["circuit"] == "top n by EAP-IG"]
+    for reference, rows in found.groupby("reference", sort=False):
+        short = rows[(rows["size"] < rows["size"].max()) & (rows["size"] > 0)]
+        if not len(short) or "rank" not in units:
+            continue
+        met = short[short["met"]]
+        row = met.iloc[0] if len(met) else short.loc[short["held_out"].idxmax()]
+        unit = "edges (the largest drawn; before pruning)" if edges else "parts"
+        why = "the smallest meeting the target" if len(met) else "none meets the target; the best held-out"
+        title = f"{why}, {row['size']:,} {unit}, held-out {row['held_out']:.0%}"
+        own = units[(units["reference"] == reference) & (units["rank"] <= row["size"])]
+        out.append((reference, title, own))
+    return out
 
 
 def _side_by_side(rows: list[dict], key: str, column: str, keep: tuple = ()) -> list[dict]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -100,6 +101,27 @@ def test_a_planted_circuit_through_an_mlp_is_found_at_its_size_faithful_and_comp
         # the curve: 0 up to a tenth of the parts, half at two tenths, 1 from three tenths on
         assert area == pytest.approx(0.8, abs=0.01) and chance < 0.7
         assert agreement.loc[agreement["reference"] == reference, "eap_ig_spearman"].iloc[0] > 0.8
+
+
+def test_the_report_draws_the_smallest_circuit_meeting_the_target(tmp_path):
+    """write_circuits' tables of the planted MLP model, read back as the report reads them: each
+    comparison's drawn circuit is the smallest meeting the target (MLP0 and the two movers), and the
+    graph is a figure of one panel per comparison."""
+    from attnprobe.analyses.circuits.tables import write_circuits
+    from attnprobe.report import plots
+    from attnprobe.report.sections import _drawn_circuits
+
+    model, items = planted_mlp_model(), planted_items()
+    lines = write_circuits(tmp_path, measure_run_circuits(model, _inputs(model, items), "person"))
+    assert all(
+        "the smallest meeting the target has 3 of" in line and "greedy searched" in line for line in lines
+    )
+    chosen = _drawn_circuits(tmp_path, pd.read_csv(tmp_path / "circuits.csv"))
+    assert [reference for reference, _, _ in chosen] == ["person", "another occupation"]
+    for _, title, rows in chosen:
+        assert title.startswith("the smallest meeting the target, 3 parts")
+        assert set(rows["part"]) == {"MLP0", "L1H0", "L1H3"}
+    assert len(plots.circuit_graph(chosen).axes) == 2
 
 
 def test_the_greedy_subset_is_the_worst_of_the_circuit_less_k_and_found_on_other_pairs():

@@ -472,3 +472,46 @@ def saved_kinds(tiny, tmp_path_factory):
         "mean": Mean(heads=((1, 0),), means=torch.zeros(L, H, D)),
     }
     return {kind: save_edit(edit, folder / kind, tiny, {}) for kind, edit in made.items()}
+
+
+def test_a_circuit_knockout_holds_its_heads_and_mlps_at_their_means_and_reads_back(tiny, tmp_path):
+    """A circuit saved by `edit --circuits` (CircuitKnockout): within the edit head L1H0's output and
+    MLP0's (what it adds) are their means over the reference tokens at every position of any
+    prompt, layer 0's heads are untouched; saved and loaded it gives the same logits, and
+    `run --edit` applies it. A knockout of MLPs alone is an edit too."""
+    from attnprobe.edits.estimate import token_means
+    from attnprobe.edits.mlp import MlpLayers
+    from attnprobe.edits.saved import CircuitKnockout
+    from attnprobe.edits.sweep.fitted import _mean_mlp
+    from attnprobe.intervene.engine import record
+
+    prompts = [torch.tensor(tiny.tokenizer(t)["input_ids"]) for t in ("The nurse said that", "A cook left")]
+    clean = record(tiny.model, prompts)
+    reference = record(tiny.model, [torch.tensor(tiny.tokenizer("The person said")["input_ids"])])
+    means, mlp = token_means(reference), _mean_mlp(tiny, reference, 0)
+    knockout = CircuitKnockout(Mean(((1, 0),), means), MlpLayers((mlp,)))
+    assert knockout.sites() == "L1H0, MLP0"
+    with edited(tiny, knockout):
+        after = record(tiny.model, prompts)
+    valid = torch.arange(clean.ids.shape[1])[None] < clean.lengths[:, None]
+    assert torch.allclose(after.outputs[1][:, 0][valid], means[1, 0].expand(int(valid.sum()), -1), atol=1e-5)
+    assert torch.allclose(after.mlp[0][valid], mlp.params[2].expand(int(valid.sum()), -1), atol=1e-5)
+    assert torch.equal(after.outputs[0], clean.outputs[0])
+    assert not torch.allclose(after.outputs[1][:, 1], clean.outputs[1][:, 1])  # downstream of MLP0
+    path = save_edit(knockout, tmp_path / "circuit-person", tiny, {"comparison": "person"})
+    loaded = load_edit(path)
+    with edited(tiny, knockout):
+        expected = _logits(tiny)
+    with edited(tiny, loaded):
+        assert torch.allclose(_logits(tiny), expected, atol=1e-6)
+    assert not torch.allclose(_logits(tiny), expected, atol=1e-4)
+    only_mlps = CircuitKnockout(None, MlpLayers((mlp,)))
+    with edited(tiny, load_edit(save_edit(only_mlps, tmp_path / "circuit-mlps", tiny, {}))):
+        assert not torch.allclose(_logits(tiny), expected, atol=1e-4)
+    suite = Path(__file__).parents[2] / "probes" / "minimal.yaml"
+    args = ["run", str(suite), "--model", tiny.info.spec, "--out", str(tmp_path / "run"), "--no-report"]
+    result = CliRunner().invoke(main, [*args, "--edit", str(path)])
+    assert result.exit_code == 0, result.output
+    assert (
+        json.loads((tmp_path / "run" / "manifest.json").read_text())["edits"][0]["kind"] == "circuit_knockout"
+    )

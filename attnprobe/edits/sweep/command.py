@@ -35,7 +35,7 @@ from .. import mlp as mlps
 from ..inputs import Texts, check_text, record_inputs
 from ..kinds import KINDS
 from ..stream import StreamEdit, measure_stream
-from .fitted import save_chosen, save_layers
+from .fitted import save_chosen, save_circuits, save_layers
 from .measure import SINGLE, GradientScores, clean_values, found_sets, measure_kind, measure_single
 from .options import EditOptions, Sweep, listed_heads, settings_hash
 from .permuted import PLACEBO_CHOICES, layer_placebo, measure_placebo, placebo_kinds
@@ -240,12 +240,12 @@ def _run_edits(directory: Path, opened: Opened, options: EditOptions, model, log
         write_paths(directory, paths)
         log("paths: the covariate's linear readout per layer at the unit (readout.csv)")
         write_readout(directory, model, suite)
+    source = {"reference": word}
+    saved = save_chosen(sweep, sets, source) + save_layers(sweep, (stream, mlp), raw, source)
     if options.circuits:
         for line in write_circuits(directory, circuits):
             log(line)
-    saved = save_chosen(sweep, sets, {"reference": word}) + save_layers(
-        sweep, (stream, mlp), raw, {"reference": word}
-    )
+        saved += save_circuits(sweep, source)
     for note in dict.fromkeys(n for n in summary.get("note", []) if n):
         log(f"note: {note}")
     log(

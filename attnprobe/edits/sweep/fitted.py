@@ -9,14 +9,20 @@ from __future__ import annotations
 from dataclasses import asdict
 
 import numpy as np
+import pandas as pd
+import torch
 
+from ...analyses.circuits.runs import ATTRIBUTED
+from ...heads import HeadSet
+from ...model.anatomy import decoder_layers, mlp_written, module_of
 from ...run.files.fresh import own_directory
 from ...stats.edits import STREAM
 from ...stats.keeping.layers import chosen_layers
 from ...version import __version__
-from ..kinds import KINDS
-from ..mlp import FITTED, LAYERS_MODES, POSITIONS, Recorded, kind_of, layers_fit
-from ..saved import save_edit
+from ..estimate import token_means
+from ..kinds import KINDS, Mean
+from ..mlp import FITTED, LAYERS_MODES, POSITIONS, MlpEdit, MlpLayers, Recorded, kind_of, layers_fit
+from ..saved import CircuitKnockout, save_edit
 from ..stream import StreamEdit
 from .options import Sweep
 
@@ -121,3 +127,42 @@ def save_chosen(sweep: Sweep, sets: dict, source: dict) -> int:
                 _save(sweep, edit.on(per_fold[f]), f"quarters/{kind}-k{k}-q{f}", {**source, **about})
             n += 5
     return n
+
+
+def save_circuits(sweep: Sweep, source: dict) -> int:
+    """Per comparison, the smallest circuit of parts meeting the target short of the whole model
+    (circuits.csv's first such row of the circuits found), as chosen on every item (circuit_parts.csv's
+    parts ranked 1 to its size), saved as edits/circuit-REFERENCE: a knockout whose heads' and MLPs'
+    outputs are their mean over the reference prompts' tokens (CircuitKnockout). None at the grain
+    of edges (a knockout of edges needs each receiver's own copy of the stream, which `run --edit`
+    does not build). Returns how many."""
+    table, parts = (pd.read_csv(sweep.directory / f"{name}.csv") for name in ("circuits", "circuit_parts"))
+    if "met" not in table or "rank" not in parts:  # a note only: no runs, or circuits of edges
+        return 0
+    whole = table.groupby("reference")["size"].transform("max")
+    met = table[(table["circuit"] == ATTRIBUTED) & table["met"] & (table["size"] < whole)]
+    bank, n, m = sweep.inputs.reference, 0, sweep.manifest.model
+    for reference, rows in met.groupby("reference", sort=False):
+        size = int(rows["size"].min())
+        names = parts.loc[(parts["reference"] == reference) & (parts["rank"] <= size), "part"]
+        heads = [HeadSet.parse(p, m.n_layers, m.n_heads).pairs[0] for p in names if p.startswith("L")]
+        layers = sorted(int(p[3:]) for p in names if p.startswith("MLP"))
+        knockout = CircuitKnockout(
+            Mean(tuple(heads), token_means(bank)) if heads else None,
+            MlpLayers(tuple(_mean_mlp(sweep.model, bank, layer) for layer in layers)) if layers else None,
+        )
+        about = {"comparison": reference, "circuit": f"top {size} by EAP-IG", "chosen_on": "all items"}
+        _save(sweep, knockout, f"circuit-{reference.replace(' ', '-')}", {**_source(sweep, source), **about})
+        n += 1
+    return n
+
+
+@torch.inference_mode()
+def _mean_mlp(model, bank, layer: int) -> MlpEdit:
+    """The mean MLP edit of `layer`: what its MLP adds, averaged over every token of `bank`."""
+    valid = torch.arange(bank.ids.shape[1])[None] < bank.lengths[:, None]
+    site = decoder_layers(module_of(model.model))[layer]
+    added = mlp_written(site, bank.mlp[layer].to(next(site.parameters()).device))
+    mu = added[valid.to(added.device)].float().mean(0)
+    zero = torch.zeros_like(mu)
+    return MlpEdit(layer, zero, zero, mu, mode="mean")
