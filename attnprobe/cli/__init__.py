@@ -190,8 +190,23 @@ def check(suite, model_spec, limit, dtype, device, trust_remote_code, data_roots
     options = RunOptions(limit=limit, dtype=dtype, trust_remote_code=trust_remote_code, data_roots=data_roots)
     plan = plan_run(loaded, model_spec, options)
     device = _estimated_device(device)
-    for line in describe(plan, device) + footprint_lines(plan, device):
+    for line in describe(plan, device) + footprint_lines(plan, device) + _circuit_lines(plan, device):
         click.echo(line)
+
+
+def _circuit_lines(plan, device: str) -> list[str]:
+    """On a CPU, what `edit --circuits` would run after this run: pairs of each item with its reference
+    version and with another occupation (at most)."""
+    from ..model.footprint import Shape
+
+    shape, effects = Shape.of(plan.config), plan.parts.get("head_effects")
+    if device != "cpu" or shape is None or not effects or not effects.items:
+        return []
+    from ..analyses.circuits.search import estimate_lines
+
+    tokens = sum(len(i.x) for i in effects.items) / len(effects.items)
+    gflop = tokens * shape.flops_per_token() / 1e9  # a prompt's forward pass
+    return estimate_lines((shape.L, shape.H, shape.Hkv), 2 * len(effects.items), gflop)
 
 
 def _estimated_device(device: str) -> str:

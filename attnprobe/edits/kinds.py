@@ -363,7 +363,9 @@ def edited(model, *edits):
                 "Mean(heads=..., means=...), ...) or attnprobe.load_edit(path)"
             )
         optional = getattr(edit, "OPTIONAL", ("heads",))  # fields an edit may leave None
-        missing = [f.name for f in fields(edit) if f.name not in optional and getattr(edit, f.name, 0) is None]
+        missing = [
+            f.name for f in fields(edit) if f.name not in optional and getattr(edit, f.name, 0) is None
+        ]
         if missing:
             raise AttnprobeError(
                 f"edited: the {getattr(edit, 'kind', 'given')} edit lacks {', '.join(missing)}; fit it "

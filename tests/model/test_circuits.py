@@ -103,6 +103,28 @@ def test_a_planted_circuit_through_an_mlp_is_found_at_its_size_faithful_and_comp
         assert agreement.loc[agreement["reference"] == reference, "eap_ig_spearman"].iloc[0] > 0.8
 
 
+def test_check_counts_the_runs_the_circuit_search_plans():
+    """`attnprobe check`'s circuit estimate counts runs as plan_runs makes them (parts: exactly, for
+    any pairs and folds); on the gender suite it names both grains with their units and a time."""
+    from click.testing import CliRunner
+
+    from attnprobe.analyses.circuits.runs import plan_runs
+    from attnprobe.analyses.circuits.search import planned_runs
+    from attnprobe.cli import main
+
+    graph, rng = Graph(3, 4, True), np.random.default_rng(0)
+    fold = rng.integers(0, 4, 37)
+    scores = {k: rng.normal(size=graph.size) for k in ("all", 0, 1, 2, 3)}
+    hypothesis = {"h": {k: graph.of_heads([(0, 1), (2, 3)]) for k in ("all", 0, 1, 2, 3)}}
+    assert len(plan_runs(graph, scores, fold, hypothesis).runs) == planned_runs(graph, 37)
+    result = CliRunner().invoke(main, ["check", "probes/gender.yaml"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("edit --circuits")]
+    assert (
+        "301 parts" in lines[0] and "211,351 edges" in lines[1] and all(" min on 2 CPU" in x for x in lines)
+    )
+
+
 def test_the_report_draws_the_smallest_circuit_meeting_the_target(tmp_path):
     """write_circuits' tables of the planted MLP model, read back as the report reads them: each
     comparison's drawn circuit is the smallest meeting the target (MLP0 and the two movers), and the

@@ -31,6 +31,7 @@ from .edge_passes import edge_attributions
 from .edges import EdgeGraph
 from .graph import Graph, attributions, part_scores
 from .runs import (
+    AGREEMENT_TOP,
     ATTRIBUTED,
     EDGES,
     FAITHFULNESS,
@@ -39,6 +40,8 @@ from .runs import (
     LESS_C,
     LESS_M,
     PARTS,
+    RANDOM_CIRCUITS,
+    SUBSETS,
     Masks,
     Patching,
     Plan,
@@ -50,6 +53,10 @@ from .tables import circuits_table
 TOP_HEADS = "top 5 heads by gradient score"  # the circuit hypothesis the edits' heads make
 MOVERS = "movers by path patching (chosen on every item)"  # round 5's (paths_parts.csv's role)
 FOLDS = (0, 1, 2, 3)  # the quarters (intervene.selection.folds)
+# seconds of one planned exact run (attribution included) on 2 CPU cores: per GFLOP of its prompt's
+# forward pass, and per 100,000 edges of the graph (the edge runs' sums). Parts: SmolLM2-135M's
+# demo run; edges: fitted to SmolLM2-135M's and Gemma 3 270M's (2026-11-29, docs/performance.md)
+CPU_SECONDS_PER_RUN = {PARTS: (0.0059, 0.0), EDGES: (0.0076, 0.014)}
 GREEDY_STEPS = 3  # groups added to K
 GREEDY_CANDIDATES = 5  # groups of C less K tried at each step (all of them where there are fewer)
 GREEDY_PAIRS = 16  # pairs of the other folds K is chosen on
@@ -189,6 +196,36 @@ def _near_misses(runs: pd.DataFrame) -> list[tuple]:
     met = table[table["met"] & (table["size"] < whole)].sort_values("size", kind="stable")
     by_family = met.groupby("circuit", sort=False)["size"]
     return [(family, int(n)) for family, sizes in by_family for n in sizes[:GREEDY_SIZES]]
+
+
+def planned_runs(graph, n_pairs: int, hypotheses: int = 1) -> int:
+    """About how many exact runs one comparison of `n_pairs` pairs plans (runs.plan_runs, before the
+    runs a pair repeats are merged and without the greedy subsets): per pair 3 for each size (and
+    size 0) and hypothesis; on every sampled_every-th pair the random circuits, the subsets and the
+    units patched alone."""
+    sizes = len(graph.sizes()) + 1
+    judged = sizes - 2 + hypotheses  # subsets of circuits of 2 or more units
+    top = min(AGREEMENT_TOP, graph.size - graph.always)  # units patched alone: the top, as many at random
+    alone = top + min(AGREEMENT_TOP, graph.size - graph.always - top)
+    sampled = RANDOM_CIRCUITS * sizes + 2 * (SUBSETS + 1) * judged + alone
+    return n_pairs * 3 * (sizes + hypotheses) + -(-n_pairs // graph.sampled_every) * sampled
+
+
+def estimate_lines(shape: tuple[int, int, int], n_pairs: int, gflop_per_prompt: float) -> list[str]:
+    """What `attnprobe check` says of `edit --circuits` at either grain for a model of `shape` (layers,
+    heads, key/value heads): the exact runs planned for `n_pairs` pairs over both comparisons, and
+    the time on 2 CPU cores at the measured rates (CPU_SECONDS_PER_RUN)."""
+    out = []
+    for grain, graph in ((PARTS, Graph(*shape[:2], True)), (EDGES, EdgeGraph(*shape))):
+        runs = planned_runs(graph, n_pairs)
+        per_gflop, per_edges = CPU_SECONDS_PER_RUN[grain]
+        minutes = runs * (gflop_per_prompt * per_gflop + graph.size / 1e5 * per_edges) / 60
+        out.append(
+            f"edit --circuits --circuit-grain {grain}: {graph.size:,} {grain}, at most about {runs:,} exact "
+            f"runs over {n_pairs:,} pairs, about {minutes:.0f} min on 2 CPU cores (at the bundled models' "
+            "measured rates; the greedy subsets add up to a size's runs where a circuit meets the target)"
+        )
+    return out
 
 
 def hypotheses(scores: dict, n_heads: int, paths: pd.DataFrame | None = None) -> dict:
