@@ -105,8 +105,11 @@ def _attribution_batch(patching, sites, pairs) -> dict:
                 rerun_y(module, bank, rows, 0, hidden, patching.labels[rows]).sum().backward()
             gradient = collect()
         summed = gradient if summed is None else summed + gradient
-    onehot = window.onehot().to(delta)
-    per_edge = lambda g: torch.einsum("brae,bsae,bag->brsg", g, delta, onehot).flatten(1)[:, graph.index]
+    onehot, by_sender = window.onehot().to(delta), delta.permute(0, 2, 3, 1)  # (B, A, E, S)
+    # sum over a group's positions and the width of dy/da_r . delta_s: a product per row and position
+    per_edge = lambda g: torch.einsum(
+        "bars,bag->brsg", torch.matmul(g.transpose(1, 2), by_sender), onehot
+    ).flatten(1)[:, graph.index]
     return {
         "eap": per_edge(gradient).double().cpu().numpy(),  # the last run, k = m, is x
         "eap_ig": per_edge(summed / IG_STEPS).double().cpu().numpy(),
@@ -198,13 +201,13 @@ def edge_pass(patching, sites, pair_of: np.ndarray, patched: np.ndarray, layer: 
     `layer` (every patched edge's receiver at or above it)."""
     graph, bank, donor = patching.graph, patching.bank, patching.donor
     rows, donors, window, T = _window(patching, [patching.pairs[i] for i in pair_of])
-    given = bank_writes(sites, graph, donor, donors, window, graph.n_senders, cf=True)
+    given = bank_writes(sites, graph, donor, donors, window, graph.n_senders, cf=True).transpose(1, 2)
+    given = given.contiguous()  # (B, A, S, E): Patched's layout
     below = graph.sender(layer, 0)  # senders below the first layer run write as in x's clean run
     diff = torch.zeros_like(given)
-    valid = window.valid[:, None, :, None].to(given.device)
-    diff[:, :below] = torch.where(
-        valid, bank_writes(sites, graph, bank, rows, window, below) - given[:, :below], 0
-    )
+    valid = window.valid[:, :, None, None].to(given.device)
+    clean = bank_writes(sites, graph, bank, rows, window, below).transpose(1, 2)
+    diff[:, :, :below] = torch.where(valid, clean - given[:, :, :below], 0)
     dense = torch.from_numpy(np.stack([graph.dense(p) for p in patched])).to(given.device)
     reads = Patched(dense, given, diff, window, torch.as_tensor(graph.limits))
     hidden = bank.hidden[layer][rows][:, :T]

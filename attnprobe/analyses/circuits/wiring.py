@@ -138,9 +138,10 @@ def bank_writes(sites: Sites, graph: EdgeGraph, bank, rows, window: Window, limi
 
 @dataclass
 class Patched:
-    """Exact patching: `patched` (B, R, S, 3) the edges outside each row's circuit; `donor` (B, S, A, E)
-    every sender's write in x'; `diff` (B, S, A, E) w_s(this run) - w_s(x'), filled below the first
-    layer run (from the clean banks) and by each sender as it writes."""
+    """Exact patching: `patched` (B, R, S, 3) the edges outside each row's circuit; `donor` (B, A, S, E)
+    every sender's write in x'; `diff` (B, A, S, E) w_s(this run) - w_s(x'), filled below the first
+    layer run (from the clean banks) and by each sender as it writes. Positions lead the senders so
+    that each position's (S, E) block is one matrix for the sums."""
 
     patched: torch.Tensor
     donor: torch.Tensor
@@ -158,7 +159,7 @@ class Patched:
         if not patched.any():
             return None
         B, r, senders, _ = patched.shape
-        diff = self.diff[:, :senders]
+        diff = self.diff[:, :, :senders]
         flip = patched.sum(2) * 2 > senders  # (B, r, 3): sum the edges not patched instead
         flip &= self.sparse
         sparse = self._summed(patched ^ flip[:, :, None, :], diff)
@@ -167,31 +168,34 @@ class Patched:
         return -torch.where(flipped, self.total[:, None] - sparse, sparse)
 
     def _summed(self, chosen: torch.Tensor, diff: torch.Tensor) -> torch.Tensor:
-        """(B, r, A, E): per row and receiver the sum of the chosen (B, r, S, 3) senders' diffs at the
-        positions of each group; densely where many are chosen, else entry by entry."""
+        """(B, r, A, E): per row and receiver the sum of the chosen (B, r, S, 3) senders' diffs (B, A,
+        S, E) at the positions of each group; as one matrix product per row and position where many
+        are chosen, else entry by entry."""
         B, r, senders, _ = chosen.shape
-        A, E = diff.shape[2:]
+        A, E = diff.shape[1], diff.shape[3]
         onehot = self.window.onehot().to(diff)  # (B, A, 3)
         b, receiver, sender, g = chosen.nonzero(as_tuple=True)
-        if 3 * len(b) >= B * r * senders or not self.sparse:
-            by_position = torch.einsum("brsg,bag->brsa", chosen.to(diff), onehot)
-            return torch.einsum("brsa,bsae->brae", by_position, diff)
+        if 30 * len(b) >= B * r * senders or not self.sparse:
+            by_position = torch.einsum("brsg,bag->bars", chosen.to(diff), onehot)
+            return torch.matmul(by_position, diff).transpose(1, 2)
         out = torch.zeros(B * r, A, E, dtype=diff.dtype, device=diff.device)
         for at in range(0, len(b), SUM_CHUNK):
             k = slice(at, at + SUM_CHUNK)
-            contribution = diff[b[k], sender[k]] * onehot[b[k], :, g[k]][..., None]  # (k, A, E)
+            contribution = diff[b[k], :, sender[k]] * onehot[b[k], :, g[k]][..., None]  # (k, A, E)
             out.index_add_(0, b[k] * r + receiver[k], contribution)
         return out.view(B, r, A, E)
 
     def wrote(self, start: int, stop: int, writes: torch.Tensor) -> None:
-        live = torch.where(self.window.valid[:, None, :, None], writes - self.donor[:, start:stop], 0)
-        self.diff[:, start:stop] = live
-        self.total += live.sum(1)
+        """Senders start..stop wrote `writes` (B, s, A, E) in this run."""
+        live = writes.transpose(1, 2) - self.donor[:, :, start:stop]
+        live = torch.where(self.window.valid[:, :, None, None], live, 0)
+        self.diff[:, :, start:stop] = live
+        self.total += live.sum(2)
 
     def __post_init__(self):
         # (B, A, E) the sum of every sender's diff so far: those not run yet are 0 until they write,
         # so a block reads the total of the senders below it (kept as each writes)
-        self.total = self.diff.sum(1)
+        self.total = self.diff.sum(2)
 
 
 @contextmanager
