@@ -4,14 +4,13 @@ worst subset of the circuits that meet the target otherwise.
 
 Greedy worst subset (completeness, Wang et al. 2022's third way of choosing K): for a held-out
 circuit C of fold f, K grows one group at a time (a part; at the grain of edges, every edge of C one
-part sends), each step adding, of GREEDY_CANDIDATES groups of C less K drawn at random, the one
-whose addition makes C less K and the model less K differ most: |slope over the covariate of
-y(C less K) - y(model less K)| on GREEDY_PAIRS sampled pairs of the other folds (the pairs C was
-chosen on). K after GREEDY_STEPS steps is then judged like the random subsets, on fold f's sampled
-pairs (circuit "subset greedy"), K taken at the step whose gap on the choosing pairs was largest:
-K is chosen on other items than it is judged on. It is searched
-for the GREEDY_SIZES smallest circuits of each family that meet the target on every other count
-(the rows whose verdict it can change; its runs cost as much as a size's whole curve).
+part sends), each of GREEDY_STEPS steps adding, of GREEDY_CANDIDATES groups of C less K drawn at
+random, the one whose addition makes C less K and the model less K differ most: |slope over the
+covariate of y(C less K) - y(model less K)| on GREEDY_PAIRS sampled pairs of the other folds (the
+pairs C was chosen on). K is that of the step with the largest gap, judged like the random subsets
+on fold f's own sampled pairs (circuit "subset greedy"): chosen on other items than it is judged
+on. It is searched for the GREEDY_SIZES smallest circuits of each family that meet the target on
+every other count (the rows whose verdict it can change).
 """
 
 from __future__ import annotations

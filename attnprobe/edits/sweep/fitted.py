@@ -26,6 +26,8 @@ from ..saved import CircuitKnockout, save_edit
 from ..stream import StreamEdit
 from .options import Sweep
 
+CIRCUIT = "circuit"  # the saved circuits' names: circuit-REFERENCE
+
 
 def _source(sweep: Sweep, source: dict) -> dict:
     """Where a saved edit comes from: the run, its suite, the sweep's options, this attnprobe."""
@@ -135,7 +137,9 @@ def save_circuits(sweep: Sweep, source: dict) -> int:
     parts ranked 1 to its size), saved as edits/circuit-REFERENCE: a knockout whose heads' and MLPs'
     outputs are their mean over the reference prompts' tokens (CircuitKnockout). None at the grain
     of edges (a knockout of edges needs each receiver's own copy of the stream, which `run --edit`
-    does not build). Returns how many."""
+    does not build). A circuit saved by an earlier search is removed first. Returns how many."""
+    for old in own_directory(sweep.directory / "edits").glob(f"{CIRCUIT}-*.*"):
+        old.unlink()
     table, parts = (pd.read_csv(sweep.directory / f"{name}.csv") for name in ("circuits", "circuit_parts"))
     if "met" not in table or "rank" not in parts:  # a note only: no runs, or circuits of edges
         return 0
@@ -152,7 +156,8 @@ def save_circuits(sweep: Sweep, source: dict) -> int:
             MlpLayers(tuple(_mean_mlp(sweep.model, bank, layer) for layer in layers)) if layers else None,
         )
         about = {"comparison": reference, "circuit": f"top {size} by EAP-IG", "chosen_on": "all items"}
-        _save(sweep, knockout, f"circuit-{reference.replace(' ', '-')}", {**_source(sweep, source), **about})
+        name = f"{CIRCUIT}-{reference.replace(' ', '-')}"
+        _save(sweep, knockout, name, {**_source(sweep, source), **about})
         n += 1
     return n
 
