@@ -259,9 +259,9 @@ def _drawn_circuits(directory, table: pd.DataFrame) -> list[tuple[str, str, pd.D
             continue
         met = short[short["met"]]
         row = met.iloc[0] if len(met) else short.loc[short["held_out"].idxmax()]
-        unit = "edges (the largest drawn; before pruning)" if edges else "parts"
+        unit = f"edges ({plots.DRAWN_EDGES} largest drawn, before pruning)" if edges else "parts"
         why = "the smallest meeting the target" if len(met) else "none meets the target; the best held-out"
-        title = f"{why}, {row['size']:,} {unit}, held-out {row['held_out']:.0%}"
+        title = f"{why}\n{row['size']:,} {unit}, held-out {row['held_out']:.0%}"
         own = units[(units["reference"] == reference) & (units["rank"] <= row["size"])]
         out.append((reference, title, own))
     return out

@@ -141,9 +141,31 @@ def test_the_report_draws_the_smallest_circuit_meeting_the_target(tmp_path):
     chosen = _drawn_circuits(tmp_path, pd.read_csv(tmp_path / "circuits.csv"))
     assert [reference for reference, _, _ in chosen] == ["person", "another occupation"]
     for _, title, rows in chosen:
-        assert title.startswith("the smallest meeting the target, 3 parts")
+        assert title.startswith("the smallest meeting the target\n3 parts")
         assert set(rows["part"]) == {"MLP0", "L1H0", "L1H3"}
     assert len(plots.circuit_graph(chosen).axes) == 2
+    # saved as an edit: the planted circuit knocked out by its parts' means over the reference prompts
+    from attnprobe.edits import load_edit
+    from attnprobe.edits.sweep.fitted import save_circuits
+    from attnprobe.edits.sweep.options import EditOptions
+    from attnprobe.model import from_pretrained_objects
+
+    manifest = SimpleNamespace(
+        model=SimpleNamespace(n_layers=2, n_heads=4),
+        fingerprint="",
+        suite=SimpleNamespace(path="", sha256=""),
+    )
+    sweep = SimpleNamespace(
+        directory=tmp_path,
+        manifest=manifest,
+        model=from_pretrained_objects(model, None, "planted"),
+        inputs=_inputs(model, items),
+        weights="planted",
+        options=EditOptions(),
+    )
+    assert save_circuits(sweep, {}) == 2
+    knockout = load_edit(tmp_path / "edits" / "circuit-person.json").edit
+    assert knockout.sites() == "L1H0 L1H3, MLP0"
 
 
 def test_the_greedy_subset_is_the_worst_of_the_circuit_less_k_and_found_on_other_pairs():

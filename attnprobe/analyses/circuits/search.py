@@ -55,7 +55,7 @@ FOLDS = (0, 1, 2, 3)  # the quarters (intervene.selection.folds)
 # seconds of one planned exact run (attribution included) on 2 CPU cores: per GFLOP of its prompt's
 # forward pass, and per 100,000 edges of the graph (the edge runs' sums). Parts: SmolLM2-135M's
 # demo run; edges: fitted to SmolLM2-135M's and Gemma 3 270M's (2026-11-29, docs/performance.md)
-CPU_SECONDS_PER_RUN = {PARTS: (0.0059, 0.0), EDGES: (0.0076, 0.014)}
+CPU_SECONDS_PER_RUN = {PARTS: (0.0059, 0.0), EDGES: (0.0084, 0.0072)}
 GREEDY_STEPS = 3  # groups added to K
 GREEDY_CANDIDATES = 5  # groups of C less K tried at each step (all of them where there are fewer)
 GREEDY_PAIRS = 16  # pairs of the other folds K is chosen on
