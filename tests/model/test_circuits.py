@@ -128,7 +128,8 @@ def test_check_counts_the_runs_the_circuit_search_plans():
 def test_the_report_draws_the_smallest_circuit_meeting_the_target(tmp_path):
     """write_circuits' tables of the planted MLP model, read back as the report reads them: each
     comparison's drawn circuit is the smallest meeting the target (MLP0 and the two movers), and the
-    graph is a figure of one panel per comparison."""
+    graph is a figure of one panel per comparison; `edit` saves that circuit as a knockout of those
+    parts, one file per comparison, after removing a circuit an earlier search saved."""
     from attnprobe.analyses.circuits.tables import write_circuits
     from attnprobe.report import plots
     from attnprobe.report.sections import _drawn_circuits
@@ -163,7 +164,10 @@ def test_the_report_draws_the_smallest_circuit_meeting_the_target(tmp_path):
         weights="planted",
         options=EditOptions(),
     )
-    assert save_circuits(sweep, {}) == 2
+    stale = tmp_path / "edits" / "circuit-stale.json"  # an earlier search's: removed before saving
+    stale.parent.mkdir()
+    stale.write_text("{}")
+    assert save_circuits(sweep, {}) == 2 and not stale.exists()
     knockout = load_edit(tmp_path / "edits" / "circuit-person.json").edit
     assert knockout.sites() == "L1H0 L1H3, MLP0"
 

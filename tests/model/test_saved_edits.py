@@ -515,28 +515,3 @@ def test_a_circuit_knockout_holds_its_heads_and_mlps_at_their_means_and_reads_ba
     assert (
         json.loads((tmp_path / "run" / "manifest.json").read_text())["edits"][0]["kind"] == "circuit_knockout"
     )
-
-
-def test_edit_circuits_saves_each_comparisons_smallest_circuit_meeting_the_target(swept, tmp_path):
-    """`edit --circuits` on the tiny model: a circuit file per comparison whose circuits.csv has a
-    circuit of parts short of the whole model meeting the target (none where it has none), naming
-    the parts ranked up to its size; a circuit file an earlier search left is removed first."""
-    _, _, run = swept
-    out = tmp_path / "run"
-    shutil.copytree(run, out)
-    stale = out / "edits" / "circuit-stale.json"
-    stale.write_text("{}")
-    result = CliRunner().invoke(main, ["edit", str(out), "--kinds", "zero", "--k", "1", "--circuits"])
-    assert result.exit_code == 0, result.output
-    assert not stale.exists()
-    table, parts = pd.read_csv(out / "circuits.csv"), pd.read_csv(out / "circuit_parts.csv")
-    found = table[table["circuit"] == "top n by EAP-IG"]
-    whole = found.groupby("reference")["size"].transform("max")
-    met = found[found["met"] & (found["size"] < whole)].groupby("reference")["size"].min()
-    saved = sorted(p.stem for p in (out / "edits").glob("circuit-*.json"))
-    assert saved == sorted(f"circuit-{r.replace(' ', '-')}" for r in met.index)
-    for reference, size in met.items():
-        edit = load_edit(out / "edits" / f"circuit-{reference.replace(' ', '-')}.json").edit
-        names = set(parts.loc[(parts["reference"] == reference) & (parts["rank"] <= size), "part"])
-        heads = {n for n in names if n.startswith("L")}
-        assert set(edit.sites().replace(",", " ").split()) == heads | (names - heads - {"embedding"})
