@@ -38,20 +38,20 @@ def subset(bank: Bank, fold: np.ndarray, on: np.ndarray) -> Bank:
     )
 
 
-def _valid(bank: Bank) -> torch.Tensor:
+def token_mask(bank: Bank) -> torch.Tensor:
     """(N, T) bool: the positions each sequence has."""
     return torch.arange(bank.ids.shape[1])[None] < bank.lengths[:, None]
 
 
 def token_means(bank: Bank) -> torch.Tensor:
     """(L, H, D) mean z over every token of every sequence."""
-    valid = _valid(bank)[:, None, :, None].float()  # (N, 1, T, 1)
+    valid = token_mask(bank)[:, None, :, None].float()  # (N, 1, T, 1)
     return torch.stack([(z.float() * valid).sum((0, 2)) / valid.sum() for z in bank.outputs])
 
 
 def token_sample(bank: Bank, n: int, seed: int) -> torch.Tensor:
     """(L, H, n', D) z at n' = min(n, tokens) tokens drawn without replacement."""
-    rows, positions = _valid(bank).nonzero(as_tuple=True)
+    rows, positions = token_mask(bank).nonzero(as_tuple=True)
     generator = torch.Generator().manual_seed(seed)
     pick = torch.randperm(len(rows), generator=generator, device="cpu")[:n].to(rows.device)
     return torch.stack([z[rows[pick], :, positions[pick]].float().transpose(0, 1) for z in bank.outputs])

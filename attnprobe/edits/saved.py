@@ -88,7 +88,7 @@ class CircuitKnockout:
     @classmethod
     def restored(cls, record: dict, tensors: dict) -> CircuitKnockout:
         own = lambda prefix: {k.split(".", 1)[1]: t for k, t in tensors.items() if k.startswith(prefix + ".")}
-        if set(tensors) - {k for k in tensors if k.startswith(("heads.", "mlps."))}:
+        if not all(k.startswith(("heads.", "mlps.")) for k in tensors):
             raise ValueError("a circuit knockout holds heads.* and mlps.* tensors only")
         heads = Mean.restored({**record, "parameters": {}}, own("heads")) if "heads" in record else None
         layers = {**record, "mode": "mean", "fitted_at": "last"}

@@ -8,6 +8,8 @@ import re
 import pandas as pd
 import pyarrow as pa
 
+from ..analyses.circuits.runs import ATTRIBUTED
+from ..analyses.circuits.tables import chosen_circuit
 from ..errors import RunError
 from ..measures.head_effects import EffectsRecord
 from ..measures.referent_choice import question_of
@@ -252,15 +254,15 @@ def _drawn_circuits(directory, table: pd.DataFrame) -> list[tuple[str, str, pd.D
     if not path.is_file():
         return []
     units, out = pd.read_parquet(path), []
-    found = table[table["circuit"] == "top n by EAP-IG"]
+    if "rank" not in units:
+        return []
+    found = table[(table["circuit"] == ATTRIBUTED) & (table["size"] > 0)]  # size 0: nothing to draw
     for reference, rows in found.groupby("reference", sort=False):
-        short = rows[(rows["size"] < rows["size"].max()) & (rows["size"] > 0)]
-        if not len(short) or "rank" not in units:
+        row, met = chosen_circuit(rows)
+        if row is None:
             continue
-        met = short[short["met"]]
-        row = met.iloc[0] if len(met) else short.loc[short["held_out"].idxmax()]
         unit = f"edges ({plots.DRAWN_EDGES} largest drawn, before pruning)" if edges else "parts"
-        why = "the smallest meeting the target" if len(met) else "none meets the target; the best held-out"
+        why = "the smallest meeting the target" if met else "none meets the target; the best held-out"
         title = f"{why}\n{row['size']:,} {unit}, held-out {row['held_out']:.0%}"
         own = units[(units["reference"] == reference) & (units["rank"] <= row["size"])]
         out.append((reference, title, own))

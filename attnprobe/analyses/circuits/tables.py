@@ -72,10 +72,8 @@ def smallest_met(rows: pd.DataFrame) -> str:
     (which restores everything by construction), or the best held-out faithfulness short of it."""
     reference, parts = rows["reference"].iloc[0], rows["size"].max()
     unit = rows["grain"].iloc[0] if "grain" in rows else "parts"
-    short = rows[rows["size"] < parts]
-    met = short[short["met"]]
-    if len(met):
-        row = met.iloc[0]
+    row, met = chosen_circuit(rows)
+    if met:
         left = round(row["left_after_knockout"], 2) + 0.0  # no "-0%"
         return (
             f"circuits against {reference!r}: the smallest meeting the target has {row['size']} of {parts} "
@@ -84,9 +82,20 @@ def smallest_met(rows: pd.DataFrame) -> str:
             f"knockout, {_worst(row)}; area under the held-out curve {row['area_held_out']:.2f} "
             f"(random circuits {row['area_random']:.2f})"
         )
-    best = short.loc[short["held_out"].idxmax()] if short["held_out"].notna().any() else None
-    plateau = "" if best is None else f"; the best held-out is {best['held_out']:.0%} at {best['size']}"
+    plateau = "" if row is None else f"; the best held-out is {row['held_out']:.0%} at {row['size']}"
     return f"circuits against {reference!r}: no circuit short of all {parts} {unit} meets the target{plateau}"
+
+
+def chosen_circuit(rows: pd.DataFrame) -> tuple[pd.Series | None, bool]:
+    """(row, met) of the circuit one comparison's found circuits (rows in size order) are summed up
+    by: the smallest meeting the target short of the whole model (which restores everything by
+    construction), else the one of best held-out faithfulness short of it (None where none has a
+    held-out figure). The verdict line, the saved circuit and the report's graph read it."""
+    short = rows[rows["size"] < rows["size"].max()]
+    met = short[short["met"]]
+    if len(met):
+        return met.iloc[0], True
+    return (short.loc[short["held_out"].idxmax()] if short["held_out"].notna().any() else None), False
 
 
 def _worst(row) -> str:

@@ -13,13 +13,14 @@ import pandas as pd
 import torch
 
 from ...analyses.circuits.runs import ATTRIBUTED
+from ...analyses.circuits.tables import chosen_circuit
 from ...heads import HeadSet
 from ...model.anatomy import decoder_layers, mlp_written, module_of
 from ...run.files.fresh import own_directory
 from ...stats.edits import STREAM
 from ...stats.keeping.layers import chosen_layers
 from ...version import __version__
-from ..estimate import token_means
+from ..estimate import token_mask, token_means
 from ..kinds import KINDS, Mean
 from ..mlp import FITTED, LAYERS_MODES, POSITIONS, MlpEdit, MlpLayers, Recorded, kind_of, layers_fit
 from ..saved import CircuitKnockout, save_edit
@@ -143,11 +144,12 @@ def save_circuits(sweep: Sweep, source: dict) -> int:
     table, parts = (pd.read_csv(sweep.directory / f"{name}.csv") for name in ("circuits", "circuit_parts"))
     if "met" not in table or "rank" not in parts:  # a note only: no runs, or circuits of edges
         return 0
-    whole = table.groupby("reference")["size"].transform("max")
-    met = table[(table["circuit"] == ATTRIBUTED) & table["met"] & (table["size"] < whole)]
     bank, n, m = sweep.inputs.reference, 0, sweep.manifest.model
-    for reference, rows in met.groupby("reference", sort=False):
-        size = int(rows["size"].min())
+    for reference, rows in table[table["circuit"] == ATTRIBUTED].groupby("reference", sort=False):
+        row, met = chosen_circuit(rows)
+        if not met:
+            continue
+        size = int(row["size"])
         names = parts.loc[(parts["reference"] == reference) & (parts["rank"] <= size), "part"]
         heads = [HeadSet.parse(p, m.n_layers, m.n_heads).pairs[0] for p in names if p.startswith("L")]
         layers = sorted(int(p[3:]) for p in names if p.startswith("MLP"))
@@ -165,9 +167,8 @@ def save_circuits(sweep: Sweep, source: dict) -> int:
 @torch.inference_mode()
 def _mean_mlp(model, bank, layer: int) -> MlpEdit:
     """The mean MLP edit of `layer`: what its MLP adds, averaged over every token of `bank`."""
-    valid = torch.arange(bank.ids.shape[1])[None] < bank.lengths[:, None]
     site = decoder_layers(module_of(model.model))[layer]
     added = mlp_written(site, bank.mlp[layer].to(next(site.parameters()).device))
-    mu = added[valid.to(added.device)].float().mean(0)
+    mu = added[token_mask(bank).to(added.device)].float().mean(0)
     zero = torch.zeros_like(mu)
     return MlpEdit(layer, zero, zero, mu, mode="mean")
