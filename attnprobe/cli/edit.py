@@ -96,6 +96,13 @@ def _count(name: str, help: str):
     "and at the slot's last token (mlp-MODE-slot); edits_mlp.csv.",
 )
 @click.option(
+    "--mlp-modes",
+    default=None,
+    metavar="MODES",
+    help="The modes --mlp measures, comma-separated (implies --mlp): zero, mean, project, leace, "
+    "leace_mid, or a plug-in's (attnprobe.site_modes); default zero,mean,project,leace.",
+)
+@click.option(
     "--mlp-layers/--no-mlp-layers",
     default=False,
     show_default=True,
@@ -155,6 +162,11 @@ def edit(run_dir, kinds, text_file, also, also_ks, device, **settings):
     from ..edits import EditOptions, run_edits
 
     kinds = tuple(k.strip() for k in kinds.split(",") if k.strip())
+    if settings["mlp_modes"] is None:
+        del settings["mlp_modes"]
+    else:
+        settings["mlp_modes"] = tuple(m.strip() for m in settings["mlp_modes"].split(",") if m.strip())
+        settings["mlp"] = True
     options = EditOptions(kinds=kinds, text=text_file, **settings)  # the other options by their names
     quiet = click.get_current_context().obj.get("quiet")
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))

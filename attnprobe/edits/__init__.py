@@ -25,9 +25,9 @@ from .kinds import (
     edited,
     parse_heads,
 )
-from .mlp import MlpEdit
+from .layers.mlp import MlpEdit
+from .layers.stream import StreamEdit
 from .saved import SavedEdit, load_edit, save_edit
-from .stream import StreamEdit
 from .sweep.command import run_edits
 from .sweep.options import EditOptions
 

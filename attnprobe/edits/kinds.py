@@ -355,7 +355,7 @@ def replaced(edit: HeadEdit, layer: int, z: torch.Tensor) -> torch.Tensor:
 def edited(model, *edits):
     """Within the block, `model` (a ProbeModel) runs with `edits` applied, in order: every forward
     pass, capture, probe or run of it sees the edited model. An edit is a head edit, a stream edit
-    (edits.stream) or one loaded from a file (`load_edit`: checked against the model first)."""
+    (edits.layers.stream) or one loaded from a file (`load_edit`: checked against the model first)."""
     for edit in edits:  # checked before the model runs: one error naming the argument
         if not hasattr(edit, "applied"):
             raise AttnprobeError(

@@ -5,8 +5,8 @@ and where it came from), written by `attnprobe edit`, applied by `attnprobe run 
 Each kind says what it stores (`stored`) and how it is rebuilt (`restored`): a head edit stores
 each tensor parameter (L, H, ...) only for its heads, as (k, ...), row i for the i-th head of
 `heads`, and is rebuilt with the rows back in zeros of the model's (L, H, ...) (the other heads are
-never read); a stream edit (edits.stream) stores its layer and its (E,) parameters, an MLP edit
-(edits.mlp) also its mode. Scalar
+never read); a stream edit (edits.layers.stream) stores its layer and its (E,) parameters, an MLP edit
+(edits.layers.mlp) also its mode. Scalar
 parameters (a factor, a seed) are in the JSON. The JSON also records the model the edit was fitted
 on (spec, layers, heads, head size, width, weights' content hash), the run, suite and items it was
 fitted on, and the SHA-256 of the tensor file, so a damaged, truncated or swapped file is refused.
@@ -33,8 +33,8 @@ from ..run.files.layout import content_sha
 from ..store import atomic_write
 from .kinds import KINDS as HEAD_KINDS
 from .kinds import HeadEdit, Mean
-from .mlp import MlpEdit, MlpLayers
-from .stream import StreamEdit
+from .layers.mlp import MlpEdit, MlpLayers
+from .layers.stream import StreamEdit
 
 
 def saved_kinds() -> dict:

@@ -301,6 +301,6 @@ def _costs(raw, kind, k, draw, loss0: pd.Series, user: pd.Series) -> dict:
     return out
 
 
-STREAM, STREAM_CHOSEN = "stream", "stream-chosen"  # edits.stream's raw kind and its chosen rows
-MLP = "mlp-"  # edits.mlp's raw kinds: mlp-MODE
+STREAM, STREAM_CHOSEN = "stream", "stream-chosen"  # edits.layers.stream's raw kind and its chosen rows
+MLP = "mlp-"  # edits.layers.mlp's raw kinds: mlp-MODE
 MLP_LAYERS = MLP + "layers-"  # its edits of several layers: mlp-layers-MODE (k = how many layers)

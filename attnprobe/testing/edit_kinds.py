@@ -1,4 +1,5 @@
-"""check_edit_kind: one head-edit kind through what `attnprobe edit` and `run --edit` ask of it."""
+"""check_edit_kind: one head-edit kind, and check_site_mode: one mode of the per-layer edits, through
+what `attnprobe edit` and `run --edit` ask of them."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def check_edit_kind(kind, model, inputs) -> None:
         assert isinstance(out, torch.Tensor) and out.shape == z.shape and out.dtype == z.dtype, (
             f"{kind.kind}: replacement gave {getattr(out, 'shape', out)} for head outputs {tuple(z.shape)}"
         )
-    ids = torch.tensor([model.tokenizer("The nurse said that the doctor left")["input_ids"]])
+    ids = _probe_ids(model)
     logits = lambda: model.model(input_ids=ids).logits
     with torch.no_grad():
         clean = logits()
@@ -55,10 +56,12 @@ def check_edit_kind(kind, model, inputs) -> None:
 
 
 def _part(kind, name: str, call):
+    """call(), an exception raised as the AssertionError naming the kind (or mode) and the part."""
     try:
         return call()
     except Exception as exc:
-        raise AssertionError(f"{kind.kind}: {name} raised {type(exc).__name__}: {exc}") from exc
+        label = getattr(kind, "kind", None) or kind.mode
+        raise AssertionError(f"{label}: {name} raised {type(exc).__name__}: {exc}") from exc
 
 
 def _round_trip(kind, edit, model, changed, logits) -> None:
@@ -67,15 +70,16 @@ def _round_trip(kind, edit, model, changed, logits) -> None:
 
     from ..edits import edited, load_edit, save_edit
 
+    label = getattr(kind, "kind", None) or kind.mode
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / kind.kind
+        path = Path(folder) / label
         _part(kind, "save", lambda: save_edit(edit, path, model, {"check": "check_edit_kind"}))
         loaded = _part(kind, "load", lambda: load_edit(path))
-    assert type(loaded.edit) is kind, f"{kind.kind}: loaded back as {type(loaded.edit).__name__}"
+    assert type(loaded.edit) is type(edit), f"{label}: loaded back as {type(loaded.edit).__name__}"
     with torch.no_grad(), edited(model, loaded):
         again = logits()
     assert torch.allclose(again, changed, atol=1e-5), (
-        f"{kind.kind}: the saved and loaded edit changes the logits by {(again - changed).abs().max():.3g}"
+        f"{label}: the saved and loaded edit changes the logits by {(again - changed).abs().max():.3g}"
     )
 
 
@@ -105,3 +109,38 @@ def _packed(kind, edit, model, inputs) -> None:
     assert torch.allclose(together, alone, atol=1e-6), (
         f"{kind.kind}: packed passes differ from separate ones by {(together - alone).abs().max():.3g}"
     )
+
+
+def check_site_mode(name: str, model, inputs) -> None:
+    """Check the registered site mode `name` (edits.layers.modes) on `model` (a tiny ProbeModel) and
+    `inputs` (edit_inputs): fitted at every layer's MLP output, it gives three finite vectors of the
+    model's width; its edit keeps a vector's shape (and, where it replaces, gives every vector the same
+    output) and leaves the logits finite; it saves and loads to the same edit. AssertionError naming
+    the part that fails."""
+    import torch
+
+    from ..edits import edited
+    from ..edits.layers.mlp import Recorded
+    from ..edits.layers.modes import SITE_MODES
+
+    mode, E = SITE_MODES[name], model.model.config.get_text_config().hidden_size
+    fit, ids = Recorded(model.model, inputs).fit(name), _probe_ids(model)
+    h = torch.randn(2, 3, E, generator=torch.Generator().manual_seed(0))
+    for layer in range(model.info.n_layers):
+        edit = _part(mode, "fit", lambda layer=layer: fit(inputs, layer, np.arange(4)))
+        out = _part(mode, "erase", lambda edit=edit: edit.erase(h))
+        assert out.shape == h.shape, f"{name}: erase gave {tuple(out.shape)} for vectors {tuple(h.shape)}"
+        if mode.replaces:
+            assert torch.allclose(out, out[:1, :1].expand_as(out)), f"{name}: replaces, but not by one vector"
+        with torch.no_grad(), edited(model, edit):
+            changed = model.model(input_ids=ids).logits
+        assert torch.isfinite(changed).all(), (
+            f"{name}: the edit of layer {layer} gave logits that are not finite"
+        )
+    _round_trip(mode, edit, model, changed, lambda: model.model(input_ids=ids).logits)
+
+
+def _probe_ids(model):
+    import torch
+
+    return torch.tensor([model.tokenizer("The nurse said that the doctor left")["input_ids"]])

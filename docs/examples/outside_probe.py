@@ -1,11 +1,15 @@
-"""An outside package's measure and edit kind, registered through entry points (docs/extending.md)."""
+"""An outside package's measure, edit kind and site mode, registered through entry points
+(docs/extending.md)."""
 
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import pandas as pd
+import torch
 
 from attnprobe.edits.kinds import HeadEdit
+from attnprobe.edits.layers.modes import SiteMode
 from attnprobe.measures import PromptsMeasure
 from attnprobe.measures.base import Scored
 
@@ -45,3 +49,16 @@ class Negate(HeadEdit):
 
     def replacement(self, layer, z):
         return -z
+
+
+class MeanGap(SiteMode):
+    """Projects out the gap between the mean vectors of the items above and below the covariate's median."""
+
+    mode = "mean_gap"
+
+    @classmethod
+    def fit(cls, z, x, control, sign):
+        above = torch.as_tensor(x > np.median(x), device=z.device)
+        gap = z[above].mean(0) - z[~above].mean(0)
+        u = gap / gap.norm()
+        return u, u, torch.zeros_like(u)

@@ -1,6 +1,7 @@
-"""Other packages register a measure and an edit kind through entry points (attnprobe.measures,
-attnprobe.edit_kinds): a tiny outside package, installed as a distribution on the path, is used
-from a suite and from `attnprobe edit --kinds`, end to end through the real command line."""
+"""Other packages register a measure, an edit kind and a site mode through entry points
+(attnprobe.measures, attnprobe.edit_kinds, attnprobe.site_modes): a tiny outside package, installed
+as a distribution on the path, is used from a suite, from `attnprobe edit --kinds` and `--mlp-modes`,
+end to end through the real command line."""
 
 import textwrap
 from pathlib import Path
@@ -32,11 +33,14 @@ broken = outside_probe:NoSuchThing
 [attnprobe.edit_kinds]
 negate = outside_probe:Negate
 explode = outside_probe:Explode
+
+[attnprobe.site_modes]
+mean_gap = outside_probe:MeanGap
 """
 
 
 @pytest.mark.slow  # three attnprobe commands, each in a process of its own
-def test_an_outside_package_registers_a_measure_and_an_edit_kind(tiny_llama_dir, tmp_path):
+def test_an_outside_package_registers_a_measure_an_edit_kind_and_a_site_mode(tiny_llama_dir, tmp_path):
     site = tmp_path / "site"
     (site / "outside_probe-0.1.dist-info").mkdir(parents=True)
     (site / "outside_probe.py").write_text(PLUGIN)
@@ -62,11 +66,16 @@ def test_an_outside_package_registers_a_measure_and_an_edit_kind(tiny_llama_dir,
     lengths = pd.read_parquet(run / "prompt_length.parquet")
     assert sorted(lengths["prompt_id"]) == sorted(pd.read_parquet(run / "prompts.parquet")["prompt_id"])
     assert (run / "prompt_length_stats.csv").is_file()
-    edited = attnprobe("edit", str(run), "--kinds", "negate,zero", *sweep)
+    edited = attnprobe("edit", str(run), "--kinds", "negate,zero", "--mlp-modes", "mean_gap,leace", *sweep)
     assert edited.returncode == 0, edited.stderr[-3000:]
     table = pd.read_csv(run / "edits.csv")
     assert set(table["kind"]) == {"negate", "zero"} and table["gradient_after"].notna().all()
     assert (run / "edits" / "negate-k1.json").is_file()  # saved, as a built-in kind's edit
+    layers = pd.read_csv(run / "edits_mlp.csv")
+    modes = set(layers["kind"].str.replace("-chosen", "").str.replace("-slot", ""))  # a row per layer, chosen
+    gap = layers[layers["kind"].str.startswith("mlp-mean_gap")]
+    assert modes == {"mlp-mean_gap", "mlp-leace"} and len(gap) == 2 * 3 and gap["gradient_after"].notna().all()
+    assert (run / "edits" / "mlp-mean_gap.json").is_file()  # saved, as a built-in mode's edit
     # a plug-in's kind that fails at run time: one line naming it, no traceback
     failed = attnprobe("edit", str(run), "--kinds", "explode", *sweep)
     lines = [line for line in failed.stderr.splitlines() if line.startswith("attnprobe: error:")]

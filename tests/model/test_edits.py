@@ -477,7 +477,7 @@ def test_the_placebo_and_the_readout_after_the_edit(tiny_llama_dir, tmp_path, mo
     choosing its heads and layers again, zero (not fitted on it) left out; p recomputes from the raw
     rows, its floor is 1 / (1 + N), and the edits table carries it; a permuted covariate keeps each
     unit one value."""
-    from attnprobe.edits.stream import StreamEdit
+    from attnprobe.edits.layers.stream import StreamEdit
     from attnprobe.edits.sweep.permuted import permuted
 
     fits = []  # the layer of every stream eraser fitted

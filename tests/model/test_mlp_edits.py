@@ -1,4 +1,4 @@
-"""MLP-output edits (edits.mlp): each mode does what it says to the MLP's output; LEACE leaves no
+"""MLP-output edits (edits.layers.mlp): each mode does what it says to the MLP's output; LEACE leaves no
 covariance with the covariate where it was fitted and keeps the definitional mean difference; the
 slot's site is the occupation's (and the phrase's) last token; the sweep's edits_mlp table
 recomputes from edits_items; the chosen edits (at both sites) are saved, load and change every pass
@@ -14,10 +14,12 @@ import torch
 
 import attnprobe
 from attnprobe.edits import edited, load_edit
-from attnprobe.edits.mlp import MLP_KINDS, MODES, MlpEdit, fitted_where, mlp_outputs
+from attnprobe.edits.layers.mlp import MODES, MlpEdit, fitted, fitted_where, kind_of, mlp_outputs
 from attnprobe.intervene.engine import record
 from attnprobe.stats.edits import MLP
 from attnprobe.stats.keeping.layers import stream_table
+
+MLP_KINDS = tuple(kind_of(*where) for where in fitted())  # the MLP edits --mlp measures by default
 
 LAYER = 1
 
@@ -203,12 +205,12 @@ def test_an_edit_fitted_at_the_slot_erases_there_and_is_saved_as_such(tiny, tmp_
 
 
 def test_an_edit_of_several_layers_fits_each_on_the_model_edited_below_it(tiny, tmp_path):
-    """DAMA's design (edits.mlp.MlpLayers): layer 0's part is fitted on the clean outputs, layer 1's on
+    """DAMA's design (edits.layers.mlp.MlpLayers): layer 0's part is fitted on the clean outputs, layer 1's on
     the outputs of the model with layer 0 already edited (not on the clean ones); applied together
     neither layer's output keeps covariance with the covariate on the rows fitted; saved and loaded it
     is the same edit."""
     from attnprobe.edits import save_edit
-    from attnprobe.edits.mlp import MlpLayers, Recorded, fitted_layers, mlp_output_at
+    from attnprobe.edits.layers.mlp import MlpLayers, Recorded, fitted_layers, mlp_output_at
 
     inputs, _, _ = _inputs(tiny, n=400)
     recorded = Recorded(tiny.model, inputs, "last")
@@ -254,7 +256,7 @@ def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run,
     from conftest import EDIT_SWEEP
 
     from attnprobe.cli import main
-    from attnprobe.edits.mlp import LAYERS_MODES, MlpLayers
+    from attnprobe.edits.layers.mlp import LAYERS_MODES, MlpLayers
 
     _, suite, swept = swept_run
     out = tmp_path / "run"

@@ -20,11 +20,13 @@ from hypothesis import strategies as st
 import attnprobe
 from attnprobe.cli import main
 from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, load_edit, save_edit
-from attnprobe.edits.mlp import MLP_KINDS
+from attnprobe.edits.layers.mlp import fitted, kind_of
 from attnprobe.errors import AttnprobeError
 from attnprobe.model import from_pretrained_objects
 from attnprobe.stats.kinds.next_token import item_log_ratios
 from attnprobe.stats.kinds.referents import referent_choice
+
+MLP_KINDS = tuple(kind_of(*where) for where in fitted())  # the MLP edits --mlp measures by default
 
 SWEEP = EDIT_SWEEP_NO_PATHS
 
@@ -480,7 +482,7 @@ def test_a_circuit_knockout_holds_its_heads_and_mlps_at_their_means_and_reads_ba
     prompt, layer 0's heads are untouched; saved and loaded it gives the same logits, and
     `run --edit` applies it. A knockout of MLPs alone is an edit too."""
     from attnprobe.edits.estimate import token_means
-    from attnprobe.edits.mlp import MlpLayers
+    from attnprobe.edits.layers.mlp import MlpLayers
     from attnprobe.edits.saved import CircuitKnockout
     from attnprobe.edits.sweep.fitted import _mean_mlp
     from attnprobe.intervene.engine import record

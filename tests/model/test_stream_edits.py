@@ -1,4 +1,4 @@
-"""The residual-stream eraser (edits.stream): fitted on a tiny model's stream it leaves the planted
+"""The residual-stream eraser (edits.layers.stream): fitted on a tiny model's stream it leaves the planted
 covariate unreadable on held-out rows and keeps the definitional mean difference; the sweep's
 edits_stream table is recomputed from edits_items alone, and each quarter's layer is chosen without
 its own items (changing them does not move it; changing the others' does); applied to a model it
@@ -19,7 +19,7 @@ import attnprobe
 from attnprobe.analyses.tracing import GROUPS, tracing_table
 from attnprobe.cli import main
 from attnprobe.edits import edited, load_edit, save_edit
-from attnprobe.edits.stream import StreamEdit, last_states, stream_behaviour
+from attnprobe.edits.layers.stream import StreamEdit, last_states, stream_behaviour
 from attnprobe.errors import AttnprobeError, RunError
 from attnprobe.intervene.engine import record
 from attnprobe.model import from_pretrained_objects

@@ -31,10 +31,11 @@ from ...stats.keeping.goal import goal_table
 from ...stats.keeping.layers import mlp_tables, stream_table
 from ...stats.placebo import PLACEBO_PREFIX, placebo_table
 from ...store import atomic_write, read_chunks, write_parquet, write_table
-from .. import mlp as mlps
 from ..inputs import Texts, check_text, record_inputs
 from ..kinds import KINDS
-from ..stream import StreamEdit, measure_stream
+from ..layers import mlp as mlps
+from ..layers.modes import SITE_MODES
+from ..layers.stream import StreamEdit, measure_stream
 from .fitted import save_chosen, save_circuits, save_layers
 from .measure import SINGLE, GradientScores, clean_values, found_sets, measure_kind, measure_single
 from .options import EditOptions, Sweep, listed_heads, settings_hash
@@ -166,7 +167,9 @@ def run_edits(
             if suites:
                 ks = [k for k in also_ks if k in set(summary["k"])]
                 chosen = [(kind, k) for kind in options.kinds for k in ks] + [(STREAM, 0)] * options.stream
-                chosen += [(kind, 0) for kind in mlps.MLP_KINDS] * options.mlp  # those saved
+                chosen += [
+                    (mlps.kind_of(*where), 0) for where in mlps.fitted(options.mlp_modes)
+                ] * options.mlp
                 chosen += [(kind, 0) for kind in mlps.LAYERS_KINDS] * options.mlp_layers
                 write_table(directory, "edits_transfer", transfer(directory, suites, chosen, model, log))
                 log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
@@ -288,11 +291,11 @@ def _layer_parts(part, key: str, sweep: Sweep, clean: pd.DataFrame) -> list[pd.D
         frames.append(part(STREAM, lambda: measure_stream(model, inputs, log), f"{key}:{LAYER_PARTS}"))
         frames += layer_placebo(part, key, sweep, frames, STREAM, StreamEdit.fit)
     if sweep.options.mlp:
-        for mode, at in mlps.fitted_where(inputs):
+        for mode, at in mlps.fitted_where(inputs, sweep.options.mlp_modes):
             name = mlps.kind_of(mode, at)
             measure = lambda m=mode, r=recorded[at]: mlps.measure_mlp(model, r, m, log)
             frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
-            if mode in mlps.COVARIATE_MODES:
+            if SITE_MODES[mode].covariate:
                 frames += layer_placebo(part, key, sweep, frames, name, recorded[at].fit(mode))
     if sweep.options.mlp_layers:  # several layers at once (a placebo refit costs a pass per layer and fold)
         at = mlps.layers_at(inputs)

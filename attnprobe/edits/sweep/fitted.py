@@ -22,9 +22,9 @@ from ...stats.keeping.layers import chosen_layers
 from ...version import __version__
 from ..estimate import token_mask, token_means
 from ..kinds import KINDS, Mean
-from ..mlp import FITTED, LAYERS_MODES, POSITIONS, MlpEdit, MlpLayers, Recorded, kind_of, layers_fit
+from ..layers.mlp import LAYERS_MODES, POSITIONS, MlpEdit, MlpLayers, Recorded, fitted, kind_of, layers_fit
+from ..layers.stream import StreamEdit
 from ..saved import CircuitKnockout, save_edit
-from ..stream import StreamEdit
 from .options import Sweep
 
 CIRCUIT = "circuit"  # the saved circuits' names: circuit-REFERENCE
@@ -67,7 +67,7 @@ def save_layers(sweep: Sweep, tables: tuple, raw, source: dict) -> int:
     if len(stream):
         n += _save_layers(sweep, raw, source, STREAM, StreamEdit.fit)
     recorded = {at: Recorded(sweep.model.model, sweep.inputs, at) for at in POSITIONS}
-    for mode, at in FITTED if len(mlp) else ():
+    for mode, at in fitted(sweep.options.mlp_modes) if len(mlp) else ():
         kind = kind_of(mode, at)
         if mlp["kind"].isin([kind, f"{kind}-chosen"]).any():
             n += _save_layers(sweep, raw, source, kind, recorded[at].fit(mode))

@@ -22,9 +22,15 @@ from ...errors import AttnprobeError
 from ...version import __version__
 from ..inputs import text_head
 from ..kinds import KINDS, Heads, parse_heads
+from ..layers.mlp import MODES as MLP_MODES
+from ..layers.modes import SITE_MODES
 
 DEFAULT_KINDS, DEFAULT_K = DEFAULT_EDIT_KINDS, DEFAULT_EDIT_K
-EXAMPLES = {"kinds": "('zero', 'leace')", "ks": "(1, 5)"}  # what a wrongly typed list is shown
+EXAMPLES = {
+    "kinds": "('zero', 'leace')",
+    "ks": "(1, 5)",
+    "mlp_modes": "('mean', 'leace')",
+}  # what a wrongly typed list is shown
 
 
 @dataclass(frozen=True)
@@ -41,8 +47,9 @@ class EditOptions:
     texts: int = DEFAULT_EDIT_COUNTS["texts"]  # generated texts (of the shipped openings) the cost is on
     # covariate permutations each covariate-fitted kind is refitted on (edits.sweep.permuted); 0: none
     placebo: int = DEFAULT_EDIT_COUNTS["placebo"]
-    stream: bool = False  # also the stream erased at every layer (edits_stream, edits.stream)
-    mlp: bool = False  # also each MLP's output edited at every layer (edits_mlp, edits.mlp)
+    stream: bool = False  # also the stream erased at every layer (edits_stream, edits.layers.stream)
+    mlp: bool = False  # also each MLP's output edited at every layer (edits_mlp, edits.layers.mlp)
+    mlp_modes: tuple[str, ...] = MLP_MODES  # the modes --mlp measures (edits.layers.modes)
     mlp_layers: bool = False  # also several consecutive MLP outputs edited at once (DAMA's design; edits_mlp)
     trace: bool = False  # also the stream patched per layer and position (tracing, analyses.tracing)
     paths: bool = False  # also the top heads' inputs and senders patched (paths, analyses.paths)
@@ -50,7 +57,11 @@ class EditOptions:
     circuit_grain: str = "parts"  # what the circuits are made of: parts (heads, MLPs) or edges
 
     def __post_init__(self):
-        for name, kind in (("kinds", str), ("ks", int)):  # Run.edit(ks=5) was a TypeError after recording
+        for name, kind in (
+            ("kinds", str),
+            ("ks", int),
+            ("mlp_modes", str),
+        ):  # Run.edit(ks=5) was a TypeError after recording
             values = getattr(self, name)
             if not isinstance(values, (tuple, list)) or not all(
                 isinstance(v, kind) and not isinstance(v, bool) for v in values
@@ -66,7 +77,12 @@ class EditOptions:
             raise AttnprobeError(
                 f"unknown edit kind {', '.join(unknown) or '(none)'}; kinds: {', '.join(KINDS)}"
             )
-        for option, values in (("--kinds", self.kinds), ("--k", self.ks)):
+        unknown = [m for m in self.mlp_modes if m not in SITE_MODES]
+        if unknown or not self.mlp_modes:
+            raise AttnprobeError(
+                f"unknown MLP mode {', '.join(unknown) or '(none)'}; modes: {', '.join(SITE_MODES)}"
+            )
+        for option, values in (("--kinds", self.kinds), ("--k", self.ks), ("--mlp-modes", self.mlp_modes)):
             repeated = sorted({str(v) for v in values if list(values).count(v) > 1})
             if repeated:
                 raise AttnprobeError(f"{option} lists {', '.join(repeated)} twice; give each once")
@@ -106,13 +122,13 @@ class Sweep:
 
 
 def settings_hash(run_fingerprint: str, options: EditOptions, weights: str, control: str = "") -> str:
-    """What determines an edit kind's values: the run, the options (but the list of kinds: adding a
-    kind to a sweep keeps the kinds already measured; and --alone, --placebo and the analyses, which
+    """What determines an edit kind's values: the run, the options (but the lists of kinds and MLP modes:
+    adding a kind to a sweep keeps the kinds already measured; and --alone, --placebo and the analyses, which
     have parts of their own), the model's weights, this attnprobe's version, how the neutral texts are
     sampled, the control prompts measured (`control`: their tokens, the file's and those put in the
     templates) and the part of --text that is read."""
     own_files = ("kinds", "alone", "placebo", "stream", "mlp", "mlp_layers", "trace", "paths", "circuits")
-    own_files += ("circuit_grain",)
+    own_files += ("circuit_grain", "mlp_modes")
     settings = {k: v for k, v in asdict(options).items() if k not in own_files}
     payload = json.dumps(
         {

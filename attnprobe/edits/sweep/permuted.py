@@ -29,8 +29,8 @@ from ...intervene.selection import chosen_heads
 from ...stats.keeping.layers import chosen_layers, quarter_layers
 from ...stats.placebo import PLACEBO_PREFIX as PREFIX  # the raw rows' kind: placebo-KIND
 from ..kinds import KINDS
+from ..layers.stream import quarters_bias
 from ..passes import raw_rows
-from ..stream import quarters_bias
 from .measure import behaviour_values
 from .options import Sweep
 

@@ -72,7 +72,7 @@ def _generated(raw: pd.DataFrame) -> np.ndarray:
 
 
 def mlp_tables(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(edits_mlp: per MLP mode (raw kind mlp-MODE, edits.mlp) its rows per layer and its chosen row;
+    """(edits_mlp: per MLP mode (raw kind mlp-MODE, edits.layers.mlp) its rows per layer and its chosen row;
     the chosen raw rows), both empty without MLP edits."""
     modes = [kind for kind in raw["kind"].unique() if str(kind).startswith(MLP)]
     tables = [stream_table(raw, kind) for kind in modes]

@@ -1,21 +1,13 @@
 """MLP-output edits, DAMA's site (Limisiewicz, Marecek & Musil, ICLR 2024): what one decoder layer's
 MLP adds to the residual stream (its output after the post-MLP norm where the model has one, as
-Gemma's) changed at every position by one of five modes (four at every layer), each fitted at the
-prediction position (each item's last token) and, but for zero (the same edit wherever fitted), at
-the slot's last token (the occupation's, where DAMA fits; kind mlp-MODE-slot; the control's at its
-gendered phrase's last token):
-
-  zero     the output removed: out -> 0
-  mean     the output replaced by its mean over the training items
-  project  the covariate's direction removed: out -> out - u u.out, u the unit least-squares slope
-           of out on the covariate (estimate.covariate_directions)
-  leace    the covariate erased keeping the definitional mean difference, with the stream's shrunk
-           covariance (estimate.erasers): out -> out - u f.(out - mu)
-  leace_mid  leace keeping the definitional midpoint too: neither label's mean output moves (in
-           edits of several layers, --mlp-layers; not measured at every layer)
+Gemma's) changed at every position by a mode (edits.layers.modes: zero, mean, project, leace,
+leace_mid, or a plug-in's), each fitted at the prediction position (each item's last token) and, but
+for zero (the same edit wherever fitted), at the slot's last token (the occupation's, where DAMA fits;
+kind mlp-MODE-slot; the control's at its gendered phrase's last token). `--mlp` measures MODES (or the
+modes --mlp-modes lists) at every layer; leace_mid is measured in edits of several layers.
 
 The sweep (`edit --mlp`) measures every mode at every layer as the stream is measured
-(edits.stream.measure_layers: each quarter's items by the edit fitted on its training quarters, the
+(edits.layers.stream.measure_layers: each quarter's items by the edit fitted on its training quarters, the
 control cross-fitted by word, the texts by the all-items edit): raw kind "mlp-MODE", k = the layer;
 edits_mlp.csv holds a row per mode and layer and each mode's chosen row (stats.edits.stream_table).
 
@@ -37,21 +29,18 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from ..attention.capture import model_edit
-from ..intervene.engine import Bank
-from ..intervene.rerun import ROWS, rerun_logits
-from ..intervene.sites import registered
-from ..model.anatomy import decoder_layers, mlp_added, module_of
-from ..stats.edits import MLP, MLP_LAYERS
-from .estimate import covariate_directions, definitional_directions, definitional_midpoints, erasers
+from ...attention.capture import model_edit
+from ...intervene.engine import Bank
+from ...intervene.rerun import ROWS, rerun_logits
+from ...intervene.sites import registered
+from ...model.anatomy import decoder_layers, mlp_added, module_of
+from ...stats.edits import MLP, MLP_LAYERS
+from .modes import SITE_MODES
 from .stream import PARAMETERS, PerLayer, StreamEdit, measure_layers, untouched
 
-MODES = ("zero", "mean", "project", "leace")  # --mlp's, at every layer; the raw rows' kind: MLP + mode
-COVARIATE_MODES = ("project", "leace")  # fitted on the covariate: these have a placebo
-EVERY_MODE = (*MODES, "leace_mid")  # what an MLP edit may do (leace_mid: in edits of several layers)
+MODES = ("zero", "mean", "project", "leace")  # --mlp's by default, at every layer; raw kind MLP + mode
 SLOT = "-slot"  # a mode fitted at the slot's last token: kind MLP + mode + SLOT ("mlp-leace-slot")
 POSITIONS = ("last", "slot")  # where an MLP edit is fitted: the prediction, the slot's last token
-FITTED = tuple((mode, "last") for mode in MODES) + tuple((mode, "slot") for mode in MODES[1:])
 
 
 LAYERS_MODES = ("project", "leace_mid")  # DAMA's projection; the midpoint-kept eraser
@@ -70,16 +59,22 @@ def kind_of(mode: str, at: str, several: bool = False) -> str:
     return (MLP_LAYERS if several else MLP) + mode + (SLOT if at == "slot" else "")
 
 
-MLP_KINDS = tuple(kind_of(mode, at) for mode, at in FITTED)  # every MLP edit the sweep may measure
+def fitted(modes=MODES) -> tuple[tuple[str, str], ...]:
+    """(mode, at) of each MLP edit of `modes` the sweep may measure: each at the prediction and, but a
+    mode that does not depend on where it is fitted (zero), at the slot."""
+    last = tuple((mode, "last") for mode in modes)
+    return last + tuple((mode, "slot") for mode in modes if SITE_MODES[mode].fitted)
+
+
 LAYERS_KINDS = tuple(kind_of(mode, at, True) for mode in LAYERS_MODES for at in POSITIONS)
 
 
-def fitted_where(inputs) -> tuple[tuple[str, str], ...]:
-    """(mode, at) of each MLP edit the sweep measures: at the prediction position ("last") and, where
-    every control prompt has a phrase whose position is known (its `phrase` column), at the slot (but
-    zero: the same edit wherever it is fitted)."""
+def fitted_where(inputs, modes=MODES) -> tuple[tuple[str, str], ...]:
+    """(mode, at) of each MLP edit of `modes` the sweep measures: at the prediction position ("last")
+    and, where every control prompt has a phrase whose position is known (its `phrase` column), at the
+    slot (fitted())."""
     slot = layers_at(inputs) == "slot"
-    return tuple((mode, at) for mode, at in FITTED if slot or at == "last")
+    return tuple((mode, at) for mode, at in fitted(modes) if slot or at == "last")
 
 
 def _replacing(edit):
@@ -105,7 +100,7 @@ class MlpEdit(StreamEdit):
     def erase(self, out: torch.Tensor) -> torch.Tensor:
         """out (B, T, E) edited at every position."""
         u, f, mu = (t.to(out)[:, None, :] if t.dim() == 2 else t.to(out) for t in self.params)
-        if self.mode in ("zero", "mean"):
+        if SITE_MODES[self.mode].replaces:
             return torch.zeros_like(out) + mu
         return out - u * ((out - mu) * f).sum(-1, keepdim=True)
 
@@ -127,8 +122,8 @@ class MlpEdit(StreamEdit):
 
     @classmethod
     def restored(cls, record: dict, tensors: dict) -> MlpEdit:
-        if record.get("mode") not in EVERY_MODE:
-            raise ValueError(f"mode {record.get('mode')!r} is none of {', '.join(EVERY_MODE)}")
+        if not isinstance(record.get("mode"), str) or record["mode"] not in SITE_MODES:
+            raise ValueError(f"mode {record.get('mode')!r} is none of {', '.join(SITE_MODES)}")
         if record.get("fitted_at", "last") not in POSITIONS:
             raise ValueError(f"fitted_at {record['fitted_at']!r} is neither last nor slot")
         stream = StreamEdit.restored(record, tensors)
@@ -143,25 +138,13 @@ class MlpEdit(StreamEdit):
     def fitted(
         cls, outputs: torch.Tensor, control: torch.Tensor, inputs, layer: int, on, mode: str, at: str = "last"
     ) -> MlpEdit:
-        """Fitted on the items of folds `on` from `outputs` (N, E: each item's MLP output at its last
-        token, or at its slot's where `at` is "slot") and, for leace, `control` (M, E: each control
-        prompt's, at the same site), keeping the definitional mean difference of the prompts a keep
-        constraint is fitted on."""
-        chosen = np.isin(inputs.fold, on)
-        z = outputs[torch.as_tensor(chosen)].float()
-        zero = torch.zeros(z.shape[-1], dtype=z.dtype, device=z.device)
-        if mode in ("zero", "mean"):
-            return cls(layer, zero, zero, z.mean(0) if mode == "mean" else zero, mode=mode, at=at)
-        x = inputs.covariate[chosen]
-        if mode == "project":
-            u = covariate_directions(z[:, None, None, :], x)[0, 0]
-            return cls(layer, u, u, zero, mode=mode, at=at)
-        keep = inputs.keep_rows()
-        fit, sign = control[torch.as_tensor(keep)].float()[:, None, None, :], inputs.control_sign[keep]
-        midpoint = definitional_midpoints(fit, sign) if mode == "leace_mid" else None
-        g = definitional_directions(fit, sign)
-        along, functional, mean = erasers(z[:, None, None, :], x, g, shrink=True, midpoint=midpoint)
-        return cls(layer, along[0, 0], functional[0, 0], mean[0, 0], mode=mode, at=at)
+        """Fitted by `mode` (edits.layers.modes) on the items of folds `on` from `outputs` (N, E: each
+        item's MLP output at its last token, or at its slot's where `at` is "slot") and `control` (M, E:
+        each control prompt's, at the same site; a keep constraint is fitted on those of half 0)."""
+        chosen, keep = np.isin(inputs.fold, on), inputs.keep_rows()
+        z, kept = outputs[torch.as_tensor(chosen)].float(), control[torch.as_tensor(keep)].float()
+        params = SITE_MODES[mode].checked(z, inputs.covariate[chosen], kept, inputs.control_sign[keep])
+        return cls(layer, *params, mode=mode, at=at)
 
 
 @dataclass(frozen=True)

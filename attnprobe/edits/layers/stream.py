@@ -30,13 +30,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..attention.capture import model_edit
-from ..intervene.engine import Bank
-from ..intervene.rerun import ROWS, Changes, rerun_logits, rerun_y
-from ..model.anatomy import decoder_layers, module_of
-from ..stats.edits import STREAM as NAME
-from .estimate import definitional_directions, erasers
-from .passes import raw_rows, text_costs
+from ...attention.capture import model_edit
+from ...intervene.engine import Bank
+from ...intervene.rerun import ROWS, Changes, rerun_logits, rerun_y
+from ...model.anatomy import decoder_layers, module_of
+from ...stats.edits import STREAM as NAME
+from ..passes import raw_rows, text_costs
+from .modes import Leace
 
 PARAMETERS = ("along", "functional", "mean")
 
@@ -118,15 +118,14 @@ class StreamEdit:
 
     @classmethod
     def fit(cls, inputs, layer: int, on) -> StreamEdit:
-        """Fitted on the items of folds `on` at their last token, keeping the definitional mean
-        difference of half 0 of the control prompts."""
+        """Fitted by LEACE (edits.layers.modes) on the items of folds `on` at their last token, keeping
+        the definitional mean difference of half 0 of the control prompts."""
         chosen = torch.as_tensor(np.isin(inputs.fold, on))
-        states = last_states(inputs.bank, layer)[chosen]
+        states = last_states(inputs.bank, layer)[chosen][:, 0, 0]
         fit = inputs.keep_rows()
-        control = last_states(inputs.control, layer)[torch.as_tensor(fit)]
-        keep = definitional_directions(control, inputs.control_sign[fit])
-        along, functional, mean = erasers(states, inputs.covariate[chosen.cpu().numpy()], keep, shrink=True)
-        return cls(layer, along[0, 0], functional[0, 0], mean[0, 0])
+        control = last_states(inputs.control, layer)[torch.as_tensor(fit)][:, 0, 0]
+        x = inputs.covariate[chosen.cpu().numpy()]
+        return cls(layer, *Leace.fit(states, x, control, inputs.control_sign[fit]))
 
 
 def untouched(site) -> torch.Tensor:
@@ -184,7 +183,7 @@ def stream_text_costs(module, bank: Bank, clean_logp, edit: StreamEdit) -> tuple
 
 def per_row(fitted: list[StreamEdit], which) -> StreamEdit:
     """One edit with per-row parameters: row n's are those of fitted[which[n]] (each edit class stacks
-    its own: StreamEdit.stacked, edits.mlp.MlpLayers.stacked)."""
+    its own: StreamEdit.stacked, edits.layers.mlp.MlpLayers.stacked)."""
     return type(fitted[0]).stacked(fitted, torch.as_tensor(which))
 
 
@@ -217,7 +216,7 @@ def measure_layers(model, inputs, edit: PerLayer, log=lambda m: None) -> pd.Data
     edit) and control prompts (the all-items edit whose keep constraint was fitted on the other half
     of the control's words; a prompt no fit used: the one fitted on half 0); and the covariate read
     on held-out items from `edit.site(layer)` before and after its quarter's edit (sweep.erased)."""
-    from .sweep.erased import layer_readout_rows  # the sweep's module (it imports this one)
+    from ..sweep.erased import layer_readout_rows  # the sweep's module (it imports this one)
 
     module = model.model
     frames = []
