@@ -18,6 +18,7 @@ from ..measures import batch_kinds
 from ..model import ProbeModel, load_model
 from ..model.checks import check_device
 from ..model.footprint import check_fits
+from ..model.tokenizers import read_once
 from ..progress import Progress
 from ..store import write_table
 from ..suite import Suite, load_suite
@@ -40,6 +41,11 @@ def run_suite(
     default) and return its run directory. A finished chunk is never recomputed when
     `options.resume` is on; `options.shard=(k, n)` computes only this process's chunks into its own
     directory (`merge.merge_shards` joins the n directories)."""
+    with read_once():  # the plan's tokenizer is the one the model is loaded with
+        return _run_suite(suite, model, options)
+
+
+def _run_suite(suite, model, options: RunOptions | None) -> Path:
     options = options or RunOptions()
     if active_model_edit() is not None:
         raise RunError(
