@@ -74,7 +74,9 @@ def test_an_outside_package_registers_a_measure_an_edit_kind_and_a_site_mode(tin
     layers = pd.read_csv(run / "edits_mlp.csv")
     modes = set(layers["kind"].str.replace("-chosen", "").str.replace("-slot", ""))  # a row per layer, chosen
     gap = layers[layers["kind"].str.startswith("mlp-mean_gap")]
-    assert modes == {"mlp-mean_gap", "mlp-leace"} and len(gap) == 2 * 3 and gap["gradient_after"].notna().all()
+    assert (
+        modes == {"mlp-mean_gap", "mlp-leace"} and len(gap) == 2 * 3 and gap["gradient_after"].notna().all()
+    )
     assert (run / "edits" / "mlp-mean_gap.json").is_file()  # saved, as a built-in mode's edit
     # a plug-in's kind that fails at run time: one line naming it, no traceback
     failed = attnprobe("edit", str(run), "--kinds", "explode", *sweep)

@@ -81,41 +81,10 @@ def assert_same_run(a: Path, b: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_process_sharded_run_merges_to_the_single_process_run(whole, tmp_path):
-    shards = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "attnprobe",
-                *ARGS,
-                "--shard",
-                f"{k}/2",
-                "--out",
-                str(tmp_path / "shards"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for k in (1, 2)
-    ]
-    for process in shards:  # both run at once, as two ranks would
-        _, stderr = process.communicate(timeout=600)
-        assert process.returncode == 0, stderr
-    s1, s2 = tmp_path / "shards" / "shard-1-of-2", tmp_path / "shards" / "shard-2-of-2"
-    assert not (s1 / "attention.parquet").exists()  # a shard holds chunks only
-    result = CliRunner().invoke(main, ["merge", str(tmp_path / "merged"), str(s2), str(s1), "--no-report"])
-    assert result.exit_code == 0, result.output
-    assert_same_run(whole, tmp_path / "merged")
-    incomplete = CliRunner().invoke(main, ["merge", str(tmp_path / "m2"), str(s1)])
-    assert incomplete.exit_code == 2 and "shards [1] of 2 given" in incomplete.output
-
-
-@pytest.mark.slow
-def test_torchrun_ranks_take_their_shards(whole, tmp_path):
-    """The documented multi-GPU launch, on 2 CPU processes: torchrun sets RANK/WORLD_SIZE, --shard auto
-    reads them."""
+def test_torchrun_ranks_take_their_shards_and_the_shards_merge_to_the_single_process_run(whole, tmp_path):
+    """The documented multi-GPU launch, on 2 CPU processes at once: torchrun sets RANK/WORLD_SIZE,
+    --shard auto reads them, rank 0 merges; the shards merged again by `attnprobe merge` (in the
+    other order) give the single-process run too, and one shard alone is refused."""
     launch = [
         sys.executable,
         "-m",
@@ -138,6 +107,13 @@ def test_torchrun_ranks_take_their_shards(whole, tmp_path):
     # once both ranks were done (a gloo barrier), rank 0 merged them into --out: the unsharded run
     assert "merged 2 shards" in result.stdout
     assert_same_run(whole, tmp_path / "ranks")
+    s1, s2 = (tmp_path / "ranks" / f"shard-{k}-of-2" for k in (1, 2))
+    assert not (s1 / "attention.parquet").exists()  # a shard holds chunks only
+    result = CliRunner().invoke(main, ["merge", str(tmp_path / "merged"), str(s2), str(s1), "--no-report"])
+    assert result.exit_code == 0, result.output
+    assert_same_run(whole, tmp_path / "merged")
+    incomplete = CliRunner().invoke(main, ["merge", str(tmp_path / "m2"), str(s1)])
+    assert incomplete.exit_code == 2 and "shards [1] of 2 given" in incomplete.output
     merged = CliRunner().invoke(main, ["merge", str(tmp_path / "merged"), *shards, "--no-report"])
     assert merged.exit_code == 0, merged.output
     assert_same_run(whole, tmp_path / "merged")
