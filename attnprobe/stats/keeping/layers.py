@@ -22,6 +22,7 @@ def stream_table(raw: pd.DataFrame, kind: str = STREAM) -> tuple[pd.DataFrame, p
     control prompt's and a generated text's those of the layer whose gate was judged on the other
     half of the words and texts. Any other per-layer edit (`kind`: an MLP edit's mlp-MODE) alike,
     its chosen rows of kind KIND-chosen."""
+    raw = raw[raw["kind"].isin(["none", kind])]  # all it reads: every later filter scans these alone
     none = raw[raw["kind"] == "none"]
     layers = raw[raw["kind"] == kind]
     if layers.empty:
