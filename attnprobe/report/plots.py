@@ -260,14 +260,14 @@ CIRCUIT_ALT = (
 )
 
 
-def circuit_curve(table: pd.DataFrame):
+def circuit_curve(table: pd.DataFrame, found_by: str):
     """Faithfulness against circuit size (parts beside the embeddings or edges, log axis; size 0
-    drawn at 0.5), per comparison: the circuits found held-out with its interval, in-sample, the
-    random circuits' range; each hypothesis judged beside them as one held-out point; the target at
-    80%."""
+    drawn at 0.5), per comparison: the circuits found (rows of circuit `found_by`) held-out with its
+    interval, in-sample, the random circuits' range; each hypothesis judged beside them as one
+    held-out point; the target at 80%."""
     references = list(dict.fromkeys(table["reference"]))
     fig, axes = plt.subplots(1, len(references), figsize=(5.2 * len(references), 3.8), squeeze=False)
-    found = table["circuit"] == "top n by EAP-IG"
+    found = table["circuit"] == found_by
     unit = (
         "edges" if "grain" in table and (table["grain"] == "edges").any() else "parts beside the embeddings"
     )

@@ -237,7 +237,7 @@ def _circuits(directory, figures_dir) -> dict | None:
     if not rows:
         return None
     table = pd.DataFrame(rows)
-    curve = figure(plots.circuit_curve(table), figures_dir, "circuit_curve", plots.CIRCUIT_ALT)
+    curve = figure(plots.circuit_curve(table, ATTRIBUTED), figures_dir, "circuit_curve", plots.CIRCUIT_ALT)
     chosen = _drawn_circuits(directory, table)
     graph = chosen and figure(
         plots.circuit_graph(chosen), figures_dir, "circuit_graph", plots.CIRCUIT_GRAPH_ALT
