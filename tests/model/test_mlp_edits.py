@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import attnprobe
-from attnprobe.edits import edited, load_edit
+from attnprobe.edits import EditOptions, edited, load_edit
 from attnprobe.edits.layers.mlp import MODES, MlpEdit, fitted, fitted_where, kind_of, mlp_outputs
+from attnprobe.errors import AttnprobeError
 from attnprobe.intervene.engine import record
 from attnprobe.stats.edits import MLP
 from attnprobe.stats.keeping.layers import stream_table
@@ -288,3 +289,23 @@ def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run,
         main, [*args, "--edit", str(out / "edits" / f"{MLP}layers-project-slot.json")]
     )
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    "modes, phrase",
+    [
+        ("", "unknown MLP mode (none); modes: zero, mean, project, leace, leace_mid"),
+        ("zero,zero", "--mlp-modes lists zero twice; give each once"),
+        ("layers", "unknown MLP mode layers"),
+        ("leace,Leace", "unknown MLP mode Leace"),
+    ],
+)
+def test_mlp_modes_that_are_not_registered_are_one_line_before_the_model_loads(edited_run, modes, phrase):
+    from click.testing import CliRunner
+    from conftest import one_line_error
+
+    from attnprobe.cli import main
+
+    one_line_error(CliRunner().invoke(main, ["edit", str(edited_run), "--mlp-modes", modes]), phrase)
+    with pytest.raises(AttnprobeError, match=r"mlp_modes 'leace': give a list of mode names"):
+        EditOptions(mlp_modes="leace")  # a string, not a list: Run.edit(mlp_modes="leace")

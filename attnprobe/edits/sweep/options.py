@@ -66,7 +66,9 @@ class EditOptions:
             if not isinstance(values, (tuple, list)) or not all(
                 isinstance(v, kind) and not isinstance(v, bool) for v in values
             ):
-                what = "kind names" if kind is str else "whole numbers"
+                what = (
+                    "whole numbers" if kind is int else "mode names" if name == "mlp_modes" else "kind names"
+                )
                 raise AttnprobeError(f"{name} {values!r}: give a list of {what}, e.g. {EXAMPLES[name]}")
         for name in ("draws", "alone", "texts", "placebo"):
             value, low, high = getattr(self, name), MIN_EDIT_COUNTS[name], MAX_EDIT_COUNTS[name]
