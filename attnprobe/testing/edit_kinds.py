@@ -55,13 +55,17 @@ def check_edit_kind(kind, model, inputs) -> None:
         _packed(kind, edit, model, inputs)
 
 
+def _label(kind) -> str:
+    """A head kind's name (kind.kind) or a site mode's (kind.mode)."""
+    return getattr(kind, "kind", None) or kind.mode
+
+
 def _part(kind, name: str, call):
     """call(), an exception raised as the AssertionError naming the kind (or mode) and the part."""
     try:
         return call()
     except Exception as exc:
-        label = getattr(kind, "kind", None) or kind.mode
-        raise AssertionError(f"{label}: {name} raised {type(exc).__name__}: {exc}") from exc
+        raise AssertionError(f"{_label(kind)}: {name} raised {type(exc).__name__}: {exc}") from exc
 
 
 def _round_trip(kind, edit, model, changed, logits) -> None:
@@ -70,10 +74,10 @@ def _round_trip(kind, edit, model, changed, logits) -> None:
 
     from ..edits import edited, load_edit, save_edit
 
-    label = getattr(kind, "kind", None) or kind.mode
+    label = _label(kind)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / label
-        _part(kind, "save", lambda: save_edit(edit, path, model, {"check": "check_edit_kind"}))
+        _part(kind, "save", lambda: save_edit(edit, path, model, {"check": "attnprobe.testing"}))
         loaded = _part(kind, "load", lambda: load_edit(path))
     assert type(loaded.edit) is type(edit), f"{label}: loaded back as {type(loaded.edit).__name__}"
     with torch.no_grad(), edited(model, loaded):

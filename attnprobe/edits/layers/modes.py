@@ -25,6 +25,7 @@ from typing import ClassVar
 
 import torch
 
+from ...errors import AttnprobeError
 from ...registry import Registry
 from ..estimate import covariate_directions, definitional_directions, definitional_midpoints, erasers
 
@@ -49,8 +50,6 @@ class SiteMode(ABC):
     def checked(cls, z: torch.Tensor, x, control: torch.Tensor, sign) -> Fitted:
         """`fit`, its output checked: three finite vectors of the site's width (a plug-in's that are not
         would broadcast or poison every pass), else one line naming the mode."""
-        from ...errors import AttnprobeError
-
         width = z.shape[-1]
         try:
             made = tuple(cls.fit(z, x, control, sign))

@@ -157,7 +157,11 @@ def save_circuits(sweep: Sweep, source: dict) -> int:
             Mean(tuple(heads), token_means(bank)) if heads else None,
             MlpLayers(tuple(_mean_mlp(sweep.model, bank, layer) for layer in layers)) if layers else None,
         )
-        about = {"comparison": reference, "circuit": f"top {size} by EAP-IG", "chosen_on": "all items"}
+        about = {
+            "comparison": reference,
+            "circuit": ATTRIBUTED.replace(" n ", f" {size} "),
+            "chosen_on": "all items",
+        }
         name = f"{CIRCUIT}-{reference.replace(' ', '-')}"
         _save(sweep, knockout, name, {**_source(sweep, source), **about})
         n += 1

@@ -26,11 +26,12 @@ from ..layers.mlp import MODES as MLP_MODES
 from ..layers.modes import SITE_MODES
 
 DEFAULT_KINDS, DEFAULT_K = DEFAULT_EDIT_KINDS, DEFAULT_EDIT_K
-EXAMPLES = {
-    "kinds": "('zero', 'leace')",
-    "ks": "(1, 5)",
-    "mlp_modes": "('mean', 'leace')",
-}  # what a wrongly typed list is shown
+# the options that are lists: (the type of each entry, what they are, what a wrongly typed list is shown)
+LISTS = {
+    "kinds": (str, "kind names", "('zero', 'leace')"),
+    "ks": (int, "whole numbers", "(1, 5)"),
+    "mlp_modes": (str, "mode names", "('mean', 'leace')"),
+}
 
 
 @dataclass(frozen=True)
@@ -57,33 +58,23 @@ class EditOptions:
     circuit_grain: str = "parts"  # what the circuits are made of: parts (heads, MLPs) or edges
 
     def __post_init__(self):
-        for name, kind in (
-            ("kinds", str),
-            ("ks", int),
-            ("mlp_modes", str),
-        ):  # Run.edit(ks=5) was a TypeError after recording
+        for name, (kind, what, example) in LISTS.items():  # Run.edit(ks=5) was a TypeError after recording
             values = getattr(self, name)
             if not isinstance(values, (tuple, list)) or not all(
                 isinstance(v, kind) and not isinstance(v, bool) for v in values
             ):
-                what = (
-                    "whole numbers" if kind is int else "mode names" if name == "mlp_modes" else "kind names"
-                )
-                raise AttnprobeError(f"{name} {values!r}: give a list of {what}, e.g. {EXAMPLES[name]}")
+                raise AttnprobeError(f"{name} {values!r}: give a list of {what}, e.g. {example}")
         for name in ("draws", "alone", "texts", "placebo"):
             value, low, high = getattr(self, name), MIN_EDIT_COUNTS[name], MAX_EDIT_COUNTS[name]
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise AttnprobeError(f"--{name} {value!r}: give a whole number from {low} to {high:,}")
-        unknown = [k for k in self.kinds if k not in KINDS]
-        if unknown or not self.kinds:
-            raise AttnprobeError(
-                f"unknown edit kind {', '.join(unknown) or '(none)'}; kinds: {', '.join(KINDS)}"
-            )
-        unknown = [m for m in self.mlp_modes if m not in SITE_MODES]
-        if unknown or not self.mlp_modes:
-            raise AttnprobeError(
-                f"unknown MLP mode {', '.join(unknown) or '(none)'}; modes: {', '.join(SITE_MODES)}"
-            )
+        named = ((self.kinds, KINDS, "edit kind", "kinds"), (self.mlp_modes, SITE_MODES, "MLP mode", "modes"))
+        for values, registry, noun, plural in named:
+            unknown = [v for v in values if v not in registry]
+            if unknown or not values:
+                raise AttnprobeError(
+                    f"unknown {noun} {', '.join(unknown) or '(none)'}; {plural}: {', '.join(registry)}"
+                )
         for option, values in (("--kinds", self.kinds), ("--k", self.ks), ("--mlp-modes", self.mlp_modes)):
             repeated = sorted({str(v) for v in values if list(values).count(v) > 1})
             if repeated:
