@@ -15,9 +15,8 @@ attention with `output_attentions=True`; their rows are sliced afterwards.
 Padding is on the right: every real token keeps position 0..L-1 and, under the causal mask, never
 sees a pad, so a prompt's weights do not depend on what else is in its batch.
 
-Shapes: B batch, H query heads, Hkv key/value heads, T query length, S key length, D head dim,
-R captured rows per batch item.
-"""
+Shapes: B batch, H query heads, Hkv key/value heads, T query length, S key length, D head dim, R
+captured rows per batch item."""
 
 from __future__ import annotations
 
@@ -319,7 +318,7 @@ def run_with_capture(
     keep, pick = _logits_wanted(B, device, logit_positions, logit_picks)
     implementation = model.config._attn_implementation
     if implementation == ATTN_IMPLEMENTATION:
-        with recording(rows, layers) as plan, picked_logits(model, pick):
+        with recording(None if rows is None else rows.to(device), layers) as plan, picked_logits(model, pick):
             out = model(
                 input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep
             )

@@ -27,3 +27,10 @@ def on_model_device(model):
         return
     with torch.device(device):
         yield
+
+
+def on_host():
+    """A block within which tensors made without a device are made on the CPU, inside an
+    `on_model_device` block too: the host's bookkeeping (padding, index lists, label sets) is built
+    there and reaches the device in one copy, not one small copy (and wait) per element."""
+    return torch.device("cpu")

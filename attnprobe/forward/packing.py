@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..attention.capture import Captured, picked_logits, recording
+from .device import on_host
 
 PACK_TOKENS = 64  # a pack grows to this many distinct tokens, or twice its first sequence if longer
 
@@ -21,12 +22,9 @@ PACK_TOKENS = 64  # a pack grows to this many distinct tokens, or twice its firs
 def pad_right(sequences, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token id sequences -> input_ids and attention_mask (B, T), padded on the right."""
     T = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), T), dtype=torch.long)
-    for b, seq in enumerate(sequences):
-        ids[b, : len(seq)] = torch.as_tensor(seq)
-        mask[b, : len(seq)] = 1
-    return ids, mask
+    ids = torch.tensor([list(s) + [pad_id] * (T - len(s)) for s in sequences], dtype=torch.long)
+    mask = torch.tensor([[1] * len(s) + [0] * (T - len(s)) for s in sequences], dtype=torch.long)
+    return ids.reshape(len(sequences), T), mask.reshape(len(sequences), T)
 
 
 def common_length(a: tuple, b: tuple) -> int:
@@ -129,21 +127,21 @@ def run_with_shared_prefixes(
     sequences = [s for pack in packs for s in pack]
     B, T = len(sequences), max(len(s) for s in sequences)
     device = next(model.parameters()).device
-    rows = torch.arange(T).expand(B, T) if rows is None else torch.as_tensor(rows, dtype=torch.long)
-    tries = [pack_trie(pack) for pack in packs]
-    ids, pos, mask = packed_inputs(tries, pad_id)  # (G, L), (G, L), (G, 1, L, L)
-    L = ids.shape[1]
-
-    owner = torch.tensor([g for g, pack in enumerate(packs) for _ in pack])  # (B,) the row of each sequence
-    node = torch.zeros(B, T, dtype=torch.long)  # (B, T) the packed node of each position of each sequence
-    for b, path in enumerate(p for *_, where in tries for p in where):
-        node[b, : len(path)] = torch.tensor(path)
-    in_sequence = torch.arange(T)[None, :] < torch.tensor([len(s) for s in sequences])[:, None]  # (B, T)
-    group_rows, row_index = _recorded_rows(node.gather(1, rows), owner, len(packs))
-
-    pick, logit_rows = _packed_picks(node, owner, L, logit_positions, logit_picks)
+    with on_host():  # the tries and their index tensors: built on the CPU, copied once
+        rows = torch.arange(T).expand(B, T) if rows is None else torch.as_tensor(rows, dtype=torch.long).cpu()
+        tries = [pack_trie(pack) for pack in packs]
+        ids, pos, mask = packed_inputs(tries, pad_id)  # (G, L), (G, L), (G, 1, L, L)
+        L = ids.shape[1]
+        owner = torch.tensor([g for g, pack in enumerate(packs) for _ in pack])  # (B,) each sequence's row
+        paths = [p for *_, where in tries for p in where]
+        node = torch.tensor([p + [0] * (T - len(p)) for p in paths])  # (B, T) each position's packed node
+        in_sequence = torch.arange(T)[None, :] < torch.tensor([len(s) for s in sequences])[:, None]  # (B, T)
+        group_rows, row_index = _recorded_rows(node.gather(1, rows), owner, len(packs))
+        pick, logit_rows = _packed_picks(node, owner, L, logit_positions, logit_picks)
     pick = pick and tuple(x.to(device) for x in pick)
-    with recording(group_rows, layers) as plan, picked_logits(model, pick):
+    # every index tensor the unpacking reads goes to the device once, before the forward is queued
+    unpacking = tuple(t.to(device) for t in (owner, row_index, node, in_sequence))
+    with recording(group_rows.to(device), layers) as plan, picked_logits(model, pick):
         out = model(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
@@ -152,10 +150,7 @@ def run_with_shared_prefixes(
             logits_to_keep=0 if pick else 1,
         )
 
-    weights = {
-        layer: _unpacked(recorded, owner, row_index, node, in_sequence)
-        for layer, recorded in plan.weights.items()
-    }
+    weights = {layer: _unpacked(recorded, *unpacking) for layer, recorded in plan.weights.items()}
     if logit_picks is not None:
         return Captured(weights, rows, out.logits[0], logit_rows)  # (U, V), (N,)
     logits = None if pick is None else out.logits.reshape(B, -1, out.logits.shape[-1])  # (B, P, V)
@@ -179,24 +174,24 @@ def _recorded_rows(
 def _unpacked(recorded: torch.Tensor, owner, row_index, node, in_sequence) -> torch.Tensor:
     """One layer's packed weights (G, H, Rg, L) as each sequence's own (B, H, R, T): its row, its
     requested query rows, its keys at their packed nodes, 0 beyond its own tokens."""
-    device, L = recorded.device, recorded.shape[-1]
-    w = recorded[owner.to(device)]  # (B, H, Rg, L)
-    w = w.gather(2, row_index.to(device)[:, None, :, None].expand(-1, w.shape[1], -1, L))  # (B, H, R, L)
-    keys = node.to(device)[:, None, None, :]  # (B, 1, 1, T)
+    L = recorded.shape[-1]  # the index tensors are on the recorded weights' device
+    w = recorded[owner]  # (B, H, Rg, L)
+    w = w.gather(2, row_index[:, None, :, None].expand(-1, w.shape[1], -1, L))  # (B, H, R, L)
+    keys = node[:, None, None, :]  # (B, 1, 1, T)
     w = w.gather(3, keys.expand(-1, w.shape[1], w.shape[2], -1))  # (B, H, R, T)
-    return w * in_sequence.to(device)[:, None, None, :]
+    return w * in_sequence[:, None, None, :]
 
 
 def _packed_picks(node, owner, L: int, logit_positions, logit_picks) -> tuple:
     """(the packed (row, node) pairs the lm head sees, or None; with `logit_picks`, the row of each
     pick among the distinct nodes, else None)."""
     if logit_picks is not None:
-        b, t = (torch.as_tensor(x, dtype=torch.long) for x in logit_picks)
+        b, t = (torch.as_tensor(x, dtype=torch.long).cpu() for x in logit_picks)
         distinct, logit_rows = torch.unique(owner[b] * L + node[b, t], return_inverse=True)  # (U,), (N,)
         return (distinct // L, distinct % L), logit_rows
     if logit_positions is None:
         return None, None
     B, T = node.shape
-    positions = torch.as_tensor(logit_positions, dtype=torch.long).clamp(max=T - 1)
+    positions = torch.as_tensor(logit_positions, dtype=torch.long).cpu().clamp(max=T - 1)
     at = node.gather(1, positions.expand(B, -1))  # (B, P) nodes
     return (owner[:, None].expand_as(at).flatten(), at.flatten()), None

@@ -184,16 +184,16 @@ def plan_passes(
 ):
     """Consecutive runs of `group` (sorted by start, then length), each one pass: at most `row_tokens`
     rows x computed positions, and at most `waste` of them padding or a prefix computed again."""
+    length, start = lengths[group].tolist(), starts[group].tolist()  # per row of `group`, as numbers
     begin = 0
-    while begin < len(group):
-        stop, useful = begin + 1, int(lengths[group[begin]] - starts[group[begin]])
-        while stop < len(group):
-            row = group[stop]
-            width = int(lengths[group[begin : stop + 1]].max() - starts[group[begin]])
-            grown = useful + int(lengths[row] - starts[row])
+    while begin < len(length):
+        stop, useful, longest = begin + 1, length[begin] - start[begin], length[begin]
+        while stop < len(length):
+            width = max(longest, length[stop]) - start[begin]
+            grown = useful + length[stop] - start[stop]
             if (stop + 1 - begin) * width > min(row_tokens, (1 + waste) * grown + 64):
                 break
-            stop, useful = stop + 1, grown
+            stop, useful, longest = stop + 1, grown, max(longest, length[stop])
         yield group[begin:stop]
         begin = stop
 
@@ -279,14 +279,26 @@ class HeadPatch:
     at: torch.Tensor | None = None  # (B,) the position whose value `value` patches
     values: torch.Tensor | None = None  # (B, L, H)
 
+    def __post_init__(self):
+        # the layers each mask patches, read once (one wait for the device), not once per layer
+        self.touched = {
+            name: set(mask.any(0).any(-1).nonzero().flatten().tolist()) if mask is not None else set()
+            for name, mask in (
+                ("output", self.output),
+                ("pattern", self.pattern),
+                ("value", self.value),
+                ("values", self.values),
+            )
+        }
+
     def __call__(self, site) -> torch.Tensor:
         out, layer = site.output, site.layer
         B, H, T, D = out.shape
         index = self.donor_index[:, None, :, None]
         values = None  # the values the heads read, where a patch needs them (GQA-expanded: not free)
-        if self.values is not None and self.values[:, layer].any():
+        if layer in self.touched["values"]:
             values, out = self._every_value(site, layer, out)
-        if self.value is not None and self.value[:, layer].any():
+        if layer in self.touched["value"]:
             # z <- z + A[:, p] (v'_p' - v_p): the row's live weights, the donor's value at p'
             rows, at = torch.arange(B), self.at
             live = site.values()[rows, :, at]  # (B, H, D)
@@ -296,7 +308,7 @@ class HeadPatch:
             new = out + reach[..., None].to(out.dtype) * (donor - live)[:, :, None, :]
             out = torch.where(self.value[:, layer, :, None, None], new, out)
         for rows, kind in ((self.output[:, layer], "output"), (self.pattern[:, layer], "pattern")):
-            if not rows.any():
+            if layer not in self.touched[kind]:
                 continue
             if kind == "output":
                 new = self.bank.outputs[layer][self.donor].gather(2, index.expand(B, H, T, D)).to(out.dtype)
@@ -328,8 +340,10 @@ def mlp_patch(bank: Bank, donor, where, donor_index, rows):
     """For `sites.mlp_outputs`: in the rows `rows` (B, L) selects, the MLP output at the
     patched positions is the donor's."""
 
+    touched = set(rows.any(0).nonzero().flatten().tolist())  # read once, not once per layer
+
     def change(layer, out):  # (B, T, E)
-        if not rows[:, layer].any():
+        if layer not in touched:
             return None
         new = (
             bank.mlp[layer][donor]

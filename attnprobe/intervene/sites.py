@@ -30,11 +30,9 @@ def behaviour_rows(logits: torch.Tensor, positive: torch.Tensor, negative: torch
 
 
 def label_ids(sets: list[list[int]]) -> torch.Tensor:
-    """Label id lists -> (n, K), padded with -1."""
-    out = torch.full((len(sets), max(len(s) for s in sets)), -1, dtype=torch.long)
-    for i, ids in enumerate(sets):
-        out[i, : len(ids)] = torch.as_tensor(ids)
-    return out
+    """Label id lists -> (n, K), padded with -1 (one tensor made: one copy to a device)."""
+    K = max(len(s) for s in sets)
+    return torch.tensor([list(ids) + [-1] * (K - len(ids)) for ids in sets], dtype=torch.long)
 
 
 @contextmanager

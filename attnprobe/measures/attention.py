@@ -121,6 +121,7 @@ class Attention(BatchMeasure):
     CHUNKS = {"": ("attention.parquet",)}  # <k>.attention.parquet; the first kind names the rows
     READS = {"attention": "attention.parquet"}
     TABLES = ("head_stats", "layer_stats", "condition_means", "referent_accuracy")
+    ON_DEVICE = True  # the captured rows are aggregated where they were computed
 
     def parse(self, ctx, doc, scope) -> tuple[AttentionMeasure, ...]:
         return AttentionMeasure.parse(ctx, as_list(ctx, doc, "attention", "measures {source, targets}"))
@@ -224,23 +225,36 @@ def _aggregate(w: torch.Tensor, how: str, dim: int) -> torch.Tensor:
 
 def blocks(measures, batch, rows_per_prompt: list[list[int]], W: torch.Tensor) -> list:
     """(prompt_id, source, target, (L*H,) weights, layer-major) per prompt and measured pair.
-    W: (L, B, H, R, S) the captured rows of every layer; rows_per_prompt[b] names row r of W."""
-    out = []
+    W: (L, B, H, R, S) the captured rows of every layer, on the model's device; rows_per_prompt[b]
+    names row r of W. The pairs are aggregated on W's device in groups of one shape (source and
+    target token counts, aggregations), so a batch costs a few gathers and one copy to the CPU,
+    whatever its number of prompts."""
+    import torch
+
+    wanted, groups = [], {}  # wanted: (prompt_id, label, target); groups: shape -> [(n, b, rows, keys)]
     for b, e in enumerate(batch):
         for m in measures:
             if (read := m.source_range(e.spans)) is None:
                 continue
-            src = [rows_per_prompt[b].index(t) for t in range(*read)]
+            rows = [rows_per_prompt[b].index(t) for t in range(*read)]
             for target in m.targets:
                 if target not in e.spans:
                     continue
-                t0, t1 = e.spans[target]
-                w = W[:, b, :, src, t0:t1]  # (L, H, source tokens, target tokens)
-                value = _aggregate(_aggregate(w, m.target_agg, -1), m.source_agg, -1)  # (L, H)
-                out.append(
-                    (e.prompt.prompt_id, m.label, target, value.reshape(-1).cpu().numpy().astype(np.float32))
-                )
-    return out
+                keys = list(range(*e.spans[target]))
+                shape = (len(rows), len(keys), m.source_agg, m.target_agg)
+                groups.setdefault(shape, []).append((len(wanted), b, rows, keys))
+                wanted.append((e.prompt.prompt_id, m.label, target))
+    if not wanted:
+        return []
+    L, _, H = W.shape[:3]
+    by_prompt = W.permute(1, 3, 4, 0, 2)  # (B, R, S, L, H): one gather picks every pair's block
+    values = torch.empty(len(wanted), L, H, dtype=W.dtype, device=W.device)
+    for (_, _, source_agg, target_agg), members in groups.items():
+        at, b, rows, keys = (torch.tensor(x, device=W.device) for x in zip(*members))
+        block = by_prompt[b[:, None, None], rows[:, :, None], keys[:, None, :]]  # (n, rows, keys, L, H)
+        values[at] = _aggregate(_aggregate(block, target_agg, 2), source_agg, 1)
+    flat = values.reshape(len(wanted), L * H).cpu().numpy().astype(np.float32)
+    return [(*key, row) for key, row in zip(wanted, flat)]
 
 
 def attention_table(blocks: list, n_layers: int, n_heads: int) -> pa.Table:

@@ -162,7 +162,13 @@ class BatchMeasure(Measure):
     state); `read(pm, declared, part, batch, captured, state)` -> this batch's part;
     `chunk_table(parts, pm)` -> the chunk's table (chunk file `<k>.<CHUNKS[""][0]>`); `assemble`
     joins the chunks into the run's table; `ends` bounds what the prompts' forward must include. The
-    run's prompts phase computes, stores and merges them."""
+    run's prompts phase computes, stores and merges them.
+
+    `read` sees the captured tensors on the CPU; a kind with ON_DEVICE = True sees them where the
+    model runs (a GPU, say) and reduces them there, copying only its results (the built-in kinds:
+    a batch's captured rows and logits are far larger than what the tables keep)."""
+
+    ON_DEVICE = False
 
     @abstractmethod
     def ends(self, declared, prompt, spans) -> list[int]:

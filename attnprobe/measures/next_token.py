@@ -171,6 +171,7 @@ class NextToken(BatchMeasure):
     CHUNKS = {"": ("logprobs.parquet",)}  # <k>.logprobs.parquet
     READS = {"logprobs": "logprobs"}
     TABLES = ("behavior", "behavior_by_unit")
+    ON_DEVICE = True  # log-probabilities over the vocabulary where the logits are
 
     def parse(self, ctx, doc, scope) -> tuple[NextTokenMeasure, ...]:
         node = as_list(ctx, doc, "next_token", "measures {cut, candidates}")
@@ -249,24 +250,29 @@ def logit_positions(batch) -> list[list[int]]:
 
 def logprobs(pm, batch, logits, positions, cand_ids) -> dict:
     """Rows of logprobs.csv for one batch, as column lists. logits: (B, P, V), prompt b's at
-    `positions[b]`."""
+    `positions[b]`, on the model's device: normalised there, and only the candidates' first tokens
+    copied to the CPU."""
     import torch
 
     out = {name: [] for name in LOGPROB_COLUMNS}
     if logits is None:
         return out
-    logp = torch.log_softmax(logits.float(), dim=-1)  # (B, P, V)
-    continuations = []  # candidates of several tokens need their own forward pass
+    picks, continuations = [], []  # (b, p, first token) per row; candidates of several tokens
     for b, e in enumerate(batch):
         for cut, candidates in e.prompt.candidates.items():
             p = positions[b].index(e.spans[cut][0] - 1)
             for text, label in candidates:
                 tokens = cand_ids[text]
-                value = logp[b, p, tokens[0]].item()
-                if len(tokens) > 1:
+                picks.append((b, p, tokens[0]))
+                if len(tokens) > 1:  # need their own forward pass
                     continuations.append((len(out["logprob"]), e.ids[: e.spans[cut][0]], tokens))
-                for key, item in zip(out, (e.prompt.prompt_id, cut, text, label, value)):
+                for key, item in zip(out, (e.prompt.prompt_id, cut, text, label, None)):
                     out[key].append(item)
+    if not picks:
+        return out
+    b, p, token = torch.tensor(picks, device=logits.device).T
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (B, P, V)
+    out["logprob"] = logp[b, p, token].cpu().tolist()
     if continuations:
         _add_continuations(pm, out["logprob"], continuations)
     return out

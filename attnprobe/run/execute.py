@@ -8,6 +8,7 @@ import signal
 from contextlib import contextmanager
 
 from ..attention.capture import run_with_capture
+from ..forward.device import on_host
 from ..forward.packing import pad_right, run_with_shared_prefixes
 from ..measures import batch_kinds
 from ..model import ProbeModel
@@ -21,24 +22,29 @@ def measure_batch(
     forward pass that captures what all of them asked for. `packs`: the sizes of the packs of
     consecutive prompts forwarded as one row each, every shared prefix once (see plan.Batch)."""
     asked, states, measures = {}, {}, plan.suite.measures
-    for kind in batch_kinds():
-        keywords, states[kind.NAME] = kind.request(measures[kind.NAME], batch)
-        assert not set(keywords) & set(asked), f"{kind.NAME} asks for capture arguments another kind sets"
-        asked.update(keywords)
+    with on_host():  # what the kinds ask for and the padded ids: built on the CPU, copied once
+        for kind in batch_kinds():
+            keywords, states[kind.NAME] = kind.request(measures[kind.NAME], batch)
+            assert not set(keywords) & set(asked), f"{kind.NAME} asks for capture arguments another kind sets"
+            asked.update(keywords)
+        if not packs:
+            ids, mask = pad_right([e.forward_ids for e in batch], pm.tokenizer.pad_token_id)
     if packs:
         prompts = iter(batch)
         rows = [[next(prompts).forward_ids for _ in range(size)] for size in packs]
         captured = run_with_shared_prefixes(pm, rows, pm.tokenizer.pad_token_id, **asked)
     else:
-        ids, mask = pad_right([e.forward_ids for e in batch], pm.tokenizer.pad_token_id)
         captured = run_with_capture(pm, ids, mask, **asked)
-    captured = captured.cpu()  # the measures read on the CPU, whatever the model's device
-    return {
-        kind.NAME: kind.read(
-            pm, measures[kind.NAME], plan.parts[kind.NAME], batch, captured, states[kind.NAME]
+    on_cpu = None  # copied once, for the kinds that read on the CPU (a plug-in's, unless it says)
+    parts = {}
+    for kind in batch_kinds():
+        if not kind.ON_DEVICE and on_cpu is None:
+            on_cpu = captured.cpu()
+        seen = captured if kind.ON_DEVICE else on_cpu
+        parts[kind.NAME] = kind.read(
+            pm, measures[kind.NAME], plan.parts[kind.NAME], batch, seen, states[kind.NAME]
         )
-        for kind in batch_kinds()
-    }
+    return parts
 
 
 _REQUESTS: list = []  # the request list of the active deferred_interrupt (the outermost one)

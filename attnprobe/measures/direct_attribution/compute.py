@@ -102,12 +102,11 @@ def attribute(
         g = g.view(len(prompts), values.shape[1], 1, values.shape[3])
         per_source = weights * (values * g).sum(-1)  # (B, H, S)
         mlp = (mlp_out[layer].float() * d_resid).sum(-1)
-        per_layer.append((per_source, bias, mlp))
+        per_layer.append((per_source.double().cpu(), bias.cpu(), mlp.cpu()))  # one copy each, not per prompt
     biased = getattr(head, "bias", None) is not None  # what its bias adds beside d . h joins the constant
-    ends = [
-        constant[b].item() + ((y[b] - (d[b] * h[b]).sum()).item() if biased else 0.0) for b in range(len(y))
-    ]
-    return [_parts(b, y, embed, ends[b], per_layer, classes[b], t[b]) for b in range(len(prompts))]
+    ends = constant.double().cpu() + ((y - (d * h).sum(-1)).double().cpu() if biased else 0.0)
+    y, embed = y.cpu(), embed.cpu()
+    return [_parts(b, y, embed, float(ends[b]), per_layer, classes[b], t[b]) for b in range(len(prompts))]
 
 
 def _parts(b: int, y, embed, end: float, per_layer: list, classes: list, t: int) -> dict:
@@ -119,7 +118,7 @@ def _parts(b: int, y, embed, end: float, per_layer: list, classes: list, t: int)
     for layer, (per_source, bias, mlp) in enumerate(per_layer):
         parts[(layer, -1, MLP)] = mlp[b].item()
         parts[(layer, -1, BIAS)] = bias[b].item()
-        summed = per_source[b, :, : t + 1].double().cpu().numpy() @ onehot  # (H, C)
+        summed = per_source[b, :, : t + 1].numpy() @ onehot  # (H, C)
         for (h_, c), v in np.ndenumerate(summed):
             parts[(layer, h_, names[c])] = float(v)
     return {"y": y[b].item(), "parts": parts, "error": y[b].item() - sum(parts.values())}

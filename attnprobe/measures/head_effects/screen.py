@@ -138,18 +138,22 @@ def screen(
     positive, negative = label_ids([i.positive for i in items]), label_ids([i.negative for i in items])
     attribution = estimate(pm, bank, xs, positive, negative, which)
     ys = _patches(pairs, L, H, bank, measure.exact == "all", held_out).run(pm, bank, share_prefix)
-    heads, per_layer, totals = [], [], []
+    attribution["attention_attribution"] = attribution["attribution_output"].sum(-1)  # (n, L)
+    attribution = {name: values.cpu().numpy() for name, values in attribution.items()}  # one copy each
+    totals, exact = [], {}  # exact: column -> {pair: its L*H or L values}
     for k, pair in enumerate(pairs):
         effect = lambda what, direction, k=k, pair=pair: _delta(
             ys.get((k, what, direction)), direction, clean[pair.x], clean[pair.x_cf]
         )
         key = {"item_id": pair.item.item_id, "counterfactual": pair.cf.word}
         totals.append({**key, **_total(pair, measure.slot, clean, held_out, effect)})
-        heads.append(_head_rows(key, L, H, effect, attribution, k))
-        per_layer.append(_layer_rows(key, L, effect, attribution, k))
+        for column in (*HEAD_COLUMNS[:3], *LAYER_COLUMNS):
+            if (values := effect(*column.rsplit("_", 1))) is not None:
+                exact.setdefault(column, {})[k] = values
+    keys = ([p.item.item_id for p in pairs], [p.cf.word for p in pairs])
     return {
-        "items": pd.concat(heads, ignore_index=True),
-        "layers": pd.concat(per_layer, ignore_index=True),
+        "items": _head_rows(keys, L, H, exact, attribution),
+        "layers": _layer_rows(keys, L, exact, attribution),
         "totals": pd.DataFrame(totals),
     }
 
@@ -194,39 +198,47 @@ def _total(pair, slot: str, clean, held_out: set, effect) -> dict:
     }
 
 
-def _nan(n: int) -> np.ndarray:
-    return np.full(n, np.nan)
+SELECTED_COLUMNS = ("output_in", "output_out", "pattern_in")
 
 
-def _head_rows(key: dict, L: int, H: int, effect, attribution: dict, k: int) -> pd.DataFrame:
-    """A pair's rows per head: the exact patches (NaN where not patched) and the attribution."""
-    columns = {
-        "output_in": effect("output", "in"),
-        "output_out": effect("output", "out"),
-        "pattern_in": effect("pattern", "in"),
-        "attribution_output": attribution["attribution_output"][k].reshape(-1).cpu().numpy(),
-        "attribution_pattern": attribution["attribution_pattern"][k].reshape(-1).cpu().numpy(),
-    }
+def _columns(n: int, width: int, exact: dict, names) -> dict:
+    """(n * width,) values per column: each pair's exact patches in its rows, NaN where not patched."""
+    out = {}
+    for name in names:
+        values = np.full((n, width), np.nan)
+        for k, row in exact.get(name, {}).items():
+            values[k] = row
+        out[name] = values.reshape(-1)
+    return out
+
+
+def _head_rows(keys, L: int, H: int, exact: dict, attribution: dict) -> pd.DataFrame:
+    """Every pair's rows per head, pairs in order: the exact patches (NaN where not patched) and the
+    attribution."""
+    n = len(keys[0])
     return pd.DataFrame(
         {
-            **key,
-            "layer": np.repeat(np.arange(L), H),
-            "head": np.tile(np.arange(H), L),
-            **{c: _nan(L * H) if columns[c] is None else columns[c] for c in HEAD_COLUMNS},
+            "item_id": np.repeat(np.array(keys[0], dtype=object), L * H),
+            "counterfactual": np.repeat(np.array(keys[1], dtype=object), L * H),
+            "layer": np.tile(np.repeat(np.arange(L), H), n),
+            "head": np.tile(np.arange(H), n * L),
+            **_columns(n, L * H, exact, HEAD_COLUMNS[:3]),
+            **{c: attribution[c].reshape(-1) for c in HEAD_COLUMNS[3:]},
         }
     )
 
 
-def _layer_rows(key: dict, L: int, effect, attribution: dict, k: int) -> pd.DataFrame:
-    """A pair's rows per layer: attention and MLP patched both ways, and their attribution."""
-    layers = {f"{what}_{d}": effect(what, d) for what in ("attention", "mlp") for d in ("in", "out")}
+def _layer_rows(keys, L: int, exact: dict, attribution: dict) -> pd.DataFrame:
+    """Every pair's rows per layer: attention and MLP patched both ways, and their attribution."""
+    n = len(keys[0])
     return pd.DataFrame(
         {
-            **key,
-            "layer": np.arange(L),
-            **{c: _nan(L) if layers[c] is None else layers[c] for c in LAYER_COLUMNS},
-            "attention_attribution": attribution["attribution_output"][k].sum(-1).cpu().numpy(),
-            "mlp_attribution": attribution["attribution_mlp"][k].cpu().numpy(),
+            "item_id": np.repeat(np.array(keys[0], dtype=object), L),
+            "counterfactual": np.repeat(np.array(keys[1], dtype=object), L),
+            "layer": np.tile(np.arange(L), n),
+            **_columns(n, L, exact, LAYER_COLUMNS),
+            "attention_attribution": attribution["attention_attribution"].reshape(-1),
+            "mlp_attribution": attribution["attribution_mlp"].reshape(-1),
         }
     )
 
@@ -272,7 +284,7 @@ def selected(
         if len(chosen) and pair.item.same_length(pair.cf):
             builder.add((k, "pattern", "in"), pair, "in", pattern=chosen)
     ys = builder.run(pm, bank, share_prefix)
-    heads, totals = [], []
+    totals, exact = [], {}
     layer, head = singles.nonzero(as_tuple=True)
     for k, pair in enumerate(pairs):
         item, cf, x, x_cf = pair.item, pair.cf, pair.x, pair.x_cf
@@ -289,18 +301,17 @@ def selected(
                 **_random_columns(effect("random", "in")),
             }
         )
-        columns = {c: effect(*c.split("_")) for c in ("output_in", "output_out", "pattern_in")}
-        heads.append(
-            pd.DataFrame(
-                {
-                    **key,
-                    "layer": layer.cpu().numpy(),
-                    "head": head.cpu().numpy(),
-                    **{c: np.full(len(layer), np.nan) if v is None else v for c, v in columns.items()},
-                }
-            )
-        )
-    empty = pd.DataFrame(
-        columns=["item_id", "counterfactual", "layer", "head", "output_in", "output_out", "pattern_in"]
+        for column in SELECTED_COLUMNS:
+            if (values := effect(*column.split("_"))) is not None:
+                exact.setdefault(column, {})[k] = values
+    n, chosen_heads = len(pairs), len(layer)
+    heads = pd.DataFrame(
+        {
+            "item_id": np.repeat(np.array([p.item.item_id for p in pairs], dtype=object), chosen_heads),
+            "counterfactual": np.repeat(np.array([p.cf.word for p in pairs], dtype=object), chosen_heads),
+            "layer": np.tile(layer.cpu().numpy(), n),
+            "head": np.tile(head.cpu().numpy(), n),
+            **_columns(n, chosen_heads, exact, SELECTED_COLUMNS),
+        }
     )
-    return {"items": pd.concat(heads, ignore_index=True) if heads else empty, "totals": pd.DataFrame(totals)}
+    return {"items": heads, "totals": pd.DataFrame(totals)}
