@@ -551,7 +551,7 @@ def main(argv=None) -> int:
         families = [] if args.no_parity else args.families.split(",")
         result["parity"] = parity(device, tokenizer, args.parity_limit, work, families)
         save()
-        names = ["tiny-llama"] if args.tiny else args.shapes.split(",")
+        names = ["tiny-llama"] if args.tiny else [n for n in args.shapes.split(",") if n]
         if device.startswith("cuda"):  # CUDA's first use in a process (2 s at 1B on an H100): not timed
             shape_row(
                 "warm-up", shape_folder("tiny-llama", tokenizer, work, True), device, "bfloat16", 24, work
