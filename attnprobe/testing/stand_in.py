@@ -54,13 +54,36 @@ def _names_cpu(args, kwargs) -> bool:
     return False
 
 
+# What makes the host wait for a GPU: a value read back from a tensor on the device
+WAITS = {
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch.Tensor.__bool__,
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__index__,
+    torch.Tensor.cpu,
+    torch.Tensor.nonzero,
+    torch.nonzero,
+}
+FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}  # a constructor copying host data
+
+
 class StandInDevice(TorchFunctionMode):
-    """The mode behind stand_in_device(); `depth` counts the on_model_device blocks entered."""
+    """The mode behind stand_in_device(); `depth` counts the on_model_device blocks entered. It counts
+    what costs a GPU host time: `waits` (values read back from the device, each a synchronisation) and
+    `copies` (tensors made on the device from host data, each a small transfer)."""
 
     depth = 0
 
+    def __init__(self):
+        super().__init__()
+        self.waits, self.copies = 0, 0
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in WAITS and args and on_device(args[0]):
+            self.waits += 1
         if func in (torch.Tensor.numpy, torch.Tensor.__array__) and on_device(args[0]):
             raise TypeError(
                 "can't convert the stand-in device's tensor to numpy (as CUDA: use Tensor.cpu() first)"
@@ -72,6 +95,7 @@ class StandInDevice(TorchFunctionMode):
             generator = kwargs.get("generator")
             if generator is not None and generator.device.type == "cpu":
                 raise RuntimeError("Expected a 'cuda' device type for generator (the stand-in device)")
+            self.copies += func in FROM_DATA
             return _mark(func(*args, **kwargs))
         out = func(*args, **kwargs)
         if any(on_device(x) for x in pytree.tree_leaves((args, kwargs))):
