@@ -14,9 +14,10 @@ from conftest import EFFECT_SUITE
 from attnprobe.measures import MEASURES, Measure, NextToken
 from attnprobe.model import load_model
 from attnprobe.suite import load_suite
-from attnprobe.testing import check_measure, check_measures
+from attnprobe.testing import check_measure
+from attnprobe.testing.measures import CHECKS, contract_runs
 
-CONTRACT_SUITES = sorted({kind.CONTRACT[0] for kind in MEASURES.values() if kind.CONTRACT})
+CASES = [(kind.NAME, check) for kind in MEASURES.values() for check in CHECKS]  # one test each
 
 
 def _shipped(name, directory):
@@ -50,14 +51,32 @@ def tiny_pm(tiny_llama_dir):
     return load_model(str(tiny_llama_dir))
 
 
-@pytest.mark.parametrize("suite_name", CONTRACT_SUITES)
-def test_contract(suite_name, tiny_pm, tmp_path):
-    """Every kind declared by a contract suite, on that suite (its runs shared by the kinds)."""
-    path, suite = _shipped(suite_name, tmp_path)
-    limit = min(k.CONTRACT[1] for k in MEASURES.values() if k.CONTRACT and k.CONTRACT[0] == suite_name)
-    kinds = [k for k in MEASURES.values() if k.declared(suite)]
-    assert kinds
-    check_measures(kinds, suite, tiny_pm, tmp_path, limit)
+@pytest.fixture(scope="module")
+def contract(tiny_pm, tmp_path_factory):
+    """The contract runs of a suite (contract_runs), made once per suite in this process."""
+    made = {}
+
+    def runs(suite_name):
+        if suite_name not in made:
+            directory = tmp_path_factory.mktemp(f"contract-{suite_name}")
+            _, suite = _shipped(suite_name, directory)
+            limit = min(
+                k.CONTRACT[1] for k in MEASURES.values() if k.CONTRACT and k.CONTRACT[0] == suite_name
+            )
+            made[suite_name] = contract_runs(suite, tiny_pm, directory, limit)
+        return made[suite_name]
+
+    return runs
+
+
+@pytest.mark.parametrize("name, check", CASES, ids=[f"{name}-{check}" for name, check in CASES])
+def test_contract(name, check, contract):
+    """Every registered kind through every check of the contract, on its CONTRACT suite (the runs
+    shared by the kinds of a suite): one test per kind and check."""
+    kind = MEASURES[name]
+    runs = contract(kind.CONTRACT[0])
+    assert kind.declared(runs.suite)
+    CHECKS[check](kind, runs)
 
 
 class _Silent(Measure):
