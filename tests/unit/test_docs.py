@@ -101,3 +101,12 @@ def test_the_room_table_names_every_module_of_the_tree():
     rooms = {p.name for p in (ROOT / "attnprobe").iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     named = {first.strip("`/") for first in rows if first.endswith("/`")}
     assert named == rooms, f"rooms in the table but not the tree, or the reverse: {named ^ rooms}"
+
+
+def test_dated_figures_live_in_the_pages_for_them():
+    """A dated measurement belongs to docs/findings.md, performance.md or gpus.md (each keeps its dated
+    tables); every other page is a manual that stays true without a date."""
+    dated_pages = {"findings.md", "performance.md", "gpus.md"}
+    for page in sorted(Path("docs").glob("*.md")):
+        dated = [line for line in page.read_text().splitlines() if re.search(r"\b20\d\d-\d\d-\d\d\b", line)]
+        assert page.name in dated_pages or not dated, (page.name, dated[:2])
