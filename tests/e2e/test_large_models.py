@@ -197,6 +197,21 @@ def test_the_gpu_benchmark_runs_on_the_cpu_with_tiny_shapes(tmp_path):
     assert "## The commands on the device" in (tmp_path / "gpu.md").read_text()
 
 
+@pytest.mark.slow
+def test_the_gpu_pace_benchmark_runs_on_the_cpu_with_a_tiny_shape(tmp_path):
+    """benchmarks/gpu_pace.py --tiny (the device: the CPU standing in for a GPU): the prompt phase cold
+    and warm beside the eager loop, single-head patches, and the profile, written as JSON and
+    markdown, so the script a lent GPU runs has run before it gets there."""
+    script = REPO / "benchmarks" / "gpu_pace.py"
+    args = ["--tiny", "--out", str(tmp_path), "--limit", "24", "--pairs", "1", "--profile", "tiny-llama"]
+    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "gpu_pace.json").read_text())["pace"]
+    assert row["prompt_phase_warm_s"] > 0 and row["eager_warm_s"] > 0
+    assert row["single_head_patches"] == 8 and row["patches_per_s"] > 0  # 2 layers x 4 heads, one pair
+    assert "## patches" in (tmp_path / "gpu_profile.md").read_text()
+
+
 def test_a_pass_too_large_for_the_device_is_run_again_in_halves():
     """intervene.engine.halved_on_oom: a pass that runs out of memory is split until its halves fit,
     every row computed once with the values it would have had."""
