@@ -2,7 +2,6 @@
 refusal of a model that cannot fit, and benchmarks/gpu.py on the CPU (issue 54)."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -178,16 +177,25 @@ def test_the_1b_shape_runs_the_gender_suite_end_to_end_on_cpu(tmp_path):
     one_line_error(edit, "random weights")
 
 
+def _benchmark(name: str):
+    """benchmarks/NAME.py as a module, run in this process (the test's imports are the script's)."""
+    import importlib.util
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.slow
 def test_the_gpu_benchmark_runs_on_the_cpu_with_tiny_shapes(tmp_path):
     """benchmarks/gpu.py --tiny: parity in three dtypes (device = the CPU standing in for a GPU here;
     one of its six families: the others differ in the model only, which the family tests cover), the
     tiny shape's row and every command, written as JSON and markdown."""
-    script = REPO / "benchmarks" / "gpu.py"
     args = ["--tiny", "--out", str(tmp_path), "--limit", "24", "--parity-limit", "8"]
     args += ["--families", "llama"]
-    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, cwd=REPO)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert _benchmark("gpu").main(args) == 0
     found = json.loads((tmp_path / "gpu.json").read_text())
     assert len(found["parity"]) == 3 and all(r["passed"] for r in found["parity"])
     assert {r["family"] for r in found["parity"]} == {"llama"}
@@ -202,10 +210,8 @@ def test_the_gpu_pace_benchmark_runs_on_the_cpu_with_a_tiny_shape(tmp_path):
     """benchmarks/gpu_pace.py --tiny (the device: the CPU standing in for a GPU): the prompt phase cold
     and warm beside the eager loop, single-head patches, and the profile, written as JSON and
     markdown, so the script a lent GPU runs has run before it gets there."""
-    script = REPO / "benchmarks" / "gpu_pace.py"
     args = ["--tiny", "--out", str(tmp_path), "--limit", "24", "--pairs", "1", "--profile", "tiny-llama"]
-    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, cwd=REPO)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert _benchmark("gpu_pace").main(args) == 0
     (row,) = json.loads((tmp_path / "gpu_pace.json").read_text())["pace"]
     assert row["prompt_phase_warm_s"] > 0 and row["eager_warm_s"] > 0
     assert row["single_head_patches"] == 8 and row["patches_per_s"] > 0  # 2 layers x 4 heads, one pair
