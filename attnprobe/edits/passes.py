@@ -65,16 +65,12 @@ def _editor(variants: Variants, rows) -> RowEditor:
     return RowEditor(variants.edit, variants.heads[rows], None if which is None else which[rows])
 
 
-def _sequence(bank: Bank, n: int) -> tuple[int, ...]:
-    return tuple(bank.ids[n, : int(bank.lengths[n])].tolist())
-
-
 def _packed_groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_tokens: int, which=None):
     """Passes of tries: variants grouped by lowest edited layer and then by head set (and edit, with
     `which`), each group's sequences sorted by tokens and packed with their neighbours
     (packing.neighbour_packs), the packs of a layer in passes of at most `row_tokens` rows x packed
     length. Yields (layer, packs), a pack being a list of variant indices that share one head set."""
-    first = lowest_layer(heads.any(-1))  # (V,) from the (V, L, H) masks
+    first, of = lowest_layer(heads.any(-1)), base.tolist()  # (V,) from the (V, L, H) masks; host
     for layer in first.unique().tolist():
         group = (first == layer).nonzero()[:, 0]
         key = heads[group].flatten(1).long()  # (n, L H)
@@ -84,7 +80,7 @@ def _packed_groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_toke
         packs, sizes = [], []
         for s in head_set.unique().tolist():
             members = group[head_set == s].tolist()
-            sequences = [_sequence(bank, int(base[v])) for v in members]
+            sequences = [bank.sequences[of[v]] for v in members]
             found, counts = sorted_packs(sequences, len(members))
             packs += [[members[i] for i in pack] for pack in found]
             sizes += counts
@@ -99,15 +95,15 @@ def _packed_pass(module, variants: Variants, packs, first: int, vocabulary):
     state of each node (a node's state is that of every sequence through it, at its depth). Returns
     the logits after each variant's last token, in the order of the packs' variants, and whether
     the lm head was narrowed to `vocabulary`."""
-    bank, base = variants.bank, variants.base
-    tries = [pack_trie([_sequence(bank, int(base[v])) for v in pack]) for pack in packs]
+    bank, of = variants.bank, variants.base.tolist()  # the base sequences, on the host once
+    tries = [pack_trie([bank.sequences[of[v]] for v in pack]) for pack in packs]
     ids, pos, mask = packed_inputs(tries, pad_id=0)  # (G, P), (G, P), (G, 1, P, P)
     rows, nodes, sequences, depths, last = [], [], [], [], ([], [])
     for g, (pack, (*_, where)) in enumerate(zip(packs, tries)):
         for v, path in zip(pack, where):
             rows += [g] * len(path)
             nodes += path
-            sequences += [int(base[v])] * len(path)
+            sequences += [of[v]] * len(path)
             depths += range(len(path))
             last[0].append(g), last[1].append(path[-1])
     hidden = bank.hidden[first]  # (N, T, E)
@@ -191,24 +187,31 @@ def edited_text_costs(
     kl, loss = torch.empty(len(heads), dtype=torch.float64), torch.empty(len(heads), dtype=torch.float64)
     row_tokens = max(1, LOGIT_BYTES // (4 * vocab))
     clean_p = [logp.exp() for logp in clean_logp]  # once, not per variant
+    of = base.tolist()
     for first, rows in _groups(bank, base, heads, row_tokens):
         editor = editing(_editor(Variants(bank, edit, base, heads), rows))
         hidden = bank.hidden[first][base[rows]]
         logits = rerun_logits(module, bank, base[rows], first, hidden, Changes([editor]))[0].float()
-        for b, v in enumerate(rows.tolist()):
-            n = int(base[v])
-            kl[v], loss[v] = text_costs(logits[b], bank, n, clean_logp[n], clean_p[n])
+        at = rows.tolist()  # host indices into kl and loss (rows may live on the device)
+        each = [_costs(logits[b], bank, of[v], clean_logp[of[v]], clean_p[of[v]]) for b, v in enumerate(at)]
+        kl[at], loss[at] = torch.stack([torch.stack(c) for c in each]).double().cpu().T  # one copy a pass
     return kl, loss
 
 
 def text_costs(logits: torch.Tensor, bank: Bank, n: int, clean_logp: torch.Tensor, clean_p=None):
     """(mean KL(clean || edited) over text n's predicted positions, its mean log-loss) from the
     edited logits (T, vocab) of its pass; `clean_p`: clean_logp.exp() when the caller has it."""
-    length = int(bank.lengths[n])
+    kl, loss = _costs(logits, bank, n, clean_logp, clean_p)
+    return kl.item(), loss.item()
+
+
+def _costs(logits, bank: Bank, n: int, clean_logp, clean_p=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """text_costs as two tensors where the logits are (read back by the caller, once per pass)."""
+    length = len(bank.sequences[n])
     logp = torch.log_softmax(logits[: length - 1].float(), -1)
     clean_p = clean_logp.exp() if clean_p is None else clean_p
-    kl = (clean_p * (clean_logp - logp)).sum(-1).mean().item()
-    return kl, -logp.gather(1, bank.ids[n, 1:length, None]).mean().item()
+    kl = (clean_p * (clean_logp - logp)).sum(-1).mean()
+    return kl, -logp.gather(1, bank.ids[n, 1:length, None]).mean()
 
 
 def raw_rows(target: str, keys, **values) -> pd.DataFrame:

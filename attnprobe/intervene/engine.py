@@ -23,6 +23,8 @@ dim, E model width, K label ids.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from itertools import accumulate
 
 import torch
 
@@ -50,12 +52,19 @@ class Bank:
     logits: torch.Tensor  # (N, vocab) after each sequence's last token
     returns_tuple: bool  # the family's decoder layers return a tuple, not a tensor
 
+    @cached_property
+    def sequences(self) -> list[tuple[int, ...]]:
+        """Each sequence's token ids (its own length), read from the device once, not per use."""
+        return [tuple(row[:n]) for row, n in zip(self.ids.tolist(), self.lengths.tolist())]
+
 
 @torch.inference_mode()
 def record(model, sequences: list[torch.Tensor]) -> Bank:
     """One forward pass of all sequences (right padding) recording what the variants read."""
     layers = decoder_layers(model)
-    ids, mask = pad_right([s.tolist() for s in sequences], 0)
+    flat = torch.cat(list(sequences)).tolist()  # one read, not one per sequence
+    ends = list(accumulate(len(s) for s in sequences))
+    ids, mask = pad_right([flat[end - len(s) : end] for s, end in zip(sequences, ends)], 0)
     lengths = mask.sum(1)
     hidden, keys, values, acts, returned = {}, {}, {}, Activations(), []
 
