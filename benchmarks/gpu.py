@@ -506,6 +506,20 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def header(script: str, device: str, argv) -> dict:
+    """What every GPU result records first: date, card, versions, the command, the card's bf16 ceiling."""
+    import transformers
+
+    return {
+        "date": str(date.today()),
+        "device": card(device)[0] if device != "cpu" else "cpu",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "command": f"python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "matmul_bf16_tflops": matmul_ceiling(device),
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -523,15 +537,8 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     tokenizer = tokenizer_of(args.tokenizer)
-    import transformers
-
     result = {
-        "date": str(date.today()),
-        "device": card(device)[0] if device != "cpu" else "cpu",
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "command": "python benchmarks/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "matmul_bf16_tflops": matmul_ceiling(device),
+        **header("gpu.py", device, argv),
         "parity": [],
         "shapes": [],
         "commands": [],

@@ -32,7 +32,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 import torch
@@ -46,13 +45,14 @@ from gpu import (  # noqa: E402, I001
     SUITE,
     eager_loop,
     failure,
+    header,
     log,
-    matmul_ceiling,
     shape_folder,
     synchronize,
     tokenizer_of,  # noqa: E402
 )
 
+from attnprobe.forward.device import on_model_device  # noqa: E402
 from attnprobe.model import load_model  # noqa: E402
 from attnprobe.model.footprint import GB, PEAK_TFLOPS, Shape, card  # noqa: E402
 from attnprobe.run import RunOptions, plan_run  # noqa: E402
@@ -106,14 +106,14 @@ def pace_row(name: str, folder: Path, device: str, dtype: str, limit: int, n_pai
     plan = plan_run(load_suite(SUITE), pm, options)
     texts = [e.prompt.text for e in plan.encoded]
     row = {"shape": name, "dtype": dtype, "prompts": len(texts)}
-    with on_device(pm):
+    with on_model_device(pm):
         row["prompt_phase_cold_s"] = timed(device, lambda: prompt_phase(pm, plan, options))
         warm = [timed(device, lambda: prompt_phase(pm, plan, options)) for _ in range(2)]
         row["prompt_phase_warm_s"] = min(warm)
     row["eager_cold_s"] = eager_loop(pm, texts, options.batch_size, device)
     row["eager_warm_s"] = min(eager_loop(pm, texts, options.batch_size, device) for _ in range(2))
     row["prompt_vs_eager_warm"] = row["prompt_phase_warm_s"] / row["eager_warm_s"]
-    with on_device(pm):
+    with on_model_device(pm):
         warm_up, _, _ = single_head_patches(pm, plan, 1)
         timed(device, warm_up)
         run, patches, flops = single_head_patches(pm, plan, n_pairs)
@@ -138,12 +138,6 @@ def gc_collect() -> None:
         torch.cuda.empty_cache()
 
 
-def on_device(pm):
-    from attnprobe.forward.device import on_model_device
-
-    return on_model_device(pm)
-
-
 def profile(name: str, folder: Path, device: str, dtype: str, limit: int, work: Path) -> str:
     """torch.profiler over one prompt chunk and one pair's single-head patches: the top operators by
     device time and the host/device split, as markdown."""
@@ -157,7 +151,7 @@ def profile(name: str, folder: Path, device: str, dtype: str, limit: int, work: 
     plan = plan_run(load_suite(SUITE), pm, options)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     sections = []
-    with on_device(pm):
+    with on_model_device(pm):
         run, patches, _ = single_head_patches(pm, plan, 1)
         for what, fn in (("prompt phase", lambda: prompt_phase(pm, plan, options)), ("patches", run)):
             fn()  # warm
@@ -271,11 +265,7 @@ def main(argv=None) -> int:
     dtype = "bfloat16" if device != "cpu" else "float32"
     tokenizer = tokenizer_of(args.tokenizer)
     result = {
-        "date": str(date.today()),
-        "device": card(device)[0] if device != "cpu" else "cpu",
-        "torch": torch.__version__,
-        "command": "python benchmarks/gpu_pace.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "matmul_bf16_tflops": matmul_ceiling(device),
+        **header("gpu_pace.py", device, argv),
         "pace": [],
         "full": [],
         "notes": [],

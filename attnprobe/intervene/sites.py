@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..attention.capture import AttentionSite
+from ..forward.packing import pad_right
 
 
 def behaviour_rows(logits: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
@@ -30,9 +31,8 @@ def behaviour_rows(logits: torch.Tensor, positive: torch.Tensor, negative: torch
 
 
 def label_ids(sets: list[list[int]]) -> torch.Tensor:
-    """Label id lists -> (n, K), padded with -1 (one tensor made: one copy to a device)."""
-    K = max(len(s) for s in sets)
-    return torch.tensor([list(ids) + [-1] * (K - len(ids)) for ids in sets], dtype=torch.long)
+    """Label id lists -> (n, K), padded with -1 (forward.packing.pad_right: one tensor, one copy)."""
+    return pad_right(sets, -1)[0]
 
 
 @contextmanager

@@ -147,13 +147,10 @@ def screen(
         )
         key = {"item_id": pair.item.item_id, "counterfactual": pair.cf.word}
         totals.append({**key, **_total(pair, measure.slot, clean, held_out, effect)})
-        for column in (*HEAD_COLUMNS[:3], *LAYER_COLUMNS):
-            if (values := effect(*column.rsplit("_", 1))) is not None:
-                exact.setdefault(column, {})[k] = values
-    keys = ([p.item.item_id for p in pairs], [p.cf.word for p in pairs])
+        _collect(exact, k, effect, (*PATCHED, *LAYER_COLUMNS))
     return {
-        "items": _head_rows(keys, L, H, exact, attribution),
-        "layers": _layer_rows(keys, L, exact, attribution),
+        "items": _head_rows(pairs, L, H, exact, attribution),
+        "layers": _layer_rows(pairs, L, exact, attribution),
         "totals": pd.DataFrame(totals),
     }
 
@@ -198,7 +195,22 @@ def _total(pair, slot: str, clean, held_out: set, effect) -> dict:
     }
 
 
-SELECTED_COLUMNS = ("output_in", "output_out", "pattern_in")
+PATCHED = HEAD_COLUMNS[:3]  # the exact patches per head (the rest: the attribution)
+
+
+def _keys(pairs, per: int) -> dict:
+    """Each pair's item id and counterfactual word, repeated over its `per` rows."""
+    return {
+        "item_id": np.repeat(np.array([p.item.item_id for p in pairs], dtype=object), per),
+        "counterfactual": np.repeat(np.array([p.cf.word for p in pairs], dtype=object), per),
+    }
+
+
+def _collect(exact: dict, k: int, effect, columns) -> None:
+    """Pair k's exact patches of `columns` (named WHAT_DIRECTION) into exact[column][k], where patched."""
+    for column in columns:
+        if (values := effect(*column.rsplit("_", 1))) is not None:
+            exact.setdefault(column, {})[k] = values
 
 
 def _columns(n: int, width: int, exact: dict, names) -> dict:
@@ -212,29 +224,27 @@ def _columns(n: int, width: int, exact: dict, names) -> dict:
     return out
 
 
-def _head_rows(keys, L: int, H: int, exact: dict, attribution: dict) -> pd.DataFrame:
+def _head_rows(pairs, L: int, H: int, exact: dict, attribution: dict) -> pd.DataFrame:
     """Every pair's rows per head, pairs in order: the exact patches (NaN where not patched) and the
     attribution."""
-    n = len(keys[0])
+    n = len(pairs)
     return pd.DataFrame(
         {
-            "item_id": np.repeat(np.array(keys[0], dtype=object), L * H),
-            "counterfactual": np.repeat(np.array(keys[1], dtype=object), L * H),
+            **_keys(pairs, L * H),
             "layer": np.tile(np.repeat(np.arange(L), H), n),
             "head": np.tile(np.arange(H), n * L),
-            **_columns(n, L * H, exact, HEAD_COLUMNS[:3]),
+            **_columns(n, L * H, exact, PATCHED),
             **{c: attribution[c].reshape(-1) for c in HEAD_COLUMNS[3:]},
         }
     )
 
 
-def _layer_rows(keys, L: int, exact: dict, attribution: dict) -> pd.DataFrame:
+def _layer_rows(pairs, L: int, exact: dict, attribution: dict) -> pd.DataFrame:
     """Every pair's rows per layer: attention and MLP patched both ways, and their attribution."""
-    n = len(keys[0])
+    n = len(pairs)
     return pd.DataFrame(
         {
-            "item_id": np.repeat(np.array(keys[0], dtype=object), L),
-            "counterfactual": np.repeat(np.array(keys[1], dtype=object), L),
+            **_keys(pairs, L),
             "layer": np.tile(np.arange(L), n),
             **_columns(n, L, exact, LAYER_COLUMNS),
             "attention_attribution": attribution["attention_attribution"].reshape(-1),
@@ -301,17 +311,14 @@ def selected(
                 **_random_columns(effect("random", "in")),
             }
         )
-        for column in SELECTED_COLUMNS:
-            if (values := effect(*column.split("_"))) is not None:
-                exact.setdefault(column, {})[k] = values
+        _collect(exact, k, effect, PATCHED)
     n, chosen_heads = len(pairs), len(layer)
     heads = pd.DataFrame(
         {
-            "item_id": np.repeat(np.array([p.item.item_id for p in pairs], dtype=object), chosen_heads),
-            "counterfactual": np.repeat(np.array([p.cf.word for p in pairs], dtype=object), chosen_heads),
+            **_keys(pairs, chosen_heads),
             "layer": np.tile(layer.cpu().numpy(), n),
             "head": np.tile(head.cpu().numpy(), n),
-            **_columns(n, chosen_heads, exact, SELECTED_COLUMNS),
+            **_columns(n, chosen_heads, exact, PATCHED),
         }
     )
     return {"items": heads, "totals": pd.DataFrame(totals)}
