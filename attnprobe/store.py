@@ -100,6 +100,14 @@ def refuse_planted(path: Path, folder: bool = True) -> None:
         )
 
 
+def own_directory(path: Path) -> Path:
+    """`path` (chunks/, figures/ of a run) made as a real directory: a symbolic link or a file planted
+    there would make the run write outside --out, so it is refused."""
+    refuse_planted(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def refuse_links_on_the_way(root: Path, relative: Path, to_the_file: bool = False) -> None:
     """refuse_planted for every step from `root` down to `relative` (its file too with `to_the_file`:
     a copy writes through a link, a rename replaces it)."""

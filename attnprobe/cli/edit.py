@@ -171,7 +171,7 @@ def edit(run_dir, kinds, text_file, also, also_ks, device, **settings):
     quiet = click.get_current_context().obj.get("quiet")
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
     table = run_edits(run_dir, options, log=log, also=also, also_ks=also_ks, device=device)
-    from ..report.sections import edit_frontier_figure, goal_figure  # the report draws both
+    from ..report.edit_sweep import edit_frontier_figure, goal_figure  # the report draws both
 
     edit_frontier_figure(Path(run_dir), Path(run_dir) / "figures")
     goal_figure(Path(run_dir), Path(run_dir) / "figures")

@@ -207,6 +207,11 @@ class Attention(BatchMeasure):
             "referent_accuracy": referent_accuracy(run),
         }
 
+    def section(self, run, tables: dict, figures) -> dict | None:
+        from .sections import attention_section  # matplotlib: not loaded by a suite's parse
+
+        return attention_section(run, tables, figures) if "head_stats" in tables else None
+
 
 def source_rows(measures, spans: dict[str, tuple[int, int]]) -> list[int]:
     """The query rows one prompt needs: every row every measure reads in it."""

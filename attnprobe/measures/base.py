@@ -149,11 +149,15 @@ class Measure(ABC):
         (stats.compare.change_table over `scopes`: name -> item ids); {} for a kind that compares nothing."""
         return {}
 
-    def section(self, run, tables: dict, figures_dir) -> dict | None:
-        """Its part of the report, laid out by the report's generic measure section: {"title",
-        "text" (its sentences, with units and numbers), "columns" ([(key, header, format)]), "rows"
-        (records), "figures" (report.figures.figure dicts)}; None where it shows nothing. The first
-        six kinds keep the hand-laid sections they had before the registry."""
+    def section(self, run, tables: dict, figures) -> dict | None:
+        """Its part of the report, or None where it shows nothing: a dict the report lays out.
+        With "template" (a path or importlib Traversable of a Jinja file) that file lays it out,
+        seeing it as `sec`, the run's context as `run` (labels pos/neg, covariate, unit, n_heads,
+        n_layers) and `alpha`; without, the generic layout: "title", "text" (its sentences, with
+        units and numbers), "columns" ([(key, header, format)]), "rows" (records), "figures". A
+        "lead_figure" goes beside the run's key findings. `figures` (attnprobe.plotting.Figures)
+        saves a figure under the run's figures/ and holds the colour ranges the runs of one report
+        share; figures are drawn with attnprobe.plotting.plots."""
         return None
 
 

@@ -140,3 +140,8 @@ class Likelihood(ScoredMeasure):
         from ..stats.kinds.likelihood import sentence_preference
 
         return {"sentence_preference": sentence_preference(run)}
+
+    def section(self, run, tables: dict, figures) -> dict | None:
+        from .sections import records_section
+
+        return records_section(self.NAME, tables, "sentence_preference")

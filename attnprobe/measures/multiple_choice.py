@@ -141,3 +141,10 @@ class MultipleChoice(ScoredMeasure):
         from ..stats.kinds.multiple_choice import choice_accuracy
 
         return {"choice_accuracy": choice_accuracy(run)}
+
+    def section(self, run, tables: dict, figures) -> dict | None:
+        from ..stats.kinds.multiple_choice import choice_setting
+        from .sections import records_section
+
+        prompt = choice_setting(run.manifest, "prompt")
+        return records_section(self.NAME, tables, "choice_accuracy", prompt=prompt)

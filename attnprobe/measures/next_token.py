@@ -233,6 +233,11 @@ class NextToken(BatchMeasure):
         table, by_unit = behavior(run)
         return {"behavior": table, "behavior_by_unit": by_unit}
 
+    def section(self, run, tables: dict, figures) -> dict | None:
+        from .sections import behaviour_section  # matplotlib: not loaded by a suite's parse
+
+        return behaviour_section(run, tables, figures) if "behavior" in tables else None
+
     def paired(self, a, b, scopes):
         from ..stats.compare import change_table
         from ..stats.kinds.next_token import item_log_ratios

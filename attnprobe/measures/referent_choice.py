@@ -148,6 +148,11 @@ class ReferentChoice(ScoredMeasure):
 
         return {"referent_choice_accuracy": referent_choice(run)}
 
+    def section(self, run, tables: dict, figures) -> dict | None:
+        from .sections import choice_section
+
+        return choice_section(run, tables, figures)
+
 
 def question_of(manifest) -> str | None:
     """The question a run scored the referents with (its manifest entry), or None."""

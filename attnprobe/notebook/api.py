@@ -19,11 +19,12 @@ from ..edits import EditOptions, run_edits
 from ..errors import AnalysisError
 from ..heads import HeadSet
 from ..measures import table_names
+from ..measures.sections import split_levels, strongest_head
 from ..model import load_model
+from ..plotting.plots import head_heatmap
 from ..report import load_tables, write_report
 from ..report.comparison import compare_runs
-from ..report.plots import head_heatmap
-from ..report.summary import split_levels, strongest_head, summary, summary_html
+from ..report.summary import summary, summary_html
 from ..run.files.layout import same_weights
 from ..run.files.merge import merge_shards as _merge_into
 from ..run.files.reader import RunFiles

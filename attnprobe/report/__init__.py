@@ -3,7 +3,8 @@
 `write_report(run_dir)` writes head_stats.csv, layer_stats.csv, behavior.csv, behavior_by_unit.csv,
 condition_means.csv (and head_effects*.csv) and figures/ into the run directory, and report.html
 beside them. With several run directories the HTML puts the models side by side (written to `out`).
-Numbers come from `attnprobe.stats`; context.py chooses the words, plots.py draws, figures.py saves.
+Numbers come from `attnprobe.stats`; context.py chooses the words, each measure lays out its own
+section (Measure.section; section.html.j2 is the generic layout), attnprobe.plotting draws.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ import pandas as pd
 from .. import stats
 from ..errors import RunError
 from ..measures import MEASURES, analyse, table_names
+from ..plotting import plots
 from ..progress import Progress
 from ..run.files.inventory import run_writes
 from ..run.files.layout import TABLES_KEY, artefacts
 from ..run.files.reader import RunFiles
 from ..store import atomic_write, digest, read_table, write_table
 from ..version import __version__
-from . import plots
 from .context import difference_context, run_context, run_labels
 from .headline import headline
 from .summary import summary_html
@@ -184,7 +185,11 @@ def _write_report(runs: list[RunFiles], out, progress) -> Path:
         if out
         else (runs[0].directory / "report.html" if len(runs) == 1 else Path("reports") / "compare.html")
     )
+    environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    environment.filters["share"] = share_text
+    template = environment.from_string(files(__package__).joinpath("report.html.j2").read_text())
     for context, run, table, label in zip(contexts, runs, tables, run_labels(contexts)):
+        context["sections"] = [_section_html(environment, s, context) for s in context["measure_sections"]]
         context["findings"] = markupsafe.Markup(summary_html({**context["summary"], "report": None}))
         context["files"] = _table_links(
             run.directory, [name for name, t in table.items() if len(t)], path.parent
@@ -193,9 +198,6 @@ def _write_report(runs: list[RunFiles], out, progress) -> Path:
     compared = (
         difference_context(contexts, tables, path.parent / f"{path.stem}_figures") if len(runs) > 1 else None
     )
-    environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    environment.filters["share"] = share_text
-    template = environment.from_string(files(__package__).joinpath("report.html.j2").read_text())
     targets = list(
         dict.fromkeys(t for table in tables for t in table["head_stats"].get("target", pd.Series(dtype=str)))
     )
@@ -219,3 +221,11 @@ def _write_report(runs: list[RunFiles], out, progress) -> Path:
     bar.step(f"written {path}")
     bar.close()
     return path
+
+
+def _section_html(environment, section: dict, run: dict) -> markupsafe.Markup:
+    """One measure's section, laid out by its own template (Measure.section's "template") or the
+    generic one (section.html.j2)."""
+    layout = section.get("template") or files(__package__).joinpath("section.html.j2")
+    html = environment.from_string(layout.read_text()).render(sec=section, run=run, alpha=stats.ALPHA)
+    return markupsafe.Markup(html)

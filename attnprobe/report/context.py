@@ -14,29 +14,25 @@ import pandas as pd
 
 from ..heads import HeadSet
 from ..measures import MEASURES
+from ..measures.sections import attention_pairs, head_test, pooled_row, split_levels, strongest_head
+from ..plotting import Figures, figure, file_name, plots
 from ..run.files.reader import RunFiles
 from ..stats import ALPHA, run_analysis
-from ..stats.kinds.multiple_choice import choice_setting
-from . import plots
-from .figures import figure
+from .edit_sweep import edits_context
 from .headline import headline
-from .sections import edits_context, effects_context, referents_context
-from .summary import head_test, pooled_row, split_levels, strongest_head, summary
-
-
-def _records(tables: dict, name: str) -> list[dict]:
-    return tables[name].to_dict("records") if name in tables else []
+from .summary import summary
 
 
 def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict:
     """The template's values for one run; `limits` (statistic -> colour range) is shared by the
-    runs of one report so that equal colours mean equal values."""
+    runs of one report so that equal colours mean equal values. Each measure lays out its own
+    section (Measure.section); the report renders them in the registry's order."""
     manifest, analysis = run.manifest, run_analysis(run)
-    heads, levels = split_levels(tables["head_stats"])
-    figures_dir = run.directory / "figures"
-    behavior = tables["behavior"]
-    behavior_figures = _behavior_figures(analysis, behavior, tables["behavior_by_unit"], figures_dir)
-    b = pooled_row(behavior)
+    heads = split_levels(tables["head_stats"])[0]
+    figures = Figures(run.directory / "figures", limits)
+    sections = [section for kind in MEASURES.values() if (section := kind.section(run, tables, figures))]
+    lead = next((s["lead_figure"] for s in sections if s.get("lead_figure")), None)
+    b = pooled_row(tables["behavior"])
     examples = (
         json.loads((run.directory / "examples.json").read_text())
         if (run.directory / "examples.json").is_file()
@@ -49,15 +45,8 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "neg": analysis.negative,
         "covariate": analysis.name(analysis.covariate) if analysis.covariate else None,
         "unit": analysis.name(analysis.unit) if analysis.unit else None,
-        "effects": effects_context(tables, heads, figures_dir, manifest, analysis),
-        "edits": edits_context(run.directory, figures_dir),
-        "referents": referents_context(tables, figures_dir, analysis),
-        "measure_sections": [
-            section for kind in MEASURES.values() if (section := kind.section(run, tables, figures_dir))
-        ],
-        "preference": _records(tables, "sentence_preference"),
-        "choices": _records(tables, "choice_accuracy"),
-        "choice_prompt": choice_setting(manifest, "prompt"),
+        "measure_sections": sections,
+        "edits": edits_context(run.directory, figures.directory),
         "model": manifest.model.spec,
         "directory": run.directory.name,
         "suite": manifest.suite.name,
@@ -73,10 +62,7 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
         "finished": manifest.finished or "",
         "headline": headline(run, tables),
         "summary": summary(run, tables),
-        "heatmaps": _heatmaps(analysis, heads, levels, tables["layer_stats"], figures_dir, limits or {}),
-        "main_figure": behavior_figures[0] if behavior_figures else None,  # beside the key findings
-        "behavior_figures": behavior_figures[1:],
-        "behavior": behavior.to_dict("records"),
+        "main_figure": lead,  # beside the key findings
         "behavior_pooled": b.to_dict() if b is not None else None,
         **_head_findings(analysis, heads),
         "examples": examples,
@@ -88,19 +74,12 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
 
 
 def _head_findings(analysis, heads: pd.DataFrame) -> dict:
-    """The heads that pass, ordered by the rule that names the strongest head (summary.strongest_head),
-    their counts per target, and the strongest one."""
+    """The heads that pass per target and the strongest one (summary.strongest_head's rule), for the
+    side-by-side table of compared runs and the attention view's start."""
     q_column, rank = head_test(bool(analysis.covariate))
-    significant = heads[heads[q_column] < ALPHA] if len(heads) else heads
-    top = (
-        significant.reindex(significant[rank].abs().sort_values(ascending=False).index).head(12)
-        if len(heads)
-        else heads
-    )
     strongest = strongest_head(heads, bool(analysis.covariate))
     return {
-        "top_heads": top.to_dict("records"),
-        "n_interaction": significant.groupby("target").size().to_dict()
+        "n_interaction": heads[heads[q_column] < ALPHA].groupby("target").size().to_dict()
         if analysis.covariate and len(heads)
         else {},
         "n_difference": heads[heads["difference_q"] < ALPHA].groupby("target").size().to_dict()
@@ -114,104 +93,6 @@ def _head_findings(analysis, heads: pd.DataFrame) -> dict:
         if strongest is not None
         else "0,0",
     }
-
-
-def _behavior_figures(analysis, behavior: pd.DataFrame, per_unit: pd.DataFrame, figures_dir) -> list:
-    """The per-unit log-ratio against the covariate (the report's first figure) and the per-template
-    breakdown; none without a covariate."""
-    if not (analysis.covariate and len(per_unit)):
-        return []
-    pos, neg, xlabel = analysis.positive, analysis.negative, analysis.name(analysis.covariate)
-    return [
-        figure(
-            plots.behavior_scatter(per_unit, behavior, xlabel, f"log p({pos}) - log p({neg})"),
-            figures_dir,
-            "behavior_vs_covariate",
-            f"per-{analysis.name(analysis.unit)} log-ratio against {xlabel}",
-        ),
-        figure(
-            plots.template_breakdown(behavior, xlabel),
-            figures_dir,
-            "behavior_by_template",
-            "behaviour r by template",
-        ),
-    ]
-
-
-def _heatmaps(analysis, heads, levels, layer_stats, figures_dir, limits: dict) -> list:
-    """Per attention pair: the interaction and the difference heatmaps; the level slopes; the layer
-    profile."""
-    maps = []
-    for name, source, target, heads_of in attention_pairs(heads):
-        if analysis.covariate:
-            maps.append(_interaction_map(analysis, name, source, target, heads_of, figures_dir))
-        maps.append(_difference_map(analysis, name, source, target, heads_of, figures_dir, limits))
-    for (source, target), group in levels.groupby(["source", "target"], sort=False):
-        if "level_per10" in group and group["level_per10"].notna().any():
-            maps.append(
-                figure(
-                    plots.head_heatmap(
-                        group,
-                        target,
-                        "level_per10",
-                        "level_q",
-                        title=f"{source} -> {target}: attention change\nper 10 points of "
-                        f"{analysis.name(analysis.covariate)}",
-                        label="attention per 10 points",
-                    ),
-                    figures_dir,
-                    f"level_{source}_{target}",
-                    f"layer x head slope of the attention {source} -> {target} on the covariate",
-                )
-            )
-    if len(layer_stats):
-        columns = {"n_interaction_q05": "interaction", "n_difference_q05": "difference"}
-        maps.append(
-            figure(
-                plots.layer_profile(layer_stats, columns, "where in depth: heads with q < 0.05 per layer"),
-                figures_dir,
-                "layer_profile",
-                "heads with q < 0.05 per layer",
-            )
-        )
-    return maps
-
-
-def _interaction_map(analysis, name, source, target, heads_of, figures_dir) -> dict:
-    pos, neg = analysis.positive, analysis.negative
-    return figure(
-        plots.head_heatmap(
-            heads_of,
-            target,
-            "interaction_r",
-            "interaction_q",
-            title=f"{name}: r of {pos} - {neg}\nwith {analysis.name(analysis.covariate)}",
-            label="interaction r",
-            limit=1.0,
-        ),
-        figures_dir,
-        f"interaction_{_file_name(name)}",
-        f"layer x head interaction r, {source} -> {target}",
-    )
-
-
-def _difference_map(analysis, name, source, target, heads_of, figures_dir, limits: dict) -> dict:
-    pos, neg = analysis.positive, analysis.negative
-    lexical = "lexical difference\n(token identity, not bias)" if analysis.covariate else "paired difference"
-    return figure(
-        plots.head_heatmap(
-            heads_of,
-            target,
-            "d_z",
-            "difference_q",
-            title=f"{name}: {lexical}",
-            label=f"d_z ({pos} - {neg})",
-            limit=limits.get("d_z"),
-        ),
-        figures_dir,
-        f"difference_{_file_name(name)}",
-        f"layer x head d_z of the {pos} - {neg} difference, {source} -> {target}",
-    )
 
 
 def run_labels(contexts: list[dict]) -> list[str]:
@@ -259,7 +140,7 @@ def difference_context(contexts: list[dict], tables: list[dict], figures_dir) ->
             a = ours.set_index(keys)[statistic]
             b = theirs[pair].set_index(keys)[statistic]
             diff = (b - a).rename(statistic).reset_index().assign(target=target)
-            name = _file_name(f"{context['label']}_{pair}")
+            name = file_name(f"{context['label']}_{pair}")
             figures.append(
                 figure(
                     plots.head_heatmap(
@@ -281,25 +162,3 @@ def difference_context(contexts: list[dict], tables: list[dict], figures_dir) ->
         "note": f"Per head: {statistic} of each run minus that of {contexts[0]['label']} (no test: "
         "a difference of two estimates; read the intervals in each run's table).",
     }
-
-
-def attention_pairs(heads: pd.DataFrame) -> list[tuple[str, str, str, pd.DataFrame]]:
-    """(name, source, target, rows) per attention entry of the head table: the name is the target, or
-    "source -> target" where several sources reach one target (each gets its own heatmap)."""
-    if not len(heads):
-        return []
-    pairs = heads[["source", "target"]].drop_duplicates()
-    shared = pairs["target"].duplicated(keep=False)
-    return [
-        (
-            f"{source} -> {target}" if many else target,
-            source,
-            target,
-            heads[(heads["source"] == source) & (heads["target"] == target)],
-        )
-        for (source, target), many in zip(pairs.itertuples(index=False), shared)
-    ]
-
-
-def _file_name(text: str) -> str:
-    return "".join(ch if ch.isalnum() else "_" for ch in text)

@@ -9,10 +9,10 @@ import math
 import pandas as pd
 
 from ..heads import HeadSet
+from ..measures.sections import pooled_row, split_levels, strongest_head
 from ..run.files.reader import RunFiles
 from ..schema.analysis import few_levels_notes
 from ..stats import ALPHA, held_out_interaction, run_analysis
-from .summary import pooled_row, split_levels, strongest_head
 
 
 def _fmt(value, digits=2) -> str:

@@ -1,10 +1,7 @@
 """The key findings of a run as data: `summary.json`, the table `attnprobe run` ends with, the
 report's first table and `Run`'s notebook view all read this one dict.
 
-The strongest head, everywhere it is named (here, the report's first sentence, its head table and
-its attention view), is chosen by one rule (`strongest_head`): among the heads whose paired attention
-to a target passes q < 0.05, the one with the largest |slope on the covariate| (attention weight per
-10 covariate points); without a covariate, the largest |d_z| of the paired difference.
+The strongest head, everywhere it is named, is chosen by one rule: attnprobe.measures.sections.
 """
 
 from __future__ import annotations
@@ -15,43 +12,11 @@ import numpy as np
 import pandas as pd
 
 from ..heads import HeadSet
+from ..measures.sections import head_test, pooled_row, split_levels, strongest_head
 from ..stats import ALPHA, held_out_interaction, run_analysis
 
 SUMMARY_VERSION = 1  # bump when a key of summary.json changes meaning or goes away
 WIDTH = 100  # the run's closing table: at most this many columns per line
-
-
-def strongest_head(heads: pd.DataFrame, covariate: bool, level: bool = False) -> pd.Series | None:
-    """The strongest head of `heads` (paired rows of one or more targets, or with `level` the rows
-    read before the contrast) by the module's rule, or None where no head passes."""
-    if not len(heads):
-        return None
-    q, size = head_test(covariate, level)
-    passing = heads[heads[q] < ALPHA]
-    return passing.loc[passing[size].abs().idxmax()] if len(passing) else None
-
-
-def pooled_row(behavior: pd.DataFrame) -> pd.Series | None:
-    """The behaviour table's row over all templates (scope `all`), or None."""
-    rows = behavior[behavior["scope"] == "all"] if len(behavior) else behavior
-    return rows.iloc[0] if len(rows) else None
-
-
-def split_levels(head_stats: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(paired rows, level rows) of the pooled scope: level rows are measures read before the
-    contrast (no paired difference; stats.kinds.attention._level)."""
-    heads = head_stats[head_stats["scope"] == "all"] if len(head_stats) else head_stats
-    if "level" not in heads:
-        return heads, heads.iloc[0:0]
-    level = heads["level"].notna()
-    return heads[~level], heads[level]
-
-
-def head_test(covariate: bool, level: bool = False) -> tuple[str, str]:
-    """(q column, size column) of the head test the summary reports."""
-    if level:
-        return "level_q", "level_per10"
-    return ("interaction_q", "interaction_per10") if covariate else ("difference_q", "d_z")
 
 
 def _number(value) -> float | None:

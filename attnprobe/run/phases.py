@@ -26,8 +26,8 @@ from .. import store
 from ..errors import RunError, RunInterrupted
 from ..measures import Phase, PromptsMeasure, batch_kinds
 from ..progress import Progress
+from ..store import own_directory
 from .execute import deferred_interrupt, ignored_interrupts, measure_batch
-from .files.fresh import own_directory
 from .files.layout import assemble_phase, chunk_files
 from .files.manifest import Manifest
 from .options import RunOptions

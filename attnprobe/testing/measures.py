@@ -39,13 +39,14 @@ class ContractRuns:
     recomputed: bool  # the second run recomputed a chunk
     resumed: Path  # the whole run after the second run over it
     merged: Path
-    figures: Path
+    figures: object  # plotting.Figures under the whole run
 
 
 def contract_runs(suite, model, directory, limit: int | None = None) -> ContractRuns:
     """Plan (each kind's checks before weights), run, second run over the same directory, two shards
     merged and run once more: the runs every check of CHECKS reads."""
     from ..measures import MEASURES, analyse
+    from ..plotting import Figures
     from ..run import RunOptions, plan_run, run_suite
     from ..run.describe import describe
     from ..run.files.merge import merge_shards
@@ -68,7 +69,16 @@ def contract_runs(suite, model, directory, limit: int | None = None) -> Contract
     merged = merge_shards(shards, directory / "merged")
     run_suite(suite, model, RunOptions(out=merged, **quiet))
     return ContractRuns(
-        suite, plan, describe(plan), run, tables, before, recomputed, whole, merged, directory / "figures"
+        suite,
+        plan,
+        describe(plan),
+        run,
+        tables,
+        before,
+        recomputed,
+        whole,
+        merged,
+        Figures(directory / "figures"),
     )
 
 

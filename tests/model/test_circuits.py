@@ -131,8 +131,8 @@ def test_the_report_draws_the_smallest_circuit_meeting_the_target(tmp_path):
     graph is a figure of one panel per comparison; `edit` saves that circuit as a knockout of those
     parts, one file per comparison, after removing a circuit an earlier search saved."""
     from attnprobe.analyses.circuits.tables import write_circuits
-    from attnprobe.report import plots
-    from attnprobe.report.sections import _drawn_circuits
+    from attnprobe.plotting import plots
+    from attnprobe.report.edit_sweep import _drawn_circuits
 
     model, items = planted_mlp_model(), planted_items()
     lines = write_circuits(tmp_path, measure_run_circuits(model, _inputs(model, items), "person"))

@@ -13,10 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from attnprobe.cli import main
+from attnprobe.measures.head_effects.section import word_name
+from attnprobe.measures.sections import split_levels, strongest_head
+from attnprobe.plotting.plots import head_heatmap, layer_profile
 from attnprobe.report import share_text, with_contents
-from attnprobe.report.plots import head_heatmap, layer_profile
-from attnprobe.report.sections import word_name
-from attnprobe.report.summary import WIDTH, split_levels, strongest_head, summary_lines
+from attnprobe.report.summary import WIDTH, summary_lines
 
 MINIMAL = Path(__file__).resolve().parents[2] / "probes" / "minimal.yaml"
 

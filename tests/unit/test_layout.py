@@ -193,9 +193,9 @@ def test_downstream_rooms_do_not_reach_upstream():
 # intervened on; measures declare and compute, suites are parsed with them, runs execute them; the
 # edits reopen runs; the report, the notebook and the command line sit on top.
 LAYERS = [
-    "errors", "defaults", "version", "registry", "heads", "progress", "store", "schema", "stats", "attention",
-    "model", "forward", "verify", "intervene", "measures", "suite", "run", "analyses", "edits", "testing",
-    "report", "notebook", "cli", "__main__",
+    "errors", "defaults", "version", "registry", "heads", "progress", "store", "schema", "stats", "plotting",
+    "attention", "model", "forward", "verify", "intervene", "measures", "suite", "run", "analyses", "edits",
+    "testing", "report", "notebook", "cli", "__main__",
 ]  # fmt: skip
 
 
@@ -456,3 +456,19 @@ def test_head_names_are_formatted_in_one_place():
     for path in sorted(PACKAGE.rglob("*.py")):
         if path != PACKAGE / "heads.py":
             assert not literal.search(path.read_text()), f"{path} formats a head name itself; use HeadSet"
+
+
+def test_each_measure_lays_out_its_own_report_section():
+    """The report page renders Measure.section of every kind in the registry's order: neither its
+    template nor report/context.py names a kind or its tables, but the two tables the run's key
+    findings read, and the page's own attention view ("attention", its "examples")."""
+    words = _measure_words() - {"head_stats", "behavior", "attention", "examples"}
+    pattern = re.compile(
+        rf"(?<![\w-])({'|'.join(map(re.escape, sorted(words, key=len, reverse=True)))})(?![\w-])"
+    )
+    for line, text in _code_strings_and_names(PACKAGE / "report" / "context.py"):
+        assert not pattern.search(text), f"report/context.py:{line} names a measure: {text!r}"
+    page = (PACKAGE / "report" / "report.html.j2").read_text()
+    for tag in re.findall(r"\{[{%].*?[}%]\}", page, re.S):  # what the page reads, not its prose
+        assert not pattern.search(tag), f"report.html.j2 names a measure: {tag!r}"
+    assert pattern.search("{% if run.effects %}") and pattern.search("referent_accuracy")  # it can fail

@@ -16,9 +16,9 @@ from ...analyses.circuits.runs import ATTRIBUTED
 from ...analyses.circuits.tables import chosen_circuit
 from ...heads import HeadSet
 from ...model.anatomy import decoder_layers, mlp_written, module_of
-from ...run.files.fresh import own_directory
 from ...stats.edits import STREAM
 from ...stats.keeping.layers import chosen_layers
+from ...store import own_directory
 from ...version import __version__
 from ..estimate import token_mask, token_means
 from ..kinds import KINDS, Mean

@@ -22,10 +22,10 @@ import pandas as pd
 from ...errors import AttnprobeError, RunError
 from ...measures import MEASURES, Measure, batch_kinds, paired
 from ...run import RunOptions, run_suite
-from ...run.files.fresh import own_directory
 from ...run.files.manifest import Manifest
 from ...run.files.reader import RunFiles
 from ...stats.inference import holm
+from ...store import own_directory
 from ...suite import load_suite
 from ..saved import load_edit
 

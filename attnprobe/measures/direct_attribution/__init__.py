@@ -135,7 +135,7 @@ class DirectAttribution(PromptsMeasure):
             "direct_attribution_shares": direct_attribution(run) if run.has(self.NAME) else pd.DataFrame()
         }
 
-    def section(self, run, tables: dict, figures_dir) -> dict | None:
+    def section(self, run, tables: dict, figures) -> dict | None:
         table = tables.get("direct_attribution_shares")
         if table is None or table.empty:
             return None

@@ -228,6 +228,11 @@ class HeadEffects(Measure):
 
         return head_effects(run, tables.get("head_stats")) if run.has(self.NAME) else {}
 
+    def section(self, run, tables: dict, figures) -> dict | None:
+        from .section import effects_section  # matplotlib: not loaded by a suite's parse
+
+        return effects_section(run, tables, figures, EffectsRecord.of(run.manifest) or EffectsRecord({}))
+
 
 def raise_missing(source: Path, k: int) -> None:
     from ...errors import RunError

@@ -12,17 +12,9 @@ import shutil
 from pathlib import Path
 
 from ...errors import RunError
-from ...store import atomic_write, refuse_links_on_the_way, refuse_planted
+from ...store import atomic_write, own_directory, refuse_links_on_the_way
 from .inventory import is_declared
 from .manifest import Manifest
-
-
-def own_directory(path: Path) -> Path:
-    """`path` (chunks/, figures/ of a run) made as a real directory: a symbolic link or a file planted
-    there would make the run write outside --out, so it is refused."""
-    refuse_planted(path)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def prepare_directory(

@@ -11,8 +11,9 @@ from pathlib import Path
 from ... import store
 from ...errors import RunError
 from ...measures import MEASURES, batch_kinds
+from ...store import own_directory
 from ..plan import fingerprint
-from .fresh import SUITE_COPY, own_directory
+from .fresh import SUITE_COPY
 from .inventory import run_writes
 from .layout import chunk_files
 from .manifest import Manifest

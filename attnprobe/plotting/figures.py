@@ -6,17 +6,16 @@ import base64
 import io
 from pathlib import Path
 
-import matplotlib.pyplot as plt
-
 from ..errors import RunError
-from ..run.files.fresh import own_directory
-from ..store import check_inside
+from ..store import check_inside, own_directory
 
 
-def figure(fig, directory: Path, name: str, alt: str) -> dict:
+def figure(fig, directory, name: str, alt: str) -> dict:
     """Save `fig` as figures/NAME.svg and .png; a full disk or a read-only directory is one line (the
     run's own files are untouched: figures are written after them)."""
-    buffer = io.BytesIO()
+    import matplotlib.pyplot as plt  # not loaded where nothing is drawn (a run's summary, the CLI)
+
+    buffer, directory = io.BytesIO(), Path(directory)
     try:
         fig.savefig(buffer, format="png", dpi=110)
         own_directory(directory)
@@ -32,3 +31,24 @@ def figure(fig, directory: Path, name: str, alt: str) -> dict:
     finally:
         plt.close(fig)
     return {"png": base64.b64encode(buffer.getvalue()).decode(), "alt": alt}
+
+
+class Figures:
+    """Where one run's report figures go, and the colour ranges the runs of one report share
+    (`limits`: statistic -> +-limit, so that equal colours mean equal values across runs). It reads
+    as its directory (os.PathLike): `figure(fig, figures, name, alt)` works as with a path."""
+
+    def __init__(self, directory: Path, limits: dict | None = None):
+        self.directory = Path(directory)
+        self.limits = dict(limits or {})
+
+    def save(self, fig, name: str, alt: str) -> dict:
+        return figure(fig, self.directory, name, alt)
+
+    def __fspath__(self) -> str:
+        return str(self.directory)
+
+
+def file_name(text) -> str:
+    """`text` as a file name: every character but letters and digits becomes an underscore."""
+    return "".join(ch if ch.isalnum() else "_" for ch in str(text))
