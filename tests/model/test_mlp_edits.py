@@ -249,6 +249,7 @@ def test_an_edit_of_several_layers_fits_each_on_the_model_edited_below_it(tiny, 
     assert not torch.allclose(tiny.model(input_ids=ids).logits, fitted_logits, atol=1e-6)
 
 
+@pytest.mark.thorough  # a whole sweep: the fast lane keeps the several-layer fit and apply tests
 def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run, tiny_llama_dir, tmp_path):
     """edit --mlp-layers on a tiny model of 2 layers: windows of 1 and 2 layers ending at layer 1, for
     DAMA's projection and leace_mid, at the slot; a chosen row whose count each quarter takes from

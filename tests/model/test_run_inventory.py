@@ -37,6 +37,7 @@ def _invoke(*args):
     return result
 
 
+@pytest.mark.thorough  # a whole sweep: the fast lane keeps the declared-write refusals below
 def test_run_edit_with_every_option_and_report_write_only_declared_files_and_fresh_removes_them(
     tiny_llama_dir, tmp_path
 ):

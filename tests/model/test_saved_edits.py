@@ -215,6 +215,7 @@ def test_bad_saved_edits_and_comparisons_are_one_line_each(swept, tiny_llama_dir
     )
 
 
+@pytest.mark.thorough  # a whole sweep; the fast lane keeps the --also refusals
 def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(swept[2], out)  # the swept run is shared: edit a copy
