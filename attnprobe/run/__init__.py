@@ -24,7 +24,7 @@ from ..store import write_table
 from ..suite import Suite, load_suite
 from .files import fresh
 from .files.inventory import run_writes
-from .files.layout import content_sha, prompts_table, weights_sha
+from .files.layout import prompts_table, weight_hashes
 from .files.manifest import Manifest, new_manifest
 from .options import RunOptions
 from .phases import Engine, prompts_phase, recorded_end, run_phase
@@ -65,8 +65,8 @@ def _run_suite(suite, model, options: RunOptions | None) -> Path:
         previous = fresh.prepare_directory(
             directory, plan.fingerprint, options.resume, suite.name, options.log
         )
-        pm, files_sha = _load(model, plan, options)
-        manifest = new_manifest(plan, pm, options, files_sha, content_sha(pm.model))
+        pm, (files_sha, content) = _load(model, plan, options)
+        manifest = new_manifest(plan, pm, options, files_sha, content)
         manifest.suite.copy = fresh.copy_suite(directory, suite)
         for applied in manifest.edits:  # recorded as same_weights: false, and said
             if applied.get("same_weights") is False:
@@ -127,14 +127,15 @@ def _open(directory: Path) -> Path:
     return directory
 
 
-def _load(model, plan: RunPlan, options: RunOptions) -> tuple[ProbeModel, str | None]:
-    """The model (already loaded, or loaded now with its own progress) and its weights' hash."""
+def _load(model, plan: RunPlan, options: RunOptions) -> tuple[ProbeModel, tuple[str | None, str]]:
+    """The model (already loaded, or loaded now with its own progress) and its weights' hashes
+    (weight_hashes: a model handed in is hashed as it is in memory)."""
     loaded = isinstance(model, ProbeModel)
     with Progress(
         2, enabled=False if loaded else options.progress, log=options.log, unit="step", desc="loading"
     ) as bar:
         if loaded:
-            return model, weights_sha(model)
+            return model, weight_hashes(model)
         options.log(f"loading {plan.spec} ({plan.dtype})")
         pm = load_model(
             plan.spec,
@@ -145,6 +146,6 @@ def _load(model, plan: RunPlan, options: RunOptions) -> tuple[ProbeModel, str | 
             allow_pickle=options.allow_pickle,
         )
         bar.step("model loaded")
-        files_sha = weights_sha(pm)
+        hashes = weight_hashes(pm, loaded_here=True)
         bar.step("weights hashed")
-    return pm, files_sha
+    return pm, hashes

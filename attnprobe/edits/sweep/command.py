@@ -159,11 +159,12 @@ def run_edits(
         if (directory / "manifest.json").read_bytes() != opened.manifest:  # changed while it waited
             opened = _open(directory, options)
         m = opened.run.manifest
-        if model is None:
+        if loaded_here := model is None:  # its weights' hashes may come from the cache
             log(f"loading {m.model.spec} ({m.dtype})")
             model = opened.reopened.load_model(device)
+        weights = same_weights(m, model, str(directory), loaded_here=loaded_here)
         with on_model_device(model):  # the passes' index tensors where the activations are
-            summary = _run_edits(directory, opened, options, model, log)
+            summary = _run_edits(directory, opened, options, model, log, weights)
             if suites:
                 ks = [k for k in also_ks if k in set(summary["k"])]
                 chosen = [(kind, k) for kind in options.kinds for k in ks] + [(STREAM, 0)] * options.stream
@@ -197,13 +198,12 @@ def checked_options(options: EditOptions, manifest, suite) -> tuple:
     return listed, word
 
 
-def _run_edits(directory: Path, opened: Opened, options: EditOptions, model, log) -> pd.DataFrame:
-    """The sweep; returns the edits table."""
+def _run_edits(directory: Path, opened: Opened, options: EditOptions, model, log, weights) -> pd.DataFrame:
+    """The sweep; returns the edits table. `weights`: the model's content hash (same_weights)."""
     run, reopened, listed, word = opened.run, opened.reopened, opened.listed, opened.word
     suite, m = reopened.suite, run.manifest
     started = time.monotonic()
     L, H = m.model.n_layers, m.model.n_heads
-    weights = same_weights(m, model, str(directory))
     plan = reopened.plan(model, directory, log)
     effects = plan.parts["head_effects"]
     items, measure = effects.items, effects.measure

@@ -14,6 +14,10 @@ Every write is atomic (attnprobe.store). Every file a command writes here is dec
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import re
+from contextlib import suppress
 from pathlib import Path
 
 import pandas as pd
@@ -23,7 +27,8 @@ from ... import store
 from ...errors import RunError
 from ...measures import MEASURES, batch_kinds
 from ...model import ProbeModel
-from ...model.bundled import files_sha256
+from ...model.bundled import cache_dir, files_sha256
+from ...model.shapes import SEED
 from ...store import atomic_write, write_table
 from ..plan import Encoded
 
@@ -86,6 +91,70 @@ def weights_sha(pm: ProbeModel) -> str | None:
     return files_sha256(files) if files else None
 
 
+HASH_CACHE = 1  # the cache's scheme: bump when what a key covers or a hash's definition changes
+HASHES_KEPT = 64  # the newest entries the hash cache keeps
+
+
+def weight_hashes(pm: ProbeModel, loaded_here: bool = False) -> tuple[str | None, str]:
+    """(the weight files' SHA-256 or None, content_sha of the weights in memory). A model this process
+    has just loaded (`loaded_here`; not one handed in, which may have been changed in memory) takes
+    both from the hash cache where every file of its folder is the very file an earlier run hashed
+    (inode, size, modification and change times), or its random weights were drawn from the same
+    config on the same kind of device, under the same dtype, torch and transformers: hashing an 8B
+    model's weights copies 16 GB to the CPU on every run otherwise."""
+    key = _files_key(pm) if loaded_here else None
+    path = cache_dir() / "hashes" / f"{key}.json" if key else None
+    if path is not None and path.is_file():
+        try:
+            found = json.loads(path.read_text())
+            if isinstance(found, dict) and re.fullmatch(r"[0-9a-f]{64}", str(found.get("content"))):
+                os.utime(path)  # the newest are kept
+                return found.get("files"), found["content"]
+        except (OSError, ValueError):
+            pass  # a damaged entry is computed again
+    hashes = weights_sha(pm), content_sha(pm.model)
+    if path is not None:
+        with suppress(OSError):  # a read-only cache costs the next run the hashing, nothing else
+            path.parent.mkdir(parents=True, exist_ok=True)
+            text = json.dumps({"files": hashes[0], "content": hashes[1]})
+            atomic_write(path, lambda p: p.write_text(text))
+            entries = sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+            for old in entries[:-HASHES_KEPT]:  # folders long gone (a test's, say) leave no trail
+                old.unlink(missing_ok=True)
+    return hashes
+
+
+def _files_key(pm: ProbeModel) -> str | None:
+    """What the in-memory weights of a model loaded from a folder are a function of, hashed: every
+    file there as the file system knows it (a file replaced or written to has a new change time,
+    whatever its name, size and modification time), the GGUF source, dtype and the loaders' versions;
+    for `random:` weights, their config, seed and device type (model.shapes.random_model); None for
+    anything else (an object built in memory)."""
+    import transformers
+
+    source = str(getattr(pm.model, "name_or_path", ""))
+    first = next(pm.model.parameters())
+    versions = [
+        HASH_CACHE,
+        torch.__version__,
+        transformers.__version__,
+        pm.info.source_sha256,
+        str(first.dtype),
+    ]
+    if source.startswith("random:"):
+        drawn = [source, SEED, first.device.type, pm.model.config.to_json_string()]
+        return hashlib.sha256(json.dumps([versions, drawn]).encode()).hexdigest()
+    folder = Path(source)
+    if not folder.is_dir():
+        return None
+    files = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_file():
+            st = entry.stat()
+            files.append([entry.name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
+    return hashlib.sha256(json.dumps([str(folder.resolve()), versions, files]).encode()).hexdigest()
+
+
 def content_sha(module) -> str:
     """SHA-256 of a module's weights as they are in memory (names, shapes, dtypes and bytes of every
     parameter and buffer, shared tensors once): what a cached result computed with them depends on,
@@ -101,12 +170,13 @@ def content_sha(module) -> str:
     return sha.hexdigest()
 
 
-def same_weights(manifest, model, what: str, error=RunError) -> str:
+def same_weights(manifest, model, what: str, error=RunError, loaded_here: bool = False) -> str:
     """The content hash of `model`'s weights (a ProbeModel), refused in one line (`error`) unless the
     run's manifest records these very weights: values computed with the model are compared with the
     run's, so they must come from the weights the run was made with, whatever path or object holds
-    them now (a relative path read from another folder, say)."""
-    found, expected = content_sha(model.model), manifest.model.weights_content
+    them now (a relative path read from another folder, say). `loaded_here`: weight_hashes's."""
+    found = weight_hashes(model, True)[1] if loaded_here else content_sha(model.model)
+    expected = manifest.model.weights_content
     if found != expected:
         recorded = f"the run's {expected[:12]}" if expected else "a run that recorded no content hash"
         raise error(
