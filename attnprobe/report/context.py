@@ -74,7 +74,7 @@ def run_context(run: RunFiles, tables: dict, limits: dict | None = None) -> dict
 
 
 def _head_findings(analysis, heads: pd.DataFrame) -> dict:
-    """The heads that pass per target and the strongest one (summary.strongest_head's rule), for the
+    """The heads that pass per target and the strongest one (measures.sections.strongest_head), for the
     side-by-side table of compared runs and the attention view's start."""
     q_column, rank = head_test(bool(analysis.covariate))
     strongest = strongest_head(heads, bool(analysis.covariate))
