@@ -210,7 +210,8 @@ class Attention(BatchMeasure):
     def section(self, run, tables: dict, figures) -> dict | None:
         from .sections import attention_section  # matplotlib: not loaded by a suite's parse
 
-        return attention_section(run, tables, figures) if "head_stats" in tables else None
+        heads = tables.get("head_stats")
+        return attention_section(run, tables, figures) if heads is not None and len(heads) else None
 
 
 def source_rows(measures, spans: dict[str, tuple[int, int]]) -> list[int]:

@@ -195,11 +195,11 @@ def _accuracy_labels(columns) -> list[str]:
 def behaviour_section(run, tables: dict, figures: Figures) -> dict:
     """What the model predicts: the next-token log-ratio per scope; with a covariate the per-unit
     log-ratio against it (the report's lead figure, beside the key findings) and per template."""
-    from ..plotting import plots
-
     analysis, behavior, per_unit = run_analysis(run), tables["behavior"], tables["behavior_by_unit"]
     shown = []
     if analysis.covariate and len(per_unit):
+        from ..plotting import plots
+
         pos, neg, xlabel = analysis.positive, analysis.negative, analysis.name(analysis.covariate)
         scatter = plots.behavior_scatter(per_unit, behavior, xlabel, f"log p({pos}) - log p({neg})")
         alt = f"per-{analysis.name(analysis.unit)} log-ratio against {xlabel}"

@@ -11,7 +11,6 @@ import numbers
 from html import escape
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from .. import run as run_package
@@ -21,7 +20,6 @@ from ..heads import HeadSet
 from ..measures import table_names
 from ..measures.sections import split_levels, strongest_head
 from ..model import load_model
-from ..plotting.plots import head_heatmap
 from ..report import load_tables, write_report
 from ..report.comparison import compare_runs
 from ..report.summary import summary, summary_html
@@ -221,6 +219,10 @@ class Run(RunFiles):
         target = target or (targets[0] if targets else None)
         if target not in targets:
             raise AnalysisError(f"no attention target {target!r} in this run; targets: {', '.join(targets)}")
+        import matplotlib.pyplot as plt  # loaded where a figure is drawn, not by `attnprobe run`
+
+        from ..plotting.plots import head_heatmap
+
         title = f"{source} -> {target}: {statistic}"
         figure = head_heatmap(heads, target, value, q, title=title, label=value)
         plt.close(figure)  # returned, so Jupyter shows it once (pyplot would show it again at the cell's end)

@@ -4,6 +4,6 @@ section (attnprobe.measures.Measure.section) draws its own figures."""
 
 from __future__ import annotations
 
-from .figures import Figures, figure, file_name
+from .figures import Figures, figure, file_name, largest_abs
 
-__all__ = ["Figures", "figure", "file_name"]
+__all__ = ["Figures", "figure", "file_name", "largest_abs"]

@@ -6,6 +6,8 @@ import base64
 import io
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import RunError
 from ..store import check_inside, own_directory
 
@@ -52,3 +54,10 @@ class Figures:
 def file_name(text) -> str:
     """`text` as a file name: every character but letters and digits becomes an underscore."""
     return "".join(ch if ch.isalnum() else "_" for ch in str(text))
+
+
+def largest_abs(values) -> float:
+    """The largest finite |value| (1 when there is none): a symmetric colour range."""
+    finite = np.abs(np.asarray(values, dtype=float))
+    finite = finite[np.isfinite(finite)]
+    return float(finite.max()) if finite.size and finite.max() > 0 else 1.0

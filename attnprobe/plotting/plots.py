@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from .figures import largest_abs
+
 Q_LEVEL = 0.05
 
 
@@ -62,13 +64,6 @@ def head_heatmap(
     ax.set_ylabel("layer")
     fig.tight_layout()
     return fig
-
-
-def largest_abs(values) -> float:
-    """The largest finite |value| (1 when there is none): a symmetric colour range."""
-    finite = np.abs(np.asarray(values, dtype=float))
-    finite = finite[np.isfinite(finite)]
-    return float(finite.max()) if finite.size and finite.max() > 0 else 1.0
 
 
 def layer_profile(layers: pd.DataFrame, columns: dict[str, str], title: str):

@@ -25,7 +25,7 @@ import pandas as pd
 from .. import stats
 from ..errors import RunError
 from ..measures import MEASURES, analyse, table_names
-from ..plotting import plots
+from ..plotting import largest_abs
 from ..progress import Progress
 from ..run.files.inventory import run_writes
 from ..run.files.layout import TABLES_KEY, artefacts
@@ -174,7 +174,7 @@ def _write_report(runs: list[RunFiles], out, progress) -> Path:
     bar = Progress(len(runs) + 1, enabled=progress, unit="part", desc="report")
     heads = [t["head_stats"][t["head_stats"]["scope"] == "all"] for t in tables if len(t["head_stats"])]
     limits = (
-        {"d_z": plots.largest_abs(pd.concat([h["d_z"] for h in heads]))} if heads else {}
+        {"d_z": largest_abs(pd.concat([h["d_z"] for h in heads]))} if heads else {}
     )  # one scale for all runs
     contexts = []
     for run, table in zip(runs, tables):

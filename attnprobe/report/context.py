@@ -15,7 +15,7 @@ import pandas as pd
 from ..heads import HeadSet
 from ..measures import MEASURES
 from ..measures.sections import attention_pairs, head_test, pooled_row, split_levels, strongest_head
-from ..plotting import Figures, figure, file_name, plots
+from ..plotting import Figures, figure, file_name
 from ..run.files.reader import RunFiles
 from ..stats import ALPHA, run_analysis
 from .edit_sweep import edits_context
@@ -113,6 +113,8 @@ def run_labels(contexts: list[dict]) -> list[str]:
 def difference_context(contexts: list[dict], tables: list[dict], figures_dir) -> dict:
     """Per-head differences between compared runs (each run minus the first) of the statistic
     that ranks heads, when they share a layers x heads grid and a declared analysis; else why not."""
+    from ..plotting import plots  # seaborn: loaded only where a figure is drawn
+
     grids = {(c["n_layers"], c["n_heads_per_layer"]) for c in contexts}
     if len(grids) > 1:
         shapes = " and ".join(f"{layers} x {heads}" for layers, heads in sorted(grids))

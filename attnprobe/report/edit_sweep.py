@@ -10,12 +10,14 @@ import pyarrow as pa
 from ..analyses.circuits.runs import ATTRIBUTED
 from ..analyses.circuits.tables import chosen_circuit
 from ..errors import RunError
-from ..plotting import figure, plots
+from ..plotting import figure
 
 
 def edit_frontier_figure(directory, figures_dir) -> tuple[dict, pd.DataFrame]:
     """figures/edit_frontier.png (and .svg) drawn from the run's edit tables (the report's, and what
     `attnprobe edit` writes after a sweep), and the edits table it read."""
+    from ..plotting import plots  # seaborn: loaded only where a figure is drawn
+
     try:
         summary = pd.read_parquet(directory / "edits.parquet")
         draws = pd.read_parquet(directory / "edits_draws.parquet")
@@ -32,6 +34,8 @@ def edit_frontier_figure(directory, figures_dir) -> tuple[dict, pd.DataFrame]:
 def goal_figure(directory, figures_dir, goal: list[dict] | None = None) -> dict | None:
     """figures/edit_goal.png (and .svg): the goal table (its records, read from `directory` unless
     given) as a frontier, when the sweep wrote one."""
+    from ..plotting import plots  # seaborn: loaded only where a figure is drawn
+
     goal = pd.DataFrame(_optional(directory, "edits_goal") if goal is None else goal)
     if not len(goal):
         return None
@@ -73,6 +77,8 @@ def edits_context(directory, figures_dir) -> dict | None:
 
 def _circuits(directory, figures_dir) -> dict | None:
     """The circuit search's size curve (figure) and its rows, when `edit --circuits` wrote them."""
+    from ..plotting import plots  # seaborn: loaded only where a figure is drawn
+
     rows = _optional(directory, "circuits")
     if not rows:
         return None
@@ -89,6 +95,8 @@ def _drawn_circuits(directory, table: pd.DataFrame) -> list[tuple[str, str, pd.D
     """Per comparison the circuit found that the graph draws: the smallest meeting the target short
     of the whole model, else the one with the best held-out faithfulness short of it; its units are
     those ranked 1 to its size on every item (circuit_parts, or circuit_edges before pruning)."""
+    from ..plotting import plots  # seaborn: loaded only where a figure is drawn
+
     edges = "grain" in table and (table["grain"] == "edges").any()
     path = directory / ("circuit_edges.parquet" if edges else "circuit_parts.parquet")
     if not path.is_file():

@@ -229,7 +229,9 @@ class HeadEffects(Measure):
         return head_effects(run, tables.get("head_stats")) if run.has(self.NAME) else {}
 
     def section(self, run, tables: dict, figures) -> dict | None:
-        from .section import effects_section  # matplotlib: not loaded by a suite's parse
+        if "head_effects" not in tables:
+            return None
+        from .section import effects_section  # matplotlib: loaded where a figure is drawn
 
         return effects_section(run, tables, figures, EffectsRecord.of(run.manifest) or EffectsRecord({}))
 
