@@ -150,10 +150,10 @@ def _difference_map(analysis, name, source, target, heads_of, figures: Figures) 
 
 def _referent_heads(table, figures: Figures, analysis) -> dict | None:
     """Per source: does it attend more to the correct referent than to the other, head by head."""
-    from ..plotting import plots
-
     if table is None or not len(table):
         return None
+    from ..plotting import plots
+
     first, second = analysis.referents
     sources = []
     for source, rows in table.groupby("source", sort=False):
