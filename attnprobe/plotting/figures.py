@@ -38,7 +38,8 @@ def figure(fig, directory, name: str, alt: str) -> dict:
 class Figures:
     """Where one run's report figures go, and the colour ranges the runs of one report share
     (`limits`: statistic -> +-limit, so that equal colours mean equal values across runs). It reads
-    as its directory (os.PathLike): `figure(fig, figures, name, alt)` works as with a path."""
+    as its directory (os.PathLike, and `figures / name`): a plug-in's section written against the
+    figure folder's path, `figure(fig, figures_dir, name, alt)`, works unchanged."""
 
     def __init__(self, directory: Path, limits: dict | None = None):
         self.directory = Path(directory)
@@ -49,6 +50,9 @@ class Figures:
 
     def __fspath__(self) -> str:
         return str(self.directory)
+
+    def __truediv__(self, name) -> Path:
+        return self.directory / name
 
 
 def file_name(text) -> str:

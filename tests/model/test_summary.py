@@ -5,6 +5,7 @@ cut titles, a per-layer line that ran back) each checked on the piece itself."""
 
 import json
 import math
+import os
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -15,6 +16,7 @@ from click.testing import CliRunner
 from attnprobe.cli import main
 from attnprobe.measures.head_effects.section import word_name
 from attnprobe.measures.sections import split_levels, strongest_head
+from attnprobe.plotting import Figures, figure
 from attnprobe.plotting.plots import head_heatmap, layer_profile
 from attnprobe.report import share_text, with_contents
 from attnprobe.report.summary import WIDTH, summary_lines
@@ -171,3 +173,13 @@ def test_the_notebook_run_opens_every_table_and_one_heads_matrix(minimal_run, ti
         assert abs(recomputed - row["weight"].iloc[0]) < 1e-5
     with pytest.raises(AnalysisError, match="L9H0 is outside the model's 2 layers x 2 heads"):
         run.attention_matrix(0, 9, 0, model=str(tiny_llama_dir))
+
+
+def test_a_section_written_against_the_figure_folder_path_still_saves(tmp_path):
+    """Measure.section gets a plotting.Figures; a plug-in written when it got the folder's path
+    (`figure(fig, figures_dir, ...)`, `figures_dir / name`) works unchanged."""
+    figures = Figures(tmp_path / "figures", {"d_z": 2.0})
+    saved = figure(plt.figure(), figures, "plain", "a plain figure")
+    assert (figures / "plain.png").is_file() and (tmp_path / "figures" / "plain.svg").is_file()
+    assert os.fspath(figures) == str(tmp_path / "figures") and saved["alt"] == "a plain figure"
+    assert figures.save(plt.figure(), "again", "again")["png"] and figures.limits == {"d_z": 2.0}
