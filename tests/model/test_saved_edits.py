@@ -247,6 +247,9 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     # the pro - anti gap before is the original run's own statistic; after, the edited run's
     gap_of = lambda run: referent_choice(run).set_index("scope").loc["all", "gap"]  # its statistic alone
     before = gap_of(attnprobe.Run(out / "also" / "coref" / "original"))
+    content = json.loads((out / "manifest.json").read_text())["model"]["weights_content"]
+    for manifest in (out / "also" / "coref").glob("*/manifest.json"):  # the hashes the edit checked
+        assert json.loads(manifest.read_text())["model"]["weights_content"] == content
     for row in gap.itertuples():
         name = row.kind if row.k == 0 else f"{row.kind}-k1"
         edited_run = attnprobe.Run(out / "also" / "coref" / name)

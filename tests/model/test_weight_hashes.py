@@ -64,3 +64,14 @@ def test_random_weights_are_hashed_once_per_config(tiny_llama_dir, cache, monkey
     other = attnprobe.load_model(spec, dtype="float64")
     with pytest.raises(AssertionError, match="hashed again"):
         layout.weight_hashes(other, loaded_here=True)  # another dtype: another key
+
+
+def test_a_commands_own_runs_reuse_the_hashes_it_checked(tiny_llama_dir, cache, monkeypatch):
+    """`edit --also` runs each suite on the model it checked: hashes_known spares a copy per run."""
+    pm = attnprobe.load_model(str(tiny_llama_dir))
+    known = layout.weight_hashes(pm)
+    monkeypatch.setattr(layout, "content_sha", _refuse)
+    with layout.hashes_known(pm, known):
+        assert layout.weight_hashes(pm) == known
+    with pytest.raises(AssertionError, match="hashed again"):
+        layout.weight_hashes(pm)  # outside the block: as it is in memory

@@ -22,7 +22,7 @@ from ...measures.head_effects import EffectsRecord, SlotSwap, per_value_column
 from ...model import refuse_random
 from ...run.execute import deferred_interrupt
 from ...run.files.inventory import run_writes
-from ...run.files.layout import same_weights
+from ...run.files.layout import hashes_known, same_weights
 from ...run.files.reader import RunFiles
 from ...run.options import RunOptions
 from ...run.phases import Phase, run_phase
@@ -172,7 +172,8 @@ def run_edits(
                     (mlps.kind_of(*where), 0) for where in mlps.fitted(options.mlp_modes)
                 ] * options.mlp
                 chosen += [(kind, 0) for kind in mlps.LAYERS_KINDS] * options.mlp_layers
-                write_table(directory, "edits_transfer", transfer(directory, suites, chosen, model, log))
+                with hashes_known(model, (m.model.weights_sha256, weights)):  # checked above
+                    write_table(directory, "edits_transfer", transfer(directory, suites, chosen, model, log))
                 log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
         return summary
 

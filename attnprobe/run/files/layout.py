@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import re
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pandas as pd
@@ -95,6 +95,20 @@ HASH_CACHE = 1  # the cache's scheme: bump when what a key covers or a hash's de
 HASHES_KEPT = 64  # the newest entries the hash cache keeps
 
 
+_KNOWN: dict[int, tuple[str | None, str]] = {}  # id(ProbeModel) -> its hashes, within hashes_known
+
+
+@contextmanager
+def hashes_known(pm: ProbeModel, hashes: tuple[str | None, str]):
+    """Within the block weight_hashes(pm) is `hashes`: a command's own runs of a model it checked and
+    holds to itself (the suites of `edit --also`), without a copy of every weight per run."""
+    _KNOWN[id(pm)] = hashes
+    try:
+        yield
+    finally:
+        _KNOWN.pop(id(pm), None)
+
+
 def weight_hashes(pm: ProbeModel, loaded_here: bool = False) -> tuple[str | None, str]:
     """(the weight files' SHA-256 or None, content_sha of the weights in memory). A model this process
     has just loaded (`loaded_here`; not one handed in, which may have been changed in memory) takes
@@ -102,6 +116,8 @@ def weight_hashes(pm: ProbeModel, loaded_here: bool = False) -> tuple[str | None
     (inode, size, modification and change times), or its random weights were drawn from the same
     config on the same kind of device, under the same dtype, torch and transformers: hashing an 8B
     model's weights copies 16 GB to the CPU on every run otherwise."""
+    if id(pm) in _KNOWN:
+        return _KNOWN[id(pm)]
     key = _files_key(pm) if loaded_here else None
     path = cache_dir() / "hashes" / f"{key}.json" if key else None
     if path is not None and path.is_file():
