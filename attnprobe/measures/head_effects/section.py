@@ -12,10 +12,9 @@ from ..referent_choice import question_of
 from ..sections import split_levels, template
 
 
-def effects_section(run, tables: dict, figures: Figures, info) -> dict | None:
-    """`info`: the run's EffectsRecord (what was patched, how the heads were chosen)."""
-    if "head_effects" not in tables:
-        return None
+def effects_section(run, tables: dict, figures: Figures, info) -> dict:
+    """`info`: the run's EffectsRecord (what was patched, how the heads were chosen); the run has the
+    head-effect tables (HeadEffects.section asks)."""
     manifest, analysis = run.manifest, run_analysis(run)
     slot, words = info.swap
     exact = (info.exact or "all") == "all"  # else only k heads were patched exactly: colour by attribution
