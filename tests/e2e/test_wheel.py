@@ -54,6 +54,8 @@ def test_a_built_wheel_runs_and_edits_in_a_fresh_venv(tmp_path, tiny_llama_dir):
     names = set(zipfile.ZipFile(wheel).namelist())
     for data in (
         "attnprobe/report/report.html.j2",
+        "attnprobe/report/section.html.j2",
+        "attnprobe/measures/templates/attention.html.j2",
         "attnprobe/edits/data/openings.txt",
         "attnprobe/verify/data/texts.txt",
     ):
