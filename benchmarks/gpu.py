@@ -288,7 +288,7 @@ def shape_row(name: str, folder: Path, device: str, dtype: str, limit: int, work
     checked = verify(pm, ["The doctor spoke to the nurse. She said to him that", "The engineer left early."])
     forward = forward_rate(pm, plan, device)
     texts = [e.prompt.text for e in plan.encoded]
-    eager = eager_loop(pm, texts, options.batch_size, device)
+    eager = eager_loop(pm, texts, plan.settings["batch_size"], device)
     prompts = manifest["prompt_phase"]["seconds"]
     effects = manifest.get("head_effects") or {}
     card_name = card(device)[0]

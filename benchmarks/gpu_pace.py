@@ -52,6 +52,7 @@ from gpu import (  # noqa: E402, I001
     tokenizer_of,  # noqa: E402
 )
 
+from attnprobe.defaults import DEFAULT_BATCH_SIZE  # noqa: E402
 from attnprobe.forward.device import on_model_device  # noqa: E402
 from attnprobe.model import load_model  # noqa: E402
 from attnprobe.model.footprint import GB, PEAK_TFLOPS, Shape, card  # noqa: E402
@@ -110,9 +111,13 @@ def pace_row(name: str, folder: Path, device: str, dtype: str, limit: int, n_pai
         row["prompt_phase_cold_s"] = timed(device, lambda: prompt_phase(pm, plan, options))
         warm = [timed(device, lambda: prompt_phase(pm, plan, options)) for _ in range(2)]
         row["prompt_phase_warm_s"] = min(warm)
-    row["eager_cold_s"] = eager_loop(pm, texts, options.batch_size, device)
-    row["eager_warm_s"] = min(eager_loop(pm, texts, options.batch_size, device) for _ in range(2))
+    row["batch_size"] = batch = plan.settings["batch_size"]  # the prompt phase's, from the device
+    row["eager_cold_s"] = eager_loop(pm, texts, batch, device)
+    row["eager_warm_s"] = min(eager_loop(pm, texts, batch, device) for _ in range(2))
     row["prompt_vs_eager_warm"] = row["prompt_phase_warm_s"] / row["eager_warm_s"]
+    # the loop a user writes at the CPU's default batch, beside the loop at the phase's own batch
+    default = [eager_loop(pm, texts, DEFAULT_BATCH_SIZE, device) for _ in range(2)]
+    row["eager_default_batch_warm_s"] = min(default)
     with on_model_device(pm):
         warm_up, _, _ = single_head_patches(pm, plan, 1)
         timed(device, warm_up)
@@ -199,6 +204,7 @@ def full_suite(name: str, folder: Path, device: str, dtype: str, work: Path, edi
     row["prompts"] = manifest.get("n_prompts")
     row["prompt_phase_s"] = (manifest.get("prompt_phase") or {}).get("seconds")
     row["head_effects"] = {k: (manifest.get("head_effects") or {}).get(k) for k in ("n_pairs", "seconds")}
+    row["compute_s"] = manifest.get("compute_seconds_this_session")  # every phase, before statistics
     if edit and row["run_exit"] == 0:
         row |= _typed("edit", ["edit", str(out), "--device", device], left())
     return row
@@ -227,16 +233,17 @@ def markdown(result: dict) -> str:
         f"Measured {result['date']} on {result['device']} (torch {result['torch']}); command: "
         f"`{result['command']}`; an 8192^3 bf16 matrix product: {result['matmul_bf16_tflops']} TFLOP/s",
         "",
-        "| shape | prompts | prompt phase cold / warm s | eager loop cold / warm s | warm ratio | "
-        "single-head patches | patches/s | share of peak | peak GB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| shape | prompts | batch | prompt phase cold / warm s | eager loop cold / warm s | warm ratio | "
+        f"eager warm s at batch {DEFAULT_BATCH_SIZE} | single-head patches | patches/s | share of peak | "
+        "peak GB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["pace"]:
         share = f"{r['patch_peak_share']:.1%}" if r.get("patch_peak_share") else "n/a"
         lines.append(
-            f"| {r['shape']} | {r['prompts']} | {r['prompt_phase_cold_s']:.3f} / "
+            f"| {r['shape']} | {r['prompts']} | {r['batch_size']} | {r['prompt_phase_cold_s']:.3f} / "
             f"{r['prompt_phase_warm_s']:.3f} | {r['eager_cold_s']:.3f} / {r['eager_warm_s']:.3f} | "
-            f"{r['prompt_vs_eager_warm']:.2f}x | "
+            f"{r['prompt_vs_eager_warm']:.2f}x | {r['eager_default_batch_warm_s']:.3f} | "
             f"{r['single_head_patches']} | {r['patches_per_s']:.0f} | {share} | "
             f"{r['peak_memory_gb'] and round(r['peak_memory_gb'], 2)} |"
         )

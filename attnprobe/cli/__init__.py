@@ -187,9 +187,11 @@ def check(suite, model_spec, limit, dtype, device, trust_remote_code, data_roots
     from ..run.describe import describe
     from ..run.resources import footprint_lines
 
-    options = RunOptions(limit=limit, dtype=dtype, trust_remote_code=trust_remote_code, data_roots=data_roots)
-    plan = plan_run(loaded, model_spec, options)
     device = _estimated_device(device)
+    options = RunOptions(
+        limit=limit, dtype=dtype, device=device, trust_remote_code=trust_remote_code, data_roots=data_roots
+    )
+    plan = plan_run(loaded, model_spec, options)  # batches as a run on `device` plans them
     for line in describe(plan, device) + footprint_lines(plan, device) + _circuit_lines(plan, device):
         click.echo(line)
 

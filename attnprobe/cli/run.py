@@ -49,9 +49,8 @@ class ShardType(click.ParamType):
 @click.option(
     "--batch-size",
     type=click.IntRange(min=1),
-    default=DEFAULT_BATCH_SIZE,
-    show_default=True,
-    help="Prompts per forward pass.",
+    help=f"Prompts per forward pass; default {DEFAULT_BATCH_SIZE} on a CPU, a whole chunk on a GPU "
+    "(fewer where it would not fit; `check --device` prints it).",
 )
 @click.option(
     "--limit",

@@ -11,6 +11,7 @@ Rg recorded rows of a pack, H heads, P logit positions.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..attention.capture import Captured, picked_logits, recording
@@ -92,12 +93,13 @@ def packed_inputs(tries: list, pad_id: int) -> tuple[torch.Tensor, torch.Tensor,
     ids, _ = pad_right([tokens for tokens, *_ in tries], pad_id)  # (G, L)
     pos, _ = pad_right([depths for _, depths, *_ in tries], 0)  # (G, L)
     L = ids.shape[1]
-    mask = torch.eye(L, dtype=torch.bool).repeat(len(tries), 1, 1)  # (G, L, L): a node (or pad) sees itself
+    mask = np.tile(np.eye(L, dtype=bool), (len(tries), 1, 1))  # (G, L, L): a node (or pad) sees itself
     for g, (_, _, parents, _) in enumerate(tries):
+        seen = mask[g]  # numpy rows: a host loop over nodes without a torch call per node
         for i, parent in enumerate(parents):  # ... and what its parent sees (parents come first)
             if parent >= 0:
-                mask[g, i] |= mask[g, parent]
-    return ids, pos, mask.unsqueeze(1)
+                seen[i] |= seen[parent]
+    return ids, pos, torch.from_numpy(mask).unsqueeze(1)
 
 
 @torch.inference_mode()
@@ -162,12 +164,15 @@ def _recorded_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(G, Rg) the packed nodes each row records (the nodes its sequences' requested rows `wanted`
     (B, R) fall on, padded by repeating the first) and (B, R) where each requested row is among them."""
-    record = [sorted(set(wanted[owner == g].flatten().tolist())) or [0] for g in range(n_packs)]
+    wanted, owner = wanted.tolist(), owner.tolist()  # plain lists: no torch call per sequence
+    record = [set() for _ in range(n_packs)]
+    for g, rows in zip(owner, wanted):
+        record[g].update(rows)
+    record = [sorted(r) or [0] for r in record]
     width = max(len(r) for r in record)
     group_rows = torch.tensor([r + [r[0]] * (width - len(r)) for r in record])
-    row_index = torch.tensor(
-        [[record[owner[b]].index(r) for r in wanted[b].tolist()] for b in range(len(wanted))]
-    )
+    where = [{r: k for k, r in enumerate(rows)} for rows in record]
+    row_index = torch.tensor([[where[g][r] for r in rows] for g, rows in zip(owner, wanted)])
     return group_rows, row_index
 
 

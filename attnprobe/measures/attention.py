@@ -272,10 +272,9 @@ def attention_table(blocks: list, n_layers: int, n_heads: int) -> pa.Table:
     if n == 0:
         return ATTENTION_SCHEMA.empty_table()
 
-    def labels(i):
-        return pa.array(
-            np.repeat(np.array([block[i] for block in blocks], dtype=object), per_block), pa.large_string()
-        )
+    def labels(i):  # each block's label repeated per layer and head: a take from the few distinct ones
+        names, codes = np.unique(np.array([block[i] for block in blocks], dtype=object), return_inverse=True)
+        return pa.array(names.tolist(), pa.large_string()).take(np.repeat(codes.astype(np.int32), per_block))
 
     return pa.table(
         {

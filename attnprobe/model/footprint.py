@@ -123,6 +123,14 @@ def patch_budget(shape: Shape | None, dtype: str, free: float, longest: int, on_
     return max(ROW_TOKENS, min(MAX_ROW_TOKENS, 1 << max(fit.bit_length() - 1, 0)))
 
 
+def prompt_batch(shape: Shape, dtype: str, room: float, longest: int, chunk_size: int) -> int:
+    """Prompts per forward pass of the prompt phase on a GPU: a whole chunk (one pass per chunk: the
+    phase is bound by the host's work per pass, not by FLOPs) where that pass's working set fits in
+    FREE_SHARE of `room` (the bytes the weights leave free), else the most that do (at least one)."""
+    per_prompt = shape.forward_working(dtype, max(longest, 1), 1)
+    return max(1, min(chunk_size, int(FREE_SHARE * max(room, 0.0) // per_prompt)))
+
+
 def device_patch_budget(module, longest: int) -> int:
     """patch_budget of a loaded model (its module) where it runs, from the memory free there now (the
     blocks torch's caching allocator holds unused included)."""

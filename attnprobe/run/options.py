@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..defaults import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_SIZE
+from ..defaults import DEFAULT_CHUNK_SIZE
 from ..errors import RunError
 
 
@@ -22,7 +22,7 @@ def log_to_stderr(message: str) -> None:
 @dataclass(frozen=True)
 class RunOptions:
     out: str | Path | None = None  # run directory; default reports/<suite>/<model>/
-    batch_size: int = DEFAULT_BATCH_SIZE  # prompts per forward pass
+    batch_size: int | None = None  # prompts per forward pass; None: DEFAULT_BATCH_SIZE, a chunk on a GPU
     limit: int | None = None  # about this many prompts, whole items spread over templates
     dtype: str = "float32"
     resume: bool = True  # continue a killed run; False starts over (--fresh)
@@ -43,7 +43,7 @@ class RunOptions:
     log: Callable[[str], None] = field(default=log_to_stderr, compare=False)
 
     def __post_init__(self):
-        if self.batch_size < 1 or self.chunk_size < 1:
+        if (self.batch_size is not None and self.batch_size < 1) or self.chunk_size < 1:
             raise RunError("batch size and chunk size must be at least 1")
         if self.shard is not None and not (len(self.shard) == 2 and 1 <= self.shard[0] <= self.shard[1]):
             raise RunError(f"shard must be K/N with 1 <= K <= N, got {self.shard}")

@@ -160,7 +160,7 @@ class Engine:
                 declared,
                 suite,
                 parts[k],
-                options.batch_size,
+                plan.settings["batch_size"],
                 lambda n: (counted.append(n), advance(n)),
             )
             advance(size(k) - sum(counted))  # prompts that score nothing (no question's spans) are done too

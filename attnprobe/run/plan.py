@@ -12,12 +12,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..defaults import DEFAULT_BATCH_SIZE
 from ..errors import RunError, SuiteError
 from ..forward.estimates import prompt_seconds
 from ..forward.packing import distinct_tokens, neighbour_packs
 from ..forward.sharing import prefix_sharing_blocker
 from ..measures import MEASURES, PlanScope, batch_kinds
 from ..model import DEFAULT_MODEL, ProbeModel, load_tokenizer
+from ..model.footprint import Shape, card, prompt_batch
 from ..model.shapes import directory_name, is_random
 from ..schema.spans import sink_notes
 from ..suite import Prompt, Suite, spread_key, token_spans
@@ -287,6 +289,17 @@ def model_name(spec: str) -> str:
     return spec.replace("/", "_")
 
 
+def _prompt_batch(options, config, dtype: str, longest: int, loaded: bool) -> int:
+    """Prompts per forward pass where the user set none: DEFAULT_BATCH_SIZE on a CPU; on a GPU a whole
+    chunk where it fits (model.footprint.prompt_batch) in the memory the weights leave free."""
+    shape = Shape.of(config) if str(options.device).startswith("cuda") else None
+    if shape is None:
+        return DEFAULT_BATCH_SIZE
+    _, free, _ = card(options.device)
+    room = free - (0.0 if loaded else shape.weights(dtype))  # a loaded model's weights are not free
+    return prompt_batch(shape, dtype, room, longest, options.chunk_size)
+
+
 def plan_run(suite: Suite, model, options) -> RunPlan:
     """The plan of `suite` on `model` (a spec, a loaded ProbeModel, or None: the suite's model) with
     `options` (RunOptions). Reads the tokenizer only; every suite, token and head-effects problem
@@ -302,9 +315,8 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
     encoded = encode_prompts(suite, prompts, tokenizer, max_positions)
     longest = max((e.n_forward for e in encoded), default=0)
     blocker = prefix_sharing_blocker(config, longest) if options.share_prefixes else "switched off"
-    batches = plan_batches(
-        encoded, options.batch_size, options.max_batch_tokens, share_prefixes=blocker is None
-    )
+    batch_size = options.batch_size or _prompt_batch(options, config, dtype, longest, loaded)
+    batches = plan_batches(encoded, batch_size, options.max_batch_tokens, share_prefixes=blocker is None)
     chunks = plan_chunks(batches, options.chunk_size)
     sha = plan_sha256(chunks, encoded)
     for edit in options.edits:  # a saved edit must fit the model's heads, before any weights load
@@ -323,7 +335,7 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
         "suite_sha256": suite.sha256,
         "model": spec,
         "dtype": dtype,
-        "batch_size": options.batch_size,
+        "batch_size": batch_size,
         "chunk_size": options.chunk_size,
         "limit": options.limit,
         "max_batch_tokens": options.max_batch_tokens,

@@ -39,7 +39,10 @@ def _budget_line(plan: RunPlan, shape: Shape, device: str, left: float) -> str:
         if on_gpu
         else "the CPU's budget"
     )
-    return f"patched passes (patching, edits): up to {budget:,} rows x tokens each ({where})"
+    return (
+        f"prompt passes: up to {plan.settings['batch_size']} prompts each; "
+        f"patched passes (patching, edits): up to {budget:,} rows x tokens each ({where})"
+    )
 
 
 def phase_seconds(plan: RunPlan, shape: Shape, device_card: str) -> dict[str, float | None]:

@@ -12,7 +12,7 @@ from conftest import forked_cli, no_weights, one_line_error
 
 import attnprobe
 from attnprobe.cli import main
-from attnprobe.defaults import ROW_TOKENS
+from attnprobe.defaults import DEFAULT_CHUNK_SIZE, ROW_TOKENS
 from attnprobe.errors import ModelSpecError
 from attnprobe.model import footprint, shapes
 
@@ -75,10 +75,24 @@ def test_check_estimates_memory_and_time_on_a_gpu_without_weights(name, monkeypa
     assert ("does NOT fit" in memory) == (name == "llama-3.1-70b")  # 141 GB of weights on an 80 GB card
     assert any(line.startswith("time on H100") for line in result.output.splitlines())
     assert "the weights are random" in result.output
-    budget = next(line for line in result.output.splitlines() if line.startswith("patched passes"))
-    rows = int(budget.split("up to ")[1].split(" rows")[0].replace(",", ""))
-    # a card with room beside the weights patches in passes larger than the CPU's; one without: the CPU's
-    assert (rows > ROW_TOKENS) == (name != "llama-3.1-70b"), budget
+    budget = next(line for line in result.output.splitlines() if line.startswith("prompt passes"))
+    prompts = int(budget.split("up to ")[1].split(" prompts")[0])
+    rows = int(budget.split("up to ")[2].split(" rows")[0].replace(",", ""))
+    # a card with room beside the weights runs a chunk per prompt pass and patches in passes larger than
+    # the CPU's; one without: one prompt a pass and the CPU's patch budget
+    fits = name != "llama-3.1-70b"
+    assert (rows > ROW_TOKENS) == fits and prompts == (DEFAULT_CHUNK_SIZE if fits else 1), budget
+
+
+def test_a_prompt_batch_is_a_chunk_where_it_fits_and_fewer_where_it_would_not():
+    """model.footprint.prompt_batch: a whole chunk on a card with room beside the weights; with less
+    room (or longer prompts) the most prompts whose pass fits its share of that room, at least one."""
+    shape = footprint.Shape.of(shapes.shape_config("random:llama-3.1-8b"))
+    per_prompt = shape.forward_working("bfloat16", 4096, 1)
+    assert footprint.prompt_batch(shape, "bfloat16", 64e9, 16, 512) == 512
+    tight = footprint.prompt_batch(shape, "bfloat16", 64e9, 4096, 512)  # 4,096-token prompts
+    assert 1 < tight < 512 and tight * per_prompt <= footprint.FREE_SHARE * 64e9 < (tight + 1) * per_prompt
+    assert footprint.prompt_batch(shape, "bfloat16", -1e9, 16, 512) == 1  # the weights do not even fit
 
 
 def test_a_patch_budget_fits_its_share_of_the_free_memory_and_grows_with_it():
