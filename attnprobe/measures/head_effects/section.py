@@ -23,11 +23,18 @@ def effects_section(run, tables: dict, figures: Figures, info) -> dict:
         for summary in tables["head_effects_summary"].to_dict("records")
     ]
     heads = split_levels(tables["head_stats"])[0] if "head_stats" in tables else []
-    if len(heads) and slot in set(heads["target"]) and sections:
+    heads = heads[heads["target"] == slot] if len(heads) else heads
+    if len(heads) and sections:  # the first source that reads the slot with a paired difference
+        source = heads["source"].iloc[0]
         fig = plots.head_heatmap(
-            heads, slot, "d_z", "difference_q", title=f"{slot}: attention difference d_z", label="d_z"
+            heads[heads["source"] == source],
+            slot,
+            "d_z",
+            "difference_q",
+            title=f"{source} -> {slot}: attention difference d_z",
+            label="d_z",
         )
-        alt = f"attention difference, source -> {slot}"
+        alt = f"attention difference, {source} -> {slot}"
         sections[0]["figures"].append(figures.save(fig, f"difference_{slot}_beside_effects", alt))
     return {
         "template": template("head_effects"),

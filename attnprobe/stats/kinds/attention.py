@@ -34,6 +34,29 @@ from ..placebo import placebo_counts
 
 KEYS = ["source", "target", "layer", "head"]
 SAME = 1e-5  # paired values closer than this everywhere are one value read twice (float32 weights)
+# In a low-precision run the two reads of one value may come from passes of other shapes (their own
+# batch or pack) whose kernels round differently, each within verify's tolerance (4 eps of the format)
+# of the exact weight: so within 8 eps of each other. An H200 in bfloat16 read the token before the
+# pronoun unequally in the 8B shape's full suite (2026-11-30), which made it a paired difference.
+SAME_LOW_PRECISION = {"bfloat16": 8 * 2.0**-7, "float16": 8 * 2.0**-10}
+
+
+def read_twice(run, analysis: Analysis, source: str, d: np.ndarray) -> bool:
+    """Whether a source's paired values are one value read twice (a level: both prompts of an item
+    share the prefix it reads): equal within SAME, or, in a low-precision run, within the format's
+    rounding and read before the contrast's first token in every prompt (the prompts table's token
+    spans; a read of the contrast itself or after it is a difference however small)."""
+    gap = np.nanmax(np.abs(d), initial=0.0)
+    if gap <= SAME:
+        return True
+    if gap > SAME_LOW_PRECISION.get(str(getattr(run.manifest, "dtype", "")), SAME):
+        return False
+    # the rows read end (exclusive) at the span's start for `at: before`, else at the span's end
+    before = source.startswith("before_")
+    end = f"{source.removeprefix('before_')}_tok_{'start' if before else 'end'}"
+    prompts = run.prompts  # the contrast column is its slot's label (pronoun_label), or the slot itself
+    contrast = f"{analysis.contrast.removesuffix('_label')}_tok_start"
+    return end in prompts and contrast in prompts and bool((prompts[end] <= prompts[contrast]).all())
 
 
 def item_values(run) -> pd.DataFrame | None:
@@ -46,7 +69,7 @@ def item_values(run) -> pd.DataFrame | None:
     pairs = paired(run.attention, run.prompts, analysis, KEYS, "weight")
     frames = []
     for (source, target), group in pairs.groupby(["source", "target"], sort=False):
-        level = np.nanmax(np.abs(group["d"].to_numpy()), initial=0.0) <= SAME
+        level = read_twice(run, analysis, source, group["d"].to_numpy())
         wide = group.pivot(index=ITEM, columns=["layer", "head"], values="positive" if level else "d")
         quantity = "level" if level else "difference"
         wide.columns = pd.MultiIndex.from_tuples(
@@ -85,7 +108,7 @@ def head_stats(run) -> pd.DataFrame:
                     "head": heads.get_level_values(1),
                 }
             )
-            if np.nanmax(np.abs(wide["d"].to_numpy()), initial=0.0) <= SAME:
+            if read_twice(run, analysis, source, wide["d"].to_numpy()):
                 # read before the contrast (e.g. at the token before the pronoun): both prompts of an
                 # item see the same prefix, so there is no paired difference, only a level
                 level = _level(design, wide["positive"].to_numpy()[keep], analysis, scope == "all")
@@ -369,6 +392,8 @@ def layer_stats(heads: pd.DataFrame) -> pd.DataFrame:
         "n_heads": ("head", "size"),
         "n_difference_q05": ("difference_q", lambda v: int((v < ALPHA).sum())),
     }
+    if "difference" not in heads:  # every measure reads before the contrast: levels only
+        columns = {"n_heads": columns["n_heads"]}
     if "interaction_q" in heads:
         columns.update(
             max_abs_interaction_r=("interaction_r", lambda v: v.abs().max()),
