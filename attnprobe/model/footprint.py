@@ -42,15 +42,17 @@ PEAK_TFLOPS = {
     "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5},
 }
 ASSUMED_CARD = ("H100", 81559 * 2**20)  # what `check --device cuda` assumes without a GPU (nvidia-smi's MiB)
-# Measured by benchmarks/gpu.py on an NVIDIA H100, 2026-11-27, the Llama 3.1 8B shape in bfloat16, 600
-# prompts of probes/gender.yaml: a forward pass of 3,825 tokens reached 40% of the dense peak; the
-# head effects (many small patched passes) 4.5% (464 pairs in 45.3 s; 3.3% and 62.1 s on an H200 the
-# day before); the prompt phase, warm (Qwen 2.5 7B, Llama 3.2 1B), spent 1.4 ms a prompt on the host
-# besides its FLOPs (the H200's 6.2 ms included CUDA's first-use warm-up). Smaller shapes reach less
-# of the peak (24-26% at 1B and Gemma 3 4B); other shapes and cards are extrapolated from these.
-EFFICIENCY = {"prompts": 0.40, "head effects": 0.045}
+# Measured by benchmarks/gpu_pace.py on an NVIDIA H200, 2026-11-30: the full gender suite (6,840
+# prompts, 1,920 head-effect pairs) at the Llama 3.1 8B shape in bfloat16 computed in 105.7 s, where
+# the model before these figures (prompts at 40% of the dense peak plus 1.4 ms a prompt on the host,
+# every other phase at 4.5%, from the H100's 600-prompt shape runs) said 123.3 s (+17%). Refitted to
+# that run: the prompt phase 4.45 s (0.5 s of FLOPs at 40% plus 0.58 ms a prompt on the host), the
+# head effects 60.6 s (8.1% of the peak), and the rest of the compute 40.6 s, charged to direct
+# attribution (0.41%: one small pass per prompt and cut, plus assembling some 15 million attention
+# rows). Smaller shapes reach less of the peak; other shapes and cards are extrapolated from these.
+EFFICIENCY = {"prompts": 0.40, "head effects": 0.081, "direct_attribution": 0.0041}
 OTHER_PHASES = EFFICIENCY["head effects"]  # an unmeasured phase of small passes: as the head effects
-HOST_SECONDS_PER_PROMPT = 0.0014
+HOST_SECONDS_PER_PROMPT = 0.00058
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,32 @@ def paired(
     return wide
 
 
+SAME = 1e-5  # paired values closer than this everywhere are one value read twice (float32 weights)
+# In a low-precision run the two reads of one value may come from passes of other shapes (their own
+# batch or pack) whose kernels round differently, each within verify's tolerance (4 eps of the format)
+# of the exact weight: so within 8 eps of each other. An H200 in bfloat16 read the token before the
+# pronoun unequally in the 8B shape's full suite (2026-11-30), which made it a paired difference.
+SAME_LOW_PRECISION = {"bfloat16": 8 * 2.0**-7, "float16": 8 * 2.0**-10}
+
+
+def read_twice(run, analysis: Analysis, source: str, d: np.ndarray) -> bool:
+    """Whether a source's paired values are one value read twice (a level: both prompts of an item
+    share the prefix it reads): equal within SAME, or, in a low-precision run, within the format's
+    rounding and read before the contrast's first token in every prompt (the prompts table's token
+    spans; a read of the contrast itself or after it is a difference however small)."""
+    gap = np.nanmax(np.abs(d), initial=0.0)
+    if gap <= SAME:
+        return True
+    if gap > SAME_LOW_PRECISION.get(str(getattr(run.manifest, "dtype", "")), SAME):
+        return False
+    # the rows read end (exclusive) at the span's start for `at: before`, else at the span's end
+    before = source.startswith("before_")
+    end = f"{source.removeprefix('before_')}_tok_{'start' if before else 'end'}"
+    prompts = run.prompts  # the contrast column is its slot's label (pronoun_label), or the slot itself
+    contrast = f"{analysis.contrast.removesuffix('_label')}_tok_start"
+    return end in prompts and contrast in prompts and bool((prompts[end] <= prompts[contrast]).all())
+
+
 @dataclass
 class Design:
     """Cells of one scope: which items each holds and how each is labelled and weighted."""
