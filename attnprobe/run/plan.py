@@ -293,9 +293,12 @@ def _prompt_batch(options, config, dtype: str, longest: int, loaded: bool) -> in
     """Prompts per forward pass where the user set none: DEFAULT_BATCH_SIZE on a CPU; on a GPU a whole
     chunk where it fits (model.footprint.prompt_batch) in the memory the weights leave free."""
     shape = Shape.of(config) if str(options.device).startswith("cuda") else None
-    if shape is None:
+    try:
+        free = card(options.device)[1] if shape is not None else None
+    except RuntimeError:  # not a device torch knows: the run refuses it later, in its own words
+        free = None
+    if free is None:
         return DEFAULT_BATCH_SIZE
-    _, free, _ = card(options.device)
     room = free - (0.0 if loaded else shape.weights(dtype))  # a loaded model's weights are not free
     return prompt_batch(shape, dtype, room, longest, options.chunk_size)
 

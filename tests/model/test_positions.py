@@ -97,3 +97,30 @@ def test_a_value_read_twice_within_the_formats_rounding_stays_a_level(run, tmp_p
     before = heads[heads.source == "before_pronoun"]
     is_level = "level" in before and before["level"].notna().all()
     assert is_level == level and ("difference" not in before or before["difference"].isna().all()) == level
+
+
+def test_the_head_effects_section_draws_one_source_where_two_read_the_slot(tiny_llama_dir, tmp_path):
+    """The head-effects section's attention heatmap (source -> the patched slot) drew every paired row
+    of the slot: where the token before the pronoun counted as a paired difference beside the pronoun
+    itself (the H200's bfloat16 run), two rows per head failed the report. Planted here in float32 with
+    a gap in the before-pronoun reads: the report is written and the heatmap names its source."""
+    import json
+
+    from attnprobe.report import write_report
+
+    suite = SUITE + "head_effects: {cut: pronoun, positive: female, negative: male, "
+    suite += "counterfactual: {occupation: [person]}}\n"
+    (tmp_path / "s.yaml").write_text(suite)
+    run = attnprobe.run_suite(
+        tmp_path / "s.yaml", model=str(tiny_llama_dir), out=tmp_path / "out", progress=False
+    )
+    attention = pd.read_parquet(run.directory / "attention.parquet")
+    male = run.prompts.loc[run.prompts["pronoun_label"] == "male", "prompt_id"]
+    moved = (attention["source"] == "before_pronoun") & attention["prompt_id"].isin(male)
+    attention.loc[moved, "weight"] = (attention.loc[moved, "weight"] + 0.02).astype("float32")
+    attention.to_parquet(run.directory / "attention.parquet", index=False)
+    html = write_report(run.directory).read_text()
+    heads = pd.read_csv(run.directory / "head_stats.csv")
+    assert set(heads.loc[heads["difference"].notna(), "source"]) == {"pronoun", "before_pronoun"}
+    assert 'alt="attention difference, pronoun -&gt; occupation"' in html
+    assert json.loads((run.directory / "manifest.json").read_text())["dtype"] == "float32"

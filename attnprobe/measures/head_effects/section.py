@@ -24,8 +24,9 @@ def effects_section(run, tables: dict, figures: Figures, info) -> dict:
     ]
     heads = split_levels(tables["head_stats"])[0] if "head_stats" in tables else []
     heads = heads[heads["target"] == slot] if len(heads) else heads
-    if len(heads) and sections:  # the first source that reads the slot with a paired difference
-        source = heads["source"].iloc[0]
+    if len(heads) and sections:  # one source reading the slot with a paired difference: the span's own first
+        sources = list(dict.fromkeys(heads["source"]))
+        source = next((s for s in sources if not s.startswith("before_")), sources[0])
         fig = plots.head_heatmap(
             heads[heads["source"] == source],
             slot,
