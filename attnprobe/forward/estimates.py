@@ -1,8 +1,8 @@
 """Dated, measured time constants and the estimates built from them (the one place for both).
 
 Every figure was measured by `make demo` (SmolLM2-135M, float32, 2 idle CPU cores, prefixes
-shared) on 2026-11-23; other models scale by their parameters besides the embeddings, and another
-device is unknown until its first chunk.
+shared) on 2026-11-23 unless its comment says otherwise; other models scale by their parameters
+besides the embeddings, and another device is unknown until its first chunk.
 """
 
 from __future__ import annotations
@@ -22,6 +22,20 @@ SCORED_TOKENS_PER_SECOND = 604.0
 # The reference's rate in FLOP/s (2 FLOPs per parameter and forwarded token, prompts of
 # REFERENCE_TOKENS): how GPU estimates convert the CPU-measured phases into work (run/resources.py).
 CPU_FLOPS = PROMPTS_PER_SECOND * REFERENCE_TOKENS * 2 * REFERENCE_PARAMETERS
+
+
+# Statistics and report (run on the host whatever the device): a base and a cost per head and prompt
+# of a suite with a measure that has statistics per head (attention's head_stats). Fitted on the full
+# gender suite (6,840 prompts, float32, 2 CPU cores, 2026-11-30) at 144 heads (17.3 s) and 1,024
+# heads (97.0 s, random Llama shapes of tiny width); SmolLM2's 270 heads then took 25.8 s against
+# 28.8 s predicted.
+REPORT_SECONDS = 4.26
+REPORT_SECONDS_PER_HEAD_PROMPT = 1.32e-5
+
+
+def report_seconds(n_heads: int, n_prompts: int, per_head: bool) -> float:
+    """Statistics and report of a run on 2 CPU cores (`per_head`: a measure with statistics per head)."""
+    return REPORT_SECONDS + (REPORT_SECONDS_PER_HEAD_PROMPT * n_heads * n_prompts if per_head else 0.0)
 
 
 def prompt_seconds(n_prompts: int) -> float:

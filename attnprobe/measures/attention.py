@@ -122,6 +122,7 @@ class Attention(BatchMeasure):
     READS = {"attention": "attention.parquet"}
     TABLES = ("head_stats", "layer_stats", "condition_means", "referent_accuracy")
     ON_DEVICE = True  # the captured rows are aggregated where they were computed
+    PER_HEAD_STATISTICS = True
 
     def parse(self, ctx, doc, scope) -> tuple[AttentionMeasure, ...]:
         return AttentionMeasure.parse(ctx, as_list(ctx, doc, "attention", "measures {source, targets}"))

@@ -96,6 +96,7 @@ class Measure(ABC):
     OPTIONAL: ClassVar[bool] = False  # a run of a suite without it has none of its files (READS are None)
     CONTRACT: ClassVar[tuple[str, int] | None] = None  # a shipped suite declaring it (probes/<name>.yaml)
     # and a --limit: tests/model/test_measures.py runs the kind through the whole contract on it
+    PER_HEAD_STATISTICS: ClassVar[bool] = False  # statistics per head and prompt (check's report time)
 
     def declared(self, suite) -> bool:
         found = suite.measures.get(self.NAME, self.NONE)

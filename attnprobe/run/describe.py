@@ -57,8 +57,9 @@ def _cpu_estimate(plan: RunPlan) -> list[str]:
         + (f" ({tokens:,} tokens)" if tokens is not None else "")
         for name, seconds, tokens in phases
     )
-    total = sum(seconds for _, seconds, _ in phases)
+    report = plan.report_seconds()
+    total = sum(seconds for _, seconds, _ in phases) + report
     return [
-        f"estimate: about {total / 60:.1f} min for {REFERENCE_MODEL} on 2 CPU cores ({each}); larger models "
-        "take longer in proportion to their size"
+        f"estimate: about {total / 60:.1f} min for {REFERENCE_MODEL} on 2 CPU cores ({each}, statistics and "
+        f"report {report / 60:.1f} min); larger models take longer in proportion to their size"
     ]

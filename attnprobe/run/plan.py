@@ -14,11 +14,11 @@ from pathlib import Path
 
 from ..defaults import DEFAULT_BATCH_SIZE
 from ..errors import RunError, SuiteError
-from ..forward.estimates import prompt_seconds
+from ..forward.estimates import prompt_seconds, report_seconds
 from ..forward.packing import distinct_tokens, neighbour_packs
 from ..forward.sharing import prefix_sharing_blocker
 from ..measures import MEASURES, PlanScope, batch_kinds
-from ..model import DEFAULT_MODEL, ProbeModel, load_tokenizer
+from ..model import DEFAULT_MODEL, ProbeModel, head_shape, load_tokenizer
 from ..model.footprint import Shape, card, prompt_batch
 from ..model.shapes import directory_name, is_random
 from ..schema.spans import sink_notes
@@ -253,6 +253,12 @@ class RunPlan:
     @property
     def sharing(self) -> dict:
         return sharing_summary(self.chunks, self.encoded, self.blocker)
+
+    def report_seconds(self) -> float:
+        """Statistics and report on 2 CPU cores (on the host, whatever the device)."""
+        n_layers, n_heads, _ = head_shape(self.config)
+        per_head = any(kind.PER_HEAD_STATISTICS and kind.declared(self.suite) for kind, *_ in self.kinds())
+        return report_seconds(n_layers * n_heads, len(self.encoded), per_head)
 
     def estimate_seconds(self) -> list[tuple[str, float, int | None]]:
         """[(phase, seconds, tokens or None)] for the reference model on 2 CPU cores: the prompts,

@@ -86,6 +86,7 @@ def footprint_lines(plan: RunPlan, device: str) -> list[str]:
         lines.append(
             f"time on {name} in {plan.dtype}: about {sum(seconds.values()) / 60:.2f} min ({each}), from "
             f"{shape.flops_per_token() / 1e9:.1f} GFLOP per token at the shares of the dense peak "
-            "benchmarks/gpu_pace.py measured on an H200 (the full gender suite, Llama 3.1 8B shape)"
+            "benchmarks/gpu_pace.py measured on an H200 (the full gender suite, Llama 3.1 8B shape); then "
+            f"statistics and report about {plan.report_seconds() / 60:.1f} min on the host (2 CPU cores)"
         )
     return lines
