@@ -128,7 +128,7 @@ def patch_budget(shape: Shape | None, dtype: str, free: float, longest: int, on_
 def prompt_batch(shape: Shape, dtype: str, room: float, longest: int, chunk_size: int) -> int:
     """Prompts per forward pass of the prompt phase on a GPU: a whole chunk (one pass per chunk: the
     phase is bound by the host's work per pass, not by FLOPs) where that pass's working set fits in
-    FREE_SHARE of `room` (the bytes the weights leave free), else the most that do (at least one)."""
+    FREE_SHARE of `room` (the card's bytes the weights leave), else the most that do (at least one)."""
     per_prompt = shape.forward_working(dtype, max(longest, 1), 1)
     return max(1, min(chunk_size, int(FREE_SHARE * max(room, 0.0) // per_prompt)))
 

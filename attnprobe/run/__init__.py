@@ -63,7 +63,7 @@ def _run_suite(suite, model, options: RunOptions | None) -> Path:
     directory = _open(plan.directory)
     with run_writes(directory):
         previous = fresh.prepare_directory(
-            directory, plan.fingerprint, options.resume, suite.name, options.log
+            directory, plan.fingerprint, options.resume, suite.name, options.log, plan.settings
         )
         pm, (files_sha, content) = _load(model, plan, options)
         manifest = new_manifest(plan, pm, options, files_sha, content)

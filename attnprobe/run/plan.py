@@ -295,18 +295,19 @@ def model_name(spec: str) -> str:
     return spec.replace("/", "_")
 
 
-def _prompt_batch(options, config, dtype: str, longest: int, loaded: bool) -> int:
+def _prompt_batch(options, config, dtype: str, longest: int) -> int:
     """Prompts per forward pass where the user set none: DEFAULT_BATCH_SIZE on a CPU; on a GPU a whole
-    chunk where it fits (model.footprint.prompt_batch) in the memory the weights leave free."""
+    chunk where it fits (model.footprint.prompt_batch) in the card's memory less the weights. The
+    card's total, not what is free at this moment: every shard of a run on like cards, and a resumed
+    run, plans the same batches (a plan's chunks are only continued by the same plan)."""
     shape = Shape.of(config) if str(options.device).startswith("cuda") else None
     try:
-        free = card(options.device)[1] if shape is not None else None
+        total = card(options.device)[2] if shape is not None else None
     except RuntimeError:  # not a device torch knows: the run refuses it later, in its own words
-        free = None
-    if free is None:
+        total = None
+    if total is None:
         return DEFAULT_BATCH_SIZE
-    room = free - (0.0 if loaded else shape.weights(dtype))  # a loaded model's weights are not free
-    return prompt_batch(shape, dtype, room, longest, options.chunk_size)
+    return prompt_batch(shape, dtype, total - shape.weights(dtype), longest, options.chunk_size)
 
 
 def plan_run(suite: Suite, model, options) -> RunPlan:
@@ -324,7 +325,7 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
     encoded = encode_prompts(suite, prompts, tokenizer, max_positions)
     longest = max((e.n_forward for e in encoded), default=0)
     blocker = prefix_sharing_blocker(config, longest) if options.share_prefixes else "switched off"
-    batch_size = options.batch_size or _prompt_batch(options, config, dtype, longest, loaded)
+    batch_size = options.batch_size or _prompt_batch(options, config, dtype, longest)
     batches = plan_batches(encoded, batch_size, options.max_batch_tokens, share_prefixes=blocker is None)
     chunks = plan_chunks(batches, options.chunk_size)
     sha = plan_sha256(chunks, encoded)

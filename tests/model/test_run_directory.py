@@ -305,3 +305,19 @@ def test_a_link_planted_in_the_suite_copy_is_refused_and_its_target_untouched(ti
     with pytest.raises(RunError, match="e.yaml is a symbolic link; attnprobe writes only inside the run"):
         attnprobe.run_suite(suite, str(tiny_llama_dir), out=tmp_path / "run", progress=False)
     assert outside.read_text() == "keep me"
+
+
+def test_a_run_resumed_with_another_batch_names_it_and_how_to_continue(tiny_llama_dir, tmp_path):
+    """A run planned on a GPU (a chunk a pass) and resumed on a CPU (256 prompts a pass) has other
+    batches: the refusal names the setting that differs and the --batch-size that continues it."""
+    from click.testing import CliRunner
+
+    from attnprobe.cli import main
+
+    args = ["run", "probes/gender.yaml", "--model", str(tiny_llama_dir), "--limit", "40", "--no-report"]
+    out = ["--out", str(tmp_path / "run"), "--no-head-effects"]
+    assert CliRunner().invoke(main, [*args, *out, "--batch-size", "8"]).exit_code == 0
+    result = CliRunner().invoke(main, [*args, *out])
+    assert result.exit_code != 0
+    assert "batch_size 8 there, 256 here (to continue it: --batch-size 8)" in result.output
+    assert CliRunner().invoke(main, [*args, *out, "--batch-size", "8"]).exit_code == 0

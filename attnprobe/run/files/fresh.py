@@ -18,11 +18,12 @@ from .manifest import Manifest
 
 
 def prepare_directory(
-    directory: Path, expected: str, resume: bool, suite_name: str, log=print
+    directory: Path, expected: str, resume: bool, suite_name: str, log=print, settings: dict | None = None
 ) -> Manifest | None:
     """Make `directory` ready for a run with this fingerprint; return the manifest to continue (the
     same fingerprint and `resume`), else None. Starting over (--fresh) replaces only a run of the
-    same suite, and deletes only what attnprobe writes, where manifest.json is an attnprobe manifest."""
+    same suite, and deletes only what attnprobe writes, where manifest.json is an attnprobe manifest.
+    `settings`: the new run's, to name what differs from the run there when resuming is refused."""
     path = directory / "manifest.json"
     if not path.is_file():
         return None
@@ -31,8 +32,8 @@ def prepare_directory(
         return previous
     if resume:
         raise RunError(
-            f"{directory} holds a run with other settings (suite, model, dtype, batch or chunk size, "
-            "limit, tokenisation, saved edits); rerun with --fresh to replace it, or choose --out"
+            f"{directory} holds a run with other settings ({_differences(previous.settings, settings)}); "
+            "rerun with --fresh to replace it, or choose --out"
         )
     other = previous.suite.name
     if other != suite_name:
@@ -44,6 +45,19 @@ def prepare_directory(
     if kept:
         log(f"--fresh kept {len(kept)} files attnprobe did not write in {directory}: {', '.join(kept[:5])}")
     return None
+
+
+def _differences(there: dict, here: dict | None) -> str:
+    """The settings that differ, e.g. "batch_size 512 there, 256 here (to continue it: --batch-size
+    512)", or the list of what may where the new run's are not given or none differs."""
+    keys = sorted(k for k in set(there) | set(here or {}) if (here or {}).get(k) != there.get(k))
+    keys = [k for k in keys if k != "plan_sha256"] or keys  # the plan's hash follows what it is made of
+    if not here or not keys:
+        return "suite, model, dtype, batch or chunk size, limit, tokenisation, saved edits"
+    said = ", ".join(f"{k} {there.get(k)} there, {here.get(k)} here" for k in keys[:4])
+    if keys == ["batch_size"]:  # a run started on another kind of device: its batch can be given
+        said += f" (to continue it: --batch-size {there['batch_size']})"
+    return said
 
 
 SUITE_COPY = "suite"  # RUN/suite/: the suite file and its data files as the run read them
