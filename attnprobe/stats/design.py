@@ -42,24 +42,44 @@ def items_table(prompts: pd.DataFrame, analysis: Analysis) -> pd.DataFrame:
 def paired(
     long: pd.DataFrame, prompts: pd.DataFrame, analysis: Analysis, keys: list[str], value: str
 ) -> pd.DataFrame:
-    """Rows (item_id, *keys, value_positive, value_negative, d) from a long table with prompt_id."""
-    label = analysis.contrast
-    merged = long.merge(prompts[["prompt_id", ITEM, label]].astype({label: str}), on="prompt_id")
-    merged = merged[merged[label].isin([analysis.positive, analysis.negative])]
-    duplicated = merged.duplicated([ITEM, *keys, label])
-    if duplicated.any():
-        row = merged[duplicated].iloc[0]
+    """Rows (item_id, *keys, positive, negative, d) from a long table with prompt_id, sorted by item and
+    keys, where an item has both prompts of the contrast. On integer codes, not on the table's strings
+    (an attention table holds millions of rows: 19.5 million at 32 x 32 heads on the gender suite)."""
+    label, empty = analysis.contrast, pd.DataFrame(columns=[ITEM, *keys, "positive", "negative", "d"])
+    info = prompts[["prompt_id", ITEM, label]].astype({label: str})
+    info = info[info[label].isin([analysis.positive, analysis.negative])]
+    row = pd.Index(info["prompt_id"]).get_indexer(long["prompt_id"])  # -1: a prompt of neither label
+    kept = np.flatnonzero(row >= 0)
+    row = row[kept]
+    negative = (info[label] != analysis.positive).to_numpy()[row]
+    items, names = pd.factorize(info[ITEM], sort=True)
+    codes, levels = [items[row]], [names]
+    for key in keys:  # sorted codes: the order of their values, as a pivot sorts its index
+        code, level = pd.factorize(long[key], sort=True)
+        codes.append(code[kept])
+        levels.append(level)
+    both = np.ravel_multi_index(codes, [len(level) for level in levels]) * 2 + negative
+    order = np.argsort(both, kind="stable")
+    both = both[order]
+    twice = np.flatnonzero(both[1:] == both[:-1])
+    if len(twice):
+        first = order[twice[0]]
         raise AnalysisError(
-            f"item {row[ITEM]} has two prompts labelled '{row[label]}' in column {label}; "
-            "each item needs one prompt per contrast label"
+            f"item {names[items[row[first]]]} has two prompts labelled '{info[label].iloc[row[first]]}' "
+            f"in column {label}; each item needs one prompt per contrast label"
         )
-    wide = merged.pivot(index=[ITEM, *keys], columns=label, values=value)
-    if analysis.positive not in wide or analysis.negative not in wide:
-        return pd.DataFrame(columns=[ITEM, *keys, "positive", "negative", "d"])
-    wide = wide[[analysis.positive, analysis.negative]].dropna().reset_index()
-    wide.columns = [ITEM, *keys, "positive", "negative"]
-    wide["d"] = wide["positive"] - wide["negative"]
-    return wide
+    if negative.all() or not negative.any():  # one label only: no pairs
+        return empty
+    first_of_pair = (both[1:] >> 1 == both[:-1] >> 1) & (both[:-1] % 2 == 0)  # positive, then negative
+    at = np.flatnonzero(first_of_pair)
+    values = long[value].to_numpy()[kept]
+    pos, neg = values[order[at]], values[order[at + 1]]
+    ok = ~(pd.isna(pos) | pd.isna(neg))
+    where = np.unravel_index(both[at][ok] >> 1, [len(level) for level in levels])
+    out = pd.DataFrame({name: level.take(w) for name, level, w in zip([ITEM, *keys], levels, where)})
+    out["positive"], out["negative"] = pos[ok], neg[ok]
+    out["d"] = out["positive"] - out["negative"]
+    return out
 
 
 SAME = 1e-5  # paired values closer than this everywhere are one value read twice (float32 weights)
