@@ -316,7 +316,7 @@ def test_edits_without_tensors_are_told_apart_by_what_they_do(tiny, tmp_path):
     assert again.key == one.key  # where an edit came from is not what it does
     suite, out = edit_suite(tmp_path), tmp_path / "run"
     attnprobe.run_suite(suite, tiny, out=out, edits=(one,), progress=False, log=lambda m: None)
-    with pytest.raises(attnprobe.RunError, match="holds a run with other settings .* saved edits"):
+    with pytest.raises(attnprobe.RunError, match=r"holds a run with other settings \(edits differ\)"):
         attnprobe.run_suite(suite, tiny, out=out, edits=(two,), progress=False, log=lambda m: None)
 
 

@@ -54,10 +54,17 @@ def _differences(there: dict, here: dict | None) -> str:
     keys = [k for k in keys if k != "plan_sha256"] or keys  # the plan's hash follows what it is made of
     if not here or not keys:
         return "suite, model, dtype, batch or chunk size, limit, tokenisation, saved edits"
-    said = ", ".join(f"{k} {there.get(k)} there, {here.get(k)} here" for k in keys[:4])
+    said = ", ".join(_difference(k, there.get(k), here.get(k)) for k in keys[:4])
     if keys == ["batch_size"]:  # a run started on another kind of device: its batch can be given
         said += f" (to continue it: --batch-size {there['batch_size']})"
     return said
+
+
+def _difference(key: str, there, here) -> str:
+    """One differing setting, with both values where they are short (not a hash or a list of them)."""
+    if len(str(there)) > 40 or len(str(here)) > 40:
+        return f"{key} differ" if key.endswith("s") else f"{key} differs"
+    return f"{key} {there} there, {here} here"
 
 
 SUITE_COPY = "suite"  # RUN/suite/: the suite file and its data files as the run read them
