@@ -287,7 +287,7 @@ def main(argv=None) -> int:
         """Seconds of the budget left (at least 1)."""
         return max(1.0, args.budget_s - (time.perf_counter() - started))
 
-    names = ["tiny-llama"] if args.tiny else args.shapes.split(",")
+    names = ["tiny-llama"] if args.tiny else [n for n in args.shapes.split(",") if n]  # "": none
     stand_in = stand_in_device() if device == "cpu" else contextlib.nullcontext()
     with tempfile.TemporaryDirectory() as tmp, stand_in:
         work = Path(tmp)
