@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..schema.analysis import BEFORE
 from ..schema.yamllines import as_list, required_str
 from ..store import atomic_write
 from .base import BatchMeasure
@@ -57,7 +58,7 @@ class AttentionMeasure:
     @property
     def label(self) -> str:
         """The source as the tables name it."""
-        return self.source if self.at == "span" else f"before_{self.source}"
+        return self.source if self.at == "span" else f"{BEFORE}{self.source}"
 
     def source_range(self, spans: dict[str, tuple[int, int]]) -> tuple[int, int] | None:
         """The query rows (start, end) this measure reads in one prompt; None where it has none."""

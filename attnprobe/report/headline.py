@@ -11,7 +11,7 @@ import pandas as pd
 from ..heads import HeadSet
 from ..measures.sections import pooled_row, split_levels, strongest_head
 from ..run.files.reader import RunFiles
-from ..schema.analysis import few_levels_notes
+from ..schema.analysis import BEFORE, few_levels_notes
 from ..stats import ALPHA, held_out_interaction, run_analysis
 
 
@@ -151,7 +151,7 @@ def _interaction(analysis, target: str, group) -> str:
 def _level(analysis, source: str, target: str, group) -> str:
     """The heads whose attention itself (not the difference) changes with the covariate."""
     hits = group[group["level_q"] < ALPHA]
-    where = source.removeprefix("before_")
+    where = source.removeprefix(BEFORE)
     text = f"at the token before the {where}, " if where != source else ""
     if len(hits):
         top = strongest_head(group, covariate=True, level=True)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 # prompts.csv columns that the declaration's words `template` and `item` stand for
 TEMPLATE, ITEM = "template_id", "item_id"
+BEFORE = "before_"  # an attention source read at the token before its span is labelled BEFORE + span
 
 
 @dataclass(frozen=True)

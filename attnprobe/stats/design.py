@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import AnalysisError
-from ..schema.analysis import FEW_LEVELS, ITEM, TEMPLATE, Analysis
+from ..schema.analysis import BEFORE, FEW_LEVELS, ITEM, TEMPLATE, Analysis
 from .inference import cluster_slope_test
 
 
@@ -58,7 +58,8 @@ def paired(
         code, level = pd.factorize(long[key], sort=True)
         codes.append(code[kept])
         levels.append(level)
-    both = np.ravel_multi_index(codes, [len(level) for level in levels]) * 2 + negative
+    sizes = [len(level) for level in levels]
+    both = np.ravel_multi_index(codes, sizes) * 2 + negative
     order = np.argsort(both, kind="stable")
     both = both[order]
     twice = np.flatnonzero(both[1:] == both[:-1])
@@ -75,7 +76,7 @@ def paired(
     values = long[value].to_numpy()[kept]
     pos, neg = values[order[at]], values[order[at + 1]]
     ok = ~(pd.isna(pos) | pd.isna(neg))
-    where = np.unravel_index(both[at][ok] >> 1, [len(level) for level in levels])
+    where = np.unravel_index(both[at][ok] >> 1, sizes)
     out = pd.DataFrame({name: level.take(w) for name, level, w in zip([ITEM, *keys], levels, where)})
     out["positive"], out["negative"] = pos[ok], neg[ok]
     out["d"] = out["positive"] - out["negative"]
@@ -101,8 +102,8 @@ def read_twice(run, analysis: Analysis, source: str, d: np.ndarray) -> bool:
     if gap > SAME_LOW_PRECISION.get(str(getattr(run.manifest, "dtype", "")), SAME):
         return False
     # the rows read end (exclusive) at the span's start for `at: before`, else at the span's end
-    before = source.startswith("before_")
-    end = f"{source.removeprefix('before_')}_tok_{'start' if before else 'end'}"
+    before = source.startswith(BEFORE)
+    end = f"{source.removeprefix(BEFORE)}_tok_{'start' if before else 'end'}"
     prompts = run.prompts  # the contrast column is its slot's label (pronoun_label), or the slot itself
     contrast = f"{analysis.contrast.removesuffix('_label')}_tok_start"
     return end in prompts and contrast in prompts and bool((prompts[end] <= prompts[contrast]).all())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from ...plotting import Figures, file_name, plots
+from ...schema.analysis import BEFORE
 from ...stats import run_analysis
 from ..referent_choice import question_of
 from ..sections import split_levels, template
@@ -26,7 +27,7 @@ def effects_section(run, tables: dict, figures: Figures, info) -> dict:
     heads = heads[heads["target"] == slot] if len(heads) else heads
     if len(heads) and sections:  # one source reading the slot with a paired difference: the span's own first
         sources = list(dict.fromkeys(heads["source"]))
-        source = next((s for s in sources if not s.startswith("before_")), sources[0])
+        source = next((s for s in sources if not s.startswith(BEFORE)), sources[0])
         fig = plots.head_heatmap(
             heads[heads["source"] == source],
             slot,

@@ -50,10 +50,13 @@ def prepare_directory(
 def _differences(there: dict, here: dict | None) -> str:
     """The settings that differ, e.g. "batch_size 512 there, 256 here (to continue it: --batch-size
     512)", or the list of what may where the new run's are not given or none differs."""
-    keys = sorted(k for k in set(there) | set(here or {}) if (here or {}).get(k) != there.get(k))
+    may = "suite, model, dtype, batch or chunk size, limit, tokenisation, saved edits"
+    if not here:
+        return may
+    keys = sorted(k for k in set(there) | set(here) if here.get(k) != there.get(k))
     keys = [k for k in keys if k != "plan_sha256"] or keys  # the plan's hash follows what it is made of
-    if not here or not keys:
-        return "suite, model, dtype, batch or chunk size, limit, tokenisation, saved edits"
+    if not keys:
+        return may
     said = ", ".join(_difference(k, there.get(k), here.get(k)) for k in keys[:4])
     if keys == ["batch_size"]:  # a run started on another kind of device: its batch can be given
         said += f" (to continue it: --batch-size {there['batch_size']})"

@@ -70,6 +70,9 @@ def head_stats(run) -> pd.DataFrame:
             for v in ("d", "positive", "negative")
         }
         heads = wide["d"].columns
+        # read before the contrast (e.g. at the token before the pronoun): both prompts of an item
+        # see the same prefix, so there is no paired difference, only a level
+        level_only = read_twice(run, analysis, source, wide["d"].to_numpy())
         for scope, templates in scopes(analysis, items.loc[wide["d"].index, TEMPLATE].unique()).items():
             keep = items.loc[wide["d"].index, TEMPLATE].isin(templates).to_numpy()
             if not keep.any():
@@ -84,9 +87,7 @@ def head_stats(run) -> pd.DataFrame:
                     "head": heads.get_level_values(1),
                 }
             )
-            if read_twice(run, analysis, source, wide["d"].to_numpy()):
-                # read before the contrast (e.g. at the token before the pronoun): both prompts of an
-                # item see the same prefix, so there is no paired difference, only a level
+            if level_only:
                 level = _level(design, wide["positive"].to_numpy()[keep], analysis, scope == "all")
                 table = table.assign(**level)
                 tables.append(table)
