@@ -107,8 +107,16 @@ def _count(name: str, help: str):
     default=False,
     show_default=True,
     help="Also edit the MLP outputs of several consecutive layers at once, each fitted on the model "
-    "edited below it (DAMA's design: its layer counts scaled to the model's depth; project and "
-    "leace_mid, fitted at the slot: mlp-layers-MODE-slot); edits_mlp.csv.",
+    "edited below it (DAMA's design: its layer counts scaled to the model's depth; project, "
+    "dual (2DAMA's keep rule) and leace_mid, fitted at the slot: mlp-layers-MODE-slot); edits_mlp.csv.",
+)
+@click.option(
+    "--mlp-ranks",
+    default=None,
+    metavar="RANKS",
+    callback=_int_list,
+    help="The directions per layer --mlp-layers' project and dual remove, comma-separated, 1 to 64 "
+    "(implies --mlp-layers; default 1; rank R > 1 is kind mlp-layers-MODE-rR-slot).",
 )
 @click.option(
     "--trace/--no-trace",
@@ -167,6 +175,10 @@ def edit(run_dir, kinds, text_file, also, also_ks, device, **settings):
     else:
         settings["mlp_modes"] = tuple(m.strip() for m in settings["mlp_modes"].split(",") if m.strip())
         settings["mlp"] = True
+    if settings["mlp_ranks"] is None:
+        del settings["mlp_ranks"]
+    else:
+        settings["mlp_layers"] = True
     options = EditOptions(kinds=kinds, text=text_file, **settings)  # the other options by their names
     quiet = click.get_current_context().obj.get("quiet")
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))

@@ -93,6 +93,38 @@ def control_halves(sign: np.ndarray, pairs=(), fitted=None) -> np.ndarray:
     return half
 
 
+def pls_directions(z: torch.Tensor, x: np.ndarray, rank: int) -> torch.Tensor:
+    """(rank, E) the weights of PLS1 of the covariate x (n,) on the rows z (n, E) (NIPALS, Wold 1966;
+    DAMA's subspace): w1 is the unit slope direction (z's covariance with x); each next one is the
+    covariance with x of z deflated by the scores before it (z <- z - t p', t = z w, p = z't / t't),
+    orthogonal to them, so removing all is I - W'W and the span grows toward every direction along
+    which z predicts x linearly. Zero rows once nothing left in z covaries with x."""
+    zc = (z - z.mean(0)).double()
+    xc = torch.as_tensor(x - x.mean(), dtype=torch.float64, device=z.device)
+    out = torch.zeros(rank, z.shape[-1], dtype=torch.float64, device=z.device)
+    floor = 1e-10 * float(zc.norm()) * float(xc.norm())
+    for j in range(rank):
+        w = zc.T @ xc
+        w = w - out[:j].T @ (out[:j] @ w)  # orthogonal in exact arithmetic; kept so in floating point
+        if float(w.norm()) <= floor:
+            break
+        out[j] = w / w.norm()
+        t = zc @ out[j]
+        zc = zc - torch.outer(t, zc.T @ t / (t @ t))
+    return out.to(z.dtype)
+
+
+def explained(scores: torch.Tensor, target: np.ndarray) -> torch.Tensor:
+    """(r,) the share of the target's variance each column of scores (n, r) explains alone (squared
+    correlation); 0 for a constant column."""
+    s = (scores - scores.mean(0)).double()
+    t = torch.as_tensor(target - np.mean(target), dtype=torch.float64, device=scores.device)
+    denominator = (s * s).sum(0) * (t @ t)
+    return torch.where(
+        denominator > 0, (t @ s) ** 2 / denominator.clamp(min=1e-300), torch.zeros_like(denominator)
+    )
+
+
 def definitional_directions(last: torch.Tensor, sign: np.ndarray) -> torch.Tensor:
     """(L, H, D) mean z (n, L, H, D) of the positive-label rows minus the negative-label rows."""
     sign = torch.as_tensor(sign)

@@ -33,7 +33,8 @@ from ..run.files.layout import content_sha
 from ..store import atomic_write
 from .kinds import KINDS as HEAD_KINDS
 from .kinds import HeadEdit, Mean
-from .layers.mlp import MlpEdit, MlpLayers
+from .layers.mlp import MlpEdit
+from .layers.several import MlpLayers
 from .layers.stream import StreamEdit
 
 

@@ -211,7 +211,8 @@ def test_an_edit_of_several_layers_fits_each_on_the_model_edited_below_it(tiny, 
     neither layer's output keeps covariance with the covariate on the rows fitted; saved and loaded it
     is the same edit."""
     from attnprobe.edits import save_edit
-    from attnprobe.edits.layers.mlp import MlpLayers, Recorded, fitted_layers, mlp_output_at
+    from attnprobe.edits.layers.mlp import Recorded
+    from attnprobe.edits.layers.several import MlpLayers, fitted_layers, mlp_output_at
 
     inputs, _, _ = _inputs(tiny, n=400)
     recorded = Recorded(tiny.model, inputs, "last")
@@ -249,16 +250,85 @@ def test_an_edit_of_several_layers_fits_each_on_the_model_edited_below_it(tiny, 
     assert not torch.allclose(tiny.model(input_ids=ids).logits, fitted_logits, atol=1e-6)
 
 
+def test_pls_directions_are_dama_s_subspace_and_dual_keeps_what_carries_the_label():
+    """estimate.pls_directions: orthonormal, the first the unit slope direction (project at rank 1),
+    the items' covariance with x gone once it is removed; dual (2DAMA's keep rule) drops a direction
+    that carries the definitional label more than the covariate and keeps one that carries only the
+    covariate, where project removes both."""
+    from attnprobe.edits.estimate import covariate_directions, pls_directions
+    from attnprobe.edits.layers.modes import SITE_MODES
+
+    g, rng = torch.Generator().manual_seed(0), np.random.default_rng(0)
+    n, width = 300, 24
+    x = rng.normal(size=n)
+    z = torch.randn(n, width, generator=g)
+    z[:, 0] += 2 * torch.as_tensor(x, dtype=torch.float32)
+    w = pls_directions(z, x, 6)
+    assert torch.allclose(w @ w.T, torch.eye(6), atol=1e-5)
+    assert torch.allclose(w[0], covariate_directions(z[:, None, None, :], x)[0, 0], atol=1e-6)
+    left = (z - (z @ w[:1].T) @ w[:1]) - z.mean(0)
+    assert float((left.double().T @ torch.as_tensor(x - x.mean())).norm()) < 1e-3
+    sign = np.repeat([1.0, -1.0], 40)
+    control = torch.randn(80, width, generator=g)
+    for labelled in (False, True):  # the label on a direction of its own, then on the covariate's
+        kept = control.clone()
+        kept[:, 0 if labelled else 5] += 6 * torch.as_tensor(sign, dtype=torch.float32)
+        dual = SITE_MODES["dual"].fit_ranked(z, x, kept, sign, 2)
+        project = SITE_MODES["project"].fit_ranked(z, x, kept, sign, 2)
+        assert all(float(a.norm()) == pytest.approx(1) for a, _, _ in project)
+        assert (float(dual[0][0].norm()) == 0) == labelled, labelled
+    with pytest.raises(AttnprobeError, match="fits rank 1 only"):
+        SITE_MODES["leace"].fit_ranked(z, x, control, sign, 2)
+
+
+def test_an_edit_of_rank_two_removes_two_directions_per_layer_and_reads_back(tiny, tmp_path):
+    """--mlp-ranks 2: each layer's MLP output loses the span of its two PLS directions (I - W'W, two
+    parts applied in order); named mlp-layers-project-r2, saved with each layer twice and read back;
+    a file whose layers are uneven is refused."""
+    from attnprobe.edits import save_edit
+    from attnprobe.edits.layers.mlp import Recorded
+    from attnprobe.edits.layers.several import MlpLayers, fitted_layers
+
+    inputs, _, _ = _inputs(tiny, n=400)
+    both = fitted_layers(Recorded(tiny.model, inputs, "last"), inputs, [0, 1], np.arange(4), "project", 2)
+    assert [p.layer for p in both.parts] == [0, 0, 1, 1] and both.rank == 2
+    assert both.name == MLP + "layers-project-r2" and both.sites().endswith("(project, rank 2)")
+    clean = mlp_outputs(tiny.model, inputs.bank).double()
+    with edited(tiny, MlpLayers(both.parts[:2])):
+        after = mlp_outputs(tiny.model, inputs.bank).double()[:, 0]
+    w = torch.stack([p.along for p in both.parts[:2]]).double()
+    assert torch.allclose(after, clean[:, 0] - clean[:, 0] @ w.T @ w, atol=1e-5)
+    path = tmp_path / "mlp-layers-project-r2"
+    save_edit(both, path, tiny, {"fitted_on": "all items"})
+    loaded = load_edit(path.with_suffix(".json")).edit
+    assert loaded.rank == 2 and all(torch.equal(a.along, b.along) for a, b in zip(loaded.parts, both.parts))
+    with pytest.raises(ValueError, match="each as often"):
+        MlpLayers.restored({"layers": [0, 0, 1]}, {})
+
+
+@pytest.mark.parametrize(
+    "ranks, phrase", [("0", "from 1 to 64"), ("65", "from 1 to 64"), ("2,2", "lists 2 twice")]
+)
+def test_mlp_ranks_out_of_range_are_one_line_before_the_model_loads(edited_run, ranks, phrase):
+    from click.testing import CliRunner
+    from conftest import one_line_error
+
+    from attnprobe.cli import main
+
+    one_line_error(CliRunner().invoke(main, ["edit", str(edited_run), "--mlp-ranks", ranks]), phrase)
+
+
 @pytest.mark.thorough  # a whole sweep: the fast lane keeps the several-layer fit and apply tests
 def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run, tiny_llama_dir, tmp_path):
-    """edit --mlp-layers on a tiny model of 2 layers: windows of 1 and 2 layers ending at layer 1, for
-    DAMA's projection and leace_mid, at the slot; a chosen row whose count each quarter takes from
+    """edit --mlp-ranks 1,2 (implying --mlp-layers) on a tiny model of 2 layers: windows of 1 and 2
+    layers ending at layer 1, for DAMA's projection, 2DAMA's rule (dual, both also at rank 2) and
+    leace_mid, at the slot; a chosen row whose count each quarter takes from
     the other quarters; the chosen edit saved with its layers and applied by run --edit."""
     from click.testing import CliRunner
     from conftest import EDIT_SWEEP
 
     from attnprobe.cli import main
-    from attnprobe.edits.layers.mlp import LAYERS_MODES, MlpLayers
+    from attnprobe.edits.layers.several import LAYERS_MODES, MlpLayers
 
     _, suite, swept = swept_run
     out = tmp_path / "run"
@@ -266,13 +336,17 @@ def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run,
     # the swept run's settings, its parts read back, but for the kinds (zero alone: no head placebo)
     kinds = ["--kinds", "zero"]
     result = CliRunner().invoke(
-        main, ["edit", str(out), *EDIT_SWEEP, *kinds, "--mlp-layers", "--placebo", "2"]
+        main, ["edit", str(out), *EDIT_SWEEP, *kinds, "--mlp-ranks", "1,2", "--placebo", "2"]
     )
     assert result.exit_code == 0, result.output
     table = pd.read_csv(out / "edits_mlp.csv")
     raw = pd.read_parquet(out / "edits_items.parquet")
-    for mode in LAYERS_MODES:
-        kind = f"{MLP}layers-{mode}-slot"
+    grid = [(mode, "") for mode in LAYERS_MODES] + [("project", "-r2"), ("dual", "-r2")]
+    assert {k for k in table["kind"] if "-r2" in k} == {
+        f"{MLP}layers-{m}-r2-slot{c}" for m in ("project", "dual") for c in ("", "-chosen")
+    }
+    for mode, ranked in grid:
+        kind = f"{MLP}layers-{mode}{ranked}-slot"
         rows = table[table["kind"] == kind]
         assert sorted(rows["layer"]) == [1, 2] and (table["kind"] == f"{kind}-chosen").sum() == 1
         # the placebo repeats the choice of how many layers: each refit names the counts it chose
@@ -281,7 +355,7 @@ def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run,
         assert table.loc[table["kind"] == f"{kind}-chosen", "placebo_p"].notna().all()
         loaded = load_edit(out / "edits" / f"{kind}.json")
         assert isinstance(loaded.edit, MlpLayers) and loaded.edit.parts[-1].layer == 1
-        assert {p.mode for p in loaded.edit.parts} == {mode}
+        assert {p.mode for p in loaded.edit.parts} == {mode} and loaded.edit.rank == (2 if ranked else 1)
     goal = pd.read_csv(out / "edits_goal.csv")
     assert goal["kind"].str.startswith(f"{MLP}layers-").any()
     again = tmp_path / "again"

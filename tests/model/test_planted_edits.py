@@ -138,7 +138,8 @@ def test_a_stereotype_carried_by_two_mlps_is_removed_only_by_the_edit_of_both():
     on the model with MLP 0 projected) all of it; the factual term is kept by each. (The midpoint-kept
     eraser has nothing to erase here: the nouns' midpoint lies off the items' mean along the very
     direction the covariate moves the one-dimensional output, so keeping it forbids the erasure.)"""
-    from attnprobe.edits.layers.mlp import Recorded, fitted_layers
+    from attnprobe.edits.layers.mlp import Recorded
+    from attnprobe.edits.layers.several import fitted_layers
     from attnprobe.edits.layers.stream import per_row, quarters_bias, stream_behaviour
     from tests.planted_edit import planted_two_layer_model
 

@@ -486,7 +486,7 @@ def test_a_circuit_knockout_holds_its_heads_and_mlps_at_their_means_and_reads_ba
     prompt, layer 0's heads are untouched; saved and loaded it gives the same logits, and
     `run --edit` applies it. A knockout of MLPs alone is an edit too."""
     from attnprobe.edits.estimate import token_means
-    from attnprobe.edits.layers.mlp import MlpLayers
+    from attnprobe.edits.layers.several import MlpLayers
     from attnprobe.edits.saved import CircuitKnockout
     from attnprobe.edits.sweep.fitted import _mean_mlp
     from attnprobe.intervene.engine import record

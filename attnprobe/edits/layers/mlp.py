@@ -11,40 +11,27 @@ The sweep (`edit --mlp`) measures every mode at every layer as the stream is mea
 control cross-fitted by word, the texts by the all-items edit): raw kind "mlp-MODE", k = the layer;
 edits_mlp.csv holds a row per mode and layer and each mode's chosen row (stats.edits.stream_table).
 
-Several layers at once (`edit --mlp-layers`, DAMA's design: the MLP outputs of consecutive layers
-edited together): MlpLayers, an ordered set of MLP edits, each fitted on the MLP outputs of the model
-with the edits of the layers below it already applied (fitted_layers). The sweep measures windows of
-DAMA's layer counts (1, 5 and 9 of LLaMA 7B's 32 layers) scaled to the model's depth, ending at a
-mid-upper layer, for DAMA's projection (mode project: out -> (I - u u') out, no affine term) and for
-leace_mid, fitted at the slot where the control names its phrases: raw kind "mlp-layers-MODE(-slot)",
-k = the number of layers, so the chosen row takes each quarter's count from the other quarters.
+Several layers at once (`edit --mlp-layers`, DAMA's design): edits.layers.several.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import torch
 
-from ...attention.capture import model_edit
 from ...intervene.engine import Bank
-from ...intervene.rerun import ROWS, rerun_logits
-from ...intervene.sites import registered
-from ...model.anatomy import decoder_layers, mlp_added, module_of
+from ...intervene.rerun import ROWS
+from ...model.anatomy import decoder_layers, mlp_added
 from ...stats.edits import MLP, MLP_LAYERS
 from .modes import SITE_MODES
-from .stream import PARAMETERS, PerLayer, StreamEdit, measure_layers, untouched
+from .stream import PerLayer, StreamEdit, measure_layers
 
 MODES = ("zero", "mean", "project", "leace")  # --mlp's by default, at every layer; raw kind MLP + mode
 SLOT = "-slot"  # a mode fitted at the slot's last token: kind MLP + mode + SLOT ("mlp-leace-slot")
 POSITIONS = ("last", "slot")  # where an MLP edit is fitted: the prediction, the slot's last token
-
-
-LAYERS_MODES = ("project", "leace_mid")  # DAMA's projection; the midpoint-kept eraser
-DAMA_COUNTS, DAMA_DEPTH = (1, 5, 9), 32  # DAMA's layer counts on LLaMA 7B's 32 layers
 
 
 def layers_at(inputs) -> str:
@@ -53,10 +40,11 @@ def layers_at(inputs) -> str:
     return "slot" if (np.asarray(inputs.control_at) >= 0).all() else "last"
 
 
-def kind_of(mode: str, at: str, several: bool = False) -> str:
+def kind_of(mode: str, at: str, several: bool = False, rank: int = 1) -> str:
     """The sweep's kind (and saved file's name) of `mode` fitted `at`: mlp-leace, mlp-leace-slot, and
-    of several layers mlp-layers-project-slot."""
-    return (MLP_LAYERS if several else MLP) + mode + (SLOT if at == "slot" else "")
+    of several layers mlp-layers-project-slot, at rank 8 mlp-layers-project-r8-slot."""
+    ranked = f"-r{rank}" if rank > 1 else ""
+    return (MLP_LAYERS if several else MLP) + mode + ranked + (SLOT if at == "slot" else "")
 
 
 def fitted(modes=MODES) -> tuple[tuple[str, str], ...]:
@@ -64,9 +52,6 @@ def fitted(modes=MODES) -> tuple[tuple[str, str], ...]:
     mode that does not depend on where it is fitted (zero), at the slot."""
     last = tuple((mode, "last") for mode in modes)
     return last + tuple((mode, "slot") for mode in modes if SITE_MODES[mode].fitted)
-
-
-LAYERS_KINDS = tuple(kind_of(mode, at, True) for mode in LAYERS_MODES for at in POSITIONS)
 
 
 def fitted_where(inputs, modes=MODES) -> tuple[tuple[str, str], ...]:
@@ -141,164 +126,17 @@ class MlpEdit(StreamEdit):
         """Fitted by `mode` (edits.layers.modes) on the items of folds `on` from `outputs` (N, E: each
         item's MLP output at its last token, or at its slot's where `at` is "slot") and `control` (M, E:
         each control prompt's, at the same site; a keep constraint is fitted on those of half 0)."""
-        chosen, keep = np.isin(inputs.fold, on), inputs.keep_rows()
+        return cls.ranked(outputs, control, inputs, (layer, on), mode, at)[0]
+
+    @classmethod
+    def ranked(cls, outputs, control, inputs, where: tuple, mode: str, at: str, rank: int = 1) -> list:
+        """The `rank` parts (MlpEdits of one layer, applied in order) of `mode`'s edit of rank `rank`
+        (SiteMode.fit_ranked), fitted as `fitted` is at `where` (layer, folds)."""
+        (layer, on), keep = where, inputs.keep_rows()
+        chosen = np.isin(inputs.fold, on)
         z, kept = outputs[torch.as_tensor(chosen)].float(), control[torch.as_tensor(keep)].float()
-        params = SITE_MODES[mode].checked(z, inputs.covariate[chosen], kept, inputs.control_sign[keep])
-        return cls(layer, *params, mode=mode, at=at)
-
-
-@dataclass(frozen=True)
-class MlpLayers:
-    """MLP edits of several layers applied together, in layer order (`parts`); saved, applied and
-    transferred as one edit. Inside the sweep each part may hold per-row parameters (StreamEdit.rows)."""
-
-    kind: ClassVar[str] = "mlp_layers"
-    parts: tuple[MlpEdit, ...] = ()
-
-    @property
-    def layer(self) -> int:
-        """The first edited layer (a rerun starts from the stream entering it)."""
-        return self.parts[0].layer
-
-    @property
-    def rowwise(self) -> bool:
-        return self.parts[0].rowwise
-
-    @classmethod
-    def stacked(cls, fitted: list, which: torch.Tensor) -> MlpLayers:
-        """One edit whose every part has per-row parameters: row n's are fitted[which[n]]'s."""
-        same_layer = zip(*(edit.parts for edit in fitted))
-        return replace(fitted[0], parts=tuple(MlpEdit.stacked(list(parts), which) for parts in same_layer))
-
-    @property
-    def name(self) -> str:
-        first = self.parts[0]
-        return kind_of(first.mode, first.at, several=True)
-
-    def rows(self, rows: torch.Tensor) -> MlpLayers:
-        return replace(self, parts=tuple(part.rows(rows) for part in self.parts))
-
-    def sites(self) -> str:
-        first, layers = self.parts[0], [part.layer for part in self.parts]
-        fitted = ", fitted at the slot" if first.at == "slot" else ""
-        return f"MLP outputs of layers {', '.join(map(str, layers))} ({first.mode}{fitted})"
-
-    @contextmanager
-    def applied(self, model):
-        """Within the block every pass of `model` has each part at its layer."""
-        layers = decoder_layers(module_of(model))
-        with registered([part.hook(layers[part.layer]) for part in self.parts]), model_edit(untouched):
-            yield
-
-    def stored(self) -> tuple[dict, dict, dict]:
-        tensors = {
-            f"{i}.{name}": t for i, part in enumerate(self.parts) for name, t in part.stored()[0].items()
-        }
-        first = self.parts[0]
-        return (
-            tensors,
-            {},
-            {"layers": [part.layer for part in self.parts], "mode": first.mode, "fitted_at": first.at},
-        )
-
-    @classmethod
-    def restored(cls, record: dict, tensors: dict) -> MlpLayers:
-        layers = record.get("layers")
-        if not (isinstance(layers, list) and layers and all(type(n) is int for n in layers)):
-            raise ValueError(f"layers must be a list of layer numbers, not {layers!r}")
-        if sorted(set(layers)) != layers:
-            raise ValueError(f"layers {layers} must be increasing, each once")
-        names = {f"{i}.{name}" for i in range(len(layers)) for name in PARAMETERS}
-        if set(tensors) != names:
-            raise ValueError(f"an edit of {len(layers)} MLP layers holds {', '.join(sorted(names))}")
-        return cls(
-            tuple(
-                MlpEdit.restored(
-                    {**record, "layer": n}, {name: tensors[f"{i}.{name}"] for name in PARAMETERS}
-                )
-                for i, n in enumerate(layers)
-            )
-        )
-
-
-def dama_windows(n_layers: int) -> tuple[tuple[int, ...], int]:
-    """(layer counts, last layer) of the windows measured: DAMA's counts scaled to the model's depth
-    (at least 1, 2 and 3 layers, so a shallow model has windows of several layers too; at most the
-    layers up to the last), ending at the layer 85% of the way up (a mid-upper layer, where DAMA's
-    causal tracing put gender bias). SmolLM2's 30 layers: 1, 5, 8 ending at 25; Gemma 3's 18: 1, 3, 5
-    ending at 14."""
-    end = round(0.85 * (n_layers - 1))
-    scaled = (max(i + 1, round(c * n_layers / DAMA_DEPTH)) for i, c in enumerate(DAMA_COUNTS))
-    return tuple(sorted({min(end + 1, c) for c in scaled})), end
-
-
-class _Stop(Exception):
-    """Raised by a hook once the one MLP output a pass is run for is recorded."""
-
-
-@torch.inference_mode()
-def mlp_output_at(module, bank: Bank, at, layer: int, start: int = 0) -> torch.Tensor:
-    """(N, E) what layer `layer`'s MLP adds to the stream at each sequence's position `at` (None: its
-    last token), under whatever edits are in force at layers `start` and above: each pass starts from
-    the recorded stream entering layer `start` and stops at `layer`."""
-    at = bank.lengths - 1 if at is None else torch.as_tensor(at, device=bank.lengths.device)
-    caught = {}
-
-    def stop(_, args, out):
-        caught["out"] = out[0] if isinstance(out, tuple) else out
-        raise _Stop
-
-    handle = mlp_added(decoder_layers(module)[layer]).register_forward_hook(stop)
-    out = []
-    try:
-        for first in range(0, len(bank.lengths), ROWS):
-            rows = torch.arange(first, min(first + ROWS, len(bank.lengths)), device=bank.lengths.device)
-            try:
-                rerun_logits(module, bank, rows, start, bank.hidden[start][rows])
-            except _Stop:
-                pass
-            out.append(caught["out"][torch.arange(len(rows), device=rows.device), at[rows]].float())
-    finally:
-        handle.remove()
-    return torch.cat(out)
-
-
-def fitted_layers(recorded: Recorded, source, layers, on, mode: str) -> MlpLayers:
-    """The edit of `layers` (in order), each part fitted (MlpEdit.fitted, on the items of folds `on`)
-    on the MLP outputs of the model with the parts below it applied: the first from the recorded
-    outputs, each next one from passes of its own."""
-    parts: list[MlpEdit] = []
-    banks = (source.bank, source.control)
-    for layer in layers:
-        if parts:
-            with MlpLayers(tuple(parts)).applied(recorded.module):
-                items, control = (
-                    mlp_output_at(recorded.module, bank, p, layer, start=layers[0])
-                    for bank, p in zip(banks, recorded.positions(source))
-                )
-        else:
-            items, control = recorded.both(layer)
-        parts.append(MlpEdit.fitted(items, control, source, layer, on, mode, recorded.at))
-    return MlpLayers(tuple(parts))
-
-
-def layers_fit(recorded: Recorded, mode: str, n_layers: int):
-    """`fit(inputs, count, folds)` of `mode` on the `count` layers ending at dama_windows' last layer."""
-    end = dama_windows(n_layers)[1]
-    return lambda source, count, on: fitted_layers(
-        recorded, source, range(end - count + 1, end + 1), on, mode
-    )
-
-
-def measure_mlp_layers(model, recorded: Recorded, mode: str, log=lambda m: None):
-    """Raw values (kind mlp-layers-MODE(-slot), k = the number of layers) of `mode` on each window of
-    dama_windows (stream.measure_layers; no readout: the edited vectors are several)."""
-    counts, end = dama_windows(model.info.n_layers)
-    fit = layers_fit(recorded, mode, model.info.n_layers)
-    fitted = ", fitted at the slot" if recorded.at == "slot" else ""
-    what = f"MLP outputs ({mode}{fitted}) of the layers up to {end}, count"
-    name = kind_of(mode, recorded.at, several=True)
-    return measure_layers(model, recorded.inputs, PerLayer(fit, None, name, what, counts), log)
+        fit = SITE_MODES[mode].fit_ranked(z, inputs.covariate[chosen], kept, inputs.control_sign[keep], rank)
+        return [cls(layer, *params, mode=mode, at=at) for params in fit]
 
 
 @torch.inference_mode()

@@ -11,6 +11,14 @@ h (the model's width E) at every position, fitted on the training items' vectors
   leace      the covariate erased keeping the definitional mean difference (estimate.erasers, with the
              shrunk covariance: the site is as wide as the model and the items are fewer)
   leace_mid  leace keeping the definitional midpoint too: neither label's mean vector moves
+  dual       project, the direction removed only where it carries a larger share of the covariate's
+             variance (over the items) than of the definitional label's (over the control prompts):
+             the keep rule of 2DAMA (Limisiewicz, Marecek & Musil 2025), read as share against share
+
+A mode that is `ranked` fits an edit of rank r at one site (`fit_ranked`: r rank-one parts applied in
+order): project and dual remove r orthonormal directions, the weights of PLS1 of the covariate
+(estimate.pls_directions, DAMA's subspace); dual drops each direction its rule does not keep. Every
+other mode is rank one.
 
 Modes are kinds by name (registry.Registry): these, then those other packages register under the
 entry-point group "attnprobe.site_modes" (docs/extending.md). A mode's name names the sweep's rows and
@@ -27,7 +35,14 @@ import torch
 
 from ...errors import AttnprobeError
 from ...registry import Registry
-from ..estimate import covariate_directions, definitional_directions, definitional_midpoints, erasers
+from ..estimate import (
+    covariate_directions,
+    definitional_directions,
+    definitional_midpoints,
+    erasers,
+    explained,
+    pls_directions,
+)
 
 Fitted = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (along, functional, mean), each (E,)
 
@@ -41,6 +56,7 @@ class SiteMode(ABC):
     replaces: ClassVar[bool] = False  # h -> mean, whatever h is
     fitted: ClassVar[bool] = True  # depends on where it is fitted (zero does not: measured once)
     covariate: ClassVar[bool] = True  # fitted on the covariate: the placebo refits it on permutations
+    ranked: ClassVar[bool] = False  # fits an edit of several directions at one site (fit_ranked)
 
     @classmethod
     @abstractmethod
@@ -65,6 +81,14 @@ class SiteMode(ABC):
             )
         return tuple(t.to(z) for t in made)
 
+    @classmethod
+    def fit_ranked(cls, z: torch.Tensor, x, control: torch.Tensor, sign, rank: int) -> list[Fitted]:
+        """The `rank` rank-one parts of the site's edit, applied in order (a mode that is not `ranked`:
+        rank 1, its `checked` fit)."""
+        if rank != 1 and not cls.ranked:
+            raise AttnprobeError(f"site mode {cls.mode!r} fits rank 1 only, not {rank}")
+        return [cls.checked(z, x, control, sign)]
+
 
 def _zeros(z: torch.Tensor) -> torch.Tensor:
     return torch.zeros(z.shape[-1], dtype=z.dtype, device=z.device)
@@ -87,12 +111,42 @@ class Mean(SiteMode):
 
 
 class Project(SiteMode):
-    mode = "project"
+    mode, ranked = "project", True
 
     @classmethod
     def fit(cls, z, x, control, sign) -> Fitted:
         u = covariate_directions(z[:, None, None, :], x)[0, 0]
         return u, u, _zeros(z)
+
+    @classmethod
+    def directions(cls, z, x, control, sign, rank: int) -> torch.Tensor:
+        """(rank, E) the orthonormal directions removed (zero rows: none)."""
+        return pls_directions(z, x, rank)
+
+    @classmethod
+    def fit_ranked(cls, z, x, control, sign, rank: int) -> list[Fitted]:
+        if rank == 1:
+            return [cls.checked(z, x, control, sign)]
+        return [(w, w, _zeros(z)) for w in cls.directions(z, x, control, sign, rank)]
+
+
+class Dual(Project):
+    """DAMA's projection with 2DAMA's keep rule: a PLS direction w is removed only where the items'
+    scores z.w explain a larger share of the covariate's variance than the control prompts' explain of
+    their label's (both squared correlations, on the rows fitted)."""
+
+    mode = "dual"
+
+    @classmethod
+    def fit(cls, z, x, control, sign) -> Fitted:
+        w = cls.directions(z, x, control, sign, 1)[0]
+        return w, w, _zeros(z)
+
+    @classmethod
+    def directions(cls, z, x, control, sign, rank: int) -> torch.Tensor:
+        w = pls_directions(z, x, rank)
+        kept = explained(z @ w.T, x) > explained(control @ w.T, sign)
+        return w * kept.to(w)[:, None]
 
 
 class Leace(SiteMode):
@@ -121,5 +175,5 @@ SITE_MODES = Registry(
         f"is named {SEVERAL!r}, the prefix of the edits of several layers" if kind.mode == SEVERAL else None
     ),
 )
-for _mode in (Zero, Mean, Project, Leace, LeaceMid):
+for _mode in (Zero, Mean, Project, Leace, LeaceMid, Dual):
     SITE_MODES.register(_mode)

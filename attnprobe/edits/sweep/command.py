@@ -34,6 +34,7 @@ from ...store import atomic_write, read_chunks, write_parquet, write_table
 from ..inputs import Texts, check_text, record_inputs
 from ..kinds import KINDS
 from ..layers import mlp as mlps
+from ..layers import several
 from ..layers.modes import SITE_MODES
 from ..layers.stream import StreamEdit, measure_stream
 from .fitted import save_chosen, save_circuits, save_layers
@@ -171,7 +172,7 @@ def run_edits(
                 chosen += [
                     (mlps.kind_of(*where), 0) for where in mlps.fitted(options.mlp_modes)
                 ] * options.mlp
-                chosen += [(kind, 0) for kind in mlps.LAYERS_KINDS] * options.mlp_layers
+                chosen += [(kind, 0) for kind in several.layers_kinds(options.mlp_ranks)] * options.mlp_layers
                 with hashes_known(model, (m.model.weights_sha256, weights)):  # checked above
                     write_table(directory, "edits_transfer", transfer(directory, suites, chosen, model, log))
                 log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
@@ -300,11 +301,11 @@ def _layer_parts(part, key: str, sweep: Sweep, clean: pd.DataFrame) -> list[pd.D
                 frames += layer_placebo(part, key, sweep, frames, name, recorded[at].fit(mode))
     if sweep.options.mlp_layers:  # several layers at once (a placebo refit costs a pass per layer and fold)
         at = mlps.layers_at(inputs)
-        for mode in mlps.LAYERS_MODES:
-            measure = lambda m=mode: mlps.measure_mlp_layers(model, recorded[at], m, log)
-            name = mlps.kind_of(mode, at, several=True)
+        for mode, rank in several.layers_grid(sweep.options.mlp_ranks):
+            measure = lambda m=mode, r=rank: several.measure_mlp_layers(model, recorded[at], m, log, r)
+            name = mlps.kind_of(mode, at, True, rank)
             frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
-            fit = mlps.layers_fit(recorded[at], mode, model.info.n_layers)
+            fit = several.layers_fit(recorded[at], mode, model.info.n_layers, rank)
             frames += layer_placebo(part, key, sweep, frames, name, fit)
     return frames[1:]
 

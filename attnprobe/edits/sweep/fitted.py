@@ -22,7 +22,8 @@ from ...store import own_directory
 from ...version import __version__
 from ..estimate import token_mask, token_means
 from ..kinds import KINDS, Mean
-from ..layers.mlp import LAYERS_MODES, POSITIONS, MlpEdit, MlpLayers, Recorded, fitted, kind_of, layers_fit
+from ..layers.mlp import POSITIONS, MlpEdit, Recorded, fitted, kind_of
+from ..layers.several import MlpLayers, layers_fit, layers_grid
 from ..layers.stream import StreamEdit
 from ..saved import CircuitKnockout, save_edit
 from .options import Sweep
@@ -71,11 +72,12 @@ def save_layers(sweep: Sweep, tables: tuple, raw, source: dict) -> int:
         kind = kind_of(mode, at)
         if mlp["kind"].isin([kind, f"{kind}-chosen"]).any():
             n += _save_layers(sweep, raw, source, kind, recorded[at].fit(mode))
-    for mode, at in [(mode, at) for mode in LAYERS_MODES for at in POSITIONS] if len(mlp) else ():
-        kind = kind_of(mode, at, several=True)  # an edit of several layers: k is how many
+    grid = [(mode, rank, at) for mode, rank in layers_grid(sweep.options.mlp_ranks) for at in POSITIONS]
+    for mode, rank, at in grid if len(mlp) else ():
+        kind = kind_of(mode, at, True, rank)  # an edit of several layers: k is how many
         if mlp["kind"].isin([kind, f"{kind}-chosen"]).any():
             n += _save_layers(
-                sweep, raw, source, kind, layers_fit(recorded[at], mode, sweep.manifest.model.n_layers)
+                sweep, raw, source, kind, layers_fit(recorded[at], mode, sweep.manifest.model.n_layers, rank)
             )
     return n
 

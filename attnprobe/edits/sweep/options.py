@@ -24,6 +24,7 @@ from ..inputs import text_head
 from ..kinds import KINDS, Heads, parse_heads
 from ..layers.mlp import MODES as MLP_MODES
 from ..layers.modes import SITE_MODES
+from ..layers.several import MAX_RANK
 
 DEFAULT_KINDS, DEFAULT_K = DEFAULT_EDIT_KINDS, DEFAULT_EDIT_K
 # the options that are lists: (the type of each entry, what they are, what a wrongly typed list is shown)
@@ -31,6 +32,7 @@ LISTS = {
     "kinds": (str, "kind names", "('zero', 'leace')"),
     "ks": (int, "whole numbers", "(1, 5)"),
     "mlp_modes": (str, "mode names", "('mean', 'leace')"),
+    "mlp_ranks": (int, "whole numbers", "(1, 8)"),
 }
 
 
@@ -52,6 +54,7 @@ class EditOptions:
     mlp: bool = False  # also each MLP's output edited at every layer (edits_mlp, edits.layers.mlp)
     mlp_modes: tuple[str, ...] = MLP_MODES  # the modes --mlp measures (edits.layers.modes)
     mlp_layers: bool = False  # also several consecutive MLP outputs edited at once (DAMA's design; edits_mlp)
+    mlp_ranks: tuple[int, ...] = (1,)  # the directions per layer project and dual remove there (1 to 64)
     trace: bool = False  # also the stream patched per layer and position (tracing, analyses.tracing)
     paths: bool = False  # also the top heads' inputs and senders patched (paths, analyses.paths)
     circuits: bool = False  # also circuits found by attribution and judged held out (analyses.circuits)
@@ -75,12 +78,17 @@ class EditOptions:
                 raise AttnprobeError(
                     f"unknown {noun} {', '.join(unknown) or '(none)'}; {plural}: {', '.join(registry)}"
                 )
-        for option, values in (("--kinds", self.kinds), ("--k", self.ks), ("--mlp-modes", self.mlp_modes)):
+        listed = (("--kinds", self.kinds), ("--k", self.ks), ("--mlp-modes", self.mlp_modes))
+        for option, values in (*listed, ("--mlp-ranks", self.mlp_ranks)):
             repeated = sorted({str(v) for v in values if list(values).count(v) > 1})
             if repeated:
                 raise AttnprobeError(f"{option} lists {', '.join(repeated)} twice; give each once")
         if self.circuit_grain not in ("parts", "edges"):
             raise AttnprobeError(f"--circuit-grain {self.circuit_grain!r}: give parts or edges")
+        if not self.mlp_ranks or not all(1 <= r <= MAX_RANK for r in self.mlp_ranks):
+            raise AttnprobeError(
+                f"--mlp-ranks {self.mlp_ranks!r}: give whole numbers from 1 to {MAX_RANK}, e.g. 1,8"
+            )
         if not self.ks or min(self.ks) < 1:
             raise AttnprobeError("k must be whole numbers of heads >= 1, e.g. --k 1,2,5,10,20")
         if not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
@@ -121,7 +129,7 @@ def settings_hash(run_fingerprint: str, options: EditOptions, weights: str, cont
     sampled, the control prompts measured (`control`: their tokens, the file's and those put in the
     templates) and the part of --text that is read."""
     own_files = ("kinds", "alone", "placebo", "stream", "mlp", "mlp_layers", "trace", "paths", "circuits")
-    own_files += ("circuit_grain", "mlp_modes")
+    own_files += ("circuit_grain", "mlp_modes", "mlp_ranks")
     settings = {k: v for k, v in asdict(options).items() if k not in own_files}
     payload = json.dumps(
         {
