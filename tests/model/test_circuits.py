@@ -383,3 +383,27 @@ def test_a_family_without_separate_query_key_value_projections_is_refused_in_one
         RunError, match=r"^--circuit-grain edges: .*run --circuits with --circuit-grain parts$"
     ):
         edge_sites(build_tiny("gpt2", vocab_size=64))
+
+
+def test_the_greedy_search_moves_up_a_size_where_it_fails_the_smallest(monkeypatch):
+    """search.greedy_rounds: each family's smallest circuit meeting the target is searched first; where
+    its greedy subset fails it, the next smallest meeting the target is searched in a second round,
+    and nothing else (the verdict reads the smallest circuit meeting every test, searched)."""
+    from attnprobe.analyses.circuits import search
+
+    searched = []
+
+    def table(runs):  # size 3 fails once its greedy subset is judged; 5 and 10 meet the target
+        failed = 3 in set(runs.get("greedy_of", pd.Series(dtype=int)))
+        sizes = {3: not failed, 5: True, 10: True, 20: True}
+        return pd.DataFrame({"circuit": search.ATTRIBUTED, "size": list(sizes), "met": list(sizes.values())})
+
+    def greedy(patching, plan, near, fold, covariate, log):
+        searched.append(list(near))
+        return near, None
+
+    monkeypatch.setattr(search, "circuits_table", table)
+    monkeypatch.setattr(search, "greedy_subsets", greedy)
+    as_frame = lambda near, y: pd.DataFrame({"greedy_of": [n for _, n in near]})
+    search.greedy_rounds(None, None, pd.DataFrame({"greedy_of": []}), (None, None), as_frame, print)
+    assert searched == [[(search.ATTRIBUTED, 3)], [(search.ATTRIBUTED, 5)]]

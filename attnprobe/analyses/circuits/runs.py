@@ -55,7 +55,7 @@ LESS_C, LESS_M = "circuit less K", "model less K"  # completeness over subsets K
 GREEDY = "subset greedy"  # the worst subset found greedily (search.py)
 SUBSETS = 3  # random halves of a circuit (and its top half by |score|) whose removal is judged
 PARTS, EDGES = "parts", "edges"  # the grains a circuit is searched at
-CIRCUITS_VERSION = 5  # of the raw rows: a saved part of another version is measured again
+CIRCUITS_VERSION = 6  # of the raw rows: a saved part of another version is measured again
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ random, the one whose addition makes C less K and the model less K differ most: 
 covariate of y(C less K) - y(model less K)| on GREEDY_PAIRS sampled pairs of the other folds (the
 pairs C was chosen on). K is that of the step with the largest gap, judged like the random subsets
 on fold f's own sampled pairs (circuit "subset greedy"): chosen on other items than it is judged
-on. It is searched for the GREEDY_SIZES smallest circuits of each family that meet the target on
-every other count (the rows whose verdict it can change).
+on. It is searched in rounds for the smallest circuit of each family that meets the target on every
+other count (the row the verdict reads): where its greedy subset fails it, the next smallest that
+meets the target is searched in the next round, so the verdict's circuit always had its search.
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ CPU_SECONDS_PER_RUN = {PARTS: (0.0059, 0.0), EDGES: (0.0084, 0.0072)}
 GREEDY_STEPS = 3  # groups added to K
 GREEDY_CANDIDATES = 5  # groups of C less K tried at each step (all of them where there are fewer)
 GREEDY_PAIRS = 16  # pairs of the other folds K is chosen on
-GREEDY_SIZES = 2  # circuits per family searched, smallest first
 
 
 def measure_run_circuits(
@@ -96,10 +96,9 @@ def measure_run_circuits(
             )
         plan = plan_runs(graph, scores, fold, _given(graph, hypotheses or {}, name))
         log(f"circuits: {len(plan.runs)} patched runs against {name!r}")
-        runs = _runs_frame(base, plan, part_runs(patching, plan.runs, plan.masks, log))
-        runs = runs.assign(grain=grain, table="circuit_runs", reference=name)
-        greedy = _runs_frame(base, *greedy_subsets(patching, plan, runs, fold, covariate, log))
-        frames += [runs, greedy.assign(grain=grain, table="circuit_runs", reference=name)]
+        as_frame = _labelled(base, grain, name)
+        runs = as_frame(plan, part_runs(patching, plan.runs, plan.masks, log))
+        frames += [runs, greedy_rounds(patching, plan, runs, (fold, covariate), as_frame, log)]
     return pd.concat([f for f in frames if len(f)], ignore_index=True)
 
 
@@ -136,9 +135,29 @@ class _Search:
         return [(int(i), *run) for i in pairs for run in named]
 
 
-def greedy_subsets(patching: Patching, plan: Plan, runs: pd.DataFrame, fold, covariate, log) -> tuple:
+def _labelled(base: pd.DataFrame, grain: str, reference: str):
+    """`as_frame(plan, y)`: the raw rows of a plan's runs in one comparison (_runs_frame), labelled."""
+    labels = {"grain": grain, "table": "circuit_runs", "reference": reference}
+    return lambda plan, y: _runs_frame(base, plan, y).assign(**labels)
+
+
+def greedy_rounds(patching: Patching, plan: Plan, runs: pd.DataFrame, pairs: tuple, as_frame, log):
+    """The raw rows (`as_frame(plan, y)`) of the greedy worst subsets of one comparison's `plan`, whose
+    raw rows are `runs` (`pairs`: fold and covariate per pair), searched in rounds (the module's
+    docstring) until each family's smallest circuit meeting the target has had its search."""
+    frames, searched = [], set()
+    while True:
+        table = circuits_table(pd.concat([runs, *frames], ignore_index=True))
+        todo = [near for near in _near_misses(table) if near not in searched]
+        if not todo:
+            return pd.concat(frames, ignore_index=True) if frames else runs.iloc[:0]
+        searched.update(todo)
+        frames.append(as_frame(*greedy_subsets(patching, plan, todo, *pairs, log)))
+
+
+def greedy_subsets(patching: Patching, plan: Plan, near: list, fold, covariate, log) -> tuple:
     """(Plan, y) of the greedy worst subsets' judging runs (the module's docstring), for one
-    comparison's `plan` and its raw rows `runs` (fold and covariate per pair)."""
+    comparison's `plan` and the (family, size) of the circuits `near` (fold and covariate per pair)."""
     graph, masks = patching.graph, Masks()
     held = {
         (r[1], r[4], int(fold[r[0]])): ~plan.masks.arrays[r[-1]]
@@ -147,7 +166,7 @@ def greedy_subsets(patching: Patching, plan: Plan, runs: pd.DataFrame, fold, cov
     }
     sampled = np.arange(len(fold)) % graph.sampled_every == 0
     searches = []
-    for (family, n), f in product(_near_misses(runs), np.unique(fold)):
+    for (family, n), f in product(near, np.unique(fold)):
         circuit = held[(family, n, int(f))]
         other = np.flatnonzero(sampled & (fold != f))
         other = other[np.linspace(0, len(other) - 1, min(GREEDY_PAIRS, len(other))).astype(int)]
@@ -185,16 +204,14 @@ def grow(patching: Patching, searches: list, masks: Masks, covariate: np.ndarray
         s.k = k
 
 
-def _near_misses(runs: pd.DataFrame) -> list[tuple]:
-    """(family, size) of the GREEDY_SIZES smallest circuits of each family short of the whole model
-    that meet the target on the runs so far (the rows a worst subset can still fail)."""
-    table = circuits_table(runs)
+def _near_misses(table: pd.DataFrame) -> list[tuple]:
+    """(family, size) of each family's smallest circuit short of the whole model that meets the target
+    in `table` (circuits_table of the runs so far: the row a worst subset can still fail)."""
     if not len(table):
         return []
     whole = table.loc[table["circuit"] == ATTRIBUTED, "size"].max()  # every part: met by construction
     met = table[table["met"] & (table["size"] < whole)].sort_values("size", kind="stable")
-    by_family = met.groupby("circuit", sort=False)["size"]
-    return [(family, int(n)) for family, sizes in by_family for n in sizes[:GREEDY_SIZES]]
+    return [(family, int(sizes.iloc[0])) for family, sizes in met.groupby("circuit", sort=False)["size"]]
 
 
 def planned_runs(graph, n_pairs: int, hypotheses: int = 1) -> int:
