@@ -207,9 +207,10 @@ def edit_frontier(summary: pd.DataFrame, draws: pd.DataFrame):
 
 GOAL_ALT = (
     "every edit's stereotype term removed against its factual term kept on held-out nouns, KL's upper "
-    "bound as colour, edits of several MLP layers (DAMA's design) as stars, the goal's box dashed"
+    "bound as colour, edits of several MLP layers (DAMA's design) as stars, the held-out search's choice "
+    "as a diamond, the goal's box dashed"
 )
-GOAL_MARKERS = {"heads": "o", "stream": "s", "mlp": "^", "mlp layers": "*"}
+GOAL_MARKERS = {"heads": "o", "stream": "s", "mlp": "^", "mlp layers": "*", "search": "D"}
 
 
 def goal_frontier(goal: pd.DataFrame):

@@ -301,6 +301,7 @@ def _costs(raw, kind, k, draw, loss0: pd.Series, user: pd.Series) -> dict:
     return out
 
 
+SINGLE = "single"  # the top heads each zeroed alone (edits.sweep.measure; k = the head's rank)
 STREAM, STREAM_CHOSEN = "stream", "stream-chosen"  # edits.layers.stream's raw kind and its chosen rows
 MLP = "mlp-"  # edits.layers.mlp's raw kinds: mlp-MODE
 MLP_LAYERS = MLP + "layers-"  # its edits of several layers: mlp-layers-MODE (k = how many layers)

@@ -112,7 +112,7 @@ def test_the_mlp_table_recomputes_and_its_chosen_edits_apply(swept_run, tiny, tm
     stream = pd.read_csv(out / "edits_stream.csv")
     assert stream["readout_r2_after"].notna().all()
     goal = pd.read_csv(out / "edits_goal.csv")
-    assert set(goal["site"]) == {"heads", "stream", "mlp"} and goal["fails"].notna().all()
+    assert set(goal["site"]) == {"heads", "stream", "mlp", "search"} and goal["fails"].notna().all()
     ids = torch.tensor([tiny.tokenizer("The nurse said that she")["input_ids"]])
     clean = tiny.model(input_ids=ids).logits
     for kind in MLP_KINDS:

@@ -23,8 +23,8 @@ from attnprobe.edits.layers.stream import StreamEdit, last_states, stream_behavi
 from attnprobe.errors import AttnprobeError, RunError
 from attnprobe.intervene.engine import record
 from attnprobe.model import from_pretrained_objects
-from attnprobe.stats.edits import STREAM
-from attnprobe.stats.keeping.layers import _picked, chosen_layers, stream_table
+from attnprobe.stats.edits import STREAM, STREAM_CHOSEN
+from attnprobe.stats.keeping.layers import chosen_layers, picked_layers, stream_table
 
 LAYER = 1
 
@@ -150,7 +150,7 @@ def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_item
         assert got[f"half{1 - h}"] != best and got[f"half{h}"] == best and got["all"] != best
     # a fitted pair's words in the new frame (half 2: no fit used them) take their pair's half's layer
     layers = raw[raw.kind == STREAM]
-    picked = _picked(raw, layers, {**chosen, "half0": 100, "half1": 101})
+    picked = picked_layers(raw, layers, {**chosen, "half0": 100, "half1": 101})
     of_pair = layers[(layers.target == "control") & layers.half.isin([0, 1])].groupby("pair")["half"].first()
     frame = ((layers.target == "control") & (layers.half == 2) & layers.pair.isin(of_pair.index)).to_numpy()
     assert frame.any() and (picked[frame] == 100 + layers.loc[frame, "pair"].map(of_pair).to_numpy()).all()
@@ -222,3 +222,66 @@ def _gate_passed(raw: pd.DataFrame) -> pd.DataFrame:
     out.loc[layer_control, "y"] = out.loc[layer_control, "index"].map(control0).to_numpy()
     out.loc[(out.kind == STREAM) & (out.target == "text"), "kl"] = 0.0
     return out
+
+
+def test_the_search_chooses_among_every_edit_without_the_rows_it_is_judged_on(swept_run):
+    """stats.keeping.edit_search: each head kind per k and each per-layer edit's chosen row is a candidate;
+    quarter 0's items take the candidate chosen on the other quarters' items (flattening one
+    candidate's other quarters moves quarter 0 to it; changing quarter 0's own values does not;
+    reversing half the stereotype is no credit); the goal table holds the search's row; its placebo
+    repeats the choice on refits (refits that remove nothing give the floor, refits equal to the
+    real edits p = 1)."""
+    from attnprobe.stats.keeping.edit_search import CHOSEN, candidates, search_table
+    from attnprobe.stats.keeping.goal import goal_table
+    from attnprobe.stats.keeping.layers import mlp_tables
+
+    _, _, swept = swept_run
+    raw = pd.read_parquet(swept / "edits_items.parquet")
+    raw = pd.concat([raw, stream_table(raw)[1], mlp_tables(raw)[1]], ignore_index=True)
+    options = candidates(raw)
+    kinds = {kind for kind, _ in options}
+    assert {"zero", STREAM_CHOSEN} <= kinds and STREAM not in kinds and "mlp-mean-chosen" in kinds
+    passing = raw.copy()  # every candidate keeps the gap whole at no KL: the choice is the removal
+    control0 = passing[(passing.kind == "none") & (passing.target == "control")].set_index("index")["y"]
+    edited = passing.kind.isin(kinds) & (passing.draw == -1)
+    at_control = edited & (passing.target == "control")
+    passing.loc[at_control, "y"] = passing.loc[at_control, "index"].map(control0)
+    passing.loc[edited & (passing.target == "text"), "kl"] = 0.0
+    bias = edited & (passing.target == "bias")
+    of = lambda frame, key: bias & (frame.kind == key[0]) & (frame.k == key[1])
+    for target in (options[0], options[-1]):  # each in turn flattened outside quarter 0
+        flat = passing.copy()
+        flat.loc[of(flat, target) & (flat.quarter != 0), "y"] = 0.0
+        summary, rows = search_table(flat)
+        assert summary["choices"].iloc[0].startswith(f"q0: {target[0]} {target[1]} |")
+        mine = rows[(rows.target == "bias") & (rows.quarter == 0)].set_index("index")["y"].sort_index()
+        own = flat[of(flat, target) & (flat.quarter == 0)].set_index("index")["y"].sort_index()
+        assert np.array_equal(mine.to_numpy(), own.to_numpy())
+        noisy = flat.copy()  # quarter 0's own values scrambled: its choice stays
+        quarter0 = bias & (noisy.quarter == 0)
+        noisy.loc[quarter0, "y"] = np.random.default_rng(2).normal(size=quarter0.sum()) * 5
+        assert search_table(noisy)[0]["choices"].iloc[0].startswith(f"q0: {target[0]} {target[1]} |")
+    # another candidate reversing half the stereotype outside quarter 0 (150% removed) loses to the one
+    # removing all of it: over-removal is no credit
+    before = passing[(passing.kind == "none") & (passing.target == "bias")].set_index("index")["y"]
+    flat = passing.copy()
+    over = of(flat, options[-1]) & (flat.quarter != 0)
+    flat.loc[of(flat, options[0]) & (flat.quarter != 0), "y"] = 0.0
+    flat.loc[over, "y"] = -0.5 * flat.loc[over, "index"].map(before) + before.mean()
+    assert search_table(flat)[0]["choices"].iloc[0].startswith(f"q0: {options[0][0]} {options[0][1]} |")
+    # the placebo: `project` on one head made to remove all of the gradient (the search's pick; the other
+    # candidates nothing), refitted on 4 permutations: refits removing nothing give the floor, refits
+    # equal to it p = 1
+    base = passing.copy()
+    base.loc[bias, "y"] = base.loc[bias, "index"].map(before)  # every other candidate removes nothing
+    base.loc[of(base, ("project", 1)), "y"] = 0.0
+    refitted = base[bias & (base.kind == "project")]
+    assert search_table(base)[0]["choices"].iloc[0].endswith("on every item: project 1")
+    for refit, p in ((refitted.assign(y=refitted["index"].map(before)), 1 / 5), (refitted, 1.0)):
+        draws = [refit.assign(kind="placebo-project", draw=d) for d in range(4)]
+        summary = search_table(pd.concat([base, *draws], ignore_index=True))[0]
+        assert summary["placebo_p"].iloc[0] == pytest.approx(p) and summary["n_placebo"].iloc[0] == 4
+    assert "placebo_p" not in search_table(raw)[0]
+    goal = goal_table(pd.read_csv(swept / "edits.csv"), pd.read_csv(swept / "edits_stream.csv"), None, raw)
+    row = goal[goal["kind"] == CHOSEN]
+    assert len(row) == 1 and row["site"].iloc[0] == "search" and "placebo not run" in row["fails"].iloc[0]

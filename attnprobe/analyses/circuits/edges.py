@@ -42,7 +42,6 @@ class EdgeGraph:
     n_kv: int
     always = 0  # no edge is in every circuit (the parts' graph keeps its embeddings)
     sampled_every = 8  # random circuits, subsets and single edges: on every 8th pair (cost)
-    in_sample_every = 8  # the in-sample faithfulness too: the held-out one is the figure to quote
 
     @property
     def width(self) -> int:  # receivers per layer

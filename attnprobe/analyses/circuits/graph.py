@@ -58,7 +58,6 @@ class Graph:
     mlps: bool
     always = 1  # the embeddings are in every circuit
     sampled_every = 4  # random circuits, subsets and single parts are run on every 4th pair
-    in_sample_every = 1  # the in-sample faithfulness: on every pair
 
     def top(self, scores: np.ndarray, n: int) -> np.ndarray:
         return top_parts(scores, n)

@@ -14,9 +14,7 @@ and per circuit size n (graph.Graph.sizes, and 0: the embeddings alone):
   alone                     x with one part patched: AGREEMENT_TOP parts of largest |score| and as
                             many drawn at random, exact beside their attribution (agreement)
 
-The last three on every graph.sampled_every-th pair only (4th for parts, 8th for edges); in-sample
-faithfulness on every graph.in_sample_every-th (every pair for parts; every 8th for edges, a quarter
-of the edge runs: the held-out figure, on every pair, is the one to quote). A run that
+The last three on every graph.sampled_every-th pair only (4th for parts, 8th for edges). A run that
 repeats another of its pair (the circuit of size 0 in- and out of sample; nothing patched) is
 computed once.
 
@@ -55,7 +53,7 @@ LESS_C, LESS_M = "circuit less K", "model less K"  # completeness over subsets K
 GREEDY = "subset greedy"  # the worst subset found greedily (search.py)
 SUBSETS = 3  # random halves of a circuit (and its top half by |score|) whose removal is judged
 PARTS, EDGES = "parts", "edges"  # the grains a circuit is searched at
-CIRCUITS_VERSION = 6  # of the raw rows: a saved part of another version is measured again
+CIRCUITS_VERSION = 6  # of the raw rows (6: greedy subsets in rounds); a saved part of another is redone
 
 
 @dataclass(frozen=True)
@@ -124,8 +122,7 @@ def plan_runs(graph, scores: dict, fold, hypotheses=None, seed: int = 0) -> Plan
         for (family, n, g), runs in judged.items():
             if g != f:
                 continue
-            in_sample = i % graph.in_sample_every == 0
-            plan += [(i, family, *run[:2], n, run[2]) for run in runs if in_sample or run[1] != IN_SAMPLE]
+            plan += [(i, family, *run[:2], n, run[2]) for run in runs]
             if sampled_pair:
                 plan += [(i, family, *run[:2], n, run[2]) for run in subsets[(family, n, g)]]
                 if family == ATTRIBUTED:

@@ -216,16 +216,15 @@ def _near_misses(table: pd.DataFrame) -> list[tuple]:
 
 def planned_runs(graph, n_pairs: int, hypotheses: int = 1) -> int:
     """About how many exact runs one comparison of `n_pairs` pairs plans (runs.plan_runs, before the
-    runs a pair repeats are merged and without the greedy subsets): per pair 2 for each size (and
-    size 0) and hypothesis, and the in-sample one on every in_sample_every-th; on every
-    sampled_every-th pair the random circuits, the subsets and the units patched alone."""
+    runs a pair repeats are merged and without the greedy subsets): per pair 3 for each size (and
+    size 0) and hypothesis; on every sampled_every-th pair the random circuits, the subsets and the
+    units patched alone."""
     sizes = len(graph.sizes()) + 1
     judged = sizes - 2 + hypotheses  # subsets of circuits of 2 or more units
     top = min(AGREEMENT_TOP, graph.size - graph.always)  # units patched alone: the top, as many at random
     alone = top + min(AGREEMENT_TOP, graph.size - graph.always - top)
     sampled = RANDOM_CIRCUITS * sizes + 2 * (SUBSETS + 1) * judged + alone
-    in_sample = -(-n_pairs // graph.in_sample_every) * (sizes + hypotheses)
-    return n_pairs * 2 * (sizes + hypotheses) + in_sample + -(-n_pairs // graph.sampled_every) * sampled
+    return n_pairs * 3 * (sizes + hypotheses) + -(-n_pairs // graph.sampled_every) * sampled
 
 
 def estimate_lines(shape: tuple[int, int, int], n_pairs: int, gflop_per_prompt: float) -> list[str]:

@@ -46,8 +46,9 @@ def layers_kinds(ranks=(1,)) -> tuple[str, ...]:  # the raw kinds of layers_grid
 
 @dataclass(frozen=True)
 class MlpLayers:
-    """MLP edits of several layers applied together, in layer order (`parts`); saved, applied and
-    transferred as one edit. Inside the sweep each part may hold per-row parameters (StreamEdit.rows)."""
+    """MLP edits of several layers applied together, in layer order (`parts`: `rank` of them per layer,
+    applied in order); saved, applied and transferred as one edit. Inside the sweep each part may hold
+    per-row parameters (StreamEdit.rows)."""
 
     kind: ClassVar[str] = "mlp_layers"
     parts: tuple[MlpEdit, ...] = ()

@@ -345,7 +345,7 @@ def _write_sweep(
         if len(mlp):  # each mode's chosen row (kind mlp-MODE-chosen)
             mlp = mlp.merge(p[p["kind"].str.startswith(MLP)].drop(columns="k"), on="kind", how="left")
     write_table(directory, "edits", summary)
-    write_table(directory, "edits_goal", goal_table(summary, stream, mlp))
+    write_table(directory, "edits_goal", goal_table(summary, stream, mlp, pd.concat([raw, chosen])))
     write_table(directory, "edits_draws", draws)
     chosen = pd.concat([raw[raw["kind"] == "none"], chosen])  # the stream's chosen rows and the clean ones
     write_table(directory, "edits_quarters", pd.concat([quarter_table(sweep), quarter_table(chosen)]))

@@ -35,6 +35,7 @@ import torch
 from ...heads import HeadSet
 from ...intervene.selection import chosen_heads
 from ...intervene.sites import behaviour_rows
+from ...stats.edits import SINGLE
 from ..estimate import last_outputs
 from ..inputs import Inputs
 from ..kinds import KINDS, Heads, Zero
@@ -224,7 +225,6 @@ def clean_values(model, inputs: Inputs) -> pd.DataFrame:
 # The raw rows are those of an edit kind named "single", k = the head's rank, so the sweep's
 # statistics and resume apply unchanged.
 TOP = 10
-SINGLE = "single"
 
 
 def ranked_heads(scores: np.ndarray, n_heads: int, top: int = TOP) -> list[tuple[int, int]]:

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ..edits import MLP_LAYERS
+from .edit_search import search_table
 
 REMOVED, REMOVED_CI = 0.5, (0.25, 1.5)
 KEPT, KEPT_CI = (0.9, 1.1), (0.8, 1.2)
@@ -68,9 +69,10 @@ COLUMNS = {
 }
 
 
-def goal_table(edits: pd.DataFrame, stream: pd.DataFrame, mlp: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per edit (head kinds per k; the stream and the MLP outputs per layer and chosen): the
-    goal's columns with their CIs, the offset, the uncentred accuracy, the placebo's p and floor, the
+def goal_table(edits: pd.DataFrame, stream: pd.DataFrame, mlp=None, raw=None) -> pd.DataFrame:
+    """One row per edit (head kinds per k; the stream and the MLP outputs per layer and chosen; given the
+    sweep's `raw` rows with the per-layer chosen rows, the held-out search's choice, site "search"):
+    the goal's columns with their CIs, the offset, the uncentred accuracy, the placebo's p and floor, the
     readout R2 after, KL's upper bound, and `fails` (the conditions missed; empty: goal met). The
     closest first: those removing REMOVED to 150% of the stereotype term, then by how few
     conditions fail, then by specificity (an edit removing nothing misses few conditions, but not
@@ -81,6 +83,9 @@ def goal_table(edits: pd.DataFrame, stream: pd.DataFrame, mlp: pd.DataFrame | No
             chosen = table["chosen"] if "chosen" in table else pd.Series(False, index=table.index)
             label = table["layer"].astype(str).where(~chosen.astype(bool), "chosen")
             frames.append(table.assign(site=site, size=label))
+    search = search_table(raw)[0] if raw is not None else pd.DataFrame()
+    if len(search):
+        frames.append(search.assign(site="search", size="held out"))
     rows = pd.concat(frames, ignore_index=True)
     rows.loc[rows["kind"].astype(str).str.startswith(MLP_LAYERS), "site"] = "mlp layers"  # size: how many
     out = rows[["site", "kind", "size"]].copy()
@@ -90,6 +95,7 @@ def goal_table(edits: pd.DataFrame, stream: pd.DataFrame, mlp: pd.DataFrame | No
     keep = ["definitional_offset", "definitional_accuracy_after", "placebo_p", "placebo_p_floor"]
     for column in [*keep, "readout_r2_after", "kl", "kl_ci_high"]:
         out[column] = rows.get(column, np.nan)
+    out["choices"] = rows.get("choices", pd.Series("", index=rows.index)).fillna("")
     fails = [failures(row) for _, row in rows.iterrows()]
     out["n_fails"] = [len(f) for f in fails]
     out["fails"] = ["; ".join(f) for f in fails]

@@ -29,7 +29,7 @@ def stream_table(raw: pd.DataFrame, kind: str = STREAM) -> tuple[pd.DataFrame, p
         return pd.DataFrame(), layers
     summary, _ = edit_tables(pd.concat([none, layers], ignore_index=True))
     chosen = chosen_layers(raw, kind)
-    rows = layers[layers["k"].to_numpy() == _picked(raw, layers, chosen)].copy()
+    rows = layers[layers["k"].to_numpy() == picked_layers(raw, layers, chosen)].copy()
     halves = f"words and texts of half 0: layer {chosen['half0']}, of half 1: layer {chosen['half1']}"
     rows = rows.assign(kind=f"{kind}-chosen", k=chosen["all"], heads=f"{quarter_layers(chosen)} | {halves}")
     best, _ = edit_tables(pd.concat([none, rows], ignore_index=True))
@@ -45,7 +45,7 @@ def quarter_layers(chosen: dict) -> str:
     return " | ".join(f"q{f}: layer {chosen[f]}" for f in range(4) if f in chosen)
 
 
-def _picked(raw: pd.DataFrame, layers: pd.DataFrame, chosen: dict) -> np.ndarray:
+def picked_layers(raw: pd.DataFrame, layers: pd.DataFrame, chosen: dict) -> np.ndarray:
     """Per row of `layers`, the layer whose value it gives to the chosen row: an item's (bias,
     readout) its quarter's; a control prompt of half h's words (edits.inputs.Inputs.words_half: in
     any frame) and the h-th half of the generated texts (alternately) that of half h ("halfH"); the
@@ -85,10 +85,12 @@ def mlp_tables(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 def chosen_layers(raw: pd.DataFrame, kind: str = STREAM) -> dict:
     """quarter -> layer, "all" -> layer, "half0" and "half1" -> layer: among the layers whose gate
     passes (the all-items edit keeps at least GAP_KEPT of the definitional gap with KL's upper bound
-    at most KL_MAX), the one removing the largest share of the gradient; where no layer passes, the
-    one with the largest share removed - |1 - gap kept|. The share is taken on the items outside the
-    quarter (for a quarter) or on every item; the gate on every control prompt and text, but for
-    "halfH" (the layer of the prompts of word half H and of half H of the texts) on the other half's."""
+    at most KL_MAX), the one removing the share of the gradient closest to all of it (a share s
+    scores min(s, 2 - s): removing more than there was reverses the stereotype and is no credit);
+    where no layer passes, the one of largest score - |1 - gap kept|. The share is taken on the items
+    outside the quarter (for a quarter) or on every item; the gate on every control prompt and text,
+    but for "halfH" (the layer of the prompts of word half H and of half H of the texts) on the other
+    half's."""
     items = raw[(raw["target"] == "bias") & (raw["kind"] == "none")].set_index("index").sort_index()
     after = raw[(raw["target"] == "bias") & (raw["kind"] == kind)]
     after = after.pivot(index="index", columns="k", values="y").reindex(items.index)
@@ -100,6 +102,7 @@ def chosen_layers(raw: pd.DataFrame, kind: str = STREAM) -> dict:
         )
 
     def best(removed: pd.Series, gate: tuple[pd.Series, pd.Series]) -> int:
+        removed = removed.where(removed <= 1, 2 - removed)  # over-removal is no credit
         passes, kept = gate[0].reindex(removed.index, fill_value=False), gate[1].reindex(removed.index)
         score = removed[passes] if passes.any() else removed - (1 - kept).abs()
         return int((score if score.notna().any() else removed).idxmax())
