@@ -7,7 +7,17 @@ DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")  # keys of model.DTY
 DEFAULT_BATCH_SIZE = 256  # prompts per forward pass: a packed forward holds few tokens per prompt
 DEFAULT_CHUNK_SIZE = 512  # prompts per chunk written to disk
 # edits.kinds.KINDS
-EDIT_KIND_NAMES = ("zero", "mean", "resample", "scale", "project", "orthogonal", "leace", "leace_mid")
+EDIT_KIND_NAMES = (
+    "zero",
+    "mean",
+    "resample",
+    "scale",
+    "project",
+    "orthogonal",
+    "leace",
+    "leace_mid",
+    "leace_mid_last",
+)
 # the classic ablation, and the erasers that keep gender's difference (leace) and its midpoint too (leace_mid;
 # orthogonal, a default until round 6, amplified the factual term on both bundled models: --kinds adds it)
 DEFAULT_EDIT_KINDS = ("zero", "leace", "leace_mid")

@@ -13,6 +13,7 @@ position:
   Orthogonal  Project along that direction made orthogonal to the head's definitional direction
   Leace     z -> z - u f.(z - mu): the covariate erased (LEACE), the definitional contrast kept
   LeaceMid  the same with the definitional midpoint kept too: each label's mean output unmoved
+  LeaceMidLast  LeaceMid at the prediction position alone where a pass says which (the sweep's)
 
 Heads are (layer, head) pairs; `edit.on(heads)` is the same edit on other heads. Each kind fits its
 own parameters: `Kind.fit(inputs, on, options)` from the recorded inputs of the items in folds `on`
@@ -63,6 +64,9 @@ class HeadEdit:
     BOUNDS: ClassVar[dict] = {}  # parameter -> the largest magnitude a saved edit may hold
     DRAWN: ClassVar[bool] = False  # draws at random (seeded): values depend on the pass's shape
     COVARIATE: ClassVar[bool] = False  # fitted on the covariate (a placebo refits it on a permuted one)
+    # edits each sequence's prediction position alone where the pass says which (RowEditor.last: the
+    # sweep's items and control prompts); every position elsewhere (texts, where each one predicts)
+    AT_PREDICTION: ClassVar[bool] = False
     heads: Heads = ()
 
     def on(self, heads: Heads) -> HeadEdit:
@@ -289,6 +293,18 @@ class LeaceMid(Leace):
         return cls(along=along, functional=functional, mean=mean)
 
 
+@dataclass(frozen=True)
+class LeaceMidLast(LeaceMid):
+    """leace_mid applied where it is fitted: at each item's and control prompt's prediction position
+    only (the outputs at the positions before it, which it was not fitted on, are left as they are),
+    and at every position of a text (each predicts). Where a pass does not say which position
+    predicts (a saved edit applied by run --edit, `edited` in a notebook) it edits every position, as
+    leace_mid does."""
+
+    kind: ClassVar[str] = "leace_mid_last"
+    AT_PREDICTION: ClassVar[bool] = True
+
+
 def _definitional(inputs) -> torch.Tensor:
     """(L, H, D) each head's definitional direction, from half 0 of the control prompts."""
     fit = inputs.keep_rows()
@@ -311,18 +327,20 @@ KINDS = Registry(
         else None
     ),
 )
-for _kind in (Zero, Mean, Resample, Scale, Project, Orthogonal, Leace, LeaceMid):
+for _kind in (Zero, Mean, Resample, Scale, Project, Orthogonal, Leace, LeaceMid, LeaceMidLast):
     KINDS.register(_kind)
 
 
 @dataclass
 class RowEditor:
     """Editor for `capture.editing`: row b of the batch has the heads `rows[b]` (B, L, H) edited, by
-    `edit`, or with a tuple of edits by `edit[which[b]]` (e.g. each quarter's own parameters)."""
+    `edit`, or with a tuple of edits by `edit[which[b]]` (e.g. each quarter's own parameters); an
+    edit AT_PREDICTION only at position last[b] where `last` is given."""
 
     edit: HeadEdit | tuple[HeadEdit, ...]
     rows: torch.Tensor  # (B, L, H) bool, or (1, L, H) for every row
     which: torch.Tensor | None = None  # (B,) index into a tuple `edit`
+    last: torch.Tensor | None = None  # (B,) each row's prediction position
 
     def __call__(self, site) -> torch.Tensor:
         chosen = self.rows[:, site.layer].to(site.output.device)  # (B, H)
@@ -334,7 +352,11 @@ class RowEditor:
         for i, edit in enumerate(edits):
             mine = chosen & (which.to(chosen.device) == i)[:, None]  # (B, H): rows of edit i
             if mine.any():
-                out = torch.where(mine[:, :, None, None], replaced(edit, site.layer, site.output), out)
+                where = mine[:, :, None, None]
+                if edit.AT_PREDICTION and self.last is not None:
+                    last = self.last.to(out.device)[:, None]  # (B, 1): the prediction position alone
+                    where = where & (torch.arange(out.shape[2], device=out.device) == last)[:, None, :, None]
+                out = torch.where(where, replaced(edit, site.layer, site.output), out)
         return out
 
 

@@ -7,8 +7,9 @@ with the same heads edited and sequences that share a prefix compute that prefix
 sequences are packed as tries (packing.py: each distinct prefix once, its depth as position id, a
 mask showing a node its ancestors), one head set per packed row; on the gender suite's items this
 forwards 60% of the tokens. Where packing would change a result it is not used: a family whose
-mask cannot be packed (sharing.prefix_sharing_blocker) and `Resample`, whose draw is per position
-of the batch.
+mask cannot be packed (sharing.prefix_sharing_blocker), `Resample`, whose draw is per position
+of the batch, and an edit at the prediction alone (AT_PREDICTION), whose last node another
+sequence of its trie may run through.
 
 Shapes: V variants, L layers, H heads, T tokens, K label ids, N sequences of a Bank, G packed rows,
 P packed length, E model width.
@@ -59,10 +60,11 @@ def _groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_tokens: int
             yield min(layer, len(bank.hidden) - 1), rows
 
 
-def _editor(variants: Variants, rows) -> RowEditor:
-    """The editor of a pass whose batch rows are the variants `rows`."""
+def _editor(variants: Variants, rows, last=None) -> RowEditor:
+    """The editor of a pass whose batch rows are the variants `rows` (`last`: each one's prediction
+    position, where an edit AT_PREDICTION edits alone)."""
     which = variants.which
-    return RowEditor(variants.edit, variants.heads[rows], None if which is None else which[rows])
+    return RowEditor(variants.edit, variants.heads[rows], None if which is None else which[rows], last)
 
 
 def _packed_groups(bank: Bank, base: torch.Tensor, heads: torch.Tensor, row_tokens: int, which=None):
@@ -131,8 +133,9 @@ def _behaviour_passes(module, variants: Variants, vocabulary, row_tokens: int, s
             yield torch.tensor([v for pack in packs for v in pack]), logits, narrowed
         return
     for first, rows in _groups(bank, base, heads, row_tokens):
-        last = picked_logits(module, (torch.arange(len(rows)), bank.lengths[base[rows]] - 1))
-        editor = editing(_editor(variants, rows))
+        at = bank.lengths[base[rows]] - 1
+        last = picked_logits(module, (torch.arange(len(rows)), at))
+        editor = editing(_editor(variants, rows, at))
         sequences = base[rows]
         hidden = bank.hidden[first][sequences]
         logits, narrowed = rerun_logits(
@@ -145,8 +148,10 @@ def packs_edits(module, bank: Bank, edit) -> bool:
     """Whether edited passes of `bank`'s sequences may share prefixes (see the module's docstring)."""
     edits = edit if isinstance(edit, tuple) else (edit,)
     longest = int(bank.lengths.max())
-    resampled = any(isinstance(e, Resample) for e in edits)
-    return not resampled and prefix_sharing_blocker(module.config, longest) is None
+    # a resampled edit draws per pass shape; one at the prediction alone would edit a node that other
+    # sequences of its trie run through
+    exact = not any(isinstance(e, Resample) or e.AT_PREDICTION for e in edits)
+    return exact and prefix_sharing_blocker(module.config, longest) is None
 
 
 @torch.inference_mode()

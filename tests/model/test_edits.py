@@ -41,6 +41,36 @@ def _o_proj(tiny):
     return tiny.model.model.layers[LAYER].self_attn.o_proj
 
 
+def test_leace_mid_last_edits_the_prediction_position_alone_where_the_pass_says_which(tiny):
+    """LeaceMidLast (edits.kinds): given each row's prediction position (RowEditor.last, as the
+    sweep's passes give it) only that position's head output is edited, so the logits before it
+    are the clean ones and the last differs; where no pass says (run --edit, `edited`) it edits every
+    position, as leace_mid; and edited passes of it never share prefixes."""
+    from attnprobe.edits.kinds import LeaceMid, LeaceMidLast
+    from attnprobe.edits.passes import packs_edits
+
+    L, H, D = tiny.info.n_layers, tiny.info.n_heads, tiny.info.head_dim
+    g = torch.Generator().manual_seed(0)
+    u, f, mu = (torch.randn(L, H, D, generator=g) for _ in range(3))
+    heads = ((0, 0), (LAYER, HEAD))
+    mid, last = LeaceMid(heads, u, f, mu), LeaceMidLast(heads, u, f, mu)
+    ids = _ids(tiny)[1]
+    clean, T = _logits(tiny, ids), len(ids)
+    rows = mid.mask(L, H)[None]
+    with editing(RowEditor(last, rows, None, torch.tensor([T - 1]))):
+        at_last = _logits(tiny, ids)
+    assert torch.equal(at_last[: T - 1], clean[: T - 1]) and not torch.allclose(
+        at_last[-1], clean[-1], atol=1e-4
+    )
+    with editing(RowEditor(mid, rows, None, torch.tensor([T - 1]))):  # leace_mid ignores it
+        everywhere = _logits(tiny, ids)
+    assert not torch.allclose(everywhere[: T - 1], clean[: T - 1], atol=1e-4)
+    with edited(tiny, last):
+        assert torch.allclose(_logits(tiny, ids), everywhere, atol=1e-6)
+    bank = record(tiny.model, _ids(tiny))
+    assert packs_edits(tiny.model, bank, mid) and not packs_edits(tiny.model, bank, last)
+
+
 def test_zero_ablation_equals_removing_the_head_from_the_output_projection(tiny):
     ids = _ids(tiny)[0]
     with edited(tiny, Zero(heads=((LAYER, HEAD),))):
