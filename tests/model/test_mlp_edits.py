@@ -316,6 +316,7 @@ def test_mlp_ranks_out_of_range_are_one_line_before_the_model_loads(edited_run, 
     from attnprobe.cli import main
 
     one_line_error(CliRunner().invoke(main, ["edit", str(edited_run), "--mlp-ranks", ranks]), phrase)
+    assert EditOptions(mlp_ranks=(1, 8)).mlp_layers and not EditOptions().mlp_layers  # Run.edit as the CLI
 
 
 @pytest.mark.thorough  # a whole sweep: the fast lane keeps the several-layer fit and apply tests

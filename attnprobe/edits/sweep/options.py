@@ -89,6 +89,8 @@ class EditOptions:
             raise AttnprobeError(
                 f"--mlp-ranks {self.mlp_ranks!r}: give whole numbers from 1 to {MAX_RANK}, e.g. 1,8"
             )
+        if tuple(self.mlp_ranks) != (1,):  # a rank is of the edits of several layers: asking for it asks them
+            object.__setattr__(self, "mlp_layers", True)
         if not self.ks or min(self.ks) < 1:
             raise AttnprobeError("k must be whole numbers of heads >= 1, e.g. --k 1,2,5,10,20")
         if not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
