@@ -57,6 +57,27 @@ def placebo_counts(
 PLACEBO_PREFIX = "placebo-"  # the kind of an edit's placebo rows in edits_items (edits.sweep.placebo)
 
 
+def gradient_removal(bias):
+    """rows -> the share of the gradient `rows` (an edit's bias rows, one per item) remove: 1 - slope
+    after / slope before over every item of `bias`'s clean rows (kind none)."""
+    before = bias[bias["kind"] == "none"].set_index("index").sort_index()
+    x, y0, every = before["covariate"].to_numpy(dtype=float), before["y"].to_numpy(), before.index
+    after = lambda rows: rows.set_index("index")["y"].reindex(every).to_numpy()
+    return lambda rows: share_removed(x, y0, after(rows), every, every)
+
+
+def placebo_columns(real: float, null: np.ndarray) -> dict:
+    """The refits' mean and 99th percentile of the share removed, p = (1 + #null >= real) / (1 + N),
+    its floor 1 / (1 + N) and N."""
+    return {
+        "placebo_removed_mean": float(null.mean()),
+        "placebo_removed_q99": float(np.quantile(null, 0.99)),
+        "placebo_p": float((1 + (null >= real).sum()) / (1 + len(null))),
+        "placebo_p_floor": 1 / (1 + len(null)),
+        "n_placebo": len(null),
+    }
+
+
 def placebo_table(raw):
     """Per edit kind refitted on permuted covariates (edits_items rows of kind placebo-KIND) and k: the
     real edit's share of the gradient removed (1 - slope after / slope before, every item edited by
@@ -65,26 +86,13 @@ def placebo_table(raw):
     import pandas as pd
 
     bias = raw[raw["target"] == "bias"]
-    before = bias[bias["kind"] == "none"].set_index("index").sort_index()
-    x, y0, every = before["covariate"].to_numpy(dtype=float), before["y"].to_numpy(), before.index
-    after = lambda rows: rows.set_index("index")["y"].reindex(every).to_numpy()
-    removed = lambda rows: share_removed(x, y0, after(rows), every, every)
+    removed = gradient_removal(bias)
     out = []
     for kind in (k for k in bias["kind"].unique() if str(k).startswith(PLACEBO_PREFIX)):
         real_kind = kind[len(PLACEBO_PREFIX) :]
         for k, rows in bias[bias["kind"] == kind].groupby("k"):
             real = removed(bias[(bias["kind"] == real_kind) & (bias["k"] == k) & (bias["draw"] == -1)])
             null = np.array([removed(draw) for _, draw in rows.groupby("draw")])
-            out.append(
-                {
-                    "kind": real_kind,
-                    "k": int(k),
-                    "gradient_removed": real,
-                    "placebo_removed_mean": float(null.mean()),
-                    "placebo_removed_q99": float(np.quantile(null, 0.99)),
-                    "placebo_p": float((1 + (null >= real).sum()) / (1 + len(null))),
-                    "placebo_p_floor": 1 / (1 + len(null)),
-                    "n_placebo": len(null),
-                }
-            )
+            row = {"kind": real_kind, "k": int(k), "gradient_removed": real}
+            out.append({**row, **placebo_columns(real, null)})
     return pd.DataFrame(out)

@@ -78,8 +78,12 @@ class EditOptions:
                 raise AttnprobeError(
                     f"unknown {noun} {', '.join(unknown) or '(none)'}; {plural}: {', '.join(registry)}"
                 )
-        listed = (("--kinds", self.kinds), ("--k", self.ks), ("--mlp-modes", self.mlp_modes))
-        for option, values in (*listed, ("--mlp-ranks", self.mlp_ranks)):
+        for option, values in (
+            ("--kinds", self.kinds),
+            ("--k", self.ks),
+            ("--mlp-modes", self.mlp_modes),
+            ("--mlp-ranks", self.mlp_ranks),
+        ):
             repeated = sorted({str(v) for v in values if list(values).count(v) > 1})
             if repeated:
                 raise AttnprobeError(f"{option} lists {', '.join(repeated)} twice; give each once")

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..edits import MLP, SINGLE, STREAM, edit_tables, share_removed
-from ..placebo import PLACEBO_PREFIX
+from ..edits import MLP, SINGLE, STREAM, edit_tables
+from ..placebo import PLACEBO_PREFIX, gradient_removal, placebo_columns
 from .layers import chosen_layers, picked_layers
 
 SEARCH = "search"  # the candidates' raw kind inside the search: k indexes the candidates
@@ -81,10 +81,7 @@ def _placebo(raw: pd.DataFrame, options: list, frame: pd.DataFrame, picked: pd.D
         return {}
     refits = refits.assign(kind=refits["kind"].str[len(PLACEBO_PREFIX) :])
     refitted, draws = set(refits["kind"]), sorted(refits["draw"].unique())
-    before = bias[bias["kind"] == "none"].set_index("index").sort_index()
-    x, y0, every = before["covariate"].to_numpy(dtype=float), before["y"].to_numpy(), before.index
-    after = lambda rows: rows.set_index("index")["y"].reindex(every).to_numpy()
-    removed = lambda rows: share_removed(x, y0, after(rows), every, every)
+    removed = gradient_removal(bias)
     kept = frame[(frame["kind"] != SEARCH) | (frame["target"] != "bias")]  # the clean rows and the gates
     own = frame[(frame["kind"] == SEARCH) & (frame["target"] == "bias")]
     null = []
@@ -100,14 +97,7 @@ def _placebo(raw: pd.DataFrame, options: list, frame: pd.DataFrame, picked: pd.D
         if any(part.empty for part in parts):
             return {}
         drawn = pd.concat(parts, ignore_index=True)
-        chosen = chosen_layers(pd.concat([kept, drawn], ignore_index=True), SEARCH)
-        quarter = before["quarter"].map(chosen)
-        y = drawn.set_index(["k", "index"])["y"].reindex(list(zip(quarter, every)))
-        null.append(removed(pd.DataFrame({"index": every, "y": y.to_numpy()})))
-    real, null = removed(picked[picked["target"] == "bias"]), np.array(null)
-    return {
-        "placebo_removed_mean": float(null.mean()),
-        "placebo_p": float((1 + (null >= real).sum()) / (1 + len(null))),
-        "placebo_p_floor": 1 / (1 + len(null)),
-        "n_placebo": len(null),
-    }
+        permuted = pd.concat([kept, drawn], ignore_index=True)  # each item's quarter picks again
+        picks = picked_layers(permuted, drawn, chosen_layers(permuted, SEARCH))
+        null.append(removed(drawn[drawn["k"].to_numpy() == picks]))
+    return placebo_columns(removed(picked[picked["target"] == "bias"]), np.array(null))
