@@ -31,32 +31,50 @@ NOUNS = tuple(range(20, 36))  # 8 pairs: (20 female, 21 male), (22, 23), ...
 BIAS, SLOT, LAST, STEREO, FACT = range(5)
 NOISE = (5, 6, 7, 8)
 OUT_S, OUT_F, OUT_N = 9, 10, 11
+TYPE = 14
 Q, D = 3, 8  # the content dimension of the head (the last rotary pair's first) and head size
 
 
 def planted_edit_model(seed: int = 0):
     model = blank_llama(40, 1, D)
-    noise = np.random.default_rng(seed).normal(0, 0.4, (40, len(NOISE)))
+    stereo = {token: 2 * n / (len(OCCUPATIONS) - 1) - 1 for n, token in enumerate(OCCUPATIONS)}
+    fact = {token: 1.0 if n % 2 == 0 else -1.0 for n, token in enumerate(NOUNS)}
+    plant_head(model, stereo, fact, (THAT,), (SHE,), (HE,), seed)
+    attnprobe.attention.capture.enable(model)
+    return model
+
+
+def plant_head(model, stereo: dict, fact: dict, last, female, male, seed=0, noise=(0.4, 1.5), typed=False):
+    """Writes L0H0 into a blank_llama: the tokens of `stereo` (token: s) and `fact` (token: f) are slot
+    words carrying s or f and NOISE random features (seeded, each N(0, noise[0]^2)); at the `last`
+    tokens the head attends to the slot words and writes s, f and the noise into OUT_S, OUT_F and
+    OUT_N, which the unembedding reads as `female` - `male` with weights 3, 3 and noise[1]. `typed`:
+    the `stereo` tokens also carry a TYPE feature (N(1, 0.3^2) each) that the head's output holds but
+    never writes to the stream: a direction in which the items differ from the gendered words and
+    which nothing reads."""
+    rng = np.random.default_rng(seed)
+    draws = rng.normal(0, noise[0], (model.config.vocab_size, len(NOISE)))
     with torch.no_grad():
         e = model.model.embed_tokens.weight
         e[:, BIAS] = 4.0
-        for n, token in enumerate(OCCUPATIONS):
-            e[token, SLOT], e[token, STEREO] = 1.0, 2 * n / (len(OCCUPATIONS) - 1) - 1
-        for n, token in enumerate(NOUNS):
-            e[token, SLOT], e[token, FACT] = 1.0, 1.0 if n % 2 == 0 else -1.0
-        for token in OCCUPATIONS + NOUNS:
-            e[token, list(NOISE)] = torch.tensor(noise[token], dtype=e.dtype)
-        e[THAT, LAST] = 1.0
+        for features, dim in ((stereo, STEREO), (fact, FACT)):
+            for token, value in features.items():
+                e[token, SLOT], e[token, dim] = 1.0, value
+                e[token, list(NOISE)] = torch.tensor(draws[token], dtype=e.dtype)
+        if typed:
+            types = rng.normal(1.0, 0.3, model.config.vocab_size)
+            for token in stereo:
+                e[token, TYPE] = types[token]
+            model.model.layers[0].self_attn.v_proj.weight[2 + len(NOISE), TYPE] = 1.0
+        e[list(last), LAST] = 1.0
         attention = model.model.layers[0].self_attn
         attention.q_proj.weight[Q, LAST], attention.k_proj.weight[Q, SLOT] = 20.0, 1.0
         attention.v_proj.weight[0, STEREO], attention.o_proj.weight[OUT_S, 0] = 1.0, 1.0
         attention.v_proj.weight[1, FACT], attention.o_proj.weight[OUT_F, 1] = 1.0, 1.0
         for j, dim in enumerate(NOISE):
             attention.v_proj.weight[2 + j, dim], attention.o_proj.weight[OUT_N, 2 + j] = 1.0, 1.0
-        for out, weight in ((OUT_S, 3.0), (OUT_F, 3.0), (OUT_N, 1.5)):
-            model.lm_head.weight[SHE, out], model.lm_head.weight[HE, out] = weight, -weight
-    attnprobe.attention.capture.enable(model)
-    return model
+        for out, weight in ((OUT_S, 3.0), (OUT_F, 3.0), (OUT_N, noise[1])):
+            model.lm_head.weight[list(female), out], model.lm_head.weight[list(male), out] = weight, -weight
 
 
 def _sequence(a: int, word: int, b: int) -> torch.Tensor:

@@ -77,12 +77,12 @@ def goal_table(edits: pd.DataFrame, stream: pd.DataFrame, mlp=None, raw=None) ->
     closest first: those removing REMOVED to 150% of the stereotype term, then by how few
     conditions fail, then by specificity (an edit removing nothing misses few conditions, but not
     the one the goal is for)."""
-    frames = [edits.assign(site="heads", size=edits.get("k"))]
+    frames = [edits.copy().assign(site="heads", size=edits.get("k"))]
     for site, table in (("stream", stream), ("mlp", mlp)):
         if table is not None and len(table):
             chosen = table["chosen"] if "chosen" in table else pd.Series(False, index=table.index)
             label = table["layer"].astype(str).where(~chosen.astype(bool), "chosen")
-            frames.append(table.assign(site=site, size=label))
+            frames.append(table.copy().assign(site=site, size=label))  # copy: a CSV's frame is fragmented
     search = search_table(raw)[0] if raw is not None else pd.DataFrame()
     if len(search):
         frames.append(search.assign(site="search", size="held out"))

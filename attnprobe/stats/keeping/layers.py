@@ -1,6 +1,6 @@
 """The layer a per-layer edit (the stream's eraser, an MLP mode) is judged at, chosen so that no value
 of its "chosen" row comes from a layer chosen on that value: the gate is what the edit keeps (the
-definitional gap, the generated texts' KL), the score the share of the gradient it removes."""
+definitional gap, its midpoint, the generated texts' KL), the score the share of the gradient it removes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from ..edits import MLP, STREAM, edit_tables, slope
 from ..inference import cluster_mean_test
 from .definitional import TEMPLATES
 
-GAP_KEPT, KL_MAX = 0.8, 0.001  # what a chosen stream layer must keep (the goal the README reports)
+# what a chosen layer must keep (the goal's bounds, stats/keeping/goal.py): the definitional gap, the
+# mean of the gendered prompts' log-odds within OFFSET_MAX nats, the texts' next-token distributions
+GAP_KEPT, OFFSET_MAX, KL_MAX = 0.8, 0.1, 0.001
 PER_ITEM = ("bias", "readout_before", "readout_after")  # a layer edit's rows of one item each
 
 
@@ -84,9 +86,10 @@ def mlp_tables(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def chosen_layers(raw: pd.DataFrame, kind: str = STREAM) -> dict:
     """quarter -> layer, "all" -> layer, "half0" and "half1" -> layer: among the layers whose gate
-    passes (the all-items edit keeps at least GAP_KEPT of the definitional gap with KL's upper bound
-    at most KL_MAX), the one removing the share of the gradient closest to all of it (a share s
-    scores min(s, 2 - s): removing more than there was reverses the stereotype and is no credit);
+    passes (the all-items edit keeps at least GAP_KEPT of the definitional gap, moves the gendered
+    prompts by at most OFFSET_MAX nats on average, with KL's upper bound at most KL_MAX), the one
+    removing the share of the gradient closest to all of it (a share s scores min(s, 2 - s):
+    removing more than there was reverses the stereotype and is no credit);
     where no layer passes, the one of largest score - |1 - gap kept|. The share is taken on the items
     outside the quarter (for a quarter) or on every item; the gate on every control prompt and text,
     but for "halfH" (the layer of the prompts of word half H and of half H of the texts) on the other
@@ -127,15 +130,17 @@ def _gate(raw: pd.DataFrame, kind: str, half: int | None = None) -> tuple[pd.Ser
     texts = _generated(raw)
     if half is not None:
         control0, texts = control0[control0["half"] == half], texts[half::2]
-    y0 = control0["sign"].to_numpy(dtype=float) * control0["y"].to_numpy()
+    sign = control0["sign"].to_numpy(dtype=float)
+    y0 = sign * control0["y"].to_numpy()  # toward the right label
     passes, kept = {}, {}
     for k, rows in raw[(raw["kind"] == kind) & (raw["draw"] == -1)].groupby("k"):
         after = rows[rows["target"] == "control"].set_index("index")["y"].reindex(control0.index)
-        y1 = control0["sign"].to_numpy(dtype=float) * after.to_numpy()
+        y1 = sign * after.to_numpy()
         both = np.isfinite(y1) & np.isfinite(y0)
         kept[k] = y1[both].sum() / y0[both].sum() if both.any() else np.nan
+        offset = np.mean((sign * (y1 - y0))[both]) if both.any() else np.nan  # toward the positive label
         kl = rows[rows["target"] == "text"].set_index("index")["kl"].reindex(texts).to_numpy()
         one_each = [np.arange(len(kl))]  # each text its own cluster
         high = cluster_mean_test(kl, np.ones(len(kl)), one_each)["ci_high"][0] if len(kl) > 1 else np.nan
-        passes[k] = bool(kept[k] >= GAP_KEPT and high <= KL_MAX)
+        passes[k] = bool(kept[k] >= GAP_KEPT and abs(offset) <= OFFSET_MAX and high <= KL_MAX)
     return pd.Series(passes, dtype=bool), pd.Series(kept, dtype=float)
