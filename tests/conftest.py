@@ -477,6 +477,7 @@ EDIT_SWEEP = [
     "--texts",
     "8",  # of the 64 openings: the tiny model's full vocabulary makes each text's KL dear
     "--stream",
+    "--stream-layers",
     "--mlp",
     "--trace",
     "--paths",

@@ -103,6 +103,14 @@ def _count(name: str, help: str):
     "leace_mid, or a plug-in's (attnprobe.site_modes); default zero,mean,project,leace.",
 )
 @click.option(
+    "--stream-layers/--no-stream-layers",
+    default=False,
+    show_default=True,
+    help="Also erase the covariate from the stream entering several consecutive layers at once, each "
+    "eraser fitted on the model erased below it (--mlp-layers' windows; kind stream-layers); "
+    "edits_stream.csv.",
+)
+@click.option(
     "--mlp-layers/--no-mlp-layers",
     default=False,
     show_default=True,

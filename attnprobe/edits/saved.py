@@ -34,18 +34,19 @@ from ..store import atomic_write
 from .kinds import KINDS as HEAD_KINDS
 from .kinds import HeadEdit, Mean
 from .layers.mlp import MlpEdit
-from .layers.several import MlpLayers
+from .layers.several import MlpLayers, StreamLayers
 from .layers.stream import StreamEdit
 
 
 def saved_kinds() -> dict:
     """What a saved file may hold: every registered head kind (KINDS, at the time of reading), the
-    stream, an MLP output, the MLP outputs of several layers, a circuit knocked out."""
+    stream, an MLP output, the MLP outputs or the stream of several layers, a circuit knocked out."""
     return {
         **HEAD_KINDS,
         StreamEdit.kind: StreamEdit,
         MlpEdit.kind: MlpEdit,
         MlpLayers.kind: MlpLayers,
+        StreamLayers.kind: StreamLayers,
         CircuitKnockout.kind: CircuitKnockout,
     }
 

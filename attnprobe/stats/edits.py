@@ -305,3 +305,4 @@ SINGLE = "single"  # the top heads each zeroed alone (edits.sweep.measure; k = t
 STREAM, STREAM_CHOSEN = "stream", "stream-chosen"  # edits.layers.stream's raw kind and its chosen rows
 MLP = "mlp-"  # edits.layers.mlp's raw kinds: mlp-MODE
 MLP_LAYERS = MLP + "layers-"  # its edits of several layers: mlp-layers-MODE (k = how many layers)
+STREAM_LAYERS = STREAM + "-layers"  # the stream erased entering several layers (k = how many)

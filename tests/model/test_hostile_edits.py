@@ -74,7 +74,7 @@ def test_an_altered_or_damaged_edit_chunk_is_measured_again(edited_run, tmp_path
     result = CliRunner().invoke(main, ["edit", str(run), *SWEEP])
     assert result.exit_code == 0, result.output
     assert (
-        "is damaged or stale" in result.output and result.output.count("read from an earlier session") == 13
+        "is damaged or stale" in result.output and result.output.count("read from an earlier session") == 14
     )
     same_edit_tables(edited_run, run)
 
@@ -173,7 +173,7 @@ def test_fuzzed_edit_options_are_accepted_or_one_line_before_weights(
     """1,000 option sets as the command line could give them: each is accepted, or refused as one
     AttnprobeError line before any weights load (never another exception)."""
     from attnprobe.edits import EditOptions
-    from attnprobe.edits.sweep.command import checked_options
+    from attnprobe.edits.sweep.options import checked_options
     from attnprobe.errors import AttnprobeError
 
     (tmp_path / "empty.txt").write_text(" \n")

@@ -115,6 +115,45 @@ def test_a_stream_edit_changes_every_pass_saves_and_refuses_a_run_inside_it(tiny
             pass
 
 
+def test_the_stream_erased_at_several_layers_fits_each_on_the_model_erased_below_it(tiny, tmp_path):
+    """edits.layers.several.StreamLayers: layer 0's eraser is fitted on the recorded stream, layer 1's on
+    the stream of the model with layer 0's applied (not on the clean one); applied together, the
+    stream entering each layer keeps no covariance with the covariate on the rows fitted; saved and
+    loaded it is the same edit, applied as one."""
+    from attnprobe.edits.layers.several import fitted_stream_layers, state_at
+
+    inputs, on = _inputs(tiny, n=400), np.arange(4)
+    both = fitted_stream_layers(tiny.model, inputs, [0, 1], on)
+    first = StreamEdit.fit(inputs, 0, on)
+    assert torch.equal(both.parts[0].functional, first.functional)
+    entering = lambda bank, start=0, edit=None, at=1: state_at(tiny.model, bank, None, at, start, True, edit)
+    clean_1 = last_states(inputs.bank, 1)[:, 0, 0]
+    for start in (0, 1):  # no edit: as recorded, from either layer
+        assert torch.allclose(entering(inputs.bank, start), clean_1, atol=1e-5)
+    under = [entering(bank, 0, first) for bank in (inputs.bank, inputs.control)]
+    with edited(tiny, first), torch.no_grad():  # the whole model with the eraser on: the same stream
+        full = tiny.model(inputs.bank.ids[:8].clone(), output_hidden_states=True).hidden_states[1]
+    last = inputs.bank.lengths[:8] - 1
+    assert torch.allclose(full[torch.arange(8), last], under[0][:8], atol=1e-5)
+    assert not torch.allclose(under[0], clean_1, atol=1e-3)
+    sequential = StreamEdit.fitted(inputs, 1, on, *under)
+    assert torch.allclose(both.parts[1].functional, sequential.functional, atol=1e-5)
+    assert not torch.allclose(both.parts[1].functional, StreamEdit.fit(inputs, 1, on).functional, atol=1e-3)
+    x = torch.as_tensor(inputs.covariate - inputs.covariate.mean())
+    left = lambda h: ((h.double() - h.double().mean(0)).T @ x).norm()
+    for layer in (0, 1):
+        after = entering(inputs.bank, 0, both, at=layer)
+        assert left(after) < 1e-3 * left(last_states(inputs.bank, layer)[:, 0, 0]), layer
+    assert both.name == STREAM + "-layers" and both.sites() == "stream entering layers 0, 1"
+    ids = torch.tensor([tiny.tokenizer("The nurse said that she")["input_ids"]])
+    loaded = load_edit(save_edit(both, tmp_path / "both", tiny, {}))
+    assert loaded.record["layers"] == [0, 1] and loaded.record["kind"] == "stream_layers"
+    with edited(tiny, both):
+        got = tiny.model(input_ids=ids).logits
+    with edited(tiny, loaded):
+        assert torch.equal(tiny.model(input_ids=ids).logits, got)
+
+
 def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_items(swept_run, tmp_path):
     _, _, swept = swept_run
     out = tmp_path / "run"
@@ -122,9 +161,13 @@ def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_item
     raw = pd.read_parquet(out / "edits_items.parquet")
     table, _ = stream_table(raw)
     written = pd.read_csv(out / "edits_stream.csv")
-    assert len(written) == raw.loc[raw.kind == STREAM, "k"].nunique() + 1 and written["chosen"].sum() == 1
+    several = written.kind.str.startswith(STREAM + "-layers")  # --stream-layers' windows, after the layers
+    count = lambda kind: raw.loc[raw.kind == kind, "k"].nunique() + 1  # its k and its chosen row
+    assert several.sum() == count(STREAM + "-layers") == 3 and written.loc[several, "chosen"].sum() == 1
+    written = written[~several]
+    assert len(written) == count(STREAM) and written["chosen"].sum() == 1
     for column in ("gradient_removed", "definitional_gap_kept", "kl", "specificity"):
-        assert np.allclose(table[column], written[column], rtol=1e-9, atol=1e-12), column
+        assert np.allclose(table[column], written[column].to_numpy(), rtol=1e-9, atol=1e-12), column
     chosen = chosen_layers(raw)
     bias = (raw.kind == STREAM) & (raw.target == "bias")
     # quarter 0's own values at every layer replaced: its choice stays
@@ -231,13 +274,14 @@ def test_the_search_chooses_among_every_edit_without_the_rows_it_is_judged_on(sw
     reversing half the stereotype is no credit); the goal table holds the search's row; its placebo
     repeats the choice on refits (refits that remove nothing give the floor, refits equal to the
     real edits p = 1)."""
+    from attnprobe.stats.edits import MLP
     from attnprobe.stats.keeping.edit_search import CHOSEN, candidates, search_table
     from attnprobe.stats.keeping.goal import goal_table
-    from attnprobe.stats.keeping.layers import mlp_tables
+    from attnprobe.stats.keeping.layers import layer_tables
 
     _, _, swept = swept_run
     raw = pd.read_parquet(swept / "edits_items.parquet")
-    raw = pd.concat([raw, stream_table(raw)[1], mlp_tables(raw)[1]], ignore_index=True)
+    raw = pd.concat([raw, stream_table(raw)[1], layer_tables(raw, MLP)[1]], ignore_index=True)
     options = candidates(raw)
     kinds = {kind for kind, _ in options}
     assert {"zero", STREAM_CHOSEN} <= kinds and STREAM not in kinds and "mlp-mean-chosen" in kinds

@@ -9,7 +9,7 @@ modes --mlp-modes lists) at every layer; leace_mid is measured in edits of sever
 The sweep (`edit --mlp`) measures every mode at every layer as the stream is measured
 (edits.layers.stream.measure_layers: each quarter's items by the edit fitted on its training quarters, the
 control cross-fitted by word, the texts by the all-items edit): raw kind "mlp-MODE", k = the layer;
-edits_mlp.csv holds a row per mode and layer and each mode's chosen row (stats.edits.stream_table).
+edits_mlp.csv holds a row per mode and layer and each mode's chosen row (stats.keeping.layers.layer_tables).
 
 Several layers at once (`edit --mlp-layers`, DAMA's design): edits.layers.several.
 """

@@ -20,12 +20,13 @@ import torch
 
 from ...attention.capture import model_edit
 from ...intervene.engine import Bank
-from ...intervene.rerun import ROWS, rerun_logits
+from ...intervene.rerun import ROWS, Changes, rerun_logits
 from ...intervene.sites import registered
 from ...model.anatomy import decoder_layers, mlp_added, module_of
+from ...stats.edits import STREAM_LAYERS
 from .mlp import POSITIONS, MlpEdit, Recorded, kind_of
 from .modes import SITE_MODES
-from .stream import PARAMETERS, PerLayer, measure_layers, untouched
+from .stream import PARAMETERS, PerLayer, StreamEdit, last_states, measure_layers, untouched
 
 LAYERS_MODES = ("project", "dual", "leace_mid")  # DAMA's projection, 2DAMA's keep rule, the midpoint kept
 MAX_RANK = 64  # the most directions an edit of several layers removes per layer (--mlp-ranks)
@@ -45,13 +46,14 @@ def layers_kinds(ranks=(1,)) -> tuple[str, ...]:  # the raw kinds of layers_grid
 
 
 @dataclass(frozen=True)
-class MlpLayers:
-    """MLP edits of several layers applied together, in layer order (`parts`: `rank` of them per layer,
-    applied in order); saved, applied and transferred as one edit. Inside the sweep each part may hold
-    per-row parameters (StreamEdit.rows)."""
+class LayerEdits:
+    """Edits of several layers applied together, in layer order (`parts`: per layer `rank` of them,
+    applied in order, each a StreamEdit or a subclass); saved, applied and transferred as one edit.
+    Inside the sweep each part may hold per-row parameters (StreamEdit.rows)."""
 
-    kind: ClassVar[str] = "mlp_layers"
-    parts: tuple[MlpEdit, ...] = ()
+    kind: ClassVar[str] = "layers"
+    part: ClassVar[type] = StreamEdit
+    parts: tuple[StreamEdit, ...] = ()
 
     @property
     def layer(self) -> int:
@@ -63,28 +65,17 @@ class MlpLayers:
         return self.parts[0].rowwise
 
     @classmethod
-    def stacked(cls, fitted: list, which: torch.Tensor) -> MlpLayers:
+    def stacked(cls, fitted: list, which: torch.Tensor) -> LayerEdits:
         """One edit whose every part has per-row parameters: row n's are fitted[which[n]]'s."""
         same_layer = zip(*(edit.parts for edit in fitted))
-        return replace(fitted[0], parts=tuple(MlpEdit.stacked(list(parts), which) for parts in same_layer))
+        return replace(fitted[0], parts=tuple(cls.part.stacked(list(parts), which) for parts in same_layer))
 
     @property
     def rank(self) -> int:  # the directions (parts) per layer
         return len(self.parts) // len({part.layer for part in self.parts})
 
-    @property
-    def name(self) -> str:
-        first = self.parts[0]
-        return kind_of(first.mode, first.at, True, self.rank)
-
-    def rows(self, rows: torch.Tensor) -> MlpLayers:
+    def rows(self, rows: torch.Tensor) -> LayerEdits:
         return replace(self, parts=tuple(part.rows(rows) for part in self.parts))
-
-    def sites(self) -> str:
-        first, layers = self.parts[0], dict.fromkeys(part.layer for part in self.parts)
-        fitted = ", fitted at the slot" if first.at == "slot" else ""
-        ranked = f", rank {self.rank}" if self.rank > 1 else ""
-        return f"MLP outputs of layers {', '.join(map(str, layers))} ({first.mode}{ranked}{fitted})"
 
     @contextmanager
     def applied(self, model):
@@ -93,19 +84,17 @@ class MlpLayers:
         with registered([part.hook(layers[part.layer]) for part in self.parts]), model_edit(untouched):
             yield
 
+    def about(self) -> dict:  # what a saved file records of the parts besides their layers
+        return {}
+
     def stored(self) -> tuple[dict, dict, dict]:
         tensors = {
             f"{i}.{name}": t for i, part in enumerate(self.parts) for name, t in part.stored()[0].items()
         }
-        first = self.parts[0]
-        return (
-            tensors,
-            {},
-            {"layers": [part.layer for part in self.parts], "mode": first.mode, "fitted_at": first.at},
-        )
+        return tensors, {}, {"layers": [part.layer for part in self.parts], **self.about()}
 
     @classmethod
-    def restored(cls, record: dict, tensors: dict) -> MlpLayers:
+    def restored(cls, record: dict, tensors: dict) -> LayerEdits:
         layers = record.get("layers")
         if not (isinstance(layers, list) and layers and all(type(n) is int for n in layers)):
             raise ValueError(f"layers must be a list of layer numbers, not {layers!r}")
@@ -114,15 +103,46 @@ class MlpLayers:
             raise ValueError(f"layers {layers} must be increasing, each as often (the rank, 1 to {MAX_RANK})")
         names = {f"{i}.{name}" for i in range(len(layers)) for name in PARAMETERS}
         if set(tensors) != names:
-            raise ValueError(f"an edit of {len(layers)} MLP layers holds {', '.join(sorted(names))}")
-        return cls(
-            tuple(
-                MlpEdit.restored(
-                    {**record, "layer": n}, {name: tensors[f"{i}.{name}"] for name in PARAMETERS}
-                )
-                for i, n in enumerate(layers)
-            )
-        )
+            raise ValueError(f"an edit of {len(layers)} layers holds {', '.join(sorted(names))}")
+        own = lambda i: {name: tensors[f"{i}.{name}"] for name in PARAMETERS}  # part i's tensors
+        return cls(tuple(cls.part.restored({**record, "layer": n}, own(i)) for i, n in enumerate(layers)))
+
+
+@dataclass(frozen=True)
+class MlpLayers(LayerEdits):
+    """The MLP outputs of several layers edited together (MlpEdit parts)."""
+
+    kind: ClassVar[str] = "mlp_layers"
+    part: ClassVar[type] = MlpEdit
+
+    @property
+    def name(self) -> str:
+        first = self.parts[0]
+        return kind_of(first.mode, first.at, True, self.rank)
+
+    def sites(self) -> str:
+        first, layers = self.parts[0], dict.fromkeys(part.layer for part in self.parts)
+        fitted = ", fitted at the slot" if first.at == "slot" else ""
+        ranked = f", rank {self.rank}" if self.rank > 1 else ""
+        return f"MLP outputs of layers {', '.join(map(str, layers))} ({first.mode}{ranked}{fitted})"
+
+    def about(self) -> dict:
+        return {"mode": self.parts[0].mode, "fitted_at": self.parts[0].at}
+
+
+@dataclass(frozen=True)
+class StreamLayers(LayerEdits):
+    """The stream's erasers entering several layers (StreamEdit parts), each fitted on the stream of
+    the model with the erasers below it applied (fitted_stream_layers)."""
+
+    kind: ClassVar[str] = "stream_layers"
+
+    @property
+    def name(self) -> str:
+        return STREAM_LAYERS
+
+    def sites(self) -> str:
+        return f"stream entering layers {', '.join(str(part.layer) for part in self.parts)}"
 
 
 def dama_windows(n_layers: int) -> tuple[tuple[int, ...], int]:
@@ -141,10 +161,12 @@ class _Stop(Exception):  # raised by a hook once the one MLP output a pass is ru
 
 
 @torch.inference_mode()
-def mlp_output_at(module, bank: Bank, at, layer: int, start: int = 0) -> torch.Tensor:
-    """(N, E) what layer `layer`'s MLP adds to the stream at each sequence's position `at` (None: its
-    last token), under whatever edits are in force at layers `start` and above: each pass starts from
-    the recorded stream entering layer `start` and stops at `layer`."""
+def state_at(module, bank: Bank, at, layer: int, start: int = 0, entering: bool = False, edit=None):
+    """(N, E) what layer `layer`'s MLP adds to the stream (`entering`: the stream entering the layer)
+    at each sequence's position `at` (None: its last token), with `edit` (of layers `start` and above)
+    applied: each pass starts from the recorded stream entering layer `start` and stops at `layer`.
+    The edit and the catch are entered inside the rerun, after the recorded stream is put in at
+    `start` (a pre-hook entered before it would act on what that replaces)."""
     at = bank.lengths - 1 if at is None else torch.as_tensor(at, device=bank.lengths.device)
     caught = {}
 
@@ -152,18 +174,31 @@ def mlp_output_at(module, bank: Bank, at, layer: int, start: int = 0) -> torch.T
         caught["out"] = out[0] if isinstance(out, tuple) else out
         raise _Stop
 
-    handle = mlp_added(decoder_layers(module)[layer]).register_forward_hook(stop)
+    def stop_entering(_, args, kwargs):
+        caught["out"] = args[0] if args else kwargs["hidden_states"]
+        raise _Stop
+
+    @contextmanager
+    def catching():
+        block = decoder_layers(module)[layer]
+        if entering:
+            handle = block.register_forward_pre_hook(stop_entering, with_kwargs=True)
+        else:
+            handle = mlp_added(block).register_forward_hook(stop)
+        try:
+            yield
+        finally:
+            handle.remove()
+
     out = []
-    try:
-        for first in range(0, len(bank.lengths), ROWS):
-            rows = torch.arange(first, min(first + ROWS, len(bank.lengths)), device=bank.lengths.device)
-            try:
-                rerun_logits(module, bank, rows, start, bank.hidden[start][rows])
-            except _Stop:
-                pass
-            out.append(caught["out"][torch.arange(len(rows), device=rows.device), at[rows]].float())
-    finally:
-        handle.remove()
+    for first in range(0, len(bank.lengths), ROWS):
+        rows = torch.arange(first, min(first + ROWS, len(bank.lengths)), device=bank.lengths.device)
+        contexts = [*([] if edit is None else [edit.applied(module)]), catching()]
+        try:
+            rerun_logits(module, bank, rows, start, bank.hidden[start][rows], Changes(contexts))
+        except _Stop:
+            pass
+        out.append(caught["out"][torch.arange(len(rows), device=rows.device), at[rows]].float())
     return torch.cat(out)
 
 
@@ -175,11 +210,10 @@ def fitted_layers(recorded: Recorded, source, layers, on, mode: str, rank: int =
     banks = (source.bank, source.control)
     for layer in layers:
         if parts:
-            with MlpLayers(tuple(parts)).applied(recorded.module):
-                items, control = (
-                    mlp_output_at(recorded.module, bank, p, layer, start=layers[0])
-                    for bank, p in zip(banks, recorded.positions(source))
-                )
+            items, control = (
+                state_at(recorded.module, bank, p, layer, layers[0], edit=MlpLayers(tuple(parts)))
+                for bank, p in zip(banks, recorded.positions(source))
+            )
         else:
             items, control = recorded.both(layer)
         parts += MlpEdit.ranked(items, control, source, (layer, on), mode, recorded.at, rank)
@@ -205,3 +239,34 @@ def measure_mlp_layers(model, recorded: Recorded, mode: str, log=lambda m: None,
     what = f"MLP outputs ({mode}{ranked}{fitted}) of the layers up to {end}, count"
     name = kind_of(mode, recorded.at, True, rank)
     return measure_layers(model, recorded.inputs, PerLayer(fit, None, name, what, counts), log)
+
+
+def fitted_stream_layers(module, source, layers, on) -> StreamLayers:
+    """The stream's erasers entering `layers` (in order; StreamEdit.fitted on the items of folds `on`),
+    each fitted on the stream of the model with the erasers below it applied: the first from the
+    recorded stream, each next one from passes of its own."""
+    parts: list[StreamEdit] = []
+    for layer in layers:
+        if parts:
+            below, banks = StreamLayers(tuple(parts)), (source.bank, source.control)
+            items, control = (state_at(module, bank, None, layer, layers[0], True, below) for bank in banks)
+        else:
+            items, control = (last_states(bank, layer)[:, 0, 0] for bank in (source.bank, source.control))
+        parts.append(StreamEdit.fitted(source, layer, on, items, control))
+    return StreamLayers(tuple(parts))
+
+
+def stream_layers_fit(module, n_layers: int):
+    """`fit(inputs, count, folds)` of the stream's erasers on the `count` layers ending at
+    dama_windows' last layer."""
+    end = dama_windows(n_layers)[1]
+    return lambda source, count, on: fitted_stream_layers(module, source, range(end - count + 1, end + 1), on)
+
+
+def measure_stream_layers(model, inputs, log=lambda m: None):
+    """Raw values (kind stream-layers, k = the number of layers) of the stream erased entering each
+    window of dama_windows' layers (stream.measure_layers; no readout: the edited vectors are several)."""
+    counts, end = dama_windows(model.info.n_layers)
+    fit = stream_layers_fit(model.model, model.info.n_layers)
+    what = f"stream erased entering the layers up to {end}, count"
+    return measure_layers(model, inputs, PerLayer(fit, None, STREAM_LAYERS, what, counts), log)

@@ -120,12 +120,16 @@ class StreamEdit:
     def fit(cls, inputs, layer: int, on) -> StreamEdit:
         """Fitted by LEACE (edits.layers.modes) on the items of folds `on` at their last token, keeping
         the definitional mean difference of half 0 of the control prompts."""
-        chosen = torch.as_tensor(np.isin(inputs.fold, on))
-        states = last_states(inputs.bank, layer)[chosen][:, 0, 0]
+        items, control = (last_states(bank, layer)[:, 0, 0] for bank in (inputs.bank, inputs.control))
+        return cls.fitted(inputs, layer, on, items, control)
+
+    @classmethod
+    def fitted(cls, inputs, layer: int, on, items: torch.Tensor, control: torch.Tensor) -> StreamEdit:
+        """`fit` from the stream's states at every item's (N, E) and control prompt's (M, E) last token."""
+        chosen = np.isin(inputs.fold, on)
         fit = inputs.keep_rows()
-        control = last_states(inputs.control, layer)[torch.as_tensor(fit)][:, 0, 0]
-        x = inputs.covariate[chosen.cpu().numpy()]
-        return cls(layer, *Leace.fit(states, x, control, inputs.control_sign[fit]))
+        x, keep = inputs.covariate[chosen], control[torch.as_tensor(fit)]
+        return cls(layer, *Leace.fit(items[torch.as_tensor(chosen)], x, keep, inputs.control_sign[fit]))
 
 
 def untouched(site) -> torch.Tensor:

@@ -18,20 +18,18 @@ from ...analyses.readout import write_readout
 from ...analyses.tracing import measure_tracing, tracing_table
 from ...errors import RunError
 from ...forward.device import on_model_device
-from ...measures.head_effects import EffectsRecord, SlotSwap, per_value_column
-from ...model import refuse_random
 from ...run.execute import deferred_interrupt
 from ...run.files.inventory import run_writes
 from ...run.files.layout import hashes_known, same_weights
 from ...run.files.reader import RunFiles
 from ...run.options import RunOptions
 from ...run.phases import Phase, run_phase
-from ...stats.edits import MLP, STREAM, STREAM_CHOSEN, edit_tables, head_table, quarter_table
+from ...stats.edits import MLP, STREAM, STREAM_LAYERS, edit_tables, head_table, quarter_table
 from ...stats.keeping.goal import goal_table
-from ...stats.keeping.layers import mlp_tables, stream_table
+from ...stats.keeping.layers import layer_tables
 from ...stats.placebo import PLACEBO_PREFIX, placebo_table
 from ...store import atomic_write, read_chunks, write_parquet, write_table
-from ..inputs import Texts, check_text, record_inputs
+from ..inputs import Texts, record_inputs
 from ..kinds import KINDS
 from ..layers import mlp as mlps
 from ..layers import several
@@ -39,7 +37,7 @@ from ..layers.modes import SITE_MODES
 from ..layers.stream import StreamEdit, measure_stream
 from .fitted import save_chosen, save_circuits, save_layers
 from .measure import SINGLE, GradientScores, clean_values, found_sets, measure_kind, measure_single
-from .options import EditOptions, Sweep, listed_heads, settings_hash
+from .options import EditOptions, Sweep, checked_options, run_and_suite, settings_hash
 from .permuted import PLACEBO_CHOICES, layer_placebo, measure_placebo, placebo_kinds
 from .transfer import ALSO_K, transfer, transfer_suites
 
@@ -61,81 +59,9 @@ class Opened:
 
 def _open(directory: Path, options: EditOptions) -> Opened:
     """The run and the options checked (one AttnprobeError otherwise), before any weights load."""
-    run, reopened = _run_and_suite(directory)
+    run, reopened = run_and_suite(directory)
     listed, word = checked_options(options, run.manifest, reopened.suite)
     return Opened(run, reopened, listed, word, (directory / "manifest.json").read_bytes())
-
-
-def _run_and_suite(directory: Path):
-    run = RunFiles(directory)
-    run.require("model.spec", "model.n_layers", "model.n_heads", "dtype")
-    run.require_complete()
-    m = run.manifest
-    refuse_random(m.model.spec, "attnprobe edit")
-    if m.edits:
-        names = ", ".join(e["name"] for e in m.edits)
-        raise RunError(
-            f"{directory}: this run was made with the edit(s) {names} applied; `attnprobe edit` fits edits "
-            "of the unedited model: give it a run made without --edit"
-        )
-    if EffectsRecord.of(m) is None or not run.has("head_effects"):
-        raise RunError(
-            f"{directory}: this run has no head effects, the behaviour and head ranking edits are "
-            "measured with; add `head_effects:` (with a next_token cut) to the suite and rerun it"
-        )
-    reopened = run.reopen()  # the run's own copy of its suite, wherever the run now is
-    suite, path = reopened.suite, Path(m.suite.path)  # messages name the suite the user wrote
-    if not isinstance(suite.head_effects, SlotSwap):
-        raise RunError(f"{path}: edits measure a next-token behaviour; its head_effects use sentence pairs")
-    if suite.control is None:
-        raise RunError(
-            f"{path}: edits check that definitional words stay right (the control); declare them in "
-            'the suite: control: {file: definitional.tsv, words: {<positive>: " word", <negative>: " word"}}'
-        )
-    if not suite.head_effects.covariate:
-        raise RunError(
-            f"{path}: edits measure the gradient of the behaviour over the suite's covariate, and this "
-            "suite declares none; add `analysis: {covariate: slot.field}` and rerun the suite"
-        )
-    _refuse_degenerate(path, run, suite)
-    return run, reopened
-
-
-MIN_UNITS = 2  # edits are fitted on one half of the units and measured on the other: one unit each at least
-
-
-def _refuse_degenerate(path: Path, run, suite) -> None:
-    """A design the edits cannot measure, refused in one line before the model loads (from the run's
-    own tables): too few units with a covariate value, a covariate equal for every unit, or scored
-    outputs equal for every prompt (a share removed would be a ratio of rounding noise)."""
-    name, unit, covariate = suite.analysis.name, suite.analysis.unit, suite.head_effects.covariate
-    values = run.prompts.groupby(unit)[covariate].first().dropna()
-    if len(values) < MIN_UNITS:
-        raise RunError(
-            f"{path}: edits are fitted on half of the {name(unit)}s and measured on the other half; this "
-            f"run has {len(values)} {name(unit)}(s) with a value of {name(covariate)}: give the suite at "
-            f"least {MIN_UNITS}"
-        )
-    if values.nunique() < 2:
-        raise RunError(
-            f"{path}: every {name(unit)} has the same {name(covariate)} ({values.iloc[0]:g}), so there is no "
-            "gradient to remove; give the suite a covariate that varies across them"
-        )
-    ordered = values.sort_index(kind="stable").sort_values(kind="stable")  # as intervene.selection.folds
-    halves = [ordered.iloc[h::2] for h in (0, 1)]
-    if min(half.nunique() for half in halves) < 2:
-        raise RunError(
-            f"{path}: edits choose heads on one half of the {name(unit)}s and test them on the other, and "
-            f"a half needs two different values of {name(covariate)} for a gradient; this run's halves "
-            f"have {' and '.join(str(h.nunique()) for h in halves)}: give the suite at least 4 {name(unit)}s "
-            "with different values"
-        )
-    spread = run.logprobs.groupby("candidate_label")["logprob"].agg(lambda v: v.max() - v.min())
-    if len(spread) and spread.max() < 1e-6:  # float32 noise aside, the model says the same everywhere
-        raise RunError(
-            f"{run.directory}: the model scores every candidate the same in every prompt (spread "
-            f"{spread.max():.1g} nats): its outputs do not vary, so no edit can change a gradient"
-        )
 
 
 def run_edits(
@@ -169,6 +95,7 @@ def run_edits(
             if suites:
                 ks = [k for k in also_ks if k in set(summary["k"])]
                 chosen = [(kind, k) for kind in options.kinds for k in ks] + [(STREAM, 0)] * options.stream
+                chosen += [(STREAM_LAYERS, 0)] * options.stream_layers
                 chosen += [
                     (mlps.kind_of(*where), 0) for where in mlps.fitted(options.mlp_modes)
                 ] * options.mlp
@@ -177,27 +104,6 @@ def run_edits(
                     write_table(directory, "edits_transfer", transfer(directory, suites, chosen, model, log))
                 log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
         return summary
-
-
-def checked_options(options: EditOptions, manifest, suite) -> tuple:
-    """What the sweep needs from its options, checked before any weights load: the listed heads (or
-    None) and the reference word; a bad head, k, --text or reference is one AttnprobeError."""
-    if not manifest.model.weights_content:
-        raise RunError(
-            f"this run's manifest.json records no content hash of its model's weights "
-            f"(model.weights_content), so `attnprobe edit` cannot tell whether {manifest.model.spec} still "
-            "holds the weights the run was made with; run the suite again (run --fresh) and edit that run"
-        )
-    listed = listed_heads(options, manifest.model.n_layers, manifest.model.n_heads)
-    check_text(options.text)
-    words = suite.head_effects.replacements
-    literal = [w for w in words if per_value_column(w) is None]  # the reference is one word for all items
-    word = options.reference or (literal or words)[-1]
-    if word not in words:
-        raise RunError(
-            f"--reference {word!r} is not one of the run's counterfactual words: {', '.join(words)}"
-        )
-    return listed, word
 
 
 def _run_edits(directory: Path, opened: Opened, options: EditOptions, model, log, weights) -> pd.DataFrame:
@@ -299,6 +205,11 @@ def _layer_parts(part, key: str, sweep: Sweep, clean: pd.DataFrame) -> list[pd.D
             frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
             if SITE_MODES[mode].covariate:
                 frames += layer_placebo(part, key, sweep, frames, name, recorded[at].fit(mode))
+    if sweep.options.stream_layers:  # a placebo refit costs a pass per layer and fold
+        stream_layers = lambda: several.measure_stream_layers(model, inputs, log)
+        frames.append(part(STREAM_LAYERS, stream_layers, f"{key}:{LAYER_PARTS}"))
+        fit = several.stream_layers_fit(model.model, model.info.n_layers)
+        frames += layer_placebo(part, key, sweep, frames, STREAM_LAYERS, fit)
     if sweep.options.mlp_layers:  # several layers at once (a placebo refit costs a pass per layer and fold)
         at = mlps.layers_at(inputs)
         for mode, rank in several.layers_grid(sweep.options.mlp_ranks):
@@ -328,22 +239,19 @@ def _write_sweep(
     """The sweep's tables from its raw values: edits, draws, quarters, the stream's and the heads'
     alone, the MLPs', the placebo, the goal; returns (the edits table, the stream's, the MLPs')."""
     write_table(directory, "edits_items", raw)
-    sweep = raw[~raw["kind"].isin([SINGLE, STREAM]) & ~raw["kind"].str.startswith((PLACEBO_PREFIX, MLP))]
+    sweep = raw[(raw["kind"] != SINGLE) & ~raw["kind"].str.startswith((PLACEBO_PREFIX, MLP, STREAM))]
     summary, draws = edit_tables(sweep, H)
     summary = summary.assign(reference=word, seconds=round(time.monotonic() - started, 1))
-    stream, chosen = stream_table(raw)
-    mlp, mlp_chosen = mlp_tables(raw)
+    (stream, chosen), (mlp, mlp_chosen) = layer_tables(raw, STREAM), layer_tables(raw, MLP)
     chosen = pd.concat([chosen, mlp_chosen])
     placebo = placebo_table(pd.concat([raw, chosen], ignore_index=True))
-    if len(placebo):  # each refit kind's row (and the stream's chosen row) gets its placebo p
+    if len(placebo):  # each refit kind's row (and each per-layer edit's chosen row) gets its placebo p
         write_table(directory, "edits_placebo", placebo)
         p = placebo.drop(columns="gradient_removed")
         summary = summary.merge(p, on=["kind", "k"], how="left")
-        if len(stream):
-            mine = p[p["kind"] == STREAM_CHOSEN].drop(columns=["kind", "k"]).assign(chosen=True)
-            stream = stream.merge(mine, on="chosen", how="left") if len(mine) else stream
-        if len(mlp):  # each mode's chosen row (kind mlp-MODE-chosen)
-            mlp = mlp.merge(p[p["kind"].str.startswith(MLP)].drop(columns="k"), on="kind", how="left")
+        # each per-layer edit's chosen row (kind stream-chosen, mlp-MODE-chosen, ...)
+        mine = lambda t, at: t.merge(p[p.kind.str.startswith(at)].drop(columns="k"), on="kind", how="left")
+        stream, mlp = (mine(t, at) if len(t) else t for t, at in ((stream, STREAM), (mlp, MLP)))
     write_table(directory, "edits", summary)
     write_table(directory, "edits_goal", goal_table(summary, stream, mlp, pd.concat([raw, chosen])))
     write_table(directory, "edits_draws", draws)

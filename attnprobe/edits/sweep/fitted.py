@@ -16,14 +16,14 @@ from ...analyses.circuits.runs import ATTRIBUTED
 from ...analyses.circuits.tables import chosen_circuit
 from ...heads import HeadSet
 from ...model.anatomy import decoder_layers, mlp_written, module_of
-from ...stats.edits import STREAM
+from ...stats.edits import STREAM, STREAM_LAYERS
 from ...stats.keeping.layers import chosen_layers
 from ...store import own_directory
 from ...version import __version__
 from ..estimate import token_mask, token_means
 from ..kinds import KINDS, Mean
 from ..layers.mlp import POSITIONS, MlpEdit, Recorded, fitted, kind_of
-from ..layers.several import MlpLayers, layers_fit, layers_grid
+from ..layers.several import MlpLayers, layers_fit, layers_grid, stream_layers_fit
 from ..layers.stream import StreamEdit
 from ..saved import CircuitKnockout, save_edit
 from .options import Sweep
@@ -60,13 +60,17 @@ def save_layers(sweep: Sweep, tables: tuple, raw, source: dict) -> int:
     """The chosen per-layer edits of `tables` (the stream's, the MLPs'; either may be empty): the
     stream's erasers as edits/stream (the layer chosen on every item, fitted on every item) and
     edits/quarters/stream-qF (quarter F's layer chosen on the other quarters' items, fitted on its
-    training quarters: the edit the chosen row's values of quarter F come from); each MLP mode's as
-    edits/mlp-MODE and edits/quarters/mlp-MODE-qF. The layers are chosen as the tables' chosen rows
+    training quarters: the edit the chosen row's values of quarter F come from); the stream's erasers
+    of several layers as edits/stream-layers (and its quarters'); each MLP mode's as edits/mlp-MODE
+    and edits/quarters/mlp-MODE-qF. The layers are chosen as the tables' chosen rows
     were (stats.keeping.layers.chosen_layers). Returns how many."""
     stream, mlp = tables
     source, n = _source(sweep, source), 0
-    if len(stream):
+    if len(stream) and (stream["kind"] == STREAM).any():
         n += _save_layers(sweep, raw, source, STREAM, StreamEdit.fit)
+    if len(stream) and (stream["kind"] == STREAM_LAYERS).any():  # several layers: k is how many
+        fit = stream_layers_fit(sweep.model.model, sweep.manifest.model.n_layers)
+        n += _save_layers(sweep, raw, source, STREAM_LAYERS, fit)
     recorded = {at: Recorded(sweep.model.model, sweep.inputs, at) for at in POSITIONS}
     for mode, at in fitted(sweep.options.mlp_modes) if len(mlp) else ():
         kind = kind_of(mode, at)

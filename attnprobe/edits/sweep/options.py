@@ -1,6 +1,6 @@
 """What `attnprobe edit` and `Run.edit` are asked (EditOptions, checked when made), the context of
-one sweep (Sweep), the heads a user lists, and the hash of the settings that determine an edit
-kind's values (its chunk's key)."""
+one sweep (Sweep), the heads a user lists, the hash of the settings that determine an edit kind's
+values (its chunk's key), and the run and options checked before any weights load."""
 
 from __future__ import annotations
 
@@ -18,9 +18,12 @@ from ...defaults import (
     MAX_EDIT_COUNTS,
     MIN_EDIT_COUNTS,
 )
-from ...errors import AttnprobeError
+from ...errors import AttnprobeError, RunError
+from ...measures.head_effects import EffectsRecord, SlotSwap, per_value_column
+from ...model import refuse_random
+from ...run.files.reader import RunFiles
 from ...version import __version__
-from ..inputs import text_head
+from ..inputs import check_text, text_head
 from ..kinds import KINDS, Heads, parse_heads
 from ..layers.mlp import MODES as MLP_MODES
 from ..layers.modes import SITE_MODES
@@ -51,6 +54,7 @@ class EditOptions:
     # covariate permutations each covariate-fitted kind is refitted on (edits.sweep.permuted); 0: none
     placebo: int = DEFAULT_EDIT_COUNTS["placebo"]
     stream: bool = False  # also the stream erased at every layer (edits_stream, edits.layers.stream)
+    stream_layers: bool = False  # also the stream erased entering several consecutive layers at once
     mlp: bool = False  # also each MLP's output edited at every layer (edits_mlp, edits.layers.mlp)
     mlp_modes: tuple[str, ...] = MLP_MODES  # the modes --mlp measures (edits.layers.modes)
     mlp_layers: bool = False  # also several consecutive MLP outputs edited at once (DAMA's design; edits_mlp)
@@ -135,7 +139,7 @@ def settings_hash(run_fingerprint: str, options: EditOptions, weights: str, cont
     sampled, the control prompts measured (`control`: their tokens, the file's and those put in the
     templates) and the part of --text that is read."""
     own_files = ("kinds", "alone", "placebo", "stream", "mlp", "mlp_layers", "trace", "paths", "circuits")
-    own_files += ("circuit_grain", "mlp_modes", "mlp_ranks")
+    own_files += ("circuit_grain", "mlp_modes", "mlp_ranks", "stream_layers")
     settings = {k: v for k, v in asdict(options).items() if k not in own_files}
     payload = json.dumps(
         {
@@ -165,3 +169,98 @@ def listed_heads(options: EditOptions, n_layers: int, n_heads: int) -> Heads | N
             )
         return None
     return parse_heads(options.heads, n_layers, n_heads)
+
+
+def checked_options(options: EditOptions, manifest, suite) -> tuple:
+    """What the sweep needs from its options, checked before any weights load: the listed heads (or
+    None) and the reference word; a bad head, k, --text or reference is one AttnprobeError."""
+    if not manifest.model.weights_content:
+        raise RunError(
+            f"this run's manifest.json records no content hash of its model's weights "
+            f"(model.weights_content), so `attnprobe edit` cannot tell whether {manifest.model.spec} still "
+            "holds the weights the run was made with; run the suite again (run --fresh) and edit that run"
+        )
+    listed = listed_heads(options, manifest.model.n_layers, manifest.model.n_heads)
+    check_text(options.text)
+    words = suite.head_effects.replacements
+    literal = [w for w in words if per_value_column(w) is None]  # the reference is one word for all items
+    word = options.reference or (literal or words)[-1]
+    if word not in words:
+        raise RunError(
+            f"--reference {word!r} is not one of the run's counterfactual words: {', '.join(words)}"
+        )
+    return listed, word
+
+
+def run_and_suite(directory: Path):
+    """The run `attnprobe edit` reads and its suite, refused in one line where no edit can be measured
+    on it (edited, no head effects, no control or covariate, a degenerate design)."""
+    run = RunFiles(directory)
+    run.require("model.spec", "model.n_layers", "model.n_heads", "dtype")
+    run.require_complete()
+    m = run.manifest
+    refuse_random(m.model.spec, "attnprobe edit")
+    if m.edits:
+        names = ", ".join(e["name"] for e in m.edits)
+        raise RunError(
+            f"{directory}: this run was made with the edit(s) {names} applied; `attnprobe edit` fits edits "
+            "of the unedited model: give it a run made without --edit"
+        )
+    if EffectsRecord.of(m) is None or not run.has("head_effects"):
+        raise RunError(
+            f"{directory}: this run has no head effects, the behaviour and head ranking edits are "
+            "measured with; add `head_effects:` (with a next_token cut) to the suite and rerun it"
+        )
+    reopened = run.reopen()  # the run's own copy of its suite, wherever the run now is
+    suite, path = reopened.suite, Path(m.suite.path)  # messages name the suite the user wrote
+    if not isinstance(suite.head_effects, SlotSwap):
+        raise RunError(f"{path}: edits measure a next-token behaviour; its head_effects use sentence pairs")
+    if suite.control is None:
+        raise RunError(
+            f"{path}: edits check that definitional words stay right (the control); declare them in "
+            'the suite: control: {file: definitional.tsv, words: {<positive>: " word", <negative>: " word"}}'
+        )
+    if not suite.head_effects.covariate:
+        raise RunError(
+            f"{path}: edits measure the gradient of the behaviour over the suite's covariate, and this "
+            "suite declares none; add `analysis: {covariate: slot.field}` and rerun the suite"
+        )
+    _refuse_degenerate(path, run, suite)
+    return run, reopened
+
+
+MIN_UNITS = 2  # edits are fitted on one half of the units and measured on the other: one unit each at least
+
+
+def _refuse_degenerate(path: Path, run, suite) -> None:
+    """A design the edits cannot measure, refused in one line before the model loads (from the run's
+    own tables): too few units with a covariate value, a covariate equal for every unit, or scored
+    outputs equal for every prompt (a share removed would be a ratio of rounding noise)."""
+    name, unit, covariate = suite.analysis.name, suite.analysis.unit, suite.head_effects.covariate
+    values = run.prompts.groupby(unit)[covariate].first().dropna()
+    if len(values) < MIN_UNITS:
+        raise RunError(
+            f"{path}: edits are fitted on half of the {name(unit)}s and measured on the other half; this "
+            f"run has {len(values)} {name(unit)}(s) with a value of {name(covariate)}: give the suite at "
+            f"least {MIN_UNITS}"
+        )
+    if values.nunique() < 2:
+        raise RunError(
+            f"{path}: every {name(unit)} has the same {name(covariate)} ({values.iloc[0]:g}), so there is no "
+            "gradient to remove; give the suite a covariate that varies across them"
+        )
+    ordered = values.sort_index(kind="stable").sort_values(kind="stable")  # as intervene.selection.folds
+    halves = [ordered.iloc[h::2] for h in (0, 1)]
+    if min(half.nunique() for half in halves) < 2:
+        raise RunError(
+            f"{path}: edits choose heads on one half of the {name(unit)}s and test them on the other, and "
+            f"a half needs two different values of {name(covariate)} for a gradient; this run's halves "
+            f"have {' and '.join(str(h.nunique()) for h in halves)}: give the suite at least 4 {name(unit)}s "
+            "with different values"
+        )
+    spread = run.logprobs.groupby("candidate_label")["logprob"].agg(lambda v: v.max() - v.min())
+    if len(spread) and spread.max() < 1e-6:  # float32 noise aside, the model says the same everywhere
+        raise RunError(
+            f"{run.directory}: the model scores every candidate the same in every prompt (spread "
+            f"{spread.max():.1g} nats): its outputs do not vary, so no edit can change a gradient"
+        )

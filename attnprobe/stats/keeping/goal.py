@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..edits import MLP_LAYERS
+from ..edits import MLP_LAYERS, STREAM_LAYERS
 from .edit_search import search_table
 
 REMOVED, REMOVED_CI = 0.5, (0.25, 1.5)
@@ -87,7 +87,9 @@ def goal_table(edits: pd.DataFrame, stream: pd.DataFrame, mlp=None, raw=None) ->
     if len(search):
         frames.append(search.assign(site="search", size="held out"))
     rows = pd.concat(frames, ignore_index=True)
-    rows.loc[rows["kind"].astype(str).str.startswith(MLP_LAYERS), "site"] = "mlp layers"  # size: how many
+    several = {MLP_LAYERS: "mlp layers", STREAM_LAYERS: "stream layers"}  # their size: how many layers
+    for prefix, site in several.items():
+        rows.loc[rows["kind"].astype(str).str.startswith(prefix), "site"] = site
     out = rows[["site", "kind", "size"]].copy()
     for column, name in COLUMNS.items():
         for end in ("", "_ci_low", "_ci_high"):

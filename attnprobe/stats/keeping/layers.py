@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..edits import MLP, STREAM, edit_tables, slope
+from ..edits import STREAM, edit_tables, slope
 from ..inference import cluster_mean_test
 from .definitional import TEMPLATES
 
@@ -74,11 +74,12 @@ def _generated(raw: pd.DataFrame) -> np.ndarray:
     return np.sort(texts.loc[~user, "index"].to_numpy())
 
 
-def mlp_tables(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(edits_mlp: per MLP mode (raw kind mlp-MODE, edits.layers.mlp) its rows per layer and its chosen row;
-    the chosen raw rows), both empty without MLP edits."""
-    modes = [kind for kind in raw["kind"].unique() if str(kind).startswith(MLP)]
-    tables = [stream_table(raw, kind) for kind in modes]
+def layer_tables(raw: pd.DataFrame, prefix: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per raw kind starting with `prefix` its rows per layer and its chosen row: edits_stream with
+    STREAM (the stream at one layer, at several), edits_mlp with MLP (each MLP mode, at one layer, at
+    several); the chosen raw rows), both empty without such kinds."""
+    kinds = [kind for kind in raw["kind"].unique() if str(kind).startswith(prefix)]
+    tables = [stream_table(raw, kind) for kind in kinds]
     if not tables:
         return pd.DataFrame(), raw.iloc[:0]
     return pd.concat([t for t, _ in tables], ignore_index=True), pd.concat([c for _, c in tables])
