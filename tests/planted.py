@@ -31,14 +31,14 @@ BIAS, SLOT, GENDER, KEY, LAST, IS_SHE, IS_HE, CUE, MOVED, MOVER_OUT, COMPUTER_OU
 Q, D = 7, 16  # the content dimension of each head (the last rotary pair's first) and head size
 
 
-def blank_llama(vocab: int, layers: int, head_dim: int):
+def blank_llama(vocab: int, layers: int, head_dim: int, intermediate: int = 4):
     """A Llama of width 32 with 4 heads a layer whose weights are all 0 (the norms 1): what a planted
     model writes its features and heads into. Rotary at theta 1e12 turns its last pair by at most
     1e-9 rad per position (content-only queries and keys there)."""
     config = T.LlamaConfig(
         vocab_size=vocab,
         hidden_size=32,
-        intermediate_size=4,
+        intermediate_size=intermediate,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=4,

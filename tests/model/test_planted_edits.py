@@ -169,16 +169,20 @@ def test_a_stereotype_carried_by_two_mlps_is_removed_only_by_the_edit_of_both():
     assert removed["MLP 0"] < 0.2 and 0.3 < removed["MLP 1"] < 0.75 and removed["both"] > 0.9, removed
 
 
+@pytest.mark.slow  # about 2 minutes: 99 refits of each edit of several layers
 def test_the_whole_procedure_meets_the_goal_where_the_model_allows_it(
     smollm_tokenizer, tmp_path, monkeypatch
 ):
-    """tests/planted_goal.py: the stereotype planted in one head of a model in the bundled tokenizer's
-    vocabulary, gender carried beside it, nothing else written. `attnprobe run` and `attnprobe edit`
-    as a user types them, the goal table as the sweep writes it: the midpoint-kept eraser of that head
-    meets every condition (99% [93, 105] removed, nouns and names kept 1.00, offset -0.03 nats,
-    placebo p 0.01 on 99 refits, KL 2e-5 measured), the held-out search picks it on every quarter and
-    word half, and each other edit misses on the condition it is built to miss: LEACE centred on the
-    items' mean moves the gendered prompts (offset -0.84), zeroing the head loses gender."""
+    """tests/planted_goal.py: the stereotype planted in two MLPs at the occupation and moved by one head,
+    gender beside it, in a three-layer model in the bundled tokenizer's vocabulary. `attnprobe run`
+    and `attnprobe edit --mlp-layers --placebo 99` as a user types them, the goal table as the sweep
+    writes it: DAMA's projection (and 2DAMA's rule, the midpoint-kept eraser) of the three layers
+    meets every condition (89% [79, 101] removed, nouns and names kept 1.00, offset 0.00 nats,
+    placebo p 0.01, KL 0 measured), chosen on every quarter and word half without their own rows,
+    while the windows of one and two layers remove 0% and 46%; the midpoint-kept eraser of the head
+    meets it too and the held-out search picks it. Each other edit misses on the condition it is
+    built to miss: LEACE centred on the items' mean moves the gendered prompts (offset -0.71),
+    zeroing the head loses gender."""
     from click.testing import CliRunner
 
     from attnprobe.cli import main
@@ -188,18 +192,23 @@ def test_the_whole_procedure_meets_the_goal_where_the_model_allows_it(
     monkeypatch.chdir(tmp_path)
     _small_control(Path(__file__).parents[2] / "probes/edits/definitional.tsv", tmp_path / "control.tsv")
     suite = planted_goal_suite(tmp_path, tmp_path / "control.tsv")
-    planted_goal_checkpoint(
-        smollm_tokenizer, tmp_path / "jobs.tsv", tmp_path / "definitional.tsv", tmp_path / "m"
-    )
+    words = (tmp_path / "jobs.tsv", tmp_path / "definitional.tsv")
+    planted_goal_checkpoint(smollm_tokenizer, *words, tmp_path / "m")
     run = ["run", str(suite), "--model", str(tmp_path / "m"), "--out", "run", "--no-report"]
     assert CliRunner().invoke(main, run).exit_code == 0
     edit = ["edit", "run", "--kinds", "leace_mid,leace,zero", "--k", "1", "--draws", "2", "--texts", "8"]
-    result = CliRunner().invoke(main, [*edit, "--placebo", "99"])
+    result = CliRunner().invoke(main, [*edit, "--mlp-layers", "--placebo", "99"])
     assert result.exit_code == 0, result.output
-    goal = pd.read_parquet(tmp_path / "run" / "edits_goal.parquet").set_index("kind")
-    assert goal.loc["leace_mid", "goal_met"], goal.loc["leace_mid", "fails"]
-    assert (
-        goal.loc["search-chosen", "goal_met"] and goal.loc["search-chosen", "choices"].count("leace_mid") == 7
-    )
-    assert goal.loc["leace", "fails"].startswith("offset -0.") and ";" not in goal.loc["leace", "fails"]
-    assert "nouns kept 0.00" in goal.loc["zero", "fails"] and "accuracy 0.0%" in goal.loc["zero", "fails"]
+    goal = pd.read_parquet(tmp_path / "run" / "edits_goal.parquet")
+    several = {f"mlp-layers-{mode}-slot-chosen" for mode in ("project", "dual", "leace_mid")}
+    assert set(goal.loc[goal["goal_met"], "kind"]) == {"leace_mid", "search-chosen", *several}, goal["fails"]
+    fails = goal.set_index("kind")["fails"]  # the windows' rows repeat their kind
+    assert fails["search-chosen"] == "" and goal["choices"].str.count("leace_mid 1").max() == 7
+    for mode in ("project", "dual", "leace_mid"):
+        windows = goal[goal["kind"] == f"mlp-layers-{mode}-slot"].set_index("size")["stereotype_removed"]
+        assert windows["1"] < 0.01 and 0.4 < windows["2"] < 0.5 and windows["3"] > 0.85, (mode, windows)
+    mlp = pd.read_parquet(tmp_path / "run" / "edits_mlp.parquet")
+    for heads in mlp.loc[mlp["chosen"], "heads"]:  # every quarter and half took the three layers
+        assert heads.count("layer 3") == 6, heads
+    assert fails["leace"].startswith("offset -0.") and ";" not in fails["leace"]
+    assert "nouns kept 0.00" in fails["zero"] and "accuracy 0.0%" in fails["zero"]
