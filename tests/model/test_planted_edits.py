@@ -209,6 +209,6 @@ def test_the_whole_procedure_meets_the_goal_where_the_model_allows_it(
         assert windows["1"] < 0.01 and 0.4 < windows["2"] < 0.5 and windows["3"] > 0.85, (mode, windows)
     mlp = pd.read_parquet(tmp_path / "run" / "edits_mlp.parquet")
     for heads in mlp.loc[mlp["chosen"], "heads"]:  # every quarter and half took the three layers
-        assert heads.count("layer 3") == 6, heads
+        assert heads.count("3 layers") == 6, heads
     assert fails["leace"].startswith("offset -0.") and ";" not in fails["leace"]
     assert "nouns kept 0.00" in fails["zero"] and "accuracy 0.0%" in fails["zero"]

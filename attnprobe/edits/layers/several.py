@@ -8,6 +8,10 @@ projection (project: out -> (I - W'W) out, no affine term, W the rank's orthonor
 slot where the control names its phrases: raw kind "mlp-layers-MODE(-rRANK)(-slot)", k = the number of
 layers, so the chosen row takes each quarter's count from the other quarters. An edit of rank r holds
 r parts per layer, applied in order: orthonormal projections, so together they are I - W'W.
+
+The stream alike (`edit --stream-layers`): StreamLayers, the stream's erasers (edits.layers.stream)
+entering the same windows of layers, each fitted on the stream of the model erased below it
+(fitted_stream_layers); raw kind "stream-layers". Both are LayerEdits.
 """
 
 from __future__ import annotations
@@ -156,7 +160,7 @@ def dama_windows(n_layers: int) -> tuple[tuple[int, ...], int]:
     return tuple(sorted({min(end + 1, c) for c in scaled})), end
 
 
-class _Stop(Exception):  # raised by a hook once the one MLP output a pass is run for is recorded
+class _Stop(Exception):  # raised by a hook once the one state a pass is run for is recorded
     pass
 
 

@@ -116,9 +116,8 @@ def measure_layer_placebo(sweep, measured: pd.DataFrame, k: int, fit, name: str)
         layer = pd.Series(inputs.fold).map(chosen).to_numpy()
         y = refits.set_index(["k", "index"])["y"]
         picked = y.reindex(list(zip(layer, range(n)))).to_numpy()
-        frames.append(
-            raw_rows("bias", [(k, d, i) for i in range(n)], y=picked).assign(heads=quarter_layers(chosen))
-        )
+        choice = quarter_layers(chosen, name)
+        frames.append(raw_rows("bias", [(k, d, i) for i in range(n)], y=picked).assign(heads=choice))
         _progress(sweep.log, f"edit: {name}'s placebo, {{done}} of {{n}} permutations", d, options.placebo)
     return pd.concat(frames, ignore_index=True).assign(kind=f"{PREFIX}{name}-chosen", heads_all="")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..edits import STREAM, edit_tables, slope
+from ..edits import MLP_LAYERS, STREAM, STREAM_LAYERS, edit_tables, slope
 from ..inference import cluster_mean_test
 from .definitional import TEMPLATES
 
@@ -32,8 +32,10 @@ def stream_table(raw: pd.DataFrame, kind: str = STREAM) -> tuple[pd.DataFrame, p
     summary, _ = edit_tables(pd.concat([none, layers], ignore_index=True))
     chosen = chosen_layers(raw, kind)
     rows = layers[layers["k"].to_numpy() == picked_layers(raw, layers, chosen)].copy()
-    halves = f"words and texts of half 0: layer {chosen['half0']}, of half 1: layer {chosen['half1']}"
-    rows = rows.assign(kind=f"{kind}-chosen", k=chosen["all"], heads=f"{quarter_layers(chosen)} | {halves}")
+    at = _where(kind)
+    halves = f"words and texts of half 0: {at(chosen['half0'])}, of half 1: {at(chosen['half1'])}"
+    choice = f"{quarter_layers(chosen, kind)} | {halves}"
+    rows = rows.assign(kind=f"{kind}-chosen", k=chosen["all"], heads=choice)
     best, _ = edit_tables(pd.concat([none, rows], ignore_index=True))
     table = pd.concat([summary.assign(chosen=False), best.assign(chosen=True)], ignore_index=True)
     table = table.rename(columns={"k": "layer"}).drop(columns=["heads_all"])
@@ -42,9 +44,17 @@ def stream_table(raw: pd.DataFrame, kind: str = STREAM) -> tuple[pd.DataFrame, p
     return table[keep], rows
 
 
-def quarter_layers(chosen: dict) -> str:
-    """The quarters' layers of chosen_layers' choice, as the chosen rows name them."""
-    return " | ".join(f"q{f}: layer {chosen[f]}" for f in range(4) if f in chosen)
+def quarter_layers(chosen: dict, kind: str = STREAM) -> str:
+    """The quarters' layers (for an edit of several layers, numbers of layers) of chosen_layers'
+    choice for `kind`, as the chosen rows name them."""
+    at = _where(kind)
+    return " | ".join(f"q{f}: {at(chosen[f])}" for f in range(4) if f in chosen)
+
+
+def _where(kind: str):
+    """How a chosen k of `kind` reads: "layer 16", or for an edit of several layers "5 layers"."""
+    several = str(kind).startswith((MLP_LAYERS, STREAM_LAYERS))
+    return (lambda k: f"{k} layers") if several else (lambda k: f"layer {k}")
 
 
 def picked_layers(raw: pd.DataFrame, layers: pd.DataFrame, chosen: dict) -> np.ndarray:
