@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy.stats import binomtest
 
 from ..errors import RunError
 from ..schema.analysis import TEMPLATE
@@ -140,6 +139,8 @@ def _outcomes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _mcnemar(a: np.ndarray, b: np.ndarray) -> dict:
     """Per column: items at 1 in A only and in B only, and McNemar's exact p (NaN for a column that
     is not a 0/1 outcome)."""
+    from scipy.stats import binomtest  # scipy.stats is a slow import: only where a test needs it
+
     binary = _outcomes(a, b)
     only_a = ((a == 1) & (b == 0)).sum(0)
     only_b = ((a == 0) & (b == 1)).sum(0)
@@ -153,6 +154,8 @@ def _mcnemar(a: np.ndarray, b: np.ndarray) -> dict:
 def _sign_test(a: np.ndarray, b: np.ndarray) -> dict:
     """Per column of a change that is not a 0/1 outcome: items that rose and fell from A to B, and the
     exact two-sided sign test of the two counts (ties left out; items as units)."""
+    from scipy.stats import binomtest
+
     up, down = ((b - a) > 0).sum(0), ((b - a) < 0).sum(0)
     p = [binomtest(int(x), int(x + y)).pvalue if x + y else 1.0 for x, y in zip(up, down)]
     return {"n_rose": up, "n_fell": down, "sign_p": np.array(p)}

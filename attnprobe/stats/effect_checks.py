@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
 from ..heads import HeadSet
 
@@ -62,4 +61,6 @@ def attribution_check(head_table: pd.DataFrame, n_held: int, info: dict, te: flo
 def spearman(a, b) -> float:
     a, b = np.asarray(a, float), np.asarray(b, float)
     ok = np.isfinite(a) & np.isfinite(b)
-    return float(sps.spearmanr(a[ok], b[ok]).statistic) if ok.sum() > 2 else float("nan")
+    from scipy.stats import spearmanr  # a slow import: only here
+
+    return float(spearmanr(a[ok], b[ok]).statistic) if ok.sum() > 2 else float("nan")

@@ -23,7 +23,6 @@ import math
 import numpy as np
 import pandas as pd
 from scipy import special
-from scipy import stats as sps
 
 ALPHA = 0.05
 N_BOOT = 2000
@@ -370,7 +369,9 @@ def correlation_with_ci(x: np.ndarray, y: np.ndarray, n_boot: int = N_BOOT, seed
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, size=(n_boot, n))
     out = {"n": n}
-    for name, transform in (("pearson", lambda v: v), ("spearman", lambda v: sps.rankdata(v, axis=-1))):
+    from scipy.stats import rankdata  # scipy.stats is a slow import: only where ranks are taken
+
+    for name, transform in (("pearson", lambda v: v), ("spearman", lambda v: rankdata(v, axis=-1))):
         r = _rowwise_r(transform(x)[None], transform(y)[None])[0]
         boot = _rowwise_r(transform(x[idx]), transform(y[idx]))
         t = r * math.sqrt((n - 2) / max(1e-300, 1 - r * r))
@@ -379,7 +380,7 @@ def correlation_with_ci(x: np.ndarray, y: np.ndarray, n_boot: int = N_BOOT, seed
                 f"{name}_r": r,
                 f"{name}_ci_low": np.nanquantile(boot, 0.025),
                 f"{name}_ci_high": np.nanquantile(boot, 0.975),
-                f"{name}_p": 2 * sps.t.sf(abs(t), n - 2),
+                f"{name}_p": 2 * special.stdtr(n - 2, -abs(t)),
             }
         )
     return out

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
+from scipy import special
 
 from ..inference import _fieller
 
@@ -143,7 +143,7 @@ def edit_terms(occupations: pd.DataFrame, phrases: pd.DataFrame, prefix: str, le
     k = X.shape[1]
     s0, f0, s1, f1 = k - 2, k - 1, 2 * k - 2, 2 * k - 1  # in beta: outcome 0's terms, then outcome 1's
     b, covs = fit["beta"], [fit["cov"], *fit["one_way"]]
-    t_s, t_f = sps.t.ppf(0.5 + level / 2, fit["df"][[k - 2, k - 1]])
+    t_s, t_f = special.stdtrit(fit["df"][[k - 2, k - 1]], 0.5 + level / 2)  # t quantiles
     out = {f"{prefix}_stereotype_before": b[s0], f"{prefix}_stereotype_after": b[s1]}
     out[f"{prefix}_factual_before"], out[f"{prefix}_factual_after"] = b[f0], b[f1]
     removed = _ratio(b, covs, s1, s0, t_s)
