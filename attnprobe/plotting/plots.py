@@ -207,10 +207,17 @@ def edit_frontier(summary: pd.DataFrame, draws: pd.DataFrame):
 
 GOAL_ALT = (
     "every edit's stereotype term removed against its factual term kept on held-out nouns, KL's upper "
-    "bound as colour, edits of several MLP layers (DAMA's design) as stars, the held-out search's choice "
-    "as a diamond, the goal's box dashed"
+    "bound as colour, edits of several MLP layers (DAMA's design) as stars, of several stream layers as "
+    "plus signs, the held-out search's choice as a diamond, the goal's box dashed"
 )
-GOAL_MARKERS = {"heads": "o", "stream": "s", "mlp": "^", "mlp layers": "*", "search": "D"}
+GOAL_MARKERS = {
+    "heads": "o",
+    "stream": "s",
+    "mlp": "^",
+    "mlp layers": "*",
+    "stream layers": "P",
+    "search": "D",
+}
 
 
 def goal_frontier(goal: pd.DataFrame):

@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..edits import MLP, SINGLE, STREAM, edit_tables
 from ..placebo import PLACEBO_PREFIX, gradient_removal, placebo_columns
-from .layers import chosen_layers, picked_layers
+from .layers import chosen_layers, described, picked_layers
 
 SEARCH = "search"  # the candidates' raw kind inside the search: k indexes the candidates
 CHOSEN = "search-chosen"  # the kind of the search's chosen rows (and its goal-table row)
@@ -62,8 +62,7 @@ def search_table(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     chosen = chosen_layers(frame, SEARCH)
     name = lambda c: f"{options[c][0]} {options[c][1]}"
     picked = rows[rows["k"].to_numpy() == picked_layers(frame, rows, chosen)]
-    quarters = " | ".join(f"q{f}: {name(chosen[f])}" for f in range(4) if f in chosen)
-    halves = f"words and texts of half 0: {name(chosen['half0'])}, of half 1: {name(chosen['half1'])}"
+    quarters, halves = described(chosen, name)
     picked = picked.assign(kind=CHOSEN, k=chosen["all"], heads=f"{quarters} | {halves}")
     summary, _ = edit_tables(pd.concat([none, picked], ignore_index=True))
     summary = summary.assign(choices=f"{quarters} | {halves}; on every item: {name(chosen['all'])}")

@@ -23,10 +23,12 @@ import pandas as pd
 
 from ..edits import MLP_LAYERS, STREAM_LAYERS
 from .edit_search import search_table
+from .layers import KL_MAX as KL
+from .layers import OFFSET_MAX as OFFSET
 
 REMOVED, REMOVED_CI = 0.5, (0.25, 1.5)
 KEPT, KEPT_CI = (0.9, 1.1), (0.8, 1.2)
-ACCURACY, OFFSET, PLACEBO_P, KL = 0.99, 0.1, 0.01, 0.001
+ACCURACY, PLACEBO_P = 0.99, 0.01  # OFFSET and KL: the bounds the layer gate and the search use too
 HELD_OUT = ("nouns_templates", "names_templates")  # the phrase sets the factual term is judged on
 
 

@@ -11,8 +11,9 @@ from ..edits import MLP_LAYERS, STREAM, STREAM_LAYERS, edit_tables, slope
 from ..inference import cluster_mean_test
 from .definitional import TEMPLATES
 
-# what a chosen layer must keep (the goal's bounds, stats/keeping/goal.py): the definitional gap, the
-# mean of the gendered prompts' log-odds within OFFSET_MAX nats, the texts' next-token distributions
+# what a chosen layer must keep: the definitional gap, the mean of the gendered prompts' log-odds
+# within OFFSET_MAX nats, the texts' next-token distributions (OFFSET_MAX and KL_MAX are the goal's own
+# bounds, stats/keeping/goal.py, which imports them from here)
 GAP_KEPT, OFFSET_MAX, KL_MAX = 0.8, 0.1, 0.001
 PER_ITEM = ("bias", "readout_before", "readout_after")  # a layer edit's rows of one item each
 
@@ -32,9 +33,7 @@ def stream_table(raw: pd.DataFrame, kind: str = STREAM) -> tuple[pd.DataFrame, p
     summary, _ = edit_tables(pd.concat([none, layers], ignore_index=True))
     chosen = chosen_layers(raw, kind)
     rows = layers[layers["k"].to_numpy() == picked_layers(raw, layers, chosen)].copy()
-    at = _where(kind)
-    halves = f"words and texts of half 0: {at(chosen['half0'])}, of half 1: {at(chosen['half1'])}"
-    choice = f"{quarter_layers(chosen, kind)} | {halves}"
+    choice = " | ".join(described(chosen, _where(kind)))
     rows = rows.assign(kind=f"{kind}-chosen", k=chosen["all"], heads=choice)
     best, _ = edit_tables(pd.concat([none, rows], ignore_index=True))
     table = pd.concat([summary.assign(chosen=False), best.assign(chosen=True)], ignore_index=True)
@@ -44,11 +43,17 @@ def stream_table(raw: pd.DataFrame, kind: str = STREAM) -> tuple[pd.DataFrame, p
     return table[keep], rows
 
 
+def described(chosen: dict, name) -> tuple[str, str]:
+    """chosen_layers' choice in words, each choice k as `name(k)`: (the quarters', "q0: ... | q1:
+    ...", the word and text halves', "words and texts of half 0: ..., of half 1: ...")."""
+    quarters = " | ".join(f"q{f}: {name(chosen[f])}" for f in range(4) if f in chosen)
+    return quarters, f"words and texts of half 0: {name(chosen['half0'])}, of half 1: {name(chosen['half1'])}"
+
+
 def quarter_layers(chosen: dict, kind: str = STREAM) -> str:
     """The quarters' layers (for an edit of several layers, numbers of layers) of chosen_layers'
     choice for `kind`, as the chosen rows name them."""
-    at = _where(kind)
-    return " | ".join(f"q{f}: {at(chosen[f])}" for f in range(4) if f in chosen)
+    return described(chosen, _where(kind))[0]
 
 
 def _where(kind: str):
@@ -141,15 +146,15 @@ def _gate(raw: pd.DataFrame, kind: str, half: int | None = None) -> tuple[pd.Ser
     texts = _generated(raw)
     if half is not None:
         control0, texts = control0[control0["half"] == half], texts[half::2]
-    sign = control0["sign"].to_numpy(dtype=float)
-    y0 = sign * control0["y"].to_numpy()  # toward the right label
+    sign, before = control0["sign"].to_numpy(dtype=float), control0["y"].to_numpy()
+    y0 = sign * before  # toward the right label
     passes, kept = {}, {}
     for k, rows in raw[(raw["kind"] == kind) & (raw["draw"] == -1)].groupby("k"):
-        after = rows[rows["target"] == "control"].set_index("index")["y"].reindex(control0.index)
-        y1 = sign * after.to_numpy()
+        after = rows[rows["target"] == "control"].set_index("index")["y"].reindex(control0.index).to_numpy()
+        y1 = sign * after
         both = np.isfinite(y1) & np.isfinite(y0)
         kept[k] = y1[both].sum() / y0[both].sum() if both.any() else np.nan
-        offset = np.mean((sign * (y1 - y0))[both]) if both.any() else np.nan  # toward the positive label
+        offset = np.mean((after - before)[both]) if both.any() else np.nan  # toward the positive label
         kl = rows[rows["target"] == "text"].set_index("index")["kl"].reindex(texts).to_numpy()
         one_each = [np.arange(len(kl))]  # each text its own cluster
         high = cluster_mean_test(kl, np.ones(len(kl)), one_each)["ci_high"][0] if len(kl) > 1 else np.nan
