@@ -481,6 +481,7 @@ EDIT_SWEEP = [
     "--mlp",
     "--trace",
     "--paths",
+    "--sequential",
 ]
 # the sweep the resume and interruption tests repeat: paths resume through the same phase code as the
 # stream (the shared swept run keeps them)

@@ -53,6 +53,13 @@ def _count(name: str, help: str):
 @click.option(
     "--heads", help="Edit these heads on every item instead of the run's ranking, e.g. L26H2,L25H2."
 )
+@click.option(
+    "--sequential/--no-sequential",
+    default=False,
+    show_default=True,
+    help="Also fit each kind's heads in order, each layer's on the model with the heads below it edited "
+    "(kind KIND-seq, for the kinds with fitted parameters; no random sets).",
+)
 @_count(
     "draws",
     "Random head sets per k.",

@@ -179,10 +179,11 @@ def edited_behaviour(
 
 @torch.inference_mode()
 def edited_text_costs(
-    model, bank: Bank, clean_logp: list[torch.Tensor], edit: HeadEdit, heads: torch.Tensor, base=None
+    model, bank: Bank, clean_logp: list[torch.Tensor], edit, heads: torch.Tensor, base=None, which=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per variant v (one per (text, head set): `bank` sequence base[v], default v % N, with heads[v]
-    edited): the mean over the text's predicted positions of KL(clean || edited) of the next-token
+    edited by `edit`, or by `edit[which[v]]` where `edit` is a tuple): the mean over the text's
+    predicted positions of KL(clean || edited) of the next-token
     distribution, and the mean log-loss of the text's own next tokens. `clean_logp[n]`: (T_n - 1,
     vocab) float32."""
     module = module_of(model)
@@ -192,9 +193,9 @@ def edited_text_costs(
     kl, loss = torch.empty(len(heads), dtype=torch.float64), torch.empty(len(heads), dtype=torch.float64)
     row_tokens = max(1, LOGIT_BYTES // (4 * vocab))
     clean_p = [logp.exp() for logp in clean_logp]  # once, not per variant
-    of = base.tolist()
+    of, which = base.tolist(), None if which is None else torch.as_tensor(which)
     for first, rows in _groups(bank, base, heads, row_tokens):
-        editor = editing(_editor(Variants(bank, edit, base, heads), rows))
+        editor = editing(_editor(Variants(bank, edit, base, heads, which), rows))
         hidden = bank.hidden[first][base[rows]]
         logits = rerun_logits(module, bank, base[rows], first, hidden, Changes([editor]))[0].float()
         at = rows.tolist()  # host indices into kl and loss (rows may live on the device)

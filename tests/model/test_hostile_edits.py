@@ -74,7 +74,7 @@ def test_an_altered_or_damaged_edit_chunk_is_measured_again(edited_run, tmp_path
     result = CliRunner().invoke(main, ["edit", str(run), *SWEEP])
     assert result.exit_code == 0, result.output
     assert (
-        "is damaged or stale" in result.output and result.output.count("read from an earlier session") == 14
+        "is damaged or stale" in result.output and result.output.count("read from an earlier session") == 16
     )
     same_edit_tables(edited_run, run)
 

@@ -231,20 +231,21 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     args = ["edit", str(out), *SWEEP, "--also", str(tmp_path / "coref.yaml"), "--also-k", "1"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    # the sweep is read back: its 4 kinds, the heads alone, the stream at one layer and at several, the 7
-    # MLP edits and tracing
-    assert result.output.count("read from an earlier session") == 15
+    # the sweep is read back: its 4 kinds and the 2 fitted in order, the heads alone, the stream at one
+    # layer and at several, the 7 MLP edits and tracing
+    assert result.output.count("read from an earlier session") == 17
     table = pd.read_csv(out / "edits_transfer.csv")
     mlp = set(MLP_KINDS)  # the 4 modes at the prediction, 3 at the slot
     assert (
-        set(table["kind"]) == {"zero", "mean", "scale", "project", "stream", "stream-layers"} | mlp
+        set(table["kind"])
+        == {"zero", "mean", "scale", "project", "mean-seq", "project-seq", "stream", "stream-layers"} | mlp
     )  # the stream's and MLPs' too
     per_layer = table.kind.isin({"stream", "stream-layers"} | mlp)  # a layer's edit has no k
     assert set(table.loc[per_layer, "k"]) == {0} and set(table.loc[~per_layer, "k"]) == {1}
     gap = table[
         (table.table == "compare_referent_choice") & (table.quantity == "correct") & (table.label == "gap")
     ]
-    assert len(gap) == 13  # 4 kinds, the stream at one layer and at several, 7 MLP edits
+    assert len(gap) == 15  # 6 head kinds, the stream at one layer and at several, 7 MLP edits
     # the pro - anti gap before is the original run's own statistic; after, the edited run's
     gap_of = lambda run: referent_choice(run).set_index("scope").loc["all", "gap"]  # its statistic alone
     before = gap_of(attnprobe.Run(out / "also" / "coref" / "original"))

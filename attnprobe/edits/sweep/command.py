@@ -30,14 +30,14 @@ from ...stats.keeping.layers import layer_tables
 from ...stats.placebo import PLACEBO_PREFIX, placebo_table
 from ...store import atomic_write, read_chunks, write_parquet, write_table
 from ..inputs import Texts, record_inputs
-from ..kinds import KINDS
 from ..layers import mlp as mlps
 from ..layers import several
 from ..layers.modes import SITE_MODES
 from ..layers.stream import StreamEdit, measure_stream
+from ..sequential import kind_class
 from .fitted import save_chosen, save_circuits, save_layers
 from .measure import SINGLE, GradientScores, clean_values, found_sets, measure_kind, measure_single
-from .options import EditOptions, Sweep, checked_options, run_and_suite, settings_hash
+from .options import EditOptions, Sweep, checked_options, head_kinds, run_and_suite, settings_hash
 from .permuted import PLACEBO_CHOICES, layer_placebo, measure_placebo, placebo_kinds
 from .transfer import ALSO_K, transfer, transfer_suites
 
@@ -94,7 +94,8 @@ def run_edits(
             summary = _run_edits(directory, opened, options, model, log, weights)
             if suites:
                 ks = [k for k in also_ks if k in set(summary["k"])]
-                chosen = [(kind, k) for kind in options.kinds for k in ks] + [(STREAM, 0)] * options.stream
+                chosen = [(kind, k) for kind in head_kinds(options) for k in ks]
+                chosen += [(STREAM, 0)] * options.stream
                 chosen += [(STREAM_LAYERS, 0)] * options.stream_layers
                 chosen += [
                     (mlps.kind_of(*where), 0) for where in mlps.fitted(options.mlp_modes)
@@ -175,11 +176,11 @@ def _head_parts(part, key: str, sweep: Sweep, ranked: tuple) -> list[pd.DataFram
     subkey = lambda *more: hashlib.sha256(" ".join(map(str, (key, *more))).encode()).hexdigest()[:16]
     frames = [
         part(kind, lambda k=kind: _kind_values(model, k, options, inputs, sets, H, log))
-        for kind in options.kinds
+        for kind in head_kinds(options)
     ]
     single = lambda: measure_single(model, inputs, scores, H, options.alone, log)
     frames.append(part(SINGLE, single, subkey(options.alone)))
-    if options.placebo and (refit := placebo_kinds(options.kinds)):
+    if options.placebo and (refit := placebo_kinds(head_kinds(options))):
         rescore = None if options.heads else rescore  # heads the user listed are not chosen again
         placebo = lambda: measure_placebo(sweep, refit, sets, rescore)
         frames.append(part("placebo", placebo, subkey(refit, options.placebo, PLACEBO_CHOICES)))
@@ -272,10 +273,11 @@ def _kind_values(model, kind: str, *args) -> pd.DataFrame:
     try:
         return measure_kind(model, kind, *args)
     except Exception as exc:
-        if KINDS[kind].__module__.startswith("attnprobe."):  # attnprobe's own: its traceback
+        module = kind_class(kind)[0].__module__
+        if module.startswith("attnprobe."):  # attnprobe's own: its traceback
             raise
         raise RunError(
-            f"edit kind {kind!r} ({KINDS[kind].__module__}) failed: {type(exc).__name__}: {str(exc)[:200]}; "
+            f"edit kind {kind!r} ({module}) failed: {type(exc).__name__}: {str(exc)[:200]}; "
             "check it with attnprobe.testing.check_edit_kind"
         ) from None
 

@@ -67,16 +67,16 @@ def _held_out_reads(features, inputs, k: int) -> tuple[list, list]:
     return keys, values
 
 
-def readout_rows(last: torch.Tensor, inputs, edits: tuple, sets: dict):
+def readout_rows(last: torch.Tensor, inputs, edits: dict, sets: dict):
     """Raw rows (targets readout_before and readout_after; k, draw -1, item index; y: the covariate
-    read on the held-out item) of every k, each quarter read by a readout fitted on its training
-    quarters, from its found heads before and after its quarter's edit."""
+    read on the held-out item) of every k, each quarter f read from its found heads before and after
+    its edit (`edits[f, k]`) by a readout trained on rows the edit was not fitted on."""
     frames = []
     for target, edited in (("readout_before", False), ("readout_after", True)):
         keys, values = [], []
         for k, per_fold in sets.items():
-            features = lambda f, chosen=per_fold, edited=edited: site_features(
-                last, chosen[f], edits[f] if edited else None
+            features = lambda f, chosen=per_fold, edited=edited, k=k: site_features(
+                last, chosen[f], edits[f, k] if edited else None
             )
             read = _held_out_reads(features, inputs, k)
             keys, values = keys + read[0], values + read[1]

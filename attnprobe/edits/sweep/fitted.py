@@ -21,12 +21,13 @@ from ...stats.keeping.layers import chosen_layers
 from ...store import own_directory
 from ...version import __version__
 from ..estimate import token_mask, token_means
-from ..kinds import KINDS, Mean
+from ..kinds import Mean
 from ..layers.mlp import POSITIONS, MlpEdit, Recorded, fitted, kind_of
 from ..layers.several import MlpLayers, layers_fit, layers_grid, stream_layers_fit
 from ..layers.stream import StreamEdit
 from ..saved import CircuitKnockout, save_edit
-from .options import Sweep
+from ..sequential import HeadFit
+from .options import Sweep, head_kinds
 
 CIRCUIT = "circuit"  # the saved circuits' names: circuit-REFERENCE
 
@@ -118,22 +119,25 @@ def save_chosen(sweep: Sweep, sets: dict, source: dict) -> int:
     source, inputs, options = _source(sweep, source), sweep.inputs, sweep.options
     chosen = f"--heads {options.heads}" if options.heads else None  # else the items' ranking
     n = 0
-    for kind in options.kinds:
-        everywhere = KINDS[kind].fit(inputs, np.arange(4), options)
-        quarters = [KINDS[kind].fit(inputs, inputs.training(f), options) for f in range(4)]
+    for kind in head_kinds(options):
+        fit = HeadFit(kind, options, sweep.model.model)
+        order = {"fitted": "in order, each layer's heads with those below edited"} if fit.sequential else {}
         for k, per_fold in sets.items():
-            about = {"k": k, "fitted_on": "all items", "heads_chosen_on": chosen or "all items"}
-            _save(sweep, everywhere.on(per_fold["all"]), f"{kind}-k{k}", {**source, **about})
-            for f, edit in enumerate(quarters):
+            about = {"k": k, "fitted_on": "all items", "heads_chosen_on": chosen or "all items", **order}
+            everywhere = fit(inputs, np.arange(4), per_fold["all"])
+            _save(sweep, everywhere, f"{kind}-k{k}", {**source, **about})
+            for f in range(4):
                 training = [int(g) for g in inputs.training(f)]
+                edit = fit(inputs, training, per_fold[f])
                 about = {
                     "k": k,
                     "quarter": f,
                     "fitted_on": f"quarters {training}",
                     "heads_chosen_on": chosen or f"quarters {training}",
                     "held_out_items": _held_out(inputs, f),
+                    **order,
                 }
-                _save(sweep, edit.on(per_fold[f]), f"quarters/{kind}-k{k}-q{f}", {**source, **about})
+                _save(sweep, edit, f"quarters/{kind}-k{k}-q{f}", {**source, **about})
             n += 5
     return n
 

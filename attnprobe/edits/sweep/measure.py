@@ -38,8 +38,9 @@ from ...intervene.sites import behaviour_rows
 from ...stats.edits import SINGLE
 from ..estimate import last_outputs
 from ..inputs import Inputs
-from ..kinds import KINDS, Heads, Zero
+from ..kinds import Heads, Zero
 from ..passes import Variants, edited_behaviour, edited_text_costs, raw_rows
+from ..sequential import HeadFit
 from .erased import readout_rows
 from .options import EditOptions
 
@@ -134,47 +135,53 @@ def null_sets(heads: Heads, n_layers: int, n_heads: int, rng, draws: int) -> lis
 def measure_kind(
     model, kind: str, options: EditOptions, inputs: Inputs, sets: dict, n_heads: int, log=lambda m: None
 ) -> pd.DataFrame:
-    """Raw values of one edit kind, every k: rows (target, k, draw, index, y, kl, loss); draw -1 is
-    the found heads, 0... the random sets."""
+    """Raw values of one edit kind (KIND, or KIND-seq: fitted in order, edits.sequential), every k:
+    rows (target, k, draw, index, y, kl, loss); draw -1 is the found heads, 0... the random sets
+    (none for a kind fitted in order: each set would need fits of its own)."""
     started = time.monotonic()
     L, H = model.info.n_layers, n_heads
     rng = np.random.default_rng(options.seed)
-    frames = []
-    everywhere = KINDS[kind].fit(inputs, np.arange(4), options)
-    random_by_k = {k: null_sets(per_fold["all"], L, H, rng, options.draws) for k, per_fold in sets.items()}
+    frames, fit, ks = [], HeadFit(kind, options, model.model), list(sets)
+    draws = 0 if fit.sequential else options.draws
+    random_by_k = {k: null_sets(per_fold["all"], L, H, rng, draws) for k, per_fold in sets.items()}
     sampled = np.arange(len(inputs.items)) % RANDOM_EVERY == 0
-    # bias: per quarter f, its found heads on its items and the random sets on its sampled items,
-    # edited with the parameters of its training quarters (edits[f]); all quarters in one call
-    edits = tuple(KINDS[kind].fit(inputs, inputs.training(f), options) for f in range(4))
-    base, masks, keys = [], [], []
+    # bias: per quarter f and k, its found heads on its items and the random sets on its sampled items,
+    # edited with the parameters of its training quarters (edits[f, k]); all in one call
+    edits = {(f, k): fit(inputs, inputs.training(f), sets[k][f]) for f in range(4) for k in ks}
+    base, masks, keys, which, slot = [], [], [], [], {key: i for i, key in enumerate(edits)}
     for f in range(4):
         for k, per_fold in sets.items():
             for index in np.flatnonzero(inputs.fold == f):
-                base.append(index), masks.append(HeadSet(per_fold[f]).mask(L, H)), keys.append((k, -1, index))
-                if sampled[index]:
-                    for r, draw in enumerate(random_by_k[k]):
-                        base.append(index), masks.append(HeadSet(draw).mask(L, H)), keys.append((k, r, index))
+                drawn = random_by_k[k] if sampled[index] else []
+                for r, heads in [(-1, per_fold[f]), *enumerate(drawn)]:
+                    base.append(index), masks.append(HeadSet(heads).mask(L, H)), keys.append((k, r, index))
+                    which.append(slot[f, k])
     if base:  # a variant's edit is its item's quarter's
-        y = behaviour_values(model, inputs.bank, edits, base, masks, inputs.labels, inputs.fold[base])
+        y = behaviour_values(model, inputs.bank, tuple(edits.values()), base, masks, inputs.labels, which)
         frames.append(raw_rows("bias", keys, y=y))
         frames += readout_rows(last_outputs(inputs.bank), inputs, edits, sets)
         log(f"edit: {kind}, bias items of the 4 quarters ({time.monotonic() - started:.0f} s)")
+    everywhere = {k: fit(inputs, np.arange(4), per_fold["all"]) for k, per_fold in sets.items()}
     for target, bank in (("control", inputs.control), ("text", inputs.texts)):
-        base, masks, keys = [], [], []
-        for k, per_fold in sets.items():
+        base, masks, keys, of_k = [], [], [], []
+        for i, (k, per_fold) in enumerate(sets.items()):
             random = enumerate(random_by_k[k]) if target == "text" else ()  # the band's cost, not its control
             for r, heads in [(-1, per_fold["all"]), *random]:
                 n = len(bank.lengths) if r < 0 else min(RANDOM_TEXTS, len(bank.lengths))
                 for index in range(n):
                     base.append(index), masks.append(HeadSet(heads).mask(L, H)), keys.append((k, r, index))
+                    of_k.append(i)
         if target == "control":  # each prompt's edit kept a direction fitted on the other half's words
-            crossed = (everywhere, KINDS[kind].fit(inputs.other_half(), np.arange(4), options))
-            which = inputs.judged_by_other_half()[base]
+            other = inputs.other_half()
+            crossed = tuple(e for k in ks for e in (everywhere[k], fit(other, np.arange(4), sets[k]["all"])))
+            which = 2 * np.array(of_k, dtype=int) + inputs.judged_by_other_half()[base]
             y = behaviour_values(model, bank, crossed, base, masks, inputs.control_labels, which)
             frames.append(raw_rows(target, keys, y=y))
         else:
-            kl, loss = edited_text_costs(model, bank, inputs.clean_logp, everywhere, torch.stack(masks), base)
-            frames.append(raw_rows(target, keys, kl=kl.cpu().numpy(), loss=loss.cpu().numpy()))
+            costs = edited_text_costs(
+                model, bank, inputs.clean_logp, tuple(everywhere.values()), torch.stack(masks), base, of_k
+            )
+            frames.append(raw_rows(target, keys, kl=costs[0].cpu().numpy(), loss=costs[1].cpu().numpy()))
         log(f"edit: {kind}, {target} ({time.monotonic() - started:.0f} s)")
     out = pd.concat(frames, ignore_index=True)
     heads_text = {k: " | ".join(str(HeadSet(per_fold[f])) for f in range(4)) for k, per_fold in sets.items()}

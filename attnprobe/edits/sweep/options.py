@@ -28,6 +28,7 @@ from ..kinds import KINDS, Heads, parse_heads
 from ..layers.mlp import MODES as MLP_MODES
 from ..layers.modes import SITE_MODES
 from ..layers.several import MAX_RANK
+from ..sequential import sequential_kinds
 
 DEFAULT_KINDS, DEFAULT_K = DEFAULT_EDIT_KINDS, DEFAULT_EDIT_K
 # the options that are lists: (the type of each entry, what they are, what a wrongly typed list is shown)
@@ -53,6 +54,7 @@ class EditOptions:
     texts: int = DEFAULT_EDIT_COUNTS["texts"]  # generated texts (of the shipped openings) the cost is on
     # covariate permutations each covariate-fitted kind is refitted on (edits.sweep.permuted); 0: none
     placebo: int = DEFAULT_EDIT_COUNTS["placebo"]
+    sequential: bool = False  # also each kind's heads fitted in order, layer by layer (edits.sequential)
     stream: bool = False  # also the stream erased at every layer (edits_stream, edits.layers.stream)
     stream_layers: bool = False  # also the stream erased entering several consecutive layers at once
     mlp: bool = False  # also each MLP's output edited at every layer (edits_mlp, edits.layers.mlp)
@@ -113,6 +115,12 @@ class EditOptions:
             )
 
 
+def head_kinds(options: EditOptions) -> tuple[str, ...]:
+    """The raw head kinds a sweep measures: --kinds, and with --sequential each one's twin fitted in
+    order (KIND-seq) where its parameters are fitted."""
+    return tuple(options.kinds) + (sequential_kinds(options.kinds) if options.sequential else ())
+
+
 @dataclass(frozen=True)
 class Sweep:
     """One `attnprobe edit`, built once and handed to its parts: the run directory and manifest, the
@@ -139,7 +147,7 @@ def settings_hash(run_fingerprint: str, options: EditOptions, weights: str, cont
     sampled, the control prompts measured (`control`: their tokens, the file's and those put in the
     templates) and the part of --text that is read."""
     own_files = ("kinds", "alone", "placebo", "stream", "mlp", "mlp_layers", "trace", "paths", "circuits")
-    own_files += ("circuit_grain", "mlp_modes", "mlp_ranks", "stream_layers")
+    own_files += ("circuit_grain", "mlp_modes", "mlp_ranks", "stream_layers", "sequential")
     settings = {k: v for k, v in asdict(options).items() if k not in own_files}
     payload = json.dumps(
         {

@@ -4,7 +4,8 @@ The covariate is permuted across units (each unit keeps one value, another unit'
 every choice the sweep makes from the data is made again on each permutation:
 
 - a head kind: per quarter, the top k heads by the permuted covariate's gradient scores on its
-  training quarters (unless the user listed the heads), the kind refitted there on them;
+  training quarters (unless the user listed the heads), the kind refitted there on them (a kind
+  fitted in order, KIND-seq: in order on the heads chosen);
 - a per-layer edit (the stream's eraser, an MLP mode): refitted at every layer and each quarter's
   layer chosen as the real edit's was (stats.keeping.layers: the most gradient removed on the other
   quarters' items among the layers the gate admits; the gate, what the edit keeps of the
@@ -28,9 +29,9 @@ from ...heads import HeadSet
 from ...intervene.selection import chosen_heads
 from ...stats.keeping.layers import chosen_layers, quarter_layers
 from ...stats.placebo import PLACEBO_PREFIX as PREFIX  # the raw rows' kind: placebo-KIND
-from ..kinds import KINDS
 from ..layers.stream import quarters_bias
 from ..passes import raw_rows
+from ..sequential import HeadFit, kind_class
 from .measure import behaviour_values
 from .options import Sweep
 
@@ -38,8 +39,9 @@ PLACEBO_CHOICES = "repeated"  # each placebo refit chooses its heads and layers 
 
 
 def placebo_kinds(kinds) -> list[str]:
-    """The kinds whose parameters depend on the covariate (the others' placebo is the edit itself)."""
-    return [kind for kind in kinds if KINDS[kind].COVARIATE]
+    """The raw head kinds (KIND, KIND-seq) whose parameters depend on the covariate (the others'
+    placebo is the edit itself)."""
+    return [kind for kind in kinds if kind_class(kind)[0].COVARIATE]
 
 
 def permuted(covariate: np.ndarray, units: list, rng: np.random.Generator) -> np.ndarray:
@@ -67,7 +69,7 @@ def measure_placebo(sweep, kinds, sets: dict, rescore=None) -> pd.DataFrame:
     L, units = model.info.n_layers, [i.unit for i in inputs.items]
     ids = [i.item_id for i in inputs.items]
     rng = np.random.default_rng(options.seed + 1)
-    frames = []
+    frames, fits = [], {kind: HeadFit(kind, options, model.model) for kind in kinds}
     for d in range(options.placebo):
         fake = replace(inputs, covariate=permuted(inputs.covariate, units, rng))
         scores = rescore(dict(zip(ids, fake.covariate))) if rescore else None
@@ -76,14 +78,15 @@ def measure_placebo(sweep, kinds, sets: dict, rescore=None) -> pd.DataFrame:
             for k, per_fold in sets.items()
         }
         named = {k: " | ".join(str(HeadSet(per_fold[f])) for f in range(4)) for k, per_fold in chosen.items()}
-        for kind in kinds:
-            edits = tuple(KINDS[kind].fit(fake, inputs.training(f), options) for f in range(4))
-            base, masks, keys = [], [], []
-            for k, per_fold in chosen.items():
+        for kind in kinds:  # per quarter and k, refitted on its heads (at once: one fit per quarter)
+            fit = fits[kind]
+            edits = tuple(fit(fake, inputs.training(f), chosen[k][f]) for k in chosen for f in range(4))
+            base, masks, keys, which = [], [], [], []
+            for i, (k, per_fold) in enumerate(chosen.items()):
                 for index in range(len(inputs.items)):
-                    base.append(index), keys.append((k, d, index))
+                    base.append(index), keys.append((k, d, index)), which.append(4 * i + inputs.fold[index])
                     masks.append(HeadSet(per_fold[inputs.fold[index]]).mask(L, n_heads))
-            y = behaviour_values(model, inputs.bank, edits, base, masks, inputs.labels, inputs.fold[base])
+            y = behaviour_values(model, inputs.bank, edits, base, masks, inputs.labels, which)
             rows = raw_rows("bias", keys, y=y).assign(kind=PREFIX + kind)
             frames.append(rows.assign(heads=rows["k"].map(named)))
         _progress(sweep.log, "edit: placebo, {done} of {n} permutations of the covariate", d, options.placebo)
