@@ -21,6 +21,8 @@ import torch
 
 from ..attention.capture import editing, model_edit
 from ..intervene.rerun import ROWS, Changes, rerun_logits
+from ..intervene.sites import registered
+from ..model.anatomy import decoder_layers, module_of
 from .kinds import KINDS, HeadEdit, RowEditor
 
 SEQUENTIAL = "-seq"  # the raw kind of a kind fitted in order: leace_mid-seq
@@ -48,13 +50,16 @@ class _Caught(Exception):  # raised once the one layer a pass is run for has bee
 
 
 @torch.inference_mode()
-def outputs_at(module, bank, layer: int, start: int, below: HeadEdit) -> torch.Tensor:
-    """(N, H, T, D) the heads' outputs at `layer` of every sequence of `bank` (T its width; padding
-    zero), with `below` (heads of layers `start` .. layer - 1) applied: each pass runs from the
-    recorded stream entering `start` and stops at `layer`'s attention. An edit that acts at the
-    prediction alone acts at each sequence's last token, as in the sweep's passes."""
+def outputs_at(module, bank, layer: int, start: int, below: HeadEdit, hidden=None) -> tuple:
+    """(z (N, H, T, D): the heads' outputs at `layer` of every sequence of `bank` (T its width;
+    padding zero), the stream entering `layer` (N, T, E)) with `below` (heads of layers `start` ..
+    layer - 1) applied: each pass runs from `hidden` (N, T, E), the stream entering `start` (default
+    the recorded one), and stops at `layer`'s attention. An edit that acts at the prediction alone
+    acts at each sequence's last token, as in the sweep's passes."""
     L, H = len(bank.outputs), bank.outputs[0].shape[1]
-    heads, out, caught = below.mask(L, H)[None], torch.zeros_like(bank.outputs[layer]), {}
+    hidden = bank.hidden[start] if hidden is None else hidden
+    heads, caught = below.mask(L, H)[None], {}
+    z_out, h_out = torch.zeros_like(bank.outputs[layer]), torch.zeros_like(hidden)
 
     def catch(site):
         if site.layer == layer:
@@ -62,29 +67,22 @@ def outputs_at(module, bank, layer: int, start: int, below: HeadEdit) -> torch.T
             raise _Caught
         return site.output
 
-    for first in range(0, len(bank.lengths), ROWS):
-        rows = torch.arange(first, min(first + ROWS, len(bank.lengths)), device=bank.lengths.device)
-        editor = RowEditor(below, heads, last=bank.lengths[rows] - 1)
-        try:
-            changes = Changes([model_edit(editor), editing(catch)])
-            rerun_logits(module, bank, rows, start, bank.hidden[start][rows], changes)
-        except _Caught:
-            pass
-        z = caught.pop("z")
-        out[rows, :, : z.shape[2]] = z.to(out)
-    return out
+    def entering(_, args, kwargs):
+        caught["h"] = args[0] if args else kwargs["hidden_states"]
 
-
-def _recorded_again(inputs, module, layer: int, start: int, below: HeadEdit):
-    """`inputs` with the heads' outputs at `layer` of the items, their reference sequences and the
-    control prompts recorded again with `below` applied (outputs_at)."""
-    banks = {}
-    for name in ("bank", "reference", "control"):
-        bank = getattr(inputs, name)
-        outputs = list(bank.outputs)
-        outputs[layer] = outputs_at(module, bank, layer, start, below)
-        banks[name] = replace(bank, outputs=outputs)
-    return replace(inputs, **banks)
+    hook = decoder_layers(module_of(module))[layer].register_forward_pre_hook(entering, with_kwargs=True)
+    with registered([hook]):
+        for first in range(0, len(bank.lengths), ROWS):
+            rows = torch.arange(first, min(first + ROWS, len(bank.lengths)), device=bank.lengths.device)
+            editor = RowEditor(below, heads, last=bank.lengths[rows] - 1)
+            try:
+                changes = Changes([model_edit(editor), editing(catch)])
+                rerun_logits(module, bank, rows, start, hidden[rows], changes)
+            except _Caught:
+                pass
+            z, h = caught.pop("z"), caught.pop("h")
+            z_out[rows, :, : z.shape[2]], h_out[rows, : h.shape[1]] = z.to(z_out), h.to(h_out)
+    return z_out, h_out
 
 
 def _with_layer(edit: HeadEdit, refit: HeadEdit, layer: int) -> HeadEdit:
@@ -102,32 +100,51 @@ def _with_layer(edit: HeadEdit, refit: HeadEdit, layer: int) -> HeadEdit:
 def fitted_in_order(kind: type, inputs, on, options, heads, module) -> HeadEdit:
     """The `kind` edit of `heads` fitted in order (on the items of folds `on`): the lowest layer's
     heads on the recording, each next layer's on its heads' outputs recorded again with the heads
-    below edited (outputs_at)."""
+    below edited (outputs_at, each pass from the stream the previous one reached: one pass over the
+    layers in all). What is recorded again: the items and the control prompts (a kind fitted on the
+    covariate reads those), and the reference sequences too for the others (mean, resample)."""
     layers = sorted({layer for layer, _ in heads})
     edit = kind.fit(inputs, on, options)
+    names = ("bank", "control") + (() if kind.COVARIATE else ("reference",))
+    reached = {name: (layers[0], getattr(inputs, name).hidden[layers[0]]) for name in names}
     for layer in layers[1:]:
-        below = edit.on(tuple(h for h in heads if h[0] < layer))
-        refit = kind.fit(_recorded_again(inputs, module, layer, layers[0], below), on, options)
+        below, banks = edit.on(tuple(h for h in heads if h[0] < layer)), {}
+        for name, (start, hidden) in list(reached.items()):
+            bank = getattr(inputs, name)
+            z, entering = outputs_at(module, bank, layer, start, below, hidden)
+            reached[name] = (layer, entering)
+            outputs = list(bank.outputs)
+            outputs[layer] = z
+            banks[name] = replace(bank, outputs=outputs)
+        refit = kind.fit(replace(inputs, **banks), on, options)
         edit = _with_layer(edit, refit, layer)
     return edit.on(tuple(heads))
 
 
 class HeadFit:
     """`fit(inputs, on, heads)`: the edit of `heads` of a raw head kind (KIND or KIND-seq), its
-    parameters fitted on the items of folds `on`: at once (one fit per folds of the latest inputs
-    given, whatever the heads) or in order (fitted_in_order, per head set)."""
+    parameters fitted on the items of folds `on`: at once (one fit per folds, whatever the heads) or
+    in order (fitted_in_order, per head set). Fits are kept for the latest two inputs given (the
+    sweep's and its other half's, or a permutation's), so the sweep's measures and its saved edits
+    share them."""
+
+    KEPT = 2
 
     def __init__(self, name: str, options, module):
-        self.kind, self.sequential = kind_class(name)
-        self.options, self.module, self._inputs, self._fits = options, module, None, {}
+        self.name, (self.kind, self.sequential) = name, kind_class(name)
+        self.options, self.module, self._kept = options, module, []
 
     def __call__(self, inputs, on, heads) -> HeadEdit:
-        heads = tuple(heads)
-        if self.sequential:
-            return fitted_in_order(self.kind, inputs, on, self.options, heads, self.module)
-        if self._inputs is not inputs:  # the sweep's, the other half's, a permutation's
-            self._inputs, self._fits = inputs, {}
-        on = tuple(int(f) for f in on)
-        if on not in self._fits:
-            self._fits[on] = self.kind.fit(inputs, on, self.options)
-        return self._fits[on].on(heads)
+        heads, on = tuple(heads), tuple(int(f) for f in on)
+        fits = next((fits for seen, fits in self._kept if seen is inputs), None)
+        if fits is None:  # inputs by identity: kept alive here, so an id is never another's
+            fits = {}
+            self._kept = [*self._kept[-self.KEPT + 1 :], (inputs, fits)]
+        key = (on, heads) if self.sequential else on
+        if key not in fits:
+            fits[key] = (
+                fitted_in_order(self.kind, inputs, on, self.options, heads, self.module)
+                if self.sequential
+                else self.kind.fit(inputs, on, self.options)
+            )
+        return fits[key].on(heads)

@@ -64,11 +64,12 @@ def test_the_upper_heads_are_fitted_on_the_model_edited_below_them(tiny):
     sequences = [ids[:n] for ids, n in zip(inputs.bank.ids, inputs.bank.lengths)]
     with edited(tiny, below):  # a whole-model pass with the lower head erased records the same outputs
         whole = record(tiny.model, sequences)
-    got = outputs_at(tiny.model, inputs.bank, 1, 0, below)
+    got, entering = outputs_at(tiny.model, inputs.bank, 1, 0, below)
     assert torch.allclose(got, whole.outputs[1], atol=1e-5)
+    assert torch.allclose(entering, whole.hidden[1], atol=1e-5)
     assert not torch.allclose(got, inputs.bank.outputs[1], atol=1e-3)  # the edit below changed them
     for start in (0, 1):  # nothing edited below: as recorded, from either layer
-        unedited = outputs_at(tiny.model, inputs.bank, 1, start, Zero())
+        unedited, _ = outputs_at(tiny.model, inputs.bank, 1, start, Zero())
         assert torch.allclose(unedited, inputs.bank.outputs[1], atol=1e-5)
 
     in_order = fitted_in_order(Leace, inputs, on, options, HEADS, tiny.model)
@@ -128,8 +129,8 @@ def test_the_sweep_measures_saves_and_refits_the_kinds_fitted_in_order(tiny_llam
     result = CliRunner().invoke(main, [*sweep, "--placebo", "3", "--sequential"])
     assert result.exit_code == 0, result.output
     # the sweep: 4 quarters, every item and the other half's words, per k; the placebo: 4 quarters per k
-    # and permutation; the saved edits: every item and 4 quarters per k
-    assert len(calls) == 2 * (4 + 2) + 3 * 2 * 4 + 2 * 5, len(calls)
+    # and permutation; the saved edits are the sweep's fits
+    assert len(calls) == 2 * (4 + 2) + 3 * 2 * 4, len(calls)
     raw = pd.read_parquet(out / "edits_items.parquet")
     mine = lambda kind, **at: raw[
         (raw.kind == kind) & np.logical_and.reduce([raw[c] == v for c, v in at.items()])
@@ -143,3 +144,31 @@ def test_the_sweep_measures_saves_and_refits_the_kinds_fitted_in_order(tiny_llam
     assert edits.loc[("leace-seq", 2), "placebo_p"] >= 0.25  # its own placebo, floor 1 / 4
     about = json.loads((out / "edits" / "leace-seq-k2.json").read_text())
     assert about["kind"] == "leace" and about["source"]["fitted"].startswith("in order")
+
+
+def test_over_three_layers_each_is_fitted_on_the_whole_model_edited_below_it(tiny):
+    """The passes that record the upper layers again go on from the stream the previous one reached:
+    over three layers the top head's eraser is the one fitted on a whole-model recording with the two
+    heads below it edited (as fitted in order), for the items and the control prompts alike."""
+    from dataclasses import replace
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from attnprobe.model import from_pretrained_objects
+
+    shape = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2)
+    torch.manual_seed(1)
+    module = AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=len(tiny.tokenizer), **shape)).eval()
+    three = from_pretrained_objects(module, tiny.tokenizer, "three-layers")
+    inputs, on, heads = _inputs(three, n=400), np.arange(4), ((0, 1), (1, 0), (2, 1))
+    in_order = fitted_in_order(Leace, inputs, on, EditOptions(), heads, three.model)
+    again = {}
+    with edited(three, in_order.on(heads[:2])):
+        for name in ("bank", "control"):
+            bank = getattr(inputs, name)
+            again[name] = record(three.model, [ids[:n] for ids, n in zip(bank.ids, bank.lengths)])
+    whole = Leace.fit(replace(inputs, **again), on, EditOptions())
+    assert torch.allclose(in_order.functional[2], whole.functional[2], atol=1e-4)
+    assert torch.allclose(in_order.along[2], whole.along[2], atol=1e-5)
+    at_once = Leace.fit(inputs, on, EditOptions())
+    assert not torch.allclose(in_order.along[2], at_once.along[2], atol=1e-3)

@@ -34,7 +34,6 @@ from ..layers import mlp as mlps
 from ..layers import several
 from ..layers.modes import SITE_MODES
 from ..layers.stream import StreamEdit, measure_stream
-from ..sequential import kind_class
 from .fitted import save_chosen, save_circuits, save_layers
 from .measure import SINGLE, GradientScores, clean_values, found_sets, measure_kind, measure_single
 from .options import EditOptions, Sweep, checked_options, head_kinds, run_and_suite, settings_hash
@@ -175,7 +174,7 @@ def _head_parts(part, key: str, sweep: Sweep, ranked: tuple) -> list[pd.DataFram
     model, options, inputs, H, log = sweep.model, sweep.options, sweep.inputs, sweep.n_heads, sweep.log
     subkey = lambda *more: hashlib.sha256(" ".join(map(str, (key, *more))).encode()).hexdigest()[:16]
     frames = [
-        part(kind, lambda k=kind: _kind_values(model, k, options, inputs, sets, H, log))
+        part(kind, lambda k=kind: _kind_values(model, sweep.head_fit(k), options, inputs, sets, H, log))
         for kind in head_kinds(options)
     ]
     single = lambda: measure_single(model, inputs, scores, H, options.alone, log)
@@ -267,13 +266,13 @@ def _write_sweep(
     return summary, stream, mlp
 
 
-def _kind_values(model, kind: str, *args) -> pd.DataFrame:
+def _kind_values(model, fit, *args) -> pd.DataFrame:
     """measure_kind; a kind another package registered that fails is one line naming it (its
     values are not written; the kinds before it keep theirs)."""
     try:
-        return measure_kind(model, kind, *args)
+        return measure_kind(model, fit, *args)
     except Exception as exc:
-        module = kind_class(kind)[0].__module__
+        kind, module = fit.name, fit.kind.__module__
         if module.startswith("attnprobe."):  # attnprobe's own: its traceback
             raise
         raise RunError(

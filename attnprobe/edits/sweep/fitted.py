@@ -26,7 +26,6 @@ from ..layers.mlp import POSITIONS, MlpEdit, Recorded, fitted, kind_of
 from ..layers.several import MlpLayers, layers_fit, layers_grid, stream_layers_fit
 from ..layers.stream import StreamEdit
 from ..saved import CircuitKnockout, save_edit
-from ..sequential import HeadFit
 from .options import Sweep, head_kinds
 
 CIRCUIT = "circuit"  # the saved circuits' names: circuit-REFERENCE
@@ -120,7 +119,7 @@ def save_chosen(sweep: Sweep, sets: dict, source: dict) -> int:
     chosen = f"--heads {options.heads}" if options.heads else None  # else the items' ranking
     n = 0
     for kind in head_kinds(options):
-        fit = HeadFit(kind, options, sweep.model.model)
+        fit = sweep.head_fit(kind)  # the fits its measures made
         order = {"fitted": "in order, each layer's heads with those below edited"} if fit.sequential else {}
         for k, per_fold in sets.items():
             about = {"k": k, "fitted_on": "all items", "heads_chosen_on": chosen or "all items", **order}

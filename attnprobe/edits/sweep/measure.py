@@ -133,15 +133,15 @@ def null_sets(heads: Heads, n_layers: int, n_heads: int, rng, draws: int) -> lis
 
 
 def measure_kind(
-    model, kind: str, options: EditOptions, inputs: Inputs, sets: dict, n_heads: int, log=lambda m: None
+    model, fit: HeadFit, options: EditOptions, inputs: Inputs, sets: dict, n_heads: int, log=lambda m: None
 ) -> pd.DataFrame:
-    """Raw values of one edit kind (KIND, or KIND-seq: fitted in order, edits.sequential), every k:
-    rows (target, k, draw, index, y, kl, loss); draw -1 is the found heads, 0... the random sets
-    (none for a kind fitted in order: each set would need fits of its own)."""
+    """Raw values of one edit kind (`fit`'s: KIND, or KIND-seq fitted in order, edits.sequential),
+    every k: rows (target, k, draw, index, y, kl, loss); draw -1 is the found heads, 0... the random
+    sets (none for a kind fitted in order: each set would need fits of its own)."""
     started = time.monotonic()
-    L, H = model.info.n_layers, n_heads
+    L, H, kind = model.info.n_layers, n_heads, fit.name
     rng = np.random.default_rng(options.seed)
-    frames, fit, ks = [], HeadFit(kind, options, model.model), list(sets)
+    frames, ks = [], list(sets)
     draws = 0 if fit.sequential else options.draws
     random_by_k = {k: null_sets(per_fold["all"], L, H, rng, draws) for k, per_fold in sets.items()}
     sampled = np.arange(len(inputs.items)) % RANDOM_EVERY == 0

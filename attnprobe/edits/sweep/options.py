@@ -28,7 +28,7 @@ from ..kinds import KINDS, Heads, parse_heads
 from ..layers.mlp import MODES as MLP_MODES
 from ..layers.modes import SITE_MODES
 from ..layers.several import MAX_RANK
-from ..sequential import sequential_kinds
+from ..sequential import HeadFit, sequential_kinds
 
 DEFAULT_KINDS, DEFAULT_K = DEFAULT_EDIT_KINDS, DEFAULT_EDIT_K
 # the options that are lists: (the type of each entry, what they are, what a wrongly typed list is shown)
@@ -134,10 +134,17 @@ class Sweep:
     inputs: object
     options: EditOptions
     log: Callable[[str], None] = field(default=lambda m: None)
+    fits: dict = field(default_factory=dict, repr=False)  # raw head kind -> its HeadFit
 
     @property
     def n_heads(self) -> int:
         return self.manifest.model.n_heads
+
+    def head_fit(self, kind: str) -> HeadFit:
+        """The fit of a raw head kind, one per sweep: its measures and its saved edits share fits."""
+        if kind not in self.fits:
+            self.fits[kind] = HeadFit(kind, self.options, self.model.model)
+        return self.fits[kind]
 
 
 def settings_hash(run_fingerprint: str, options: EditOptions, weights: str, control: str = "") -> str:
