@@ -30,6 +30,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..errors import CaptureError
+from .logits import logits_wanted, picked_logits, read_at
 
 ATTN_IMPLEMENTATION = "attnprobe"
 
@@ -315,16 +316,17 @@ def run_with_capture(
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
     attention_mask = None if attention_mask is None else attention_mask.to(device)
-    keep, pick = _logits_wanted(B, device, logit_positions, logit_picks)
+    keep, pick, reads = logits_wanted(B, device, logit_positions, logit_picks)
     implementation = model.config._attn_implementation
     if implementation == ATTN_IMPLEMENTATION:
-        with recording(None if rows is None else rows.to(device), layers) as plan, picked_logits(model, pick):
+        recorded = recording(None if rows is None else rows.to(device), layers)
+        with recorded as plan, picked_logits(model, pick), read_at(reads):
             out = model(
                 input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep
             )
         weights = plan.weights
     elif implementation == "eager":
-        with picked_logits(model, pick):
+        with picked_logits(model, pick), read_at(reads):
             out = model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -351,22 +353,6 @@ def run_with_capture(
     return Captured(weights=weights, rows=all_rows, logits=logits)
 
 
-def _logits_wanted(B: int, device, logit_positions, logit_picks) -> tuple:
-    """(logits_to_keep, the (sequences, positions) the lm head alone sees, or None)."""
-    keep, pick = 1, None
-    if logit_positions is not None:
-        positions = torch.as_tensor(logit_positions, dtype=torch.long, device=device)
-        keep = positions if positions.ndim == 1 else 0
-        if positions.ndim == 2:  # the lm head sees only the (sequence, position) pairs asked for
-            pick = (
-                torch.arange(B, device=device)[:, None].expand_as(positions).flatten(),
-                positions.flatten(),
-            )
-    if logit_picks is not None:
-        keep, pick = 0, tuple(torch.as_tensor(x, dtype=torch.long, device=device) for x in logit_picks)
-    return keep, pick
-
-
 def _eager_rows(attentions, rows, layers, device) -> dict:
     """The wanted layers' rows of an eager pass's attentions, float32 at least (float64 kept)."""
     wanted = range(len(attentions)) if layers is None else layers
@@ -381,19 +367,3 @@ def _eager_rows(attentions, rows, layers, device) -> dict:
             index = rows.to(device)[:, None, :, None].expand(B, H, rows.shape[1], S)
             weights[layer] = full.gather(2, index)  # (B, H, R, S)
     return weights
-
-
-@contextmanager
-def picked_logits(model: torch.nn.Module, pick: tuple[torch.Tensor, torch.Tensor] | None):
-    """Within the block the lm head sees only the hidden states at (row, position) pairs `pick`,
-    as one sequence (1, N, D), so it computes N logit vectors instead of one per position kept."""
-    if pick is None:
-        yield
-        return
-    hook = model.get_output_embeddings().register_forward_pre_hook(
-        lambda module, args: (args[0][pick][None], *args[1:])
-    )
-    try:
-        yield
-    finally:
-        hook.remove()

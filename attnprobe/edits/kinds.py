@@ -35,6 +35,7 @@ from ..errors import AttnprobeError
 from ..heads import HeadSet
 from ..model import routes_attention
 from ..registry import Registry
+from .editor import RowEditor, at_predictions
 from .estimate import (
     BANK_TOKENS,
     covariate_directions,
@@ -64,8 +65,8 @@ class HeadEdit:
     BOUNDS: ClassVar[dict] = {}  # parameter -> the largest magnitude a saved edit may hold
     DRAWN: ClassVar[bool] = False  # draws at random (seeded): values depend on the pass's shape
     COVARIATE: ClassVar[bool] = False  # fitted on the covariate (a placebo refits it on a permuted one)
-    # edits each sequence's prediction position alone where the pass says which (RowEditor.last: the
-    # sweep's items and control prompts); every position elsewhere (texts, where each one predicts)
+    # edits the positions whose next token a pass predicts alone (edits.editor: the sweep's items and
+    # control prompts, the positions a run reads); every position where the pass does not say (texts)
     AT_PREDICTION: ClassVar[bool] = False
     heads: Heads = ()
 
@@ -96,7 +97,8 @@ class HeadEdit:
                 f"{model.info.spec}: head edits need attention routed through attnprobe, and this "
                 "family bypasses it (eager-only)"
             )
-        return model_edit(RowEditor(self, self.mask(model.info.n_layers, model.info.n_heads)[None]))
+        editor = RowEditor(self, self.mask(model.info.n_layers, model.info.n_heads)[None])
+        return at_predictions(model.model, editor) if self.AT_PREDICTION else model_edit(editor)
 
     def stored(self) -> tuple[dict, dict, dict]:
         """(tensors, scalars, where) a saved file holds (edits.saved): each tensor parameter
@@ -297,9 +299,9 @@ class LeaceMid(Leace):
 class LeaceMidLast(LeaceMid):
     """leace_mid applied where it is fitted: at each item's and control prompt's prediction position
     only (the outputs at the positions before it, which it was not fitted on, are left as they are),
-    and at every position of a text (each predicts). Where a pass does not say which position
-    predicts (a saved edit applied by run --edit, `edited` in a notebook) it edits every position, as
-    leace_mid does."""
+    and at every position of a text (each predicts). Applied to a whole model (run --edit, `edited`)
+    it edits the positions whose next-token prediction each pass reads (edits.editor), and every
+    position of a pass that does not say (a notebook's own call of the model)."""
 
     kind: ClassVar[str] = "leace_mid_last"
     AT_PREDICTION: ClassVar[bool] = True
@@ -329,48 +331,6 @@ KINDS = Registry(
 )
 for _kind in (Zero, Mean, Resample, Scale, Project, Orthogonal, Leace, LeaceMid, LeaceMidLast):
     KINDS.register(_kind)
-
-
-@dataclass
-class RowEditor:
-    """Editor for `capture.editing`: row b of the batch has the heads `rows[b]` (B, L, H) edited, by
-    `edit`, or with a tuple of edits by `edit[which[b]]` (e.g. each quarter's own parameters); an
-    edit AT_PREDICTION only at position last[b] where `last` is given."""
-
-    edit: HeadEdit | tuple[HeadEdit, ...]
-    rows: torch.Tensor  # (B, L, H) bool, or (1, L, H) for every row
-    which: torch.Tensor | None = None  # (B,) index into a tuple `edit`
-    last: torch.Tensor | None = None  # (B,) each row's prediction position
-
-    def __call__(self, site) -> torch.Tensor:
-        chosen = self.rows[:, site.layer].to(site.output.device)  # (B, H)
-        if not chosen.any():
-            return site.output
-        edits = self.edit if isinstance(self.edit, tuple) else (self.edit,)
-        which = torch.zeros(len(chosen), dtype=torch.long) if self.which is None else self.which
-        out = site.output
-        for i, edit in enumerate(edits):
-            mine = chosen & (which.to(chosen.device) == i)[:, None]  # (B, H): rows of edit i
-            if mine.any():
-                where = mine[:, :, None, None]
-                if edit.AT_PREDICTION and self.last is not None:
-                    last = self.last.to(out.device)[:, None]  # (B, 1): the prediction position alone
-                    where = where & (torch.arange(out.shape[2], device=out.device) == last)[:, None, :, None]
-                out = torch.where(where, replaced(edit, site.layer, site.output), out)
-        return out
-
-
-def replaced(edit: HeadEdit, layer: int, z: torch.Tensor) -> torch.Tensor:
-    """`edit.replacement(layer, z)`, refused in one line unless it has z's shape (B, H, T, D): a kind's
-    output that would broadcast (one row for every row, say) edits what it was not asked to."""
-    out = edit.replacement(layer, z)
-    if not isinstance(out, torch.Tensor) or out.shape != z.shape:
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise AttnprobeError(
-            f"edit kind {edit.kind!r} ({type(edit).__module__}) replaced layer {layer}'s heads with {got}, "
-            f"not their shape {tuple(z.shape)} (B, H, T, D); fix its replacement()"
-        )
-    return out
 
 
 @contextmanager

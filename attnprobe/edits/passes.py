@@ -30,7 +30,8 @@ from ..intervene.engine import Bank, lowest_layer, plan_passes
 from ..intervene.rerun import Changes, forward_from, narrowed_behaviour, rerun_logits
 from ..model.anatomy import module_of
 from ..model.footprint import device_patch_budget
-from .kinds import HeadEdit, Resample, RowEditor
+from .editor import RowEditor
+from .kinds import HeadEdit, Resample
 
 LOGIT_BYTES = 128 * 2**20  # full-vocabulary logits of one text pass
 

@@ -23,7 +23,8 @@ from ..attention.capture import editing, model_edit
 from ..intervene.rerun import ROWS, Changes, rerun_logits
 from ..intervene.sites import registered
 from ..model.anatomy import decoder_layers, module_of
-from .kinds import KINDS, HeadEdit, RowEditor
+from .editor import RowEditor
+from .kinds import KINDS, HeadEdit
 
 SEQUENTIAL = "-seq"  # the raw kind of a kind fitted in order: leace_mid-seq
 

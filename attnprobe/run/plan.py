@@ -310,6 +310,16 @@ def _prompt_batch(options, config, dtype: str, longest: int) -> int:
     return prompt_batch(shape, dtype, total - shape.weights(dtype), longest, options.chunk_size)
 
 
+def _sharing_blocker(config, longest: int, options) -> str | None:
+    """Why the run forwards no shared prefixes (None: it does): switched off, an edit acting at the
+    prediction alone (one prompt's prediction may be a position another runs through), the family or
+    the prompts (sharing.prefix_sharing_blocker)."""
+    at_prediction = [e.name for e in options.edits if getattr(e.edit, "AT_PREDICTION", False)]
+    if at_prediction:
+        return f"the edit {at_prediction[0]} acts at the prediction alone"
+    return prefix_sharing_blocker(config, longest) if options.share_prefixes else "switched off"
+
+
 def plan_run(suite: Suite, model, options) -> RunPlan:
     """The plan of `suite` on `model` (a spec, a loaded ProbeModel, or None: the suite's model) with
     `options` (RunOptions). Reads the tokenizer only; every suite, token and head-effects problem
@@ -324,7 +334,7 @@ def plan_run(suite: Suite, model, options) -> RunPlan:
     prompts = select_prompts(suite.prompts, options.limit)
     encoded = encode_prompts(suite, prompts, tokenizer, max_positions)
     longest = max((e.n_forward for e in encoded), default=0)
-    blocker = prefix_sharing_blocker(config, longest) if options.share_prefixes else "switched off"
+    blocker = _sharing_blocker(config, longest, options)
     batch_size = options.batch_size or _prompt_batch(options, config, dtype, longest)
     batches = plan_batches(encoded, batch_size, options.max_batch_tokens, share_prefixes=blocker is None)
     chunks = plan_chunks(batches, options.chunk_size)

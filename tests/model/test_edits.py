@@ -12,13 +12,15 @@ from click.testing import CliRunner
 from conftest import edit_suite
 
 import attnprobe
-from attnprobe.attention.capture import editing
+from attnprobe.attention.capture import editing, run_with_capture
 from attnprobe.cli import main
-from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, parse_heads
+from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, load_edit, parse_heads, save_edit
+from attnprobe.edits.editor import RowEditor
 from attnprobe.edits.estimate import covariate_directions, token_means, token_sample
-from attnprobe.edits.kinds import RowEditor
 from attnprobe.heads import HeadSet
 from attnprobe.intervene.engine import record
+from attnprobe.run import RunOptions, plan_run
+from attnprobe.suite import load_suite
 
 LAYER, HEAD = 1, 1
 
@@ -41,11 +43,14 @@ def _o_proj(tiny):
     return tiny.model.model.layers[LAYER].self_attn.o_proj
 
 
-def test_leace_mid_last_edits_the_prediction_position_alone_where_the_pass_says_which(tiny):
+def test_leace_mid_last_edits_the_prediction_position_alone_where_the_pass_says_which(tiny, tmp_path):
     """LeaceMidLast (edits.kinds): given each row's prediction position (RowEditor.last, as the
     sweep's passes give it) only that position's head output is edited, so the logits before it
-    are the clean ones and the last differs; where no pass says (run --edit, `edited`) it edits every
-    position, as leace_mid; and edited passes of it never share prefixes."""
+    are the clean ones and the last differs; applied to the whole model (run --edit, `edited`) a
+    pass's edit acts at the positions whose prediction the pass reads (a capture reading the last
+    position gives the sweep's logits there and the clean attention before it; one reading none is
+    the clean model), and where a call does not say, at every position, as leace_mid; edited passes
+    of it never share prefixes, nor does a run with it."""
     from attnprobe.edits.kinds import LeaceMid, LeaceMidLast
     from attnprobe.edits.passes import packs_edits
 
@@ -65,10 +70,21 @@ def test_leace_mid_last_edits_the_prediction_position_alone_where_the_pass_says_
     with editing(RowEditor(mid, rows, None, torch.tensor([T - 1]))):  # leace_mid ignores it
         everywhere = _logits(tiny, ids)
     assert not torch.allclose(everywhere[: T - 1], clean[: T - 1], atol=1e-4)
+    clean_capture = run_with_capture(tiny, ids[None])
     with edited(tiny, last):
         assert torch.allclose(_logits(tiny, ids), everywhere, atol=1e-6)
+        read = run_with_capture(tiny, ids[None], logit_positions=torch.tensor([[T - 1]]))
+        unread = run_with_capture(tiny, ids[None])
+    assert torch.allclose(read.logits[0, 0], at_last[-1], atol=1e-5)
+    for layer, weights in read.weights.items():
+        assert torch.equal(weights[:, :, : T - 1], clean_capture.weights[layer][:, :, : T - 1])
+        assert torch.equal(unread.weights[layer], clean_capture.weights[layer])
+    assert not all(torch.equal(read.weights[n], clean_capture.weights[n]) for n in read.weights)
     bank = record(tiny.model, _ids(tiny))
     assert packs_edits(tiny.model, bank, mid) and not packs_edits(tiny.model, bank, last)
+    saved = load_edit(save_edit(last, tmp_path / "last", tiny, {}))
+    plan = plan_run(load_suite(edit_suite(tmp_path)), tiny, RunOptions(edits=(saved,)))
+    assert plan.blocker == "the edit last acts at the prediction alone"
 
 
 def test_zero_ablation_equals_removing_the_head_from_the_output_projection(tiny):

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from attnprobe.edits.kinds import KINDS, HeadEdit, Zero, replaced
+from attnprobe.edits.editor import replaced
+from attnprobe.edits.kinds import KINDS, HeadEdit, Zero
 from attnprobe.errors import AnalysisError, AttnprobeError, RegistryError
 from attnprobe.measures import MEASURES, Measure, _statistics
 from attnprobe.registry import Registry

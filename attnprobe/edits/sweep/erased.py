@@ -24,7 +24,7 @@ import torch
 
 from ...heads import HeadSet
 from ...stats.analyses.ridge import ridge_predict
-from ..kinds import replaced
+from ..editor import replaced
 from ..passes import raw_rows
 
 
