@@ -16,6 +16,26 @@ import torch
 _reading: contextvars.ContextVar = contextvars.ContextVar("attnprobe_reading", default=None)
 
 
+# whether an edit that acts at the predictions a pass reads is applied (edits.editor.at_predictions):
+# passes then share no prefixes (one sequence's prediction may be a position another runs through)
+_at_predictions: contextvars.ContextVar = contextvars.ContextVar("attnprobe_at_predictions", default=False)
+
+
+def predictions_edited() -> bool:
+    """Whether an edit acting at the predictions a pass reads is applied."""
+    return _at_predictions.get()
+
+
+@contextmanager
+def editing_predictions():
+    """Within the block an edit acting at the predictions a pass reads is applied."""
+    token = _at_predictions.set(True)
+    try:
+        yield
+    finally:
+        _at_predictions.reset(token)
+
+
 def reading() -> tuple[torch.Tensor, torch.Tensor] | None:
     """The (sequences, positions) pairs whose next-token predictions the pass in progress reads, or
     None where it does not say."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..attention.capture import model_edit
-from ..attention.logits import reading
+from ..attention.logits import editing_predictions, reading
 from ..errors import AttnprobeError
 
 
@@ -86,7 +86,7 @@ def at_predictions(module, editor: RowEditor):
 
     hook = module.register_forward_pre_hook(before, with_kwargs=True)
     try:
-        with model_edit(editor):
+        with model_edit(editor), editing_predictions():
             yield editor
     finally:
         hook.remove()

@@ -8,6 +8,7 @@ would: no sliding window or attention chunk that the sequence reaches, and atten
 
 from __future__ import annotations
 
+from ..attention.logits import predictions_edited
 from ..model import routes_attention
 
 
@@ -16,8 +17,11 @@ def prefix_sharing_blocker(config, longest: int) -> str | None:
     `longest` tokens, or None when they can: the family's attention must go through attnprobe's
     function (which packs or prepends them), every layer must be an attention layer with plain keys
     and values, and no sequence may reach a sliding window or an attention chunk (the mask would then
-    hide keys from some positions that a shared computation shows)."""
+    hide keys from some positions that a shared computation shows); nor may an edit acting at the
+    predictions a pass reads be applied (attention.logits.predictions_edited)."""
     text = config.get_text_config()
+    if predictions_edited():  # one sequence's prediction may be a position another runs through
+        return "an edit acting at the prediction alone is applied"
     if not routes_attention(config):
         return f"'{text.model_type}' attention bypasses attnprobe's attention function"
     other = sorted(set(getattr(text, "layer_types", None) or ()) - {"full_attention", "sliding_attention"})

@@ -287,10 +287,14 @@ def _add_continuations(pm, logprobs: list, continuations: list) -> None:
     """log p(c1..cn | prefix) = sum_i log p(c_i | prefix, c_<i); the first term is already in place."""
     import torch
 
+    from ..attention.logits import read_at
     from ..forward.packing import pad_right
 
     ids, mask = pad_right([prefix + tokens for _, prefix, tokens in continuations], pm.tokenizer.pad_token_id)
-    with torch.inference_mode():
+    # the positions predicting each continuation's tokens (its first's too: an edit there acts there)
+    rows = torch.tensor([b for b, (_, _, c) in enumerate(continuations) for _ in c], dtype=torch.long)
+    at = torch.tensor([len(prefix) - 1 + j for _, prefix, c in continuations for j in range(len(c))])
+    with torch.inference_mode(), read_at((rows, at)):
         logits = pm.model(input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device)).logits
         logp = torch.log_softmax(logits.float(), -1)
     for b, (slot, prefix, tokens) in enumerate(continuations):

@@ -17,6 +17,7 @@ from attnprobe.cli import main
 from attnprobe.edits import Mean, Project, Resample, Scale, Zero, edited, load_edit, parse_heads, save_edit
 from attnprobe.edits.editor import RowEditor
 from attnprobe.edits.estimate import covariate_directions, token_means, token_sample
+from attnprobe.forward.sharing import prefix_sharing_blocker
 from attnprobe.heads import HeadSet
 from attnprobe.intervene.engine import record
 from attnprobe.run import RunOptions, plan_run
@@ -75,6 +76,8 @@ def test_leace_mid_last_edits_the_prediction_position_alone_where_the_pass_says_
         assert torch.allclose(_logits(tiny, ids), everywhere, atol=1e-6)
         read = run_with_capture(tiny, ids[None], logit_positions=torch.tensor([[T - 1]]))
         unread = run_with_capture(tiny, ids[None])
+        assert "prediction alone" in prefix_sharing_blocker(tiny.model.config, T)  # a scoring pass's too
+    assert prefix_sharing_blocker(tiny.model.config, T) is None
     assert torch.allclose(read.logits[0, 0], at_last[-1], atol=1e-5)
     for layer, weights in read.weights.items():
         assert torch.equal(weights[:, :, : T - 1], clean_capture.weights[layer][:, :, : T - 1])

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ...attention.capture import editing
+from ...attention.logits import read_at
 from ...forward.packing import pad_right
 from ...model.anatomy import parts_of
 
@@ -74,7 +75,7 @@ def attribute(
         norm.register_forward_hook(lambda m, a, out: final.update(x=a[0][rows, at], h=out[rows, at]))
     )
     try:
-        with editing(record):
+        with editing(record), read_at((rows, at)):  # the prediction read: an edit there acts there
             out = model(
                 input_ids=ids.to(pm.device), attention_mask=mask.to(pm.device), output_hidden_states=True
             )
