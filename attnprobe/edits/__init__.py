@@ -1,6 +1,8 @@
 """Head edits: remove or steer heads and measure the bias removed against what it costs.
 
 kinds    Zero, Mean, Resample, Scale, Project, Orthogonal, Leace (one class each), `edited(model, *edits)`
+editor   where in a pass a head edit acts (RowEditor; an edit at the prediction alone, where a pass reads it)
+sequential  heads at several layers fitted in order, each layer's on the model edited below it (--sequential)
 estimate the edits' parameters from recorded head outputs (means, banks, directions, erasers)
 passes   batched edited forward passes (from the lowest edited layer)
 sweep    the sweep of `attnprobe edit`: heads per fold, values per kind and k, the null's sets,
