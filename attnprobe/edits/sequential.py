@@ -20,7 +20,7 @@ from dataclasses import fields, replace
 import torch
 
 from ..attention.capture import editing, model_edit
-from ..intervene.rerun import ROWS, Changes, rerun_logits
+from ..intervene.rerun import ROWS, Reached, rerun_until
 from ..intervene.sites import registered
 from ..model.anatomy import decoder_layers, module_of
 from .editor import RowEditor
@@ -46,10 +46,6 @@ def kind_class(name: str) -> tuple[type, bool]:
     return KINDS[name], False
 
 
-class _Caught(Exception):  # raised once the one layer a pass is run for has been seen
-    pass
-
-
 @torch.inference_mode()
 def outputs_at(module, bank, layer: int, start: int, below: HeadEdit, hidden=None) -> tuple:
     """(z (N, H, T, D): the heads' outputs at `layer` of every sequence of `bank` (T its width;
@@ -65,7 +61,7 @@ def outputs_at(module, bank, layer: int, start: int, below: HeadEdit, hidden=Non
     def catch(site):
         if site.layer == layer:
             caught["z"] = site.output
-            raise _Caught
+            raise Reached
         return site.output
 
     def entering(_, args, kwargs):
@@ -76,11 +72,7 @@ def outputs_at(module, bank, layer: int, start: int, below: HeadEdit, hidden=Non
         for first in range(0, len(bank.lengths), ROWS):
             rows = torch.arange(first, min(first + ROWS, len(bank.lengths)), device=bank.lengths.device)
             editor = RowEditor(below, heads, last=bank.lengths[rows] - 1)
-            try:
-                changes = Changes([model_edit(editor), editing(catch)])
-                rerun_logits(module, bank, rows, start, hidden[rows], changes)
-            except _Caught:
-                pass
+            rerun_until(module, bank, rows, start, hidden[rows], [model_edit(editor), editing(catch)])
             z, h = caught.pop("z"), caught.pop("h")
             z_out[rows, :, : z.shape[2]], h_out[rows, : h.shape[1]] = z.to(z_out), h.to(h_out)
     return z_out, h_out

@@ -64,6 +64,19 @@ def rerun_logits(module, bank, rows, layer: int, hidden, changes: Changes = Chan
     return forward_from(module, layer, hidden[:, start:T], inputs, changes, bank.returns_tuple)
 
 
+class Reached(Exception):
+    """Raised by a hook or editor once what a rerun is run for is caught: rerun_until stops there."""
+
+
+def rerun_until(module, bank, rows, layer: int, hidden, contexts) -> None:
+    """rerun_logits of the sequences `rows` from `layer` (receiving `hidden`) with the `contexts`,
+    stopped where one of them raises Reached: the layers above it are not run."""
+    try:
+        rerun_logits(module, bank, rows, layer, hidden, Changes(contexts))
+    except Reached:
+        pass
+
+
 def rerun_y(module, bank, rows: torch.Tensor, layer: int, hidden: torch.Tensor, labels, contexts=()):
     """y (B,) float64 of the rows run as rerun_logits does; `labels` (B, 2, K) their label ids."""
     vocabulary = labels[labels >= 0].unique()

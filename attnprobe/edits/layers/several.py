@@ -24,7 +24,7 @@ import torch
 
 from ...attention.capture import model_edit
 from ...intervene.engine import Bank
-from ...intervene.rerun import ROWS, Changes, rerun_logits
+from ...intervene.rerun import ROWS, Reached, rerun_until
 from ...intervene.sites import registered
 from ...model.anatomy import decoder_layers, mlp_added, module_of
 from ...stats.edits import STREAM_LAYERS
@@ -160,10 +160,6 @@ def dama_windows(n_layers: int) -> tuple[tuple[int, ...], int]:
     return tuple(sorted({min(end + 1, c) for c in scaled})), end
 
 
-class _Stop(Exception):  # raised by a hook once the one state a pass is run for is recorded
-    pass
-
-
 @torch.inference_mode()
 def state_at(module, bank: Bank, at, layer: int, start: int = 0, entering: bool = False, edit=None):
     """(N, E) what layer `layer`'s MLP adds to the stream (`entering`: the stream entering the layer)
@@ -176,11 +172,11 @@ def state_at(module, bank: Bank, at, layer: int, start: int = 0, entering: bool 
 
     def stop(_, args, out):
         caught["out"] = out[0] if isinstance(out, tuple) else out
-        raise _Stop
+        raise Reached
 
     def stop_entering(_, args, kwargs):
         caught["out"] = args[0] if args else kwargs["hidden_states"]
-        raise _Stop
+        raise Reached
 
     @contextmanager
     def catching():
@@ -198,10 +194,7 @@ def state_at(module, bank: Bank, at, layer: int, start: int = 0, entering: bool 
     for first in range(0, len(bank.lengths), ROWS):
         rows = torch.arange(first, min(first + ROWS, len(bank.lengths)), device=bank.lengths.device)
         contexts = [*([] if edit is None else [edit.applied(module)]), catching()]
-        try:
-            rerun_logits(module, bank, rows, start, bank.hidden[start][rows], Changes(contexts))
-        except _Stop:
-            pass
+        rerun_until(module, bank, rows, start, bank.hidden[start][rows], contexts)
         out.append(caught["out"][torch.arange(len(rows), device=rows.device), at[rows]].float())
     return torch.cat(out)
 
