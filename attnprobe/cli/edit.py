@@ -126,6 +126,13 @@ def _count(name: str, help: str):
     "dual (2DAMA's keep rule) and leace_mid, fitted at the slot: mlp-layers-MODE-slot); edits_mlp.csv.",
 )
 @click.option(
+    "--mlp-layer-modes",
+    default=None,
+    metavar="MODES",
+    help="The modes --mlp-layers measures, comma-separated (implies --mlp-layers): any of --mlp-modes' "
+    "(zero, mean, project, leace, leace_mid, dual, or a plug-in's); default project,dual,leace_mid.",
+)
+@click.option(
     "--mlp-ranks",
     default=None,
     metavar="RANKS",
@@ -185,10 +192,12 @@ def edit(run_dir, kinds, text_file, also, also_ks, device, **settings):
     from ..edits import EditOptions, run_edits
 
     kinds = tuple(k.strip() for k in kinds.split(",") if k.strip())
-    if settings["mlp_modes"] is None:
-        del settings["mlp_modes"]
-    else:
-        settings["mlp_modes"] = tuple(m.strip() for m in settings["mlp_modes"].split(",") if m.strip())
+    for name in ("mlp_modes", "mlp_layer_modes"):  # a list given: its names; none: the options' default
+        if settings[name] is None:
+            del settings[name]
+        else:
+            settings[name] = tuple(m.strip() for m in settings[name].split(",") if m.strip())
+    if "mlp_modes" in settings:
         settings["mlp"] = True
     if settings["mlp_ranks"] is None:
         del settings["mlp_ranks"]

@@ -253,6 +253,37 @@ def test_an_edit_of_several_layers_fits_each_on_the_model_edited_below_it(tiny, 
     assert not torch.allclose(tiny.model(input_ids=ids).logits, fitted_logits, atol=1e-6)
 
 
+def test_every_mode_works_over_several_layers_zero_and_mean_as_written(tiny):
+    """--mlp-layer-modes: any mode edits a window. zero over layers 0 and 1 gives the logits of the
+    model with both MLP outputs zeroed by hand; mean over them replaces layer 1's output by its mean in
+    the model whose layer 0 already outputs its own mean (not the clean model's layer-1 mean)."""
+    from attnprobe.edits.layers.mlp import Recorded
+    from attnprobe.edits.layers.several import fitted_layers
+    from attnprobe.model.anatomy import decoder_layers, mlp_added
+
+    inputs, _, _ = _inputs(tiny, n=200)
+    recorded, on = Recorded(tiny.model, inputs, "last"), np.arange(4)
+    ids = torch.tensor([tiny.tokenizer("The nurse said that she")["input_ids"]])
+    zero = fitted_layers(recorded, inputs, [0, 1], on, "zero")
+    assert zero.name == MLP + "layers-zero" and [p.layer for p in zero.parts] == [0, 1]
+    blocks = decoder_layers(tiny.model)
+    handles = [
+        mlp_added(blocks[n]).register_forward_hook(lambda m, a, out: torch.zeros_like(out)) for n in (0, 1)
+    ]
+    try:
+        by_hand = tiny.model(input_ids=ids).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+    with edited(tiny, zero):
+        assert torch.allclose(tiny.model(input_ids=ids).logits, by_hand, atol=1e-6)
+    mean = fitted_layers(recorded, inputs, [0, 1], on, "mean")
+    with edited(tiny, mean.__class__(mean.parts[:1])):
+        under = mlp_outputs(tiny.model, inputs.bank)[:, 1].mean(0)
+    clean = mlp_outputs(tiny.model, inputs.bank)[:, 1].mean(0)  # the tiny model's outputs are ~1e-4
+    assert (mean.parts[1].mean - under).norm() < 0.01 * (mean.parts[1].mean - clean).norm()
+
+
 def test_pls_directions_are_dama_s_subspace_and_dual_keeps_what_carries_the_label():
     """estimate.pls_directions: orthonormal, the first the unit slope direction (project at rank 1),
     the items' covariance with x gone once it is removed; dual (2DAMA's keep rule) drops a direction
@@ -320,14 +351,16 @@ def test_mlp_ranks_out_of_range_are_one_line_before_the_model_loads(edited_run, 
 
     one_line_error(CliRunner().invoke(main, ["edit", str(edited_run), "--mlp-ranks", ranks]), phrase)
     assert EditOptions(mlp_ranks=(1, 8)).mlp_layers and not EditOptions().mlp_layers  # Run.edit as the CLI
+    assert EditOptions(mlp_layer_modes=("zero",)).mlp_layers
 
 
 @pytest.mark.thorough  # a whole sweep: the fast lane keeps the several-layer fit and apply tests
 def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run, tiny_llama_dir, tmp_path):
-    """edit --mlp-ranks 1,2 (implying --mlp-layers) on a tiny model of 2 layers: windows of 1 and 2
-    layers ending at layer 1, for DAMA's projection, 2DAMA's rule (dual, both also at rank 2) and
-    leace_mid, at the slot; a chosen row whose count each quarter takes from
-    the other quarters; the chosen edit saved with its layers and applied by run --edit."""
+    """edit --mlp-ranks 1,2 --mlp-layer-modes project,dual,leace_mid,zero (implying --mlp-layers) on a
+    tiny model of 2 layers: windows of 1 and 2 layers ending at layer 1, for DAMA's projection, 2DAMA's
+    rule (dual, both also at rank 2), leace_mid and zero (no placebo: not fitted), at the slot; a
+    chosen row whose count each quarter takes from the other quarters; the chosen edit saved with its
+    layers and applied by run --edit."""
     from click.testing import CliRunner
     from conftest import EDIT_SWEEP
 
@@ -338,14 +371,16 @@ def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run,
     out = tmp_path / "run"
     shutil.copytree(swept, out)
     # the swept run's settings, its parts read back, but for the kinds (zero alone: no head placebo)
-    kinds = ["--kinds", "zero"]
+    kinds, modes = ["--kinds", "zero"], [*LAYERS_MODES, "zero"]
     result = CliRunner().invoke(
-        main, ["edit", str(out), *EDIT_SWEEP, *kinds, "--mlp-ranks", "1,2", "--placebo", "2"]
+        main,
+        ["edit", str(out), *EDIT_SWEEP, *kinds, "--mlp-ranks", "1,2", "--mlp-layer-modes", ",".join(modes)]
+        + ["--placebo", "2"],
     )
     assert result.exit_code == 0, result.output
     table = pd.read_csv(out / "edits_mlp.csv")
     raw = pd.read_parquet(out / "edits_items.parquet")
-    grid = [(mode, "") for mode in LAYERS_MODES] + [("project", "-r2"), ("dual", "-r2")]
+    grid = [(mode, "") for mode in modes] + [("project", "-r2"), ("dual", "-r2")]
     assert {k for k in table["kind"] if "-r2" in k} == {
         f"{MLP}layers-{m}-r2-slot{c}" for m in ("project", "dual") for c in ("", "-chosen")
     }
@@ -355,6 +390,9 @@ def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run,
         assert sorted(rows["layer"]) == [1, 2] and (table["kind"] == f"{kind}-chosen").sum() == 1
         # the placebo repeats the choice of how many layers: each refit names the counts it chose
         placebo = raw[raw["kind"] == f"placebo-{kind}-chosen"]
+        if mode == "zero":  # not fitted on the covariate: nothing to permute
+            assert placebo.empty and table.loc[table["kind"] == f"{kind}-chosen", "placebo_p"].isna().all()
+            continue
         assert placebo["draw"].nunique() == 2 and placebo["heads"].notna().all()
         assert table.loc[table["kind"] == f"{kind}-chosen", "placebo_p"].notna().all()
         loaded = load_edit(out / "edits" / f"{kind}.json")
@@ -386,5 +424,7 @@ def test_mlp_modes_that_are_not_registered_are_one_line_before_the_model_loads(e
     from attnprobe.cli import main
 
     one_line_error(CliRunner().invoke(main, ["edit", str(edited_run), "--mlp-modes", modes]), phrase)
+    layer_modes = ["edit", str(edited_run), "--mlp-layer-modes", modes]
+    one_line_error(CliRunner().invoke(main, layer_modes), phrase.replace("--mlp-modes", "--mlp-layer-modes"))
     with pytest.raises(AttnprobeError, match=r"mlp_modes 'leace': give a list of mode names"):
         EditOptions(mlp_modes="leace")  # a string, not a list: Run.edit(mlp_modes="leace")

@@ -2,10 +2,11 @@
 consecutive layers edited together, Limisiewicz, Marecek & Musil, ICLR 2024): MlpLayers, an ordered
 set of MLP edits (edits.layers.mlp), each fitted on the MLP outputs of the model with the edits of the
 layers below it applied (fitted_layers). The sweep measures windows of DAMA's layer counts (1, 5 and 9
-of LLaMA 7B's 32 layers) scaled to the model's depth, ending at a mid-upper layer, for DAMA's
-projection (project: out -> (I - W'W) out, no affine term, W the rank's orthonormal directions,
-`--mlp-ranks`), 2DAMA's keep rule (dual: only the directions it keeps) and leace_mid, fitted at the
-slot where the control names its phrases: raw kind "mlp-layers-MODE(-rRANK)(-slot)", k = the number of
+of LLaMA 7B's 32 layers) scaled to the model's depth, ending at a mid-upper layer, by default for
+DAMA's projection (project: out -> (I - W'W) out, no affine term, W the rank's orthonormal directions,
+`--mlp-ranks`), 2DAMA's keep rule (dual: only the directions it keeps) and leace_mid, and for any
+other mode `--mlp-layer-modes` lists (zero, mean, leace, a plug-in's), fitted at the slot where the
+control names its phrases: raw kind "mlp-layers-MODE(-rRANK)(-slot)", k = the number of
 layers, so the chosen row takes each quarter's count from the other quarters. An edit of rank r holds
 r parts per layer, applied in order: orthonormal projections, so together they are I - W'W.
 
@@ -32,21 +33,23 @@ from .mlp import POSITIONS, MlpEdit, Recorded, kind_of
 from .modes import SITE_MODES
 from .stream import PARAMETERS, PerLayer, StreamEdit, last_states, measure_layers, untouched
 
-LAYERS_MODES = ("project", "dual", "leace_mid")  # DAMA's projection, 2DAMA's keep rule, the midpoint kept
+# --mlp-layers' modes by default: DAMA's projection, 2DAMA's keep rule, the midpoint kept (--mlp-layer-modes
+# takes any registered mode)
+LAYERS_MODES = ("project", "dual", "leace_mid")
 MAX_RANK = 64  # the most directions an edit of several layers removes per layer (--mlp-ranks)
 DAMA_COUNTS, DAMA_DEPTH = (1, 5, 9), 32  # DAMA's layer counts on LLaMA 7B's 32 layers
 
 
-def layers_grid(ranks=(1,)) -> tuple[tuple[str, int], ...]:
-    """(mode, rank) of each edit of several layers measured: every mode of LAYERS_MODES at rank 1, the
+def layers_grid(ranks=(1,), modes=LAYERS_MODES) -> tuple[tuple[str, int], ...]:
+    """(mode, rank) of each edit of several layers measured: every mode of `modes` at rank 1, the
     ranked ones (project, dual) at each of `ranks`."""
-    return tuple(
-        (mode, rank) for mode in LAYERS_MODES for rank in ranks if rank == 1 or SITE_MODES[mode].ranked
-    )
+    return tuple((mode, rank) for mode in modes for rank in ranks if rank == 1 or SITE_MODES[mode].ranked)
 
 
-def layers_kinds(ranks=(1,)) -> tuple[str, ...]:  # the raw kinds of layers_grid(ranks), either position
-    return tuple(kind_of(mode, at, True, rank) for mode, rank in layers_grid(ranks) for at in POSITIONS)
+def layers_kinds(ranks=(1,), modes=LAYERS_MODES) -> tuple[str, ...]:
+    """The raw kinds of layers_grid(ranks, modes), fitted at either position."""
+    grid = layers_grid(ranks, modes)
+    return tuple(kind_of(mode, at, True, rank) for mode, rank in grid for at in POSITIONS)
 
 
 @dataclass(frozen=True)
@@ -202,11 +205,12 @@ def state_at(module, bank: Bank, at, layer: int, start: int = 0, entering: bool 
 def fitted_layers(recorded: Recorded, source, layers, on, mode: str, rank: int = 1) -> MlpLayers:
     """The edit of `layers` (in order), each layer's `rank` parts fitted (MlpEdit.ranked, on the items
     of folds `on`) on the MLP outputs of the model with the parts below it applied: the first from the
-    recorded outputs, each next one from passes of its own."""
+    recorded outputs, each next one from passes of its own (but for a mode that does not read them:
+    zero)."""
     parts: list[MlpEdit] = []
     banks = (source.bank, source.control)
     for layer in layers:
-        if parts:
+        if parts and SITE_MODES[mode].fitted:
             items, control = (
                 state_at(recorded.module, bank, p, layer, layers[0], edit=MlpLayers(tuple(parts)))
                 for bank, p in zip(banks, recorded.positions(source))

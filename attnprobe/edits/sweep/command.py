@@ -99,7 +99,8 @@ def run_edits(
                 chosen += [
                     (mlps.kind_of(*where), 0) for where in mlps.fitted(options.mlp_modes)
                 ] * options.mlp
-                chosen += [(kind, 0) for kind in several.layers_kinds(options.mlp_ranks)] * options.mlp_layers
+                windows = several.layers_kinds(options.mlp_ranks, options.mlp_layer_modes)
+                chosen += [(kind, 0) for kind in windows] * options.mlp_layers
                 with hashes_known(model, (m.model.weights_sha256, weights)):  # checked above
                     write_table(directory, "edits_transfer", transfer(directory, suites, chosen, model, log))
                 log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
@@ -212,12 +213,13 @@ def _layer_parts(part, key: str, sweep: Sweep, clean: pd.DataFrame) -> list[pd.D
         frames += layer_placebo(part, key, sweep, frames, STREAM_LAYERS, fit)
     if sweep.options.mlp_layers:  # several layers at once (a placebo refit costs a pass per layer and fold)
         at = mlps.layers_at(inputs)
-        for mode, rank in several.layers_grid(sweep.options.mlp_ranks):
+        for mode, rank in several.layers_grid(sweep.options.mlp_ranks, sweep.options.mlp_layer_modes):
             measure = lambda m=mode, r=rank: several.measure_mlp_layers(model, recorded[at], m, log, r)
             name = mlps.kind_of(mode, at, True, rank)
             frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
-            fit = several.layers_fit(recorded[at], mode, model.info.n_layers, rank)
-            frames += layer_placebo(part, key, sweep, frames, name, fit)
+            if SITE_MODES[mode].covariate:
+                fit = several.layers_fit(recorded[at], mode, model.info.n_layers, rank)
+                frames += layer_placebo(part, key, sweep, frames, name, fit)
     return frames[1:]
 
 

@@ -76,7 +76,8 @@ def save_layers(sweep: Sweep, tables: tuple, raw, source: dict) -> int:
         kind = kind_of(mode, at)
         if mlp["kind"].isin([kind, f"{kind}-chosen"]).any():
             n += _save_layers(sweep, raw, source, kind, recorded[at].fit(mode))
-    grid = [(mode, rank, at) for mode, rank in layers_grid(sweep.options.mlp_ranks) for at in POSITIONS]
+    windows = layers_grid(sweep.options.mlp_ranks, sweep.options.mlp_layer_modes)
+    grid = [(mode, rank, at) for mode, rank in windows for at in POSITIONS]
     for mode, rank, at in grid if len(mlp) else ():
         kind = kind_of(mode, at, True, rank)  # an edit of several layers: k is how many
         if mlp["kind"].isin([kind, f"{kind}-chosen"]).any():

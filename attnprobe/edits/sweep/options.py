@@ -27,7 +27,7 @@ from ..inputs import check_text, text_head
 from ..kinds import KINDS, Heads, parse_heads
 from ..layers.mlp import MODES as MLP_MODES
 from ..layers.modes import SITE_MODES
-from ..layers.several import MAX_RANK
+from ..layers.several import LAYERS_MODES, MAX_RANK
 from ..sequential import HeadFit, sequential_kinds
 
 DEFAULT_KINDS, DEFAULT_K = DEFAULT_EDIT_KINDS, DEFAULT_EDIT_K
@@ -37,6 +37,7 @@ LISTS = {
     "ks": (int, "whole numbers", "(1, 5)"),
     "mlp_modes": (str, "mode names", "('mean', 'leace')"),
     "mlp_ranks": (int, "whole numbers", "(1, 8)"),
+    "mlp_layer_modes": (str, "mode names", "('project', 'leace')"),
 }
 
 
@@ -61,6 +62,7 @@ class EditOptions:
     mlp_modes: tuple[str, ...] = MLP_MODES  # the modes --mlp measures (edits.layers.modes)
     mlp_layers: bool = False  # also several consecutive MLP outputs edited at once (DAMA's design; edits_mlp)
     mlp_ranks: tuple[int, ...] = (1,)  # the directions per layer project and dual remove there (1 to 64)
+    mlp_layer_modes: tuple[str, ...] = LAYERS_MODES  # the modes --mlp-layers measures (edits.layers.modes)
     trace: bool = False  # also the stream patched per layer and position (tracing, analyses.tracing)
     paths: bool = False  # also the top heads' inputs and senders patched (paths, analyses.paths)
     circuits: bool = False  # also circuits found by attribution and judged held out (analyses.circuits)
@@ -78,6 +80,7 @@ class EditOptions:
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise AttnprobeError(f"--{name} {value!r}: give a whole number from {low} to {high:,}")
         named = ((self.kinds, KINDS, "edit kind", "kinds"), (self.mlp_modes, SITE_MODES, "MLP mode", "modes"))
+        named += ((self.mlp_layer_modes, SITE_MODES, "MLP mode", "modes"),)
         for values, registry, noun, plural in named:
             unknown = [v for v in values if v not in registry]
             if unknown or not values:
@@ -89,6 +92,7 @@ class EditOptions:
             ("--k", self.ks),
             ("--mlp-modes", self.mlp_modes),
             ("--mlp-ranks", self.mlp_ranks),
+            ("--mlp-layer-modes", self.mlp_layer_modes),
         ):
             repeated = sorted({str(v) for v in values if list(values).count(v) > 1})
             if repeated:
@@ -99,7 +103,8 @@ class EditOptions:
             raise AttnprobeError(
                 f"--mlp-ranks {self.mlp_ranks!r}: give whole numbers from 1 to {MAX_RANK}, e.g. 1,8"
             )
-        if tuple(self.mlp_ranks) != (1,):  # a rank is of the edits of several layers: asking for it asks them
+        # a rank or a mode of the edits of several layers: asking for it asks them
+        if tuple(self.mlp_ranks) != (1,) or tuple(self.mlp_layer_modes) != LAYERS_MODES:
             object.__setattr__(self, "mlp_layers", True)
         if not self.ks or min(self.ks) < 1:
             raise AttnprobeError("k must be whole numbers of heads >= 1, e.g. --k 1,2,5,10,20")
@@ -154,7 +159,7 @@ def settings_hash(run_fingerprint: str, options: EditOptions, weights: str, cont
     sampled, the control prompts measured (`control`: their tokens, the file's and those put in the
     templates) and the part of --text that is read."""
     own_files = ("kinds", "alone", "placebo", "stream", "mlp", "mlp_layers", "trace", "paths", "circuits")
-    own_files += ("circuit_grain", "mlp_modes", "mlp_ranks", "stream_layers", "sequential")
+    own_files += ("circuit_grain", "mlp_modes", "mlp_ranks", "mlp_layer_modes", "stream_layers", "sequential")
     settings = {k: v for k, v in asdict(options).items() if k not in own_files}
     payload = json.dumps(
         {
