@@ -166,6 +166,31 @@ def build_tiny(
     return model
 
 
+def planted_covariate(model, n: int, seed: int, site, direction: int = 0, m: int = 200):
+    """Random sequences of 3 to 8 tokens and a covariate planted in the model's own activations:
+    `site(bank)` (N, D) of each sequence, along its principal direction `direction` (scaled to unit
+    SD) plus noise of SD 0.3; the first `m` sequences with their last token 7 or 9 as control prompts
+    labelled +1 / -1, in halves of pairs. Returns (bank, covariate, control, sign, half)."""
+    import numpy as np
+    import torch
+
+    from attnprobe.intervene.engine import record
+
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    sequences = [
+        torch.randint(1, vocab, (int(t),), generator=g) for t in torch.randint(3, 9, (n,), generator=g)
+    ]
+    bank = record(model, sequences)
+    z = site(bank).double()
+    w = torch.linalg.svd(z - z.mean(0), full_matrices=False).Vh[direction]
+    noise = 0.3 * torch.randn(n, generator=g, dtype=torch.float64)
+    x = ((z - z.mean(0)) @ w / (z @ w).std() + noise).numpy()
+    labelled = [torch.cat([s[:-1], torch.tensor([7 if i % 2 else 9])]) for i, s in enumerate(sequences[:m])]
+    sign, half = np.where(np.arange(m) % 2, 1.0, -1.0), (np.arange(m) // 2) % 2
+    return bank, x, record(model, labelled), sign, half
+
+
 def eager_twin(model):
     """The same weights with transformers' own eager attention (the reference for captured weights)."""
     twin = AutoModelForCausalLM.from_config(copy.deepcopy(model.config)).to(model.dtype).eval()

@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import planted_covariate
 
 import attnprobe
 from attnprobe.edits import EditOptions, edited, load_edit
 from attnprobe.edits.layers.mlp import MODES, MlpEdit, fitted, fitted_where, kind_of, mlp_outputs
 from attnprobe.errors import AttnprobeError
-from attnprobe.intervene.engine import record
 from attnprobe.stats.edits import MLP
 from attnprobe.stats.keeping.layers import stream_table
 
@@ -33,28 +33,14 @@ def tiny(tiny_llama_dir):
 def _inputs(tiny, n=600, seed=0):
     """Random sequences whose covariate is their MLP output at LAYER (last token) along its first
     principal direction plus noise, and control prompts labelled by their last token."""
-    g = torch.Generator().manual_seed(seed)
-    vocab = tiny.model.config.vocab_size
-    sequences = [
-        torch.randint(1, vocab, (int(t),), generator=g) for t in torch.randint(3, 9, (n,), generator=g)
-    ]
-    bank = record(tiny.model, sequences)
-    outputs = mlp_outputs(tiny.model, bank)[:, LAYER].double()
-    w = torch.linalg.svd(outputs - outputs.mean(0), full_matrices=False).Vh[0]
-    x = (outputs - outputs.mean(0)) @ w / (outputs @ w).std() + 0.3 * torch.randn(
-        n, generator=g, dtype=torch.float64
-    )
-    control = record(
-        tiny.model,
-        [torch.cat([s[:-1], torch.tensor([7 if i % 2 else 9])]) for i, s in enumerate(sequences[:200])],
-    )
-    half = (np.arange(200) // 2) % 2
+    site = lambda b: mlp_outputs(tiny.model, b)[:, LAYER]
+    bank, x, control, sign, half = planted_covariate(tiny.model, n, seed, site)
     inputs = SimpleNamespace(
         bank=bank,
-        covariate=x.numpy(),
+        covariate=x,
         fold=np.arange(n) % 4,
         control=control,
-        control_sign=np.where(np.arange(200) % 2, 1.0, -1.0),
+        control_sign=sign,
         control_half=half,
         keep_rows=lambda: half == 0,
     )

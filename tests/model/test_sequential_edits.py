@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import planted_covariate
 
 import attnprobe
 from attnprobe.edits import edited
@@ -31,19 +32,9 @@ def _inputs(tiny, n=800, seed=0) -> Inputs:
     """What the head kinds fit on, from the tiny model's own outputs: random sequences whose
     covariate is head L0H1's output at the last token along its first principal direction plus noise,
     and control prompts labelled by their last token."""
-    g = torch.Generator().manual_seed(seed)
-    vocab = tiny.model.config.vocab_size
-    sequences = [
-        torch.randint(1, vocab, (int(t),), generator=g) for t in torch.randint(3, 9, (n,), generator=g)
-    ]
-    bank = record(tiny.model, sequences)
-    z = last_outputs(bank)[:, 0, 1].double()
-    w = torch.linalg.svd(z - z.mean(0), full_matrices=False).Vh[0]
-    x = ((z - z.mean(0)) @ w / (z @ w).std() + 0.3 * torch.randn(n, generator=g, dtype=torch.float64)).numpy()
     m = 200
-    labelled = [torch.cat([s[:-1], torch.tensor([7 if i % 2 else 9])]) for i, s in enumerate(sequences[:m])]
-    control, sign = record(tiny.model, labelled), np.where(np.arange(m) % 2, 1.0, -1.0)
-    half = (np.arange(m) // 2) % 2
+    site = lambda b: last_outputs(b)[:, 0, 1]  # head L0H1's output
+    bank, x, control, sign, half = planted_covariate(tiny.model, n, seed, site, 0, m)
     empty = np.full(m, "")
     return Inputs(
         [], np.arange(n) % 4, 2, x, bank, bank, np.arange(n) % 4, control, sign,

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import build_tiny
+from conftest import build_tiny, planted_covariate
 from test_erasers import _r2
 
 import attnprobe
@@ -21,7 +21,6 @@ from attnprobe.cli import main
 from attnprobe.edits import edited, load_edit, save_edit
 from attnprobe.edits.layers.stream import StreamEdit, last_states, stream_behaviour
 from attnprobe.errors import AttnprobeError, RunError
-from attnprobe.intervene.engine import record
 from attnprobe.model import from_pretrained_objects
 from attnprobe.stats.edits import STREAM, STREAM_CHOSEN
 from attnprobe.stats.keeping.layers import chosen_layers, picked_layers, stream_table
@@ -39,25 +38,13 @@ def _inputs(tiny, n=2400, seed=0):
     is the stream entering LAYER at the last token along one of its principal directions plus noise
     (R^2 about 0.9), and control
     prompts labelled by their last token."""
-    g = torch.Generator().manual_seed(seed)
-    vocab = tiny.model.config.vocab_size
-    sequences = [
-        torch.randint(1, vocab, (int(t),), generator=g) for t in torch.randint(3, 9, (n,), generator=g)
-    ]
-    bank = record(tiny.model, sequences)
-    h = last_states(bank, LAYER)[:, 0, 0].double()
-    w = torch.linalg.svd(h - h.mean(0), full_matrices=False).Vh[1]  # the stream's second direction
-    x = ((h - h.mean(0)) @ w / (h @ w).std() + 0.3 * torch.randn(n, generator=g, dtype=torch.float64)).numpy()
-    control_ids = [
-        torch.cat([s[:-1], torch.tensor([7 if i % 2 else 9])]) for i, s in enumerate(sequences[:200])
-    ]
-    sign = np.where(np.arange(200) % 2, 1.0, -1.0)
-    half = (np.arange(200) // 2) % 2
+    site = lambda b: last_states(b, LAYER)[:, 0, 0]
+    bank, x, control, sign, half = planted_covariate(tiny.model, n, seed, site, 1)  # its second direction
     return SimpleNamespace(
         bank=bank,
         covariate=x,
         fold=np.arange(n) % 4,
-        control=record(tiny.model, control_ids),
+        control=control,
         control_sign=sign,
         control_half=half,
         control_set=np.full(200, ""),

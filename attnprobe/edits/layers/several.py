@@ -202,23 +202,36 @@ def state_at(module, bank: Bank, at, layer: int, start: int = 0, entering: bool 
     return torch.cat(out)
 
 
+def in_order(layers, recorded, rerun, fit, edit: type) -> LayerEdits:
+    """The `edit` of `layers` fitted in order: `fit(layer, items, control)` -> the layer's parts, on
+    `recorded(layer)` for the first layer and on `rerun(layer, below)` (the model with `below`, the
+    parts fitted so far, applied) for each next one."""
+    parts: list = []
+    for layer in layers:
+        items, control = rerun(layer, edit(tuple(parts))) if parts else recorded(layer)
+        parts += fit(layer, items, control)
+    return edit(tuple(parts))
+
+
 def fitted_layers(recorded: Recorded, source, layers, on, mode: str, rank: int = 1) -> MlpLayers:
     """The edit of `layers` (in order), each layer's `rank` parts fitted (MlpEdit.ranked, on the items
     of folds `on`) on the MLP outputs of the model with the parts below it applied: the first from the
     recorded outputs, each next one from passes of its own (but for a mode that does not read them:
     zero)."""
-    parts: list[MlpEdit] = []
-    banks = (source.bank, source.control)
-    for layer in layers:
-        if parts and SITE_MODES[mode].fitted:
-            items, control = (
-                state_at(recorded.module, bank, p, layer, layers[0], edit=MlpLayers(tuple(parts)))
-                for bank, p in zip(banks, recorded.positions(source))
-            )
-        else:
-            items, control = recorded.both(layer)
-        parts += MlpEdit.ranked(items, control, source, (layer, on), mode, recorded.at, rank)
-    return MlpLayers(tuple(parts))
+    banks, positions = (source.bank, source.control), recorded.positions(source)
+
+    def rerun(layer, below):
+        if not SITE_MODES[mode].fitted:  # zero reads nothing: the recorded outputs stand in
+            return recorded.both(layer)
+        return tuple(
+            state_at(recorded.module, bank, p, layer, layers[0], edit=below)
+            for bank, p in zip(banks, positions)
+        )
+
+    def fit(layer, items, control):
+        return MlpEdit.ranked(items, control, source, (layer, on), mode, recorded.at, rank)
+
+    return in_order(layers, recorded.both, rerun, fit, MlpLayers)
 
 
 def layers_fit(recorded: Recorded, mode: str, n_layers: int, rank: int = 1):
@@ -246,15 +259,18 @@ def fitted_stream_layers(module, source, layers, on) -> StreamLayers:
     """The stream's erasers entering `layers` (in order; StreamEdit.fitted on the items of folds `on`),
     each fitted on the stream of the model with the erasers below it applied: the first from the
     recorded stream, each next one from passes of its own."""
-    parts: list[StreamEdit] = []
-    for layer in layers:
-        if parts:
-            below, banks = StreamLayers(tuple(parts)), (source.bank, source.control)
-            items, control = (state_at(module, bank, None, layer, layers[0], True, below) for bank in banks)
-        else:
-            items, control = (last_states(bank, layer)[:, 0, 0] for bank in (source.bank, source.control))
-        parts.append(StreamEdit.fitted(source, layer, on, items, control))
-    return StreamLayers(tuple(parts))
+    banks = (source.bank, source.control)
+
+    def recorded(layer):
+        return tuple(last_states(bank, layer)[:, 0, 0] for bank in banks)
+
+    def rerun(layer, below):
+        return tuple(state_at(module, bank, None, layer, layers[0], True, below) for bank in banks)
+
+    def fit(layer, items, control):
+        return [StreamEdit.fitted(source, layer, on, items, control)]
+
+    return in_order(layers, recorded, rerun, fit, StreamLayers)
 
 
 def stream_layers_fit(module, n_layers: int):
