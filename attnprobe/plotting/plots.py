@@ -207,31 +207,44 @@ def edit_frontier(summary: pd.DataFrame, draws: pd.DataFrame):
 
 GOAL_ALT = (
     "every edit's stereotype term removed against its factual term kept on held-out nouns, KL's upper "
-    "bound as colour, edits of several MLP layers (DAMA's design) as stars, of several stream layers as "
-    "plus signs, the held-out search's choice as a diamond, the goal's box dashed"
+    "bound as colour, DAMA's projection over several MLP layers as stars, 2DAMA's rule as crosses, other "
+    "modes over several MLP layers as pentagons, several stream layers as plus signs, the held-out "
+    "search's choice as a diamond, the goal's box dashed"
 )
 GOAL_MARKERS = {
     "heads": "o",
     "stream": "s",
     "mlp": "^",
-    "mlp layers": "*",
+    "DAMA (project, mlp layers)": "*",
+    "2DAMA (dual, mlp layers)": "X",
+    "mlp layers": "p",
     "stream layers": "P",
     "search": "D",
 }
 
 
+def _goal_group(site: str, kind: str) -> str:
+    """A goal row's group in the figure: its site, DAMA's and 2DAMA's edits of several layers apart."""
+    for mode, group in (("project", "DAMA (project, mlp layers)"), ("dual", "2DAMA (dual, mlp layers)")):
+        if site == "mlp layers" and str(kind).startswith(f"mlp-layers-{mode}"):
+            return group
+    return site
+
+
 def goal_frontier(goal: pd.DataFrame):
     """The goal table (stats.keeping.goal) as a frontier: per edit the stereotype term removed against
     the factual term kept on held-out nouns, both from the joint regression; colour log10 of KL's upper
-    bound; marker by site; the goal's box (kept 0.9-1.1, removed 50-150%). An edit meeting the goal
-    lies in the box with KL's colour at -3 or below (and its other conditions, the table's)."""
+    bound; marker by site (DAMA's and 2DAMA's several-layer edits apart); the goal's box (kept
+    0.9-1.1, removed 50-150%). An edit meeting the goal lies in the box with KL's colour at -3 or
+    below (and its other conditions, the table's)."""
     from matplotlib.patches import Rectangle
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     log_kl = np.log10(goal["kl_ci_high"].astype(float).clip(lower=1e-6))
     top = max(0.0, float(np.nanmax(log_kl))) if len(goal) else 0.0
     points = None
-    for site, rows in goal.groupby("site", sort=False):
+    groups = [_goal_group(site, kind) for site, kind in zip(goal["site"], goal["kind"])]
+    for group, rows in goal.groupby(pd.Series(groups, index=goal.index), sort=False):
         points = ax.scatter(
             rows["nouns_kept"].astype(float).clip(-0.5, 2.0),
             rows["stereotype_removed"].astype(float).clip(-1.0, 2.0),
@@ -239,11 +252,11 @@ def goal_frontier(goal: pd.DataFrame):
             cmap="viridis_r",
             vmin=-6,
             vmax=top,
-            marker=GOAL_MARKERS.get(site, "o"),
-            s=90 if site == "mlp layers" else 28,
+            marker=GOAL_MARKERS.get(group, "o"),
+            s=28 if group in ("heads", "stream", "mlp", "search") else 70,
             edgecolors="black",
             linewidths=0.3,
-            label=site,
+            label=group,
         )
     box = Rectangle((0.9, 0.5), 0.2, 1.0, fill=False, linestyle="--", edgecolor="#c0392b", label="the goal")
     ax.add_patch(box)

@@ -386,6 +386,10 @@ def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run,
         assert {p.mode for p in loaded.edit.parts} == {mode} and loaded.edit.rank == (2 if ranked else 1)
     goal = pd.read_csv(out / "edits_goal.csv")
     assert goal["kind"].str.startswith(f"{MLP}layers-").any()
+    from attnprobe.plotting.plots import goal_frontier
+
+    legend = {text.get_text() for text in goal_frontier(goal).axes[0].get_legend().get_texts()}
+    assert {"DAMA (project, mlp layers)", "2DAMA (dual, mlp layers)", "mlp layers", "the goal"} <= legend
     again = tmp_path / "again"
     args = ["run", str(suite), "--model", str(tiny_llama_dir), "--out", str(again), "--no-report"]
     result = CliRunner().invoke(
