@@ -118,6 +118,14 @@ def _count(name: str, help: str):
     "edits_stream.csv.",
 )
 @click.option(
+    "--stream-layer-modes",
+    default=None,
+    metavar="MODES",
+    help="The modes --stream-layers measures, comma-separated (implies --stream-layers): leace, "
+    "leace_mid, project, dual, ... (any of --mlp-modes'); default leace (kind stream-layers; another "
+    "mode is kind stream-layers-MODE).",
+)
+@click.option(
     "--mlp-layers/--no-mlp-layers",
     default=False,
     show_default=True,
@@ -192,7 +200,8 @@ def edit(run_dir, kinds, text_file, also, also_ks, device, **settings):
     from ..edits import EditOptions, run_edits
 
     kinds = tuple(k.strip() for k in kinds.split(",") if k.strip())
-    for name in ("mlp_modes", "mlp_layer_modes"):  # a list given: its names; none: the options' default
+    # a list given: its names; none: the options' default
+    for name in ("mlp_modes", "mlp_layer_modes", "stream_layer_modes"):
         if settings[name] is None:
             del settings[name]
         else:

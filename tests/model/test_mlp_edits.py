@@ -346,7 +346,7 @@ def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run,
     tiny model of 2 layers: windows of 1 and 2 layers ending at layer 1, for DAMA's projection, 2DAMA's
     rule (dual, both also at rank 2), leace_mid and zero (no placebo: not fitted), at the slot; a
     chosen row whose count each quarter takes from the other quarters; the chosen edit saved with its
-    layers and applied by run --edit."""
+    layers and applied by run --edit. With --stream-layer-modes the stream's windows by leace_mid too."""
     from click.testing import CliRunner
     from conftest import EDIT_SWEEP
 
@@ -361,7 +361,7 @@ def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run,
     result = CliRunner().invoke(
         main,
         ["edit", str(out), *EDIT_SWEEP, *kinds, "--mlp-ranks", "1,2", "--mlp-layer-modes", ",".join(modes)]
-        + ["--placebo", "2"],
+        + ["--stream-layer-modes", "leace,leace_mid", "--placebo", "2"],
     )
     assert result.exit_code == 0, result.output
     table = pd.read_csv(out / "edits_mlp.csv")
@@ -384,8 +384,14 @@ def test_the_sweep_measures_saves_and_applies_edits_of_several_layers(swept_run,
         loaded = load_edit(out / "edits" / f"{kind}.json")
         assert isinstance(loaded.edit, MlpLayers) and loaded.edit.parts[-1].layer == 1
         assert {p.mode for p in loaded.edit.parts} == {mode} and loaded.edit.rank == (2 if ranked else 1)
+    # the stream's windows by the midpoint-kept eraser beside LEACE's, refitted by the placebo, saved
+    streams = pd.read_csv(out / "edits_stream.csv")
+    assert (streams["kind"] == "stream-layers-leace_mid").sum() == 2
+    assert (raw["kind"] == "placebo-stream-layers-leace_mid-chosen").any()
+    assert load_edit(out / "edits" / "stream-layers-leace_mid.json").edit.mode == "leace_mid"
     goal = pd.read_csv(out / "edits_goal.csv")
     assert goal["kind"].str.startswith(f"{MLP}layers-").any()
+    assert goal.loc[goal["kind"] == "stream-layers-leace_mid-chosen", "site"].tolist() == ["stream layers"]
     from attnprobe.plotting.plots import goal_frontier
 
     legend = {text.get_text() for text in goal_frontier(goal).axes[0].get_legend().get_texts()}

@@ -141,6 +141,34 @@ def test_the_stream_erased_at_several_layers_fits_each_on_the_model_erased_below
         assert torch.equal(tiny.model(input_ids=ids).logits, got)
 
 
+def test_the_stream_over_several_layers_takes_any_mode_and_keeps_it_when_saved(tiny, tmp_path):
+    """--stream-layer-modes leace_mid: each layer's part fitted by the midpoint-kept eraser (layer 0's
+    equals StreamEdit.fitted by leace_mid, not by leace: the midpoint moves under leace, not under
+    it), the edit named stream-layers-leace_mid and saved with its mode; a file saved before the
+    stream took modes reads back as LEACE, and an unknown mode is refused."""
+    from attnprobe.edits.layers.several import StreamLayers, fitted_stream_layers
+
+    inputs, on = _inputs(tiny, n=400), np.arange(4)
+    mid = fitted_stream_layers(tiny.model, inputs, [0, 1], on, "leace_mid")
+    items, control = (last_states(bank, 0)[:, 0, 0] for bank in (inputs.bank, inputs.control))
+    by_mode = {m: StreamEdit.fitted(inputs, 0, on, items, control, m) for m in ("leace", "leace_mid")}
+    assert torch.equal(mid.parts[0].functional, by_mode["leace_mid"].functional)
+    kept = control[torch.as_tensor(inputs.keep_rows())]
+    midpoint = lambda edit: edit.erase(kept[None])[0].mean(0)  # the labels are balanced: their midpoint
+    moved = {m: float((midpoint(e) - kept.mean(0)).norm() / kept.mean(0).norm()) for m, e in by_mode.items()}
+    assert moved["leace_mid"] < 1e-4 < 0.01 < moved["leace"], moved
+    assert mid.name == STREAM + "-layers-leace_mid" and mid.sites().endswith("(leace_mid)")
+    loaded = load_edit(save_edit(mid, tmp_path / "mid", tiny, {}))
+    assert loaded.edit.mode == "leace_mid" and loaded.edit.name == mid.name
+    tensors = {
+        f"{i}.{n}": getattr(p, n) for i, p in enumerate(mid.parts) for n in ("along", "functional", "mean")
+    }
+    record = {"layers": [0, 1], "model": {"hidden_size": items.shape[1], "n_layers": 2}}
+    assert StreamLayers.restored(record, tensors).name == STREAM + "-layers"  # no mode saved: LEACE
+    with pytest.raises(ValueError, match="not a registered mode"):
+        StreamLayers.restored({**record, "mode": "nope"}, tensors)
+
+
 def test_the_stream_table_recomputes_and_each_quarter_is_chosen_without_its_items(swept_run, tmp_path):
     _, _, swept = swept_run
     out = tmp_path / "run"

@@ -12,7 +12,8 @@ r parts per layer, applied in order: orthonormal projections, so together they a
 
 The stream alike (`edit --stream-layers`): StreamLayers, the stream's erasers (edits.layers.stream)
 entering the same windows of layers, each fitted on the stream of the model erased below it
-(fitted_stream_layers); raw kind "stream-layers". Both are LayerEdits.
+(fitted_stream_layers); raw kind "stream-layers", and for another mode of `--stream-layer-modes`
+(leace_mid, project, ...) "stream-layers-MODE". Both are LayerEdits.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ...model.anatomy import decoder_layers, mlp_added, module_of
 from ...stats.edits import STREAM_LAYERS
 from .mlp import POSITIONS, MlpEdit, Recorded, kind_of
 from .modes import SITE_MODES
-from .stream import PARAMETERS, PerLayer, StreamEdit, last_states, measure_layers, untouched
+from .stream import PARAMETERS, STREAM_MODE, PerLayer, StreamEdit, last_states, measure_layers, untouched
 
 # --mlp-layers' modes by default: DAMA's projection, 2DAMA's keep rule, the midpoint kept (--mlp-layer-modes
 # takes any registered mode)
@@ -139,17 +140,36 @@ class MlpLayers(LayerEdits):
 
 @dataclass(frozen=True)
 class StreamLayers(LayerEdits):
-    """The stream's erasers entering several layers (StreamEdit parts), each fitted on the stream of
-    the model with the erasers below it applied (fitted_stream_layers)."""
+    """The stream's edits entering several layers (StreamEdit parts, fitted by `mode`: LEACE unless
+    --stream-layer-modes names another), each fitted on the stream of the model with the edits below
+    it applied (fitted_stream_layers)."""
 
     kind: ClassVar[str] = "stream_layers"
+    mode: str = STREAM_MODE
 
     @property
     def name(self) -> str:
-        return STREAM_LAYERS
+        return stream_layers_kind(self.mode)
 
     def sites(self) -> str:
-        return f"stream entering layers {', '.join(str(part.layer) for part in self.parts)}"
+        mode = "" if self.mode == STREAM_MODE else f" ({self.mode})"
+        return f"stream entering layers {', '.join(str(part.layer) for part in self.parts)}{mode}"
+
+    def about(self) -> dict:
+        return {"mode": self.mode}
+
+    @classmethod
+    def restored(cls, record: dict, tensors: dict) -> StreamLayers:
+        mode = record.get("mode", STREAM_MODE)  # files saved before the stream took modes: LEACE
+        if mode not in SITE_MODES:
+            raise ValueError(f"mode {mode!r} is not a registered mode ({', '.join(SITE_MODES)})")
+        return replace(super().restored(record, tensors), mode=mode)
+
+
+def stream_layers_kind(mode: str = STREAM_MODE) -> str:
+    """The raw kind (and saved file's name) of the stream's edits of several layers by `mode`:
+    stream-layers (LEACE, as before modes), stream-layers-leace_mid."""
+    return STREAM_LAYERS if mode == STREAM_MODE else f"{STREAM_LAYERS}-{mode}"
 
 
 def dama_windows(n_layers: int) -> tuple[tuple[int, ...], int]:
@@ -202,9 +222,9 @@ def state_at(module, bank: Bank, at, layer: int, start: int = 0, entering: bool 
     return torch.cat(out)
 
 
-def in_order(layers, recorded, rerun, fit, edit: type) -> LayerEdits:
-    """The `edit` of `layers` fitted in order: `fit(layer, items, control)` -> the layer's parts, on
-    `recorded(layer)` for the first layer and on `rerun(layer, below)` (the model with `below`, the
+def in_order(layers, recorded, rerun, fit, edit) -> LayerEdits:
+    """`edit(parts)` of `layers` fitted in order: `fit(layer, items, control)` -> the layer's parts,
+    on `recorded(layer)` for the first layer and on `rerun(layer, below)` (the model with `below`, the
     parts fitted so far, applied) for each next one."""
     parts: list = []
     for layer in layers:
@@ -255,10 +275,10 @@ def measure_mlp_layers(model, recorded: Recorded, mode: str, log=lambda m: None,
     return measure_layers(model, recorded.inputs, PerLayer(fit, None, name, what, counts), log)
 
 
-def fitted_stream_layers(module, source, layers, on) -> StreamLayers:
-    """The stream's erasers entering `layers` (in order; StreamEdit.fitted on the items of folds `on`),
-    each fitted on the stream of the model with the erasers below it applied: the first from the
-    recorded stream, each next one from passes of its own."""
+def fitted_stream_layers(module, source, layers, on, mode: str = STREAM_MODE) -> StreamLayers:
+    """The stream's edits by `mode` entering `layers` (in order; StreamEdit.fitted on the items of
+    folds `on`), each fitted on the stream of the model with the edits below it applied: the first
+    from the recorded stream, each next one from passes of its own."""
     banks = (source.bank, source.control)
 
     def recorded(layer):
@@ -268,22 +288,25 @@ def fitted_stream_layers(module, source, layers, on) -> StreamLayers:
         return tuple(state_at(module, bank, None, layer, layers[0], True, below) for bank in banks)
 
     def fit(layer, items, control):
-        return [StreamEdit.fitted(source, layer, on, items, control)]
+        return [StreamEdit.fitted(source, layer, on, items, control, mode)]
 
-    return in_order(layers, recorded, rerun, fit, StreamLayers)
+    return in_order(layers, recorded, rerun, fit, lambda parts: StreamLayers(parts, mode))
 
 
-def stream_layers_fit(module, n_layers: int):
-    """`fit(inputs, count, folds)` of the stream's erasers on the `count` layers ending at
+def stream_layers_fit(module, n_layers: int, mode: str = STREAM_MODE):
+    """`fit(inputs, count, folds)` of the stream's edits by `mode` on the `count` layers ending at
     dama_windows' last layer."""
     end = dama_windows(n_layers)[1]
-    return lambda source, count, on: fitted_stream_layers(module, source, range(end - count + 1, end + 1), on)
+    return lambda source, count, on: fitted_stream_layers(
+        module, source, range(end - count + 1, end + 1), on, mode
+    )
 
 
-def measure_stream_layers(model, inputs, log=lambda m: None):
-    """Raw values (kind stream-layers, k = the number of layers) of the stream erased entering each
-    window of dama_windows' layers (stream.measure_layers; no readout: the edited vectors are several)."""
+def measure_stream_layers(model, inputs, log=lambda m: None, mode: str = STREAM_MODE):
+    """Raw values (kind stream_layers_kind(mode), k = the number of layers) of the stream edited by
+    `mode` entering each window of dama_windows' layers (stream.measure_layers; no readout: the edited
+    vectors are several)."""
     counts, end = dama_windows(model.info.n_layers)
-    fit = stream_layers_fit(model.model, model.info.n_layers)
-    what = f"stream erased entering the layers up to {end}, count"
-    return measure_layers(model, inputs, PerLayer(fit, None, STREAM_LAYERS, what, counts), log)
+    fit = stream_layers_fit(model.model, model.info.n_layers, mode)
+    what = f"stream edited ({mode}) entering the layers up to {end}, count"
+    return measure_layers(model, inputs, PerLayer(fit, None, stream_layers_kind(mode), what, counts), log)

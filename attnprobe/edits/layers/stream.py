@@ -36,9 +36,10 @@ from ...intervene.rerun import ROWS, Changes, rerun_logits, rerun_y
 from ...model.anatomy import decoder_layers, module_of
 from ...stats.edits import STREAM as NAME
 from ..passes import raw_rows, text_costs
-from .modes import Leace
+from .modes import SITE_MODES
 
 PARAMETERS = ("along", "functional", "mean")
+STREAM_MODE = "leace"  # how the stream is edited at one layer, and over several unless told otherwise
 
 
 @dataclass(frozen=True)
@@ -124,12 +125,14 @@ class StreamEdit:
         return cls.fitted(inputs, layer, on, items, control)
 
     @classmethod
-    def fitted(cls, inputs, layer: int, on, items: torch.Tensor, control: torch.Tensor) -> StreamEdit:
-        """`fit` from the stream's states at every item's (N, E) and control prompt's (M, E) last token."""
+    def fitted(cls, inputs, layer: int, on, items, control, mode: str = STREAM_MODE) -> StreamEdit:
+        """`fit` from the stream's states at every item's (N, E) and control prompt's (M, E) last token,
+        by `mode` (edits.layers.modes; LEACE unless an edit of several layers names another)."""
         chosen = np.isin(inputs.fold, on)
         fit = inputs.keep_rows()
         x, keep = inputs.covariate[chosen], control[torch.as_tensor(fit)]
-        return cls(layer, *Leace.fit(items[torch.as_tensor(chosen)], x, keep, inputs.control_sign[fit]))
+        z = items[torch.as_tensor(chosen)]
+        return cls(layer, *SITE_MODES[mode].checked(z, x, keep, inputs.control_sign[fit]))
 
 
 def untouched(site) -> torch.Tensor:

@@ -24,7 +24,7 @@ from ...run.files.layout import hashes_known, same_weights
 from ...run.files.reader import RunFiles
 from ...run.options import RunOptions
 from ...run.phases import Phase, run_phase
-from ...stats.edits import MLP, STREAM, STREAM_LAYERS, edit_tables, head_table, quarter_table
+from ...stats.edits import MLP, STREAM, edit_tables, head_table, quarter_table
 from ...stats.keeping.goal import goal_table
 from ...stats.keeping.layers import layer_tables
 from ...stats.placebo import PLACEBO_PREFIX, placebo_table
@@ -95,7 +95,8 @@ def run_edits(
                 ks = [k for k in also_ks if k in set(summary["k"])]
                 chosen = [(kind, k) for kind in head_kinds(options) for k in ks]
                 chosen += [(STREAM, 0)] * options.stream
-                chosen += [(STREAM_LAYERS, 0)] * options.stream_layers
+                streams = [several.stream_layers_kind(mode) for mode in options.stream_layer_modes]
+                chosen += [(kind, 0) for kind in streams] * options.stream_layers
                 chosen += [
                     (mlps.kind_of(*where), 0) for where in mlps.fitted(options.mlp_modes)
                 ] * options.mlp
@@ -206,11 +207,14 @@ def _layer_parts(part, key: str, sweep: Sweep, clean: pd.DataFrame) -> list[pd.D
             frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
             if SITE_MODES[mode].covariate:
                 frames += layer_placebo(part, key, sweep, frames, name, recorded[at].fit(mode))
-    if sweep.options.stream_layers:  # a placebo refit costs a pass per layer and fold
-        stream_layers = lambda: several.measure_stream_layers(model, inputs, log)
-        frames.append(part(STREAM_LAYERS, stream_layers, f"{key}:{LAYER_PARTS}"))
-        fit = several.stream_layers_fit(model.model, model.info.n_layers)
-        frames += layer_placebo(part, key, sweep, frames, STREAM_LAYERS, fit)
+    for mode in sweep.options.stream_layer_modes if sweep.options.stream_layers else ():
+        # a placebo refit costs a pass per layer and fold
+        name = several.stream_layers_kind(mode)
+        measure = lambda m=mode: several.measure_stream_layers(model, inputs, log, m)
+        frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
+        if SITE_MODES[mode].covariate:
+            fit = several.stream_layers_fit(model.model, model.info.n_layers, mode)
+            frames += layer_placebo(part, key, sweep, frames, name, fit)
     if sweep.options.mlp_layers:  # several layers at once (a placebo refit costs a pass per layer and fold)
         at = mlps.layers_at(inputs)
         for mode, rank in several.layers_grid(sweep.options.mlp_ranks, sweep.options.mlp_layer_modes):

@@ -16,14 +16,14 @@ from ...analyses.circuits.runs import ATTRIBUTED
 from ...analyses.circuits.tables import chosen_circuit
 from ...heads import HeadSet
 from ...model.anatomy import decoder_layers, mlp_written, module_of
-from ...stats.edits import STREAM, STREAM_LAYERS
+from ...stats.edits import STREAM
 from ...stats.keeping.layers import chosen_layers
 from ...store import own_directory
 from ...version import __version__
 from ..estimate import token_mask, token_means
 from ..kinds import Mean
 from ..layers.mlp import POSITIONS, MlpEdit, Recorded, fitted, kind_of
-from ..layers.several import MlpLayers, layers_fit, layers_grid, stream_layers_fit
+from ..layers.several import MlpLayers, layers_fit, layers_grid, stream_layers_fit, stream_layers_kind
 from ..layers.stream import StreamEdit
 from ..saved import CircuitKnockout, save_edit
 from .options import Sweep, head_kinds
@@ -68,9 +68,10 @@ def save_layers(sweep: Sweep, tables: tuple, raw, source: dict) -> int:
     source, n = _source(sweep, source), 0
     if len(stream) and (stream["kind"] == STREAM).any():
         n += _save_layers(sweep, raw, source, STREAM, StreamEdit.fit)
-    if len(stream) and (stream["kind"] == STREAM_LAYERS).any():  # several layers: k is how many
-        fit = stream_layers_fit(sweep.model.model, sweep.manifest.model.n_layers)
-        n += _save_layers(sweep, raw, source, STREAM_LAYERS, fit)
+    for mode in sweep.options.stream_layer_modes if len(stream) else ():  # several layers: k is how many
+        if (stream["kind"] == stream_layers_kind(mode)).any():
+            fit = stream_layers_fit(sweep.model.model, sweep.manifest.model.n_layers, mode)
+            n += _save_layers(sweep, raw, source, stream_layers_kind(mode), fit)
     recorded = {at: Recorded(sweep.model.model, sweep.inputs, at) for at in POSITIONS}
     for mode, at in fitted(sweep.options.mlp_modes) if len(mlp) else ():
         kind = kind_of(mode, at)

@@ -28,6 +28,7 @@ from ..kinds import KINDS, Heads, parse_heads
 from ..layers.mlp import MODES as MLP_MODES
 from ..layers.modes import SITE_MODES
 from ..layers.several import LAYERS_MODES, MAX_RANK
+from ..layers.stream import STREAM_MODE
 from ..sequential import HeadFit, sequential_kinds
 
 DEFAULT_KINDS, DEFAULT_K = DEFAULT_EDIT_KINDS, DEFAULT_EDIT_K
@@ -38,6 +39,7 @@ LISTS = {
     "mlp_modes": (str, "mode names", "('mean', 'leace')"),
     "mlp_ranks": (int, "whole numbers", "(1, 8)"),
     "mlp_layer_modes": (str, "mode names", "('project', 'leace')"),
+    "stream_layer_modes": (str, "mode names", "('leace', 'leace_mid')"),
 }
 
 
@@ -58,6 +60,7 @@ class EditOptions:
     sequential: bool = False  # also each kind's heads fitted in order, layer by layer (edits.sequential)
     stream: bool = False  # also the stream erased at every layer (edits_stream, edits.layers.stream)
     stream_layers: bool = False  # also the stream erased entering several consecutive layers at once
+    stream_layer_modes: tuple[str, ...] = (STREAM_MODE,)  # the modes --stream-layers measures
     mlp: bool = False  # also each MLP's output edited at every layer (edits_mlp, edits.layers.mlp)
     mlp_modes: tuple[str, ...] = MLP_MODES  # the modes --mlp measures (edits.layers.modes)
     mlp_layers: bool = False  # also several consecutive MLP outputs edited at once (DAMA's design; edits_mlp)
@@ -81,6 +84,7 @@ class EditOptions:
                 raise AttnprobeError(f"--{name} {value!r}: give a whole number from {low} to {high:,}")
         named = ((self.kinds, KINDS, "edit kind", "kinds"), (self.mlp_modes, SITE_MODES, "MLP mode", "modes"))
         named += ((self.mlp_layer_modes, SITE_MODES, "MLP mode", "modes"),)
+        named += ((self.stream_layer_modes, SITE_MODES, "stream mode", "modes"),)
         for values, registry, noun, plural in named:
             unknown = [v for v in values if v not in registry]
             if unknown or not values:
@@ -93,6 +97,7 @@ class EditOptions:
             ("--mlp-modes", self.mlp_modes),
             ("--mlp-ranks", self.mlp_ranks),
             ("--mlp-layer-modes", self.mlp_layer_modes),
+            ("--stream-layer-modes", self.stream_layer_modes),
         ):
             repeated = sorted({str(v) for v in values if list(values).count(v) > 1})
             if repeated:
@@ -106,6 +111,8 @@ class EditOptions:
         # a rank or a mode of the edits of several layers: asking for it asks them
         if tuple(self.mlp_ranks) != (1,) or tuple(self.mlp_layer_modes) != LAYERS_MODES:
             object.__setattr__(self, "mlp_layers", True)
+        if tuple(self.stream_layer_modes) != (STREAM_MODE,):
+            object.__setattr__(self, "stream_layers", True)
         if not self.ks or min(self.ks) < 1:
             raise AttnprobeError("k must be whole numbers of heads >= 1, e.g. --k 1,2,5,10,20")
         if not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
@@ -160,6 +167,7 @@ def settings_hash(run_fingerprint: str, options: EditOptions, weights: str, cont
     templates) and the part of --text that is read."""
     own_files = ("kinds", "alone", "placebo", "stream", "mlp", "mlp_layers", "trace", "paths", "circuits")
     own_files += ("circuit_grain", "mlp_modes", "mlp_ranks", "mlp_layer_modes", "stream_layers", "sequential")
+    own_files += ("stream_layer_modes",)
     settings = {k: v for k, v in asdict(options).items() if k not in own_files}
     payload = json.dumps(
         {
