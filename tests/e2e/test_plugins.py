@@ -66,12 +66,21 @@ def test_an_outside_package_registers_a_measure_an_edit_kind_and_a_site_mode(tin
     lengths = pd.read_parquet(run / "prompt_length.parquet")
     assert sorted(lengths["prompt_id"]) == sorted(pd.read_parquet(run / "prompts.parquet")["prompt_id"])
     assert (run / "prompt_length_stats.csv").is_file()
-    edited = attnprobe("edit", str(run), "--kinds", "negate,zero", "--mlp-modes", "mean_gap,leace", *sweep)
+    several = ["--mlp-layer-modes", "mean_gap"]  # over several layers (each on the model edited below it)
+    edited = attnprobe(
+        "edit", str(run), "--kinds", "negate,zero", "--mlp-modes", "mean_gap,leace", *several, *sweep
+    )
     assert edited.returncode == 0, edited.stderr[-3000:]
     table = pd.read_csv(run / "edits.csv")
     assert set(table["kind"]) == {"negate", "zero"} and table["gradient_after"].notna().all()
     assert (run / "edits" / "negate-k1.json").is_file()  # saved, as a built-in kind's edit
     layers = pd.read_csv(run / "edits_mlp.csv")
+    windows = layers["kind"].str.startswith("mlp-layers-mean_gap")
+    assert (
+        windows.sum() == 2 + 1 and layers.loc[windows, "gradient_after"].notna().all()
+    )  # 1, 2 layers, chosen
+    assert list((run / "edits").glob("mlp-layers-mean_gap*.json"))
+    layers = layers[~windows]
     modes = set(layers["kind"].str.replace("-chosen", "").str.replace("-slot", ""))  # a row per layer, chosen
     gap = layers[layers["kind"].str.startswith("mlp-mean_gap")]
     assert (
