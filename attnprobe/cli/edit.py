@@ -208,10 +208,8 @@ def edit(run_dir, kinds, text_file, also, also_ks, device, **settings):
             settings[name] = tuple(m.strip() for m in settings[name].split(",") if m.strip())
     if "mlp_modes" in settings:
         settings["mlp"] = True
-    if settings["mlp_ranks"] is None:
+    if settings["mlp_ranks"] is None:  # given, it implies --mlp-layers (EditOptions, as the layer modes)
         del settings["mlp_ranks"]
-    else:
-        settings["mlp_layers"] = True
     options = EditOptions(kinds=kinds, text=text_file, **settings)  # the other options by their names
     quiet = click.get_current_context().obj.get("quiet")
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))

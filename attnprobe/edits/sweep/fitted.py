@@ -69,9 +69,10 @@ def save_layers(sweep: Sweep, tables: tuple, raw, source: dict) -> int:
     if len(stream) and (stream["kind"] == STREAM).any():
         n += _save_layers(sweep, raw, source, STREAM, StreamEdit.fit)
     for mode in sweep.options.stream_layer_modes if len(stream) else ():  # several layers: k is how many
-        if (stream["kind"] == stream_layers_kind(mode)).any():
+        kind = stream_layers_kind(mode)
+        if (stream["kind"] == kind).any():
             fit = stream_layers_fit(sweep.model.model, sweep.manifest.model.n_layers, mode)
-            n += _save_layers(sweep, raw, source, stream_layers_kind(mode), fit)
+            n += _save_layers(sweep, raw, source, kind, fit)
     recorded = {at: Recorded(sweep.model.model, sweep.inputs, at) for at in POSITIONS}
     for mode, at in fitted(sweep.options.mlp_modes) if len(mlp) else ():
         kind = kind_of(mode, at)

@@ -82,9 +82,12 @@ class EditOptions:
             value, low, high = getattr(self, name), MIN_EDIT_COUNTS[name], MAX_EDIT_COUNTS[name]
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise AttnprobeError(f"--{name} {value!r}: give a whole number from {low} to {high:,}")
-        named = ((self.kinds, KINDS, "edit kind", "kinds"), (self.mlp_modes, SITE_MODES, "MLP mode", "modes"))
-        named += ((self.mlp_layer_modes, SITE_MODES, "MLP mode", "modes"),)
-        named += ((self.stream_layer_modes, SITE_MODES, "stream mode", "modes"),)
+        named = (
+            (self.kinds, KINDS, "edit kind", "kinds"),
+            (self.mlp_modes, SITE_MODES, "MLP mode", "modes"),
+            (self.mlp_layer_modes, SITE_MODES, "MLP mode", "modes"),
+            (self.stream_layer_modes, SITE_MODES, "stream mode", "modes"),
+        )
         for values, registry, noun, plural in named:
             unknown = [v for v in values if v not in registry]
             if unknown or not values:
