@@ -1,6 +1,6 @@
 """`python -m attnprobe`: the command line."""
 
-from .cli import main
+from .cli.program import command_line
 
 if __name__ == "__main__":
-    main()
+    command_line()

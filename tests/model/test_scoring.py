@@ -100,3 +100,11 @@ def test_a_large_vocabulary_shrinks_the_batch(monkeypatch):
     got = scoring.continuation_logprobs(pm, pairs, batch_size=256, advance=passes.append)
     assert sum(len(tail) for _, tail in pairs) == 14 and len(passes) >= 5 and sum(passes) == len(pairs)
     assert max(abs(g - plain(model, p, t)) for g, (p, t) in zip(got, pairs)) <= 1e-10
+
+
+def test_row_logsumexp_in_blocks_equals_torchs():
+    """The blocked reduction (a block of rows stays in the cache) is torch's, row for row, whatever
+    the number of rows against the block."""
+    logits = torch.randn(37, 1000, generator=torch.Generator().manual_seed(0)) * 4
+    for rows in (1, 16, 36, 37, 64):
+        torch.testing.assert_close(scoring.row_logsumexp(logits, rows), torch.logsumexp(logits, -1))

@@ -89,3 +89,26 @@ def test_a_mistyped_key_or_column_names_the_one_meant_in_the_yamls_spelling(tmp_
     with pytest.raises(SuiteError) as raised:  # nothing near: no guess
         load_suite(path)
     assert "did you mean" not in str(raised.value)
+
+
+def test_the_program_ends_with_mains_code_after_its_exit_handlers(tmp_path):
+    """command_line (the console script and `python -m attnprobe`) skips the interpreter's teardown:
+    the exit code is main()'s, what it printed arrives whole, exit handlers still run, and nothing
+    after it runs, not even the teardown's finalizers (`kept`'s, which a normal exit runs)."""
+    code = (
+        "import atexit\nfrom attnprobe.cli.program import command_line\n"
+        "class Torn:\n    def __del__(self):\n        print('torn down')\nkept = Torn()\n"
+        "atexit.register(lambda: print('handler ran'))\ncommand_line()\nprint('not reached')"
+    )
+    listed = subprocess.run([sys.executable, "-c", code, "models"], capture_output=True, text=True)
+    lines = listed.stdout.splitlines()
+    assert listed.returncode == 0 and lines[-1] == "handler ran", listed.stdout + listed.stderr
+    assert any(line.startswith("smollm2-135m") for line in lines) and {"not reached", "torn down"}.isdisjoint(
+        lines
+    )
+    missing = str(tmp_path / "missing.yaml")
+    refused = subprocess.run(
+        [sys.executable, "-m", "attnprobe", "check", missing], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert refused.stderr.startswith("attnprobe: error:") and missing in refused.stderr
