@@ -40,7 +40,7 @@ OPENINGS = [*harness_parity.OPENINGS, "Some said that ", "Back then, "]  # 10 x 
 PAIRS = 300
 
 
-# what `run` imports, timed inside a process that starts as the program does (cli.command_line's collector
+# what `run` imports, timed inside a process that starts as the program does (cli/program.py's collector
 # threshold): the process's start and end are the rest's
 IMPORTS = (
     "import gc, time\nfrom attnprobe.cli.program import YOUNG_OBJECTS\ngc.set_threshold(YOUNG_OBJECTS)\n"
@@ -94,14 +94,13 @@ def main(argv=None) -> int:
         theirs += ["--model_args", f"pretrained={model},dtype=float32", "--tasks", "crows_local"]
         theirs += ["--include_path", str(folder), "--device", "cpu", "--batch_size", args.batch_size]
         theirs += ["--output_path", str(folder / "lm_eval")]
-        imports = [sys.executable, "-c", IMPORTS]
+        imports, ours_env = [sys.executable, "-c", IMPORTS], dict(env, PYTHONPATH=str(ROOT))
         times = {"attnprobe": [], "lm_eval": [], "imports": [], "compute": []}
         for _ in range(args.rounds):
-            times["attnprobe"].append(timed(ours, folder, dict(env, PYTHONPATH=str(ROOT))))
+            times["attnprobe"].append(timed(ours, folder, ours_env))
             manifest = json.loads((folder / "run" / "manifest.json").read_text())
             times["compute"].append(manifest["compute_seconds_this_session"])
             times["lm_eval"].append(timed(theirs, folder, env))
-            ours_env = dict(env, PYTHONPATH=str(ROOT))
             done = subprocess.run(
                 imports, cwd=folder, capture_output=True, text=True, check=True, env=ours_env
             )

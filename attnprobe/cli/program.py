@@ -36,6 +36,7 @@ M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc's mallopt pa
 
 
 def command_line() -> None:
+    """`attnprobe ARGS`: main() as one job's process (the module's note), ending with main()'s code."""
     gc.set_threshold(YOUNG_OBJECTS)
     _heap_kept()
     try:

@@ -27,7 +27,7 @@ from .packing import distinct_tokens, pad_right, run_with_shared_prefixes, sorte
 from .sharing import prefix_sharing_blocker
 
 LOGIT_BUDGET = 128 * 2**20  # logits (N x V floats) a pass holds at most: 512 MB in float32
-LOGSUMEXP_ROWS = 16  # rows of logits reduced at a time on a CPU (16 x 49,152 floats: 3 MB, the L2 cache)
+LOGSUMEXP_ROWS = 16  # rows of logits reduced at a time on a CPU (16 x 49,152 floats: 3 MB, cache-sized)
 
 
 def _passes(pairs, sequences, share: bool, batch_size: int, most_picks: int) -> list[list[list[int]]]:
@@ -102,8 +102,8 @@ def token_logprobs(
 
 def row_logsumexp(logits: torch.Tensor, rows: int = LOGSUMEXP_ROWS) -> torch.Tensor:
     """logsumexp over the last axis of (U, V) logits, `rows` rows at a time: torch's runs max,
-    subtract, exp and sum as separate passes, each a fresh U x V tensor (a gigabyte for a pass of
-    SmolLM2's logits, written and read back from memory); a block of rows stays in the cache."""
+    subtract, exp and sum as separate passes over U x V floats (360 MB for a pass of SmolLM2's scored
+    positions, written and read back from memory); a block of rows stays in the cache."""
     if logits.device.type != "cpu" or len(logits) <= rows:
         return torch.logsumexp(logits, -1)
     return torch.cat([torch.logsumexp(block, -1) for block in logits.split(rows)])
