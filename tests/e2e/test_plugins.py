@@ -76,9 +76,8 @@ def test_an_outside_package_registers_a_measure_an_edit_kind_and_a_site_mode(tin
     assert (run / "edits" / "negate-k1.json").is_file()  # saved, as a built-in kind's edit
     layers = pd.read_csv(run / "edits_mlp.csv")
     windows = layers["kind"].str.startswith("mlp-layers-mean_gap")
-    assert (
-        windows.sum() == 2 + 1 and layers.loc[windows, "gradient_after"].notna().all()
-    )  # 1, 2 layers, chosen
+    # the windows of 1 and 2 layers, and the chosen one
+    assert windows.sum() == 2 + 1 and layers.loc[windows, "gradient_after"].notna().all()
     assert list((run / "edits").glob("mlp-layers-mean_gap*.json"))
     layers = layers[~windows]
     modes = set(layers["kind"].str.replace("-chosen", "").str.replace("-slot", ""))  # a row per layer, chosen

@@ -103,9 +103,8 @@ def test_the_program_ends_with_mains_code_after_its_exit_handlers(tmp_path):
     listed = subprocess.run([sys.executable, "-c", code, "models"], capture_output=True, text=True)
     lines = listed.stdout.splitlines()
     assert listed.returncode == 0 and lines[-1] == "handler ran", listed.stdout + listed.stderr
-    assert any(line.startswith("smollm2-135m") for line in lines) and {"not reached", "torn down"}.isdisjoint(
-        lines
-    )
+    assert any(line.startswith("smollm2-135m") for line in lines)
+    assert {"not reached", "torn down"}.isdisjoint(lines), listed.stdout
     missing = str(tmp_path / "missing.yaml")
     refused = subprocess.run(
         [sys.executable, "-m", "attnprobe", "check", missing], capture_output=True, text=True
