@@ -135,7 +135,7 @@ def test_two_bbq_files_get_per_file_and_per_category_rows_with_clustered_interva
 def test_the_cluster_bootstrap_moves_clusters_together():
     """With one cluster dimension every question of a drawn cluster gets its count; with two, the
     product of its levels' counts (pigeonhole); counts per dimension sum to its number of levels."""
-    from attnprobe.stats.inference import cluster_weights
+    from attnprobe.stats.kinds.multiple_choice import cluster_weights
 
     a = np.array(["x", "x", "y", "z"])
     b = np.array(["p", "q", "p", "q"])

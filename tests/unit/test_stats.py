@@ -137,6 +137,26 @@ def test_cluster_counts_only_clusters_with_data():
     assert out["df"][0] == 3 and out["n_clusters"] == [60, 8]
 
 
+def test_group_sums_add_each_groups_rows_in_order_as_add_at_does():
+    """inference.group_sums (one sparse product) equals np.add.at bit for bit, groups of one row and
+    of many, an empty group, 3-d rows; with weights, the sums of each weight column times the rows."""
+    from attnprobe.stats.inference import group_sums
+
+    rng = np.random.default_rng(3)
+    values = rng.normal(size=(500, 7, 3)) * 10.0 ** rng.integers(-8, 8, size=(500, 1, 1))
+    index = np.r_[rng.integers(0, 40, 499), 41]  # group 40 is empty, 41 holds one row
+    expected = np.zeros((42, 7, 3))
+    np.add.at(expected, index, values)
+    assert np.array_equal(group_sums(values, index, 42), expected)
+    weights = rng.normal(size=(500, 2))
+    weighted = np.zeros((42, 2, 7, 3))
+    np.add.at(weighted, index, weights[:, :, None, None] * values[:, None])
+    assert np.array_equal(group_sums(values, index, 42, weights=weights), weighted)
+    assert np.array_equal(
+        group_sums(values[:, 0, 0] > 0, index, 42), np.bincount(index, values[:, 0, 0] > 0, 42)
+    )
+
+
 def test_interaction_test_holds_its_level_under_template_heterogeneity():
     """Calibration at the declared design: 60 occupations x 8 templates, each template with its own
     slope on the covariate (between-template slope SD twice a template slope's sampling SE: I^2 about
@@ -419,8 +439,7 @@ def test_planted_interaction_in_a_run_directory(tmp_path):
 
 def test_template_heterogeneity_by_hand():
     """I^2 from Cochran's Q over the per-template OLS slopes, each weighted by 1 / its variance."""
-    from attnprobe.stats.design import Design
-    from attnprobe.stats.kinds.attention import template_heterogeneity
+    from attnprobe.stats.design import Design, template_heterogeneity
 
     rng = np.random.default_rng(6)
     x = np.tile(np.linspace(0, 100, 10), 3)

@@ -21,7 +21,19 @@ import numpy as np
 import pandas as pd
 
 from ...schema.analysis import ITEM, TEMPLATE, Analysis
-from ..design import PER, Design, items_table, paired, power_note, read_twice, run_analysis, scopes
+from ..design import (
+    PER,
+    Design,
+    coded,
+    decoded,
+    items_table,
+    paired,
+    power_note,
+    read_twice,
+    run_analysis,
+    scopes,
+    template_heterogeneity,
+)
 from ..inference import (
     ALPHA,
     bh_qvalues,
@@ -224,34 +236,6 @@ def _held_out_halves(design: Design, cells: np.ndarray, analysis: Analysis) -> d
     return out
 
 
-def template_heterogeneity(design: Design, cells: np.ndarray, covariate: str, pooled: np.ndarray):
-    """Per column: I^2 of the per-template least-squares slopes (Cochran's Q with each slope's OLS
-    variance) and the share of templates whose slope has the sign of the pooled slope."""
-    x_all = design.cells[covariate].to_numpy(dtype=float)
-    slopes, variances = [], []
-    for rows in design.cells.groupby(TEMPLATE, sort=False).indices.values():
-        x, y = x_all[rows], cells[rows]
-        if len(rows) < 4 or np.std(x) == 0:
-            continue
-        xc = x - x.mean()
-        sxx = (xc**2).sum()
-        yc = np.nan_to_num(y - np.nanmean(y, 0))
-        b = xc @ yc / sxx
-        residual = yc - np.outer(xc, b)
-        slopes.append(b)
-        variances.append((residual**2).sum(0) / (len(rows) - 2) / sxx)
-    k = cells.shape[1]
-    if len(slopes) < 2:
-        return np.full(k, np.nan), np.full(k, np.nan)
-    B, V = np.array(slopes), np.array(variances)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        w = 1 / V
-        mean = (w * B).sum(0) / w.sum(0)
-        q = (w * (B - mean) ** 2).sum(0)
-        i2 = np.clip((q - (len(B) - 1)) / q, 0, 1)
-    return i2, (np.sign(B) == np.sign(pooled)).mean(0)
-
-
 HELD_OUT_DRAWS = 2000  # random head sets of the null of the held-out attention claim
 HELD_OUT_SPLITS, SPLIT_DRAWS = 100, 200  # random unit x template splits, and each one's null draws
 
@@ -387,8 +371,13 @@ def condition_means(run) -> pd.DataFrame:
     if not analysis.contrast:
         return pd.DataFrame(columns=["layer", "head", "source", "target", "label", "mean", "n"])
     unit = analysis.unit or next((c for c in analysis.clusters if c not in (TEMPLATE, ITEM)), None)
-    keys = ["prompt_id", analysis.contrast] + ([unit] if unit in run.prompts else [])
-    merged = run.attention.merge(run.prompts[keys], on="prompt_id")
-    group = KEYS[2:] + KEYS[:2] + keys[1:]
-    out = merged.groupby(group)["weight"].agg(mean="mean", n="size").reset_index()
-    return out.rename(columns={analysis.contrast: "label"})
+    keys = [analysis.contrast] + ([unit] if unit in run.prompts else [])
+    attention, info = run.attention, run.prompts.drop_duplicates("prompt_id").set_index("prompt_id")[keys]
+    row = info.index.get_indexer(attention["prompt_id"])  # -1: a prompt the prompts table lacks
+    by_prompt = [pd.factorize(info[k], sort=True) for k in keys]
+    factors = [pd.factorize(attention[k], sort=True) for k in KEYS[2:] + KEYS[:2]]
+    code, levels = coded(factors + [(np.where(row >= 0, c[row], -1), level) for c, level in by_prompt])
+    kept = code >= 0  # as a groupby drops rows with a key missing; one integer key, not six columns
+    grouped = pd.Series(attention["weight"].to_numpy()[kept]).groupby(code[kept]).agg(["mean", "size"])
+    out = decoded(grouped.index.to_numpy(), levels, KEYS[2:] + KEYS[:2] + ["label", *keys[1:]])
+    return out.assign(mean=grouped["mean"].to_numpy(), n=grouped["size"].to_numpy())

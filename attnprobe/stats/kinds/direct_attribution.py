@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ...schema.analysis import ITEM
-from ..design import PER, Design, items_table, run_analysis
+from ..design import PER, Design, items_table, pivoted, run_analysis
 from ..inference import bh_qvalues, cluster_mean_test, cluster_slope_test, slope_ratio_test
 
 TOTAL, ERROR, MLP = "logit_difference", "error", "mlp"
@@ -36,7 +36,7 @@ def item_values(run, cut: str) -> pd.DataFrame:
         if prompt_id in computed and k is not None:
             by_key.setdefault(k, prompt_id)
     source = pd.Series([by_key.get(k) for k in key], index=prompts["prompt_id"]).dropna().astype(int)
-    wide = table.pivot_table(index="prompt_id", columns=KEYS, values="value", aggfunc="first")
+    wide = pivoted(table, "prompt_id", KEYS, "value")
     per_prompt = wide.reindex(source.to_numpy())
     per_prompt.index = prompts.set_index("prompt_id").loc[source.index, ITEM].to_numpy()
     return per_prompt.groupby(level=0).mean()

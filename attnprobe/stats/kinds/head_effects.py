@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ...schema.analysis import ITEM, TEMPLATE
-from ..design import Design, items_table, power_note, run_analysis
+from ..design import Design, items_table, pivoted, power_note, run_analysis
 from ..effect_checks import attention_agreement, attribution_check, spearman
 from ..inference import (
     ALPHA,
@@ -115,9 +115,10 @@ def _top_layers(layer_table: pd.DataFrame) -> dict:
 
 
 def _wide(long: pd.DataFrame, word: str, index, columns: list[str], value: str) -> pd.DataFrame:
-    """Items x (columns) of one value for one counterfactual word, rows in `index` order."""
+    """Items x (columns) of one value for one counterfactual word, rows in `index` order (the screen
+    writes one row per item, word and head or layer: its value is the cell's)."""
     rows = long[long["counterfactual"] == word]
-    return rows.pivot_table(index=ITEM, columns=columns, values=value, dropna=False).reindex(index)
+    return pivoted(rows, ITEM, columns, value, keep_empty=True).reindex(index)
 
 
 def _heads(long, c: _Cells) -> pd.DataFrame:

@@ -29,7 +29,7 @@ import pandas as pd
 
 from ...schema.analysis import ITEM, TEMPLATE
 from ..design import Design, items_table, run_analysis
-from ..inference import bh_qvalues, cluster_mean_test, cluster_weights
+from ..inference import bh_qvalues, cluster_mean_test
 
 COLUMNS = [
     "by",
@@ -195,3 +195,15 @@ def _bias(part: pd.DataFrame, ambiguous: bool, wanted: bool, labels: list[np.nda
     low, high = np.percentile(draws, [2.5, 97.5])
     p = min(1.0, 2 * (1 + min((draws <= 0).sum(), (draws >= 0).sum())) / (1 + len(draws)))
     return estimate, float(low), float(high), float(p)
+
+
+def cluster_weights(labels: list[np.ndarray], rng, n: int):
+    """Bootstrap weights per item, one draw at a time: each dimension's levels drawn with
+    replacement (multinomial counts), an item weighing the product of its levels' counts."""
+    codes = [pd.factorize(c)[0] for c in labels]
+    for _ in range(n):
+        weight = np.ones(len(codes[0]))
+        for code in codes:
+            levels = code.max() + 1
+            weight *= rng.multinomial(levels, np.full(levels, 1.0 / levels))[code]
+        yield weight
