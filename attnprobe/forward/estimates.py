@@ -26,11 +26,12 @@ CPU_FLOPS = PROMPTS_PER_SECOND * REFERENCE_TOKENS * 2 * REFERENCE_PARAMETERS
 
 # Statistics and report (run on the host whatever the device): a base and a cost per head and prompt
 # of a suite with a measure that has statistics per head (attention's head_stats). Fitted on the full
-# gender suite (6,840 prompts, float32, 2 CPU cores, 2026-11-30, write_report in one process) at 144
-# heads (14.4 s) and 1,024 heads (83.7 s, random Llama shapes of tiny width); SmolLM2's 270 heads then
-# took 25.4 s against 24.3 s predicted.
-REPORT_SECONDS = 3.06
-REPORT_SECONDS_PER_HEAD_PROMPT = 1.15e-5
+# gender suite (6,840 prompts, float32, 2 CPU cores, write_report in one process) at 144 heads (14.3 s)
+# and 1,024 heads (58.5 s, random Llama shapes of tiny width), 2026-11-30 after the statistics' group
+# sums and pivots moved to integer codes (were 14.4 and 83.7 s); SmolLM2's 270 heads then took 21.2 s
+# against 20.6 s predicted.
+REPORT_SECONDS = 7.07
+REPORT_SECONDS_PER_HEAD_PROMPT = 7.34e-6
 
 
 def report_seconds(n_heads: int, n_prompts: int, per_head: bool) -> float:
