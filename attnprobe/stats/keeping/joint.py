@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 from scipy import special
 
-from ..inference import _fieller
+from ..inference import _fieller, group_sums
 
 PER = 10
 
@@ -90,8 +90,7 @@ def _cr2_residuals(X: np.ndarray, bread: np.ndarray, E: np.ndarray, codes: np.nd
 def _satterthwaite(weights: np.ndarray, codes: np.ndarray) -> np.ndarray:
     """Per term (rows of `weights`, k x n: each row's weight in the term's estimate) the df of its
     cluster-robust variance under equal-variance cells: (sum_g l_g)^2 / sum_g l_g^2."""
-    loads = np.zeros((len(weights), codes.max() + 1))
-    np.add.at(loads.T, codes, (weights**2).T)
+    loads = group_sums((weights**2).T, codes, codes.max() + 1).T
     return loads.sum(1) ** 2 / (loads**2).sum(1)
 
 
@@ -110,8 +109,7 @@ def stacked_fit(X: np.ndarray, Y: np.ndarray, clusters: list[np.ndarray], rule: 
     def one_way(codes: np.ndarray) -> np.ndarray:
         adjusted = _cr2_residuals(X, bread, E, codes) if rule == "CR2" else E
         scores = np.concatenate([X * adjusted[:, [j]] for j in range(m)], axis=1)  # (n, m k)
-        sums = np.zeros((codes.max() + 1, m * k))
-        np.add.at(sums, codes, scores)
+        sums = group_sums(scores, codes, codes.max() + 1)
         g = len(sums)
         correction = g / (g - 1) * (m * n - 1) / (m * n - m * k) if rule == "CR1" else 1.0
         return correction * full_bread @ (sums.T @ sums) @ full_bread
