@@ -137,10 +137,14 @@ def test_cluster_counts_only_clusters_with_data():
     assert out["df"][0] == 3 and out["n_clusters"] == [60, 8]
 
 
-def test_group_sums_add_each_groups_rows_in_order_as_add_at_does():
+@pytest.mark.parametrize("sparse_from", [0, 10**9])  # the sparse product, and np.add.at for small sums
+def test_group_sums_add_each_groups_rows_in_order_as_add_at_does(monkeypatch, sparse_from):
     """inference.group_sums (one sparse product) equals np.add.at bit for bit, groups of one row and
     of many, an empty group, 3-d rows; with weights, the sums of each weight column times the rows."""
+    from attnprobe.stats import inference
     from attnprobe.stats.inference import group_sums
+
+    monkeypatch.setattr(inference, "SPARSE_FROM", sparse_from)
 
     rng = np.random.default_rng(3)
     values = rng.normal(size=(500, 7, 3)) * 10.0 ** rng.integers(-8, 8, size=(500, 1, 1))
