@@ -63,7 +63,7 @@ def decoded(code: np.ndarray, levels: list[pd.Index], names: list[str]) -> pd.Da
 
 def pivoted(long: pd.DataFrame, index: str, columns: list[str], value: str, keep_empty: bool = False):
     """long.pivot_table(index=index, columns=columns, values=value, aggfunc="first", dropna=not
-    keep_empty) on integer codes (7x faster on the 9 million rows of a 1,024-head run's direct
+    keep_empty) on integer codes (6.6 s -> 1.5 s on the 9 million rows of a 1,024-head run's direct
     attribution): rows and columns sorted, each cell the first non-missing value of its rows; with
     keep_empty, rows and columns whose values are all missing are kept (NaN)."""
     row_code, row_levels = coded([pd.factorize(long[index], sort=True)])

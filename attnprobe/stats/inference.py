@@ -58,13 +58,13 @@ def _weights(d: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.divide(W, total, out=np.zeros_like(W), where=total > 0)
 
 
-SPARSE_FROM = 20_000  # summed elements from which one sparse product beats np.add.at (0.1 ms to build)
+SPARSE_FROM = 20_000  # summed elements from which the sparse product is faster (2x here; 0.08 ms to build)
 
 
 def group_sums(values: np.ndarray, index: np.ndarray, n_groups: int, weights=None) -> np.ndarray:
     """(n_groups, ...) sums of the rows of values (n, ...) by group (index (n,) in 0..n_groups-1), each
-    group's rows added in their order as np.add.at adds them (bit for bit; np.add.at is 5-10x slower on
-    (n, 1,000) arrays); with weights (n, m), (n_groups, m, ...) sums of weights[:, a] * row."""
+    group's rows added in their order as np.add.at adds them (bit for bit; it and reduceat take 20x as
+    long on 3,420 x 1,100 values); weights (n, m) give (n_groups, m, ...): sums of weights[:, a] * row."""
     rows = np.asarray(values, dtype=float)
     n, m = len(rows), 1 if weights is None else weights.shape[1]
     w = np.ones((n, 1)) if weights is None else np.asarray(weights, dtype=float)
@@ -86,9 +86,9 @@ def _cr_variance(
     """CR1 variance of a sum of scores (n, k) clustered by labels, G/(G-1) * sum_g (sum_{i in g} s_i)^2,
     where G counts, per column, only the clusters with data in that column (`present`, (n, k) bool):
     a column observed in 4 of 60 clusters has 4 clusters, not 60."""
-    _, index = np.unique(labels, return_inverse=True)
-    sums = group_sums(scores, index.ravel(), index.max() + 1)
-    G = (group_sums(present, index.ravel(), index.max() + 1) > 0).sum(0)
+    index = np.unique(labels, return_inverse=True)[1].ravel()
+    sums = group_sums(scores, index, index.max() + 1)
+    G = (group_sums(present, index, index.max() + 1) > 0).sum(0)
     with np.errstate(invalid="ignore", divide="ignore"):
         factor = np.where(G > 1, G / np.maximum(G - 1, 1), np.nan)
     return factor * (sums**2).sum(0), G
