@@ -198,18 +198,16 @@ def edit(run_dir, kinds, text_file, also, also_ks, device, **settings):
     """Edit the heads RUN_DIR found (by default k = 1, 5; against random heads of the same layers)
     and write edits.csv: the stereotype gradient removed, definitional pronouns kept, and the KL cost."""
     from ..edits import EditOptions, run_edits
+    from ..edits.sweep.options import IMPLIES
 
     kinds = tuple(k.strip() for k in kinds.split(",") if k.strip())
-    # a list given: its names; none: the options' default
-    for name in ("mlp_modes", "mlp_layer_modes", "stream_layer_modes"):
+    for name, flag in IMPLIES.items():  # a list given asks for its edits; none: the options' default
         if settings[name] is None:
             del settings[name]
-        else:
+            continue
+        if isinstance(settings[name], str):  # the modes' names (the ranks are numbers already)
             settings[name] = tuple(m.strip() for m in settings[name].split(",") if m.strip())
-    if "mlp_modes" in settings:
-        settings["mlp"] = True
-    if settings["mlp_ranks"] is None:  # given, it implies --mlp-layers (EditOptions, as the layer modes)
-        del settings["mlp_ranks"]
+        settings[flag] = True
     options = EditOptions(kinds=kinds, text=text_file, **settings)  # the other options by their names
     quiet = click.get_current_context().obj.get("quiet")
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))

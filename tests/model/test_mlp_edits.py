@@ -338,6 +338,9 @@ def test_mlp_ranks_out_of_range_are_one_line_before_the_model_loads(edited_run, 
     one_line_error(CliRunner().invoke(main, ["edit", str(edited_run), "--mlp-ranks", ranks]), phrase)
     assert EditOptions(mlp_ranks=(1, 8)).mlp_layers and not EditOptions().mlp_layers  # Run.edit as the CLI
     assert EditOptions(mlp_layer_modes=("zero",)).mlp_layers
+    # the MLPs' and the stream's lists likewise; their defaults ask for nothing
+    assert EditOptions(mlp_modes=("zero",)).mlp and EditOptions(stream_layer_modes=("project",)).stream_layers
+    assert not any(getattr(EditOptions(), flag) for flag in ("mlp", "mlp_layers", "stream_layers"))
 
 
 @pytest.mark.thorough  # a whole sweep: the fast lane keeps the several-layer fit and apply tests

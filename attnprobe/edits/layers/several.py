@@ -30,7 +30,7 @@ from ...intervene.rerun import ROWS, Reached, rerun_until
 from ...intervene.sites import registered
 from ...model.anatomy import decoder_layers, mlp_added, module_of
 from ...stats.edits import STREAM_LAYERS
-from .mlp import POSITIONS, MlpEdit, Recorded, kind_of
+from .mlp import MlpEdit, Recorded, kind_of
 from .modes import SITE_MODES
 from .stream import PARAMETERS, STREAM_MODE, PerLayer, StreamEdit, last_states, measure_layers, untouched
 
@@ -45,12 +45,6 @@ def layers_grid(ranks=(1,), modes=LAYERS_MODES) -> tuple[tuple[str, int], ...]:
     """(mode, rank) of each edit of several layers measured: every mode of `modes` at rank 1, the
     ranked ones (project, dual) at each of `ranks`."""
     return tuple((mode, rank) for mode in modes for rank in ranks if rank == 1 or SITE_MODES[mode].ranked)
-
-
-def layers_kinds(ranks=(1,), modes=LAYERS_MODES) -> tuple[str, ...]:
-    """The raw kinds of layers_grid(ranks, modes), fitted at either position."""
-    grid = layers_grid(ranks, modes)
-    return tuple(kind_of(mode, at, True, rank) for mode, rank in grid for at in POSITIONS)
 
 
 @dataclass(frozen=True)

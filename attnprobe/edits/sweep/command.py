@@ -31,9 +31,7 @@ from ...stats.placebo import PLACEBO_PREFIX, placebo_table
 from ...store import atomic_write, read_chunks, write_parquet, write_table
 from ..inputs import Texts, record_inputs
 from ..layers import mlp as mlps
-from ..layers import several
-from ..layers.modes import SITE_MODES
-from ..layers.stream import StreamEdit, measure_stream
+from ..layers.asked import asked
 from .fitted import save_chosen, save_circuits, save_layers
 from .measure import SINGLE, GradientScores, clean_values, found_sets, measure_kind, measure_single
 from .options import EditOptions, Sweep, checked_options, head_kinds, run_and_suite, settings_hash
@@ -94,14 +92,7 @@ def run_edits(
             if suites:
                 ks = [k for k in also_ks if k in set(summary["k"])]
                 chosen = [(kind, k) for kind in head_kinds(options) for k in ks]
-                chosen += [(STREAM, 0)] * options.stream
-                streams = [several.stream_layers_kind(mode) for mode in options.stream_layer_modes]
-                chosen += [(kind, 0) for kind in streams] * options.stream_layers
-                chosen += [
-                    (mlps.kind_of(*where), 0) for where in mlps.fitted(options.mlp_modes)
-                ] * options.mlp
-                windows = several.layers_kinds(options.mlp_ranks, options.mlp_layer_modes)
-                chosen += [(kind, 0) for kind in windows] * options.mlp_layers
+                chosen += [(kind.name, 0) for kind in asked(options)]  # those saved, at either position
                 with hashes_known(model, (m.model.weights_sha256, weights)):  # checked above
                     write_table(directory, "edits_transfer", transfer(directory, suites, chosen, model, log))
                 log(f"edit: edits_transfer.csv in {directory} ({len(suites)} suites, k {ks})")
@@ -189,41 +180,19 @@ def _head_parts(part, key: str, sweep: Sweep, ranked: tuple) -> list[pd.DataFram
 
 
 def _layer_parts(part, key: str, sweep: Sweep, clean: pd.DataFrame) -> list[pd.DataFrame]:
-    """The per-layer edits' parts: the stream's (--stream), each MLP mode's (--mlp) and each edit of
-    several MLP layers (--mlp-layers), each with its placebo where it is fitted on the covariate
-    (--placebo)."""
+    """The per-layer edits' parts (layers.asked: the stream's, each MLP mode's, those of several layers),
+    each with its placebo where it is fitted on the covariate (--placebo; a refit of several layers
+    costs a pass per layer and fold)."""
     model, inputs, log = sweep.model, sweep.inputs, sweep.log
     frames = [clean]
     # the MLP outputs where each position's edits are fitted, recorded on first use: once for --mlp and
     # --mlp-layers together
     recorded = {at: mlps.Recorded(model.model, inputs, at) for at in mlps.POSITIONS}
-    if sweep.options.stream:
-        frames.append(part(STREAM, lambda: measure_stream(model, inputs, log), f"{key}:{LAYER_PARTS}"))
-        frames += layer_placebo(part, key, sweep, frames, STREAM, StreamEdit.fit)
-    if sweep.options.mlp:
-        for mode, at in mlps.fitted_where(inputs, sweep.options.mlp_modes):
-            name = mlps.kind_of(mode, at)
-            measure = lambda m=mode, r=recorded[at]: mlps.measure_mlp(model, r, m, log)
-            frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
-            if SITE_MODES[mode].covariate:
-                frames += layer_placebo(part, key, sweep, frames, name, recorded[at].fit(mode))
-    for mode in sweep.options.stream_layer_modes if sweep.options.stream_layers else ():
-        # a placebo refit costs a pass per layer and fold
-        name = several.stream_layers_kind(mode)
-        measure = lambda m=mode: several.measure_stream_layers(model, inputs, log, m)
-        frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
-        if SITE_MODES[mode].covariate:
-            fit = several.stream_layers_fit(model.model, model.info.n_layers, mode)
-            frames += layer_placebo(part, key, sweep, frames, name, fit)
-    if sweep.options.mlp_layers:  # several layers at once (a placebo refit costs a pass per layer and fold)
-        at = mlps.layers_at(inputs)
-        for mode, rank in several.layers_grid(sweep.options.mlp_ranks, sweep.options.mlp_layer_modes):
-            measure = lambda m=mode, r=rank: several.measure_mlp_layers(model, recorded[at], m, log, r)
-            name = mlps.kind_of(mode, at, True, rank)
-            frames.append(part(name, measure, f"{key}:{LAYER_PARTS}"))
-            if SITE_MODES[mode].covariate:
-                fit = several.layers_fit(recorded[at], mode, model.info.n_layers, rank)
-                frames += layer_placebo(part, key, sweep, frames, name, fit)
+    for kind in asked(sweep.options, inputs):
+        measure = lambda kind=kind: kind.measure(model, inputs, recorded, log)
+        frames.append(part(kind.name, measure, f"{key}:{LAYER_PARTS}"))
+        if kind.covariate:
+            frames += layer_placebo(part, key, sweep, frames, kind.name, kind.fit(model, recorded))
     return frames[1:]
 
 

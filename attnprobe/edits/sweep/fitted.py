@@ -16,15 +16,14 @@ from ...analyses.circuits.runs import ATTRIBUTED
 from ...analyses.circuits.tables import chosen_circuit
 from ...heads import HeadSet
 from ...model.anatomy import decoder_layers, mlp_written, module_of
-from ...stats.edits import STREAM
 from ...stats.keeping.layers import chosen_layers
 from ...store import own_directory
 from ...version import __version__
 from ..estimate import token_mask, token_means
 from ..kinds import Mean
-from ..layers.mlp import POSITIONS, MlpEdit, Recorded, fitted, kind_of
-from ..layers.several import MlpLayers, layers_fit, layers_grid, stream_layers_fit, stream_layers_kind
-from ..layers.stream import StreamEdit
+from ..layers.asked import asked
+from ..layers.mlp import POSITIONS, MlpEdit, Recorded
+from ..layers.several import MlpLayers
 from ..saved import CircuitKnockout, save_edit
 from .options import Sweep, head_kinds
 
@@ -64,28 +63,12 @@ def save_layers(sweep: Sweep, tables: tuple, raw, source: dict) -> int:
     of several layers as edits/stream-layers (and its quarters'); each MLP mode's as edits/mlp-MODE
     and edits/quarters/mlp-MODE-qF. The layers are chosen as the tables' chosen rows
     were (stats.keeping.layers.chosen_layers). Returns how many."""
-    stream, mlp = tables
     source, n = _source(sweep, source), 0
-    if len(stream) and (stream["kind"] == STREAM).any():
-        n += _save_layers(sweep, raw, source, STREAM, StreamEdit.fit)
-    for mode in sweep.options.stream_layer_modes if len(stream) else ():  # several layers: k is how many
-        kind = stream_layers_kind(mode)
-        if (stream["kind"] == kind).any():
-            fit = stream_layers_fit(sweep.model.model, sweep.manifest.model.n_layers, mode)
-            n += _save_layers(sweep, raw, source, kind, fit)
+    measured = set().union(*(table["kind"] for table in tables if len(table)))
     recorded = {at: Recorded(sweep.model.model, sweep.inputs, at) for at in POSITIONS}
-    for mode, at in fitted(sweep.options.mlp_modes) if len(mlp) else ():
-        kind = kind_of(mode, at)
-        if mlp["kind"].isin([kind, f"{kind}-chosen"]).any():
-            n += _save_layers(sweep, raw, source, kind, recorded[at].fit(mode))
-    windows = layers_grid(sweep.options.mlp_ranks, sweep.options.mlp_layer_modes)
-    grid = [(mode, rank, at) for mode, rank in windows for at in POSITIONS]
-    for mode, rank, at in grid if len(mlp) else ():
-        kind = kind_of(mode, at, True, rank)  # an edit of several layers: k is how many
-        if mlp["kind"].isin([kind, f"{kind}-chosen"]).any():
-            n += _save_layers(
-                sweep, raw, source, kind, layers_fit(recorded[at], mode, sweep.manifest.model.n_layers, rank)
-            )
+    for kind in asked(sweep.options, sweep.inputs):
+        if measured & {kind.name, f"{kind.name}-chosen"}:
+            n += _save_layers(sweep, raw, source, kind.name, kind.fit(sweep.model, recorded))
     return n
 
 

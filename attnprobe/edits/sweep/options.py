@@ -8,7 +8,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ...defaults import (
@@ -40,6 +40,14 @@ LISTS = {
     "mlp_ranks": (int, "whole numbers", "(1, 8)"),
     "mlp_layer_modes": (str, "mode names", "('project', 'leace')"),
     "stream_layer_modes": (str, "mode names", "('leace', 'leace_mid')"),
+}
+
+# the lists that say what a per-layer edit measures, and the option each asks for (given, it is set)
+IMPLIES = {
+    "mlp_modes": "mlp",
+    "mlp_ranks": "mlp_layers",
+    "mlp_layer_modes": "mlp_layers",
+    "stream_layer_modes": "stream_layers",
 }
 
 
@@ -111,11 +119,10 @@ class EditOptions:
             raise AttnprobeError(
                 f"--mlp-ranks {self.mlp_ranks!r}: give whole numbers from 1 to {MAX_RANK}, e.g. 1,8"
             )
-        # a rank or a mode of the edits of several layers: asking for it asks them
-        if tuple(self.mlp_ranks) != (1,) or tuple(self.mlp_layer_modes) != LAYERS_MODES:
-            object.__setattr__(self, "mlp_layers", True)
-        if tuple(self.stream_layer_modes) != (STREAM_MODE,):
-            object.__setattr__(self, "stream_layers", True)
+        defaults = {f.name: f.default for f in fields(self)}
+        for name, flag in IMPLIES.items():  # a list of modes or ranks other than the default asks for them
+            if tuple(getattr(self, name)) != defaults[name]:
+                object.__setattr__(self, flag, True)
         if not self.ks or min(self.ks) < 1:
             raise AttnprobeError("k must be whole numbers of heads >= 1, e.g. --k 1,2,5,10,20")
         if not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
