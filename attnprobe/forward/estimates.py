@@ -26,12 +26,12 @@ CPU_FLOPS = PROMPTS_PER_SECOND * REFERENCE_TOKENS * 2 * REFERENCE_PARAMETERS
 
 # Statistics and report (run on the host whatever the device): a base and a cost per head and prompt
 # of a suite with a measure that has statistics per head (attention's head_stats). Fitted on the full
-# gender suite (6,840 prompts, float32, 2 CPU cores, write_report in one process) at 144 heads (14.3 s)
-# and 1,024 heads (58.5 s, random Llama shapes of tiny width), 2026-11-30 after the statistics' group
-# sums and pivots moved to integer codes (were 14.4 and 83.7 s); SmolLM2's 270 heads then took 21.2 s
-# against 20.6 s predicted.
-REPORT_SECONDS = 7.07
-REPORT_SECONDS_PER_HEAD_PROMPT = 7.34e-6
+# gender suite (6,840 prompts, float32, 2 CPU cores, write_report in one process) at 144 heads (12.4 s)
+# and 1,024 heads (47.2 s, the mean of two; random Llama shapes of tiny width), 2026-11-30 after the
+# slope tests fitted each pattern of missing values at once (1,024 heads took 60.0 s before, in the same
+# sitting); SmolLM2's 270 heads then took 17.7 s against 17.4 s predicted.
+REPORT_SECONDS = 6.71
+REPORT_SECONDS_PER_HEAD_PROMPT = 5.78e-6
 
 
 def report_seconds(n_heads: int, n_prompts: int, per_head: bool) -> float:

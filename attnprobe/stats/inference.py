@@ -153,45 +153,36 @@ def cluster_mean_test(d: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], 
 
 
 def _cr2_slope_variance(
-    W: np.ndarray, xc: np.ndarray, residual: np.ndarray, sxx: np.ndarray, labels: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """CR2 (Bell & McCaffrey 2002) variance of weighted least-squares slopes, one per column, and the
-    clusters with data per column. Residuals at high-leverage covariate values are shrunk by the fit,
-    which makes CR1 reject too often in the tails with few clusters (p < 0.001 about 2.7x too often
-    with 30 units); CR2 undoes the shrinkage per cluster: e~_g = W_g^-1/2 (I - Hs_gg)^-1/2 W_g^1/2 e_g,
-    Hs = W^1/2 X (X'WX)^-1 X' W^1/2, X = [1, xc] (W sums to 1: X'WX = diag(1, Sxx)); the slope's error
-    is sum_g sum_{i in g} W_i xc_i e~_i / Sxx; once per pattern of missing values. Also returns the
-    Satterthwaite df of that variance under equal-variance cells, (sum l_g)^2 / sum l_g^2 with l_g =
-    sum_{i in g} (W_i xc_i)^2: a few extreme covariate values carry most of a slope's variance, so it
-    has fewer effective df than clusters (about 0.56 n for a uniform covariate with one cell per
-    cluster); without this the tails stay about 2x too liberal."""
-    k = W.shape[1]
-    variance, G, df = np.full(k, np.nan), np.zeros(k, dtype=int), np.full(k, np.nan)
-    for rows, columns in _patterns(W > 0):
-        j = columns[0]
-        if not rows.any() or sxx[j] <= 0:
-            continue
-        r = np.flatnonzero(rows)
-        group = np.unique(labels[r], return_inverse=True)[1].ravel()  # clusters in sorted order
-        n_groups = group.max() + 1
-        # Hs_gg = U U' with U = W^1/2 [1, xc / sqrt(Sxx)] (rank 2), so (I - U U')^-1/2 = I + U h(U'U) U',
-        # h(l) = ((1 - l)^-1/2 - 1) / l on the eigenvalues of the 2 x 2 Gram U'U: every cluster at once
-        root = np.sqrt(W[r, j])
-        U = np.stack([root, root * xc[r, j] / np.sqrt(sxx[j])], 1)  # (n, 2)
-        values, vectors = np.linalg.eigh(group_sums(U[:, :, None] * U[:, None, :], group, n_groups))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            h = np.where(values > 1e-9, (np.clip(1 - values, 1e-12, None) ** -0.5 - 1) / values, 0.5)
-        Hg = np.einsum("gik,gk,gjk->gij", vectors, h, vectors)
-        # the slope's score of cluster g: b' (I + U h U') z, b = W^1/2 xc / Sxx, z = W^1/2 e
-        b, z = root * xc[r, j] / sxx[j], root[:, None] * residual[r][:, columns]  # (n,), (n, c)
-        bz_uz = group_sums(z, group, n_groups, weights=np.column_stack([b, U]))  # (G, 3, c): b'z, U'z
-        bu = group_sums(b[:, None] * U, group, n_groups)
-        sums = bz_uz[:, 0] + np.einsum("gi,gij,gjc->gc", bu, Hg, bz_uz[:, 1:])
-        loads = group_sums((W[r, j] * xc[r, j]) ** 2, group, n_groups)
-        variance[columns] = (sums**2).sum(0)
-        G[columns] = n_groups
-        df[columns] = np.sum(loads) ** 2 / np.sum(np.square(loads))
-    return variance, G, df
+    e: np.ndarray, w: np.ndarray, xc: np.ndarray, sxx: float, group: np.ndarray
+) -> tuple[np.ndarray, int, float]:
+    """CR2 (Bell & McCaffrey 2002) variance of the weighted least-squares slopes of the columns of one
+    pattern of missing values (their residuals e (n, c) on the same rows, weights w summing to 1,
+    covariate xc centred, Sxx = sum w xc^2), clustered by group (n,: 0..G-1); with the clusters'
+    count and the variance's Satterthwaite df. Residuals at high-leverage covariate values are shrunk
+    by the fit, which makes CR1 reject too often in the tails with few clusters (p < 0.001 about 2.7x
+    too often with 30 units); CR2 undoes the shrinkage per cluster: e~_g = W_g^-1/2 (I - Hs_gg)^-1/2
+    W_g^1/2 e_g, Hs = W^1/2 X (X'WX)^-1 X' W^1/2, X = [1, xc] (X'WX = diag(1, Sxx)); the slope's error
+    is sum_g sum_{i in g} w_i xc_i e~_i / Sxx. The df is that of the variance under equal-variance
+    cells, (sum l_g)^2 / sum l_g^2 with l_g = sum_{i in g} (w_i xc_i)^2: a few extreme covariate values
+    carry most of a slope's variance, so it has fewer effective df than clusters (about 0.56 n for a
+    uniform covariate with one cell per cluster); without this the tails stay about 2x too liberal."""
+    n_groups = group.max() + 1
+    # Hs_gg = U U' with U = W^1/2 [1, xc / sqrt(Sxx)] (rank 2), so (I - U U')^-1/2 = I + U h(U'U) U',
+    # h(l) = ((1 - l)^-1/2 - 1) / l on the eigenvalues of the 2 x 2 Gram U'U: every cluster at once
+    root = np.sqrt(w)
+    U = np.stack([root, root * xc / np.sqrt(sxx)], 1)  # (n, 2)
+    values, vectors = np.linalg.eigh(group_sums(U[:, :, None] * U[:, None, :], group, n_groups))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        h = np.where(values > 1e-9, (np.clip(1 - values, 1e-12, None) ** -0.5 - 1) / values, 0.5)
+    Hg = np.einsum("gik,gk,gjk->gij", vectors, h, vectors)
+    # the slope's score of cluster g: b' (I + U h U') z = c_g' U'z with b = W^1/2 xc / Sxx = U[:, 1] /
+    # sqrt(Sxx), z = W^1/2 e, c_g = (0, 1 / sqrt(Sxx)) + Hg b'U; U'z: the sums of e weighted by W^1/2 U
+    uz = group_sums(e, group, n_groups, weights=U * root[:, None])  # (G, 2, c)
+    coefficients = np.einsum("gi,gij->gj", group_sums(U[:, 1:] * U, group, n_groups), Hg) / np.sqrt(sxx)
+    coefficients[:, 1] += 1 / np.sqrt(sxx)
+    sums = np.einsum("gj,gjc->gc", coefficients, uz)
+    loads = group_sums((w * xc) ** 2, group, n_groups)
+    return (sums**2).sum(0), n_groups, np.sum(loads) ** 2 / np.sum(np.square(loads))
 
 
 def _patterns(present: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -213,32 +204,49 @@ def cluster_slope_test(
     df: the interaction test at the declared design. Templates whose own slopes scatter around the
     pooled one make the template-clustered variance large, so a slope carried by one template does
     not pass as general (an occupation-only test would treat templates as fixed).
-    The slope's error is sum_i W_i xc_i e_i / Sxx (xc: x centred at its weighted mean, e: residual),
-    so the scores below are those terms."""
+    The slope's error is sum_i W_i xc_i e_i / Sxx (xc: x centred at its weighted mean, e: residual).
+    Columns missing the same rows share their weights, xc and Sxx, so each pattern of missing values
+    is fitted at once (slopes and means as matrix-vector products)."""
     y = np.atleast_2d(np.asarray(y, dtype=float).T).T
-    x = np.asarray(x, dtype=float)
-    y = np.where(np.isfinite(x)[:, None], y, np.nan)
-    W = _weights(y, np.asarray(w, dtype=float))
-    xc = x[:, None] - (W * np.nan_to_num(x)[:, None]).sum(0)  # (n, k): centred per column's rows
-    xc = np.where(W > 0, xc, 0.0)
-    sxx = (W * xc**2).sum(0)
-    yv = np.nan_to_num(y)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        slope = (W * xc * yv).sum(0) / sxx
-    residual = np.where(W > 0, yv - (W * yv).sum(0) - np.nan_to_num(slope) * xc, 0.0)
-    one_way = [_cr2_slope_variance(W, xc, residual, sxx, np.asarray(c)) for c in clusters]
-    variance, floored = one_way[0][0], np.zeros(y.shape[1], dtype=bool)
+    x, w = np.asarray(x, dtype=float), np.asarray(w, dtype=float)
+    k = y.shape[1]
+    codes = [np.unique(np.asarray(c), return_inverse=True)[1].ravel() for c in clusters]
+    if len(clusters) == 2:  # the crossed cells
+        codes.append(codes[0] * (codes[1].max() + 1) + codes[1])
+    slope, used = np.full(k, np.nan), np.zeros(k, dtype=int)
+    variances, G, dfs = (
+        np.full((len(codes), k), np.nan),
+        np.zeros((len(codes), k), dtype=int),
+        np.full((len(codes), k), np.nan),
+    )
+    present = np.isfinite(y) & (np.isfinite(x) & (w > 0))[:, None]
+    for rows, columns in _patterns(present):
+        r = np.flatnonzero(rows)
+        if not len(r):
+            continue
+        wr = w[r] / w[r].sum()
+        xc = x[r] - wr @ x[r]
+        sxx = wr @ xc**2
+        used[columns] = len(r)
+        if sxx <= 0:
+            continue
+        Y = y if len(r) == len(y) and len(columns) == k else y[np.ix_(r, columns)]
+        slope[columns] = fitted = (wr * xc) @ Y / sxx
+        residual = Y - np.column_stack([np.ones(len(r)), xc]) @ np.stack([wr @ Y, fitted])  # e = y - a - b xc
+        for a, code in enumerate(codes):
+            group = np.unique(code[r], return_inverse=True)[1].ravel()  # clusters in sorted order
+            variances[a, columns], G[a, columns], dfs[a, columns] = _cr2_slope_variance(
+                residual, wr, xc, sxx, group
+            )
+    variance, floored = variances[0], np.zeros(k, dtype=bool)
     if len(clusters) == 2:
-        a, b = (np.unique(np.asarray(c), return_inverse=True)[1].ravel() for c in clusters)
-        both = a * (b.max() + 1) + b  # the crossed cells
-        crossed = one_way[0][0] + one_way[1][0] - _cr2_slope_variance(W, xc, residual, sxx, both)[0]
-        floored = crossed < np.maximum(one_way[0][0], one_way[1][0])  # the larger one-way variance binds
-        variance = np.maximum(crossed, np.maximum(one_way[0][0], one_way[1][0]))
-    counts = [g for _, g, _ in one_way]
-    df = np.minimum(np.min(counts, axis=0) - 1, np.min([d for _, _, d in one_way], axis=0))
+        crossed = variances[0] + variances[1] - variances[2]
+        floored = crossed < np.maximum(variances[0], variances[1])  # the larger one-way variance binds
+        variance = np.maximum(crossed, np.maximum(variances[0], variances[1]))
+    counts = list(G[: len(clusters)])
+    df = np.minimum(np.min(counts, axis=0) - 1, np.min(dfs[: len(clusters)], axis=0))
     se = np.sqrt(variance)
-    has_data = (W > 0).sum(0) >= 3
-    has_data &= sxx > 0
+    has_data = (used >= 3) & np.isfinite(slope)
     t, p, half = _t_test(np.nan_to_num(slope), se, df, has_data, level)
     slope = np.where(has_data, slope, np.nan)
     return {
