@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import torch
@@ -188,7 +189,11 @@ def full_suite(name: str, folder: Path, device: str, dtype: str, work: Path, edi
     out, spec = work / f"full-{name}", f"random:{folder}"
     plan = plan_run(load_suite(SUITE), spec, RunOptions(out=out, device=device, dtype=dtype))
     estimate = phase_seconds(plan, Shape.of(plan.config), card(device)[0])
-    row = {"shape": name, "estimate_s": estimate, "estimate_total_s": sum(v or 0 for v in estimate.values())}
+    device_s = sum(v or 0 for v in estimate.values())
+    row = {"shape": name, "estimate_s": estimate, "estimate_total_s": device_s}
+    # check's two figures: the device's phases, then the host's statistics and report
+    host_s = plan.report_seconds()
+    row |= {"estimate_host_s": host_s, "estimate_with_host_s": device_s + host_s}
     if edit:  # edit refuses random: weights (they measure nothing learned): the same weights saved
         started = time.perf_counter()
         pm = load_model(spec, dtype=dtype, device=device)
@@ -199,8 +204,10 @@ def full_suite(name: str, folder: Path, device: str, dtype: str, work: Path, edi
         gc_collect()
         row["checkpoint_s"] = time.perf_counter() - started
     on = ["--device", device, "--dtype", dtype]
+    begun = time.time()
     row |= _typed("run", ["run", str(SUITE), "--model", spec, "--out", str(out), *on], left())
     manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").is_file() else {}
+    row |= _parts(manifest, begun, begun + row["run_s"])
     row["prompts"] = manifest.get("n_prompts")
     row["prompt_phase_s"] = (manifest.get("prompt_phase") or {}).get("seconds")
     row["head_effects"] = {k: (manifest.get("head_effects") or {}).get(k) for k in ("n_pairs", "seconds")}
@@ -208,6 +215,15 @@ def full_suite(name: str, folder: Path, device: str, dtype: str, work: Path, edi
     if edit and row["run_exit"] == 0:
         row |= _typed("edit", ["edit", str(out), "--device", device], left())
     return row
+
+
+def _parts(manifest: dict, begun: float, ended: float) -> dict:
+    """The run's wall time in three (to the second: the manifest's stamps): before its compute (start-up,
+    loading and hashing the weights, tokenising) and after it (statistics and report)."""
+    stamp = lambda key: datetime.strptime(manifest[key], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    if not manifest.get("started") or not manifest.get("finished"):
+        return {"before_compute_s": None, "after_compute_s": None}
+    return {"before_compute_s": stamp("started") - begun, "after_compute_s": ended - stamp("finished")}
 
 
 def _typed(what: str, args: list[str], timeout: float) -> dict:
