@@ -21,14 +21,13 @@ from .inference import (
     bh_qvalues,
     cluster_mean_test,
     cluster_slope_test,
-    correlation_with_ci,
     split_halves,
 )
 from .kinds.attention import condition_means, head_stats, held_out_interaction, layer_stats
 from .kinds.head_effects import head_effects
 from .kinds.likelihood import sentence_preference
 from .kinds.multiple_choice import choice_accuracy
-from .kinds.next_token import behavior, log_ratios
+from .kinds.next_token import behavior, correlation_with_ci, log_ratios
 from .kinds.referents import referent_accuracy, referent_choice
 
 # bump when a table's columns or meaning change: cached tables are recomputed (20: shares with

@@ -18,8 +18,6 @@ Cluster counts and df are per column, from the clusters that have data in that c
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from scipy import special
 
@@ -196,6 +194,33 @@ def _patterns(present: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(present[:, columns[0]], np.asarray(columns)) for columns in groups.values()]
 
 
+def _pattern_fits(x: np.ndarray, y: np.ndarray, w: np.ndarray, codes: list[np.ndarray]):
+    """Per column of y: the slope, the rows used, and per clustering of `codes` (3, len(codes), k): the
+    CR2 variance, the clusters and the df. Columns missing the same rows share their weights, xc and
+    Sxx, so each pattern of missing values is fitted at once (slopes and means as matrix products)."""
+    k = y.shape[1]
+    slope, used, fits = np.full(k, np.nan), np.zeros(k, dtype=int), np.full((3, len(codes), k), np.nan)
+    fits[1] = 0  # clusters with data
+    present = np.isfinite(y) & (np.isfinite(x) & (w > 0))[:, None]
+    for rows, columns in _patterns(present):
+        r = np.flatnonzero(rows)
+        wr = w[r] / max(w[r].sum(), 1e-300)
+        xc = x[r] - wr @ x[r]
+        sxx = wr @ xc**2
+        used[columns] = len(r)
+        if not len(r) or sxx <= 0:
+            continue
+        Y = y if len(r) == len(y) and len(columns) == k else y[np.ix_(r, columns)]
+        slope[columns] = fitted = (wr * xc) @ Y / sxx
+        residual = Y - np.column_stack([np.ones(len(r)), xc]) @ np.stack([wr @ Y, fitted])  # e = y - a - b xc
+        for a, code in enumerate(codes):
+            group = np.unique(code[r], return_inverse=True)[1].ravel()  # clusters in sorted order
+            fits[0, a, columns], fits[1, a, columns], fits[2, a, columns] = _cr2_slope_variance(
+                residual, wr, xc, sxx, group
+            )
+    return slope, used, fits
+
+
 def cluster_slope_test(
     x: np.ndarray, y: np.ndarray, w: np.ndarray, clusters: list[np.ndarray], level: float = 0.95
 ) -> dict:
@@ -204,46 +229,19 @@ def cluster_slope_test(
     df: the interaction test at the declared design. Templates whose own slopes scatter around the
     pooled one make the template-clustered variance large, so a slope carried by one template does
     not pass as general (an occupation-only test would treat templates as fixed).
-    The slope's error is sum_i W_i xc_i e_i / Sxx (xc: x centred at its weighted mean, e: residual).
-    Columns missing the same rows share their weights, xc and Sxx, so each pattern of missing values
-    is fitted at once (slopes and means as matrix-vector products)."""
+    The slope's error is sum_i W_i xc_i e_i / Sxx (xc: x centred at its weighted mean, e: residual)."""
     y = np.atleast_2d(np.asarray(y, dtype=float).T).T
-    x, w = np.asarray(x, dtype=float), np.asarray(w, dtype=float)
     k = y.shape[1]
     codes = [np.unique(np.asarray(c), return_inverse=True)[1].ravel() for c in clusters]
     if len(clusters) == 2:  # the crossed cells
         codes.append(codes[0] * (codes[1].max() + 1) + codes[1])
-    slope, used = np.full(k, np.nan), np.zeros(k, dtype=int)
-    variances, G, dfs = (
-        np.full((len(codes), k), np.nan),
-        np.zeros((len(codes), k), dtype=int),
-        np.full((len(codes), k), np.nan),
-    )
-    present = np.isfinite(y) & (np.isfinite(x) & (w > 0))[:, None]
-    for rows, columns in _patterns(present):
-        r = np.flatnonzero(rows)
-        if not len(r):
-            continue
-        wr = w[r] / w[r].sum()
-        xc = x[r] - wr @ x[r]
-        sxx = wr @ xc**2
-        used[columns] = len(r)
-        if sxx <= 0:
-            continue
-        Y = y if len(r) == len(y) and len(columns) == k else y[np.ix_(r, columns)]
-        slope[columns] = fitted = (wr * xc) @ Y / sxx
-        residual = Y - np.column_stack([np.ones(len(r)), xc]) @ np.stack([wr @ Y, fitted])  # e = y - a - b xc
-        for a, code in enumerate(codes):
-            group = np.unique(code[r], return_inverse=True)[1].ravel()  # clusters in sorted order
-            variances[a, columns], G[a, columns], dfs[a, columns] = _cr2_slope_variance(
-                residual, wr, xc, sxx, group
-            )
+    slope, used, (variances, G, dfs) = _pattern_fits(np.asarray(x, float), y, np.asarray(w, float), codes)
     variance, floored = variances[0], np.zeros(k, dtype=bool)
     if len(clusters) == 2:
         crossed = variances[0] + variances[1] - variances[2]
         floored = crossed < np.maximum(variances[0], variances[1])  # the larger one-way variance binds
         variance = np.maximum(crossed, np.maximum(variances[0], variances[1]))
-    counts = list(G[: len(clusters)])
+    counts = list(G[: len(clusters)].astype(int))
     df = np.minimum(np.min(counts, axis=0) - 1, np.min(dfs[: len(clusters)], axis=0))
     se = np.sqrt(variance)
     has_data = (used >= 3) & np.isfinite(slope)
@@ -358,7 +356,7 @@ def slope_ratio_test(
     return {"ratio": ratio, "se": se, "ci_low": low, "ci_high": high, "df": u["df"]}
 
 
-def _rowwise_r(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def rowwise_r(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a = a - a.mean(-1, keepdims=True)
     b = b - b.mean(-1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -375,34 +373,4 @@ def split_halves(x: np.ndarray) -> np.ndarray:
 
 def pearson_columns(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Pearson r of x (n,) with every column of y (n, k); NaN where undefined."""
-    return _rowwise_r(np.asarray(x, float)[None], np.asarray(y, float).T)
-
-
-def correlation_with_ci(x: np.ndarray, y: np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -> dict:
-    """Pearson and Spearman r of paired vectors with percentile bootstrap CIs (resampling pairs)
-    and the usual t-based p-values."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    n = len(x)
-    names = [f"{kind}_{part}" for kind in ("pearson", "spearman") for part in ("r", "ci_low", "ci_high", "p")]
-    if n < 3 or np.std(x) == 0 or np.std(y) == 0:
-        return {"n": n, **dict.fromkeys(names, np.nan)}
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_boot, n))
-    out = {"n": n}
-    from scipy.stats import rankdata  # scipy.stats is a slow import: only where ranks are taken
-
-    for name, transform in (("pearson", lambda v: v), ("spearman", lambda v: rankdata(v, axis=-1))):
-        r = _rowwise_r(transform(x)[None], transform(y)[None])[0]
-        boot = _rowwise_r(transform(x[idx]), transform(y[idx]))
-        t = r * math.sqrt((n - 2) / max(1e-300, 1 - r * r))
-        out.update(
-            {
-                f"{name}_r": r,
-                f"{name}_ci_low": np.nanquantile(boot, 0.025),
-                f"{name}_ci_high": np.nanquantile(boot, 0.975),
-                f"{name}_p": 2 * special.stdtr(n - 2, -abs(t)),
-            }
-        )
-    return out
+    return rowwise_r(np.asarray(x, float)[None], np.asarray(y, float).T)

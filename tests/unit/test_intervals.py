@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnprobe.stats.inference import correlation_with_ci
+from attnprobe.stats.kinds.next_token import correlation_with_ci
 
 
 def _near_centre(point: float, low: float, high: float) -> bool:

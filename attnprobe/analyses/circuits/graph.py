@@ -126,6 +126,18 @@ def top_parts(scores: np.ndarray, n: int) -> np.ndarray:
     return chosen
 
 
+def size_ranks(shares) -> np.ndarray:
+    """1-based ranks by |share| (NaN: no rank), largest first; shares equal to 12 digits of the largest
+    are tied and ranked in index order, as top_parts breaks an exact tie (parts a model treats alike
+    must not be reordered by their shares' last bits: a ratio of slopes rounds differently)."""
+    size = np.abs(np.asarray(shares, dtype=float))
+    scale = np.nanmax(size, initial=0.0) or 1.0
+    keyed = np.where(np.isnan(size), -np.inf, np.round(size / scale, 12))
+    ranks = np.empty(len(size))
+    ranks[np.argsort(-keyed, kind="stable")] = np.arange(1, len(size) + 1)
+    return np.where(np.isnan(size), np.nan, ranks)
+
+
 def random_parts(size: int, n: int, rng) -> np.ndarray:
     """(size,) bool: the embeddings and n parts drawn at random (the baseline of a circuit of n)."""
     chosen = np.zeros(size, dtype=bool)

@@ -29,7 +29,7 @@ from ..paths import BASE, RAW
 from ..senders import compared_pairs
 from .edge_passes import edge_attributions
 from .edges import EdgeGraph
-from .graph import Graph, attributions, part_scores
+from .graph import Graph, attributions, part_scores, size_ranks
 from .runs import (
     AGREEMENT_TOP,
     ATTRIBUTED,
@@ -300,7 +300,7 @@ def _edge_rows(graph: EdgeGraph, sums: dict, base: pd.DataFrame) -> pd.DataFrame
     )
     for method, fold_sums in sums.items():
         frame[f"{method}_share"] = fold_sums.slope() / te_slope
-    frame["rank"] = frame["eap_ig_share"].abs().rank(ascending=False, method="first").astype("Int64")
+    frame["rank"] = pd.array(size_ranks(frame["eap_ig_share"]), dtype="Int64")
     return frame
 
 

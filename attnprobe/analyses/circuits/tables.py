@@ -29,7 +29,7 @@ import pandas as pd
 
 from ...stats.analyses.paths_tables import effect_shares, gradient_shares, wide_effects
 from ...store import atomic_write, write_parquet, write_table
-from .graph import EMBEDDING
+from .graph import EMBEDDING, size_ranks
 from .runs import (
     ALONE,
     ATTRIBUTED,
@@ -233,8 +233,8 @@ def parts_table(attribution: pd.DataFrame) -> pd.DataFrame:
         table = pd.DataFrame({"reference": reference, "part": own["part"].unique()})
         for method in ("eap", "eap_ig"):
             table[f"{method}_share"] = gradient_shares(own, method, "part").reindex(table["part"]).to_numpy()
-        ranked = table["eap_ig_share"].abs().where(table["part"] != EMBEDDING)
-        table["rank"] = ranked.rank(ascending=False, method="first").astype("Int64")
+        ranks = size_ranks(table["eap_ig_share"].where(table["part"] != EMBEDDING))
+        table["rank"] = pd.array(ranks, dtype="Int64")
         out.append(table.sort_values("rank", na_position="first", kind="stable"))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 

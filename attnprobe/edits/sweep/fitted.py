@@ -146,7 +146,8 @@ def save_circuits(sweep: Sweep, source: dict) -> int:
             continue
         size = int(row["size"])
         names = parts.loc[(parts["reference"] == reference) & (parts["rank"] <= size), "part"]
-        heads = [HeadSet.parse(p, m.n_layers, m.n_heads).pairs[0] for p in names if p.startswith("L")]
+        # a set of heads, written in layer and head order whatever the ranks of tied parts
+        heads = sorted(HeadSet.parse(p, m.n_layers, m.n_heads).pairs[0] for p in names if p.startswith("L"))
         layers = sorted(int(p[3:]) for p in names if p.startswith("MLP"))
         knockout = CircuitKnockout(
             Mean(tuple(heads), token_means(bank)) if heads else None,

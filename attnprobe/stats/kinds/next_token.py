@@ -12,12 +12,16 @@ Pearson and Spearman r of the per-unit mean y on it (descriptive; bootstrap CI o
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pandas as pd
+from scipy import special
 from scipy.special import logsumexp
 
 from ...schema.analysis import ITEM, TEMPLATE
 from ..design import PER, Design, items_table, power_note, run_analysis, scopes
-from ..inference import N_BOOT, cluster_mean_test, cluster_slope_test, correlation_with_ci
+from ..inference import N_BOOT, cluster_mean_test, cluster_slope_test, rowwise_r
 
 MIN_TEMPLATE_ITEMS = 5  # templates with fewer items share one row (a benchmark with 120 one-item templates)
 
@@ -135,3 +139,33 @@ def _gradient(analysis, design, cells, n_boot: int, seed: int) -> tuple[dict, di
     counts = pd.Series(design.cell_of_item).map(design.cells[analysis.unit]).value_counts()
     means = {"unit": units, "log_ratio": unit_y[:, 0], "n": counts.reindex(units).to_numpy(), "covariate": x}
     return row, means
+
+
+def correlation_with_ci(x: np.ndarray, y: np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -> dict:
+    """Pearson and Spearman r of paired vectors with percentile bootstrap CIs (resampling pairs)
+    and the usual t-based p-values."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    n = len(x)
+    names = [f"{kind}_{part}" for kind in ("pearson", "spearman") for part in ("r", "ci_low", "ci_high", "p")]
+    if n < 3 or np.std(x) == 0 or np.std(y) == 0:
+        return {"n": n, **dict.fromkeys(names, np.nan)}
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    out = {"n": n}
+    from scipy.stats import rankdata  # scipy.stats is a slow import: only where ranks are taken
+
+    for name, transform in (("pearson", lambda v: v), ("spearman", lambda v: rankdata(v, axis=-1))):
+        r = rowwise_r(transform(x)[None], transform(y)[None])[0]
+        boot = rowwise_r(transform(x[idx]), transform(y[idx]))
+        t = r * math.sqrt((n - 2) / max(1e-300, 1 - r * r))
+        out.update(
+            {
+                f"{name}_r": r,
+                f"{name}_ci_low": np.nanquantile(boot, 0.025),
+                f"{name}_ci_high": np.nanquantile(boot, 0.975),
+                f"{name}_p": 2 * special.stdtr(n - 2, -abs(t)),
+            }
+        )
+    return out
