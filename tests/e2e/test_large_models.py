@@ -73,7 +73,15 @@ def test_check_estimates_memory_and_time_on_a_gpu_without_weights(name, monkeypa
     memory = next(line for line in result.output.splitlines() if line.startswith("memory on cuda:0"))
     assert f"({PARAMETERS[name]:.2f} B parameters in bfloat16)" in memory
     assert ("does NOT fit" in memory) == (name == "llama-3.1-70b")  # 141 GB of weights on an 80 GB card
-    assert any(line.startswith("time on H100") for line in result.output.splitlines())
+    time_line = next(line for line in result.output.splitlines() if line.startswith("time on H100"))
+    # the run's three parts and their sum: loading (its weights' bytes), the device's phases, the host's
+    parts = [
+        float(time_line.split(f"{what} about ")[1].split(" min")[0])
+        for what in ("hashing the weights", "report")
+    ]
+    device = float(time_line.split(": about ")[1].split(" min")[0])
+    total = float(time_line.split("about ")[-1].split(" min in all")[0])
+    assert abs(total - (device + sum(parts))) <= 0.15 and parts[0] > 0 and parts[1] > 0
     assert "the weights are random" in result.output
     budget = next(line for line in result.output.splitlines() if line.startswith("prompt passes"))
     prompts = int(budget.split("up to ")[1].split(" prompts")[0])
