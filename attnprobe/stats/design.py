@@ -83,13 +83,10 @@ def pivoted(long: pd.DataFrame, index: str, columns: list[str], value: str, keep
     return pd.DataFrame(matrix, index=pd.Index(row_levels[0].take(rows), name=index), columns=header)
 
 
-def paired(
-    long: pd.DataFrame, prompts: pd.DataFrame, analysis: Analysis, keys: list[str], value: str
-) -> pd.DataFrame:
-    """Rows (item_id, *keys, positive, negative, d) from a long table with prompt_id, sorted by item and
-    keys, where an item has both prompts of the contrast. On integer codes, not on the table's strings
-    (an attention table holds millions of rows: 19.5 million at 32 x 32 heads on the gender suite)."""
-    label, empty = analysis.contrast, pd.DataFrame(columns=[ITEM, *keys, "positive", "negative", "d"])
+def _pairs(long: pd.DataFrame, prompts: pd.DataFrame, analysis: Analysis, keys: list[str], value: str):
+    """The pairs of paired(): (their (item, *keys) codes, in order, coded()'s levels, the positive and
+    the negative values), None where one label only is there."""
+    label = analysis.contrast
     info = prompts[["prompt_id", ITEM, label]].astype({label: str})
     info = info[info[label].isin([analysis.positive, analysis.negative])]
     row = pd.Index(info["prompt_id"]).get_indexer(long["prompt_id"])  # -1: a prompt of neither label
@@ -110,15 +107,60 @@ def paired(
             f"in column {label}; each item needs one prompt per contrast label"
         )
     if negative.all() or not negative.any():  # one label only: no pairs
-        return empty
+        return None
     first_of_pair = (both[1:] >> 1 == both[:-1] >> 1) & (both[:-1] % 2 == 0)  # positive, then negative
     at = np.flatnonzero(first_of_pair)
     values = long[value].to_numpy()[kept]
     pos, neg = values[order[at]], values[order[at + 1]]
     ok = ~(pd.isna(pos) | pd.isna(neg))
-    out = decoded(both[at][ok] >> 1, levels, [ITEM, *keys])
-    out["positive"], out["negative"] = pos[ok], neg[ok]
+    return both[at][ok] >> 1, levels, pos[ok], neg[ok]
+
+
+def paired(
+    long: pd.DataFrame, prompts: pd.DataFrame, analysis: Analysis, keys: list[str], value: str
+) -> pd.DataFrame:
+    """Rows (item_id, *keys, positive, negative, d) from a long table with prompt_id, sorted by item and
+    keys, where an item has both prompts of the contrast. On integer codes, not on the table's strings
+    (an attention table holds millions of rows: 19.5 million at 32 x 32 heads on the gender suite)."""
+    found = _pairs(long, prompts, analysis, keys, value)
+    if found is None:
+        return pd.DataFrame(columns=[ITEM, *keys, "positive", "negative", "d"])
+    code, levels, pos, neg = found
+    out = decoded(code, levels, [ITEM, *keys])
+    out["positive"], out["negative"] = pos, neg
     out["d"] = out["positive"] - out["negative"]
+    return out
+
+
+def paired_wide(long: pd.DataFrame, prompts: pd.DataFrame, analysis: Analysis, by: list[str], value: str):
+    """[(the values of `by`, {"d", "positive", "negative": items x (layer, head)})] of paired()'s pairs
+    with keys by + [layer, head]: its groups by `by` in the order they first come and each pivoted,
+    index item_id and columns (layer, head) sorted, built from the codes (the long table of 9.7 million
+    pairs at 32 x 32 heads, its groups and pivots took 6 s)."""
+    found = _pairs(long, prompts, analysis, [*by, "layer", "head"], value)
+    if found is None:
+        return []
+    code, levels, pos, neg = found
+    parts = np.unravel_index(code, [max(len(level), 1) for level in levels])
+    group = np.ravel_multi_index(parts[1 : 1 + len(by)], [max(len(v), 1) for v in levels[1 : 1 + len(by)]])
+    order = np.argsort(group, kind="stable")
+    starts = np.flatnonzero(np.r_[True, group[order][1:] != group[order][:-1]])
+    out = []
+    for rows in sorted(np.split(order, starts[1:]), key=lambda rows: rows[0]):  # as first they come
+        items, at_item = np.unique(parts[0][rows], return_inverse=True)
+        heads, at_head = np.unique(parts[-2][rows] * len(levels[-1]) + parts[-1][rows], return_inverse=True)
+        layer, head = np.divmod(heads, len(levels[-1]))
+        header = pd.MultiIndex.from_arrays(
+            [levels[-2].take(layer), levels[-1].take(head)], names=["layer", "head"]
+        )
+        index = pd.Index(levels[0].take(items), name=ITEM)
+        wide = {}
+        for name, values in (("d", pos[rows] - neg[rows]), ("positive", pos[rows]), ("negative", neg[rows])):
+            matrix = np.full((len(items), len(heads)), np.nan, dtype=np.result_type(values.dtype, np.float32))
+            matrix[at_item, at_head] = values
+            wide[name] = pd.DataFrame(matrix, index=index, columns=header)
+        key = tuple(levels[1 + j][parts[1 + j][rows[0]]] for j in range(len(by)))
+        out.append((key, wide))
     return out
 
 

@@ -27,7 +27,7 @@ from ..design import (
     coded,
     decoded,
     items_table,
-    paired,
+    paired_wide,
     power_note,
     read_twice,
     run_analysis,
@@ -54,11 +54,10 @@ def item_values(run) -> pd.DataFrame | None:
     analysis = run_analysis(run)
     if not analysis.paired or run.attention is None:
         return None
-    pairs = paired(run.attention, run.prompts, analysis, KEYS, "weight")
     frames = []
-    for (source, target), group in pairs.groupby(["source", "target"], sort=False):
-        level = read_twice(run, analysis, source, group["d"].to_numpy())
-        wide = group.pivot(index=ITEM, columns=["layer", "head"], values="positive" if level else "d")
+    for (source, target), both in paired_wide(run.attention, run.prompts, analysis, KEYS[:2], "weight"):
+        level = read_twice(run, analysis, source, both["d"].to_numpy())
+        wide = both["positive" if level else "d"]
         quantity = "level" if level else "difference"
         wide.columns = pd.MultiIndex.from_tuples(
             [(source, target, quantity, layer, head) for layer, head in wide.columns],
@@ -73,14 +72,9 @@ def head_stats(run) -> pd.DataFrame:
     analysis = run_analysis(run)
     if not analysis.paired:
         return pd.DataFrame(columns=["scope", *KEYS])
-    pairs = paired(run.attention, run.prompts, analysis, KEYS, "weight")
     items = items_table(run.prompts, analysis)
     tables = []
-    for (source, target), group in pairs.groupby(["source", "target"], sort=False):
-        wide = {
-            v: group.pivot(index=ITEM, columns=["layer", "head"], values=v)
-            for v in ("d", "positive", "negative")
-        }
+    for (source, target), wide in paired_wide(run.attention, run.prompts, analysis, KEYS[:2], "weight"):
         heads = wide["d"].columns
         # read before the contrast (e.g. at the token before the pronoun): both prompts of an item
         # see the same prefix, so there is no paired difference, only a level
