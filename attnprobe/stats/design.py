@@ -138,7 +138,7 @@ def paired_wide(long: pd.DataFrame, prompts: pd.DataFrame, analysis: Analysis, b
     index item_id and columns (layer, head) sorted, built from the codes (the long table of 9.7 million
     pairs at 32 x 32 heads, its groups and pivots took 6 s)."""
     found = _pairs(long, prompts, analysis, [*by, "layer", "head"], value)
-    if found is None:
+    if found is None or not len(found[0]):  # one label only, or no pair with both values
         return []
     code, levels, pos, neg = found
     parts = np.unravel_index(code, [max(len(level), 1) for level in levels])

@@ -712,3 +712,52 @@ def test_a_share_ci_inverts_its_numerators_test(two_way, slope):
             r = test(num[:, j] - s * den)
             critical = sps.t.ppf(0.975, test(num[:, j])["df"][0])
             assert abs(abs(estimate(r)[0] / r["se"][0]) - critical) < 1e-6
+
+
+def test_paired_wide_is_the_pairs_grouped_and_pivoted():
+    """design.paired_wide (the attention's per-head tables from the pairs' codes) against paired()'s
+    long table grouped by (source, target) in the order they first come and pivoted: the same frames,
+    index and dtype, the heads in (layer, head) order (a pivot's columns may come out of order where a
+    value is missing); an item with one label, a missing value and a head one source lacks are left
+    out as the pivot leaves them; no pair at all gives no group."""
+    from attnprobe.schema.analysis import ITEM, Analysis
+    from attnprobe.stats.design import paired, paired_wide
+
+    rng = np.random.default_rng(0)
+    prompts = pd.DataFrame(
+        {
+            "prompt_id": [f"p{i}" for i in range(10)],
+            ITEM: [f"i{i // 2}" for i in range(8)] + ["i9", "i9"],
+            "label": ["female", "male"] * 4 + ["female", "female"],  # i9: one label twice would raise
+        }
+    ).iloc[:9]  # i9 keeps one prompt: no pair
+    rows = [
+        (p, s, t, layer, head)
+        for p in prompts["prompt_id"]
+        for s, t in (("pronoun", "occupation"), ("before", "occupation"))
+        for layer in (1, 0)
+        for head in range(3)
+        if not (s == "before" and head == 2)  # a head this source does not read
+    ]
+    long = pd.DataFrame(rows, columns=["prompt_id", "source", "target", "layer", "head"])
+    long["weight"] = rng.random(len(long)).astype(np.float32)
+    long.loc[5, "weight"] = np.nan
+    analysis = Analysis(contrast="label", positive="female", negative="male")
+    keys = ["source", "target", "layer", "head"]
+    wide = paired_wide(long, prompts, analysis, ["source", "target"], "weight")
+    pairs = paired(long, prompts, analysis, keys, "weight")
+    expected = list(pairs.groupby(["source", "target"], sort=False))
+    assert (
+        [key for key, _ in wide]
+        == [key for key, _ in expected]
+        == [("before", "occupation"), ("pronoun", "occupation")]
+    )
+    for (_, frames), (_, group) in zip(wide, expected):
+        for value in ("d", "positive", "negative"):
+            pd.testing.assert_frame_equal(
+                frames[value],
+                group.pivot(index=ITEM, columns=["layer", "head"], values=value).sort_index(axis=1),
+            )
+    assert wide[0][1]["d"].shape == (4, 4) and wide[1][1]["d"].isna().sum().sum() == 1
+    long["weight"] = np.nan
+    assert paired_wide(long, prompts, analysis, ["source", "target"], "weight") == []
