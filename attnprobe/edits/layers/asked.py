@@ -32,26 +32,27 @@ class LayerKind:
         """Fitted on the covariate: the placebo refits it on each permutation."""
         return SITE_MODES[self.mode].covariate
 
-    def measure(self, model, inputs, recorded: dict, log):
-        """Its raw values at every layer (or window); `recorded`: mlps.Recorded per position."""
+    def measure(self, sweep):
+        """Its raw values at every layer (or window) on `sweep` (edits.sweep.options.Sweep)."""
+        model, inputs, log = sweep.model, sweep.inputs, sweep.log
         if self.site == "stream":
             if self.several:
                 return several.measure_stream_layers(model, inputs, log, self.mode)
             return measure_stream(model, inputs, log)
         if self.several:
-            return several.measure_mlp_layers(model, recorded[self.at], self.mode, log, self.rank)
-        return mlps.measure_mlp(model, recorded[self.at], self.mode, log)
+            return several.measure_mlp_layers(model, sweep.recorded(self.at), self.mode, log, self.rank)
+        return mlps.measure_mlp(model, sweep.recorded(self.at), self.mode, log)
 
-    def fit(self, model, recorded: dict):
+    def fit(self, sweep):
         """`fit(inputs, layer, folds)` of one of its edits (a window's: `layer` is how many layers)."""
-        n_layers = model.info.n_layers
+        n_layers = sweep.model.info.n_layers
         if self.site == "stream" and not self.several:
             return StreamEdit.fit
         if self.site == "stream":
-            return several.stream_layers_fit(model.model, n_layers, self.mode)
+            return several.stream_layers_fit(sweep.model.model, n_layers, self.mode)
         if self.several:
-            return several.layers_fit(recorded[self.at], self.mode, n_layers, self.rank)
-        return recorded[self.at].fit(self.mode)
+            return several.layers_fit(sweep.recorded(self.at), self.mode, n_layers, self.rank)
+        return sweep.recorded(self.at).fit(self.mode)
 
 
 def asked(options, inputs=None) -> list[LayerKind]:

@@ -30,7 +30,6 @@ from ...stats.keeping.layers import layer_tables
 from ...stats.placebo import PLACEBO_PREFIX, placebo_table
 from ...store import atomic_write, read_chunks, write_parquet, write_table
 from ..inputs import Texts, record_inputs
-from ..layers import mlp as mlps
 from ..layers.asked import asked
 from .fitted import save_chosen, save_circuits, save_layers
 from .measure import SINGLE, GradientScores, clean_values, found_sets, measure_kind, measure_single
@@ -183,16 +182,11 @@ def _layer_parts(part, key: str, sweep: Sweep, clean: pd.DataFrame) -> list[pd.D
     """The per-layer edits' parts (layers.asked: the stream's, each MLP mode's, those of several layers),
     each with its placebo where it is fitted on the covariate (--placebo; a refit of several layers
     costs a pass per layer and fold)."""
-    model, inputs, log = sweep.model, sweep.inputs, sweep.log
     frames = [clean]
-    # the MLP outputs where each position's edits are fitted, recorded on first use: once for --mlp and
-    # --mlp-layers together
-    recorded = {at: mlps.Recorded(model.model, inputs, at) for at in mlps.POSITIONS}
-    for kind in asked(sweep.options, inputs):
-        measure = lambda kind=kind: kind.measure(model, inputs, recorded, log)
-        frames.append(part(kind.name, measure, f"{key}:{LAYER_PARTS}"))
+    for kind in asked(sweep.options, sweep.inputs):  # the MLPs' outputs recorded once (Sweep.recorded)
+        frames.append(part(kind.name, lambda kind=kind: kind.measure(sweep), f"{key}:{LAYER_PARTS}"))
         if kind.covariate:
-            frames += layer_placebo(part, key, sweep, frames, kind.name, kind.fit(model, recorded))
+            frames += layer_placebo(part, key, sweep, frames, kind.name, kind.fit(sweep))
     return frames[1:]
 
 

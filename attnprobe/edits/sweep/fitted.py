@@ -22,7 +22,7 @@ from ...version import __version__
 from ..estimate import token_mask, token_means
 from ..kinds import Mean
 from ..layers.asked import asked
-from ..layers.mlp import POSITIONS, MlpEdit, Recorded
+from ..layers.mlp import MlpEdit
 from ..layers.several import MlpLayers
 from ..saved import CircuitKnockout, save_edit
 from .options import Sweep, head_kinds
@@ -65,10 +65,9 @@ def save_layers(sweep: Sweep, tables: tuple, raw, source: dict) -> int:
     were (stats.keeping.layers.chosen_layers). Returns how many."""
     source, n = _source(sweep, source), 0
     measured = set().union(*(table["kind"] for table in tables if len(table)))
-    recorded = {at: Recorded(sweep.model.model, sweep.inputs, at) for at in POSITIONS}
     for kind in asked(sweep.options, sweep.inputs):
         if measured & {kind.name, f"{kind.name}-chosen"}:
-            n += _save_layers(sweep, raw, source, kind.name, kind.fit(sweep.model, recorded))
+            n += _save_layers(sweep, raw, source, kind.name, kind.fit(sweep))
     return n
 
 

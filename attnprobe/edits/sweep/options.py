@@ -26,6 +26,7 @@ from ...version import __version__
 from ..inputs import check_text, text_head
 from ..kinds import KINDS, Heads, parse_heads
 from ..layers.mlp import MODES as MLP_MODES
+from ..layers.mlp import Recorded
 from ..layers.modes import SITE_MODES
 from ..layers.several import LAYERS_MODES, MAX_RANK
 from ..layers.stream import STREAM_MODE
@@ -157,6 +158,7 @@ class Sweep:
     options: EditOptions
     log: Callable[[str], None] = field(default=lambda m: None)
     fits: dict = field(default_factory=dict, repr=False)  # raw head kind -> its HeadFit
+    outputs: dict = field(default_factory=dict, repr=False)  # position -> its recorded MLP outputs
 
     @property
     def n_heads(self) -> int:
@@ -167,6 +169,13 @@ class Sweep:
         if kind not in self.fits:
             self.fits[kind] = HeadFit(kind, self.options, self.model.model)
         return self.fits[kind]
+
+    def recorded(self, at: str) -> Recorded:
+        """The MLP outputs where the edits fitted `at` ("last", "slot") are fitted, one per sweep and
+        recorded on first use: its measures and its saved edits share them."""
+        if at not in self.outputs:
+            self.outputs[at] = Recorded(self.model.model, self.inputs, at)
+        return self.outputs[at]
 
 
 def settings_hash(run_fingerprint: str, options: EditOptions, weights: str, control: str = "") -> str:
