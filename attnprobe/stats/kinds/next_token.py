@@ -16,8 +16,7 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy import special
-from scipy.special import logsumexp
+from scipy.special import logsumexp, stdtr
 
 from ...schema.analysis import ITEM, TEMPLATE
 from ..design import PER, Design, items_table, power_note, run_analysis, scopes
@@ -165,7 +164,7 @@ def correlation_with_ci(x: np.ndarray, y: np.ndarray, n_boot: int = N_BOOT, seed
                 f"{name}_r": r,
                 f"{name}_ci_low": np.nanquantile(boot, 0.025),
                 f"{name}_ci_high": np.nanquantile(boot, 0.975),
-                f"{name}_p": 2 * special.stdtr(n - 2, -abs(t)),
+                f"{name}_p": 2 * stdtr(n - 2, -abs(t)),
             }
         )
     return out
