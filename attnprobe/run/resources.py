@@ -83,13 +83,13 @@ def footprint_lines(plan: RunPlan, device: str) -> list[str]:
     seconds = phase_seconds(plan, shape, name)
     if all(s is not None for s in seconds.values()):
         each = ", ".join(f"{phase} {s / 60:.2f} min" for phase, s in seconds.items())
-        device, host, loading = sum(seconds.values()), plan.report_seconds(), load_seconds(weights)
+        on_device, host, loading = sum(seconds.values()), plan.report_seconds(), load_seconds(weights)
         lines.append(
-            f"time on {name} in {plan.dtype}: about {device / 60:.2f} min ({each}), from "
+            f"time on {name} in {plan.dtype}: about {on_device / 60:.2f} min ({each}), from "
             f"{shape.flops_per_token() / 1e9:.1f} GFLOP per token at the shares of the dense peak "
             "benchmarks/gpu_pace.py measured on an H200 (the full gender suite, Llama 3.1 8B shape); before "
             f"it, loading and hashing the weights about {loading / 60:.1f} min (hashed on these files' first "
             f"run only); after it, statistics and report about {host / 60:.1f} min on the host (2 CPU "
-            f"cores): about {(loading + device + host) / 60:.1f} min in all"
+            f"cores): about {(loading + on_device + host) / 60:.1f} min in all"
         )
     return lines
