@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnprobe.analyses.circuits.edges import EdgeGraph
-from attnprobe.analyses.circuits.graph import Graph, part_scores
+from attnprobe.analyses.circuits.graph import Graph, part_scores, size_ranks, top_parts
 from attnprobe.analyses.circuits.runs import Masks, Patching, part_runs
 from attnprobe.analyses.circuits.search import measure_run_circuits
 from attnprobe.analyses.circuits.tables import agreement_table, circuits_table, parts_table
@@ -101,6 +101,20 @@ def test_a_planted_circuit_through_an_mlp_is_found_at_its_size_faithful_and_comp
         # the curve: 0 up to a tenth of the parts, half at two tenths, 1 from three tenths on
         assert area == pytest.approx(0.8, abs=0.01) and chance < 0.7
         assert agreement.loc[agreement["reference"] == reference, "eap_ig_spearman"].iloc[0] > 0.8
+
+
+def test_a_circuit_takes_its_parts_in_the_order_the_parts_table_ranks_them():
+    # parts 2 and 3 are one value computed two ways (last bits apart): tied, in index order, in both the
+    # circuit chosen and the ranks printed; part 1's smaller value and part 4's NaN come after
+    shares = np.array([0.0, 0.25, 0.5 + 1e-15, 0.5, np.nan])
+    ranks = size_ranks(shares[1:])
+    np.testing.assert_array_equal(ranks, [3, 1, 2, np.nan])
+    np.testing.assert_array_equal(top_parts(shares, 1), [True, False, True, False, False])
+    np.testing.assert_array_equal(top_parts(shares, 2), [True, False, True, True, False])
+    # part 2 now a last bit below part 3: the exact order would take part 3; the tie keeps part 2 first
+    shares[2] = 0.5 - 1e-15
+    np.testing.assert_array_equal(top_parts(shares, 1), [True, False, True, False, False])
+    np.testing.assert_array_equal(size_ranks(shares[1:]), [3, 1, 2, np.nan])
 
 
 def test_check_counts_the_runs_the_circuit_search_plans():

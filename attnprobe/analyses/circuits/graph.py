@@ -118,24 +118,30 @@ def part_scores(attribution: np.ndarray, covariate: np.ndarray) -> np.ndarray:
 
 
 def top_parts(scores: np.ndarray, n: int) -> np.ndarray:
-    """(size,) bool: the embeddings and the n parts of largest |score| (ties in index order)."""
-    order = np.argsort(-np.abs(np.nan_to_num(scores[1:], nan=0.0)), kind="stable")
+    """(size,) bool: the embeddings and the n parts of largest |score| (NaN: 0), ranked as size_ranks
+    ranks them (near-ties in index order)."""
+    order = size_order(np.nan_to_num(scores[1:], nan=0.0))
     chosen = np.zeros(len(scores), dtype=bool)
     chosen[0] = True
     chosen[1 + order[:n]] = True
     return chosen
 
 
-def size_ranks(shares) -> np.ndarray:
-    """1-based ranks by |share| (NaN: no rank), largest first; shares equal to 12 digits of the largest
-    are tied and ranked in index order, as top_parts breaks an exact tie (parts a model treats alike
-    must not be reordered by their shares' last bits: a ratio of slopes rounds differently)."""
-    size = np.abs(np.asarray(shares, dtype=float))
+def size_order(values) -> np.ndarray:
+    """Indices by |value|, largest first, NaN last; values equal to 12 digits of the largest are tied
+    and kept in index order (parts a model treats alike must not be reordered by their values' last
+    bits: a ratio of slopes rounds differently from the slopes)."""
+    size = np.abs(np.asarray(values, dtype=float))
     scale = np.nanmax(size, initial=0.0) or 1.0
     keyed = np.where(np.isnan(size), -np.inf, np.round(size / scale, 12))
-    ranks = np.empty(len(size))
-    ranks[np.argsort(-keyed, kind="stable")] = np.arange(1, len(size) + 1)
-    return np.where(np.isnan(size), np.nan, ranks)
+    return np.argsort(-keyed, kind="stable")
+
+
+def size_ranks(shares) -> np.ndarray:
+    """1-based ranks by |share| in size_order (NaN: no rank): the order top_parts chooses parts in."""
+    ranks = np.empty(len(shares))
+    ranks[size_order(shares)] = np.arange(1, len(shares) + 1)
+    return np.where(np.isnan(np.asarray(shares, dtype=float)), np.nan, ranks)
 
 
 def random_parts(size: int, n: int, rng) -> np.ndarray:
