@@ -173,16 +173,20 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
                 f"[{_f(low, 3, True)}, {_f(high, 3, True)}]",
             )
         )
+    covariate = (b or {}).get("covariate", "the covariate")
+    tested = {  # what a head passes, said once above the heads it is said of (the figures' dots differ)
+        "interaction with the covariate": f"whose {pos} - {neg} attention follows {covariate}",
+        "level on the covariate": f"whose attention follows {covariate}",
+        "paired difference": f"whose attention differs between {pos} and {neg}",
+    }
+    test = None
     for h in s["heads"]:
+        if h.get("test") != test:
+            test = h.get("test")
+            rows.append(("", f"heads {tested.get(test, 'passing')}, q < {s['alpha']} (BH):"))
         top = h["strongest"]
         best = f"; strongest {top['head']} ({_f(top['value'], 4, True)})" if top else ""
-        rows.append(
-            (
-                "heads",
-                f"{h['source']} -> {h['target']}: {h['n_passing']} of {h['n_heads']} at q < {s['alpha']}"
-                f"{best}",
-            )
-        )
+        rows.append(("heads", f"{h['source']} -> {h['target']}: {h['n_passing']} of {h['n_heads']}{best}"))
         held = h.get("held_out")
         if held and held["of"]:
             rows.append(

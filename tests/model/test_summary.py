@@ -61,7 +61,12 @@ def test_summary_json_holds_the_tables_numbers(minimal_run):
     assert (entry["strongest"] is None) == (top is None)
     if top is not None:
         assert entry["strongest"]["value"] == top["interaction_per10"]
-    assert f"{entry['n_passing']} of 4 at q < 0.05" in stdout
+    # the test the heads pass is said once, in words, above the heads it is said of
+    lines = stdout.splitlines()
+    entry_row = f"heads     {entry['source']} -> {entry['target']}: {entry['n_passing']} of 4"
+    at = next(i for i, line in enumerate(lines) if line.startswith(entry_row))
+    header = "heads whose female - male attention follows occupation.bls_pct_female, q < 0.05 (BH):"
+    assert lines[at - 1] == " " * 10 + header
 
 
 def test_strongest_head_by_the_stated_rule():
