@@ -55,6 +55,7 @@ def head_heatmap(
         linewidths=0.3,
         linecolor="#eeeeee",
     )
+    ax.tick_params(axis="y", rotation=0)  # layer numbers read across (upright, two digits crowd a row)
     rows, columns = np.nonzero(significant.to_numpy(dtype=bool))
     ax.scatter(
         columns + 0.5, rows + 0.5, s=9, color="white", edgecolors="black", marker="o", linewidths=0.5
