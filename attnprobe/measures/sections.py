@@ -102,7 +102,7 @@ def attention_section(run, tables: dict, figures: Figures) -> dict:
             alt = f"layer x head slope of the attention {source} -> {target} on the covariate"
             maps.append(figures.save(fig, f"level_{source}_{target}", alt))
     if len(tables["layer_stats"]):
-        columns = {"n_interaction_q05": "interaction", "n_difference_q05": "difference"}
+        columns = {f"n_{test}_q05": test for test in ("interaction", "difference", "level")}
         title = "where in depth: heads with q < 0.05 per layer"
         fig = plots.layer_profile(tables["layer_stats"], columns, title)
         maps.append(figures.save(fig, "layer_profile", "heads with q < 0.05 per layer"))

@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt  # no backend switch: Jupyter's inline backend s
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.ticker import MaxNLocator
 
 from .figures import largest_abs
 
@@ -77,9 +78,11 @@ def layer_profile(layers: pd.DataFrame, columns: dict[str, str], title: str):
         entry = " -> ".join(key) if len(keys) > 1 else key[0]
         for column, name in columns.items():
             if column in group and group[column].notna().any():
-                ax.plot(group["layer"], group[column], marker="o", markersize=3, label=f"{name}: {entry}")
+                counts = group[column].astype(float)  # <NA> where the test was not run: NaN
+                ax.plot(group["layer"], counts, marker="o", markersize=3, label=f"{name}: {entry}")
     ax.set_xlabel("layer")
     ax.set_ylabel(f"heads with q < {Q_LEVEL}")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of heads
     _title(ax, title)
     ax.legend(fontsize=7)
     fig.tight_layout()

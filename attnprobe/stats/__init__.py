@@ -30,9 +30,9 @@ from .kinds.multiple_choice import choice_accuracy
 from .kinds.next_token import behavior, correlation_with_ci, log_ratios
 from .kinds.referents import referent_accuracy, referent_choice
 
-# bump when a table's columns or meaning change: cached tables are recomputed (20: shares with
-# test-inverted, Fieller, intervals)
-TABLES_VERSION = 20
+# bump when a table's columns or meaning change: cached tables are recomputed (21: layer_stats'
+# count of heads passing a test not run at a source is <NA>, not 0)
+TABLES_VERSION = 21
 
 __all__ = [
     "TABLES_VERSION",

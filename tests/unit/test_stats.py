@@ -372,6 +372,30 @@ def test_layer_stats(tmp_path):
     )
 
 
+def test_a_layer_count_of_a_test_not_run_is_empty_not_zero():
+    # source "before" is read before the contrast (a level, no difference); "pronoun" the reverse
+    heads = pd.DataFrame(
+        {
+            "scope": "all",
+            "layer": [0, 0, 0, 0],
+            "head": [0, 1, 0, 1],
+            "source": ["before", "before", "pronoun", "pronoun"],
+            "target": "occupation",
+            "difference": [np.nan, np.nan, 0.1, 0.2],
+            "d_z": [np.nan, np.nan, 1.0, 2.0],
+            "difference_q": [np.nan, np.nan, 0.01, 0.5],
+            "interaction_r": [np.nan, np.nan, 0.1, 0.9],
+            "interaction_q": [np.nan, np.nan, 0.5, 0.02],
+            "level_q": [0.01, 0.03, np.nan, np.nan],
+        }
+    )
+    layers = stats.layer_stats(heads).set_index("source")
+    assert layers.loc["pronoun", ["n_difference_q05", "n_interaction_q05"]].tolist() == [1, 1]
+    assert layers.loc["before", "n_level_q05"] == 2
+    assert layers.loc["before", ["n_difference_q05", "n_interaction_q05"]].isna().all()
+    assert pd.isna(layers.loc["pronoun", "n_level_q05"]) and layers["n_level_q05"].dtype == "Int64"
+
+
 def test_planted_interaction_in_a_run_directory(tmp_path):
     """30 occupations x 4 templates, 30 heads; she attends more than he in every head (lexical),
     and in heads (0, 1), (2, 3), (4, 0) the difference grows with the covariate (interaction)."""

@@ -337,7 +337,9 @@ def held_out_interaction(heads: pd.DataFrame, k: int = 5, draws: int = HELD_OUT_
 
 
 def layer_stats(heads: pd.DataFrame) -> pd.DataFrame:
-    """Per (scope, layer, source, target): mean difference over heads and heads with q < 0.05."""
+    """Per (scope, layer, source, target): mean difference over heads and heads with q < 0.05 by each
+    test, empty (<NA>) where the test was not run there (a read before the contrast has a level, no
+    difference: its difference count is not a zero)."""
     if heads.empty:
         return pd.DataFrame(columns=["scope", "layer", "source", "target", "n_heads"])
     grouped = heads.groupby(["scope", "layer", "source", "target"], sort=False)
@@ -345,18 +347,25 @@ def layer_stats(heads: pd.DataFrame) -> pd.DataFrame:
         "mean_difference": ("difference", "mean"),
         "max_abs_d_z": ("d_z", lambda v: v.abs().max()),
         "n_heads": ("head", "size"),
-        "n_difference_q05": ("difference_q", lambda v: int((v < ALPHA).sum())),
+        "n_difference_q05": ("difference_q", _passing),
     }
     if "difference" not in heads:  # every measure reads before the contrast: levels only
         columns = {"n_heads": columns["n_heads"]}
     if "interaction_q" in heads:
         columns.update(
             max_abs_interaction_r=("interaction_r", lambda v: v.abs().max()),
-            n_interaction_q05=("interaction_q", lambda v: int((v < ALPHA).sum())),
+            n_interaction_q05=("interaction_q", _passing),
         )
     if "level_q" in heads:  # measures read before the contrast: heads whose level follows the covariate
-        columns.update(n_level_q05=("level_q", lambda v: int((v < ALPHA).sum())))
-    return grouped.agg(**columns).reset_index()
+        columns.update(n_level_q05=("level_q", _passing))
+    out = grouped.agg(**columns).reset_index()
+    counts = [c for c in out.columns if c.startswith("n_") and c.endswith("_q05")]
+    return out.astype({c: "Int64" for c in counts})
+
+
+def _passing(q: pd.Series):
+    """Heads with q < ALPHA; <NA> where no head has a q (the test was not run)."""
+    return int((q < ALPHA).sum()) if q.notna().any() else pd.NA
 
 
 def condition_means(run) -> pd.DataFrame:
