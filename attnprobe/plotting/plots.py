@@ -203,7 +203,11 @@ def edit_frontier(summary: pd.DataFrame, draws: pd.DataFrame):
     ax.set_xscale("log")
     ax.axhline(0, color="#888888", linewidth=0.8)
     ax.set_xlabel("cost: KL(original || edited) per token of neutral text (nats)")
-    ax.set_ylabel("share of the stereotype gradient removed")
+    # the random head sets run on a sample of the items; the found heads are shown on the same sample
+    # (edits.csv's gradient_removed is over every item: another figure where the gradient is small)
+    sampled = int(summary["n_sampled"].max()) if "n_sampled" in summary and len(summary) else None
+    on = f"\n(on the {sampled} items the random heads ran on)" if sampled else ""
+    ax.set_ylabel(f"share of the stereotype gradient removed{on}")
     ax.legend(fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
