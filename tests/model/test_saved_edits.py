@@ -282,6 +282,11 @@ def test_edit_also_applies_each_chosen_edit_to_another_suite(swept, tmp_path):
     # the sweep: its table (project at k 1 and 2, and in the transfer rows), the null's floor shown
     assert "Editing the heads (attnprobe edit)" in html and html.count('<td class="text">project</td>') >= 2
     assert "<th>its floor</th>" in html and "<td>0.5</td>" in html
+    # the found heads' share on the items the random sets ran on, beside the random sets' figures
+    sweep = pd.read_csv(out / "edits.csv").iloc[0]
+    shares = (sweep.gradient_removed, sweep.gradient_removed_sampled, sweep.random_removed_mean)
+    assert "<th>removed, sampled items</th>" in html
+    assert "".join(f"<td>{100 * v:.0f}%</td>" for v in shares) in html
     # the path parts: a row per receiver, each head with its role by size
     parts = pd.read_csv(out / "paths_parts.csv").drop_duplicates("receiver")
     assert "value at the occupation: of the output" in html and len(parts) >= 2
