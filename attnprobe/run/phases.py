@@ -66,9 +66,10 @@ def run_phase(directory: Path, phase: Phase, options: RunOptions, manifest: Mani
     todo = [k for k in phase.mine if k not in done]
     if not todo:
         return 0.0
-    if done:
+    resumed = [k for k in phase.mine if k in done]  # not another phase's chunks done by this process
+    if resumed:
         chunks = f"{phase.name} chunks".lstrip()
-        log(f"resuming {directory}: {len(done)} of {phase.n_chunks} {chunks} already complete")
+        log(f"resuming {directory}: {len(resumed)} of {len(phase.mine)} {chunks} already complete")
     total = sum(phase.size(k) for k in phase.mine)
     bar = Progress(
         total, total - sum(phase.size(k) for k in todo), options.progress, log, phase.unit, phase.desc

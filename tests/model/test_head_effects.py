@@ -106,9 +106,12 @@ def test_exact_k_patches_the_same_suite_heads_on_every_item(tiny_llama_dir, tmp_
             "counterfactual: {occupation: [woman, man]}, exact: 2, select: 1",
         )
     )
+    messages = []
     run = attnprobe.run_suite(
-        suite, out=tmp_path / "k", model=str(tiny_llama_dir), progress=False, log=lambda m: None
+        suite, out=tmp_path / "k", model=str(tiny_llama_dir), progress=False, log=messages.append
     )
+    # a fresh run resumes nothing: the held-out items' chunks come first, then the others'
+    assert not [m for m in messages if m.startswith("resuming")], messages
     items = pd.read_parquet(run.directory / "head_effects_items.parquet")
     totals = pd.read_parquet(run.directory / "head_effects_totals.parquet")
     held = set(totals.loc[totals["held_out"], "item_id"])
