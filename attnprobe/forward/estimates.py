@@ -1,8 +1,9 @@
 """Dated, measured time constants and the estimates built from them (the one place for both).
 
-Every figure was measured by `make demo` (SmolLM2-135M, float32, 2 idle CPU cores, prefixes
-shared) on 2026-11-23 unless its comment says otherwise; other models scale by their parameters
-besides the embeddings, and another device is unknown until its first chunk.
+Every figure was measured by `attnprobe run probes/gender.yaml` (SmolLM2-135M, float32, 2 idle CPU
+cores, prefixes shared; the median of two fresh runs) on 2026-11-30 unless its comment says
+otherwise; other models scale by their parameters besides the embeddings (and the every-head
+patching by their layers and heads), and another device is unknown until its first chunk.
 """
 
 from __future__ import annotations
@@ -11,17 +12,31 @@ SCORED_BATCH = 256  # sequences per scored pass (run options' default batch size
 
 REFERENCE_MODEL = "smollm2-135m"
 REFERENCE_PARAMETERS = 106e6  # SmolLM2-135M's parameters besides the embeddings
-PROMPTS_PER_SECOND = 190.0  # the prompt phase, prefixes shared
+REFERENCE_HEADS = (30, 9)  # its layers and heads per layer
+PROMPTS_PER_SECOND = 358.0  # the prompt phase, prefixes shared (190 on 2026-11-23)
 # Seconds per (item, counterfactual) pair, for x of REFERENCE_TOKENS tokens on average: the screen,
-# every head and layer exact (held-out items, exact: all), each head of exact: k, the cross-fitted set.
-PAIR_SECONDS = {"screen": 0.041, "every_head": 2.9, "head": 0.008, "set": 0.01}
+# every head and layer exact (held-out items, exact: all; at the reference's heads), each head of
+# exact: k, the cross-fitted set (0.041, 2.9, 0.008 and 0.01 on 2026-11-23).
+PAIR_SECONDS = {"screen": 0.0226, "every_head": 1.60, "head": 0.0052, "set": 0.0066}
 REFERENCE_TOKENS = 5.6
 # Scored continuations (likelihood, multiple choice, referent choice): distinct tokens forwarded per
-# second, prefixes shared, logits only where a scored token is read (benchmarks/run.py --only scoring)
+# second, prefixes shared, logits only where a scored token is read (benchmarks/run.py --only scoring,
+# 2026-11-23)
 SCORED_TOKENS_PER_SECOND = 604.0
+# Direct attribution: tokens a second of its passes (each head's write at the cut recorded), 6,737
+# tokens in 33 s; it was charged the scored rate before, a third of its time
+DIRECT_TOKENS_PER_SECOND = 203.0
 # The reference's rate in FLOP/s (2 FLOPs per parameter and forwarded token, prompts of
 # REFERENCE_TOKENS): how GPU estimates convert the CPU-measured phases into work (run/resources.py).
 CPU_FLOPS = PROMPTS_PER_SECOND * REFERENCE_TOKENS * 2 * REFERENCE_PARAMETERS
+
+
+def exact_passes(n_layers: int, n_heads: int) -> float:
+    """Forward passes, in whole-model equivalents, of one pair's every-head patching (screen.py): each
+    head's output in and out and its pattern in (3 H a layer), each layer's attention and MLP output in
+    and out (4), each rerun from its own layer on ((L + 1) / 2 of the L layers on average), and all
+    heads' output in and out and patterns in (3 whole passes)."""
+    return (3 * n_heads + 4) * (n_layers + 1) / 2 + 3
 
 
 # Statistics and report (run on the host whatever the device): a base and a cost per head and prompt
@@ -63,6 +78,11 @@ def scored_seconds(n_tokens: int, parameters: float = REFERENCE_PARAMETERS) -> f
     return n_tokens / SCORED_TOKENS_PER_SECOND * parameters / REFERENCE_PARAMETERS
 
 
+def direct_seconds(n_tokens: int) -> float:
+    """The direct attribution's passes over `n_tokens` tokens, on the reference model's 2 CPU cores."""
+    return n_tokens / DIRECT_TOKENS_PER_SECOND
+
+
 def forwarded_tokens(encoded, sequences) -> int:
     """The tokens a scored phase forwards: every prompt's (prefix + tail) sequences, sorted and packed
     as scoring.py packs them (each pack's trie nodes once)."""
@@ -76,16 +96,20 @@ def forwarded_tokens(encoded, sequences) -> int:
     return sum(sorted_packs(rows, SCORED_BATCH)[1])
 
 
-def head_effect_seconds(measure, items, parameters: float = REFERENCE_PARAMETERS) -> float:
+def head_effect_seconds(
+    measure, items, parameters: float = REFERENCE_PARAMETERS, heads: tuple[int, int] = REFERENCE_HEADS
+) -> float:
     """Both head-effect phases of `items` (PatchItem) on 2 CPU cores: the reference speed scaled by
-    sequence length and by the model's parameters besides the embeddings."""
+    sequence length and by the model's parameters besides the embeddings; the every-head patching of
+    the held-out items also by the passes it takes at this model's (layers, heads)."""
     c, held = PAIR_SECONDS, measure.held_out_ids(items)
     per_pair = c["screen"] + c["set"] + c["head"] * (0 if measure.exact == "all" else measure.exact)
+    every_head = c["every_head"] * exact_passes(*heads) / exact_passes(*REFERENCE_HEADS)
     seconds = sum(
         len(item.counterfactuals)
         * len(item.x)
         / REFERENCE_TOKENS
-        * (per_pair + c["every_head"] * (measure.exact == "all" or item.item_id in held))
+        * (per_pair + every_head * (measure.exact == "all" or item.item_id in held))
         for item in items
     )
     return seconds * parameters / REFERENCE_PARAMETERS
@@ -103,5 +127,8 @@ def head_effects_text(measure, items, module) -> str:
     """The expected time of the head effects on this model, as the run logs it."""
     if next(module.parameters()).device.type != "cpu":
         return "time unknown on this device"
-    minutes = head_effect_seconds(measure, items, model_parameters(module)) / 60
+    from ..model import head_shape
+
+    heads = head_shape(module.config)[:2]
+    minutes = head_effect_seconds(measure, items, model_parameters(module), heads) / 60
     return f"{minutes:.1f} min on 2 CPU cores"

@@ -50,7 +50,10 @@ ASSUMED_CARD = ("H100", 81559 * 2**20)  # what `check --device cuda` assumes wit
 # head effects 60.6 s (8.1% of the peak), and the rest of the compute 40.6 s, charged to direct
 # attribution (0.41%: one small pass per prompt and cut, plus assembling some 15 million attention
 # rows). Smaller shapes reach less of the peak; other shapes and cards are extrapolated from these.
-EFFICIENCY = {"prompts": 0.40, "head effects": 0.081, "direct_attribution": 0.0041}
+# The same fit in the CPU's rates of 2026-11-30 (forward/estimates.py, which the phases' work is counted
+# in), the head effects' every-head patching now charged for the 8B shape's 32 layers of 32 heads and
+# direct attribution at its own rate: 8.1% -> 14.0% and 0.41% -> 2.30%, the 8B's estimate unchanged.
+EFFICIENCY = {"prompts": 0.40, "head effects": 0.1397, "direct_attribution": 0.02299}
 OTHER_PHASES = EFFICIENCY["head effects"]  # an unmeasured phase of small passes: as the head effects
 HOST_SECONDS_PER_PROMPT = 0.00058
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ..forward.estimates import REFERENCE_MODEL
+from ..forward.estimates import REFERENCE_MODEL, REFERENCE_PARAMETERS
 from .plan import RunPlan
 
 
 def describe(plan: RunPlan, device: str = "cpu") -> list[str]:
     """Prompts, items, analysis, measures, head effects, notes, tokens and, on a CPU, the time
-    estimate of the reference model (another device's time is resources.footprint_lines')."""
+    estimate (another device's time is resources.footprint_lines')."""
     lines = []
     prompts = [e.prompt for e in plan.encoded]
     a = plan.suite.analysis
@@ -51,7 +51,14 @@ def describe(plan: RunPlan, device: str = "cpu") -> list[str]:
 
 
 def _cpu_estimate(plan: RunPlan) -> list[str]:
-    phases = plan.estimate_seconds()
+    """The phases at the reference model's measured rates on 2 CPU cores, scaled to this model by its
+    parameters besides the embeddings (the head effects' every-head patching also by its layers and
+    heads: Measure.estimate); the reference's own time where the config's size is unknown."""
+    from ..model.footprint import Shape
+
+    shape = Shape.of(plan.config)
+    scale = (shape.parameters - shape.embeddings) / REFERENCE_PARAMETERS if shape else 1.0
+    phases = [(name, seconds * scale, tokens) for name, seconds, tokens in plan.estimate_seconds()]
     each = ", ".join(
         f"{name.replace('_', ' ')} {seconds / 60:.1f} min"
         + (f" ({tokens:,} tokens)" if tokens is not None else "")
@@ -59,7 +66,12 @@ def _cpu_estimate(plan: RunPlan) -> list[str]:
     )
     report = plan.report_seconds()
     total = sum(seconds for _, seconds, _ in phases) + report
+    if not shape:
+        scaled = f"{REFERENCE_MODEL}'s time (this config's size is unknown; larger models take longer)"
+    else:  # the rates are FLOP-bound: a much smaller model's fixed costs per pass and layer stay
+        scaled = f"{REFERENCE_MODEL}'s measured rates x {scale:.2f} by parameters besides the embeddings"
+        scaled += "; a lower bound at this size, where fixed costs per layer dominate" * (scale < 0.5)
     return [
-        f"estimate: about {total / 60:.1f} min for {REFERENCE_MODEL} on 2 CPU cores ({each}, statistics and "
-        f"report {report / 60:.1f} min); larger models take longer in proportion to their size"
+        f"estimate: about {total / 60:.1f} min on 2 CPU cores ({each}, statistics and report "
+        f"{report / 60:.1f} min): {scaled}"
     ]

@@ -82,6 +82,11 @@ class DirectAttribution(PromptsMeasure):
             "(by source position) and MLP wrote there, final norm frozen"
         ]
 
+    def estimate(self, declared, part) -> list[tuple[str, float, int | None]]:
+        from ...forward.estimates import direct_seconds
+
+        return [(self.NAME, direct_seconds(part.tokens), part.tokens)]
+
     def manifest(self, declared, part) -> dict:
         return {self.NAME: {"cut": declared.cut} if declared else None}
 

@@ -96,6 +96,7 @@ class HeadEffectsPlan:
     dropped: list[Dropped]
     chunks: list[list[PatchItem]]  # held-out items first
     sha256: str  # chunks of another plan are redone
+    heads: tuple[int, int]  # the model's layers and heads per layer (the every-head patching's work)
 
 
 class HeadEffects(Measure):
@@ -147,7 +148,10 @@ class HeadEffects(Measure):
         chunks = split([i for i in items if i.item_id in held_out], HELD_OUT_CHUNK_ITEMS) + split(
             [i for i in items if i.item_id not in held_out], EFFECT_CHUNK_ITEMS
         )
-        return HeadEffectsPlan(measure, items, dropped, chunks, plan_sha256(items, measure))
+        from ...model import head_shape
+
+        heads = head_shape(scope.config)[:2]
+        return HeadEffectsPlan(measure, items, dropped, chunks, plan_sha256(items, measure), heads)
 
     def describe(self, declared, part) -> list[str]:
         if part is None:
@@ -169,7 +173,7 @@ class HeadEffects(Measure):
         ]
 
     def estimate(self, declared, part) -> list[tuple[str, float, int | None]]:
-        seconds = head_effect_seconds(part.measure, part.items) if part else 0.0
+        seconds = head_effect_seconds(part.measure, part.items, heads=part.heads) if part else 0.0
         return [("head effects", seconds, None)]
 
     def held(self, declared, part) -> list[tuple[str, int, int]]:
