@@ -184,18 +184,15 @@ def profile(name: str, folder: Path, device: str, dtype: str, limit: int, work: 
 def full_suite(name: str, folder: Path, device: str, dtype: str, work: Path, edit: bool, left) -> dict:
     """`attnprobe run probes/gender.yaml` (every prompt, statistics, report) as typed, timed whole,
     beside check's estimate for its plan; with `edit`, `attnprobe edit` with its defaults after it."""
-    from attnprobe.forward.estimates import load_seconds
-    from attnprobe.run.resources import phase_seconds
+    from attnprobe.run.resources import run_seconds
 
     out, spec = work / f"full-{name}", f"random:{folder}"
     plan = plan_run(load_suite(SUITE), spec, RunOptions(out=out, device=device, dtype=dtype))
-    shape = Shape.of(plan.config)
-    estimate = phase_seconds(plan, shape, card(device)[0])
-    device_s = sum(v or 0 for v in estimate.values())
-    row = {"shape": name, "estimate_s": estimate, "estimate_total_s": device_s}
     # check's three figures: loading and hashing (the checkpoint's first run), the device's phases, the
     # host's statistics and report
-    load_s, host_s = load_seconds(shape.weights(plan.dtype)), plan.report_seconds()
+    load_s, estimate, host_s = run_seconds(plan, Shape.of(plan.config), card(device)[0])
+    device_s = sum(v or 0 for v in estimate.values())
+    row = {"shape": name, "estimate_s": estimate, "estimate_total_s": device_s}
     row |= {
         "estimate_load_s": load_s,
         "estimate_host_s": host_s,

@@ -73,14 +73,10 @@ def prompt_seconds(n_prompts: int) -> float:
     return n_prompts / PROMPTS_PER_SECOND
 
 
-def scored_seconds(n_tokens: int, parameters: float = REFERENCE_PARAMETERS) -> float:
-    """A scored phase that forwards `n_tokens` distinct tokens, on the reference model's 2 CPU cores."""
-    return n_tokens / SCORED_TOKENS_PER_SECOND * parameters / REFERENCE_PARAMETERS
-
-
-def direct_seconds(n_tokens: int) -> float:
-    """The direct attribution's passes over `n_tokens` tokens, on the reference model's 2 CPU cores."""
-    return n_tokens / DIRECT_TOKENS_PER_SECOND
+def scored_seconds(n_tokens: int, rate: float = SCORED_TOKENS_PER_SECOND) -> float:
+    """A phase of the prompts that forwards `n_tokens` distinct tokens at `rate` tokens a second (the
+    scored phases', or DIRECT_TOKENS_PER_SECOND), on the reference model's 2 CPU cores."""
+    return n_tokens / rate
 
 
 def forwarded_tokens(encoded, sequences) -> int:
@@ -123,12 +119,10 @@ def model_parameters(module) -> int:
     return max(total - embeddings, 1)
 
 
-def head_effects_text(measure, items, module) -> str:
-    """The expected time of the head effects on this model, as the run logs it."""
+def head_effects_text(measure, items, module, heads: tuple[int, int]) -> str:
+    """The expected time of the head effects on this model (its `heads`: layers, heads per layer), as
+    the run logs it."""
     if next(module.parameters()).device.type != "cpu":
         return "time unknown on this device"
-    from ..model import head_shape
-
-    heads = head_shape(module.config)[:2]
     minutes = head_effect_seconds(measure, items, model_parameters(module), heads) / 60
     return f"{minutes:.1f} min on 2 CPU cores"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..forward.estimates import REFERENCE_MODEL, REFERENCE_PARAMETERS
+from ..forward.estimates import REFERENCE_MODEL
 from .plan import RunPlan
 
 
@@ -55,9 +55,10 @@ def _cpu_estimate(plan: RunPlan) -> list[str]:
     parameters besides the embeddings (the head effects' every-head patching also by its layers and
     heads: Measure.estimate); the reference's own time where the config's size is unknown."""
     from ..model.footprint import Shape
+    from .resources import size_scale
 
     shape = Shape.of(plan.config)
-    scale = (shape.parameters - shape.embeddings) / REFERENCE_PARAMETERS if shape else 1.0
+    scale = size_scale(shape) if shape else 1.0
     phases = [(name, seconds * scale, tokens) for name, seconds, tokens in plan.estimate_seconds()]
     each = ", ".join(
         f"{name.replace('_', ' ')} {seconds / 60:.1f} min"

@@ -45,17 +45,31 @@ def _budget_line(plan: RunPlan, shape: Shape, device: str, left: float) -> str:
     )
 
 
+def size_scale(shape: Shape) -> float:
+    """The model's work per token against the reference model's: parameters besides the embeddings (how
+    the reference's measured CPU seconds are scaled, on a CPU and into work for a GPU)."""
+    return (shape.parameters - shape.embeddings) / REFERENCE_PARAMETERS
+
+
 def phase_seconds(plan: RunPlan, shape: Shape, device_card: str) -> dict[str, float | None]:
     """Seconds of each phase on a known GPU (None where its peak is unknown, e.g. a CPU): the prompts
     from their FLOPs and host time, every other phase from its work on the reference CPU
     (Measure.estimate) converted to FLOPs at this model's size."""
     flops = peak_seconds(shape, plan.dtype, plan.sharing["tokens_forwarded"], device_card, "prompts")
     seconds = {"prompts": flops and flops + len(plan.encoded) * HOST_SECONDS_PER_PROMPT}
-    scale = (shape.parameters - shape.embeddings) / REFERENCE_PARAMETERS
+    scale = size_scale(shape)
     for phase, reference_seconds, _ in plan.estimate_seconds()[1:]:
         tokens = reference_seconds * CPU_FLOPS * scale / shape.flops_per_token()
         seconds[phase.replace("_", " ")] = peak_seconds(shape, plan.dtype, tokens, device_card, phase)
     return seconds
+
+
+def run_seconds(plan: RunPlan, shape: Shape, device_card: str) -> tuple[float, dict, float]:
+    """check's three parts of a run on a GPU: loading and hashing the weights (a folder's first run),
+    each device phase's seconds (phase_seconds; None where the card's peak is unknown), statistics and
+    report on the host."""
+    loading = load_seconds(shape.weights(plan.dtype))
+    return loading, phase_seconds(plan, shape, device_card), plan.report_seconds()
 
 
 def working_bytes(plan: RunPlan) -> float:
@@ -80,10 +94,10 @@ def footprint_lines(plan: RunPlan, device: str) -> list[str]:
         f"{each}; {verdict}",
         _budget_line(plan, shape, device, free - peak),
     ]
-    seconds = phase_seconds(plan, shape, name)
+    loading, seconds, host = run_seconds(plan, shape, name)
     if all(s is not None for s in seconds.values()):
         each = ", ".join(f"{phase} {s / 60:.2f} min" for phase, s in seconds.items())
-        on_device, host, loading = sum(seconds.values()), plan.report_seconds(), load_seconds(weights)
+        on_device = sum(seconds.values())
         lines.append(
             f"time on {name} in {plan.dtype}: about {on_device / 60:.2f} min ({each}), from "
             f"{shape.flops_per_token() / 1e9:.1f} GFLOP per token at the shares of the dense peak "

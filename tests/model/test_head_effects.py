@@ -336,3 +336,31 @@ def test_a_counterfactual_slot_after_the_cut_is_refused_before_weights(tmp_path,
     assert len(effects.items) == 10 and {d.reason for d in effects.dropped} == {
         "the occupation comes after the cut"
     }
+
+
+def test_every_head_patching_is_charged_by_the_passes_it_reruns():
+    """head_effect_seconds: the held-out items' every-head patching scales with the passes it takes
+    at the model's layers and heads, the rest with the pairs; all of it with the parameters."""
+    from types import SimpleNamespace
+
+    from attnprobe.forward.estimates import (
+        PAIR_SECONDS,
+        REFERENCE_HEADS,
+        REFERENCE_PARAMETERS,
+        REFERENCE_TOKENS,
+        exact_passes,
+        head_effect_seconds,
+    )
+
+    measure = SimpleNamespace(exact=10, held_out_ids=lambda items: {0})
+    items = [SimpleNamespace(item_id=i, counterfactuals=[1, 2], x=[0] * 7) for i in range(4)]
+    reference = head_effect_seconds(measure, items)
+    held = 2 * 7 / REFERENCE_TOKENS * PAIR_SECONDS["every_head"]  # item 0's two pairs
+    for layers, heads in ((32, 32), (16, 32), (34, 8)):
+        wider = head_effect_seconds(measure, items, heads=(layers, heads))
+        ratio = exact_passes(layers, heads) / exact_passes(*REFERENCE_HEADS)
+        assert wider - reference == pytest.approx(held * (ratio - 1))
+    # SmolLM2's 30 layers of 9 heads: 31 patched variants a layer rerun over 15.5 layers, 3 whole passes
+    assert exact_passes(30, 9) == 31 * 15.5 + 3
+    doubled = head_effect_seconds(measure, items, parameters=2 * REFERENCE_PARAMETERS)
+    assert doubled == pytest.approx(2 * reference)

@@ -83,9 +83,9 @@ class DirectAttribution(PromptsMeasure):
         ]
 
     def estimate(self, declared, part) -> list[tuple[str, float, int | None]]:
-        from ...forward.estimates import direct_seconds
+        from ...forward.estimates import DIRECT_TOKENS_PER_SECOND, scored_seconds
 
-        return [(self.NAME, direct_seconds(part.tokens), part.tokens)]
+        return [(self.NAME, scored_seconds(part.tokens, DIRECT_TOKENS_PER_SECOND), part.tokens)]
 
     def manifest(self, declared, part) -> dict:
         return {self.NAME: {"cut": declared.cut} if declared else None}

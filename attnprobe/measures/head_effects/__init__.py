@@ -337,7 +337,7 @@ def _run(part: HeadEffectsPlan, engine) -> None:
         held_text = f", {held} items held out: every head and layer patched exactly" if held else ""
         log(
             f"head effects: {len(items)} items ({pairs} counterfactual pairs{held_text}) in {n} "
-            f"chunk{'s' * (n > 1)}; about {head_effects_text(effects, items, engine.pm.model)}, "
+            f"chunk{'s' * (n > 1)}; about {head_effects_text(effects, items, engine.pm.model, part.heads)}, "
             "the time per item is known after the first chunk"
         )
     seconds = sum(engine.run(phase) for phase in _screen_phases(part, engine))
